@@ -1,0 +1,300 @@
+"""The control plane's configuration: typed defaults, a user YAML file, command-line overrides.
+
+Owns: the schema (dataclasses below, each field documented), merging in the order
+packaged defaults -> user YAML -> ``key=value`` overrides, and validation of values that a
+type cannot express (negative GPUs, max < min, a pool with no nodes, ports out of range).
+
+Must not: start anything, read the environment for secrets, or log credentials. Storage
+credentials come from the usual AWS sources (environment, profile, instance role) and are
+never part of this config.
+
+Every error names the key's full path and the reason, e.g.::
+
+    pools.cluster.gpus_per_node: must be >= 0, got -1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+__all__ = [
+    "ApiConfig",
+    "ClusterPoolConfig",
+    "Config",
+    "ConfigError",
+    "ExternalPoolConfig",
+    "HeadConfig",
+    "PolicyConfig",
+    "PoolsConfig",
+    "RayConfig",
+    "ServeConfig",
+    "StorageConfig",
+    "load_config",
+    "to_yaml",
+]
+
+_ = MISSING  # re-exported for schemas that need a required field later
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, mistyped or impossible. The message names the key."""
+
+
+@dataclass
+class HeadConfig:
+    """The Ray head node: runs the control plane, the Serve proxy and ingress; no GPUs."""
+
+    num_cpus: int = 2
+    """Logical CPUs the head advertises (CPU-only work: the Serve ingress, the policy actor)."""
+
+
+@dataclass
+class ClusterPoolConfig:
+    """The owned GPU nodes (`pool=cluster`). A fixed-size group: it never scales."""
+
+    num_nodes: int = 2
+    """Number of nodes in the pool; must be at least 1."""
+    gpus_per_node: int = 4
+    """GPUs per node (logical GPUs in local mode)."""
+    cpus_per_node: int = 8
+    """Logical CPUs per node."""
+
+
+@dataclass
+class ExternalPoolConfig:
+    """Rented GPU nodes (`pool=external`), scaled by the Ray autoscaler from `min_nodes`."""
+
+    min_nodes: int = 0
+    """Nodes kept even when idle; 0 means the pool scales to zero."""
+    max_nodes: int = 4
+    """Upper bound the autoscaler may launch; must be >= min_nodes and >= 1."""
+    gpus_per_node: int = 2
+    """GPUs per node (logical GPUs in local mode)."""
+    cpus_per_node: int = 4
+    """Logical CPUs per node."""
+    idle_timeout_s: float = 30.0
+    """An external node idle this long is removed by the autoscaler."""
+
+
+@dataclass
+class PoolsConfig:
+    cluster: ClusterPoolConfig = field(default_factory=ClusterPoolConfig)
+    external: ExternalPoolConfig = field(default_factory=ExternalPoolConfig)
+
+
+@dataclass
+class RayConfig:
+    """How the embedded local Ray cluster listens. Every listener binds to `node_ip`."""
+
+    node_ip: str = "127.0.0.1"
+    """Address every node and server binds to; loopback in local mode."""
+    gcs_port: int = 6390
+    """The head's GCS port (the cluster address is node_ip:gcs_port)."""
+    dashboard_port: int = 8265
+    """Ray dashboard (Jobs, Serve, Actors, Metrics tabs)."""
+    client_port: int = 10001
+    """Ray Client server port on the head."""
+    metrics_export_port: int = 8090
+    """Prometheus endpoint of the head node's metrics agent."""
+    autoscaler_update_interval_s: float = 1.0
+    """How often the autoscaler reconciles (local mode)."""
+    ready_timeout_s: float = 180.0
+    """How long `rcp up` waits for the head and the cluster pool before giving up."""
+
+
+@dataclass
+class StorageConfig:
+    """Object storage for checkpoints. The URI's scheme picks the backend (s3:// or file://)."""
+
+    uri: str = "s3://rcp-checkpoints"
+    """Where checkpoints live: ``s3://bucket/prefix`` or ``file:///path``."""
+    endpoint_url: str | None = None
+    """S3 endpoint; None means AWS's own. Set automatically when `embedded` is on."""
+    region: str = "us-east-1"
+    """S3 region name."""
+    embedded: bool = True
+    """Start an S3-protocol server on loopback with `rcp up` (local mode)."""
+    embedded_port: int = 9000
+    """Port of the embedded S3-protocol server."""
+
+
+@dataclass
+class ServeConfig:
+    """The production Serve HTTP endpoint."""
+
+    http_port: int = 8000
+    """Port of the Serve HTTP proxy (bound to ray.node_ip)."""
+
+
+@dataclass
+class ApiConfig:
+    """The control plane's HTTP API (used by the SDK and CLI)."""
+
+    port: int = 8080
+    """Port of the control-plane API (bound to ray.node_ip)."""
+
+
+@dataclass
+class PolicyConfig:
+    """The policy actor's loop."""
+
+    tick_s: float = 1.0
+    """Seconds between observe -> decide -> act -> record ticks."""
+
+
+@dataclass
+class Config:
+    """The whole configuration. ``rcp config show`` prints the merged result."""
+
+    state_dir: str = "~/.rcp"
+    """Where the local cluster keeps its state file, logs and the job store."""
+    head: HeadConfig = field(default_factory=HeadConfig)
+    pools: PoolsConfig = field(default_factory=PoolsConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    api: ApiConfig = field(default_factory=ApiConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.state_dir).expanduser()
+
+
+def _at_least(minimum: float, path: str, value: float, why: str = "") -> list[str]:
+    if value < minimum:
+        reason = f" ({why})" if why else ""
+        return [f"{path}: must be >= {minimum:g}{reason}, got {value!r}"]
+    return []
+
+
+def _port(path: str, value: int) -> list[str]:
+    if not 1 <= value <= 65535:
+        return [f"{path}: must be a TCP port in 1..65535, got {value!r}"]
+    return []
+
+
+def validate(cfg: Config) -> list[str]:
+    """Every impossible value in `cfg`, one message each, naming the key's full path."""
+    errors: list[str] = []
+    errors += _at_least(0, "head.num_cpus", cfg.head.num_cpus)
+    c = cfg.pools.cluster
+    errors += _at_least(1, "pools.cluster.num_nodes", c.num_nodes, "a pool with no nodes")
+    errors += _at_least(0, "pools.cluster.gpus_per_node", c.gpus_per_node)
+    errors += _at_least(0, "pools.cluster.cpus_per_node", c.cpus_per_node)
+    e = cfg.pools.external
+    errors += _at_least(0, "pools.external.min_nodes", e.min_nodes)
+    errors += _at_least(1, "pools.external.max_nodes", e.max_nodes, "a pool with no nodes")
+    if e.max_nodes < e.min_nodes:
+        errors.append(
+            f"pools.external.max_nodes: must be >= pools.external.min_nodes "
+            f"({e.min_nodes}), got {e.max_nodes}"
+        )
+    errors += _at_least(0, "pools.external.gpus_per_node", e.gpus_per_node)
+    errors += _at_least(0, "pools.external.cpus_per_node", e.cpus_per_node)
+    errors += _at_least(1, "pools.external.idle_timeout_s", e.idle_timeout_s)
+    for name in ("gcs_port", "dashboard_port", "client_port", "metrics_export_port"):
+        errors += _port(f"ray.{name}", getattr(cfg.ray, name))
+    errors += _port("serve.http_port", cfg.serve.http_port)
+    errors += _port("api.port", cfg.api.port)
+    errors += _port("storage.embedded_port", cfg.storage.embedded_port)
+    errors += _at_least(0.1, "ray.autoscaler_update_interval_s", cfg.ray.autoscaler_update_interval_s)
+    errors += _at_least(1, "ray.ready_timeout_s", cfg.ray.ready_timeout_s)
+    errors += _at_least(0.05, "policy.tick_s", cfg.policy.tick_s)
+    if not (cfg.storage.uri.startswith("s3://") or cfg.storage.uri.startswith("file://")):
+        errors.append(
+            f"storage.uri: must start with s3:// or file://, got {cfg.storage.uri!r}"
+        )
+    ports = {
+        "ray.gcs_port": cfg.ray.gcs_port,
+        "ray.dashboard_port": cfg.ray.dashboard_port,
+        "ray.client_port": cfg.ray.client_port,
+        "ray.metrics_export_port": cfg.ray.metrics_export_port,
+        "serve.http_port": cfg.serve.http_port,
+        "api.port": cfg.api.port,
+    }
+    if cfg.storage.embedded:
+        ports["storage.embedded_port"] = cfg.storage.embedded_port
+    seen: dict[int, str] = {}
+    for key, port in ports.items():
+        if port in seen:
+            errors.append(f"{key}: port {port} is already used by {seen[port]}")
+        seen.setdefault(port, key)
+    return errors
+
+
+def _describe(exc: OmegaConfBaseException) -> str:
+    key = getattr(exc, "full_key", None) or "<config>"
+    msg = getattr(exc, "msg", None) or str(exc)
+    # omegaconf appends a "full_key: ..., object_type=..." trailer; the first line is the reason.
+    reason = msg.splitlines()[0].strip()
+    return f"{key}: {reason}"
+
+
+def _parse_overrides(overrides: list[str]) -> DictConfig:
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. pools.cluster.num_nodes=3")
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"overrides: {_describe(exc)}") from exc
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Merge packaged defaults, the YAML file at `path` (if any) and `overrides`; validate.
+
+    Raises ConfigError naming every offending key. Nothing is started or written.
+    """
+    schema = OmegaConf.structured(Config)
+    layers: list[Any] = [schema]
+    if path is not None:
+        p = Path(path).expanduser()
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r}: no such file")
+        try:
+            user = OmegaConf.load(p)
+        except Exception as exc:  # yaml errors come in several types
+            raise ConfigError(f"config file {str(p)!r}: not valid YAML: {exc}") from exc
+        if not isinstance(user, DictConfig):
+            raise ConfigError(f"config file {str(p)!r}: must be a mapping of keys to values")
+        layers.append(user)
+    if overrides:
+        layers.append(_parse_overrides(list(overrides)))
+    merged = schema
+    for layer in layers[1:]:
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except OmegaConfBaseException as exc:
+            raise ConfigError(_describe(exc)) from exc
+    try:
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_describe(exc)) from exc
+    assert isinstance(cfg, Config)
+    errors = validate(cfg)
+    if errors:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """Rebuild a Config saved with `to_dict` (e.g. in the local cluster's state file)."""
+    merged = OmegaConf.merge(OmegaConf.structured(Config), data)
+    cfg = OmegaConf.to_object(merged)
+    assert isinstance(cfg, Config)
+    return cfg
