@@ -1,0 +1,216 @@
+"""The frozen picture of the cluster that every policy decides from.
+
+Owns: the typed, immutable data a tick observes once and hands to every pure policy
+(`ClusterSnapshot` and its parts: nodes, Serve replicas, queued jobs, running gangs).
+
+Must not: import Ray, read a clock, do I/O, or compute decisions. Whoever builds a snapshot
+(the observe phase) resolves everything to plain values first; time arrives as `now_s`.
+
+Conventions the observe phase must keep, because policies rely on them:
+
+- ``NodeView.gpus_free`` is what no one holds: GPUs of running gangs (including gangs that are
+  ADMITTED but not yet visible to Ray) and of Serve replicas are already subtracted.
+- A `RunningGang` is any job holding GPUs: ADMITTED or RUNNING, including one whose preemption
+  was requested (``preempting=True``) until its GPUs are actually released.
+- Mappings (labels, placements) are copied into read-only views on construction, so a snapshot
+  cannot be changed after the fact by whoever built it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+
+__all__ = [
+    "ClusterSnapshot",
+    "NodeView",
+    "Pool",
+    "QueuedJob",
+    "ReplicaState",
+    "RunningGang",
+    "ServeGroup",
+    "ServeLoad",
+    "ServeReplica",
+]
+
+
+class Pool(str, Enum):
+    """Where a node (and what runs on it) lives."""
+
+    HEAD = "head"
+    """The Ray head: CPU-only, runs the control plane and the Serve ingress."""
+    CLUSTER = "cluster"
+    """Owned GPU nodes: training gangs and in-cluster Serve replicas."""
+    EXTERNAL = "external"
+    """Rented, autoscaled GPU nodes (scaled from zero): Serve replicas moved off the cluster."""
+
+
+class ReplicaState(str, Enum):
+    """Lifecycle of one Serve replica as the observe phase saw it."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+
+
+def _frozen_mapping(value: Mapping[str, object]) -> MappingProxyType[str, object]:
+    return MappingProxyType(dict(value))
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One Ray node as seen this tick."""
+
+    node_id: str
+    pool: Pool
+    gpus_total: int
+    """GPUs the node advertises (logical GPUs in local mode)."""
+    gpus_free: int
+    """GPUs nothing holds right now (see the module docstring)."""
+    healthy: bool = True
+    """False once telemetry or Ray marks the node bad; its GPUs then count for nothing."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.gpus_total < 0 or not 0 <= self.gpus_free <= self.gpus_total:
+            raise ValueError(
+                f"node {self.node_id!r}: need 0 <= gpus_free <= gpus_total, "
+                f"got gpus_free={self.gpus_free}, gpus_total={self.gpus_total}"
+            )
+        object.__setattr__(self, "labels", _frozen_mapping(self.labels))
+
+
+@dataclass(frozen=True)
+class ServeReplica:
+    """One Serve replica of a model's backend deployment."""
+
+    replica_id: str
+    model: str
+    pool: Pool
+    node_id: str
+    gpus: int
+    """GPUs the replica holds on `node_id`."""
+    state: ReplicaState = ReplicaState.RUNNING
+
+
+@dataclass(frozen=True)
+class ServeGroup:
+    """All replicas of one model in one pool (a derived view; see `ClusterSnapshot.serve_groups`)."""
+
+    model: str
+    pool: Pool
+    replicas: tuple[ServeReplica, ...]
+
+    @property
+    def num_running(self) -> int:
+        return sum(1 for r in self.replicas if r.state is ReplicaState.RUNNING)
+
+    @property
+    def gpus_held(self) -> int:
+        return sum(r.gpus for r in self.replicas)
+
+
+@dataclass(frozen=True)
+class ServeLoad:
+    """Traffic one model's deployment in one pool is seeing (summarised by the observe phase)."""
+
+    model: str
+    pool: Pool
+    ongoing_requests: float
+    requests_per_s: float
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """A training job waiting for its whole gang to fit."""
+
+    job_id: str
+    queue: str
+    """The team's queue; its share of live capacity is configured by name."""
+    priority_class: str
+    """A configured priority class name (defaults: low, medium, high)."""
+    num_workers: int
+    gpus_per_worker: int
+    submitted_s: float
+    """When the job (last) entered the queue; FIFO order within a priority class."""
+    max_runtime_s: float | None = None
+    """Upper bound on run time; None means unbounded (such a job never backfills)."""
+
+    @property
+    def gpus_total(self) -> int:
+        return self.num_workers * self.gpus_per_worker
+
+
+@dataclass(frozen=True)
+class RunningGang:
+    """A training job that holds GPUs: admitted or running."""
+
+    job_id: str
+    queue: str
+    priority_class: str
+    num_workers: int
+    gpus_per_worker: int
+    gpus_by_node: Mapping[str, int]
+    """Placement: GPUs the gang holds on each node."""
+    started_s: float
+    """When the gang was admitted (work since the last checkpoint counts from here at most)."""
+    max_runtime_s: float | None = None
+    last_checkpoint_s: float | None = None
+    """When the last complete checkpoint was taken; None if never."""
+    checkpoint_duration_s: float | None = None
+    """How long the last checkpoint snapshot took; None if unknown."""
+    preempting: bool = False
+    """A preemption was requested and the gang is checkpointing/stopping."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gpus_by_node", _frozen_mapping(self.gpus_by_node))
+
+    @property
+    def gpus_total(self) -> int:
+        return sum(self.gpus_by_node.values())
+
+    @property
+    def expected_end_s(self) -> float | None:
+        """Latest time the gang can still be running; None if it has no max runtime."""
+        if self.max_runtime_s is None:
+            return None
+        return self.started_s + self.max_runtime_s
+
+    def work_at_risk_s(self, now_s: float) -> float:
+        """Seconds of work lost if the gang stopped now without a new checkpoint."""
+        since = self.started_s if self.last_checkpoint_s is None else self.last_checkpoint_s
+        return max(0.0, now_s - max(since, self.started_s))
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """Everything a tick observed, at time `now_s`. Built once, read by every policy."""
+
+    now_s: float
+    nodes: tuple[NodeView, ...] = ()
+    serve_replicas: tuple[ServeReplica, ...] = ()
+    queued: tuple[QueuedJob, ...] = ()
+    running: tuple[RunningGang, ...] = ()
+    serve_load: tuple[ServeLoad, ...] = ()
+
+    def node(self, node_id: str) -> NodeView | None:
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        return None
+
+    def live_nodes(self, pool: Pool) -> tuple[NodeView, ...]:
+        """Healthy nodes of `pool`: the only capacity any policy may count on."""
+        return tuple(n for n in self.nodes if n.pool is pool and n.healthy)
+
+    def live_gpus_total(self, pool: Pool) -> int:
+        return sum(n.gpus_total for n in self.live_nodes(pool))
+
+    def serve_groups(self) -> dict[tuple[str, Pool], ServeGroup]:
+        """Replicas grouped per (model, pool), in first-seen order."""
+        grouped: dict[tuple[str, Pool], list[ServeReplica]] = {}
+        for r in self.serve_replicas:
+            grouped.setdefault((r.model, r.pool), []).append(r)
+        return {k: ServeGroup(k[0], k[1], tuple(v)) for k, v in grouped.items()}
