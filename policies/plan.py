@@ -45,12 +45,10 @@ class AdmitJob:
 
     job_id: str
     placement: tuple[WorkerPlacement, ...]
+    """Workers per node; empty for a gang that needs no GPUs."""
+    num_workers: int
     gpus_per_worker: int
     reason: str
-
-    @property
-    def num_workers(self) -> int:
-        return sum(p.num_workers for p in self.placement)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,704 @@
+"""Admission and preemption of training gangs: which queued jobs start, what must make room.
+
+Owns: the pure decision ``decide(snapshot, config, state) -> (plan, state)`` over the
+`cluster` pool, its config (`AdmissionConfig`) and its memory (`AdmissionState`: recent
+preemptions for the cap, and the current head-of-queue reservation, for display).
+
+Must not: import Ray, read a clock, do I/O or draw random numbers. Everything it knows comes
+from the snapshot (time is ``snapshot.now_s``); everything it wants is in the returned plan.
+Actions are level-triggered: a wanted admission, replica move or reservation is recomputed
+every tick; only preemptions are remembered, so the same victim is never asked twice.
+
+The rules
+---------
+Capacity
+    The healthy nodes of the `cluster` pool in this snapshot, nothing else. A node that turns
+    unhealthy shrinks capacity, the queue shares and every fit check on the next tick.
+Order
+    Queued jobs are considered by priority class value (high first), then FIFO by
+    ``submitted_s``, then ``job_id``. Every training job outranks serving: GPUs held by Serve
+    replicas in the `cluster` pool count as reclaimable, and taking them produces a
+    `MoveServeReplicas` request (make-before-break, done by the placement policy and the Serve
+    actuator), never a preemption.
+Gang
+    A job is admitted only when all ``num_workers`` fit at once, each worker's
+    ``gpus_per_worker`` on a single node. Nothing is held partially, so two gangs can never each
+    hold half of what both need. Placement takes whole nodes from the emptiest first (fewest
+    nodes), and puts the remainder on the smallest node that still fits it (best fit).
+Shares
+    Each queue (team) owns ``share`` x live capacity (fractions summing to at most 1). A job
+    within its queue's share may always be admitted into free GPUs. A job that would take its
+    queue past its share *borrows* idle GPUs; it is admitted only into GPUs that are free now,
+    up to ``borrowing_limit`` x capacity beyond the share (None: no limit), never triggers a
+    preemption and never holds the reservation. Reclaim: a job within its share may preempt
+    jobs of *other* queues that are over their share, whatever their priority, for as long as
+    that queue is still over its share.
+Reservation and backfill
+    The first job in order that is within its share and does not fit becomes the head and gets
+    a reservation: a placement on the GPUs that will be free at time T, where T is ``now`` if
+    the GPUs come from releasing gangs, moved replicas or preemption, else the time by which
+    enough running gangs must have ended (``started_s + max_runtime_s``, earliest first; a gang
+    with no max runtime makes T unknown). The GPUs that placement needs from those free now are
+    protected. A later job (backfill) may use protected GPUs only if T is known and
+    ``now_s + max_runtime_s <= T``, so it has ended before the reservation could be met; any
+    other later job may use only unprotected GPUs. Either way the head is never delayed past T.
+    A head that cannot fit even when every running gang has ended (e.g. capacity shrank)
+    gets no reservation and blocks no one.
+Preemption
+    Only for the head, only when the reservation cannot be met from free and releasing GPUs plus
+    Serve replicas. Candidates: lower-priority gangs of the head's own queue, and (reclaim)
+    gangs of other queues over their share. Victims are taken in order (lowest priority value,
+    then least work at risk, i.e. most recently checkpointed, then most recently started, then
+    job_id) until the head fits; then every victim that the fit does not need is spared again,
+    most expensive first, so the set is minimal (no victim can be dropped). Caps: a job
+    preempted ``max_preemptions_per_job_per_hour`` times in the last hour is not a candidate;
+    if the victims would exceed ``max_preemptions_per_hour`` over the rolling hour, nobody is
+    preempted (never a partial preemption) and the head waits.
+Not considered
+    CPUs and memory (the gang fit is on GPUs only), fractional GPUs, more than one reservation.
+
+Worked example
+--------------
+Two healthy cluster nodes ``a`` and ``b`` with 8 GPUs each (capacity 16); queue ``default``
+with share 1.0; priority classes low=0, medium=50, high=100. Running: ``old`` (low, 4 GPUs on
+``a``, checkpointed 10 s ago) and ``big`` (medium, 8 GPUs on ``b``, ends at t=1000). Free:
+4 GPUs on ``a``. A Serve replica of model ``m`` holds nothing here. Queue at now_s=100:
+``h`` (high, 2 workers x 4 GPUs), ``s`` (low, 1 x 2 GPUs, max runtime 60 s).
+
+1. ``h`` needs 2 slots of 4 GPUs; free gives 1 slot (``a``: 4). It is the head. Releasing and
+   Serve GPUs add nothing; the candidates are ``old`` (low) and ``big`` (medium). Taking
+   ``old`` first gives ``a`` 8 GPUs = 2 slots: ``h`` fits, ``big`` is never needed.
+   Plan: ``PreemptJob(old, for_job_id=h)``; reservation for ``h`` on ``a`` with T=100.
+2. ``s`` (2 GPUs): the 4 free GPUs on ``a`` are protected (``h`` needs them), and T=now leaves
+   no room for backfill, so ``s`` waits. ``b`` has no free GPU.
+
+Next tick ``old`` is releasing; once its GPUs are free ``h`` is admitted on ``a``
+(2 workers), and ``s`` waits for ``big``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from policies.plan import (
+    Action,
+    AdmitJob,
+    MoveServeReplicas,
+    Plan,
+    PreemptJob,
+    RejectJob,
+    WorkerPlacement,
+)
+from policies.snapshot import (
+    ClusterSnapshot,
+    Pool,
+    QueuedJob,
+    ReplicaState,
+    RunningGang,
+    ServeReplica,
+)
+
+__all__ = [
+    "DEFAULT_PRIORITY_CLASSES",
+    "AdmissionConfig",
+    "AdmissionState",
+    "PreemptionRecord",
+    "QueueConfig",
+    "Reservation",
+    "Why",
+    "decide",
+    "gang_fits",
+]
+
+PREEMPTION_WINDOW_S = 3600.0
+"""The rolling window of the preemption caps."""
+
+DEFAULT_PRIORITY_CLASSES: Mapping[str, int] = {"low": 0, "medium": 50, "high": 100}
+
+_EPS = 1e-9
+
+
+class Why(str, Enum):
+    """The code at the start of every reason this policy writes."""
+
+    FITS = "fits"
+    BACKFILL = "backfill"
+    PREEMPT_PRIORITY = "preempt-for-priority"
+    RECLAIM_SHARE = "reclaim-share"
+    SERVE_YIELDS = "serve-yields-to-training"
+    UNKNOWN_QUEUE = "unknown-queue"
+    UNKNOWN_PRIORITY_CLASS = "unknown-priority-class"
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """A team's queue and its share of live `cluster` capacity."""
+
+    name: str
+    share: float
+    """Fraction of live capacity the queue owns, in (0, 1]."""
+    borrowing_limit: float | None = None
+    """Fraction of live capacity it may borrow beyond its share; None means any idle GPUs."""
+
+
+def _default_queues() -> tuple[QueueConfig, ...]:
+    return (QueueConfig("default", 1.0),)
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """Knobs of the admission policy. Invalid values raise ValueError naming the field."""
+
+    priority_classes: Mapping[str, int] = field(
+        default_factory=lambda: dict(DEFAULT_PRIORITY_CLASSES)
+    )
+    """Priority class name -> value; higher runs first."""
+    queues: tuple[QueueConfig, ...] = field(default_factory=_default_queues)
+    preemption_enabled: bool = True
+    max_preemptions_per_hour: int = 20
+    """Preemptions allowed in any rolling hour, all jobs together."""
+    max_preemptions_per_job_per_hour: int = 2
+    """Times one job may be preempted in a rolling hour."""
+    move_serve_replicas: bool = True
+    """Count in-cluster Serve GPUs as reclaimable and ask for replicas to move."""
+
+    def __post_init__(self) -> None:
+        errors: list[str] = []
+        if not self.priority_classes:
+            errors.append("priority_classes: at least one class is required")
+        for name, value in self.priority_classes.items():
+            if not name or isinstance(value, bool) or not isinstance(value, int):
+                errors.append(f"priority_classes.{name}: must be an integer, got {value!r}")
+        if not self.queues:
+            errors.append("queues: at least one queue is required")
+        seen: set[str] = set()
+        for q in self.queues:
+            if q.name in seen:
+                errors.append(f"queues.{q.name}: defined twice")
+            seen.add(q.name)
+            if not 0.0 < q.share <= 1.0:
+                errors.append(f"queues.{q.name}.share: must be in (0, 1], got {q.share!r}")
+            if q.borrowing_limit is not None and q.borrowing_limit < 0:
+                errors.append(
+                    f"queues.{q.name}.borrowing_limit: must be >= 0 or None, "
+                    f"got {q.borrowing_limit!r}"
+                )
+        total_share = sum(q.share for q in self.queues)
+        if total_share > 1.0 + 1e-6:
+            errors.append(f"queues: shares must sum to at most 1, got {total_share:g}")
+        for name in ("max_preemptions_per_hour", "max_preemptions_per_job_per_hour"):
+            if getattr(self, name) < 0:
+                errors.append(f"{name}: must be >= 0, got {getattr(self, name)!r}")
+        if errors:
+            raise ValueError("invalid admission config: " + "; ".join(errors))
+        object.__setattr__(self, "priority_classes", dict(self.priority_classes))
+
+    def queue(self, name: str) -> QueueConfig | None:
+        for q in self.queues:
+            if q.name == name:
+                return q
+        return None
+
+
+@dataclass(frozen=True)
+class PreemptionRecord:
+    job_id: str
+    at_s: float
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """The head of the queue's claim on future capacity (for `rcp queue` and events)."""
+
+    job_id: str
+    start_by_s: float | None
+    """When the reservation is guaranteed to be met; None if a needed gang has no max runtime."""
+    gpus_by_node: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class AdmissionState:
+    """The policy's memory between ticks; the caller persists it (see `to_dict`)."""
+
+    preemptions: tuple[PreemptionRecord, ...] = ()
+    """Preemptions decided in the last `PREEMPTION_WINDOW_S`, oldest first."""
+    reservation: Reservation | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.reservation
+        return {
+            "preemptions": [{"job_id": p.job_id, "at_s": p.at_s} for p in self.preemptions],
+            "reservation": None
+            if r is None
+            else {
+                "job_id": r.job_id,
+                "start_by_s": r.start_by_s,
+                "gpus_by_node": [[n, g] for n, g in r.gpus_by_node],
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AdmissionState:
+        preemptions = tuple(
+            PreemptionRecord(str(p["job_id"]), float(p["at_s"]))
+            for p in data.get("preemptions", ())
+        )
+        raw = data.get("reservation")
+        reservation = None
+        if raw is not None:
+            start = raw.get("start_by_s")
+            reservation = Reservation(
+                job_id=str(raw["job_id"]),
+                start_by_s=None if start is None else float(start),
+                gpus_by_node=tuple((str(n), int(g)) for n, g in raw.get("gpus_by_node", ())),
+            )
+        return cls(preemptions=preemptions, reservation=reservation)
+
+
+def gang_fits(num_workers: int, gpus_per_worker: int, node_gpus: Iterable[int]) -> bool:
+    """Whether `num_workers` workers of `gpus_per_worker` GPUs each fit on nodes with these GPUs.
+
+    The service uses it at submit time with every cluster node's ``gpus_total`` to reject a job
+    bigger than the pool could ever hold.
+    """
+    if num_workers <= 0 or gpus_per_worker <= 0:
+        return True
+    return sum(g // gpus_per_worker for g in node_gpus) >= num_workers
+
+
+class _Gpus:
+    """Free GPUs per node, indexed by free count so a gang fit costs O(distinct counts).
+
+    Local scratch for one decision; mutable on purpose and never escapes `decide`.
+    """
+
+    __slots__ = ("failed", "free", "levels", "total")
+
+    def __init__(self, free: Mapping[str, int]) -> None:
+        self.free: dict[str, int] = {}
+        self.levels: dict[int, dict[str, None]] = {}
+        self.total = 0
+        self.failed: dict[int, int] = {}
+        for node_id, gpus in free.items():
+            self.free[node_id] = 0
+            self.add(node_id, gpus)
+
+    def copy(self) -> _Gpus:
+        return _Gpus(self.free)
+
+    def add(self, node_id: str, delta: int) -> None:
+        """Change a node's free GPUs by `delta` (negative to take)."""
+        if delta == 0:
+            return
+        old = self.free.get(node_id, 0)
+        new = old + delta
+        assert new >= 0, f"node {node_id}: free GPUs would go negative"
+        if old > 0:
+            level = self.levels[old]
+            del level[node_id]
+            if not level:
+                del self.levels[old]
+        if new > 0:
+            self.levels.setdefault(new, {})[node_id] = None
+        self.free[node_id] = new
+        self.total += delta
+        if delta > 0:
+            self.failed.clear()
+
+    def fits(self, gpus_per_worker: int, num_workers: int) -> bool:
+        if num_workers <= 0 or gpus_per_worker <= 0:
+            return True
+        if gpus_per_worker * num_workers > self.total:
+            return False
+        failed_at = self.failed.get(gpus_per_worker)
+        if failed_at is not None and num_workers >= failed_at:
+            return False
+        slots = 0
+        for level, nodes in self.levels.items():
+            if level >= gpus_per_worker:
+                slots += (level // gpus_per_worker) * len(nodes)
+                if slots >= num_workers:
+                    return True
+        self.failed[gpus_per_worker] = num_workers
+        return False
+
+    def place(self, gpus_per_worker: int, num_workers: int) -> list[tuple[str, int]] | None:
+        """Workers per node for the gang, or None if it does not fit. Does not take the GPUs."""
+        if not self.fits(gpus_per_worker, num_workers):
+            return None
+        if num_workers <= 0 or gpus_per_worker <= 0:
+            return []
+        remaining = num_workers
+        chosen: list[tuple[str, int]] = []
+        used: set[str] = set()
+        usable = sorted((lv for lv in self.levels if lv >= gpus_per_worker), reverse=True)
+        for level in usable:
+            per_node = level // gpus_per_worker
+            if per_node > remaining:
+                continue
+            for node_id in self.levels[level]:
+                if per_node > remaining:
+                    break
+                chosen.append((node_id, per_node))
+                used.add(node_id)
+                remaining -= per_node
+            if remaining == 0:
+                return chosen
+        # Best fit for the remainder: the smallest node that still takes it whole.
+        for level in reversed(usable):
+            if level // gpus_per_worker >= remaining:
+                for node_id in self.levels[level]:
+                    if node_id not in used:
+                        chosen.append((node_id, remaining))
+                        return chosen
+        raise AssertionError("fits() said yes but no placement was found")
+
+
+@dataclass
+class _Candidate:
+    """Something that can give the head GPUs now: a Serve replica or a gang to preempt."""
+
+    gpus_by_node: Mapping[str, int]
+    replica: ServeReplica | None = None
+    gang: RunningGang | None = None
+
+
+class _Decision:
+    """One call of `decide`: local, mutable scratch for the batch. Never escapes."""
+
+    def __init__(
+        self, snapshot: ClusterSnapshot, config: AdmissionConfig, state: AdmissionState
+    ) -> None:
+        self.snap = snapshot
+        self.cfg = config
+        self.queue_cfg = {q.name: q for q in config.queues}
+        self.now_s = snapshot.now_s
+        self.plan: list[Action] = []
+        horizon = self.now_s - PREEMPTION_WINDOW_S
+        self.preemptions = [p for p in state.preemptions if p.at_s > horizon]
+        self.preempted_count: dict[str, int] = {}
+        last_preempted: dict[str, float] = {}
+        for p in self.preemptions:
+            self.preempted_count[p.job_id] = self.preempted_count.get(p.job_id, 0) + 1
+            last_preempted[p.job_id] = max(p.at_s, last_preempted.get(p.job_id, -math.inf))
+        self.reservation: Reservation | None = None
+
+        live = [n for n in snapshot.nodes if n.pool is Pool.CLUSTER and n.healthy]
+        self.live_ids = {n.node_id for n in live}
+        self.capacity = sum(n.gpus_total for n in live)
+        self.free = _Gpus({n.node_id: n.gpus_free for n in live})
+        self.unprotected = self.free  # becomes a separate copy once a reservation exists
+        self.start_by_s: float | None = None
+
+        # Releasing GPUs: coming back without any new action.
+        self.releasing: dict[str, int] = {}
+        self.gangs: list[RunningGang] = []  # holding, not releasing
+        self.used_by_queue: dict[str, int] = {}
+        for g in snapshot.running:
+            live_gpus = {n: k for n, k in g.gpus_by_node.items() if n in self.live_ids and k > 0}
+            asked = last_preempted.get(g.job_id)
+            if g.preempting or (asked is not None and asked >= g.started_s):
+                for n, k in live_gpus.items():
+                    self.releasing[n] = self.releasing.get(n, 0) + k
+                continue
+            self.gangs.append(g)
+            self.used_by_queue[g.queue] = self.used_by_queue.get(g.queue, 0) + sum(
+                live_gpus.values()
+            )
+        self.replicas: list[ServeReplica] = []
+        for r in snapshot.serve_replicas:
+            if r.pool is not Pool.CLUSTER or r.node_id not in self.live_ids or r.gpus <= 0:
+                continue
+            if r.state is ReplicaState.STOPPING:
+                self.releasing[r.node_id] = self.releasing.get(r.node_id, 0) + r.gpus
+            else:
+                self.replicas.append(r)
+
+    # -- shares -------------------------------------------------------------------------
+
+    def nominal_gpus(self, queue: str) -> float:
+        q = self.queue_cfg.get(queue)
+        return 0.0 if q is None else q.share * self.capacity
+
+    def within_share(self, queue: str, extra_gpus: int) -> bool:
+        used = self.used_by_queue.get(queue, 0)
+        return used + extra_gpus <= self.nominal_gpus(queue) + _EPS
+
+    def may_borrow(self, queue: str, extra_gpus: int) -> bool:
+        q = self.queue_cfg.get(queue)
+        if q is None:
+            return False
+        if q.borrowing_limit is None:
+            return True
+        limit = (q.share + q.borrowing_limit) * self.capacity
+        return self.used_by_queue.get(queue, 0) + extra_gpus <= limit + _EPS
+
+    def over_share(self, queue: str) -> bool:
+        return self.used_by_queue.get(queue, 0) > self.nominal_gpus(queue) + _EPS
+
+    # -- the batch ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        classes = self.cfg.priority_classes
+        queue_names = self.queue_cfg.keys()
+        valid: list[tuple[int, float, str, QueuedJob]] = []
+        for job in self.snap.queued:
+            if job.queue not in queue_names:
+                self.plan.append(
+                    RejectJob(
+                        job.job_id,
+                        f"{Why.UNKNOWN_QUEUE.value}: queue {job.queue!r} is not configured "
+                        f"(known: {', '.join(sorted(queue_names))})",
+                    )
+                )
+                continue
+            value = classes.get(job.priority_class)
+            if value is None:
+                self.plan.append(
+                    RejectJob(
+                        job.job_id,
+                        f"{Why.UNKNOWN_PRIORITY_CLASS.value}: priority class "
+                        f"{job.priority_class!r} is not configured "
+                        f"(known: {', '.join(sorted(classes))})",
+                    )
+                )
+                continue
+            valid.append((-value, job.submitted_s, job.job_id, job))
+        valid.sort(key=lambda t: (t[0], t[1], t[2]))
+        head_decided = False
+        for neg_value, _, _, job in valid:
+            need = job.gpus_total
+            within = self.within_share(job.queue, need)
+            if not within and not self.may_borrow(job.queue, need):
+                continue  # its queue may not borrow this much: waits, blocks no one
+            if self.try_admit(job, within):
+                continue
+            if not head_decided and within:
+                head_decided = self.try_reserve(job, -neg_value)
+
+    def try_admit(self, job: QueuedJob, within_share: bool) -> bool:
+        g, w = job.gpus_per_worker, job.num_workers
+        short = (
+            self.reservation is not None
+            and self.start_by_s is not None
+            and job.max_runtime_s is not None
+            and self.now_s + job.max_runtime_s <= self.start_by_s
+        )
+        pool = self.free if short or self.reservation is None else self.unprotected
+        placement = pool.place(g, w)
+        if placement is None:
+            return False
+        separate = self.unprotected is not self.free
+        for node_id, workers in placement:
+            gpus = workers * g
+            if separate:
+                protected = self.free.free[node_id] - self.unprotected.free[node_id]
+                take_unprotected = gpus if not short else max(0, gpus - protected)
+                self.unprotected.add(node_id, -take_unprotected)
+            self.free.add(node_id, -gpus)
+        self.used_by_queue[job.queue] = self.used_by_queue.get(job.queue, 0) + job.gpus_total
+        if self.reservation is None:
+            why = f"{Why.FITS.value}: all {w} workers x {g} GPUs fit now"
+        elif short:
+            why = (
+                f"{Why.BACKFILL.value}: ends by {self.now_s + (job.max_runtime_s or 0):g}s, "
+                f"before the reservation for {self.reservation.job_id} can be met at "
+                f"{self.start_by_s:g}s"
+            )
+        else:
+            why = (
+                f"{Why.BACKFILL.value}: fits on GPUs the reservation for "
+                f"{self.reservation.job_id} does not need"
+            )
+        if not within_share:
+            why += f"; borrows idle GPUs beyond queue {job.queue!r}'s share"
+        self.plan.append(
+            AdmitJob(
+                job_id=job.job_id,
+                placement=tuple(WorkerPlacement(n, k) for n, k in placement),
+                gpus_per_worker=g,
+                num_workers=w,
+                reason=why,
+            )
+        )
+        return True
+
+    def try_reserve(self, head: QueuedJob, head_value: int) -> bool:
+        """Reserve for `head`, making room now if allowed. True once a head is decided."""
+        g, w = head.gpus_per_worker, head.num_workers
+        future = self.free.copy()
+        extra: dict[str, int] = {}
+
+        def give(gpus_by_node: Mapping[str, int], sign: int = 1) -> None:
+            for n, k in gpus_by_node.items():
+                if n in self.live_ids and k > 0:
+                    future.add(n, sign * k)
+                    extra[n] = extra.get(n, 0) + sign * k
+
+        give(self.releasing)
+        if future.fits(g, w):
+            return self.reserve(head, future, extra, self.now_s)
+
+        # Make room now: Serve replicas first (training outranks serving), then victims.
+        serve = self.serve_candidates(future) if self.cfg.move_serve_replicas else []
+        victims = self.victim_candidates(head, head_value)
+        chosen: list[_Candidate] = []
+        queue_used = dict(self.used_by_queue)
+        fitted = False
+        for cand in serve + victims:
+            if cand.gang is not None and not self.still_eligible(head, head_value, cand.gang):
+                continue
+            chosen.append(cand)
+            give(cand.gpus_by_node)
+            if cand.gang is not None:
+                self.used_by_queue[cand.gang.queue] -= _live_gpus(cand.gang, self.live_ids)
+            if future.fits(g, w):
+                fitted = True
+                break
+        self.used_by_queue = queue_used
+        if fitted:
+            for cand in reversed(list(chosen)):
+                give(cand.gpus_by_node, -1)
+                if future.fits(g, w):
+                    chosen.remove(cand)
+                else:
+                    give(cand.gpus_by_node)
+            gangs = [c.gang for c in chosen if c.gang is not None]
+            budget = self.cfg.max_preemptions_per_hour - len(self.preemptions)
+            if len(gangs) <= budget:
+                self.make_room(head, chosen)
+                return self.reserve(head, future, extra, self.now_s)
+            # Over the cap: nobody is preempted; fall through to waiting.
+            future = self.free.copy()
+            extra = {}
+            give(self.releasing)
+
+        # Wait for running gangs to end: the earliest T at which the head is guaranteed to fit.
+        if self.cfg.move_serve_replicas:
+            for r in self.replicas:
+                give({r.node_id: r.gpus})
+        by_end = sorted(
+            self.gangs,
+            key=lambda gang: (
+                math.inf if gang.expected_end_s is None else gang.expected_end_s,
+                gang.job_id,
+            ),
+        )
+        for gang in by_end:
+            give(gang.gpus_by_node)
+            if future.fits(g, w):
+                return self.reserve(head, future, extra, gang.expected_end_s)
+        return False  # cannot fit even on an empty pool: no reservation, blocks no one
+
+    def reserve(
+        self, head: QueuedJob, future: _Gpus, extra: Mapping[str, int], start_by_s: float | None
+    ) -> bool:
+        placement = future.place(head.gpus_per_worker, head.num_workers)
+        assert placement is not None
+        self.unprotected = self.free.copy()
+        held: list[tuple[str, int]] = []
+        for node_id, workers in placement:
+            gpus = workers * head.gpus_per_worker
+            held.append((node_id, gpus))
+            protected = min(self.free.free.get(node_id, 0), max(0, gpus - extra.get(node_id, 0)))
+            self.unprotected.add(node_id, -protected)
+        self.start_by_s = start_by_s
+        self.reservation = Reservation(head.job_id, start_by_s, tuple(held))
+        return True
+
+    def serve_candidates(self, future: _Gpus) -> list[_Candidate]:
+        ordered = sorted(
+            self.replicas,
+            key=lambda r: (
+                -future.free.get(r.node_id, 0),
+                r.state is ReplicaState.RUNNING,
+                r.replica_id,
+            ),
+        )
+        return [_Candidate({r.node_id: r.gpus}, replica=r) for r in ordered]
+
+    def victim_candidates(self, head: QueuedJob, head_value: int) -> list[_Candidate]:
+        if not self.cfg.preemption_enabled:
+            return []
+        if len(self.preemptions) >= self.cfg.max_preemptions_per_hour:
+            return []
+        cap = self.cfg.max_preemptions_per_job_per_hour
+        classes = self.cfg.priority_classes
+        out: list[tuple[tuple[float, float, float, str], _Candidate]] = []
+        for gang in self.gangs:
+            if self.preempted_count.get(gang.job_id, 0) >= cap:
+                continue
+            if _live_gpus(gang, self.live_ids) == 0:
+                continue
+            value = classes.get(gang.priority_class, min(classes.values()))
+            same_queue = gang.queue == head.queue
+            if same_queue and value >= head_value:
+                continue
+            key = (float(value), gang.work_at_risk_s(self.now_s), -gang.started_s, gang.job_id)
+            out.append((key, _Candidate(gang.gpus_by_node, gang=gang)))
+        out.sort(key=lambda t: t[0])
+        return [c for _, c in out]
+
+    def still_eligible(self, head: QueuedJob, head_value: int, gang: RunningGang) -> bool:
+        """Same queue: lower priority (checked already). Other queue: it is over its share."""
+        return gang.queue == head.queue or self.over_share(gang.queue)
+
+    def make_room(self, head: QueuedJob, chosen: list[_Candidate]) -> None:
+        moves: dict[str, list[str]] = {}
+        for cand in chosen:
+            if cand.replica is not None:
+                moves.setdefault(cand.replica.model, []).append(cand.replica.node_id)
+        for model, node_ids in moves.items():
+            self.plan.append(
+                MoveServeReplicas(
+                    model=model,
+                    from_pool=Pool.CLUSTER,
+                    to_pool=Pool.EXTERNAL,
+                    num_replicas=len(node_ids),
+                    node_ids=tuple(sorted(node_ids)),
+                    reason=(
+                        f"{Why.SERVE_YIELDS.value}: training job {head.job_id} needs "
+                        f"{head.num_workers} x {head.gpus_per_worker} GPUs"
+                    ),
+                    for_job_id=head.job_id,
+                )
+            )
+        for cand in chosen:
+            gang = cand.gang
+            if gang is None:
+                continue
+            if gang.queue == head.queue:
+                why = (
+                    f"{Why.PREEMPT_PRIORITY.value}: {head.job_id} ({head.priority_class}) "
+                    f"outranks {gang.job_id} ({gang.priority_class})"
+                )
+            else:
+                why = (
+                    f"{Why.RECLAIM_SHARE.value}: queue {gang.queue!r} is over its share and "
+                    f"{head.job_id} is within queue {head.queue!r}'s share"
+                )
+            self.plan.append(PreemptJob(gang.job_id, why, for_job_id=head.job_id))
+            self.preemptions.append(PreemptionRecord(gang.job_id, self.now_s))
+            self.used_by_queue[gang.queue] -= _live_gpus(gang, self.live_ids)
+
+
+def _live_gpus(gang: RunningGang, live_ids: set[str]) -> int:
+    return sum(k for n, k in gang.gpus_by_node.items() if n in live_ids)
+
+
+def decide(
+    snapshot: ClusterSnapshot, config: AdmissionConfig, state: AdmissionState
+) -> tuple[Plan, AdmissionState]:
+    """Decide admissions, replica moves and preemptions for one tick (see the module doc).
+
+    Returns the plan (rejections, then in queue order: admissions, and for the head any
+    `MoveServeReplicas` and `PreemptJob` actions) and the new state.
+    """
+    d = _Decision(snapshot, config, state)
+    d.run()
+    new_state = AdmissionState(preemptions=tuple(d.preemptions), reservation=d.reservation)
+    return tuple(d.plan), new_state
