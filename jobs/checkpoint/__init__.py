@@ -1,0 +1,42 @@
+"""Asynchronous checkpointing: snapshot to host memory, persist in the background, restore
+only what was fully committed and verifies.
+
+The package owns the engine (`engine`), the on-storage format (`layout`), the snapshot
+into reusable host buffers (`snapshot`), the storage backends picked by URI (`storages`),
+retries (`retrying`), retention (`retention`), memory tiers (`memory_tiers`) and metrics
+(`metrics`). It never imports `controlplane`; callers pass plain parameters (uri,
+endpoint_url, region) taken from the user's StorageConfig.
+"""
+
+from __future__ import annotations
+
+from jobs.checkpoint.engine import (
+    CheckpointEngine,
+    CommitTimeoutError,
+    InFlightPolicy,
+    RestoredCheckpoint,
+    SaveHandle,
+    SaveOutcome,
+)
+from jobs.checkpoint.layout import CorruptCheckpointError
+from jobs.checkpoint.memory_tiers import InProcessMemoryTier, MemoryTier, RayMemoryTier
+from jobs.checkpoint.retrying import RetryPolicy
+from jobs.checkpoint.storages import LocalStorage, S3Storage, Storage, open_storage
+
+__all__ = [
+    "CheckpointEngine",
+    "CommitTimeoutError",
+    "CorruptCheckpointError",
+    "InFlightPolicy",
+    "InProcessMemoryTier",
+    "LocalStorage",
+    "MemoryTier",
+    "RayMemoryTier",
+    "RestoredCheckpoint",
+    "RetryPolicy",
+    "S3Storage",
+    "SaveHandle",
+    "SaveOutcome",
+    "Storage",
+    "open_storage",
+]

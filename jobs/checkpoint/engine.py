@@ -1,0 +1,576 @@
+"""The checkpoint engine: fast snapshot on the training thread, persist in the background.
+
+This module owns the save and restore protocols:
+
+* `save(state, step)` blocks only while the state's tensors are copied into a reusable host
+  buffer (one of `max_in_flight`); a single background thread then checksums the payload,
+  uploads its shards in parallel, writes this rank's index, feeds the memory tier, and
+  releases the buffer. When every buffer is still in flight, `in_flight_policy` decides:
+  WAIT blocks the caller until the oldest save finishes (the stall is measured and
+  counted), SKIP drops the new save with a warning and a metric.
+* Commit: rank 0 writes the step's manifest only after every rank's index (each written
+  after that rank's shards were durable) is present, so a manifest implies complete data.
+* `restore()` walks committed steps newest first, verifies the index and every shard
+  checksum (from the memory tier when it holds exactly that step, else from storage), and
+  loads the first one that verifies; corrupt or torn steps are skipped with a warning.
+
+It must not decide when to checkpoint (see `policies.checkpointing`) and does not know Ray
+Train (see `jobs.checkpointing_helpers`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import pickle
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import torch
+
+from jobs.checkpoint import metrics
+from jobs.checkpoint.layout import (
+    CorruptCheckpointError,
+    Manifest,
+    RankIndex,
+    RankRecord,
+    ShardEntry,
+    checksum,
+    index_key,
+    keep_key,
+    manifest_key,
+    shard_key,
+    step_of_key,
+)
+from jobs.checkpoint.memory_tiers import MemoryTier
+from jobs.checkpoint.retention import RetentionPlan, plan_retention, should_abort_upload
+from jobs.checkpoint.retrying import RetryPolicy
+from jobs.checkpoint.snapshot import HostBuffer, Snapshot, rebuild_state, take_snapshot
+from jobs.checkpoint.storages import (
+    ObjectNotFoundError,
+    ObjectSizeError,
+    Storage,
+    StorageOptions,
+    open_storage,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SHARD_SIZE_BYTES = 256 * 1024 * 1024
+_REREAD_ATTEMPTS = 3
+
+
+class InFlightPolicy(str, Enum):
+    """What `save()` does when all `max_in_flight` saves are still persisting."""
+
+    WAIT = "wait"
+    """Block until the oldest in-flight save finishes; the wait counts as stall."""
+    SKIP = "skip"
+    """Drop this save (returns None), log a warning and count it."""
+
+
+class CommitTimeoutError(Exception):
+    """Rank 0 gave up waiting for other ranks' data; the step stays uncommitted."""
+
+
+@dataclass(frozen=True)
+class SaveOutcome:
+    """What one save achieved once its background work finished."""
+
+    step: int
+    rank: int
+    committed: bool
+    """True on rank 0 once the manifest is written; other ranks only make data durable."""
+    payload_bytes: int
+    upload_s: float
+    upload_bytes_per_s: float
+
+
+class SaveHandle:
+    """A save in flight. `result()` waits for it and raises its error, if any."""
+
+    def __init__(self, step: int, stall_s: float, future: Future[SaveOutcome]) -> None:
+        self.step = step
+        self.stall_s = stall_s
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self, timeout_s: float | None = None) -> SaveOutcome:
+        return self._future.result(timeout=timeout_s)
+
+
+@dataclass(frozen=True)
+class RestoredCheckpoint:
+    """A verified checkpoint: its step, the state as saved, and where it was read from."""
+
+    step: int
+    state: Any
+    source: str
+    """"memory" (the memory tier) or "storage"."""
+    metadata: Mapping[str, Any]
+
+
+class CheckpointEngine:
+    """Asynchronous, verified checkpoints of one rank of a training job.
+
+    Example::
+
+        engine = CheckpointEngine("s3://bucket/run-7", rank=rank, world_size=world_size)
+        restored = engine.restore()
+        start = restored.step + 1 if restored else 0
+        for step in range(start, num_steps):
+            train_one_step()
+            if step % 100 == 0:
+                engine.save({"model": model.state_dict(), "optim": opt.state_dict()}, step)
+        engine.close()
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        run_name: str = "default",
+        max_in_flight: int = 1,
+        in_flight_policy: InFlightPolicy | str = InFlightPolicy.WAIT,
+        shard_size_bytes: int = DEFAULT_SHARD_SIZE_BYTES,
+        part_size_bytes: int = StorageOptions.part_size_bytes,
+        max_concurrency: int = StorageOptions.max_concurrency,
+        keep_last: int = 3,
+        max_upload_age_s: float = 6 * 3600.0,
+        commit_timeout_s: float = 600.0,
+        commit_poll_interval_s: float = 0.2,
+        retry: RetryPolicy | None = None,
+        pin_memory: bool | None = None,
+        memory_tier: MemoryTier | None = None,
+        storage: Storage | None = None,
+        before_commit: Callable[[int], None] | None = None,
+    ) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        if shard_size_bytes < 1:
+            raise ValueError(f"shard_size_bytes must be >= 1, got {shard_size_bytes}")
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        if commit_timeout_s <= 0 or commit_poll_interval_s <= 0:
+            raise ValueError(
+                "commit_timeout_s and commit_poll_interval_s must be > 0, got "
+                f"{commit_timeout_s} and {commit_poll_interval_s}"
+            )
+        try:
+            self.in_flight_policy = InFlightPolicy(in_flight_policy)
+        except ValueError as exc:
+            raise ValueError(
+                f"in_flight_policy must be one of {[p.value for p in InFlightPolicy]}, "
+                f"got {in_flight_policy!r}"
+            ) from exc
+        self.rank = rank
+        self.world_size = world_size
+        self.run_name = run_name
+        self.shard_size_bytes = shard_size_bytes
+        self.keep_last = keep_last
+        self.max_upload_age_s = max_upload_age_s
+        self.commit_timeout_s = commit_timeout_s
+        self.commit_poll_interval_s = commit_poll_interval_s
+        self.memory_tier = memory_tier
+        self._before_commit = before_commit
+        self._retries = 0
+        self._retries_lock = threading.Lock()
+        options = StorageOptions(
+            part_size_bytes=part_size_bytes,
+            max_concurrency=max_concurrency,
+            retry=retry or RetryPolicy(),
+            on_retry=self._on_retry,
+        )
+        self.storage = storage or open_storage(
+            uri, endpoint_url=endpoint_url, region=region, options=options
+        )
+        pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self._free_buffers: queue.Queue[HostBuffer] = queue.Queue()
+        for _ in range(max_in_flight):
+            self._free_buffers.put(HostBuffer(pin_memory=pin))
+        self._persist = ThreadPoolExecutor(1, thread_name_prefix=f"ckpt-persist-{rank}")
+        self._pending: list[SaveHandle] = []
+        self._last_step: int | None = None
+        self._last_commit_unix_s: float | None = None
+        self._last_committed_step: int | None = None
+        self._failed_uploads = 0
+        self._skipped_saves = 0
+        self._last_stall_s = 0.0
+        self._last_upload_s = 0.0
+        self._last_upload_bytes_per_s = 0.0
+        self._closed = False
+
+    # ----------------------------------------------------------------------------- save
+
+    def _on_retry(self, what: str, exc: BaseException) -> None:
+        with self._retries_lock:
+            self._retries += 1
+        metrics.RETRIES.labels(self.run_name).inc()
+        logger.info("retrying %s after %s: %s", what, type(exc).__name__, exc)
+
+    def save(
+        self,
+        state: Any,
+        step: int,
+        *,
+        keep: bool = False,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> SaveHandle | None:
+        """Snapshot `state` for `step` and persist it in the background.
+
+        Blocks only for the copy into host memory (plus, under WAIT, for a free buffer).
+        Returns None when the SKIP policy dropped this save. `keep` exempts the step from
+        retention; `metadata` (JSON-serializable) is stored in the manifest.
+        """
+        if self._closed:
+            raise RuntimeError("save() on a closed CheckpointEngine")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        if self._last_step is not None and step <= self._last_step:
+            raise ValueError(
+                f"step {step} is not after the last saved or restored step {self._last_step}; "
+                "committed checkpoints are immutable, so steps must increase"
+            )
+        started_s = time.perf_counter()
+        self._pending = [h for h in self._pending if not h.done()]
+        if self.in_flight_policy is InFlightPolicy.SKIP:
+            try:
+                buffer = self._free_buffers.get_nowait()
+            except queue.Empty:
+                self._skipped_saves += 1
+                metrics.SKIPPED_SAVES.labels(self.run_name).inc()
+                logger.warning(
+                    "checkpoint of step %d skipped: %d save(s) still in flight",
+                    step,
+                    len(self._pending),
+                )
+                return None
+        else:
+            buffer = self._free_buffers.get()
+        try:
+            snapshot = take_snapshot(state, buffer)
+        except BaseException:
+            self._free_buffers.put(buffer)
+            raise
+        stall_s = time.perf_counter() - started_s
+        self._last_step = step
+        self._last_stall_s = stall_s
+        metrics.STALL_SECONDS.labels(self.run_name).observe(stall_s)
+        future = self._persist.submit(
+            self._persist_one, snapshot, buffer, step, keep, dict(metadata or {}), started_s
+        )
+        handle = SaveHandle(step, stall_s, future)
+        self._pending.append(handle)
+        return handle
+
+    def _persist_one(
+        self,
+        snapshot: Snapshot,
+        buffer: HostBuffer,
+        step: int,
+        keep: bool,
+        metadata: dict[str, Any],
+        started_s: float,
+    ) -> SaveOutcome:
+        try:
+            try:
+                upload_started_s = time.perf_counter()
+                index_bytes = self._upload_rank(snapshot, step)
+                upload_s = time.perf_counter() - upload_started_s
+                if self.memory_tier is not None:
+                    try:
+                        self.memory_tier.put(
+                            self.rank, step, index_bytes, _as_view(snapshot.payload)
+                        )
+                    except Exception:  # noqa: BLE001 - the tier is only a cache
+                        logger.warning("memory tier could not keep step %d", step, exc_info=True)
+            finally:
+                self._free_buffers.put(buffer)
+            bytes_per_s = snapshot.payload_bytes / upload_s if upload_s > 0 else 0.0
+            self._last_upload_s = upload_s
+            self._last_upload_bytes_per_s = bytes_per_s
+            metrics.UPLOAD_SECONDS.labels(self.run_name).observe(upload_s)
+            metrics.UPLOAD_BYTES_PER_SECOND.labels(self.run_name).set(bytes_per_s)
+            metrics.UPLOADED_BYTES.labels(self.run_name).inc(snapshot.payload_bytes)
+            committed = False
+            if self.rank == 0:
+                if self._before_commit is not None:
+                    self._before_commit(step)
+                self._commit(step, keep, metadata)
+                committed = True
+                self._apply_retention_quietly()
+            return SaveOutcome(
+                step, self.rank, committed, snapshot.payload_bytes, upload_s, bytes_per_s
+            )
+        except BaseException:
+            self._failed_uploads += 1
+            metrics.FAILED_UPLOADS.labels(self.run_name).inc()
+            logger.exception("checkpoint of step %d (rank %d) failed", step, self.rank)
+            raise
+
+    def _upload_rank(self, snapshot: Snapshot, step: int) -> bytes:
+        view = _as_view(snapshot.payload)
+        shards: list[ShardEntry] = []
+        items: list[tuple[str, memoryview]] = []
+        for number, offset in enumerate(range(0, len(view), self.shard_size_bytes)):
+            piece = view[offset : offset + self.shard_size_bytes]
+            key = shard_key(step, self.rank, number)
+            shards.append(ShardEntry(key, offset, len(piece), checksum(piece)))
+            items.append((key, piece))
+        self.storage.put_many(items)
+        index = RankIndex(
+            step=step,
+            rank=self.rank,
+            world_size=self.world_size,
+            payload_bytes=snapshot.payload_bytes,
+            tensors=snapshot.tensors,
+            shards=tuple(shards),
+            skeleton=snapshot.skeleton,
+        )
+        index_bytes = index.to_json_bytes()
+        self.storage.put_bytes(index_key(step, self.rank), index_bytes)
+        return index_bytes
+
+    def _commit(self, step: int, keep: bool, metadata: dict[str, Any]) -> None:
+        deadline_s = time.monotonic() + self.commit_timeout_s
+        missing = set(range(self.world_size))
+        records: dict[int, RankRecord] = {}
+        while True:
+            for rank in sorted(missing):
+                key = index_key(step, rank)
+                if not self.storage.exists(key):
+                    continue
+                data = self.storage.get_bytes(key)
+                index = RankIndex.from_json_bytes(data)
+                records[rank] = RankRecord(rank, key, checksum(data), index.payload_bytes)
+                missing.discard(rank)
+            if not missing:
+                break
+            if time.monotonic() >= deadline_s:
+                raise CommitTimeoutError(
+                    f"step {step} not committed: ranks {sorted(missing)} did not finish their "
+                    f"data within commit_timeout_s={self.commit_timeout_s}"
+                )
+            time.sleep(self.commit_poll_interval_s)
+        if keep:
+            self.storage.put_bytes(keep_key(step), b"")
+        now_s = time.time()
+        manifest = Manifest(
+            step=step,
+            world_size=self.world_size,
+            ranks=tuple(records[r] for r in range(self.world_size)),
+            created_unix_s=now_s,
+            keep=keep,
+            metadata=metadata,
+        )
+        self.storage.put_bytes(manifest_key(step), manifest.to_json_bytes())
+        self._last_commit_unix_s = now_s
+        self._last_committed_step = step
+        metrics.LAST_COMMIT_UNIX_SECONDS.labels(self.run_name).set(now_s)
+        metrics.LAST_COMMITTED_STEP.labels(self.run_name).set(step)
+
+    def wait(self, timeout_s: float | None = None) -> list[SaveOutcome]:
+        """Wait for every save in flight; raises the first failure among them."""
+        pending, self._pending = self._pending, []
+        return [h.result(timeout_s) for h in pending]
+
+    # ------------------------------------------------------------------------ retention
+
+    def mark_keep(self, step: int) -> None:
+        """Exempt a committed step from retention."""
+        if not self.storage.exists(manifest_key(step)):
+            raise ValueError(f"step {step} has no committed checkpoint in {self.storage.uri}")
+        self.storage.put_bytes(keep_key(step), b"")
+
+    def apply_retention(self) -> RetentionPlan:
+        """Delete all but the newest `keep_last` committed steps (and keep-marked ones),
+        partial steps older than the newest commit, and abandoned multipart uploads."""
+        plan = plan_retention(self.storage.list_keys(), keep_last=self.keep_last)
+        if plan.keys_in_order:
+            self.storage.delete_keys(list(plan.keys_in_order))
+        self.storage.abort_abandoned_uploads(
+            lambda key, age_s: should_abort_upload(
+                key,
+                age_s,
+                newest_committed_step=plan.newest_committed_step,
+                max_upload_age_s=self.max_upload_age_s,
+            )
+        )
+        return plan
+
+    def _apply_retention_quietly(self) -> None:
+        try:
+            self.apply_retention()
+        except Exception:  # noqa: BLE001 - retention failing must not fail the save
+            logger.warning("checkpoint retention failed; will retry after next save", exc_info=True)
+
+    # -------------------------------------------------------------------------- restore
+
+    def committed_steps(self) -> list[int]:
+        """Steps with a manifest, newest first (not yet verified)."""
+        steps = {
+            step
+            for key in self.storage.list_keys()
+            if key.endswith("/manifest.json") and (step := step_of_key(key)) is not None
+        }
+        return sorted(steps, reverse=True)
+
+    def restore(
+        self, *, max_step: int | None = None, map_location: str | torch.device = "cpu"
+    ) -> RestoredCheckpoint | None:
+        """Load the newest committed checkpoint (at most `max_step`) that fully verifies.
+
+        Corrupt or torn steps are skipped with a warning. Returns None when no committed
+        checkpoint verifies. Storage that stays unreachable raises instead of returning
+        None, so a job never silently restarts from scratch because of an outage.
+        """
+        for step in self.committed_steps():
+            if max_step is not None and step > max_step:
+                continue
+            try:
+                restored = self._load(step, map_location)
+            except (
+                CorruptCheckpointError,
+                ObjectNotFoundError,
+                ObjectSizeError,
+                pickle.UnpicklingError,
+            ) as exc:
+                metrics.SKIPPED_ON_RESTORE.labels(self.run_name).inc()
+                logger.warning("skipping checkpoint step %d in %s: %s", step, self.storage.uri, exc)
+                continue
+            metrics.RESTORES.labels(self.run_name, restored.source).inc()
+            self._last_step = restored.step
+            self._last_committed_step = restored.step
+            return restored
+        return None
+
+    def _load(self, step: int, map_location: str | torch.device) -> RestoredCheckpoint:
+        manifest = Manifest.from_json_bytes(self.storage.get_bytes(manifest_key(step)))
+        if manifest.step != step:
+            raise CorruptCheckpointError(f"manifest under step {step} says step {manifest.step}")
+        if manifest.world_size != self.world_size:
+            raise ValueError(
+                f"checkpoint step {step} in {self.storage.uri} was saved by "
+                f"{manifest.world_size} ranks, this job has world_size={self.world_size}; "
+                "restoring onto a different number of ranks is not supported"
+            )
+        record = next(r for r in manifest.ranks if r.rank == self.rank)
+        held = self.memory_tier.get(self.rank) if self.memory_tier is not None else None
+        if held is not None and held.step == step and checksum(held.index) == record.index_checksum:
+            index = self._parse_index(held.index, step)
+            payload = (
+                torch.frombuffer(bytearray(held.payload), dtype=torch.uint8)
+                if len(held.payload)
+                else torch.empty(0, dtype=torch.uint8)
+            )
+            bad = self._bad_shards(index, payload)
+            if not bad:
+                state = rebuild_state(
+                    index.skeleton, index.tensors, payload, map_location=map_location
+                )
+                return RestoredCheckpoint(step, state, "memory", manifest.metadata)
+            logger.warning("memory tier copy of step %d fails checksums; reading storage", step)
+        index_bytes = self.storage.get_bytes(record.index_key)
+        if checksum(index_bytes) != record.index_checksum:
+            raise CorruptCheckpointError(f"index {record.index_key} does not match its checksum")
+        index = self._parse_index(index_bytes, step)
+        payload = torch.empty(index.payload_bytes, dtype=torch.uint8)
+        view = _as_view(payload)
+        todo = list(index.shards)
+        for _attempt in range(_REREAD_ATTEMPTS):
+            self.storage.get_many(
+                [(s.key, view[s.offset_bytes : s.offset_bytes + s.size_bytes]) for s in todo]
+            )
+            todo = self._bad_shards(index, payload, only=todo)
+            if not todo:
+                break
+            logger.info("step %d: %d shard(s) failed checksum, reading again", step, len(todo))
+        if todo:
+            raise CorruptCheckpointError(
+                f"shards {[s.key for s in todo]} do not match their checksums"
+            )
+        state = rebuild_state(index.skeleton, index.tensors, payload, map_location=map_location)
+        return RestoredCheckpoint(step, state, "storage", manifest.metadata)
+
+    def _parse_index(self, data: bytes, step: int) -> RankIndex:
+        index = RankIndex.from_json_bytes(data)
+        if (index.step, index.rank, index.world_size) != (step, self.rank, self.world_size):
+            raise CorruptCheckpointError(
+                f"index names step {index.step} rank {index.rank}/{index.world_size}, "
+                f"expected step {step} rank {self.rank}/{self.world_size}"
+            )
+        return index
+
+    @staticmethod
+    def _bad_shards(
+        index: RankIndex, payload: torch.Tensor, only: list[ShardEntry] | None = None
+    ) -> list[ShardEntry]:
+        view = _as_view(payload)
+        return [
+            s
+            for s in (index.shards if only is None else only)
+            if checksum(view[s.offset_bytes : s.offset_bytes + s.size_bytes]) != s.checksum
+        ]
+
+    # ------------------------------------------------------------------------ reporting
+
+    def stats(self) -> dict[str, float]:
+        """Numbers a training loop can report (e.g. through ray.train.report)."""
+        since_s = (
+            time.time() - self._last_commit_unix_s if self._last_commit_unix_s is not None else -1.0
+        )
+        return {
+            "checkpoint_stall_s": self._last_stall_s,
+            "checkpoint_upload_s": self._last_upload_s,
+            "checkpoint_upload_bytes_per_s": self._last_upload_bytes_per_s,
+            "checkpoint_last_committed_step": float(
+                -1 if self._last_committed_step is None else self._last_committed_step
+            ),
+            "checkpoint_s_since_last_commit": since_s,
+            "checkpoint_failed_uploads": float(self._failed_uploads),
+            "checkpoint_retries": float(self._retries),
+            "checkpoint_skipped_saves": float(self._skipped_saves),
+            "checkpoint_in_flight": float(sum(not h.done() for h in self._pending)),
+        }
+
+    def close(self, *, wait: bool = True) -> None:
+        """Finish (or, with wait=False, abandon) saves in flight and release resources."""
+        if self._closed:
+            return
+        self._closed = True
+        if wait:
+            for handle in self._pending:
+                # A failure was already logged and counted by the persist thread.
+                with contextlib.suppress(Exception):
+                    handle.result()
+        self._persist.shutdown(wait=wait, cancel_futures=not wait)
+        if wait:
+            self.storage.close()
+
+    def __enter__(self) -> CheckpointEngine:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def _as_view(payload: torch.Tensor) -> memoryview:
+    if payload.numel() == 0:
+        return memoryview(b"")
+    return memoryview(payload.numpy()).cast("B")
