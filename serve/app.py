@@ -1,0 +1,30 @@
+"""Application builders that Serve's declarative config points at.
+
+Owns: ``serve.app:build_ingress`` and ``serve.app:build_backend``, the import paths written
+into each application config by `serve.spec`. Serve calls them with the app's ``args``.
+
+Must not: hold state or decide anything; options come from the application config.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.serve import Application
+
+from serve.backend import Backend
+from serve.ingress import Ingress
+
+__all__ = ["build_backend", "build_ingress"]
+
+
+def build_ingress(args: dict[str, Any]) -> Application:
+    """The ingress application; its route table arrives through ``user_config``."""
+    return Ingress.bind()
+
+
+def build_backend(args: dict[str, Any]) -> Application:
+    """One backend of a model in a pool: ``args`` = name, import_path, init_kwargs, pool."""
+    return Backend.bind(
+        args["name"], args["import_path"], dict(args.get("init_kwargs") or {}), args["pool"]
+    )

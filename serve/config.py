@@ -1,0 +1,179 @@
+"""The serving plane's configuration: which models are served, with what resources, and how
+the HTTP ingress behaves.
+
+Owns: the schema (plain dataclasses, each field documented, omegaconf-compatible so the
+control plane can nest `ServingConfig` as its `serving` field) and `validate_serving`, which
+names every impossible value by its full key path (``serving.models[0].max_replicas: ...``).
+
+Must not: import Ray, start anything, or import `controlplane` (an import-linter contract
+forbids it). The control plane loads and merges the YAML; this module only describes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "POOLS",
+    "IngressConfig",
+    "ModelConfig",
+    "ServingConfig",
+    "serving_from_dict",
+    "validate_serving",
+]
+
+POOLS: tuple[str, ...] = ("cluster", "external")
+"""The pools a model can have replicas in, in routing-table order."""
+
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_]{0,47}$")
+
+
+@dataclass
+class ModelConfig:
+    """One served model. It gets one backend deployment per pool (``cluster``, ``external``)."""
+
+    name: str = "sample"
+    """URL name: requests go to ``POST /v1/models/<name>/predict``. Lowercase, digits, '_'."""
+    import_path: str = "serve.sample_model:SampleModel"
+    """``module:Class`` of the model. The class is built with ``init_kwargs`` once per replica
+    and must have ``predict(payload: dict) -> dict``; it raises ValueError for bad input."""
+    init_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the model class (JSON-able values)."""
+    num_cpus: float = 1.0
+    """Logical CPUs per replica."""
+    num_gpus: float = 1.0
+    """GPUs per replica (logical GPUs in local mode)."""
+    min_replicas: int = 1
+    """Fewest replicas across both pools; the demand policy never goes below it."""
+    max_replicas: int = 4
+    """Most replicas across both pools."""
+    initial_pool: str = "cluster"
+    """Pool that receives the ``min_replicas`` when the app is first deployed."""
+    max_ongoing_requests: int = 8
+    """Requests one replica works on at once; more wait in the replica's router queue."""
+    target_ongoing_requests: float = 2.0
+    """Ongoing requests per replica that the demand policy aims for."""
+    upscale_delay_s: float = 5.0
+    """Demand must ask for more replicas this long before the policy adds them."""
+    downscale_delay_s: float = 60.0
+    """Demand must ask for fewer replicas this long before the policy removes them."""
+    graceful_shutdown_timeout_s: float = 20.0
+    """A stopping replica gets this long to finish in-flight requests."""
+
+
+@dataclass
+class IngressConfig:
+    """The CPU-only HTTP ingress on the head node that routes requests to pool backends."""
+
+    num_replicas: int = 2
+    """Ingress replicas (all on the head); each applies the same route weights."""
+    num_cpus: float = 0.25
+    """Logical CPUs per ingress replica."""
+    max_ongoing_requests: int = 1000
+    """Concurrent requests one ingress replica accepts."""
+    max_body_bytes: int = 1_048_576
+    """Largest request body accepted; larger bodies get 413."""
+    max_attempts: int = 3
+    """Tries per request across ready replicas when a replica dies or stops (>= 1)."""
+    attempt_timeout_s: float = 10.0
+    """Longest one try may take before the ingress gives up on it and tries elsewhere."""
+    request_timeout_s: float = 30.0
+    """Longest a request may take in total, retries included; then 503 with Retry-After."""
+    retry_after_s: int = 1
+    """Value of the Retry-After header on a 503."""
+
+
+@dataclass
+class ServingConfig:
+    """The production Serve application: an ingress and the declared models."""
+
+    route_prefix: str = "/"
+    """Route prefix of the ingress on the Serve HTTP proxy."""
+    ready_timeout_s: float = 180.0
+    """How long deploy/scale/move wait for replicas to become RUNNING."""
+    ingress: IngressConfig = field(default_factory=IngressConfig)
+    models: list[ModelConfig] = field(default_factory=lambda: [ModelConfig()])
+    """Models to serve; `rcp up` serves the sample model by default."""
+
+
+def _check_min(errors: list[str], path: str, value: float, minimum: float) -> None:
+    if value < minimum:
+        errors.append(f"{path}: must be >= {minimum:g}, got {value!r}")
+
+
+def validate_serving(cfg: ServingConfig, prefix: str = "serving") -> list[str]:
+    """Every impossible value in `cfg`, one message each, naming the key's full path."""
+    errors: list[str] = []
+    if not cfg.route_prefix.startswith("/"):
+        errors.append(f"{prefix}.route_prefix: must start with '/', got {cfg.route_prefix!r}")
+    _check_min(errors, f"{prefix}.ready_timeout_s", cfg.ready_timeout_s, 1)
+    ing = cfg.ingress
+    _check_min(errors, f"{prefix}.ingress.num_replicas", ing.num_replicas, 1)
+    _check_min(errors, f"{prefix}.ingress.num_cpus", ing.num_cpus, 0)
+    _check_min(errors, f"{prefix}.ingress.max_ongoing_requests", ing.max_ongoing_requests, 1)
+    _check_min(errors, f"{prefix}.ingress.max_body_bytes", ing.max_body_bytes, 1)
+    _check_min(errors, f"{prefix}.ingress.max_attempts", ing.max_attempts, 1)
+    _check_min(errors, f"{prefix}.ingress.attempt_timeout_s", ing.attempt_timeout_s, 0.01)
+    _check_min(errors, f"{prefix}.ingress.request_timeout_s", ing.request_timeout_s, 0.01)
+    _check_min(errors, f"{prefix}.ingress.retry_after_s", ing.retry_after_s, 0)
+    if not cfg.models:
+        errors.append(f"{prefix}.models: at least one model must be declared")
+    seen: set[str] = set()
+    for i, m in enumerate(cfg.models):
+        p = f"{prefix}.models[{i}]"
+        if not _NAME_RE.match(m.name):
+            errors.append(
+                f"{p}.name: must be 1-48 of lowercase letters, digits and '_', "
+                f"starting with a letter or digit, got {m.name!r}"
+            )
+        if m.name in seen:
+            errors.append(f"{p}.name: model {m.name!r} is declared twice")
+        seen.add(m.name)
+        if m.import_path.count(":") != 1 or not all(m.import_path.split(":")):
+            errors.append(f"{p}.import_path: must be 'module:Class', got {m.import_path!r}")
+        _check_min(errors, f"{p}.num_cpus", m.num_cpus, 0)
+        _check_min(errors, f"{p}.num_gpus", m.num_gpus, 0)
+        _check_min(errors, f"{p}.min_replicas", m.min_replicas, 0)
+        _check_min(errors, f"{p}.max_replicas", m.max_replicas, 1)
+        if m.max_replicas < m.min_replicas:
+            errors.append(
+                f"{p}.max_replicas: must be >= {p}.min_replicas ({m.min_replicas}), "
+                f"got {m.max_replicas}"
+            )
+        if m.initial_pool not in POOLS:
+            errors.append(f"{p}.initial_pool: must be one of {list(POOLS)}, got {m.initial_pool!r}")
+        _check_min(errors, f"{p}.max_ongoing_requests", m.max_ongoing_requests, 1)
+        _check_min(errors, f"{p}.target_ongoing_requests", m.target_ongoing_requests, 0.01)
+        _check_min(errors, f"{p}.upscale_delay_s", m.upscale_delay_s, 0)
+        _check_min(errors, f"{p}.downscale_delay_s", m.downscale_delay_s, 0)
+        _check_min(errors, f"{p}.graceful_shutdown_timeout_s", m.graceful_shutdown_timeout_s, 0)
+    return errors
+
+
+def serving_from_dict(data: dict[str, Any]) -> ServingConfig:
+    """Rebuild a ServingConfig from `dataclasses.asdict` output (as stored in Serve's config).
+
+    Unknown keys raise ValueError naming the key, so a stale stored config is not silently
+    half-read.
+    """
+
+    def build(cls: type[Any], raw: dict[str, Any], path: str) -> Any:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - names)
+        if unknown:
+            raise ValueError(f"{path}.{unknown[0]}: unknown key")
+        return cls(**raw)
+
+    raw = dict(data)
+    ingress = build(IngressConfig, dict(raw.pop("ingress", {})), "serving.ingress")
+    models = [
+        build(ModelConfig, dict(m), f"serving.models[{i}]")
+        for i, m in enumerate(raw.pop("models", []))
+    ]
+    cfg: ServingConfig = build(
+        ServingConfig, {**raw, "ingress": ingress, "models": models}, "serving"
+    )
+    return cfg

@@ -1,0 +1,91 @@
+"""The one module that talks to Ray Serve's controller and Ray's node table.
+
+Owns: reading Serve's instance details (applications, deployments, replicas and the
+declarative config each app was deployed with), applying a set of application configs, and
+mapping node ids to pools. Everything else in `serve/` goes through here, so a change in
+Serve's API is fixed in one place.
+
+Must not: decide anything; callers pass complete application configs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+from ray import serve
+from ray.serve.schema import ServeDeploySchema
+
+from serve.spec import APP_PREFIX, declarative_configs
+
+__all__ = [
+    "ServeNotRunningError",
+    "apply_app_configs",
+    "node_pools",
+    "read_details",
+    "start_serve",
+]
+
+
+class ServeNotRunningError(RuntimeError):
+    """Serve is not running on the connected Ray cluster."""
+
+
+def _client() -> Any:
+    from ray.serve.context import _get_global_client
+
+    try:
+        client = _get_global_client()
+    except Exception as exc:
+        raise ServeNotRunningError(
+            "Ray Serve is not running on this cluster: start it first (rcp up, or "
+            "serve.start(http_options={'host': '127.0.0.1', 'port': PORT}))"
+        ) from exc
+    if client is None:
+        raise ServeNotRunningError(
+            "Ray Serve is not running on this cluster: start it first (rcp up, or "
+            "serve.start(http_options={'host': '127.0.0.1', 'port': PORT}))"
+        )
+    return client
+
+
+def start_serve(host: str, port: int) -> None:
+    """Start Serve's controller and HTTP proxy on `host`:`port` (no-op when already up)."""
+    serve.start(http_options={"host": host, "port": port})
+
+
+def read_details() -> dict[str, Any]:
+    """Serve's instance details as plain data (``ServeInstanceDetails`` as a dict)."""
+    details: dict[str, Any] = _client().get_serve_details()
+    return details
+
+
+def apply_app_configs(apps: list[dict[str, Any]]) -> None:
+    """Apply our application configs as Serve's declarative config, keeping every other
+    declaratively deployed application as it is. Returns once the controller accepted it;
+    replicas change asynchronously."""
+    client = _client()
+    ours = {a["name"] for a in apps}
+    foreign = [
+        cfg
+        for name, cfg in declarative_configs(client.get_serve_details()).items()
+        if name not in ours and not name.startswith(f"{APP_PREFIX}-")
+    ]
+    client.deploy_apps(ServeDeploySchema(applications=[*foreign, *apps]))
+
+
+def node_pools() -> dict[str, str]:
+    """Pool of every alive node, by node id: its ``pool`` label, else its ``pool_*`` resource."""
+    pools: dict[str, str] = {}
+    for node in ray.nodes():
+        if not node.get("Alive", False):
+            continue
+        labels = node.get("Labels") or {}
+        pool = labels.get("pool")
+        if pool is None:
+            for res in node.get("Resources") or {}:
+                if res.startswith("pool_"):
+                    pool = res[len("pool_") :]
+                    break
+        pools[str(node["NodeID"])] = pool or "unknown"
+    return pools

@@ -1,0 +1,194 @@
+"""The HTTP ingress: a CPU-only deployment on the head that routes each request to the
+backend of its model in one pool, chosen by route weight.
+
+Owns: request validation (via `serve.inputs`), the route table applied from ``user_config``
+(so every ingress replica applies the same weights and a redeploy keeps them), the retry of
+a request whose replica died or is stopping on another ready replica within a bounded budget
+(`serve.routing.retry_decision`), and the 503 + Retry-After answer when no pool can serve.
+
+Must not: change Serve's state (the control plane does that through `serve.operations`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+from starlette.requests import Request
+from starlette.responses import Response
+
+from serve.config import IngressConfig
+from serve.inputs import (
+    ErrorCode,
+    Health,
+    ListModels,
+    Predict,
+    RequestError,
+    error_body,
+    parse_request,
+)
+from serve.routing import choose_pool, retry_decision
+from serve.spec import BACKEND_DEPLOYMENT, INGRESS_DEPLOYMENT, app_name
+
+__all__ = ["Ingress", "RouteTable"]
+
+logger = logging.getLogger("ray.serve")
+
+_JSON = "application/json"
+_RETRY_BACKOFF_S = 0.02
+
+
+@dataclass(frozen=True)
+class RouteTable:
+    """What one ingress replica routes by; replaced whole on every reconfigure."""
+
+    generation: int = -1
+    weights: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    settings: IngressConfig = field(default_factory=IngressConfig)
+
+    @classmethod
+    def from_user_config(cls, user_config: Mapping[str, Any]) -> RouteTable:
+        return cls(
+            generation=int(user_config.get("generation", 0)),
+            weights={
+                m: {p: float(w) for p, w in ws.items()}
+                for m, ws in (user_config.get("weights") or {}).items()
+            },
+            settings=IngressConfig(**(user_config.get("settings") or {})),
+        )
+
+
+def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:
+    return Response(body, status_code=status, media_type=_JSON, headers=headers)
+
+
+@serve.deployment(name=INGRESS_DEPLOYMENT)
+class Ingress:
+    def __init__(self) -> None:
+        self._table = RouteTable()
+        self._handles: dict[tuple[str, str], DeploymentHandle] = {}
+        self._rng = random.Random()
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        self._table = RouteTable.from_user_config(user_config)
+        logger.info(
+            "route table generation %d: %s", self._table.generation, dict(self._table.weights)
+        )
+
+    def _handle(self, model: str, pool: str) -> DeploymentHandle:
+        key = (model, pool)
+        handle = self._handles.get(key)
+        if handle is None:
+            handle = serve.get_deployment_handle(BACKEND_DEPLOYMENT, app_name(model, pool))
+            self._handles[key] = handle
+        return handle
+
+    async def _read_body(self, request: Request, limit_bytes: int) -> bytes | None:
+        """The body, or None as soon as it grows past `limit_bytes` (chunked uploads too)."""
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit_bytes:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def __call__(self, request: Request) -> Response:
+        table = self._table
+        s = table.settings
+        common = {
+            "method": request.method,
+            "path": request.url.path,
+            "root_path": str(request.scope.get("root_path", "")),
+            "content_type": request.headers.get("content-type"),
+            "content_length": request.headers.get("content-length"),
+            "max_body_bytes": s.max_body_bytes,
+            "known_models": table.weights.keys(),
+        }
+        head = parse_request(body=None, **common)  # type: ignore[arg-type]
+        if isinstance(head, RequestError):
+            return _json(head.status, error_body(head.code, head.message))
+        if isinstance(head, Health):
+            return _json(200, json.dumps({"status": "ok", "generation": table.generation}).encode())
+        if isinstance(head, ListModels):
+            models = [{"name": m, "weights": dict(ws)} for m, ws in table.weights.items()]
+            return _json(
+                200, json.dumps({"models": models, "generation": table.generation}).encode()
+            )
+        body = await self._read_body(request, s.max_body_bytes)
+        if body is None:
+            return _json(
+                413,
+                error_body(
+                    ErrorCode.BODY_TOO_LARGE,
+                    f"body exceeds the limit of {s.max_body_bytes} bytes",
+                ),
+            )
+        parsed = parse_request(body=body, **common)  # type: ignore[arg-type]
+        if isinstance(parsed, RequestError):
+            return _json(parsed.status, error_body(parsed.code, parsed.message))
+        assert isinstance(parsed, Predict)
+        return await self._predict(parsed.model, parsed.payload)
+
+    async def _predict(self, model: str, payload: dict[str, Any]) -> Response:
+        started = time.monotonic()
+        tried: set[str] = set()
+        attempts = 0
+        last_error = "no pool has ready replicas"
+        while True:
+            table = self._table  # re-read: weights may change between attempts
+            s = table.settings
+            pool = choose_pool(table.weights.get(model, {}), self._rng.random(), tried)
+            if pool is None:
+                return self._unavailable(model, "no pool has ready replicas", s)
+            attempts += 1
+            tried.add(pool)
+            remaining_s = s.request_timeout_s - (time.monotonic() - started)
+            response = self._handle(model, pool).predict.remote(payload)
+            try:
+                envelope = await asyncio.wait_for(
+                    _await(response), timeout=max(0.001, min(s.attempt_timeout_s, remaining_s))
+                )
+            except asyncio.TimeoutError:
+                response.cancel()
+                last_error = f"{pool} replica did not answer within {s.attempt_timeout_s:g}s"
+            except Exception as exc:  # replica died, is stopping or is unreachable
+                last_error = f"{pool} replica failed: {type(exc).__name__}"
+                logger.warning("%s/%s attempt %d failed: %r", model, pool, attempts, exc)
+            else:
+                return _json(
+                    int(envelope["status"]),
+                    json.dumps(envelope["body"]).encode(),
+                    {"X-Rcp-Pool": pool, "X-Rcp-Attempts": str(attempts)},
+                )
+            decision = retry_decision(
+                attempts, s.max_attempts, time.monotonic() - started, s.request_timeout_s
+            )
+            if not decision.retry:
+                return self._unavailable(model, f"{last_error}; {decision.reason}", s)
+            await asyncio.sleep(_RETRY_BACKOFF_S * attempts)
+
+    @staticmethod
+    def _unavailable(model: str, why: str, s: IngressConfig) -> Response:
+        return _json(
+            503,
+            error_body(
+                ErrorCode.NO_CAPACITY,
+                f"model {model!r} cannot be served right now ({why}); retry after "
+                f"{s.retry_after_s}s",
+            ),
+            {"Retry-After": str(s.retry_after_s)},
+        )
+
+
+async def _await(response: Any) -> Any:
+    return await response

@@ -1,0 +1,416 @@
+"""The primitives the control plane calls to change the serving plane.
+
+Owns: `deploy` (first deploy or config update, keeping the targets and weights already
+deployed), `scale_pool`, `set_route_weights`, `set_route_weights_from_readiness` and the
+make-before-break `move`. Each reads the desired state from Serve (where it is stored, see
+`serve.spec`), changes it, writes it back with one declarative apply, and optionally waits
+until Serve shows the effect. Writes inside one process are serialized by a lock; the
+policy actor is meant to be the only writer.
+
+Make-before-break, as `move` does it: (1) raise the target pool by n and wait until its
+replicas are RUNNING; (2) set route weights from readiness with the source's planned
+target, and wait until every ingress replica applied that route table; (3) lower the
+source pool by n; Serve stops those replicas gracefully, finishing in-flight requests, and a
+request that still lands on a stopping replica is retried by the ingress elsewhere.
+
+A pool at zero has no Serve application (Serve refuses ``num_replicas=0`` on a static
+deployment); reaching zero deletes that pool's app and leaving zero re-creates it. The other
+pool's app keeps an identical config, so its replicas are never restarted.
+
+Must not: decide how many replicas a model needs (that is `policies.demand` and the policy
+actor); it only carries out what it is told.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from serve import control
+from serve.config import POOLS, ServingConfig, validate_serving
+from serve.routing import weights_from_readiness
+from serve.spec import (
+    BACKEND_DEPLOYMENT,
+    INGRESS_APP,
+    INGRESS_DEPLOYMENT,
+    DesiredState,
+    app_name,
+    build_app_configs,
+    declarative_configs,
+    desired_from_app_configs,
+    initial_state,
+)
+from serve.status import STARTING_STATES
+
+__all__ = [
+    "MoveResult",
+    "OperationReason",
+    "ServingNotDeployedError",
+    "ServingTimeoutError",
+    "deploy",
+    "move",
+    "read_state",
+    "running_replicas",
+    "scale_pool",
+    "set_route_weights",
+    "set_route_weights_from_readiness",
+]
+
+_POLL_S = 0.1
+_lock = threading.RLock()
+
+
+class ServingNotDeployedError(RuntimeError):
+    """The serving plane's ingress app is not deployed on this cluster."""
+
+
+class ServingTimeoutError(TimeoutError):
+    """Serve did not reach the wanted state in time; the message says what was awaited."""
+
+
+class OperationReason(str, Enum):
+    DEPLOY = "deploy"
+    SCALE = "scale"
+    ROUTE = "route"
+    MOVE = "move"
+
+
+@dataclass(frozen=True)
+class MoveResult:
+    """What a `move` did, step by step, for the event log."""
+
+    model: str
+    from_pool: str
+    to_pool: str
+    num_replicas: int
+    reason: str
+    steps: tuple[str, ...]
+    duration_s: float
+
+
+# --- reading ---------------------------------------------------------------------------
+
+
+def read_state() -> DesiredState | None:
+    """The desired state stored in Serve, or None when the serving plane is not deployed."""
+    return desired_from_app_configs(declarative_configs(control.read_details()))
+
+
+def _require_state() -> DesiredState:
+    state = read_state()
+    if state is None:
+        raise ServingNotDeployedError(
+            "the serving plane is not deployed on this cluster; deploy it first "
+            "(rcp up, or serve.operations.deploy(ServingConfig()))"
+        )
+    return state
+
+
+def _backend(details: Mapping[str, Any], model: str, pool: str) -> Mapping[str, Any]:
+    app = (details.get("applications") or {}).get(app_name(model, pool)) or {}
+    dep: Mapping[str, Any] = (app.get("deployments") or {}).get(BACKEND_DEPLOYMENT) or {}
+    return dep
+
+
+def _states(dep: Mapping[str, Any]) -> list[str]:
+    return [str(r.get("state", "")).rsplit(".", 1)[-1].upper() for r in dep.get("replicas") or []]
+
+
+def running_replicas(details: Mapping[str, Any], model: str) -> dict[str, int]:
+    """RUNNING replicas of `model` per pool in Serve's details."""
+    return {p: _states(_backend(details, model, p)).count("RUNNING") for p in POOLS}
+
+
+# --- writing and waiting -----------------------------------------------------------------
+
+
+def _apply(state: DesiredState) -> None:
+    control.apply_app_configs(build_app_configs(state))
+
+
+def _wait(what: str, done: Callable[[Mapping[str, Any]], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        details = control.read_details()
+        if done(details):
+            return
+        if time.monotonic() >= deadline:
+            raise ServingTimeoutError(f"timed out after {timeout_s:g}s waiting for {what}")
+        time.sleep(_POLL_S)
+
+
+def _pool_settled(model: str, pool: str, target: int) -> Callable[[Mapping[str, Any]], bool]:
+    """At least `target` RUNNING and, for a lowered target, no extra replica still around."""
+
+    def done(details: Mapping[str, Any]) -> bool:
+        dep = _backend(details, model, pool)
+        states = _states(dep)
+        running = states.count("RUNNING")
+        if target == 0:
+            return app_name(model, pool) not in (details.get("applications") or {})
+        if int(dep.get("target_num_replicas", -1)) != target:
+            return False
+        busy = sum(1 for s in states if s in STARTING_STATES or s == "STOPPING")
+        return running >= target and busy == 0
+
+    return done
+
+
+def _pool_running(model: str, pool: str, target: int) -> Callable[[Mapping[str, Any]], bool]:
+    def done(details: Mapping[str, Any]) -> bool:
+        dep = _backend(details, model, pool)
+        return (
+            int(dep.get("target_num_replicas", -1)) == target
+            and _states(dep).count("RUNNING") >= target
+        )
+
+    return done
+
+
+def _ingress_applied(generation: int) -> Callable[[Mapping[str, Any]], bool]:
+    """Every ingress replica runs with route table `generation` (reconfigure finished)."""
+
+    def done(details: Mapping[str, Any]) -> bool:
+        app = (details.get("applications") or {}).get(INGRESS_APP) or {}
+        dep = (app.get("deployments") or {}).get(INGRESS_DEPLOYMENT) or {}
+        user_config = (dep.get("deployment_config") or {}).get("user_config") or {}
+        if user_config.get("generation") != generation:
+            return False
+        states = _states(dep)
+        return (
+            str(dep.get("status", "")).rsplit(".", 1)[-1].upper() == "HEALTHY"
+            and len(states) == int(dep.get("target_num_replicas", -1))
+            and all(s == "RUNNING" for s in states)
+        )
+
+    return done
+
+
+def _timeout(state: DesiredState, timeout_s: float | None) -> float:
+    return float(timeout_s if timeout_s is not None else state.serving.ready_timeout_s)
+
+
+def _route(
+    state: DesiredState, model: str, weights: Mapping[str, float], timeout_s: float, wait: bool
+) -> DesiredState:
+    new = state.with_weights(model, weights)
+    _apply(new)
+    if wait:
+        _wait(
+            f"every ingress replica to apply route table generation {new.generation}",
+            _ingress_applied(new.generation),
+            timeout_s,
+        )
+    return new
+
+
+# --- primitives ----------------------------------------------------------------------------
+
+
+def deploy(
+    serving: ServingConfig,
+    *,
+    http_host: str | None = None,
+    http_port: int | None = None,
+    wait: bool = True,
+    timeout_s: float | None = None,
+) -> DesiredState:
+    """Deploy the serving plane, or update it to `serving`, and return the desired state.
+
+    A model already deployed keeps its replica targets and route weights; a new model gets
+    `min_replicas` in its `initial_pool`; a model no longer declared is removed. With
+    `http_port`, Serve is started on `http_host` (default 127.0.0.1) first. With `wait`,
+    returns once the backends are RUNNING and traffic is routed to them.
+    """
+    errors = validate_serving(serving)
+    if errors:
+        raise ValueError("invalid serving configuration:\n  " + "\n  ".join(errors))
+    if http_port is not None:
+        control.start_serve(http_host or "127.0.0.1", http_port)
+    with _lock:
+        current = read_state()
+        fresh = initial_state(serving)
+        if current is None:
+            state = fresh
+        else:
+            declared = {m.name for m in serving.models}
+            deployed = {m.name for m in current.serving.models}
+            targets = dict(fresh.targets)
+            weights = {m: dict(ws) for m, ws in fresh.weights.items()}
+            for name in declared & deployed:
+                for pool in POOLS:
+                    targets[(name, pool)] = current.target(name, pool)
+                weights[name] = {p: current.weight(name, p) for p in POOLS}
+            state = DesiredState(
+                serving=serving, targets=targets, weights=weights, generation=current.generation
+            )
+        _apply(state)
+        if not wait:
+            return state
+        limit_s = _timeout(state, timeout_s)
+        for m in serving.models:
+            for pool in POOLS:
+                n = state.target(m.name, pool)
+                if n > 0:
+                    _wait(
+                        f"{n} RUNNING replica(s) of {m.name} in {pool}",
+                        _pool_running(m.name, pool, n),
+                        limit_s,
+                    )
+        for m in serving.models:
+            state = set_route_weights_from_readiness(m.name, timeout_s=limit_s)
+        return state
+
+
+def scale_pool(
+    model: str,
+    pool: str,
+    num_replicas: int,
+    *,
+    wait: bool = True,
+    timeout_s: float | None = None,
+) -> DesiredState:
+    """Set the replica target of `model` in `pool` (a lightweight update; 0 deletes the
+    pool's app, above 0 re-creates it).
+
+    Scaling down first takes the leaving replicas out of the route weights (and waits for the
+    ingress to apply that), then lowers the target. Scaling up raises the target; with `wait`,
+    it waits for the replicas to be RUNNING and then routes to them.
+    """
+    with _lock:
+        state = _require_state()
+        new = state.with_target(model, pool, num_replicas)
+        limit_s = _timeout(state, timeout_s)
+        current = state.target(model, pool)
+        if num_replicas < current:
+            running = running_replicas(control.read_details(), model)
+            planned = {p: new.target(model, p) for p in POOLS}
+            weights = weights_from_readiness(running, planned)
+            if weights != {p: state.weight(model, p) for p in POOLS}:
+                state = _route(state, model, weights, limit_s, wait=True)
+                new = state.with_target(model, pool, num_replicas)
+            _apply(new)
+            if wait:
+                _wait(
+                    f"{model} in {pool} to settle at {num_replicas} replica(s)",
+                    _pool_settled(model, pool, num_replicas),
+                    limit_s,
+                )
+            return new
+        if num_replicas == current:
+            return state
+        _apply(new)
+        if not wait:
+            return new
+        _wait(
+            f"{num_replicas} RUNNING replica(s) of {model} in {pool}",
+            _pool_running(model, pool, num_replicas),
+            limit_s,
+        )
+        return set_route_weights_from_readiness(model, timeout_s=limit_s)
+
+
+def set_route_weights(
+    model: str, weights: Mapping[str, float], *, wait: bool = True, timeout_s: float | None = None
+) -> DesiredState:
+    """Set the route weights of `model` per pool (missing pools get 0). With `wait`, returns
+    once every ingress replica applied them."""
+    with _lock:
+        state = _require_state()
+        return _route(state, model, weights, _timeout(state, timeout_s), wait)
+
+
+def set_route_weights_from_readiness(
+    model: str, *, wait: bool = True, timeout_s: float | None = None
+) -> DesiredState:
+    """Route `model` to each pool in proportion to its RUNNING replicas (capped at target)."""
+    with _lock:
+        state = _require_state()
+        running = running_replicas(control.read_details(), model)
+        targets = {p: state.target(model, p) for p in POOLS}
+        weights = weights_from_readiness(running, targets)
+        if weights == {p: state.weight(model, p) for p in POOLS}:
+            return state
+        return _route(state, model, weights, _timeout(state, timeout_s), wait)
+
+
+def move(
+    model: str,
+    from_pool: str,
+    to_pool: str,
+    num_replicas: int,
+    *,
+    timeout_s: float | None = None,
+    reason: str = "",
+) -> MoveResult:
+    """Move `num_replicas` replicas of `model` from `from_pool` to `to_pool`, make-before-break
+    (see the module docstring). Moves at most what `from_pool` has. If the new replicas do
+    not become RUNNING in time, the target pool is put back and ServingTimeoutError raised;
+    the source pool was not touched."""
+    if from_pool == to_pool:
+        raise ValueError(f"from_pool and to_pool are both {from_pool!r}")
+    started = time.monotonic()
+    steps: list[str] = []
+    with _lock:
+        state = _require_state()
+        limit_s = _timeout(state, timeout_s)
+        n = min(num_replicas, state.target(model, from_pool))
+        if n <= 0:
+            return MoveResult(
+                model,
+                from_pool,
+                to_pool,
+                0,
+                reason or "nothing to move",
+                ("no replicas in source pool",),
+                0.0,
+            )
+        to_target = state.target(model, to_pool) + n
+        from_target = state.target(model, from_pool) - n
+
+        # 1. make: start n replicas in the target pool and wait until they are RUNNING.
+        grown = state.with_target(model, to_pool, to_target)
+        _apply(grown)
+        try:
+            _wait(
+                f"{to_target} RUNNING replica(s) of {model} in {to_pool}",
+                _pool_running(model, to_pool, to_target),
+                limit_s,
+            )
+        except ServingTimeoutError:
+            _apply(dataclasses.replace(grown, targets=dict(state.targets)))
+            raise
+        steps.append(f"{to_pool}: target {to_target}, all RUNNING")
+
+        # 2. shift: route by readiness with the source's planned target; wait for every
+        # ingress replica to apply it, so no new request goes to a replica about to stop.
+        planned = {p: grown.target(model, p) for p in POOLS}
+        planned[from_pool] = from_target
+        running = running_replicas(control.read_details(), model)
+        weights = weights_from_readiness(running, planned)
+        routed = _route(grown, model, weights, limit_s, wait=True)
+        steps.append(f"route weights {weights} applied (generation {routed.generation})")
+
+        # 3. break: stop n replicas in the source pool; Serve drains them gracefully.
+        shrunk = routed.with_target(model, from_pool, from_target)
+        _apply(shrunk)
+        _wait(
+            f"{model} in {from_pool} to settle at {from_target} replica(s)",
+            _pool_settled(model, from_pool, from_target),
+            limit_s,
+        )
+        steps.append(f"{from_pool}: target {from_target}, drained")
+    return MoveResult(
+        model=model,
+        from_pool=from_pool,
+        to_pool=to_pool,
+        num_replicas=n,
+        reason=reason or f"move {n} replica(s) of {model} from {from_pool} to {to_pool}",
+        steps=tuple(steps),
+        duration_s=time.monotonic() - started,
+    )

@@ -1,0 +1,243 @@
+"""The desired state of the serving plane and its encoding as Serve application configs.
+
+Owns: `DesiredState` (replica target per (model, pool), route weights per model, the
+generation of the route table, the serving config) and the two pure translations between it
+and Serve's declarative application configs:
+
+* `build_app_configs(state)`: one ingress app (route weights in its ``user_config``) and one
+  backend app per (model, pool) whose target is above zero. A pool at zero has no app: Serve
+  refuses ``num_replicas=0`` for a static deployment, so that pool's app is removed and
+  re-created later; the other pool's app keeps its config, so its replicas are untouched.
+* `desired_from_app_configs(configs)`: the inverse, used to read the current desired state
+  back from Serve's controller, which is the one place it is stored. A redeploy therefore
+  starts from what is deployed and never resets targets or weights.
+
+Every change keeps each app's ``import_path`` and ``args`` identical, so Serve sees the same
+code version and applies it as a lightweight update (``num_replicas`` or ``user_config``)
+instead of a rolling restart.
+
+Must not: import Ray or talk to Serve (that is `serve.control`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from serve.config import POOLS, ModelConfig, ServingConfig, serving_from_dict
+
+__all__ = [
+    "BACKEND_DEPLOYMENT",
+    "INGRESS_APP",
+    "INGRESS_DEPLOYMENT",
+    "APP_PREFIX",
+    "DesiredState",
+    "app_name",
+    "build_app_configs",
+    "declarative_configs",
+    "desired_from_app_configs",
+    "initial_state",
+    "parse_app_name",
+    "pool_resource",
+]
+
+APP_PREFIX = "rcp"
+INGRESS_APP = f"{APP_PREFIX}-ingress"
+INGRESS_DEPLOYMENT = "Ingress"
+BACKEND_DEPLOYMENT = "Backend"
+_BACKEND_IMPORT = "serve.app:build_backend"
+_INGRESS_IMPORT = "serve.app:build_ingress"
+
+
+def app_name(model: str, pool: str) -> str:
+    """Serve application name of the backend of `model` in `pool`, e.g. ``rcp-sample-cluster``."""
+    return f"{APP_PREFIX}-{model}-{pool}"
+
+
+def parse_app_name(name: str) -> tuple[str, str] | None:
+    """(model, pool) of a backend app name, or None for any other app."""
+    prefix = f"{APP_PREFIX}-"
+    if not name.startswith(prefix) or name == INGRESS_APP:
+        return None
+    model, _, pool = name[len(prefix) :].rpartition("-")
+    if not model or pool not in POOLS:
+        return None
+    return model, pool
+
+
+def pool_resource(pool: str) -> str:
+    """Custom resource that pins a replica to `pool` (each node advertises 1000 of its own)."""
+    return f"pool_{pool}"
+
+
+@dataclass(frozen=True)
+class DesiredState:
+    """What the control plane wants deployed. Stored inside Serve's own config."""
+
+    serving: ServingConfig
+    targets: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    """Replica target per (model, pool); a missing key means 0."""
+    weights: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """Route weight per model per pool; a pool with no ready replicas has weight 0."""
+    generation: int = 0
+    """Increases with every route-table change, so a caller can see that ingress replicas
+    applied it."""
+
+    def target(self, model: str, pool: str) -> int:
+        return int(self.targets.get((model, pool), 0))
+
+    def model(self, name: str) -> ModelConfig:
+        for m in self.serving.models:
+            if m.name == name:
+                return m
+        known = ", ".join(m.name for m in self.serving.models)
+        raise KeyError(f"unknown model {name!r}; declared models: {known}")
+
+    def with_target(self, model: str, pool: str, num_replicas: int) -> DesiredState:
+        if pool not in POOLS:
+            raise ValueError(f"unknown pool {pool!r}; pools are {list(POOLS)}")
+        if num_replicas < 0:
+            raise ValueError(f"num_replicas must be >= 0, got {num_replicas}")
+        self.model(model)
+        targets = dict(self.targets)
+        targets[(model, pool)] = num_replicas
+        return dataclasses.replace(self, targets=targets)
+
+    def with_weights(self, model: str, weights: Mapping[str, float]) -> DesiredState:
+        self.model(model)
+        for pool, w in weights.items():
+            if pool not in POOLS:
+                raise ValueError(f"unknown pool {pool!r}; pools are {list(POOLS)}")
+            if w < 0:
+                raise ValueError(f"route weight for {model}/{pool} must be >= 0, got {w}")
+        all_weights = {m: dict(ws) for m, ws in self.weights.items()}
+        all_weights[model] = {p: float(weights.get(p, 0.0)) for p in POOLS}
+        return dataclasses.replace(self, weights=all_weights, generation=self.generation + 1)
+
+    def weight(self, model: str, pool: str) -> float:
+        return float(self.weights.get(model, {}).get(pool, 0.0))
+
+
+def initial_state(serving: ServingConfig) -> DesiredState:
+    """`min_replicas` of each model in its `initial_pool`, weights not yet set (all 0)."""
+    targets = {(m.name, m.initial_pool): m.min_replicas for m in serving.models}
+    weights = {m.name: {p: 0.0 for p in POOLS} for m in serving.models}
+    return DesiredState(serving=serving, targets=targets, weights=weights, generation=0)
+
+
+def ingress_user_config(state: DesiredState) -> dict[str, Any]:
+    """The ingress's user_config: route table, request limits and the serving config."""
+    names = [m.name for m in state.serving.models]
+    return {
+        "generation": state.generation,
+        "weights": {m: {p: state.weight(m, p) for p in POOLS} for m in names},
+        "settings": dataclasses.asdict(state.serving.ingress),
+        "serving": dataclasses.asdict(state.serving),
+    }
+
+
+def _backend_app(model: ModelConfig, pool: str, num_replicas: int) -> dict[str, Any]:
+    return {
+        "name": app_name(model.name, pool),
+        "route_prefix": None,
+        "import_path": _BACKEND_IMPORT,
+        # Only what the replica's code depends on: a change here is a real code change.
+        "args": {
+            "name": model.name,
+            "import_path": model.import_path,
+            "init_kwargs": dict(model.init_kwargs),
+            "pool": pool,
+        },
+        "deployments": [
+            {
+                "name": BACKEND_DEPLOYMENT,
+                "num_replicas": num_replicas,
+                "max_ongoing_requests": model.max_ongoing_requests,
+                "graceful_shutdown_timeout_s": model.graceful_shutdown_timeout_s,
+                "ray_actor_options": {
+                    "num_cpus": model.num_cpus,
+                    "num_gpus": model.num_gpus,
+                    "resources": {pool_resource(pool): 1},
+                },
+            }
+        ],
+    }
+
+
+def build_app_configs(state: DesiredState) -> list[dict[str, Any]]:
+    """Serve application configs (dicts for ``ServeApplicationSchema``) for `state`."""
+    ing = state.serving.ingress
+    apps: list[dict[str, Any]] = [
+        {
+            "name": INGRESS_APP,
+            "route_prefix": state.serving.route_prefix,
+            "import_path": _INGRESS_IMPORT,
+            "args": {},
+            "deployments": [
+                {
+                    "name": INGRESS_DEPLOYMENT,
+                    "num_replicas": ing.num_replicas,
+                    "max_ongoing_requests": ing.max_ongoing_requests,
+                    "ray_actor_options": {
+                        "num_cpus": ing.num_cpus,
+                        "resources": {pool_resource("head"): 1},
+                    },
+                    "user_config": ingress_user_config(state),
+                }
+            ],
+        }
+    ]
+    for model in state.serving.models:
+        for pool in POOLS:
+            n = state.target(model.name, pool)
+            if n > 0:
+                apps.append(_backend_app(model, pool, n))
+    return apps
+
+
+def desired_from_app_configs(configs: Mapping[str, Mapping[str, Any]]) -> DesiredState | None:
+    """Read the desired state back from deployed app configs (name -> config dict).
+
+    Returns None when the ingress app is not deployed (the serving plane is not up).
+    """
+    ingress = configs.get(INGRESS_APP)
+    if ingress is None:
+        return None
+    deployments = ingress.get("deployments") or []
+    user_config: Mapping[str, Any] = {}
+    for d in deployments:
+        if d.get("name") == INGRESS_DEPLOYMENT:
+            user_config = d.get("user_config") or {}
+    if "serving" not in user_config:
+        return None
+    serving = serving_from_dict(dict(user_config["serving"]))
+    targets: dict[tuple[str, str], int] = {}
+    for name, cfg in configs.items():
+        parsed = parse_app_name(name)
+        if parsed is None:
+            continue
+        for d in cfg.get("deployments") or []:
+            if d.get("name") == BACKEND_DEPLOYMENT:
+                targets[parsed] = int(d.get("num_replicas", 1))
+    weights = {
+        m: {p: float(w) for p, w in ws.items()}
+        for m, ws in (user_config.get("weights") or {}).items()
+    }
+    return DesiredState(
+        serving=serving,
+        targets=targets,
+        weights=weights,
+        generation=int(user_config.get("generation", 0)),
+    )
+
+
+def declarative_configs(details: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Deployed config per application that was deployed from a config and is not deleting."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, app in (details.get("applications") or {}).items():
+        cfg = app.get("deployed_app_config")
+        if cfg and str(app.get("status", "")).upper() != "DELETING":
+            out[name] = dict(cfg)
+    return out

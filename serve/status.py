@@ -1,0 +1,142 @@
+"""What the serving plane looks like now, as plain JSON-able data and as a table.
+
+Owns: `summarize` (pure: Serve's instance details + node pools -> per model, per pool:
+target, running, starting and stopping replicas, route weight, and the node and pool of
+each replica), `serve_status()` (reads them from the cluster) and `format_status_table`
+(what ``rcp serve status`` prints without ``--json``).
+
+Must not: change anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from serve.config import POOLS
+from serve.spec import (
+    BACKEND_DEPLOYMENT,
+    INGRESS_APP,
+    INGRESS_DEPLOYMENT,
+    app_name,
+    declarative_configs,
+    desired_from_app_configs,
+)
+
+__all__ = ["STARTING_STATES", "format_status_table", "serve_status", "summarize"]
+
+STARTING_STATES = frozenset({"STARTING", "UPDATING", "RECOVERING", "PENDING_MIGRATION"})
+
+
+def _deployment(details: Mapping[str, Any], app: str, name: str) -> Mapping[str, Any] | None:
+    a = (details.get("applications") or {}).get(app)
+    if not a:
+        return None
+    d: Mapping[str, Any] | None = (a.get("deployments") or {}).get(name)
+    return d
+
+
+def _state(replica: Mapping[str, Any]) -> str:
+    return str(replica.get("state", "")).rsplit(".", 1)[-1].upper()
+
+
+def summarize(details: Mapping[str, Any], node_pools: Mapping[str, str]) -> dict[str, Any]:
+    """Per model, per pool status from Serve's details (a dict) and node id -> pool."""
+    state = desired_from_app_configs(declarative_configs(details))
+    if state is None:
+        return {"deployed": False, "generation": None, "ingress": None, "models": {}}
+    models: dict[str, Any] = {}
+    for model in state.serving.models:
+        pools: dict[str, Any] = {}
+        for pool in POOLS:
+            dep = _deployment(details, app_name(model.name, pool), BACKEND_DEPLOYMENT)
+            replicas = []
+            counts = {"running": 0, "starting": 0, "stopping": 0}
+            for r in (dep or {}).get("replicas") or []:
+                st = _state(r)
+                if st == "RUNNING":
+                    counts["running"] += 1
+                elif st in STARTING_STATES:
+                    counts["starting"] += 1
+                elif st == "STOPPING":
+                    counts["stopping"] += 1
+                node_id = str(r.get("node_id") or "")
+                replicas.append(
+                    {
+                        "replica_id": r.get("replica_id"),
+                        "state": st,
+                        "node_id": node_id,
+                        "node_ip": r.get("node_ip"),
+                        "node_pool": node_pools.get(node_id, "unknown"),
+                        "actor_name": r.get("actor_name"),
+                    }
+                )
+            pools[pool] = {
+                "target": state.target(model.name, pool),
+                **counts,
+                "weight": state.weight(model.name, pool),
+                "replicas": replicas,
+            }
+        models[model.name] = {
+            "min_replicas": model.min_replicas,
+            "max_replicas": model.max_replicas,
+            "pools": pools,
+        }
+    ing = _deployment(details, INGRESS_APP, INGRESS_DEPLOYMENT) or {}
+    ing_replicas = ing.get("replicas") or []
+    ingress = {
+        "status": ing.get("status"),
+        "target": ing.get("target_num_replicas"),
+        "running": sum(1 for r in ing_replicas if _state(r) == "RUNNING"),
+        "applied_generation": ((ing.get("deployment_config") or {}).get("user_config") or {}).get(
+            "generation"
+        ),
+    }
+    return {
+        "deployed": True,
+        "generation": state.generation,
+        "ingress": ingress,
+        "models": models,
+    }
+
+
+def serve_status() -> dict[str, Any]:
+    """The serving plane's status now (JSON-able). Needs a connected Ray cluster with Serve."""
+    from serve.control import node_pools, read_details
+
+    return summarize(read_details(), node_pools())
+
+
+def format_status_table(data: Mapping[str, Any]) -> str:
+    """A fixed-width table of `serve_status()` output, one row per model and pool."""
+    if not data.get("deployed"):
+        return "serving plane: not deployed"
+    header = ("MODEL", "POOL", "TARGET", "RUNNING", "STARTING", "STOPPING", "WEIGHT", "NODES")
+    rows: list[tuple[str, ...]] = [header]
+    for model, m in sorted(data["models"].items()):
+        for pool, p in m["pools"].items():
+            nodes: dict[str, int] = {}
+            for r in p["replicas"]:
+                key = f"{r['node_id'][:8]}({r['node_pool']})"
+                nodes[key] = nodes.get(key, 0) + 1
+            node_text = ", ".join(f"{k} x{n}" for k, n in sorted(nodes.items())) or "-"
+            rows.append(
+                (
+                    model,
+                    pool,
+                    str(p["target"]),
+                    str(p["running"]),
+                    str(p["starting"]),
+                    str(p["stopping"]),
+                    f"{p['weight']:g}",
+                    node_text,
+                )
+            )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    ing = data.get("ingress") or {}
+    lines.append(
+        f"ingress: {ing.get('running', 0)}/{ing.get('target')} running, status "
+        f"{ing.get('status')}, route table generation {data.get('generation')}"
+    )
+    return "\n".join(lines)
