@@ -79,7 +79,7 @@ Next tick ``old`` is releasing; once its GPUs are free ``h`` is admitted on ``a`
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -386,6 +386,8 @@ class _Decision:
             self.preempted_count[p.job_id] = self.preempted_count.get(p.job_id, 0) + 1
             last_preempted[p.job_id] = max(p.at_s, last_preempted.get(p.job_id, -math.inf))
         self.reservation: Reservation | None = None
+        self.admitted: list[tuple[float | None, str, str, Mapping[str, int]]] = []
+        """Gangs admitted this tick: (expected end, job_id, queue, GPUs by node)."""
 
         live = [n for n in snapshot.nodes if n.pool is Pool.CLUSTER and n.healthy]
         self.live_ids = {n.node_id for n in live}
@@ -398,6 +400,10 @@ class _Decision:
         self.releasing: dict[str, int] = {}
         self.gangs: list[RunningGang] = []  # holding, not releasing
         self.used_by_queue: dict[str, int] = {}
+        self.used_by_queue_value: dict[str, dict[int, int]] = {}
+        """Per queue: GPUs held by running gangs per priority value (for entitlement)."""
+        self.admitted_by_queue: dict[str, int] = {}
+        self.lowest_value = min(config.priority_classes.values())
         for g in snapshot.running:
             live_gpus = {n: k for n, k in g.gpus_by_node.items() if n in self.live_ids and k > 0}
             asked = last_preempted.get(g.job_id)
@@ -406,9 +412,11 @@ class _Decision:
                     self.releasing[n] = self.releasing.get(n, 0) + k
                 continue
             self.gangs.append(g)
-            self.used_by_queue[g.queue] = self.used_by_queue.get(g.queue, 0) + sum(
-                live_gpus.values()
-            )
+            held = sum(live_gpus.values())
+            self.used_by_queue[g.queue] = self.used_by_queue.get(g.queue, 0) + held
+            by_value = self.used_by_queue_value.setdefault(g.queue, {})
+            value = config.priority_classes.get(g.priority_class, self.lowest_value)
+            by_value[value] = by_value.get(value, 0) + held
         self.replicas: list[ServeReplica] = []
         for r in snapshot.serve_replicas:
             if r.pool is not Pool.CLUSTER or r.node_id not in self.live_ids or r.gpus <= 0:
@@ -427,6 +435,14 @@ class _Decision:
     def within_share(self, queue: str, extra_gpus: int) -> bool:
         used = self.used_by_queue.get(queue, 0)
         return used + extra_gpus <= self.nominal_gpus(queue) + _EPS
+
+    def entitled(self, queue: str, value: int, need_gpus: int) -> bool:
+        """Within share once lower-priority gangs of its own queue are set aside."""
+        held = self.admitted_by_queue.get(queue, 0)
+        for v, gpus in self.used_by_queue_value.get(queue, {}).items():
+            if v >= value:
+                held += gpus
+        return held + need_gpus <= self.nominal_gpus(queue) + _EPS
 
     def may_borrow(self, queue: str, extra_gpus: int) -> bool:
         q = self.queue_cfg.get(queue)
@@ -477,7 +493,7 @@ class _Decision:
                 continue  # its queue may not borrow this much: waits, blocks no one
             if self.try_admit(job, within):
                 continue
-            if not head_decided and within:
+            if not head_decided and need <= self.nominal_gpus(job.queue) + _EPS:
                 head_decided = self.try_reserve(job, -neg_value)
 
     def try_admit(self, job: QueuedJob, within_share: bool) -> bool:
@@ -501,6 +517,11 @@ class _Decision:
                 self.unprotected.add(node_id, -take_unprotected)
             self.free.add(node_id, -gpus)
         self.used_by_queue[job.queue] = self.used_by_queue.get(job.queue, 0) + job.gpus_total
+        self.admitted_by_queue[job.queue] = (
+            self.admitted_by_queue.get(job.queue, 0) + job.gpus_total
+        )
+        end_s = None if job.max_runtime_s is None else self.now_s + job.max_runtime_s
+        self.admitted.append((end_s, job.job_id, job.queue, {n: k * g for n, k in placement}))
         if self.reservation is None:
             why = f"{Why.FITS.value}: all {w} workers x {g} GPUs fit now"
         elif short:
@@ -540,17 +561,50 @@ class _Decision:
                     extra[n] = extra.get(n, 0) + sign * k
 
         give(self.releasing)
-        if future.fits(g, w):
+        entitled = self.entitled(head.queue, head_value, head.gpus_total)
+        if entitled and future.fits(g, w):
             return self.reserve(head, future, extra, self.now_s)
+        if entitled and self.make_room_now(head, head_value, future, give):
+            return self.reserve(head, future, extra, self.now_s)
+        future = self.free.copy()
+        extra = {}
+        give(self.releasing)
 
-        # Make room now: Serve replicas first (training outranks serving), then victims.
+        # Wait for running gangs to end: the earliest T by which the head is guaranteed to fit,
+        # both on the nodes and within its queue's share.
+        if self.cfg.move_serve_replicas:
+            for r in self.replicas:
+                give({r.node_id: r.gpus})
+        nominal = self.nominal_gpus(head.queue) + _EPS
+        queue_held = self.used_by_queue.get(head.queue, 0)
+        holders = [
+            (g.expected_end_s, g.job_id, g.queue, g.gpus_by_node) for g in self.gangs
+        ] + self.admitted
+        holders.sort(key=lambda h: (math.inf if h[0] is None else h[0], h[1]))
+        for end_s, _, queue, gpus_by_node in holders:
+            give(gpus_by_node)
+            if queue == head.queue:
+                queue_held -= sum(k for n, k in gpus_by_node.items() if n in self.live_ids)
+            if queue_held + head.gpus_total <= nominal and future.fits(g, w):
+                return self.reserve(head, future, extra, end_s)
+        return False  # cannot fit even on an empty pool: no reservation, blocks no one
+
+    def make_room_now(
+        self,
+        head: QueuedJob,
+        head_value: int,
+        future: _Gpus,
+        give: Callable[..., None],
+    ) -> bool:
+        """Serve replicas first (training outranks serving), then victims; minimal set."""
+        g, w = head.gpus_per_worker, head.num_workers
         serve = self.serve_candidates(future) if self.cfg.move_serve_replicas else []
         victims = self.victim_candidates(head, head_value)
         chosen: list[_Candidate] = []
         queue_used = dict(self.used_by_queue)
         fitted = False
         for cand in serve + victims:
-            if cand.gang is not None and not self.still_eligible(head, head_value, cand.gang):
+            if cand.gang is not None and not self.still_eligible(head, cand.gang):
                 continue
             chosen.append(cand)
             give(cand.gpus_by_node)
@@ -560,39 +614,19 @@ class _Decision:
                 fitted = True
                 break
         self.used_by_queue = queue_used
-        if fitted:
-            for cand in reversed(list(chosen)):
-                give(cand.gpus_by_node, -1)
-                if future.fits(g, w):
-                    chosen.remove(cand)
-                else:
-                    give(cand.gpus_by_node)
-            gangs = [c.gang for c in chosen if c.gang is not None]
-            budget = self.cfg.max_preemptions_per_hour - len(self.preemptions)
-            if len(gangs) <= budget:
-                self.make_room(head, chosen)
-                return self.reserve(head, future, extra, self.now_s)
-            # Over the cap: nobody is preempted; fall through to waiting.
-            future = self.free.copy()
-            extra = {}
-            give(self.releasing)
-
-        # Wait for running gangs to end: the earliest T at which the head is guaranteed to fit.
-        if self.cfg.move_serve_replicas:
-            for r in self.replicas:
-                give({r.node_id: r.gpus})
-        by_end = sorted(
-            self.gangs,
-            key=lambda gang: (
-                math.inf if gang.expected_end_s is None else gang.expected_end_s,
-                gang.job_id,
-            ),
-        )
-        for gang in by_end:
-            give(gang.gpus_by_node)
+        if not fitted:
+            return False
+        for cand in reversed(list(chosen)):
+            give(cand.gpus_by_node, -1)
             if future.fits(g, w):
-                return self.reserve(head, future, extra, gang.expected_end_s)
-        return False  # cannot fit even on an empty pool: no reservation, blocks no one
+                chosen.remove(cand)
+            else:
+                give(cand.gpus_by_node)
+        num_victims = sum(1 for c in chosen if c.gang is not None)
+        if num_victims > self.cfg.max_preemptions_per_hour - len(self.preemptions):
+            return False  # over the cap: nobody is preempted, the head waits
+        self.make_room(head, chosen)
+        return True
 
     def reserve(
         self, head: QueuedJob, future: _Gpus, extra: Mapping[str, int], start_by_s: float | None
@@ -643,7 +677,7 @@ class _Decision:
         out.sort(key=lambda t: t[0])
         return [c for _, c in out]
 
-    def still_eligible(self, head: QueuedJob, head_value: int, gang: RunningGang) -> bool:
+    def still_eligible(self, head: QueuedJob, gang: RunningGang) -> bool:
         """Same queue: lower priority (checked already). Other queue: it is over its share."""
         return gang.queue == head.queue or self.over_share(gang.queue)
 
