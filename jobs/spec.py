@@ -1,0 +1,377 @@
+"""What a researcher submits: the `JobSpec` of a training gang, its validation and YAML form.
+
+Owns: the fields of a job (what to run, how many workers with how many GPUs, which queue and
+priority class, how long it may run, how it checkpoints), their validation with errors that
+name the field, and the round trip to dicts and YAML (the `rcp submit JOB.yaml` format).
+
+Must not: import `controlplane`, talk to Ray, or know the live cluster. Checks that need the
+control plane's configuration or the live pool (is the priority class configured? could the
+pool ever hold this gang?) take those as arguments in `JobSpec.check_against`, which the
+service calls at submit time.
+
+Example YAML::
+
+    name: llama-ft
+    entrypoint: python train.py --epochs 3
+    working_dir: ./src
+    num_workers: 4
+    gpus_per_worker: 2
+    queue: research
+    priority_class: high
+    max_runtime_s: 7200
+    checkpoint:
+      interval_s: 600
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "DEFAULT_PRIORITY_CLASSES",
+    "CheckpointSpec",
+    "FieldError",
+    "JobSpec",
+    "SpecError",
+]
+
+DEFAULT_PRIORITY_CLASSES = ("low", "medium", "high")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One problem with one field; `field` is a dotted path such as ``checkpoint.interval_s``."""
+
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class SpecError(ValueError):
+    """A job spec is invalid. `errors` lists every problem, each naming its field."""
+
+    def __init__(self, errors: Iterable[FieldError]) -> None:
+        self.errors = tuple(errors)
+        lines = "\n  ".join(str(e) for e in self.errors)
+        super().__init__(f"invalid job spec:\n  {lines}")
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(e.field for e in self.errors)
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """How a job checkpoints; the helpers in `jobs/` read these from the job's environment."""
+
+    enabled: bool = True
+    """False: the job never checkpoints; a preemption then loses all its work."""
+    interval_s: float | None = None
+    """Seconds between periodic checkpoints; None lets the checkpoint policy choose."""
+    keep_last: int = 2
+    """Complete checkpoints to keep; older ones are deleted after a newer one is complete."""
+    preempt_deadline_s: float = 120.0
+    """How long a preemption waits for the checkpoint-now snapshot before stopping the gang."""
+    uri: str | None = None
+    """Where checkpoints go (s3:// or file://); None means the cluster's storage.uri/job id."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One training gang. Construct it directly or with `from_dict`/`from_yaml`; both validate."""
+
+    name: str
+    entrypoint: str
+    """The command the Ray Job runs, e.g. ``python train.py --lr 3e-4``."""
+    num_workers: int = 1
+    """Ray Train workers; all of them start together or none does (gang)."""
+    gpus_per_worker: int = 1
+    """GPUs each worker needs on a single node; 0 for a CPU-only job."""
+    cpus_per_worker: float = 1.0
+    working_dir: str | None = None
+    """Local directory or URI uploaded as the job's working dir (runtime_env working_dir)."""
+    runtime_env: Mapping[str, Any] = field(default_factory=dict)
+    """Extra Ray runtime_env (pip, env_vars, ...); use `working_dir` above for the code."""
+    queue: str = "default"
+    """The team queue; it owns a share of the cluster pool."""
+    priority_class: str = "medium"
+    """A configured priority class (defaults: low, medium, high)."""
+    max_runtime_s: float | None = None
+    """The job is stopped after this long; also lets it backfill. None: no limit."""
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+
+    def __post_init__(self) -> None:
+        errors = _validate(self)
+        if errors:
+            raise SpecError(errors)
+        object.__setattr__(self, "runtime_env", dict(self.runtime_env))
+
+    @property
+    def gpus_total(self) -> int:
+        return self.num_workers * self.gpus_per_worker
+
+    # -- checks that need the control plane's view --------------------------------------------
+
+    def check_against(
+        self,
+        *,
+        priority_classes: Iterable[str] = DEFAULT_PRIORITY_CLASSES,
+        queues: Iterable[str] | None = None,
+        cluster_node_gpus: Iterable[int] | None = None,
+    ) -> None:
+        """Raise SpecError if the cluster as configured could never run this job.
+
+        `cluster_node_gpus` is ``gpus_total`` of every node of the `cluster` pool; the gang fits
+        only if each worker's GPUs fit on one node and all workers fit at once.
+        """
+        errors: list[FieldError] = []
+        classes = list(priority_classes)
+        if self.priority_class not in classes:
+            errors.append(
+                FieldError(
+                    "priority_class",
+                    f"unknown priority class {self.priority_class!r}; "
+                    f"configured: {', '.join(classes)}",
+                )
+            )
+        if queues is not None:
+            known = list(queues)
+            if self.queue not in known:
+                errors.append(
+                    FieldError(
+                        "queue", f"unknown queue {self.queue!r}; configured: {', '.join(known)}"
+                    )
+                )
+        if cluster_node_gpus is not None and self.gpus_per_worker > 0:
+            node_gpus = list(cluster_node_gpus)
+            largest = max(node_gpus, default=0)
+            slots = sum(g // self.gpus_per_worker for g in node_gpus)
+            if self.gpus_per_worker > largest:
+                errors.append(
+                    FieldError(
+                        "gpus_per_worker",
+                        f"{self.gpus_per_worker} GPUs per worker, but the largest cluster node "
+                        f"has {largest}",
+                    )
+                )
+            elif slots < self.num_workers:
+                errors.append(
+                    FieldError(
+                        "num_workers",
+                        f"{self.num_workers} workers x {self.gpus_per_worker} GPUs cannot fit: "
+                        f"the cluster pool holds at most {slots} such workers",
+                    )
+                )
+        if errors:
+            raise SpecError(errors)
+
+    # -- dict and YAML ---------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (JSON and YAML safe); `from_dict(to_dict())` gives an equal spec."""
+        data = dataclasses.asdict(self)
+        data["runtime_env"] = dict(self.runtime_env)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any) -> JobSpec:
+        """Build and validate a spec from plain data. Unknown keys are errors (typos)."""
+        if not isinstance(data, Mapping):
+            raise SpecError([FieldError("<spec>", f"must be a mapping, got {_kind(data)}")])
+        errors: list[FieldError] = []
+        values = _typed_fields(cls, data, "", errors)
+        ckpt = data.get("checkpoint")
+        if ckpt is None or "checkpoint" not in data:
+            values.pop("checkpoint", None)
+        elif not isinstance(ckpt, Mapping):
+            errors.append(FieldError("checkpoint", f"must be a mapping, got {_kind(ckpt)}"))
+            values.pop("checkpoint", None)
+        else:
+            ckpt_values = _typed_fields(CheckpointSpec, ckpt, "checkpoint.", errors)
+            if not any(e.field.startswith("checkpoint.") for e in errors):
+                try:
+                    values["checkpoint"] = CheckpointSpec(**ckpt_values)
+                except SpecError as exc:  # pragma: no cover - CheckpointSpec does not validate
+                    errors.extend(exc.errors)
+        for required in ("name", "entrypoint"):
+            if required not in data or data[required] is None:
+                errors.append(FieldError(required, "is required"))
+        if errors:
+            # Also report the value problems of the fields that were well-typed.
+            placeholders = {"name": "placeholder", "entrypoint": "placeholder"}
+            try:
+                cls(**{**placeholders, **values})
+            except SpecError as exc:
+                seen = {e.field for e in errors}
+                errors.extend(e for e in exc.errors if e.field not in seen)
+            except TypeError:
+                pass
+            raise SpecError(errors)
+        return cls(**values)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> JobSpec:
+        """Parse a YAML job file; malformed YAML is a SpecError with the line and column."""
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            where = ""
+            mark = getattr(exc, "problem_mark", None)
+            if mark is not None:
+                where = f" at line {mark.line + 1}, column {mark.column + 1}"
+            problem = str(getattr(exc, "problem", None) or str(exc).splitlines()[0])
+            raise SpecError([FieldError("<yaml>", f"not valid YAML{where}: {problem}")]) from exc
+        if data is None:
+            raise SpecError([FieldError("<yaml>", "the file is empty")])
+        return cls.from_dict(data)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list | tuple):
+        return "a list"
+    return type(value).__name__
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str,),
+    "entrypoint": (str,),
+    "num_workers": (int,),
+    "gpus_per_worker": (int,),
+    "cpus_per_worker": (int, float),
+    "working_dir": (str, type(None)),
+    "runtime_env": (Mapping,),
+    "queue": (str,),
+    "priority_class": (str,),
+    "max_runtime_s": (int, float, type(None)),
+    "checkpoint": (Mapping, type(None)),
+    "checkpoint.enabled": (bool,),
+    "checkpoint.interval_s": (int, float, type(None)),
+    "checkpoint.keep_last": (int,),
+    "checkpoint.preempt_deadline_s": (int, float),
+    "checkpoint.uri": (str, type(None)),
+}
+
+
+def _typed_fields(
+    cls: type, data: Mapping[Any, Any], prefix: str, errors: list[FieldError]
+) -> dict[str, Any]:
+    names = [f.name for f in dataclasses.fields(cls)]
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in names:
+            hint = difflib.get_close_matches(str(key), names, n=1)
+            extra = f"; did you mean {prefix}{hint[0]!r}?" if hint else ""
+            errors.append(FieldError(path, f"unknown field{extra}"))
+            continue
+        allowed = _FIELD_TYPES[path]
+        is_bool = isinstance(value, bool)
+        if (is_bool and bool not in allowed) or not isinstance(value, allowed):
+            want = " or ".join(
+                "null" if t is type(None) else {"Mapping": "mapping"}.get(t.__name__, t.__name__)
+                for t in allowed
+            )
+            errors.append(FieldError(path, f"must be {want}, got {_kind(value)}"))
+            continue
+        values[key] = value
+    return values
+
+
+def _validate(spec: JobSpec) -> list[FieldError]:
+    errors: list[FieldError] = []
+    for name in ("name", "entrypoint", "queue", "priority_class"):
+        value = getattr(spec, name)
+        if not isinstance(value, str) or not value.strip():
+            errors.append(FieldError(name, "is required and must be a non-empty string"))
+    if isinstance(spec.name, str) and spec.name.strip() and not _NAME_RE.match(spec.name):
+        errors.append(
+            FieldError(
+                "name",
+                f"{spec.name!r}: use 1-128 letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit",
+            )
+        )
+    errors += _int_at_least("num_workers", spec.num_workers, 1, "a gang needs at least 1 worker")
+    errors += _int_at_least("gpus_per_worker", spec.gpus_per_worker, 0)
+    if not _is_number(spec.cpus_per_worker) or spec.cpus_per_worker < 0:
+        errors.append(
+            FieldError("cpus_per_worker", f"must be a number >= 0, got {spec.cpus_per_worker!r}")
+        )
+    if spec.max_runtime_s is not None and (
+        not _is_number(spec.max_runtime_s) or spec.max_runtime_s <= 0
+    ):
+        errors.append(
+            FieldError("max_runtime_s", f"must be a number > 0 or null, got {spec.max_runtime_s!r}")
+        )
+    if not isinstance(spec.runtime_env, Mapping):
+        errors.append(
+            FieldError("runtime_env", f"must be a mapping, got {_kind(spec.runtime_env)}")
+        )
+    elif "working_dir" in spec.runtime_env and spec.working_dir is not None:
+        errors.append(
+            FieldError(
+                "runtime_env.working_dir",
+                "set either working_dir or runtime_env.working_dir, not both",
+            )
+        )
+    c = spec.checkpoint
+    if not isinstance(c, CheckpointSpec):
+        errors.append(FieldError("checkpoint", f"must be a CheckpointSpec, got {_kind(c)}"))
+        return errors
+    if c.interval_s is not None and (not _is_number(c.interval_s) or c.interval_s <= 0):
+        errors.append(
+            FieldError(
+                "checkpoint.interval_s", f"must be a number > 0 or null, got {c.interval_s!r}"
+            )
+        )
+    errors += _int_at_least("checkpoint.keep_last", c.keep_last, 1)
+    if not _is_number(c.preempt_deadline_s) or c.preempt_deadline_s <= 0:
+        errors.append(
+            FieldError(
+                "checkpoint.preempt_deadline_s",
+                f"must be a number > 0, got {c.preempt_deadline_s!r}",
+            )
+        )
+    if c.uri is not None and not (c.uri.startswith("s3://") or c.uri.startswith("file://")):
+        errors.append(
+            FieldError("checkpoint.uri", f"must start with s3:// or file://, got {c.uri!r}")
+        )
+    return errors
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _int_at_least(name: str, value: object, minimum: int, why: str = "") -> list[FieldError]:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return [FieldError(name, f"must be an integer, got {_kind(value)}")]
+    if value < minimum:
+        reason = f" ({why})" if why else ""
+        return [FieldError(name, f"must be >= {minimum}{reason}, got {value}")]
+    return []
