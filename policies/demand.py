@@ -1,0 +1,202 @@
+"""Demand autoscaling: how many replicas a model needs in total, from its ongoing requests.
+
+Owns: the pure decision `decide_replicas(load, config, state) -> (decision, state)`. The
+control loop splits the total it returns between the ``cluster`` and ``external`` pools; this
+module knows nothing about pools, Ray or Serve, and reads no clock: `now_s` arrives in the
+input and the delay timers live in `DemandState`, which the caller stores and hands back.
+
+Rule:
+
+1. ``wanted = ceil(ongoing_requests / target_ongoing_requests_per_replica)``, clamped to
+   ``[min_replicas, max_replicas]``.
+2. If the current count is outside ``[min, max]`` it is corrected at once (config changed).
+3. Otherwise a change is made only after demand has pointed the same way (up or down)
+   without a break for ``upscale_delay_s`` / ``downscale_delay_s``. While waiting, the count
+   stays. A scale-up goes to the highest count wanted during the wait, a scale-down to the
+   highest count wanted during the wait as well (the conservative choice both ways).
+4. When demand matches the current count, any pending timer is dropped.
+
+Worked example (target 2 ongoing requests per replica, min 1, max 8, upscale delay 5 s,
+downscale delay 30 s, currently 2 replicas):
+
+* t=0 s, 9 ongoing: wanted = ceil(9/2) = 5 > 2 -> start upscale timer, stay at 2.
+* t=3 s, 7 ongoing: wanted = 4, still up -> keep waiting (3 s < 5 s); highest wanted 5.
+* t=5 s, 7 ongoing: wanted = 4, timer ran 5 s >= 5 s -> scale to 5 (the highest wanted).
+* t=6 s, 1 ongoing: wanted = 1 < 5 -> start downscale timer, stay at 5.
+* t=20 s, 3 ongoing: wanted = 2 -> keep waiting (14 s < 30 s); highest wanted 2.
+* t=36 s, 1 ongoing: wanted = 1, timer ran 30 s -> scale to 2.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = [
+    "DemandConfig",
+    "DemandDecision",
+    "DemandLoad",
+    "DemandReason",
+    "DemandState",
+    "decide_replicas",
+    "wanted_replicas",
+]
+
+
+class DemandReason(str, Enum):
+    STEADY = "steady"
+    WAITING_UPSCALE_DELAY = "waiting_upscale_delay"
+    WAITING_DOWNSCALE_DELAY = "waiting_downscale_delay"
+    UPSCALE = "upscale"
+    DOWNSCALE = "downscale"
+    BELOW_MIN = "below_min"
+    ABOVE_MAX = "above_max"
+
+
+class Direction(str, Enum):
+    NONE = "none"
+    UP = "up"
+    DOWN = "down"
+
+
+@dataclass(frozen=True)
+class DemandConfig:
+    """Per-model demand settings (from the model's serving config)."""
+
+    target_ongoing_requests_per_replica: float
+    min_replicas: int
+    max_replicas: int
+    upscale_delay_s: float
+    downscale_delay_s: float
+
+    def __post_init__(self) -> None:
+        if self.target_ongoing_requests_per_replica <= 0:
+            raise ValueError(
+                "target_ongoing_requests_per_replica must be > 0, got "
+                f"{self.target_ongoing_requests_per_replica}"
+            )
+        if self.min_replicas < 0:
+            raise ValueError(f"min_replicas must be >= 0, got {self.min_replicas}")
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(
+                f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})"
+            )
+        if self.upscale_delay_s < 0 or self.downscale_delay_s < 0:
+            raise ValueError("upscale_delay_s and downscale_delay_s must be >= 0")
+
+
+@dataclass(frozen=True)
+class DemandLoad:
+    """What the control loop observed for one model this tick."""
+
+    ongoing_requests: float
+    """Requests in flight or queued across all the model's replicas."""
+    current_replicas: int
+    """The model's current total replica target across pools."""
+    now_s: float
+    """The tick's clock, seconds (any monotonic origin)."""
+
+
+@dataclass(frozen=True)
+class DemandState:
+    """The policy's memory between ticks; the caller stores it and hands it back."""
+
+    direction: Direction = Direction.NONE
+    since_s: float = 0.0
+    """When demand started pointing in `direction` without a break."""
+    highest_wanted: int = 0
+    """Highest wanted count seen since `since_s`."""
+
+
+@dataclass(frozen=True)
+class DemandDecision:
+    num_replicas: int
+    """Total replicas the model should have after this tick."""
+    wanted: int
+    """What the load alone asks for now (clamped to min/max)."""
+    reason: DemandReason
+    message: str
+
+
+def wanted_replicas(ongoing_requests: float, config: DemandConfig) -> int:
+    """``ceil(ongoing / target)`` clamped to [min, max]; 9 ongoing at target 2 -> 5."""
+    ratio = max(0.0, ongoing_requests) / config.target_ongoing_requests_per_replica
+    # round first so 1.1 / 0.1 = 11.000000000000002 counts as 11, not 12
+    raw = math.ceil(round(ratio, 9))
+    return max(config.min_replicas, min(config.max_replicas, raw))
+
+
+def decide_replicas(
+    load: DemandLoad, config: DemandConfig, state: DemandState
+) -> tuple[DemandDecision, DemandState]:
+    """The total replicas `load` calls for now, and the state to hand back next tick."""
+    current = load.current_replicas
+    wanted = wanted_replicas(load.ongoing_requests, config)
+    if current < config.min_replicas:
+        return (
+            DemandDecision(
+                config.min_replicas,
+                wanted,
+                DemandReason.BELOW_MIN,
+                f"{current} replicas is below min_replicas {config.min_replicas}",
+            ),
+            DemandState(),
+        )
+    if current > config.max_replicas:
+        return (
+            DemandDecision(
+                config.max_replicas,
+                wanted,
+                DemandReason.ABOVE_MAX,
+                f"{current} replicas is above max_replicas {config.max_replicas}",
+            ),
+            DemandState(),
+        )
+    if wanted == current:
+        return (
+            DemandDecision(
+                current,
+                wanted,
+                DemandReason.STEADY,
+                f"{load.ongoing_requests:g} ongoing requests fit {current} replicas",
+            ),
+            DemandState(),
+        )
+    direction = Direction.UP if wanted > current else Direction.DOWN
+    if state.direction == direction:
+        since_s = state.since_s
+        highest = max(state.highest_wanted, wanted)
+    else:
+        since_s = load.now_s
+        highest = wanted
+    delay_s = config.upscale_delay_s if direction is Direction.UP else config.downscale_delay_s
+    waited_s = load.now_s - since_s
+    if waited_s >= delay_s:
+        reason = DemandReason.UPSCALE if direction is Direction.UP else DemandReason.DOWNSCALE
+        return (
+            DemandDecision(
+                highest,
+                wanted,
+                reason,
+                f"{load.ongoing_requests:g} ongoing requests at "
+                f"{config.target_ongoing_requests_per_replica:g} per replica asked for "
+                f"{highest} replicas for {waited_s:g}s (delay {delay_s:g}s): "
+                f"{current} -> {highest}",
+            ),
+            DemandState(),
+        )
+    waiting = (
+        DemandReason.WAITING_UPSCALE_DELAY
+        if direction is Direction.UP
+        else DemandReason.WAITING_DOWNSCALE_DELAY
+    )
+    return (
+        DemandDecision(
+            current,
+            wanted,
+            waiting,
+            f"load asks for {wanted} replicas; waited {waited_s:g}s of {delay_s:g}s",
+        ),
+        DemandState(direction=direction, since_s=since_s, highest_wanted=highest),
+    )
