@@ -85,7 +85,7 @@ def summarize(details: Mapping[str, Any], node_pools: Mapping[str, str]) -> dict
     ing = _deployment(details, INGRESS_APP, INGRESS_DEPLOYMENT) or {}
     ing_replicas = ing.get("replicas") or []
     ingress = {
-        "status": ing.get("status"),
+        "status": str(ing.get("status") or "").rsplit(".", 1)[-1].upper() or None,
         "target": ing.get("target_num_replicas"),
         "running": sum(1 for r in ing_replicas if _state(r) == "RUNNING"),
         "applied_generation": ((ing.get("deployment_config") or {}).get("user_config") or {}).get(

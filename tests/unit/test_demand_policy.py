@@ -1,0 +1,153 @@
+"""The demand policy: wanted replicas from load, clamping, and the up/down delay timers."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.demand import (
+    DemandConfig,
+    DemandLoad,
+    DemandReason,
+    DemandState,
+    Direction,
+    decide_replicas,
+    wanted_replicas,
+)
+
+
+def make_config(
+    target: float = 2.0,
+    min_replicas: int = 1,
+    max_replicas: int = 8,
+    up_s: float = 5.0,
+    down_s: float = 30.0,
+) -> DemandConfig:
+    return DemandConfig(
+        target_ongoing_requests_per_replica=target,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        upscale_delay_s=up_s,
+        downscale_delay_s=down_s,
+    )
+
+
+@pytest.mark.parametrize(
+    ("ongoing", "config", "expected"),
+    [
+        pytest.param(9, make_config(), 5, id="9-at-2-per-replica-needs-5"),
+        pytest.param(8, make_config(), 4, id="exact-multiple-no-extra"),
+        pytest.param(0, make_config(min_replicas=1), 1, id="idle-clamped-to-min"),
+        pytest.param(0, make_config(min_replicas=0), 0, id="idle-min-zero"),
+        pytest.param(100, make_config(max_replicas=6), 6, id="burst-clamped-to-max"),
+        pytest.param(
+            1.1, make_config(target=0.1, max_replicas=20), 11, id="float-ratio-not-rounded-up-twice"
+        ),
+        pytest.param(-3, make_config(min_replicas=2), 2, id="negative-load-treated-as-zero"),
+    ],
+)
+def test_wanted_replicas(ongoing: float, config: DemandConfig, expected: int) -> None:
+    assert wanted_replicas(ongoing, config) == expected
+
+
+def run_ticks(
+    ticks: list[tuple[float, float]], current: int, config: DemandConfig
+) -> list[tuple[int, DemandReason]]:
+    """Feed (now_s, ongoing) ticks, applying each decision as the new current count."""
+    state = DemandState()
+    out = []
+    for now_s, ongoing in ticks:
+        decision, state = decide_replicas(DemandLoad(ongoing, current, now_s), config, state)
+        current = decision.num_replicas
+        out.append((decision.num_replicas, decision.reason))
+    return out
+
+
+R = DemandReason
+
+
+@pytest.mark.parametrize(
+    ("ticks", "start", "config", "expected"),
+    [
+        pytest.param(
+            [(0, 9), (3, 7), (5, 7), (6, 1), (20, 3), (36, 1)],
+            2,
+            make_config(),
+            [
+                (2, R.WAITING_UPSCALE_DELAY),
+                (2, R.WAITING_UPSCALE_DELAY),
+                (5, R.UPSCALE),
+                (5, R.WAITING_DOWNSCALE_DELAY),
+                (5, R.WAITING_DOWNSCALE_DELAY),
+                (2, R.DOWNSCALE),
+            ],
+            id="docstring-worked-example",
+        ),
+        pytest.param(
+            [(0, 9)], 2, make_config(up_s=0), [(5, R.UPSCALE)], id="zero-delay-scales-at-once"
+        ),
+        pytest.param(
+            [(0, 9), (2, 4), (4, 9), (8, 9)],
+            2,
+            make_config(),
+            [
+                (2, R.WAITING_UPSCALE_DELAY),
+                (2, R.STEADY),
+                (2, R.WAITING_UPSCALE_DELAY),
+                (2, R.WAITING_UPSCALE_DELAY),
+            ],
+            id="a-break-in-demand-restarts-the-timer",
+        ),
+        pytest.param(
+            [(0, 1), (10, 20), (15, 20)],
+            4,
+            make_config(),
+            [(4, R.WAITING_DOWNSCALE_DELAY), (4, R.WAITING_UPSCALE_DELAY), (8, R.UPSCALE)],
+            id="direction-flip-resets-the-timer",
+        ),
+        pytest.param(
+            [(0, 4)],
+            0,
+            make_config(min_replicas=1),
+            [(1, R.BELOW_MIN)],
+            id="below-min-fixed-at-once",
+        ),
+        pytest.param(
+            [(0, 100)],
+            12,
+            make_config(max_replicas=8),
+            [(8, R.ABOVE_MAX)],
+            id="above-max-fixed-at-once",
+        ),
+        pytest.param([(0, 4), (100, 4)], 2, make_config(), [(2, R.STEADY)] * 2, id="steady-load"),
+    ],
+)
+def test_decide_replicas_over_ticks(
+    ticks: list[tuple[float, float]],
+    start: int,
+    config: DemandConfig,
+    expected: list[tuple[int, DemandReason]],
+) -> None:
+    assert run_ticks(ticks, start, config) == expected
+
+
+def test_state_carries_the_timer_and_is_cleared_after_acting() -> None:
+    config = make_config()
+    d1, s1 = decide_replicas(DemandLoad(9, 2, now_s=100.0), config, DemandState())
+    assert (s1.direction, s1.since_s, s1.highest_wanted) == (Direction.UP, 100.0, 5)
+    d2, s2 = decide_replicas(DemandLoad(9, 2, now_s=105.0), config, s1)
+    assert d2.num_replicas == 5 and s2 == DemandState()
+    assert "2 -> 5" in d2.message
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        pytest.param({"target": 0}, "target_ongoing_requests_per_replica", id="zero-target"),
+        pytest.param({"min_replicas": -1}, "min_replicas", id="negative-min"),
+        pytest.param({"min_replicas": 3, "max_replicas": 2}, "max_replicas", id="max-below-min"),
+        pytest.param({"up_s": -1}, "delay", id="negative-delay"),
+    ],
+)
+def test_config_rejects_impossible_values(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_config(**kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,48 @@
+"""The sample torch model: deterministic answers and clear errors for bad input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from serve.sample_model import SampleModel
+
+
+@pytest.fixture(scope="module")
+def model() -> SampleModel:
+    return SampleModel(num_features=4, hidden=8, num_classes=3, max_batch=2)
+
+
+def test_answers_probabilities_per_row(model: SampleModel) -> None:
+    out = model.predict({"inputs": [[0.1, 0.2, 0.3, 0.4], [1, 0, -1, 2]]})
+    assert len(out["outputs"]) == 2 and len(out["labels"]) == 2
+    for row, label in zip(out["outputs"], out["labels"], strict=True):
+        assert len(row) == 3
+        assert sum(row) == pytest.approx(1.0, abs=1e-4)
+        assert row[label] == max(row)
+
+
+def test_same_seed_same_answer_in_every_replica(model: SampleModel) -> None:
+    other = SampleModel(num_features=4, hidden=8, num_classes=3, max_batch=2)
+    payload = {"inputs": [[0.5, -0.5, 0.25, 1.0]]}
+    assert other.predict(payload) == model.predict(payload)
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        pytest.param({}, "non-empty list", id="missing-inputs"),
+        pytest.param({"inputs": []}, "non-empty list", id="empty-inputs"),
+        pytest.param({"inputs": [[1, 2]]}, "list of 4 numbers", id="wrong-width"),
+        pytest.param({"inputs": [[1, 2, 3, "x"]]}, "not a finite number", id="string-value"),
+        pytest.param({"inputs": [[1, 2, 3, float("nan")]]}, "not a finite number", id="nan"),
+        pytest.param({"inputs": [[1, 2, 3, True]]}, "not a finite number", id="bool"),
+        pytest.param({"inputs": [[0, 0, 0, 0]] * 3}, "at most 2", id="batch-too-big"),
+    ],
+)
+def test_bad_input_raises_value_error(
+    model: SampleModel, payload: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        model.predict(payload)
