@@ -236,7 +236,7 @@ class JobSpec:
         return cls.from_dict(data)
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        return str(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
 
 def _kind(value: object) -> str:

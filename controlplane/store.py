@@ -1,0 +1,627 @@
+"""The control plane's durable memory: jobs, their state history, events, and policy state.
+
+Owns: one SQLite database in WAL mode at a path the caller passes in (``state_dir/store.db``
+by default), its schema, and the rules of a job's life:
+
+- states QUEUED, ADMITTED, RUNNING, SUCCEEDED, FAILED, PREEMPTED, CANCELLED, and which
+  transitions between them are allowed (`ALLOWED_TRANSITIONS`); every transition is recorded
+  with its time and reason, and emits an event;
+- idempotent submission: a client-supplied idempotency key makes a retried submit return the
+  job it already created instead of a second one;
+- an event log (what ``rcp events`` shows) and a key-value table for the policy actor's
+  desired state and policy state (JSON values).
+
+Every write is one transaction, committed with ``synchronous=FULL``: once a call returns, a
+crash or restart of the control plane neither loses it nor applies it twice. The store is safe
+to share between threads (one connection behind a lock) and between processes on one machine
+(SQLite's locking, with a busy timeout).
+
+Must not: talk to Ray, decide anything, or read the wall clock directly: time comes from the
+injectable `clock` (``time.time`` unless a test passes another).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from jobs.spec import JobSpec
+
+__all__ = [
+    "ALLOWED_TRANSITIONS",
+    "TERMINAL_STATES",
+    "Event",
+    "IdempotencyConflict",
+    "IllegalTransition",
+    "JobRecord",
+    "JobState",
+    "StaleState",
+    "Store",
+    "StoreError",
+    "SubmitResult",
+    "Transition",
+    "UnknownJob",
+]
+
+SCHEMA_VERSION = 1
+
+
+class JobState(str, Enum):
+    QUEUED = "QUEUED"
+    """Waiting for its whole gang to fit."""
+    ADMITTED = "ADMITTED"
+    """The policy granted the GPUs; the runner is starting the gang."""
+    RUNNING = "RUNNING"
+    """Every worker is up."""
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    PREEMPTED = "PREEMPTED"
+    """Stopped (after a checkpoint) to make room; re-queued next."""
+    CANCELLED = "CANCELLED"
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+ALLOWED_TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
+    JobState.QUEUED: frozenset({JobState.ADMITTED, JobState.CANCELLED, JobState.FAILED}),
+    # ADMITTED -> QUEUED: the gang did not fully start in time; released and re-queued.
+    JobState.ADMITTED: frozenset(
+        {
+            JobState.RUNNING,
+            JobState.QUEUED,
+            JobState.PREEMPTED,
+            JobState.FAILED,
+            JobState.CANCELLED,
+        }
+    ),
+    JobState.RUNNING: frozenset(
+        {JobState.SUCCEEDED, JobState.FAILED, JobState.PREEMPTED, JobState.CANCELLED}
+    ),
+    JobState.PREEMPTED: frozenset({JobState.QUEUED, JobState.FAILED, JobState.CANCELLED}),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+
+
+class StoreError(Exception):
+    """Base of the store's errors; each message says what to do."""
+
+
+class UnknownJob(StoreError, KeyError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(job_id)
+        self.job_id = job_id
+
+    def __str__(self) -> str:
+        return f"no job with id {self.job_id!r} (see `rcp queue` or `rcp status` for known ids)"
+
+
+class IllegalTransition(StoreError, ValueError):
+    """The transition is not in `ALLOWED_TRANSITIONS`."""
+
+
+class StaleState(StoreError, ValueError):
+    """The job is no longer in the state the caller expected (someone else moved it)."""
+
+
+class IdempotencyConflict(StoreError, ValueError):
+    """The idempotency key was already used for a different spec."""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job_id: str
+    spec: JobSpec
+    state: JobState
+    submitted_s: float
+    """When the job was first submitted."""
+    queued_s: float
+    """When it last entered QUEUED (equal to submitted_s until it is re-queued)."""
+    updated_s: float
+    """When its state last changed."""
+    num_preemptions: int = 0
+    idempotency_key: str | None = None
+    info: Mapping[str, Any] = field(default_factory=dict)
+    """Free-form facts the runner records (Ray job id, last checkpoint, attempt, ...)."""
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    job: JobRecord
+    created: bool
+    """False when the idempotency key matched an existing job (a retry)."""
+
+
+@dataclass(frozen=True)
+class Transition:
+    seq: int
+    job_id: str
+    from_state: JobState | None
+    """None for the first entry (submission)."""
+    to_state: JobState
+    at_s: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    at_s: float
+    kind: str
+    message: str
+    job_id: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    spec_json TEXT NOT NULL,
+    queue TEXT NOT NULL,
+    priority_class TEXT NOT NULL,
+    state TEXT NOT NULL,
+    idempotency_key TEXT UNIQUE,
+    submitted_s REAL NOT NULL,
+    queued_s REAL NOT NULL,
+    updated_s REAL NOT NULL,
+    num_preemptions INTEGER NOT NULL DEFAULT 0,
+    info_json TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, queued_s);
+CREATE TABLE IF NOT EXISTS transitions (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL REFERENCES jobs (job_id),
+    from_state TEXT,
+    to_state TEXT NOT NULL,
+    at_s REAL NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS transitions_by_job ON transitions (job_id, seq);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    at_s REAL NOT NULL,
+    kind TEXT NOT NULL,
+    job_id TEXT,
+    message TEXT NOT NULL,
+    data_json TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS events_by_job ON events (job_id, seq);
+CREATE TABLE IF NOT EXISTS kv (
+    key TEXT PRIMARY KEY,
+    value_json TEXT NOT NULL,
+    updated_s REAL NOT NULL
+);
+"""
+
+_JOB_COLUMNS = (
+    "job_id, spec_json, state, submitted_s, queued_s, updated_s, num_preemptions, "
+    "idempotency_key, info_json"
+)
+
+
+def _new_job_id() -> str:
+    return f"job-{uuid.uuid4().hex[:12]}"
+
+
+class Store:
+    """The durable store. Open one per process; share it between threads freely."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        clock: Callable[[], float] = time.time,
+        new_job_id: Callable[[], str] = _new_job_id,
+        busy_timeout_s: float = 10.0,
+    ) -> None:
+        self.path = Path(path).expanduser()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._clock = clock
+        self._new_job_id = new_job_id
+        self._lock = threading.RLock()
+        try:
+            self._db = sqlite3.connect(
+                str(self.path),
+                timeout=busy_timeout_s,
+                isolation_level=None,  # autocommit; transactions are explicit below
+                check_same_thread=False,
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the job store at {str(self.path)!r}: {exc}") from exc
+        self._db.row_factory = sqlite3.Row
+        with self._lock:
+            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(
+                    f"the job store at {str(self.path)!r} could not switch to WAL mode "
+                    f"(got {mode!r}); put state_dir on a local file system"
+                )
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"the job store at {str(self.path)!r} has schema version {version}, newer "
+                    f"than this control plane's {SCHEMA_VERSION}; upgrade the control plane"
+                )
+            with self._tx():
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taken with the write lock up front (no upgrade deadlocks)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _read(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return list(self._db.execute(sql, tuple(params)).fetchall())
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def journal_mode(self) -> str:
+        return str(self._read("PRAGMA journal_mode")[0][0]).lower()
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        spec: JobSpec,
+        *,
+        idempotency_key: str | None = None,
+        reason: str = "submitted",
+    ) -> SubmitResult:
+        """Queue a new job, or return the one already created with this idempotency key.
+
+        Raises IdempotencyConflict if the key was used for a different spec.
+        """
+        if idempotency_key is not None and not idempotency_key.strip():
+            raise ValueError("idempotency_key: must be a non-empty string or None")
+        spec_json = json.dumps(spec.to_dict(), sort_keys=True)
+        with self._tx() as db:
+            if idempotency_key is not None:
+                row = db.execute(
+                    f"SELECT {_JOB_COLUMNS} FROM jobs WHERE idempotency_key = ?",
+                    (idempotency_key,),
+                ).fetchone()
+                if row is not None:
+                    if row["spec_json"] != spec_json:
+                        raise IdempotencyConflict(
+                            f"idempotency key {idempotency_key!r} was already used for job "
+                            f"{row['job_id']} with a different spec; use a new key for a new job"
+                        )
+                    return SubmitResult(_job(row), created=False)
+            now = self._clock()
+            job_id = self._new_job_id()
+            db.execute(
+                "INSERT INTO jobs (job_id, name, spec_json, queue, priority_class, state, "
+                "idempotency_key, submitted_s, queued_s, updated_s) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    job_id,
+                    spec.name,
+                    spec_json,
+                    spec.queue,
+                    spec.priority_class,
+                    JobState.QUEUED.value,
+                    idempotency_key,
+                    now,
+                    now,
+                    now,
+                ),
+            )
+            self._record_transition(db, job_id, None, JobState.QUEUED, now, reason)
+            row = db.execute(
+                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)
+            ).fetchone()
+            return SubmitResult(_job(row), created=True)
+
+    def get(self, job_id: str) -> JobRecord:
+        rows = self._read(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,))
+        if not rows:
+            raise UnknownJob(job_id)
+        return _job(rows[0])
+
+    def list_jobs(
+        self,
+        *,
+        states: Iterable[JobState] | None = None,
+        queue: str | None = None,
+        limit: int | None = None,
+    ) -> list[JobRecord]:
+        """Jobs oldest first (by when they last entered the queue), filtered if asked."""
+        sql = f"SELECT {_JOB_COLUMNS} FROM jobs"
+        where: list[str] = []
+        params: list[Any] = []
+        if states is not None:
+            wanted = [JobState(s).value for s in states]
+            if not wanted:
+                return []
+            where.append(f"state IN ({', '.join('?' for _ in wanted)})")
+            params += wanted
+        if queue is not None:
+            where.append("queue = ?")
+            params.append(queue)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY queued_s, submitted_s, job_id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(int(limit))
+        return [_job(r) for r in self._read(sql, params)]
+
+    def transition(
+        self,
+        job_id: str,
+        to_state: JobState,
+        reason: str,
+        *,
+        expected: JobState | None = None,
+    ) -> JobRecord:
+        """Move a job to `to_state`, recording why. Atomic with its history entry and event.
+
+        `expected` makes it a compare-and-set: StaleState if the job has moved on meanwhile.
+        Raises IllegalTransition for a move `ALLOWED_TRANSITIONS` does not allow.
+        """
+        to_state = JobState(to_state)
+        if not reason or not reason.strip():
+            raise ValueError("reason: every transition needs a reason for the event log")
+        with self._tx() as db:
+            row = db.execute("SELECT state FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise UnknownJob(job_id)
+            current = JobState(row["state"])
+            if expected is not None and current is not JobState(expected):
+                raise StaleState(
+                    f"job {job_id} is {current.value}, not {JobState(expected).value}; "
+                    "re-read it and decide again"
+                )
+            allowed = ALLOWED_TRANSITIONS[current]
+            if to_state not in allowed:
+                options = ", ".join(sorted(s.value for s in allowed)) or "none (it is final)"
+                raise IllegalTransition(
+                    f"job {job_id} cannot go from {current.value} to {to_state.value}; "
+                    f"allowed from {current.value}: {options}"
+                )
+            now = self._clock()
+            sets = ["state = ?", "updated_s = ?"]
+            params: list[Any] = [to_state.value, now]
+            if to_state is JobState.QUEUED:
+                sets.append("queued_s = ?")
+                params.append(now)
+            if to_state is JobState.PREEMPTED:
+                sets.append("num_preemptions = num_preemptions + 1")
+            db.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE job_id = ?", (*params, job_id))
+            self._record_transition(db, job_id, current, to_state, now, reason)
+            return _job(
+                db.execute(
+                    f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)
+                ).fetchone()
+            )
+
+    def update_info(self, job_id: str, info: Mapping[str, Any]) -> JobRecord:
+        """Merge `info` (JSON values) into the job's free-form facts; None deletes a key."""
+        with self._tx() as db:
+            row = db.execute("SELECT info_json FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise UnknownJob(job_id)
+            merged = dict(json.loads(row["info_json"]))
+            for key, value in info.items():
+                if value is None:
+                    merged.pop(key, None)
+                else:
+                    merged[key] = value
+            db.execute(
+                "UPDATE jobs SET info_json = ? WHERE job_id = ?",
+                (_dumps(merged, f"info of job {job_id}"), job_id),
+            )
+            return _job(
+                db.execute(
+                    f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)
+                ).fetchone()
+            )
+
+    def history(self, job_id: str) -> list[Transition]:
+        """Every state the job went through, oldest first."""
+        rows = self._read(
+            "SELECT seq, job_id, from_state, to_state, at_s, reason FROM transitions "
+            "WHERE job_id = ? ORDER BY seq",
+            (job_id,),
+        )
+        if not rows:
+            self.get(job_id)  # raises UnknownJob
+        return [
+            Transition(
+                seq=r["seq"],
+                job_id=r["job_id"],
+                from_state=None if r["from_state"] is None else JobState(r["from_state"]),
+                to_state=JobState(r["to_state"]),
+                at_s=r["at_s"],
+                reason=r["reason"],
+            )
+            for r in rows
+        ]
+
+    def _record_transition(
+        self,
+        db: sqlite3.Connection,
+        job_id: str,
+        from_state: JobState | None,
+        to_state: JobState,
+        at_s: float,
+        reason: str,
+    ) -> None:
+        db.execute(
+            "INSERT INTO transitions (job_id, from_state, to_state, at_s, reason) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (
+                job_id,
+                None if from_state is None else from_state.value,
+                to_state.value,
+                at_s,
+                reason,
+            ),
+        )
+        arrow = to_state.value if from_state is None else f"{from_state.value} -> {to_state.value}"
+        self._insert_event(
+            db,
+            at_s,
+            "job.state",
+            f"job {job_id}: {arrow}: {reason}",
+            job_id,
+            {"from": None if from_state is None else from_state.value, "to": to_state.value},
+        )
+
+    # -- events ----------------------------------------------------------------------------
+
+    def record_event(
+        self,
+        kind: str,
+        message: str,
+        *,
+        job_id: str | None = None,
+        data: Mapping[str, Any] | None = None,
+    ) -> Event:
+        """Append an event (e.g. a plan action and its reason). `kind` is dotted: ``policy.admit``."""
+        if not kind:
+            raise ValueError("kind: must be a non-empty string such as 'policy.admit'")
+        with self._tx() as db:
+            seq = self._insert_event(db, self._clock(), kind, message, job_id, data or {})
+            row = db.execute("SELECT * FROM events WHERE seq = ?", (seq,)).fetchone()
+            return _event(row)
+
+    def _insert_event(
+        self,
+        db: sqlite3.Connection,
+        at_s: float,
+        kind: str,
+        message: str,
+        job_id: str | None,
+        data: Mapping[str, Any],
+    ) -> int:
+        cur = db.execute(
+            "INSERT INTO events (at_s, kind, job_id, message, data_json) VALUES (?, ?, ?, ?, ?)",
+            (at_s, kind, job_id, message, _dumps(dict(data), f"data of event {kind!r}")),
+        )
+        assert cur.lastrowid is not None
+        return int(cur.lastrowid)
+
+    def events(
+        self,
+        *,
+        after_seq: int = 0,
+        job_id: str | None = None,
+        kind_prefix: str | None = None,
+        limit: int | None = None,
+    ) -> list[Event]:
+        """Events with ``seq > after_seq``, oldest first (pass the last seq seen to follow)."""
+        sql = "SELECT * FROM events WHERE seq > ?"
+        params: list[Any] = [after_seq]
+        if job_id is not None:
+            sql += " AND job_id = ?"
+            params.append(job_id)
+        if kind_prefix is not None:
+            sql += " AND kind LIKE ? ESCAPE '\\'"
+            escaped = kind_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            params.append(escaped + "%")
+        sql += " ORDER BY seq"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(int(limit))
+        return [_event(r) for r in self._read(sql, params)]
+
+    def prune_events(self, before_s: float) -> int:
+        """Delete events older than `before_s` (job histories are kept). Returns how many."""
+        with self._tx() as db:
+            return int(db.execute("DELETE FROM events WHERE at_s < ?", (before_s,)).rowcount)
+
+    # -- key-value: desired state and policy state -------------------------------------------
+
+    def put(self, key: str, value: Any) -> None:
+        """Store a JSON-serialisable value under `key` (replacing any previous one)."""
+        encoded = _dumps(value, f"value for key {key!r}")
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO kv (key, value_json, updated_s) VALUES (?, ?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET value_json = excluded.value_json, "
+                "updated_s = excluded.updated_s",
+                (key, encoded, self._clock()),
+            )
+
+    def get_value(self, key: str, default: Any = None) -> Any:
+        rows = self._read("SELECT value_json FROM kv WHERE key = ?", (key,))
+        return default if not rows else json.loads(rows[0]["value_json"])
+
+    def delete(self, key: str) -> bool:
+        with self._tx() as db:
+            return db.execute("DELETE FROM kv WHERE key = ?", (key,)).rowcount > 0
+
+    def keys(self, prefix: str = "") -> list[str]:
+        rows = self._read("SELECT key FROM kv ORDER BY key")
+        return [r["key"] for r in rows if str(r["key"]).startswith(prefix)]
+
+
+def _dumps(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what}: must be JSON-serialisable ({exc})") from exc
+
+
+def _job(row: sqlite3.Row) -> JobRecord:
+    return JobRecord(
+        job_id=row["job_id"],
+        spec=JobSpec.from_dict(json.loads(row["spec_json"])),
+        state=JobState(row["state"]),
+        submitted_s=row["submitted_s"],
+        queued_s=row["queued_s"],
+        updated_s=row["updated_s"],
+        num_preemptions=row["num_preemptions"],
+        idempotency_key=row["idempotency_key"],
+        info=json.loads(row["info_json"]),
+    )
+
+
+def _event(row: sqlite3.Row) -> Event:
+    return Event(
+        seq=row["seq"],
+        at_s=row["at_s"],
+        kind=row["kind"],
+        message=row["message"],
+        job_id=row["job_id"],
+        data=json.loads(row["data_json"]),
+    )
