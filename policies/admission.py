@@ -486,8 +486,13 @@ class _Decision:
             valid.append((-value, job.submitted_s, job.job_id, job))
         valid.sort(key=lambda t: (t[0], t[1], t[2]))
         head_decided = False
+        free = self.free
         for neg_value, _, _, job in valid:
-            need = job.gpus_total
+            need = job.num_workers * job.gpus_per_worker
+            if head_decided and need > free.total:
+                if free.total == 0:
+                    break  # nothing left to admit and the head is decided
+                continue  # cannot fit anywhere this tick
             within = self.within_share(job.queue, need)
             if not within and not self.may_borrow(job.queue, need):
                 continue  # its queue may not borrow this much: waits, blocks no one
