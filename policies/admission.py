@@ -395,6 +395,8 @@ class _Decision:
         self.free = _Gpus({n.node_id: n.gpus_free for n in live})
         self.unprotected = self.free  # becomes a separate copy once a reservation exists
         self.start_by_s: float | None = None
+        self.never_fits: dict[int, float] = {}
+        """gpus_per_worker -> fewest workers that cannot fit even once everything ends."""
 
         # Releasing GPUs: coming back without any new action.
         self.releasing: dict[str, int] = {}
@@ -498,8 +500,16 @@ class _Decision:
                 continue  # its queue may not borrow this much: waits, blocks no one
             if self.try_admit(job, within):
                 continue
-            if not head_decided and need <= self.nominal_gpus(job.queue) + _EPS:
+            if (
+                not head_decided
+                and need <= self.nominal_gpus(job.queue) + _EPS
+                and job.num_workers < self.never_fits.get(job.gpus_per_worker, math.inf)
+            ):
                 head_decided = self.try_reserve(job, -neg_value)
+                if not head_decided:
+                    self.never_fits[job.gpus_per_worker] = min(
+                        job.num_workers, self.never_fits.get(job.gpus_per_worker, math.inf)
+                    )
 
     def try_admit(self, job: QueuedJob, within_share: bool) -> bool:
         g, w = job.gpus_per_worker, job.num_workers

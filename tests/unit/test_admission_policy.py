@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies.admission import (
     PREEMPTION_WINDOW_S,
@@ -580,3 +582,112 @@ def test_docstring_worked_example() -> None:
     assert out.state.reservation is not None
     assert out.state.reservation.gpus_by_node == (("a", 8),)
     assert out.state.reservation.start_by_s == 100.0
+
+
+# -- properties over generated clusters (hypothesis) ----------------------------------------------
+
+CLASSES = ("low", "medium", "high")
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> tuple[ClusterSnapshot, AdmissionConfig]:
+    teams = draw(st.booleans())
+    cfg = TEAMS if teams else AdmissionConfig()
+    queues = ("a", "b") if teams else ("default",)
+    sizes = draw(st.lists(st.sampled_from((2, 4, 8)), min_size=1, max_size=5))
+    healthy = draw(st.lists(st.booleans(), min_size=len(sizes), max_size=len(sizes)))
+    free = {f"n{i}": s for i, s in enumerate(sizes)}
+    running = []
+    for i in range(draw(st.integers(0, 6))):
+        gpw = draw(st.sampled_from((1, 2, 4)))
+        placement: dict[str, int] = {}
+        for n in free:
+            k = draw(st.integers(0, free[n] // gpw))
+            if k:
+                placement[n] = k * gpw
+                free[n] -= k * gpw
+        if not placement:
+            continue
+        running.append(
+            gang(
+                f"r{i}",
+                placement,
+                gpus_per_worker=gpw,
+                priority=draw(st.sampled_from(CLASSES)),
+                queue=draw(st.sampled_from(queues)),
+                started_s=draw(st.floats(0, 99)),
+                max_runtime_s=draw(st.sampled_from((None, 50.0, 200.0, 500.0))),
+                last_checkpoint_s=draw(st.sampled_from((None, 50.0, 90.0))),
+                preempting=draw(st.booleans()) and draw(st.booleans()),
+            )
+        )
+    replicas = []
+    for i in range(draw(st.integers(0, 3))):
+        n = draw(st.sampled_from(sorted(free)))
+        if free[n]:
+            replicas.append(replica(f"s{i}", n, gpus=1))
+            free[n] -= 1
+    queued = [
+        job(
+            f"q{i}",
+            draw(st.integers(1, 4)),
+            draw(st.sampled_from((0, 1, 2, 4, 8))),
+            priority=draw(st.sampled_from(CLASSES)),
+            queue=draw(st.sampled_from(queues)),
+            submitted_s=float(i),
+            max_runtime_s=draw(st.sampled_from((None, 10.0, 150.0, 1000.0))),
+        )
+        for i in range(draw(st.integers(0, 8)))
+    ]
+    nodes = [
+        node(f"n{i}", gpus_total=s, healthy=h)
+        for i, (s, h) in enumerate(zip(sizes, healthy, strict=True))
+    ]
+    return snapshot(nodes, running=running, replicas=replicas, queued=queued), cfg
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters())
+def test_properties_of_any_decision(case: tuple[ClusterSnapshot, AdmissionConfig]) -> None:
+    snap, cfg = case
+    plan, state = decide(snap, cfg, AdmissionState())
+    assert (plan, state) == decide(snap, cfg, AdmissionState()), "deterministic"
+    _check_no_overcommit(snap, plan)
+    jobs = {j.job_id: j for j in snap.queued}
+    gangs = {g.job_id: g for g in snap.running}
+    live = {n.node_id for n in snap.nodes if n.healthy}
+    admits = [a for a in plan if isinstance(a, AdmitJob)]
+    victims = [a for a in plan if isinstance(a, PreemptJob)]
+    for a in admits:  # all or nothing, on live nodes only
+        assert a.num_workers == jobs[a.job_id].num_workers
+        if a.gpus_per_worker:
+            assert sum(p.num_workers for p in a.placement) == a.num_workers
+            assert {p.node_id for p in a.placement} <= live
+    reservation = state.reservation
+    if victims:
+        assert reservation is not None
+        head = jobs[reservation.job_id]
+        rank = cfg.priority_classes
+        for v in victims:
+            g = gangs[v.job_id]
+            assert not g.preempting
+            if g.queue == head.queue:
+                assert rank[g.priority_class] < rank[head.priority_class]
+    if reservation is None or reservation.start_by_s is None:
+        return
+    # At T, the GPUs promised to the head are free whatever was admitted now.
+    t = reservation.start_by_s
+    preempted = {v.job_id for v in victims}
+    free_at_t = {n.node_id: n.gpus_total for n in snap.nodes}
+    for g in snap.running:
+        ends_by_t = g.expected_end_s is not None and g.expected_end_s <= t
+        if not (g.preempting or g.job_id in preempted or ends_by_t):
+            for n, k in g.gpus_by_node.items():
+                free_at_t[n] -= k
+    for a in admits:
+        j = jobs[a.job_id]
+        if j.max_runtime_s is None or snap.now_s + j.max_runtime_s > t:
+            for p in a.placement:
+                free_at_t[p.node_id] -= p.num_workers * a.gpus_per_worker
+    for n, gpus in reservation.gpus_by_node:
+        assert free_at_t[n] >= gpus, (n, gpus, free_at_t)
