@@ -26,48 +26,63 @@ Gang
     hold half of what both need. Placement takes whole nodes from the emptiest first (fewest
     nodes), and puts the remainder on the smallest node that still fits it (best fit).
 Shares
-    Each queue (team) owns ``share`` x live capacity (fractions summing to at most 1). A job
-    within its queue's share may always be admitted into free GPUs. A job that would take its
-    queue past its share *borrows* idle GPUs; it is admitted only into GPUs that are free now,
-    up to ``borrowing_limit`` x capacity beyond the share (None: no limit), never triggers a
-    preemption and never holds the reservation. Reclaim: a job within its share may preempt
-    jobs of *other* queues that are over their share, whatever their priority, for as long as
-    that queue is still over its share.
+    Each queue (team) owns ``share`` x live capacity (fractions summing to at most 1; the
+    default is one queue, ``default``, owning all of it). A job that would take its queue past
+    its share *borrows*: it is admitted only into GPUs free now, up to ``borrowing_limit`` x
+    capacity beyond the share (None: any idle GPUs), and its reason says it borrows.
+    A job is *entitled* when the GPUs its queue holds in gangs of the same or higher priority,
+    plus its own, fit within the share (lower-priority gangs of its own queue do not count:
+    it may preempt them). Reclaim: an entitled head may preempt gangs of *other* queues that are
+    over their share, whatever their priority, while that queue is still over its share. It
+    never preempts another queue's gangs that are within their share.
 Reservation and backfill
-    The first job in order that is within its share and does not fit becomes the head and gets
-    a reservation: a placement on the GPUs that will be free at time T, where T is ``now`` if
-    the GPUs come from releasing gangs, moved replicas or preemption, else the time by which
-    enough running gangs must have ended (``started_s + max_runtime_s``, earliest first; a gang
-    with no max runtime makes T unknown). The GPUs that placement needs from those free now are
-    protected. A later job (backfill) may use protected GPUs only if T is known and
-    ``now_s + max_runtime_s <= T``, so it has ended before the reservation could be met; any
-    other later job may use only unprotected GPUs. Either way the head is never delayed past T.
-    A head that cannot fit even when every running gang has ended (e.g. capacity shrank)
-    gets no reservation and blocks no one.
+    The first job in order that does not fit now and whose gang fits within its queue's share
+    (``need <= share x capacity``) becomes the head and gets a reservation: a placement on the
+    GPUs that will be free at time T.
+
+    - T = ``now_s`` if the head is entitled and releasing GPUs (gangs being preempted, replicas
+      stopping) suffice, or if moving Serve replicas and preempting victims makes it fit;
+    - otherwise T is the earliest time by which enough holders must have ended, holders taken
+      by ``started_s + max_runtime_s`` (jobs admitted this tick included, Serve GPUs counted as
+      movable), such that the gang fits on the nodes *and* within its queue's share. If that
+      needs a holder without a max runtime, T is unknown.
+
+    The GPUs that placement needs from those free now are protected. The backfill rule: a later
+    job may use protected GPUs only if T is known and ``now_s + max_runtime_s <= T`` (it ends
+    before the reservation could be met); any other later job may use only unprotected GPUs.
+    Either way the head is never delayed past T. A head that cannot fit even once every holder
+    has ended (capacity shrank) gets no reservation and blocks no one.
 Preemption
-    Only for the head, only when the reservation cannot be met from free and releasing GPUs plus
-    Serve replicas. Candidates: lower-priority gangs of the head's own queue, and (reclaim)
-    gangs of other queues over their share. Victims are taken in order (lowest priority value,
-    then least work at risk, i.e. most recently checkpointed, then most recently started, then
-    job_id) until the head fits; then every victim that the fit does not need is spared again,
-    most expensive first, so the set is minimal (no victim can be dropped). Caps: a job
-    preempted ``max_preemptions_per_job_per_hour`` times in the last hour is not a candidate;
-    if the victims would exceed ``max_preemptions_per_hour`` over the rolling hour, nobody is
-    preempted (never a partial preemption) and the head waits.
+    Only for the head, only if it is entitled, and only when free and releasing GPUs are not
+    enough. In-cluster Serve replicas yield first (one `MoveServeReplicas` per model); then
+    training victims: lower-priority gangs of the head's queue, and (reclaim) gangs of queues
+    over their share. Victims are taken in order (lowest priority value, then least work at
+    risk, i.e. most recently checkpointed, then most recently started, then job_id) until the
+    head fits; then every replica or victim that the fit does not need is spared again, most
+    expensive first, so the set is minimal (none can be dropped; not a global minimum). Caps:
+    a job preempted ``max_preemptions_per_job_per_hour`` times in the rolling hour is not a
+    candidate; if the victims would exceed ``max_preemptions_per_hour`` in the rolling hour,
+    nobody is preempted (never a partial preemption) and the head waits. A victim is asked
+    once: gangs with ``preempting`` set, or preempted (per the state) after they started, count
+    as releasing and are never chosen again.
 Not considered
-    CPUs and memory (the gang fit is on GPUs only), fractional GPUs, more than one reservation.
+    CPUs and memory (the gang fit is on GPUs only), fractional GPUs, more than one reservation,
+    topology beyond "one worker on one node". Jobs of an unknown queue or priority class get a
+    `RejectJob`; a job bigger than the pool is left queued (the service rejects it at submit
+    time with `gang_fits` and the live pool).
 
 Worked example
 --------------
 Two healthy cluster nodes ``a`` and ``b`` with 8 GPUs each (capacity 16); queue ``default``
 with share 1.0; priority classes low=0, medium=50, high=100. Running: ``old`` (low, 4 GPUs on
 ``a``, checkpointed 10 s ago) and ``big`` (medium, 8 GPUs on ``b``, ends at t=1000). Free:
-4 GPUs on ``a``. A Serve replica of model ``m`` holds nothing here. Queue at now_s=100:
-``h`` (high, 2 workers x 4 GPUs), ``s`` (low, 1 x 2 GPUs, max runtime 60 s).
+4 GPUs on ``a``; no Serve replicas. Queue at now_s=100: ``h`` (high, 2 workers x 4 GPUs),
+``s`` (low, 1 worker x 2 GPUs, max runtime 60 s).
 
-1. ``h`` needs 2 slots of 4 GPUs; free gives 1 slot (``a``: 4). It is the head. Releasing and
-   Serve GPUs add nothing; the candidates are ``old`` (low) and ``big`` (medium). Taking
-   ``old`` first gives ``a`` 8 GPUs = 2 slots: ``h`` fits, ``big`` is never needed.
+1. ``h`` needs 2 slots of 4 GPUs; free gives 1 slot (``a``: 4). It is the head, and entitled:
+   its queue holds 0 GPUs in gangs of priority >= high, 0 + 8 <= 16. Nothing is releasing;
+   the candidates are ``old`` (low) and ``big`` (medium), in that order. Taking ``old`` gives
+   ``a`` 8 GPUs = 2 slots: ``h`` fits, and ``big`` is never needed.
    Plan: ``PreemptJob(old, for_job_id=h)``; reservation for ``h`` on ``a`` with T=100.
 2. ``s`` (2 GPUs): the 4 free GPUs on ``a`` are protected (``h`` needs them), and T=now leaves
    no room for backfill, so ``s`` waits. ``b`` has no free GPU.
