@@ -45,7 +45,8 @@ def run(
         if isinstance(action, AdmitJob):
             out.admitted[action.job_id] = {p.node_id: p.num_workers for p in action.placement}
             out.reasons[action.job_id] = action.reason
-            assert action.num_workers == sum(p.num_workers for p in action.placement)
+            if action.gpus_per_worker:
+                assert action.num_workers == sum(p.num_workers for p in action.placement)
         elif isinstance(action, PreemptJob):
             out.preempted.append(action.job_id)
             out.reasons[action.job_id] = action.reason
@@ -691,3 +692,41 @@ def test_properties_of_any_decision(case: tuple[ClusterSnapshot, AdmissionConfig
                 free_at_t[p.node_id] -= p.num_workers * a.gpus_per_worker
     for n, gpus in reservation.gpus_by_node:
         assert free_at_t[n] >= gpus, (n, gpus, free_at_t)
+
+
+@pytest.mark.parametrize(
+    ("freshest", "victims"),
+    [
+        pytest.param("a3", ["a3"], id="one-reclaim-victim-enough"),
+        pytest.param("a1", [], id="second-victim-would-push-a-below-share"),
+    ],
+)
+def test_reclaim_stops_once_the_lender_is_back_within_share(
+    freshest: str, victims: list[str]
+) -> None:
+    # Team a holds 12 of 16 (share 8). b1 needs 8 on one node; only y (a3 + 4 free) can give it
+    # with one victim. If a1 on x is the cheapest victim, taking it leaves a at 8 = its share,
+    # so a2/a3 are no longer reclaimable and nothing fits: nobody is preempted.
+    ckpt = {name: (99.0 if name == freshest else 10.0) for name in ("a1", "a2", "a3")}
+    running = [
+        gang("a1", {"x": 4}, queue="a", last_checkpoint_s=ckpt["a1"]),
+        gang("a2", {"x": 4}, queue="a", last_checkpoint_s=ckpt["a2"]),
+        gang("a3", {"y": 4}, queue="a", last_checkpoint_s=ckpt["a3"]),
+    ]
+    snap = snapshot([node("x"), node("y")], running=running, queued=[job("b1", 1, 8, queue="b")])
+    assert run(snap, TEAMS).preempted == victims
+
+
+def test_cpu_only_gang_is_admitted_without_gpus() -> None:
+    out = run(
+        snapshot(
+            [node("a", gpus_total=1)], running=[gang("r", {"a": 1})], queued=[job("cpu", 3, 0)]
+        )
+    )
+    assert out.admitted == {"cpu": {}}
+
+
+def test_unhealthy_nodes_are_never_placed_on() -> None:
+    nodes = [node("bad", healthy=False), node("good", gpus_total=4)]
+    out = run(snapshot(nodes, queued=[job("j", 1, 4), job("k", 1, 4)]))
+    assert out.admitted == {"j": {"good": 1}}
