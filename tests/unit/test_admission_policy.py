@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 from hypothesis import given, settings
@@ -648,11 +648,30 @@ def clusters(draw: st.DrawFn) -> tuple[ClusterSnapshot, AdmissionConfig]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(clusters())
-def test_properties_of_any_decision(case: tuple[ClusterSnapshot, AdmissionConfig]) -> None:
-    snap, cfg = case
-    plan, state = decide(snap, cfg, AdmissionState())
-    assert (plan, state) == decide(snap, cfg, AdmissionState()), "deterministic"
+@given(
+    clusters(),
+    st.lists(
+        st.tuples(st.sampled_from(("r0", "r1", "r2", "x")), st.floats(-5000, 100)), max_size=4
+    ),
+    st.integers(0, 3),
+)
+def test_properties_of_any_decision(
+    case: tuple[ClusterSnapshot, AdmissionConfig],
+    history: list[tuple[str, float]],
+    cap: int,
+) -> None:
+    snap, base_cfg = case
+    cfg = replace(base_cfg, max_preemptions_per_hour=cap, max_preemptions_per_job_per_hour=1)
+    before = AdmissionState(
+        preemptions=tuple(PreemptionRecord(j, t) for j, t in sorted(history, key=lambda h: h[1]))
+    )
+    plan, state = decide(snap, cfg, before)
+    assert (plan, state) == decide(snap, cfg, before), "deterministic"
+    recent = [p for p in before.preemptions if p.at_s > snap.now_s - PREEMPTION_WINDOW_S]
+    new = [a.job_id for a in plan if isinstance(a, PreemptJob)]
+    assert len(recent) + len(new) <= max(cap, len(recent)), "global cap"
+    assert not set(new) & {p.job_id for p in recent}, "per-job cap of 1"
+    assert list(state.preemptions) == recent + [PreemptionRecord(j, snap.now_s) for j in new]
     _check_no_overcommit(snap, plan)
     jobs = {j.job_id: j for j in snap.queued}
     gangs = {g.job_id: g for g in snap.running}
