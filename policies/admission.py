@@ -16,7 +16,8 @@ Capacity
     unhealthy shrinks capacity, the queue shares and every fit check on the next tick.
 Order
     Queued jobs are considered by priority class value (high first), then FIFO by
-    ``submitted_s``, then ``job_id``. Every training job outranks serving: GPUs held by Serve
+    ``submitted_s``, then ``job_id``; a job backing off (``not_before_s`` in the future) is
+    skipped. Every training job outranks serving: GPUs held by Serve
     replicas in the `cluster` pool count as reclaimable, and taking them produces a
     `MoveServeReplicas` request (make-before-break, done by the placement policy and the Serve
     actuator), never a preemption.
@@ -500,6 +501,8 @@ class _Decision:
                     )
                 )
                 continue
+            if job.not_before_s is not None and job.not_before_s > self.now_s:
+                continue  # backing off after a failed start; blocks no one
             valid.append((-value, job.submitted_s, job.job_id, job))
         valid.sort(key=lambda t: (t[0], t[1], t[2]))
         head_decided = False

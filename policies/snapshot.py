@@ -137,6 +137,8 @@ class QueuedJob:
     """When the job (last) entered the queue; FIFO order within a priority class."""
     max_runtime_s: float | None = None
     """Upper bound on run time; None means unbounded (such a job never backfills)."""
+    not_before_s: float | None = None
+    """Backoff after a failed gang start: not admitted (nor reserved for) before this time."""
 
     @property
     def gpus_total(self) -> int:

@@ -49,6 +49,7 @@ def job(
     queue: str = "default",
     submitted_s: float = 0.0,
     max_runtime_s: float | None = None,
+    not_before_s: float | None = None,
 ) -> QueuedJob:
     """A queued gang of `workers` workers with `gpus` GPUs each."""
     return QueuedJob(
@@ -59,6 +60,7 @@ def job(
         gpus_per_worker=gpus,
         submitted_s=submitted_s,
         max_runtime_s=max_runtime_s,
+        not_before_s=not_before_s,
     )
 
 

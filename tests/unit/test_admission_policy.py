@@ -749,3 +749,17 @@ def test_unhealthy_nodes_are_never_placed_on() -> None:
     nodes = [node("bad", healthy=False), node("good", gpus_total=4)]
     out = run(snapshot(nodes, queued=[job("j", 1, 4), job("k", 1, 4)]))
     assert out.admitted == {"j": {"good": 1}}
+
+
+@pytest.mark.parametrize(
+    ("not_before_s", "admitted"),
+    [
+        pytest.param(None, ["backoff", "next"], id="no-backoff"),
+        pytest.param(99.0, ["backoff", "next"], id="backoff-over"),
+        pytest.param(130.0, ["next"], id="backing-off-skipped"),
+    ],
+)
+def test_backoff_after_failed_start(not_before_s: float | None, admitted: list[str]) -> None:
+    queued = [job("backoff", 1, 4, not_before_s=not_before_s), job("next", 1, 4, submitted_s=1)]
+    out = run(snapshot([node("a")], queued=queued))
+    assert list(out.admitted) == admitted
