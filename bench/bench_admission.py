@@ -14,7 +14,8 @@ Usage::
     .venv/bin/python bench/bench_admission.py [--nodes 1000] [--jobs 10000] [--runs 30] [--json]
 
 Prints a table; with ``--json`` the last line is one JSON object with every figure, ratio and
-the goal (median decision under 50 ms).
+the goal (median decision under 50 ms). Process CPU time is reported beside wall-clock time:
+on a shared, oversubscribed machine the wall clock measures the neighbours, not the policy.
 """
 
 from __future__ import annotations
@@ -263,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         "goal_median_ms": GOAL_MS,
         "goal_met": median_ms < GOAL_MS,
         "goal_p99_met": p99_ms < GOAL_MS,
+        "goal_cpu_median_met": statistics.median(CPU_MS[id(real)]) < GOAL_MS,
     }
     rows = [
         ("decision (all rules)", f"{median_ms:.2f}", f"{p99_ms:.2f}", "1.00"),
