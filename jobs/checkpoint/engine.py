@@ -385,6 +385,10 @@ class CheckpointEngine:
         metrics.LAST_COMMIT_UNIX_SECONDS.labels(self.run_name).set(now_s)
         metrics.LAST_COMMITTED_STEP.labels(self.run_name).set(step)
 
+    def reset_step_order(self, step: int | None) -> None:
+        """Forget (None) or set the step later saves must come after (used by restore)."""
+        self._last_step = step
+
     def wait(self, timeout_s: float | None = None) -> list[SaveOutcome]:
         """Wait for every save in flight; raises the first failure among them."""
         pending, self._pending = self._pending, []

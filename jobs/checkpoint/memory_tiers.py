@@ -135,10 +135,14 @@ class RayMemoryTier:
         step, index, array = held
         return HeldSnapshot(step, index, memoryview(np.ascontiguousarray(array)).cast("B"))
 
-    def clear(self, world_size: int = 1) -> None:
+    def clear_rank(self, rank: int) -> None:
+        """Stop the actor holding `rank`'s snapshot, if there is one."""
         import ray
 
+        actor = self._actor(rank, create=False)
+        if actor is not None:
+            ray.kill(actor)
+
+    def clear(self, world_size: int = 1) -> None:
         for rank in range(world_size):
-            actor = self._actor(rank, create=False)
-            if actor is not None:
-                ray.kill(actor)
+            self.clear_rank(rank)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import logging
 import os
 import random
 import socket
@@ -46,6 +47,8 @@ class MotoS3:
 
     def __init__(self) -> None:
         from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request
 
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self._server.start()

@@ -1,0 +1,134 @@
+"""`rcp`: the command line of the control plane (also `python -m controlplane`).
+
+Owns: parsing arguments, loading config, printing tables or JSON, and exit codes.
+Must not: hold logic of its own; every command calls a function that tests can call too.
+Errors a user can fix print one clear message to stderr and exit 2 (bad input) or 1 (the
+cluster is not in a state to do it).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from controlplane.config import Config, ConfigError, load_config, to_yaml
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _config_options(func: F) -> F:
+    func = click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")(func)
+    func = click.option(
+        "--config",
+        "config_file",
+        type=click.Path(dir_okay=False),
+        envvar="RCP_CONFIG",
+        help="YAML file merged over the packaged defaults (env: RCP_CONFIG).",
+    )(func)
+    return func
+
+
+def _load(config_file: str | None, overrides: tuple[str, ...]) -> Config:
+    try:
+        return load_config(config_file, list(overrides))
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+
+
+def _fail(message: str, code: int = 1) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Control plane for one Ray cluster that runs training and production serving.
+
+    Configuration merges packaged defaults, a YAML file (--config) and KEY=VALUE
+    overrides, in that order; `rcp config show` prints the result.
+    """
+
+
+@cli.group("config")
+def config_group() -> None:
+    """Inspect configuration."""
+
+
+@config_group.command("show")
+@_config_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of YAML.")
+def config_show(config_file: str | None, overrides: tuple[str, ...], as_json: bool) -> None:
+    """Print the merged configuration."""
+    cfg = _load(config_file, overrides)
+    if as_json:
+        from controlplane.config import to_dict
+
+        click.echo(json.dumps(to_dict(cfg), indent=2))
+    else:
+        click.echo(to_yaml(cfg), nl=False)
+
+
+@cli.command()
+@_config_options
+def up(config_file: str | None, overrides: tuple[str, ...]) -> None:
+    """Start the embedded local cluster and print its endpoints, one per line.
+
+    Idempotent: if the cluster already runs, prints what runs and starts nothing.
+    """
+    from controlplane.local.cluster import ClusterError, LocalCluster
+
+    cfg = _load(config_file, overrides)
+    try:
+        LocalCluster(cfg).up(echo=click.echo)
+    except ClusterError as exc:
+        _fail(str(exc))
+
+
+@cli.command()
+@_config_options
+def down(config_file: str | None, overrides: tuple[str, ...]) -> None:
+    """Stop everything `rcp up` started, and only that."""
+    from controlplane.local.cluster import LocalCluster
+
+    cfg = _load(config_file, overrides)
+    LocalCluster(cfg).down(echo=click.echo)
+
+
+def _connect_running(cfg: Config) -> Config:
+    from controlplane.local.cluster import LocalCluster, connect
+
+    running = LocalCluster(cfg).running_config()
+    if running is None:
+        _fail(f"no local cluster is running for state dir {cfg.state_path}; start one with `rcp up`")
+    assert running is not None
+    connect(running)
+    return running
+
+
+@cli.command()
+@_config_options
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@click.option("--all", "include_dead", is_flag=True, help="Include nodes that have gone away.")
+def nodes(config_file: str | None, overrides: tuple[str, ...], as_json: bool, include_dead: bool) -> None:
+    """List nodes: pool (head, cluster, external), GPUs free/total, labels, state."""
+    from controlplane.inventory import format_table, list_nodes
+
+    _connect_running(_load(config_file, overrides))
+    rows = list_nodes(include_dead=include_dead)
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in rows], indent=2))
+    else:
+        click.echo(format_table(rows))
+
+
+def main() -> None:
+    cli(prog_name="rcp")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,444 @@
+"""The embedded local cluster: what `rcp up` starts and `rcp down` stops.
+
+Owns: the Ray head (no GPUs), the fixed `cluster` pool and the autoscaled `external` pool
+(both launched by Ray's own autoscaler with its fake multi-node provider, from a cluster config
+this module writes), the S3-protocol object store on loopback, the Serve HTTP proxy, and the
+state file that lets a second `up` report what runs and `down` stop exactly that.
+
+Must not: touch Ray processes it did not start (no ``ray stop``), bind anything but
+``ray.node_ip`` (127.0.0.1 by default), or log storage credentials.
+
+Production maps each part to KubeRay (see docs/architecture.md): the autoscaler config's node
+types are the RayCluster's worker groups; `cluster` has min = max replicas, `external` min 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from controlplane.config import Config, from_dict, to_dict
+from controlplane.local.processes import CLUSTER_ID_ENV, stop_cluster_processes
+from controlplane.pools import POOL_LABEL, Pool, pool_resource
+
+Echo = Callable[[str], None]
+
+STATE_FILE = "local-cluster.json"
+# The fake provider names the head's node type this way; the autoscaler requires it.
+HEAD_NODE_TYPE = "ray.head.default"
+# ...and reserves this node id for it.
+FAKE_HEAD_NODE_ID = "fffffffffffffffffffffffffffffffffffffffffffffffffff00000"
+# Every node advertises this much of its pool's resource, so work can ask for 1 unit.
+POOL_RESOURCE_UNITS = 1000
+# Embedded object storage accepts any key pair; these name the local store, nothing more.
+EMBEDDED_ACCESS_KEY = "rcp-local"
+EMBEDDED_SECRET_KEY = "rcp-local-secret"
+
+
+class ClusterError(RuntimeError):
+    """The local cluster cannot be started or reached; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str
+    url: str
+
+
+def ray_temp_dir(cfg: Config) -> Path:
+    """Ray's temp dir for this state dir. Short, because Ray puts unix sockets under it."""
+    digest = hashlib.sha1(str(cfg.state_path.resolve()).encode()).hexdigest()[:10]
+    return Path("/tmp") / f"rcp-{digest}"
+
+
+def gcs_address(cfg: Config) -> str:
+    return f"{cfg.ray.node_ip}:{cfg.ray.gcs_port}"
+
+
+def autoscaler_config(cfg: Config) -> dict[str, Any]:
+    """The Ray cluster config that the autoscaler (fake multi-node provider) runs.
+
+    Node types: the head, `cluster` (min = max = num_nodes: a fixed group that the autoscaler
+    only replaces when a node dies) and `external` (min_nodes..max_nodes, scaled on demand).
+    """
+    c, e = cfg.pools.cluster, cfg.pools.external
+    return {
+        "cluster_name": "rcp-local",
+        "max_workers": c.num_nodes + e.max_nodes,
+        "upscaling_speed": 1.0 + e.max_nodes,
+        "idle_timeout_minutes": e.idle_timeout_s / 60.0,
+        "provider": {
+            # Ray's own fake multi-node provider, loaded as an "external" provider: the
+            # `fake_multinode` type needs a defaults file (example.yaml) the wheel lacks.
+            "type": "external",
+            "module": "ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider",
+            "gcs_address": gcs_address(cfg),
+            "launch_multiple": True,
+            "head_node_id": FAKE_HEAD_NODE_ID,
+        },
+        "auth": {"ssh_user": "rcp"},
+        "head_node_type": HEAD_NODE_TYPE,
+        "available_node_types": {
+            HEAD_NODE_TYPE: {
+                "resources": {"CPU": cfg.head.num_cpus, pool_resource(Pool.HEAD): POOL_RESOURCE_UNITS},
+                "labels": {POOL_LABEL: Pool.HEAD.value},
+                "node_config": {},
+                "max_workers": 0,
+            },
+            Pool.CLUSTER.value: {
+                "resources": {
+                    "CPU": c.cpus_per_node,
+                    "GPU": c.gpus_per_node,
+                    pool_resource(Pool.CLUSTER): POOL_RESOURCE_UNITS,
+                },
+                "labels": {POOL_LABEL: Pool.CLUSTER.value},
+                "node_config": {},
+                "min_workers": c.num_nodes,
+                "max_workers": c.num_nodes,
+            },
+            Pool.EXTERNAL.value: {
+                "resources": {
+                    "CPU": e.cpus_per_node,
+                    "GPU": e.gpus_per_node,
+                    pool_resource(Pool.EXTERNAL): POOL_RESOURCE_UNITS,
+                },
+                "labels": {POOL_LABEL: Pool.EXTERNAL.value},
+                "node_config": {},
+                "min_workers": e.min_nodes,
+                "max_workers": e.max_nodes,
+            },
+        },
+        "file_mounts": {},
+        "cluster_synced_files": [],
+        "file_mounts_sync_continuously": False,
+        "rsync_exclude": [],
+        "rsync_filter": [],
+        "initialization_commands": [],
+        "setup_commands": [],
+        "head_setup_commands": [],
+        "worker_setup_commands": [],
+        "head_start_ray_commands": [],
+        "worker_start_ray_commands": [],
+    }
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def _wait_until(check: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.5) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(poll_s)
+    raise ClusterError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def connect(cfg: Config, address: str | None = None) -> None:
+    """Connect this process to the local cluster as a Ray driver (no-op if connected)."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    if ray.is_initialized():
+        return
+    ray.init(
+        address=address or gcs_address(cfg),
+        _node_ip_address=cfg.ray.node_ip,
+        namespace="rcp",
+        logging_level="ERROR",
+        log_to_driver=False,
+    )
+
+
+class LocalCluster:
+    """One embedded cluster per state dir. Methods are safe to call repeatedly."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.state_dir = cfg.state_path
+        self.temp_dir = ray_temp_dir(cfg)
+        self.log_dir = self.state_dir / "logs"
+
+    # -- state file -------------------------------------------------------------------------
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / STATE_FILE
+
+    def read_state(self) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads(self.state_file.read_text())
+            return data
+        except FileNotFoundError:
+            return None
+        except json.JSONDecodeError as exc:
+            raise ClusterError(
+                f"{self.state_file} is not valid JSON ({exc}); remove it after checking no "
+                "cluster runs"
+            ) from exc
+
+    def _write_state(self, state: dict[str, Any]) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+        os.replace(tmp, self.state_file)
+
+    def running_config(self) -> Config | None:
+        """The config the running cluster was started with, if one runs."""
+        state = self.read_state()
+        if state and self.is_running(state):
+            return from_dict(state["config"])
+        return None
+
+    def is_running(self, state: dict[str, Any] | None = None) -> bool:
+        state = state if state is not None else self.read_state()
+        if not state or state.get("status") != "running":
+            return False
+        cfg = from_dict(state["config"])
+        return _port_in_use(cfg.ray.node_ip, cfg.ray.gcs_port)
+
+    # -- up ---------------------------------------------------------------------------------
+    def up(self, echo: Echo = print) -> list[Endpoint]:
+        """Start everything and return the endpoints; if already running, report them."""
+        state = self.read_state()
+        if state and self.is_running(state):
+            echo(f"already running (cluster {state['cluster_id']}, started {state['started_at']})")
+            endpoints = [Endpoint(**e) for e in state["endpoints"]]
+            for ep in endpoints:
+                echo(f"{ep.name}: {ep.url}")
+            return endpoints
+        if state:
+            echo(f"cleaning up a cluster that is no longer running ({state['cluster_id']})")
+            self._stop(state, echo=lambda _m: None)
+
+        self._check_ports_free()
+        cluster_id = uuid.uuid4().hex[:12]
+        env = self._env(cluster_id)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.temp_dir.mkdir(parents=True, exist_ok=True)
+        state = {
+            "cluster_id": cluster_id,
+            "status": "starting",
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "temp_dir": str(self.temp_dir),
+            "config": to_dict(self.cfg),
+            "endpoints": [],
+        }
+        self._write_state(state)
+        endpoints: list[Endpoint] = []
+
+        def announce(ep: Endpoint) -> None:
+            endpoints.append(ep)
+            state["endpoints"] = [ep.__dict__ for ep in endpoints]
+            self._write_state(state)
+            echo(f"{ep.name}: {ep.url}")
+
+        try:
+            if self.cfg.storage.embedded:
+                announce(self._start_object_store(env))
+            self._start_head(env)
+            announce(Endpoint("dashboard", f"http://{self.cfg.ray.node_ip}:{self.cfg.ray.dashboard_port}"))
+            announce(Endpoint("ray", gcs_address(self.cfg)))
+            connect(self.cfg)
+            self._wait_for_cluster_pool()
+            announce(
+                Endpoint(
+                    "metrics",
+                    f"http://{self.cfg.ray.node_ip}:{self.cfg.ray.metrics_export_port}/metrics",
+                )
+            )
+            self._start_serve()
+            announce(Endpoint("serve", f"http://{self.cfg.ray.node_ip}:{self.cfg.serve.http_port}"))
+        except BaseException:
+            echo("start failed; stopping what was started")
+            self._stop(state, echo=lambda _m: None)
+            raise
+        state["status"] = "running"
+        self._write_state(state)
+        return endpoints
+
+    def _env(self, cluster_id: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            {
+                CLUSTER_ID_ENV: cluster_id,
+                # The fake multi-node provider only runs when this is set.
+                "RAY_FAKE_CLUSTER": "1",
+                "AUTOSCALER_UPDATE_INTERVAL_S": f"{self.cfg.ray.autoscaler_update_interval_s:g}",
+                # Makes Ray resolve this machine's address to loopback, so the nodes the
+                # autoscaler launches bind 127.0.0.1 like the head.
+                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+                "RAY_TMPDIR": str(self.temp_dir),
+                "RAY_USAGE_STATS_ENABLED": "0",
+                # Autoscaler v2: the fake provider needs it (v1 tries to ssh-update nodes),
+                # and it is what KubeRay runs in production. The head's instance id is the
+                # one the fake provider reserves for it.
+                "RAY_enable_autoscaler_v2": "1",
+                "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID,
+                "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID,
+                # Ray 2.60 turns on token auth for `ray start --head`. The local cluster
+                # listens on loopback only and the dashboard is opened in a browser, so local
+                # mode keeps it off; production (KubeRay) turns it on (docs/architecture.md).
+                "RAY_AUTH_MODE": "disabled",
+            }
+        )
+        return env
+
+    def _check_ports_free(self) -> None:
+        r = self.cfg.ray
+        ports = {
+            "ray.gcs_port": r.gcs_port,
+            "ray.dashboard_port": r.dashboard_port,
+            "ray.client_port": r.client_port,
+            "ray.metrics_export_port": r.metrics_export_port,
+            "serve.http_port": self.cfg.serve.http_port,
+        }
+        if self.cfg.storage.embedded:
+            ports["storage.embedded_port"] = self.cfg.storage.embedded_port
+        busy = [f"{k}={p}" for k, p in ports.items() if _port_in_use(r.node_ip, p)]
+        if busy:
+            raise ClusterError(
+                f"ports already in use on {r.node_ip}: {', '.join(busy)}; stop what uses them "
+                "or choose other ports (e.g. `rcp up ray.gcs_port=6391`)"
+            )
+
+    def _start_object_store(self, env: dict[str, str]) -> Endpoint:
+        host, port = self.cfg.ray.node_ip, self.cfg.storage.embedded_port
+        log = open(self.log_dir / "object-store.log", "ab")  # noqa: SIM115 - owned by the child
+        subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+        log.close()
+        _wait_until(lambda: _port_in_use(host, port), 30, f"the object store on {host}:{port}")
+        endpoint_url = f"http://{host}:{port}"
+        from controlplane.storage import ensure_bucket
+
+        ensure_bucket(self.cfg, endpoint_url=endpoint_url)
+        return Endpoint("storage", endpoint_url)
+
+    def _start_head(self, env: dict[str, str]) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        as_path = self.state_dir / "autoscaler.yaml"
+        as_path.write_text(yaml.safe_dump(autoscaler_config(self.cfg), sort_keys=False))
+        r = self.cfg.ray
+        ray_bin = str(Path(sys.executable).with_name("ray"))
+        cmd = [
+            ray_bin if os.path.exists(ray_bin) else "ray",
+            "start",
+            "--head",
+            f"--node-ip-address={r.node_ip}",
+            f"--port={r.gcs_port}",
+            f"--num-cpus={self.cfg.head.num_cpus}",
+            "--num-gpus=0",
+            f"--resources={json.dumps({pool_resource(Pool.HEAD): POOL_RESOURCE_UNITS})}",
+            f"--labels={POOL_LABEL}={Pool.HEAD.value}",
+            "--include-dashboard=true",
+            f"--dashboard-host={r.node_ip}",
+            f"--dashboard-port={r.dashboard_port}",
+            "--dashboard-agent-listen-port=0",
+            f"--ray-client-server-port={r.client_port}",
+            f"--metrics-export-port={r.metrics_export_port}",
+            f"--autoscaling-config={as_path}",
+            f"--temp-dir={self.temp_dir}",
+            "--disable-usage-stats",
+        ]
+        with open(self.log_dir / "ray-start.log", "ab") as log:
+            try:
+                proc = subprocess.run(
+                    cmd,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    timeout=r.ready_timeout_s,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired as exc:
+                raise ClusterError(
+                    f"`ray start --head` did not return within {r.ready_timeout_s:.0f}s; "
+                    f"see {self.log_dir / 'ray-start.log'}"
+                ) from exc
+        if proc.returncode != 0:
+            tail = (self.log_dir / "ray-start.log").read_text(errors="replace")[-2000:]
+            raise ClusterError(f"`ray start --head` failed (exit {proc.returncode}):\n{tail}")
+
+    def _wait_for_cluster_pool(self) -> None:
+        import ray
+
+        want = self.cfg.pools.cluster.num_nodes
+
+        def ready() -> bool:
+            alive = [
+                n
+                for n in ray.nodes()
+                if n["Alive"] and n.get("Labels", {}).get(POOL_LABEL) == Pool.CLUSTER.value
+            ]
+            return len(alive) >= want
+
+        _wait_until(ready, self.cfg.ray.ready_timeout_s, f"{want} `cluster` pool node(s) to join")
+
+    def _start_serve(self) -> None:
+        from ray import serve
+
+        serve.start(
+            # The proxy runs on the head only: every simulated node shares 127.0.0.1, so
+            # per-node proxies would fight over one port. In production it is the same choice:
+            # traffic enters through the head's (or an ingress's) proxy.
+            proxy_location="HeadOnly",
+            http_options={"host": self.cfg.ray.node_ip, "port": self.cfg.serve.http_port},
+        )
+
+    # -- down -------------------------------------------------------------------------------
+    def down(self, echo: Echo = print) -> int:
+        """Stop every process `up` started (and nothing else). Returns how many stopped."""
+        state = self.read_state()
+        if state is None:
+            echo(f"nothing to stop: no local cluster recorded in {self.state_dir}")
+            return 0
+        return self._stop(state, echo)
+
+    def _stop(self, state: dict[str, Any], echo: Echo) -> int:
+        try:
+            import ray
+
+            if ray.is_initialized():
+                ray.shutdown()
+        except ImportError:
+            pass
+        n = stop_cluster_processes(
+            state["cluster_id"],
+            roots=[state["temp_dir"]],
+            first=("autoscaler/_private/monitor.py",),
+        )
+        self.state_file.unlink(missing_ok=True)
+        temp = Path(state["temp_dir"])
+        if temp.exists():
+            # Old sessions only; logs of the last one stay for post-mortems.
+            for session in temp.glob("session_2*"):
+                latest = temp / "session_latest"
+                if latest.exists() and session.resolve() == latest.resolve():
+                    continue
+                shutil.rmtree(session, ignore_errors=True)
+        echo(f"stopped cluster {state['cluster_id']} ({n} processes)")
+        return n

@@ -1,0 +1,115 @@
+"""Finding and stopping the processes of one embedded local cluster, and only those.
+
+Owns: the rule that decides whether a process on this machine belongs to a given local
+cluster, and the TERM-then-KILL sequence that stops them.
+
+Must not: stop anything it cannot attribute to the cluster (it never runs ``ray stop``, which
+stops every Ray process on the machine).
+
+A process belongs to the cluster when any of these holds:
+- its environment carries ``RCP_CLUSTER_ID=<id>`` (every process `up` starts inherits it);
+- its command line or working directory or an open file lies under the cluster's own
+  directories (Ray's temp dir, the state dir). Ray's agents rename themselves with
+  setproctitle, which overwrites their environment block, but they keep their log files
+  open under the cluster's temp dir;
+- it descends from a process that belongs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+
+import psutil
+
+CLUSTER_ID_ENV = "RCP_CLUSTER_ID"
+
+
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == r or path.startswith(r + os.sep) for r in roots)
+
+
+def _belongs(proc: psutil.Process, cluster_id: str, roots: tuple[str, ...]) -> bool:
+    try:
+        if proc.environ().get(CLUSTER_ID_ENV) == cluster_id:
+            return True
+    except (psutil.Error, OSError):
+        pass
+    try:
+        cmdline = " ".join(proc.cmdline())
+        if any(r in cmdline for r in roots):
+            return True
+        if _under(proc.cwd(), roots):
+            return True
+        return any(_under(f.path, roots) for f in proc.open_files())
+    except (psutil.Error, OSError):
+        return False
+
+
+def find_cluster_processes(cluster_id: str, roots: Iterable[str]) -> list[psutil.Process]:
+    """Every live process of this machine that belongs to the cluster (see module doc)."""
+    root_tuple = tuple(os.path.realpath(r) for r in roots)
+    me = os.getpid()
+    members: dict[int, psutil.Process] = {}
+    for proc in psutil.process_iter():
+        if proc.pid == me:
+            continue
+        if _belongs(proc, cluster_id, root_tuple):
+            members[proc.pid] = proc
+    for proc in list(members.values()):
+        try:
+            for child in proc.children(recursive=True):
+                if child.pid != me:
+                    members.setdefault(child.pid, child)
+        except psutil.Error:
+            pass
+    return list(members.values())
+
+
+def terminate(procs: list[psutil.Process], grace_s: float = 5.0) -> None:
+    """SIGTERM each process, wait up to `grace_s`, then SIGKILL what is left."""
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+
+
+def stop_cluster_processes(
+    cluster_id: str, roots: Iterable[str], first: Iterable[str] = (), rounds: int = 4
+) -> int:
+    """Stop every process of the cluster; returns how many were stopped.
+
+    Processes whose command line contains any string in `first` are stopped before the rest
+    (the autoscaler, so it does not relaunch nodes while they are being stopped). Several
+    rounds catch processes spawned while the others were going down.
+    """
+    roots = list(roots)
+    stopped = 0
+    first = tuple(first)
+    for _ in range(rounds):
+        procs = find_cluster_processes(cluster_id, roots)
+        if not procs:
+            break
+        if first:
+            leaders = []
+            for p in procs:
+                try:
+                    if any(tok in " ".join(p.cmdline()) for tok in first):
+                        leaders.append(p)
+                except psutil.Error:
+                    pass
+            if leaders:
+                terminate(leaders)
+        terminate(procs)
+        stopped += len(procs)
+        time.sleep(0.2)
+    return stopped

@@ -1,0 +1,24 @@
+"""Pools: the names every layer uses for where a node and a replica live.
+
+Owns: the pool names, the node label that carries a node's pool, and the custom resource
+that pins work to a pool. Placement relies on the custom resource (see docs/architecture.md:
+the autoscaler's demand scheduler sees resources, so asking for `pool_external` is what makes
+it launch an external node); the label is for selection, display and parity with KubeRay.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+POOL_LABEL = "pool"
+
+
+class Pool(str, Enum):
+    HEAD = "head"
+    CLUSTER = "cluster"
+    EXTERNAL = "external"
+
+
+def pool_resource(pool: Pool | str) -> str:
+    """The custom resource every node of `pool` advertises, e.g. ``pool_external``."""
+    return f"pool_{Pool(pool).value}"
