@@ -1,0 +1,107 @@
+"""Config: defaults -> YAML file -> overrides, and one clear error per bad value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from controlplane.cli import cli
+from controlplane.config import ConfigError, load_config
+
+
+def test_defaults_describe_the_documented_cluster() -> None:
+    cfg = load_config()
+    assert (cfg.pools.cluster.num_nodes, cfg.pools.cluster.gpus_per_node) == (2, 4)
+    assert (cfg.pools.external.min_nodes, cfg.pools.external.max_nodes) == (0, 4)
+    assert cfg.pools.external.gpus_per_node == 2
+    assert cfg.ray.node_ip == "127.0.0.1"
+
+
+def test_file_then_overrides_merge_in_order(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("pools:\n  cluster:\n    num_nodes: 3\n    gpus_per_node: 8\n")
+    cfg = load_config(f, ["pools.cluster.num_nodes=5"])
+    assert cfg.pools.cluster.num_nodes == 5  # override wins over the file
+    assert cfg.pools.cluster.gpus_per_node == 8  # the file wins over the default
+    assert cfg.pools.external.max_nodes == 4  # the default stays
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "reason"),
+    [
+        pytest.param(["pools.cluster.gpu=4"], "pools.cluster.gpu", "not in", id="unknown-key"),
+        pytest.param(["nope.deeper=1"], "nope", "not in", id="unknown-section"),
+        pytest.param(["pools.cluster.num_nodes=many"], "pools.cluster.num_nodes", "Integer", id="wrong-type"),
+        pytest.param(["pools.cluster.gpus_per_node=-1"], "pools.cluster.gpus_per_node", ">= 0", id="negative-gpus"),
+        pytest.param(["pools.external.gpus_per_node=-2"], "pools.external.gpus_per_node", ">= 0", id="negative-external-gpus"),
+        pytest.param(["pools.cluster.num_nodes=0"], "pools.cluster.num_nodes", "no nodes", id="empty-cluster-pool"),
+        pytest.param(["pools.external.max_nodes=0"], "pools.external.max_nodes", "no nodes", id="empty-external-pool"),
+        pytest.param(
+            ["pools.external.min_nodes=3", "pools.external.max_nodes=2"],
+            "pools.external.max_nodes",
+            "min_nodes",
+            id="max-below-min",
+        ),
+        pytest.param(["serve.http_port=70000"], "serve.http_port", "1..65535", id="port-out-of-range"),
+        pytest.param(["serve.http_port=8265"], "serve.http_port", "already used", id="port-clash"),
+        pytest.param(["storage.uri=gs://bucket"], "storage.uri", "s3://", id="unsupported-storage"),
+        pytest.param(["pools.cluster.num_nodes"], "pools.cluster.num_nodes", "key=value", id="not-key-value"),
+    ],
+)
+def test_bad_values_name_the_key_and_reason(overrides: list[str], key: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert key in str(err.value)
+    assert reason in str(err.value)
+
+
+def test_bad_values_in_a_file_name_the_key(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("pools:\n  external:\n    max_nodes: -1\n")
+    with pytest.raises(ConfigError, match=r"pools\.external\.max_nodes: must be >= 1"):
+        load_config(f)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        pytest.param("pools: [1, 2\n", "not valid YAML", id="malformed-yaml"),
+        pytest.param("- 1\n- 2\n", "mapping", id="not-a-mapping"),
+    ],
+)
+def test_unreadable_files_are_rejected(tmp_path: Path, text: str, reason: str) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=reason):
+        load_config(f)
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_config_show_prints_the_merged_result() -> None:
+    result = CliRunner().invoke(cli, ["config", "show", "pools.cluster.num_nodes=7"])
+    assert result.exit_code == 0, result.output
+    assert "num_nodes: 7" in result.output
+
+
+@pytest.mark.parametrize("command", ["up", "down", "nodes", "config show"])
+def test_bad_config_exits_2_with_one_clear_error_and_starts_nothing(tmp_path: Path, command: str) -> None:
+    state_dir = tmp_path / "state"
+    args = [*command.split(), f"state_dir={state_dir}", "pools.cluster.gpus_per_node=-4"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2
+    assert result.output.count("error:") == 1
+    assert "pools.cluster.gpus_per_node: must be >= 0, got -4" in result.output
+    assert not state_dir.exists()  # nothing was started or written
+
+
+@pytest.mark.parametrize("command", [[], ["up"], ["down"], ["nodes"], ["config"], ["config", "show"]])
+def test_every_command_has_help(command: list[str]) -> None:
+    result = CliRunner().invoke(cli, [*command, "--help"])
+    assert result.exit_code == 0
+    assert "Usage:" in result.output

@@ -1,0 +1,50 @@
+"""The autoscaler config that `rcp up` writes: pools map to node types, sizes from config."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.config import load_config
+from controlplane.inventory import pool_of
+from controlplane.local.cluster import HEAD_NODE_TYPE, autoscaler_config, ray_temp_dir
+
+
+def test_node_types_carry_pool_as_label_and_resource() -> None:
+    cfg = load_config(None, ["pools.cluster.num_nodes=3", "pools.external.max_nodes=5"])
+    types = autoscaler_config(cfg)["available_node_types"]
+    assert set(types) == {HEAD_NODE_TYPE, "cluster", "external"}
+    assert types["cluster"]["labels"] == {"pool": "cluster"}
+    assert types["cluster"]["resources"]["pool_cluster"] > 0
+    assert (types["cluster"]["min_workers"], types["cluster"]["max_workers"]) == (3, 3)
+    assert types["external"]["labels"] == {"pool": "external"}
+    assert (types["external"]["min_workers"], types["external"]["max_workers"]) == (0, 5)
+    assert types["external"]["resources"]["GPU"] == 2
+    assert "GPU" not in types[HEAD_NODE_TYPE]["resources"]
+
+
+def test_idle_timeout_and_gcs_address_come_from_config() -> None:
+    cfg = load_config(None, ["pools.external.idle_timeout_s=90", "ray.gcs_port=7000"])
+    conf = autoscaler_config(cfg)
+    assert conf["idle_timeout_minutes"] == pytest.approx(1.5)
+    assert conf["provider"]["gcs_address"] == "127.0.0.1:7000"
+
+
+def test_temp_dir_is_short_and_per_state_dir(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    a = ray_temp_dir(load_config(None, [f"state_dir={tmp_path / 'a'}"]))
+    b = ray_temp_dir(load_config(None, [f"state_dir={tmp_path / 'b'}"]))
+    assert a != b
+    # Ray puts unix sockets ~70 characters below its temp dir; sockets are limited to 107.
+    assert len(str(a)) <= 20
+
+
+@pytest.mark.parametrize(
+    ("labels", "resources", "pool"),
+    [
+        pytest.param({"pool": "external"}, {}, "external", id="label"),
+        pytest.param({}, {"pool_cluster": 1000.0}, "cluster", id="resource-fallback"),
+        pytest.param({"pool": "bogus"}, {"pool_head": 1.0}, "head", id="unknown-label-falls-back"),
+        pytest.param({}, {"CPU": 4.0}, "unknown", id="neither"),
+    ],
+)
+def test_pool_of(labels: dict[str, str], resources: dict[str, float], pool: str) -> None:
+    assert pool_of(labels, resources) == pool
