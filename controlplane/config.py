@@ -30,6 +30,8 @@ __all__ = [
     "ConfigError",
     "ExternalPoolConfig",
     "HeadConfig",
+    "JobsConfig",
+    "QueueShareConfig",
     "PolicyConfig",
     "PoolsConfig",
     "RayConfig",
@@ -149,6 +151,56 @@ class PolicyConfig:
 
 
 @dataclass
+class QueueShareConfig:
+    """One team queue and its share of the live `cluster` pool (a fraction, never a GPU count)."""
+
+    share: float = 1.0
+    """Fraction of live cluster capacity the queue owns, in (0, 1]; shares sum to at most 1."""
+    borrowing_limit: float | None = None
+    """Fraction of live capacity it may borrow beyond its share; null: any idle GPUs."""
+
+
+def _default_priority_classes() -> dict[str, int]:
+    return {"low": 0, "medium": 50, "high": 100}
+
+
+def _default_queues() -> dict[str, QueueShareConfig]:
+    return {"default": QueueShareConfig()}
+
+
+@dataclass
+class JobsConfig:
+    """The training queue: priority classes, team queues, preemption caps, the job store."""
+
+    db_path: str | None = None
+    """The job store (SQLite, WAL); null means ``<state_dir>/controlplane.db``."""
+    priority_classes: dict[str, int] = field(default_factory=_default_priority_classes)
+    """Priority class name -> integer value; higher runs first and may preempt lower."""
+    default_priority_class: str = "medium"
+    """Class of a job that names none (must be one of priority_classes)."""
+    queues: dict[str, QueueShareConfig] = field(default_factory=_default_queues)
+    """Team queues by name with their shares of live capacity."""
+    preemption_enabled: bool = True
+    """Whether a higher-priority gang may preempt (checkpoint, stop, re-queue) a lower one."""
+    max_preemptions_per_hour: int = 20
+    """Preemptions allowed in any rolling hour, all jobs together."""
+    max_preemptions_per_job_per_hour: int = 2
+    """Times one job may be preempted in a rolling hour."""
+    gang_start_timeout_s: float = 120.0
+    """An admitted gang not fully running after this long is stopped and re-queued."""
+    backoff_initial_s: float = 5.0
+    """Backoff after the first failed gang start; doubles with each further failure."""
+    backoff_max_s: float = 300.0
+    """Upper bound of the gang-start backoff."""
+    max_start_attempts: int = 5
+    """Failed gang starts after which the job is marked FAILED."""
+    storage_path: str | None = None
+    """Where Ray Train persists checkpoints (shared by all nodes); null: ``<state_dir>/train``."""
+    job_signal_poll_s: float = 0.5
+    """How often a training loop's preemption helper asks the controller (cached in between)."""
+
+
+@dataclass
 class Config:
     """The whole configuration. ``rcp config show`` prints the merged result."""
 
@@ -161,10 +213,25 @@ class Config:
     serve: ServeConfig = field(default_factory=ServeConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    jobs: JobsConfig = field(default_factory=JobsConfig)
 
     @property
     def state_path(self) -> Path:
         return Path(self.state_dir).expanduser()
+
+    @property
+    def jobs_db_path(self) -> Path:
+        """The job store's file: `jobs.db_path`, else ``<state_dir>/controlplane.db``."""
+        if self.jobs.db_path:
+            return Path(self.jobs.db_path).expanduser()
+        return self.state_path / "controlplane.db"
+
+    @property
+    def train_storage_path(self) -> Path:
+        """Where Ray Train persists runs and checkpoints: `jobs.storage_path` or state_dir/train."""
+        if self.jobs.storage_path:
+            return Path(self.jobs.storage_path).expanduser()
+        return self.state_path / "train"
 
 
 def _at_least(minimum: float, path: str, value: float, why: str = "") -> list[str]:
@@ -204,13 +271,14 @@ def validate(cfg: Config) -> list[str]:
     errors += _port("serve.http_port", cfg.serve.http_port)
     errors += _port("api.port", cfg.api.port)
     errors += _port("storage.embedded_port", cfg.storage.embedded_port)
-    errors += _at_least(0.1, "ray.autoscaler_update_interval_s", cfg.ray.autoscaler_update_interval_s)
+    errors += _at_least(
+        0.1, "ray.autoscaler_update_interval_s", cfg.ray.autoscaler_update_interval_s
+    )
     errors += _at_least(1, "ray.ready_timeout_s", cfg.ray.ready_timeout_s)
     errors += _at_least(0.05, "policy.tick_s", cfg.policy.tick_s)
+    errors += _validate_jobs(cfg.jobs)
     if not (cfg.storage.uri.startswith("s3://") or cfg.storage.uri.startswith("file://")):
-        errors.append(
-            f"storage.uri: must start with s3:// or file://, got {cfg.storage.uri!r}"
-        )
+        errors.append(f"storage.uri: must start with s3:// or file://, got {cfg.storage.uri!r}")
     ports = {
         "ray.gcs_port": cfg.ray.gcs_port,
         "ray.dashboard_port": cfg.ray.dashboard_port,
@@ -229,6 +297,41 @@ def validate(cfg: Config) -> list[str]:
     return errors
 
 
+def _validate_jobs(j: JobsConfig) -> list[str]:
+    errors: list[str] = []
+    if not j.priority_classes:
+        errors.append("jobs.priority_classes: at least one priority class is required")
+    if j.default_priority_class not in j.priority_classes:
+        errors.append(
+            f"jobs.default_priority_class: {j.default_priority_class!r} is not one of "
+            f"jobs.priority_classes ({', '.join(j.priority_classes)})"
+        )
+    if not j.queues:
+        errors.append("jobs.queues: at least one queue is required")
+    for name, q in j.queues.items():
+        if not 0.0 < q.share <= 1.0:
+            errors.append(f"jobs.queues.{name}.share: must be in (0, 1], got {q.share!r}")
+        if q.borrowing_limit is not None and q.borrowing_limit < 0:
+            errors.append(
+                f"jobs.queues.{name}.borrowing_limit: must be >= 0 or null, got {q.borrowing_limit!r}"
+            )
+    total = sum(q.share for q in j.queues.values())
+    if total > 1.0 + 1e-6:
+        errors.append(f"jobs.queues: shares must sum to at most 1, got {total:g}")
+    errors += _at_least(0, "jobs.max_preemptions_per_hour", j.max_preemptions_per_hour)
+    errors += _at_least(0, "jobs.max_preemptions_per_job_per_hour", j.max_preemptions_per_job_per_hour)
+    errors += _at_least(1, "jobs.gang_start_timeout_s", j.gang_start_timeout_s)
+    errors += _at_least(0, "jobs.backoff_initial_s", j.backoff_initial_s)
+    if j.backoff_max_s < j.backoff_initial_s:
+        errors.append(
+            f"jobs.backoff_max_s: must be >= jobs.backoff_initial_s ({j.backoff_initial_s:g}), "
+            f"got {j.backoff_max_s!r}"
+        )
+    errors += _at_least(1, "jobs.max_start_attempts", j.max_start_attempts)
+    errors += _at_least(0.01, "jobs.job_signal_poll_s", j.job_signal_poll_s)
+    return errors
+
+
 def _describe(exc: OmegaConfBaseException) -> str:
     key = getattr(exc, "full_key", None) or "<config>"
     msg = getattr(exc, "msg", None) or str(exc)
@@ -240,14 +343,18 @@ def _describe(exc: OmegaConfBaseException) -> str:
 def _parse_overrides(overrides: list[str]) -> DictConfig:
     for item in overrides:
         if "=" not in item or item.startswith("="):
-            raise ConfigError(f"override {item!r}: expected key=value, e.g. pools.cluster.num_nodes=3")
+            raise ConfigError(
+                f"override {item!r}: expected key=value, e.g. pools.cluster.num_nodes=3"
+            )
     try:
         return OmegaConf.from_dotlist(list(overrides))
     except OmegaConfBaseException as exc:
         raise ConfigError(f"overrides: {_describe(exc)}") from exc
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> Config:
     """Merge packaged defaults, the YAML file at `path` (if any) and `overrides`; validate.
 
     Raises ConfigError naming every offending key. Nothing is started or written.
