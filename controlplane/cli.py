@@ -104,7 +104,9 @@ def _connect_running(cfg: Config) -> Config:
 
     running = LocalCluster(cfg).running_config()
     if running is None:
-        _fail(f"no local cluster is running for state dir {cfg.state_path}; start one with `rcp up`")
+        _fail(
+            f"no local cluster is running for state dir {cfg.state_path}; start one with `rcp up`"
+        )
     assert running is not None
     connect(running)
     return running
@@ -114,7 +116,9 @@ def _connect_running(cfg: Config) -> Config:
 @_config_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 @click.option("--all", "include_dead", is_flag=True, help="Include nodes that have gone away.")
-def nodes(config_file: str | None, overrides: tuple[str, ...], as_json: bool, include_dead: bool) -> None:
+def nodes(
+    config_file: str | None, overrides: tuple[str, ...], as_json: bool, include_dead: bool
+) -> None:
     """List nodes: pool (head, cluster, external), GPUs free/total, labels, state."""
     from controlplane.inventory import format_table, list_nodes
 
@@ -124,6 +128,25 @@ def nodes(config_file: str | None, overrides: tuple[str, ...], as_json: bool, in
         click.echo(json.dumps([r.to_json() for r in rows], indent=2))
     else:
         click.echo(format_table(rows))
+
+
+@cli.command()
+@_config_options
+@click.option("--keep", is_flag=True, help="Leave the cluster running at the end.")
+def demo(config_file: str | None, overrides: tuple[str, ...], keep: bool) -> None:
+    """The main job on the embedded default: bring the cluster up, show it, take it down.
+
+    Steps: `up` (endpoints), the node inventory, a burst of work pinned to the external pool
+    that makes the autoscaler add a rented node, then `down` (unless --keep).
+    """
+    from controlplane.demo import run_demo
+    from controlplane.local.cluster import ClusterError
+
+    cfg = _load(config_file, overrides)
+    try:
+        run_demo(cfg, keep=keep, echo=click.echo)
+    except ClusterError as exc:
+        _fail(str(exc))
 
 
 def main() -> None:

@@ -85,4 +85,6 @@ def format_table(rows: list[NodeRow]) -> str:
             )
         )
     widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in lines)
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in lines
+    )

@@ -93,7 +93,10 @@ def autoscaler_config(cfg: Config) -> dict[str, Any]:
         "head_node_type": HEAD_NODE_TYPE,
         "available_node_types": {
             HEAD_NODE_TYPE: {
-                "resources": {"CPU": cfg.head.num_cpus, pool_resource(Pool.HEAD): POOL_RESOURCE_UNITS},
+                "resources": {
+                    "CPU": cfg.head.num_cpus,
+                    pool_resource(Pool.HEAD): POOL_RESOURCE_UNITS,
+                },
                 "labels": {POOL_LABEL: Pool.HEAD.value},
                 "node_config": {},
                 "max_workers": 0,
@@ -141,7 +144,9 @@ def _port_in_use(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def _wait_until(check: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.5) -> None:
+def _wait_until(
+    check: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.5
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if check():
@@ -253,7 +258,11 @@ class LocalCluster:
             if self.cfg.storage.embedded:
                 announce(self._start_object_store(env))
             self._start_head(env)
-            announce(Endpoint("dashboard", f"http://{self.cfg.ray.node_ip}:{self.cfg.ray.dashboard_port}"))
+            announce(
+                Endpoint(
+                    "dashboard", f"http://{self.cfg.ray.node_ip}:{self.cfg.ray.dashboard_port}"
+                )
+            )
             announce(Endpoint("ray", gcs_address(self.cfg)))
             connect(self.cfg)
             self._wait_for_cluster_pool()

@@ -17,6 +17,7 @@ A process belongs to the cluster when any of these holds:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterable
@@ -70,16 +71,12 @@ def find_cluster_processes(cluster_id: str, roots: Iterable[str]) -> list[psutil
 def terminate(procs: list[psutil.Process], grace_s: float = 5.0) -> None:
     """SIGTERM each process, wait up to `grace_s`, then SIGKILL what is left."""
     for proc in procs:
-        try:
+        with contextlib.suppress(psutil.Error):
             proc.terminate()
-        except psutil.Error:
-            pass
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
     for proc in alive:
-        try:
+        with contextlib.suppress(psutil.Error):
             proc.kill()
-        except psutil.Error:
-            pass
     psutil.wait_procs(alive, timeout=grace_s)
 
 

@@ -45,7 +45,9 @@ def local_overrides(state_dir: Path, *extra: str) -> list[str]:
     ]
 
 
-def start_local_cluster(tmp_path_factory: pytest.TempPathFactory, *extra: str) -> tuple[Config, LocalCluster]:
+def start_local_cluster(
+    tmp_path_factory: pytest.TempPathFactory, *extra: str
+) -> tuple[Config, LocalCluster]:
     state_dir = tmp_path_factory.mktemp("rcp-state")
     cfg = load_config(None, local_overrides(state_dir, *extra))
     cluster = LocalCluster(cfg)
@@ -54,7 +56,9 @@ def start_local_cluster(tmp_path_factory: pytest.TempPathFactory, *extra: str) -
 
 
 @pytest.fixture(scope="module")
-def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Config, LocalCluster]]:
+def local_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Config, LocalCluster]]:
     """A running embedded cluster with default pools; stopped after the module."""
     cfg, cluster = start_local_cluster(tmp_path_factory)
     try:

@@ -94,7 +94,9 @@ def test_up_prints_each_endpoint_on_loopback(cluster: tuple[list[str], str]) -> 
     assert all(loopback(ip) for ip in listeners), listeners
 
 
-def test_nodes_shows_head_and_fixed_cluster_pool_and_no_external(cluster: tuple[list[str], str]) -> None:
+def test_nodes_shows_head_and_fixed_cluster_pool_and_no_external(
+    cluster: tuple[list[str], str],
+) -> None:
     rows = nodes_json(cluster[0])
     pools = sorted(str(r["pool"]) for r in rows)
     assert pools == ["cluster", "cluster", "head"]

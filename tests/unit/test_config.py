@@ -33,21 +33,47 @@ def test_file_then_overrides_merge_in_order(tmp_path: Path) -> None:
     [
         pytest.param(["pools.cluster.gpu=4"], "pools.cluster.gpu", "not in", id="unknown-key"),
         pytest.param(["nope.deeper=1"], "nope", "not in", id="unknown-section"),
-        pytest.param(["pools.cluster.num_nodes=many"], "pools.cluster.num_nodes", "Integer", id="wrong-type"),
-        pytest.param(["pools.cluster.gpus_per_node=-1"], "pools.cluster.gpus_per_node", ">= 0", id="negative-gpus"),
-        pytest.param(["pools.external.gpus_per_node=-2"], "pools.external.gpus_per_node", ">= 0", id="negative-external-gpus"),
-        pytest.param(["pools.cluster.num_nodes=0"], "pools.cluster.num_nodes", "no nodes", id="empty-cluster-pool"),
-        pytest.param(["pools.external.max_nodes=0"], "pools.external.max_nodes", "no nodes", id="empty-external-pool"),
+        pytest.param(
+            ["pools.cluster.num_nodes=many"], "pools.cluster.num_nodes", "Integer", id="wrong-type"
+        ),
+        pytest.param(
+            ["pools.cluster.gpus_per_node=-1"],
+            "pools.cluster.gpus_per_node",
+            ">= 0",
+            id="negative-gpus",
+        ),
+        pytest.param(
+            ["pools.external.gpus_per_node=-2"],
+            "pools.external.gpus_per_node",
+            ">= 0",
+            id="negative-external-gpus",
+        ),
+        pytest.param(
+            ["pools.cluster.num_nodes=0"],
+            "pools.cluster.num_nodes",
+            "no nodes",
+            id="empty-cluster-pool",
+        ),
+        pytest.param(
+            ["pools.external.max_nodes=0"],
+            "pools.external.max_nodes",
+            "no nodes",
+            id="empty-external-pool",
+        ),
         pytest.param(
             ["pools.external.min_nodes=3", "pools.external.max_nodes=2"],
             "pools.external.max_nodes",
             "min_nodes",
             id="max-below-min",
         ),
-        pytest.param(["serve.http_port=70000"], "serve.http_port", "1..65535", id="port-out-of-range"),
+        pytest.param(
+            ["serve.http_port=70000"], "serve.http_port", "1..65535", id="port-out-of-range"
+        ),
         pytest.param(["serve.http_port=8265"], "serve.http_port", "already used", id="port-clash"),
         pytest.param(["storage.uri=gs://bucket"], "storage.uri", "s3://", id="unsupported-storage"),
-        pytest.param(["pools.cluster.num_nodes"], "pools.cluster.num_nodes", "key=value", id="not-key-value"),
+        pytest.param(
+            ["pools.cluster.num_nodes"], "pools.cluster.num_nodes", "key=value", id="not-key-value"
+        ),
     ],
 )
 def test_bad_values_name_the_key_and_reason(overrides: list[str], key: str, reason: str) -> None:
@@ -90,7 +116,9 @@ def test_config_show_prints_the_merged_result() -> None:
 
 
 @pytest.mark.parametrize("command", ["up", "down", "nodes", "config show"])
-def test_bad_config_exits_2_with_one_clear_error_and_starts_nothing(tmp_path: Path, command: str) -> None:
+def test_bad_config_exits_2_with_one_clear_error_and_starts_nothing(
+    tmp_path: Path, command: str
+) -> None:
     state_dir = tmp_path / "state"
     args = [*command.split(), f"state_dir={state_dir}", "pools.cluster.gpus_per_node=-4"]
     result = CliRunner().invoke(cli, args)
@@ -100,7 +128,9 @@ def test_bad_config_exits_2_with_one_clear_error_and_starts_nothing(tmp_path: Pa
     assert not state_dir.exists()  # nothing was started or written
 
 
-@pytest.mark.parametrize("command", [[], ["up"], ["down"], ["nodes"], ["config"], ["config", "show"]])
+@pytest.mark.parametrize(
+    "command", [[], ["up"], ["down"], ["nodes"], ["config"], ["config", "show"]]
+)
 def test_every_command_has_help(command: list[str]) -> None:
     result = CliRunner().invoke(cli, [*command, "--help"])
     assert result.exit_code == 0

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs everything the project needs into ./.venv. Idempotent: a second run is quick.
+#
+# torch: the CPU build (2.13.0+cpu). On this project's machines pip finds that wheel on local
+# disk; a plain `torch` requirement would pull a multi-GB CUDA build instead. On a GPU host,
+# install the torch build you want first and set RCP_KEEP_TORCH=1.
+# Versions: infra/local/constraints.txt pins what the tests ran with, so pip does not
+# backtrack through old releases.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+PY="${PYTHON:-}"
+if [ -z "$PY" ]; then
+  for candidate in python3.11 python3.12 python3.10 python3; do
+    if command -v "$candidate" >/dev/null 2>&1; then PY="$candidate"; break; fi
+  done
+fi
+if [ ! -x .venv/bin/python ]; then
+  echo "creating .venv with $PY"
+  "$PY" -m venv .venv
+fi
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+if [ "${RCP_KEEP_TORCH:-0}" != "1" ] && ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+  echo "installing torch (CPU build)"
+  .venv/bin/pip install -q "torch==2.13.0+cpu" || .venv/bin/pip install -q "torch==2.13.0"
+fi
+echo "installing the project and its dependencies"
+.venv/bin/pip install -q -c infra/local/constraints.txt -e ".[dev]"
+echo "installed: $(.venv/bin/python -c 'import ray, torch; print("ray", ray.__version__, "torch", torch.__version__)')"
