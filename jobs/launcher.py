@@ -1,0 +1,140 @@
+"""The gang launcher: turns a training function into a Ray Train gang on the `cluster` pool.
+
+Owns: building the `TorchTrainer` for an admitted job from the environment the runner sets
+(workers, GPUs and CPUs per worker, the run's storage, the checkpoint to resume from), and
+telling the control plane when each worker has started (so it can tell a running gang from
+one stuck waiting for resources).
+
+Two ways in, both documented for researchers:
+
+* ``entrypoint: mypkg.train:train_loop`` (``module:function``): the runner runs
+  ``python -m jobs.launcher mypkg.train:train_loop``, which imports the function and runs it as
+  Ray Train's per-worker loop (called with the dict in ``RCP_TRAIN_CONFIG``, default ``{}``).
+* ``entrypoint: python train.py ...`` (any command): the script builds its own loop and calls
+  ``jobs.launcher.run_gang(train_loop)``, which reads the same environment.
+
+The gang: ``ScalingConfig(num_workers, use_gpu, resources_per_worker={"GPU": g, "CPU": c,
+"pool_cluster": 1}, label_selector={"pool": "cluster"})``; Ray Train reserves all workers in one
+placement group, so they start together or not at all. With no real GPU on the node (logical
+GPUs in local mode) the process group uses gloo (``TorchConfig(backend="gloo")``), else nccl.
+
+Must not: import `controlplane`; everything comes from ``RCP_*`` environment variables.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["load_function", "run_gang", "main"]
+
+ENV_NUM_WORKERS = "RCP_NUM_WORKERS"
+ENV_GPUS_PER_WORKER = "RCP_GPUS_PER_WORKER"
+ENV_CPUS_PER_WORKER = "RCP_CPUS_PER_WORKER"
+ENV_STORAGE_PATH = "RCP_STORAGE_PATH"
+ENV_TRAIN_CONFIG = "RCP_TRAIN_CONFIG"
+ENV_BACKEND = "RCP_TORCH_BACKEND"
+POOL_RESOURCE = "pool_cluster"
+POOL_LABEL_SELECTOR = {"pool": "cluster"}
+
+
+def load_function(target: str) -> Callable[..., Any]:
+    """Import ``module:function``; a clear error if either part is missing."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"entrypoint {target!r}: expected module:function")
+    module = importlib.import_module(module_name)
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"entrypoint {target!r}: {module_name} has no function {attr!r}")
+    return fn  # type: ignore[no-any-return]
+
+
+def _started_then(train_fn: Callable[..., Any]) -> Callable[[dict[str, Any]], Any]:
+    def worker_loop(config: dict[str, Any]) -> Any:
+        import ray
+        import ray.train
+
+        from jobs.preemption import ENV_ATTEMPT, ENV_JOB_ID, get_signals
+
+        job_id = os.environ.get(ENV_JOB_ID)
+        signals = get_signals() if job_id else None
+        if signals is not None:
+            rank = ray.train.get_context().get_world_rank()
+            attempt = int(os.environ.get(ENV_ATTEMPT, "0"))
+            ray.get(signals.worker_started.remote(job_id, attempt, rank), timeout=30)
+        return train_fn(config)
+
+    return worker_loop
+
+
+def _has_real_gpu() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def run_gang(train_fn: Callable[..., Any], config: dict[str, Any] | None = None) -> Any:
+    """Run `train_fn` on every worker of the gang described by the ``RCP_*`` environment.
+
+    Outside the control plane (no ``RCP_NUM_WORKERS``) it runs 1 CPU worker, so a script can
+    be tried on a laptop. Returns Ray Train's `Result`.
+    """
+    from ray.train import Checkpoint, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from jobs.preemption import ENV_JOB_ID, ENV_RESUME_FROM
+
+    num_workers = int(os.environ.get(ENV_NUM_WORKERS, "1"))
+    gpus = int(os.environ.get(ENV_GPUS_PER_WORKER, "0"))
+    cpus = float(os.environ.get(ENV_CPUS_PER_WORKER, "1"))
+    if config is None:
+        config = json.loads(os.environ.get(ENV_TRAIN_CONFIG, "{}"))
+    resources: dict[str, float] = {"CPU": cpus}
+    in_control_plane = ENV_NUM_WORKERS in os.environ
+    if gpus > 0:
+        resources["GPU"] = gpus
+    if in_control_plane:
+        resources[POOL_RESOURCE] = 1
+    backend = os.environ.get(ENV_BACKEND) or ("nccl" if _has_real_gpu() else "gloo")
+    scaling = ScalingConfig(
+        num_workers=num_workers,
+        use_gpu=gpus > 0,
+        resources_per_worker=resources,
+        label_selector=dict(POOL_LABEL_SELECTOR) if in_control_plane else None,
+    )
+    resume_from = os.environ.get(ENV_RESUME_FROM)
+    run_config = RunConfig(
+        name=os.environ.get(ENV_JOB_ID) or "rcp-local-run",
+        storage_path=os.environ.get(ENV_STORAGE_PATH) or None,
+    )
+    trainer = TorchTrainer(
+        _started_then(train_fn),
+        train_loop_config=config,
+        scaling_config=scaling,
+        torch_config=TorchConfig(backend=backend),
+        run_config=run_config,
+        resume_from_checkpoint=Checkpoint(resume_from) if resume_from else None,
+    )
+    return trainer.fit()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m jobs.launcher module:function", file=sys.stderr)
+        return 2
+    sys.path.insert(0, os.getcwd())
+    run_gang(load_function(args[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
