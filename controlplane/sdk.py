@@ -1,0 +1,292 @@
+"""The researcher's SDK: submit, watch and cancel training jobs through the control plane's API.
+
+Owns: finding the API and its token, the HTTP calls, and typed errors carrying the server's
+message. Nothing else (no Ray, no store)::
+
+    from controlplane import Client, JobSpec
+
+    client = Client()                      # RCP_API_URL/RCP_API_TOKEN, else ~/.rcp's files
+    job = client.submit(JobSpec(name="ft", entrypoint="python train.py", num_workers=2))
+    job = client.wait(job.id, timeout_s=3600)
+    print(job.state, client.logs(job.id))
+
+Where the URL and token come from, first found wins: the arguments; ``RCP_API_URL`` and
+``RCP_API_TOKEN``; the files ``api-url`` and ``api-token`` in the state dir (``RCP_STATE_DIR``,
+default ``~/.rcp``), which `rcp up` writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jobs.spec import JobSpec
+
+__all__ = [
+    "ApiError",
+    "AuthError",
+    "Client",
+    "ConflictError",
+    "Job",
+    "JobNotFound",
+    "NotConfigured",
+    "SpecRejected",
+    "TERMINAL_STATES",
+    "WaitTimeout",
+]
+
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+ENV_URL = "RCP_API_URL"
+ENV_TOKEN = "RCP_API_TOKEN"
+ENV_STATE_DIR = "RCP_STATE_DIR"
+
+
+class ApiError(Exception):
+    """The API refused a request or could not be reached. `status` 0 means unreachable."""
+
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+        super().__init__(message if field is None else f"{message} (field: {field})")
+        self.status = status
+        self.message = message
+        self.field = field
+
+
+class NotConfigured(ApiError):
+    """No API URL or token could be found."""
+
+
+class AuthError(ApiError):
+    """401: missing or wrong token."""
+
+
+class SpecRejected(ApiError):
+    """400/422: the spec (or a parameter) is invalid; `field` names it."""
+
+
+class JobNotFound(ApiError):
+    """404: no such job."""
+
+
+class ConflictError(ApiError):
+    """409: e.g. cancelling a finished job, or an idempotency key reused for another spec."""
+
+
+class WaitTimeout(ApiError):
+    """`wait` gave up before the job finished."""
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {
+    400: SpecRejected,
+    401: AuthError,
+    403: AuthError,
+    404: JobNotFound,
+    409: ConflictError,
+    422: SpecRejected,
+}
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as the API reports it."""
+
+    id: str
+    state: str
+    name: str
+    queue: str
+    priority_class: str
+    num_workers: int
+    gpus_per_worker: int
+    submitted_s: float
+    num_preemptions: int = 0
+    attempt: int = 0
+    ray_job_id: str | None = None
+    last_checkpoint: Mapping[str, Any] | None = None
+    message: str | None = None
+    history: tuple[Mapping[str, Any], ...] = ()
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Job:
+        return cls(
+            id=data["id"],
+            state=data["state"],
+            name=data["name"],
+            queue=data["queue"],
+            priority_class=data["priority_class"],
+            num_workers=data["num_workers"],
+            gpus_per_worker=data["gpus_per_worker"],
+            submitted_s=data["submitted_s"],
+            num_preemptions=data.get("num_preemptions", 0),
+            attempt=data.get("attempt", 0),
+            ray_job_id=data.get("ray_job_id"),
+            last_checkpoint=data.get("last_checkpoint"),
+            message=data.get("message"),
+            history=tuple(data.get("history", ())),
+            raw=dict(data),
+        )
+
+
+def _state_dir() -> Path:
+    return Path(os.environ.get(ENV_STATE_DIR, "~/.rcp")).expanduser()
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+class Client:
+    """A client of the control plane's HTTP API (see the module doc for where it looks)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        state_dir: str | Path | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        sdir = Path(state_dir).expanduser() if state_dir is not None else _state_dir()
+        found_url = url or os.environ.get(ENV_URL) or _read(sdir / "api-url")
+        found_token = token or os.environ.get(ENV_TOKEN) or _read(sdir / "api-token")
+        if not found_url:
+            raise NotConfigured(
+                0,
+                f"no control-plane API URL: pass url=, set {ENV_URL}, or start one with "
+                f"`rcp up` (looked in {sdir / 'api-url'})",
+            )
+        if not found_token:
+            raise NotConfigured(
+                0,
+                f"no API token: pass token=, set {ENV_TOKEN}, or read it from "
+                f"{sdir / 'api-token'} (written by `rcp up`)",
+            )
+        self.url = found_url.rstrip("/")
+        self._token = found_token
+        self.timeout_s = timeout_s
+
+    def __repr__(self) -> str:  # never show the token
+        return f"Client(url={self.url!r})"
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
+        url = self.url + path
+        if query:
+            clean = {k: v for k, v in query.items() if v is not None}
+            if clean:
+                url += "?" + urllib.parse.urlencode(clean)
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(url, data=data, method=method)
+        req.add_header("Authorization", f"Bearer {self._token}")
+        req.add_header("Accept", "application/json")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        for k, v in (headers or {}).items():
+            req.add_header(k, v)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            try:
+                payload = json.loads(raw)
+                message, fld = str(payload.get("error", raw)), payload.get("field")
+            except (ValueError, AttributeError):
+                message, fld = raw.decode(errors="replace") or str(exc), None
+            raise _BY_STATUS.get(exc.code, ApiError)(exc.code, message, fld) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ApiError(
+                0, f"cannot reach the control plane at {self.url}: {reason}; is it up (`rcp up`)?"
+            ) from exc
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    def submit(self, spec: JobSpec | Mapping[str, Any], idempotency_key: str | None = None) -> Job:
+        """Queue a job; with `idempotency_key` a retried call returns the same job."""
+        payload = spec.to_dict() if isinstance(spec, JobSpec) else dict(spec)
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return Job.from_json(self._call("POST", "/v1/jobs", body=payload, headers=headers))
+
+    def status(self, job_id: str) -> Job:
+        return Job.from_json(self._call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}"))
+
+    def list(
+        self, *, state: str | None = None, queue: str | None = None, limit: int | None = None
+    ) -> list[Job]:
+        """Jobs, oldest in the queue first; `state` may list several: ``"QUEUED,RUNNING"``."""
+        data = self._call("GET", "/v1/jobs", query={"state": state, "queue": queue, "limit": limit})
+        return [Job.from_json(j) for j in data["jobs"]]
+
+    def cancel(self, job_id: str) -> Job:
+        return Job.from_json(self._call("POST", f"/v1/jobs/{urllib.parse.quote(job_id)}/cancel"))
+
+    def wait(self, job_id: str, timeout_s: float = 3600.0, poll_s: float = 1.0) -> Job:
+        """Poll until the job is SUCCEEDED, FAILED or CANCELLED; WaitTimeout after timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = self.status(job_id)
+            if job.done:
+                return job
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(
+                    0, f"job {job_id} is still {job.state} after {timeout_s:g}s", None
+                )
+            time.sleep(poll_s)
+
+    def logs(self, job_id: str, follow: bool = False, poll_s: float = 1.0) -> str | Iterator[str]:
+        """The job's logs so far; with ``follow=True`` an iterator of new chunks until it ends."""
+        if follow:
+            return self._follow(job_id, poll_s)
+        data = self._call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}/logs")
+        return str(data["logs"])
+
+    def _follow(self, job_id: str, poll_s: float) -> Iterator[str]:
+        offset = 0
+        while True:
+            data = self._call(
+                "GET", f"/v1/jobs/{urllib.parse.quote(job_id)}/logs", query={"offset": offset}
+            )
+            if data["logs"]:
+                yield str(data["logs"])
+            offset = int(data["next_offset"])
+            if data["done"]:
+                return
+            time.sleep(poll_s)
+
+    def events(
+        self, *, after: int = 0, job_id: str | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        data = self._call(
+            "GET", "/v1/events", query={"after": after, "job_id": job_id, "limit": limit}
+        )
+        return list(data["events"])
+
+    def healthy(self) -> bool:
+        try:
+            return bool(self._call("GET", "/healthz").get("ok"))
+        except ApiError:
+            return False

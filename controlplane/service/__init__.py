@@ -1,0 +1,15 @@
+"""The control-plane service: the job queue's API, its controller actor and its runner.
+
+Modules:
+
+* `queueing` - `JobService`: what the HTTP API does to the store (validate and submit,
+  list, get, cancel, events, logs); no HTTP, no Ray.
+* `api` - the aiohttp application (routes, token auth, JSON errors) and `ApiServer`, which
+  serves it from a background thread.
+* `tokens` - the API token file and the URL file under the state dir.
+* `observing` - builds the `ClusterSnapshot` the admission policy decides from.
+* `runner` - the only code here that starts and stops Ray Jobs (the actuator for AdmitJob
+  and PreemptJob) and reads the job signals actor.
+* `controller` - the detached ``rcp-controller`` actor: store, API and the tick loop, and
+  `deploy(cfg)` which `rcp up` calls.
+"""

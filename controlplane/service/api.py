@@ -1,0 +1,210 @@
+"""The control plane's HTTP API (JSON, bearer-token auth), served by aiohttp.
+
+Owns: routes, authentication, request parsing and the JSON error shape. Every 4xx body is
+``{"error": "<what to fix>", "field": "<the field or header at fault, or null>"}``; a handler
+that raises anything else answers 500 with the same shape and the server keeps serving.
+
+Routes (all but /healthz need ``Authorization: Bearer <token>``):
+
+=======  ===========================  ===========================================================
+POST     /v1/jobs                     submit a job spec (JSON); ``Idempotency-Key`` header
+                                      optional. 201 new, 200 when the key matched an earlier one.
+GET      /v1/jobs                     list; ``?state=QUEUED,RUNNING&queue=q&limit=n``
+GET      /v1/jobs/{id}                one job with its state history
+POST     /v1/jobs/{id}/cancel         cancel
+GET      /v1/jobs/{id}/logs           driver logs; ``?offset=n`` returns the rest from n
+GET      /v1/events                   events; ``?after=seq&job_id=id&limit=n``
+GET      /healthz                     liveness, no auth
+=======  ===========================  ===========================================================
+
+Must not: hold job logic (that is `JobService`) or touch Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from controlplane.service.queueing import ApiError, JobService, event_to_json, job_to_json
+
+__all__ = ["MAX_BODY_BYTES", "ApiServer", "make_app"]
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 1 << 20
+_SERVICE = web.AppKey("service", JobService)
+_TOKEN = web.AppKey("token", str)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error(status: int, message: str, field: str | None = None) -> web.Response:
+    return web.json_response({"error": message, "field": field}, status=status)
+
+
+@web.middleware
+async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Auth first, then the handler; every failure becomes a JSON error, never a crash."""
+    if request.path != "/healthz":
+        header = request.headers.get("Authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            return _error(
+                401, "missing token: send 'Authorization: Bearer <token>'", "Authorization"
+            )
+        if not hmac.compare_digest(given.strip().encode(), request.app[_TOKEN].encode()):
+            return _error(401, "wrong token", "Authorization")
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return web.json_response(exc.to_json(), status=exc.status)
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            return _error(exc.status, exc.reason or "request refused")
+        raise
+    except Exception as exc:  # the server keeps serving whatever one request does
+        log.exception("API handler failed: %s %s", request.method, request.path)
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+async def _json_body(request: web.Request) -> Any:
+    raw = await request.read()
+    if not raw:
+        raise ApiError(400, "the request body is empty; send a JSON job spec", "<body>")
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}", "<body>") from exc
+
+
+async def _submit(request: web.Request) -> web.Response:
+    payload = await _json_body(request)
+    key = request.headers.get("Idempotency-Key")
+    job, created = request.app[_SERVICE].submit(payload, idempotency_key=key)
+    return web.json_response(job_to_json(job), status=201 if created else 200)
+
+
+async def _list(request: web.Request) -> web.Response:
+    q = request.query
+    jobs = request.app[_SERVICE].list_jobs(
+        state=q.get("state"), queue=q.get("queue"), limit=q.get("limit")
+    )
+    return web.json_response({"jobs": [job_to_json(j) for j in jobs]})
+
+
+async def _get(request: web.Request) -> web.Response:
+    service = request.app[_SERVICE]
+    job_id = request.match_info["id"]
+    job = service.get(job_id)
+    return web.json_response(job_to_json(job, service.history(job_id)))
+
+
+async def _cancel(request: web.Request) -> web.Response:
+    job = request.app[_SERVICE].cancel(request.match_info["id"])
+    return web.json_response(job_to_json(job))
+
+
+async def _logs(request: web.Request) -> web.Response:
+    service = request.app[_SERVICE]
+    job_id = request.match_info["id"]
+    offset = request.query.get("offset")
+    # Reading logs may call out to Ray; keep the event loop free meanwhile.
+    body = await asyncio.get_running_loop().run_in_executor(None, service.logs, job_id, offset)
+    return web.json_response(body)
+
+
+async def _events(request: web.Request) -> web.Response:
+    q = request.query
+    events = request.app[_SERVICE].events(
+        after=q.get("after"), job_id=q.get("job_id"), limit=q.get("limit")
+    )
+    return web.json_response({"events": [event_to_json(e) for e in events]})
+
+
+async def _healthz(_request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+async def _not_found(_request: web.Request) -> web.Response:
+    raise ApiError(404, "no such route; see /v1/jobs, /v1/events, /healthz", None)
+
+
+def make_app(service: JobService, token: str) -> web.Application:
+    """The aiohttp application; `token` is what clients must send as the bearer token."""
+    if not token:
+        raise ValueError("token: the API needs a non-empty token")
+    app = web.Application(middlewares=[_guard], client_max_size=MAX_BODY_BYTES)
+    app[_SERVICE] = service
+    app[_TOKEN] = token
+    app.router.add_post("/v1/jobs", _submit)
+    app.router.add_get("/v1/jobs", _list)
+    app.router.add_get("/v1/jobs/{id}", _get)
+    app.router.add_post("/v1/jobs/{id}/cancel", _cancel)
+    app.router.add_get("/v1/jobs/{id}/logs", _logs)
+    app.router.add_get("/v1/events", _events)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_route("*", "/{tail:.*}", _not_found)
+    return app
+
+
+class ApiServer:
+    """Serves `make_app(...)` on host:port from a daemon thread with its own event loop."""
+
+    def __init__(self, service: JobService, token: str, host: str, port: int) -> None:
+        self.app = make_app(service, token)
+        self.host = host
+        self.port = port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> ApiServer:
+        """Start serving; raises if the port cannot be bound."""
+        self._thread = threading.Thread(target=self._serve, name="rcp-api", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout_s):
+            raise RuntimeError(f"the API did not start on {self.url} within {timeout_s:.0f}s")
+        if self._error is not None:
+            raise RuntimeError(f"the API cannot listen on {self.url}: {self._error}")
+        return self
+
+    def _serve(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        try:
+            self._runner = web.AppRunner(self.app, access_log=None)
+            loop.run_until_complete(self._runner.setup())
+            site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+            loop.run_until_complete(site.start())
+            if self.port == 0:
+                server = site._server
+                assert server is not None
+                self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        except BaseException as exc:
+            self._error = exc
+            self._started.set()
+            return
+        self._started.set()
+        loop.run_forever()
+        loop.run_until_complete(self._runner.cleanup())
+        loop.close()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=10)

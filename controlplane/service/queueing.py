@@ -1,0 +1,257 @@
+"""What the job API does, independent of HTTP and Ray: `JobService` over the `Store`.
+
+Owns: turning requests into store calls with every check a user should hear about before a job
+is queued: the spec's own validation (`JobSpec.from_dict`), the control plane's view
+(`JobSpec.check_against`: configured priority classes and queues, and whether the `cluster`
+pool as configured could ever hold the gang), idempotent submission, cancellation, listing,
+events and logs. Every refusal is an `ApiError` carrying the HTTP status, a message and the
+offending field, so the API answers 4xx with ``{"error": ..., "field": ...}``.
+
+Must not: talk to Ray (logs come through the `logs` callable the controller passes in) or
+start jobs (the controller's tick admits them).
+
+"Could ever hold" is computed from the configured `cluster` pool (``num_nodes`` x
+``gpus_per_node``), which is fixed in size; the admission policy separately copes with a pool
+that shrank because nodes turned unhealthy (the job then waits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from controlplane.config import Config
+from controlplane.store import (
+    TERMINAL_STATES,
+    Event,
+    IdempotencyConflict,
+    IllegalTransition,
+    JobRecord,
+    JobState,
+    StaleState,
+    Store,
+    Transition,
+    UnknownJob,
+)
+from jobs.spec import JobSpec, SpecError
+
+__all__ = ["ApiError", "JobService", "event_to_json", "job_to_json"]
+
+MAX_LIST_LIMIT = 10_000
+
+
+class ApiError(Exception):
+    """A request the service refuses; `status` is the HTTP status (4xx)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        field: str | None = None,
+        details: list[dict[str, str]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.field = field
+        self.details = details or []
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"error": self.message, "field": self.field}
+        if self.details:
+            body["details"] = self.details
+        return body
+
+
+def _spec_error(exc: SpecError, status: int = 400) -> ApiError:
+    details = [{"field": e.field, "error": e.message} for e in exc.errors]
+    first = exc.errors[0] if exc.errors else None
+    message = "; ".join(f"{e.field}: {e.message}" for e in exc.errors) or str(exc)
+    return ApiError(status, f"invalid job spec: {message}", first.field if first else None, details)
+
+
+def job_to_json(job: JobRecord, history: list[Transition] | None = None) -> dict[str, Any]:
+    """The API's view of a job (the SDK's `Job` reads exactly these keys)."""
+    info = dict(job.info)
+    out: dict[str, Any] = {
+        "id": job.job_id,
+        "name": job.spec.name,
+        "state": job.state.value,
+        "queue": job.spec.queue,
+        "priority_class": job.spec.priority_class,
+        "num_workers": job.spec.num_workers,
+        "gpus_per_worker": job.spec.gpus_per_worker,
+        "submitted_s": job.submitted_s,
+        "queued_s": job.queued_s,
+        "updated_s": job.updated_s,
+        "num_preemptions": job.num_preemptions,
+        "attempt": int(info.get("attempt", 0)),
+        "ray_job_id": info.get("submission_id"),
+        "last_checkpoint": info.get("checkpoint"),
+        "message": info.get("message"),
+        "not_before_s": info.get("not_before_s"),
+        "spec": job.spec.to_dict(),
+    }
+    if history is not None:
+        out["history"] = [
+            {
+                "from": None if t.from_state is None else t.from_state.value,
+                "to": t.to_state.value,
+                "at_s": t.at_s,
+                "reason": t.reason,
+            }
+            for t in history
+        ]
+    return out
+
+
+def event_to_json(e: Event) -> dict[str, Any]:
+    return {
+        "seq": e.seq,
+        "at_s": e.at_s,
+        "kind": e.kind,
+        "job_id": e.job_id,
+        "message": e.message,
+        "data": dict(e.data),
+    }
+
+
+class JobService:
+    """The job API's logic over a `Store`. Thread-safe as the store is."""
+
+    def __init__(
+        self,
+        store: Store,
+        cfg: Config,
+        *,
+        logs: Callable[[JobRecord], str] | None = None,
+    ) -> None:
+        self.store = store
+        self.cfg = cfg
+        self._logs = logs
+
+    # -- submit -----------------------------------------------------------------------------
+
+    def cluster_node_gpus(self) -> list[int]:
+        c = self.cfg.pools.cluster
+        return [c.gpus_per_node] * c.num_nodes
+
+    def parse_spec(self, payload: Any) -> JobSpec:
+        """Validate a submitted spec against itself and the configured cluster."""
+        if not isinstance(payload, Mapping):
+            raise ApiError(
+                400, "<spec>: the request body must be a JSON object (a job spec)", "<spec>"
+            )
+        data = dict(payload)
+        if data.get("priority_class") is None:
+            data.pop("priority_class", None)
+            data["priority_class"] = self.cfg.jobs.default_priority_class
+        try:
+            spec = JobSpec.from_dict(data)
+            spec.check_against(
+                priority_classes=list(self.cfg.jobs.priority_classes),
+                queues=list(self.cfg.jobs.queues),
+                cluster_node_gpus=self.cluster_node_gpus(),
+            )
+        except SpecError as exc:
+            raise _spec_error(exc) from exc
+        return spec
+
+    def submit(self, payload: Any, idempotency_key: str | None = None) -> tuple[JobRecord, bool]:
+        """Queue the job (or return the one this idempotency key created). (job, created)."""
+        if idempotency_key is not None and (
+            not idempotency_key.strip() or len(idempotency_key) > 256
+        ):
+            raise ApiError(
+                400, "Idempotency-Key must be 1-256 non-blank characters", "Idempotency-Key"
+            )
+        spec = self.parse_spec(payload)
+        try:
+            result = self.store.submit(spec, idempotency_key=idempotency_key)
+        except IdempotencyConflict as exc:
+            raise ApiError(409, str(exc), "Idempotency-Key") from exc
+        return result.job, result.created
+
+    # -- read -------------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> JobRecord:
+        try:
+            return self.store.get(job_id)
+        except UnknownJob as exc:
+            raise ApiError(404, str(exc), "id") from exc
+
+    def history(self, job_id: str) -> list[Transition]:
+        try:
+            return self.store.history(job_id)
+        except UnknownJob as exc:
+            raise ApiError(404, str(exc), "id") from exc
+
+    def list_jobs(
+        self, *, state: str | None = None, queue: str | None = None, limit: str | None = None
+    ) -> list[JobRecord]:
+        states = None
+        if state:
+            states = []
+            for part in state.split(","):
+                try:
+                    states.append(JobState(part.strip().upper()))
+                except ValueError as exc:
+                    known = ", ".join(s.value for s in JobState)
+                    raise ApiError(400, f"unknown state {part!r}; known: {known}", "state") from exc
+        n = None
+        if limit is not None:
+            n = _int_param("limit", limit, 1, MAX_LIST_LIMIT)
+        return self.store.list_jobs(states=states, queue=queue or None, limit=n)
+
+    def events(
+        self, *, after: str | None = None, job_id: str | None = None, limit: str | None = None
+    ) -> list[Event]:
+        after_seq = 0 if after is None else _int_param("after", after, 0, 2**62)
+        n = 1000 if limit is None else _int_param("limit", limit, 1, MAX_LIST_LIMIT)
+        if job_id:
+            self.get(job_id)
+        return self.store.events(after_seq=after_seq, job_id=job_id or None, limit=n)
+
+    def logs(self, job_id: str, offset: str | None = None) -> dict[str, Any]:
+        """The job's driver log from `offset` characters on, and whether more may come."""
+        job = self.get(job_id)
+        start = 0 if offset is None else _int_param("offset", offset, 0, 2**62)
+        text = ""
+        if self._logs is not None and job.info.get("submission_id"):
+            text = self._logs(job)
+        return {
+            "id": job_id,
+            "state": job.state.value,
+            "offset": start,
+            "next_offset": max(start, len(text)),
+            "logs": text[start:],
+            "done": job.state in TERMINAL_STATES,
+        }
+
+    # -- cancel -----------------------------------------------------------------------------
+
+    def cancel(self, job_id: str) -> JobRecord:
+        """Cancel a job in any non-final state; the runner stops its gang if one runs."""
+        for _ in range(5):
+            job = self.get(job_id)
+            if job.state in TERMINAL_STATES:
+                raise ApiError(
+                    409, f"job {job_id} is already {job.state.value}; nothing to cancel", "id"
+                )
+            try:
+                return self.store.transition(
+                    job_id, JobState.CANCELLED, "cancelled by the user", expected=job.state
+                )
+            except (StaleState, IllegalTransition):
+                continue  # it moved meanwhile; look again
+        raise ApiError(409, f"job {job_id} keeps changing state; try again", "id")
+
+
+def _int_param(name: str, raw: str, lo: int, hi: int) -> int:
+    try:
+        value = int(raw)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(400, f"{name} must be an integer, got {raw!r}", name) from exc
+    if not lo <= value <= hi:
+        raise ApiError(400, f"{name} must be in {lo}..{hi}, got {value}", name)
+    return value

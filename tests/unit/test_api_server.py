@@ -1,0 +1,322 @@
+"""The job API against an in-process server with a temp store: auth, bad input, idempotency,
+cancel, listing, and a hypothesis fuzz of the submit body. No Ray.
+
+Every request goes over real HTTP on loopback (`ApiServer` on port 0), through the SDK or raw
+urllib, so the JSON error shape and the status codes are what a client really sees.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controlplane.config import Config, load_config
+from controlplane.sdk import (
+    AuthError,
+    Client,
+    ConflictError,
+    JobNotFound,
+    NotConfigured,
+    SpecRejected,
+)
+from controlplane.service.api import ApiServer
+from controlplane.service.queueing import JobService
+from controlplane.service.tokens import ensure_token, read_token
+from controlplane.store import JobState, Store
+
+TOKEN = "test-token-123"
+
+
+class Server:
+    def __init__(self, tmp: Path) -> None:
+        self.cfg: Config = load_config(None, [f"state_dir={tmp}"])
+        self.store = Store(tmp / "controlplane.db")
+        self.service = JobService(self.store, self.cfg, logs=lambda job: "line 1\nline 2\n")
+        self.server = ApiServer(self.service, TOKEN, "127.0.0.1", 0).start()
+        self.url = self.server.url
+        self.client = Client(self.url, TOKEN)
+
+    def raw(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        token: str | None = TOKEN,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any]:
+        req = urllib.request.Request(self.url + path, data=body, method=method)
+        if token is not None:
+            req.add_header("Authorization", f"Bearer {token}")
+        for k, v in (headers or {}).items():
+            req.add_header(k, v)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    def num_jobs(self) -> int:
+        return len(self.store.list_jobs())
+
+    def close(self) -> None:
+        self.server.stop()
+        self.store.close()
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = Server(tmp_path_factory.mktemp("api"))
+    yield s
+    s.close()
+
+
+def spec(**over: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {"name": "t", "entrypoint": "python train.py", "num_workers": 2}
+    base.update(over)
+    return base
+
+
+# -- auth -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "token, message",
+    [(None, "missing token"), ("nope", "wrong token"), ("", "missing token")],
+    ids=["no-header", "wrong", "empty"],
+)
+def test_requests_without_the_right_token_are_401_and_queue_nothing(
+    srv: Server, token: str | None, message: str
+) -> None:
+    before = srv.num_jobs()
+    status, body = srv.raw("POST", "/v1/jobs", json.dumps(spec()).encode(), token=token)
+    assert status == 401
+    assert message in body["error"] and body["field"] == "Authorization"
+    assert srv.num_jobs() == before
+    status, _ = srv.raw("GET", "/v1/jobs", token=token)
+    assert status == 401
+
+
+def test_sdk_raises_auth_error_with_the_server_message(srv: Server) -> None:
+    with pytest.raises(AuthError, match="wrong token"):
+        Client(srv.url, "bad").list()
+
+
+def test_healthz_needs_no_token(srv: Server) -> None:
+    assert srv.raw("GET", "/healthz", token=None) == (200, {"ok": True})
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        (spec(num_workers=0), "num_workers"),
+        (spec(num_workers=-3), "num_workers"),
+        (spec(priority_class="urgent"), "priority_class"),
+        (spec(queue="nobody"), "queue"),
+        (spec(num_workers=9, gpus_per_worker=1), "num_workers"),
+        (spec(num_workers=1, gpus_per_worker=5), "gpus_per_worker"),
+        ({"name": "t", "num_workers": 1}, "entrypoint"),
+        (spec(num_wrkers=2), "num_wrkers"),
+        (spec(num_workers="two"), "num_workers"),
+        ([1, 2, 3], "<spec>"),
+    ],
+    ids=[
+        "zero-workers",
+        "negative-workers",
+        "unknown-priority",
+        "unknown-queue",
+        "more-gpus-than-pool",
+        "worker-bigger-than-node",
+        "missing-entrypoint",
+        "typo-field",
+        "wrong-type",
+        "not-an-object",
+    ],
+)
+def test_invalid_specs_are_400_naming_the_field_and_queue_nothing(
+    srv: Server, body: Any, field: str
+) -> None:
+    before = srv.num_jobs()
+    status, resp = srv.raw("POST", "/v1/jobs", json.dumps(body).encode())
+    assert status == 400, resp
+    assert resp["field"] == field
+    assert field in resp["error"]
+    assert srv.num_jobs() == before
+
+
+@pytest.mark.parametrize(
+    "raw", [b"{not json", b"", b"\xff\xfe", b"null"], ids=["broken", "empty", "binary", "null"]
+)
+def test_malformed_bodies_are_400(srv: Server, raw: bytes) -> None:
+    before = srv.num_jobs()
+    status, resp = srv.raw("POST", "/v1/jobs", raw)
+    assert status == 400
+    assert resp["error"] and "field" in resp
+    assert srv.num_jobs() == before
+
+
+def test_sdk_raises_spec_rejected_with_the_field(srv: Server) -> None:
+    with pytest.raises(SpecRejected) as info:
+        srv.client.submit(spec(priority_class="urgent"))
+    assert info.value.field == "priority_class"
+    assert "unknown priority class 'urgent'" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("GET", "/v1/jobs/job-nope"),
+        ("POST", "/v1/jobs/job-nope/cancel"),
+        ("GET", "/v1/jobs/job-nope/logs"),
+        ("GET", "/v1/no-such-route"),
+    ],
+    ids=["status", "cancel", "logs", "route"],
+)
+def test_unknown_ids_and_routes_are_404(srv: Server, method: str, path: str) -> None:
+    status, body = srv.raw(method, path)
+    assert status == 404
+    assert "error" in body
+
+
+def test_bad_query_parameters_are_400_naming_them(srv: Server) -> None:
+    assert srv.raw("GET", "/v1/jobs?state=SLEEPING")[1]["field"] == "state"
+    assert srv.raw("GET", "/v1/jobs?limit=x")[1]["field"] == "limit"
+    assert srv.raw("GET", "/v1/events?after=-1")[1]["field"] == "after"
+
+
+# -- the happy paths --------------------------------------------------------------------------
+
+
+def test_submit_status_list_cancel_round_trip(srv: Server) -> None:
+    job = srv.client.submit(spec(name="roundtrip", priority_class="high"))
+    assert job.state == "QUEUED" and job.priority_class == "high"
+    assert srv.store.get(job.id).state is JobState.QUEUED
+    got = srv.client.status(job.id)
+    assert got.id == job.id and got.history[0]["to"] == "QUEUED"
+    assert job.id in [j.id for j in srv.client.list(state="QUEUED")]
+    cancelled = srv.client.cancel(job.id)
+    assert cancelled.state == "CANCELLED"
+    with pytest.raises(ConflictError, match="already CANCELLED"):
+        srv.client.cancel(job.id)
+    kinds = [e["kind"] for e in srv.client.events(job_id=job.id)]
+    assert kinds.count("job.state") == 2
+
+
+def test_missing_priority_class_gets_the_configured_default(srv: Server) -> None:
+    body = spec(name="defaulted")
+    body.pop("priority_class", None)
+    job = srv.client.submit(body)
+    assert job.priority_class == srv.cfg.jobs.default_priority_class
+
+
+def test_idempotency_key_returns_the_same_job_and_conflicts_on_another_spec(srv: Server) -> None:
+    first = srv.client.submit(spec(name="idem"), idempotency_key="k-1")
+    before = srv.num_jobs()
+    again = srv.client.submit(spec(name="idem"), idempotency_key="k-1")
+    assert again.id == first.id and srv.num_jobs() == before
+    with pytest.raises(ConflictError) as info:
+        srv.client.submit(spec(name="other"), idempotency_key="k-1")
+    assert info.value.field == "Idempotency-Key"
+    assert srv.num_jobs() == before
+
+
+def test_logs_come_through(srv: Server) -> None:
+    job = srv.client.submit(spec(name="logs"))
+    srv.store.update_info(job.id, {"submission_id": f"{job.id}-1"})
+    assert srv.client.logs(job.id) == "line 1\nline 2\n"
+    status, body = srv.raw("GET", f"/v1/jobs/{job.id}/logs?offset=7")
+    assert status == 200 and body["logs"] == "line 2\n" and body["next_offset"] == 14
+
+
+def test_unknown_job_raises_job_not_found(srv: Server) -> None:
+    with pytest.raises(JobNotFound, match="no job with id"):
+        srv.client.status("job-missing")
+
+
+# -- fuzz -------------------------------------------------------------------------------------
+
+_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-10, 100)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_fields = st.sampled_from(
+    [
+        "name",
+        "entrypoint",
+        "num_workers",
+        "gpus_per_worker",
+        "cpus_per_worker",
+        "queue",
+        "priority_class",
+        "max_runtime_s",
+        "checkpoint",
+        "runtime_env",
+        "bogus",
+    ]
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(body=st.dictionaries(_fields, _values, max_size=6) | _values)
+def test_fuzzed_submit_bodies_never_crash_the_server(srv: Server, body: Any) -> None:
+    before = srv.num_jobs()
+    status, resp = srv.raw("POST", "/v1/jobs", json.dumps(body).encode())
+    assert status in (200, 201, 400), resp
+    if status == 400:
+        assert isinstance(resp["error"], str) and resp["error"]
+        assert srv.num_jobs() == before
+    else:
+        assert srv.store.get(resp["id"]).state is JobState.QUEUED
+    assert srv.raw("GET", "/healthz", token=None)[0] == 200
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(raw=st.binary(max_size=64))
+def test_fuzzed_raw_bytes_are_rejected_cleanly(srv: Server, raw: bytes) -> None:
+    status, resp = srv.raw("POST", "/v1/jobs", raw)
+    assert status in (200, 201, 400)
+    assert srv.raw("GET", "/healthz", token=None)[0] == 200
+
+
+# -- token and client discovery -----------------------------------------------------------------
+
+
+def test_token_file_is_created_once_with_mode_0600(tmp_path: Path) -> None:
+    token = ensure_token(tmp_path)
+    path = tmp_path / "api-token"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert ensure_token(tmp_path) == token == read_token(tmp_path)
+
+
+def test_client_finds_url_and_token_in_the_state_dir(
+    srv: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RCP_API_URL", raising=False)
+    monkeypatch.delenv("RCP_API_TOKEN", raising=False)
+    (tmp_path / "api-url").write_text(srv.url + "\n")
+    (tmp_path / "api-token").write_text(TOKEN + "\n")
+    assert Client(state_dir=tmp_path).healthy()
+    assert isinstance(Client(state_dir=tmp_path).list(), list)
+    with pytest.raises(NotConfigured, match="no control-plane API URL"):
+        Client(state_dir=tmp_path / "empty")
