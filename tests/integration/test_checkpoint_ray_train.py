@@ -161,15 +161,8 @@ def load(uri: str, s3: MotoS3, rank: int, max_step: int | None = None) -> tuple[
 def test_killed_worker_resumes_bit_identically(
     cluster: None, moto_s3: MotoS3, tmp_path: Path
 ) -> None:
-    import time
-
-    t0 = time.time()
     reference_uri, _ = run_job(tmp_path, moto_s3, "reference", kill=False)
-    t1 = time.time()
     killed_uri, log = run_job(tmp_path, moto_s3, "killed", kill=True)
-    print("TIMES", t0, t1, time.time())
-    for n in ("reference", "killed"):
-        print((tmp_path / f"{n}.jsonl.t").read_text())
 
     starts = [json.loads(line) for line in log.read_text().splitlines()]
     assert (tmp_path / "killed.killed").exists()
