@@ -94,6 +94,9 @@ class ServingConfig:
     """Route prefix of the ingress on the Serve HTTP proxy."""
     ready_timeout_s: float = 180.0
     """How long deploy/scale/move wait for replicas to become RUNNING."""
+    access_log: bool = False
+    """Per-request access log lines in ingress and backend replicas (costs CPU on the hot
+    path; the HTTP proxy logs every request either way)."""
     ingress: IngressConfig = field(default_factory=IngressConfig)
     models: list[ModelConfig] = field(default_factory=lambda: [ModelConfig()])
     """Models to serve; `rcp up` serves the sample model by default."""

@@ -138,10 +138,17 @@ def ingress_user_config(state: DesiredState) -> dict[str, Any]:
     }
 
 
-def _backend_app(model: ModelConfig, pool: str, num_replicas: int) -> dict[str, Any]:
+def _logging(serving: ServingConfig) -> dict[str, Any]:
+    return {"enable_access_log": serving.access_log}
+
+
+def _backend_app(
+    serving: ServingConfig, model: ModelConfig, pool: str, num_replicas: int
+) -> dict[str, Any]:
     return {
         "name": app_name(model.name, pool),
         "route_prefix": None,
+        "logging_config": _logging(serving),
         "import_path": _BACKEND_IMPORT,
         # Only what the replica's code depends on: a change here is a real code change.
         "args": {
@@ -175,6 +182,7 @@ def build_app_configs(state: DesiredState) -> list[dict[str, Any]]:
             "route_prefix": state.serving.route_prefix,
             "import_path": _INGRESS_IMPORT,
             "args": {},
+            "logging_config": _logging(state.serving),
             "deployments": [
                 {
                     "name": INGRESS_DEPLOYMENT,
@@ -193,7 +201,7 @@ def build_app_configs(state: DesiredState) -> list[dict[str, Any]]:
         for pool in POOLS:
             n = state.target(model.name, pool)
             if n > 0:
-                apps.append(_backend_app(model, pool, n))
+                apps.append(_backend_app(state.serving, model, pool, n))
     return apps
 
 

@@ -1,0 +1,286 @@
+"""Benchmark: what the serving plane's HTTP ingress costs over calling the backend directly.
+
+One local Ray cluster (a head and one `cluster` node, logical GPUs), Serve's HTTP proxy on a
+free loopback port. Two paths to the same sample model, each with one backend replica of
+identical settings on the cluster node:
+
+- ``bare``: HTTP proxy -> backend deployment (the backend app gets its own route prefix);
+- ``ingress``: HTTP proxy -> ingress (validation, weighted pool choice, retry wrapper) ->
+  backend deployment, i.e. the production path.
+
+The same load (``--concurrency`` keep-alive clients, ``--requests`` per round) is run against
+both, in interleaved rounds (bare, ingress, bare, ingress, ...) so drift on a shared machine
+hits both alike. Reported: p50/p99 latency and throughput for each path and their ratios.
+Goal: the ingress adds at most 1 ms at p50 and keeps at least 0.9x the throughput.
+
+Usage::
+
+    .venv/bin/python bench/bench_serve_ingress.py [--concurrency 4] [--requests 1000]
+        [--rounds 3] [--json]
+
+Prints a table; with ``--json`` the last line is one JSON object with every figure, ratio and
+goal. Loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import aiohttp  # noqa: E402
+import psutil  # noqa: E402
+import ray  # noqa: E402
+from ray import serve  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from serve import control  # noqa: E402
+from serve import operations as ops  # noqa: E402
+from serve.config import IngressConfig, ModelConfig, ServingConfig  # noqa: E402
+from serve.spec import build_app_configs  # noqa: E402
+
+GOAL_P50_ADDED_MS = 1.0
+GOAL_THROUGHPUT_RATIO = 0.9
+BARE_APP = "bench-bare"
+BARE_PREFIX = "/bare"
+BODY = {"inputs": [[0.05 * i for i in range(16)]]}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serving_config() -> ServingConfig:
+    return ServingConfig(
+        ingress=IngressConfig(num_replicas=1, num_cpus=0.25),
+        models=[ModelConfig(name="sample", num_cpus=1.0, num_gpus=1.0, min_replicas=1)],
+    )
+
+
+def deploy_bare_backend(timeout_s: float = 120.0) -> None:
+    """The sample model's backend once more, as its own app with an HTTP route prefix."""
+    state = ops.read_state()
+    assert state is not None
+    ours = build_app_configs(state)
+    bare = json.loads(json.dumps(next(a for a in ours if a["name"] == "rcp-sample-cluster")))
+    bare["name"] = BARE_APP
+    bare["route_prefix"] = BARE_PREFIX
+    bare["deployments"][0]["num_replicas"] = 1
+    control.apply_app_configs([*ours, bare])
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        app = (control.read_details().get("applications") or {}).get(BARE_APP) or {}
+        if str(app.get("status", "")).rsplit(".", 1)[-1].upper() == "RUNNING":
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"bare backend app {BARE_APP!r} not RUNNING after {timeout_s:g}s")
+
+
+async def run_load(url: str, concurrency: int, num_requests: int) -> dict[str, Any]:
+    """`num_requests` POSTs spread over `concurrency` keep-alive clients."""
+    payload = json.dumps(BODY).encode()
+    headers = {"Content-Type": "application/json"}
+    latencies_ms: list[float] = []
+    failures = 0
+    remaining = num_requests
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        nonlocal remaining, failures
+        while remaining > 0:
+            remaining -= 1
+            t0 = time.perf_counter()
+            async with session.post(url, data=payload, headers=headers) as resp:
+                await resp.read()
+                ok = resp.status == 200
+            latencies_ms.append((time.perf_counter() - t0) * 1000.0)
+            failures += 0 if ok else 1
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        started = time.perf_counter()
+        await asyncio.gather(*(client(session) for _ in range(concurrency)))
+        elapsed_s = time.perf_counter() - started
+    return {"latencies_ms": latencies_ms, "elapsed_s": elapsed_s, "failures": failures}
+
+
+def replica_pids(app: str) -> list[int]:
+    """Process ids of the replicas of every deployment of `app` (all on this machine)."""
+    app_details = (control.read_details().get("applications") or {}).get(app) or {}
+    return [
+        int(r["pid"])
+        for d in (app_details.get("deployments") or {}).values()
+        for r in d.get("replicas") or []
+        if r.get("pid")
+    ]
+
+
+def cpu_s(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        t = psutil.Process(pid).cpu_times()
+        total += t.user + t.system
+    return total
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    idx = min(len(ordered) - 1, max(0, round(q / 100.0 * (len(ordered) - 1))))
+    return ordered[idx]
+
+
+def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    lat = [x for r in rounds for x in r["latencies_ms"]]
+    elapsed_s = sum(r["elapsed_s"] for r in rounds)
+    return {
+        "requests": len(lat),
+        "failures": sum(r["failures"] for r in rounds),
+        "p50_ms": percentile(lat, 50),
+        "p99_ms": percentile(lat, 99),
+        "mean_ms": statistics.fmean(lat),
+        "throughput_rps": len(lat) / elapsed_s if elapsed_s > 0 else 0.0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=1000, help="requests per round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per path (interleaved)")
+    parser.add_argument("--warmup", type=int, default=200, help="requests per path first")
+    parser.add_argument("--json", action="store_true", help="last line: one JSON object")
+    args = parser.parse_args(argv)
+
+    cluster = Cluster()
+    cluster.add_node(
+        num_cpus=4,
+        resources={"pool_head": 1000},
+        labels={"pool": "head"},
+        include_dashboard=False,
+    )
+    cluster.add_node(
+        num_cpus=4, num_gpus=4, resources={"pool_cluster": 1000}, labels={"pool": "cluster"}
+    )
+    ray.init(address=cluster.address, log_to_driver=False)
+    port = free_port()
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
+        ops.deploy(serving_config())
+        deploy_bare_backend()
+        base = f"http://127.0.0.1:{port}"
+        urls = {
+            "bare": f"{base}{BARE_PREFIX}",
+            "ingress": f"{base}/v1/models/sample/predict",
+        }
+        for url in urls.values():
+            warm = asyncio.run(run_load(url, args.concurrency, args.warmup))
+            if warm["failures"]:
+                raise RuntimeError(f"warm-up against {url} had {warm['failures']} failures")
+        results: dict[str, list[dict[str, Any]]] = {k: [] for k in urls}
+        # CPU seconds the ingress replica and each path's backend replica spend per request:
+        # unlike wall-clock latency this does not depend on what else the machine runs.
+        pids = {
+            "ingress_replica": replica_pids("rcp-ingress"),
+            "bare_backend": replica_pids(BARE_APP),
+            "ingress_backend": replica_pids("rcp-sample-cluster"),
+        }
+        cpu_used_s = dict.fromkeys(pids, 0.0)
+        for _ in range(args.rounds):
+            for name, url in urls.items():
+                before = {k: cpu_s(v) for k, v in pids.items()}
+                results[name].append(asyncio.run(run_load(url, args.concurrency, args.requests)))
+                for k, v in pids.items():
+                    if k.startswith(name):
+                        cpu_used_s[k] += cpu_s(v) - before[k]
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        cluster.shutdown()
+
+    load_1m = os.getloadavg()[0]
+    bare, ingress = summarize(results["bare"]), summarize(results["ingress"])
+    bare["backend_cpu_ms_per_request"] = 1000.0 * cpu_used_s["bare_backend"] / bare["requests"]
+    ingress["backend_cpu_ms_per_request"] = (
+        1000.0 * cpu_used_s["ingress_backend"] / ingress["requests"]
+    )
+    ingress["ingress_replica_cpu_ms_per_request"] = (
+        1000.0 * cpu_used_s["ingress_replica"] / ingress["requests"]
+    )
+    p50_added_ms = ingress["p50_ms"] - bare["p50_ms"]
+    throughput_ratio = ingress["throughput_rps"] / bare["throughput_rps"]
+    ratios = {
+        "p50_ratio": ingress["p50_ms"] / bare["p50_ms"],
+        "p99_ratio": ingress["p99_ms"] / bare["p99_ms"],
+        "throughput_ratio": throughput_ratio,
+        "p50_added_ms": p50_added_ms,
+        "p99_added_ms": ingress["p99_ms"] - bare["p99_ms"],
+    }
+    goals = {
+        "p50_added_ms_max": GOAL_P50_ADDED_MS,
+        "throughput_ratio_min": GOAL_THROUGHPUT_RATIO,
+        "p50_added_met": p50_added_ms <= GOAL_P50_ADDED_MS,
+        "throughput_met": throughput_ratio >= GOAL_THROUGHPUT_RATIO,
+    }
+    goals["met"] = bool(goals["p50_added_met"] and goals["throughput_met"])
+
+    print(
+        f"serve ingress benchmark: concurrency {args.concurrency}, {args.rounds} rounds x "
+        f"{args.requests} requests per path, {os.cpu_count()} CPUs "
+        f"(load average {load_1m:.1f}), Python {platform.python_version()}"
+    )
+    print(f"{'path':<9}{'requests':>9}{'fail':>6}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>9}")
+    for name, s in (("bare", bare), ("ingress", ingress)):
+        print(
+            f"{name:<9}{s['requests']:>9}{s['failures']:>6}{s['p50_ms']:>9.2f}"
+            f"{s['p99_ms']:>9.2f}{s['throughput_rps']:>9.1f}"
+        )
+    print(
+        f"CPU per request: backend {bare['backend_cpu_ms_per_request']:.2f} ms (bare), "
+        f"{ingress['backend_cpu_ms_per_request']:.2f} ms (via ingress); ingress replica "
+        f"{ingress['ingress_replica_cpu_ms_per_request']:.2f} ms"
+    )
+    print(
+        f"ingress/bare: p50 x{ratios['p50_ratio']:.2f} (+{p50_added_ms:.2f} ms), "
+        f"p99 x{ratios['p99_ratio']:.2f}, throughput x{throughput_ratio:.2f}"
+    )
+    print(
+        f"goal: +<= {GOAL_P50_ADDED_MS:g} ms p50 -> {'met' if goals['p50_added_met'] else 'MISSED'}; "
+        f">= {GOAL_THROUGHPUT_RATIO:g}x throughput -> "
+        f"{'met' if goals['throughput_met'] else 'MISSED'}"
+    )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "benchmark": "serve_ingress",
+                    "concurrency": args.concurrency,
+                    "rounds": args.rounds,
+                    "requests_per_round": args.requests,
+                    "cpus": os.cpu_count(),
+                    "load_average_1m": load_1m,
+                    "bare": bare,
+                    "ingress": ingress,
+                    "ratios": ratios,
+                    "goals": goals,
+                }
+            )
+        )
+    return 0 if bare["failures"] == 0 and ingress["failures"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
