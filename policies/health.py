@@ -1,0 +1,451 @@
+"""Node health: a verdict per node (healthy, degraded, unhealthy) from its telemetry history.
+
+Owns: the pure decision `evaluate(samples, thresholds, state, now_s) -> (verdicts, state)`,
+its input types (`NodeSample`, `GpuSample`, `PortSample`), its thresholds and the memory it
+needs between ticks (`HealthState`: hot streaks, held verdicts, lemon records), which the
+caller stores and hands back. `clear_lemon` is the operator's way to let a lemon back in.
+
+Must not: read telemetry, a clock or the network, or act. The telemetry agents produce the
+samples; the policy actor turns verdicts into actions (no new work, move replicas, checkpoint
+and restart gangs, drain). Time arrives as `now_s` (the caller's clock); sample times are only
+used to order samples and to skip the ones already seen.
+
+Rules, per node, for every sample newer than the last one seen:
+
+1. Unhealthy causes (any one is enough):
+   - a GPU above ``gpu_temp_c`` for ``hot_samples`` samples in a row (GPU_OVERHEATED);
+   - a new XID in ``fatal_xids`` (XID_FATAL);
+   - an uncorrectable ECC error since the last GPU reset (ECC_UNCORRECTABLE);
+   - a failed row remap (ROW_REMAP_FAILURE);
+   - fewer GPUs visible than the node advertises (GPU_MISSING);
+   - an NVLink link down (NVLINK_DOWN), or NVLink errors above ``nvlink_errors_per_s``
+     (NVLINK_ERRORS);
+   - an InfiniBand port not ACTIVE/LinkUp or a ``link_downed`` increase (IB_LINK_DOWN), or IB
+     error counters above ``ib_errors_per_s`` (IB_ERRORS).
+2. Degraded causes (shown, the node keeps working): a GPU above ``gpu_temp_c`` fewer than
+   ``hot_samples`` times in a row (GPU_TEMP_HIGH), a hardware thermal slowdown
+   (GPU_THERMAL_THROTTLE), a new XID not in the fatal class (XID_NONFATAL), a row remap
+   pending a GPU reset (ROW_REMAP_PENDING), an IB port narrower than ``ib_expected_width``
+   lanes or slower than ``ib_min_rate_gbps`` (IB_LINK_DEGRADED), no new sample for
+   ``stale_after_s`` of the caller's time (NO_TELEMETRY).
+3. Hysteresis: once unhealthy, a node stays unhealthy (with the reasons that made it so)
+   until ``recover_after_samples`` clean samples in a row.
+4. Lemons: every turn into unhealthy is recorded at `now_s`; a node that turned unhealthy
+   ``lemon_count`` times within ``lemon_window_s`` is a lemon and stays unhealthy (LEMON)
+   whatever its samples say, until `clear_lemon` is called for it.
+
+Worked example (gpu_temp_c 78, hot_samples 2, recover_after_samples 3, lemon_count 2,
+lemon_window_s 3600), node ``n1``, one sample per tick:
+
+* t=10 s, GPU 0 at 80 C: streak 1 < 2 -> DEGRADED (gpu_temp_high).
+* t=11 s, GPU 0 at 81 C: streak 2 >= 2 -> UNHEALTHY (gpu_overheated); turn #1 recorded.
+* t=12..13 s, 60 C: clean 1, 2 < 3 -> still UNHEALTHY (gpu_overheated, held).
+* t=14 s, 60 C: clean 3 >= 3 -> HEALTHY.
+* t=100 s, new XID 79 (fatal): UNHEALTHY (xid_fatal); turn #2 within 3600 s of t=11 s ->
+  2 >= lemon_count -> lemon: UNHEALTHY (lemon, xid_fatal) from now on, even at t=200 s with
+  clean samples, until `clear_lemon(state, "n1")`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from types import MappingProxyType
+
+__all__ = [
+    "DEFAULT_FATAL_XIDS",
+    "GpuSample",
+    "HealthReason",
+    "HealthState",
+    "HealthThresholds",
+    "NodeHealthState",
+    "NodeSample",
+    "NodeVerdict",
+    "PortSample",
+    "Verdict",
+    "clear_lemon",
+    "evaluate",
+]
+
+DEFAULT_FATAL_XIDS: tuple[int, ...] = (48, 61, 62, 64, 74, 79, 95, 119, 120, 140)
+"""XIDs that mean the GPU (not the application) is broken: 48 double-bit ECC, 61/62
+micro-controller halt, 64 row-remap failure, 74 NVLink error, 79 GPU fell off the bus,
+95 uncontained ECC, 119/120 GSP errors, 140 unrecovered ECC. Application faults such as 13,
+31, 43 or 45 are not in it."""
+
+
+class Verdict(str, Enum):
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    """Keeps working; an operator should look. Placement may prefer other nodes."""
+    UNHEALTHY = "unhealthy"
+    """Out of service: nothing new lands, work moves away, the node is drained."""
+
+
+class HealthReason(str, Enum):
+    GPU_OVERHEATED = "gpu_overheated"
+    GPU_TEMP_HIGH = "gpu_temp_high"
+    GPU_THERMAL_THROTTLE = "gpu_thermal_throttle"
+    GPU_MISSING = "gpu_missing"
+    XID_FATAL = "xid_fatal"
+    XID_NONFATAL = "xid_nonfatal"
+    ECC_UNCORRECTABLE = "ecc_uncorrectable"
+    ROW_REMAP_FAILURE = "row_remap_failure"
+    ROW_REMAP_PENDING = "row_remap_pending"
+    NVLINK_DOWN = "nvlink_down"
+    NVLINK_ERRORS = "nvlink_errors"
+    IB_LINK_DOWN = "ib_link_down"
+    IB_LINK_DEGRADED = "ib_link_degraded"
+    IB_ERRORS = "ib_errors"
+    NO_TELEMETRY = "no_telemetry"
+    LEMON = "lemon"
+
+
+@dataclass(frozen=True)
+class HealthThresholds:
+    """What counts as bad (mirrors the `health` config section)."""
+
+    gpu_temp_c: float = 78.0
+    """A GPU above this temperature is too hot."""
+    hot_samples: int = 2
+    """Consecutive hot samples before the node is unhealthy."""
+    fatal_xids: frozenset[int] = frozenset(DEFAULT_FATAL_XIDS)
+    nvlink_errors_per_s: float = 1.0
+    """NVLink CRC/replay/recovery errors per second (one GPU, all links) above this: unhealthy."""
+    ib_errors_per_s: float = 1.0
+    """IB error counters per second (one port, all error counters) above this: unhealthy."""
+    ib_expected_width: int = 4
+    """Lanes a healthy IB port runs at (4X); fewer: degraded. 0 turns the check off."""
+    ib_min_rate_gbps: float = 0.0
+    """A port slower than this is degraded. 0 turns the check off."""
+    recover_after_samples: int = 3
+    """Clean samples in a row before an unhealthy node is healthy again."""
+    stale_after_s: float = 10.0
+    """No new sample for this long (caller's clock): degraded (no_telemetry)."""
+    lemon_count: int = 3
+    """Turns into unhealthy within `lemon_window_s` that make a node a lemon."""
+    lemon_window_s: float = 86400.0
+
+    def __post_init__(self) -> None:
+        if self.hot_samples < 1:
+            raise ValueError(f"hot_samples must be >= 1, got {self.hot_samples}")
+        if self.recover_after_samples < 1:
+            raise ValueError(
+                f"recover_after_samples must be >= 1, got {self.recover_after_samples}"
+            )
+        if self.lemon_count < 1:
+            raise ValueError(f"lemon_count must be >= 1, got {self.lemon_count}")
+        object.__setattr__(self, "fatal_xids", frozenset(self.fatal_xids))
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU in one sample. None means the source could not read it (not counted as bad)."""
+
+    gpu: int
+    temp_c: float | None = None
+    thermal_throttle: bool = False
+    """The GPU reports a hardware or software thermal slowdown."""
+    new_xids: tuple[int, ...] = ()
+    """XIDs that occurred since the previous sample."""
+    ecc_uncorrectable_total: int | None = None
+    """Volatile uncorrectable ECC errors since the last GPU reset."""
+    row_remap_failure: bool = False
+    row_remap_pending: bool = False
+    nvlink_links_total: int | None = None
+    nvlink_links_up: int | None = None
+    nvlink_errors_per_s: float | None = None
+
+
+@dataclass(frozen=True)
+class PortSample:
+    """One InfiniBand port in one sample."""
+
+    port: str
+    """``<device>/<port number>``, e.g. ``mlx5_0/1``."""
+    up: bool = True
+    """State ACTIVE and physical state LinkUp."""
+    width: int | None = None
+    """Active lanes (4 for 4X)."""
+    rate_gbps: float | None = None
+    errors_per_s: float | None = None
+    link_downed_delta: int = 0
+    """Increase of the ``link_downed`` counter since the previous sample."""
+
+
+@dataclass(frozen=True)
+class NodeSample:
+    """What a node's telemetry agent saw at `sampled_s` (the agent's clock)."""
+
+    node_id: str
+    sampled_s: float
+    gpus: tuple[GpuSample, ...] = ()
+    ports: tuple[PortSample, ...] = ()
+    gpus_expected: int | None = None
+    """GPUs the node advertises; more than `len(gpus)` means some are unreachable."""
+
+
+@dataclass(frozen=True)
+class NodeHealthState:
+    """One node's memory between ticks."""
+
+    last_sampled_s: float | None = None
+    """Agent time of the newest sample already evaluated."""
+    last_new_sample_now_s: float | None = None
+    """Caller time at which a new sample was last seen (for staleness)."""
+    hot_streaks: tuple[tuple[int, int], ...] = ()
+    """(gpu, consecutive hot samples) for GPUs currently hot."""
+    unhealthy: bool = False
+    held_reasons: tuple[HealthReason, ...] = ()
+    """Reasons that made the node unhealthy, kept until it recovers."""
+    clean_samples: int = 0
+    """Clean samples in a row since the node last had an unhealthy cause."""
+    degraded_reasons: tuple[HealthReason, ...] = ()
+    """Degraded reasons of the newest sample."""
+    details: tuple[str, ...] = ()
+    unhealthy_turns_s: tuple[float, ...] = ()
+    """Caller times at which the node turned unhealthy, within the lemon window."""
+    lemon: bool = False
+
+
+@dataclass(frozen=True)
+class HealthState:
+    """The policy's memory: per node, by node id. Store it and pass it back next tick."""
+
+    nodes: Mapping[str, NodeHealthState] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", MappingProxyType(dict(self.nodes)))
+
+
+@dataclass(frozen=True)
+class NodeVerdict:
+    node_id: str
+    verdict: Verdict
+    reasons: tuple[HealthReason, ...] = ()
+    details: tuple[str, ...] = ()
+    """Human-readable specifics, e.g. ``gpu 0 at 91.5 C > 78 C for 2 samples``."""
+    lemon: bool = False
+
+    @property
+    def reason(self) -> str:
+        """One line for an action's `reason` and the event log."""
+        if not self.reasons:
+            return self.verdict.value
+        text = f"{self.verdict.value}: {', '.join(r.value for r in self.reasons)}"
+        return f"{text} ({'; '.join(self.details)})" if self.details else text
+
+
+_Causes = dict[HealthReason, list[str]]
+
+
+def _add(causes: _Causes, reason: HealthReason, detail: str) -> None:
+    causes.setdefault(reason, []).append(detail)
+
+
+def _check_gpus(
+    sample: NodeSample,
+    t: HealthThresholds,
+    streaks: dict[int, int],
+    bad: _Causes,
+    warn: _Causes,
+) -> dict[int, int]:
+    new_streaks: dict[int, int] = {}
+    for g in sample.gpus:
+        if g.temp_c is not None and g.temp_c > t.gpu_temp_c:
+            n = streaks.get(g.gpu, 0) + 1
+            new_streaks[g.gpu] = n
+            text = f"gpu {g.gpu} at {g.temp_c:g} C > {t.gpu_temp_c:g} C for {n} samples"
+            _add(
+                bad if n >= t.hot_samples else warn,
+                HealthReason.GPU_OVERHEATED if n >= t.hot_samples else HealthReason.GPU_TEMP_HIGH,
+                text,
+            )
+        if g.thermal_throttle:
+            _add(warn, HealthReason.GPU_THERMAL_THROTTLE, f"gpu {g.gpu} thermal slowdown")
+        for xid in g.new_xids:
+            if xid in t.fatal_xids:
+                _add(bad, HealthReason.XID_FATAL, f"gpu {g.gpu} XID {xid}")
+            else:
+                _add(warn, HealthReason.XID_NONFATAL, f"gpu {g.gpu} XID {xid}")
+        if g.ecc_uncorrectable_total:
+            _add(
+                bad,
+                HealthReason.ECC_UNCORRECTABLE,
+                f"gpu {g.gpu} {g.ecc_uncorrectable_total} uncorrectable ECC errors",
+            )
+        if g.row_remap_failure:
+            _add(bad, HealthReason.ROW_REMAP_FAILURE, f"gpu {g.gpu} row remap failed")
+        elif g.row_remap_pending:
+            _add(warn, HealthReason.ROW_REMAP_PENDING, f"gpu {g.gpu} row remap pending reset")
+        if (
+            g.nvlink_links_total is not None
+            and g.nvlink_links_up is not None
+            and g.nvlink_links_up < g.nvlink_links_total
+        ):
+            _add(
+                bad,
+                HealthReason.NVLINK_DOWN,
+                f"gpu {g.gpu} {g.nvlink_links_up}/{g.nvlink_links_total} NVLinks up",
+            )
+        if g.nvlink_errors_per_s is not None and g.nvlink_errors_per_s > t.nvlink_errors_per_s:
+            _add(
+                bad,
+                HealthReason.NVLINK_ERRORS,
+                f"gpu {g.gpu} {g.nvlink_errors_per_s:.3g} NVLink errors/s "
+                f"> {t.nvlink_errors_per_s:g}",
+            )
+    if sample.gpus_expected is not None and len(sample.gpus) < sample.gpus_expected:
+        _add(
+            bad,
+            HealthReason.GPU_MISSING,
+            f"{len(sample.gpus)} of {sample.gpus_expected} GPUs visible",
+        )
+    return new_streaks
+
+
+def _check_ports(sample: NodeSample, t: HealthThresholds, bad: _Causes, warn: _Causes) -> None:
+    for p in sample.ports:
+        if not p.up:
+            _add(bad, HealthReason.IB_LINK_DOWN, f"{p.port} down")
+        elif p.link_downed_delta > 0:
+            _add(bad, HealthReason.IB_LINK_DOWN, f"{p.port} went down {p.link_downed_delta} times")
+        if p.errors_per_s is not None and p.errors_per_s > t.ib_errors_per_s:
+            _add(
+                bad,
+                HealthReason.IB_ERRORS,
+                f"{p.port} {p.errors_per_s:.3g} errors/s > {t.ib_errors_per_s:g}",
+            )
+        if not p.up:
+            continue
+        if t.ib_expected_width and p.width is not None and p.width < t.ib_expected_width:
+            _add(
+                warn,
+                HealthReason.IB_LINK_DEGRADED,
+                f"{p.port} width {p.width}X < {t.ib_expected_width}X",
+            )
+        if t.ib_min_rate_gbps and p.rate_gbps is not None and p.rate_gbps < t.ib_min_rate_gbps:
+            _add(
+                warn,
+                HealthReason.IB_LINK_DEGRADED,
+                f"{p.port} {p.rate_gbps:g} Gb/s < {t.ib_min_rate_gbps:g} Gb/s",
+            )
+
+
+def _details(causes: _Causes) -> tuple[str, ...]:
+    return tuple(d for ds in causes.values() for d in ds)
+
+
+def _step(
+    node: NodeHealthState, sample: NodeSample, t: HealthThresholds, now_s: float
+) -> NodeHealthState:
+    """Fold one new sample into the node's state."""
+    bad: _Causes = {}
+    warn: _Causes = {}
+    streaks = _check_gpus(sample, t, dict(node.hot_streaks), bad, warn)
+    _check_ports(sample, t, bad, warn)
+    turns = tuple(s for s in node.unhealthy_turns_s if now_s - s <= t.lemon_window_s)
+    if bad:
+        unhealthy = True
+        held = tuple(dict.fromkeys((*node.held_reasons, *bad))) if node.unhealthy else tuple(bad)
+        clean = 0
+        if not node.unhealthy:
+            turns = (*turns, now_s)
+        details = _details(bad)
+    elif node.unhealthy:
+        clean = node.clean_samples + 1
+        unhealthy = clean < t.recover_after_samples
+        held = node.held_reasons if unhealthy else ()
+        details = (
+            (f"recovering: {clean}/{t.recover_after_samples} clean samples",) if unhealthy else ()
+        )
+    else:
+        unhealthy, held, clean, details = False, (), node.clean_samples + 1, ()
+    return NodeHealthState(
+        last_sampled_s=sample.sampled_s,
+        last_new_sample_now_s=now_s,
+        hot_streaks=tuple(sorted(streaks.items())),
+        unhealthy=unhealthy,
+        held_reasons=held,
+        clean_samples=clean,
+        degraded_reasons=tuple(warn),
+        details=details + _details(warn),
+        unhealthy_turns_s=turns,
+        lemon=node.lemon or len(turns) >= t.lemon_count,
+    )
+
+
+def _verdict(node_id: str, node: NodeHealthState, t: HealthThresholds, now_s: float) -> NodeVerdict:
+    stale = (
+        node.last_new_sample_now_s is None or now_s - node.last_new_sample_now_s > t.stale_after_s
+    )
+    degraded = node.degraded_reasons
+    details = node.details
+    if stale:
+        degraded = (*degraded, HealthReason.NO_TELEMETRY)
+        seen = (
+            "never"
+            if node.last_new_sample_now_s is None
+            else f"{now_s - node.last_new_sample_now_s:.0f} s ago"
+        )
+        details = (*details, f"last new sample: {seen}")
+    if node.lemon:
+        reasons = (HealthReason.LEMON, *node.held_reasons)
+        lemon_detail = (
+            f"turned unhealthy {len(node.unhealthy_turns_s)} times within "
+            f"{t.lemon_window_s:g} s; stays out until an operator clears it"
+        )
+        return NodeVerdict(
+            node_id, Verdict.UNHEALTHY, reasons, (lemon_detail, *details), lemon=True
+        )
+    if node.unhealthy:
+        return NodeVerdict(node_id, Verdict.UNHEALTHY, node.held_reasons, details)
+    if degraded:
+        return NodeVerdict(node_id, Verdict.DEGRADED, tuple(degraded), details)
+    return NodeVerdict(node_id, Verdict.HEALTHY)
+
+
+def evaluate(
+    samples: Mapping[str, Sequence[NodeSample]],
+    thresholds: HealthThresholds,
+    state: HealthState,
+    now_s: float,
+) -> tuple[dict[str, NodeVerdict], HealthState]:
+    """Verdicts for every node in `samples` and the state to hand back next time.
+
+    `samples` maps node id to that node's recent samples in any order (an empty sequence is a
+    node with nothing new); samples at or before the node's last evaluated one are skipped,
+    so passing overlapping windows every tick is safe. Nodes in `state` but not in `samples`
+    keep their state (a lemon stays a lemon if its node id comes back) and get no verdict.
+    """
+    nodes = dict(state.nodes)
+    verdicts: dict[str, NodeVerdict] = {}
+    for node_id, node_samples in samples.items():
+        node = nodes.get(node_id, NodeHealthState())
+        for sample in sorted(node_samples, key=lambda s: s.sampled_s):
+            if sample.node_id != node_id:
+                raise ValueError(
+                    f"sample of node {sample.node_id!r} was passed under node {node_id!r}"
+                )
+            if node.last_sampled_s is not None and sample.sampled_s <= node.last_sampled_s:
+                continue
+            node = _step(node, sample, thresholds, now_s)
+        nodes[node_id] = node
+        verdicts[node_id] = _verdict(node_id, node, thresholds, now_s)
+    return verdicts, HealthState(nodes)
+
+
+def clear_lemon(state: HealthState, node_ids: Iterable[str]) -> HealthState:
+    """The operator's clear: forget the lemon record and held verdict of `node_ids`."""
+    nodes = dict(state.nodes)
+    for node_id in node_ids:
+        if node_id in nodes:
+            nodes[node_id] = replace(
+                nodes[node_id],
+                lemon=False,
+                unhealthy=False,
+                held_reasons=(),
+                unhealthy_turns_s=(),
+            )
+    return HealthState(nodes)
