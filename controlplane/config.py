@@ -30,6 +30,7 @@ __all__ = [
     "ConfigError",
     "ExternalPoolConfig",
     "HeadConfig",
+    "HealthConfig",
     "JobsConfig",
     "QueueShareConfig",
     "PolicyConfig",
@@ -37,6 +38,7 @@ __all__ = [
     "RayConfig",
     "ServeConfig",
     "StorageConfig",
+    "TelemetryConfig",
     "load_config",
     "to_yaml",
 ]
@@ -200,6 +202,65 @@ class JobsConfig:
     """How often a training loop's preemption helper asks the controller (cached in between)."""
 
 
+TELEMETRY_SOURCES = ("simulated", "nvml", "dcgm")
+
+
+def _default_fatal_xids() -> list[int]:
+    return [48, 61, 62, 64, 74, 79, 95, 119, 120, 140]
+
+
+@dataclass
+class TelemetryConfig:
+    """The per-node telemetry agents (GPU, NVLink, InfiniBand) and their Prometheus exporters."""
+
+    interval_s: float = 1.0
+    """Seconds between two samples on every node."""
+    source: str = "simulated"
+    """Where GPU readings come from: simulated (local mode), nvml or dcgm (a dcgm-exporter)."""
+    dcgm_url: str = "http://127.0.0.1:9400/metrics"
+    """The node-local dcgm-exporter endpoint scraped when source is dcgm."""
+    dcgm_timeout_s: float = 2.0
+    """Timeout of one dcgm-exporter scrape."""
+    ib_sysfs_root: str = "/sys/class/infiniband"
+    """Where InfiniBand ports are read (nvml and dcgm sources); a missing directory: no IB."""
+    exporter_port: int = 0
+    """Port of each agent's Prometheus endpoint; 0 picks a free port per agent (needed when
+    several simulated nodes share one IP)."""
+    history_samples: int = 120
+    """Samples each agent keeps for the health policy and `rcp health`."""
+    simulated_ib_ports: int = 2
+    """InfiniBand ports per simulated GPU node."""
+
+
+@dataclass
+class HealthConfig:
+    """When telemetry makes a node degraded or unhealthy (see policies/health.py)."""
+
+    gpu_temp_c: float = 78.0
+    """A GPU hotter than this is removed (after `hot_samples` samples)."""
+    hot_samples: int = 2
+    """Consecutive samples above gpu_temp_c before the node is unhealthy."""
+    fatal_xids: list[int] = field(default_factory=_default_fatal_xids)
+    """XIDs that mean broken hardware; any other XID only marks the node degraded."""
+    nvlink_errors_per_s: float = 1.0
+    """NVLink CRC, replay and recovery errors per second on one GPU above which it is unhealthy."""
+    ib_errors_per_s: float = 1.0
+    """InfiniBand error counter increase per second on one port above which it is unhealthy."""
+    ib_expected_width: int = 4
+    """Lanes a healthy IB port runs at; fewer marks the node degraded (0: no check)."""
+    ib_min_rate_gbps: float = 0.0
+    """A port slower than this marks the node degraded (0: no check)."""
+    recover_after_samples: int = 3
+    """Clean samples in a row before an unhealthy node is healthy again."""
+    stale_after_s: float = 10.0
+    """No new sample from a node's agent for this long marks it degraded (no_telemetry)."""
+    lemon_count: int = 3
+    """A node that turns unhealthy this many times within lemon_window_s stays out until an
+    operator clears it."""
+    lemon_window_s: float = 86400.0
+    """The lemon window."""
+
+
 @dataclass
 class Config:
     """The whole configuration. ``rcp config show`` prints the merged result."""
@@ -214,6 +275,8 @@ class Config:
     api: ApiConfig = field(default_factory=ApiConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     jobs: JobsConfig = field(default_factory=JobsConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
 
     @property
     def state_path(self) -> Path:
@@ -277,6 +340,8 @@ def validate(cfg: Config) -> list[str]:
     errors += _at_least(1, "ray.ready_timeout_s", cfg.ray.ready_timeout_s)
     errors += _at_least(0.05, "policy.tick_s", cfg.policy.tick_s)
     errors += _validate_jobs(cfg.jobs)
+    errors += _validate_telemetry(cfg.telemetry)
+    errors += _validate_health(cfg.health)
     if not (cfg.storage.uri.startswith("s3://") or cfg.storage.uri.startswith("file://")):
         errors.append(f"storage.uri: must start with s3:// or file://, got {cfg.storage.uri!r}")
     ports = {
@@ -331,6 +396,39 @@ def _validate_jobs(j: JobsConfig) -> list[str]:
     errors += _at_least(0.01, "jobs.job_signal_poll_s", j.job_signal_poll_s)
     return errors
 
+
+def _validate_telemetry(t: TelemetryConfig) -> list[str]:
+    errors: list[str] = []
+    errors += _at_least(0.05, "telemetry.interval_s", t.interval_s)
+    if t.source not in TELEMETRY_SOURCES:
+        errors.append(
+            f"telemetry.source: must be one of {', '.join(TELEMETRY_SOURCES)}, got {t.source!r}"
+        )
+    if t.source == "dcgm" and not t.dcgm_url.startswith(("http://", "https://")):
+        errors.append(f"telemetry.dcgm_url: must be an http(s) URL, got {t.dcgm_url!r}")
+    errors += _at_least(0.1, "telemetry.dcgm_timeout_s", t.dcgm_timeout_s)
+    if t.exporter_port != 0:
+        errors += _port("telemetry.exporter_port", t.exporter_port)
+    errors += _at_least(2, "telemetry.history_samples", t.history_samples)
+    errors += _at_least(0, "telemetry.simulated_ib_ports", t.simulated_ib_ports)
+    return errors
+
+
+def _validate_health(h: HealthConfig) -> list[str]:
+    errors: list[str] = []
+    errors += _at_least(1, "health.gpu_temp_c", h.gpu_temp_c)
+    errors += _at_least(1, "health.hot_samples", h.hot_samples)
+    for i, xid in enumerate(h.fatal_xids):
+        errors += _at_least(1, f"health.fatal_xids[{i}]", xid, "XIDs are positive")
+    errors += _at_least(0, "health.nvlink_errors_per_s", h.nvlink_errors_per_s)
+    errors += _at_least(0, "health.ib_errors_per_s", h.ib_errors_per_s)
+    errors += _at_least(0, "health.ib_expected_width", h.ib_expected_width)
+    errors += _at_least(0, "health.ib_min_rate_gbps", h.ib_min_rate_gbps)
+    errors += _at_least(1, "health.recover_after_samples", h.recover_after_samples)
+    errors += _at_least(0.1, "health.stale_after_s", h.stale_after_s)
+    errors += _at_least(1, "health.lemon_count", h.lemon_count)
+    errors += _at_least(1, "health.lemon_window_s", h.lemon_window_s)
+    return errors
 
 def _describe(exc: OmegaConfBaseException) -> str:
     key = getattr(exc, "full_key", None) or "<config>"
