@@ -1,0 +1,321 @@
+"""Replica placement across pools and the pacing of migration back.
+
+Owns: the pure decision `decide(snapshot, demands, config, state) -> (plan, state)` that
+splits each model's total replica count (from `policies.demand`) between the ``cluster`` and
+``external`` pools, and says which replicas move, how many GPUs to ask of the external pool's
+autoscaler, and how traffic is weighted. It reads no clock (``snapshot.now_s``) and does no
+I/O; the actuators carry the plan out make-before-break.
+
+Rules, in order:
+
+1. **Serving budget on the cluster pool** = GPUs of healthy ``cluster`` nodes, minus GPUs
+   held by running training gangs, minus `ModelDemand`-independent ``training_claim_gpus``
+   (what the admission policy asked serving to give back for an admissible gang).
+2. **Keep**: models in name order keep as many of their cluster replicas as the budget holds.
+3. **Yield to training**: replicas over the budget move to ``external`` (one
+   `MoveServeReplicas` per model, make-before-break in the actuator) as far as the external
+   pool's capacity allows. If it cannot hold them, the model keeps enough cluster replicas to
+   stay at ``min_replicas`` — serving never drops below its guaranteed minimum — and the
+   plan says so in the move's reason.
+4. **Grow**: new replicas (total wanted above what runs) go to the cluster pool when it has
+   room and no queued training waits; otherwise to ``external``.
+5. **Come back gradually**: external replicas return to the cluster pool only after it has had
+   room for at least one replica, with no queued training, for ``migrate_back_idle_s``
+   without a break; then at most ``migrate_back_step`` replicas per
+   ``migrate_back_interval_s``. A job arriving resets the timer (hysteresis: a job finishing
+   and another arriving does not make replicas flap).
+6. **External capacity** asked of the autoscaler = GPUs of the external replicas wanted;
+   emitted only when it changes. Asking for 0 lets the autoscaler remove idle nodes.
+7. **Route weights** follow readiness: each pool's share of the model's RUNNING replicas; a
+   pool with none gets 0. Emitted when they change.
+
+Worked example: one model, 1 GPU per replica, 6 replicas wanted (min 2), all 6 on the cluster
+pool of 8 GPUs; external pool holds 4 GPUs; a queued gang claims 6 GPUs
+(``training_claim_gpus=6``). Budget = 8 - 0 - 6 = 2, so the model keeps 2 cluster replicas
+and 4 must yield; external has room for 4 -> ``MoveServeReplicas(cluster -> external, 4)``
+and ``RequestExternalCapacity(4)``. If external held only 2 GPUs, 2 would move, and 4 would
+stay on the cluster: the gang waits (min_replicas 2 is met, but nothing else can host them).
+Later the gang finishes: the budget is 8 again, room for 4; after ``migrate_back_idle_s``
+(say 60 s) with no queued job, 1 replica per ``migrate_back_interval_s`` (say 30 s) comes
+back: at t=60, 90, 120, 150 s; the external request falls 4 -> 3 -> 2 -> 1 -> 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from policies.plan import Action, MoveServeReplicas, RequestExternalCapacity, SetRouteWeights
+from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
+
+__all__ = [
+    "ModelDemand",
+    "PlacementConfig",
+    "PlacementReason",
+    "PlacementState",
+    "PoolTargets",
+    "decide",
+]
+
+
+class PlacementReason(str, Enum):
+    YIELD_TO_TRAINING = "yield_to_training"
+    EXTERNAL_FULL = "external_full"
+    GROW_CLUSTER = "grow_cluster"
+    GROW_EXTERNAL = "grow_external"
+    SHRINK = "shrink"
+    MIGRATE_BACK = "migrate_back"
+    EXTERNAL_CAPACITY = "external_capacity"
+    ROUTE_BY_READINESS = "route_by_readiness"
+
+
+@dataclass(frozen=True)
+class ModelDemand:
+    """What the demand policy wants for one model."""
+
+    model: str
+    num_replicas: int
+    min_replicas: int
+    gpus_per_replica: int
+
+    def __post_init__(self) -> None:
+        if self.num_replicas < 0 or self.min_replicas < 0:
+            raise ValueError(f"{self.model}: replica counts must be >= 0")
+        if self.gpus_per_replica < 1:
+            raise ValueError(f"{self.model}: gpus_per_replica must be >= 1")
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    external_max_gpus: int
+    """GPUs the external pool can have at most (max_nodes x gpus_per_node)."""
+    migrate_back_idle_s: float = 60.0
+    migrate_back_step: int = 1
+    migrate_back_interval_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.external_max_gpus < 0:
+            raise ValueError("external_max_gpus must be >= 0")
+        if self.migrate_back_step < 1:
+            raise ValueError("migrate_back_step must be >= 1")
+        if self.migrate_back_idle_s < 0 or self.migrate_back_interval_s < 0:
+            raise ValueError("migrate_back_idle_s and migrate_back_interval_s must be >= 0")
+
+
+@dataclass(frozen=True)
+class PlacementState:
+    """The policy's memory; the caller stores it and hands it back next tick."""
+
+    room_since_s: float | None = None
+    last_step_back_s: float | None = None
+    requested_external_gpus: int = 0
+    route_weights: Mapping[str, tuple[tuple[Pool, float], ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PoolTargets:
+    """The decided replica count per pool for one model (what the actuator scales to)."""
+
+    model: str
+    cluster: int
+    external: int
+    note: str = ""
+    """Why the targets fall short of the demand (e.g. the external pool is full), if they do."""
+
+
+def _count(snapshot: ClusterSnapshot, model: str, pool: Pool, states: set[ReplicaState]) -> int:
+    return sum(
+        1
+        for r in snapshot.serve_replicas
+        if r.model == model and r.pool is pool and r.state in states
+    )
+
+
+def _serving_budget_gpus(snapshot: ClusterSnapshot, training_claim_gpus: int) -> int:
+    live = {n.node_id for n in snapshot.live_nodes(Pool.CLUSTER)}
+    held = sum(
+        gpus
+        for gang in snapshot.running
+        for node, gpus in gang.gpus_by_node.items()
+        if node in live
+    )
+    return max(0, snapshot.live_gpus_total(Pool.CLUSTER) - held - training_claim_gpus)
+
+
+def _weights(running: dict[Pool, int]) -> tuple[tuple[Pool, float], ...]:
+    total = sum(running.values())
+    if total == 0:
+        return ()
+    return tuple((pool, running[pool] / total) for pool in (Pool.CLUSTER, Pool.EXTERNAL))
+
+
+def decide(
+    snapshot: ClusterSnapshot,
+    demands: tuple[ModelDemand, ...],
+    config: PlacementConfig,
+    state: PlacementState,
+    training_claim_gpus: int = 0,
+) -> tuple[tuple[tuple[PoolTargets, ...], tuple[Action, ...]], PlacementState]:
+    """Targets per (model, pool) and the actions to reach them; see the module docstring."""
+    now = snapshot.now_s
+    active = {ReplicaState.RUNNING, ReplicaState.STARTING}
+    training_waiting = any(
+        job.not_before_s is None or job.not_before_s <= now for job in snapshot.queued
+    )
+    budget = _serving_budget_gpus(snapshot, training_claim_gpus)
+    external_left = config.external_max_gpus
+    actions: list[Action] = []
+    targets: list[PoolTargets] = []
+
+    ordered = sorted(demands, key=lambda d: d.model)
+    current = {
+        d.model: (
+            _count(snapshot, d.model, Pool.CLUSTER, active),
+            _count(snapshot, d.model, Pool.EXTERNAL, active),
+        )
+        for d in ordered
+    }
+
+    # Pass 1 (rules 2-4): keep, yield, grow.
+    plan_c: dict[str, int] = {}
+    plan_e: dict[str, int] = {}
+    notes: dict[str, str] = {}
+    for d in ordered:
+        g = d.gpus_per_replica
+        cur_c, cur_e = current[d.model]
+        total = max(d.num_replicas, d.min_replicas)
+        keep_c = min(cur_c, total, budget // g)
+        keep_e = min(cur_e, total - keep_c)
+        external_left -= keep_e * g
+        need = total - keep_c - keep_e
+        # Cluster replicas over the budget that are still needed relocate; the rest is growth.
+        relocate = min(max(0, min(cur_c, total) - keep_c), need)
+        grow = need - relocate
+        new_c = 0
+        if grow > 0 and not training_waiting:
+            new_c = min(grow, max(0, budget - keep_c * g) // g)
+        to_external = relocate + grow - new_c
+        ext_ok = min(to_external, max(0, external_left) // g)
+        external_left -= ext_ok * g
+        moved = min(relocate, ext_ok)
+        # What the external pool cannot hold: relocating replicas stay on the cluster pool
+        # only as far as min_replicas needs them (serving shrinks for training, never below
+        # its guaranteed minimum); growth nobody can host is not started.
+        placed = keep_c + keep_e + new_c + ext_ok
+        stay_c = min(relocate - moved, max(0, d.min_replicas - placed))
+        c = keep_c + new_c + stay_c
+        e = keep_e + ext_ok
+        budget = max(0, budget - c * g)
+        plan_c[d.model], plan_e[d.model] = c, e
+        if to_external > ext_ok:
+            notes[d.model] = (
+                f"{PlacementReason.EXTERNAL_FULL.value}: the external pool cannot hold "
+                f"{to_external - ext_ok} more replica(s) of {d.model}; it runs {c + e} "
+                f"(wanted {total}, min {d.min_replicas})"
+            )
+        if moved:
+            reason = (
+                f"{PlacementReason.YIELD_TO_TRAINING.value}: {moved} replica(s) of {d.model} "
+                "make room on the cluster pool for training"
+            )
+            actions.append(
+                MoveServeReplicas(
+                    model=d.model,
+                    from_pool=Pool.CLUSTER,
+                    to_pool=Pool.EXTERNAL,
+                    num_replicas=moved,
+                    node_ids=(),
+                    reason=reason,
+                )
+            )
+
+    # Pass 2 (rule 5): gradual migration back.
+    room_gpus = budget
+    can_come_back = [d for d in ordered if plan_e[d.model] > 0 and room_gpus >= d.gpus_per_replica]
+    room_since = state.room_since_s
+    last_step = state.last_step_back_s
+    if can_come_back and not training_waiting:
+        room_since = now if room_since is None else room_since
+    else:
+        room_since = None
+    if (
+        room_since is not None
+        and now - room_since >= config.migrate_back_idle_s
+        and (last_step is None or now - last_step >= config.migrate_back_interval_s)
+    ):
+        step_left = config.migrate_back_step
+        for d in can_come_back:
+            n = min(step_left, plan_e[d.model], room_gpus // d.gpus_per_replica)
+            if n <= 0:
+                continue
+            plan_e[d.model] -= n
+            plan_c[d.model] += n
+            room_gpus -= n * d.gpus_per_replica
+            step_left -= n
+            actions.append(
+                MoveServeReplicas(
+                    model=d.model,
+                    from_pool=Pool.EXTERNAL,
+                    to_pool=Pool.CLUSTER,
+                    num_replicas=n,
+                    node_ids=(),
+                    reason=(
+                        f"{PlacementReason.MIGRATE_BACK.value}: cluster pool had room for "
+                        f"{now - room_since:.0f}s with no queued training"
+                    ),
+                )
+            )
+            last_step = now
+            if step_left == 0:
+                break
+
+    for d in ordered:
+        targets.append(
+            PoolTargets(d.model, plan_c[d.model], plan_e[d.model], notes.get(d.model, ""))
+        )
+
+    # Rule 6: external capacity.
+    external_gpus = sum(plan_e[d.model] * d.gpus_per_replica for d in ordered)
+    requested = state.requested_external_gpus
+    if external_gpus != requested:
+        actions.append(
+            RequestExternalCapacity(
+                num_gpus=external_gpus,
+                reason=(
+                    f"{PlacementReason.EXTERNAL_CAPACITY.value}: external replicas need "
+                    f"{external_gpus} GPU(s) (was {requested})"
+                ),
+            )
+        )
+        requested = external_gpus
+
+    # Rule 7: route weights from readiness.
+    weights = dict(state.route_weights)
+    for d in ordered:
+        running = {
+            pool: _count(snapshot, d.model, pool, {ReplicaState.RUNNING})
+            for pool in (Pool.CLUSTER, Pool.EXTERNAL)
+        }
+        w = _weights(running)
+        if w and weights.get(d.model) != w:
+            weights[d.model] = w
+            actions.append(
+                SetRouteWeights(
+                    model=d.model,
+                    weights=w,
+                    reason=(
+                        f"{PlacementReason.ROUTE_BY_READINESS.value}: running replicas "
+                        f"cluster={running[Pool.CLUSTER]} external={running[Pool.EXTERNAL]}"
+                    ),
+                )
+            )
+
+    new_state = replace(
+        state,
+        room_since_s=room_since,
+        last_step_back_s=last_step,
+        requested_external_gpus=requested,
+        route_weights=weights,
+    )
+    return (tuple(targets), tuple(actions)), new_state

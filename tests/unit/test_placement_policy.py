@@ -1,0 +1,270 @@
+"""The placement policy as tables: prefer the cluster pool, yield to training make-before-break,
+overflow to external, never below min_replicas, and come back gradually."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from policies.placement import ModelDemand, PlacementConfig, PlacementState, decide
+from policies.plan import MoveServeReplicas, RequestExternalCapacity, SetRouteWeights
+from policies.snapshot import Pool, ReplicaState
+from tests.unit.builders import gang, job, node, replica, snapshot
+
+CLUSTER = [node("c1", gpus_total=4), node("c2", gpus_total=4)]
+EXTERNAL = [
+    node("e1", gpus_total=2, pool=Pool.EXTERNAL),
+    node("e2", gpus_total=2, pool=Pool.EXTERNAL),
+]
+
+
+def replicas(
+    n_cluster: int, n_external: int, model: str = "m", state: ReplicaState = ReplicaState.RUNNING
+):  # type: ignore[no-untyped-def]
+    out = [
+        replica(f"{model}-c{i}", "c1" if i < 4 else "c2", model=model, state=state)
+        for i in range(n_cluster)
+    ]
+    out += [
+        replica(
+            f"{model}-e{i}", "e1" if i < 2 else "e2", model=model, pool=Pool.EXTERNAL, state=state
+        )
+        for i in range(n_external)
+    ]
+    return out
+
+
+@dataclass
+class Case:
+    id: str
+    want: int
+    min_replicas: int = 1
+    cur: tuple[int, int] = (0, 0)
+    claim: int = 0
+    queued: bool = False
+    running_gang: dict[str, int] = field(default_factory=dict)
+    external_max: int = 8
+    expect: tuple[int, int] = (0, 0)
+    moved_out: int = 0
+
+
+CASES = [
+    Case("fresh-model-prefers-cluster", want=3, expect=(3, 0)),
+    Case("grows-into-cluster-when-room", want=5, cur=(3, 0), expect=(5, 0)),
+    Case("overflow-goes-external", want=10, cur=(8, 0), expect=(8, 2)),
+    Case(
+        "growth-goes-external-while-training-queued", want=4, cur=(2, 0), queued=True, expect=(2, 2)
+    ),
+    Case(
+        "training-claim-moves-replicas-out", want=6, cur=(6, 0), claim=6, expect=(2, 4), moved_out=4
+    ),
+    Case(
+        "claim-of-whole-pool-moves-everything",
+        want=4,
+        cur=(4, 0),
+        claim=8,
+        expect=(0, 4),
+        moved_out=4,
+    ),
+    Case(
+        "external-full-keeps-min-on-cluster",
+        want=6,
+        min_replicas=4,
+        cur=(6, 0),
+        claim=8,
+        external_max=2,
+        expect=(2, 2),
+        moved_out=2,
+    ),
+    Case(
+        "external-full-shrinks-to-what-fits-above-min",
+        want=6,
+        min_replicas=1,
+        cur=(6, 0),
+        claim=8,
+        external_max=2,
+        expect=(0, 2),
+        moved_out=2,
+    ),
+    Case("running-gang-holds-gpus", want=6, cur=(0, 0), running_gang={"c1": 4}, expect=(4, 2)),
+    Case("shrink-keeps-cluster-first", want=2, cur=(3, 2), expect=(2, 0)),
+    Case("external-kept-until-migration-timer", want=4, cur=(2, 2), expect=(2, 2)),
+    Case("never-below-min", want=0, min_replicas=2, cur=(2, 0), expect=(2, 0)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_targets(case: Case) -> None:
+    snap = snapshot(
+        CLUSTER + EXTERNAL,
+        replicas=replicas(*case.cur),
+        queued=[job("q", 8)] if case.queued else [],
+        running=[gang("g", case.running_gang)] if case.running_gang else [],
+    )
+    (targets, actions), _ = decide(
+        snap,
+        (ModelDemand("m", case.want, case.min_replicas, 1),),
+        PlacementConfig(external_max_gpus=case.external_max),
+        PlacementState(),
+        training_claim_gpus=case.claim,
+    )
+    assert (targets[0].cluster, targets[0].external) == case.expect
+    moves = [a for a in actions if isinstance(a, MoveServeReplicas) and a.to_pool is Pool.EXTERNAL]
+    assert sum(m.num_replicas for m in moves) == case.moved_out
+    assert targets[0].cluster + targets[0].external >= case.min_replicas
+    for m in moves:
+        assert m.reason.startswith("yield_to_training")
+
+
+def test_external_full_is_explained() -> None:
+    snap = snapshot(CLUSTER + EXTERNAL, replicas=replicas(6, 0))
+    (targets, _), _ = decide(
+        snap,
+        (ModelDemand("m", 6, 4, 1),),
+        PlacementConfig(external_max_gpus=2),
+        PlacementState(),
+        8,
+    )
+    assert targets[0].note.startswith("external_full")
+
+
+def test_cluster_budget_is_shared_between_models_in_name_order() -> None:
+    reps = [replica(f"a{i}", "c1", model="a") for i in range(4)]
+    reps += [replica(f"b{i}", "c2", model="b") for i in range(4)]
+    snap = snapshot(CLUSTER, replicas=reps)
+    (targets, _), _ = decide(
+        snap,
+        (ModelDemand("b", 4, 1, 1), ModelDemand("a", 4, 1, 1)),
+        PlacementConfig(external_max_gpus=8),
+        PlacementState(),
+        training_claim_gpus=4,
+    )
+    by_model = {t.model: (t.cluster, t.external) for t in targets}
+    assert by_model == {"a": (4, 0), "b": (0, 4)}
+
+
+def test_multi_gpu_replicas_count_gpus_not_replicas() -> None:
+    snap = snapshot(CLUSTER + EXTERNAL, replicas=[replica("r", "c1", gpus=2)])
+    (targets, actions), _ = decide(
+        snap,
+        (ModelDemand("m", 3, 1, 2),),
+        PlacementConfig(external_max_gpus=4),
+        PlacementState(),
+        4,
+    )
+    # Budget 8 - 4 claimed = 4 GPUs = 2 two-GPU replicas on the cluster; the third overflows.
+    assert (targets[0].cluster, targets[0].external) == (2, 1)
+    request = [a for a in actions if isinstance(a, RequestExternalCapacity)]
+    assert request and request[0].num_gpus == 2
+
+
+def run(ticks: list[tuple[float, bool]], cfg: PlacementConfig) -> list[tuple[float, int]]:
+    """Replay a migration-back timeline: 4 replicas on external, cluster empty and idle.
+
+    Each tick: (now_s, training queued?). The actuator is assumed to finish each move before
+    the next tick. Returns (now_s, replicas moved back) for each tick that moved any.
+    """
+    on_cluster, on_external = 0, 4
+    state = PlacementState(requested_external_gpus=4)
+    moved_at = []
+    for now_s, queued in ticks:
+        snap = snapshot(
+            CLUSTER + EXTERNAL,
+            replicas=replicas(on_cluster, on_external),
+            queued=[job("q", 8)] if queued else [],
+            now_s=now_s,
+        )
+        (targets, actions), state = decide(snap, (ModelDemand("m", 4, 1, 1),), cfg, state)
+        back = sum(
+            a.num_replicas
+            for a in actions
+            if isinstance(a, MoveServeReplicas) and a.to_pool is Pool.CLUSTER
+        )
+        if back:
+            moved_at.append((now_s, back))
+        on_cluster, on_external = targets[0].cluster, targets[0].external
+    return moved_at
+
+
+def test_migration_back_waits_for_idle_then_steps() -> None:
+    cfg = PlacementConfig(
+        external_max_gpus=8, migrate_back_idle_s=60, migrate_back_step=1, migrate_back_interval_s=30
+    )
+    ticks = [(float(t), False) for t in range(0, 200, 10)]
+    assert run(ticks, cfg) == [(60.0, 1), (90.0, 1), (120.0, 1), (150.0, 1)]
+
+
+def test_migration_back_step_size() -> None:
+    cfg = PlacementConfig(
+        external_max_gpus=8, migrate_back_idle_s=0, migrate_back_step=2, migrate_back_interval_s=30
+    )
+    ticks = [(float(t), False) for t in range(0, 100, 10)]
+    assert run(ticks, cfg) == [(0.0, 2), (30.0, 2)]
+
+
+def test_queued_training_resets_the_idle_timer() -> None:
+    cfg = PlacementConfig(
+        external_max_gpus=8, migrate_back_idle_s=60, migrate_back_step=1, migrate_back_interval_s=30
+    )
+    # A job is queued at t=50 (and admitted by t=60): the 60 s wait starts again at t=60.
+    ticks = [(float(t), t == 50) for t in range(0, 200, 10)]
+    assert run(ticks, cfg)[0] == (120.0, 1)
+
+
+def test_external_capacity_request_follows_targets_and_is_emitted_on_change() -> None:
+    snap = snapshot(CLUSTER + EXTERNAL, replicas=replicas(6, 0))
+    demand = (ModelDemand("m", 6, 1, 1),)
+    cfg = PlacementConfig(external_max_gpus=8)
+    (_, actions), state = decide(snap, demand, cfg, PlacementState(), training_claim_gpus=6)
+    requests = [a for a in actions if isinstance(a, RequestExternalCapacity)]
+    assert [r.num_gpus for r in requests] == [4]
+    (_, actions), _ = decide(snap, demand, cfg, state, training_claim_gpus=6)
+    assert not [a for a in actions if isinstance(a, RequestExternalCapacity)]
+
+
+@pytest.mark.parametrize(
+    ("running", "starting", "weights"),
+    [
+        pytest.param((4, 0), (0, 0), ((Pool.CLUSTER, 1.0), (Pool.EXTERNAL, 0.0)), id="all-cluster"),
+        pytest.param((1, 3), (0, 0), ((Pool.CLUSTER, 0.25), (Pool.EXTERNAL, 0.75)), id="split"),
+        pytest.param(
+            (2, 0),
+            (0, 2),
+            ((Pool.CLUSTER, 1.0), (Pool.EXTERNAL, 0.0)),
+            id="starting-gets-no-traffic",
+        ),
+    ],
+)
+def test_route_weights_follow_readiness(
+    running: tuple[int, int], starting: tuple[int, int], weights: tuple[tuple[Pool, float], ...]
+) -> None:
+    reps = replicas(*running) + [
+        replica(f"s{i}", "e1", pool=Pool.EXTERNAL, state=ReplicaState.STARTING)
+        for i in range(starting[1])
+    ]
+    snap = snapshot(CLUSTER + EXTERNAL, replicas=reps)
+    (_, actions), state = decide(
+        snap,
+        (ModelDemand("m", sum(running) + sum(starting), 1, 1),),
+        PlacementConfig(8),
+        PlacementState(),
+    )
+    set_weights = [a for a in actions if isinstance(a, SetRouteWeights)]
+    assert len(set_weights) == 1 and set_weights[0].weights == weights
+    (_, again), _ = decide(
+        snap, (ModelDemand("m", sum(running) + sum(starting), 1, 1),), PlacementConfig(8), state
+    )
+    assert not [a for a in again if isinstance(a, SetRouteWeights)]  # unchanged: not re-sent
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        pytest.param({"external_max_gpus": -1}, id="negative-external"),
+        pytest.param({"external_max_gpus": 4, "migrate_back_step": 0}, id="zero-step"),
+    ],
+)
+def test_bad_config_is_rejected(kwargs: dict[str, int]) -> None:
+    with pytest.raises(ValueError):
+        PlacementConfig(**kwargs)  # type: ignore[arg-type]
