@@ -81,11 +81,14 @@ class _JobSignals:
             job["started_ranks"].append(rank)
 
     def checkpointed(self, job_id: str, attempt: int, step: int, path: str, at_s: float) -> None:
-        self._job(job_id)["checkpoint"] = {
+        job = self._job(job_id)
+        job["checkpoint"] = {
             "attempt": attempt,
             "step": step,
             "path": path,
             "at_s": at_s,
+            # True when this checkpoint was taken while a checkpoint-now request was pending.
+            "answers_request": job["requested_at_s"] is not None,
         }
 
     def request_checkpoint(self, job_id: str, at_s: float) -> None:

@@ -274,6 +274,9 @@ class LocalCluster:
             )
             self._start_serve()
             announce(Endpoint("serve", f"http://{self.cfg.ray.node_ip}:{self.cfg.serve.http_port}"))
+            from controlplane.service.controller import deploy
+
+            announce(Endpoint("api", deploy(self.cfg)))
         except BaseException:
             echo("start failed; stopping what was started")
             self._stop(state, echo=lambda _m: None)

@@ -1,0 +1,240 @@
+"""The controller: the detached ``rcp-controller`` actor that makes the training queue real.
+
+Owns: the job store (SQLite, WAL, at ``Config.jobs_db_path``), the HTTP API (on
+``ray.node_ip:api.port``) and the tick loop, each tick in numbered phases that each catch,
+log and count their own failure, so the loop never dies:
+
+1. observe - node inventory from Ray, jobs from the store, and `JobRunner.reconcile` (Ray
+   Job states and the job signals move jobs along: RUNNING, SUCCEEDED, preemption done...);
+   then one frozen `ClusterSnapshot`;
+2. decide - ``policies.admission.decide(snapshot, config, state)``;
+3. act - `JobRunner.admit` / `preempt` for each action, `RejectJob` fails the job;
+4. record - the admission state (preemption history for the caps) goes to the store's kv,
+   and every action that is new since the last tick goes to the event log.
+
+The actor lives on the head (``resources={"pool_head": 1}``, ``num_cpus=0``), is detached and
+restarts forever (``max_restarts=-1``); a restarted actor reads everything from the store and
+acts idempotently (see `runner`). `deploy(cfg)` creates it or finds the running one, waits for
+the API and returns its URL; the API token is created once at ``<state_dir>/api-token``
+(0600) and the URL written to ``<state_dir>/api-url`` for the SDK and CLI.
+
+Must not: decide admissions itself (the policy does) or touch Ray beyond the runner and the
+node inventory.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+from controlplane.config import Config, from_dict, to_dict
+from controlplane.pools import Pool, pool_resource
+from controlplane.service.tokens import ensure_token, write_url
+
+__all__ = ["ACTOR_NAME", "NAMESPACE", "Controller", "TickStats", "deploy", "get_controller"]
+
+log = logging.getLogger(__name__)
+
+ACTOR_NAME = "rcp-controller"
+NAMESPACE = "rcp"
+STATE_KEY = "admission.state"
+
+
+@dataclass
+class TickStats:
+    """Counters the controller reports through `Controller.stats` (tests and debugging)."""
+
+    ticks: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+    last_duration_s: dict[str, float] = field(default_factory=dict)
+
+
+class Controller:
+    """The actor's body. Tests may build it directly with a fake runner; `deploy` runs it in Ray."""
+
+    def __init__(self, cfg_data: dict[str, Any], token: str, *, start: bool = True) -> None:
+        from controlplane.service.api import ApiServer
+        from controlplane.service.queueing import JobService
+        from controlplane.service.runner import JobRunner, RayJobs
+        from controlplane.store import Store
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+        self.cfg: Config = from_dict(cfg_data)
+        self.store = Store(self.cfg.jobs_db_path)
+        self.runner = JobRunner(self.store, self.cfg, RayJobs(self.cfg))
+        self.service = JobService(self.store, self.cfg, logs=self.runner.logs)
+        self.stats = TickStats()
+        self._last_actions: set[tuple[str, str, str]] = set()
+        self._stop = threading.Event()
+        self.api = ApiServer(self.service, token, self.cfg.ray.node_ip, self.cfg.api.port)
+        if start:
+            self.api.start()
+            self._thread = threading.Thread(target=self._loop, name="rcp-tick", daemon=True)
+            self._thread.start()
+            self.store.record_event("controller.start", f"controller serving {self.api.url}")
+
+    # -- actor methods -------------------------------------------------------------------------
+
+    def url(self) -> str:
+        return self.api.url
+
+    def get_stats(self) -> dict[str, Any]:
+        return {
+            "ticks": self.stats.ticks,
+            "failures": dict(self.stats.failures),
+            "last_duration_s": dict(self.stats.last_duration_s),
+        }
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.tick()
+            except BaseException:  # never let the loop die
+                log.exception("tick failed outside its phases")
+            self._stop.wait(max(0.0, self.cfg.policy.tick_s - (time.monotonic() - started)))
+
+    def _phase(self, name: str, fn: Any, *args: Any) -> Any:
+        t0 = time.monotonic()
+        try:
+            return fn(*args)
+        except Exception:
+            self.stats.failures[name] = self.stats.failures.get(name, 0) + 1
+            log.exception("tick phase %s failed", name)
+            return None
+        finally:
+            self.stats.last_duration_s[name] = time.monotonic() - t0
+
+    def tick(self) -> None:
+        """One observe -> decide -> act -> record pass."""
+        self.stats.ticks += 1
+        snapshot = self._phase("1-observe", self._observe)
+        if snapshot is None:
+            return
+        decided = self._phase("2-decide", self._decide, snapshot)
+        if decided is None:
+            return
+        plan, state = decided
+        self._phase("3-act", self._act, plan)
+        self._phase("4-record", self._record, plan, state)
+
+    def _observe(self) -> Any:
+        from controlplane.inventory import list_nodes
+        from controlplane.service.observing import build_snapshot
+        from controlplane.store import JobState
+
+        self.runner.reconcile()
+        jobs = self.store.list_jobs(states=[JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING])
+        return build_snapshot(time.time(), list_nodes(), jobs)
+
+    def _decide(self, snapshot: Any) -> Any:
+        from controlplane.service.observing import admission_config
+        from policies.admission import AdmissionState, decide
+
+        state = AdmissionState.from_dict(self.store.get_value(STATE_KEY, {}) or {})
+        return decide(snapshot, admission_config(self.cfg), state)
+
+    def _act(self, plan: Any) -> None:
+        from controlplane.store import JobState
+        from policies.plan import AdmitJob, PreemptJob, RejectJob
+
+        for action in plan:
+            try:
+                if isinstance(action, PreemptJob):
+                    self.runner.preempt(action)
+                elif isinstance(action, AdmitJob):
+                    self.runner.admit(action)
+                elif isinstance(action, RejectJob):
+                    job = self.store.get(action.job_id)
+                    if job.state is JobState.QUEUED:
+                        self.store.transition(
+                            action.job_id, JobState.FAILED, f"rejected: {action.reason}"
+                        )
+            except Exception:
+                self.stats.failures["3-act"] = self.stats.failures.get("3-act", 0) + 1
+                log.exception("acting on %r failed", action)
+
+    def _record(self, plan: Any, state: Any) -> None:
+        self.store.put(STATE_KEY, state.to_dict())
+        current = set()
+        for action in plan:
+            key = (type(action).__name__, str(getattr(action, "job_id", "")), action.reason)
+            current.add(key)
+            if key not in self._last_actions:
+                self.store.record_event(
+                    f"policy.{type(action).__name__}",
+                    action.reason,
+                    job_id=getattr(action, "job_id", None),
+                )
+        self._last_actions = current
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self.api.stop()
+
+
+def get_controller() -> Any:
+    """The running controller actor's handle, or None."""
+    import ray
+
+    try:
+        return ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def deploy(cfg: Config, timeout_s: float = 120.0) -> str:
+    """Create (or find) the controller actor, wait until its API answers, return the API URL.
+
+    The caller is a connected Ray driver (`controlplane.local.cluster.connect`).
+    """
+    import ray
+
+    if not ray.is_initialized():
+        from controlplane.local.cluster import connect
+
+        connect(cfg)
+    token = ensure_token(cfg.state_path)
+    actor_cls = ray.remote(Controller)
+    handle = actor_cls.options(  # type: ignore[attr-defined]
+        name=ACTOR_NAME,
+        namespace=NAMESPACE,
+        lifetime="detached",
+        get_if_exists=True,
+        num_cpus=0,
+        resources={pool_resource(Pool.HEAD): 1},
+        max_restarts=-1,
+        max_task_retries=-1,
+        runtime_env={
+            "env_vars": {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+        },
+    ).remote(to_dict(cfg), token)
+    url = f"http://{cfg.ray.node_ip}:{cfg.api.port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            url = str(ray.get(handle.url.remote(), timeout=10))
+            if _healthy(url):
+                write_url(cfg.state_path, url)
+                return url
+        except Exception as exc:  # still starting (or restarting)
+            log.debug("controller not ready yet: %s", exc)
+        time.sleep(0.5)
+    raise RuntimeError(
+        f"the control-plane API did not answer at {url} within {timeout_s:.0f}s; see the "
+        f"actor {ACTOR_NAME!r} in the dashboard's Actors tab"
+    )

@@ -1,0 +1,446 @@
+"""The runner: the act phase for training jobs. The only code that starts and stops Ray Jobs.
+
+Owns:
+
+* `RayJobs` - the Ray side: Ray Job submission, status, stop and logs through the dashboard
+  (``JobSubmissionClient``, so every gang shows in the dashboard's Jobs tab), and the
+  ``rcp-job-signals`` actor (`jobs.preemption.JobSignals`) that training loops talk to.
+* `JobRunner` - a job's life after admission, idempotently and from the store alone, so a
+  restarted controller carries on where the last one stopped:
+
+  - `admit` (AdmitJob): QUEUED -> ADMITTED, record the attempt and its Ray submission id
+    ``<job_id>-<attempt>`` *before* submitting (Ray refuses a second submission with the
+    same id, so a crash between the two never runs a gang twice), then submit the launcher.
+  - `preempt` (PreemptJob): ask the gang to checkpoint now (signals actor), mark it
+    ``preempting`` with a deadline (``checkpoint.preempt_deadline_s``).
+  - `reconcile` every tick: ADMITTED -> RUNNING once every worker has started; a gang not
+    running within ``jobs.gang_start_timeout_s`` is stopped and re-queued with exponential
+    backoff (``not_before_s``), FAILED after ``jobs.max_start_attempts``; a preempting gang
+    is stopped once it reported a checkpoint taken for the request (or at the deadline), then
+    PREEMPTED -> QUEUED, to resume from its latest checkpoint; a Ray Job that ended sets
+    SUCCEEDED/FAILED; a CANCELLED job's Ray Job is stopped.
+
+What a gang runs (``JobSpec.entrypoint``): ``module:function`` runs
+``python -m jobs.launcher module:function``; anything else is run as a command (a leading
+``python``/``python3`` becomes this interpreter), and the script calls
+``jobs.launcher.run_gang``. The environment carries ``RCP_JOB_ID``, ``RCP_ATTEMPT``,
+``RCP_NUM_WORKERS``, ``RCP_GPUS_PER_WORKER``, ``RCP_CPUS_PER_WORKER``, ``RCP_STORAGE_PATH``,
+``RCP_RESUME_FROM`` (the latest checkpoint) and ``RCP_SIGNAL_POLL_S``.
+
+Must not: decide who runs (that is `policies.admission`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+import sys
+import time
+from collections.abc import Callable, Mapping
+from enum import Enum
+from typing import Any, Protocol
+
+from controlplane.config import Config
+from controlplane.pools import Pool, pool_resource
+from controlplane.store import IllegalTransition, JobRecord, JobState, StaleState, Store
+from policies.plan import AdmitJob, PreemptJob
+
+__all__ = ["JobRunner", "RayJobs", "RayJobStatus", "Reason", "entrypoint_command"]
+
+log = logging.getLogger(__name__)
+
+_FUNCTION_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class RayJobStatus(str, Enum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    STOPPED = "STOPPED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    MISSING = "MISSING"
+    """No Ray Job with that submission id (never submitted, or the cluster forgot it)."""
+
+
+_ENDED = {RayJobStatus.STOPPED, RayJobStatus.SUCCEEDED, RayJobStatus.FAILED}
+
+
+class Reason(str, Enum):
+    """Codes that start the reasons the runner writes to the state history."""
+
+    GANG_RUNNING = "gang-running"
+    GANG_START_TIMEOUT = "gang-start-timeout"
+    START_FAILED = "start-failed"
+    CHECKPOINTED_FOR_PREEMPTION = "checkpointed-for-preemption"
+    PREEMPT_DEADLINE = "preempt-deadline-passed"
+    REQUEUED = "requeued-after-preemption"
+    RAY_JOB_SUCCEEDED = "ray-job-succeeded"
+    RAY_JOB_FAILED = "ray-job-failed"
+    RAY_JOB_STOPPED = "ray-job-stopped-outside-control-plane"
+
+
+def entrypoint_command(entrypoint: str, python: str = sys.executable) -> str:
+    """The Ray Job entrypoint for a spec's entrypoint (see the module doc)."""
+    ep = entrypoint.strip()
+    if _FUNCTION_RE.match(ep):
+        return f"{shlex.quote(python)} -m jobs.launcher {ep}"
+    head, _, rest = ep.partition(" ")
+    if head in ("python", "python3"):
+        return f"{shlex.quote(python)} {rest}".rstrip()
+    return ep
+
+
+class Signals(Protocol):
+    def status(self, job_id: str) -> dict[str, Any]: ...
+    def request_checkpoint(self, job_id: str, at_s: float) -> None: ...
+    def clear_request(self, job_id: str) -> None: ...
+
+
+class RayJobs:
+    """Ray Jobs and the job signals actor (the process must be a connected Ray driver)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.dashboard_url = f"http://{cfg.ray.node_ip}:{cfg.ray.dashboard_port}"
+        self._client: Any = None
+        self._signals: Any = None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            from ray.job_submission import JobSubmissionClient
+
+            self._client = JobSubmissionClient(self.dashboard_url)
+        return self._client
+
+    def signals_actor(self) -> Any:
+        if self._signals is None:
+            from jobs.preemption import SIGNALS_ACTOR_NAME, SIGNALS_NAMESPACE, JobSignals
+
+            self._signals = JobSignals.options(  # type: ignore[attr-defined]
+                name=SIGNALS_ACTOR_NAME,
+                namespace=SIGNALS_NAMESPACE,
+                lifetime="detached",
+                get_if_exists=True,
+                resources={pool_resource(Pool.HEAD): 1},
+            ).remote()
+        return self._signals
+
+    def signal_status(self, job_id: str) -> dict[str, Any]:
+        import ray
+
+        return dict(ray.get(self.signals_actor().status.remote(job_id), timeout=10))
+
+    def request_checkpoint(self, job_id: str, at_s: float) -> None:
+        import ray
+
+        ray.get(self.signals_actor().request_checkpoint.remote(job_id, at_s), timeout=10)
+
+    def clear_request(self, job_id: str) -> None:
+        import ray
+
+        ray.get(self.signals_actor().clear_request.remote(job_id), timeout=10)
+
+    def submit(self, submission_id: str, entrypoint: str, runtime_env: Mapping[str, Any]) -> None:
+        """Submit; a submission id that already exists counts as done (idempotent)."""
+        try:
+            self.client.submit_job(
+                entrypoint=entrypoint,
+                submission_id=submission_id,
+                runtime_env=dict(runtime_env),
+                metadata={"rcp_job": submission_id.rsplit("-", 1)[0]},
+            )
+        except Exception as exc:
+            if self.status(submission_id) is RayJobStatus.MISSING:
+                raise
+            log.info("Ray Job %s already submitted (%s)", submission_id, exc)
+
+    def status(self, submission_id: str) -> RayJobStatus:
+        try:
+            return RayJobStatus(str(self.client.get_job_status(submission_id)).split(".")[-1])
+        except RuntimeError as exc:
+            if "does not exist" in str(exc) or "404" in str(exc):
+                return RayJobStatus.MISSING
+            raise
+
+    def stop(self, submission_id: str) -> None:
+        try:
+            self.client.stop_job(submission_id)
+        except RuntimeError as exc:
+            if "does not exist" not in str(exc):
+                raise
+
+    def logs(self, submission_id: str) -> str:
+        try:
+            return str(self.client.get_job_logs(submission_id))
+        except RuntimeError:
+            return ""
+
+
+class JobRunner:
+    """A job's life after admission (see the module doc). Every method is idempotent."""
+
+    def __init__(
+        self, store: Store, cfg: Config, ray_jobs: Any, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.store = store
+        self.cfg = cfg
+        self.ray = ray_jobs
+        self.clock = clock
+
+    # -- act ---------------------------------------------------------------------------------
+
+    def admit(self, action: AdmitJob) -> None:
+        job = self.store.get(action.job_id)
+        if job.state is not JobState.QUEUED:
+            return  # already acted on (level-triggered plans repeat)
+        now = self.clock()
+        attempt = int(job.info.get("attempt", 0)) + 1
+        submission_id = f"{job.job_id}-{attempt}"
+        placement: dict[str, int] = {}
+        for p in action.placement:
+            placement[p.node_id] = (
+                placement.get(p.node_id, 0) + p.num_workers * action.gpus_per_worker
+            )
+        self.store.update_info(
+            job.job_id,
+            {
+                "attempt": attempt,
+                "submission_id": submission_id,
+                "admitted_s": now,
+                "placement": placement,
+                "preempting": None,
+                "stop_sent": None,
+                "ray_done": None,
+                "not_before_s": None,
+            },
+        )
+        self.store.transition(
+            job.job_id, JobState.ADMITTED, action.reason, expected=JobState.QUEUED
+        )
+        self._submit(self.store.get(job.job_id))
+
+    def _submit(self, job: JobRecord) -> None:
+        try:
+            self.ray.submit(job.info["submission_id"], *self._ray_job(job))
+        except Exception as exc:
+            log.warning("submitting %s failed: %s", job.job_id, exc)
+            self._start_failed(job, f"{Reason.START_FAILED.value}: {exc}")
+
+    def _ray_job(self, job: JobRecord) -> tuple[str, dict[str, Any]]:
+        from jobs import launcher, preemption
+
+        s = job.spec
+        env: dict[str, str] = {
+            str(k): str(v) for k, v in dict(s.runtime_env.get("env_vars") or {}).items()
+        }
+        env.update(
+            {
+                preemption.ENV_JOB_ID: job.job_id,
+                preemption.ENV_ATTEMPT: str(job.info["attempt"]),
+                preemption.ENV_SIGNAL_POLL_S: f"{self.cfg.jobs.job_signal_poll_s:g}",
+                launcher.ENV_NUM_WORKERS: str(s.num_workers),
+                launcher.ENV_GPUS_PER_WORKER: str(s.gpus_per_worker),
+                launcher.ENV_CPUS_PER_WORKER: f"{s.cpus_per_worker:g}",
+                launcher.ENV_STORAGE_PATH: str(self.cfg.train_storage_path),
+                "RAY_AUTH_MODE": "disabled",
+                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            }
+        )
+        ckpt = job.info.get("checkpoint") or {}
+        if ckpt.get("path"):
+            env[preemption.ENV_RESUME_FROM] = str(ckpt["path"])
+        runtime_env = {k: v for k, v in s.runtime_env.items() if k != "env_vars"}
+        runtime_env["env_vars"] = env
+        if s.working_dir:
+            runtime_env["working_dir"] = s.working_dir
+        return entrypoint_command(s.entrypoint), runtime_env
+
+    def preempt(self, action: PreemptJob) -> None:
+        job = self.store.get(action.job_id)
+        if job.state not in (JobState.ADMITTED, JobState.RUNNING) or job.info.get("preempting"):
+            return
+        now = self.clock()
+        ask = (
+            action.checkpoint_first
+            and job.spec.checkpoint.enabled
+            and job.state is JobState.RUNNING
+        )
+        deadline = now + (job.spec.checkpoint.preempt_deadline_s if ask else 0.0)
+        self.store.update_info(
+            job.job_id,
+            {
+                "preempting": True,
+                "preempt_requested_s": now,
+                "preempt_deadline_s": deadline,
+                "preempt_for": action.for_job_id,
+                "preempt_reason": action.reason,
+            },
+        )
+        if ask:
+            self.ray.request_checkpoint(job.job_id, now)
+        self.store.record_event(
+            "job.preempt",
+            f"job {job.job_id}: preempting ({'checkpoint first' if ask else 'no checkpoint'}): "
+            f"{action.reason}",
+            job_id=job.job_id,
+            data={"for_job_id": action.for_job_id, "checkpoint_first": ask},
+        )
+
+    # -- reconcile ----------------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """Move every job that holds (or held) a gang along, from what Ray and the signals say."""
+        for job in self.store.list_jobs(states=[JobState.ADMITTED, JobState.RUNNING]):
+            try:
+                self._reconcile_one(job)
+            except (StaleState, IllegalTransition):
+                continue  # someone (a cancel) moved it meanwhile; next tick sees it
+        for job in self.store.list_jobs(states=[JobState.CANCELLED]):
+            if job.info.get("submission_id") and not job.info.get("ray_done"):
+                self._stop_cancelled(job)
+
+    def _signals(self, job: JobRecord) -> dict[str, Any]:
+        try:
+            return self.ray.signal_status(job.job_id)  # type: ignore[no-any-return]
+        except Exception as exc:
+            log.warning("job signals unavailable for %s: %s", job.job_id, exc)
+            return {}
+
+    def _reconcile_one(self, job: JobRecord) -> None:
+        now = self.clock()
+        sid = job.info["submission_id"]
+        attempt = int(job.info["attempt"])
+        sig = self._signals(job)
+        ckpt = sig.get("checkpoint")
+        if ckpt and ckpt != job.info.get("checkpoint"):
+            job = self.store.update_info(job.job_id, {"checkpoint": ckpt})
+        status = self.ray.status(sid)
+
+        if job.info.get("preempting"):
+            self._preempting(job, status, ckpt, now)
+            return
+        if status is RayJobStatus.SUCCEEDED:
+            if job.state is JobState.ADMITTED:
+                self.store.transition(job.job_id, JobState.RUNNING, Reason.GANG_RUNNING.value)
+            self._finish(job, JobState.SUCCEEDED, Reason.RAY_JOB_SUCCEEDED.value)
+            return
+        if status in (RayJobStatus.FAILED, RayJobStatus.STOPPED):
+            why = Reason.RAY_JOB_FAILED if status is RayJobStatus.FAILED else Reason.RAY_JOB_STOPPED
+            message = self._tail(sid)
+            if job.state is JobState.ADMITTED:
+                self._start_failed(job, f"{why.value}: {message}")
+            else:
+                self.store.update_info(job.job_id, {"message": message})
+                self._finish(job, JobState.FAILED, f"{why.value}: {message}")
+            return
+        if job.state is JobState.ADMITTED:
+            started = sig.get("started_ranks") or []
+            if sig.get("attempt") == attempt and len(started) >= job.spec.num_workers:
+                self.store.transition(
+                    job.job_id,
+                    JobState.RUNNING,
+                    f"{Reason.GANG_RUNNING.value}: all {job.spec.num_workers} workers started",
+                    expected=JobState.ADMITTED,
+                )
+            elif status is RayJobStatus.MISSING:
+                self._submit(job)  # admitted but the submission was lost (crash); resubmit
+            elif now - float(job.info["admitted_s"]) > self.cfg.jobs.gang_start_timeout_s:
+                self.ray.stop(sid)
+                self._start_failed(
+                    job,
+                    f"{Reason.GANG_START_TIMEOUT.value}: {len(started)} of "
+                    f"{job.spec.num_workers} workers running after "
+                    f"{self.cfg.jobs.gang_start_timeout_s:g}s",
+                )
+
+    def _preempting(
+        self, job: JobRecord, status: RayJobStatus, ckpt: Mapping[str, Any] | None, now: float
+    ) -> None:
+        sid = job.info["submission_id"]
+        answered = bool(
+            ckpt and ckpt.get("answers_request") and ckpt.get("attempt") == job.info["attempt"]
+        )
+        if status is RayJobStatus.SUCCEEDED:
+            self.ray.clear_request(job.job_id)
+            if job.state is JobState.ADMITTED:
+                self.store.transition(job.job_id, JobState.RUNNING, Reason.GANG_RUNNING.value)
+            self._finish(
+                job, JobState.SUCCEEDED, f"{Reason.RAY_JOB_SUCCEEDED.value} while preempting"
+            )
+            return
+        if status in _ENDED or status is RayJobStatus.MISSING:
+            why = (
+                f"{Reason.CHECKPOINTED_FOR_PREEMPTION.value} at step {ckpt['step']}"
+                if answered and ckpt
+                else f"{Reason.PREEMPT_DEADLINE.value}: stopped without a new checkpoint"
+            )
+            reason = job.info.get("preempt_reason") or "preempted"
+            self.ray.clear_request(job.job_id)
+            self.store.transition(job.job_id, JobState.PREEMPTED, f"{why}; {reason}")
+            self.store.update_info(
+                job.job_id,
+                {"preempting": None, "stop_sent": None, "placement": None, "ray_done": True},
+            )
+            self.store.transition(job.job_id, JobState.QUEUED, Reason.REQUEUED.value)
+            return
+        if not job.info.get("stop_sent") and (
+            answered or now >= float(job.info.get("preempt_deadline_s", 0.0))
+        ):
+            self.ray.stop(sid)
+            self.store.update_info(job.job_id, {"stop_sent": now})
+
+    def _start_failed(self, job: JobRecord, reason: str) -> None:
+        failures = int(job.info.get("start_failures", 0)) + 1
+        j = self.cfg.jobs
+        if failures >= j.max_start_attempts:
+            self.store.update_info(job.job_id, {"start_failures": failures, "message": reason})
+            self._finish(job, JobState.FAILED, f"{reason}; gave up after {failures} attempts")
+            return
+        backoff = min(j.backoff_max_s, j.backoff_initial_s * 2 ** (failures - 1))
+        self.store.update_info(
+            job.job_id,
+            {
+                "start_failures": failures,
+                "not_before_s": self.clock() + backoff,
+                "placement": None,
+                "message": reason,
+                "ray_done": True,
+            },
+        )
+        self.store.transition(
+            job.job_id,
+            JobState.QUEUED,
+            f"{reason}; retry in {backoff:g}s",
+            expected=JobState.ADMITTED,
+        )
+
+    def _finish(self, job: JobRecord, state: JobState, reason: str) -> None:
+        self.store.update_info(job.job_id, {"ray_done": True, "placement": None})
+        self.store.transition(job.job_id, state, reason)
+
+    def _stop_cancelled(self, job: JobRecord) -> None:
+        sid = job.info["submission_id"]
+        status = self.ray.status(sid)
+        if status in _ENDED or status is RayJobStatus.MISSING:
+            self.store.update_info(job.job_id, {"ray_done": True, "placement": None})
+        elif not job.info.get("stop_sent"):
+            self.ray.stop(sid)
+            self.store.update_info(job.job_id, {"stop_sent": self.clock()})
+
+    def _tail(self, sid: str, chars: int = 400) -> str:
+        try:
+            text = self.ray.logs(sid).strip()
+        except Exception:
+            return "no logs"
+        return text[-chars:] if text else "no logs"
+
+    def logs(self, job: JobRecord) -> str:
+        """Driver logs of every attempt, oldest first, each under a header line."""
+        attempts = int(job.info.get("attempt", 0))
+        parts = []
+        for a in range(1, attempts + 1):
+            sid = f"{job.job_id}-{a}"
+            parts.append(f"=== attempt {a} (Ray job {sid}) ===\n{self.ray.logs(sid)}")
+        return "\n".join(parts)
