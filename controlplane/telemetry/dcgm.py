@@ -1,0 +1,242 @@
+"""GPU readings from a dcgm-exporter scrape (Prometheus text format).
+
+Owns: parsing the exposition text (`parse_exposition`), turning DCGM fields per GPU into
+`GpuReading`s (`readings_from_scrape`), DCGM's blank sentinels, and `DcgmSource`, which fetches
+the node-local exporter over HTTP.
+Must not: compute rates or judge health.
+
+The real exporter's quirks handled here:
+
+- Blank sentinels: a field DCGM could not read is exported as a huge number rather than left
+  out: int32 blanks 0x7ffffff0.. (2147483632..2147483647), int64 blanks from
+  0x7ffffffffffffff0, fp64 blanks from 2**47 (140737488355328.0); all read as None.
+- Absent fields: most counters are off by default (NVLink errors, ECC); they read as None.
+- Counter resets (exporter or driver restart): counters are passed on as read; the sampler's
+  `counters.counter_delta` treats a decrease as a reset.
+- Lines that are not valid exposition lines are skipped and reported in `problems`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from controlplane.telemetry.readings import (
+    GpuReading,
+    SourceReading,
+    TelemetryError,
+    throttle_reason_names,
+)
+
+__all__ = [
+    "DcgmSource",
+    "Sample",
+    "is_blank",
+    "parse_exposition",
+    "readings_from_scrape",
+]
+
+_INT32_BLANK = 0x7FFFFFF0
+_INT64_BLANK = 0x7FFFFFFFFFFFFFF0
+_FP64_BLANK = 140737488355328.0
+
+# Fields DCGM stores as int64: only the int64 sentinel applies (an int64 counter may pass
+# 2**31 legitimately).
+_INT64_FIELDS = frozenset(
+    {
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+    }
+)
+_FP64_FIELDS = frozenset(
+    {
+        "DCGM_FI_DEV_POWER_USAGE",
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT",
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "DCGM_FI_PROF_SM_ACTIVE",
+    }
+)
+
+NVLINK_ERROR_FIELDS = {
+    "crc_flit": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "crc_data": "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    "replay": "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "recovery": "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+}
+
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_LINE = re.compile(
+    rf"^(?P<name>{_NAME})(?:\{{(?P<labels>.*)\}})?\s+(?P<value>\S+)(?:\s+(?P<ts>-?\d+))?\s*$"
+)
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|$)')
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One exposition line: metric name, labels, value."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+def _unescape(value: str) -> str:
+    return value.replace("\\\\", "\0").replace('\\"', '"').replace("\\n", "\n").replace("\0", "\\")
+
+
+def _parse_labels(text: str) -> dict[str, str] | None:
+    labels: dict[str, str] = {}
+    pos = 0
+    text = text.strip()
+    while pos < len(text):
+        m = _LABEL.match(text, pos)
+        if not m:
+            return None
+        labels[m.group(1)] = _unescape(m.group(2))
+        pos = m.end()
+    return labels
+
+
+def parse_exposition(text: str) -> tuple[list[Sample], list[str]]:
+    """Samples of a Prometheus text exposition and the lines that could not be parsed."""
+    samples: list[Sample] = []
+    problems: list[str] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        labels = _parse_labels(m.group("labels") or "") if m else None
+        if m is None or labels is None:
+            problems.append(f"line {number}: not an exposition line: {line[:80]!r}")
+            continue
+        try:
+            value = float(m.group("value"))
+        except ValueError:
+            problems.append(f"line {number}: {m.group('name')}: bad value {m.group('value')!r}")
+            continue
+        samples.append(Sample(m.group("name"), labels, value))
+    return samples, problems
+
+
+def is_blank(field_name: str, value: float) -> bool:
+    """Whether `value` is one of DCGM's blank / not-found / not-supported sentinels."""
+    if math.isnan(value) or math.isinf(value):
+        return True
+    if value >= _INT64_BLANK - 1024:  # float rounding: every int64 sentinel reads as ~2**63
+        return True
+    if field_name in _INT64_FIELDS:
+        return False
+    if _FP64_BLANK <= value < _FP64_BLANK + 16:
+        return True
+    return field_name not in _FP64_FIELDS and _INT32_BLANK <= value <= 0x7FFFFFFF
+
+
+def _gpu_fields(samples: Iterable[Sample]) -> tuple[dict[int, dict[str, float]], dict[int, str]]:
+    fields: dict[int, dict[str, float]] = {}
+    uuids: dict[int, str] = {}
+    for s in samples:
+        if not s.name.startswith("DCGM_FI_") or "gpu" not in s.labels:
+            continue
+        try:
+            gpu = int(s.labels["gpu"])
+        except ValueError:
+            continue
+        # NVLink per-link fields carry a link label; the *_TOTAL fields do not.
+        if "link" in s.labels:
+            continue
+        fields.setdefault(gpu, {})
+        if "UUID" in s.labels:
+            uuids[gpu] = s.labels["UUID"]
+        if not is_blank(s.name, s.value):
+            fields[gpu][s.name] = s.value
+    return fields, uuids
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def readings_from_scrape(text: str) -> SourceReading:
+    """GPU readings from one dcgm-exporter scrape (no IB: dcgm-exporter does not export it)."""
+    samples, problems = parse_exposition(text)
+    fields, uuids = _gpu_fields(samples)
+    gpus = []
+    for gpu in sorted(fields):
+        f = fields[gpu]
+        used = f.get("DCGM_FI_DEV_FB_USED")
+        free = f.get("DCGM_FI_DEV_FB_FREE")
+        total = None
+        if used is not None and free is not None:
+            total = used + free + f.get("DCGM_FI_DEV_FB_RESERVED", 0.0)
+        mask = f.get(
+            "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", f.get("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
+        )
+        remap_failure = f.get("DCGM_FI_DEV_ROW_REMAP_FAILURE")
+        remap_pending = f.get("DCGM_FI_DEV_ROW_REMAP_PENDING")
+        nvlink = {k: int(f[name]) for k, name in NVLINK_ERROR_FIELDS.items() if name in f}
+        tensor = f.get("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")
+        gpus.append(
+            GpuReading(
+                gpu=gpu,
+                uuid=uuids.get(gpu),
+                temp_c=f.get("DCGM_FI_DEV_GPU_TEMP"),
+                slowdown_temp_c=f.get("DCGM_FI_DEV_SLOWDOWN_TEMP"),
+                power_w=f.get("DCGM_FI_DEV_POWER_USAGE"),
+                power_limit_w=f.get("DCGM_FI_DEV_POWER_MGMT_LIMIT"),
+                sm_clock_mhz=f.get("DCGM_FI_DEV_SM_CLOCK"),
+                mem_clock_mhz=f.get("DCGM_FI_DEV_MEM_CLOCK"),
+                throttle_reasons=throttle_reason_names(int(mask)) if mask is not None else (),
+                fb_used_mib=used,
+                fb_total_mib=total,
+                gpu_util_pct=f.get("DCGM_FI_DEV_GPU_UTIL"),
+                tensor_active_ratio=None if tensor is None else min(max(tensor, 0.0), 1.0),
+                last_xid=_int(f.get("DCGM_FI_DEV_XID_ERRORS")),
+                ecc_sbe_volatile=_int(f.get("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL")),
+                ecc_dbe_volatile=_int(f.get("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL")),
+                remapped_rows_correctable=_int(f.get("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS")),
+                remapped_rows_uncorrectable=_int(f.get("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS")),
+                row_remap_pending=None if remap_pending is None else remap_pending > 0,
+                row_remap_failure=None if remap_failure is None else remap_failure > 0,
+                nvlink_error_counts=nvlink,
+            )
+        )
+    return SourceReading(gpus=tuple(gpus), problems=tuple(problems))
+
+
+class DcgmSource:
+    """Scrapes a node-local dcgm-exporter. NVLink link state is not exported by it (None)."""
+
+    kind = "dcgm"
+
+    def __init__(self, url: str, timeout_s: float = 2.0) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+
+    def read(self) -> SourceReading:
+        try:
+            with urllib.request.urlopen(self.url, timeout=self.timeout_s) as response:
+                text = response.read().decode("utf-8", errors="replace")
+        except (urllib.error.URLError, OSError) as exc:
+            raise TelemetryError(f"dcgm-exporter at {self.url} did not answer: {exc}") from exc
+        return readings_from_scrape(text)
+
+    def inject_fault(self, kind: str) -> None:
+        raise TelemetryError("fault injection needs telemetry.source=simulated (this is dcgm)")

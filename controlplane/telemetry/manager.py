@@ -1,0 +1,226 @@
+"""Starting and asking the telemetry agents: what the policy actor and the CLI call.
+
+Owns: the agents' names (``rcp-telemetry-<node_id>`` in namespace ``rcp``, detached), starting
+one on every alive node that lacks one (`ensure_agents`, pinned with
+``NodeAffinitySchedulingStrategy(node_id, soft=False)`` and ``num_cpus=0`` so it never takes a
+CPU from work nor keeps an idle external node alive), and the fan-out calls: `collect_summaries`
+(newest summary per node), `collect_samples` (recent history per node, for the health policy),
+`inject_fault`, `agent_endpoints`, `health_report`.
+Must not: decide anything (verdicts come from `policies.health` through `verdicts`) or act on
+nodes. Every call here needs a connected Ray driver (`controlplane.local.cluster.connect`).
+
+An agent that does not answer within `timeout_s` is left out of a collection (and named in the
+log), so one stuck node never stalls a tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from controlplane.config import Config
+from controlplane.telemetry.readings import TelemetryError
+from policies.health import HealthState, NodeVerdict
+
+__all__ = [
+    "AGENT_NAME_PREFIX",
+    "NAMESPACE",
+    "AgentRef",
+    "agent_endpoints",
+    "agent_name",
+    "collect_samples",
+    "collect_summaries",
+    "ensure_agents",
+    "find_agents",
+    "health_report",
+    "inject_fault",
+    "resolve_node_id",
+    "verdict_json",
+]
+
+log = logging.getLogger(__name__)
+
+AGENT_NAME_PREFIX = "rcp-telemetry-"
+NAMESPACE = "rcp"
+
+
+def agent_name(node_id: str) -> str:
+    return f"{AGENT_NAME_PREFIX}{node_id}"
+
+
+@dataclass(frozen=True)
+class AgentRef:
+    node_id: str
+    pool: str
+    started: bool
+    """True when this call created the agent."""
+
+
+def _alive_nodes() -> list[dict[str, Any]]:
+    import ray
+
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def find_agents() -> dict[str, Any]:
+    """Handles of the agents that exist now, by node id."""
+    import ray
+
+    handles: dict[str, Any] = {}
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        name, namespace = entry.get("name", ""), entry.get("namespace")
+        if namespace != NAMESPACE or not name.startswith(AGENT_NAME_PREFIX):
+            continue
+        try:
+            handles[name[len(AGENT_NAME_PREFIX) :]] = ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:  # died between listing and lookup
+            continue
+    return handles
+
+
+def ensure_agents(cfg: Config) -> list[AgentRef]:
+    """Start an agent on every alive node without one; cheap when all are there.
+
+    Returns one `AgentRef` per alive node. Does not wait for new agents to start.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from controlplane.config import to_dict
+    from controlplane.inventory import pool_of
+    from controlplane.telemetry.agent import TelemetryAgent
+
+    existing = find_agents()
+    telemetry = to_dict(cfg)["telemetry"]
+    remote_agent = ray.remote(TelemetryAgent)
+    refs = []
+    for node in _alive_nodes():
+        node_id = node["NodeID"]
+        labels = {
+            k: v for k, v in (node.get("Labels") or {}).items() if not k.startswith("ray.io/")
+        }
+        resources = node.get("Resources") or {}
+        pool = pool_of(labels, resources)
+        if node_id in existing:
+            refs.append(AgentRef(node_id, pool, started=False))
+            continue
+        remote_agent.options(  # type: ignore[attr-defined]
+            name=agent_name(node_id),
+            namespace=NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+            num_cpus=0,
+            max_restarts=-1,
+            max_concurrency=4,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        ).remote(
+            node_id,
+            pool,
+            node["NodeManagerAddress"],
+            int(resources.get("GPU", 0)),
+            telemetry,
+        )
+        log.info("started telemetry agent on node %s (pool %s)", node_id, pool)
+        refs.append(AgentRef(node_id, pool, started=True))
+    return refs
+
+
+def _gather(calls: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """ray.get each call by node id; nodes that fail or do not answer in time are left out."""
+    import ray
+
+    if not calls:
+        return {}
+    by_ref = {ref: node_id for node_id, ref in calls.items()}
+    ready, not_ready = ray.wait(list(by_ref), num_returns=len(by_ref), timeout=timeout_s)
+    results: dict[str, Any] = {}
+    for ref in ready:
+        try:
+            results[by_ref[ref]] = ray.get(ref)
+        except Exception as exc:  # an agent that died or raised: skip it this time
+            log.warning("telemetry agent on %s failed: %s", by_ref[ref], exc)
+    for ref in not_ready:
+        log.warning("telemetry agent on %s did not answer in %.1f s", by_ref[ref], timeout_s)
+    return results
+
+
+def collect_summaries(timeout_s: float = 5.0) -> dict[str, dict[str, Any]]:
+    """The newest summary of every agent that has sampled at least once, by node id."""
+    handles = find_agents()
+    results = _gather({n: h.latest.remote() for n, h in handles.items()}, timeout_s)
+    return {n: s for n, s in results.items() if s is not None}
+
+
+def collect_samples(
+    max_samples: int | None = None, timeout_s: float = 5.0
+) -> dict[str, list[dict[str, Any]]]:
+    """Recent summaries of every agent (oldest first), by node id, for the health policy."""
+    handles = find_agents()
+    return _gather({n: h.recent.remote(max_samples) for n, h in handles.items()}, timeout_s)
+
+
+def agent_endpoints(timeout_s: float = 30.0) -> dict[str, dict[str, Any]]:
+    """`info()` of every agent (exporter URL, host, port, samples), by node id."""
+    handles = find_agents()
+    return _gather({n: h.info.remote() for n, h in handles.items()}, timeout_s)
+
+
+def resolve_node_id(node: str, node_ids: Iterable[str]) -> str:
+    """The one node id that equals, starts with or ends with `node` (as `rcp nodes` shows it)."""
+    ids = list(node_ids)
+    if node in ids:
+        return node
+    matches = [i for i in ids if i.startswith(node) or i.endswith(node)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise TelemetryError(
+            f"no telemetry agent on a node matching {node!r}; nodes with agents: "
+            + (", ".join(sorted(ids)) or "none (start them with `rcp health`)")
+        )
+    raise TelemetryError(f"{node!r} matches several nodes: {', '.join(sorted(matches))}")
+
+
+def inject_fault(node_id: str, kind: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    """Inject `kind` into the simulated source of `node_id`'s agent (prefix or suffix works)."""
+    import ray
+
+    handles = find_agents()
+    node_id = resolve_node_id(node_id, handles)
+    try:
+        result: dict[str, Any] = ray.get(
+            handles[node_id].inject_fault.remote(kind), timeout=timeout_s
+        )
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.as_instanceof_cause()
+        raise TelemetryError(str(getattr(cause, "args", [cause])[0])) from exc
+    return result
+
+
+def health_report(
+    cfg: Config,
+    state: HealthState | None = None,
+    now_s: float | None = None,
+    timeout_s: float = 5.0,
+) -> tuple[dict[str, NodeVerdict], HealthState, dict[str, dict[str, Any]]]:
+    """Verdicts from every agent's recent history: (verdicts, new state, latest summaries).
+
+    Without a stored `state` (the CLI) the verdict reflects the history the agents keep;
+    lemon records need the policy actor's stored state.
+    """
+    from controlplane.telemetry.verdicts import judge
+
+    samples = collect_samples(timeout_s=timeout_s)
+    verdicts, new_state = judge(samples, cfg.health, state, time.time() if now_s is None else now_s)
+    latest = {n: s[-1] for n, s in samples.items() if s}
+    return verdicts, new_state, latest
+
+
+def verdict_json(v: NodeVerdict) -> dict[str, Any]:
+    out = asdict(v)
+    out["verdict"] = v.verdict.value
+    out["reasons"] = [r.value for r in v.reasons]
+    return out

@@ -1,0 +1,78 @@
+"""The registry of telemetry sources: one name per interchangeable way to read GPUs.
+
+Owns: the `TelemetrySource` interface and `make_source(name, ...)`. Sources: ``simulated``
+(local mode, fault injection), ``nvml`` (nvidia-ml-py, imported only when chosen) and
+``dcgm`` (scrape a node-local dcgm-exporter). InfiniBand is read from sysfs by the sampler for
+the real sources; the simulated source brings its own ports.
+Must not: hold per-read state beyond what a source needs (rates live in `sampling`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from controlplane.telemetry.readings import SourceReading, TelemetryError
+
+__all__ = ["SOURCES", "TelemetrySource", "make_source"]
+
+
+class TelemetrySource(Protocol):
+    kind: str
+
+    def read(self) -> SourceReading:
+        """One reading of every GPU (and, for the simulated source, IB port)."""
+        ...
+
+    def inject_fault(self, kind: str) -> None:
+        """Simulated only; the others raise TelemetryError."""
+        ...
+
+
+def _simulated(
+    num_gpus: int, num_ib_ports: int, dcgm_url: str, dcgm_timeout_s: float
+) -> TelemetrySource:
+    from controlplane.telemetry.simulated import SimulatedSource
+
+    return SimulatedSource(num_gpus, num_ib_ports)
+
+
+def _nvml(
+    num_gpus: int, num_ib_ports: int, dcgm_url: str, dcgm_timeout_s: float
+) -> TelemetrySource:
+    from controlplane.telemetry.nvml import NvmlSource
+
+    return NvmlSource()
+
+
+def _dcgm(
+    num_gpus: int, num_ib_ports: int, dcgm_url: str, dcgm_timeout_s: float
+) -> TelemetrySource:
+    from controlplane.telemetry.dcgm import DcgmSource
+
+    return DcgmSource(dcgm_url, dcgm_timeout_s)
+
+
+SOURCES: dict[str, Callable[[int, int, str, float], TelemetrySource]] = {
+    "simulated": _simulated,
+    "nvml": _nvml,
+    "dcgm": _dcgm,
+}
+
+
+def make_source(
+    name: str,
+    *,
+    num_gpus: int = 0,
+    num_ib_ports: int = 0,
+    dcgm_url: str = "",
+    dcgm_timeout_s: float = 2.0,
+) -> TelemetrySource:
+    """The source called `name`; `num_gpus`/`num_ib_ports` only shape the simulated one."""
+    try:
+        factory = SOURCES[name]
+    except KeyError:
+        raise TelemetryError(
+            f"telemetry.source: unknown source {name!r}; one of: {', '.join(SOURCES)}"
+        ) from None
+    return factory(num_gpus, num_ib_ports, dcgm_url, dcgm_timeout_s)

@@ -1,0 +1,98 @@
+"""The bridge from telemetry summaries to the pure health policy.
+
+Owns: `node_sample` (summary dict -> `policies.health.NodeSample`), `thresholds` (the
+`health` config section -> `HealthThresholds`) and `judge` (summaries of many nodes -> verdicts,
+threading `HealthState` through).
+Must not: talk to Ray or read a clock; callers pass `now_s`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from controlplane.config import HealthConfig
+from policies.health import (
+    GpuSample,
+    HealthState,
+    HealthThresholds,
+    NodeSample,
+    NodeVerdict,
+    PortSample,
+    evaluate,
+)
+
+__all__ = ["judge", "node_sample", "thresholds"]
+
+
+def thresholds(cfg: HealthConfig) -> HealthThresholds:
+    return HealthThresholds(
+        gpu_temp_c=cfg.gpu_temp_c,
+        hot_samples=cfg.hot_samples,
+        fatal_xids=frozenset(cfg.fatal_xids),
+        nvlink_errors_per_s=cfg.nvlink_errors_per_s,
+        ib_errors_per_s=cfg.ib_errors_per_s,
+        ib_expected_width=cfg.ib_expected_width,
+        ib_min_rate_gbps=cfg.ib_min_rate_gbps,
+        recover_after_samples=cfg.recover_after_samples,
+        stale_after_s=cfg.stale_after_s,
+        lemon_count=cfg.lemon_count,
+        lemon_window_s=cfg.lemon_window_s,
+    )
+
+
+def node_sample(summary: Mapping[str, Any]) -> NodeSample:
+    gpus = tuple(
+        GpuSample(
+            gpu=int(g["gpu"]),
+            temp_c=g.get("temp_c"),
+            thermal_throttle=bool(g.get("thermal_throttle")),
+            new_xids=tuple(int(x) for x in g.get("new_xids") or ()),
+            ecc_uncorrectable_total=g.get("ecc_dbe_volatile"),
+            row_remap_failure=bool(g.get("row_remap_failure")),
+            row_remap_pending=bool(g.get("row_remap_pending")),
+            nvlink_links_total=g.get("nvlink_links_total"),
+            nvlink_links_up=g.get("nvlink_links_up"),
+            nvlink_errors_per_s=g.get("nvlink_errors_per_s"),
+        )
+        for g in summary.get("gpus", ())
+    )
+    ports = tuple(
+        PortSample(
+            port=str(p["port"]),
+            up=bool(p.get("up")),
+            width=p.get("width"),
+            rate_gbps=p.get("rate_gbps"),
+            errors_per_s=p.get("errors_per_s"),
+            link_downed_delta=int(p.get("link_downed_delta") or 0),
+        )
+        for p in summary.get("ib_ports", ())
+        # RoCE ports are Ethernet: their state is judged by the network, not here.
+        if p.get("link_layer") in (None, "InfiniBand")
+    )
+    return NodeSample(
+        node_id=str(summary["node_id"]),
+        sampled_s=float(summary["sampled_s"]),
+        gpus=gpus,
+        ports=ports,
+        gpus_expected=summary.get("gpus_expected"),
+    )
+
+
+def judge(
+    samples_by_node: Mapping[str, Sequence[Mapping[str, Any]]],
+    cfg: HealthConfig,
+    state: HealthState | None,
+    now_s: float,
+) -> tuple[dict[str, NodeVerdict], HealthState]:
+    """Verdicts for every node from its recent summaries; the state to keep for next time.
+
+    A summary whose source failed (``source_ok`` false: e.g. dcgm-exporter down) is no sample
+    at all: it neither clears nor condemns the node, which turns degraded (no_telemetry) once
+    nothing usable has come for `health.stale_after_s`.
+    """
+    samples = {
+        node_id: [node_sample(s) for s in summaries if s.get("source_ok", True)]
+        for node_id, summaries in samples_by_node.items()
+    }
+    return evaluate(samples, thresholds(cfg), state or HealthState(), now_s)
