@@ -102,15 +102,21 @@ def summarize(details: Mapping[str, Any], node_pools: Mapping[str, str]) -> dict
 
 def serve_status() -> dict[str, Any]:
     """The serving plane's status now (JSON-able). Needs a connected Ray cluster with Serve."""
-    from serve.control import node_pools, read_details
+    from serve.control import ServeNotRunningError, node_pools, read_details
 
-    return summarize(read_details(), node_pools())
+    try:
+        details = read_details()
+    except ServeNotRunningError as exc:
+        return {**summarize({}, {}), "message": str(exc)}
+    return summarize(details, node_pools())
 
 
 def format_status_table(data: Mapping[str, Any]) -> str:
     """A fixed-width table of `serve_status()` output, one row per model and pool."""
     if not data.get("deployed"):
-        return "serving plane: not deployed"
+        return "serving plane: not deployed" + (
+            f" ({data['message']})" if data.get("message") else ""
+        )
     header = ("MODEL", "POOL", "TARGET", "RUNNING", "STARTING", "STOPPING", "WEIGHT", "NODES")
     rows: list[tuple[str, ...]] = [header]
     for model, m in sorted(data["models"].items()):
