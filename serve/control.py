@@ -50,8 +50,11 @@ def _client() -> Any:
 
 
 def start_serve(host: str, port: int) -> None:
-    """Start Serve's controller and HTTP proxy on `host`:`port` (no-op when already up)."""
-    serve.start(http_options={"host": host, "port": port})
+    """Start Serve's controller and one HTTP proxy, on the head, bound to `host`:`port`.
+
+    A proxy only on the head keeps external nodes free of Serve system actors, so the
+    autoscaler can remove them when their replicas are gone. No-op when Serve is up."""
+    serve.start(http_options={"host": host, "port": port}, proxy_location="HeadOnly")
 
 
 def read_details() -> dict[str, Any]:
