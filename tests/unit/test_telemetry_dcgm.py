@@ -1,0 +1,212 @@
+"""dcgm-exporter scrapes: the default counters' names (read from the shared CSV), DCGM's blank
+sentinels, absent fields, garbage lines, and counter resets across scrapes."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from controlplane.telemetry.dcgm import is_blank, parse_exposition, readings_from_scrape
+from controlplane.telemetry.exporter import GPU_METRICS
+from controlplane.telemetry.readings import SourceReading
+from controlplane.telemetry.sampling import NodeSampler
+
+CSV = (
+    Path(__file__).resolve().parents[2].parent
+    / "shared"
+    / "data"
+    / "dcgm-exporter"
+    / "default-counters.csv"
+)
+
+# Fields we read that DCGM has but the default CSV does not list.
+NOT_IN_CSV = {
+    "DCGM_FI_DEV_SLOWDOWN_TEMP",
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT",
+    "DCGM_FI_DEV_ROW_REMAP_PENDING",
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+}
+
+
+def csv_fields() -> dict[str, tuple[str, bool]]:
+    """name -> (type, enabled by default), commented-out rows included."""
+    if not CSV.is_file():
+        pytest.fail(f"reference data missing: {CSV}")
+    fields: dict[str, tuple[str, bool]] = {}
+    for row in csv.reader(CSV.read_text().splitlines()):
+        if not row or not row[0].strip():
+            continue
+        name = row[0].strip()
+        enabled = not name.startswith("#")
+        name = name.lstrip("# ").strip()
+        if name.startswith("DCGM_") and len(row) >= 2:
+            fields[name] = (row[1].strip(), enabled)
+    return fields
+
+
+LABELS = (
+    'UUID="GPU-{i:04d}-aaaa",pci_bus_id="00000000:{i:02d}:00.0",device="nvidia{i}",'
+    'modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-node-7",DCGM_FI_DRIVER_VERSION="550.54.15"'
+)
+
+
+def scrape(values: dict[str, dict[int, object]], help_types: bool = True) -> str:
+    """Exposition text as dcgm-exporter writes it: HELP/TYPE, then one line per GPU."""
+    fields = csv_fields()
+    lines = []
+    for name, per_gpu in values.items():
+        if help_types:
+            lines.append(f"# HELP {name} {name} help.")
+            lines.append(f"# TYPE {name} {fields.get(name, ('gauge', True))[0]}")
+        for gpu, value in per_gpu.items():
+            lines.append(f'{name}{{gpu="{gpu}",{LABELS.format(i=gpu)}}} {value}')
+    return "\n".join(lines) + "\n"
+
+
+def defaults_scrape(**overrides: dict[int, object]) -> str:
+    """Every default-enabled DCGM_FI_* field for GPUs 0 and 1, with plausible values."""
+    values: dict[str, dict[int, object]] = {}
+    for name, (kind, enabled) in csv_fields().items():
+        if enabled and name.startswith("DCGM_FI_") and kind in ("gauge", "counter"):
+            values[name] = {0: 1, 1: 1}
+    values.update(
+        {
+            "DCGM_FI_DEV_GPU_TEMP": {0: 34, 1: 81},
+            "DCGM_FI_DEV_POWER_USAGE": {0: 71.5, 1: 690.25},
+            "DCGM_FI_DEV_FB_USED": {0: 1000, 1: 2000},
+            "DCGM_FI_DEV_FB_FREE": {0: 80000, 1: 79000},
+            "DCGM_FI_DEV_FB_RESERVED": {0: 559, 1: 559},
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": {0: 0.0, 1: 0.734},
+            "DCGM_FI_DEV_XID_ERRORS": {0: 0, 1: 0},
+            "DCGM_FI_DEV_ROW_REMAP_FAILURE": {0: 0, 1: 0},
+            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": {0: 0, 1: 0},
+        }
+    )
+    values.update(overrides)
+    return scrape(values)
+
+
+def test_reference_csv_has_the_names_we_read_and_export() -> None:
+    fields = csv_fields()
+    assert "DCGM_FI_DEV_GPU_TEMP" in fields and fields["DCGM_FI_DEV_GPU_TEMP"][1]
+    ours = {name for name, _key, _help in GPU_METRICS if name.startswith("DCGM_")}
+    missing = sorted(ours - set(fields) - NOT_IN_CSV)
+    assert missing == [], f"exported under DCGM names the exporter does not know: {missing}"
+
+
+def test_default_scrape_becomes_one_reading_per_gpu() -> None:
+    reading = readings_from_scrape(defaults_scrape())
+    assert reading.problems == ()
+    g0, g1 = reading.gpus
+    assert (g0.gpu, g0.uuid, g0.temp_c, g0.power_w) == (0, "GPU-0000-aaaa", 34.0, 71.5)
+    assert (g1.temp_c, g1.tensor_active_ratio, g1.fb_used_mib, g1.fb_total_mib) == (
+        81.0,
+        0.734,
+        2000.0,
+        2000.0 + 79000.0 + 559.0,
+    )
+    assert g1.last_xid == 0 and g1.row_remap_failure is False
+    # off by default in dcgm-exporter: absent, so unknown rather than zero
+    assert g1.ecc_dbe_volatile is None and g1.nvlink_error_counts == {}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        pytest.param("DCGM_FI_DEV_GPU_TEMP", 2147483632, id="int32-blank"),
+        pytest.param("DCGM_FI_DEV_GPU_TEMP", 2147483634, id="int32-not-supported"),
+        pytest.param("DCGM_FI_DEV_POWER_USAGE", 140737488355328.0, id="fp64-blank"),
+        pytest.param("DCGM_FI_DEV_POWER_USAGE", 140737488355330.0, id="fp64-not-supported"),
+        pytest.param("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 9223372036854775792, id="int64-blank"),
+        pytest.param("DCGM_FI_DEV_GPU_TEMP", "NaN", id="nan"),
+    ],
+)
+def test_blank_sentinels_read_as_unknown(field: str, value: object) -> None:
+    assert is_blank(field, float(value))  # type: ignore[arg-type]
+    g = readings_from_scrape(defaults_scrape(**{field: {0: value, 1: 50}})).gpus[0]
+    attr = {"DCGM_FI_DEV_GPU_TEMP": "temp_c", "DCGM_FI_DEV_POWER_USAGE": "power_w"}.get(field)
+    if attr:
+        assert getattr(g, attr) is None
+
+
+def test_int64_counter_past_int32_range_is_a_value_not_a_blank() -> None:
+    assert not is_blank("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 2147483640.0)
+    assert not is_blank("DCGM_FI_DEV_GPU_TEMP", 2147483631.0)
+
+
+def test_garbage_lines_are_skipped_and_named() -> None:
+    text = (
+        defaults_scrape()
+        + 'DCGM_FI_DEV_GPU_TEMP{gpu="0" 12\nthis is not a metric\n'
+        + 'DCGM_FI_DEV_SM_CLOCK{gpu="0"} fast\n'
+    )
+    samples, problems = parse_exposition(text)
+    assert len(problems) == 3
+    assert any("bad value 'fast'" in p for p in problems)
+    assert readings_from_scrape(text).gpus[0].temp_c == 34.0
+
+
+def test_labels_with_escapes_and_timestamps_parse() -> None:
+    text = 'DCGM_FI_DEV_GPU_TEMP{gpu="3",modelName="A \\"quoted\\", name",UUID="GPU-x"} 55 1700000000000\n'
+    (s,), problems = parse_exposition(text)
+    assert problems == [] and s.labels["modelName"] == 'A "quoted", name' and s.value == 55.0
+    assert readings_from_scrape(text).gpus[0].gpu == 3
+
+
+def test_throttle_mask_and_nvlink_totals_when_enabled() -> None:
+    text = defaults_scrape(
+        DCGM_FI_DEV_CLOCK_THROTTLE_REASONS={0: 0x40 | 0x4, 1: 0},
+        DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL={0: 12, 1: 0},
+        DCGM_FI_DEV_ECC_DBE_VOL_TOTAL={0: 1, 1: 0},
+        DCGM_FI_DEV_ROW_REMAP_FAILURE={0: 1, 1: 0},
+    )
+    g0, g1 = readings_from_scrape(text).gpus
+    assert g0.throttle_reasons == ("sw_power_cap", "hw_thermal_slowdown") and g0.thermal_throttle
+    assert not g1.thermal_throttle
+    assert g0.nvlink_error_counts == {"crc_flit": 12} and g0.ecc_dbe_volatile == 1
+    assert g0.row_remap_failure is True
+
+
+class _Scrapes:
+    """A source that replays scrape texts, as DcgmSource would fetch them."""
+
+    kind = "dcgm"
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+
+    def read(self) -> SourceReading:
+        return readings_from_scrape(self.texts.pop(0))
+
+    def inject_fault(self, kind: str) -> None:
+        raise AssertionError
+
+
+def test_counter_reset_and_new_xid_across_scrapes() -> None:
+    texts = [
+        defaults_scrape(DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL={0: 1000, 1: 0}),
+        defaults_scrape(
+            DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL={0: 1010, 1: 0},
+            DCGM_FI_DEV_XID_ERRORS={0: 79, 1: 0},
+        ),
+        # exporter/driver restarted: the counter starts again from zero
+        defaults_scrape(
+            DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL={0: 4, 1: 0},
+            DCGM_FI_DEV_XID_ERRORS={0: 79, 1: 0},
+        ),
+    ]
+    clock = [0.0]
+    s = NodeSampler("n1", "cluster", _Scrapes(texts), clock=lambda: clock[0])
+    first = s.sample()["gpus"][0]
+    assert first["nvlink_errors_per_s"] is None and first["new_xids"] == []
+    clock[0] = 2.0
+    second = s.sample()["gpus"][0]
+    assert second["nvlink_errors_per_s"] == pytest.approx(5.0)
+    assert second["new_xids"] == [79]
+    clock[0] = 4.0
+    third = s.sample()["gpus"][0]
+    assert third["nvlink_errors_per_s"] == pytest.approx(2.0)  # 4 since the reset, over 2 s
+    assert third["new_xids"] == []  # the same last XID is not new
