@@ -109,12 +109,13 @@ class Ingress:
     async def __call__(self, request: Request) -> Response:
         table = self._table
         s = table.settings
+        content_length = request.headers.get("content-length")
         common = {
             "method": request.method,
             "path": request.url.path,
             "root_path": str(request.scope.get("root_path", "")),
             "content_type": request.headers.get("content-type"),
-            "content_length": request.headers.get("content-length"),
+            "content_length": content_length,
             "max_body_bytes": s.max_body_bytes,
             "known_models": table.weights.keys(),
         }
@@ -128,7 +129,7 @@ class Ingress:
             return _json(
                 200, json.dumps({"models": models, "generation": table.generation}).encode()
             )
-        if head_declares_length(common["content_length"]):
+        if head_declares_length(content_length):
             body: bytes | None = await request.body()  # length already checked
         else:
             body = await self._read_body(request, s.max_body_bytes)
