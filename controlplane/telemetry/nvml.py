@@ -100,10 +100,13 @@ class NvmlSource:
         self._call(self.nv.nvmlShutdown)
 
     def _call(self, fn: Any, *args: Any) -> Any:
-        """`fn(*args)`, or None when NVML says no (not supported, no permission, GPU lost)."""
+        """`fn(*args)`, or None when NVML says no (not supported, no permission). A lost GPU
+        (NVML_ERROR_GPU_IS_LOST) is raised: the whole GPU is then left out of the reading."""
         try:
             return fn(*args)
-        except self.nv.NVMLError:
+        except self.nv.NVMLError as exc:
+            if getattr(exc, "value", None) == getattr(self.nv, "NVML_ERROR_GPU_IS_LOST", 15):
+                raise
             return None
 
     def _drain_xids(self) -> dict[int, list[int]]:
@@ -251,8 +254,8 @@ class NvmlSource:
         for g in self.gpus:
             try:
                 gpus.append(self._read_gpu(g, xids.get(g.index, [])))
-            except self.nv.NVMLError as exc:  # e.g. GPU_IS_LOST: the GPU is left out
-                problems.append(f"gpu {g.index}: NVML error {exc}")
+            except self.nv.NVMLError as exc:  # GPU_IS_LOST: the GPU is left out
+                problems.append(f"gpu {g.index}: NVML error: {exc}")
         return SourceReading(gpus=tuple(gpus), problems=tuple(problems))
 
     def inject_fault(self, kind: str) -> None:
