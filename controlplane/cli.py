@@ -149,6 +149,111 @@ def demo(config_file: str | None, overrides: tuple[str, ...], keep: bool) -> Non
         _fail(str(exc))
 
 
+@cli.group("fault")
+def fault_group() -> None:
+    """Inject simulated hardware faults (local mode: telemetry.source=simulated)."""
+
+
+@fault_group.command("inject")
+@click.argument("node")
+@click.argument(
+    "kind",
+    type=click.Choice(["hot-gpu", "xid", "nvlink-errors", "ib-errors", "ib-link-down", "clear"]),
+)
+@_config_options
+def fault_inject(node: str, kind: str, config_file: str | None, overrides: tuple[str, ...]) -> None:
+    """Make NODE's telemetry report KIND from its next sample on (`clear` ends all faults).
+
+    NODE is a node id or a unique prefix or suffix of one (as `rcp nodes` shows it).
+    """
+    from controlplane.telemetry.manager import ensure_agents, inject_fault
+    from controlplane.telemetry.readings import TelemetryError
+
+    cfg = _connect_running(_load(config_file, overrides))
+    ensure_agents(cfg)
+    try:
+        result = _retry_until_agent_up(lambda: inject_fault(node, kind))
+    except TelemetryError as exc:
+        _fail(str(exc), code=2)
+        return
+    faults = ", ".join(result["faults"]) or "none"
+    click.echo(f"node {result['node_id']}: injected {kind}; active faults: {faults}")
+
+
+def _retry_until_agent_up(call: Callable[[], Any], timeout_s: float = 60.0) -> Any:
+    """`call()`, retried while agents just started by this command are still coming up."""
+    import time
+
+    from controlplane.telemetry.readings import TelemetryError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return call()
+        except TelemetryError as exc:
+            if "no telemetry agent" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
+@cli.command("health")
+@_config_options
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+def health_cmd(config_file: str | None, overrides: tuple[str, ...], as_json: bool) -> None:
+    """Node health from telemetry: verdict (healthy, degraded, unhealthy) and reasons.
+
+    Starts a telemetry agent on every node that lacks one, then judges each node on the
+    samples its agent keeps, with the `health` config section.
+    """
+    from controlplane.telemetry.manager import ensure_agents, health_report, verdict_json
+
+    cfg = _connect_running(_load(config_file, overrides))
+    refs = ensure_agents(cfg)
+    verdicts, _state, latest = health_report(cfg.health)
+    rows = []
+    for ref in refs:
+        v = verdicts.get(ref.node_id)
+        s = latest.get(ref.node_id, {})
+        temps = [g["temp_c"] for g in s.get("gpus", []) if g.get("temp_c") is not None]
+        row = (
+            verdict_json(v)
+            if v
+            else {
+                "node_id": ref.node_id,
+                "verdict": "unknown",
+                "reasons": [],
+                "details": ["no samples yet"],
+                "lemon": False,
+            }
+        )
+        row.update(
+            pool=ref.pool,
+            gpu_temp_max_c=max(temps) if temps else None,
+            faults=s.get("faults", []),
+            sampled_s=s.get("sampled_s"),
+        )
+        rows.append(row)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    lines = [("NODE", "POOL", "HEALTH", "MAX TEMP C", "REASONS", "DETAILS")]
+    for r in rows:
+        temp = "-" if r["gpu_temp_max_c"] is None else f"{r['gpu_temp_max_c']:.1f}"
+        lines.append(
+            (
+                r["node_id"][-12:],
+                r["pool"],
+                r["verdict"],
+                temp,
+                ",".join(r["reasons"]) or "-",
+                "; ".join(r["details"]),
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    for line in lines:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+
+
 def main() -> None:
     cli(prog_name="rcp")
 

@@ -32,9 +32,13 @@ class TelemetryAgent:
         host: str,
         num_gpus: int,
         telemetry: dict[str, Any],
+        health: dict[str, Any] | None = None,
     ) -> None:
-        """`telemetry` is the `telemetry` config section as a dict (it crosses Ray as data)."""
+        """`telemetry` and `health` are config sections as dicts (they cross Ray as data); the
+        agent only keeps `health` so that `rcp health` and `rcp nodes` judge with the thresholds
+        the control plane was started with."""
         self.node_id = node_id
+        self.health = dict(health or {})
         self.pool = pool
         self.interval_s = float(telemetry["interval_s"])
         source_name = str(telemetry["source"])
@@ -90,6 +94,7 @@ class TelemetryAgent:
             "exporter_port": self.port,
             "samples": self.sampler.seq,
             "sample_errors": self.sample_errors,
+            "health": self.health,
         }
 
     def latest(self) -> Summary | None:

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from controlplane.config import Config
+from controlplane.config import Config, HealthConfig
 from controlplane.telemetry.readings import TelemetryError
 from policies.health import HealthState, NodeVerdict
 
@@ -94,7 +94,8 @@ def ensure_agents(cfg: Config) -> list[AgentRef]:
     from controlplane.telemetry.agent import TelemetryAgent
 
     existing = find_agents()
-    telemetry = to_dict(cfg)["telemetry"]
+    sections = to_dict(cfg)
+    telemetry, health = sections["telemetry"], sections["health"]
     remote_agent = ray.remote(TelemetryAgent)
     refs = []
     for node in _alive_nodes():
@@ -122,6 +123,7 @@ def ensure_agents(cfg: Config) -> list[AgentRef]:
             node["NodeManagerAddress"],
             int(resources.get("GPU", 0)),
             telemetry,
+            health,
         )
         log.info("started telemetry agent on node %s (pool %s)", node_id, pool)
         refs.append(AgentRef(node_id, pool, started=True))
@@ -200,21 +202,38 @@ def inject_fault(node_id: str, kind: str, timeout_s: float = 30.0) -> dict[str, 
     return result
 
 
+def _running_health_config(timeout_s: float) -> HealthConfig:
+    """The `health` section the agents were started with (defaults if none says)."""
+    from omegaconf import OmegaConf
+
+    for info in agent_endpoints(timeout_s).values():
+        if info.get("health"):
+            merged = OmegaConf.merge(OmegaConf.structured(HealthConfig), info["health"])
+            cfg = OmegaConf.to_object(merged)
+            assert isinstance(cfg, HealthConfig)
+            return cfg
+    return HealthConfig()
+
+
 def health_report(
-    cfg: Config,
+    health: HealthConfig | None = None,
     state: HealthState | None = None,
     now_s: float | None = None,
+    max_samples: int | None = None,
     timeout_s: float = 5.0,
 ) -> tuple[dict[str, NodeVerdict], HealthState, dict[str, dict[str, Any]]]:
     """Verdicts from every agent's recent history: (verdicts, new state, latest summaries).
 
-    Without a stored `state` (the CLI) the verdict reflects the history the agents keep;
-    lemon records need the policy actor's stored state.
+    `health` defaults to the section the agents were started with. Without a stored `state`
+    (the CLI) the verdict reflects the last `max_samples` samples the agents keep (all when
+    None); lemon records and staleness need the policy actor's stored state.
     """
     from controlplane.telemetry.verdicts import judge
 
-    samples = collect_samples(timeout_s=timeout_s)
-    verdicts, new_state = judge(samples, cfg.health, state, time.time() if now_s is None else now_s)
+    if health is None:
+        health = _running_health_config(timeout_s)
+    samples = collect_samples(max_samples=max_samples, timeout_s=timeout_s)
+    verdicts, new_state = judge(samples, health, state, time.time() if now_s is None else now_s)
     latest = {n: s[-1] for n, s in samples.items() if s}
     return verdicts, new_state, latest
 
