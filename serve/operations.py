@@ -352,12 +352,18 @@ def move(
     (see the module docstring). Moves at most what `from_pool` has. If the new replicas do
     not become RUNNING in time, the target pool is put back and ServingTimeoutError raised;
     the source pool was not touched."""
+    for pool in (from_pool, to_pool):
+        if pool not in POOLS:
+            raise ValueError(f"unknown pool {pool!r}; pools are {list(POOLS)}")
     if from_pool == to_pool:
         raise ValueError(f"from_pool and to_pool are both {from_pool!r}")
+    if num_replicas < 0:
+        raise ValueError(f"num_replicas must be >= 0, got {num_replicas}")
     started = time.monotonic()
     steps: list[str] = []
     with _lock:
         state = _require_state()
+        state.model(model)  # unknown model -> KeyError naming the declared ones
         limit_s = _timeout(state, timeout_s)
         n = min(num_replicas, state.target(model, from_pool))
         if n <= 0:
