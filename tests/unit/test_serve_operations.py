@@ -1,0 +1,179 @@
+"""The primitives' order of writes (make-before-break), against a fake of Serve's controller.
+
+`FakeServe` stands in for `serve.control`: it keeps the applied application configs and
+reports every replica RUNNING at once (or STARTING for pools listed in `stuck`), and every
+ingress replica as having applied the latest route table. No Ray is started.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from serve import operations as ops
+from serve.config import IngressConfig, ModelConfig, ServingConfig
+from serve.spec import INGRESS_APP, app_name, parse_app_name
+
+
+@dataclass
+class FakeServe:
+    stuck: set[str] = field(default_factory=set)
+    """App names whose replicas never leave STARTING."""
+    apps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    applied: list[dict[str, dict[str, Any]]] = field(default_factory=list)
+
+    def apply_app_configs(self, apps: list[dict[str, Any]]) -> None:
+        self.apps = {a["name"]: a for a in apps}
+        self.applied.append(dict(self.apps))
+
+    def read_details(self) -> dict[str, Any]:
+        applications = {}
+        for name, cfg in self.apps.items():
+            deps = {}
+            for d in cfg["deployments"]:
+                n = d["num_replicas"]
+                state = "STARTING" if name in self.stuck else "RUNNING"
+                deps[d["name"]] = {
+                    "status": "HEALTHY",
+                    "target_num_replicas": n,
+                    "deployment_config": {"user_config": d.get("user_config")},
+                    "replicas": [
+                        {"replica_id": f"{name}-{i}", "state": state, "node_id": "n"}
+                        for i in range(n)
+                    ],
+                }
+            applications[name] = {
+                "status": "RUNNING",
+                "deployed_app_config": cfg,
+                "deployments": deps,
+            }
+        return {"applications": applications}
+
+
+def targets(apps: dict[str, dict[str, Any]]) -> dict[str, int]:
+    out = {}
+    for name, cfg in apps.items():
+        parsed = parse_app_name(name)
+        if parsed:
+            out[parsed[1]] = cfg["deployments"][0]["num_replicas"]
+    return out
+
+
+def weights(apps: dict[str, dict[str, Any]]) -> dict[str, float]:
+    return dict(apps[INGRESS_APP]["deployments"][0]["user_config"]["weights"]["sample"])
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeServe:
+    f = FakeServe()
+    monkeypatch.setattr(ops.control, "apply_app_configs", f.apply_app_configs)
+    monkeypatch.setattr(ops.control, "read_details", f.read_details)
+    monkeypatch.setattr(ops, "_POLL_S", 0.01)
+    cfg = ServingConfig(
+        ready_timeout_s=5,
+        ingress=IngressConfig(num_replicas=2),
+        models=[ModelConfig(name="sample", min_replicas=2)],
+    )
+    ops.deploy(cfg)
+    f.applied.clear()
+    return f
+
+
+def test_deploy_routes_to_the_ready_initial_pool(fake: FakeServe) -> None:
+    assert targets(fake.apps) == {"cluster": 2}
+    assert weights(fake.apps) == {"cluster": 2.0, "external": 0.0}
+
+
+def test_move_is_make_before_break(fake: FakeServe) -> None:
+    result = ops.move("sample", "cluster", "external", 2)
+    steps = [(targets(a), weights(a)) for a in fake.applied]
+    assert steps == [
+        ({"cluster": 2, "external": 2}, {"cluster": 2.0, "external": 0.0}),  # make
+        ({"cluster": 2, "external": 2}, {"cluster": 0.0, "external": 2.0}),  # shift
+        ({"external": 2}, {"cluster": 0.0, "external": 2.0}),  # break: pool at zero, no app
+    ]
+    assert result.num_replicas == 2 and len(result.steps) == 3 and result.reason
+
+
+def test_partial_move_splits_weights_by_ready_replicas(fake: FakeServe) -> None:
+    ops.move("sample", "cluster", "external", 1)
+    assert targets(fake.apps) == {"cluster": 1, "external": 1}
+    assert weights(fake.apps) == {"cluster": 1.0, "external": 1.0}
+
+
+def test_move_that_cannot_start_puts_target_back_and_leaves_source(fake: FakeServe) -> None:
+    fake.stuck.add(app_name("sample", "external"))
+    with pytest.raises(ops.ServingTimeoutError, match="RUNNING replica"):
+        ops.move("sample", "cluster", "external", 2, timeout_s=0.2)
+    assert targets(fake.apps) == {"cluster": 2}
+    assert weights(fake.apps) == {"cluster": 2.0, "external": 0.0}
+
+
+def test_move_more_than_source_has_moves_what_is_there(fake: FakeServe) -> None:
+    assert ops.move("sample", "cluster", "external", 5).num_replicas == 2
+    assert ops.move("sample", "cluster", "external", 1).num_replicas == 0
+
+
+def test_scale_down_takes_replicas_out_of_routing_first(fake: FakeServe) -> None:
+    ops.scale_pool("sample", "external", 2)
+    fake.applied.clear()
+    ops.scale_pool("sample", "cluster", 0)
+    steps = [(targets(a), weights(a)) for a in fake.applied]
+    assert steps == [
+        ({"cluster": 2, "external": 2}, {"cluster": 0.0, "external": 2.0}),
+        ({"external": 2}, {"cluster": 0.0, "external": 2.0}),
+    ]
+
+
+def test_scale_up_routes_after_running(fake: FakeServe) -> None:
+    ops.scale_pool("sample", "external", 1)
+    steps = [(targets(a), weights(a)) for a in fake.applied]
+    assert steps == [
+        ({"cluster": 2, "external": 1}, {"cluster": 2.0, "external": 0.0}),
+        ({"cluster": 2, "external": 1}, {"cluster": 2.0, "external": 1.0}),
+    ]
+
+
+def test_redeploy_keeps_targets_and_weights(fake: FakeServe) -> None:
+    ops.move("sample", "cluster", "external", 1)
+    before = ops.read_state()
+    ops.deploy(
+        ServingConfig(ready_timeout_s=5, models=[ModelConfig(name="sample", min_replicas=2)])
+    )
+    after = ops.read_state()
+    assert before is not None and after is not None
+    assert (after.targets, after.weights) == (before.targets, before.weights)
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        pytest.param(
+            lambda: ops.move("sample", "cluster", "gpu", 1), "unknown pool", id="move-bad-pool"
+        ),
+        pytest.param(
+            lambda: ops.move("sample", "cluster", "cluster", 1), "both", id="move-same-pool"
+        ),
+        pytest.param(
+            lambda: ops.move("nope", "cluster", "external", 1), "unknown model", id="move-bad-model"
+        ),
+        pytest.param(lambda: ops.scale_pool("sample", "cluster", -1), ">= 0", id="scale-negative"),
+        pytest.param(
+            lambda: ops.set_route_weights("sample", {"gpu": 1}),
+            "unknown pool",
+            id="weights-bad-pool",
+        ),
+    ],
+)
+def test_bad_arguments_raise_before_any_write(fake: FakeServe, call: Any, error: str) -> None:
+    with pytest.raises((ValueError, KeyError), match=error):
+        call()
+    assert fake.applied == []
+
+
+def test_not_deployed_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ops.control, "read_details", lambda: {"applications": {}})
+    with pytest.raises(ops.ServingNotDeployedError, match="not deployed"):
+        ops.scale_pool("sample", "cluster", 1)
