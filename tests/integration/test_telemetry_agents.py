@@ -1,0 +1,235 @@
+"""Telemetry agents on a real local cluster: one per node, fault injection, health verdicts,
+and a real Prometheus server scraping the agents' endpoints.
+
+The agents sample every `telemetry.interval_s` (1 s by default). Waits are bounded by
+deadlines and the assertions are about samples and values, never about how long things took.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from click.testing import CliRunner
+
+from controlplane.cli import cli
+from controlplane.config import Config
+from controlplane.local.cluster import LocalCluster
+from controlplane.telemetry import manager
+from controlplane.telemetry.simulated import HOT_GPU_TEMP_C
+from controlplane.telemetry.verdicts import node_sample, thresholds
+from policies.health import HealthReason, HealthState, Verdict, evaluate
+from tests.integration.conftest import free_ports
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+
+
+def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 120.0) -> T:
+    deadline = time.monotonic() + timeout_s
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; last: {last!r}")
+
+
+def alive_nodes() -> dict[str, dict[str, Any]]:
+    import ray
+
+    return {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
+
+
+@pytest.fixture(scope="module")
+def agents(local_cluster: tuple[Config, LocalCluster]) -> Iterator[dict[str, dict[str, Any]]]:
+    """Agents on every node, each with at least one sample; `info()` by node id."""
+    cfg, _cluster = local_cluster
+    manager.ensure_agents(cfg)
+
+    def all_sampling() -> dict[str, dict[str, Any]] | None:
+        infos = manager.agent_endpoints(timeout_s=10)
+        ready = set(alive_nodes()) <= set(infos) and all(i["samples"] >= 1 for i in infos.values())
+        return infos if ready else None
+
+    infos = wait_for("an agent on every node, sampling", all_sampling, timeout_s=180)
+    yield infos  # the cluster (and with it every agent) goes down after the module
+
+
+def cluster_node_ids(infos: dict[str, dict[str, Any]]) -> list[str]:
+    return sorted(n for n, i in infos.items() if i["pool"] == "cluster")
+
+
+def test_one_agent_per_node_each_on_its_own_loopback_port(
+    local_cluster: tuple[Config, LocalCluster], agents: dict[str, dict[str, Any]]
+) -> None:
+    cfg, _ = local_cluster
+    nodes = alive_nodes()
+    assert set(agents) == set(nodes)
+    assert {i["pool"] for i in agents.values()} >= {"head", "cluster"}
+    assert len(cluster_node_ids(agents)) == cfg.pools.cluster.num_nodes
+    ports = [i["exporter_port"] for i in agents.values()]
+    assert len(set(ports)) == len(ports), f"agents share a port: {ports}"
+    assert {i["exporter_host"] for i in agents.values()} == {"127.0.0.1"}
+    # a second call starts nothing new
+    assert not any(ref.started for ref in manager.ensure_agents(cfg))
+    # every agent is pinned to its node: its GPUs are the node's GPUs
+    summaries = manager.collect_summaries()
+    for node_id, s in summaries.items():
+        assert len(s["gpus"]) == int(nodes[node_id]["Resources"].get("GPU", 0))
+    for node_id, info in agents.items():
+        text = urllib.request.urlopen(info["exporter_url"], timeout=10).read().decode()
+        assert f'rcp_telemetry_sample_seq{{node="{node_id}"' in text
+
+
+def test_hot_gpu_makes_the_node_unhealthy_within_two_samples(
+    local_cluster: tuple[Config, LocalCluster], agents: dict[str, dict[str, Any]]
+) -> None:
+    cfg, _ = local_cluster
+    hot, other = cluster_node_ids(agents)[:2]
+    limits = thresholds(cfg.health)
+
+    before = manager.collect_samples()
+    verdicts, state = evaluate(
+        {n: [node_sample(s) for s in ss] for n, ss in before.items()}, limits, HealthState(), 0.0
+    )
+    assert verdicts[hot].verdict is Verdict.HEALTHY, verdicts[hot].reason
+
+    injected = manager.inject_fault(hot, "hot-gpu")
+    after_seq = injected["after_seq"]
+
+    def two_new_samples() -> list[dict[str, Any]] | None:
+        samples = manager.collect_samples()[hot]
+        new = [s for s in samples if s["seq"] > after_seq]
+        return new[:2] if len(new) >= 2 else None
+
+    first, second = wait_for("two samples after the injection", two_new_samples)
+    assert first["gpus"][0]["temp_c"] == HOT_GPU_TEMP_C
+    seen = []
+    for i, s in enumerate((first, second), start=1):
+        verdicts, state = evaluate({hot: [node_sample(s)]}, limits, state, float(i))
+        seen.append(verdicts[hot].verdict)
+    assert seen[-1] is Verdict.UNHEALTHY, verdicts[hot].reason
+    assert HealthReason.GPU_OVERHEATED in verdicts[hot].reasons
+    assert f"gpu 0 at {HOT_GPU_TEMP_C:g} C" in verdicts[hot].reason
+
+    # the other cluster node is untouched
+    latest_other = manager.collect_samples()[other]
+    verdicts, _ = evaluate(
+        {other: [node_sample(s) for s in latest_other]}, limits, HealthState(), 0.0
+    )
+    assert verdicts[other].verdict is Verdict.HEALTHY, verdicts[other].reason
+
+
+def test_cli_fault_inject_health_and_nodes(
+    local_cluster: tuple[Config, LocalCluster], agents: dict[str, dict[str, Any]]
+) -> None:
+    cfg, _ = local_cluster
+    target = cluster_node_ids(agents)[-1]
+    runner = CliRunner()
+    args = [f"state_dir={cfg.state_dir}"]
+    out = runner.invoke(cli, ["fault", "inject", target[-12:], "ib-link-down", *args])
+    assert out.exit_code == 0, out.output
+    assert f"node {target}: injected ib-link-down" in out.output
+
+    bad = runner.invoke(cli, ["fault", "inject", "no-such-node", "xid", *args])
+    assert (
+        bad.exit_code == 2 and "no telemetry agent on a node matching 'no-such-node'" in bad.output
+    )
+
+    def unhealthy_row() -> dict[str, Any] | None:
+        res = runner.invoke(cli, ["health", "--json", *args])
+        assert res.exit_code == 0, res.output
+        rows = {r["node_id"]: r for r in json.loads(res.output)}
+        row = rows[target]
+        return row if row["verdict"] == "unhealthy" else None
+
+    row = wait_for("rcp health to report the link down", unhealthy_row, timeout_s=60)
+    assert "ib_link_down" in row["reasons"] and "ib-link-down" in row["faults"]
+
+    res = runner.invoke(cli, ["nodes", "--json", *args])
+    assert res.exit_code == 0, res.output
+    nodes = {r["node_id"]: r for r in json.loads(res.output)}
+    assert nodes[target]["health"] == "unhealthy"
+    assert nodes[target]["gpu_temp_max_c"] is not None
+    assert nodes[target]["tensor_active_ratio"] is not None
+    table = runner.invoke(cli, ["nodes", *args]).output
+    assert "HEALTH" in table and "IB ERR/S" in table
+
+    assert runner.invoke(cli, ["fault", "inject", target, "clear", *args]).exit_code == 0
+
+
+def test_prometheus_scrapes_agents_and_promql_returns_injected_temperature(
+    agents: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("the prometheus binary is not installed (Debian: apt-get install prometheus)")
+    hot = cluster_node_ids(agents)[0]
+    manager.inject_fault(hot, "hot-gpu")
+    targets = [f"{i['exporter_host']}:{i['exporter_port']}" for i in agents.values()]
+    (tmp_path / "prometheus.yml").write_text(
+        json.dumps(  # JSON is YAML
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "scrape_configs": [
+                    {"job_name": "rcp-telemetry", "static_configs": [{"targets": targets}]}
+                ],
+            }
+        )
+    )
+    (port,) = free_ports(1)
+    log = (tmp_path / "prometheus.log").open("w")
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+
+        def query(promql: str) -> list[dict[str, Any]] | None:
+            if proc.poll() is not None:
+                raise AssertionError(
+                    f"prometheus exited with {proc.returncode}: "
+                    + (tmp_path / "prometheus.log").read_text()[-2000:]
+                )
+            url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode(
+                {"query": promql}
+            )
+            try:
+                body = json.loads(urllib.request.urlopen(url, timeout=5).read())
+            except OSError:
+                return None
+            assert body["status"] == "success", body
+            return body["data"]["result"] or None
+
+        temp = f'DCGM_FI_DEV_GPU_TEMP{{node="{hot}",gpu="0",pool="cluster"}}'
+        (result,) = wait_for("prometheus to return the injected temperature", lambda: query(temp))
+        assert float(result["value"][1]) == HOT_GPU_TEMP_C
+        ups = wait_for(
+            "every agent scraped",
+            lambda: (r := query('up{job="rcp-telemetry"} == 1')) and len(r) == len(targets) and r,
+        )
+        assert len(ups) == len(targets)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
