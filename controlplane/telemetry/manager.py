@@ -62,7 +62,8 @@ class AgentRef:
 def _alive_nodes() -> list[dict[str, Any]]:
     import ray
 
-    return [n for n in ray.nodes() if n.get("Alive")]
+    nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+    return [n for n in nodes if n.get("Alive")]
 
 
 def find_agents() -> dict[str, Any]:
@@ -108,7 +109,7 @@ def ensure_agents(cfg: Config) -> list[AgentRef]:
         if node_id in existing:
             refs.append(AgentRef(node_id, pool, started=False))
             continue
-        remote_agent.options(  # type: ignore[attr-defined]
+        remote_agent.options(
             name=agent_name(node_id),
             namespace=NAMESPACE,
             lifetime="detached",
@@ -197,8 +198,7 @@ def inject_fault(node_id: str, kind: str, timeout_s: float = 30.0) -> dict[str, 
             handles[node_id].inject_fault.remote(kind), timeout=timeout_s
         )
     except ray.exceptions.RayTaskError as exc:
-        cause = exc.as_instanceof_cause()
-        raise TelemetryError(str(getattr(cause, "args", [cause])[0])) from exc
+        raise TelemetryError(str(getattr(exc, "cause", None) or exc)) from exc
     return result
 
 
