@@ -254,6 +254,26 @@ def health_cmd(config_file: str | None, overrides: tuple[str, ...], as_json: boo
         click.echo("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
 
 
+@cli.group("serve")
+def serve_group() -> None:
+    """The production Serve application."""
+
+
+@serve_group.command("status")
+@_config_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def serve_status_cmd(config_file: str | None, overrides: tuple[str, ...], as_json: bool) -> None:
+    """Per model and pool: target, running, starting, stopping replicas, route weights, nodes."""
+    from serve.status import format_status_table, serve_status
+
+    _connect_running(_load(config_file, overrides))
+    data = serve_status()
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        click.echo(format_status_table(data))
+
+
 def main() -> None:
     cli(prog_name="rcp")
 

@@ -23,6 +23,8 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from serve.config import ServingConfig, validate_serving
+
 __all__ = [
     "ApiConfig",
     "ClusterPoolConfig",
@@ -44,6 +46,19 @@ __all__ = [
 ]
 
 _ = MISSING  # re-exported for schemas that need a required field later
+
+
+@dataclass
+class PlacementConfig:
+    """How the policy actor places serve replicas across pools (see policies/placement.py)."""
+
+    migrate_back_idle_s: float = 60.0
+    """The cluster pool must have room, with no queued training, this long before replicas
+    come back from the external pool."""
+    migrate_back_step: int = 1
+    """Replicas that come back per step."""
+    migrate_back_interval_s: float = 30.0
+    """Seconds between steps back."""
 
 
 class ConfigError(ValueError):
@@ -134,6 +149,8 @@ class ServeConfig:
 
     http_port: int = 8000
     """Port of the Serve HTTP proxy (bound to ray.node_ip)."""
+    deploy_app: bool = True
+    """Deploy the production Serve application (the `serving` section) with `rcp up`."""
 
 
 @dataclass
@@ -277,6 +294,8 @@ class Config:
     jobs: JobsConfig = field(default_factory=JobsConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    serving: ServingConfig = field(default_factory=ServingConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
 
     @property
     def state_path(self) -> Path:
@@ -342,6 +361,10 @@ def validate(cfg: Config) -> list[str]:
     errors += _validate_jobs(cfg.jobs)
     errors += _validate_telemetry(cfg.telemetry)
     errors += _validate_health(cfg.health)
+    errors += validate_serving(cfg.serving, prefix="serving")
+    errors += _at_least(0, "placement.migrate_back_idle_s", cfg.placement.migrate_back_idle_s)
+    errors += _at_least(1, "placement.migrate_back_step", cfg.placement.migrate_back_step)
+    errors += _at_least(0, "placement.migrate_back_interval_s", cfg.placement.migrate_back_interval_s)
     if not (cfg.storage.uri.startswith("s3://") or cfg.storage.uri.startswith("file://")):
         errors.append(f"storage.uri: must start with s3:// or file://, got {cfg.storage.uri!r}")
     ports = {
@@ -430,6 +453,14 @@ def _validate_health(h: HealthConfig) -> list[str]:
     errors += _at_least(1, "health.lemon_window_s", h.lemon_window_s)
     return errors
 
+def _list_keys(layer: Any) -> str:
+    """The top-level keys of a merge layer, for an error message."""
+    try:
+        return ", ".join(str(k) for k in layer) or "<empty>"
+    except AttributeError:
+        return "<config>"
+
+
 def _describe(exc: OmegaConfBaseException) -> str:
     key = getattr(exc, "full_key", None) or "<config>"
     msg = getattr(exc, "msg", None) or str(exc)
@@ -478,6 +509,13 @@ def load_config(
             merged = OmegaConf.merge(merged, layer)
         except OmegaConfBaseException as exc:
             raise ConfigError(_describe(exc)) from exc
+        except (TypeError, ValueError) as exc:
+            # omegaconf raises these when a mapping meets a list, e.g. `models.0.x=1`
+            # on the command line: list entries are set in the YAML file.
+            raise ConfigError(
+                f"cannot merge {_list_keys(layer)}: a list and a mapping met ({exc}); set list "
+                "entries (e.g. serving.models) in the YAML file, not as key=value overrides"
+            ) from exc
     try:
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:

@@ -274,6 +274,8 @@ class LocalCluster:
             )
             self._start_serve()
             announce(Endpoint("serve", f"http://{self.cfg.ray.node_ip}:{self.cfg.serve.http_port}"))
+            if self.cfg.serve.deploy_app:
+                self._deploy_serving(echo)
             from controlplane.service.controller import deploy
 
             announce(Endpoint("api", deploy(self.cfg)))
@@ -420,6 +422,17 @@ class LocalCluster:
             proxy_location="HeadOnly",
             http_options={"host": self.cfg.ray.node_ip, "port": self.cfg.serve.http_port},
         )
+
+    def _deploy_serving(self, echo: Echo) -> None:
+        """Deploy (or update) the production Serve app; keeps deployed targets and weights."""
+        from serve import operations
+
+        state = operations.deploy(self.cfg.serving, wait=True)
+        for m in self.cfg.serving.models:
+            where = ", ".join(
+                f"{state.target(m.name, pool)} on {pool}" for pool in ("cluster", "external")
+            )
+            echo(f"model {m.name}: POST /v1/models/{m.name}/predict ({where})")
 
     # -- down -------------------------------------------------------------------------------
     def down(self, echo: Echo = print) -> int:

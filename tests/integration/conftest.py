@@ -41,6 +41,8 @@ def local_overrides(state_dir: Path, *extra: str) -> list[str]:
         f"serve.http_port={serve}",
         f"storage.embedded_port={s3}",
         f"api.port={api}",
+        # Modules that test serving turn it on; the others get the whole cluster pool.
+        "serve.deploy_app=false",
         *extra,
     ]
 
