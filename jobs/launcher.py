@@ -1,7 +1,8 @@
 """The gang launcher: turns a training function into a Ray Train gang on the `cluster` pool.
 
 Owns: building the `TorchTrainer` for an admitted job from the environment the runner sets
-(workers, GPUs and CPUs per worker, the run's storage, the checkpoint to resume from), and
+(workers, GPUs and CPUs per worker, the run's storage and name, which is the job id: a
+restarted run finds its checkpoints there, see `jobs.preemption.Preemption.restore`), and
 telling the control plane when each worker has started (so it can tell a running gang from
 one stuck waiting for resources).
 
@@ -87,10 +88,10 @@ def run_gang(train_fn: Callable[..., Any], config: dict[str, Any] | None = None)
     Outside the control plane (no ``RCP_NUM_WORKERS``) it runs 1 CPU worker, so a script can
     be tried on a laptop. Returns Ray Train's `Result`.
     """
-    from ray.train import Checkpoint, RunConfig, ScalingConfig
+    from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from jobs.preemption import ENV_JOB_ID, ENV_RESUME_FROM
+    from jobs.preemption import ENV_JOB_ID
 
     num_workers = int(os.environ.get(ENV_NUM_WORKERS, "1"))
     gpus = int(os.environ.get(ENV_GPUS_PER_WORKER, "0"))
@@ -110,7 +111,6 @@ def run_gang(train_fn: Callable[..., Any], config: dict[str, Any] | None = None)
         resources_per_worker=resources,
         label_selector=dict(POOL_LABEL_SELECTOR) if in_control_plane else None,
     )
-    resume_from = os.environ.get(ENV_RESUME_FROM)
     run_config = RunConfig(
         name=os.environ.get(ENV_JOB_ID) or "rcp-local-run",
         storage_path=os.environ.get(ENV_STORAGE_PATH) or None,
@@ -121,7 +121,6 @@ def run_gang(train_fn: Callable[..., Any], config: dict[str, Any] | None = None)
         scaling_config=scaling,
         torch_config=TorchConfig(backend=backend),
         run_config=run_config,
-        resume_from_checkpoint=Checkpoint(resume_from) if resume_from else None,
     )
     return trainer.fit()
 

@@ -226,15 +226,20 @@ class Preemption:
     def restore(self) -> tuple[int, dict[str, Any]] | None:
         """The (step, state) of the checkpoint to resume from, or None for a fresh start.
 
-        Uses Ray Train's own (``ray.train.get_checkpoint()``: a restarted worker group or
-        ``resume_from_checkpoint``, which the launcher sets from ``RCP_RESUME_FROM``).
+        Ray Train's own first (``ray.train.get_checkpoint()``: a restarted worker group, or a
+        run restored from its storage), else the checkpoint the control plane recorded for the
+        job (``RCP_RESUME_FROM``, set by the runner when it restarts a preempted job).
         """
         import ray.train
         import torch
+        from ray.train import Checkpoint
 
         checkpoint = ray.train.get_checkpoint()
         if checkpoint is None:
-            return None
+            path = os.environ.get(ENV_RESUME_FROM)
+            if not path or not (Path(path) / _STATE_FILE).is_file():
+                return None
+            checkpoint = Checkpoint(path)
         with checkpoint.as_directory() as d:
             data = torch.load(Path(d) / _STATE_FILE, weights_only=False)
         return int(data["step"]), dict(data["state"])

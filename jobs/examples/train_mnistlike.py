@@ -47,8 +47,12 @@ def train_loop(config: dict[str, Any]) -> None:
     rank = ray.train.get_context().get_world_rank()
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(28 * 28, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
-    model = ray.train.torch.prepare_model(model)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(28 * 28, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
+    )
+    # Logical GPUs (local mode) have no CUDA device behind them: keep the model on the CPU.
+    device = True if torch.cuda.is_available() else torch.device("cpu")
+    model = ray.train.torch.prepare_model(model, move_to_device=device)
     optim = torch.optim.SGD(model.parameters(), lr=0.05)
     pre = Preemption()
 
