@@ -274,6 +274,236 @@ def serve_status_cmd(config_file: str | None, overrides: tuple[str, ...], as_jso
         click.echo(format_status_table(data))
 
 
+# -- the training queue (talks to the control plane's HTTP API through the SDK) ---------------
+
+
+def _client_options(func: F) -> F:
+    func = click.option(
+        "--state-dir",
+        envvar="RCP_STATE_DIR",
+        default="~/.rcp",
+        show_default=True,
+        help="Where `rcp up` wrote api-url and api-token (env: RCP_STATE_DIR).",
+    )(func)
+    func = click.option(
+        "--url", envvar="RCP_API_URL", help="Control-plane API URL (env: RCP_API_URL)."
+    )(func)
+    return func
+
+
+def _client(url: str | None, state_dir: str) -> Any:
+    from controlplane.sdk import ApiError, Client
+
+    try:
+        return Client(url=url, state_dir=state_dir)
+    except ApiError as exc:
+        _fail(exc.message)
+
+
+def _api(call: Callable[[], Any]) -> Any:
+    """Run an SDK call; an API refusal prints the server's message and exits 2 (bad input) or 1."""
+    from controlplane.sdk import ApiError
+
+    try:
+        return call()
+    except ApiError as exc:
+        _fail(str(exc), 2 if 400 <= exc.status < 500 and exc.status != 401 else 1)
+
+
+def _job_row(job: Any) -> tuple[str, ...]:
+    return (
+        job.id,
+        job.name,
+        job.state,
+        job.priority_class,
+        job.queue,
+        f"{job.num_workers}x{job.gpus_per_worker}",
+        str(job.num_preemptions),
+    )
+
+
+def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+    lines = [header, *rows]
+    widths = [max(len(r[i]) for r in lines) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in lines
+    )
+
+
+_JOB_HEADER = ("ID", "NAME", "STATE", "PRIORITY", "QUEUE", "GANG", "PREEMPTED")
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@_client_options
+@click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="JOB.yaml | -- CMD...")
+@click.option("--workers", type=int, help="Gang size (workers); with -- CMD.")
+@click.option("--gpus-per-worker", type=int, default=1, show_default=True, help="GPUs per worker.")
+@click.option("--cpus-per-worker", type=float, default=1.0, show_default=True)
+@click.option("--priority", "priority_class", help="Priority class (default: the configured one).")
+@click.option("--queue", default="default", show_default=True, help="Team queue.")
+@click.option("--name", help="Job name (default: from the YAML, else the command's first word).")
+@click.option("--max-runtime-s", type=float, help="Stop the job after this long.")
+@click.option("--idempotency-key", help="Retrying with the same key returns the same job.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"id": ..., "state": ...}.')
+def submit(
+    url: str | None,
+    state_dir: str,
+    args: tuple[str, ...],
+    workers: int | None,
+    gpus_per_worker: int,
+    cpus_per_worker: float,
+    priority_class: str | None,
+    queue: str,
+    name: str | None,
+    max_runtime_s: float | None,
+    idempotency_key: str | None,
+    as_json: bool,
+) -> None:
+    """Queue a training job; prints its id.
+
+    \b
+    rcp submit job.yaml
+    rcp submit --workers 2 --gpus-per-worker 1 --priority high -- python train.py --lr 3e-4
+
+    A module:function command (e.g. jobs.examples.train_mnistlike:train_loop) runs as the Ray
+    Train loop of every worker; any other command runs as the Ray Job's driver and calls
+    jobs.launcher.run_gang itself.
+    """
+    import re
+    import shlex
+    from pathlib import Path
+
+    from jobs.spec import JobSpec, SpecError
+
+    payload: dict[str, Any]
+    if len(args) == 1 and workers is None and args[0].endswith((".yaml", ".yml")):
+        path = Path(args[0])
+        if not path.is_file():
+            _fail(f"{path}: no such job file", 2)
+        try:
+            payload = JobSpec.from_yaml(path.read_text()).to_dict()
+        except SpecError as exc:
+            _fail(f"{path}: {exc}", 2)
+        if priority_class:
+            payload["priority_class"] = priority_class
+    else:
+        if not args:
+            _fail(
+                "give a JOB.yaml or a command after --, e.g. rcp submit --workers 2 -- python train.py",
+                2,
+            )
+        command = shlex.join(args)
+        default_name = re.sub(
+            r"[^A-Za-z0-9._-]+",
+            "-",
+            Path(args[-1] if args[0].startswith("python") else args[0]).name,
+        )
+        payload = {
+            "name": name or (default_name.strip("-.") or "job")[:64],
+            "entrypoint": command,
+            "num_workers": 1 if workers is None else workers,
+            "gpus_per_worker": gpus_per_worker,
+            "cpus_per_worker": cpus_per_worker,
+            "queue": queue,
+            "max_runtime_s": max_runtime_s,
+        }
+        if priority_class:
+            payload["priority_class"] = priority_class
+    if name:
+        payload["name"] = name
+    client = _client(url, state_dir)
+    job = _api(lambda: client.submit(payload, idempotency_key=idempotency_key))
+    click.echo(json.dumps({"id": job.id, "state": job.state}) if as_json else job.id)
+
+
+@cli.command()
+@_client_options
+@click.argument("job_id", required=False, metavar="[ID]")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status(url: str | None, state_dir: str, job_id: str | None, as_json: bool) -> None:
+    """One job's state and history, or every job's state without an ID."""
+    client = _client(url, state_dir)
+    if job_id is None:
+        jobs = _api(lambda: client.list())
+        if as_json:
+            click.echo(json.dumps([dict(j.raw) for j in jobs], indent=2))
+        else:
+            click.echo(_table([_job_row(j) for j in jobs], _JOB_HEADER))
+        return
+    job = _api(lambda: client.status(job_id))
+    if as_json:
+        click.echo(json.dumps(dict(job.raw), indent=2))
+        return
+    click.echo(_table([_job_row(job)], _JOB_HEADER))
+    if job.last_checkpoint:
+        click.echo(
+            f"last checkpoint: step {job.last_checkpoint.get('step')} at {job.last_checkpoint.get('path')}"
+        )
+    for t in job.history:
+        click.echo(f"  {t['at_s']:.3f}  {t['from'] or '-':>9} -> {t['to']:<9}  {t['reason']}")
+
+
+@cli.command("queue")
+@_client_options
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@click.option("--all", "show_all", is_flag=True, help="Include finished jobs.")
+def queue_cmd(url: str | None, state_dir: str, as_json: bool, show_all: bool) -> None:
+    """Jobs waiting or holding GPUs (QUEUED, ADMITTED, RUNNING), oldest in the queue first."""
+    client = _client(url, state_dir)
+    state = None if show_all else "QUEUED,ADMITTED,RUNNING,PREEMPTED"
+    jobs = _api(lambda: client.list(state=state))
+    if as_json:
+        click.echo(json.dumps([dict(j.raw) for j in jobs], indent=2))
+    else:
+        click.echo(_table([_job_row(j) for j in jobs], _JOB_HEADER))
+
+
+@cli.command()
+@_client_options
+@click.argument("job_id", metavar="ID")
+def cancel(url: str | None, state_dir: str, job_id: str) -> None:
+    """Cancel a job; a running gang is stopped."""
+    client = _client(url, state_dir)
+    job = _api(lambda: client.cancel(job_id))
+    click.echo(f"{job.id} {job.state}")
+
+
+@cli.command()
+@_client_options
+@click.argument("job_id", metavar="ID")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
+def logs(url: str | None, state_dir: str, job_id: str, follow: bool) -> None:
+    """The job's driver logs (every attempt)."""
+    client = _client(url, state_dir)
+    if follow:
+        for chunk in _api(lambda: client.logs(job_id, follow=True)):
+            click.echo(chunk, nl=False)
+    else:
+        click.echo(_api(lambda: client.logs(job_id)), nl=False)
+
+
+@cli.command()
+@_client_options
+@click.option("--job", "job_id", help="Only this job's events.")
+@click.option("--after", type=int, default=0, help="Only events after this sequence number.")
+@click.option("--limit", type=int, default=200, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+def events(
+    url: str | None, state_dir: str, job_id: str | None, after: int, limit: int, as_json: bool
+) -> None:
+    """The control plane's event log: state changes, admissions, preemptions."""
+    import time as _time
+
+    client = _client(url, state_dir)
+    evs = _api(lambda: client.events(after=after, job_id=job_id, limit=limit))
+    if as_json:
+        click.echo(json.dumps(evs, indent=2))
+        return
+    for e in evs:
+        when = _time.strftime("%H:%M:%S", _time.localtime(e["at_s"]))
+        click.echo(f"{e['seq']:>6}  {when}  {e['kind']:<24} {e['message']}")
+
+
 def main() -> None:
     cli(prog_name="rcp")
 
