@@ -176,11 +176,28 @@ def take_snapshot(
         if any_cuda:
             for dst, src in zip(dsts, srcs, strict=True):
                 dst.copy_(src, non_blocking=True)
-        else:
-            torch._foreach_copy_(dsts, srcs)
-        if any_cuda:
             (synchronize or torch.cuda.synchronize)()
+        else:
+            _copy_host_tensors(dsts, srcs)
     return Snapshot(skeleton=skeleton_bytes, tensors=entries, payload=payload)
+
+
+def _copy_host_tensors(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    """Host-to-host copies with torch's intra-op thread pool off.
+
+    Each copy_ of a large tensor is otherwise an OpenMP parallel region ending in a barrier;
+    with many tensors and any other load on the cores (the background upload, data loader
+    workers) every barrier waits for a descheduled thread, and the snapshot runs many times
+    slower than one memcpy of the same bytes. One thread streaming the copies does not wait.
+    """
+    threads = torch.get_num_threads()
+    if threads > 1:
+        torch.set_num_threads(1)
+    try:
+        torch._foreach_copy_(dsts, srcs)
+    finally:
+        if threads > 1:
+            torch.set_num_threads(threads)
 
 
 def rebuild_state(

@@ -27,8 +27,8 @@ from urllib.parse import urlparse
 from jobs.checkpoint.retrying import RetryPolicy, TransientError, call_with_retries
 
 OnRetry = Callable[[str, BaseException], None]
-DEFAULT_PART_SIZE_BYTES = 32 * 1024 * 1024
-DEFAULT_MAX_CONCURRENCY = 8
+DEFAULT_PART_SIZE_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_CONCURRENCY = 16
 _MIN_PART_SIZE_BYTES = 5 * 1024 * 1024  # S3's floor for all but the last part
 
 
