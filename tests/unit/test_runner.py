@@ -1,0 +1,247 @@
+"""The runner's job life against a fake Ray (no Ray): admission, gang-start timeout with
+exponential backoff, checkpoint-before-preempt, idempotency after a restart, and the observe
+phase's snapshot rules.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controlplane.config import Config, load_config
+from controlplane.inventory import NodeRow
+from controlplane.service.observing import build_snapshot
+from controlplane.service.runner import JobRunner, RayJobStatus, entrypoint_command
+from controlplane.store import JobState, Store
+from jobs.spec import JobSpec
+from policies.plan import AdmitJob, PreemptJob, WorkerPlacement
+
+
+class FakeRay:
+    """Ray Jobs and the signals actor, in memory."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, RayJobStatus] = {}
+        self.submitted: list[tuple[str, str, dict[str, Any]]] = []
+        self.stopped: list[str] = []
+        self.signals: dict[str, dict[str, Any]] = {}
+        self.requests: list[str] = []
+
+    def submit(self, sid: str, entrypoint: str, runtime_env: dict[str, Any]) -> None:
+        if sid in self.jobs:
+            return
+        self.jobs[sid] = RayJobStatus.PENDING
+        self.submitted.append((sid, entrypoint, runtime_env))
+
+    def status(self, sid: str) -> RayJobStatus:
+        return self.jobs.get(sid, RayJobStatus.MISSING)
+
+    def stop(self, sid: str) -> None:
+        self.stopped.append(sid)
+        self.jobs[sid] = RayJobStatus.STOPPED
+
+    def logs(self, sid: str) -> str:
+        return f"logs of {sid}"
+
+    def signal_status(self, job_id: str) -> dict[str, Any]:
+        return self.signals.get(job_id, {})
+
+    def request_checkpoint(self, job_id: str, at_s: float) -> None:
+        self.requests.append(job_id)
+
+    def clear_request(self, job_id: str) -> None:
+        pass
+
+    def start_workers(self, job_id: str, attempt: int, n: int) -> None:
+        self.signals.setdefault(job_id, {})
+        self.signals[job_id].update({"attempt": attempt, "started_ranks": list(range(n))})
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture()
+def env(tmp_path: Path) -> tuple[Store, Config, FakeRay, Clock, JobRunner]:
+    cfg = load_config(
+        None,
+        [
+            f"state_dir={tmp_path}",
+            "jobs.gang_start_timeout_s=60",
+            "jobs.backoff_initial_s=5",
+            "jobs.backoff_max_s=12",
+            "jobs.max_start_attempts=4",
+        ],
+    )
+    clock = Clock()
+    store = Store(tmp_path / "db.sqlite", clock=clock)
+    fake = FakeRay()
+    return store, cfg, fake, clock, JobRunner(store, cfg, fake, clock=clock)
+
+
+def submit(store: Store, **over: Any) -> str:
+    spec = JobSpec(name="j", entrypoint="pkg.mod:train", num_workers=2, gpus_per_worker=1, **over)
+    return store.submit(spec).job.job_id
+
+
+def admit(runner: JobRunner, job_id: str) -> None:
+    runner.admit(
+        AdmitJob(
+            job_id, (WorkerPlacement("n1", 2),), num_workers=2, gpus_per_worker=1, reason="fits"
+        )
+    )
+
+
+def test_admit_records_the_attempt_before_submitting_and_is_idempotent(env: Any) -> None:
+    store, cfg, fake, _clock, runner = env
+    job_id = submit(store)
+    admit(runner, job_id)
+    admit(runner, job_id)  # the same action again next tick: nothing new
+    job = store.get(job_id)
+    assert job.state is JobState.ADMITTED
+    assert job.info["submission_id"] == f"{job_id}-1"
+    assert job.info["placement"] == {"n1": 2}
+    assert [s[0] for s in fake.submitted] == [f"{job_id}-1"]
+    sid, entrypoint, runtime_env = fake.submitted[0]
+    assert entrypoint.endswith("-m jobs.launcher pkg.mod:train")
+    envv = runtime_env["env_vars"]
+    assert envv["RCP_JOB_ID"] == job_id and envv["RCP_NUM_WORKERS"] == "2"
+    assert envv["RCP_STORAGE_PATH"] == str(cfg.train_storage_path)
+
+
+def test_gang_running_once_every_worker_started(env: Any) -> None:
+    store, _cfg, fake, _clock, runner = env
+    job_id = submit(store)
+    admit(runner, job_id)
+    fake.start_workers(job_id, 1, 1)
+    runner.reconcile()
+    assert store.get(job_id).state is JobState.ADMITTED
+    fake.start_workers(job_id, 1, 2)
+    runner.reconcile()
+    assert store.get(job_id).state is JobState.RUNNING
+    fake.jobs[f"{job_id}-1"] = RayJobStatus.SUCCEEDED
+    runner.reconcile()
+    assert store.get(job_id).state is JobState.SUCCEEDED
+
+
+def test_gang_start_timeout_requeues_with_doubling_backoff_then_fails(env: Any) -> None:
+    store, _cfg, fake, clock, runner = env
+    job_id = submit(store)
+    backoffs = []
+    for attempt in range(1, 5):
+        admit(runner, job_id)
+        clock.now += 61
+        runner.reconcile()
+        job = store.get(job_id)
+        assert f"{job_id}-{attempt}" in fake.stopped
+        if attempt < 4:
+            assert job.state is JobState.QUEUED
+            assert "gang-start-timeout" in store.history(job_id)[-1].reason
+            backoffs.append(job.info["not_before_s"] - clock.now)
+    assert backoffs == [5, 10, 12]  # doubling, capped at backoff_max_s
+    assert store.get(job_id).state is JobState.FAILED
+
+
+def test_preemption_waits_for_the_requested_checkpoint_then_stops_and_requeues(env: Any) -> None:
+    store, _cfg, fake, clock, runner = env
+    job_id = submit(store)
+    admit(runner, job_id)
+    fake.start_workers(job_id, 1, 2)
+    runner.reconcile()
+    runner.preempt(PreemptJob(job_id, reason="preempt-for-priority: x", for_job_id="x"))
+    assert fake.requests == [job_id]
+    runner.reconcile()
+    assert fake.stopped == [] and store.get(job_id).state is JobState.RUNNING
+    ckpt = {
+        "attempt": 1,
+        "step": 7,
+        "path": "/ckpt/step-7",
+        "at_s": clock.now,
+        "answers_request": True,
+    }
+    fake.signals[job_id]["checkpoint"] = ckpt
+    runner.reconcile()
+    assert fake.stopped == [f"{job_id}-1"]
+    runner.reconcile()  # Ray reports STOPPED
+    job = store.get(job_id)
+    assert job.state is JobState.QUEUED and job.num_preemptions == 1
+    assert [t.to_state for t in store.history(job_id)][-2:] == [JobState.PREEMPTED, JobState.QUEUED]
+    assert "at step 7" in store.history(job_id)[-2].reason
+    # The next attempt resumes from the recorded checkpoint.
+    admit(runner, job_id)
+    assert fake.submitted[-1][2]["env_vars"]["RCP_RESUME_FROM"] == "/ckpt/step-7"
+
+
+def test_preemption_stops_at_the_deadline_without_a_checkpoint(env: Any) -> None:
+    store, _cfg, fake, clock, runner = env
+    job_id = submit(store)
+    admit(runner, job_id)
+    fake.start_workers(job_id, 1, 2)
+    runner.reconcile()
+    runner.preempt(PreemptJob(job_id, reason="preempt"))
+    clock.now += store.get(job_id).spec.checkpoint.preempt_deadline_s + 1
+    runner.reconcile()
+    runner.reconcile()
+    assert store.get(job_id).state is JobState.QUEUED
+    assert "preempt-deadline-passed" in store.history(job_id)[-2].reason
+
+
+def test_a_restarted_runner_resubmits_a_lost_submission_under_the_same_id(env: Any) -> None:
+    store, cfg, fake, clock, runner = env
+    job_id = submit(store)
+    admit(runner, job_id)
+    fake.jobs.clear()  # the crash came between recording and submitting
+    fresh = JobRunner(store, cfg, fake, clock=clock)
+    fresh.reconcile()
+    assert [s[0] for s in fake.submitted] == [f"{job_id}-1", f"{job_id}-1"]
+    assert store.get(job_id).info["attempt"] == 1
+
+
+def test_cancelled_running_job_gets_its_ray_job_stopped(env: Any) -> None:
+    store, _cfg, fake, _clock, runner = env
+    job_id = submit(store)
+    admit(runner, job_id)
+    store.transition(job_id, JobState.CANCELLED, "user")
+    runner.reconcile()
+    assert fake.stopped == [f"{job_id}-1"]
+    runner.reconcile()
+    assert store.get(job_id).info["ray_done"] is True
+
+
+@pytest.mark.parametrize(
+    "entrypoint, expected",
+    [
+        ("pkg.mod:fn", "/py -m jobs.launcher pkg.mod:fn"),
+        ("python train.py --lr 1", "/py train.py --lr 1"),
+        ("bash run.sh", "bash run.sh"),
+    ],
+    ids=["module-function", "python-command", "other-command"],
+)
+def test_entrypoint_command(entrypoint: str, expected: str) -> None:
+    assert entrypoint_command(entrypoint, python="/py") == expected
+
+
+def test_snapshot_subtracts_gangs_the_store_holds_and_marks_preempting(env: Any) -> None:
+    store, _cfg, _fake, _clock, runner = env
+    held = submit(store)
+    admit(runner, held)
+    store.update_info(held, {"preempting": True})
+    waiting = submit(store)
+    store.update_info(waiting, {"not_before_s": 2000.0})
+    rows = [
+        NodeRow("n1", "cluster", "a", "ALIVE", 4, 4, 8, 8),  # Ray does not see the gang yet
+        NodeRow("n2", "cluster", "b", "ALIVE", 4, 1, 8, 8),  # a Serve replica holds 3
+        NodeRow("n3", "cluster", "c", "DEAD", 4, 0, 8, 0),
+    ]
+    snap = build_snapshot(1000.0, rows, store.list_jobs())
+    free = {n.node_id: (n.gpus_free, n.healthy) for n in snap.nodes}
+    assert free == {"n1": (2, True), "n2": (1, True), "n3": (0, False)}
+    assert [g.job_id for g in snap.running] == [held] and snap.running[0].preempting
+    assert [q.job_id for q in snap.queued] == [waiting]
+    assert snap.queued[0].not_before_s == 2000.0
