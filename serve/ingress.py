@@ -76,6 +76,9 @@ class Ingress:
         self._table = RouteTable()
         self._handles: dict[tuple[str, str], DeploymentHandle] = {}
         self._rng = random.Random()
+        # In-flight requests per model, reported to the load board for the demand policy.
+        self._inflight: dict[str, int] = {}
+        self._reporter: asyncio.Task[None] | None = None
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         self._table = RouteTable.from_user_config(user_config)
@@ -147,7 +150,39 @@ class Ingress:
         assert isinstance(parsed, Predict)
         return await self._predict(parsed.model, parsed.payload)
 
+    @staticmethod
+    def _in_replica() -> bool:
+        """True inside a Serve replica (not when a test builds the class directly)."""
+        try:
+            serve.get_replica_context()
+        except Exception:
+            return False
+        return True
+
+    async def _report_load(self) -> None:
+        from serve.load import REPORT_INTERVAL_S, board
+
+        me = serve.get_replica_context().replica_id.unique_id
+        handle = None
+        while True:
+            try:
+                handle = handle or board()
+                handle.report.remote(me, dict(self._inflight))
+            except Exception as exc:  # the board restarting must not hurt serving
+                logger.debug("load report failed: %r", exc)
+                handle = None
+            await asyncio.sleep(REPORT_INTERVAL_S)
+
     async def _predict(self, model: str, payload: dict[str, Any]) -> Response:
+        if self._reporter is None and self._in_replica():
+            self._reporter = asyncio.get_running_loop().create_task(self._report_load())
+        self._inflight[model] = self._inflight.get(model, 0) + 1
+        try:
+            return await self._predict_once(model, payload)
+        finally:
+            self._inflight[model] -= 1
+
+    async def _predict_once(self, model: str, payload: dict[str, Any]) -> Response:
         started = time.monotonic()
         tried: set[str] = set()
         attempts = 0
