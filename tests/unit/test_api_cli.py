@@ -1,0 +1,98 @@
+"""`rcp submit/status/queue/cancel/events` against an in-process API server (no Ray)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from controlplane.cli import cli
+from tests.unit.test_api_server import TOKEN, Server
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = Server(tmp_path_factory.mktemp("cli"))
+    yield s
+    s.close()
+
+
+def rcp(srv: Server, *args: str) -> tuple[int, str]:
+    env = {"RCP_API_URL": srv.url, "RCP_API_TOKEN": TOKEN}
+    result = CliRunner().invoke(cli, list(args), env=env)
+    return result.exit_code, result.output
+
+
+def test_submit_a_command_prints_id_and_state_as_json(srv: Server) -> None:
+    code, out = rcp(
+        srv, "submit", "--workers", "2", "--gpus-per-worker", "1", "--priority", "high", "--json",
+        "--", "python", "train.py", "--lr", "3e-4",
+    )  # fmt: skip
+    assert code == 0, out
+    body = json.loads(out)
+    assert body["state"] == "QUEUED"
+    job = srv.store.get(body["id"])
+    assert job.spec.entrypoint == "python train.py --lr 3e-4"
+    assert (job.spec.num_workers, job.spec.priority_class) == (2, "high")
+
+
+def test_submit_a_yaml_file(srv: Server, tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("name: y\nentrypoint: pkg.mod:train\nnum_workers: 1\nqueue: default\n")
+    code, out = rcp(srv, "submit", str(path))
+    assert code == 0, out
+    assert srv.store.get(out.strip()).spec.name == "y"
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("submit", "--workers", "0", "--", "python", "t.py"), "num_workers"),
+        (
+            ("submit", "--workers", "1", "--priority", "vip", "--", "python", "t.py"),
+            "priority_class",
+        ),
+        (("submit", "--workers", "1", "--queue", "nope", "--", "python", "t.py"), "queue"),
+        (("status", "job-none"), "no job with id"),
+        (("cancel", "job-none"), "no job with id"),
+    ],
+    ids=["zero-workers", "unknown-priority", "unknown-queue", "status-unknown", "cancel-unknown"],
+)
+def test_bad_input_exits_2_with_the_servers_message(
+    srv: Server, args: tuple[str, ...], needle: str
+) -> None:
+    before = srv.num_jobs()
+    code, out = rcp(srv, *args)
+    assert code == 2
+    assert needle in out
+    assert srv.num_jobs() == before
+
+
+def test_bad_yaml_exits_2_naming_the_line(srv: Server, tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: [unclosed\n")
+    code, out = rcp(srv, "submit", str(path))
+    assert code == 2 and "not valid YAML at line" in out
+
+
+def test_status_queue_cancel_and_events(srv: Server) -> None:
+    _, out = rcp(srv, "submit", "--workers", "1", "--", "python", "t.py")
+    job_id = out.strip()
+    code, out = rcp(srv, "status", job_id, "--json")
+    assert code == 0 and json.loads(out)["state"] == "QUEUED"
+    code, out = rcp(srv, "queue", "--json")
+    assert job_id in [j["id"] for j in json.loads(out)]
+    code, out = rcp(srv, "cancel", job_id)
+    assert code == 0 and "CANCELLED" in out
+    code, out = rcp(srv, "events", "--job", job_id, "--json")
+    assert [e["data"]["to"] for e in json.loads(out)] == ["QUEUED", "CANCELLED"]
+
+
+def test_wrong_token_exits_1(srv: Server) -> None:
+    result = CliRunner().invoke(
+        cli, ["queue"], env={"RCP_API_URL": srv.url, "RCP_API_TOKEN": "bad"}
+    )
+    assert result.exit_code == 1 and "wrong token" in result.output
