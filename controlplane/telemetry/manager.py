@@ -37,6 +37,7 @@ __all__ = [
     "find_agents",
     "health_report",
     "inject_fault",
+    "prometheus_file_sd",
     "resolve_node_id",
     "verdict_json",
 ]
@@ -171,6 +172,20 @@ def agent_endpoints(timeout_s: float = 30.0) -> dict[str, dict[str, Any]]:
     return _gather({n: h.info.remote() for n, h in handles.items()}, timeout_s)
 
 
+def prometheus_file_sd(infos: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """A Prometheus ``file_sd_configs`` target list for the agents' `info()` by node id.
+
+    Write it as JSON to a file Prometheus watches; node and pool are also on every sample.
+    """
+    return [
+        {
+            "targets": [f"{info['exporter_host']}:{info['exporter_port']}"],
+            "labels": {"rcp_node": node_id, "rcp_pool": str(info["pool"])},
+        }
+        for node_id, info in sorted(infos.items())
+    ]
+
+
 def resolve_node_id(node: str, node_ids: Iterable[str]) -> str:
     """The one node id that equals, starts with or ends with `node` (as `rcp nodes` shows it)."""
     ids = list(node_ids)
@@ -204,9 +219,14 @@ def inject_fault(node_id: str, kind: str, timeout_s: float = 30.0) -> dict[str, 
 
 def _running_health_config(timeout_s: float) -> HealthConfig:
     """The `health` section the agents were started with (defaults if none says)."""
+    import ray
     from omegaconf import OmegaConf
 
-    for info in agent_endpoints(timeout_s).values():
+    for handle in find_agents().values():  # any one agent will do
+        try:
+            info = ray.get(handle.info.remote(), timeout=timeout_s)
+        except Exception:
+            continue
         if info.get("health"):
             merged = OmegaConf.merge(OmegaConf.structured(HealthConfig), info["health"])
             cfg = OmegaConf.to_object(merged)

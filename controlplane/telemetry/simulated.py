@@ -123,8 +123,10 @@ class SimulatedSource:
             c["port_rcv_data"] += _WORDS_PER_READ
             c["port_xmit_wait"] += 1000
         if p == 0 and "ib-errors" in self.faults:
-            c["symbol_error"] = min(c["symbol_error"] + 100, 0xFFFF)
-            c["port_rcv_errors"] = min(c["port_rcv_errors"] + 100, 0xFFFF)
+            # Real 16-bit error counters saturate at 65535; these do not, so a fault lasts
+            # until `clear` however long the demo runs.
+            c["symbol_error"] += 100
+            c["port_rcv_errors"] += 100
         return IbPortReading(
             device=f"mlx5_{p}",
             port=1,

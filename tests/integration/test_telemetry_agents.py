@@ -177,13 +177,20 @@ def test_prometheus_scrapes_agents_and_promql_returns_injected_temperature(
         pytest.skip("the prometheus binary is not installed (Debian: apt-get install prometheus)")
     hot = cluster_node_ids(agents)[0]
     manager.inject_fault(hot, "hot-gpu")
-    targets = [f"{i['exporter_host']}:{i['exporter_port']}" for i in agents.values()]
+    file_sd = manager.prometheus_file_sd(agents)
+    targets = [t for group in file_sd for t in group["targets"]]
+    (tmp_path / "targets.json").write_text(json.dumps(file_sd))
     (tmp_path / "prometheus.yml").write_text(
         json.dumps(  # JSON is YAML
             {
                 "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
                 "scrape_configs": [
-                    {"job_name": "rcp-telemetry", "static_configs": [{"targets": targets}]}
+                    {
+                        "job_name": "rcp-telemetry",
+                        "file_sd_configs": [
+                            {"files": [str(tmp_path / "targets.json")], "refresh_interval": "5s"}
+                        ],
+                    }
                 ],
             }
         )
@@ -221,6 +228,7 @@ def test_prometheus_scrapes_agents_and_promql_returns_injected_temperature(
         temp = f'DCGM_FI_DEV_GPU_TEMP{{node="{hot}",gpu="0",pool="cluster"}}'
         (result,) = wait_for("prometheus to return the injected temperature", lambda: query(temp))
         assert float(result["value"][1]) == HOT_GPU_TEMP_C
+        assert result["metric"]["rcp_node"] == hot  # the file_sd target label came through
         ups = wait_for(
             "every agent scraped",
             lambda: (r := query('up{job="rcp-telemetry"} == 1')) and len(r) == len(targets) and r,
