@@ -48,10 +48,10 @@ def local_overrides(state_dir: Path, *extra: str) -> list[str]:
 
 
 def start_local_cluster(
-    tmp_path_factory: pytest.TempPathFactory, *extra: str
+    tmp_path_factory: pytest.TempPathFactory, *extra: str, config_file: Path | None = None
 ) -> tuple[Config, LocalCluster]:
     state_dir = tmp_path_factory.mktemp("rcp-state")
-    cfg = load_config(None, local_overrides(state_dir, *extra))
+    cfg = load_config(config_file, local_overrides(state_dir, *extra))
     cluster = LocalCluster(cfg)
     cluster.up(echo=lambda _line: None)
     return cfg, cluster

@@ -1,0 +1,155 @@
+"""The policy loop end to end (issue 6): training claims the cluster, serving moves to the
+external pool make-before-break with zero failed requests, the gang is admitted, and after
+the job the replicas come back a step at a time and the external pool scales to zero.
+
+Real parts: the embedded cluster (`rcp up`: Ray, the autoscaler with its fake multi-node
+provider, Serve with the production app), the controller actor (API, admission, serving
+loop), a Ray Train gang from the example script, HTTP load on the Serve endpoint.
+
+The cluster pool is one node with 2 logical GPUs; the sample model runs 2 one-GPU replicas
+there, so a 2-GPU gang can only run once both replicas have moved out.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controlplane.config import Config
+from controlplane.local.cluster import connect
+from controlplane.sdk import Client
+from tests.integration.conftest import start_local_cluster
+from tests.integration.test_serve_plane import Load
+
+pytestmark = pytest.mark.integration
+
+EXAMPLE = "jobs.examples.train_mnistlike:train_loop"
+MIGRATE_BACK_INTERVAL_S = 4.0
+
+
+@pytest.fixture(scope="module")
+def loop_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Config, Client]]:
+    conf = tmp_path_factory.mktemp("loop-conf") / "rcp.yaml"
+    conf.write_text(
+        "serving:\n"
+        "  models:\n"
+        "    - name: sample\n"
+        "      min_replicas: 2\n"
+        "      max_replicas: 2\n"
+        "      num_gpus: 1\n"
+        "      num_cpus: 0.5\n"
+        "      graceful_shutdown_timeout_s: 5\n"
+    )
+    cfg, cluster = start_local_cluster(
+        tmp_path_factory,
+        "pools.cluster.num_nodes=1",
+        "pools.cluster.gpus_per_node=2",
+        "pools.external.max_nodes=2",
+        "pools.external.idle_timeout_s=8",
+        "serve.deploy_app=true",
+        "policy.tick_s=0.5",
+        "placement.migrate_back_idle_s=2",
+        "placement.migrate_back_step=1",
+        f"placement.migrate_back_interval_s={MIGRATE_BACK_INTERVAL_S}",
+        "jobs.gang_start_timeout_s=300",
+        "jobs.job_signal_poll_s=0.2",
+        config_file=conf,
+    )
+    try:
+        yield cfg, Client(state_dir=cfg.state_path)
+    finally:
+        cluster.down(echo=lambda _line: None)
+
+
+def pools_of(model: str = "sample") -> dict[str, dict[str, Any]]:
+    from serve.status import serve_status
+
+    return dict(serve_status()["models"][model]["pools"])
+
+
+def wait_until(check: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def test_training_claims_the_cluster_and_serving_comes_back(
+    loop_cluster: tuple[Config, Client], tmp_path: Path
+) -> None:
+    cfg, client = loop_cluster
+    connect(cfg)
+    serve_url = f"http://{cfg.ray.node_ip}:{cfg.serve.http_port}"
+    assert pools_of()["cluster"]["running"] == 2
+    assert pools_of()["external"]["running"] == 0
+
+    train_config = {
+        "num_steps": 6,
+        "checkpoint_every": 1000,
+        "step_sleep_s": 1.0,
+        "log_path": str(tmp_path / "steps.log"),
+    }
+    with Load(serve_url, threads=2, max_duration_s=280) as load:
+        load.wait_for(20)
+        job = client.submit(
+            {
+                "name": "claims-the-cluster",
+                "entrypoint": EXAMPLE,
+                "num_workers": 2,
+                "gpus_per_worker": 1,
+                "priority_class": "high",
+                "runtime_env": {"env_vars": {"RCP_TRAIN_CONFIG": json.dumps(train_config)}},
+            }
+        )
+        # The replicas leave for the external pool (an external node is added for them)...
+        wait_until(lambda: pools_of()["external"]["running"] == 2, 180, "replicas on external")
+        # ...and only then does the gang get the cluster pool.
+        wait_until(
+            lambda: client.status(job.id).state in {"RUNNING", "SUCCEEDED"}, 240, "the gang to run"
+        )
+        assert pools_of()["cluster"]["running"] == 0
+        final = client.wait(job.id, timeout_s=300, poll_s=1.0)
+        assert final.state == "SUCCEEDED", final.message
+        # After the job, replicas come back one per interval and the external pool empties.
+        wait_until(
+            lambda: pools_of()["cluster"]["running"] == 2 and pools_of()["external"]["target"] == 0,
+            120,
+            "replicas back on the cluster pool",
+        )
+    assert load.total > 50
+    assert not load.errors, load.errors[:5]
+    assert set(load.statuses) == {200}
+    served_by = set(load.pools)
+    assert {"cluster", "external"} <= served_by  # traffic followed the replicas both ways
+
+    events = client.events(limit=1000)
+    kinds = [e["kind"] for e in events]
+    assert "serve.move.done" in kinds
+    out = [
+        e
+        for e in events
+        if e["kind"] == "serve.move.start" and "cluster -> external" in e["message"]
+    ]
+    back = [
+        e
+        for e in events
+        if e["kind"] == "serve.move.start" and "external -> cluster" in e["message"]
+    ]
+    assert out and "yield_to_training" in out[0]["message"]
+    assert len(back) == 2, back  # one replica per step
+    gap_s = back[1]["at_s"] - back[0]["at_s"]
+    assert gap_s >= MIGRATE_BACK_INTERVAL_S - 0.5, gap_s
+
+    # No rented GPU stays: the external node goes after its idle timeout.
+    from controlplane.inventory import list_nodes
+
+    wait_until(
+        lambda: not any(n.pool == "external" for n in list_nodes()), 90, "external pool at zero"
+    )
