@@ -159,6 +159,7 @@ class Client:
         *,
         state_dir: str | Path | None = None,
         timeout_s: float = 30.0,
+        retries: int = 5,
     ) -> None:
         sdir = Path(state_dir).expanduser() if state_dir is not None else _state_dir()
         found_url = url or os.environ.get(ENV_URL) or _read(sdir / "api-url")
@@ -178,6 +179,9 @@ class Client:
         self.url = found_url.rstrip("/")
         self._token = found_token
         self.timeout_s = timeout_s
+        self.retries = retries
+        """Retries of a request that could not reach the server, only where repeating it is
+        safe: reads, and submissions with an idempotency key."""
 
     def __repr__(self) -> str:  # never show the token
         return f"Client(url={self.url!r})"
@@ -199,6 +203,20 @@ class Client:
             if clean:
                 url += "?" + urllib.parse.urlencode(clean)
         data = None if body is None else json.dumps(body).encode()
+        safe = method == "GET" or bool(headers and headers.get("Idempotency-Key"))
+        attempts = 1 + (self.retries if safe else 0)
+        for attempt in range(attempts):
+            try:
+                return self._once(method, url, data, headers)
+            except ApiError as exc:
+                if exc.status != 0 or attempt == attempts - 1:
+                    raise
+                time.sleep(min(4.0, 0.25 * 2**attempt))  # the server may be restarting
+        raise AssertionError("unreachable")
+
+    def _once(
+        self, method: str, url: str, data: bytes | None, headers: Mapping[str, str] | None
+    ) -> Any:
         req = urllib.request.Request(url, data=data, method=method)
         req.add_header("Authorization", f"Bearer {self._token}")
         req.add_header("Accept", "application/json")
@@ -286,7 +304,8 @@ class Client:
         return list(data["events"])
 
     def healthy(self) -> bool:
+        """One quick look at /healthz (no retries)."""
         try:
-            return bool(self._call("GET", "/healthz").get("ok"))
+            return bool(self._once("GET", self.url + "/healthz", None, None).get("ok"))
         except ApiError:
             return False
