@@ -5,10 +5,13 @@ its input types (`NodeSample`, `GpuSample`, `PortSample`), its thresholds and th
 needs between ticks (`HealthState`: hot streaks, held verdicts, lemon records), which the
 caller stores and hands back. `clear_lemon` is the operator's way to let a lemon back in.
 
+Also owns the pure step from verdicts to a plan: `with_verdicts` (the snapshot with unhealthy
+nodes marked, so capacity shrinks at once) and `remediate` (cordon, checkpoint-and-requeue
+gangs, move replicas make-before-break, drain once empty), with the `CordonNode` action.
+
 Must not: read telemetry, a clock or the network, or act. The telemetry agents produce the
-samples; the policy actor turns verdicts into actions (no new work, move replicas, checkpoint
-and restart gangs, drain). Time arrives as `now_s` (the caller's clock); sample times are only
-used to order samples and to skip the ones already seen.
+samples; the policy actor applies the plan. Time arrives as `now_s` (the caller's clock);
+sample times are only used to order samples and to skip the ones already seen.
 
 Rules, per node, for every sample newer than the last one seen:
 
@@ -53,8 +56,13 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from types import MappingProxyType
 
+from policies.plan import DrainNode, MoveServeReplicas, PreemptJob
+from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
+
 __all__ = [
     "DEFAULT_FATAL_XIDS",
+    "CordonNode",
+    "RemediationAction",
     "GpuSample",
     "HealthReason",
     "HealthState",
@@ -66,6 +74,8 @@ __all__ = [
     "Verdict",
     "clear_lemon",
     "evaluate",
+    "remediate",
+    "with_verdicts",
 ]
 
 DEFAULT_FATAL_XIDS: tuple[int, ...] = (48, 61, 62, 64, 74, 79, 95, 119, 120, 140)
@@ -449,3 +459,109 @@ def clear_lemon(state: HealthState, node_ids: Iterable[str]) -> HealthState:
                 unhealthy_turns_s=(),
             )
     return HealthState(nodes)
+
+
+@dataclass(frozen=True)
+class CordonNode:
+    """Place nothing new on `node_id` (Ray: exclude it from placement; Kubernetes: cordon).
+
+    Level-triggered like every action: repeated each tick while the node is unhealthy.
+    """
+
+    node_id: str
+    reason: str
+
+
+RemediationAction = CordonNode | PreemptJob | MoveServeReplicas | DrainNode
+"""What `remediate` may ask for."""
+
+
+def with_verdicts(
+    snapshot: ClusterSnapshot, verdicts: Mapping[str, NodeVerdict]
+) -> ClusterSnapshot:
+    """`snapshot` with every UNHEALTHY node marked ``healthy=False``; degraded nodes stay in.
+
+    Every policy that counts live capacity then leaves the node out on this very tick.
+    """
+    nodes = tuple(
+        replace(n, healthy=False)
+        if n.healthy and verdicts.get(n.node_id, _NO_VERDICT).verdict is Verdict.UNHEALTHY
+        else n
+        for n in snapshot.nodes
+    )
+    return replace(snapshot, nodes=nodes)
+
+
+_NO_VERDICT = NodeVerdict("", Verdict.HEALTHY)
+
+
+def remediate(
+    snapshot: ClusterSnapshot, verdicts: Mapping[str, NodeVerdict]
+) -> tuple[RemediationAction, ...]:
+    """The plan that takes unhealthy GPU nodes out of service without breaking anything.
+
+    Per UNHEALTHY node of the cluster or external pool (never the head), in node id order:
+
+    1. `CordonNode`: nothing new lands there.
+    2. `PreemptJob(checkpoint_first=True)` for each gang holding GPUs there that is not already
+       being preempted: it checkpoints, is re-queued and restarts on healthy nodes.
+    3. `MoveServeReplicas` per (model, pool) for replicas there that are not already stopping,
+       make-before-break. Cluster replicas stay in the cluster when its other healthy nodes have
+       enough free GPUs for all of them, else go to the external pool; external replicas stay
+       external (the autoscaler adds a node).
+    4. `DrainNode` only once no gang holds GPUs there and no replica of ours is left on it.
+
+    Worked example: cluster nodes ``a`` (unhealthy, gang ``j1`` holds 4 GPUs, one 1-GPU replica
+    of model ``m``) and ``b`` (healthy, 0 GPUs free). Plan: CordonNode(a), PreemptJob(j1),
+    MoveServeReplicas(m, cluster -> external, 1 replica, node a). Next ticks, while ``j1``
+    checkpoints and the replica is replaced: the same cordon, no second preemption (``j1`` is
+    now preempting), the move repeated (level-triggered). Once ``a`` holds nothing:
+    CordonNode(a), DrainNode(a).
+    """
+    actions: list[RemediationAction] = []
+    unhealthy = {
+        n.node_id: verdicts[n.node_id]
+        for n in snapshot.nodes
+        if n.pool is not Pool.HEAD
+        and n.node_id in verdicts
+        and verdicts[n.node_id].verdict is Verdict.UNHEALTHY
+    }
+    cluster_free_elsewhere = sum(
+        n.gpus_free
+        for n in snapshot.nodes
+        if n.pool is Pool.CLUSTER and n.healthy and n.node_id not in unhealthy
+    )
+    for node_id in sorted(unhealthy):
+        why = f"node {node_id} {unhealthy[node_id].reason}"
+        actions.append(CordonNode(node_id, why))
+        gangs = [g for g in snapshot.running if g.gpus_by_node.get(node_id, 0) > 0]
+        for g in sorted(gangs, key=lambda g: g.job_id):
+            if not g.preempting:
+                actions.append(PreemptJob(g.job_id, f"checkpoint and restart elsewhere: {why}"))
+        replicas = [r for r in snapshot.serve_replicas if r.node_id == node_id]
+        moving: dict[tuple[str, Pool], list[int]] = {}
+        for r in replicas:
+            if r.state is not ReplicaState.STOPPING:
+                moving.setdefault((r.model, r.pool), []).append(r.gpus)
+        for (model, pool), gpus in sorted(
+            moving.items(), key=lambda kv: (kv[0][0], kv[0][1].value)
+        ):
+            to_pool = pool
+            if pool is Pool.CLUSTER:
+                if sum(gpus) <= cluster_free_elsewhere:
+                    cluster_free_elsewhere -= sum(gpus)
+                else:
+                    to_pool = Pool.EXTERNAL
+            actions.append(
+                MoveServeReplicas(
+                    model=model,
+                    from_pool=pool,
+                    to_pool=to_pool,
+                    num_replicas=len(gpus),
+                    node_ids=(node_id,),
+                    reason=f"make-before-break off {why}",
+                )
+            )
+        if not gangs and not replicas:
+            actions.append(DrainNode(node_id, why))
+    return tuple(actions)

@@ -1,0 +1,130 @@
+"""From verdicts to a plan: cordon, checkpoint-and-requeue, move replicas, drain once empty."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.health import (
+    CordonNode,
+    HealthReason,
+    NodeVerdict,
+    RemediationAction,
+    Verdict,
+    remediate,
+    with_verdicts,
+)
+from policies.plan import DrainNode, MoveServeReplicas, PreemptJob
+from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
+from tests.unit.builders import gang, node, replica, snapshot
+
+HOT = NodeVerdict("a", Verdict.UNHEALTHY, (HealthReason.GPU_OVERHEATED,), ("gpu 0 at 91.5 C",))
+WHY = "node a unhealthy: gpu_overheated (gpu 0 at 91.5 C)"
+
+
+def kinds(plan: tuple[RemediationAction, ...]) -> list[str]:
+    out = []
+    for a in plan:
+        if isinstance(a, MoveServeReplicas):
+            out.append(
+                f"move {a.model} {a.from_pool.value}->{a.to_pool.value} x{a.num_replicas} off {','.join(a.node_ids)}"
+            )
+        elif isinstance(a, PreemptJob):
+            out.append(f"preempt {a.job_id}" + (" (checkpoint)" if a.checkpoint_first else ""))
+        else:
+            out.append(f"{type(a).__name__} {a.node_id}")
+    return out
+
+
+CASES: list[tuple[str, ClusterSnapshot, dict[str, NodeVerdict], list[str]]] = [
+    (
+        "healthy-nothing-to-do",
+        snapshot([node("a"), node("b")], running=[gang("j1", {"a": 4})]),
+        {"a": NodeVerdict("a", Verdict.HEALTHY)},
+        [],
+    ),
+    (
+        "degraded-stays-in-service",
+        snapshot([node("a")], running=[gang("j1", {"a": 4})]),
+        {"a": NodeVerdict("a", Verdict.DEGRADED, (HealthReason.GPU_TEMP_HIGH,))},
+        [],
+    ),
+    (
+        "docstring-example-first-tick",
+        snapshot(
+            [node("a"), node("b", gpus_total=4)],
+            running=[gang("j1", {"a": 4}), gang("j2", {"b": 4})],
+            replicas=[replica("r1", "a")],
+        ),
+        {"a": HOT},
+        ["CordonNode a", "preempt j1 (checkpoint)", "move m cluster->external x1 off a"],
+    ),
+    (
+        "replicas-stay-in-cluster-when-it-has-room",
+        snapshot([node("a"), node("b")], replicas=[replica("r1", "a"), replica("r2", "a")]),
+        {"a": HOT},
+        ["CordonNode a", "move m cluster->cluster x2 off a"],
+    ),
+    (
+        "external-replicas-stay-external",
+        snapshot(
+            [node("a", pool=Pool.EXTERNAL, gpus_total=2)],
+            replicas=[replica("r1", "a", pool=Pool.EXTERNAL, model="llm")],
+        ),
+        {"a": HOT},
+        ["CordonNode a", "move llm external->external x1 off a"],
+    ),
+    (
+        "already-preempting-and-stopping-are-not-asked-again",
+        snapshot(
+            [node("a")],
+            running=[gang("j1", {"a": 4}, preempting=True)],
+            replicas=[replica("r1", "a", state=ReplicaState.STOPPING)],
+        ),
+        {"a": HOT},
+        ["CordonNode a"],
+    ),
+    (
+        "empty-node-is-drained",
+        snapshot([node("a"), node("b")], running=[gang("j2", {"b": 8})]),
+        {"a": HOT},
+        ["CordonNode a", "DrainNode a"],
+    ),
+    (
+        "head-is-never-drained",
+        snapshot([node("h", pool=Pool.HEAD, gpus_total=0)]),
+        {"h": NodeVerdict("h", Verdict.UNHEALTHY, (HealthReason.NO_TELEMETRY,))},
+        [],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("snap", "verdicts", "expected"), [pytest.param(s, v, e, id=i) for i, s, v, e in CASES]
+)
+def test_remediate(
+    snap: ClusterSnapshot, verdicts: dict[str, NodeVerdict], expected: list[str]
+) -> None:
+    assert kinds(remediate(snap, verdicts)) == expected
+
+
+def test_every_action_carries_the_verdict_as_its_reason() -> None:
+    snap = snapshot([node("a")], running=[gang("j1", {"a": 4})], replicas=[replica("r1", "a")])
+    plan = remediate(snap, {"a": HOT})
+    assert all(WHY in a.reason for a in plan), [a.reason for a in plan]
+    assert plan[0] == CordonNode("a", WHY)
+
+
+def test_drain_comes_only_after_the_node_is_empty() -> None:
+    busy = snapshot([node("a")], running=[gang("j1", {"a": 4}, preempting=True)])
+    assert not any(isinstance(a, DrainNode) for a in remediate(busy, {"a": HOT}))
+    empty = snapshot([node("a")])
+    assert remediate(empty, {"a": HOT})[-1] == DrainNode("a", WHY)
+
+
+def test_with_verdicts_takes_unhealthy_nodes_out_of_capacity_at_once() -> None:
+    snap = snapshot([node("a"), node("b"), node("c")])
+    verdicts = {"a": HOT, "b": NodeVerdict("b", Verdict.DEGRADED, (HealthReason.GPU_TEMP_HIGH,))}
+    marked = with_verdicts(snap, verdicts)
+    assert [n.healthy for n in marked.nodes] == [False, True, True]
+    assert marked.live_gpus_total(Pool.CLUSTER) == 16
+    assert snap.live_gpus_total(Pool.CLUSTER) == 24  # the input is not changed
