@@ -78,6 +78,7 @@ class Reason(str, Enum):
     RAY_JOB_SUCCEEDED = "ray-job-succeeded"
     RAY_JOB_FAILED = "ray-job-failed"
     RAY_JOB_STOPPED = "ray-job-stopped-outside-control-plane"
+    GANG_LOST = "gang-lost: Ray no longer knows its job (cluster restarted?)"
 
 
 def entrypoint_command(entrypoint: str, python: str = sys.executable) -> str:
@@ -334,6 +335,13 @@ class JobRunner:
             else:
                 self.store.update_info(job.job_id, {"message": message})
                 self._finish(job, JobState.FAILED, f"{why.value}: {message}")
+            return
+        if job.state is JobState.RUNNING and status is RayJobStatus.MISSING:
+            # The cluster lost the Ray Job (e.g. `rcp down` then `up`): run it again from its
+            # latest checkpoint rather than leave it RUNNING forever.
+            self.store.transition(job.job_id, JobState.PREEMPTED, Reason.GANG_LOST.value)
+            self.store.update_info(job.job_id, {"placement": None, "ray_done": True})
+            self.store.transition(job.job_id, JobState.QUEUED, Reason.REQUEUED.value)
             return
         if job.state is JobState.ADMITTED:
             started = sig.get("started_ranks") or []

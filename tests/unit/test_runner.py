@@ -245,3 +245,15 @@ def test_snapshot_subtracts_gangs_the_store_holds_and_marks_preempting(env: Any)
     assert [g.job_id for g in snap.running] == [held] and snap.running[0].preempting
     assert [q.job_id for q in snap.queued] == [waiting]
     assert snap.queued[0].not_before_s == 2000.0
+
+
+def test_a_running_job_whose_ray_job_vanished_is_requeued(env: Any) -> None:
+    store, _cfg, fake, _clock, runner = env
+    job_id = submit(store)
+    admit(runner, job_id)
+    fake.start_workers(job_id, 1, 2)
+    runner.reconcile()
+    fake.jobs.clear()  # a new cluster after `rcp down` / `rcp up`
+    runner.reconcile()
+    assert store.get(job_id).state is JobState.QUEUED
+    assert "gang-lost" in store.history(job_id)[-2].reason
