@@ -17,6 +17,7 @@ default ``~/.rcp``), which `rcp up` writes.
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import time
@@ -297,7 +298,7 @@ class Client:
 
     def events(
         self, *, after: int = 0, job_id: str | None = None, limit: int | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> builtins.list[dict[str, Any]]:
         data = self._call(
             "GET", "/v1/events", query={"after": after, "job_id": job_id, "limit": limit}
         )

@@ -110,7 +110,7 @@ def run_gang(train_fn: Callable[..., Any], config: dict[str, Any] | None = None)
         use_gpu=gpus > 0,
         resources_per_worker=resources,
         label_selector=dict(POOL_LABEL_SELECTOR) if in_control_plane else None,
-    )
+    )  # type: ignore[call-arg]  # Train v2's ScalingConfig; type stubs show v1's
     run_config = RunConfig(
         name=os.environ.get(ENV_JOB_ID) or "rcp-local-run",
         storage_path=os.environ.get(ENV_STORAGE_PATH) or None,

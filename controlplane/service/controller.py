@@ -24,7 +24,9 @@ node inventory.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import threading
 import time
 import urllib.request
@@ -67,6 +69,11 @@ class Controller:
         self.store = Store(self.cfg.jobs_db_path)
         self.runner = JobRunner(self.store, self.cfg, RayJobs(self.cfg))
         self.service = JobService(self.store, self.cfg, logs=self.runner.logs)
+        from controlplane.service.serving_loop import ServingLoop
+
+        # The serving half of the loop runs in its own thread: a make-before-break move waits
+        # for new replicas, and admission must keep ticking meanwhile.
+        self.serving = ServingLoop(self.cfg, self.store, start=start and self.cfg.serve.deploy_app)
         self.stats = TickStats()
         self._last_actions: set[tuple[str, str, str]] = set()
         self._stop = threading.Event()
@@ -131,7 +138,8 @@ class Controller:
 
         self.runner.reconcile()
         jobs = self.store.list_jobs(states=[JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING])
-        return build_snapshot(time.time(), list_nodes(), jobs)
+        snapshot = build_snapshot(time.time(), list_nodes(), jobs)
+        return dataclasses.replace(snapshot, serve_replicas=self.serving.serve_replicas())
 
     def _decide(self, snapshot: Any) -> Any:
         from controlplane.service.observing import admission_config
@@ -142,8 +150,18 @@ class Controller:
 
     def _act(self, plan: Any) -> None:
         from controlplane.store import JobState
-        from policies.plan import AdmitJob, PreemptJob, RejectJob
+        from policies.plan import AdmitJob, MoveServeReplicas, PreemptJob, RejectJob
 
+        # GPUs the admission policy wants serving to hand back: the serving loop moves that
+        # many replicas' worth to the external pool, make-before-break.
+        gpus = {m.name: max(1, math.ceil(m.num_gpus)) for m in self.cfg.serving.models}
+        self.serving.set_training_claim(
+            sum(
+                a.num_replicas * gpus.get(a.model, 1)
+                for a in plan
+                if isinstance(a, MoveServeReplicas)
+            )
+        )
         for action in plan:
             try:
                 if isinstance(action, PreemptJob):
@@ -176,6 +194,7 @@ class Controller:
 
     def shutdown(self) -> None:
         self._stop.set()
+        self.serving.stop()
         self.api.stop()
 
 
@@ -209,8 +228,8 @@ def deploy(cfg: Config, timeout_s: float = 120.0) -> str:
 
         connect(cfg)
     token = ensure_token(cfg.state_path)
-    actor_cls = ray.remote(Controller)
-    handle = actor_cls.options(  # type: ignore[attr-defined]
+    actor_cls: Any = ray.remote(Controller)
+    handle: Any = actor_cls.options(
         name=ACTOR_NAME,
         namespace=NAMESPACE,
         lifetime="detached",

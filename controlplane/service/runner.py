@@ -119,7 +119,7 @@ class RayJobs:
         if self._signals is None:
             from jobs.preemption import SIGNALS_ACTOR_NAME, SIGNALS_NAMESPACE, JobSignals
 
-            self._signals = JobSignals.options(  # type: ignore[attr-defined]
+            self._signals = JobSignals.options(
                 name=SIGNALS_ACTOR_NAME,
                 namespace=SIGNALS_NAMESPACE,
                 lifetime="detached",
