@@ -200,6 +200,11 @@ class ServingStep:
             new_demand, placement
         )
 
+    def _others_ready(self, model: str, pool: Pool) -> bool:
+        from serve.status import serve_status
+
+        return others_ready(serve_status(), model, pool)
+
     # -- act --------------------------------------------------------------------------------
     def external_bundles(self, targets: tuple[PoolTargets, ...]) -> list[dict[str, float]]:
         """One resource bundle per external replica wanted, for `request_resources`."""
@@ -245,18 +250,40 @@ class ServingStep:
                     "serve.move.done",
                     f"{a.model}: moved {result.num_replicas} in {result.duration_s:.1f}s",
                 )
-        for t in decision.targets:
-            for pool, want in ((Pool.CLUSTER, t.cluster), (Pool.EXTERNAL, t.external)):
-                have = targets.get((t.model, pool.value), 0)
-                if want != have:
-                    record(
-                        "serve.scale",
-                        f"{t.model}/{pool.value}: {have} -> {want}"
-                        + (f" ({t.note})" if t.note else ""),
-                    )
-                    operations.scale_pool(t.model, pool.value, want)
+        # Scale-ups first (they wait for RUNNING), then scale-downs, each only once every
+        # other pool of the model runs all of its target: nothing is stopped before what
+        # replaces it serves. A scale-down that must wait is retried next tick.
+        changes = [
+            (t, pool, want, targets.get((t.model, pool.value), 0))
+            for t in decision.targets
+            for pool, want in ((Pool.CLUSTER, t.cluster), (Pool.EXTERNAL, t.external))
+            if want != targets.get((t.model, pool.value), 0)
+        ]
+        changes.sort(key=lambda c: c[2] < c[3])
+        for t, pool, want, have in changes:
+            if want < have and not self._others_ready(t.model, pool):
+                record(
+                    "serve.scale.wait",
+                    f"{t.model}/{pool.value}: {have} -> {want} waits for the other pool",
+                )
+                continue
+            record(
+                "serve.scale",
+                f"{t.model}/{pool.value}: {have} -> {want}" + (f" ({t.note})" if t.note else ""),
+            )
+            operations.scale_pool(t.model, pool.value, want)
         for t in decision.targets:
             operations.set_route_weights_from_readiness(t.model)
+
+
+def others_ready(status: Mapping[str, Any], model: str, pool: Pool) -> bool:
+    """Whether every pool of `model` other than `pool` runs all of its target."""
+    pools = ((status.get("models") or {}).get(model) or {}).get("pools") or {}
+    return all(
+        int(p.get("running", 0)) >= int(p.get("target", 0))
+        for name, p in pools.items()
+        if name != pool.value
+    )
 
 
 def decision_to_json(decision: ServingDecision) -> dict[str, Any]:

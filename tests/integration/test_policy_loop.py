@@ -153,3 +153,80 @@ def test_training_claims_the_cluster_and_serving_comes_back(
     wait_until(
         lambda: not any(n.pool == "external" for n in list_nodes()), 90, "external pool at zero"
     )
+
+
+def test_controller_killed_mid_move_resumes_without_double_scaling_or_errors(
+    loop_cluster: tuple[Config, Client], tmp_path: Path
+) -> None:
+    import threading
+
+    import ray
+
+    from controlplane.service.controller import get_controller
+
+    cfg, client = loop_cluster
+    connect(cfg)
+    serve_url = f"http://{cfg.ray.node_ip}:{cfg.serve.http_port}"
+    wait_until(lambda: pools_of()["cluster"]["running"] == 2, 120, "replicas on the cluster pool")
+    after = max((e["seq"] for e in client.events(limit=1000)), default=0)
+
+    most_external_target = 0
+    stop = threading.Event()
+
+    def watch() -> None:
+        nonlocal most_external_target
+        while not stop.is_set():
+            try:
+                most_external_target = max(
+                    most_external_target, int(pools_of()["external"]["target"])
+                )
+            except Exception:
+                pass
+            time.sleep(0.3)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    train_config = {
+        "num_steps": 3,
+        "checkpoint_every": 1000,
+        "step_sleep_s": 1.0,
+        "log_path": str(tmp_path / "steps.log"),
+    }
+    try:
+        with Load(serve_url, threads=2, max_duration_s=280) as load:
+            load.wait_for(20)
+            job = client.submit(
+                {
+                    "name": "claims-again",
+                    "entrypoint": EXAMPLE,
+                    "num_workers": 2,
+                    "gpus_per_worker": 1,
+                    "priority_class": "high",
+                    "runtime_env": {"env_vars": {"RCP_TRAIN_CONFIG": json.dumps(train_config)}},
+                }
+            )
+            wait_until(
+                lambda: any(
+                    e["kind"] == "serve.move.start" for e in client.events(after=after, limit=1000)
+                ),
+                120,
+                "a move to start",
+            )
+            ray.kill(get_controller(), no_restart=False)  # the actor restarts (max_restarts=-1)
+            final = client.wait(job.id, timeout_s=400, poll_s=1.0)
+            assert final.state == "SUCCEEDED", final.message
+            wait_until(
+                lambda: (
+                    pools_of()["cluster"]["running"] == 2 and pools_of()["external"]["target"] == 0
+                ),
+                150,
+                "replicas back",
+            )
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+    assert not load.errors, load.errors[:5]
+    assert set(load.statuses) == {200}
+    assert most_external_target <= 2, "the restarted controller scaled the external pool twice"
+    kinds = [e["kind"] for e in client.events(after=after, limit=1000)]
+    assert "serve.resume" in kinds

@@ -92,3 +92,13 @@ def test_state_round_trips_through_plain_data() -> None:
     again = ServingPolicyState.from_dict(state.to_dict())
     assert again == state
     assert ServingPolicyState.from_dict(None) == ServingPolicyState()
+
+
+def test_scale_down_waits_until_the_other_pool_runs_its_target() -> None:
+    from controlplane.serving import others_ready
+
+    starting = status(["RUNNING", "RUNNING"], ["STARTING", "RUNNING"])
+    starting["models"]["m"]["pools"]["external"]["running"] = 1
+    starting["models"]["m"]["pools"]["cluster"]["running"] = 2
+    assert not others_ready(starting, "m", Pool.CLUSTER)  # external runs 1 of 2
+    assert others_ready(starting, "m", Pool.EXTERNAL)  # cluster runs 2 of 2
