@@ -12,6 +12,7 @@ there, so a 2-GPU gang can only run once both replicas have moved out.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -176,12 +177,10 @@ def test_controller_killed_mid_move_resumes_without_double_scaling_or_errors(
     def watch() -> None:
         nonlocal most_external_target
         while not stop.is_set():
-            try:
+            with contextlib.suppress(Exception):
                 most_external_target = max(
                     most_external_target, int(pools_of()["external"]["target"])
                 )
-            except Exception:
-                pass
             time.sleep(0.3)
 
     watcher = threading.Thread(target=watch, daemon=True)
