@@ -105,8 +105,14 @@ class MotoChild:
         port = int(self.proc.stdout.readline())
         self.endpoint_url = f"http://127.0.0.1:{port}"
         import boto3
+        from botocore.config import Config
 
-        self.client = boto3.client("s3", endpoint_url=self.endpoint_url, region_name=REGION)
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name=REGION,
+            config=Config(retries={"max_attempts": 8, "mode": "standard"}),
+        )
 
     def bucket(self, name: str) -> str:
         self.client.create_bucket(Bucket=name)
@@ -126,6 +132,10 @@ class MotoChild:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+def progress(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
 def timed(fn: Callable[[], Any]) -> float:
@@ -187,6 +197,7 @@ def bench_sync(
         upload_s = timed(lambda i=i: s3.client.upload_file(str(path), bucket, f"ckpt-{i}.pt"))
         stalls.append(save_s + upload_s)
         saves.append(save_s)
+        s3.empty(bucket)
     path.unlink()
     s3.empty(bucket)
     return {"stall_s": statistics.median(stalls), "torch_save_s": statistics.median(saves)}
@@ -306,6 +317,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
 
+    errors: dict[str, str] = {}
+
+    def attempt(name: str, fn: Callable[[], Any]) -> Any:
+        """Run one baseline; a failing baseline is reported, not fatal."""
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - reported in the output
+            errors[name] = f"{type(exc).__name__}: {exc}"
+            progress(f"{name} failed: {errors[name]}")
+            return None
+
     state = build_state(args.size_mb)
     nbytes = state_bytes(state)
     s3 = MotoChild()
@@ -315,15 +337,27 @@ def main(argv: list[str] | None = None) -> int:
         ours = bench_ours(state, s3, args.repeats, args.settle_s)
         stalls["ours"] = ours["stall_s"]
         stalls["floor_memcpy"] = ours["floor_s"]
-        sync = bench_sync(state, s3, args.repeats, tmp, args.settle_s)
-        stalls["sync_torch_save_upload"] = sync["stall_s"]
-        stalls["dcp_async_save_local"] = bench_dcp(state, args.repeats, tmp, args.settle_s)
+        progress(f"ours {ours['stall_s']:.4f} s, floor {ours['floor_s']:.4f} s")
+        sync = attempt("sync", lambda: bench_sync(state, s3, args.repeats, tmp, args.settle_s))
+        stalls["sync_torch_save_upload"] = None if sync is None else sync["stall_s"]
+        progress(f"sync {stalls['sync_torch_save_upload']}")
+        stalls["dcp_async_save_local"] = attempt(
+            "dcp", lambda: bench_dcp(state, args.repeats, tmp, args.settle_s)
+        )
+        progress(f"dcp {stalls['dcp_async_save_local']}")
         stalls["ray_train_async"] = (
             None
             if args.skip_ray
-            else bench_ray_async(args.size_mb, s3, args.repeats, tmp, args.settle_s)
+            else attempt(
+                "ray",
+                lambda: bench_ray_async(args.size_mb, s3, args.repeats, tmp, args.settle_s),
+            )
         )
-        tm_bytes_per_s = bench_transfer_manager(int(ours["payload_bytes"]), s3, args.repeats)
+        progress(f"ray {stalls['ray_train_async']}")
+        tm_bytes_per_s = attempt(
+            "transfer_manager",
+            lambda: bench_transfer_manager(int(ours["payload_bytes"]), s3, args.repeats),
+        )
     finally:
         s3.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -340,7 +374,9 @@ def main(argv: list[str] | None = None) -> int:
         "ours_over_ray_async": ratio("ray_train_async"),
         "ours_over_dcp_async": ratio("dcp_async_save_local"),
         "ours_over_floor": ratio("floor_memcpy"),
-        "upload_ours_over_transfer_manager": ours["upload_bytes_per_s"] / tm_bytes_per_s,
+        "upload_ours_over_transfer_manager": (
+            None if not tm_bytes_per_s else ours["upload_bytes_per_s"] / tm_bytes_per_s
+        ),
     }
 
     def goal(value: float | None, limit: float, at_most: bool = True) -> dict[str, Any]:
@@ -367,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
             "ours": ours["upload_bytes_per_s"],
             "boto3_transfer_manager": tm_bytes_per_s,
         },
-        "sync_torch_save_s": sync["torch_save_s"],
+        "sync_torch_save_s": None if sync is None else sync["torch_save_s"],
+        "errors": errors,
         "ratios": ratios,
         "goals": goals,
     }
@@ -379,10 +416,13 @@ def main(argv: list[str] | None = None) -> int:
         rel = None if value in (None, 0) or name == "ours" else ours_s / value  # type: ignore[operator]
         print(f"{name:<28}{shown:>12}{'' if rel is None else f'{rel:.3f}x':>12}")
     print(f"ours, first save (allocates buffer): {ours['first_stall_s']:.4f} s")
+    tm_shown = "n/a" if tm_bytes_per_s is None else f"{tm_bytes_per_s / 1e6:.1f}"
     print(
         f"upload MB/s: ours {ours['upload_bytes_per_s'] / 1e6:.1f}, "
-        f"boto3 transfer manager {tm_bytes_per_s / 1e6:.1f}"
+        f"boto3 transfer manager {tm_shown}"
     )
+    for name, error in errors.items():
+        print(f"baseline {name} failed: {error}")
     for name, result in goals.items():
         met = {True: "met", False: "NOT met", None: "n/a"}[result["met"]]
         value = "n/a" if result["value"] is None else f"{result['value']:.3f}"
