@@ -18,7 +18,8 @@ Owns:
     backoff (``not_before_s``), FAILED after ``jobs.max_start_attempts``; a preempting gang
     is stopped once it reported a checkpoint taken for the request (or at the deadline), then
     PREEMPTED -> QUEUED, to resume from its latest checkpoint; a Ray Job that ended sets
-    SUCCEEDED/FAILED; a CANCELLED job's Ray Job is stopped.
+    SUCCEEDED/FAILED; a job past its ``max_runtime_s`` is stopped and FAILED; a CANCELLED
+    job's Ray Job is stopped.
 
 What a gang runs (``JobSpec.entrypoint``): ``module:function`` runs
 ``python -m jobs.launcher module:function``; anything else is run as a command (a leading
@@ -78,6 +79,7 @@ class Reason(str, Enum):
     RAY_JOB_SUCCEEDED = "ray-job-succeeded"
     RAY_JOB_FAILED = "ray-job-failed"
     RAY_JOB_STOPPED = "ray-job-stopped-outside-control-plane"
+    MAX_RUNTIME = "max-runtime-exceeded"
     GANG_LOST = "gang-lost: Ray no longer knows its job (cluster restarted?)"
 
 
@@ -298,9 +300,9 @@ class JobRunner:
                 self._reconcile_one(job)
             except (StaleState, IllegalTransition):
                 continue  # someone (a cancel) moved it meanwhile; next tick sees it
-        for job in self.store.list_jobs(states=[JobState.CANCELLED]):
+        for job in self.store.list_jobs(states=[JobState.CANCELLED, JobState.FAILED]):
             if job.info.get("submission_id") and not job.info.get("ray_done"):
-                self._stop_cancelled(job)
+                self._stop_ended(job)
 
     def _signals(self, job: JobRecord) -> dict[str, Any]:
         try:
@@ -335,6 +337,15 @@ class JobRunner:
             else:
                 self.store.update_info(job.job_id, {"message": message})
                 self._finish(job, JobState.FAILED, f"{why.value}: {message}")
+            return
+        limit = job.spec.max_runtime_s
+        if limit is not None and now - float(job.info["admitted_s"]) > limit:
+            # Backfill relied on this bound: enforce it. The stop completes in the background.
+            self.ray.stop(sid)
+            self.store.update_info(job.job_id, {"stop_sent": now, "placement": None})
+            self.store.transition(
+                job.job_id, JobState.FAILED, f"{Reason.MAX_RUNTIME.value} ({limit:g}s)"
+            )
             return
         if job.state is JobState.RUNNING and status is RayJobStatus.MISSING:
             # The cluster lost the Ray Job (e.g. `rcp down` then `up`): run it again from its
@@ -428,7 +439,8 @@ class JobRunner:
         self.store.update_info(job.job_id, {"ray_done": True, "placement": None})
         self.store.transition(job.job_id, state, reason)
 
-    def _stop_cancelled(self, job: JobRecord) -> None:
+    def _stop_ended(self, job: JobRecord) -> None:
+        """Stop the Ray Job of a job that ended without it (cancelled, over its runtime)."""
         sid = job.info["submission_id"]
         status = self.ray.status(sid)
         if status in _ENDED or status is RayJobStatus.MISSING:

@@ -257,3 +257,19 @@ def test_a_running_job_whose_ray_job_vanished_is_requeued(env: Any) -> None:
     runner.reconcile()
     assert store.get(job_id).state is JobState.QUEUED
     assert "gang-lost" in store.history(job_id)[-2].reason
+
+
+def test_a_job_past_its_max_runtime_is_stopped_and_failed(env: Any) -> None:
+    store, _cfg, fake, clock, runner = env
+    job_id = submit(store, max_runtime_s=30.0)
+    admit(runner, job_id)
+    fake.start_workers(job_id, 1, 2)
+    runner.reconcile()
+    clock.now += 20
+    runner.reconcile()
+    assert store.get(job_id).state is JobState.RUNNING
+    clock.now += 11
+    runner.reconcile()
+    assert store.get(job_id).state is JobState.FAILED
+    assert fake.stopped == [f"{job_id}-1"]
+    assert "max-runtime-exceeded" in store.history(job_id)[-1].reason
