@@ -320,3 +320,11 @@ def test_client_finds_url_and_token_in_the_state_dir(
     assert isinstance(Client(state_dir=tmp_path).list(), list)
     with pytest.raises(NotConfigured, match="no control-plane API URL"):
         Client(state_dir=tmp_path / "empty")
+
+
+def test_logs_follow_yields_until_the_job_ends(srv: Server) -> None:
+    job = srv.client.submit(spec(name="follow"))
+    srv.store.update_info(job.id, {"submission_id": f"{job.id}-1"})
+    srv.client.cancel(job.id)
+    chunks = list(srv.client.logs(job.id, follow=True, poll_s=0.01))
+    assert "".join(chunks) == "line 1\nline 2\n"
