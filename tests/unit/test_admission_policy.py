@@ -697,11 +697,15 @@ def test_properties_of_any_decision(
         return
     # At T, the GPUs promised to the head are free whatever was admitted now.
     t = reservation.start_by_s
+    # Releasing: asked now, asked earlier (preempting set, or preempted per the state after it
+    # started: a victim is asked once), or ending by T.
     preempted = {v.job_id for v in victims}
+    asked = {p.job_id: p.at_s for p in recent}
     free_at_t = {n.node_id: n.gpus_total for n in snap.nodes}
     for g in snap.running:
         ends_by_t = g.expected_end_s is not None and g.expected_end_s <= t
-        if not (g.preempting or g.job_id in preempted or ends_by_t):
+        asked_before = g.job_id in asked and asked[g.job_id] >= g.started_s
+        if not (g.preempting or asked_before or g.job_id in preempted or ends_by_t):
             for n, k in g.gpus_by_node.items():
                 free_at_t[n] -= k
     for a in admits:
@@ -711,6 +715,38 @@ def test_properties_of_any_decision(
                 free_at_t[p.node_id] -= p.num_workers * a.gpus_per_worker
     for n, gpus in reservation.gpus_by_node:
         assert free_at_t[n] >= gpus, (n, gpus, free_at_t)
+
+
+@pytest.mark.parametrize(
+    ("r0_started_s", "asked_at_s", "preempted"),
+    [
+        pytest.param(0.0, 0.0, [], id="asked-at-its-start-is-releasing-head-reserves-now"),
+        pytest.param(0.0, 50.0, [], id="asked-after-it-started-is-releasing-not-asked-again"),
+        pytest.param(60.0, 50.0, ["r0"], id="asked-before-a-restart-holds-again-reclaimed"),
+    ],
+)
+def test_victim_asked_per_state_counts_as_releasing_at_T(
+    r0_started_s: float, asked_at_s: float, preempted: list[str]
+) -> None:
+    # Found by the property: n0 (2 GPUs) is full with r0 and r1 of team a (share 1 GPU); r0 was
+    # preempted per the state but its snapshot does not say `preempting` yet. b's head q0 needs
+    # 1 GPU: r0's GPU is releasing, so q0 reserves it for now without asking r0 again.
+    running = [
+        gang("r0", {"n0": 1}, queue="a", priority="low", started_s=r0_started_s),
+        gang("r1", {"n0": 1}, queue="a", priority="low"),
+    ]
+    snap = snapshot(
+        [node("n0", gpus_total=2)],
+        running=running,
+        queued=[job("q0", 1, 1, queue="b", priority="low")],
+    )
+    out = run(snap, TEAMS, AdmissionState(preemptions=(PreemptionRecord("r0", asked_at_s),)))
+    assert out.preempted == preempted
+    assert out.admitted == {}
+    assert out.state.reservation is not None
+    assert out.state.reservation.job_id == "q0"
+    assert out.state.reservation.start_by_s == 100.0
+    assert out.state.reservation.gpus_by_node == (("n0", 1),)
 
 
 @pytest.mark.parametrize(
