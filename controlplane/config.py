@@ -247,6 +247,9 @@ class TelemetryConfig:
     """Samples each agent keeps for the health policy and `rcp health`."""
     simulated_ib_ports: int = 2
     """InfiniBand ports per simulated GPU node."""
+    stop_agents_on_idle_external: bool = True
+    """Run no agent on an external node while nothing runs there: Ray counts a node with a
+    live actor as busy, so an agent would stop the external pool from scaling to zero."""
 
 
 @dataclass
@@ -364,7 +367,9 @@ def validate(cfg: Config) -> list[str]:
     errors += validate_serving(cfg.serving, prefix="serving")
     errors += _at_least(0, "placement.migrate_back_idle_s", cfg.placement.migrate_back_idle_s)
     errors += _at_least(1, "placement.migrate_back_step", cfg.placement.migrate_back_step)
-    errors += _at_least(0, "placement.migrate_back_interval_s", cfg.placement.migrate_back_interval_s)
+    errors += _at_least(
+        0, "placement.migrate_back_interval_s", cfg.placement.migrate_back_interval_s
+    )
     if not (cfg.storage.uri.startswith("s3://") or cfg.storage.uri.startswith("file://")):
         errors.append(f"storage.uri: must start with s3:// or file://, got {cfg.storage.uri!r}")
     ports = {
@@ -407,7 +412,9 @@ def _validate_jobs(j: JobsConfig) -> list[str]:
     if total > 1.0 + 1e-6:
         errors.append(f"jobs.queues: shares must sum to at most 1, got {total:g}")
     errors += _at_least(0, "jobs.max_preemptions_per_hour", j.max_preemptions_per_hour)
-    errors += _at_least(0, "jobs.max_preemptions_per_job_per_hour", j.max_preemptions_per_job_per_hour)
+    errors += _at_least(
+        0, "jobs.max_preemptions_per_job_per_hour", j.max_preemptions_per_job_per_hour
+    )
     errors += _at_least(1, "jobs.gang_start_timeout_s", j.gang_start_timeout_s)
     errors += _at_least(0, "jobs.backoff_initial_s", j.backoff_initial_s)
     if j.backoff_max_s < j.backoff_initial_s:
@@ -452,6 +459,7 @@ def _validate_health(h: HealthConfig) -> list[str]:
     errors += _at_least(1, "health.lemon_count", h.lemon_count)
     errors += _at_least(1, "health.lemon_window_s", h.lemon_window_s)
     return errors
+
 
 def _list_keys(layer: Any) -> str:
     """The top-level keys of a merge layer, for an error message."""

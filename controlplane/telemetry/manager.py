@@ -58,6 +58,10 @@ class AgentRef:
     pool: str
     started: bool
     """True when this call created the agent."""
+    idle_external: bool = False
+    """An idle external node: it gets no agent (one that ran there was stopped by this call if
+    `stopped`), so the autoscaler can remove it."""
+    stopped: bool = False
 
 
 def _alive_nodes() -> list[dict[str, Any]]:
@@ -83,10 +87,20 @@ def find_agents() -> dict[str, Any]:
     return handles
 
 
+def _is_idle(total: dict[str, float], available: dict[str, float]) -> bool:
+    """Nothing holds any of the node's GPUs or CPUs."""
+    return all(available.get(k, 0.0) >= total.get(k, 0.0) for k in ("GPU", "CPU"))
+
+
 def ensure_agents(cfg: Config) -> list[AgentRef]:
     """Start an agent on every alive node without one; cheap when all are there.
 
-    Returns one `AgentRef` per alive node. Does not wait for new agents to start.
+    Exception: an external node that runs nothing gets no agent, and an agent already there is
+    stopped (with `telemetry.stop_agents_on_idle_external`, the default). Ray counts a node
+    with a live actor as busy even when the actor holds no resources, so an agent would keep a
+    rented node alive forever; without it the autoscaler removes the node after
+    `pools.external.idle_timeout_s`. The agent comes back on the first call after work lands
+    there. Returns one `AgentRef` per alive node. Does not wait for new agents to start.
     """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -99,6 +113,7 @@ def ensure_agents(cfg: Config) -> list[AgentRef]:
     sections = to_dict(cfg)
     telemetry, health = sections["telemetry"], sections["health"]
     remote_agent = ray.remote(TelemetryAgent)
+    available = ray._private.state.available_resources_per_node()  # type: ignore[no-untyped-call]
     refs = []
     for node in _alive_nodes():
         node_id = node["NodeID"]
@@ -107,6 +122,17 @@ def ensure_agents(cfg: Config) -> list[AgentRef]:
         }
         resources = node.get("Resources") or {}
         pool = pool_of(labels, resources)
+        if (
+            cfg.telemetry.stop_agents_on_idle_external
+            and pool == "external"
+            and _is_idle(resources, available.get(node_id, {}))
+        ):
+            stopped = node_id in existing
+            if stopped:
+                ray.kill(existing[node_id], no_restart=True)
+                log.info("stopped telemetry agent on idle external node %s", node_id)
+            refs.append(AgentRef(node_id, pool, started=False, idle_external=True, stopped=stopped))
+            continue
         if node_id in existing:
             refs.append(AgentRef(node_id, pool, started=False))
             continue

@@ -241,3 +241,48 @@ def test_prometheus_scrapes_agents_and_promql_returns_injected_temperature(
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def test_busy_external_node_gets_an_agent_and_idle_one_still_scales_to_zero(
+    local_cluster: tuple[Config, LocalCluster], agents: dict[str, dict[str, Any]]
+) -> None:
+    import ray
+
+    cfg, _ = local_cluster
+
+    @ray.remote(num_gpus=1, resources={"pool_external": 1})
+    class Holder:
+        def node(self) -> str:
+            return str(ray.get_runtime_context().get_node_id())
+
+    holder = Holder.remote()  # type: ignore[attr-defined]
+    external = ray.get(holder.node.remote(), timeout=180)
+    refs = {r.node_id: r for r in manager.ensure_agents(cfg)}
+    assert refs[external].pool == "external" and refs[external].started
+
+    def sampling() -> dict[str, Any] | None:
+        info = manager.agent_endpoints(timeout_s=10).get(external)
+        return info if info and info["samples"] >= 1 else None
+
+    info = wait_for("an agent on the new external node", sampling)
+    assert info["pool"] == "external"
+    summary = manager.collect_summaries()[external]
+    assert len(summary["gpus"]) == cfg.pools.external.gpus_per_node
+
+    ray.kill(holder)
+
+    def stopped_while_idle() -> bool:
+        ref = {r.node_id: r for r in manager.ensure_agents(cfg)}.get(external)
+        return ref is not None and ref.idle_external and external not in manager.find_agents()
+
+    wait_for("the agent on the idle external node to stop", stopped_while_idle, timeout_s=60)
+
+    def removed() -> bool:
+        manager.ensure_agents(cfg)  # as the policy actor does every tick
+        return external not in alive_nodes()
+
+    wait_for(
+        "the idle external node to be removed",
+        removed,
+        timeout_s=cfg.pools.external.idle_timeout_s + 180,
+    )
