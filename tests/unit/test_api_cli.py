@@ -96,3 +96,12 @@ def test_wrong_token_exits_1(srv: Server) -> None:
         cli, ["queue"], env={"RCP_API_URL": srv.url, "RCP_API_TOKEN": "bad"}
     )
     assert result.exit_code == 1 and "wrong token" in result.output
+
+
+def test_the_example_job_file_is_accepted(srv: Server) -> None:
+    path = Path(__file__).resolve().parents[2] / "jobs" / "examples" / "mnistlike.yaml"
+    code, out = rcp(srv, "submit", str(path), "--json")
+    assert code == 0, out
+    job = srv.store.get(json.loads(out)["id"])
+    assert job.spec.entrypoint == "jobs.examples.train_mnistlike:train_loop"
+    assert job.spec.checkpoint.preempt_deadline_s == 60
