@@ -14,7 +14,7 @@ from typing import Protocol
 
 from controlplane.telemetry.readings import SourceReading, TelemetryError
 
-__all__ = ["SOURCES", "TelemetrySource", "make_source"]
+__all__ = ["SOURCES", "RetryingSource", "TelemetrySource", "make_source"]
 
 
 class TelemetrySource(Protocol):
@@ -60,6 +60,35 @@ SOURCES: dict[str, Callable[[int, int, str, float], TelemetrySource]] = {
 }
 
 
+class RetryingSource:
+    """Builds its source on first use and again after every failure to build.
+
+    An agent must start even where NVML or the exporter is not there yet (driver loading,
+    exporter pod starting): each read then fails with the reason, the sampler records
+    ``source_ok: false``, and a later read succeeds once the source can be built.
+    """
+
+    def __init__(self, kind: str, factory: Callable[[], TelemetrySource]) -> None:
+        self.kind = kind
+        self._factory = factory
+        self._inner: TelemetrySource | None = None
+
+    def _source(self) -> TelemetrySource:
+        if self._inner is None:
+            self._inner = self._factory()
+        return self._inner
+
+    @property
+    def faults(self) -> set[str]:
+        return set(getattr(self._inner, "faults", ()))
+
+    def read(self) -> SourceReading:
+        return self._source().read()
+
+    def inject_fault(self, kind: str) -> None:
+        self._source().inject_fault(kind)
+
+
 def make_source(
     name: str,
     *,
@@ -68,11 +97,12 @@ def make_source(
     dcgm_url: str = "",
     dcgm_timeout_s: float = 2.0,
 ) -> TelemetrySource:
-    """The source called `name`; `num_gpus`/`num_ib_ports` only shape the simulated one."""
+    """The source called `name` (built on first read, see `RetryingSource`);
+    `num_gpus`/`num_ib_ports` only shape the simulated one."""
     try:
         factory = SOURCES[name]
     except KeyError:
         raise TelemetryError(
             f"telemetry.source: unknown source {name!r}; one of: {', '.join(SOURCES)}"
         ) from None
-    return factory(num_gpus, num_ib_ports, dcgm_url, dcgm_timeout_s)
+    return RetryingSource(name, lambda: factory(num_gpus, num_ib_ports, dcgm_url, dcgm_timeout_s))

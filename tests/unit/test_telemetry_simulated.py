@@ -145,3 +145,21 @@ def test_config_defaults() -> None:
         0,
         78.0,
     )
+
+
+def test_source_that_cannot_start_is_retried_and_reported() -> None:
+    from controlplane.telemetry.sources import RetryingSource
+
+    attempts = []
+
+    def factory() -> SimulatedSource:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise TelemetryError("NVML could not start (is the NVIDIA driver loaded?): no driver")
+        return SimulatedSource(2)
+
+    sampler = NodeSampler("node-a", "cluster", RetryingSource("nvml", factory), gpus_expected=2)
+    first = sampler.sample()
+    assert first["source_ok"] is False and "NVML could not start" in first["problems"][0]
+    second = sampler.sample()
+    assert second["source_ok"] is True and len(second["gpus"]) == 2 and len(attempts) == 2
