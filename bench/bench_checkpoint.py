@@ -145,14 +145,18 @@ def timed(fn: Callable[[], Any]) -> float:
 
 
 def bench_ours(state: Any, s3: MotoChild, repeats: int, settle_s: float) -> dict[str, float]:
-    """Our stall, with the memcpy floor measured right before each save (same conditions)."""
+    """Our stall and upload rate, each paired with its baseline under the same conditions:
+    the memcpy floor right before each save, and boto3's transfer manager uploading the
+    same number of bytes right after each of our uploads finished."""
     from jobs.checkpoint import CheckpointEngine
 
     bucket = s3.bucket("bench-ours")
     engine = CheckpointEngine(
         f"s3://{bucket}/run", endpoint_url=s3.endpoint_url, region=REGION, keep_last=1
     )
-    stalls, floors, rates, uploads = [], [], [], []
+    stalls, floors, rates, uploads, tm_rates = [], [], [], [], []
+    tm_bucket = s3.bucket("bench-tm")
+    tm_data = b""
     first_stall_s = 0.0
     floor_src = floor_dst = torch.empty(0, dtype=torch.uint8)
     for step in range(WARMUP_SAVES + repeats):
@@ -167,11 +171,14 @@ def bench_ours(state: Any, s3: MotoChild, repeats: int, settle_s: float) -> dict
             floor_src = torch.empty(outcome.payload_bytes, dtype=torch.uint8).fill_(1)
             floor_dst = torch.empty(outcome.payload_bytes, dtype=torch.uint8).zero_()
             floor_dst.copy_(floor_src)
+            tm_data = bytes(outcome.payload_bytes)
         if step < WARMUP_SAVES:
             continue
         stalls.append(handle.stall_s)
         rates.append(outcome.upload_bytes_per_s)
         uploads.append(outcome.upload_s)
+        time.sleep(settle_s)
+        tm_rates.append(len(tm_data) / transfer_manager_upload_s(s3, tm_bucket, tm_data))
     payload_bytes = outcome.payload_bytes
     engine.close()
     s3.empty(bucket)
@@ -181,6 +188,7 @@ def bench_ours(state: Any, s3: MotoChild, repeats: int, settle_s: float) -> dict
         "first_stall_s": first_stall_s,
         "upload_s": statistics.median(uploads),
         "upload_bytes_per_s": statistics.median(rates),
+        "transfer_manager_bytes_per_s": statistics.median(tm_rates),
         "payload_bytes": float(payload_bytes),
     }
 
@@ -203,17 +211,11 @@ def bench_sync(
     return {"stall_s": statistics.median(stalls), "torch_save_s": statistics.median(saves)}
 
 
-def bench_transfer_manager(nbytes: int, s3: MotoChild, repeats: int) -> float:
-    bucket = s3.bucket("bench-tm")
-    data = bytes(nbytes)
-    rates = []
-    for i in range(repeats):
-        seconds = timed(
-            lambda i=i: s3.client.upload_fileobj(io.BytesIO(data), bucket, f"tm-{i}.bin")
-        )
-        rates.append(nbytes / seconds)
-        s3.empty(bucket)
-    return statistics.median(rates)
+def transfer_manager_upload_s(s3: MotoChild, bucket: str, data: bytes) -> float:
+    """Seconds for boto3's transfer manager (default TransferConfig) to upload `data`."""
+    seconds = timed(lambda: s3.client.upload_fileobj(io.BytesIO(data), bucket, "tm.bin"))
+    s3.empty(bucket)
+    return seconds
 
 
 def bench_dcp(state: Any, repeats: int, tmp: Path, settle_s: float) -> float:
@@ -354,10 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         progress(f"ray {stalls['ray_train_async']}")
-        tm_bytes_per_s = attempt(
-            "transfer_manager",
-            lambda: bench_transfer_manager(int(ours["payload_bytes"]), s3, args.repeats),
-        )
+        tm_bytes_per_s = ours["transfer_manager_bytes_per_s"]
     finally:
         s3.stop()
         shutil.rmtree(tmp, ignore_errors=True)

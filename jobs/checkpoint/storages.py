@@ -414,6 +414,13 @@ class S3Storage:
                 )
             except self.client.exceptions.NoSuchKey as exc:
                 raise ObjectNotFoundError(f"{self.uri}/{self._relative(full)} missing") from exc
+            except self.client.exceptions.ClientError as exc:
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                if status == 416 or exc.response.get("Error", {}).get("Code") == "InvalidRange":
+                    raise ObjectSizeError(
+                        f"{self.uri}/{self._relative(full)} is shorter than {total} bytes"
+                    ) from exc
+                raise
             content_range = str(response.get("ContentRange", ""))
             size = int(content_range.rsplit("/", 1)[1]) if "/" in content_range else None
             if size is None and start == 0:

@@ -294,16 +294,33 @@ def test_restore_under_faults_is_committed_and_bit_exact(
         proxy.stop()
 
 
-def test_restore_skips_a_newest_checkpoint_corrupted_in_storage(
-    moto_s3: MotoS3, bucket: str
+def _flip_a_bit(data: bytes) -> bytes | None:
+    flipped = bytearray(data)
+    flipped[len(flipped) // 2] ^= 0x01
+    return bytes(flipped)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(_flip_a_bit, id="bit-flip"),
+        pytest.param(lambda data: data[: 1024 * 1024], id="truncated-object"),
+        pytest.param(lambda data: b"", id="empty-object"),
+        pytest.param(lambda data: None, id="deleted-object"),
+    ],
+)
+def test_restore_skips_a_newest_checkpoint_damaged_in_storage(
+    moto_s3: MotoS3, bucket: str, damage: Any
 ) -> None:
     with s3_engine(moto_s3.endpoint_url, bucket) as engine:
         engine.save(make_state(1), 1)
-        engine.save(make_state(2), 2)
+        engine.save(big_state(2), 2)
     key = f"run/{shard_key(2, 0, 0)}"
-    data = bytearray(moto_s3.client.get_object(Bucket=bucket, Key=key)["Body"].read())
-    data[len(data) // 2] ^= 0x01
-    moto_s3.client.put_object(Bucket=bucket, Key=key, Body=bytes(data))
+    damaged = damage(moto_s3.client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    if damaged is None:
+        moto_s3.client.delete_object(Bucket=bucket, Key=key)
+    else:
+        moto_s3.client.put_object(Bucket=bucket, Key=key, Body=damaged)
     restored = s3_engine(moto_s3.endpoint_url, bucket).restore()
     assert restored is not None and restored.step == 1
     assert_state_equal(restored.state, make_state(1))
