@@ -326,14 +326,20 @@ class CheckpointEngine:
 
     def _upload_rank(self, snapshot: Snapshot, step: int) -> bytes:
         view = _as_view(snapshot.payload)
-        shards: list[ShardEntry] = []
-        items: list[tuple[str, memoryview]] = []
-        for number, offset in enumerate(range(0, len(view), self.shard_size_bytes)):
-            piece = view[offset : offset + self.shard_size_bytes]
-            key = shard_key(step, self.rank, number)
-            shards.append(ShardEntry(key, offset, len(piece), checksum(piece)))
-            items.append((key, piece))
-        self.storage.put_many(items)
+        items = [
+            (shard_key(step, self.rank, number), view[offset : offset + self.shard_size_bytes])
+            for number, offset in enumerate(range(0, len(view), self.shard_size_bytes))
+        ]
+        # Checksums (zlib releases the GIL) run alongside the upload, not before it.
+        with ThreadPoolExecutor(1, thread_name_prefix="ckpt-crc") as crc_pool:
+            crcs = [crc_pool.submit(checksum, piece) for _key, piece in items]
+            self.storage.put_many(items)
+            shards = [
+                ShardEntry(key, offset, len(piece), crc.result())
+                for (key, piece), offset, crc in zip(
+                    items, range(0, len(view), self.shard_size_bytes), crcs, strict=True
+                )
+            ]
         index = RankIndex(
             step=step,
             rank=self.rank,
