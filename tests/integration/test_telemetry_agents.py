@@ -156,6 +156,10 @@ def test_cli_fault_inject_health_and_nodes(
 
     row = wait_for("rcp health to report the link down", unhealthy_row, timeout_s=60)
     assert "ib_link_down" in row["reasons"] and "ib-link-down" in row["faults"]
+    text = runner.invoke(cli, ["health", *args])
+    assert text.exit_code == 0, text.output
+    (line,) = [ln for ln in text.output.splitlines() if ln.startswith(target[-12:])]
+    assert "unhealthy" in line and "ib_link_down" in line and "mlx5_0/1 down" in line
 
     res = runner.invoke(cli, ["nodes", "--json", *args])
     assert res.exit_code == 0, res.output
