@@ -583,4 +583,4 @@ class CheckpointEngine:
 def _as_view(payload: torch.Tensor) -> memoryview:
     if payload.numel() == 0:
         return memoryview(b"")
-    return memoryview(payload.numpy()).cast("B")
+    return payload.numpy().data.cast("B")

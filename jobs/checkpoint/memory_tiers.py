@@ -133,7 +133,7 @@ class RayMemoryTier:
         if held is None:
             return None
         step, index, array = held
-        return HeldSnapshot(step, index, memoryview(np.ascontiguousarray(array)).cast("B"))
+        return HeldSnapshot(step, index, np.ascontiguousarray(array).data.cast("B"))
 
     def clear_rank(self, rank: int) -> None:
         """Stop the actor holding `rank`'s snapshot, if there is one."""
