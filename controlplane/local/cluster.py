@@ -322,6 +322,7 @@ class LocalCluster:
             "ray.client_port": r.client_port,
             "ray.metrics_export_port": r.metrics_export_port,
             "serve.http_port": self.cfg.serve.http_port,
+            "api.port": self.cfg.api.port,
         }
         if self.cfg.storage.embedded:
             ports["storage.embedded_port"] = self.cfg.storage.embedded_port

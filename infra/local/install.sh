@@ -24,6 +24,17 @@ if [ "${RCP_KEEP_TORCH:-0}" != "1" ] && ! .venv/bin/python -c "import torch" >/d
   echo "installing torch (CPU build)"
   .venv/bin/pip install -q "torch==2.13.0+cpu" || .venv/bin/pip install -q "torch==2.13.0"
 fi
+# A real Prometheus server for the tests that scrape the cluster (Debian's package; only the
+# binary is used, started by the tests on loopback, never as a service).
+if ! command -v prometheus >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+    echo "installing prometheus (Debian package)"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) \
+      || echo "warning: could not install prometheus; the Prometheus tests will say so and skip"
+  else
+    echo "warning: prometheus is not installed and apt-get is not available as root; the Prometheus tests will skip"
+  fi
+fi
 echo "installing the project and its dependencies"
 .venv/bin/pip install -q -c infra/local/constraints.txt -e ".[dev]"
 echo "installed: $(.venv/bin/python -c 'import ray, torch; print("ray", ray.__version__, "torch", torch.__version__)')"
