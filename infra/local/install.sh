@@ -28,9 +28,16 @@ fi
 # binary is used, started by the tests on loopback, never as a service).
 if ! command -v prometheus >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
-    echo "installing prometheus (Debian package)"
+    echo "installing prometheus (Debian package; its service is not started)"
+    # policy-rc.d 101 keeps the package from starting its service (which would listen on
+    # every interface); the tests start the binary themselves on loopback.
+    deny_start=0
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && deny_start=1
+    fi
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) \
       || echo "warning: could not install prometheus; the Prometheus tests will say so and skip"
+    if [ "$deny_start" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
   else
     echo "warning: prometheus is not installed and apt-get is not available as root; the Prometheus tests will skip"
   fi
