@@ -1,18 +1,30 @@
 """`rcp demo`: the product's main job on the embedded default, end to end.
 
 Owns: the sequence of steps and what it prints. Every step calls the same functions the
-individual commands call; nothing here is demo-only logic.
+individual commands call (`rcp up`, `rcp nodes`, `rcp serve status`, `rcp submit`,
+`rcp events`, `rcp down`); nothing here is demo-only logic.
+
+The story: the cluster comes up serving the sample model on the owned `cluster` pool; steady
+HTTP traffic starts; a training job that needs every cluster GPU is submitted; the policy
+actor moves the serving replicas to the rented `external` pool make-before-break (the
+autoscaler adds a node for them) and admits the gang; the job trains and finishes; the
+replicas come back a step at a time and the external pool scales to zero. At the end the demo
+prints how many requests were served and how many failed (the bar is zero).
 """
 
 from __future__ import annotations
 
+import json
+import threading
 import time
+import urllib.error
+import urllib.request
+from collections import Counter
 from collections.abc import Callable
 
 from controlplane.config import Config
 from controlplane.inventory import format_table, list_nodes
-from controlplane.local.cluster import LocalCluster, connect
-from controlplane.pools import Pool, pool_resource
+from controlplane.local.cluster import ClusterError, LocalCluster, connect
 
 Echo = Callable[[str], None]
 
@@ -22,32 +34,144 @@ def _section(echo: Echo, title: str) -> None:
     echo(f"== {title}")
 
 
-def burst_on_external_pool(echo: Echo, timeout_s: float = 120.0) -> str:
-    """Run one task that needs an external-pool GPU; return the node it ran on."""
-    import ray
+class Traffic:
+    """A few client threads posting to the Serve endpoint; counts answers by status and pool."""
 
-    @ray.remote(num_gpus=1, resources={pool_resource(Pool.EXTERNAL): 1})
-    def where() -> str:
-        return str(ray.get_runtime_context().get_node_id())
+    def __init__(self, url: str, model: str, threads: int = 2, max_duration_s: float = 900) -> None:
+        self.url = f"{url}/v1/models/{model}/predict"
+        self.body = json.dumps({"inputs": [[0.1 * i for i in range(16)]]}).encode()
+        self.statuses: Counter[str] = Counter()
+        self.pools: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._deadline = time.monotonic() + max_duration_s
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
 
-    t0 = time.monotonic()
-    node_id = str(ray.get(where.remote(), timeout=timeout_s))
-    echo(f"the autoscaler added external node {node_id[-12:]} in {time.monotonic() - t0:.1f}s")
-    return node_id
+    def _run(self) -> None:
+        while not self._stop.is_set() and time.monotonic() < self._deadline:
+            req = urllib.request.Request(
+                self.url, data=self.body, headers={"Content-Type": "application/json"}
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    status, pool = str(resp.status), resp.headers.get("X-Rcp-Pool", "?")
+            except urllib.error.HTTPError as exc:
+                status, pool = str(exc.code), "-"
+            except OSError as exc:
+                status, pool = type(exc).__name__, "-"
+            with self._lock:
+                self.statuses[status] += 1
+                self.pools[pool] += 1
+            time.sleep(0.05)
+
+    def start(self) -> Traffic:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=35)
+
+    def summary(self) -> str:
+        with self._lock:
+            ok = self.statuses.get("200", 0)
+            failed = sum(self.statuses.values()) - ok
+            pools = ", ".join(f"{p}={n}" for p, n in sorted(self.pools.items()))
+        return f"{ok} requests served, {failed} failed (served by pool: {pools})"
+
+
+def _serve_line(model: str) -> str:
+    from serve.status import serve_status
+
+    pools = serve_status()["models"][model]["pools"]
+    return ", ".join(
+        f"{pool}: {p['running']} running (target {p['target']}, weight {p['weight']:.2f})"
+        for pool, p in pools.items()
+    )
+
+
+def _wait(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(1.0)
+    raise ClusterError(f"demo: timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 def run_demo(cfg: Config, keep: bool = False, echo: Echo = print) -> None:
+    from controlplane.sdk import Client
+    from serve.status import serve_status
+
     cluster = LocalCluster(cfg)
     _section(echo, "up")
     cluster.up(echo=echo)
+    traffic: Traffic | None = None
     try:
-        connect(cluster.running_config() or cfg)
+        running = cluster.running_config() or cfg
+        connect(running)
         _section(echo, "nodes")
         echo(format_table(list_nodes()))
-        _section(echo, "external pool scales from zero on demand")
-        burst_on_external_pool(echo)
+
+        if not running.serve.deploy_app or not running.serving.models:
+            return
+        model = running.serving.models[0].name
+        _section(echo, f"serving {model} on the cluster pool, with steady traffic")
+        traffic = Traffic(f"http://{running.ray.node_ip}:{running.serve.http_port}", model).start()
+        time.sleep(3)
+        echo(_serve_line(model))
+
+        c = running.pools.cluster
+        gpus_per_worker = c.gpus_per_node
+        client = Client(state_dir=running.state_path)
+        job = client.submit(
+            {
+                "name": "demo-claims-the-cluster",
+                "entrypoint": "jobs.examples.train_mnistlike:train_loop",
+                "num_workers": c.num_nodes,
+                "gpus_per_worker": gpus_per_worker,
+                "priority_class": "high",
+                "runtime_env": {
+                    "env_vars": {
+                        "RCP_TRAIN_CONFIG": json.dumps(
+                            {"num_steps": 10, "checkpoint_every": 5, "step_sleep_s": 1.0}
+                        )
+                    }
+                },
+            }
+        )
+        _section(
+            echo,
+            f"training job {job.id} asks for every cluster GPU "
+            f"({c.num_nodes} workers x {gpus_per_worker} GPUs)",
+        )
+        _wait(lambda: client.status(job.id).state in {"RUNNING", "SUCCEEDED"}, 600, "the gang")
+        echo(f"job {job.id}: {client.status(job.id).state}")
+        echo(_serve_line(model))
         echo(format_table(list_nodes()))
+
+        final = client.wait(job.id, timeout_s=600, poll_s=2.0)
+        echo(f"job {job.id}: {final.state}")
+        _section(echo, "the cluster is idle again: replicas come back a step at a time")
+
+        def back() -> bool:
+            pools = serve_status()["models"][model]["pools"]
+            return bool(pools["external"]["target"] == 0 and pools["cluster"]["running"] > 0)
+
+        _wait(back, running.placement.migrate_back_idle_s + 300, "replicas to come back")
+        echo(_serve_line(model))
+        traffic.stop()
+        _section(echo, "what the policy actor did")
+        for e in client.events(limit=1000):
+            if e["kind"].startswith(("serve.move", "serve.scale", "serve.external", "policy.")):
+                echo(f"{e['kind']}: {e['message']}")
+        _section(echo, "traffic during all of it")
+        echo(traffic.summary())
     finally:
+        if traffic is not None:
+            traffic.stop()
         if not keep:
             _section(echo, "down")
             cluster.down(echo=echo)

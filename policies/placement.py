@@ -8,9 +8,10 @@ I/O; the actuators carry the plan out make-before-break.
 
 Rules, in order:
 
-1. **Serving budget on the cluster pool** = GPUs of healthy ``cluster`` nodes, minus GPUs
-   held by running training gangs, minus `ModelDemand`-independent ``training_claim_gpus``
-   (what the admission policy asked serving to give back for an admissible gang).
+1. **Serving budget on the cluster pool** = GPUs of healthy ``cluster`` nodes minus GPUs held
+   by running training gangs; while the admission policy claims ``training_claim_gpus`` for
+   an admissible gang (GPUs serving must hand back), it is instead what serving's replicas
+   hold there now minus the claim.
 2. **Keep**: models in name order keep as many of their cluster replicas as the budget holds.
 3. **Yield to training**: replicas over the budget move to ``external`` (one
    `MoveServeReplicas` per model, make-before-break in the actuator) as far as the external
@@ -30,8 +31,9 @@ Rules, in order:
    pool with none gets 0. Emitted when they change.
 
 Worked example: one model, 1 GPU per replica, 6 replicas wanted (min 2), all 6 on the cluster
-pool of 8 GPUs; external pool holds 4 GPUs; a queued gang claims 6 GPUs
-(``training_claim_gpus=6``). Budget = 8 - 0 - 6 = 2, so the model keeps 2 cluster replicas
+pool of 8 GPUs; external pool holds 4 GPUs; a queued gang needs 6 GPUs, 2 are free, so
+admission claims 4 from serving (``training_claim_gpus=4``). Budget = 6 held - 4 = 2, so the
+model keeps 2 cluster replicas
 and 4 must yield; external has room for 4 -> ``MoveServeReplicas(cluster -> external, 4)``
 and ``RequestExternalCapacity(4)``. If external held only 2 GPUs, 2 would move, and 4 would
 stay on the cluster: the gang waits (min_replicas 2 is met, but nothing else can host them).
@@ -133,6 +135,12 @@ def _count(snapshot: ClusterSnapshot, model: str, pool: Pool, states: set[Replic
 
 
 def _serving_budget_gpus(snapshot: ClusterSnapshot, training_claim_gpus: int) -> int:
+    """Cluster-pool GPUs serving may use this tick.
+
+    Without a claim: every healthy cluster GPU no training gang holds. With a claim (the
+    admission policy asks serving to hand back `training_claim_gpus` of the GPUs its
+    replicas hold): what serving holds there now, less the claim.
+    """
     live = {n.node_id for n in snapshot.live_nodes(Pool.CLUSTER)}
     held = sum(
         gpus
@@ -140,7 +148,15 @@ def _serving_budget_gpus(snapshot: ClusterSnapshot, training_claim_gpus: int) ->
         for node, gpus in gang.gpus_by_node.items()
         if node in live
     )
-    return max(0, snapshot.live_gpus_total(Pool.CLUSTER) - held - training_claim_gpus)
+    available = max(0, snapshot.live_gpus_total(Pool.CLUSTER) - held)
+    if training_claim_gpus <= 0:
+        return available
+    serving_held = sum(
+        r.gpus
+        for r in snapshot.serve_replicas
+        if r.node_id in live and r.state in (ReplicaState.RUNNING, ReplicaState.STARTING)
+    )
+    return max(0, min(available, serving_held) - training_claim_gpus)
 
 
 def _weights(running: dict[Pool, int]) -> tuple[tuple[Pool, float], ...]:

@@ -57,7 +57,7 @@ CASES = [
         "growth-goes-external-while-training-queued", want=4, cur=(2, 0), queued=True, expect=(2, 2)
     ),
     Case(
-        "training-claim-moves-replicas-out", want=6, cur=(6, 0), claim=6, expect=(2, 4), moved_out=4
+        "training-claim-moves-replicas-out", want=6, cur=(6, 0), claim=4, expect=(2, 4), moved_out=4
     ),
     Case(
         "claim-of-whole-pool-moves-everything",
@@ -146,17 +146,35 @@ def test_cluster_budget_is_shared_between_models_in_name_order() -> None:
 
 def test_multi_gpu_replicas_count_gpus_not_replicas() -> None:
     snap = snapshot(CLUSTER + EXTERNAL, replicas=[replica("r", "c1", gpus=2)])
+    # Serving holds 2 GPUs and must hand back 2: budget 0, so all 3 two-GPU replicas go
+    # external, which is asked for 6 GPUs.
     (targets, actions), _ = decide(
         snap,
         (ModelDemand("m", 3, 1, 2),),
+        PlacementConfig(external_max_gpus=8),
+        PlacementState(),
+        2,
+    )
+    assert (targets[0].cluster, targets[0].external) == (0, 3)
+    request = [a for a in actions if isinstance(a, RequestExternalCapacity)]
+    assert request and request[0].num_gpus == 6
+
+
+def test_claim_counts_against_what_serving_holds_not_the_whole_pool() -> None:
+    # 8 GPUs, one 1-GPU replica, a gang needs all 8: admission claims the replica's 1 GPU.
+    snap = snapshot(CLUSTER + EXTERNAL, replicas=[replica("r", "c1")], queued=[job("q", 2, 4)])
+    (targets, actions), _ = decide(
+        snap,
+        (ModelDemand("m", 1, 1, 1),),
         PlacementConfig(external_max_gpus=4),
         PlacementState(),
-        4,
+        1,
     )
-    # Budget 8 - 4 claimed = 4 GPUs = 2 two-GPU replicas on the cluster; the third overflows.
-    assert (targets[0].cluster, targets[0].external) == (2, 1)
-    request = [a for a in actions if isinstance(a, RequestExternalCapacity)]
-    assert request and request[0].num_gpus == 2
+    assert (targets[0].cluster, targets[0].external) == (0, 1)
+    moves = [a for a in actions if isinstance(a, MoveServeReplicas)]
+    assert [(m.from_pool, m.to_pool, m.num_replicas) for m in moves] == [
+        (Pool.CLUSTER, Pool.EXTERNAL, 1)
+    ]
 
 
 def run(ticks: list[tuple[float, bool]], cfg: PlacementConfig) -> list[tuple[float, int]]:
@@ -216,10 +234,10 @@ def test_external_capacity_request_follows_targets_and_is_emitted_on_change() ->
     snap = snapshot(CLUSTER + EXTERNAL, replicas=replicas(6, 0))
     demand = (ModelDemand("m", 6, 1, 1),)
     cfg = PlacementConfig(external_max_gpus=8)
-    (_, actions), state = decide(snap, demand, cfg, PlacementState(), training_claim_gpus=6)
+    (_, actions), state = decide(snap, demand, cfg, PlacementState(), training_claim_gpus=4)
     requests = [a for a in actions if isinstance(a, RequestExternalCapacity)]
     assert [r.num_gpus for r in requests] == [4]
-    (_, actions), _ = decide(snap, demand, cfg, state, training_claim_gpus=6)
+    (_, actions), _ = decide(snap, demand, cfg, state, training_claim_gpus=4)
     assert not [a for a in actions if isinstance(a, RequestExternalCapacity)]
 
 
