@@ -1,10 +1,35 @@
 #!/usr/bin/env bash
 # The project's test command (README and .ci/run): install, then lint, layering, types, tests.
-set -euo pipefail
+#
+# Unit tests run in one pytest process. Each integration module runs in a pytest process of
+# its own: every module brings up its own local Ray cluster, and a Ray driver is process-wide
+# state (as are the fake provider's node ids, which repeat from cluster to cluster), so one
+# process per module keeps modules from seeing each other's clusters. Extra arguments go to
+# every pytest run. The last line totals all runs.
+set -uo pipefail
 cd "$(dirname "$0")/../.."
-bash infra/local/install.sh
+bash infra/local/install.sh || exit 1
 export RAY_USAGE_STATS_ENABLED=0
+set -e
 echo "== ruff"; .venv/bin/ruff check .
 echo "== import-linter (layering)"; .venv/bin/lint-imports
 echo "== mypy --strict policies"; .venv/bin/mypy
-echo "== pytest"; .venv/bin/python -m pytest -p no:cacheprovider "$@"
+set +e
+
+log=$(mktemp)
+status=0
+run() {
+  echo "== pytest $*"
+  .venv/bin/python -m pytest -p no:cacheprovider "$@" 2>&1 | tee -a "$log"
+  local rc=${PIPESTATUS[0]}
+  if [ "$rc" -ne 0 ]; then status=1; fi
+}
+run tests/unit "${@}"
+for module in tests/integration/test_*.py; do
+  run "$module" "${@}"
+done
+sum() { grep -oE "[0-9]+ $1" "$log" | awk '{s+=$1} END {print s+0}'; }
+passed=$(sum passed); failed=$(sum failed); errors=$(sum error); skipped=$(sum skipped)
+rm -f "$log"
+echo "tests: $passed passed, $((failed + errors)) failed, $skipped skipped"
+exit "$status"
