@@ -139,12 +139,10 @@ class ServingStep:
         self,
         serving: Any,
         placement: PlacementConfig,
-        external_cpus_per_node: float,
         load_source: LoadSource | None = None,
     ) -> None:
         self.serving = serving
         self.placement = placement
-        self.external_cpus_per_node = external_cpus_per_node
         self.load_source = load_source or (lambda: {})
         self.models = {m.name: m for m in serving.models}
 

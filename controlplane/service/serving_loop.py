@@ -70,7 +70,7 @@ class _Metrics:
             "rcp_serving_errors_total", "Failed serving-loop phases.", tag_keys=("phase",)
         )
         self.moves = Counter(
-            "rcp_serve_moves_total", "Make-before-break moves done.", tag_keys=("model", "to_pool")
+            "rcp_serve_moves_total", "Make-before-break moves done.", tag_keys=("model",)
         )
 
 
@@ -93,7 +93,6 @@ class ServingLoop:
         self.step = ServingStep(
             cfg.serving,
             placement_config(cfg),
-            external_cpus_per_node=cfg.pools.external.cpus_per_node,
             load_source=read_load,
         )
         self._claim_gpus = 0
@@ -214,7 +213,7 @@ class ServingLoop:
             self.store.record_event(kind, message)
             if kind == "serve.move.done":
                 model = message.split(":", 1)[0]
-                self.metrics.moves.inc(tags={"model": model, "to_pool": "any"})
+                self.metrics.moves.inc(tags={"model": model})
 
         self.step.act(decision, current, record)
         self.store.delete(INFLIGHT_KEY)

@@ -41,7 +41,6 @@ def step(**model: Any) -> ServingStep:
     return ServingStep(
         serving,
         PlacementConfig(external_max_gpus=8, migrate_back_idle_s=0),
-        external_cpus_per_node=4,
     )
 
 
