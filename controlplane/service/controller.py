@@ -130,6 +130,68 @@ class Controller:
         plan, state = decided
         self._phase("3-act", self._act, plan)
         self._phase("4-record", self._record, plan, state)
+        self._phase("5-metrics", self._export_metrics, snapshot, plan)
+
+    def _export_metrics(self, snapshot: Any, plan: Any) -> None:
+        """Queue depth, GPUs by owner per pool, admission wait, phase durations and errors."""
+        from policies.plan import AdmitJob
+        from policies.snapshot import Pool, ReplicaState
+
+        m = self._metrics()
+        m["queue"].set(float(len(snapshot.queued)))
+        for pool in (Pool.CLUSTER, Pool.EXTERNAL):
+            nodes = {n.node_id for n in snapshot.live_nodes(pool)}
+            total = snapshot.live_gpus_total(pool)
+            training = sum(
+                g for gang in snapshot.running for n, g in gang.gpus_by_node.items() if n in nodes
+            )
+            serving = sum(
+                r.gpus
+                for r in snapshot.serve_replicas
+                if r.node_id in nodes and r.state is not ReplicaState.STOPPING
+            )
+            for owner, gpus in (
+                ("training", training),
+                ("serving", serving),
+                ("idle", max(0, total - training - serving)),
+            ):
+                m["gpus"].set(float(gpus), tags={"pool": pool.value, "owner": owner})
+        submitted = {j.job_id: j.submitted_s for j in snapshot.queued}
+        for action in plan:
+            if isinstance(action, AdmitJob) and action.job_id in submitted:
+                m["wait"].set(snapshot.now_s - submitted[action.job_id])
+        for phase, seconds in self.stats.last_duration_s.items():
+            m["phase"].set(seconds, tags={"phase": phase})
+        for phase, n in self.stats.failures.items():
+            m["errors"].set(float(n), tags={"phase": phase})
+
+    def _metrics(self) -> dict[str, Any]:
+        if not hasattr(self, "_metric_set"):
+            from ray.util.metrics import Gauge
+
+            self._metric_set = {
+                "queue": Gauge("rcp_queue_depth", "Training jobs waiting in the queue."),
+                "gpus": Gauge(
+                    "rcp_gpus",
+                    "GPUs per pool by owner (training, serving, idle).",
+                    tag_keys=("pool", "owner"),
+                ),
+                "wait": Gauge(
+                    "rcp_admission_wait_seconds",
+                    "Submission (or re-queue) to admission of the last admitted job.",
+                ),
+                "phase": Gauge(
+                    "rcp_tick_phase_seconds",
+                    "Duration of the last admission-tick phase.",
+                    tag_keys=("phase",),
+                ),
+                "errors": Gauge(
+                    "rcp_tick_phase_errors",
+                    "Failed admission-tick phases since start.",
+                    tag_keys=("phase",),
+                ),
+            }
+        return self._metric_set
 
     def _observe(self) -> Any:
         from controlplane.inventory import list_nodes
