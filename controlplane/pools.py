@@ -8,15 +8,11 @@ it launch an external node); the label is for selection, display and parity with
 
 from __future__ import annotations
 
-from enum import Enum
+from policies.snapshot import Pool
+
+__all__ = ["POOL_LABEL", "Pool", "pool_resource"]
 
 POOL_LABEL = "pool"
-
-
-class Pool(str, Enum):
-    HEAD = "head"
-    CLUSTER = "cluster"
-    EXTERNAL = "external"
 
 
 def pool_resource(pool: Pool | str) -> str:
