@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from controlplane.pools import POOL_LABEL, Pool, pool_resource
+from controlplane.pools import Pool, pool_of
 
 
 @dataclass(frozen=True)
@@ -38,16 +38,6 @@ class NodeRow:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def pool_of(labels: dict[str, str], resources: dict[str, float]) -> str:
-    """A node's pool: its `pool` label, else the pool resource it advertises, else unknown."""
-    if labels.get(POOL_LABEL) in {p.value for p in Pool}:
-        return labels[POOL_LABEL]
-    for p in Pool:
-        if pool_resource(p) in resources:
-            return p.value
-    return "unknown"
 
 
 def _mean(values: list[float]) -> float | None:

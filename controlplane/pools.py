@@ -8,13 +8,6 @@ it launch an external node); the label is for selection, display and parity with
 
 from __future__ import annotations
 
-from policies.snapshot import Pool
+from policies.snapshot import POOL_LABEL, Pool, pool_of, pool_resource
 
-__all__ = ["POOL_LABEL", "Pool", "pool_resource"]
-
-POOL_LABEL = "pool"
-
-
-def pool_resource(pool: Pool | str) -> str:
-    """The custom resource every node of `pool` advertises, e.g. ``pool_external``."""
-    return f"pool_{Pool(pool).value}"
+__all__ = ["POOL_LABEL", "Pool", "pool_of", "pool_resource"]

@@ -24,6 +24,9 @@ from enum import Enum
 from types import MappingProxyType
 
 __all__ = [
+    "POOL_LABEL",
+    "pool_of",
+    "pool_resource",
     "ClusterSnapshot",
     "NodeView",
     "Pool",
@@ -45,6 +48,27 @@ class Pool(str, Enum):
     """Owned GPU nodes: training gangs and in-cluster Serve replicas."""
     EXTERNAL = "external"
     """Rented, autoscaled GPU nodes (scaled from zero): Serve replicas moved off the cluster."""
+
+
+POOL_LABEL = "pool"
+"""The node label that carries a node's pool."""
+
+
+def pool_resource(pool: Pool | str) -> str:
+    """The custom resource every node of `pool` advertises, e.g. ``pool_external``; work that
+    asks for it is pinned to the pool (and makes the autoscaler add such a node)."""
+    return f"pool_{Pool(pool).value}"
+
+
+def pool_of(labels: Mapping[str, str], resources: Mapping[str, float]) -> str:
+    """A node's pool: its `pool` label, else the pool resource it advertises, else unknown."""
+    label = labels.get(POOL_LABEL)
+    if label in {p.value for p in Pool}:
+        return str(label)
+    for p in Pool:
+        if pool_resource(p) in resources:
+            return p.value
+    return "unknown"
 
 
 class ReplicaState(str, Enum):

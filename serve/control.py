@@ -16,6 +16,7 @@ import ray
 from ray import serve
 from ray.serve.schema import ServeDeploySchema
 
+from policies.snapshot import pool_of
 from serve.spec import APP_PREFIX, declarative_configs
 
 __all__ = [
@@ -79,16 +80,8 @@ def apply_app_configs(apps: list[dict[str, Any]]) -> None:
 
 def node_pools() -> dict[str, str]:
     """Pool of every alive node, by node id: its ``pool`` label, else its ``pool_*`` resource."""
-    pools: dict[str, str] = {}
-    for node in ray.nodes():
-        if not node.get("Alive", False):
-            continue
-        labels = node.get("Labels") or {}
-        pool = labels.get("pool")
-        if pool is None:
-            for res in node.get("Resources") or {}:
-                if res.startswith("pool_"):
-                    pool = res[len("pool_") :]
-                    break
-        pools[str(node["NodeID"])] = pool or "unknown"
-    return pools
+    return {
+        str(node["NodeID"]): pool_of(node.get("Labels") or {}, node.get("Resources") or {})
+        for node in ray.nodes()
+        if node.get("Alive", False)
+    }

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from policies.snapshot import pool_resource
 from serve.config import POOLS, ModelConfig, ServingConfig, serving_from_dict
 
 __all__ = [
@@ -65,11 +66,6 @@ def parse_app_name(name: str) -> tuple[str, str] | None:
     if not model or pool not in POOLS:
         return None
     return model, pool
-
-
-def pool_resource(pool: str) -> str:
-    """Custom resource that pins a replica to `pool` (each node advertises 1000 of its own)."""
-    return f"pool_{pool}"
 
 
 @dataclass(frozen=True)
