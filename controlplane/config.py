@@ -279,6 +279,15 @@ class HealthConfig:
     operator clears it."""
     lemon_window_s: float = 86400.0
     """The lemon window."""
+    act: bool = True
+    """Act on verdicts: cordon, checkpoint-and-restart gangs, move replicas, drain. False only
+    reports them (``rcp health``, ``rcp nodes``, metrics)."""
+    drain_deadline_s: float = 600.0
+    """Ray drain deadline of an unhealthy node: Serve moves its replicas off make-before-break
+    before it, and nothing new is scheduled there meanwhile."""
+    replace_drained: bool = True
+    """Once a drained node holds nothing, stop it so its node group replaces it (local mode:
+    its raylet; Kubernetes: the actuator deletes its pod)."""
 
 
 @dataclass
@@ -458,6 +467,7 @@ def _validate_health(h: HealthConfig) -> list[str]:
     errors += _at_least(0.1, "health.stale_after_s", h.stale_after_s)
     errors += _at_least(1, "health.lemon_count", h.lemon_count)
     errors += _at_least(1, "health.lemon_window_s", h.lemon_window_s)
+    errors += _at_least(1, "health.drain_deadline_s", h.drain_deadline_s)
     return errors
 
 
