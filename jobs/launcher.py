@@ -15,8 +15,9 @@ Two ways in, both documented for researchers:
   ``jobs.launcher.run_gang(train_loop)``, which reads the same environment.
 
 The gang: ``ScalingConfig(num_workers, use_gpu, resources_per_worker={"GPU": g, "CPU": c,
-"pool_cluster": 1}, label_selector={"pool": "cluster"})``; Ray Train reserves all workers in one
-placement group, so they start together or not at all. With no real GPU on the node (logical
+"pool_cluster": 1}, label_selector={"pool": "cluster", "ray.io/node-id": "in(<admitted nodes>)"})``;
+Ray Train reserves all workers in one placement group, so they start together or not at all,
+and only on the nodes admission placed them on. With no real GPU on the node (logical
 GPUs in local mode) the process group uses gloo (``TorchConfig(backend="gloo")``), else nccl.
 
 Must not: import `controlplane`; everything comes from ``RCP_*`` environment variables.
@@ -28,7 +29,7 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = ["load_function", "run_gang", "main"]
@@ -39,6 +40,9 @@ ENV_CPUS_PER_WORKER = "RCP_CPUS_PER_WORKER"
 ENV_STORAGE_PATH = "RCP_STORAGE_PATH"
 ENV_TRAIN_CONFIG = "RCP_TRAIN_CONFIG"
 ENV_BACKEND = "RCP_TORCH_BACKEND"
+ENV_NODE_IDS = "RCP_NODE_IDS"
+"""Comma-separated Ray node ids admission placed the gang on; workers go only there."""
+NODE_ID_LABEL = "ray.io/node-id"
 POOL_RESOURCE = "pool_cluster"
 POOL_LABEL_SELECTOR = {"pool": "cluster"}
 
@@ -82,6 +86,21 @@ def _has_real_gpu() -> bool:
         return False
 
 
+def gang_label_selector(env: Mapping[str, str]) -> dict[str, str]:
+    """The workers' label selector: the cluster pool, and the admitted nodes when named.
+
+    Pinning to the nodes admission chose keeps the control plane's record of where a gang
+    runs true, which is what health remediation and GPU accounting rely on.
+    """
+    selector = dict(POOL_LABEL_SELECTOR)
+    nodes = sorted({n.strip() for n in env.get(ENV_NODE_IDS, "").split(",") if n.strip()})
+    if len(nodes) == 1:
+        selector[NODE_ID_LABEL] = nodes[0]
+    elif nodes:
+        selector[NODE_ID_LABEL] = f"in({','.join(nodes)})"
+    return selector
+
+
 def run_gang(train_fn: Callable[..., Any], config: dict[str, Any] | None = None) -> Any:
     """Run `train_fn` on every worker of the gang described by the ``RCP_*`` environment.
 
@@ -109,7 +128,7 @@ def run_gang(train_fn: Callable[..., Any], config: dict[str, Any] | None = None)
         num_workers=num_workers,
         use_gpu=gpus > 0,
         resources_per_worker=resources,
-        label_selector=dict(POOL_LABEL_SELECTOR) if in_control_plane else None,
+        label_selector=gang_label_selector(os.environ) if in_control_plane else None,
     )  # type: ignore[call-arg]  # Train v2's ScalingConfig; type stubs show v1's
     run_config = RunConfig(
         name=os.environ.get(ENV_JOB_ID) or "rcp-local-run",

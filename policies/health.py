@@ -55,6 +55,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from types import MappingProxyType
+from typing import Any
 
 from policies.plan import DrainNode, MoveServeReplicas, PreemptJob
 from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
@@ -227,6 +228,47 @@ class HealthState:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", MappingProxyType(dict(self.nodes)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values, for the caller's store; `from_dict` reads them back."""
+        return {
+            node_id: {
+                "last_sampled_s": n.last_sampled_s,
+                "last_new_sample_now_s": n.last_new_sample_now_s,
+                "hot_streaks": [[g, c] for g, c in n.hot_streaks],
+                "unhealthy": n.unhealthy,
+                "held_reasons": [r.value for r in n.held_reasons],
+                "clean_samples": n.clean_samples,
+                "degraded_reasons": [r.value for r in n.degraded_reasons],
+                "details": list(n.details),
+                "unhealthy_turns_s": list(n.unhealthy_turns_s),
+                "lemon": n.lemon,
+            }
+            for node_id, n in self.nodes.items()
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HealthState:
+        def opt(v: Any) -> float | None:
+            return None if v is None else float(v)
+
+        return cls(
+            {
+                str(node_id): NodeHealthState(
+                    last_sampled_s=opt(n.get("last_sampled_s")),
+                    last_new_sample_now_s=opt(n.get("last_new_sample_now_s")),
+                    hot_streaks=tuple((int(g), int(c)) for g, c in n.get("hot_streaks", ())),
+                    unhealthy=bool(n.get("unhealthy", False)),
+                    held_reasons=tuple(HealthReason(r) for r in n.get("held_reasons", ())),
+                    clean_samples=int(n.get("clean_samples", 0)),
+                    degraded_reasons=tuple(HealthReason(r) for r in n.get("degraded_reasons", ())),
+                    details=tuple(str(d) for d in n.get("details", ())),
+                    unhealthy_turns_s=tuple(float(t) for t in n.get("unhealthy_turns_s", ())),
+                    lemon=bool(n.get("lemon", False)),
+                )
+                for node_id, n in data.items()
+            }
+        )
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,18 @@ log and count their own failure, so the loop never dies:
 
 1. observe - node inventory from Ray, jobs from the store, and `JobRunner.reconcile` (Ray
    Job states and the job signals move jobs along: RUNNING, SUCCEEDED, preemption done...);
-   then one frozen `ClusterSnapshot`;
-2. decide - ``policies.admission.decide(snapshot, config, state)``;
-3. act - `JobRunner.admit` / `preempt` for each action, `RejectJob` fails the job;
-4. record - the admission state (preemption history for the caps) goes to the store's kv,
+   then one frozen `ClusterSnapshot`; a node Ray is draining counts as capacity no more;
+2. health - a telemetry agent on every node (`telemetry.manager.ensure_agents`), their recent
+   samples, and one verdict per node from `policies.health` (its memory, lemon records
+   included, lives in the store's kv); unhealthy nodes leave the snapshot's capacity at once
+   (`with_verdicts`) and the serving loop is told, so no new gang or replica lands there;
+3. decide - ``policies.admission.decide(snapshot, config, state)`` and, with ``health.act``,
+   ``policies.health.remediate(snapshot, verdicts)``;
+4. act - `JobRunner.admit` / `preempt` for each action, `RejectJob` fails the job; remediation
+   through `remediation.Remediator` (cordon = Ray drain, Serve then migrates replicas
+   make-before-break; gangs there are preempted with a checkpoint first and re-queued; the
+   empty node is removed so its node group replaces it);
+5. record - the admission state (preemption history for the caps) goes to the store's kv,
    and every action that is new since the last tick goes to the event log.
 
 The actor lives on the head (``resources={"pool_head": 1}``, ``num_cpus=0``), is detached and
@@ -44,6 +52,9 @@ log = logging.getLogger(__name__)
 ACTOR_NAME = "rcp-controller"
 NAMESPACE = "rcp"
 STATE_KEY = "admission.state"
+HEALTH_STATE_KEY = "health.state"
+HEALTH_SAMPLES = 16
+"""Newest samples read from each agent per tick; the policy skips those it has seen."""
 
 
 @dataclass
@@ -76,6 +87,16 @@ class Controller:
         self.serving = ServingLoop(self.cfg, self.store, start=start and self.cfg.serve.deploy_app)
         self.stats = TickStats()
         self._last_actions: set[tuple[str, str, str]] = set()
+        from controlplane.service.remediation import RayNodeControl, Remediator
+
+        self.verdicts: dict[str, Any] = {}
+        self.remediator = Remediator(
+            RayNodeControl(),
+            drain_deadline_s=self.cfg.health.drain_deadline_s,
+            replace_drained=self.cfg.health.replace_drained,
+            record=lambda kind, message: self.store.record_event(kind, message),
+            kube_remove=_kube_remove(self.cfg),
+        )
         self._stop = threading.Event()
         self.api = ApiServer(self.service, token, self.cfg.ray.node_ip, self.cfg.api.port)
         if start:
@@ -119,18 +140,28 @@ class Controller:
             self.stats.last_duration_s[name] = time.monotonic() - t0
 
     def tick(self) -> None:
-        """One observe -> decide -> act -> record pass."""
+        """One observe -> health -> decide -> act -> record pass."""
+        from policies.health import with_verdicts
+
         self.stats.ticks += 1
         snapshot = self._phase("1-observe", self._observe)
         if snapshot is None:
             return
-        decided = self._phase("2-decide", self._decide, snapshot)
+        verdicts = self._phase("2-health", self._health, snapshot)
+        if verdicts is None:  # telemetry failed this tick: act on the last verdicts
+            verdicts = self.verdicts
+        self.verdicts = verdicts
+        snapshot = with_verdicts(snapshot, verdicts)
+        self.serving.set_unhealthy_nodes({n.node_id for n in snapshot.nodes if not n.healthy})
+        decided = self._phase("3-decide", self._decide, snapshot, verdicts)
         if decided is None:
             return
-        plan, state = decided
-        self._phase("3-act", self._act, plan)
-        self._phase("4-record", self._record, plan, state)
-        self._phase("5-metrics", self._export_metrics, snapshot, plan)
+        plan, remediation, state = decided
+        self._phase("4-act", self._act, plan)
+        self._phase("4-act-health", self._act_health, remediation, snapshot.now_s)
+        self._phase("5-record", self._record, plan + remediation, state)
+        self._phase("6-metrics", self._export_metrics, snapshot, plan)
+        self._phase("6-metrics-health", self._export_health_metrics, snapshot)
 
     def _export_metrics(self, snapshot: Any, plan: Any) -> None:
         """Queue depth, GPUs by owner per pool, admission wait, phase durations and errors."""
@@ -167,7 +198,7 @@ class Controller:
 
     def _metrics(self) -> dict[str, Any]:
         if not hasattr(self, "_metric_set"):
-            from ray.util.metrics import Gauge
+            from ray.util.metrics import Counter, Gauge
 
             self._metric_set = {
                 "queue": Gauge("rcp_queue_depth", "Training jobs waiting in the queue."),
@@ -190,6 +221,19 @@ class Controller:
                     "Failed admission-tick phases since start.",
                     tag_keys=("phase",),
                 ),
+                "verdict": Gauge(
+                    "rcp_node_verdict",
+                    "1 for the node's current health verdict (healthy, degraded, unhealthy).",
+                    tag_keys=("node", "pool", "verdict"),
+                ),
+                "cordoned": Gauge(
+                    "rcp_nodes_cordoned", "Nodes this controller has taken out of service."
+                ),
+                "health_actions": Counter(
+                    "rcp_health_actions_total",
+                    "Remediation steps taken: cordon (Ray drain), preempt, replace.",
+                    tag_keys=("action",),
+                ),
             }
         return self._metric_set
 
@@ -200,15 +244,94 @@ class Controller:
 
         self.runner.reconcile()
         jobs = self.store.list_jobs(states=[JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING])
-        snapshot = build_snapshot(time.time(), list_nodes(), jobs)
-        return dataclasses.replace(snapshot, serve_replicas=self.serving.serve_replicas())
+        snapshot = build_snapshot(time.time(), list_nodes(telemetry=False), jobs)
+        draining = set(self.remediator.nodes.draining())
+        nodes = tuple(
+            dataclasses.replace(n, healthy=False) if n.node_id in draining else n
+            for n in snapshot.nodes
+        )
+        return dataclasses.replace(
+            snapshot, nodes=nodes, serve_replicas=self.serving.serve_replicas()
+        )
 
-    def _decide(self, snapshot: Any) -> Any:
+    def _health(self, snapshot: Any) -> dict[str, Any]:
+        """Verdicts by node id; the policy's memory goes back to the store."""
+        from controlplane.telemetry import manager
+        from controlplane.telemetry.verdicts import judge
+        from policies.health import HealthState, NodeVerdict, Verdict
+
+        manager.ensure_agents(self.cfg)
+        samples = manager.collect_samples(
+            max_samples=HEALTH_SAMPLES, timeout_s=self.cfg.policy.tick_s
+        )
+        state = HealthState.from_dict(self.store.get_value(HEALTH_STATE_KEY, {}) or {})
+        verdicts, new_state = judge(samples, self.cfg.health, state, snapshot.now_s)
+        self.store.put(HEALTH_STATE_KEY, new_state.to_dict())
+        # A node this controller has cordoned stays out even if its samples recover: Ray
+        # cannot undo a drain, so it goes on to be replaced.
+        for node_id in self.remediator.cordoned:
+            v = verdicts.get(node_id)
+            if v is None or v.verdict is not Verdict.UNHEALTHY:
+                before = self.verdicts.get(node_id)
+                verdicts[node_id] = (
+                    before
+                    if before is not None and before.verdict is Verdict.UNHEALTHY
+                    else NodeVerdict(node_id, Verdict.UNHEALTHY, details=("cordoned",))
+                )
+        self.remediator.forget({n.node_id for n in snapshot.nodes})
+        return verdicts
+
+    def _decide(self, snapshot: Any, verdicts: dict[str, Any]) -> Any:
         from controlplane.service.observing import admission_config
         from policies.admission import AdmissionState, decide
+        from policies.health import remediate
 
         state = AdmissionState.from_dict(self.store.get_value(STATE_KEY, {}) or {})
-        return decide(snapshot, admission_config(self.cfg), state)
+        plan, state = decide(snapshot, admission_config(self.cfg), state)
+        remediation = remediate(snapshot, verdicts) if self.cfg.health.act else ()
+        return plan, remediation, state
+
+    def _act_health(self, remediation: Any, now_s: float) -> None:
+        """Cordon, checkpoint-and-requeue, drain: see `remediation` and `policies.health`."""
+        from policies.health import CordonNode
+        from policies.plan import DrainNode, PreemptJob
+
+        for action in remediation:
+            try:
+                done = None
+                if isinstance(action, CordonNode):
+                    if self.remediator.cordon(action.node_id, action.reason, now_s):
+                        done = "cordon"
+                elif isinstance(action, PreemptJob):
+                    self.runner.preempt(action)
+                    done = "preempt"
+                elif isinstance(action, DrainNode) and self.remediator.replace(
+                    action.node_id, action.reason, now_s
+                ):
+                    done = "replace"
+                if done is not None:
+                    self._metrics()["health_actions"].inc(tags={"action": done})
+                # MoveServeReplicas: Serve migrates replicas off the drained node
+                # make-before-break, and the serving loop, told the node is unhealthy, counts
+                # its GPUs out of the cluster pool (moving replicas to the external pool when
+                # the other cluster nodes are full).
+            except Exception:
+                self.stats.failures["4-act-health"] = self.stats.failures.get("4-act-health", 0) + 1
+                log.exception("acting on %r failed", action)
+
+    def _export_health_metrics(self, snapshot: Any) -> None:
+        from policies.health import Verdict
+
+        m = self._metrics()
+        for node in snapshot.nodes:
+            verdict = self.verdicts.get(node.node_id)
+            current = verdict.verdict if verdict is not None else Verdict.HEALTHY
+            for v in Verdict:
+                m["verdict"].set(
+                    1.0 if v is current else 0.0,
+                    tags={"node": node.node_id, "pool": node.pool.value, "verdict": v.value},
+                )
+        m["cordoned"].set(float(len(self.remediator.cordoned)))
 
     def _act(self, plan: Any) -> None:
         from controlplane.store import JobState
@@ -237,14 +360,18 @@ class Controller:
                             action.job_id, JobState.FAILED, f"rejected: {action.reason}"
                         )
             except Exception:
-                self.stats.failures["3-act"] = self.stats.failures.get("3-act", 0) + 1
+                self.stats.failures["4-act"] = self.stats.failures.get("4-act", 0) + 1
                 log.exception("acting on %r failed", action)
 
     def _record(self, plan: Any, state: Any) -> None:
         self.store.put(STATE_KEY, state.to_dict())
         current = set()
         for action in plan:
-            key = (type(action).__name__, str(getattr(action, "job_id", "")), action.reason)
+            key = (
+                type(action).__name__,
+                str(getattr(action, "job_id", getattr(action, "node_id", ""))),
+                action.reason,
+            )
             current.add(key)
             if key not in self._last_actions:
                 self.store.record_event(
@@ -258,6 +385,17 @@ class Controller:
         self._stop.set()
         self.serving.stop()
         self.api.stop()
+
+
+def _kube_remove(cfg: Config) -> Any:
+    """The Kubernetes actuator's node removal when one is configured, else None (local)."""
+    kube = getattr(cfg, "kubernetes", None)
+    if kube is None or not getattr(kube, "enabled", False):
+        return None
+    from controlplane.kube import from_config
+
+    actuator = from_config(cfg)
+    return None if actuator is None else actuator.remove_node
 
 
 def get_controller() -> Any:

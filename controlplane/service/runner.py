@@ -247,6 +247,7 @@ class JobRunner:
                 launcher.ENV_GPUS_PER_WORKER: str(s.gpus_per_worker),
                 launcher.ENV_CPUS_PER_WORKER: f"{s.cpus_per_worker:g}",
                 launcher.ENV_STORAGE_PATH: str(self.cfg.train_storage_path),
+                launcher.ENV_NODE_IDS: ",".join(sorted(job.info.get("placement") or {})),
                 "RAY_AUTH_MODE": "disabled",
                 "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
             }

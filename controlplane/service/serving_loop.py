@@ -3,8 +3,10 @@
 Owns: a thread that every ``policy.tick_s`` runs the serving step of `controlplane.serving`
 (observe Serve -> decide with `policies.demand` + `policies.placement` -> act through
 `serve.operations`, make-before-break -> record), the GPUs training has claimed from serving
-(set by the admission tick from its `MoveServeReplicas` actions), the latest serve replicas
-(read by the admission tick for its snapshot), and the serving metrics.
+(set by the admission tick from its `MoveServeReplicas` actions), the nodes health took out
+(set by the admission tick: their GPUs leave the pool's serving budget, so replicas that no
+longer fit in the cluster pool move to the external one), the latest serve replicas (read by
+the admission tick for its snapshot), and the serving metrics.
 
 It runs apart from the admission tick because a make-before-break move waits for new replicas
 to be RUNNING; admission keeps ticking meanwhile and admits the gang once the GPUs are free.
@@ -96,6 +98,7 @@ class ServingLoop:
             load_source=read_load,
         )
         self._claim_gpus = 0
+        self._unhealthy: frozenset[str] = frozenset()
         self._replicas: tuple[ServeReplica, ...] = ()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -111,6 +114,11 @@ class ServingLoop:
     def set_training_claim(self, gpus: int) -> None:
         with self._lock:
             self._claim_gpus = max(0, int(gpus))
+
+    def set_unhealthy_nodes(self, node_ids: set[str]) -> None:
+        """Nodes the health policy took out (or Ray drains): their GPUs count for nothing."""
+        with self._lock:
+            self._unhealthy = frozenset(node_ids)
 
     def serve_replicas(self) -> tuple[ServeReplica, ...]:
         with self._lock:
@@ -172,8 +180,14 @@ class ServingLoop:
                     "serve.resume", f"resuming after a restart with a plan in flight: {inflight}"
                 )
         jobs = self.store.list_jobs(states=[JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING])
-        snapshot = build_snapshot(time.time(), list_nodes(), jobs)
-        snapshot = dataclasses.replace(snapshot, serve_replicas=replicas)
+        snapshot = build_snapshot(time.time(), list_nodes(telemetry=False), jobs)
+        with self._lock:
+            unhealthy = self._unhealthy
+        nodes = tuple(
+            dataclasses.replace(n, healthy=False) if n.node_id in unhealthy else n
+            for n in snapshot.nodes
+        )
+        snapshot = dataclasses.replace(snapshot, nodes=nodes, serve_replicas=replicas)
         try:
             loads = self.step.load_source()
         except Exception as exc:  # no load reports yet: demand sees 0 ongoing requests

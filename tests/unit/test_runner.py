@@ -113,6 +113,7 @@ def test_admit_records_the_attempt_before_submitting_and_is_idempotent(env: Any)
     envv = runtime_env["env_vars"]
     assert envv["RCP_JOB_ID"] == job_id and envv["RCP_NUM_WORKERS"] == "2"
     assert envv["RCP_STORAGE_PATH"] == str(cfg.train_storage_path)
+    assert envv["RCP_NODE_IDS"] == "n1"  # the gang may only start where it was admitted
 
 
 def test_gang_running_once_every_worker_started(env: Any) -> None:

@@ -1,0 +1,148 @@
+"""The health actuators: take an unhealthy node out of service the way Ray and KubeRay expect.
+
+Owns: applying `policies.health`'s `CordonNode` and `DrainNode` actions, idempotently.
+
+* `CordonNode` -> a Ray drain request (``DRAIN_NODE_REASON_PREEMPTION`` with a deadline of
+  ``health.drain_deadline_s``). From then on Ray schedules no new task, actor or placement
+  group on the node, and Ray Serve starts a replacement for every replica there before it
+  stops the old one (make-before-break, Serve's own draining-node migration). Work already on
+  the node keeps running until the policy has moved it (gangs are preempted with a checkpoint
+  first, by the runner). A drain is asked once per node; a node Ray already drains is left be.
+* `DrainNode` (the node holds nothing of ours any more) -> with ``health.replace_drained``, the
+  node is replaced: on Kubernetes through the Kubernetes actuator (cordon and taint the
+  Kubernetes node, delete the Ray pod, KubeRay creates a new one elsewhere); in local mode the
+  node's raylet is stopped through the GCS, and Ray's autoscaler launches a replacement to keep
+  the pool at its size. Done once per node.
+
+Must not: decide (the health policy does), or act on the head node.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = ["NodeActions", "RayNodeControl", "Remediator"]
+
+log = logging.getLogger(__name__)
+
+
+class NodeActions(Protocol):
+    """What remediation needs from Ray (a fake in unit tests)."""
+
+    def draining(self) -> Mapping[str, int]:
+        """Node ids Ray drains now -> deadline (ms since the epoch, 0 for none)."""
+        ...
+
+    def drain(self, node_id: str, reason: str, deadline_s: float) -> bool:
+        """Ask Ray to drain `node_id`; True when accepted."""
+        ...
+
+    def stop(self, node_id: str) -> bool:
+        """Stop the node's raylet (local mode's way to have the node replaced)."""
+        ...
+
+    def hostname(self, node_id: str) -> str | None:
+        """The node's hostname (on KubeRay: its pod name), None when Ray does not know it."""
+        ...
+
+
+class RayNodeControl:
+    """`NodeActions` through the GCS client of the connected driver (or actor)."""
+
+    def _gcs(self) -> Any:
+        import ray
+
+        return ray._private.worker.global_worker.gcs_client
+
+    def draining(self) -> Mapping[str, int]:
+        import ray
+
+        return dict(ray._private.state.state.get_draining_nodes())
+
+    def drain(self, node_id: str, reason: str, deadline_s: float) -> bool:
+        from ray.core.generated import autoscaler_pb2
+
+        deadline_ms = int((time.time() + deadline_s) * 1000)
+        accepted, message = self._gcs().drain_node(
+            node_id,
+            autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+            reason,
+            deadline_ms,
+        )
+        if not accepted:
+            log.warning("Ray did not accept draining %s: %s", node_id, message)
+        return bool(accepted)
+
+    def stop(self, node_id: str) -> bool:
+        stopped = self._gcs().drain_nodes(node_ids=[bytes.fromhex(node_id)])
+        return len(stopped) > 0
+
+    def hostname(self, node_id: str) -> str | None:
+        import ray
+
+        for n in ray.nodes():
+            if n["NodeID"] == node_id:
+                return str(n.get("NodeManagerHostname") or "") or None
+        return None
+
+
+@dataclass
+class Remediator:
+    """Applies cordon and drain actions once per node; remembers what it did in `done`.
+
+    `kube_remove(pod_name, reason)` is the Kubernetes actuator's node removal when one is
+    configured. `record(kind, message)` writes the event log.
+    """
+
+    nodes: NodeActions
+    drain_deadline_s: float
+    replace_drained: bool
+    record: Callable[[str, str], None]
+    kube_remove: Callable[[str, str], Any] | None = None
+    cordoned: dict[str, float] = field(default_factory=dict)
+    """Node id -> when this controller asked Ray to drain it."""
+    replaced: dict[str, float] = field(default_factory=dict)
+    """Node id -> when this controller had it stopped or its pod deleted."""
+
+    def cordon(self, node_id: str, reason: str, now_s: float) -> bool:
+        """Drain request for `node_id` unless one was made or Ray drains it already."""
+        if node_id in self.cordoned:
+            return False
+        if node_id in self.nodes.draining():
+            self.cordoned[node_id] = now_s
+            return False
+        if self.nodes.drain(node_id, reason, self.drain_deadline_s):
+            self.cordoned[node_id] = now_s
+            self.record("health.cordon", f"node {node_id}: nothing new lands there; {reason}")
+            return True
+        return False
+
+    def replace(self, node_id: str, reason: str, now_s: float) -> bool:
+        """Have the empty node replaced (once); False when it was already or is not wanted."""
+        if not self.replace_drained or node_id in self.replaced:
+            return False
+        if self.kube_remove is not None:
+            pod = self.nodes.hostname(node_id)
+            if pod is None:
+                log.warning("no hostname (pod name) for node %s; not removing its pod", node_id)
+                return False
+            self.kube_remove(pod, reason)
+            how = f"pod {pod} deleted, its Kubernetes node cordoned and tainted"
+        else:
+            if not self.nodes.stop(node_id):
+                log.warning("the GCS did not stop node %s; will ask again", node_id)
+                return False
+            how = "raylet stopped; the autoscaler replaces the node"
+        self.replaced[node_id] = now_s
+        self.record("health.drain", f"node {node_id} drained and removed ({how}); {reason}")
+        return True
+
+    def forget(self, alive: set[str]) -> None:
+        """Drop records of nodes that are gone (node ids never come back)."""
+        for book in (self.cordoned, self.replaced):
+            for node_id in [n for n in book if n not in alive]:
+                del book[node_id]
