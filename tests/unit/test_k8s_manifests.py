@@ -1,0 +1,713 @@
+"""The Kubernetes manifests under infra/k8s: schemas, and what the control plane relies on.
+
+Owns: loading every YAML document under ``infra/k8s/``; validating KubeRay kinds against the
+CRDs' openAPIV3Schema (from /work/shared/data/kuberay-crds, made strict: an object schema
+that lists its properties rejects any other key, so a misspelled field fails); validating
+core kinds through the ``kubernetes`` client's models (a round trip must keep every key,
+because the client silently drops unknown ones); and the invariants the control plane needs:
+pool labels and ``pool_<name>`` resources as ``policies.snapshot`` names them, the external
+group scaling from 0, worker grace periods longer than the drain deadline, RBAC exactly the
+least set, and the ConfigMap's config loading through ``controlplane.config.load_config`` and
+agreeing with the RayCluster.
+
+Must not: talk to a Kubernetes API server, start Ray, or copy the CRDs into the repository.
+Nothing here proves the manifests work on a live cluster (see docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from kubernetes import client as k8s
+
+from controlplane.config import ConfigError, HealthConfig, load_config
+from policies.snapshot import POOL_LABEL, Pool, pool_resource
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S_DIR = ROOT / "infra" / "k8s"
+CRD_DIR = Path(os.environ.get("RCP_KUBERAY_CRDS", "/work/shared/data/kuberay-crds"))
+KUBERAY_KINDS = ("RayCluster", "RayService", "RayJob")
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+# The least the control plane's Kubernetes actuator needs (infra/k8s/rbac.yaml explains each).
+LEAST_RBAC = {
+    ("ClusterRole", "", "nodes"): {"get", "list", "watch", "patch"},
+    ("Role", "", "pods"): {"get", "list", "watch", "delete"},
+    ("Role", "ray.io", "rayclusters"): {"get", "patch"},
+}
+GROUP_POOLS = {"gpu-cluster": Pool.CLUSTER, "gpu-external": Pool.EXTERNAL}
+EXTERNAL_TAINT_KEY = "rcp.dev/external"
+S3_SECRET = "rcp-s3"
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Doc:
+    """One YAML document of one file."""
+
+    path: Path
+    index: int
+    body: dict[str, Any]
+
+    @property
+    def kind(self) -> str:
+        return str(self.body.get("kind", ""))
+
+    @property
+    def name(self) -> str:
+        return str((self.body.get("metadata") or {}).get("name", ""))
+
+    @property
+    def where(self) -> str:
+        rel = self.path.relative_to(ROOT) if self.path.is_relative_to(ROOT) else self.path
+        return f"{rel}[{self.index}] {self.kind or '<no kind>'}/{self.name or '<no name>'}"
+
+
+def load_docs(directory: Path = K8S_DIR) -> list[Doc]:
+    docs: list[Doc] = []
+    for path in sorted(directory.rglob("*.y*ml")):
+        with path.open() as f:
+            for index, body in enumerate(yaml.load_all(f, Loader=_Loader)):
+                if body is None:
+                    continue
+                if not isinstance(body, dict):
+                    raise AssertionError(f"{path}[{index}]: a manifest must be a mapping")
+                docs.append(Doc(path, index, body))
+    return docs
+
+
+@functools.lru_cache(maxsize=1)
+def _docs() -> tuple[Doc, ...]:
+    return tuple(load_docs())
+
+
+def manifests() -> list[Doc]:
+    """Every Kubernetes object (the kustomization file is not one)."""
+    return [d for d in _docs() if d.kind != "Kustomization"]
+
+
+def one(kind: str, name: str | None = None) -> Doc:
+    found = [d for d in manifests() if d.kind == kind and (name is None or d.name == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''} under infra/k8s, found {len(found)}"
+    return found[0]
+
+
+def _fmt_path(parts: Iterator[Any] | list[Any]) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "<document>"
+
+
+# --- KubeRay kinds: the CRDs' schemas, made strict -------------------------------------------
+
+
+def strict_schema(schema: Any) -> Any:
+    """A copy of a CRD's openAPIV3Schema that jsonschema can check the way the API server
+    does, and stricter:
+
+    - an object schema that lists ``properties`` and says nothing about other keys gets
+      ``additionalProperties: false`` (the API server would prune an unknown field silently;
+      here a misspelled field is an error), unless it preserves unknown fields or is an
+      embedded resource;
+    - ``x-kubernetes-int-or-string`` becomes ``anyOf: [integer, string]``;
+    - other ``x-kubernetes-*`` keys (list types, map types, CEL validations) are left for the
+      API server: jsonschema ignores keywords it does not know.
+    """
+    if isinstance(schema, list):
+        return [strict_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict_schema(v) for k, v in schema.items()}
+    if out.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out.setdefault("anyOf", [{"type": "integer"}, {"type": "string"}])
+    open_ended = out.get("x-kubernetes-preserve-unknown-fields") or out.get(
+        "x-kubernetes-embedded-resource"
+    )
+    if "properties" in out and "additionalProperties" not in out and not open_ended:
+        out["additionalProperties"] = False
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
+    """(apiVersion, kind) -> strict schema, for every version of every KubeRay CRD."""
+    if not CRD_DIR.is_dir():
+        pytest.skip(f"KubeRay CRDs not found at {CRD_DIR} (set RCP_KUBERAY_CRDS)")
+    schemas: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in sorted(CRD_DIR.glob("*.yaml")):
+        for crd in yaml.load_all(path.read_text(), Loader=_Loader):
+            if not crd or crd.get("kind") != "CustomResourceDefinition":
+                continue
+            group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+            for version in crd["spec"]["versions"]:
+                raw = version["schema"]["openAPIV3Schema"]
+                schemas[(f"{group}/{version['name']}", kind)] = strict_schema(raw)
+    return schemas
+
+
+def kuberay_errors(doc: Doc) -> list[str]:
+    """Every schema violation of a KubeRay object, each naming the document and the field."""
+    key = (str(doc.body.get("apiVersion")), doc.kind)
+    schema = crd_schemas().get(key)
+    if schema is None:
+        known = ", ".join(sorted(f"{a} {k}" for a, k in crd_schemas()))
+        return [f"{doc.where}: apiVersion/kind {key[0]} {key[1]} is not in the CRDs ({known})"]
+    validator = jsonschema.Draft7Validator(schema)
+    errors = sorted(validator.iter_errors(doc.body), key=lambda e: list(e.absolute_path))
+    return [f"{doc.where}: {_fmt_path(list(e.absolute_path))}: {e.message}" for e in errors]
+
+
+# --- core kinds: the kubernetes client's models -------------------------------------------------
+
+
+def model_name(api_version: str, kind: str) -> str:
+    """``apps/v1`` ``Deployment`` -> ``V1Deployment``; ``v1`` ``Secret`` -> ``V1Secret``."""
+    version = api_version.rsplit("/", 1)[-1]
+    return version[:1].upper() + version[1:] + kind
+
+
+def _dropped_keys(original: Any, round_trip: Any, path: list[Any]) -> list[str]:
+    if isinstance(original, dict):
+        if not isinstance(round_trip, dict):
+            return [f"{_fmt_path(path)}: expected a mapping, the model made {round_trip!r}"]
+        dropped = []
+        for key, value in original.items():
+            if key not in round_trip:
+                if value is not None:
+                    dropped.append(f"{_fmt_path([*path, key])}: unknown field {key!r}")
+                continue
+            dropped += _dropped_keys(value, round_trip[key], [*path, key])
+        return dropped
+    if isinstance(original, list):
+        if not isinstance(round_trip, list) or len(round_trip) != len(original):
+            return [f"{_fmt_path(path)}: expected a list of {len(original)}"]
+        return [
+            e
+            for i, (a, b) in enumerate(zip(original, round_trip, strict=True))
+            for e in _dropped_keys(a, b, [*path, i])
+        ]
+    return []
+
+
+def _model_reasons(exc: Exception) -> list[str]:
+    """One line per problem a client model found (``V1ServicePort.port: ...``). Models of
+    kubernetes>=35 are pydantic models; older ones raise a plain ValueError."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return [str(exc).splitlines()[0]]
+    title = getattr(exc, "title", "model")
+    return [f"{title}.{_fmt_path(list(e['loc']))}: {e['msg']}" for e in errors()]
+
+
+def core_errors(doc: Doc) -> list[str]:
+    """Problems of a core-kind object: no model for it, a model that rejects it, or keys the
+    model does not know (the client drops them, so compare the round trip)."""
+    name = model_name(str(doc.body.get("apiVersion", "")), doc.kind)
+    if not hasattr(k8s, name):
+        return [f"{doc.where}: no kubernetes client model {name} (apiVersion/kind misspelled?)"]
+    api = k8s.ApiClient()
+    try:
+        obj = api._ApiClient__deserialize(copy.deepcopy(doc.body), name)  # type: ignore[attr-defined]
+    except (ValueError, TypeError) as exc:
+        return [f"{doc.where}: {name} rejects it: {reason}" for reason in _model_reasons(exc)]
+    round_trip = api.sanitize_for_serialization(obj)
+    return [f"{doc.where}: {e}" for e in _dropped_keys(doc.body, round_trip, [])]
+
+
+def manifest_errors(doc: Doc) -> list[str]:
+    if doc.kind in KUBERAY_KINDS:
+        return kuberay_errors(doc)
+    return core_errors(doc)
+
+
+# --- the RayCluster's parts ------------------------------------------------------------------
+
+
+def raycluster() -> dict[str, Any]:
+    return one("RayCluster").body
+
+
+def worker_group(rc: dict[str, Any], name: str) -> dict[str, Any]:
+    groups = {g["groupName"]: g for g in rc["spec"]["workerGroupSpecs"]}
+    assert name in groups, f"RayCluster: no worker group {name!r} (has {sorted(groups)})"
+    return groups[name]
+
+
+def ray_container(group: dict[str, Any]) -> dict[str, Any]:
+    containers = group["template"]["spec"]["containers"]
+    return containers[0]
+
+
+def rcp_config(tmp_path: Path, text: str | None = None) -> Any:
+    """The ConfigMap's rcp.yaml, loaded by the project's own loader."""
+    if text is None:
+        text = one("ConfigMap", "rcp-config").body["data"]["rcp.yaml"]
+    path = tmp_path / "rcp.yaml"
+    path.write_text(text)
+    return load_config(path)
+
+
+def rbac_problems(docs: list[Doc]) -> list[str]:
+    """How the RBAC in `docs` differs from the least set the control plane needs."""
+    problems: list[str] = []
+    granted: dict[tuple[str, str, str], set[str]] = {}
+    for d in docs:
+        if d.kind not in ("Role", "ClusterRole"):
+            continue
+        if d.body.get("aggregationRule"):
+            problems.append(f"{d.where}: aggregationRule grants whatever it matches")
+        for i, rule in enumerate(d.body.get("rules") or []):
+            at = f"{d.where}: rules[{i}]"
+            for field in ("nonResourceURLs", "resourceNames"):
+                if rule.get(field):
+                    problems.append(f"{at}.{field}: not part of the least set")
+            values = [*rule.get("apiGroups", []), *rule.get("resources", [])]
+            values += rule.get("verbs", [])
+            if "*" in values:
+                problems.append(f"{at}: wildcard '*' (name each verb and resource instead)")
+            for group in rule.get("apiGroups", []):
+                for resource in rule.get("resources", []):
+                    key = (d.kind, group, resource)
+                    granted.setdefault(key, set()).update(rule.get("verbs", []))
+    for key in sorted(set(granted) | set(LEAST_RBAC)):
+        have, want = granted.get(key, set()), LEAST_RBAC.get(key, set())
+        kind, group, resource = key
+        what = f"{kind} {group or 'core'}/{resource}"
+        if have - want:
+            problems.append(f"{what}: verbs beyond the least set: {sorted(have - want)}")
+        if want - have:
+            problems.append(f"{what}: missing verbs the actuator needs: {sorted(want - have)}")
+    return problems
+
+
+def _env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def _quantity(value: Any) -> float:
+    return float(str(value))
+
+
+# --- tests: every document -------------------------------------------------------------------
+
+
+def test_infra_k8s_has_the_parts() -> None:
+    kinds = {d.kind for d in manifests()}
+    for kind in ("RayCluster", "ServiceAccount", "ClusterRole", "Role", "ConfigMap", "Service"):
+        assert kind in kinds, f"infra/k8s has no {kind}"
+
+
+@pytest.mark.parametrize("doc", manifests(), ids=lambda d: d.where)
+def test_manifest_is_valid(doc: Doc) -> None:
+    errors = manifest_errors(doc)
+    assert not errors, "\n".join(errors)
+
+
+def test_every_crd_schema_is_loaded() -> None:
+    kinds = {kind for _, kind in crd_schemas()}
+    assert set(KUBERAY_KINDS) <= kinds
+
+
+# --- tests: the validators catch mistakes (negative) -------------------------------------------
+
+
+def _mutated(kind: str, mutate: Any) -> Doc:
+    doc = one(kind) if kind != "Service" else one("Service", "rcp-serve")
+    body = copy.deepcopy(doc.body)
+    mutate(body)
+    return Doc(doc.path, doc.index, body)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field_path", "needle"),
+    [
+        pytest.param(
+            lambda b: b["spec"].update(enableInTreeAutoscalling=True),
+            "spec",
+            "enableInTreeAutoscalling",
+            id="typo-top-level-spec-field",
+        ),
+        pytest.param(
+            lambda b: b["spec"]["headGroupSpec"].update(rayStartParam={}),
+            "spec.headGroupSpec",
+            "rayStartParam",
+            id="typo-head-group-field",
+        ),
+        pytest.param(
+            lambda b: b["spec"]["workerGroupSpecs"][1]["template"]["spec"].update(tolerration=[]),
+            "spec.workerGroupSpecs[1].template.spec",
+            "tolerration",
+            id="typo-in-pod-spec",
+        ),
+        pytest.param(
+            lambda b: b["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0][
+                "resources"
+            ].update(limit={}),
+            "spec.workerGroupSpecs[0].template.spec.containers[0].resources",
+            "limit",
+            id="typo-in-container-resources",
+        ),
+        pytest.param(
+            lambda b: b["spec"]["workerGroupSpecs"][1].update(minReplicas="zero"),
+            "spec.workerGroupSpecs[1].minReplicas",
+            "'zero' is not of type 'integer'",
+            id="wrong-type",
+        ),
+        pytest.param(
+            lambda b: b["spec"]["autoscalerOptions"].update(version="v3"),
+            "spec.autoscalerOptions.version",
+            "'v3' is not one of",
+            id="bad-enum",
+        ),
+    ],
+)
+def test_broken_raycluster_names_document_and_field(
+    mutate: Any, field_path: str, needle: str
+) -> None:
+    errors = kuberay_errors(_mutated("RayCluster", mutate))
+    assert errors, "the broken RayCluster passed validation"
+    assert any(
+        "infra/k8s/raycluster.yaml[0] RayCluster/rcp" in e and f": {field_path}: " in e
+        for e in errors
+    ), errors
+    assert any(needle in e for e in errors), errors
+
+
+def test_int_or_string_accepts_both() -> None:
+    def quantities(b: dict[str, Any]) -> None:
+        limits = b["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"][
+            "limits"
+        ]
+        limits["cpu"] = 32
+        limits["memory"] = "480Gi"
+
+    assert kuberay_errors(_mutated("RayCluster", quantities)) == []
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        pytest.param(
+            lambda b: b["spec"].update(selectr={"a": "b"}),
+            "spec.selectr: unknown field 'selectr'",
+            id="typo-service-spec",
+        ),
+        pytest.param(
+            lambda b: b["spec"]["ports"][0].update(targetPrt=1),
+            "spec.ports[0].targetPrt: unknown field",
+            id="typo-in-list-item",
+        ),
+        pytest.param(
+            lambda b: b["spec"]["ports"][0].pop("port"),
+            "V1ServicePort.port: ",
+            id="missing-required-field",
+        ),
+    ],
+)
+def test_broken_core_manifest_names_document_and_field(mutate: Any, needle: str) -> None:
+    errors = core_errors(_mutated("Service", mutate))
+    assert errors, "the broken Service passed validation"
+    assert all(e.startswith("infra/k8s/services.yaml[0] Service/rcp-serve: ") for e in errors)
+    assert any(needle in e for e in errors), errors
+
+
+def test_unknown_kind_is_reported() -> None:
+    doc = Doc(K8S_DIR / "x.yaml", 0, {"apiVersion": "v1", "kind": "ConfigMapp", "metadata": {}})
+    assert core_errors(doc) == [
+        "infra/k8s/x.yaml[0] ConfigMapp/<no name>: no kubernetes client model V1ConfigMapp "
+        "(apiVersion/kind misspelled?)"
+    ]
+
+
+# --- tests: pools, as the control plane names them ---------------------------------------------
+
+
+def test_head_is_the_head_pool_and_has_no_gpus() -> None:
+    head = raycluster()["spec"]["headGroupSpec"]
+    assert head["labels"] == {POOL_LABEL: Pool.HEAD.value}
+    assert head["resources"] == {pool_resource(Pool.HEAD): "1000"}
+    container = head["template"]["spec"]["containers"][0]
+    for section in ("requests", "limits"):
+        gpu = [k for k in container["resources"].get(section, {}) if "gpu" in k.lower()]
+        assert not gpu, f"the head container asks for GPUs in {section}: {gpu}"
+
+
+@pytest.mark.parametrize(("group_name", "pool"), sorted(GROUP_POOLS.items()), ids=str)
+def test_worker_group_carries_its_pool(group_name: str, pool: Pool) -> None:
+    group = worker_group(raycluster(), group_name)
+    assert group["labels"].get(POOL_LABEL) == pool.value, (
+        f"{group_name}: Ray node label {POOL_LABEL}={pool.value} is what pool_of() reads"
+    )
+    resources = group["resources"]
+    assert _quantity(resources.get(pool_resource(pool), 0)) >= 1, (
+        f"{group_name}: needs the {pool_resource(pool)} resource; the control plane pins "
+        "work to the pool with it"
+    )
+    others = {pool_resource(p) for p in Pool} - {pool_resource(pool)}
+    assert not others & set(resources), f"{group_name}: advertises another pool's resource"
+    limits = ray_container(group)["resources"]["limits"]
+    assert _quantity(limits.get("nvidia.com/gpu", 0)) >= 1, f"{group_name}: no GPU limit"
+
+
+def test_pools_use_kuberay_fields_not_ray_start_params() -> None:
+    """KubeRay >= 1.5 rejects rayStartParams['labels'], and rayStartParams resources next to
+    the group's `resources` field (its validateRayGroupLabels / validateRayGroupResources)."""
+    spec = raycluster()["spec"]
+    groups = [("head", spec["headGroupSpec"])]
+    groups += [(g["groupName"], g) for g in spec["workerGroupSpecs"]]
+    for name, group in groups:
+        params = group.get("rayStartParams", {})
+        assert "labels" not in params, f"{name}: use the group's `labels` field"
+        clash = {"num-cpus", "num-gpus", "memory", "resources"} & set(params)
+        assert not (clash and group.get("resources")), f"{name}: {sorted(clash)} and resources"
+
+
+def test_external_group_scales_from_zero_on_rented_nodes() -> None:
+    group = worker_group(raycluster(), "gpu-external")
+    assert group["minReplicas"] == 0
+    assert group.get("replicas", 0) == 0
+    assert group["maxReplicas"] >= 1
+    spec = group["template"]["spec"]
+    taints = {(t["key"], t.get("effect")) for t in spec.get("tolerations", [])}
+    assert (EXTERNAL_TAINT_KEY, "NoSchedule") in taints
+    cluster_selector = worker_group(raycluster(), "gpu-cluster")["template"]["spec"]
+    assert spec["nodeSelector"] and spec["nodeSelector"] != cluster_selector["nodeSelector"]
+
+
+def test_autoscaling_is_on() -> None:
+    spec = raycluster()["spec"]
+    assert spec["enableInTreeAutoscaling"] is True
+    assert spec["autoscalerOptions"]["version"] == "v2"
+
+
+@pytest.mark.parametrize("group_name", sorted(GROUP_POOLS))
+def test_grace_period_outlasts_the_drain_deadline(group_name: str, tmp_path: Path) -> None:
+    grace_s = worker_group(raycluster(), group_name)["template"]["spec"][
+        "terminationGracePeriodSeconds"
+    ]
+    assert grace_s > HealthConfig().drain_deadline_s
+    assert grace_s > rcp_config(tmp_path).health.drain_deadline_s
+
+
+# --- tests: the config and the RayCluster agree ------------------------------------------------
+
+
+def test_configmap_config_loads_and_validates(tmp_path: Path) -> None:
+    cfg = rcp_config(tmp_path)
+    assert cfg.storage.embedded is False, "production uses real object storage"
+    assert cfg.storage.uri.startswith("s3://")
+
+
+def test_broken_configmap_config_is_named(tmp_path: Path) -> None:
+    text = one("ConfigMap", "rcp-config").body["data"]["rcp.yaml"]
+    with pytest.raises(ConfigError, match=r"pools\.external\.max_nodez"):
+        rcp_config(tmp_path, text.replace("max_nodes:", "max_nodez:"))
+
+
+def test_pool_sizes_match_the_config(tmp_path: Path) -> None:
+    cfg = rcp_config(tmp_path)
+    rc = raycluster()
+    cluster = worker_group(rc, "gpu-cluster")
+    n = cfg.pools.cluster.num_nodes
+    assert (cluster["replicas"], cluster["minReplicas"], cluster["maxReplicas"]) == (n, n, n)
+    external = worker_group(rc, "gpu-external")
+    assert external["minReplicas"] == cfg.pools.external.min_nodes == 0
+    assert external["maxReplicas"] == cfg.pools.external.max_nodes
+    assert external["idleTimeoutSeconds"] == cfg.pools.external.idle_timeout_s
+    for group, pool in ((cluster, cfg.pools.cluster), (external, cfg.pools.external)):
+        limits = ray_container(group)["resources"]["limits"]
+        assert _quantity(limits["nvidia.com/gpu"]) == pool.gpus_per_node, group["groupName"]
+        assert _quantity(limits["cpu"]) == pool.cpus_per_node, group["groupName"]
+
+
+def test_head_mounts_config_state_and_train_storage(tmp_path: Path) -> None:
+    cfg = rcp_config(tmp_path)
+    head_spec = raycluster()["spec"]["headGroupSpec"]["template"]["spec"]
+    head = head_spec["containers"][0]
+    env = _env(head)
+    config_file = Path(env["RCP_CONFIG"]["value"])
+    mounts = {m["mountPath"]: m["name"] for m in head["volumeMounts"]}
+    volumes = {v["name"]: v for v in head_spec["volumes"]}
+    config_volume = volumes[mounts[str(config_file.parent)]]
+    assert config_volume["configMap"]["name"] == "rcp-config"
+    assert config_file.name in one("ConfigMap", "rcp-config").body["data"]
+    assert "persistentVolumeClaim" in volumes[mounts[cfg.state_dir]], "state_dir must persist"
+    assert "fieldRef" in env["RCP_NODE_IP"]["valueFrom"]
+    cluster = ray_container(worker_group(raycluster(), "gpu-cluster"))
+    for container in (head, cluster):
+        paths = {m["mountPath"] for m in container.get("volumeMounts", [])}
+        assert cfg.jobs.storage_path in paths, f"{container['name']}: no jobs.storage_path"
+
+
+def test_head_ports_match_the_config_and_services(tmp_path: Path) -> None:
+    cfg = rcp_config(tmp_path)
+    head = raycluster()["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in head["ports"]}
+    assert ports["serve"] == cfg.serve.http_port
+    assert ports["rcp-api"] == cfg.api.port
+    assert ports["gcs-server"] == cfg.ray.gcs_port
+    assert ports["dashboard"] == cfg.ray.dashboard_port
+    for svc_name, port_name in (("rcp-serve", "serve"), ("rcp-api", "rcp-api")):
+        svc = one("Service", svc_name).body
+        assert svc["spec"]["selector"] == {"ray.io/cluster": "rcp", "ray.io/node-type": "head"}
+        assert [p["targetPort"] for p in svc["spec"]["ports"]] == [port_name]
+    assert one("RayCluster").name == "rcp"
+
+
+def test_dashboard_metrics_env_points_at_prometheus_and_grafana() -> None:
+    env = _env(raycluster()["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0])
+    for name in ("RAY_PROMETHEUS_HOST", "RAY_GRAFANA_HOST", "RAY_GRAFANA_IFRAME_HOST"):
+        assert env[name]["value"].startswith(("http://", "https://")), name
+
+
+def test_s3_credentials_come_from_the_secret() -> None:
+    spec = raycluster()["spec"]
+    templates = [spec["headGroupSpec"]["template"]]
+    templates += [g["template"] for g in spec["workerGroupSpecs"]]
+    for template in templates:
+        for container in template["spec"]["containers"]:
+            env = _env(container)
+            for name, key in (
+                ("AWS_ACCESS_KEY_ID", "access-key-id"),
+                ("AWS_SECRET_ACCESS_KEY", "secret-access-key"),
+            ):
+                assert "value" not in env[name], f"{container['name']}: {name} is a literal"
+                ref = env[name]["valueFrom"]["secretKeyRef"]
+                assert (ref["name"], ref["key"]) == (S3_SECRET, key)
+    example = one("Secret", S3_SECRET).body
+    assert set(example["stringData"]) == {"access-key-id", "secret-access-key"}
+
+
+# --- tests: RBAC ----------------------------------------------------------------------------
+
+
+def test_rbac_is_exactly_the_least_set() -> None:
+    problems = rbac_problems(manifests())
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        pytest.param(
+            lambda r: r["rules"][0]["verbs"].append("*"), "wildcard '*'", id="wildcard-verb"
+        ),
+        pytest.param(
+            lambda r: r["rules"][0]["verbs"].append("update"),
+            "verbs beyond the least set: ['update']",
+            id="extra-verb",
+        ),
+        pytest.param(
+            lambda r: r["rules"].append(
+                {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
+            ),
+            "Role core/secrets: verbs beyond the least set: ['get']",
+            id="extra-resource",
+        ),
+        pytest.param(
+            lambda r: r["rules"][0]["verbs"].remove("delete"),
+            "missing verbs the actuator needs: ['delete']",
+            id="missing-verb",
+        ),
+    ],
+)
+def test_rbac_check_catches_widening(mutate: Any, needle: str) -> None:
+    docs = []
+    for d in manifests():
+        if d.kind == "Role":
+            body = copy.deepcopy(d.body)
+            mutate(body)
+            d = Doc(d.path, d.index, body)
+        docs.append(d)
+    problems = rbac_problems(docs)
+    assert any(needle in p for p in problems), problems
+
+
+def test_rbac_binds_only_the_head_pods_service_account() -> None:
+    sa = one("ServiceAccount").body["metadata"]
+    spec = raycluster()["spec"]
+    assert spec["headGroupSpec"]["template"]["spec"]["serviceAccountName"] == sa["name"]
+    for kind, role_kind in (("RoleBinding", "Role"), ("ClusterRoleBinding", "ClusterRole")):
+        binding = one(kind).body
+        assert binding["roleRef"]["kind"] == role_kind
+        assert binding["roleRef"]["name"] == one(role_kind).name
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}
+        ]
+    for group in spec["workerGroupSpecs"]:
+        assert group["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+# --- tests: kustomization and bootstrap ---------------------------------------------------------
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    kust = next(d for d in _docs() if d.kind == "Kustomization").body
+    listed = {K8S_DIR / r for r in kust["resources"]}
+    for path in listed:
+        assert path.is_file(), f"kustomization.yaml: resource {path.name} does not exist"
+    files = {d.path for d in manifests()}
+    examples = {p for p in files if p.name.endswith(".example.yaml")}
+    assert files - examples == listed, "every manifest but *.example.yaml is applied"
+    generated = {g["name"]: g for g in kust["configMapGenerator"]}
+    for gen in generated.values():
+        for f in gen["files"]:
+            assert (K8S_DIR / f).is_file(), f"configMapGenerator {gen['name']}: no file {f}"
+    assert kust["generatorOptions"]["disableNameSuffixHash"] is True
+    head_spec = raycluster()["spec"]["headGroupSpec"]["template"]["spec"]
+    config_maps = {v["configMap"]["name"] for v in head_spec["volumes"] if "configMap" in v}
+    assert config_maps <= set(generated) | {d.name for d in manifests() if d.kind == "ConfigMap"}
+
+
+def _bootstrap() -> Any:
+    path = K8S_DIR / "bootstrap" / "rcp_bootstrap.py"
+    spec = importlib.util.spec_from_file_location("rcp_bootstrap", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_head_runs_the_bootstrap_before_ray_start() -> None:
+    head = raycluster()["spec"]["headGroupSpec"]["template"]
+    assert head["metadata"]["annotations"]["ray.io/overwrite-container-cmd"] == "true"
+    script = " ".join(head["spec"]["containers"][0]["args"])
+    assert "/etc/rcp/bootstrap/rcp_bootstrap.py &" in script
+    assert script.rstrip().endswith('exec /bin/bash -c "$KUBERAY_GEN_RAY_START_CMD"')
+
+
+def test_bootstrap_config_inputs() -> None:
+    boot = _bootstrap()
+    env = {"RCP_CONFIG": "/etc/rcp/config/rcp.yaml", "RCP_NODE_IP": "10.1.2.3"}
+    assert boot.config_inputs(env) == ("/etc/rcp/config/rcp.yaml", ["ray.node_ip=10.1.2.3"])
+    with pytest.raises(boot.BootstrapError, match="RCP_NODE_IP is not set"):
+        boot.config_inputs({"RCP_CONFIG": "/x.yaml"})
+    with pytest.raises(boot.BootstrapError, match="RCP_CONFIG is not set"):
+        boot.config_inputs({"RCP_NODE_IP": "10.1.2.3"})
+    assert boot.check_interval_s({}) == 30.0
+    with pytest.raises(boot.BootstrapError, match="RCP_BOOTSTRAP_CHECK_S: must be a number"):
+        boot.check_interval_s({"RCP_BOOTSTRAP_CHECK_S": "soon"})
+
+
+def test_bootstrap_override_loads_with_the_configmap(tmp_path: Path) -> None:
+    boot = _bootstrap()
+    text = one("ConfigMap", "rcp-config").body["data"]["rcp.yaml"]
+    (tmp_path / "rcp.yaml").write_text(text)
+    path, overrides = boot.config_inputs(
+        {"RCP_CONFIG": str(tmp_path / "rcp.yaml"), "RCP_NODE_IP": "10.1.2.3"}
+    )
+    assert load_config(path, overrides).ray.node_ip == "10.1.2.3"
