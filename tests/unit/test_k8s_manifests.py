@@ -568,6 +568,18 @@ def test_head_ports_match_the_config_and_services(tmp_path: Path) -> None:
     assert one("RayCluster").name == "rcp"
 
 
+def test_every_ray_pod_declares_the_telemetry_exporter_port(tmp_path: Path) -> None:
+    """infra/prometheus scrapes the container port named rcp-telemetry on every Ray pod."""
+    port = rcp_config(tmp_path).telemetry.exporter_port
+    spec = raycluster()["spec"]
+    templates = [spec["headGroupSpec"]["template"]]
+    templates += [g["template"] for g in spec["workerGroupSpecs"]]
+    for template in templates:
+        container = template["spec"]["containers"][0]
+        ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+        assert ports.get("rcp-telemetry") == port, container["name"]
+
+
 def test_dashboard_metrics_env_points_at_prometheus_and_grafana() -> None:
     env = _env(raycluster()["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0])
     for name in ("RAY_PROMETHEUS_HOST", "RAY_GRAFANA_HOST", "RAY_GRAFANA_IFRAME_HOST"):
