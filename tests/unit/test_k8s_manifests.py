@@ -228,9 +228,24 @@ def core_errors(doc: Doc) -> list[str]:
     return [f"{doc.where}: {e}" for e in _dropped_keys(doc.body, round_trip, [])]
 
 
+def metadata_errors(doc: Doc) -> list[str]:
+    """A custom resource's metadata, through V1ObjectMeta: the CRD schemas say only
+    ``metadata: {type: object}``, so a misspelled ``lables`` would pass them."""
+    meta = doc.body.get("metadata")
+    if not isinstance(meta, dict) or not meta.get("name"):
+        return [f"{doc.where}: metadata.name: required"]
+    api = k8s.ApiClient()
+    try:
+        obj = api._ApiClient__deserialize(copy.deepcopy(meta), "V1ObjectMeta")  # type: ignore[attr-defined]
+    except (ValueError, TypeError) as exc:
+        return [f"{doc.where}: metadata: {reason}" for reason in _model_reasons(exc)]
+    round_trip = api.sanitize_for_serialization(obj)
+    return [f"{doc.where}: {e}" for e in _dropped_keys(meta, round_trip, ["metadata"])]
+
+
 def manifest_errors(doc: Doc) -> list[str]:
     if doc.kind in KUBERAY_KINDS:
-        return kuberay_errors(doc)
+        return metadata_errors(doc) + kuberay_errors(doc)
     return core_errors(doc)
 
 
@@ -385,6 +400,13 @@ def test_broken_raycluster_names_document_and_field(
         for e in errors
     ), errors
     assert any(needle in e for e in errors), errors
+
+
+def test_misspelled_custom_resource_metadata_is_named() -> None:
+    doc = _mutated("RayCluster", lambda b: b["metadata"].update(lables={"a": "b"}))
+    assert manifest_errors(doc) == [
+        "infra/k8s/raycluster.yaml[0] RayCluster/rcp: metadata.lables: unknown field 'lables'"
+    ]
 
 
 def test_int_or_string_accepts_both() -> None:
