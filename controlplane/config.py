@@ -16,6 +16,7 @@ Every error names the key's full path and the reason, e.g.::
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ __all__ = [
     "HeadConfig",
     "HealthConfig",
     "JobsConfig",
+    "KubernetesConfig",
     "QueueShareConfig",
     "PolicyConfig",
     "PoolsConfig",
@@ -291,6 +293,40 @@ class HealthConfig:
 
 
 @dataclass
+class KubernetesConfig:
+    """The Kubernetes actuator (production on KubeRay; see docs/kubernetes-actuator.md).
+
+    Local mode has no Kubernetes: `enabled` stays false and nothing here is used.
+    """
+
+    enabled: bool = False
+    """Build the Kubernetes actuator (cordon and taint bad nodes, delete their Ray pods)."""
+    namespace: str = "default"
+    """Namespace of the RayCluster and its pods."""
+    raycluster: str = "rcp"
+    """Name of the KubeRay RayCluster the control plane runs on."""
+    external_group: str = "gpu-external"
+    """`groupName` of the RayCluster worker group on rented nodes (the `external` pool)."""
+    autoscaler_owns_external: bool = True
+    """The KubeRay autoscaler sizes the external group; the actuator never writes its replicas."""
+    taint_key: str = "rcp.dev/unhealthy"
+    """Key of the NoSchedule taint put on a removed node's Kubernetes node; the value is the
+    reason as a slug. An operator's uncordon removes exactly this key."""
+    in_cluster: bool = True
+    """Authenticate with the pod's service account; false: use `kubeconfig`."""
+    kubeconfig: str | None = None
+    """Kubeconfig file when in_cluster is false; null: $KUBECONFIG or ~/.kube/config."""
+    context: str | None = None
+    """Kubeconfig context; null: the file's current context."""
+    conflict_retries: int = 5
+    """Re-reads after a 409 Conflict (a concurrent writer) before giving up with an error."""
+    pod_grace_period_s: int | None = None
+    """Grace period when deleting a removed node's pod; null: the pod's own."""
+    request_timeout_s: float = 10.0
+    """Timeout of one request to the Kubernetes API."""
+
+
+@dataclass
 class Config:
     """The whole configuration. ``rcp config show`` prints the merged result."""
 
@@ -308,6 +344,7 @@ class Config:
     health: HealthConfig = field(default_factory=HealthConfig)
     serving: ServingConfig = field(default_factory=ServingConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
 
     @property
     def state_path(self) -> Path:
@@ -379,6 +416,7 @@ def validate(cfg: Config) -> list[str]:
     errors += _at_least(
         0, "placement.migrate_back_interval_s", cfg.placement.migrate_back_interval_s
     )
+    errors += _validate_kubernetes(cfg.kubernetes)
     if not (cfg.storage.uri.startswith("s3://") or cfg.storage.uri.startswith("file://")):
         errors.append(f"storage.uri: must start with s3:// or file://, got {cfg.storage.uri!r}")
     ports = {
@@ -468,6 +506,48 @@ def _validate_health(h: HealthConfig) -> list[str]:
     errors += _at_least(1, "health.lemon_count", h.lemon_count)
     errors += _at_least(1, "health.lemon_window_s", h.lemon_window_s)
     errors += _at_least(1, "health.drain_deadline_s", h.drain_deadline_s)
+    return errors
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def _dns_label(path: str, value: str) -> list[str]:
+    if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
+        return [
+            f"{path}: must be a DNS-1123 label (lower-case letters, digits and '-', at most "
+            f"63 characters, starting and ending with a letter or digit), got {value!r}"
+        ]
+    return []
+
+
+def _taint_key(path: str, value: str) -> list[str]:
+    prefix, slash, name = value.rpartition("/")
+    bad_prefix = bool(slash) and (
+        not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)
+    )
+    if bad_prefix or len(name) > 56 or not _QUALIFIED_NAME.fullmatch(name):
+        return [
+            f"{path}: must be a Kubernetes qualified name ([prefix/]name: an optional DNS "
+            f"subdomain prefix, then a name of at most 56 letters, digits, '-', '_', '.'; 56 "
+            f"because the actuator's annotations append '-reason'), got {value!r}"
+        ]
+    return []
+
+
+def _validate_kubernetes(k: KubernetesConfig) -> list[str]:
+    errors: list[str] = []
+    errors += _dns_label("kubernetes.namespace", k.namespace)
+    errors += _dns_label("kubernetes.raycluster", k.raycluster)
+    if not k.external_group:
+        errors.append("kubernetes.external_group: must name the external worker group, got ''")
+    errors += _taint_key("kubernetes.taint_key", k.taint_key)
+    errors += _at_least(0, "kubernetes.conflict_retries", k.conflict_retries)
+    if k.pod_grace_period_s is not None:
+        errors += _at_least(0, "kubernetes.pod_grace_period_s", k.pod_grace_period_s)
+    errors += _at_least(0.1, "kubernetes.request_timeout_s", k.request_timeout_s)
     return errors
 
 
