@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
@@ -178,12 +179,14 @@ class KubernetesActuator:
         api_client: k8s.ApiClient,
         *,
         clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.config = config
         self.api_client = api_client
         self.core = k8s.CoreV1Api(api_client)
         self.custom = k8s.CustomObjectsApi(api_client)
         self._clock = clock
+        self._sleep = sleep
 
     def close(self) -> None:
         self.api_client.close()
@@ -197,15 +200,31 @@ class KubernetesActuator:
     # -- plumbing ------------------------------------------------------------------------------
 
     def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Call a client method and return the response body as plain JSON."""
-        resp = method(
-            *args,
-            _preload_content=False,
-            _request_timeout=self.config.request_timeout_s,
-            **kwargs,
-        )
-        data = resp.data
+        """Call a client method and return the response body as plain JSON.
+
+        ApiException (an HTTP error answer) passes through for the caller to interpret; not
+        reaching the server at all is a KubernetesActuatorError naming the address."""
+        try:
+            resp = method(
+                *args,
+                _preload_content=False,
+                _request_timeout=self.config.request_timeout_s,
+                **kwargs,
+            )
+            data = resp.data
+        except urllib3.exceptions.HTTPError as exc:
+            host = self.api_client.configuration.host
+            raise KubernetesActuatorError(
+                f"cannot reach the Kubernetes API at {host} "
+                f"(timeout {self.config.request_timeout_s:g} s): {exc}"
+            ) from exc
         return json.loads(data) if data else None
+
+    def _before_retry(self, attempt: int) -> None:
+        """A short pause before try `attempt` (2, 3, ...) after a conflict, like client-go's
+        RetryOnConflict (10 ms steps), so two writers do not collide in lockstep."""
+        if attempt > 1:
+            self._sleep(0.01 * (attempt - 1))
 
     @property
     def _cluster(self) -> str:
@@ -337,25 +356,25 @@ class KubernetesActuator:
         key = self.config.taint_key
         ours = {"key": key, "value": reason_slug(reason), "effect": NO_SCHEDULE}
         for attempt in range(1, self._tries + 1):
+            self._before_retry(attempt)
             node = self._read_node(node_name, "cordon")
             spec = node.get("spec") or {}
             taints: list[dict[str, Any]] = list(spec.get("taints") or [])
             mine = [t for t in taints if t.get("key") == key and t.get("effect") == NO_SCHEDULE]
-            if (
-                spec.get("unschedulable")
-                and mine
-                and all(t.get("value") == ours["value"] for t in mine)
-            ):
+            same_reason = bool(mine) and all(t.get("value") == ours["value"] for t in mine)
+            if same_reason and spec.get("unschedulable"):
                 log.debug("node %s already cordoned with %s", node_name, _taint_text(ours))
                 return CordonResult(node_name, _taint_text(ours), False, attempt - 1)
             others = [t for t in taints if t not in mine]
-            since = datetime.fromtimestamp(self._clock(), tz=timezone.utc)
+            noted = (node["metadata"].get("annotations") or {}).get(self._annotation("since"))
+            now = datetime.fromtimestamp(self._clock(), tz=timezone.utc)
+            since = noted if noted and same_reason else now.strftime("%Y-%m-%dT%H:%M:%SZ")
             body = {
                 "metadata": {
                     "resourceVersion": node["metadata"]["resourceVersion"],
                     "annotations": {
                         self._annotation("reason"): reason,
-                        self._annotation("since"): since.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                        self._annotation("since"): since,
                     },
                 },
                 "spec": {"unschedulable": True, "taints": [*others, ours]},
@@ -381,6 +400,7 @@ class KubernetesActuator:
         it does not exist, KubeConflictError after ``conflict_retries`` conflicts in a row."""
         key = self.config.taint_key
         for attempt in range(1, self._tries + 1):
+            self._before_retry(attempt)
             node = self._read_node(node_name, "uncordon")
             spec = node.get("spec") or {}
             annotations = node["metadata"].get("annotations") or {}
@@ -461,6 +481,7 @@ class KubernetesActuator:
             log.info("%s", why)
             return ScaleResult(group, replicas, None, None, False, False, why, 0, why)
         for attempt in range(1, self._tries + 1):
+            self._before_retry(attempt)
             rc = self._read_raycluster()
             spec = rc.get("spec") or {}
             if spec.get("enableInTreeAutoscaling"):

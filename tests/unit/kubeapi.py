@@ -308,6 +308,7 @@ def status_body(
 _REASONS = {
     400: "BadRequest",
     404: "NotFound",
+    403: "Forbidden",
     405: "MethodNotAllowed",
     409: "Conflict",
     415: "UnsupportedMediaType",
@@ -411,6 +412,15 @@ class FakeKubeApi:
         (e.g. delete the pod just before our DELETE arrives)."""
         with self._lock:
             self._hooks.append(_Hook(method, path, action, times))
+
+    def fail(self, method: str, path: str, code: int, message: str, times: int = 1) -> None:
+        """Answer the next `times` `method` requests to `path` with `code` and a Status body
+        (e.g. 403 from RBAC, 500), before touching the object."""
+
+        def answer(api: FakeKubeApi) -> None:
+            raise _HttpError(code, message)
+
+        self.before(method, path, answer, times)
 
     def interfere(
         self, method: str, path: str, mutate: Callable[[dict[str, Any]], None], times: int = 1

@@ -93,10 +93,15 @@ def api() -> Iterator[FakeKubeApi]:
         yield server
 
 
-def actuator_for(api: FakeKubeApi, **overrides: Any) -> KubernetesActuator:
+def actuator_for(
+    api: FakeKubeApi, *, sleeps: list[float] | None = None, **overrides: Any
+) -> KubernetesActuator:
     conf = k8s.Configuration()
     conf.host = api.url
-    return KubernetesActuator(kube_config(**overrides), k8s.ApiClient(conf), clock=lambda: NOW_S)
+    pauses = sleeps if sleeps is not None else []
+    return KubernetesActuator(
+        kube_config(**overrides), k8s.ApiClient(conf), clock=lambda: NOW_S, sleep=pauses.append
+    )
 
 
 @pytest.fixture
@@ -300,6 +305,57 @@ def test_a_concurrent_taint_writer_is_not_overwritten(
         {"key": "example.com/maint", "effect": "NoSchedule"},
         ours("xid_fatal"),
     ]
+
+
+def test_conflict_retries_pause_a_little_longer_each_time(api: FakeKubeApi) -> None:
+    api.add_node(NODE)
+    api.interfere("PATCH", NODE_PATH, lambda o: None, times=2)
+    sleeps: list[float] = []
+    with actuator_for(api, sleeps=sleeps) as act:
+        act.cordon(NODE, "xid_fatal")
+    assert sleeps == pytest.approx([0.01, 0.02])
+
+
+def test_recordon_after_a_manual_uncordon_keeps_the_first_time(api: FakeKubeApi) -> None:
+    api.add_node(NODE)
+    conf = k8s.Configuration()
+    conf.host = api.url
+    early = KubernetesActuator(kube_config(), k8s.ApiClient(conf), clock=lambda: NOW_S - 3600)
+    early.cordon(NODE, "xid_fatal")
+    early.close()
+    api.interfere("GET", NODE_PATH, lambda o: o["spec"].update(unschedulable=False))  # kubectl
+
+    with actuator_for(api) as act:
+        assert act.cordon(NODE, "xid_fatal").changed
+    n = node(api)
+    assert n["spec"]["unschedulable"] is True
+    assert n["metadata"]["annotations"][f"{KEY}-since"] == "2027-01-15T07:00:00Z"
+
+
+def test_a_forbidden_patch_names_the_node_and_keeps_the_pod(
+    api: FakeKubeApi, act: KubernetesActuator
+) -> None:
+    api.add_node(NODE)
+    api.add_pod(POD, namespace=NS, node_name=NODE, labels=worker_labels())
+    api.fail(
+        "PATCH",
+        NODE_PATH,
+        403,
+        f'nodes "{NODE}" is forbidden: User "system:serviceaccount:ml:rcp" cannot patch '
+        'resource "nodes"',
+    )
+    with pytest.raises(KubernetesActuatorError, match=f"node '{NODE}' failed: .*cannot patch"):
+        act.remove_node(POD, "xid_fatal")
+    assert api.get(POD_PATH) is not None
+
+
+def test_an_unreachable_api_server_is_named(api: FakeKubeApi) -> None:
+    act = actuator_for(api, request_timeout_s=1.0)
+    url = api.url
+    api.stop()
+    with pytest.raises(KubernetesActuatorError, match=f"cannot reach the Kubernetes API at {url}"):
+        act.uncordon(NODE)
+    act.close()
 
 
 def test_persistent_node_conflicts_give_up_with_a_clear_error(
