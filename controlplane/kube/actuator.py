@@ -241,11 +241,16 @@ class KubernetesActuator:
 
     def pod_for_ip(self, pod_ip: str) -> str | None:
         """Name of the RayCluster's pod with this IP (a Ray node's address), or None."""
-        pods = self._call(
-            self.core.list_namespaced_pod,
-            self.config.namespace,
-            label_selector=f"{CLUSTER_LABEL}={self.config.raycluster}",
-        )
+        selector = f"{CLUSTER_LABEL}={self.config.raycluster}"
+        try:
+            pods = self._call(
+                self.core.list_namespaced_pod, self.config.namespace, label_selector=selector
+            )
+        except ApiException as exc:
+            raise KubernetesActuatorError(
+                f"listing pods {selector} in namespace {self.config.namespace} failed: "
+                f"{_api_message(exc)}"
+            ) from exc
         for pod in pods.get("items") or []:
             if (pod.get("status") or {}).get("podIP") == pod_ip:
                 return str(pod["metadata"]["name"])
@@ -418,7 +423,7 @@ class KubernetesActuator:
                 removed = tuple(_taint_text(t) for t in mine)
                 detail = (
                     f"uncordoned node {node_name}, removed {', '.join(removed) or 'no taint'}, "
-                    f"kept {len(kept)} other taints (after {attempt} tries)"
+                    f"kept {len(kept)} other taints (try {attempt})"
                 )
                 log.info("%s", detail)
                 return UncordonResult(node_name, True, removed, detail)
@@ -463,9 +468,9 @@ class KubernetesActuator:
         """Set the external worker group's ``replicas`` to `replicas`, clamped to the group's
         [minReplicas, maxReplicas].
 
-        Refused (nothing read or written, ``refused`` says why) when
-        ``kubernetes.autoscaler_owns_external`` is true or the RayCluster has
-        ``enableInTreeAutoscaling: true``: the KubeRay autoscaler then owns that number.
+        Refused (nothing written, ``refused`` says why) when
+        ``kubernetes.autoscaler_owns_external`` is true (then nothing is even read) or the
+        RayCluster has ``enableInTreeAutoscaling: true``: the autoscaler owns that number.
         Raises ValueError for a negative count, KubeNotFoundError when the RayCluster or the
         group (``kubernetes.external_group``) is missing, KubeConflictError after
         ``conflict_retries`` conflicts in a row.
