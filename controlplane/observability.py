@@ -1,0 +1,424 @@
+"""Monitoring glue: the metric names the dashboards may use, Prometheus target files, and a
+Prometheus server on loopback for the local cluster.
+
+Owns:
+
+* `KNOWN_METRICS`: every metric name, as Prometheus stores it, that the Grafana dashboards
+  in ``infra/grafana`` may reference, with where it comes from (the unit test checks every
+  panel against it; the integration test proves each panel returns data on a live cluster);
+* PromQL helpers for dashboards: `panel_expressions`, `for_query` (Grafana's ``$__`` variables
+  replaced so Prometheus can run the expression), `metric_names`;
+* file_sd target lists: Ray writes its own (`ray_metrics_sd_file`: every node's metrics
+  agent); `write_telemetry_targets` writes the telemetry agents' exporters;
+* `LocalPrometheus`: the Prometheus binary on 127.0.0.1 scraping both, with the alert rules of
+  ``infra/prometheus/rules.yml`` loaded. Opt-in, for `rcp up` users and tests::
+
+      from controlplane.config import load_config
+      from controlplane.observability import LocalPrometheus
+      prom = LocalPrometheus.for_cluster(load_config(), port=9090)
+      prom.start()   # then point the Ray dashboard at it (README, "Monitoring")
+
+Must not: change the cluster (it only reads what Ray and the agents publish), bind anything but
+loopback, or start Prometheus unless asked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from controlplane.config import Config
+
+__all__ = [
+    "GRAFANA_DIR",
+    "KNOWN_METRICS",
+    "LocalPrometheus",
+    "PROMETHEUS_DIR",
+    "RAY_SD_FILE",
+    "local_prometheus_config",
+    "load_dashboards",
+    "metric_names",
+    "panel_expressions",
+    "for_query",
+    "ray_metrics_sd_file",
+    "write_file_sd",
+    "write_telemetry_targets",
+]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PROMETHEUS_DIR = REPO_ROOT / "infra" / "prometheus"
+GRAFANA_DIR = REPO_ROOT / "infra" / "grafana"
+RAY_SD_FILE = "prom_metrics_service_discovery.json"
+"""The file_sd target list Ray's head keeps in its temp dir: every alive node's metrics agent."""
+
+
+def _histogram(name: str) -> tuple[str, ...]:
+    return (f"{name}_bucket", f"{name}_sum", f"{name}_count")
+
+
+_CONTROLLER = "controller (controlplane/service/controller.py) via ray.util.metrics"
+_SERVING = "serving loop (controlplane/service/serving_loop.py) via ray.util.metrics"
+_CHECKPOINT = "checkpoint engine (jobs/checkpoint/metrics.py) mirrored into ray.util.metrics"
+_SERVE = "Ray Serve (proxy and replicas)"
+_RAY_NODE = "Ray's metrics agent (per node)"
+_TELEMETRY = "telemetry agents' exporters (controlplane/telemetry/exporter.py)"
+
+KNOWN_METRICS: dict[str, str] = {
+    # the control plane (Ray adds the ray_ prefix; counters get _total)
+    "ray_rcp_queue_depth": _CONTROLLER,
+    "ray_rcp_gpus": _CONTROLLER,
+    "ray_rcp_admission_wait_seconds": _CONTROLLER,
+    "ray_rcp_tick_phase_seconds": _CONTROLLER,
+    "ray_rcp_node_verdict": _CONTROLLER,
+    "ray_rcp_nodes_cordoned": _CONTROLLER,
+    "ray_rcp_serve_replicas": _SERVING,
+    "ray_rcp_serve_route_weight": _SERVING,
+    "ray_rcp_external_gpus_requested": _SERVING,
+    "ray_rcp_training_claim_gpus": _SERVING,
+    "ray_rcp_serving_phase_seconds": _SERVING,
+    # the checkpoint engine inside training workers
+    **{n: _CHECKPOINT for n in _histogram("ray_rcp_checkpoint_stall_seconds")},
+    **{n: _CHECKPOINT for n in _histogram("ray_rcp_checkpoint_upload_seconds")},
+    "ray_rcp_checkpoint_upload_bytes_per_second": _CHECKPOINT,
+    "ray_rcp_checkpoint_last_commit_unix_seconds": _CHECKPOINT,
+    "ray_rcp_checkpoint_last_committed_step": _CHECKPOINT,
+    "ray_rcp_checkpoint_uploaded_bytes_total": _CHECKPOINT,
+    # Ray Serve
+    "ray_serve_num_http_requests_total": _SERVE,
+    "ray_serve_num_http_error_requests_total": _SERVE,
+    "ray_serve_num_deployment_http_error_requests_total": _SERVE,
+    "ray_serve_deployment_request_counter_total": _SERVE,
+    **{n: _SERVE for n in _histogram("ray_serve_deployment_processing_latency_ms")},
+    **{n: _SERVE for n in _histogram("ray_serve_http_request_latency_ms")},
+    # Ray nodes
+    "ray_node_cpu_utilization": _RAY_NODE,
+    "ray_node_mem_used": _RAY_NODE,
+    "ray_node_mem_total": _RAY_NODE,
+    # telemetry agents (dcgm-exporter names where one exists)
+    "DCGM_FI_DEV_GPU_TEMP": _TELEMETRY,
+    "DCGM_FI_DEV_POWER_USAGE": _TELEMETRY,
+    "DCGM_FI_DEV_GPU_UTIL": _TELEMETRY,
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": _TELEMETRY,
+    "DCGM_FI_DEV_XID_ERRORS": _TELEMETRY,
+    "rcp_gpu_nvlink_errors_per_second": _TELEMETRY,
+    "rcp_ib_port_up": _TELEMETRY,
+    "rcp_ib_port_errors_per_second": _TELEMETRY,
+}
+"""Metric name (as stored in Prometheus) -> who exports it. Dashboards may use only these."""
+
+
+# -- dashboards and PromQL -----------------------------------------------------------------
+
+# Grafana's built-in interval variables, replaced by a fixed window to run a panel's query.
+_GRAFANA_INTERVALS = ("$__rate_interval", "$__interval", "$__range")
+_PROMQL_WORDS = frozenset(
+    {
+        "by", "without", "on", "ignoring", "group_left", "group_right", "bool",
+        "and", "or", "unless", "offset", "inf", "nan", "atan2",
+    }
+)  # fmt: skip
+
+
+def load_dashboards(directory: Path = GRAFANA_DIR) -> dict[str, dict[str, Any]]:
+    """Every ``*.json`` dashboard in `directory`, by file name."""
+    return {p.name: json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))}
+
+
+def _walk_panels(panels: Iterable[Mapping[str, Any]]) -> Iterable[Mapping[str, Any]]:
+    for panel in panels:
+        yield panel
+        yield from _walk_panels(panel.get("panels") or ())  # collapsed rows hold panels
+
+
+def panel_expressions(dashboard: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """``(panel title, refId, expr)`` for every Prometheus target of every panel."""
+    out = []
+    for panel in _walk_panels(dashboard.get("panels") or ()):
+        for target in panel.get("targets") or ():
+            if "expr" in target:
+                out.append(
+                    (str(panel.get("title", "")), str(target.get("refId", "")), target["expr"])
+                )
+    return out
+
+
+def for_query(expr: str, window: str = "1m") -> str:
+    """`expr` with Grafana's interval variables replaced by `window`, ready for Prometheus."""
+    for var in _GRAFANA_INTERVALS:
+        expr = expr.replace(var, window)
+    if "$" in expr:
+        raise ValueError(f"unresolved Grafana variable in {expr!r}")
+    return expr
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names an expression reads (a PromQL-aware scan, not a full parser).
+
+    Drops string literals, label matchers ``{...}``, range and subquery brackets, grouping
+    label lists (``by (...)``, ``on (...)``, ...), function calls, keywords and numbers;
+    what is left are metric names. Example::
+
+        >>> sorted(metric_names('sum by (pool) (rate(ray_x_total{a="b"}[1m])) / on() y'))
+        ['ray_x_total', 'y']
+    """
+    s = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', '""', expr)
+    s = re.sub(r"\{[^}]*\}", " ", s)
+    s = re.sub(r"\[[^\]]*\]", " ", s)
+    s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", s)
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", s):
+        word = m.group(0)
+        rest = s[m.end() :].lstrip()
+        if rest.startswith("("):
+            continue  # a function or an aggregation
+        if word.lower() in _PROMQL_WORDS:
+            continue
+        before = s[: m.start()]
+        if re.search(r"[0-9.]$", before):
+            continue  # a unit of a duration or an exponent (1e3)
+        names.add(word)
+    return names
+
+
+# -- target files ----------------------------------------------------------------------------
+
+
+def ray_metrics_sd_file(cfg: Config) -> Path:
+    """Ray's file_sd list of every node's metrics agent (the head rewrites it as nodes change).
+
+    Prometheus can watch it directly: ``file_sd_configs: [{files: [<this path>]}]``.
+    """
+    from controlplane.local.cluster import ray_temp_dir
+
+    return ray_temp_dir(cfg) / RAY_SD_FILE
+
+
+def write_file_sd(path: Path, groups: list[dict[str, Any]]) -> None:
+    """Write a file_sd target list atomically (Prometheus never reads half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(groups, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def write_telemetry_targets(path: Path, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """Write the telemetry agents' exporters as a file_sd list; call again as agents change.
+
+    Needs a Ray connection (`controlplane.local.cluster.connect`). Returns what it wrote.
+    """
+    from controlplane.telemetry import manager
+
+    groups = manager.prometheus_file_sd(manager.agent_endpoints(timeout_s=timeout_s))
+    write_file_sd(path, groups)
+    return groups
+
+
+def local_prometheus_config(
+    *,
+    ray_sd_file: Path,
+    telemetry_sd_file: Path,
+    rule_files: Iterable[Path] = (PROMETHEUS_DIR / "rules.yml",),
+    scrape_interval_s: float = 5.0,
+) -> dict[str, Any]:
+    """Prometheus config for the local cluster: Ray's metrics agents and the telemetry agents.
+
+    The job names match ``infra/prometheus/prometheus.yml`` (``ray``, ``rcp-telemetry``), so
+    the same dashboards and rules work locally and on Kubernetes.
+    """
+    interval = f"{scrape_interval_s:g}s"
+    return {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "rule_files": [str(p) for p in rule_files],
+        "scrape_configs": [
+            {
+                "job_name": "ray",
+                "file_sd_configs": [{"files": [str(ray_sd_file)], "refresh_interval": "5s"}],
+            },
+            {
+                "job_name": "rcp-telemetry",
+                "file_sd_configs": [{"files": [str(telemetry_sd_file)], "refresh_interval": "5s"}],
+            },
+        ],
+    }
+
+
+# -- a local Prometheus server ---------------------------------------------------------------
+
+
+class PrometheusError(RuntimeError):
+    """The local Prometheus could not start or answer; the message says what to do."""
+
+
+@dataclass
+class LocalPrometheus:
+    """The ``prometheus`` binary on 127.0.0.1, with its config, targets and data in `work_dir`."""
+
+    work_dir: Path
+    ray_sd_file: Path
+    port: int = 9090
+    scrape_interval_s: float = 5.0
+    rule_files: tuple[Path, ...] = (PROMETHEUS_DIR / "rules.yml",)
+    binary: str | None = None
+    host: str = "127.0.0.1"
+    _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @classmethod
+    def for_cluster(cls, cfg: Config, port: int = 9090, **kwargs: Any) -> LocalPrometheus:
+        """One for the local cluster of `cfg`: files under ``<state_dir>/prometheus``."""
+        return cls(
+            work_dir=cfg.state_path / "prometheus",
+            ray_sd_file=ray_metrics_sd_file(cfg),
+            port=port,
+            host=cfg.ray.node_ip,
+            **kwargs,
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (it outlives this object: stop it by pid)."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    @property
+    def telemetry_sd_file(self) -> Path:
+        return self.work_dir / "telemetry-targets.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.work_dir / "prometheus.log"
+
+    def write_config(self) -> Path:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        if not self.telemetry_sd_file.exists():
+            write_file_sd(self.telemetry_sd_file, [])
+        config = local_prometheus_config(
+            ray_sd_file=self.ray_sd_file,
+            telemetry_sd_file=self.telemetry_sd_file,
+            rule_files=self.rule_files,
+            scrape_interval_s=self.scrape_interval_s,
+        )
+        path = self.work_dir / "prometheus.yml"
+        path.write_text(json.dumps(config, indent=2))  # JSON is YAML
+        return path
+
+    def start(self, ready_timeout_s: float = 60.0) -> None:
+        """Start the server and wait until it answers; raises PrometheusError otherwise."""
+        binary = self.binary or shutil.which("prometheus")
+        if binary is None:
+            raise PrometheusError(
+                "the prometheus binary is not installed (Debian: apt-get install prometheus; "
+                "or pass binary=...)"
+            )
+        config = self.write_config()
+        log = self.log_file.open("ab")
+        try:
+            self._proc = subprocess.Popen(
+                [
+                    binary,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={self.work_dir / 'data'}",
+                    f"--web.listen-address={self.host}:{self.port}",
+                    "--web.enable-lifecycle",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        deadline = time.monotonic() + ready_timeout_s
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise PrometheusError(
+            f"prometheus did not become ready on {self.url} within {ready_timeout_s:.0f}s; "
+            f"see {self.log_file}"
+        )
+
+    def _check_alive(self) -> None:
+        if self._proc is not None and self._proc.poll() is not None:
+            tail = self.log_file.read_text(errors="replace")[-2000:]
+            raise PrometheusError(f"prometheus exited with {self._proc.returncode}:\n{tail}")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout_s)
+
+    def refresh_telemetry_targets(self) -> list[dict[str, Any]]:
+        """Rewrite the telemetry agents' target list (needs a Ray connection)."""
+        return write_telemetry_targets(self.telemetry_sd_file)
+
+    def api(self, path: str, params: Mapping[str, str] | None = None) -> Any:
+        """GET ``/api/v1/<path>``; the ``data`` of a successful answer."""
+        self._check_alive()
+        url = f"{self.url}/api/v1/{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                body = json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            body = json.loads(exc.read() or b"{}")
+            raise PrometheusError(f"{url}: {exc.code} {body.get('error', '')}") from exc
+        if body.get("status") != "success":
+            raise PrometheusError(f"{url}: {body}")
+        return body["data"]
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        """An instant query's result vector (empty when there is no data)."""
+        data = self.api("query", {"query": promql})
+        result: list[dict[str, Any]] = data["result"] if data["resultType"] == "vector" else []
+        if data["resultType"] == "scalar":
+            result = [{"metric": {}, "value": data["result"]}]
+        return result
+
+    def wait_for(
+        self, what: str, check: Callable[[], Any], timeout_s: float = 60.0, poll_s: float = 1.0
+    ) -> Any:
+        """`check()`'s first truthy answer, or PrometheusError after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        last: Any = None
+        while time.monotonic() < deadline:
+            last = check()
+            if last:
+                return last
+            time.sleep(poll_s)
+        raise PrometheusError(
+            f"timed out after {timeout_s:.0f}s waiting for {what}; last: {last!r}"
+        )
+
+    def __enter__(self) -> LocalPrometheus:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

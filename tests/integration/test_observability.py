@@ -1,0 +1,346 @@
+"""Every Grafana panel has data on a live cluster, scraped by a real Prometheus.
+
+Real parts: the embedded cluster (`rcp up` with the production Serve app and the controller),
+the telemetry agents, a checkpoint engine saving inside a Ray actor on a `cluster` node (its
+metrics reach Prometheus through Ray's metrics pipeline), a training job submitted through
+the SDK (so the admission gauges move), HTTP traffic on the Serve endpoint (good requests and
+client errors), and the Debian ``prometheus`` binary on 127.0.0.1 scraping every node's Ray
+metrics agent (Ray's own file_sd list) and every telemetry agent, with infra/prometheus's
+alert rules loaded.
+
+Waits are bounded by deadlines; nothing asserts how long anything took.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+
+from controlplane.config import Config
+from controlplane.local.cluster import connect
+from controlplane.observability import (
+    LocalPrometheus,
+    for_query,
+    load_dashboards,
+    panel_expressions,
+    ray_metrics_sd_file,
+)
+from controlplane.sdk import Client
+from controlplane.telemetry import manager
+from tests.integration.conftest import free_ports, start_local_cluster
+
+pytestmark = pytest.mark.integration
+
+RUN = "observability"
+PANEL_DEADLINE_S = 150.0
+
+
+def wait_for(what: str, check: Any, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; last: {last!r}")
+
+
+@pytest.fixture(scope="module")
+def prometheus_port() -> int:
+    (port,) = free_ports(1)
+    return port
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, prometheus_port: int) -> Iterator[Config]:
+    if shutil.which("prometheus") is None:
+        pytest.skip("the prometheus binary is not installed (Debian: apt-get install prometheus)")
+    conf = tmp_path_factory.mktemp("obs-conf") / "rcp.yaml"
+    conf.write_text(
+        "serving:\n"
+        "  models:\n"
+        "    - name: sample\n"
+        "      min_replicas: 1\n"
+        "      max_replicas: 1\n"
+        "      num_gpus: 1\n"
+        "      num_cpus: 0.5\n"
+    )
+    # The Ray dashboard's Metrics tab asks this Prometheus (README, "Monitoring"): `rcp up`
+    # hands its environment to the head, so exporting the variable before `up` is the wiring.
+    saved = os.environ.get("RAY_PROMETHEUS_HOST")
+    os.environ["RAY_PROMETHEUS_HOST"] = f"http://127.0.0.1:{prometheus_port}"
+    try:
+        cfg, local = start_local_cluster(
+            tmp_path_factory,
+            "pools.cluster.num_nodes=1",
+            "pools.cluster.gpus_per_node=2",
+            "pools.external.max_nodes=1",
+            "serve.deploy_app=true",
+            config_file=conf,
+        )
+    finally:
+        if saved is None:
+            os.environ.pop("RAY_PROMETHEUS_HOST", None)
+        else:
+            os.environ["RAY_PROMETHEUS_HOST"] = saved
+    try:
+        connect(cfg)
+        yield cfg
+    finally:
+        local.down(echo=lambda _line: None)
+
+
+@pytest.fixture(scope="module")
+def checkpointer(cluster: Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A checkpoint engine in an actor on the `cluster` node, saving a small state."""
+    import ray
+
+    uri = (tmp_path_factory.mktemp("ckpt") / "run").as_uri()
+
+    @ray.remote(num_cpus=0, resources={"pool_cluster": 1})
+    class Checkpointer:
+        def __init__(self, uri: str) -> None:
+            from jobs.checkpoint import CheckpointEngine
+
+            self.engine = CheckpointEngine(uri, run_name=RUN, keep_last=2)
+
+        def save(self, step: int) -> int:
+            import torch
+
+            self.engine.save({"w": torch.full((256,), float(step))}, step)
+            self.engine.wait(timeout_s=60)
+            return step
+
+    actor = Checkpointer.remote(uri)  # type: ignore[attr-defined]
+    ray.get(actor.save.remote(0), timeout=120)
+    yield actor
+    ray.kill(actor)
+
+
+@pytest.fixture(scope="module")
+def traffic(cluster: Config) -> Iterator[dict[str, int]]:
+    """Production traffic until the module ends: predictions plus some client errors."""
+    url = f"http://{cluster.ray.node_ip}:{cluster.serve.http_port}"
+    counts: dict[str, int] = {}
+    stop = threading.Event()
+
+    def run() -> None:
+        good = {"inputs": [[0.1 * i for i in range(16)]]}
+        with requests.Session() as s:
+            i = 0
+            while not stop.is_set() and i < 20000:
+                i += 1
+                try:
+                    if i % 10 == 0:  # a malformed body: 4xx, counted as an error request
+                        r = s.post(f"{url}/v1/models/sample/predict", json={"x": 1}, timeout=10)
+                    else:
+                        r = s.post(f"{url}/v1/models/sample/predict", json=good, timeout=10)
+                    key = str(r.status_code)
+                except requests.RequestException as exc:
+                    key = type(exc).__name__
+                counts[key] = counts.get(key, 0) + 1
+                stop.wait(0.05)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    wait_for("the first answers", lambda: counts.get("200", 0) >= 5, 60)
+    yield counts
+    stop.set()
+    thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def training_job(cluster: Config) -> str:
+    """A one-GPU training job, admitted next to the serving replica."""
+    client = Client(state_dir=cluster.state_path)
+    job = client.submit(
+        {
+            "name": "observability",
+            "entrypoint": "jobs.examples.train_mnistlike:train_loop",
+            "num_workers": 1,
+            "gpus_per_worker": 1,
+            "runtime_env": {
+                "env_vars": {
+                    "RCP_TRAIN_CONFIG": json.dumps({"num_steps": 3, "checkpoint_every": 100})
+                }
+            },
+        }
+    )
+    wait_for(
+        "the job to be admitted",
+        lambda: client.status(job.id).state not in {"QUEUED"},
+        120,
+    )
+    return job.id
+
+
+@pytest.fixture(scope="module")
+def prometheus(
+    cluster: Config, tmp_path_factory: pytest.TempPathFactory, prometheus_port: int
+) -> Iterator[LocalPrometheus]:
+    manager.ensure_agents(cluster)
+
+    def all_sampling() -> dict[str, Any] | None:
+        import ray
+
+        infos = manager.agent_endpoints(timeout_s=10)
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        ready = alive <= set(infos) and all(i["samples"] >= 1 for i in infos.values())
+        return infos if ready else None
+
+    wait_for("an agent on every node", all_sampling, 120)
+    prom = LocalPrometheus(
+        work_dir=tmp_path_factory.mktemp("prometheus"),
+        ray_sd_file=ray_metrics_sd_file(cluster),
+        port=prometheus_port,
+        scrape_interval_s=1.0,
+    )
+    wait_for(f"Ray's target list {prom.ray_sd_file}", prom.ray_sd_file.exists, 60)
+    prom.start()
+    prom.refresh_telemetry_targets()
+    try:
+        yield prom
+    finally:
+        prom.stop()
+
+
+def has_a_number(result: list[dict[str, Any]]) -> bool:
+    """A non-empty result with at least one value that is a number (not NaN)."""
+    return any(not math.isnan(float(r["value"][1])) for r in result)
+
+
+def ray_targets(prom: LocalPrometheus) -> list[str]:
+    groups = json.loads(prom.ray_sd_file.read_text())
+    return sorted(t for g in groups for t in g["targets"])
+
+
+def test_prometheus_scrapes_every_ray_node_and_telemetry_agent_on_loopback(
+    cluster: Config, prometheus: LocalPrometheus
+) -> None:
+    targets = ray_targets(prometheus)
+    head = f"{cluster.ray.node_ip}:{cluster.ray.metrics_export_port}"
+    assert head in targets, f"the head's metrics endpoint is not in Ray's list: {targets}"
+    assert len(targets) >= 2, "Ray's list should hold the head and the cluster node"
+    assert all(t.startswith("127.0.0.1:") for t in targets)
+
+    def ups(job: str) -> dict[str, float]:
+        return {
+            r["metric"]["instance"]: float(r["value"][1])
+            for r in prometheus.query(f'up{{job="{job}"}}')
+        }
+
+    wait_for(
+        "every Ray metrics agent scraped",
+        lambda: set(ups("ray")) >= {head} and all(v == 1 for v in ups("ray").values()),
+        60,
+    )
+    telemetry = json.loads(prometheus.telemetry_sd_file.read_text())
+    agents = {t for g in telemetry for t in g["targets"]}
+    assert agents and all(t.startswith("127.0.0.1:") for t in agents)
+    wait_for(
+        "every telemetry agent scraped",
+        lambda: (
+            set(ups("rcp-telemetry")) == agents
+            and all(v == 1 for v in ups("rcp-telemetry").values())
+        ),
+        60,
+    )
+    # the alert rules load and evaluate against live data without errors
+    groups = prometheus.api("rules")["groups"]
+    assert {g["name"] for g in groups} == {"rcp-recording", "rcp-alerts"}
+
+    def evaluated() -> bool:
+        rules = [r for g in prometheus.api("rules")["groups"] for r in g["rules"]]
+        return all(r.get("health") == "ok" for r in rules)
+
+    wait_for("every rule evaluated without error", evaluated, 30)
+
+
+def test_every_grafana_panel_returns_data(
+    cluster: Config,
+    prometheus: LocalPrometheus,
+    checkpointer: Any,
+    traffic: dict[str, int],
+    training_job: str,
+) -> None:
+    import ray
+
+    exprs = [
+        (f"{name}: {title} [{ref}]", for_query(expr))
+        for name, dashboard in load_dashboards().items()
+        for title, ref, expr in panel_expressions(dashboard)
+    ]
+    assert len(exprs) >= 20
+    missing = dict(exprs)
+    deadline = time.monotonic() + PANEL_DEADLINE_S
+    step = 1
+    while missing and time.monotonic() < deadline:
+        # more saves while Prometheus watches, so the histograms' rates have increases
+        ray.get(checkpointer.save.remote(step), timeout=60)
+        step += 1
+        for label, expr in list(missing.items()):
+            if has_a_number(prometheus.query(expr)):
+                del missing[label]
+        if missing:
+            time.sleep(2)
+    assert not missing, "panels without data (or only NaN):\n" + "\n".join(
+        f"  {label}: {expr}" for label, expr in missing.items()
+    )
+    assert traffic.get("200", 0) > 0, traffic
+
+
+def test_checkpoint_metrics_reach_prometheus_through_rays_pipeline(
+    prometheus: LocalPrometheus, checkpointer: Any
+) -> None:
+    import ray
+
+    ray.get(checkpointer.save.remote(100), timeout=60)
+
+    def step_100() -> list[dict[str, Any]]:
+        return prometheus.query(
+            f'max by (run) (ray_rcp_checkpoint_last_committed_step{{run="{RUN}"}}) == 100'
+        )
+
+    (result,) = wait_for("step 100 as the last committed step", step_100, 60)
+    assert result["metric"]["run"] == RUN
+    (age,) = prometheus.query(
+        f'time() - max by (run) (ray_rcp_checkpoint_last_commit_unix_seconds{{run="{RUN}"}})'
+    )
+    assert 0 <= float(age["value"][1]) < 3600
+    counts = prometheus.query(f'sum(ray_rcp_checkpoint_stall_seconds_count{{run="{RUN}"}})')
+    assert counts and float(counts[0]["value"][1]) >= 2
+
+
+def test_client_errors_are_counted_but_no_request_failed_on_the_server(
+    prometheus: LocalPrometheus, traffic: dict[str, int]
+) -> None:
+    def codes() -> dict[str, float]:
+        rows = prometheus.query("sum by (error_code) (ray_serve_num_http_error_requests_total)")
+        return {r["metric"].get("error_code", ""): float(r["value"][1]) for r in rows}
+
+    seen = wait_for("client errors counted", lambda: codes() or None, 60)
+    assert any(c.startswith("4") for c in seen), seen
+    assert not any(c.startswith("5") for c in seen), seen
+    assert not any(k.startswith("5") for k in traffic), traffic
+
+
+def test_ray_dashboard_metrics_tab_reaches_the_prometheus(
+    cluster: Config, prometheus: LocalPrometheus
+) -> None:
+    url = f"http://{cluster.ray.node_ip}:{cluster.ray.dashboard_port}/api/prometheus_health"
+
+    def healthy() -> bool:
+        r = requests.get(url, timeout=10)
+        return r.status_code == 200 and "prometheus running" in r.text
+
+    wait_for(f"{url} to report Prometheus running", healthy, 60)

@@ -1,0 +1,392 @@
+"""Prometheus config, alert rules and Grafana dashboards in infra/ are valid and consistent.
+
+promtool (Debian's ``prometheus`` package) checks the scrape config, the rules, and runs the
+rules' unit tests (infra/prometheus/rules_test.yml: each alert fires on synthetic series and
+stays quiet otherwise). Every dashboard panel's PromQL is parsed by promtool and may only name
+metrics in `controlplane.observability.KNOWN_METRICS` (the integration test proves each has
+data on a live cluster). No Ray here: the checkpoint metrics' Ray mirror runs against a fake.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controlplane import observability as obs
+from jobs.checkpoint import metrics as ckpt_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+PROM = REPO / "infra" / "prometheus"
+GRAFANA = REPO / "infra" / "grafana"
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool is not installed (Debian: apt-get install prometheus)"
+)
+
+REQUIRED_ALERTS = {
+    "RcpGpuHot",
+    "RcpInfinibandErrors",
+    "RcpTrainingCheckpointTooOld",
+    "RcpProductionRequestsFailing",
+    "RcpExternalPoolAtMax",
+    "RcpNodeUnhealthy",
+}
+
+
+def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    assert PROMTOOL is not None
+    return subprocess.run(
+        [PROMTOOL, *args], capture_output=True, text=True, timeout=60, check=False, cwd=cwd
+    )
+
+
+def dashboards() -> dict[str, dict[str, Any]]:
+    found = obs.load_dashboards(GRAFANA)
+    assert found, f"no dashboards in {GRAFANA}"
+    return found
+
+
+def all_exprs() -> list[tuple[str, str]]:
+    return [
+        (f"{name}: {title} [{ref}]", expr)
+        for name, d in dashboards().items()
+        for title, ref, expr in obs.panel_expressions(d)
+    ]
+
+
+# -- Prometheus ---------------------------------------------------------------------------
+
+
+def _without_kubernetes_sd(config: dict[str, Any]) -> dict[str, Any]:
+    """The config with each kubernetes_sd_configs replaced by an empty static target list."""
+    out = json.loads(json.dumps(config))
+    for job in out["scrape_configs"]:
+        if job.pop("kubernetes_sd_configs", None) is not None:
+            job["static_configs"] = [{"targets": []}]
+    return out
+
+
+@needs_promtool
+def test_promtool_accepts_the_kubernetes_scrape_config(tmp_path: Path) -> None:
+    res = promtool("check", "config", str(PROM / "prometheus.yml"))
+    if res.returncode != 0 and "kubernetes_sd_configs not found" in res.stdout + res.stderr:
+        # Debian builds Prometheus without Kubernetes discovery. promtool then checks
+        # everything else (relabelling, rule files, globals) with the discovery blocks
+        # swapped for static ones; the blocks themselves are checked below.
+        config = yaml.safe_load((PROM / "prometheus.yml").read_text())
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(_without_kubernetes_sd(config)))
+        shutil.copy(PROM / "rules.yml", tmp_path / "rules.yml")
+        res = promtool("check", "config", str(tmp_path / "prometheus.yml"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SUCCESS" in res.stdout + res.stderr
+
+
+def test_scrape_jobs_cover_ray_telemetry_and_dcgm() -> None:
+    config = yaml.safe_load((PROM / "prometheus.yml").read_text())
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    assert {"ray", "rcp-telemetry", "dcgm-exporter"} <= set(jobs)
+    assert config["rule_files"] == ["rules.yml"]
+    for name in ("ray", "rcp-telemetry", "dcgm-exporter"):
+        (sd,) = jobs[name]["kubernetes_sd_configs"]
+        assert set(sd) <= {"role", "namespaces", "selectors", "api_server", "kubeconfig_file"}
+        assert sd["role"] in {"pod", "endpoints", "endpointslice", "service", "node"}
+
+    def kept_ports(job: dict[str, Any]) -> str:
+        (rule,) = [
+            r
+            for r in job["relabel_configs"]
+            if r.get("action") == "keep"
+            and r["source_labels"]
+            in (
+                ["__meta_kubernetes_pod_container_port_name"],
+                ["__meta_kubernetes_endpoint_port_name"],
+            )
+        ]
+        return str(rule["regex"])
+
+    assert kept_ports(jobs["ray"]) == "metrics"  # KubeRay's name for the 8080 metrics port
+    assert kept_ports(jobs["rcp-telemetry"]) == "rcp-telemetry"
+    assert "gpu-metrics" in kept_ports(jobs["dcgm-exporter"])
+
+
+def test_operator_monitors_scrape_the_same_ports() -> None:
+    docs = list(yaml.safe_load_all((PROM / "podmonitors.yaml").read_text()))
+    by_name = {d["metadata"]["name"]: d for d in docs}
+    assert {d["apiVersion"] for d in docs} == {"monitoring.coreos.com/v1"}
+    assert by_name["rcp-ray"]["kind"] == "PodMonitor"
+    assert [e["port"] for e in by_name["rcp-ray"]["spec"]["podMetricsEndpoints"]] == ["metrics"]
+    assert [e["port"] for e in by_name["rcp-telemetry"]["spec"]["podMetricsEndpoints"]] == [
+        "rcp-telemetry"
+    ]
+    assert by_name["rcp-dcgm-exporter"]["kind"] == "ServiceMonitor"
+
+
+@needs_promtool
+def test_promtool_accepts_the_rules() -> None:
+    res = promtool("check", "rules", str(PROM / "rules.yml"))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@needs_promtool
+def test_every_alert_fires_on_synthetic_series_and_not_otherwise() -> None:
+    res = promtool("test", "rules", "rules_test.yml", cwd=PROM)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SUCCESS" in res.stdout + res.stderr
+
+
+def test_rules_tests_cover_every_alert_both_ways() -> None:
+    rules = yaml.safe_load((PROM / "rules.yml").read_text())
+    alerts = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
+    assert alerts >= REQUIRED_ALERTS
+    tests = yaml.safe_load((PROM / "rules_test.yml").read_text())["tests"]
+    fires: set[str] = set()
+    quiet: set[str] = set()
+    for t in tests:
+        for case in t.get("alert_rule_test", []):
+            (fires if case["exp_alerts"] else quiet).add(case["alertname"])
+    assert fires == alerts, f"alerts never shown firing: {alerts - fires}"
+    assert quiet == alerts, f"alerts never shown quiet: {alerts - quiet}"
+    for g in rules["groups"]:
+        for r in g["rules"]:
+            if "alert" in r:
+                assert r["labels"]["severity"] in {"warning", "critical"}, r["alert"]
+                assert r["annotations"]["summary"], r["alert"]
+
+
+# -- Grafana ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(obs.load_dashboards(GRAFANA)))
+def test_dashboard_has_grafanas_shape_and_a_datasource_variable(name: str) -> None:
+    d = dashboards()[name]
+    for key, kind in (("uid", str), ("title", str), ("schemaVersion", int), ("panels", list)):
+        assert isinstance(d.get(key), kind), f"{name}: {key}"
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    ds = variables["datasource"]
+    assert (ds["type"], ds["query"]) == ("datasource", "prometheus")
+    ids = [p["id"] for p in d["panels"]]
+    assert len(ids) == len(set(ids)), f"{name}: duplicate panel ids"
+    for p in d["panels"]:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["w"] > 0 and g["x"] + g["w"] <= 24 and g["h"] > 0, p["title"]
+        if p["type"] == "row":
+            continue
+        assert p["title"] and p.get("description"), p
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+        assert p["targets"], p["title"]
+        refs = [t["refId"] for t in p["targets"]]
+        assert len(refs) == len(set(refs)), p["title"]
+        for t in p["targets"]:
+            assert t["datasource"] == p["datasource"] and t["expr"].strip(), p["title"]
+
+
+def test_dashboard_uids_are_unique_and_cover_the_topics() -> None:
+    ds = dashboards()
+    uids = [d["uid"] for d in ds.values()]
+    assert len(uids) == len(set(uids))
+    text = " ".join(e for _, e in all_exprs())
+    for needle in (
+        "ray_rcp_serve_replicas",  # replicas per pool
+        "ray_rcp_gpus",  # GPUs by owner
+        "ray_rcp_queue_depth",
+        "ray_rcp_admission_wait_seconds",
+        "ray_rcp_checkpoint_stall_seconds_bucket",
+        "ray_rcp_checkpoint_last_commit_unix_seconds",
+        "ray_rcp_node_verdict",
+        "DCGM_FI_DEV_GPU_TEMP",
+        "rcp_ib_port_errors_per_second",
+    ):
+        assert needle in text, needle
+
+
+@needs_promtool
+def test_promtool_parses_every_panel_expression(tmp_path: Path) -> None:
+    exprs = all_exprs()
+    rules = {
+        "groups": [
+            {
+                "name": "panels",
+                "rules": [
+                    {"record": f"panel:{i}", "expr": obs.for_query(expr)}
+                    for i, (_label, expr) in enumerate(exprs)
+                ],
+            }
+        ]
+    }
+    path = tmp_path / "panels.yml"
+    path.write_text(yaml.safe_dump(rules))
+    res = promtool("check", "rules", str(path))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"SUCCESS: {len(exprs)} rules found" in res.stdout
+
+
+def test_every_panel_names_only_known_metrics() -> None:
+    unknown = {
+        label: sorted(obs.metric_names(obs.for_query(expr)) - set(obs.KNOWN_METRICS))
+        for label, expr in all_exprs()
+    }
+    unknown = {k: v for k, v in unknown.items() if v}
+    assert not unknown, unknown
+    assert all(obs.metric_names(obs.for_query(e)) for _, e in all_exprs())
+
+
+@pytest.mark.parametrize(
+    ("expr", "names"),
+    [
+        ("up", {"up"}),
+        ('sum by (pool) (max by (model, pool) (ray_x{state="running"}))', {"ray_x"}),
+        (
+            "histogram_quantile(0.99, sum by (le) (rate(ray_lat_ms_bucket[5m])))",
+            {"ray_lat_ms_bucket"},
+        ),
+        ("time() - max by (run) (ray_last_unix_seconds)", {"ray_last_unix_seconds"}),
+        ("max(a) >= on() b or vector(8)", {"a", "b"}),
+        ('x{l=~"by|on(x)"} offset 5m > 1e3', {"x"}),
+        ("absent(DCGM_FI_DEV_GPU_TEMP) and bool rcp:rule", {"DCGM_FI_DEV_GPU_TEMP", "rcp:rule"}),
+    ],
+    ids=["bare", "nested-by", "histogram", "time", "on-or", "strings-offset", "colons"],
+)
+def test_metric_names_finds_metrics_and_nothing_else(expr: str, names: set[str]) -> None:
+    assert obs.metric_names(expr) == names
+
+
+def test_grafana_interval_variables_are_replaced_and_others_refused() -> None:
+    assert obs.for_query("rate(x[$__rate_interval])") == "rate(x[1m])"
+    with pytest.raises(ValueError, match="unresolved Grafana variable"):
+        obs.for_query('x{pool="$pool"}')
+
+
+def test_provisioning_points_grafana_at_prometheus_and_the_dashboards() -> None:
+    ds = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    (prom,) = ds["datasources"]
+    assert (prom["type"], prom["name"]) == ("prometheus", "Prometheus")
+    boards = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "rcp.yml").read_text())
+    assert {p["type"] for p in boards["providers"]} == {"file"}
+    assert all(p["options"]["path"] for p in boards["providers"])
+
+
+# -- known metrics are real names ----------------------------------------------------------
+
+
+def _sources(*roots: str) -> str:
+    return "\n".join(p.read_text() for root in roots for p in (REPO / root).rglob("*.py"))
+
+
+def test_known_control_plane_and_telemetry_metrics_are_defined_in_the_code() -> None:
+    code = _sources("controlplane/service", "controlplane/telemetry", "jobs/checkpoint")
+    exported = {n for m in ckpt_metrics.ALL for n in m.exported_names}
+    for name, source in obs.KNOWN_METRICS.items():
+        if name.startswith("ray_rcp_checkpoint_"):
+            assert name in exported, name
+        elif name.startswith("ray_rcp_"):
+            assert f'"{name.removeprefix("ray_")}"' in code, f"{name} ({source})"
+        elif name.startswith(("DCGM_", "rcp_")):
+            assert f'"{name}"' in code, f"{name} ({source})"
+        else:
+            assert name.startswith(("ray_serve_", "ray_node_")), name  # Ray's own: live test
+
+
+# -- checkpoint metrics: mirrored into Ray's pipeline inside Ray ---------------------------
+
+
+class _FakeRayMetric:
+    calls: list[tuple[str, str, float, dict[str, str]]] = []
+
+    def __init__(self, name: str, description: str = "", **kwargs: Any) -> None:
+        self.name = name
+        self.kwargs = kwargs
+
+    def _record(self, op: str, value: float, tags: dict[str, str]) -> None:
+        if self.name.endswith("_broken"):
+            raise RuntimeError("agent gone")
+        self.calls.append((op, self.name, value, dict(tags)))
+
+    def inc(self, value: float = 1.0, tags: dict[str, str] | None = None) -> None:
+        self._record("inc", value, tags or {})
+
+    def set(self, value: float, tags: dict[str, str] | None = None) -> None:
+        self._record("set", value, tags or {})
+
+    def observe(self, value: float, tags: dict[str, str] | None = None) -> None:
+        self._record("observe", value, tags or {})
+
+
+@pytest.fixture
+def fake_ray(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, float, dict[str, str]]]:
+    ray = types.ModuleType("ray")
+    util = types.ModuleType("ray.util")
+    metrics = types.ModuleType("ray.util.metrics")
+    for kind in ("Counter", "Gauge", "Histogram"):
+        setattr(metrics, kind, type(kind, (_FakeRayMetric,), {}))
+    util.metrics = metrics  # type: ignore[attr-defined]
+    ray.util = util  # type: ignore[attr-defined]
+    ray.is_initialized = lambda: True  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.util", util)
+    monkeypatch.setitem(sys.modules, "ray.util.metrics", metrics)
+    _FakeRayMetric.calls = []
+    return _FakeRayMetric.calls
+
+
+def test_checkpoint_metrics_are_mirrored_into_ray_inside_a_ray_worker(
+    fake_ray: list[tuple[str, str, float, dict[str, str]]],
+) -> None:
+    hist = ckpt_metrics.MirroredMetric(
+        "histogram", "rcp_test_mirror_seconds", "t", ["run"], buckets=(0.1, 1.0)
+    )
+    gauge = ckpt_metrics.MirroredMetric("gauge", "rcp_test_mirror_step", "t", ["run"])
+    counter = ckpt_metrics.MirroredMetric("counter", "rcp_test_mirror_bytes", "t", ["run"])
+    hist.labels("r1").observe(0.5)
+    gauge.labels("r1").set(7)
+    counter.labels("r1").inc(0)  # Ray rejects non-positive increments: not forwarded
+    counter.labels("r1").inc(3)
+    assert fake_ray == [
+        ("observe", "rcp_test_mirror_seconds", 0.5, {"run": "r1"}),
+        ("set", "rcp_test_mirror_step", 7.0, {"run": "r1"}),
+        ("inc", "rcp_test_mirror_bytes", 3.0, {"run": "r1"}),
+    ]
+    assert hist._ray_metric.kwargs["boundaries"] == [0.1, 1.0]
+    # the process-local prometheus_client copy records too
+    assert gauge.prometheus.labels("r1")._value.get() == 7
+    assert counter.exported_names == ("ray_rcp_test_mirror_bytes_total",)
+    assert hist.exported_names[0] == "ray_rcp_test_mirror_seconds_bucket"
+
+
+def test_a_failing_ray_mirror_never_reaches_training(
+    fake_ray: list[tuple[str, str, float, dict[str, str]]],
+) -> None:
+    broken = ckpt_metrics.MirroredMetric("gauge", "rcp_test_mirror_broken", "t", ["run"])
+    broken.labels("r1").set(1)  # raises inside the fake: logged, mirror switched off
+    broken.labels("r1").set(2)
+    assert broken._ray_disabled
+    assert broken.prometheus.labels("r1")._value.get() == 2
+
+
+def test_checkpoint_metrics_do_not_import_ray_outside_ray() -> None:
+    code = (
+        "import sys\n"
+        "from jobs.checkpoint import metrics as m\n"
+        "m.LAST_COMMITTED_STEP.labels('r').set(3)\n"
+        "m.UPLOADED_BYTES.labels('r').inc(10)\n"
+        "m.STALL_SECONDS.labels('r').observe(0.2)\n"
+        "assert 'ray' not in sys.modules, 'ray was imported'\n"
+        "print('ok')\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+def test_checkpoint_metrics_the_dashboards_use_are_exported() -> None:
+    exported = {n for m in ckpt_metrics.ALL for n in m.exported_names}
+    used = {n for _, e in all_exprs() for n in obs.metric_names(obs.for_query(e))}
+    assert {n for n in used if n.startswith("ray_rcp_checkpoint_")} <= exported
