@@ -390,3 +390,93 @@ def test_checkpoint_metrics_the_dashboards_use_are_exported() -> None:
     exported = {n for m in ckpt_metrics.ALL for n in m.exported_names}
     used = {n for _, e in all_exprs() for n in obs.metric_names(obs.for_query(e))}
     assert {n for n in used if n.startswith("ray_rcp_checkpoint_")} <= exported
+
+
+# -- Kubernetes: the Prometheus and Grafana the Ray head points at ---------------------------
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (doc,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
+@pytest.mark.parametrize("directory", [PROM, GRAFANA], ids=["prometheus", "grafana"])
+def test_kubernetes_objects_pass_the_client_models(directory: Path) -> None:
+    from tests.unit.test_k8s_manifests import Doc, core_errors
+
+    path = directory / "kubernetes.yaml"
+    errors = [e for i, body in enumerate(_docs(path)) for e in core_errors(Doc(path, i, body))]
+    assert not errors, "\n".join(errors)
+
+
+@pytest.mark.parametrize("directory", [PROM, GRAFANA], ids=["prometheus", "grafana"])
+def test_kustomization_lists_files_that_exist_in_the_ray_namespace(directory: Path) -> None:
+    kust = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    ray_ns = yaml.safe_load((REPO / "infra" / "k8s" / "kustomization.yaml").read_text())
+    assert kust["namespace"] == ray_ns["namespace"]
+    files = list(kust["resources"]) + [
+        f for gen in kust.get("configMapGenerator", []) for f in gen["files"]
+    ]
+    for f in files:
+        assert (directory / f).is_file(), f
+
+
+def _head_env() -> dict[str, str]:
+    rc = _one(_docs(REPO / "infra" / "k8s" / "raycluster.yaml"), "RayCluster", "rcp")
+    (container,) = rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][:1]
+    return {e["name"]: e.get("value", "") for e in container["env"]}
+
+
+def _service_url(docs: list[dict[str, Any]], name: str) -> str:
+    svc = _one(docs, "Service", name)
+    (port,) = svc["spec"]["ports"]
+    return f"http://{name}:{port['port']}"
+
+
+def test_the_ray_head_points_at_these_services() -> None:
+    env = _head_env()
+    prom = _docs(PROM / "kubernetes.yaml")
+    graf = _docs(GRAFANA / "kubernetes.yaml")
+    assert env["RAY_PROMETHEUS_HOST"] == _service_url(prom, "prometheus")
+    assert env["RAY_GRAFANA_HOST"] == _service_url(graf, "grafana")
+    # Grafana's datasource is the same Prometheus
+    grafana = _one(graf, "Deployment", "grafana")["spec"]["template"]["spec"]["containers"][0]
+    genv = {e["name"]: e["value"] for e in grafana["env"]}
+    assert genv["PROMETHEUS_URL"] == env["RAY_PROMETHEUS_HOST"]
+    assert genv["GF_SECURITY_ALLOW_EMBEDDING"] == "true"  # the Metrics tab's iframe
+
+
+def test_prometheus_pod_reads_the_generated_config_and_may_only_discover() -> None:
+    docs = _docs(PROM / "kubernetes.yaml")
+    spec = _one(docs, "Deployment", "prometheus")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == "prometheus-config"
+    assert f"--config.file={mounts['config']}/prometheus.yml" in container["args"]
+    assert spec["serviceAccountName"] == "prometheus"
+    role = _one(docs, "ClusterRole", "rcp-prometheus")
+    assert {v for r in role["rules"] for v in r["verbs"]} == {"get", "list", "watch"}
+    binding = _one(docs, "ClusterRoleBinding", "rcp-prometheus")
+    assert [s["name"] for s in binding["subjects"]] == ["prometheus"]
+
+
+def test_grafana_pod_mounts_the_provisioning_and_the_dashboards_where_they_point() -> None:
+    docs = _docs(GRAFANA / "kubernetes.yaml")
+    spec = _one(docs, "Deployment", "grafana")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v["configMap"]["name"] for v in spec["volumes"]}
+    kust = yaml.safe_load((GRAFANA / "kustomization.yaml").read_text())
+    generated = {g["name"]: set(g["files"]) for g in kust["configMapGenerator"]}
+    assert volumes[mounts["/etc/grafana/provisioning/datasources"]] == "grafana-datasources"
+    assert volumes[mounts["/etc/grafana/provisioning/dashboards"]] == "grafana-dashboard-providers"
+    providers = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "rcp.yml").read_text())
+    paths = {p["name"]: p["options"]["path"] for p in providers["providers"]}
+    assert volumes[mounts[paths["rcp"]]] == "grafana-dashboards-rcp"
+    assert generated["grafana-dashboards-rcp"] == set(obs.load_dashboards(GRAFANA))
+    assert paths["ray"] in mounts
