@@ -260,7 +260,7 @@ class Controller:
         from controlplane.telemetry.verdicts import judge
         from policies.health import HealthState, NodeVerdict, Verdict
 
-        manager.ensure_agents(self.cfg)
+        manager.ensure_agents(self.cfg, exclude=set(self.remediator.cordoned))
         samples = manager.collect_samples(
             max_samples=HEALTH_SAMPLES, timeout_s=self.cfg.policy.tick_s
         )

@@ -8,6 +8,8 @@ Owns: applying `policies.health`'s `CordonNode` and `DrainNode` actions, idempot
   stops the old one (make-before-break, Serve's own draining-node migration). Work already on
   the node keeps running until the policy has moved it (gangs are preempted with a checkpoint
   first, by the runner). A drain is asked once per node; a node Ray already drains is left be.
+  A drained raylet shuts itself down as soon as nothing runs on it (seen in Ray 2.60's raylet
+  log: "The node is drained, continue to shut down raylet"), so an idle node goes at once.
 * `DrainNode` (the node holds nothing of ours any more) -> with ``health.replace_drained``, the
   node is replaced: on Kubernetes through the Kubernetes actuator (cordon and taint the
   Kubernetes node, delete the Ray pod, KubeRay creates a new one elsewhere); in local mode the
@@ -78,6 +80,11 @@ class RayNodeControl:
         return bool(accepted)
 
     def stop(self, node_id: str) -> bool:
+        from controlplane.telemetry.manager import stop_agent
+
+        # The agent is the last thing of ours there; once it is gone a drained raylet exits on
+        # its own. The GCS call makes sure it does.
+        stop_agent(node_id)
         stopped = self._gcs().drain_nodes(node_ids=[bytes.fromhex(node_id)])
         return len(stopped) > 0
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -39,6 +39,7 @@ __all__ = [
     "inject_fault",
     "prometheus_file_sd",
     "resolve_node_id",
+    "stop_agent",
     "verdict_json",
 ]
 
@@ -92,7 +93,7 @@ def _is_idle(total: dict[str, float], available: dict[str, float]) -> bool:
     return all(available.get(k, 0.0) >= total.get(k, 0.0) for k in ("GPU", "CPU"))
 
 
-def ensure_agents(cfg: Config) -> list[AgentRef]:
+def ensure_agents(cfg: Config, exclude: Collection[str] = ()) -> list[AgentRef]:
     """Start an agent on every alive node without one; cheap when all are there.
 
     Exception: an external node that runs nothing gets no agent, and an agent already there is
@@ -100,7 +101,8 @@ def ensure_agents(cfg: Config) -> list[AgentRef]:
     with a live actor as busy even when the actor holds no resources, so an agent would keep a
     rented node alive forever; without it the autoscaler removes the node after
     `pools.external.idle_timeout_s`. The agent comes back on the first call after work lands
-    there. Returns one `AgentRef` per alive node. Does not wait for new agents to start.
+    there. Nodes in `exclude` (ones being drained: Ray schedules nothing new there) get no new
+    agent. Returns one `AgentRef` per alive node. Does not wait for new agents to start.
     """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -133,7 +135,7 @@ def ensure_agents(cfg: Config) -> list[AgentRef]:
                 log.info("stopped telemetry agent on idle external node %s", node_id)
             refs.append(AgentRef(node_id, pool, started=False, idle_external=True, stopped=stopped))
             continue
-        if node_id in existing:
+        if node_id in existing or node_id in exclude:
             refs.append(AgentRef(node_id, pool, started=False))
             continue
         remote_agent.options(
@@ -156,6 +158,17 @@ def ensure_agents(cfg: Config) -> list[AgentRef]:
         log.info("started telemetry agent on node %s (pool %s)", node_id, pool)
         refs.append(AgentRef(node_id, pool, started=True))
     return refs
+
+
+def stop_agent(node_id: str) -> bool:
+    """Stop the agent on `node_id` (a drained node goes once nothing runs there)."""
+    import ray
+
+    handle = find_agents().get(node_id)
+    if handle is None:
+        return False
+    ray.kill(handle, no_restart=True)
+    return True
 
 
 def _gather(calls: dict[str, Any], timeout_s: float) -> dict[str, Any]:
