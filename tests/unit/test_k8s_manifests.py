@@ -626,6 +626,30 @@ def test_s3_credentials_come_from_the_secret() -> None:
     assert set(example["stringData"]) == {"access-key-id", "secret-access-key"}
 
 
+def test_kubernetes_actuator_config_names_this_raycluster(tmp_path: Path) -> None:
+    kc = rcp_config(tmp_path).kubernetes
+    rc = one("RayCluster")
+    kust = next(d for d in _docs() if d.kind == "Kustomization").body
+    assert kc.enabled and kc.in_cluster
+    assert kc.raycluster == rc.name
+    assert kc.namespace == rc.body["metadata"]["namespace"] == kust["namespace"]
+    external = worker_group(rc.body, kc.external_group)
+    assert external["labels"][POOL_LABEL] == Pool.EXTERNAL.value
+    assert kc.autoscaler_owns_external == rc.body["spec"]["enableInTreeAutoscaling"]
+    if kc.pod_grace_period_s is not None:
+        assert kc.pod_grace_period_s > rcp_config(tmp_path).health.drain_deadline_s
+
+
+def test_no_worker_tolerates_the_unhealthy_taint(tmp_path: Path) -> None:
+    """The actuator taints a bad node NoSchedule with kubernetes.taint_key; a replacement pod
+    that tolerated it could land right back on that node."""
+    taint_key = rcp_config(tmp_path).kubernetes.taint_key
+    for group in raycluster()["spec"]["workerGroupSpecs"]:
+        for t in group["template"]["spec"].get("tolerations", []):
+            assert t.get("key"), f"{group['groupName']}: a toleration without a key tolerates all"
+            assert t["key"] != taint_key, f"{group['groupName']} tolerates {taint_key}"
+
+
 # --- tests: RBAC ----------------------------------------------------------------------------
 
 
