@@ -257,7 +257,7 @@ def test_prometheus_scrapes_every_ray_node_and_telemetry_agent_on_loopback(
     )
     # the alert rules load and evaluate against live data without errors
     groups = prometheus.api("rules")["groups"]
-    assert {g["name"] for g in groups} == {"rcp-recording", "rcp-alerts"}
+    assert {g["name"] for g in groups} == {"rcp-alerts"}
 
     def evaluated() -> bool:
         rules = [r for g in prometheus.api("rules")["groups"] for r in g["rules"]]
