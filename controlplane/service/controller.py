@@ -367,11 +367,7 @@ class Controller:
         self.store.put(STATE_KEY, state.to_dict())
         current = set()
         for action in plan:
-            key = (
-                type(action).__name__,
-                str(getattr(action, "job_id", getattr(action, "node_id", ""))),
-                action.reason,
-            )
+            key = _event_key(action)
             current.add(key)
             if key not in self._last_actions:
                 self.store.record_event(
@@ -385,6 +381,19 @@ class Controller:
         self._stop.set()
         self.serving.stop()
         self.api.stop()
+
+
+def _event_key(action: Any) -> tuple[str, ...]:
+    """What makes an action new for the event log. Health actions are keyed by their node (and
+    model, for moves): their reasons carry live figures ("for 12 samples") that change every
+    tick while the action itself does not."""
+    kind = type(action).__name__
+    node_ids = getattr(action, "node_ids", None)
+    if node_ids is not None:
+        return (kind, str(getattr(action, "model", "")), *node_ids)
+    if hasattr(action, "node_id"):
+        return (kind, str(action.node_id))
+    return (kind, str(getattr(action, "job_id", "")), action.reason)
 
 
 def _kube_remove(cfg: Config) -> Any:

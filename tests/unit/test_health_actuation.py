@@ -162,3 +162,21 @@ def test_pinned_selector_is_one_ray_accepts() -> None:
 
     ids = ",".join(["a" * 56, "b" * 56])
     assert validate_label_selector(gang_label_selector({ENV_NODE_IDS: ids})) is None
+
+
+def test_health_actions_are_logged_once_while_their_live_figures_change() -> None:
+    from controlplane.service.controller import _event_key
+    from policies.health import CordonNode
+    from policies.plan import MoveServeReplicas, PreemptJob
+    from policies.snapshot import Pool
+
+    def move(reason: str) -> MoveServeReplicas:
+        return MoveServeReplicas("m", Pool.CLUSTER, Pool.EXTERNAL, 1, ("a",), reason)
+
+    assert _event_key(CordonNode("a", "for 3 samples")) == _event_key(
+        CordonNode("a", "for 4 samples")
+    )
+    assert _event_key(CordonNode("a", "x")) != _event_key(CordonNode("b", "x"))
+    assert _event_key(move("for 3 samples")) == _event_key(move("for 9 samples"))
+    # Job actions stay keyed by their reason: a new reason is a new decision.
+    assert _event_key(PreemptJob("j", "r1")) != _event_key(PreemptJob("j", "r2"))
