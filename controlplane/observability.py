@@ -85,6 +85,7 @@ KNOWN_METRICS: dict[str, str] = {
     "ray_rcp_serve_replicas": _SERVING,
     "ray_rcp_serve_route_weight": _SERVING,
     "ray_rcp_external_gpus_requested": _SERVING,
+    "ray_rcp_external_gpus_max": _SERVING,
     "ray_rcp_training_claim_gpus": _SERVING,
     "ray_rcp_serving_phase_seconds": _SERVING,
     # the checkpoint engine inside training workers

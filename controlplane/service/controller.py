@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import threading
 import time
 import urllib.request
@@ -90,6 +91,8 @@ class Controller:
         from controlplane.service.remediation import RayNodeControl, Remediator
 
         self.verdicts: dict[str, Any] = {}
+        self._health_lock = threading.Lock()
+        """Held while the stored health state is read and written (tick vs operator clear)."""
         self.remediator = Remediator(
             RayNodeControl(),
             drain_deadline_s=self.cfg.health.drain_deadline_s,
@@ -116,6 +119,31 @@ class Controller:
             "failures": dict(self.stats.failures),
             "last_duration_s": dict(self.stats.last_duration_s),
         }
+
+    def health(self) -> dict[str, Any]:
+        """The policy actor's view of node health: verdicts (JSON) by node id, and the nodes it
+        has cordoned (Ray drain) and replaced, with when."""
+        from controlplane.telemetry.manager import verdict_json
+
+        return {
+            "verdicts": {n: verdict_json(v) for n, v in self.verdicts.items()},
+            "cordoned": dict(self.remediator.cordoned),
+            "replaced": dict(self.remediator.replaced),
+        }
+
+    def clear_node(self, node: str) -> dict[str, Any]:
+        """The operator's clear: forget `node`'s lemon record and held verdict (id, prefix or
+        suffix). A node already drained is not brought back (Ray cannot undo a drain); its
+        replacement starts with a clean record anyway."""
+        from controlplane.telemetry.manager import resolve_node_id
+        from policies.health import HealthState, clear_lemon
+
+        with self._health_lock:
+            state = HealthState.from_dict(self.store.get_value(HEALTH_STATE_KEY, {}) or {})
+            node_id = resolve_node_id(node, state.nodes)
+            self.store.put(HEALTH_STATE_KEY, clear_lemon(state, [node_id]).to_dict())
+        self.store.record_event("health.clear", f"node {node_id}: lemon record cleared by operator")
+        return {"node_id": node_id, "cordoned": node_id in self.remediator.cordoned}
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -264,9 +292,10 @@ class Controller:
         samples = manager.collect_samples(
             max_samples=HEALTH_SAMPLES, timeout_s=self.cfg.policy.tick_s
         )
-        state = HealthState.from_dict(self.store.get_value(HEALTH_STATE_KEY, {}) or {})
-        verdicts, new_state = judge(samples, self.cfg.health, state, snapshot.now_s)
-        self.store.put(HEALTH_STATE_KEY, new_state.to_dict())
+        with self._health_lock:
+            state = HealthState.from_dict(self.store.get_value(HEALTH_STATE_KEY, {}) or {})
+            verdicts, new_state = judge(samples, self.cfg.health, state, snapshot.now_s)
+            self.store.put(HEALTH_STATE_KEY, new_state.to_dict())
         # A node this controller has cordoned stays out even if its samples recover: Ray
         # cannot undo a drain, so it goes on to be replaced.
         for node_id in self.remediator.cordoned:
@@ -383,6 +412,16 @@ class Controller:
         self.api.stop()
 
 
+RAY_CONNECTION_ENV = ("RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+"""How this process reaches Ray; the actor and the jobs it starts must reach it the same way."""
+
+
+def ray_connection_env() -> dict[str, str]:
+    """The caller's `RAY_CONNECTION_ENV` values that are set: local mode sets auth off and
+    loopback; on KubeRay the pod's own settings (token auth) pass through unchanged."""
+    return {k: os.environ[k] for k in RAY_CONNECTION_ENV if k in os.environ}
+
+
 def _event_key(action: Any) -> tuple[str, ...]:
     """What makes an action new for the event log. Health actions are keyed by their node (and
     model, for moves): their reasons carry live figures ("for 12 samples") that change every
@@ -447,9 +486,7 @@ def deploy(cfg: Config, timeout_s: float = 120.0) -> str:
         resources={pool_resource(Pool.HEAD): 1},
         max_restarts=-1,
         max_task_retries=-1,
-        runtime_env={
-            "env_vars": {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-        },
+        runtime_env={"env_vars": ray_connection_env()},
     ).remote(to_dict(cfg), token)
     url = f"http://{cfg.ray.node_ip}:{cfg.api.port}"
     deadline = time.monotonic() + timeout_s

@@ -232,6 +232,7 @@ class JobRunner:
             self._start_failed(job, f"{Reason.START_FAILED.value}: {exc}")
 
     def _ray_job(self, job: JobRecord) -> tuple[str, dict[str, Any]]:
+        from controlplane.service.controller import ray_connection_env
         from jobs import launcher, preemption
 
         s = job.spec
@@ -248,8 +249,7 @@ class JobRunner:
                 launcher.ENV_CPUS_PER_WORKER: f"{s.cpus_per_worker:g}",
                 launcher.ENV_STORAGE_PATH: str(self.cfg.train_storage_path),
                 launcher.ENV_NODE_IDS: ",".join(sorted(job.info.get("placement") or {})),
-                "RAY_AUTH_MODE": "disabled",
-                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+                **ray_connection_env(),
             }
         )
         ckpt = job.info.get("checkpoint") or {}

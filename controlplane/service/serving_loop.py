@@ -62,6 +62,10 @@ class _Metrics:
         self.external_gpus = Gauge(
             "rcp_external_gpus_requested", "GPUs requested from the external pool."
         )
+        self.external_max = Gauge(
+            "rcp_external_gpus_max",
+            "Most GPUs the external pool may have (max_nodes x gpus_per_node).",
+        )
         self.claim = Gauge("rcp_training_claim_gpus", "GPUs training asked serving to give back.")
         self.phase_s = Gauge(
             "rcp_serving_phase_seconds",
@@ -235,6 +239,7 @@ class ServingLoop:
     def _record(self, decision: Any, state: ServingPolicyState) -> None:
         self.store.put(STATE_KEY, state.to_dict())
         self.metrics.external_gpus.set(float(state.placement.requested_external_gpus))
+        self.metrics.external_max.set(float(self.step.placement.external_max_gpus))
         for t in decision.targets:
             if t.note:
                 log.warning("%s", t.note)
