@@ -202,21 +202,30 @@ def _retry_until_agent_up(call: Callable[[], Any], timeout_s: float = 60.0) -> A
 def health_cmd(config_file: str | None, overrides: tuple[str, ...], as_json: bool) -> None:
     """Node health from telemetry: verdict (healthy, degraded, unhealthy) and reasons.
 
-    Starts a telemetry agent on every node that lacks one, then judges each node on the
-    samples its agent keeps, with the `health` config section.
+    Starts a telemetry agent on every node that lacks one. The verdicts are the controller's
+    (the ones it acts on, lemon records included; "cordoned" marks nodes it took out) when it
+    runs, else each node is judged here on the samples its agent keeps.
     """
+    from controlplane.inventory import controller_health
     from controlplane.telemetry.manager import ensure_agents, health_report, verdict_json
 
     cfg = _connect_running(_load(config_file, overrides))
     refs = ensure_agents(cfg)
-    verdicts, _state, latest = health_report(cfg.health)
+    judged, _state, latest = health_report(cfg.health)
+    verdicts: dict[str, dict[str, Any]] = {n: verdict_json(v) for n, v in judged.items()}
+    acting = controller_health()
+    if acting is not None:
+        verdicts.update(acting["verdicts"])
+        for node_id in acting["cordoned"]:
+            if node_id in verdicts:
+                verdicts[node_id]["details"] = [*verdicts[node_id]["details"], "cordoned"]
     rows = []
     for ref in refs:
         v = verdicts.get(ref.node_id)
         s = latest.get(ref.node_id, {})
         temps = [g["temp_c"] for g in s.get("gpus", []) if g.get("temp_c") is not None]
         row = (
-            verdict_json(v)
+            dict(v)
             if v
             else {
                 "node_id": ref.node_id,
@@ -252,6 +261,60 @@ def health_cmd(config_file: str | None, overrides: tuple[str, ...], as_json: boo
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     for line in lines:
         click.echo("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+
+
+@cli.command("health-clear")
+@click.argument("node")
+@_config_options
+def health_clear(node: str, config_file: str | None, overrides: tuple[str, ...]) -> None:
+    """Let a lemon node back in: forget NODE's lemon record and held verdict (operator only).
+
+    NODE is a node id or a unique prefix or suffix. A node the controller already drained is
+    not brought back (Ray cannot undo a drain); on Kubernetes, let its host take pods again
+    with `rcp uncordon`.
+    """
+    import ray
+
+    from controlplane.service.controller import get_controller
+
+    _connect_running(_load(config_file, overrides))
+    handle = get_controller()
+    if handle is None:
+        _fail("no controller runs on this cluster (start it with `rcp up`)")
+        return
+    try:
+        result = ray.get(handle.clear_node.remote(node), timeout=30)
+    except ray.exceptions.RayTaskError as exc:
+        _fail(str(getattr(exc, "cause", None) or exc), code=2)
+        return
+    note = " (already drained: its replacement starts clean)" if result["cordoned"] else ""
+    click.echo(f"node {result['node_id']}: lemon record cleared{note}")
+
+
+@cli.command("uncordon")
+@click.argument("kube_node")
+@_config_options
+def uncordon(kube_node: str, config_file: str | None, overrides: tuple[str, ...]) -> None:
+    """Kubernetes: let KUBE_NODE (a Kubernetes node name) take Ray pods again.
+
+    Removes the taint and the cordon the control plane put there when health removed the
+    node; other taints stay. Needs `kubernetes.enabled=true` and API access (kubeconfig or
+    in-cluster).
+    """
+    from controlplane.kube import KubernetesActuatorError, from_config
+
+    cfg = _load(config_file, overrides)
+    try:
+        actuator = from_config(cfg)
+        if actuator is None:
+            _fail("kubernetes.enabled is false: local mode has no Kubernetes nodes", code=2)
+            return
+        with actuator:
+            result = actuator.uncordon(kube_node)
+    except KubernetesActuatorError as exc:
+        _fail(str(exc))
+        return
+    click.echo(result.detail or f"node {kube_node}: uncordoned")
 
 
 @cli.group("serve")

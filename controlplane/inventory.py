@@ -3,7 +3,9 @@
 Owns: reading node inventory from Ray (the caller is connected as a driver) and turning it
 into plain rows for the CLI, the API and the policy actor's snapshot. When telemetry agents
 run, rows also carry health (verdict, reasons), the hottest GPU, mean tensor-core activity and
-the IB error rate (`attach_telemetry`); without agents those fields stay None.
+the IB error rate (`attach_telemetry`); without agents those fields stay None. Verdicts are the
+controller's (what it acts on, with lemon records and cordons) when it runs, else judged here
+from the agents' recent samples.
 Must not: change anything (it never starts agents).
 """
 
@@ -80,17 +82,45 @@ def attach_telemetry(
     return out
 
 
+def controller_health(timeout_s: float = 5.0) -> dict[str, Any] | None:
+    """The policy actor's `health()` (the verdicts it acts on, cordoned nodes), or None when
+    no controller runs or it does not answer in time."""
+    import ray
+
+    from controlplane.service.controller import get_controller
+
+    handle = get_controller()
+    if handle is None:
+        return None
+    try:
+        result: dict[str, Any] = ray.get(handle.health.remote(), timeout=timeout_s)
+    except Exception:
+        return None
+    return result
+
+
 def _with_telemetry(rows: list[NodeRow]) -> list[NodeRow]:
-    from controlplane.telemetry.manager import find_agents, health_report
+    from controlplane.telemetry.manager import collect_summaries, find_agents, health_report
 
     if not find_agents():
         return rows
-    # A short window keeps this cheap; it covers a hot streak and a recovery at the defaults.
-    verdicts, _state, latest = health_report(max_samples=8, timeout_s=2.0)
+    acting = controller_health()
+    if acting is not None:  # the verdicts the controller acts on (lemons, cordons included)
+        verdicts = {
+            n: (str(v["verdict"]), [str(r) for r in v["reasons"]])
+            for n, v in acting["verdicts"].items()
+        }
+        for node_id in acting["cordoned"]:
+            verdict, reasons = verdicts.get(node_id, ("unhealthy", []))
+            verdicts[node_id] = (verdict, [*reasons, "cordoned"])
+        return attach_telemetry(rows, collect_summaries(timeout_s=2.0), verdicts)
+    # No controller: judge here. A short window keeps this cheap; it covers a hot streak and a
+    # recovery at the defaults.
+    judged, _state, latest = health_report(max_samples=8, timeout_s=2.0)
     return attach_telemetry(
         rows,
         latest,
-        {n: (v.verdict.value, [r.value for r in v.reasons]) for n, v in verdicts.items()},
+        {n: (v.verdict.value, [r.value for r in v.reasons]) for n, v in judged.items()},
     )
 
 

@@ -335,7 +335,7 @@ class Controller:
                     self.runner.preempt(action)
                     done = "preempt"
                 elif isinstance(action, DrainNode) and self.remediator.replace(
-                    action.node_id, action.reason, now_s
+                    action.node_id, action.reason, now_s, cause=self._cause(action.node_id)
                 ):
                     done = "replace"
                 if done is not None:
@@ -347,6 +347,11 @@ class Controller:
             except Exception:
                 self.stats.failures["4-act-health"] = self.stats.failures.get("4-act-health", 0) + 1
                 log.exception("acting on %r failed", action)
+
+    def _cause(self, node_id: str) -> str:
+        """The short reason a node was taken out (``gpu_overheated,xid_fatal``)."""
+        v = self.verdicts.get(node_id)
+        return ",".join(r.value for r in v.reasons) if v is not None and v.reasons else "unhealthy"
 
     def _export_health_metrics(self, snapshot: Any) -> None:
         from policies.health import Verdict
@@ -443,7 +448,10 @@ def _kube_remove(cfg: Config) -> Any:
     from controlplane.kube import from_config
 
     actuator = from_config(cfg)
-    return None if actuator is None else actuator.remove_node
+    if actuator is None:
+        return None
+    remove: Any = actuator.remove_node
+    return remove
 
 
 def get_controller() -> Any:

@@ -128,8 +128,12 @@ class Remediator:
             return True
         return False
 
-    def replace(self, node_id: str, reason: str, now_s: float) -> bool:
-        """Have the empty node replaced (once); False when it was already or is not wanted."""
+    def replace(self, node_id: str, reason: str, now_s: float, cause: str = "") -> bool:
+        """Have the empty node replaced (once); False when it was already or is not wanted.
+
+        `cause` is the short form of `reason` (e.g. ``gpu_overheated``) for the Kubernetes
+        taint's value; the event log gets the whole `reason`.
+        """
         if not self.replace_drained or node_id in self.replaced:
             return False
         if self.kube_remove is not None:
@@ -137,7 +141,7 @@ class Remediator:
             if pod is None:
                 log.warning("no hostname (pod name) for node %s; not removing its pod", node_id)
                 return False
-            self.kube_remove(pod, reason)
+            self.kube_remove(pod, cause or reason)
             how = f"pod {pod} deleted, its Kubernetes node cordoned and tainted"
         else:
             if not self.nodes.stop(node_id):

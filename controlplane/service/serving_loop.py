@@ -103,6 +103,8 @@ class ServingLoop:
         )
         self._claim_gpus = 0
         self._unhealthy: frozenset[str] = frozenset()
+        self._kube: Any = None
+        """The Kubernetes actuator, made on first use (only with kubernetes.enabled)."""
         self._replicas: tuple[ServeReplica, ...] = ()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -234,7 +236,31 @@ class ServingLoop:
                 self.metrics.moves.inc(tags={"model": model})
 
         self.step.act(decision, current, record)
+        self._scale_external_group(decision)
         self.store.delete(INFLIGHT_KEY)
+
+    def _scale_external_group(self, decision: Any) -> None:
+        """On Kubernetes with the in-tree autoscaler off, size the external worker group
+        through the RayCluster (`request_resources` alone would reach no autoscaler)."""
+        from policies.plan import RequestExternalCapacity
+
+        kube = self.cfg.kubernetes
+        if not kube.enabled or kube.autoscaler_owns_external:
+            return
+        wanted = [a for a in decision.actions if isinstance(a, RequestExternalCapacity)]
+        if not wanted:
+            return
+        if self._kube is None:
+            from controlplane.kube import from_config
+
+            self._kube = from_config(self.cfg)
+        if self._kube is None:
+            return
+        per_node = max(1, self.cfg.pools.external.gpus_per_node)
+        nodes = -(-wanted[-1].num_gpus // per_node)
+        result = self._kube.scale_external(nodes)
+        if result.changed or result.refused:
+            self.store.record_event("serve.external_group", result.detail)
 
     def _record(self, decision: Any, state: ServingPolicyState) -> None:
         self.store.put(STATE_KEY, state.to_dict())

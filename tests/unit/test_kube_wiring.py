@@ -1,0 +1,148 @@
+"""The control plane's two Kubernetes paths, through the real `kubernetes` client against the
+loopback fake API server: health's node removal (Remediator -> `remove_node`) and the external
+worker group sized by the serving loop when the in-tree autoscaler is off."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from controlplane.config import load_config
+from controlplane.kube import KubernetesActuator
+from controlplane.service.remediation import Remediator
+from controlplane.serving import ServingDecision
+from controlplane.store import Store
+from policies.plan import RequestExternalCapacity
+from tests.unit.kubeapi import FakeKubeApi, running
+from tests.unit.test_health_actuation import FakeNodes
+from tests.unit.test_kube_actuator import (
+    CLUSTER,
+    NODE,
+    NODE_PATH,
+    NS,
+    POD,
+    POD_PATH,
+    add_cluster,
+    kube_config,
+    replicas_of,
+    worker_labels,
+)
+
+
+@pytest.fixture
+def api() -> Iterator[FakeKubeApi]:
+    with running() as server:
+        yield server
+
+
+def actuator(api: FakeKubeApi, **overrides: Any) -> KubernetesActuator:
+    conf = k8s.Configuration()
+    conf.host = api.url
+    return KubernetesActuator(kube_config(**overrides), k8s.ApiClient(conf), sleep=lambda _s: None)
+
+
+def test_an_empty_unhealthy_node_is_cordoned_tainted_and_its_pod_deleted(api: FakeKubeApi) -> None:
+    api.add_node(NODE)
+    api.add_pod(POD, namespace=NS, node_name=NODE, labels=worker_labels())
+    events: list[tuple[str, str]] = []
+    with actuator(api) as act:
+        r = Remediator(
+            FakeNodes(hostnames={"ray-node-a": POD}),
+            drain_deadline_s=600,
+            replace_drained=True,
+            record=lambda k, m: events.append((k, m)),
+            kube_remove=act.remove_node,
+        )
+        long_reason = "node ray-node-a unhealthy: gpu_overheated (gpu 0 at 91.5 C > 78 C)"
+        assert r.replace("ray-node-a", long_reason, now_s=1.0, cause="gpu_overheated")
+    node = api.get(NODE_PATH)
+    assert node is not None and node["spec"]["unschedulable"] is True
+    taints = node["spec"]["taints"]
+    assert [(t["key"], t["value"], t["effect"]) for t in taints] == [
+        ("rcp.dev/unhealthy", "gpu_overheated", "NoSchedule")
+    ]
+    assert api.get(POD_PATH) is None  # KubeRay creates a new pod on another node
+    assert events and events[0][0] == "health.drain" and POD in events[0][1]
+
+
+@pytest.mark.parametrize(
+    ("owns", "gpus", "replicas"),
+    [(False, 5, 3), (False, 4, 2), (True, 5, 0)],  # 2 GPUs per external node (default)
+)
+def test_serving_loop_sizes_the_external_group_only_when_it_owns_it(
+    api: FakeKubeApi, tmp_path: Path, owns: bool, gpus: int, replicas: int
+) -> None:
+    from controlplane.service.serving_loop import ServingLoop
+
+    add_cluster(api)
+    cfg = load_config(
+        None,
+        [
+            f"state_dir={tmp_path}",
+            "kubernetes.enabled=true",
+            f"kubernetes.namespace={NS}",
+            f"kubernetes.raycluster={CLUSTER}",
+            f"kubernetes.autoscaler_owns_external={str(owns).lower()}",
+        ],
+    )
+    store = Store(cfg.jobs_db_path)
+    loop = ServingLoop(cfg, store, start=False)
+    loop._kube = actuator(api, autoscaler_owns_external=owns)
+    decision = ServingDecision(
+        targets=(), actions=(RequestExternalCapacity(gpus, "demand"),), demands=()
+    )
+    loop._scale_external_group(decision)
+    assert replicas_of(api) == replicas
+
+
+def test_rcp_uncordon_lets_the_host_take_pods_again(api: FakeKubeApi, tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from controlplane.cli import cli
+
+    foreign = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    api.add_node(NODE, taints=[foreign])
+    with actuator(api) as act:
+        act.cordon(NODE, "gpu_overheated")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
+                "users": [{"name": "me", "user": {"token": "t0ken"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "me"}}],
+                "current-context": "fake",
+            }
+        )
+    )
+    args = [
+        "kubernetes.enabled=true",
+        "kubernetes.in_cluster=false",
+        f"kubernetes.kubeconfig={kubeconfig}",
+    ]
+    result = CliRunner().invoke(cli, ["uncordon", NODE, *args])
+    assert result.exit_code == 0, result.output
+    node = api.get(NODE_PATH)
+    assert node is not None and not node["spec"].get("unschedulable")
+    assert node["spec"]["taints"] == [foreign]  # only our taint went
+
+    missing = CliRunner().invoke(cli, ["uncordon", "no-such-node", *args])
+    assert missing.exit_code == 1 and "no-such-node" in missing.output
+
+
+def test_rcp_uncordon_in_local_mode_says_there_is_nothing_to_uncordon() -> None:
+    from click.testing import CliRunner
+
+    from controlplane.cli import cli
+
+    result = CliRunner().invoke(cli, ["uncordon", "some-node"])
+    assert result.exit_code == 2
+    assert "kubernetes.enabled is false" in result.output
