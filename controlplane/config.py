@@ -293,6 +293,19 @@ class HealthConfig:
 
 
 @dataclass
+class ObservabilityConfig:
+    """Local mode's Prometheus (production runs its own: infra/prometheus)."""
+
+    prometheus: bool = True
+    """`rcp up` starts the ``prometheus`` binary on loopback (when installed) scraping every
+    node's Ray metrics agent and the telemetry agents, with the alert rules, and points the Ray
+    dashboard's Metrics tab at it. Not fatal: without the binary or a free port `up` says so
+    and goes on."""
+    prometheus_port: int = 9090
+    scrape_interval_s: float = 5.0
+
+
+@dataclass
 class KubernetesConfig:
     """The Kubernetes actuator (production on KubeRay; see docs/kubernetes-actuator.md).
 
@@ -345,6 +358,7 @@ class Config:
     serving: ServingConfig = field(default_factory=ServingConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
 
     @property
     def state_path(self) -> Path:
@@ -402,6 +416,8 @@ def validate(cfg: Config) -> list[str]:
     errors += _port("serve.http_port", cfg.serve.http_port)
     errors += _port("api.port", cfg.api.port)
     errors += _port("storage.embedded_port", cfg.storage.embedded_port)
+    errors += _port("observability.prometheus_port", cfg.observability.prometheus_port)
+    errors += _at_least(0.5, "observability.scrape_interval_s", cfg.observability.scrape_interval_s)
     errors += _at_least(
         0.1, "ray.autoscaler_update_interval_s", cfg.ray.autoscaler_update_interval_s
     )

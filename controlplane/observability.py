@@ -272,6 +272,9 @@ class LocalPrometheus:
     rule_files: tuple[Path, ...] = (PROMETHEUS_DIR / "rules.yml",)
     binary: str | None = None
     host: str = "127.0.0.1"
+    env: Mapping[str, str] | None = None
+    """The server's environment (default: this process's); `rcp up` adds its cluster marker
+    so `rcp down` stops the server with the rest."""
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @classmethod
@@ -339,6 +342,7 @@ class LocalPrometheus:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env=None if self.env is None else dict(self.env),
             )
         finally:
             log.close()

@@ -235,6 +235,9 @@ class LocalCluster:
         self._check_ports_free()
         cluster_id = uuid.uuid4().hex[:12]
         env = self._env(cluster_id)
+        if self.cfg.observability.prometheus:
+            # The dashboard reads it when the head starts: its Metrics tab queries this server.
+            env["RAY_PROMETHEUS_HOST"] = self.prometheus_url
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.temp_dir.mkdir(parents=True, exist_ok=True)
         state = {
@@ -279,6 +282,10 @@ class LocalCluster:
             from controlplane.service.controller import deploy
 
             announce(Endpoint("api", deploy(self.cfg)))
+            if self.cfg.observability.prometheus:
+                prometheus = self._start_prometheus(env, echo)
+                if prometheus is not None:
+                    announce(prometheus)
         except BaseException:
             echo("start failed; stopping what was started")
             self._stop(state, echo=lambda _m: None)
@@ -313,6 +320,39 @@ class LocalCluster:
             }
         )
         return env
+
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://{self.cfg.ray.node_ip}:{self.cfg.observability.prometheus_port}"
+
+    def _start_prometheus(self, env: dict[str, str], echo: Echo) -> Endpoint | None:
+        """The local Prometheus (observability.prometheus); None, with a note, if it cannot run.
+
+        It scrapes Ray's per-node metrics agents (Ray keeps their target list in its temp
+        dir), the telemetry agents (the controller rewrites their target list as agents come
+        and go) and loads the alert rules.
+        """
+        from controlplane.observability import LocalPrometheus, PrometheusError
+
+        host, port = self.cfg.ray.node_ip, self.cfg.observability.prometheus_port
+        if _port_in_use(host, port):
+            echo(
+                f"prometheus: not started, {host}:{port} is in use (choose another with "
+                "observability.prometheus_port=..., or observability.prometheus=false)"
+            )
+            return None
+        prom = LocalPrometheus.for_cluster(
+            self.cfg,
+            port=port,
+            env=env,
+            scrape_interval_s=self.cfg.observability.scrape_interval_s,
+        )
+        try:
+            prom.start()
+        except PrometheusError as exc:
+            echo(f"prometheus: not started ({str(exc).splitlines()[0]})")
+            return None
+        return Endpoint("prometheus", prom.url)
 
     def _check_ports_free(self) -> None:
         r = self.cfg.ray

@@ -92,6 +92,7 @@ class Controller:
 
         self.verdicts: dict[str, Any] = {}
         self._health_lock = threading.Lock()
+        self._prometheus_targets: set[str] = set()
         """Held while the stored health state is read and written (tick vs operator clear)."""
         self.remediator = Remediator(
             RayNodeControl(),
@@ -288,7 +289,8 @@ class Controller:
         from controlplane.telemetry.verdicts import judge
         from policies.health import HealthState, NodeVerdict, Verdict
 
-        manager.ensure_agents(self.cfg, exclude=set(self.remediator.cordoned))
+        refs = manager.ensure_agents(self.cfg, exclude=set(self.remediator.cordoned))
+        self._refresh_prometheus_targets({r.node_id for r in refs if not r.idle_external})
         samples = manager.collect_samples(
             max_samples=HEALTH_SAMPLES, timeout_s=self.cfg.policy.tick_s
         )
@@ -309,6 +311,19 @@ class Controller:
                 )
         self.remediator.forget({n.node_id for n in snapshot.nodes})
         return verdicts
+
+    def _refresh_prometheus_targets(self, agent_nodes: set[str]) -> None:
+        """Local mode's Prometheus: rewrite the agents' target list when the agents change
+        (a new agent may not answer yet: what was written is compared, not what was asked)."""
+        if not self.cfg.observability.prometheus or self.cfg.kubernetes.enabled:
+            return
+        if agent_nodes == self._prometheus_targets:
+            return
+        from controlplane.observability import LocalPrometheus, write_telemetry_targets
+
+        path = LocalPrometheus.for_cluster(self.cfg).telemetry_sd_file
+        groups = write_telemetry_targets(path, timeout_s=self.cfg.policy.tick_s)
+        self._prometheus_targets = {g["labels"]["rcp_node"] for g in groups}
 
     def _decide(self, snapshot: Any, verdicts: dict[str, Any]) -> Any:
         from controlplane.service.observing import admission_config

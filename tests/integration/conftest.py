@@ -43,6 +43,8 @@ def local_overrides(state_dir: Path, *extra: str) -> list[str]:
         f"api.port={api}",
         # Modules that test serving turn it on; the others get the whole cluster pool.
         "serve.deploy_app=false",
+        # One Prometheus per module would fight over its port; test_observability turns it on.
+        "observability.prometheus=false",
         *extra,
     ]
 

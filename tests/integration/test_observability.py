@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import threading
 import time
@@ -26,13 +25,12 @@ import pytest
 import requests
 
 from controlplane.config import Config
-from controlplane.local.cluster import connect
+from controlplane.local.cluster import _port_in_use, connect
 from controlplane.observability import (
     LocalPrometheus,
     for_query,
     load_dashboards,
     panel_expressions,
-    ray_metrics_sd_file,
 )
 from controlplane.sdk import Client
 from controlplane.telemetry import manager
@@ -75,29 +73,30 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, prometheus_port: int) -> I
         "      num_gpus: 1\n"
         "      num_cpus: 0.5\n"
     )
-    # The Ray dashboard's Metrics tab asks this Prometheus (README, "Monitoring"): `rcp up`
-    # hands its environment to the head, so exporting the variable before `up` is the wiring.
-    saved = os.environ.get("RAY_PROMETHEUS_HOST")
-    os.environ["RAY_PROMETHEUS_HOST"] = f"http://127.0.0.1:{prometheus_port}"
-    try:
-        cfg, local = start_local_cluster(
-            tmp_path_factory,
-            "pools.cluster.num_nodes=1",
-            "pools.cluster.gpus_per_node=2",
-            "pools.external.max_nodes=1",
-            "serve.deploy_app=true",
-            config_file=conf,
-        )
-    finally:
-        if saved is None:
-            os.environ.pop("RAY_PROMETHEUS_HOST", None)
-        else:
-            os.environ["RAY_PROMETHEUS_HOST"] = saved
+    # `rcp up` starts Prometheus on this port and points the head's dashboard at it
+    # (RAY_PROMETHEUS_HOST): the Metrics tab's wiring.
+    cfg, local = start_local_cluster(
+        tmp_path_factory,
+        "pools.cluster.num_nodes=1",
+        "pools.cluster.gpus_per_node=2",
+        "pools.external.max_nodes=1",
+        "serve.deploy_app=true",
+        "observability.prometheus=true",
+        f"observability.prometheus_port={prometheus_port}",
+        "observability.scrape_interval_s=1",
+        config_file=conf,
+    )
     try:
         connect(cfg)
         yield cfg
     finally:
         local.down(echo=lambda _line: None)
+    # `rcp down` stops the Prometheus `rcp up` started, with everything else.
+    wait_for(
+        "prometheus to stop with the cluster",
+        lambda: not _port_in_use(cfg.ray.node_ip, prometheus_port),
+        30,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -199,19 +198,17 @@ def prometheus(
         return infos if ready else None
 
     wait_for("an agent on every node", all_sampling, 120)
-    prom = LocalPrometheus(
-        work_dir=tmp_path_factory.mktemp("prometheus"),
-        ray_sd_file=ray_metrics_sd_file(cluster),
-        port=prometheus_port,
-        scrape_interval_s=1.0,
-    )
-    wait_for(f"Ray's target list {prom.ray_sd_file}", prom.ray_sd_file.exists, 60)
-    prom.start()
-    prom.refresh_telemetry_targets()
-    try:
-        yield prom
-    finally:
-        prom.stop()
+    # The one `rcp up` started; the controller keeps its list of agent targets current.
+    prom = LocalPrometheus.for_cluster(cluster, port=prometheus_port)
+    alive = set(all_sampling() or ())
+
+    def listed() -> set[str]:
+        if not prom.telemetry_sd_file.exists():
+            return set()
+        return {g["labels"]["rcp_node"] for g in json.loads(prom.telemetry_sd_file.read_text())}
+
+    wait_for("the controller to list every agent for Prometheus", lambda: listed() >= alive, 60)
+    yield prom
 
 
 def has_a_number(result: list[dict[str, Any]]) -> bool:

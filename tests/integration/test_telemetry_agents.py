@@ -3,6 +3,9 @@ and a real Prometheus server scraping the agents' endpoints.
 
 The agents sample every `telemetry.interval_s` (1 s by default). Waits are bounded by
 deadlines and the assertions are about samples and values, never about how long things took.
+
+The cluster runs with ``health.act=false``: the controller reports verdicts but does not take
+the nodes this module injects faults into out of service (test_node_health.py covers that).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from controlplane.telemetry import manager
 from controlplane.telemetry.simulated import HOT_GPU_TEMP_C
 from controlplane.telemetry.verdicts import node_sample, thresholds
 from policies.health import HealthReason, HealthState, Verdict, evaluate
-from tests.integration.conftest import free_ports
+from tests.integration.conftest import free_ports, start_local_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -49,6 +52,18 @@ def alive_nodes() -> dict[str, dict[str, Any]]:
     import ray
 
     return {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
+
+
+@pytest.fixture(scope="module")
+def local_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Config, LocalCluster]]:
+    """The default cluster, with the controller only reporting health (see the module doc)."""
+    cfg, cluster = start_local_cluster(tmp_path_factory, "health.act=false")
+    try:
+        yield cfg, cluster
+    finally:
+        cluster.down(echo=lambda _line: None)
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +277,8 @@ def test_busy_external_node_gets_an_agent_and_idle_one_still_scales_to_zero(
     holder = Holder.remote()  # type: ignore[attr-defined]
     external = ray.get(holder.node.remote(), timeout=180)
     refs = {r.node_id: r for r in manager.ensure_agents(cfg)}
-    assert refs[external].pool == "external" and refs[external].started
+    # Started by this call or already by the controller's tick (it ensures agents each tick).
+    assert refs[external].pool == "external" and not refs[external].idle_external
 
     def sampling() -> dict[str, Any] | None:
         info = manager.agent_endpoints(timeout_s=10).get(external)
