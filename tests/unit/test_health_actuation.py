@@ -180,3 +180,26 @@ def test_health_actions_are_logged_once_while_their_live_figures_change() -> Non
     assert _event_key(move("for 3 samples")) == _event_key(move("for 9 samples"))
     # Job actions stay keyed by their reason: a new reason is a new decision.
     assert _event_key(PreemptJob("j", "r1")) != _event_key(PreemptJob("j", "r2"))
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"RAY_AUTH_MODE": "token"}, {"RAY_AUTH_MODE": "token"}),  # KubeRay with token auth
+        (
+            {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
+            {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
+        ),  # local mode
+        ({}, {}),  # nothing set: Ray's own defaults apply
+    ],
+)
+def test_the_controller_and_its_jobs_reach_ray_the_way_the_deployer_does(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: dict[str, str]
+) -> None:
+    from controlplane.service.controller import RAY_CONNECTION_ENV, ray_connection_env
+
+    for key in RAY_CONNECTION_ENV:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert ray_connection_env() == expected
