@@ -15,7 +15,8 @@ Rules, in order:
 2. **Keep**: models in name order keep as many of their cluster replicas as the budget holds.
 3. **Yield to training**: replicas over the budget move to ``external`` (one
    `MoveServeReplicas` per model, make-before-break in the actuator) as far as the external
-   pool's capacity allows. If it cannot hold them, the model keeps enough cluster replicas to
+   pool's capacity allows. The budget also shrinks when health takes a cluster node out; a
+   move of a model with replicas on such a node says so (``leave_unhealthy_node``). If it cannot hold them, the model keeps enough cluster replicas to
    stay at ``min_replicas`` — serving never drops below its guaranteed minimum — and the
    plan says so in the move's reason.
 4. **Grow**: new replicas (total wanted above what runs) go to the cluster pool when it has
@@ -63,6 +64,7 @@ __all__ = [
 
 class PlacementReason(str, Enum):
     YIELD_TO_TRAINING = "yield_to_training"
+    LEAVE_UNHEALTHY_NODE = "leave_unhealthy_node"
     EXTERNAL_FULL = "external_full"
     GROW_CLUSTER = "grow_cluster"
     GROW_EXTERNAL = "grow_external"
@@ -193,6 +195,19 @@ def decide(
         for d in ordered
     }
 
+    unhealthy = {n.node_id for n in snapshot.nodes if not n.healthy}
+    on_unhealthy = {
+        d.model: sum(
+            1
+            for r in snapshot.serve_replicas
+            if r.model == d.model
+            and r.pool is Pool.CLUSTER
+            and r.node_id in unhealthy
+            and r.state in active
+        )
+        for d in ordered
+    }
+
     # Pass 1 (rules 2-4): keep, yield, grow.
     plan_c: dict[str, int] = {}
     plan_e: dict[str, int] = {}
@@ -235,6 +250,12 @@ def decide(
                 f"{PlacementReason.YIELD_TO_TRAINING.value}: {moved} replica(s) of {d.model} "
                 "make room on the cluster pool for training"
             )
+            if on_unhealthy.get(d.model):
+                reason = (
+                    f"{PlacementReason.LEAVE_UNHEALTHY_NODE.value}: {moved} replica(s) of "
+                    f"{d.model} leave the cluster pool: {on_unhealthy[d.model]} run on nodes "
+                    "health took out and the healthy nodes have no room"
+                )
             actions.append(
                 MoveServeReplicas(
                     model=d.model,

@@ -286,3 +286,40 @@ def test_route_weights_follow_readiness(
 def test_bad_config_is_rejected(kwargs: dict[str, int]) -> None:
     with pytest.raises(ValueError):
         PlacementConfig(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("healthy_c2", "expect", "reason"),
+    [
+        # c1 (4 GPUs, holds the 4 replicas) is taken out; c2 is busy with training: out they go.
+        (True, (0, 4), "leave_unhealthy_node"),
+        # Both out: the same, the budget is 0.
+        (False, (0, 4), "leave_unhealthy_node"),
+    ],
+)
+def test_replicas_on_a_node_health_took_out_move_and_say_why(
+    healthy_c2: bool, expect: tuple[int, int], reason: str
+) -> None:
+    nodes = [
+        node("c1", gpus_total=4, healthy=False),
+        node("c2", gpus_total=4, healthy=healthy_c2),
+        *EXTERNAL,
+    ]
+    snap = snapshot(nodes, replicas=replicas(4, 0), running=[gang("g", {"c2": 4})])
+    (targets, actions), _ = decide(
+        snap, (ModelDemand("m", 4, 1, 1),), PlacementConfig(external_max_gpus=8), PlacementState()
+    )
+    assert (targets[0].cluster, targets[0].external) == expect
+    (move,) = [a for a in actions if isinstance(a, MoveServeReplicas)]
+    assert move.reason.startswith(reason) and "4 run on nodes health took out" in move.reason
+
+
+def test_replicas_on_a_bad_node_stay_in_the_cluster_when_healthy_nodes_have_room() -> None:
+    """Serve's own drain migration moves them between cluster nodes: no cross-pool move."""
+    nodes = [node("c1", gpus_total=4, healthy=False), node("c2", gpus_total=4), *EXTERNAL]
+    snap = snapshot(nodes, replicas=replicas(2, 0))
+    (targets, actions), _ = decide(
+        snap, (ModelDemand("m", 2, 1, 1),), PlacementConfig(external_max_gpus=8), PlacementState()
+    )
+    assert (targets[0].cluster, targets[0].external) == (2, 0)
+    assert not [a for a in actions if isinstance(a, MoveServeReplicas)]
