@@ -340,13 +340,25 @@ def serve_status_cmd(config_file: str | None, overrides: tuple[str, ...], as_jso
 # -- the training queue (talks to the control plane's HTTP API through the SDK) ---------------
 
 
+def _remember_config(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    ctx.meta["rcp.config_file"] = value
+
+
 def _client_options(func: F) -> F:
     func = click.option(
         "--state-dir",
         envvar="RCP_STATE_DIR",
-        default="~/.rcp",
-        show_default=True,
-        help="Where `rcp up` wrote api-url and api-token (env: RCP_STATE_DIR).",
+        default=None,
+        help="Where `rcp up` wrote api-url and api-token (env: RCP_STATE_DIR; default: the "
+        "state_dir of --config, else ~/.rcp).",
+    )(func)
+    func = click.option(
+        "--config",
+        type=click.Path(dir_okay=False),
+        envvar="RCP_CONFIG",
+        expose_value=False,
+        callback=_remember_config,
+        help="The YAML config `rcp up` ran with: its state_dir is used (env: RCP_CONFIG).",
     )(func)
     func = click.option(
         "--url", envvar="RCP_API_URL", help="Control-plane API URL (env: RCP_API_URL)."
@@ -354,9 +366,12 @@ def _client_options(func: F) -> F:
     return func
 
 
-def _client(url: str | None, state_dir: str) -> Any:
+def _client(url: str | None, state_dir: str | None) -> Any:
     from controlplane.sdk import ApiError, Client
 
+    if state_dir is None:
+        config_file = click.get_current_context().meta.get("rcp.config_file")
+        state_dir = str(_load(config_file, ()).state_path)
     try:
         return Client(url=url, state_dir=state_dir)
     except ApiError as exc:
@@ -410,7 +425,7 @@ _JOB_HEADER = ("ID", "NAME", "STATE", "PRIORITY", "QUEUE", "GANG", "PREEMPTED")
 @click.option("--json", "as_json", is_flag=True, help='Print {"id": ..., "state": ...}.')
 def submit(
     url: str | None,
-    state_dir: str,
+    state_dir: str | None,
     args: tuple[str, ...],
     workers: int | None,
     gpus_per_worker: int,
@@ -483,7 +498,7 @@ def submit(
 @_client_options
 @click.argument("job_id", required=False, metavar="[ID]")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def status(url: str | None, state_dir: str, job_id: str | None, as_json: bool) -> None:
+def status(url: str | None, state_dir: str | None, job_id: str | None, as_json: bool) -> None:
     """One job's state and history, or every job's state without an ID."""
     client = _client(url, state_dir)
     if job_id is None:
@@ -510,7 +525,7 @@ def status(url: str | None, state_dir: str, job_id: str | None, as_json: bool) -
 @_client_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 @click.option("--all", "show_all", is_flag=True, help="Include finished jobs.")
-def queue_cmd(url: str | None, state_dir: str, as_json: bool, show_all: bool) -> None:
+def queue_cmd(url: str | None, state_dir: str | None, as_json: bool, show_all: bool) -> None:
     """Jobs waiting or holding GPUs (QUEUED, ADMITTED, RUNNING), oldest in the queue first."""
     client = _client(url, state_dir)
     state = None if show_all else "QUEUED,ADMITTED,RUNNING,PREEMPTED"
@@ -524,7 +539,7 @@ def queue_cmd(url: str | None, state_dir: str, as_json: bool, show_all: bool) ->
 @cli.command()
 @_client_options
 @click.argument("job_id", metavar="ID")
-def cancel(url: str | None, state_dir: str, job_id: str) -> None:
+def cancel(url: str | None, state_dir: str | None, job_id: str) -> None:
     """Cancel a job; a running gang is stopped."""
     client = _client(url, state_dir)
     job = _api(lambda: client.cancel(job_id))
@@ -535,7 +550,7 @@ def cancel(url: str | None, state_dir: str, job_id: str) -> None:
 @_client_options
 @click.argument("job_id", metavar="ID")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
-def logs(url: str | None, state_dir: str, job_id: str, follow: bool) -> None:
+def logs(url: str | None, state_dir: str | None, job_id: str, follow: bool) -> None:
     """The job's driver logs (every attempt)."""
     client = _client(url, state_dir)
     if follow:
@@ -552,7 +567,12 @@ def logs(url: str | None, state_dir: str, job_id: str, follow: bool) -> None:
 @click.option("--limit", type=int, default=200, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 def events(
-    url: str | None, state_dir: str, job_id: str | None, after: int, limit: int, as_json: bool
+    url: str | None,
+    state_dir: str | None,
+    job_id: str | None,
+    after: int,
+    limit: int,
+    as_json: bool,
 ) -> None:
     """The control plane's event log: state changes, admissions, preemptions."""
     import time as _time

@@ -105,3 +105,26 @@ def test_the_example_job_file_is_accepted(srv: Server) -> None:
     job = srv.store.get(json.loads(out)["id"])
     assert job.spec.entrypoint == "jobs.examples.train_mnistlike:train_loop"
     assert job.spec.checkpoint.preempt_deadline_s == 60
+
+
+def test_job_commands_find_the_api_through_the_config_up_ran_with(
+    srv: Server, tmp_path: Path
+) -> None:
+    from controlplane.service.tokens import TOKEN_FILE, write_url
+
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / TOKEN_FILE).write_text(TOKEN)
+    write_url(state, srv.url)
+    conf = tmp_path / "rcp.yaml"
+    conf.write_text(f"state_dir: {state}\n")
+    runner = CliRunner()
+    by_flag = runner.invoke(cli, ["queue", "--json", "--config", str(conf)], env={})
+    assert by_flag.exit_code == 0, by_flag.output
+    assert isinstance(json.loads(by_flag.output), list)
+    by_env = runner.invoke(cli, ["queue", "--json"], env={"RCP_CONFIG": str(conf)})
+    assert by_env.exit_code == 0, by_env.output
+    # A config with a mistake is named, like every other command's.
+    conf.write_text("state_dirr: x\n")
+    bad = runner.invoke(cli, ["queue", "--config", str(conf)], env={})
+    assert bad.exit_code == 2 and "state_dirr" in bad.output
