@@ -62,6 +62,7 @@ from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
 
 __all__ = [
     "DEFAULT_FATAL_XIDS",
+    "DRAINED_BY_OTHERS",
     "CordonNode",
     "RemediationAction",
     "GpuSample",
@@ -73,6 +74,7 @@ __all__ = [
     "NodeVerdict",
     "PortSample",
     "Verdict",
+    "acting_verdicts",
     "clear_lemon",
     "evaluate",
     "remediate",
@@ -535,6 +537,50 @@ def with_verdicts(
 
 
 _NO_VERDICT = NodeVerdict("", Verdict.HEALTHY)
+
+DRAINED_BY_OTHERS = "Ray is draining it"
+"""The detail of a verdict `acting_verdicts` adds for a node someone else drains."""
+
+
+def acting_verdicts(
+    judged: Mapping[str, NodeVerdict],
+    previous: Mapping[str, NodeVerdict],
+    cordoned: Iterable[str],
+    draining: Iterable[str],
+    snapshot: ClusterSnapshot,
+) -> tuple[dict[str, NodeVerdict], frozenset[str]]:
+    """The verdicts the controller acts on, and the nodes drained by someone else.
+
+    From the telemetry verdicts (`judged`), two rules:
+
+    1. A node the controller has cordoned (`cordoned`: it asked Ray to drain it) stays
+       UNHEALTHY even if its samples recover: a Ray drain cannot be undone, so the node goes
+       on to be replaced. It keeps its last unhealthy verdict (from `previous`), or gets a
+       bare one ("cordoned").
+    2. A node Ray drains for someone else (in `draining`, not cordoned: Kubernetes deleting
+       the pod, a spot preemption notice, an operator) while a gang holds GPUs there is
+       UNHEALTHY (`DRAINED_BY_OTHERS`), so the gang checkpoints and restarts elsewhere before
+       the node goes. Such nodes are returned in the second value: the caller does not remove
+       them (whoever drains them does) and does not blame their host. Idle draining nodes are
+       left to whoever drains them.
+    """
+    out = dict(judged)
+    for node_id in cordoned:
+        if out.get(node_id, _NO_VERDICT).verdict is not Verdict.UNHEALTHY:
+            before = previous.get(node_id, _NO_VERDICT)
+            out[node_id] = (
+                before
+                if before.verdict is Verdict.UNHEALTHY
+                else NodeVerdict(node_id, Verdict.UNHEALTHY, details=("cordoned",))
+            )
+    ours = set(cordoned)
+    by_others = set()
+    for node_id in sorted(set(draining) - ours):
+        held = any(g.gpus_by_node.get(node_id, 0) > 0 for g in snapshot.running)
+        if held and out.get(node_id, _NO_VERDICT).verdict is not Verdict.UNHEALTHY:
+            out[node_id] = NodeVerdict(node_id, Verdict.UNHEALTHY, details=(DRAINED_BY_OTHERS,))
+            by_others.add(node_id)
+    return out, frozenset(by_others)
 
 
 def remediate(

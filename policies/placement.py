@@ -16,7 +16,8 @@ Rules, in order:
 3. **Yield to training**: replicas over the budget move to ``external`` (one
    `MoveServeReplicas` per model, make-before-break in the actuator) as far as the external
    pool's capacity allows. The budget also shrinks when health takes a cluster node out; a
-   move of a model with replicas on such a node says so (``leave_unhealthy_node``). If it cannot hold them, the model keeps enough cluster replicas to
+   move of a model with replicas on such a node says so (``leave_unhealthy_node``) unless
+   training claims GPUs too (then it is ``yield_to_training``). If it cannot hold them, the model keeps enough cluster replicas to
    stay at ``min_replicas`` — serving never drops below its guaranteed minimum — and the
    plan says so in the move's reason.
 4. **Grow**: new replicas (total wanted above what runs) go to the cluster pool when it has
@@ -250,7 +251,7 @@ def decide(
                 f"{PlacementReason.YIELD_TO_TRAINING.value}: {moved} replica(s) of {d.model} "
                 "make room on the cluster pool for training"
             )
-            if on_unhealthy.get(d.model):
+            if on_unhealthy.get(d.model) and training_claim_gpus <= 0:
                 reason = (
                     f"{PlacementReason.LEAVE_UNHEALTHY_NODE.value}: {moved} replica(s) of "
                     f"{d.model} leave the cluster pool: {on_unhealthy[d.model]} run on nodes "

@@ -32,6 +32,7 @@ node inventory.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import math
@@ -54,6 +55,8 @@ ACTOR_NAME = "rcp-controller"
 NAMESPACE = "rcp"
 STATE_KEY = "admission.state"
 HEALTH_STATE_KEY = "health.state"
+CORDONED_KEY = "health.cordoned"
+PROMETHEUS_REFRESH_S = 5.0
 HEALTH_SAMPLES = 16
 """Newest samples read from each agent per tick; the policy skips those it has seen."""
 
@@ -91,9 +94,20 @@ class Controller:
         from controlplane.service.remediation import RayNodeControl, Remediator
 
         self.verdicts: dict[str, Any] = {}
+        """The verdicts the last tick acted on, by node id."""
         self._health_lock = threading.Lock()
-        self._prometheus_targets: set[str] = set()
         """Held while the stored health state is read and written (tick vs operator clear)."""
+        self._prometheus_targets: set[str] = set()
+        self._prometheus_next_s = 0.0
+        self._agent_nodes: set[str] = set()
+        self._verdict_series: set[tuple[str, str]] = set()
+        """(node, pool) pairs whose verdict gauges were exported, to zero departed nodes."""
+        self._tick_starts: collections.deque[float] = collections.deque(maxlen=600)
+        self._draining: set[str] = set()
+        """Nodes Ray drains, as of this tick's observe phase."""
+        self._drained_by_others: frozenset[str] = frozenset()
+        """Draining nodes this controller did not cordon (nothing wrong with their hardware:
+        gangs there are checkpointed and moved, but the node is not removed or tainted)."""
         self.remediator = Remediator(
             RayNodeControl(),
             drain_deadline_s=self.cfg.health.drain_deadline_s,
@@ -101,6 +115,9 @@ class Controller:
             record=lambda kind, message: self.store.record_event(kind, message),
             kube_remove=_kube_remove(self.cfg),
         )
+        # The drains this controller asked for survive a restart (Ray does not say who asked).
+        self.remediator.cordoned.update(self.store.get_value(CORDONED_KEY, {}) or {})
+        self._saved_cordons: dict[str, float] = dict(self.remediator.cordoned)
         self._stop = threading.Event()
         self.api = ApiServer(self.service, token, self.cfg.ray.node_ip, self.cfg.api.port)
         if start:
@@ -119,6 +136,7 @@ class Controller:
             "ticks": self.stats.ticks,
             "failures": dict(self.stats.failures),
             "last_duration_s": dict(self.stats.last_duration_s),
+            "tick_starts_s": list(self._tick_starts),
         }
 
     def health(self) -> dict[str, Any]:
@@ -136,12 +154,20 @@ class Controller:
         """The operator's clear: forget `node`'s lemon record and held verdict (id, prefix or
         suffix). A node already drained is not brought back (Ray cannot undo a drain); its
         replacement starts with a clean record anyway."""
-        from controlplane.telemetry.manager import resolve_node_id
         from policies.health import HealthState, clear_lemon
 
         with self._health_lock:
             state = HealthState.from_dict(self.store.get_value(HEALTH_STATE_KEY, {}) or {})
-            node_id = resolve_node_id(node, state.nodes)
+            matches = [
+                n for n in state.nodes if n == node or n.startswith(node) or n.endswith(node)
+            ]
+            if len(matches) != 1:
+                known = ", ".join(sorted(state.nodes)) or "none"
+                raise ValueError(
+                    f"{'no' if not matches else 'more than one'} node with a health record "
+                    f"matches {node!r}; nodes with records: {known}"
+                )
+            (node_id,) = matches
             self.store.put(HEALTH_STATE_KEY, clear_lemon(state, [node_id]).to_dict())
         self.store.record_event("health.clear", f"node {node_id}: lemon record cleared by operator")
         return {"node_id": node_id, "cordoned": node_id in self.remediator.cordoned}
@@ -173,6 +199,7 @@ class Controller:
         from policies.health import with_verdicts
 
         self.stats.ticks += 1
+        self._tick_starts.append(time.time())
         snapshot = self._phase("1-observe", self._observe)
         if snapshot is None:
             return
@@ -182,14 +209,17 @@ class Controller:
         self.verdicts = verdicts
         snapshot = with_verdicts(snapshot, verdicts)
         self.serving.set_unhealthy_nodes({n.node_id for n in snapshot.nodes if not n.healthy})
+        self.serving.share_snapshot(snapshot)
         decided = self._phase("3-decide", self._decide, snapshot, verdicts)
         if decided is None:
             return
         plan, remediation, state = decided
         self._phase("4-act", self._act, plan)
         self._phase("4-act-health", self._act_health, remediation, snapshot.now_s)
+        self._phase("4-act-health", self._save_cordons)
         self._phase("5-record", self._record, plan + remediation, state)
         self._phase("6-metrics", self._export_metrics, snapshot, plan)
+        self._phase("6-metrics-targets", self._refresh_prometheus_targets)
         self._phase("6-metrics-health", self._export_health_metrics, snapshot)
 
     def _export_metrics(self, snapshot: Any, plan: Any) -> None:
@@ -275,6 +305,7 @@ class Controller:
         jobs = self.store.list_jobs(states=[JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING])
         snapshot = build_snapshot(time.time(), list_nodes(telemetry=False), jobs)
         draining = set(self.remediator.nodes.draining())
+        self._draining = draining
         nodes = tuple(
             dataclasses.replace(n, healthy=False) if n.node_id in draining else n
             for n in snapshot.nodes
@@ -287,10 +318,10 @@ class Controller:
         """Verdicts by node id; the policy's memory goes back to the store."""
         from controlplane.telemetry import manager
         from controlplane.telemetry.verdicts import judge
-        from policies.health import HealthState, NodeVerdict, Verdict
+        from policies.health import HealthState, acting_verdicts
 
         refs = manager.ensure_agents(self.cfg, exclude=set(self.remediator.cordoned))
-        self._refresh_prometheus_targets({r.node_id for r in refs if not r.idle_external})
+        self._agent_nodes = {r.node_id for r in refs if not r.idle_external}
         samples = manager.collect_samples(
             max_samples=HEALTH_SAMPLES, timeout_s=self.cfg.policy.tick_s
         )
@@ -298,27 +329,24 @@ class Controller:
             state = HealthState.from_dict(self.store.get_value(HEALTH_STATE_KEY, {}) or {})
             verdicts, new_state = judge(samples, self.cfg.health, state, snapshot.now_s)
             self.store.put(HEALTH_STATE_KEY, new_state.to_dict())
-        # A node this controller has cordoned stays out even if its samples recover: Ray
-        # cannot undo a drain, so it goes on to be replaced.
-        for node_id in self.remediator.cordoned:
-            v = verdicts.get(node_id)
-            if v is None or v.verdict is not Verdict.UNHEALTHY:
-                before = self.verdicts.get(node_id)
-                verdicts[node_id] = (
-                    before
-                    if before is not None and before.verdict is Verdict.UNHEALTHY
-                    else NodeVerdict(node_id, Verdict.UNHEALTHY, details=("cordoned",))
-                )
+        verdicts, self._drained_by_others = acting_verdicts(
+            verdicts, self.verdicts, self.remediator.cordoned, self._draining, snapshot
+        )
         self.remediator.forget({n.node_id for n in snapshot.nodes})
         return verdicts
 
-    def _refresh_prometheus_targets(self, agent_nodes: set[str]) -> None:
+    def _refresh_prometheus_targets(self) -> None:
         """Local mode's Prometheus: rewrite the agents' target list when the agents change
-        (a new agent may not answer yet: what was written is compared, not what was asked)."""
+        (a new agent may not answer yet: what was written is compared, not what was asked),
+        at most every `PROMETHEUS_REFRESH_S`. Its own phase: a failure here never stops
+        health from judging."""
         if not self.cfg.observability.prometheus or self.cfg.kubernetes.enabled:
             return
-        if agent_nodes == self._prometheus_targets:
+        agent_nodes = self._agent_nodes
+        now = time.monotonic()
+        if agent_nodes == self._prometheus_targets or now < self._prometheus_next_s:
             return
+        self._prometheus_next_s = now + PROMETHEUS_REFRESH_S
         from controlplane.observability import LocalPrometheus, write_telemetry_targets
 
         path = LocalPrometheus.for_cluster(self.cfg).telemetry_sd_file
@@ -349,6 +377,8 @@ class Controller:
                 elif isinstance(action, PreemptJob):
                     self.runner.preempt(action)
                     done = "preempt"
+                elif isinstance(action, DrainNode) and action.node_id in self._drained_by_others:
+                    pass  # whoever drains it removes it; its host did nothing wrong
                 elif isinstance(action, DrainNode) and self.remediator.replace(
                     action.node_id, action.reason, now_s, cause=self._cause(action.node_id)
                 ):
@@ -363,6 +393,13 @@ class Controller:
                 self.stats.failures["4-act-health"] = self.stats.failures.get("4-act-health", 0) + 1
                 log.exception("acting on %r failed", action)
 
+    def _save_cordons(self) -> None:
+        """The nodes this controller drained, for a restarted controller (Ray only says which
+        nodes drain, not who asked)."""
+        if self.remediator.cordoned != self._saved_cordons:
+            self.store.put(CORDONED_KEY, dict(self.remediator.cordoned))
+            self._saved_cordons = dict(self.remediator.cordoned)
+
     def _cause(self, node_id: str) -> str:
         """The short reason a node was taken out (``gpu_overheated,xid_fatal``)."""
         v = self.verdicts.get(node_id)
@@ -372,14 +409,22 @@ class Controller:
         from policies.health import Verdict
 
         m = self._metrics()
+        exported = set()
         for node in snapshot.nodes:
             verdict = self.verdicts.get(node.node_id)
             current = verdict.verdict if verdict is not None else Verdict.HEALTHY
+            exported.add((node.node_id, node.pool.value))
             for v in Verdict:
                 m["verdict"].set(
                     1.0 if v is current else 0.0,
                     tags={"node": node.node_id, "pool": node.pool.value, "verdict": v.value},
                 )
+        # Ray keeps the last value of every series: a node that is gone reads 0 everywhere,
+        # or its last verdict (say unhealthy) would stay on the dashboards and in the alerts.
+        for node_id, pool in self._verdict_series - exported:
+            for v in Verdict:
+                m["verdict"].set(0.0, tags={"node": node_id, "pool": pool, "verdict": v.value})
+        self._verdict_series = exported
         m["cordoned"].set(float(len(self.remediator.cordoned)))
 
     def _act(self, plan: Any) -> None:
@@ -457,15 +502,19 @@ def _event_key(action: Any) -> tuple[str, ...]:
 
 def _kube_remove(cfg: Config) -> Any:
     """The Kubernetes actuator's node removal when one is configured, else None (local)."""
-    kube = getattr(cfg, "kubernetes", None)
-    if kube is None or not getattr(kube, "enabled", False):
+    if not cfg.kubernetes.enabled:
         return None
     from controlplane.kube import from_config
 
-    actuator = from_config(cfg)
-    if actuator is None:
-        return None
-    remove: Any = actuator.remove_node
+    made: list[Any] = []
+
+    def remove(pod_name: str, reason: str) -> Any:
+        # Made on first use: bad credentials then fail one removal (logged, retried next
+        # tick) instead of the controller's start.
+        if not made:
+            made.append(from_config(cfg))
+        return made[0].remove_node(pod_name, reason)
+
     return remove
 
 

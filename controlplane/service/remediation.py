@@ -51,6 +51,10 @@ class NodeActions(Protocol):
         """The node's hostname (on KubeRay: its pod name), None when Ray does not know it."""
         ...
 
+    def holds_gpus(self, node_id: str) -> bool:
+        """Whether anything holds a GPU of the node now, as Ray itself accounts it."""
+        ...
+
 
 class RayNodeControl:
     """`NodeActions` through the GCS client of the connected driver (or actor)."""
@@ -88,6 +92,18 @@ class RayNodeControl:
         stopped = self._gcs().drain_nodes(node_ids=[bytes.fromhex(node_id)])
         return len(stopped) > 0
 
+    def holds_gpus(self, node_id: str) -> bool:
+        import ray
+
+        total = next(
+            (n.get("Resources", {}) for n in ray.nodes() if n["NodeID"] == node_id and n["Alive"]),
+            None,
+        )
+        if total is None:  # gone already
+            return False
+        available = ray._private.state.available_resources_per_node().get(node_id, {})
+        return float(available.get("GPU", 0.0)) < float(total.get("GPU", 0.0))
+
     def hostname(self, node_id: str) -> str | None:
         import ray
 
@@ -116,11 +132,13 @@ class Remediator:
     """Node id -> when this controller had it stopped or its pod deleted."""
 
     def cordon(self, node_id: str, reason: str, now_s: float) -> bool:
-        """Drain request for `node_id` unless one was made or Ray drains it already."""
-        if node_id in self.cordoned:
-            return False
-        if node_id in self.nodes.draining():
-            self.cordoned[node_id] = now_s
+        """Drain request for `node_id` unless one was made or Ray drains it already.
+
+        A node Ray drains for someone else (the autoscaler, Kubernetes, an operator) is not
+        recorded as ours: it is that someone's to remove. The controller keeps `cordoned` in
+        its store, so a restarted controller still knows which drains were its own.
+        """
+        if node_id in self.cordoned or node_id in self.nodes.draining():
             return False
         if self.nodes.drain(node_id, reason, self.drain_deadline_s):
             self.cordoned[node_id] = now_s
@@ -135,6 +153,11 @@ class Remediator:
         taint's value; the event log gets the whole `reason`.
         """
         if not self.replace_drained or node_id in self.replaced:
+            return False
+        # The policy saw the node empty in its snapshot, whose replica list can lag (a
+        # restarted controller, a move in progress). Removal waits for a tick after the
+        # cordon and for Ray's own accounting to show no GPU held there.
+        if self.cordoned.get(node_id, now_s) >= now_s or self.nodes.holds_gpus(node_id):
             return False
         if self.kube_remove is not None:
             pod = self.nodes.hostname(node_id)

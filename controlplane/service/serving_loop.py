@@ -41,6 +41,7 @@ from policies.snapshot import ServeReplica
 
 log = logging.getLogger(__name__)
 
+EXTERNAL_GROUP_RECHECK_S = 30.0
 STATE_KEY = "serving.state"
 INFLIGHT_KEY = "serving.inflight"
 
@@ -103,7 +104,10 @@ class ServingLoop:
         )
         self._claim_gpus = 0
         self._unhealthy: frozenset[str] = frozenset()
+        self._shared: Any = None
         self._kube: Any = None
+        self._external_nodes_applied: int | None = None
+        self._external_recheck_at = 0.0
         """The Kubernetes actuator, made on first use (only with kubernetes.enabled)."""
         self._replicas: tuple[ServeReplica, ...] = ()
         self._lock = threading.Lock()
@@ -120,6 +124,12 @@ class ServingLoop:
     def set_training_claim(self, gpus: int) -> None:
         with self._lock:
             self._claim_gpus = max(0, int(gpus))
+
+    def share_snapshot(self, snapshot: Any) -> None:
+        """The admission tick's snapshot (nodes and jobs, health applied): the serving loop
+        reuses it instead of reading the node inventory and the store a second time."""
+        with self._lock:
+            self._shared = snapshot
 
     def set_unhealthy_nodes(self, node_ids: set[str]) -> None:
         """Nodes the health policy took out (or Ray drains): their GPUs count for nothing."""
@@ -165,6 +175,7 @@ class ServingLoop:
         if decided is None:
             return
         decision, state = decided
+        self._phase("3-act-external-group", self._scale_external_group, state)
         self._phase("3-act", self._act, decision, status)
         self._phase("4-record", self._record, decision, state)
 
@@ -185,8 +196,16 @@ class ServingLoop:
                 self.store.record_event(
                     "serve.resume", f"resuming after a restart with a plan in flight: {inflight}"
                 )
-        jobs = self.store.list_jobs(states=[JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING])
-        snapshot = build_snapshot(time.time(), list_nodes(telemetry=False), jobs)
+        now = time.time()
+        with self._lock:
+            shared = self._shared
+        if shared is not None and now - shared.now_s <= 2 * self.cfg.policy.tick_s:
+            snapshot = dataclasses.replace(shared, now_s=now)
+        else:  # no admission tick yet, or it is behind: observe for ourselves
+            jobs = self.store.list_jobs(
+                states=[JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING]
+            )
+            snapshot = build_snapshot(now, list_nodes(telemetry=False), jobs)
         with self._lock:
             unhealthy = self._unhealthy
         nodes = tuple(
@@ -236,19 +255,23 @@ class ServingLoop:
                 self.metrics.moves.inc(tags={"model": model})
 
         self.step.act(decision, current, record)
-        self._scale_external_group(decision)
         self.store.delete(INFLIGHT_KEY)
 
-    def _scale_external_group(self, decision: Any) -> None:
+    def _scale_external_group(self, state: ServingPolicyState) -> None:
         """On Kubernetes with the in-tree autoscaler off, size the external worker group
-        through the RayCluster (`request_resources` alone would reach no autoscaler)."""
-        from policies.plan import RequestExternalCapacity
+        through the RayCluster (`request_resources` alone would reach no autoscaler).
 
+        Runs before the act phase, so the nodes a move waits for are on their way, and is
+        level-triggered: the group is set to what the policy wants whenever that differs from
+        what was last applied, and re-asserted every `EXTERNAL_GROUP_RECHECK_S` (a failed or
+        overwritten scale is repaired; an unchanged one costs one read)."""
         kube = self.cfg.kubernetes
         if not kube.enabled or kube.autoscaler_owns_external:
             return
-        wanted = [a for a in decision.actions if isinstance(a, RequestExternalCapacity)]
-        if not wanted:
+        per_node = max(1, self.cfg.pools.external.gpus_per_node)
+        nodes = -(-state.placement.requested_external_gpus // per_node)
+        now = time.monotonic()
+        if nodes == self._external_nodes_applied and now < self._external_recheck_at:
             return
         if self._kube is None:
             from controlplane.kube import from_config
@@ -256,9 +279,9 @@ class ServingLoop:
             self._kube = from_config(self.cfg)
         if self._kube is None:
             return
-        per_node = max(1, self.cfg.pools.external.gpus_per_node)
-        nodes = -(-wanted[-1].num_gpus // per_node)
         result = self._kube.scale_external(nodes)
+        self._external_nodes_applied = nodes
+        self._external_recheck_at = now + EXTERNAL_GROUP_RECHECK_S
         if result.changed or result.refused:
             self.store.record_event("serve.external_group", result.detail)
 

@@ -24,6 +24,7 @@ class FakeNodes:
     accept: bool = True
     stop_ok: bool = True
     hostnames: dict[str, str] = field(default_factory=dict)
+    busy: set[str] = field(default_factory=set)
     calls: list[tuple[str, ...]] = field(default_factory=list)
 
     def draining(self) -> Mapping[str, int]:
@@ -41,6 +42,9 @@ class FakeNodes:
 
     def hostname(self, node_id: str) -> str | None:
         return self.hostnames.get(node_id)
+
+    def holds_gpus(self, node_id: str) -> bool:
+        return node_id in self.busy
 
 
 def remediator(nodes: FakeNodes, **kw: object) -> tuple[Remediator, list[tuple[str, str]]]:
@@ -69,7 +73,8 @@ def test_cordon_leaves_a_node_ray_already_drains_alone() -> None:
     r, events = remediator(nodes)
     assert not r.cordon("a", "x", now_s=1.0)
     assert nodes.calls == [] and events == []
-    assert "a" in r.cordoned  # remembered as out of service
+    assert "a" not in r.cordoned  # someone else's drain: not ours to remove
+    assert not r.cordon("a", "x", now_s=2.0) and nodes.calls == []
 
 
 def test_a_rejected_drain_is_asked_again_next_tick() -> None:
@@ -94,28 +99,53 @@ def test_replace_in_local_mode_stops_the_raylet_once(
 ) -> None:
     nodes = FakeNodes(stop_ok=stop_ok)
     r, events = remediator(nodes, replace_drained=replace_drained)
+    r.cordon("a", "why", now_s=1.0)
+    nodes.calls.clear()
     assert r.replace("a", "why", now_s=5.0) is stopped
     r.replace("a", "why", now_s=6.0)
     assert nodes.calls == calls
-    assert [k for k, _ in events] == (["health.drain"] if stopped else [])
+    assert [k for k, _ in events if k != "health.cordon"] == (["health.drain"] if stopped else [])
 
 
 def test_replace_on_kubernetes_deletes_the_pod_named_by_the_hostname() -> None:
     removed: list[tuple[str, str]] = []
     nodes = FakeNodes(hostnames={"a": "raycluster-gpu-cluster-worker-x7"})
     r, events = remediator(nodes, kube_remove=lambda pod, why: removed.append((pod, why)))
+    r.cordon("a", "unhealthy", now_s=0.5)
+    r.cordon("b", "unhealthy", now_s=0.5)
+    nodes.calls.clear()
     assert r.replace("a", "unhealthy", now_s=1.0)
     assert removed == [("raycluster-gpu-cluster-worker-x7", "unhealthy")]
     assert nodes.calls == []  # the raylet is not stopped: KubeRay replaces the pod
-    assert "pod raycluster-gpu-cluster-worker-x7 deleted" in events[0][1]
+    assert "pod raycluster-gpu-cluster-worker-x7 deleted" in dict(events)["health.drain"]
     assert not r.replace("b", "unhealthy", now_s=1.0)  # no hostname known: nothing deleted
+
+
+@pytest.mark.parametrize(
+    ("cordoned_at", "busy", "replaced"),
+    [
+        (None, False, False),  # never cordoned by us: not ours to remove
+        (5.0, False, False),  # cordoned this very tick: wait a tick
+        (4.0, True, False),  # Ray still accounts a GPU held there (a replica the cache missed)
+        (4.0, False, True),
+    ],
+)
+def test_replace_waits_for_an_earlier_cordon_and_for_ray_to_show_the_node_empty(
+    cordoned_at: float | None, busy: bool, replaced: bool
+) -> None:
+    nodes = FakeNodes(busy={"a"} if busy else set())
+    r, _ = remediator(nodes)
+    if cordoned_at is not None:
+        r.cordon("a", "x", now_s=cordoned_at)
+    assert r.replace("a", "x", now_s=5.0) is replaced
+    assert (("stop", "a") in nodes.calls) is replaced
 
 
 def test_forget_drops_nodes_that_are_gone() -> None:
     r, _ = remediator(FakeNodes())
     r.cordon("a", "x", 1.0)
     r.cordon("b", "x", 1.0)
-    r.replace("a", "x", 2.0)
+    assert r.replace("a", "x", 2.0)
     r.forget({"b"})
     assert r.cordoned == {"b": 1.0} and r.replaced == {}
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 
 from policies.health import (
+    DRAINED_BY_OTHERS,
     CordonNode,
     HealthReason,
     NodeVerdict,
     RemediationAction,
     Verdict,
+    acting_verdicts,
     remediate,
     with_verdicts,
 )
@@ -128,3 +130,53 @@ def test_with_verdicts_takes_unhealthy_nodes_out_of_capacity_at_once() -> None:
     assert [n.healthy for n in marked.nodes] == [False, True, True]
     assert marked.live_gpus_total(Pool.CLUSTER) == 16
     assert snap.live_gpus_total(Pool.CLUSTER) == 24  # the input is not changed
+
+
+# -- acting_verdicts: what the controller acts on ------------------------------------------------
+
+FINE = NodeVerdict("a", Verdict.HEALTHY)
+
+
+@pytest.mark.parametrize(
+    ("judged", "previous", "cordoned", "draining", "gang_on", "expect", "expect_others"),
+    [
+        # nothing special: telemetry's verdicts as they are
+        ({"a": FINE}, {}, [], [], None, {"a": (Verdict.HEALTHY, ())}, set()),
+        # cordoned and its samples recovered: stays out, with the verdict that put it out
+        (
+            {"a": FINE},
+            {"a": HOT},
+            ["a"],
+            ["a"],
+            None,
+            {"a": (Verdict.UNHEALTHY, HOT.details)},
+            set(),
+        ),
+        # cordoned, no earlier verdict (a restarted controller): a bare unhealthy one
+        ({}, {}, ["a"], ["a"], None, {"a": (Verdict.UNHEALTHY, ("cordoned",))}, set()),
+        # someone else drains a node a gang runs on: unhealthy, and not ours to remove
+        ({"a": FINE}, {}, [], ["a"], "a", {"a": (Verdict.UNHEALTHY, (DRAINED_BY_OTHERS,))}, {"a"}),
+        # someone else drains an idle node (the autoscaler): left alone
+        ({"a": FINE}, {}, [], ["a"], None, {"a": (Verdict.HEALTHY, ())}, set()),
+        # a gang elsewhere does not make a draining node ours to act on
+        ({"a": FINE}, {}, [], ["a"], "b", {"a": (Verdict.HEALTHY, ())}, set()),
+        # already unhealthy by telemetry and drained by someone else: telemetry's verdict wins
+        ({"a": HOT}, {}, [], ["a"], "a", {"a": (Verdict.UNHEALTHY, HOT.details)}, set()),
+    ],
+)
+def test_acting_verdicts(
+    judged: dict[str, NodeVerdict],
+    previous: dict[str, NodeVerdict],
+    cordoned: list[str],
+    draining: list[str],
+    gang_on: str | None,
+    expect: dict[str, tuple[Verdict, tuple[str, ...]]],
+    expect_others: set[str],
+) -> None:
+    snap = snapshot(
+        [node("a", gpus_total=4), node("b", gpus_total=4)],
+        running=[gang("j", {gang_on: 2})] if gang_on else [],
+    )
+    out, others = acting_verdicts(judged, previous, cordoned, draining, snap)
+    assert {n: (v.verdict, v.details) for n, v in out.items()} == expect
+    assert others == expect_others

@@ -14,9 +14,9 @@ from kubernetes import client as k8s
 from controlplane.config import load_config
 from controlplane.kube import KubernetesActuator
 from controlplane.service.remediation import Remediator
-from controlplane.serving import ServingDecision
+from controlplane.serving import ServingPolicyState
 from controlplane.store import Store
-from policies.plan import RequestExternalCapacity
+from policies.placement import PlacementState
 from tests.unit.kubeapi import FakeKubeApi, running
 from tests.unit.test_health_actuation import FakeNodes
 from tests.unit.test_kube_actuator import (
@@ -58,6 +58,7 @@ def test_an_empty_unhealthy_node_is_cordoned_tainted_and_its_pod_deleted(api: Fa
             kube_remove=act.remove_node,
         )
         long_reason = "node ray-node-a unhealthy: gpu_overheated (gpu 0 at 91.5 C > 78 C)"
+        r.cordon("ray-node-a", long_reason, now_s=0.5)
         assert r.replace("ray-node-a", long_reason, now_s=1.0, cause="gpu_overheated")
     node = api.get(NODE_PATH)
     assert node is not None and node["spec"]["unschedulable"] is True
@@ -66,7 +67,7 @@ def test_an_empty_unhealthy_node_is_cordoned_tainted_and_its_pod_deleted(api: Fa
         ("rcp.dev/unhealthy", "gpu_overheated", "NoSchedule")
     ]
     assert api.get(POD_PATH) is None  # KubeRay creates a new pod on another node
-    assert events and events[0][0] == "health.drain" and POD in events[0][1]
+    assert POD in dict(events)["health.drain"]
 
 
 @pytest.mark.parametrize(
@@ -92,10 +93,8 @@ def test_serving_loop_sizes_the_external_group_only_when_it_owns_it(
     store = Store(cfg.jobs_db_path)
     loop = ServingLoop(cfg, store, start=False)
     loop._kube = actuator(api, autoscaler_owns_external=owns)
-    decision = ServingDecision(
-        targets=(), actions=(RequestExternalCapacity(gpus, "demand"),), demands=()
-    )
-    loop._scale_external_group(decision)
+    state = ServingPolicyState(placement=PlacementState(requested_external_gpus=gpus))
+    loop._scale_external_group(state)
     assert replicas_of(api) == replicas
 
 
@@ -146,3 +145,35 @@ def test_rcp_uncordon_in_local_mode_says_there_is_nothing_to_uncordon() -> None:
     result = CliRunner().invoke(cli, ["uncordon", "some-node"])
     assert result.exit_code == 2
     assert "kubernetes.enabled is false" in result.output
+
+
+def test_the_external_group_is_set_again_when_someone_changed_it(
+    api: FakeKubeApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Level-triggered: a scale lost to an operator's edit (or a failed call) is repaired."""
+    from controlplane.service import serving_loop as sl
+
+    add_cluster(api)
+    cfg = load_config(
+        None,
+        [
+            f"state_dir={tmp_path}",
+            "kubernetes.enabled=true",
+            "kubernetes.autoscaler_owns_external=false",
+        ],
+    )
+    loop = sl.ServingLoop(cfg, Store(cfg.jobs_db_path), start=False)
+    loop._kube = actuator(api)
+    state = ServingPolicyState(placement=PlacementState(requested_external_gpus=4))
+    loop._scale_external_group(state)
+    assert replicas_of(api) == 2
+    with api._lock:  # someone scales it down behind our back
+        api.objects[f"/apis/ray.io/v1/namespaces/{NS}/rayclusters/{CLUSTER}"]["spec"][
+            "workerGroupSpecs"
+        ][1]["replicas"] = 0
+    loop._scale_external_group(state)
+    assert replicas_of(api) == 0  # not yet: within the recheck interval nothing is read
+    monkeypatch.setattr(sl, "EXTERNAL_GROUP_RECHECK_S", 0.0)
+    loop._external_recheck_at = 0.0
+    loop._scale_external_group(state)
+    assert replicas_of(api) == 2

@@ -323,3 +323,17 @@ def test_replicas_on_a_bad_node_stay_in_the_cluster_when_healthy_nodes_have_room
     )
     assert (targets[0].cluster, targets[0].external) == (2, 0)
     assert not [a for a in actions if isinstance(a, MoveServeReplicas)]
+
+
+def test_a_training_claim_keeps_the_yield_reason_even_with_a_bad_node() -> None:
+    nodes = [node("c1", gpus_total=4, healthy=False), node("c2", gpus_total=4), *EXTERNAL]
+    snap = snapshot(nodes, replicas=[*replicas(4, 0), replica("x", "c2")])
+    (_, actions), _ = decide(
+        snap,
+        (ModelDemand("m", 5, 1, 1),),
+        PlacementConfig(external_max_gpus=8),
+        PlacementState(),
+        training_claim_gpus=1,
+    )
+    moves = [a for a in actions if isinstance(a, MoveServeReplicas)]
+    assert moves and all(m.reason.startswith("yield_to_training") for m in moves)
