@@ -286,7 +286,8 @@ class NodeVerdict:
     def reason(self) -> str:
         """One line for an action's `reason` and the event log."""
         if not self.reasons:
-            return self.verdict.value
+            details = f" ({'; '.join(self.details)})" if self.details else ""
+            return f"{self.verdict.value}{details}"
         text = f"{self.verdict.value}: {', '.join(r.value for r in self.reasons)}"
         return f"{text} ({'; '.join(self.details)})" if self.details else text
 

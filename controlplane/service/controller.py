@@ -106,6 +106,8 @@ class Controller:
         self._draining: set[str] = set()
         """Nodes Ray drains, as of this tick's observe phase."""
         self._drained_by_others: frozenset[str] = frozenset()
+        self._released: set[str] = set()
+        """Draining nodes (not ours) our agent has left."""
         """Draining nodes this controller did not cordon (nothing wrong with their hardware:
         gangs there are checkpointed and moved, but the node is not removed or tainted)."""
         self.remediator = Remediator(
@@ -320,8 +322,11 @@ class Controller:
         from controlplane.telemetry.verdicts import judge
         from policies.health import HealthState, acting_verdicts
 
-        refs = manager.ensure_agents(self.cfg, exclude=set(self.remediator.cordoned))
+        refs = manager.ensure_agents(
+            self.cfg, exclude=set(self.remediator.cordoned) | self._draining
+        )
         self._agent_nodes = {r.node_id for r in refs if not r.idle_external}
+        self._release_drained_by_others(snapshot)
         samples = manager.collect_samples(
             max_samples=HEALTH_SAMPLES, timeout_s=self.cfg.policy.tick_s
         )
@@ -334,6 +339,30 @@ class Controller:
         )
         self.remediator.forget({n.node_id for n in snapshot.nodes})
         return verdicts
+
+    def _release_drained_by_others(self, snapshot: Any) -> None:
+        """Stop our agent on a node Ray drains for someone else once nothing else runs there.
+
+        A drained raylet exits when its node is idle, and Ray counts our agent as work: left
+        running, it would keep an operator's ``ray drain-node`` from ever finishing. (Our own
+        cordons are removed by `Remediator.replace`.)"""
+        from controlplane.telemetry import manager
+
+        for node_id in sorted(self._draining - set(self.remediator.cordoned)):
+            if node_id in self._released:
+                continue
+            busy = any(g.gpus_by_node.get(node_id, 0) > 0 for g in snapshot.running) or any(
+                r.node_id == node_id for r in snapshot.serve_replicas
+            )
+            if busy or self.remediator.nodes.holds_gpus(node_id):
+                continue
+            self._released.add(node_id)
+            if manager.stop_agent(node_id):
+                self.store.record_event(
+                    "health.release",
+                    f"node {node_id}: drained by Ray and empty; our agent left it",
+                )
+        self._released &= self._draining
 
     def _refresh_prometheus_targets(self) -> None:
         """Local mode's Prometheus: rewrite the agents' target list when the agents change

@@ -158,7 +158,7 @@ def test_a_hot_gpu_takes_its_node_out_without_failing_a_request_or_losing_traini
     assert set(store.get(job.id).info["placement"]) == {node_a}
     after = max((e["seq"] for e in client.events(limit=2000)), default=0)
 
-    with Load(serve_url, threads=2, max_duration_s=400) as load:
+    with Load(serve_url, threads=2, max_requests_per_thread=100_000, max_duration_s=600) as load:
         load.wait_for(20)
         manager.inject_fault(node_a, "hot-gpu")
 
@@ -238,3 +238,69 @@ def test_a_hot_gpu_takes_its_node_out_without_failing_a_request_or_losing_traini
             }
         ),
     )
+
+
+def test_a_node_ray_drains_for_someone_else_has_its_gang_checkpointed_and_is_left_to_go(
+    health_cluster: tuple[Config, Client], tmp_path: Path
+) -> None:
+    """What Kubernetes deleting a pod (Ray drains on SIGTERM), a spot notice or an operator's
+    `ray drain-node` looks like to the controller: nothing is wrong with the node, but it goes.
+    The gang there checkpoints and restarts elsewhere, the replicas move with no failed
+    request, and the node is neither removed nor blamed by the controller: once nothing runs
+    there its agent leaves and the drained raylet exits by itself."""
+    from controlplane.service.remediation import RayNodeControl
+
+    cfg, client = health_cluster
+    connect(cfg)
+    serve_url = f"http://{cfg.ray.node_ip}:{cfg.serve.http_port}"
+    wait_until(lambda: len(alive_cluster_nodes()) == 1, 120, "one cluster node")
+    (node_b,) = alive_cluster_nodes()
+    wait_until(
+        lambda: replica_nodes()["cluster"] == {node_b} and pools_of()["cluster"]["running"] == 2,
+        240,
+        "both replicas on the cluster node",
+    )
+    log = tmp_path / "steps.jsonl"
+    train_config = {
+        "num_steps": 30,
+        "checkpoint_every": 1000,
+        "step_sleep_s": 0.5,
+        "log_path": str(log),
+    }
+    job = client.submit(
+        {
+            "name": "on-a-node-going-away",
+            "entrypoint": EXAMPLE,
+            "num_workers": 2,
+            "gpus_per_worker": 1,
+            "runtime_env": {"env_vars": {"RCP_TRAIN_CONFIG": json.dumps(train_config)}},
+        }
+    )
+    wait_until(lambda: client.status(job.id).state == "RUNNING", 300, "the gang to run")
+    wait_until(lambda: log.exists() and len(log.read_text().splitlines()) >= 3, 120, "steps")
+    after = max((e["seq"] for e in client.events(limit=2000)), default=0)
+
+    with Load(serve_url, threads=2, max_requests_per_thread=100_000, max_duration_s=600) as load:
+        load.wait_for(20)
+        assert RayNodeControl().drain(node_b, "operator maintenance", 600)
+        wait_until(lambda: node_b not in alive_cluster_nodes(), 300, "the drained node to go")
+        wait_until(lambda: len(alive_cluster_nodes()) == 1, 120, "a replacement cluster node")
+        final = client.wait(job.id, timeout_s=400, poll_s=1.0)
+        assert final.state == "SUCCEEDED", final.message
+    assert not load.errors, load.errors[:5]
+    assert set(load.statuses) == {200}
+
+    states = [t["to"] for t in final.history]
+    assert states[:6] == ["QUEUED", "ADMITTED", "RUNNING", "PREEMPTED", "QUEUED", "ADMITTED"], (
+        states
+    )
+    preempted = next(t for t in final.history if t["to"] == "PREEMPTED")
+    assert "checkpointed-for-preemption at step" in preempted["reason"]
+    assert "Ray is draining it" in preempted["reason"]
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r for r in lines if r["start"] > 0], "the gang never resumed from its checkpoint"
+    # Not ours to remove or blame: no cordon, no removal; our agent left once it was empty.
+    mine = [e for e in client.events(after=after, limit=2000) if node_b in e["message"]]
+    kinds = {e["kind"] for e in mine}
+    assert "health.release" in kinds, kinds
+    assert not kinds & {"health.cordon", "health.drain"}, kinds
