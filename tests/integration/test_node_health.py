@@ -136,7 +136,7 @@ def test_a_hot_gpu_takes_its_node_out_without_failing_a_request_or_losing_traini
 
     log = tmp_path / "steps.jsonl"
     train_config = {
-        "num_steps": 40,
+        "num_steps": 24,
         "checkpoint_every": 1000,
         "step_sleep_s": 0.5,
         "log_path": str(log),
@@ -216,7 +216,7 @@ def test_a_hot_gpu_takes_its_node_out_without_failing_a_request_or_losing_traini
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     resumed = [r for r in lines if r["start"] > 0]
     assert resumed and resumed[0]["start"] == ckpt_step + 1
-    assert lines[-1]["step"] == 39
+    assert lines[-1]["step"] == 23
     drained = events_of(client, "health.drain", after)
     assert drained and node_a in drained[0]["message"]
     # Nothing new landed on the cordoned node: every placement after the cordon is elsewhere,
@@ -262,7 +262,7 @@ def test_a_node_ray_drains_for_someone_else_has_its_gang_checkpointed_and_is_lef
     )
     log = tmp_path / "steps.jsonl"
     train_config = {
-        "num_steps": 30,
+        "num_steps": 20,
         "checkpoint_every": 1000,
         "step_sleep_s": 0.5,
         "log_path": str(log),
