@@ -206,19 +206,18 @@ def health_cmd(config_file: str | None, overrides: tuple[str, ...], as_json: boo
     (the ones it acts on, lemon records included; "cordoned" marks nodes it took out) when it
     runs, else each node is judged here on the samples its agent keeps.
     """
-    from controlplane.inventory import controller_health
+    from controlplane.inventory import controller_verdicts
     from controlplane.telemetry.manager import ensure_agents, health_report, verdict_json
 
     cfg = _connect_running(_load(config_file, overrides))
     refs = ensure_agents(cfg)
     judged, _state, latest = health_report(cfg.health)
     verdicts: dict[str, dict[str, Any]] = {n: verdict_json(v) for n, v in judged.items()}
-    acting = controller_health()
-    if acting is not None:
-        verdicts.update(acting["verdicts"])
-        for node_id in acting["cordoned"]:
-            if node_id in verdicts:
-                verdicts[node_id]["details"] = [*verdicts[node_id]["details"], "cordoned"]
+    for node_id, v in (controller_verdicts() or {}).items():
+        verdicts[node_id] = {
+            **v,
+            "details": [*v["details"], *(["cordoned"] if v["cordoned"] else [])],
+        }
     rows = []
     for ref in refs:
         v = verdicts.get(ref.node_id)

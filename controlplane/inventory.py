@@ -99,20 +99,33 @@ def controller_health(timeout_s: float = 5.0) -> dict[str, Any] | None:
     return result
 
 
+def controller_verdicts() -> dict[str, dict[str, Any]] | None:
+    """The verdicts the controller acts on, as JSON rows by node id (`verdict_json` fields
+    plus ``cordoned``: it took the node out), or None when no controller answers."""
+    acting = controller_health()
+    if acting is None:
+        return None
+    out = {n: {**v, "cordoned": False} for n, v in acting["verdicts"].items()}
+    for node_id in acting["cordoned"]:
+        if node_id in out:
+            out[node_id]["cordoned"] = True
+    return out
+
+
 def _with_telemetry(rows: list[NodeRow]) -> list[NodeRow]:
     from controlplane.telemetry.manager import collect_summaries, find_agents, health_report
 
     if not find_agents():
         return rows
-    acting = controller_health()
+    acting = controller_verdicts()
     if acting is not None:  # the verdicts the controller acts on (lemons, cordons included)
         verdicts = {
-            n: (str(v["verdict"]), [str(r) for r in v["reasons"]])
-            for n, v in acting["verdicts"].items()
+            n: (
+                str(v["verdict"]),
+                [*map(str, v["reasons"]), *(["cordoned"] if v["cordoned"] else [])],
+            )
+            for n, v in acting.items()
         }
-        for node_id in acting["cordoned"]:
-            verdict, reasons = verdicts.get(node_id, ("unhealthy", []))
-            verdicts[node_id] = (verdict, [*reasons, "cordoned"])
         return attach_telemetry(rows, collect_summaries(timeout_s=2.0), verdicts)
     # No controller: judge here. A short window keeps this cheap; it covers a hot streak and a
     # recovery at the defaults.

@@ -210,7 +210,6 @@ class Controller:
             verdicts = self.verdicts
         self.verdicts = verdicts
         snapshot = with_verdicts(snapshot, verdicts)
-        self.serving.set_unhealthy_nodes({n.node_id for n in snapshot.nodes if not n.healthy})
         self.serving.share_snapshot(snapshot)
         decided = self._phase("3-decide", self._decide, snapshot, verdicts)
         if decided is None:

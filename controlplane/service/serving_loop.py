@@ -3,10 +3,11 @@
 Owns: a thread that every ``policy.tick_s`` runs the serving step of `controlplane.serving`
 (observe Serve -> decide with `policies.demand` + `policies.placement` -> act through
 `serve.operations`, make-before-break -> record), the GPUs training has claimed from serving
-(set by the admission tick from its `MoveServeReplicas` actions), the nodes health took out
-(set by the admission tick: their GPUs leave the pool's serving budget, so replicas that no
-longer fit in the cluster pool move to the external one), the latest serve replicas (read by
-the admission tick for its snapshot), and the serving metrics.
+(set by the admission tick from its `MoveServeReplicas` actions), the admission tick's
+snapshot (shared, so the inventory is read once per tick; the nodes health took out are
+marked in it, so their GPUs leave the pool's serving budget and replicas that no longer fit
+in the cluster pool move to the external one), the latest serve replicas (read by the
+admission tick for its snapshot), and the serving metrics.
 
 It runs apart from the admission tick because a make-before-break move waits for new replicas
 to be RUNNING; admission keeps ticking meanwhile and admits the gang once the GPUs are free.
@@ -103,7 +104,6 @@ class ServingLoop:
             load_source=read_load,
         )
         self._claim_gpus = 0
-        self._unhealthy: frozenset[str] = frozenset()
         self._shared: Any = None
         self._kube: Any = None
         self._external_nodes_applied: int | None = None
@@ -126,15 +126,11 @@ class ServingLoop:
             self._claim_gpus = max(0, int(gpus))
 
     def share_snapshot(self, snapshot: Any) -> None:
-        """The admission tick's snapshot (nodes and jobs, health applied): the serving loop
-        reuses it instead of reading the node inventory and the store a second time."""
+        """The admission tick's snapshot (nodes and jobs, health applied: the nodes health took
+        out or Ray drains are ``healthy=False``, so their GPUs count for nothing here). The
+        serving loop reuses it instead of reading the node inventory and the store again."""
         with self._lock:
             self._shared = snapshot
-
-    def set_unhealthy_nodes(self, node_ids: set[str]) -> None:
-        """Nodes the health policy took out (or Ray drains): their GPUs count for nothing."""
-        with self._lock:
-            self._unhealthy = frozenset(node_ids)
 
     def serve_replicas(self) -> tuple[ServeReplica, ...]:
         with self._lock:
@@ -206,13 +202,14 @@ class ServingLoop:
                 states=[JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING]
             )
             snapshot = build_snapshot(now, list_nodes(telemetry=False), jobs)
-        with self._lock:
-            unhealthy = self._unhealthy
-        nodes = tuple(
-            dataclasses.replace(n, healthy=False) if n.node_id in unhealthy else n
-            for n in snapshot.nodes
-        )
-        snapshot = dataclasses.replace(snapshot, nodes=nodes, serve_replicas=replicas)
+            if shared is not None:  # the last nodes health took out still are
+                out = {n.node_id for n in shared.nodes if not n.healthy}
+                nodes = tuple(
+                    dataclasses.replace(n, healthy=False) if n.node_id in out else n
+                    for n in snapshot.nodes
+                )
+                snapshot = dataclasses.replace(snapshot, nodes=nodes)
+        snapshot = dataclasses.replace(snapshot, serve_replicas=replicas)
         try:
             loads = self.step.load_source()
         except Exception as exc:  # no load reports yet: demand sees 0 ongoing requests
