@@ -217,7 +217,7 @@ class Controller:
         plan, remediation, state = decided
         self._phase("4-act", self._act, plan)
         self._phase("4-act-health", self._act_health, remediation, snapshot.now_s)
-        self._phase("4-act-health", self._save_cordons)
+        self._phase("4-act-health-save", self._save_cordons)
         self._phase("5-record", self._record, plan + remediation, state)
         self._phase("6-metrics", self._export_metrics, snapshot, plan)
         self._phase("6-metrics-targets", self._refresh_prometheus_targets)
