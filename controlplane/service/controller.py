@@ -326,11 +326,13 @@ class Controller:
         )
         self._agent_nodes = {r.node_id for r in refs if not r.idle_external}
         self._release_drained_by_others(snapshot)
-        samples = manager.collect_samples(
-            max_samples=HEALTH_SAMPLES, timeout_s=self.cfg.policy.tick_s
-        )
         with self._health_lock:
             state = HealthState.from_dict(self.store.get_value(HEALTH_STATE_KEY, {}) or {})
+            samples = manager.collect_samples(
+                max_samples=HEALTH_SAMPLES,
+                timeout_s=self.cfg.policy.tick_s,
+                seen_until={n: s.last_sampled_s for n, s in state.nodes.items()},
+            )
             verdicts, new_state = judge(samples, self.cfg.health, state, snapshot.now_s)
             self.store.put(HEALTH_STATE_KEY, new_state.to_dict())
         verdicts, self._drained_by_others = acting_verdicts(

@@ -101,9 +101,14 @@ class TelemetryAgent:
         with self._lock:
             return self.sampler.latest()
 
-    def recent(self, max_samples: int | None = None) -> list[Summary]:
+    def recent(self, max_samples: int | None = None, after_s: float | None = None) -> list[Summary]:
+        """The newest `max_samples` summaries (oldest first); with `after_s`, only those
+        sampled after it (what the caller has not seen yet)."""
         with self._lock:
-            return self.sampler.recent(max_samples)
+            summaries = self.sampler.recent(max_samples)
+        if after_s is not None:
+            summaries = [s for s in summaries if float(s["sampled_s"]) > after_s]
+        return summaries
 
     def sample_now(self) -> Summary:
         with self._lock:

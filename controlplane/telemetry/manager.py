@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -198,11 +198,20 @@ def collect_summaries(timeout_s: float = 5.0) -> dict[str, dict[str, Any]]:
 
 
 def collect_samples(
-    max_samples: int | None = None, timeout_s: float = 5.0
+    max_samples: int | None = None,
+    timeout_s: float = 5.0,
+    seen_until: Mapping[str, float | None] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Recent summaries of every agent (oldest first), by node id, for the health policy."""
+    """Recent summaries of every agent (oldest first), by node id, for the health policy.
+
+    `seen_until` (node id -> the newest sample time the caller has judged) makes each agent
+    send only what is newer: the policy actor's steady state is one summary per node.
+    """
     handles = find_agents()
-    return _gather({n: h.recent.remote(max_samples) for n, h in handles.items()}, timeout_s)
+    seen = seen_until or {}
+    return _gather(
+        {n: h.recent.remote(max_samples, seen.get(n)) for n, h in handles.items()}, timeout_s
+    )
 
 
 def agent_endpoints(timeout_s: float = 30.0) -> dict[str, dict[str, Any]]:

@@ -91,8 +91,18 @@ def judge(
     at all: it neither clears nor condemns the node, which turns degraded (no_telemetry) once
     nothing usable has come for `health.stale_after_s`.
     """
+    state = state or HealthState()
+
+    def unseen(node_id: str, summary: Mapping[str, Any]) -> bool:
+        # Parsing is most of the cost (the policy skips seen samples anyway): skip them first.
+        node = state.nodes.get(node_id)
+        last = node.last_sampled_s if node is not None else None
+        return last is None or float(summary["sampled_s"]) > last
+
     samples = {
-        node_id: [node_sample(s) for s in summaries if s.get("source_ok", True)]
+        node_id: [
+            node_sample(s) for s in summaries if s.get("source_ok", True) and unseen(node_id, s)
+        ]
         for node_id, summaries in samples_by_node.items()
     }
-    return evaluate(samples, thresholds(cfg), state or HealthState(), now_s)
+    return evaluate(samples, thresholds(cfg), state, now_s)

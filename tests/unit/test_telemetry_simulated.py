@@ -163,3 +163,16 @@ def test_source_that_cannot_start_is_retried_and_reported() -> None:
     assert first["source_ok"] is False and "NVML could not start" in first["problems"][0]
     second = sampler.sample()
     assert second["source_ok"] is True and len(second["gpus"]) == 2 and len(attempts) == 2
+
+
+def test_judge_parses_only_what_the_state_has_not_seen() -> None:
+    """Seen summaries are skipped before parsing (bench/bench_health.py: parsing all of them
+    was ~95% of the health phase); a seen one that would not even parse proves it."""
+    _, sampler = sampled(["hot-gpu"], samples_after=2)
+    history = sampler.recent()
+    verdicts, state = judge({"node-a": history}, HealthConfig(), None, 10.0)
+    assert verdicts["node-a"].verdict is Verdict.UNHEALTHY
+    broken = {**history[0], "gpus": [{"no": "gpu index"}]}  # node_sample would raise on it
+    again, state2 = judge({"node-a": [broken, *history]}, HealthConfig(), state, 11.0)
+    assert again["node-a"].verdict is Verdict.UNHEALTHY
+    assert state2.nodes["node-a"].last_sampled_s == history[-1]["sampled_s"]
