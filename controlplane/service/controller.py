@@ -534,7 +534,7 @@ def _kube_remove(cfg: Config) -> Any:
     """The Kubernetes actuator's node removal when one is configured, else None (local)."""
     if not cfg.kubernetes.enabled:
         return None
-    from controlplane.kube import from_config
+    from controlplane.kube import KubeNotFoundError, from_config
 
     made: list[Any] = []
 
@@ -543,7 +543,12 @@ def _kube_remove(cfg: Config) -> Any:
         # tick) instead of the controller's start.
         if not made:
             made.append(from_config(cfg))
-        return made[0].remove_node(pod_name, reason)
+        try:
+            return made[0].remove_node(pod_name, reason)
+        except KubeNotFoundError as exc:
+            # The pod's Kubernetes node is gone, and its pods with it: nothing left to do.
+            log.warning("removing pod %s: %s; treating it as gone", pod_name, exc)
+            return None
 
     return remove
 

@@ -98,19 +98,11 @@ def test_serving_loop_sizes_the_external_group_only_when_it_owns_it(
     assert replicas_of(api) == replicas
 
 
-def test_rcp_uncordon_lets_the_host_take_pods_again(api: FakeKubeApi, tmp_path: Path) -> None:
+def kubeconfig_for(api: FakeKubeApi, tmp_path: Path) -> Path:
     import json
 
-    from click.testing import CliRunner
-
-    from controlplane.cli import cli
-
-    foreign = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
-    api.add_node(NODE, taints=[foreign])
-    with actuator(api) as act:
-        act.cordon(NODE, "gpu_overheated")
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
+    path = tmp_path / "kubeconfig"
+    path.write_text(
         json.dumps(
             {
                 "apiVersion": "v1",
@@ -122,6 +114,51 @@ def test_rcp_uncordon_lets_the_host_take_pods_again(api: FakeKubeApi, tmp_path: 
             }
         )
     )
+    return path
+
+
+def test_the_controllers_removal_treats_a_vanished_kubernetes_node_as_done(
+    api: FakeKubeApi, tmp_path: Path
+) -> None:
+    from controlplane.service.controller import _kube_remove
+
+    api.add_pod(POD, namespace=NS, node_name="node-that-is-gone", labels=worker_labels())
+    cfg = load_config(
+        None,
+        [
+            "kubernetes.enabled=true",
+            "kubernetes.in_cluster=false",
+            f"kubernetes.namespace={NS}",
+            f"kubernetes.raycluster={CLUSTER}",
+            f"kubernetes.kubeconfig={kubeconfig_for(api, tmp_path)}",
+        ],
+    )
+    remove = _kube_remove(cfg)
+    assert remove is not None
+    assert remove(POD, "gpu_overheated") is None  # no error: retried forever otherwise
+    r = Remediator(
+        FakeNodes(hostnames={"a": POD}),
+        drain_deadline_s=600,
+        replace_drained=True,
+        record=lambda _k, _m: None,
+        kube_remove=remove,
+    )
+    r.cordon("a", "x", now_s=1.0)
+    assert r.replace("a", "x", now_s=2.0) and "a" in r.replaced
+    assert _kube_remove(load_config(None, [])) is None  # local mode: no actuator
+
+
+def test_rcp_uncordon_lets_the_host_take_pods_again(api: FakeKubeApi, tmp_path: Path) -> None:
+
+    from click.testing import CliRunner
+
+    from controlplane.cli import cli
+
+    foreign = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    api.add_node(NODE, taints=[foreign])
+    with actuator(api) as act:
+        act.cordon(NODE, "gpu_overheated")
+    kubeconfig = kubeconfig_for(api, tmp_path)
     args = [
         "kubernetes.enabled=true",
         "kubernetes.in_cluster=false",
