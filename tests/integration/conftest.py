@@ -59,6 +59,23 @@ def start_local_cluster(
     return cfg, cluster
 
 
+def two_replica_sample_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A config file serving the sample model as exactly 2 one-GPU replicas (the modules
+    that watch replicas move between pools)."""
+    conf = tmp_path_factory.mktemp("serving-conf") / "rcp.yaml"
+    conf.write_text(
+        "serving:\n"
+        "  models:\n"
+        "    - name: sample\n"
+        "      min_replicas: 2\n"
+        "      max_replicas: 2\n"
+        "      num_gpus: 1\n"
+        "      num_cpus: 0.5\n"
+        "      graceful_shutdown_timeout_s: 5\n"
+    )
+    return conf
+
+
 @pytest.fixture(scope="module")
 def local_cluster(
     tmp_path_factory: pytest.TempPathFactory,

@@ -28,7 +28,7 @@ from controlplane.local.cluster import connect
 from controlplane.sdk import Client
 from controlplane.store import Store
 from controlplane.telemetry import manager
-from tests.integration.conftest import start_local_cluster
+from tests.integration.conftest import start_local_cluster, two_replica_sample_config
 from tests.integration.test_policy_loop import pools_of, wait_until
 from tests.integration.test_serve_plane import Load
 
@@ -40,17 +40,7 @@ HOT_SAMPLES = 2
 
 @pytest.fixture(scope="module")
 def health_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Config, Client]]:
-    conf = tmp_path_factory.mktemp("health-conf") / "rcp.yaml"
-    conf.write_text(
-        "serving:\n"
-        "  models:\n"
-        "    - name: sample\n"
-        "      min_replicas: 2\n"
-        "      max_replicas: 2\n"
-        "      num_gpus: 1\n"
-        "      num_cpus: 0.5\n"
-        "      graceful_shutdown_timeout_s: 5\n"
-    )
+    conf = two_replica_sample_config(tmp_path_factory)
     cfg, cluster = start_local_cluster(
         tmp_path_factory,
         "pools.cluster.num_nodes=1",
@@ -114,6 +104,29 @@ def streak_completed_s(node_id: str, temp_c: float) -> float:
     return float(hot[HOT_SAMPLES - 1])
 
 
+def run_gang(client: Client, name: str, num_steps: int, log: Path) -> Any:
+    """Submit the example gang (2 workers x 1 GPU, 0.5 s a step, checkpoints only when asked
+    or at the end) and wait until it runs and has logged 3 steps."""
+    train_config = {
+        "num_steps": num_steps,
+        "checkpoint_every": 1000,
+        "step_sleep_s": 0.5,
+        "log_path": str(log),
+    }
+    job = client.submit(
+        {
+            "name": name,
+            "entrypoint": EXAMPLE,
+            "num_workers": 2,
+            "gpus_per_worker": 1,
+            "runtime_env": {"env_vars": {"RCP_TRAIN_CONFIG": json.dumps(train_config)}},
+        }
+    )
+    wait_until(lambda: client.status(job.id).state == "RUNNING", 300, "the gang to run")
+    wait_until(lambda: log.exists() and len(log.read_text().splitlines()) >= 3, 120, "steps")
+    return job
+
+
 def events_of(client: Client, kind: str, after: int) -> list[dict[str, Any]]:
     return [e for e in client.events(after=after, limit=2000) if e["kind"] == kind]
 
@@ -135,25 +148,7 @@ def test_a_hot_gpu_takes_its_node_out_without_failing_a_request_or_losing_traini
     wait_until(lambda: node_a in manager.collect_summaries(), 60, "the agent on the cluster node")
 
     log = tmp_path / "steps.jsonl"
-    train_config = {
-        "num_steps": 24,
-        "checkpoint_every": 1000,
-        "step_sleep_s": 0.5,
-        "log_path": str(log),
-    }
-    job = client.submit(
-        {
-            "name": "on-the-hot-node",
-            "entrypoint": EXAMPLE,
-            "num_workers": 2,
-            "gpus_per_worker": 1,
-            "runtime_env": {"env_vars": {"RCP_TRAIN_CONFIG": json.dumps(train_config)}},
-        }
-    )
-    wait_until(lambda: client.status(job.id).state == "RUNNING", 300, "the gang to run")
-    wait_until(
-        lambda: log.exists() and len(log.read_text().splitlines()) >= 3, 120, "training steps"
-    )
+    job = run_gang(client, "on-the-hot-node", num_steps=24, log=log)
     store = Store(cfg.jobs_db_path)
     assert set(store.get(job.id).info["placement"]) == {node_a}
     after = max((e["seq"] for e in client.events(limit=2000)), default=0)
@@ -261,23 +256,7 @@ def test_a_node_ray_drains_for_someone_else_has_its_gang_checkpointed_and_is_lef
         "both replicas on the cluster node",
     )
     log = tmp_path / "steps.jsonl"
-    train_config = {
-        "num_steps": 20,
-        "checkpoint_every": 1000,
-        "step_sleep_s": 0.5,
-        "log_path": str(log),
-    }
-    job = client.submit(
-        {
-            "name": "on-a-node-going-away",
-            "entrypoint": EXAMPLE,
-            "num_workers": 2,
-            "gpus_per_worker": 1,
-            "runtime_env": {"env_vars": {"RCP_TRAIN_CONFIG": json.dumps(train_config)}},
-        }
-    )
-    wait_until(lambda: client.status(job.id).state == "RUNNING", 300, "the gang to run")
-    wait_until(lambda: log.exists() and len(log.read_text().splitlines()) >= 3, 120, "steps")
+    job = run_gang(client, "on-a-node-going-away", num_steps=20, log=log)
     after = max((e["seq"] for e in client.events(limit=2000)), default=0)
 
     with Load(serve_url, threads=2, max_requests_per_thread=100_000, max_duration_s=600) as load:

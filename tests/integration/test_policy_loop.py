@@ -24,7 +24,7 @@ import pytest
 from controlplane.config import Config
 from controlplane.local.cluster import connect
 from controlplane.sdk import Client
-from tests.integration.conftest import start_local_cluster
+from tests.integration.conftest import start_local_cluster, two_replica_sample_config
 from tests.integration.test_serve_plane import Load
 
 pytestmark = pytest.mark.integration
@@ -35,17 +35,7 @@ MIGRATE_BACK_INTERVAL_S = 4.0
 
 @pytest.fixture(scope="module")
 def loop_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Config, Client]]:
-    conf = tmp_path_factory.mktemp("loop-conf") / "rcp.yaml"
-    conf.write_text(
-        "serving:\n"
-        "  models:\n"
-        "    - name: sample\n"
-        "      min_replicas: 2\n"
-        "      max_replicas: 2\n"
-        "      num_gpus: 1\n"
-        "      num_cpus: 0.5\n"
-        "      graceful_shutdown_timeout_s: 5\n"
-    )
+    conf = two_replica_sample_config(tmp_path_factory)
     cfg, cluster = start_local_cluster(
         tmp_path_factory,
         "pools.cluster.num_nodes=1",

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -709,3 +710,20 @@ def running() -> Iterator[FakeKubeApi]:
         yield api
     finally:
         api.stop()
+
+
+def write_kubeconfig(api: FakeKubeApi, path: Path) -> Path:
+    """A kubeconfig file whose current context is `api` (token auth; the fake accepts any)."""
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
+                "users": [{"name": "me", "user": {"token": "t0ken"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "me"}}],
+                "current-context": "fake",
+            }
+        )
+    )
+    return path

@@ -33,6 +33,7 @@ from tests.unit.kubeapi import (
     json_patch,
     merge_patch,
     running,
+    write_kubeconfig,
 )
 
 NS = "ml"
@@ -562,19 +563,7 @@ def test_from_config_is_none_when_disabled() -> None:
 
 def test_from_config_reads_a_kubeconfig(api: FakeKubeApi, tmp_path: Path) -> None:
     api.add_node(NODE)
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
-                "users": [{"name": "me", "user": {"token": "t0ken"}}],
-                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "me"}}],
-                "current-context": "fake",
-            }
-        )
-    )
+    kubeconfig = write_kubeconfig(api, tmp_path / "kubeconfig")
     cfg = load_config(
         None,
         [

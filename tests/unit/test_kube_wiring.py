@@ -17,7 +17,7 @@ from controlplane.service.remediation import Remediator
 from controlplane.serving import ServingPolicyState
 from controlplane.store import Store
 from policies.placement import PlacementState
-from tests.unit.kubeapi import FakeKubeApi, running
+from tests.unit.kubeapi import FakeKubeApi, running, write_kubeconfig
 from tests.unit.test_health_actuation import FakeNodes
 from tests.unit.test_kube_actuator import (
     CLUSTER,
@@ -98,25 +98,6 @@ def test_serving_loop_sizes_the_external_group_only_when_it_owns_it(
     assert replicas_of(api) == replicas
 
 
-def kubeconfig_for(api: FakeKubeApi, tmp_path: Path) -> Path:
-    import json
-
-    path = tmp_path / "kubeconfig"
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
-                "users": [{"name": "me", "user": {"token": "t0ken"}}],
-                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "me"}}],
-                "current-context": "fake",
-            }
-        )
-    )
-    return path
-
-
 def test_the_controllers_removal_treats_a_vanished_kubernetes_node_as_done(
     api: FakeKubeApi, tmp_path: Path
 ) -> None:
@@ -130,7 +111,7 @@ def test_the_controllers_removal_treats_a_vanished_kubernetes_node_as_done(
             "kubernetes.in_cluster=false",
             f"kubernetes.namespace={NS}",
             f"kubernetes.raycluster={CLUSTER}",
-            f"kubernetes.kubeconfig={kubeconfig_for(api, tmp_path)}",
+            f"kubernetes.kubeconfig={write_kubeconfig(api, tmp_path / 'kubeconfig')}",
         ],
     )
     remove = _kube_remove(cfg)
@@ -158,7 +139,7 @@ def test_rcp_uncordon_lets_the_host_take_pods_again(api: FakeKubeApi, tmp_path: 
     api.add_node(NODE, taints=[foreign])
     with actuator(api) as act:
         act.cordon(NODE, "gpu_overheated")
-    kubeconfig = kubeconfig_for(api, tmp_path)
+    kubeconfig = write_kubeconfig(api, tmp_path / "kubeconfig")
     args = [
         "kubernetes.enabled=true",
         "kubernetes.in_cluster=false",
