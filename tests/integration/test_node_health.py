@@ -17,6 +17,7 @@ Waits are bounded; nothing asserts on wall-clock durations.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -283,3 +284,20 @@ def test_a_node_ray_drains_for_someone_else_has_its_gang_checkpointed_and_is_lef
     kinds = {e["kind"] for e in mine}
     assert "health.release" in kinds, kinds
     assert not kinds & {"health.cordon", "health.drain"}, kinds
+
+    # The operator's clear: a node with no health record is named as such; a live one clears.
+    from click.testing import CliRunner
+
+    from controlplane.cli import cli
+
+    runner, args = CliRunner(), [f"state_dir={cfg.state_dir}"]
+    gone = runner.invoke(cli, ["health-clear", node_b[-12:], *args])
+    assert gone.exit_code == 2 and "no node with a health record" in gone.output, gone.output
+    (node_c,) = alive_cluster_nodes()
+    deadline = time.monotonic() + 60  # until the controller has judged the new node once
+    while True:
+        cleared = runner.invoke(cli, ["health-clear", node_c[-12:], *args])
+        if cleared.exit_code == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert f"node {node_c}: lemon record cleared" in cleared.output, cleared.output
