@@ -76,6 +76,7 @@ __all__ = [
     "Verdict",
     "acting_verdicts",
     "clear_lemon",
+    "keep_nodes",
     "evaluate",
     "remediate",
     "with_verdicts",
@@ -489,6 +490,16 @@ def evaluate(
         nodes[node_id] = node
         verdicts[node_id] = _verdict(node_id, node, thresholds, now_s)
     return verdicts, HealthState(nodes)
+
+
+def keep_nodes(state: HealthState, node_ids: Iterable[str]) -> HealthState:
+    """`state` with only the records of `node_ids` (the nodes that still exist).
+
+    Ray never reuses a node id, so the record of a node that is gone can never matter again;
+    without this, every node an autoscaler ever added would stay in the stored state.
+    """
+    keep = set(node_ids)
+    return HealthState({n: v for n, v in state.nodes.items() if n in keep})
 
 
 def clear_lemon(state: HealthState, node_ids: Iterable[str]) -> HealthState:

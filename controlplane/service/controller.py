@@ -319,7 +319,7 @@ class Controller:
         """Verdicts by node id; the policy's memory goes back to the store."""
         from controlplane.telemetry import manager
         from controlplane.telemetry.verdicts import judge
-        from policies.health import HealthState, acting_verdicts
+        from policies.health import HealthState, acting_verdicts, keep_nodes
 
         refs = manager.ensure_agents(
             self.cfg, exclude=set(self.remediator.cordoned) | self._draining
@@ -334,6 +334,7 @@ class Controller:
                 seen_until={n: s.last_sampled_s for n, s in state.nodes.items()},
             )
             verdicts, new_state = judge(samples, self.cfg.health, state, snapshot.now_s)
+            new_state = keep_nodes(new_state, (n.node_id for n in snapshot.nodes))
             self.store.put(HEALTH_STATE_KEY, new_state.to_dict())
         verdicts, self._drained_by_others = acting_verdicts(
             verdicts, self.verdicts, self.remediator.cordoned, self._draining, snapshot

@@ -180,3 +180,11 @@ def test_acting_verdicts(
     out, others = acting_verdicts(judged, previous, cordoned, draining, snap)
     assert {n: (v.verdict, v.details) for n, v in out.items()} == expect
     assert others == expect_others
+
+
+def test_keep_nodes_drops_the_records_of_nodes_that_are_gone() -> None:
+    from policies.health import HealthState, NodeHealthState, keep_nodes
+
+    state = HealthState({"a": NodeHealthState(lemon=True), "b": NodeHealthState(clean_samples=2)})
+    assert dict(keep_nodes(state, ["b", "c"]).nodes) == {"b": NodeHealthState(clean_samples=2)}
+    assert dict(keep_nodes(state, []).nodes) == {}
