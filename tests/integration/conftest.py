@@ -7,13 +7,30 @@ share or stop each other's processes.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from controlplane.config import Config, load_config
 from controlplane.local.cluster import LocalCluster
+
+T = TypeVar("T")
+
+
+def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 120.0) -> T:
+    """`check()`'s first truthy answer, polled every 0.5 s; fails naming `what` and the last
+    answer after `timeout_s`. Every integration wait goes through here: bounded, never timed."""
+    deadline = time.monotonic() + timeout_s
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; last: {last!r}")
 
 
 def free_ports(n: int) -> list[int]:

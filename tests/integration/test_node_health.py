@@ -17,7 +17,6 @@ Waits are bounded; nothing asserts on wall-clock durations.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from controlplane.local.cluster import connect
 from controlplane.sdk import Client
 from controlplane.store import Store
 from controlplane.telemetry import manager
-from tests.integration.conftest import start_local_cluster, two_replica_sample_config
+from tests.integration.conftest import start_local_cluster, two_replica_sample_config, wait_for
 from tests.integration.test_policy_loop import pools_of, wait_until
 from tests.integration.test_serve_plane import Load
 
@@ -128,6 +127,28 @@ def run_gang(client: Client, name: str, num_steps: int, log: Path) -> Any:
     return job
 
 
+def checkpointed_and_resumed(
+    final: Any, log: Path, last_step: int, because: str = ""
+) -> tuple[int, int]:
+    """The job was preempted once with a checkpoint (for `because`), re-queued, admitted
+    again, resumed from the step after that checkpoint and ran to `last_step`. Returns
+    (checkpoint step, resumed-at step)."""
+    states = [t["to"] for t in final.history]
+    assert states[:6] == ["QUEUED", "ADMITTED", "RUNNING", "PREEMPTED", "QUEUED", "ADMITTED"], (
+        states
+    )
+    preempted = next(t for t in final.history if t["to"] == "PREEMPTED")
+    assert "checkpointed-for-preemption at step" in preempted["reason"]
+    assert because in preempted["reason"], preempted["reason"]
+    ckpt_step = int(preempted["reason"].split("at step ")[1].split(";")[0])
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    resumed = [r for r in lines if r["start"] > 0]
+    assert resumed, "the gang never resumed from its checkpoint"
+    assert resumed[0]["start"] == ckpt_step + 1
+    assert lines[-1]["step"] == last_step
+    return ckpt_step, resumed[0]["start"]
+
+
 def events_of(client: Client, kind: str, after: int) -> list[dict[str, Any]]:
     return [e for e in client.events(after=after, limit=2000) if e["kind"] == kind]
 
@@ -202,17 +223,7 @@ def test_a_hot_gpu_takes_its_node_out_without_failing_a_request_or_losing_traini
     assert set(load.statuses) == {200}
 
     # The gang checkpointed for the preemption, was re-queued and resumed on the new node.
-    states = [t["to"] for t in final.history]
-    assert states[:6] == ["QUEUED", "ADMITTED", "RUNNING", "PREEMPTED", "QUEUED", "ADMITTED"], (
-        states
-    )
-    preempted = next(t for t in final.history if t["to"] == "PREEMPTED")
-    assert "checkpointed-for-preemption at step" in preempted["reason"]
-    ckpt_step = int(preempted["reason"].split("at step ")[1].split(";")[0])
-    lines = [json.loads(line) for line in log.read_text().splitlines()]
-    resumed = [r for r in lines if r["start"] > 0]
-    assert resumed and resumed[0]["start"] == ckpt_step + 1
-    assert lines[-1]["step"] == 23
+    ckpt_step, resumed_at = checkpointed_and_resumed(final, log, last_step=23)
     drained = events_of(client, "health.drain", after)
     assert drained and node_a in drained[0]["message"]
     # Nothing new landed on the cordoned node: every placement after the cordon is elsewhere,
@@ -229,7 +240,7 @@ def test_a_hot_gpu_takes_its_node_out_without_failing_a_request_or_losing_traini
                 "requests": load.total,
                 "failed_requests": len(load.errors),
                 "checkpoint_step": ckpt_step,
-                "resumed_at_step": resumed[0]["start"],
+                "resumed_at_step": resumed_at,
                 "cordon_to_drain_s": round(drained[0]["at_s"] - cordon["at_s"], 1),
             }
         ),
@@ -270,15 +281,7 @@ def test_a_node_ray_drains_for_someone_else_has_its_gang_checkpointed_and_is_lef
     assert not load.errors, load.errors[:5]
     assert set(load.statuses) == {200}
 
-    states = [t["to"] for t in final.history]
-    assert states[:6] == ["QUEUED", "ADMITTED", "RUNNING", "PREEMPTED", "QUEUED", "ADMITTED"], (
-        states
-    )
-    preempted = next(t for t in final.history if t["to"] == "PREEMPTED")
-    assert "checkpointed-for-preemption at step" in preempted["reason"]
-    assert "Ray is draining it" in preempted["reason"]
-    lines = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [r for r in lines if r["start"] > 0], "the gang never resumed from its checkpoint"
+    checkpointed_and_resumed(final, log, last_step=19, because="Ray is draining it")
     # Not ours to remove or blame: no cordon, no removal; our agent left once it was empty.
     mine = [e for e in client.events(after=after, limit=2000) if node_b in e["message"]]
     kinds = {e["kind"] for e in mine}
@@ -294,10 +297,11 @@ def test_a_node_ray_drains_for_someone_else_has_its_gang_checkpointed_and_is_lef
     gone = runner.invoke(cli, ["health-clear", node_b[-12:], *args])
     assert gone.exit_code == 2 and "no node with a health record" in gone.output, gone.output
     (node_c,) = alive_cluster_nodes()
-    deadline = time.monotonic() + 60  # until the controller has judged the new node once
-    while True:
-        cleared = runner.invoke(cli, ["health-clear", node_c[-12:], *args])
-        if cleared.exit_code == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+    cleared = wait_for(  # once the controller has judged the new node
+        "a health record for the new node",
+        lambda: (
+            (r := runner.invoke(cli, ["health-clear", node_c[-12:], *args])).exit_code == 0 and r
+        ),
+        60,
+    )
     assert f"node {node_c}: lemon record cleared" in cleared.output, cleared.output

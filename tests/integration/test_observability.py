@@ -34,23 +34,12 @@ from controlplane.observability import (
 )
 from controlplane.sdk import Client
 from controlplane.telemetry import manager
-from tests.integration.conftest import free_ports, start_local_cluster
+from tests.integration.conftest import free_ports, start_local_cluster, wait_for
 
 pytestmark = pytest.mark.integration
 
 RUN = "observability"
 PANEL_DEADLINE_S = 150.0
-
-
-def wait_for(what: str, check: Any, timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; last: {last!r}")
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ import pytest
 from controlplane.config import Config
 from controlplane.local.cluster import connect
 from controlplane.sdk import Client
-from tests.integration.conftest import start_local_cluster, two_replica_sample_config
+from tests.integration.conftest import start_local_cluster, two_replica_sample_config, wait_for
 from tests.integration.test_serve_plane import Load
 
 pytestmark = pytest.mark.integration
@@ -64,12 +64,7 @@ def pools_of(model: str = "sample") -> dict[str, dict[str, Any]]:
 
 
 def wait_until(check: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+    wait_for(what, check, timeout_s)
 
 
 def test_training_claims_the_cluster_and_serving_comes_back(

@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -30,22 +29,9 @@ from controlplane.telemetry import manager
 from controlplane.telemetry.simulated import HOT_GPU_TEMP_C
 from controlplane.telemetry.verdicts import node_sample, thresholds
 from policies.health import HealthReason, HealthState, Verdict, evaluate
-from tests.integration.conftest import free_ports, start_local_cluster
+from tests.integration.conftest import free_ports, start_local_cluster, wait_for
 
 pytestmark = pytest.mark.integration
-
-T = TypeVar("T")
-
-
-def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 120.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; last: {last!r}")
 
 
 def alive_nodes() -> dict[str, dict[str, Any]]:
