@@ -10,4 +10,9 @@ from __future__ import annotations
 
 from policies.snapshot import POOL_LABEL, Pool, pool_of, pool_resource
 
-__all__ = ["POOL_LABEL", "Pool", "pool_of", "pool_resource"]
+# Every Ray Job entrypoint asks for one unit of this resource. Only the `cluster` pool's worker
+# nodes offer it (the head and the external pool do not), so user drivers never run on the head,
+# where the control plane's credentials live (issue 12).
+JOB_DRIVER_RESOURCE = "rcp_job_driver"
+
+__all__ = ["JOB_DRIVER_RESOURCE", "POOL_LABEL", "Pool", "pool_of", "pool_resource"]
