@@ -9,11 +9,21 @@ control plane's configuration or the live pool (is the priority class configured
 pool ever hold this gang?) take those as arguments in `JobSpec.check_against`, which the
 service calls at submit time.
 
+A spec is untrusted input (anyone with the API token writes one), so validation is also the
+security boundary for what the controller hands to Ray:
+
+* code comes only from remote URIs (`working_dir`, ``runtime_env.py_modules``): Ray's job
+  client zips a local path on the submitting machine's disk, which is the controller's;
+* ``runtime_env`` takes only the keys in `RUNTIME_ENV_KEYS`, each in a form that names no
+  file (``pip`` as a list of requirement specifiers, never a requirements-file path);
+* ``env_vars`` may not set ``RAY_*`` or ``RCP_*`` names, except `USER_ENV_VARS`;
+* every number is finite (NaN and Infinity are refused wherever they appear).
+
 Example YAML::
 
     name: llama-ft
     entrypoint: python train.py --epochs 3
-    working_dir: ./src
+    working_dir: s3://team-code/llama-ft/v3.zip
     num_workers: 4
     gpus_per_worker: 2
     queue: research
@@ -27,15 +37,21 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
 __all__ = [
+    "CODE_ARCHIVE_SUFFIXES",
     "DEFAULT_PRIORITY_CLASSES",
+    "REMOTE_URI_SCHEMES",
+    "RUNTIME_ENV_KEYS",
+    "USER_ENV_VARS",
     "CheckpointSpec",
     "FieldError",
     "JobSpec",
@@ -44,6 +60,31 @@ __all__ = [
 
 DEFAULT_PRIORITY_CLASSES = ("low", "medium", "high")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+REMOTE_URI_SCHEMES = ("s3", "gs", "azure", "abfss", "https")
+"""Where a job's code may come from: Ray's remote runtime_env protocols
+(``ray/_private/runtime_env/protocol.py``, ``get_remote_protocols``) less ``file`` (a path on
+a node's own disk) and ``http`` (code fetched in clear text). Ray's ``gcs://`` (packages other
+jobs uploaded) and ``local://`` (a directory on the node) are local paths in disguise."""
+
+CODE_ARCHIVE_SUFFIXES = (".zip", ".tar.gz", ".tgz")
+"""Archives Ray unpacks from a remote URI as a working_dir or a py_module."""
+_PY_MODULE_SUFFIXES = (*CODE_ARCHIVE_SUFFIXES, ".whl")
+
+RUNTIME_ENV_KEYS = ("working_dir", "py_modules", "pip", "uv", "conda", "env_vars", "config")
+"""The runtime_env keys a job may set. Refused, among others: ``container``/``image_uri``
+(another image, host mounts through run options), ``excludes`` (only for local uploads),
+``py_executable`` and ``worker_process_setup_hook`` (ask an operator for the image instead)."""
+
+USER_ENV_VARS = frozenset({"RCP_TRAIN_CONFIG", "RCP_TORCH_BACKEND"})
+"""The only ``RCP_*`` variables a job sets itself (read by `jobs.launcher`); every other
+``RCP_*`` and every ``RAY_*`` name belongs to the control plane and Ray."""
+_RESERVED_ENV_PREFIXES = ("RCP_", "RAY_")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CONDA_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_PIP_DICT_KEYS = ("packages", "pip_check", "pip_version")
+_UV_DICT_KEYS = ("packages", "uv_version", "uv_check")
+_CONFIG_KEYS = {"setup_timeout_seconds": int, "eager_install": bool}
 
 
 @dataclass(frozen=True)
@@ -99,9 +140,11 @@ class JobSpec:
     """GPUs each worker needs on a single node; 0 for a CPU-only job."""
     cpus_per_worker: float = 1.0
     working_dir: str | None = None
-    """Local directory or URI uploaded as the job's working dir (runtime_env working_dir)."""
+    """The job's code: a remote archive (``s3://bucket/code.zip``; see `REMOTE_URI_SCHEMES`
+    and `CODE_ARCHIVE_SUFFIXES`), unpacked by Ray as the working dir. Never a local path."""
     runtime_env: Mapping[str, Any] = field(default_factory=dict)
-    """Extra Ray runtime_env (pip, env_vars, ...); use `working_dir` above for the code."""
+    """Extra Ray runtime_env, only the keys in `RUNTIME_ENV_KEYS` (pip, env_vars, ...); use
+    `working_dir` above for the code."""
     queue: str = "default"
     """The team queue; it owns a share of the cluster pool."""
     priority_class: str = "medium"
@@ -320,25 +363,34 @@ def _validate(spec: JobSpec) -> list[FieldError]:
     errors += _int_at_least("gpus_per_worker", spec.gpus_per_worker, 0)
     if not _is_number(spec.cpus_per_worker) or spec.cpus_per_worker < 0:
         errors.append(
-            FieldError("cpus_per_worker", f"must be a number >= 0, got {spec.cpus_per_worker!r}")
+            FieldError(
+                "cpus_per_worker", f"must be a finite number >= 0, got {spec.cpus_per_worker!r}"
+            )
         )
     if spec.max_runtime_s is not None and (
         not _is_number(spec.max_runtime_s) or spec.max_runtime_s <= 0
     ):
         errors.append(
-            FieldError("max_runtime_s", f"must be a number > 0 or null, got {spec.max_runtime_s!r}")
+            FieldError(
+                "max_runtime_s",
+                f"must be a finite number > 0 or null, got {spec.max_runtime_s!r}",
+            )
         )
+    if spec.working_dir is not None:
+        errors += _remote_code_uri("working_dir", spec.working_dir, CODE_ARCHIVE_SUFFIXES)
     if not isinstance(spec.runtime_env, Mapping):
         errors.append(
             FieldError("runtime_env", f"must be a mapping, got {_kind(spec.runtime_env)}")
         )
-    elif "working_dir" in spec.runtime_env and spec.working_dir is not None:
-        errors.append(
-            FieldError(
-                "runtime_env.working_dir",
-                "set either working_dir or runtime_env.working_dir, not both",
+    else:
+        if "working_dir" in spec.runtime_env and spec.working_dir is not None:
+            errors.append(
+                FieldError(
+                    "runtime_env.working_dir",
+                    "set either working_dir or runtime_env.working_dir, not both",
+                )
             )
-        )
+        errors += _validate_runtime_env(spec.runtime_env)
     c = spec.checkpoint
     if not isinstance(c, CheckpointSpec):
         errors.append(FieldError("checkpoint", f"must be a CheckpointSpec, got {_kind(c)}"))
@@ -346,7 +398,8 @@ def _validate(spec: JobSpec) -> list[FieldError]:
     if c.interval_s is not None and (not _is_number(c.interval_s) or c.interval_s <= 0):
         errors.append(
             FieldError(
-                "checkpoint.interval_s", f"must be a number > 0 or null, got {c.interval_s!r}"
+                "checkpoint.interval_s",
+                f"must be a finite number > 0 or null, got {c.interval_s!r}",
             )
         )
     errors += _int_at_least("checkpoint.keep_last", c.keep_last, 1)
@@ -354,7 +407,7 @@ def _validate(spec: JobSpec) -> list[FieldError]:
         errors.append(
             FieldError(
                 "checkpoint.preempt_deadline_s",
-                f"must be a number > 0, got {c.preempt_deadline_s!r}",
+                f"must be a finite number > 0, got {c.preempt_deadline_s!r}",
             )
         )
     if c.uri is not None and not (c.uri.startswith("s3://") or c.uri.startswith("file://")):
@@ -365,7 +418,162 @@ def _validate(spec: JobSpec) -> list[FieldError]:
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A finite int or float (NaN and Infinity compare false with every bound: refuse them)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def _remote_code_uri(path: str, value: object, suffixes: tuple[str, ...]) -> list[FieldError]:
+    """`value` names a remote archive; local paths (the controller's own disk) are refused."""
+    if not isinstance(value, str):
+        return [FieldError(path, f"must be a string URI, got {_kind(value)}")]
+    schemes = ", ".join(f"{s}://" for s in REMOTE_URI_SCHEMES)
+    how = (
+        f"upload the code as a {' or '.join(suffixes)} archive to object storage and give "
+        f"its URI ({schemes}), or install it in the cluster's image"
+    )
+    parts = urlsplit(value.strip())
+    scheme = parts.scheme.lower()
+    if not scheme or len(scheme) == 1:  # no scheme, or a Windows drive letter
+        return [FieldError(path, f"{value!r} is a local path, which is not accepted: {how}")]
+    if scheme not in REMOTE_URI_SCHEMES:
+        return [FieldError(path, f"{scheme}:// is not accepted ({value!r}): {how}")]
+    if not parts.netloc:
+        return [FieldError(path, f"{value!r} names no bucket or host")]
+    if not parts.path.lower().endswith(suffixes):
+        return [FieldError(path, f"{value!r} must name a {' or '.join(suffixes)} archive")]
+    return []
+
+
+def _validate_runtime_env(env: Mapping[Any, Any]) -> list[FieldError]:
+    errors = _non_finite("runtime_env", env)
+    for key, value in env.items():
+        path = f"runtime_env.{key}"
+        if key not in RUNTIME_ENV_KEYS:
+            errors.append(
+                FieldError(path, f"is not accepted; allowed keys: {', '.join(RUNTIME_ENV_KEYS)}")
+            )
+        elif key == "working_dir":
+            errors += _remote_code_uri(path, value, CODE_ARCHIVE_SUFFIXES)
+        elif key == "py_modules":
+            if not isinstance(value, list):
+                errors.append(FieldError(path, f"must be a list of URIs, got {_kind(value)}"))
+                continue
+            for i, item in enumerate(value):
+                errors += _remote_code_uri(f"{path}[{i}]", item, _PY_MODULE_SUFFIXES)
+        elif key in ("pip", "uv"):
+            errors += _packages(path, value, _PIP_DICT_KEYS if key == "pip" else _UV_DICT_KEYS)
+        elif key == "conda":
+            if isinstance(value, str):
+                if not _CONDA_NAME_RE.match(value) or value.lower().endswith((".yml", ".yaml")):
+                    errors.append(
+                        FieldError(
+                            path,
+                            f"{value!r}: give the name of a conda env present on the image or "
+                            "the environment as a mapping, never a file path",
+                        )
+                    )
+            elif not isinstance(value, Mapping):
+                errors.append(FieldError(path, f"must be a name or a mapping, got {_kind(value)}"))
+        elif key == "env_vars":
+            errors += _env_vars(path, value)
+        elif key == "config":
+            errors += _runtime_env_config(path, value)
+    return errors
+
+
+def _packages(path: str, value: object, dict_keys: tuple[str, ...]) -> list[FieldError]:
+    """pip/uv: a list of requirement specifiers (or {packages: [...], ...}); never a file."""
+    if isinstance(value, str):
+        return [
+            FieldError(
+                path,
+                "a requirements-file path is not accepted (it would be read on the controller); "
+                "list the requirements, e.g. ['torch==2.5.1', 'numpy']",
+            )
+        ]
+    packages: object = value
+    errors: list[FieldError] = []
+    where = path
+    if isinstance(value, Mapping):
+        unknown = sorted(str(k) for k in value if k not in dict_keys)
+        if unknown:
+            errors.append(
+                FieldError(f"{path}.{unknown[0]}", f"unknown key; allowed: {', '.join(dict_keys)}")
+            )
+        packages = value.get("packages")
+        where = f"{path}.packages"
+        if isinstance(packages, str):
+            return [*errors, *_packages(where, packages, dict_keys)]
+    if not isinstance(packages, list):
+        return [*errors, FieldError(where, f"must be a list of strings, got {_kind(packages)}")]
+    for i, req in enumerate(packages):
+        if not isinstance(req, str):
+            errors.append(FieldError(f"{where}[{i}]", f"must be a string, got {_kind(req)}"))
+            continue
+        text = req.strip()
+        if text.startswith("-") or text.startswith((".", "/", "~", "\\")) or "file:" in text:
+            errors.append(
+                FieldError(
+                    f"{where}[{i}]",
+                    f"{req!r}: only requirement specifiers (name, version, extras, or a remote "
+                    "URL) are accepted; no pip options, local paths or file: URLs",
+                )
+            )
+    return errors
+
+
+def _env_vars(path: str, value: object) -> list[FieldError]:
+    if not isinstance(value, Mapping):
+        return [FieldError(path, f"must be a mapping of names to strings, got {_kind(value)}")]
+    errors: list[FieldError] = []
+    for name, val in value.items():
+        where = f"{path}.{name}"
+        if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
+            errors.append(FieldError(where, "is not a valid environment variable name"))
+            continue
+        if name.upper().startswith(_RESERVED_ENV_PREFIXES) and name not in USER_ENV_VARS:
+            errors.append(
+                FieldError(
+                    where,
+                    "RAY_* and RCP_* variables belong to Ray and the control plane; a job may "
+                    f"set only {', '.join(sorted(USER_ENV_VARS))} of them",
+                )
+            )
+        if isinstance(val, bool) or not isinstance(val, str | int | float):
+            errors.append(FieldError(where, f"must be a string, got {_kind(val)}"))
+    return errors
+
+
+def _runtime_env_config(path: str, value: object) -> list[FieldError]:
+    if not isinstance(value, Mapping):
+        return [FieldError(path, f"must be a mapping, got {_kind(value)}")]
+    errors: list[FieldError] = []
+    for key, val in value.items():
+        want = _CONFIG_KEYS.get(key)
+        if want is None:
+            errors.append(
+                FieldError(f"{path}.{key}", f"unknown key; allowed: {', '.join(_CONFIG_KEYS)}")
+            )
+        elif not isinstance(val, want) or (want is int and isinstance(val, bool)):
+            errors.append(FieldError(f"{path}.{key}", f"must be {want.__name__}, got {_kind(val)}"))
+    return errors
+
+
+def _non_finite(path: str, value: object) -> list[FieldError]:
+    """Every NaN or Infinity nested in `value`, by its path (iterative: depth is untrusted)."""
+    errors: list[FieldError] = []
+    stack: list[tuple[str, object]] = [(path, value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            errors.append(FieldError(where, f"must be a finite number, got {item!r}"))
+        elif isinstance(item, Mapping):
+            stack.extend((f"{where}.{k}", v) for k, v in item.items())
+        elif isinstance(item, list | tuple):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(item))
+    return errors
 
 
 def _int_at_least(name: str, value: object, minimum: int, why: str = "") -> list[FieldError]:

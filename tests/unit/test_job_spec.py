@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+from ray._common.runtime_env_uri import Protocol
+from ray._private.runtime_env.packaging import is_tar_uri, is_whl_uri, is_zip_uri
 
-from jobs.spec import CheckpointSpec, JobSpec, SpecError
+from jobs import launcher
+from jobs.spec import (
+    CODE_ARCHIVE_SUFFIXES,
+    REMOTE_URI_SCHEMES,
+    USER_ENV_VARS,
+    CheckpointSpec,
+    JobSpec,
+    SpecError,
+)
 
 GOOD: dict[str, Any] = {
     "name": "llama-ft",
@@ -53,7 +64,7 @@ BAD_SPECS = [
         with_(checkpoint={"uri": "gs://b"}), "checkpoint.uri", "s3:// or file://", id="bad-uri"
     ),
     pytest.param(
-        with_(working_dir="./src", runtime_env={"working_dir": "./other"}),
+        with_(working_dir="s3://b/src.zip", runtime_env={"working_dir": "s3://b/other.zip"}),
         "runtime_env.working_dir",
         "not both",
         id="two-working-dirs",
@@ -146,8 +157,8 @@ def test_yaml_round_trip_keeps_every_field() -> None:
         num_workers=4,
         gpus_per_worker=2,
         cpus_per_worker=3.5,
-        working_dir="./src",
-        runtime_env={"env_vars": {"A": "1"}},
+        working_dir="s3://b/src.zip",
+        runtime_env={"env_vars": {"A": "1"}, "py_modules": ["gs://b/m.whl"]},
         queue="research",
         priority_class="high",
         max_runtime_s=7200,
@@ -173,3 +184,172 @@ def test_type_and_value_problems_are_reported_together() -> None:
     with pytest.raises(SpecError) as info:
         JobSpec.from_yaml("num_workers: 0\ngpus_per_worker: two\n")
     assert set(info.value.fields) == {"name", "entrypoint", "num_workers", "gpus_per_worker"}
+
+
+# -- untrusted input: code from remote URIs only, allow-listed runtime_env, finite numbers ----
+
+NAN, INF = float("nan"), float("inf")
+
+UNSAFE_SPECS = [
+    pytest.param(with_(working_dir="./src"), "working_dir", "local path", id="relative-dir"),
+    pytest.param(with_(working_dir="/var/lib/rcp"), "working_dir", "local path", id="abs-dir"),
+    pytest.param(with_(working_dir="/dev"), "working_dir", "local path", id="dev"),
+    pytest.param(with_(working_dir="file:///x/c.zip"), "working_dir", "file://", id="file-uri"),
+    pytest.param(with_(working_dir="local:///app"), "working_dir", "local://", id="local-uri"),
+    pytest.param(with_(working_dir="gcs://_ray_pkg_1.zip"), "working_dir", "gcs://", id="gcs"),
+    pytest.param(with_(working_dir="http://h/c.zip"), "working_dir", "http://", id="plain-http"),
+    pytest.param(with_(working_dir="s3:///c.zip"), "working_dir", "no bucket", id="no-bucket"),
+    pytest.param(with_(working_dir="s3://b/code"), "working_dir", ".zip", id="not-an-archive"),
+    pytest.param(
+        with_(runtime_env={"working_dir": "."}), "runtime_env.working_dir", "local", id="env-wd"
+    ),
+    pytest.param(
+        with_(runtime_env={"py_modules": ["s3://b/m.whl", "/home/me/pkg"]}),
+        "runtime_env.py_modules[1]",
+        "local path",
+        id="py-module-path",
+    ),
+    pytest.param(
+        with_(runtime_env={"py_modules": "s3://b/m.whl"}),
+        "runtime_env.py_modules",
+        "list",
+        id="py-modules-not-list",
+    ),
+    pytest.param(
+        with_(runtime_env={"pip": "requirements.txt"}),
+        "runtime_env.pip",
+        "requirements-file",
+        id="pip-file",
+    ),
+    pytest.param(
+        with_(runtime_env={"pip": ["torch", "-r /etc/shadow"]}),
+        "runtime_env.pip[1]",
+        "no pip options",
+        id="pip-option",
+    ),
+    pytest.param(
+        with_(runtime_env={"pip": {"packages": ["./pkg"]}}),
+        "runtime_env.pip.packages[0]",
+        "local paths",
+        id="pip-local-path",
+    ),
+    pytest.param(
+        with_(runtime_env={"uv": ["x @ file:///srv/x"]}),
+        "runtime_env.uv[0]",
+        "file: URLs",
+        id="uv-file-url",
+    ),
+    pytest.param(
+        with_(runtime_env={"conda": "/srv/env.yaml"}),
+        "runtime_env.conda",
+        "never a file path",
+        id="conda-file",
+    ),
+    pytest.param(
+        with_(runtime_env={"container": {"image": "x", "run_options": ["-v /:/host"]}}),
+        "runtime_env.container",
+        "allowed keys",
+        id="container",
+    ),
+    pytest.param(
+        with_(runtime_env={"image_uri": "evil:latest"}),
+        "runtime_env.image_uri",
+        "not accepted",
+        id="image-uri",
+    ),
+    pytest.param(
+        with_(runtime_env={"excludes": ["*"]}), "runtime_env.excludes", "allowed", id="excludes"
+    ),
+    pytest.param(
+        with_(runtime_env={"env_vars": {"RCP_JOB_ID": "someone-else"}}),
+        "runtime_env.env_vars.RCP_JOB_ID",
+        "belong to Ray and the control plane",
+        id="env-rcp",
+    ),
+    pytest.param(
+        with_(runtime_env={"env_vars": {"ray_address": "10.0.0.1:6379"}}),
+        "runtime_env.env_vars.ray_address",
+        "belong to Ray",
+        id="env-ray-lowercase",
+    ),
+    pytest.param(
+        with_(runtime_env={"env_vars": {"A": {"b": 1}}}),
+        "runtime_env.env_vars.A",
+        "must be a string",
+        id="env-value-mapping",
+    ),
+    pytest.param(
+        with_(runtime_env={"config": {"setup_timeout_seconds": "x"}}),
+        "runtime_env.config.setup_timeout_seconds",
+        "must be int",
+        id="config-type",
+    ),
+    pytest.param(with_(max_runtime_s=NAN), "max_runtime_s", "finite", id="nan-runtime"),
+    pytest.param(with_(max_runtime_s=INF), "max_runtime_s", "finite", id="inf-runtime"),
+    pytest.param(with_(cpus_per_worker=NAN), "cpus_per_worker", "finite", id="nan-cpus"),
+    pytest.param(with_(cpus_per_worker=INF), "cpus_per_worker", "finite", id="inf-cpus"),
+    pytest.param(
+        with_(checkpoint={"interval_s": NAN}), "checkpoint.interval_s", "finite", id="nan-interval"
+    ),
+    pytest.param(
+        with_(checkpoint={"preempt_deadline_s": -INF}),
+        "checkpoint.preempt_deadline_s",
+        "finite",
+        id="neg-inf-deadline",
+    ),
+    pytest.param(
+        with_(runtime_env={"env_vars": {"LR": NAN}}),
+        "runtime_env.env_vars.LR",
+        "finite",
+        id="nan-in-runtime-env",
+    ),
+]
+
+
+@pytest.mark.parametrize(("data", "field", "message"), UNSAFE_SPECS)
+def test_unsafe_or_non_finite_spec_is_refused_naming_the_field(
+    data: dict[str, Any], field: str, message: str
+) -> None:
+    with pytest.raises(SpecError) as info:
+        JobSpec.from_dict(data)
+    assert field in info.value.fields
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "runtime_env",
+    [
+        pytest.param({"working_dir": "https://code.example.com/a/b.tar.gz"}, id="https-tarball"),
+        pytest.param({"py_modules": ["s3://b/m.zip", "gs://b/w-1.0-py3-none-any.whl"]}, id="mods"),
+        pytest.param({"pip": ["torch==2.5.1", "numpy>=1.26", "x[extra]"]}, id="pip-list"),
+        pytest.param({"pip": {"packages": ["numpy"], "pip_check": False}}, id="pip-dict"),
+        pytest.param({"conda": "pytorch-env"}, id="conda-name"),
+        pytest.param({"conda": {"dependencies": ["numpy"]}}, id="conda-mapping"),
+        pytest.param(
+            {"env_vars": {"RCP_TRAIN_CONFIG": "{}", "OMP_NUM_THREADS": 4}}, id="env-user-vars"
+        ),
+        pytest.param({"config": {"setup_timeout_seconds": 900}}, id="config"),
+    ],
+)
+def test_safe_runtime_envs_pass(runtime_env: dict[str, Any]) -> None:
+    assert JobSpec.from_dict(with_(runtime_env=runtime_env)).runtime_env == runtime_env
+
+
+def test_accepted_uri_forms_are_ones_ray_fetches_remotely() -> None:
+    """Our schemes and archive suffixes are a subset of what the installed Ray unpacks from a
+    remote URI (imports Ray's parsing helpers only; starts nothing)."""
+    remote = {p.value for p in Protocol.remote_protocols()}
+    assert set(REMOTE_URI_SCHEMES) <= remote
+    for suffix in (*CODE_ARCHIVE_SUFFIXES, ".whl"):
+        uri = f"s3://bucket/code{suffix}"
+        assert is_zip_uri(uri) or is_tar_uri(uri) or is_whl_uri(uri), uri
+
+
+def test_user_env_vars_are_the_ones_the_launcher_reads() -> None:
+    assert {launcher.ENV_TRAIN_CONFIG, launcher.ENV_BACKEND} == USER_ENV_VARS
+
+
+def test_the_example_job_is_valid() -> None:
+    root = Path(__file__).resolve().parents[2]
+    for path in sorted((root / "jobs" / "examples").glob("*.yaml")):
+        JobSpec.from_yaml(path.read_text())
