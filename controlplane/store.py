@@ -9,7 +9,16 @@ by default), its schema, and the rules of a job's life:
 - idempotent submission: a client-supplied idempotency key makes a retried submit return the
   job it already created instead of a second one;
 - an event log (what ``rcp events`` shows) and a key-value table for the policy actor's
-  desired state and policy state (JSON values).
+  desired state and policy state (JSON values);
+- which jobs are *active*: QUEUED, ADMITTED, RUNNING, PREEMPTED, and finished jobs whose Ray
+  Job may still run (a ``submission_id`` in their info and no ``ray_done``). Reads of active
+  jobs go through indexes (``jobs_by_state`` and the partial ``jobs_unsettled``) and never
+  parse a finished job; `prune_jobs` and `prune_events` delete what retention no longer keeps;
+- rows that no longer validate (a spec older validation accepted): every read skips them,
+  logs them and records a ``job.invalid`` event once, and `scan_jobs` lists them, so one bad
+  row is never fatal to a tick or a listing; `get` raises `InvalidJob`;
+- a file that is not a readable SQLite database raises `CorruptStore`, naming the file and
+  what to do (see docs/operations.md, "The job store").
 
 Every write is one transaction, committed with ``synchronous=FULL``: once a call returns, a
 crash or restart of the control plane neither loses it nor applies it twice. The store is safe
@@ -23,6 +32,7 @@ injectable `clock` (``time.time`` unless a test passes another).
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -34,15 +44,21 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from controlplane.statefiles import create_private
 from jobs.spec import JobSpec
 
 __all__ = [
+    "ACTIVE_STATES",
     "ALLOWED_TRANSITIONS",
     "TERMINAL_STATES",
+    "CorruptStore",
     "Event",
     "IdempotencyConflict",
     "IllegalTransition",
+    "InvalidJob",
+    "InvalidRow",
     "JobRecord",
+    "JobScan",
     "JobState",
     "StaleState",
     "Store",
@@ -51,6 +67,8 @@ __all__ = [
     "Transition",
     "UnknownJob",
 ]
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 
@@ -70,6 +88,7 @@ class JobState(str, Enum):
 
 
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+ACTIVE_STATES = frozenset(set(JobState) - TERMINAL_STATES)
 
 ALLOWED_TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.ADMITTED, JobState.CANCELLED, JobState.FAILED}),
@@ -118,6 +137,35 @@ class IdempotencyConflict(StoreError, ValueError):
     """The idempotency key was already used for a different spec."""
 
 
+class CorruptStore(StoreError):
+    """The database file is not a readable SQLite database (garbage, truncated, malformed)."""
+
+
+class InvalidJob(StoreError, ValueError):
+    """A stored job row that no longer validates (its spec, state or info)."""
+
+    def __init__(self, job_id: str, error: str) -> None:
+        super().__init__(job_id, error)
+        self.job_id = job_id
+        self.error = error
+
+    def __str__(self) -> str:
+        return (
+            f"job {self.job_id}: its stored row no longer validates ({self.error}); the "
+            "controller skips it (see docs/operations.md, 'The job store')"
+        )
+
+
+@dataclass(frozen=True)
+class InvalidRow:
+    """A job row every read skips, and why."""
+
+    job_id: str
+    state: str
+    """The stored state, as stored (it may itself be what is invalid)."""
+    error: str
+
+
 @dataclass(frozen=True)
 class JobRecord:
     job_id: str
@@ -137,6 +185,14 @@ class JobRecord:
     @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+
+@dataclass(frozen=True)
+class JobScan:
+    """What a listing found: the jobs that validate, and the rows skipped because they do not."""
+
+    jobs: list[JobRecord]
+    invalid: list[InvalidRow]
 
 
 @dataclass(frozen=True)
@@ -183,6 +239,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     info_json TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, queued_s);
+CREATE INDEX IF NOT EXISTS jobs_by_state_updated ON jobs (state, updated_s);
+CREATE INDEX IF NOT EXISTS jobs_unsettled ON jobs (state) WHERE {unsettled};
 CREATE TABLE IF NOT EXISTS transitions (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     job_id TEXT NOT NULL REFERENCES jobs (job_id),
@@ -208,6 +266,15 @@ CREATE TABLE IF NOT EXISTS kv (
 );
 """
 
+_UNSETTLED = (
+    "json_extract(info_json, '$.submission_id') IS NOT NULL "
+    "AND json_extract(info_json, '$.ray_done') IS NULL"
+)
+"""A job whose Ray Job may still run: it was submitted and the runner has not seen it end.
+The partial index ``jobs_unsettled`` holds exactly these rows (SQLite uses a partial index
+only for a query that repeats its WHERE term, so both use this one string)."""
+_SCHEMA = _SCHEMA.replace("{unsettled}", _UNSETTLED)
+
 _JOB_COLUMNS = (
     "job_id, spec_json, state, submitted_s, queued_s, updated_s, num_preemptions, "
     "idempotency_key, info_json"
@@ -230,10 +297,12 @@ class Store:
         busy_timeout_s: float = 10.0,
     ) -> None:
         self.path = Path(path).expanduser()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # 0600 before SQLite opens it (the rows hold users' env vars); WAL files follow it.
+        create_private(self.path)
         self._clock = clock
         self._new_job_id = new_job_id
         self._lock = threading.RLock()
+        self._reported_invalid: set[str] = set()
         try:
             self._db = sqlite3.connect(
                 str(self.path),
@@ -244,7 +313,25 @@ class Store:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the job store at {str(self.path)!r}: {exc}") from exc
         self._db.row_factory = sqlite3.Row
+        try:
+            self._open()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            if _is_corruption(exc):
+                raise self._corrupt(exc) from exc
+            raise StoreError(f"cannot open the job store at {str(self.path)!r}: {exc}") from exc
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _open(self) -> None:
+        """Check the file, switch to WAL, create or check the schema."""
         with self._lock:
+            # quick_check reads every page once (well under a second for 100k jobs): a corrupt
+            # file fails here, at start, with a clear error, instead of in some later tick.
+            problems = [str(r[0]) for r in self._db.execute("PRAGMA quick_check(5)")]
+            if problems != ["ok"]:
+                raise CorruptStore(self._corrupt_message("; ".join(problems)))
             mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise StoreError(
@@ -267,22 +354,87 @@ class Store:
 
     # -- plumbing --------------------------------------------------------------------------
 
+    def _corrupt_message(self, detail: str) -> str:
+        p = str(self.path)
+        return (
+            f"the job store at {p!r} is not a readable SQLite database ({detail}). Stop the "
+            f"controller, move the file aside with its -wal and -shm files (mv {p} "
+            f"{p}.corrupt), then either restore a backup to {p} or start again for an empty "
+            "store (running jobs' Ray Jobs are then unknown to it: stop them with `ray job "
+            "stop`); see docs/operations.md, 'The job store'"
+        )
+
+    def _corrupt(self, exc: sqlite3.DatabaseError) -> CorruptStore:
+        return CorruptStore(self._corrupt_message(str(exc)))
+
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         """One write transaction, taken with the write lock up front (no upgrade deadlocks)."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-                self._db.execute("COMMIT")
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.DatabaseError as exc:
+                if _is_corruption(exc):
+                    raise self._corrupt(exc) from exc
                 raise
 
     def _read(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
-            return list(self._db.execute(sql, tuple(params)).fetchall())
+            try:
+                return list(self._db.execute(sql, tuple(params)).fetchall())
+            except sqlite3.DatabaseError as exc:
+                if _is_corruption(exc):
+                    raise self._corrupt(exc) from exc
+                raise
+
+    def _parse(self, rows: Iterable[sqlite3.Row]) -> JobScan:
+        """Rows to records; a row that no longer validates is reported and skipped."""
+        jobs: list[JobRecord] = []
+        invalid: list[InvalidRow] = []
+        for row in rows:
+            try:
+                jobs.append(_job(row))
+            except Exception as exc:  # whatever a bad row raises, it must not stop the read
+                bad = InvalidRow(str(row["job_id"]), str(row["state"]), _describe(exc))
+                invalid.append(bad)
+                self._report_invalid(bad)
+        return JobScan(jobs, invalid)
+
+    def _report_invalid(self, bad: InvalidRow) -> None:
+        """A log line once per process, and a ``job.invalid`` event once per job."""
+        if bad.job_id in self._reported_invalid:
+            return
+        self._reported_invalid.add(bad.job_id)
+        log.warning(
+            "job %s (%s): stored row no longer validates, skipped: %s",
+            bad.job_id,
+            bad.state,
+            bad.error,
+        )
+        try:
+            with self._tx() as db:
+                seen = db.execute(
+                    "SELECT 1 FROM events WHERE job_id = ? AND kind = 'job.invalid' LIMIT 1",
+                    (bad.job_id,),
+                ).fetchone()
+                if seen is None:
+                    self._insert_event(
+                        db,
+                        self._clock(),
+                        "job.invalid",
+                        f"job {bad.job_id}: stored row no longer validates, skipped: {bad.error}",
+                        bad.job_id,
+                        {"state": bad.state, "error": bad.error},
+                    )
+        except (StoreError, sqlite3.Error) as exc:  # reporting must not fail the read
+            log.warning("recording job.invalid for %s failed: %s", bad.job_id, exc)
 
     def close(self) -> None:
         with self._lock:
@@ -352,10 +504,14 @@ class Store:
             return SubmitResult(_job(row), created=True)
 
     def get(self, job_id: str) -> JobRecord:
+        """The job; InvalidJob if its row no longer validates (reported, as every read does)."""
         rows = self._read(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,))
         if not rows:
             raise UnknownJob(job_id)
-        return _job(rows[0])
+        scan = self._parse(rows)
+        if scan.invalid:
+            raise InvalidJob(job_id, scan.invalid[0].error)
+        return scan.jobs[0]
 
     def list_jobs(
         self,
@@ -363,17 +519,39 @@ class Store:
         states: Iterable[JobState] | None = None,
         queue: str | None = None,
         limit: int | None = None,
+        unsettled_only: bool = False,
     ) -> list[JobRecord]:
-        """Jobs oldest first (by when they last entered the queue), filtered if asked."""
+        """Jobs oldest first (by when they last entered the queue), filtered if asked; rows
+        that no longer validate are skipped (see `scan_jobs`)."""
+        return self.scan_jobs(
+            states=states, queue=queue, limit=limit, unsettled_only=unsettled_only
+        ).jobs
+
+    def scan_jobs(
+        self,
+        *,
+        states: Iterable[JobState] | None = None,
+        queue: str | None = None,
+        limit: int | None = None,
+        unsettled_only: bool = False,
+    ) -> JobScan:
+        """`list_jobs`, plus the rows skipped because they no longer validate.
+
+        `unsettled_only`: only jobs whose Ray Job may still run (submitted, no ``ray_done``),
+        read through the partial index ``jobs_unsettled``; with `states` naming finished states
+        this is what a tick needs of finished jobs, however many there are.
+        """
         sql = f"SELECT {_JOB_COLUMNS} FROM jobs"
         where: list[str] = []
         params: list[Any] = []
         if states is not None:
             wanted = [JobState(s).value for s in states]
             if not wanted:
-                return []
+                return JobScan([], [])
             where.append(f"state IN ({', '.join('?' for _ in wanted)})")
             params += wanted
+        if unsettled_only:
+            where.append(_UNSETTLED)
         if queue is not None:
             where.append("queue = ?")
             params.append(queue)
@@ -383,7 +561,7 @@ class Store:
         if limit is not None:
             sql += " LIMIT ?"
             params.append(int(limit))
-        return [_job(r) for r in self._read(sql, params)]
+        return self._parse(self._read(sql, params))
 
     def transition(
         self,
@@ -392,69 +570,141 @@ class Store:
         reason: str,
         *,
         expected: JobState | None = None,
+        info: Mapping[str, Any] | None = None,
     ) -> JobRecord:
-        """Move a job to `to_state`, recording why. Atomic with its history entry and event.
+        """Move a job to `to_state`, recording why. Atomic with its history entry, its event
+        and the `info` merge (as `update_info`), if one is given.
 
         `expected` makes it a compare-and-set: StaleState if the job has moved on meanwhile.
         Raises IllegalTransition for a move `ALLOWED_TRANSITIONS` does not allow.
         """
         to_state = JobState(to_state)
-        if not reason or not reason.strip():
-            raise ValueError("reason: every transition needs a reason for the event log")
+        _check_reason(reason)
         with self._tx() as db:
-            row = db.execute("SELECT state FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
-            if row is None:
-                raise UnknownJob(job_id)
-            current = JobState(row["state"])
+            current = self._state_in(db, job_id)
             if expected is not None and current is not JobState(expected):
                 raise StaleState(
                     f"job {job_id} is {current.value}, not {JobState(expected).value}; "
                     "re-read it and decide again"
                 )
-            allowed = ALLOWED_TRANSITIONS[current]
-            if to_state not in allowed:
-                options = ", ".join(sorted(s.value for s in allowed)) or "none (it is final)"
-                raise IllegalTransition(
-                    f"job {job_id} cannot go from {current.value} to {to_state.value}; "
-                    f"allowed from {current.value}: {options}"
+            self._move(db, job_id, current, to_state, reason)
+            if info:
+                self._merge_info(db, job_id, info)
+            return self._row_in(db, job_id)
+
+    def requeue(
+        self,
+        job_id: str,
+        preempted_reason: str,
+        queued_reason: str,
+        *,
+        info: Mapping[str, Any] | None = None,
+        expected: Iterable[JobState] = (JobState.ADMITTED, JobState.RUNNING, JobState.PREEMPTED),
+    ) -> JobRecord:
+        """A preempted (or lost) gang back to the queue in one transaction: -> PREEMPTED (unless
+        it already is), merge `info`, PREEMPTED -> QUEUED. Both history entries, or neither: a
+        crash or an error midway leaves the job as it was.
+
+        StaleState if the job is in none of the `expected` states.
+        """
+        _check_reason(preempted_reason)
+        _check_reason(queued_reason)
+        wanted = {JobState(s) for s in expected}
+        with self._tx() as db:
+            current = self._state_in(db, job_id)
+            if current not in wanted:
+                names = ", ".join(sorted(s.value for s in wanted))
+                raise StaleState(
+                    f"job {job_id} is {current.value}, not one of {names}; "
+                    "re-read it and decide again"
                 )
-            now = self._clock()
-            sets = ["state = ?", "updated_s = ?"]
-            params: list[Any] = [to_state.value, now]
-            if to_state is JobState.QUEUED:
-                sets.append("queued_s = ?")
-                params.append(now)
-            if to_state is JobState.PREEMPTED:
-                sets.append("num_preemptions = num_preemptions + 1")
-            db.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE job_id = ?", (*params, job_id))
-            self._record_transition(db, job_id, current, to_state, now, reason)
-            return _job(
-                db.execute(
-                    f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)
-                ).fetchone()
+            if current is not JobState.PREEMPTED:
+                self._move(db, job_id, current, JobState.PREEMPTED, preempted_reason)
+            if info:
+                self._merge_info(db, job_id, info)
+            self._move(db, job_id, JobState.PREEMPTED, JobState.QUEUED, queued_reason)
+            return self._row_in(db, job_id)
+
+    def _state_in(self, db: sqlite3.Connection, job_id: str) -> JobState:
+        row = db.execute("SELECT state FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise UnknownJob(job_id)
+        return JobState(row["state"])
+
+    def _row_in(self, db: sqlite3.Connection, job_id: str) -> JobRecord:
+        row = db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        return _job(row)
+
+    def _move(
+        self,
+        db: sqlite3.Connection,
+        job_id: str,
+        current: JobState,
+        to_state: JobState,
+        reason: str,
+    ) -> None:
+        """One checked state change with its history entry and event, inside `db`'s transaction."""
+        allowed = ALLOWED_TRANSITIONS[current]
+        if to_state not in allowed:
+            options = ", ".join(sorted(s.value for s in allowed)) or "none (it is final)"
+            raise IllegalTransition(
+                f"job {job_id} cannot go from {current.value} to {to_state.value}; "
+                f"allowed from {current.value}: {options}"
             )
+        now = self._clock()
+        sets = ["state = ?", "updated_s = ?"]
+        params: list[Any] = [to_state.value, now]
+        if to_state is JobState.QUEUED:
+            sets.append("queued_s = ?")
+            params.append(now)
+        if to_state is JobState.PREEMPTED:
+            sets.append("num_preemptions = num_preemptions + 1")
+        db.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE job_id = ?", (*params, job_id))
+        self._record_transition(db, job_id, current, to_state, now, reason)
+
+    def _merge_info(self, db: sqlite3.Connection, job_id: str, info: Mapping[str, Any]) -> None:
+        row = db.execute("SELECT info_json FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise UnknownJob(job_id)
+        merged = dict(json.loads(row["info_json"]))
+        for key, value in info.items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+        db.execute(
+            "UPDATE jobs SET info_json = ? WHERE job_id = ?",
+            (_dumps(merged, f"info of job {job_id}"), job_id),
+        )
 
     def update_info(self, job_id: str, info: Mapping[str, Any]) -> JobRecord:
         """Merge `info` (JSON values) into the job's free-form facts; None deletes a key."""
         with self._tx() as db:
-            row = db.execute("SELECT info_json FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
-            if row is None:
-                raise UnknownJob(job_id)
-            merged = dict(json.loads(row["info_json"]))
-            for key, value in info.items():
-                if value is None:
-                    merged.pop(key, None)
-                else:
-                    merged[key] = value
-            db.execute(
-                "UPDATE jobs SET info_json = ? WHERE job_id = ?",
-                (_dumps(merged, f"info of job {job_id}"), job_id),
-            )
-            return _job(
-                db.execute(
-                    f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)
-                ).fetchone()
-            )
+            self._merge_info(db, job_id, info)
+            return self._row_in(db, job_id)
+
+    def prune_jobs(self, before_s: float, limit: int = 1000) -> list[str]:
+        """Delete up to `limit` finished jobs last changed before `before_s`, oldest first,
+        with their history and events; never one whose Ray Job may still run. Returns their
+        ids (so the caller can forget them elsewhere)."""
+        terminal = sorted(s.value for s in TERMINAL_STATES)
+        with self._tx() as db:
+            ids = [
+                str(r["job_id"])
+                for r in db.execute(
+                    f"SELECT job_id FROM jobs WHERE state IN ({', '.join('?' for _ in terminal)}) "
+                    f"AND updated_s < ? AND NOT ({_UNSETTLED}) ORDER BY updated_s LIMIT ?",
+                    (*terminal, before_s, int(limit)),
+                )
+            ]
+            for i in range(0, len(ids), 500):  # SQLite's bound-parameter limit
+                chunk = ids[i : i + 500]
+                marks = ", ".join("?" for _ in chunk)
+                db.execute(f"DELETE FROM transitions WHERE job_id IN ({marks})", chunk)
+                db.execute(f"DELETE FROM events WHERE job_id IN ({marks})", chunk)
+                db.execute(f"DELETE FROM jobs WHERE job_id IN ({marks})", chunk)
+            self._reported_invalid.difference_update(ids)
+            return ids
 
     def history(self, job_id: str) -> list[Transition]:
         """Every state the job went through, oldest first."""
@@ -565,10 +815,19 @@ class Store:
             params.append(int(limit))
         return [_event(r) for r in self._read(sql, params)]
 
-    def prune_events(self, before_s: float) -> int:
-        """Delete events older than `before_s` (job histories are kept). Returns how many."""
+    def prune_events(self, before_s: float, limit: int | None = None) -> int:
+        """Delete events older than `before_s`, oldest first, at most `limit` of them (job
+        histories are kept). Returns how many."""
         with self._tx() as db:
-            return int(db.execute("DELETE FROM events WHERE at_s < ?", (before_s,)).rowcount)
+            if limit is None:
+                return int(db.execute("DELETE FROM events WHERE at_s < ?", (before_s,)).rowcount)
+            return int(
+                db.execute(
+                    "DELETE FROM events WHERE seq IN "
+                    "(SELECT seq FROM events WHERE at_s < ? ORDER BY seq LIMIT ?)",
+                    (before_s, int(limit)),
+                ).rowcount
+            )
 
     # -- key-value: desired state and policy state -------------------------------------------
 
@@ -594,6 +853,25 @@ class Store:
     def keys(self, prefix: str = "") -> list[str]:
         rows = self._read("SELECT key FROM kv ORDER BY key")
         return [r["key"] for r in rows if str(r["key"]).startswith(prefix)]
+
+
+def _check_reason(reason: str) -> None:
+    if not reason or not reason.strip():
+        raise ValueError("reason: every transition needs a reason for the event log")
+
+
+def _is_corruption(exc: sqlite3.DatabaseError) -> bool:
+    """SQLITE_CORRUPT / SQLITE_NOTADB (not busy, locked, full or a constraint)."""
+    name = str(getattr(exc, "sqlite_errorname", ""))
+    if name:
+        return name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
+    text = str(exc)
+    return "malformed" in text or "not a database" in text
+
+
+def _describe(exc: Exception) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 500 else text[:497] + "..."
 
 
 def _dumps(value: Any, what: str) -> str:
