@@ -16,6 +16,7 @@ Every error names the key's full path and the reason, e.g.::
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,7 +115,13 @@ class RayConfig:
     """How the embedded local Ray cluster listens. Every listener binds to `node_ip`."""
 
     node_ip: str = "127.0.0.1"
-    """Address every node and server binds to; loopback in local mode."""
+    """Address every node and server binds to; loopback in local mode. Any other address
+    (``0.0.0.0``, a pod or host IP, a host name) needs `allow_remote`."""
+    allow_remote: bool = False
+    """Let `node_ip` be a non-loopback address, so the Ray cluster, its dashboard, the Serve
+    proxy and the API are reachable from other machines. Off by default: local mode trusts
+    only this machine. Production on KubeRay turns it on (the pod IP) and relies on Ray token
+    auth, the API token and the namespace's network policy (docs/operations.md)."""
     gcs_port: int = 6390
     """The head's GCS port (the cluster address is node_ip:gcs_port)."""
     dashboard_port: int = 8265
@@ -392,9 +399,34 @@ def _port(path: str, value: int) -> list[str]:
     return []
 
 
+def _is_loopback(host: str) -> bool:
+    """Whether `host` binds loopback only: 127.0.0.0/8, ::1 (or ::ffff:127.x) or localhost."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        addr = ipaddress.ip_address(host.strip().strip("[]"))
+    except ValueError:
+        return False  # a host name other than localhost may resolve anywhere
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return bool((mapped or addr).is_loopback)
+
+
+def _bind_hosts(cfg: Config) -> list[str]:
+    """Every key that names an address a local listener binds to (all follow ray.node_ip)."""
+    errors = []
+    if not cfg.ray.allow_remote and not _is_loopback(cfg.ray.node_ip):
+        errors.append(
+            f"ray.node_ip: {cfg.ray.node_ip!r} is not a loopback address; listeners on it "
+            "are reachable from other machines. Use 127.0.0.1, or set ray.allow_remote=true "
+            "to bind it on purpose (see docs/operations.md, security model)"
+        )
+    return errors
+
+
 def validate(cfg: Config) -> list[str]:
     """Every impossible value in `cfg`, one message each, naming the key's full path."""
     errors: list[str] = []
+    errors += _bind_hosts(cfg)
     errors += _at_least(0, "head.num_cpus", cfg.head.num_cpus)
     c = cfg.pools.cluster
     errors += _at_least(1, "pools.cluster.num_nodes", c.num_nodes, "a pool with no nodes")

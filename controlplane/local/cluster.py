@@ -6,7 +6,15 @@ this module writes), the S3-protocol object store on loopback, the Serve HTTP pr
 state file that lets a second `up` report what runs and `down` stop exactly that.
 
 Must not: touch Ray processes it did not start (no ``ray stop``), bind anything but
-``ray.node_ip`` (127.0.0.1 by default), or log storage credentials.
+``ray.node_ip`` (127.0.0.1 by default), or log storage credentials or the Ray token.
+
+Security model (docs/operations.md): every Ray process runs with token auth
+(``RAY_AUTH_MODE=token``); `up` writes a fresh random token to ``<state_dir>/ray-token``
+(0600, state dir 0700) and every Ray process and client finds it through
+``RAY_AUTH_TOKEN_PATH``, never through the token's value in an environment variable (a job's
+runtime env shows in the dashboard). Everything `up` and the cluster's processes write is
+owner-only (umask 077). Only the `cluster` pool's workers offer `JOB_DRIVER_RESOURCE`, so job
+drivers (user code) never run on the head beside the control plane's credentials.
 
 Production maps each part to KubeRay (see docs/architecture.md): the autoscaler config's node
 types are the RayCluster's worker groups; `cluster` has min = max replicas, `external` min 0.
@@ -17,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -32,17 +41,26 @@ import yaml
 
 from controlplane.config import Config, from_dict, to_dict
 from controlplane.local.processes import CLUSTER_ID_ENV, stop_cluster_processes
-from controlplane.pools import POOL_LABEL, Pool, pool_resource
+from controlplane.pools import JOB_DRIVER_RESOURCE, POOL_LABEL, Pool, pool_resource
+from controlplane.statefiles import private_dir, private_umask, write_private
 
 Echo = Callable[[str], None]
 
 STATE_FILE = "local-cluster.json"
+# The Ray token `up` generates (hex, 256 bits); Ray reads it from the file RAY_AUTH_TOKEN_PATH
+# names. RAY_AUTH_TOKEN (the value itself) would take precedence, so it is never passed on.
+RAY_TOKEN_FILE = "ray-token"
+RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
+RAY_AUTH_TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
+RAY_AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
 # The fake provider names the head's node type this way; the autoscaler requires it.
 HEAD_NODE_TYPE = "ray.head.default"
 # ...and reserves this node id for it.
 FAKE_HEAD_NODE_ID = "fffffffffffffffffffffffffffffffffffffffffffffffffff00000"
 # Every node advertises this much of its pool's resource, so work can ask for 1 unit.
 POOL_RESOURCE_UNITS = 1000
+# How many job drivers one `cluster` pool worker may host (each entrypoint asks for 1).
+JOB_DRIVER_SLOTS_PER_NODE = 16
 # Embedded object storage accepts any key pair; these name the local store, nothing more.
 EMBEDDED_ACCESS_KEY = "rcp-local"
 EMBEDDED_SECRET_KEY = "rcp-local-secret"
@@ -66,6 +84,20 @@ def ray_temp_dir(cfg: Config) -> Path:
 
 def gcs_address(cfg: Config) -> str:
     return f"{cfg.ray.node_ip}:{cfg.ray.gcs_port}"
+
+
+def ray_token_path(cfg: Config) -> Path:
+    """The file holding the running local cluster's Ray token (0600)."""
+    return cfg.state_path / RAY_TOKEN_FILE
+
+
+def ray_auth_env(token_path: Path) -> dict[str, str]:
+    """What a process needs in its environment to reach a token-auth cluster: the mode and the
+    token's file (absolute, so children with another working dir find it), not the token."""
+    return {
+        RAY_AUTH_MODE_ENV: "token",
+        RAY_AUTH_TOKEN_PATH_ENV: str(token_path.resolve()),
+    }
 
 
 def autoscaler_config(cfg: Config) -> dict[str, Any]:
@@ -106,6 +138,9 @@ def autoscaler_config(cfg: Config) -> dict[str, Any]:
                     "CPU": c.cpus_per_node,
                     "GPU": c.gpus_per_node,
                     pool_resource(Pool.CLUSTER): POOL_RESOURCE_UNITS,
+                    # Job drivers run here only: not on the head (the control plane's
+                    # credentials), not on rented external nodes (scaled by demand).
+                    JOB_DRIVER_RESOURCE: JOB_DRIVER_SLOTS_PER_NODE,
                 },
                 "labels": {POOL_LABEL: Pool.CLUSTER.value},
                 "node_config": {},
@@ -155,14 +190,35 @@ def _wait_until(
     raise ClusterError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
+def use_ray_token(token_path: Path) -> None:
+    """Make this process (and the processes it starts) authenticate to Ray with the token in
+    `token_path`. Raises ClusterError when there is no token to use."""
+    if not token_path.is_file():
+        raise ClusterError(
+            f"no Ray token at {token_path}: the local cluster was not started by this version "
+            "of `rcp up`; run `rcp down` and `rcp up` again"
+        )
+    os.environ.pop(RAY_AUTH_TOKEN_ENV, None)
+    os.environ.update(ray_auth_env(token_path))
+    # Ray caches its config (auth mode included) and the token per process; a process that
+    # imported Ray before, or talked to another cluster, must re-read both. This is what Ray's
+    # own `ray start` does when it turns token auth on.
+    from ray._raylet import AuthenticationTokenLoader
+    from ray._raylet import Config as RayConfig
+
+    RayConfig.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
 def connect(cfg: Config, address: str | None = None) -> None:
-    """Connect this process to the local cluster as a Ray driver (no-op if connected)."""
+    """Connect this process to the local cluster as a Ray driver (no-op if connected), with
+    the cluster's Ray token."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
     if ray.is_initialized():
         return
+    use_ray_token(ray_token_path(cfg))
     ray.init(
         address=address or gcs_address(cfg),
         _node_ip_address=cfg.ray.node_ip,
@@ -199,10 +255,7 @@ class LocalCluster:
             ) from exc
 
     def _write_state(self, state: dict[str, Any]) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
-        os.replace(tmp, self.state_file)
+        write_private(self.state_file, json.dumps(state, indent=2, sort_keys=True))
 
     def running_config(self) -> Config | None:
         """The config the running cluster was started with, if one runs."""
@@ -220,13 +273,23 @@ class LocalCluster:
 
     # -- up ---------------------------------------------------------------------------------
     def up(self, echo: Echo = print) -> list[Endpoint]:
-        """Start everything and return the endpoints; if already running, report them."""
+        """Start everything and return the endpoints; if already running, report them.
+
+        Runs with umask 077, which every process it starts inherits: the files they write
+        (logs, configs, the job store, checkpoints under the state dir) are owner-only.
+        """
+        with private_umask():
+            return self._up(echo)
+
+    def _up(self, echo: Echo) -> list[Endpoint]:
+        self._make_state_dir_private(echo)
         state = self.read_state()
         if state and self.is_running(state):
             echo(f"already running (cluster {state['cluster_id']}, started {state['started_at']})")
             endpoints = [Endpoint(**e) for e in state["endpoints"]]
             for ep in endpoints:
                 echo(f"{ep.name}: {ep.url}")
+            echo(f"ray token: {self.ray_token_file}")
             return endpoints
         if state:
             echo(f"cleaning up a cluster that is no longer running ({state['cluster_id']})")
@@ -234,12 +297,14 @@ class LocalCluster:
 
         self._check_ports_free()
         cluster_id = uuid.uuid4().hex[:12]
+        # A new token for every new cluster; clients read it from the file (never printed).
+        write_private(self.ray_token_file, secrets.token_hex(32) + "\n")
         env = self._env(cluster_id)
         if self.cfg.observability.prometheus:
             # The dashboard reads it when the head starts: its Metrics tab queries this server.
             env["RAY_PROMETHEUS_HOST"] = self.prometheus_url
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.temp_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.log_dir)
+        private_dir(self.temp_dir)
         state = {
             "cluster_id": cluster_id,
             "status": "starting",
@@ -267,6 +332,7 @@ class LocalCluster:
                 )
             )
             announce(Endpoint("ray", gcs_address(self.cfg)))
+            echo(f"ray token: {self.ray_token_file} (clients and the dashboard's login read it)")
             connect(self.cfg)
             self._wait_for_cluster_pool()
             announce(
@@ -294,8 +360,23 @@ class LocalCluster:
         self._write_state(state)
         return endpoints
 
+    def _make_state_dir_private(self, echo: Echo) -> None:
+        """Create the state dir 0700; one that an older version left readable by others (and
+        that this user owns) is narrowed to 0700, with a note."""
+        private_dir(self.state_dir)
+        st = self.state_dir.stat()
+        if st.st_mode & 0o077 and st.st_uid == os.getuid():
+            os.chmod(self.state_dir, 0o700)
+            echo(f"note: {self.state_dir} was readable by other users; it is now 0700")
+
+    @property
+    def ray_token_file(self) -> Path:
+        return ray_token_path(self.cfg)
+
     def _env(self, cluster_id: str) -> dict[str, str]:
         env = dict(os.environ)
+        env.pop(RAY_AUTH_TOKEN_ENV, None)
+        env.update(ray_auth_env(self.ray_token_file))
         env.update(
             {
                 CLUSTER_ID_ENV: cluster_id,
@@ -313,10 +394,6 @@ class LocalCluster:
                 "RAY_enable_autoscaler_v2": "1",
                 "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID,
                 "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID,
-                # Ray 2.60 turns on token auth for `ray start --head`. The local cluster
-                # listens on loopback only and the dashboard is opened in a browser, so local
-                # mode keeps it off; production (KubeRay) turns it on (docs/architecture.md).
-                "RAY_AUTH_MODE": "disabled",
             }
         )
         return env
@@ -392,13 +469,12 @@ class LocalCluster:
         ensure_bucket(self.cfg, endpoint_url=endpoint_url)
         return Endpoint("storage", endpoint_url)
 
-    def _start_head(self, env: dict[str, str]) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        as_path = self.state_dir / "autoscaler.yaml"
-        as_path.write_text(yaml.safe_dump(autoscaler_config(self.cfg), sort_keys=False))
+    def head_command(self, autoscaler_yaml: Path) -> list[str]:
+        """`ray start --head`: no GPUs, the head pool's resource only (never the job-driver
+        resource), every listener on ray.node_ip."""
         r = self.cfg.ray
         ray_bin = str(Path(sys.executable).with_name("ray"))
-        cmd = [
+        return [
             ray_bin if os.path.exists(ray_bin) else "ray",
             "start",
             "--head",
@@ -414,10 +490,16 @@ class LocalCluster:
             "--dashboard-agent-listen-port=0",
             f"--ray-client-server-port={r.client_port}",
             f"--metrics-export-port={r.metrics_export_port}",
-            f"--autoscaling-config={as_path}",
+            f"--autoscaling-config={autoscaler_yaml}",
             f"--temp-dir={self.temp_dir}",
             "--disable-usage-stats",
         ]
+
+    def _start_head(self, env: dict[str, str]) -> None:
+        as_path = self.state_dir / "autoscaler.yaml"
+        write_private(as_path, yaml.safe_dump(autoscaler_config(self.cfg), sort_keys=False))
+        r = self.cfg.ray
+        cmd = self.head_command(as_path)
         with open(self.log_dir / "ray-start.log", "ab") as log:
             try:
                 proc = subprocess.run(

@@ -508,13 +508,15 @@ class Controller:
         self.api.stop()
 
 
-RAY_CONNECTION_ENV = ("RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
-"""How this process reaches Ray; the actor and the jobs it starts must reach it the same way."""
+RAY_CONNECTION_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+"""How this process reaches Ray; the actor and the jobs it starts must reach it the same way.
+The token travels as its file's path, never as `RAY_AUTH_TOKEN`: a job's runtime env (and so
+every value here) is shown in the dashboard's Jobs tab."""
 
 
 def ray_connection_env() -> dict[str, str]:
-    """The caller's `RAY_CONNECTION_ENV` values that are set: local mode sets auth off and
-    loopback; on KubeRay the pod's own settings (token auth) pass through unchanged."""
+    """The caller's `RAY_CONNECTION_ENV` values that are set: local mode sets token auth, the
+    token's file and loopback; on KubeRay the pod's own settings pass through unchanged."""
     return {k: os.environ[k] for k in RAY_CONNECTION_ENV if k in os.environ}
 
 

@@ -11,6 +11,8 @@ import os
 import secrets
 from pathlib import Path
 
+from controlplane.statefiles import private_dir, write_private
+
 TOKEN_FILE = "api-token"
 URL_FILE = "api-url"
 
@@ -24,7 +26,7 @@ def ensure_token(state_dir: Path) -> str:
             return token
     except FileNotFoundError:
         pass
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     token = secrets.token_urlsafe(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -41,9 +43,7 @@ def read_token(state_dir: Path) -> str | None:
 
 
 def write_url(state_dir: Path, url: str) -> None:
-    path = Path(state_dir) / URL_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(url + "\n")
+    write_private(Path(state_dir) / URL_FILE, url + "\n")
 
 
 def read_url(state_dir: Path) -> str | None:

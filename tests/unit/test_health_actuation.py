@@ -217,9 +217,21 @@ def test_health_actions_are_logged_once_while_their_live_figures_change() -> Non
     [
         ({"RAY_AUTH_MODE": "token"}, {"RAY_AUTH_MODE": "token"}),  # KubeRay with token auth
         (
-            {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
-            {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
-        ),  # local mode
+            {
+                "RAY_AUTH_MODE": "token",
+                "RAY_AUTH_TOKEN_PATH": "/home/u/.rcp/ray-token",
+                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            },
+            {
+                "RAY_AUTH_MODE": "token",
+                "RAY_AUTH_TOKEN_PATH": "/home/u/.rcp/ray-token",
+                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            },
+        ),  # local mode: the token's file, never its value
+        (
+            {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "secret"},
+            {"RAY_AUTH_MODE": "token"},
+        ),  # a token value in the environment is not copied into jobs' runtime env
         ({}, {}),  # nothing set: Ray's own defaults apply
     ],
 )

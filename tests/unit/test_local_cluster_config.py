@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from controlplane.config import load_config
 from controlplane.inventory import pool_of
-from controlplane.local.cluster import HEAD_NODE_TYPE, autoscaler_config, ray_temp_dir
+from controlplane.local.cluster import (
+    HEAD_NODE_TYPE,
+    JOB_DRIVER_SLOTS_PER_NODE,
+    LocalCluster,
+    autoscaler_config,
+    ray_temp_dir,
+)
+from controlplane.pools import JOB_DRIVER_RESOURCE
 
 
 def test_node_types_carry_pool_as_label_and_resource() -> None:
@@ -48,3 +57,20 @@ def test_temp_dir_is_short_and_per_state_dir(tmp_path) -> None:  # type: ignore[
 )
 def test_pool_of(labels: dict[str, str], resources: dict[str, float], pool: str) -> None:
     assert pool_of(labels, resources) == pool
+
+
+def test_only_cluster_pool_workers_offer_the_job_driver_resource(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Job entrypoints ask for JOB_DRIVER_RESOURCE; the head (the control plane's credentials)
+    and rented external nodes must not offer it, so user drivers land on cluster workers."""
+    cfg = load_config(None, [f"state_dir={tmp_path}"])
+    types = autoscaler_config(cfg)["available_node_types"]
+    assert types["cluster"]["resources"][JOB_DRIVER_RESOURCE] == JOB_DRIVER_SLOTS_PER_NODE
+    assert JOB_DRIVER_RESOURCE not in types[HEAD_NODE_TYPE]["resources"]
+    assert JOB_DRIVER_RESOURCE not in types["external"]["resources"]
+    # The head's own `ray start` (what the head really advertises) does not offer it either.
+    cmd = LocalCluster(cfg).head_command(tmp_path / "autoscaler.yaml")
+    head_resources = json.loads(
+        next(a for a in cmd if a.startswith("--resources=")).split("=", 1)[1]
+    )
+    assert JOB_DRIVER_RESOURCE not in head_resources
+    assert "--num-gpus=0" in cmd
