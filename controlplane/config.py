@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,6 +227,9 @@ class JobsConfig:
     """Where Ray Train persists checkpoints (shared by all nodes); null: ``<state_dir>/train``."""
     job_signal_poll_s: float = 0.5
     """How often a training loop's preemption helper asks the controller (cached in between)."""
+    submit_timeout_s: float = 10.0
+    """Longest the loop waits for Ray to accept a job submission (it runs on a worker thread);
+    past it the start counts as failed and is retried with backoff."""
 
 
 TELEMETRY_SOURCES = ("simulated", "nvml", "dcgm")
@@ -423,9 +427,31 @@ def _bind_hosts(cfg: Config) -> list[str]:
     return errors
 
 
+def _non_finite(value: Any, path: str = "") -> list[str]:
+    """Every NaN or Infinity in any float field of any section, by its full key path.
+
+    Checked once for the whole tree (not per field) so that a new float field is covered
+    without anyone remembering to: NaN compares false with every bound, so `_at_least` alone
+    would let ``policy.tick_s=nan`` through.
+    """
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [f"{path}: must be a finite number, got {value!r}"]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [
+            e
+            for f in dataclasses.fields(value)
+            for e in _non_finite(getattr(value, f.name), f"{path}.{f.name}" if path else f.name)
+        ]
+    if isinstance(value, dict):
+        return [e for k, v in value.items() for e in _non_finite(v, f"{path}.{k}")]
+    if isinstance(value, list | tuple):
+        return [e for i, v in enumerate(value) for e in _non_finite(v, f"{path}[{i}]")]
+    return []
+
+
 def validate(cfg: Config) -> list[str]:
     """Every impossible value in `cfg`, one message each, naming the key's full path."""
-    errors: list[str] = []
+    errors: list[str] = _non_finite(cfg)
     errors += _bind_hosts(cfg)
     errors += _at_least(0, "head.num_cpus", cfg.head.num_cpus)
     c = cfg.pools.cluster
@@ -482,7 +508,13 @@ def validate(cfg: Config) -> list[str]:
         if port in seen:
             errors.append(f"{key}: port {port} is already used by {seen[port]}")
         seen.setdefault(port, key)
-    return errors
+    return _drop_repeats_of_non_finite(errors)
+
+
+def _drop_repeats_of_non_finite(errors: list[str]) -> list[str]:
+    """A non-finite key is reported once, as such (NaN fails every other check too)."""
+    bad = {e.split(":", 1)[0] for e in errors if ": must be a finite number, got " in e}
+    return [e for e in errors if e.split(":", 1)[0] not in bad or ": must be a finite number" in e]
 
 
 def _validate_jobs(j: JobsConfig) -> list[str]:
@@ -519,6 +551,7 @@ def _validate_jobs(j: JobsConfig) -> list[str]:
         )
     errors += _at_least(1, "jobs.max_start_attempts", j.max_start_attempts)
     errors += _at_least(0.01, "jobs.job_signal_poll_s", j.job_signal_poll_s)
+    errors += _at_least(0.1, "jobs.submit_timeout_s", j.submit_timeout_s)
     return errors
 
 

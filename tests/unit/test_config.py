@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from omegaconf import OmegaConf
 
 from controlplane.cli import cli
-from controlplane.config import ConfigError, load_config
+from controlplane.config import Config, ConfigError, load_config
 
 
 def test_defaults_describe_the_documented_cluster() -> None:
@@ -135,3 +137,59 @@ def test_every_command_has_help(command: list[str]) -> None:
     result = CliRunner().invoke(cli, [*command, "--help"])
     assert result.exit_code == 0
     assert "Usage:" in result.output
+
+
+def _float_fields(value: object, key: str = "", shown: str = "") -> list[tuple[str, str]]:
+    """(omegaconf key, reported path) of every float field in the default config's tree."""
+    if isinstance(value, float):
+        return [(key, shown)]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = []
+        for f in dataclasses.fields(value):
+            sub = getattr(value, f.name)
+            out += _float_fields(
+                sub, f"{key}.{f.name}".lstrip("."), f"{shown}.{f.name}".lstrip(".")
+            )
+        return out
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _float_fields(v, f"{key}.{k}", f"{shown}.{k}")]
+    if isinstance(value, list):
+        return [
+            p for i, v in enumerate(value) for p in _float_fields(v, f"{key}.{i}", f"{shown}[{i}]")
+        ]
+    return []
+
+
+FLOAT_FIELDS = _float_fields(Config())
+
+
+def test_the_float_field_walk_sees_every_section() -> None:
+    shown = {path for _key, path in FLOAT_FIELDS}
+    for path in ("policy.tick_s", "health.gpu_temp_c", "serving.ingress.attempt_timeout_s"):
+        assert path in shown
+    assert "serving.models[0].num_gpus" in shown and "jobs.queues.default.share" in shown
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=str)
+@pytest.mark.parametrize(("key", "path"), FLOAT_FIELDS, ids=[p for _k, p in FLOAT_FIELDS])
+def test_non_finite_numbers_are_refused_in_every_float_field(
+    tmp_path: Path, key: str, path: str, bad: float
+) -> None:
+    tree = OmegaConf.structured(Config)
+    OmegaConf.update(tree, key, bad)
+    f = tmp_path / "c.yaml"
+    OmegaConf.save(tree, f)
+    with pytest.raises(ConfigError) as err:
+        load_config(f)
+    assert f"{path}: must be a finite number, got {bad!r}" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override", ["policy.tick_s=nan", "health.gpu_temp_c=nan", "jobs.submit_timeout_s=inf"]
+)
+def test_non_finite_overrides_name_the_key_once(override: str) -> None:
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert str(err.value).count(f"{key}:") == 1
+    assert "must be a finite number" in str(err.value)
