@@ -134,19 +134,34 @@ def nodes(
 @_config_options
 @click.option("--keep", is_flag=True, help="Leave the cluster running at the end.")
 def demo(config_file: str | None, overrides: tuple[str, ...], keep: bool) -> None:
-    """The main job on the embedded default: bring the cluster up, show it, take it down.
+    """The main job on the embedded default, end to end (a few minutes).
 
-    Steps: `up` (endpoints), the node inventory, a burst of work pinned to the external pool
-    that makes the autoscaler add a rented node, then `down` (unless --keep).
+    \b
+    1. `up`: the endpoints, then the node inventory.
+    2. The sample model serves on the owned `cluster` pool under steady HTTP traffic.
+    3. A training job that needs every cluster GPU is submitted; the policy actor moves the
+       replicas to the rented `external` pool make-before-break (the autoscaler adds a node)
+       and admits the gang, which trains and finishes.
+    4. The replicas come back a step at a time; the external pool scales to zero.
+    5. It prints the policy actor's decisions and how many requests failed, then `down`
+       (unless --keep).
+
+    Exit status: 0 when every request was served and the job succeeded; 1 when any request
+    failed, the job did not succeed or a step timed out (the reason is printed).
     """
     from controlplane.demo import run_demo
     from controlplane.local.cluster import ClusterError
 
     cfg = _load(config_file, overrides)
     try:
-        run_demo(cfg, keep=keep, echo=click.echo)
+        result = run_demo(cfg, keep=keep, echo=click.echo)
     except ClusterError as exc:
         _fail(str(exc))
+        return
+    failures = result.failures()
+    if failures:
+        _fail("the demo missed its bar: " + "; ".join(failures))
+    click.echo("demo passed: no request failed")
 
 
 @cli.group("fault")

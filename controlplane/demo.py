@@ -10,6 +10,9 @@ actor moves the serving replicas to the rented `external` pool make-before-break
 autoscaler adds a node for them) and admits the gang; the job trains and finishes; the
 replicas come back a step at a time and the external pool scales to zero. At the end the demo
 prints how many requests were served and how many failed (the bar is zero).
+
+The outcome is a `DemoResult`; `failures()` names what missed the bar (a failed request, a
+job that did not succeed), and `rcp demo` exits non-zero when it names anything.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from controlplane.config import Config
 from controlplane.inventory import format_table, list_nodes
@@ -74,12 +78,39 @@ class Traffic:
         for t in self._threads:
             t.join(timeout=35)
 
-    def summary(self) -> str:
+    def counts(self) -> tuple[int, int]:
+        """(requests served, requests failed): anything but a 200 is a failure."""
         with self._lock:
             ok = self.statuses.get("200", 0)
-            failed = sum(self.statuses.values()) - ok
+            return ok, sum(self.statuses.values()) - ok
+
+    def summary(self) -> str:
+        ok, failed = self.counts()
+        with self._lock:
             pools = ", ".join(f"{p}={n}" for p, n in sorted(self.pools.items()))
-        return f"{ok} requests served, {failed} failed (served by pool: {pools})"
+            how = ", ".join(f"{s}={n}" for s, n in sorted(self.statuses.items()) if s != "200")
+        failures = f" ({how})" if how else ""
+        return f"{ok} requests served, {failed} failed{failures} (served by pool: {pools})"
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    """What the demo measured. A field is None when the demo did not get that far (serving
+    turned off: no traffic and no job)."""
+
+    requests_served: int = 0
+    requests_failed: int = 0
+    job_state: str | None = None
+
+    def failures(self) -> list[str]:
+        """Each way the run missed the bar, as a sentence; empty when it met it."""
+        out = []
+        if self.requests_failed:
+            total = self.requests_served + self.requests_failed
+            out.append(f"{self.requests_failed} of {total} requests failed")
+        if self.job_state is not None and self.job_state != "SUCCEEDED":
+            out.append(f"the training job ended {self.job_state}, not SUCCEEDED")
+        return out
 
 
 def _serve_line(model: str) -> str:
@@ -101,7 +132,9 @@ def _wait(check: Callable[[], bool], timeout_s: float, what: str) -> None:
     raise ClusterError(f"demo: timed out after {timeout_s:.0f}s waiting for {what}")
 
 
-def run_demo(cfg: Config, keep: bool = False, echo: Echo = print) -> None:
+def run_demo(cfg: Config, keep: bool = False, echo: Echo = print) -> DemoResult:
+    """Run the story (the module docstring) and return what it measured. Raises ClusterError
+    when a step cannot finish (the cluster is still taken down unless `keep`)."""
     from controlplane.sdk import Client
     from serve.status import serve_status
 
@@ -116,7 +149,8 @@ def run_demo(cfg: Config, keep: bool = False, echo: Echo = print) -> None:
         echo(format_table(list_nodes()))
 
         if not running.serve.deploy_app or not running.serving.models:
-            return
+            echo("serving is off (serve.deploy_app=false or no models): nothing more to show")
+            return DemoResult()
         model = running.serving.models[0].name
         _section(echo, f"serving {model} on the cluster pool, with steady traffic")
         traffic = Traffic(f"http://{running.ray.node_ip}:{running.serve.http_port}", model).start()
@@ -169,6 +203,8 @@ def run_demo(cfg: Config, keep: bool = False, echo: Echo = print) -> None:
                 echo(f"{e['kind']}: {e['message']}")
         _section(echo, "traffic during all of it")
         echo(traffic.summary())
+        served, failed = traffic.counts()
+        return DemoResult(served, failed, final.state)
     finally:
         if traffic is not None:
             traffic.stop()
