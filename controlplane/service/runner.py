@@ -11,6 +11,12 @@ Owns:
   - `admit` (AdmitJob): QUEUED -> ADMITTED, record the attempt and its Ray submission id
     ``<job_id>-<attempt>`` *before* submitting (Ray refuses a second submission with the
     same id, so a crash between the two never runs a gang twice), then submit the launcher.
+    The submission runs on a worker thread: the tick waits at most ``jobs.submit_timeout_s``
+    for Ray to accept it; past that, or while an earlier submission still hangs, the start
+    counts as failed (re-queued with backoff), and a timed-out submission that Ray accepts
+    late is stopped, so the gang never runs twice. Every entrypoint asks for one
+    ``JOB_DRIVER_RESOURCE``, which the head does not offer: user drivers never run beside the
+    control plane's credentials.
   - `preempt` (PreemptJob): ask the gang to checkpoint now (signals actor), mark it
     ``preempting`` with a deadline (``checkpoint.preempt_deadline_s``).
   - `reconcile` every tick: ADMITTED -> RUNNING once every worker has started; a gang not
@@ -37,13 +43,14 @@ import logging
 import re
 import shlex
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any, Protocol
 
 from controlplane.config import Config
-from controlplane.pools import Pool, pool_resource
+from controlplane.pools import JOB_DRIVER_RESOURCE, Pool, pool_resource
 from controlplane.store import IllegalTransition, JobRecord, JobState, StaleState, Store
 from policies.plan import AdmitJob, PreemptJob
 
@@ -153,6 +160,9 @@ class RayJobs:
                 submission_id=submission_id,
                 runtime_env=dict(runtime_env),
                 metadata={"rcp_job": submission_id.rsplit("-", 1)[0]},
+                # Only cluster-pool workers offer this resource: the driver (user code) never
+                # runs on the head, where the control plane's credentials are.
+                entrypoint_resources={JOB_DRIVER_RESOURCE: 1},
             )
         except Exception as exc:
             if self.status(submission_id) is RayJobStatus.MISSING:
@@ -181,6 +191,65 @@ class RayJobs:
             return ""
 
 
+class SubmitTimeout(RuntimeError):
+    """Ray did not accept a submission in time (or an earlier one still hangs)."""
+
+
+class _Submissions:
+    """Runs Ray Job submissions on daemon threads, so the tick waits at most `timeout_s`.
+
+    A submission still hanging when its wait ends is abandoned: if Ray accepts it later,
+    `on_late_accept` runs on its thread (the runner stops that Ray Job). While an abandoned
+    submission hangs, new ones fail at once instead of waiting too: Ray is not answering, and
+    one tick must not wait once per admitted job.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hanging: dict[str, threading.Thread] = {}
+
+    def run(
+        self,
+        submission_id: str,
+        submit: Callable[[], None],
+        on_late_accept: Callable[[], None],
+        timeout_s: float,
+    ) -> None:
+        with self._lock:
+            self._hanging = {k: t for k, t in self._hanging.items() if t.is_alive()}
+            if self._hanging:
+                raise SubmitTimeout(
+                    f"Ray has not answered the submission of {min(self._hanging)} yet; "
+                    "not submitting more until it does"
+                )
+        state: dict[str, Any] = {"finished": False, "abandoned": False, "error": None}
+
+        def work() -> None:
+            error: BaseException | None = None
+            try:
+                submit()
+            except BaseException as exc:  # handed to the waiting tick (or logged if late)
+                error = exc
+            with self._lock:
+                state["finished"], state["error"] = True, error
+                late = state["abandoned"]
+            if late and error is None:
+                on_late_accept()
+            elif late:
+                log.info("abandoned submission %s failed late: %s", submission_id, error)
+
+        thread = threading.Thread(target=work, name=f"rcp-submit-{submission_id}", daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        with self._lock:
+            if not state["finished"]:
+                state["abandoned"] = True
+                self._hanging[submission_id] = thread
+                raise SubmitTimeout(f"Ray did not accept the submission within {timeout_s:g}s")
+        if state["error"] is not None:
+            raise state["error"]
+
+
 class JobRunner:
     """A job's life after admission (see the module doc). Every method is idempotent."""
 
@@ -191,6 +260,7 @@ class JobRunner:
         self.cfg = cfg
         self.ray = ray_jobs
         self.clock = clock
+        self._submissions = _Submissions()
 
     # -- act ---------------------------------------------------------------------------------
 
@@ -225,11 +295,28 @@ class JobRunner:
         self._submit(self.store.get(job.job_id))
 
     def _submit(self, job: JobRecord) -> None:
+        """Submit off the tick thread, waiting at most ``jobs.submit_timeout_s``."""
+        sid = str(job.info["submission_id"])
         try:
-            self.ray.submit(job.info["submission_id"], *self._ray_job(job))
+            entrypoint, runtime_env = self._ray_job(job)
+            self._submissions.run(
+                sid,
+                lambda: self.ray.submit(sid, entrypoint, runtime_env),
+                lambda: self._stop_late_submission(sid),
+                self.cfg.jobs.submit_timeout_s,
+            )
         except Exception as exc:
             log.warning("submitting %s failed: %s", job.job_id, exc)
             self._start_failed(job, f"{Reason.START_FAILED.value}: {exc}")
+
+    def _stop_late_submission(self, sid: str) -> None:
+        """Ray accepted a submission after the runner gave up on it: stop that gang (the job
+        was re-queued and its next attempt has a new submission id)."""
+        log.warning("Ray accepted %s after its submission timed out; stopping it", sid)
+        try:
+            self.ray.stop(sid)
+        except Exception as exc:
+            log.error("could not stop late submission %s: %s", sid, exc)
 
     def _ray_job(self, job: JobRecord) -> tuple[str, dict[str, Any]]:
         from controlplane.service.controller import ray_connection_env

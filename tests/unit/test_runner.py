@@ -5,6 +5,8 @@ phase's snapshot rules.
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import pytest
 from controlplane.config import Config, load_config
 from controlplane.inventory import NodeRow
 from controlplane.service.observing import build_snapshot
-from controlplane.service.runner import JobRunner, RayJobStatus, entrypoint_command
+from controlplane.service.runner import JobRunner, RayJobs, RayJobStatus, entrypoint_command
 from controlplane.store import JobState, Store
 from jobs.spec import JobSpec
 from policies.plan import AdmitJob, PreemptJob, WorkerPlacement
@@ -274,3 +276,104 @@ def test_a_job_past_its_max_runtime_is_stopped_and_failed(env: Any) -> None:
     assert store.get(job_id).state is JobState.FAILED
     assert fake.stopped == [f"{job_id}-1"]
     assert "max-runtime-exceeded" in store.history(job_id)[-1].reason
+
+
+# -- submission off the tick thread (issue 12) -------------------------------------------------
+
+
+class HangingRay(FakeRay):
+    """A FakeRay whose submit blocks until `release` is set (a wedged dashboard)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.hung: list[str] = []
+
+    def submit(self, sid: str, entrypoint: str, runtime_env: dict[str, Any]) -> None:
+        self.hung.append(sid)
+        self.release.wait(30)
+        super().submit(sid, entrypoint, runtime_env)
+
+
+def hanging_runner(env: Any, timeout_s: float = 0.2) -> tuple[HangingRay, JobRunner]:
+    store, cfg, _fake, clock, _runner = env
+    cfg.jobs.submit_timeout_s = timeout_s
+    ray = HangingRay()
+    return ray, JobRunner(store, cfg, ray, clock=clock)
+
+
+def wait_until(cond: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+def test_a_hanging_submission_blocks_the_tick_at_most_the_timeout(env: Any) -> None:
+    store, _cfg, _fake, clock, _runner = env
+    ray, runner = hanging_runner(env)
+    job_id = submit(store)
+    started = time.monotonic()
+    admit(runner, job_id)
+    assert time.monotonic() - started < 2.0  # 0.2 s timeout, generous margin for CI
+    job = store.get(job_id)
+    assert job.state is JobState.QUEUED  # a start failure with backoff
+    assert job.info["start_failures"] == 1 and job.info["not_before_s"] == clock.now + 5
+    assert "did not accept the submission within 0.2s" in job.info["message"]
+    # Ray accepts the abandoned submission late: the runner stops it (no second gang).
+    ray.release.set()
+    wait_until(lambda: f"{job_id}-1" in ray.stopped)
+    clock.now += 6
+    admit(runner, job_id)
+    assert store.get(job_id).state is JobState.ADMITTED
+    assert [s[0] for s in ray.submitted] == [f"{job_id}-1", f"{job_id}-2"]
+    assert ray.status(f"{job_id}-1") is RayJobStatus.STOPPED
+    assert ray.status(f"{job_id}-2") is RayJobStatus.PENDING
+
+
+def test_while_a_submission_hangs_the_next_fails_at_once(env: Any) -> None:
+    store, *_ = env
+    ray, runner = hanging_runner(env, timeout_s=0.5)
+    first, second = submit(store), submit(store)
+    admit(runner, first)
+    started = time.monotonic()
+    admit(runner, second)
+    assert time.monotonic() - started < 0.4  # no second wait while Ray is wedged
+    assert ray.hung == [f"{first}-1"]
+    job = store.get(second)
+    assert job.state is JobState.QUEUED and "not answered" in job.info["message"]
+    ray.release.set()
+    wait_until(lambda: f"{first}-1" in ray.stopped)
+
+
+def test_reconcile_resubmitting_a_lost_submission_is_bounded_too(env: Any) -> None:
+    store, _cfg, fake, _clock, runner = env
+    job_id = submit(store)
+    admit(runner, job_id)
+    del fake.jobs[f"{job_id}-1"]  # the cluster lost it: reconcile resubmits
+    ray, hanging = hanging_runner(env)
+    started = time.monotonic()
+    hanging.reconcile()
+    assert time.monotonic() - started < 2.0
+    assert ray.hung == [f"{job_id}-1"]
+    assert store.get(job_id).state is JobState.QUEUED
+    ray.release.set()
+
+
+class FakeJobClient:
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def submit_job(self, **kwargs: Any) -> str:
+        self.calls.append(kwargs)
+        return str(kwargs["submission_id"])
+
+
+def test_every_entrypoint_asks_for_the_job_driver_resource(env: Any) -> None:
+    _store, cfg, *_ = env
+    jobs = RayJobs(cfg)
+    client = FakeJobClient()
+    jobs._client = client
+    jobs.submit("j-1", "python -m x", {"env_vars": {}})
+    assert client.calls[0]["entrypoint_resources"] == {"rcp_job_driver": 1}
+    assert client.calls[0]["submission_id"] == "j-1"
