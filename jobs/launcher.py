@@ -4,7 +4,7 @@ Owns: building the `TorchTrainer` for an admitted job from the environment the r
 (workers, GPUs and CPUs per worker, the run's storage and name, which is the job id: a
 restarted run finds its checkpoints there, see `jobs.preemption.Preemption.restore`), and
 telling the control plane when each worker has started (so it can tell a running gang from
-one stuck waiting for resources).
+one stuck waiting for resources; the call carries the attempt's ``RCP_SIGNAL_TOKEN``).
 
 Two ways in, both documented for researchers:
 
@@ -64,14 +64,24 @@ def _started_then(train_fn: Callable[..., Any]) -> Callable[[dict[str, Any]], An
         import ray
         import ray.train
 
-        from jobs.preemption import ENV_ATTEMPT, ENV_JOB_ID, get_signals
+        from jobs.preemption import ENV_ATTEMPT, ENV_JOB_ID, ENV_SIGNAL_TOKEN, get_signals
 
         job_id = os.environ.get(ENV_JOB_ID)
         signals = get_signals() if job_id else None
         if signals is not None:
             rank = ray.train.get_context().get_world_rank()
             attempt = int(os.environ.get(ENV_ATTEMPT, "0"))
-            ray.get(signals.worker_started.remote(job_id, attempt, rank), timeout=30)
+            token = os.environ.get(ENV_SIGNAL_TOKEN, "")
+            accepted = ray.get(
+                signals.worker_started.remote(job_id, attempt, rank, token), timeout=30
+            )
+            if not accepted:
+                print(
+                    f"rcp: the control plane refused worker {rank} of job {job_id} attempt "
+                    f"{attempt} (wrong signal token or a stale attempt); it will not count "
+                    "as started",
+                    file=sys.stderr,
+                )
         return train_fn(config)
 
     return worker_loop

@@ -23,33 +23,57 @@ Owns two things:
   gang once the checkpoint is reported (or its deadline passes) and later restarts it, and
   `restore()` then returns the state saved at that step.
 
+Trust (any Ray job in the cluster can reach the actor by name, see docs/operations.md, "Job
+signals"): the control plane registers each attempt with the SHA-256 of a fresh secret
+(``RCP_SIGNAL_TOKEN``) and the job's checkpoint prefix (`checkpoint_prefix`); the actor
+refuses job-side calls without that attempt's token and checkpoints outside that prefix
+(`under_prefix`), and its control-plane methods need the admin key it was created with.
+`restore()` loads only from under the prefix, with ``torch.load(weights_only=True)``.
+
 Must not: import `controlplane` (the runner passes everything through environment variables:
-``RCP_JOB_ID``, ``RCP_ATTEMPT``, ``RCP_RESUME_FROM``, ``RCP_SIGNAL_POLL_S``).
+``RCP_JOB_ID``, ``RCP_ATTEMPT``, ``RCP_SIGNAL_TOKEN``, ``RCP_CHECKPOINT_PREFIX``,
+``RCP_RESUME_FROM``, ``RCP_SIGNAL_POLL_S``); log or print the token.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
+import logging
 import os
 import tempfile
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
+from enum import Enum
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import ray
 
 __all__ = [
     "ENV_ATTEMPT",
+    "ENV_CHECKPOINT_PREFIX",
     "ENV_JOB_ID",
     "ENV_RESUME_FROM",
     "ENV_SIGNAL_POLL_S",
+    "ENV_SIGNAL_TOKEN",
     "SIGNALS_ACTOR_NAME",
     "SIGNALS_NAMESPACE",
     "JobSignals",
     "Preemption",
+    "Rejection",
+    "checkpoint_prefix",
+    "check_state_loads_safely",
     "get_signals",
+    "load_state",
+    "token_sha256",
+    "under_prefix",
 ]
+
+log = logging.getLogger(__name__)
 
 SIGNALS_ACTOR_NAME = "rcp-job-signals"
 SIGNALS_NAMESPACE = "rcp"
@@ -57,55 +81,232 @@ ENV_JOB_ID = "RCP_JOB_ID"
 ENV_ATTEMPT = "RCP_ATTEMPT"
 ENV_RESUME_FROM = "RCP_RESUME_FROM"
 ENV_SIGNAL_POLL_S = "RCP_SIGNAL_POLL_S"
+ENV_SIGNAL_TOKEN = "RCP_SIGNAL_TOKEN"
+"""This attempt's secret; every job-side call to the signals actor presents it."""
+ENV_CHECKPOINT_PREFIX = "RCP_CHECKPOINT_PREFIX"
+"""The job's checkpoint prefix; `Preemption.restore` loads nothing outside it."""
 _STATE_FILE = "state.pt"
 
 
-class _JobSignals:
-    """Per-job mailbox between the control plane and training loops (see the module doc)."""
+def token_sha256(token: str) -> str:
+    """The hex SHA-256 of a signal token: what the store and the actor keep instead of it."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
-    def __init__(self) -> None:
-        self._jobs: dict[str, dict[str, Any]] = {}
 
-    def _job(self, job_id: str) -> dict[str, Any]:
-        return self._jobs.setdefault(
-            job_id,
-            {"attempt": None, "started_ranks": [], "checkpoint": None, "requested_at_s": None},
+def checkpoint_prefix(storage_path: str | os.PathLike[str], job_id: str) -> str:
+    """Where a job's checkpoints live: ``<storage_path>/<job_id>`` (the Ray Train run's name
+    is the job id, see `jobs.launcher.run_gang`). A job id that is not one path segment is
+    refused, so no id can name another job's prefix or a parent directory."""
+    if not job_id or job_id in (".", "..") or "/" in job_id or "\\" in job_id:
+        raise ValueError(f"job id {job_id!r} cannot name a checkpoint prefix")
+    base = os.fspath(storage_path)
+    if "://" in base:
+        return base.rstrip("/") + "/" + job_id
+    return os.path.join(base, job_id)
+
+
+def _local(path: str) -> str | None:
+    """A local path (``file://`` stripped) made absolute with every symlink resolved."""
+    if "://" in path:
+        parts = urlsplit(path)
+        if parts.scheme != "file" or parts.netloc not in ("", "localhost"):
+            return None
+        path = parts.path
+    return os.path.realpath(os.path.expanduser(path))
+
+
+def under_prefix(path: str, prefix: str) -> bool:
+    """Whether `path` lies strictly below `prefix` (a job's checkpoint prefix).
+
+    Local paths are compared after resolving ``..`` and symlinks (a link inside the prefix
+    that points elsewhere is outside). URIs (``s3://bucket/key``) must have the prefix's
+    scheme and bucket, a key below the prefix's and no ``.``/``..`` segment, query or
+    fragment. Anything else (empty, a different scheme, a relative path mixed with a URI)
+    is outside::
+
+        under_prefix("/t/j-1/step-00000007", "/t/j-1")      -> True
+        under_prefix("/t/j-1/../j-2/step-00000007", "/t/j-1") -> False
+        under_prefix("/t/j-10/step-00000007", "/t/j-1")      -> False
+        under_prefix("s3://b/t/j-1/step-7", "s3://other/t/j-1") -> False
+    """
+    if not isinstance(path, str) or not isinstance(prefix, str) or not path or not prefix:
+        return False
+    local_path, local_prefix = _local(path), _local(prefix)
+    if local_path is not None and local_prefix is not None:
+        return local_path != local_prefix and (
+            os.path.commonpath([local_path, local_prefix]) == local_prefix
         )
+    if local_path is not None or local_prefix is not None:
+        return False
+    p, q = urlsplit(path), urlsplit(prefix)
+    if (p.scheme, p.netloc) != (q.scheme, q.netloc) or not p.netloc:
+        return False
+    if p.query or p.fragment:
+        return False
+    segments = p.path.split("/")
+    if any(s in (".", "..") for s in segments):
+        return False
+    base = q.path.rstrip("/") + "/"
+    return p.path.startswith(base) and len(p.path.rstrip("/")) > len(base)
 
-    def worker_started(self, job_id: str, attempt: int, rank: int) -> None:
-        job = self._job(job_id)
-        if job["attempt"] != attempt:
-            job["attempt"] = attempt
-            job["started_ranks"] = []
+
+class Rejection(str, Enum):
+    """Why the signals actor refused a call (counted per reason in `status`)."""
+
+    UNKNOWN_JOB = "unknown-job"
+    STALE_ATTEMPT = "stale-attempt"
+    BAD_TOKEN = "bad-token"
+    PATH_OUTSIDE_PREFIX = "path-outside-prefix"
+    BAD_ADMIN_KEY = "bad-admin-key"
+
+
+class _JobSignals:
+    """Per-job mailbox between the control plane and training loops (see the module doc).
+
+    Two kinds of callers, both checked:
+
+    * the control plane (`register`, `status`, `request_checkpoint`, `clear_request`,
+      `forget`) presents the admin key whose SHA-256 the actor was created with; a wrong key
+      raises `PermissionError`;
+    * a job (`worker_started`, `checkpointed`, `poll`) presents its attempt's signal token
+      (``RCP_SIGNAL_TOKEN``); a call for a job that is not registered, for another attempt,
+      with a wrong token, or (`checkpointed`) with a path outside the job's checkpoint prefix
+      is refused: it changes nothing, returns False and is counted.
+
+    Nothing is kept for a job the control plane did not register, so calls naming made-up
+    jobs cannot grow the actor.
+    """
+
+    def __init__(self, admin_key_sha256: str) -> None:
+        self._admin_key_sha256 = admin_key_sha256
+        self._jobs: dict[str, dict[str, Any]] = {}
+        self._rejected: dict[str, int] = {}
+
+    # -- checks --------------------------------------------------------------------------------
+
+    def _reject(self, job: dict[str, Any] | None, why: Rejection) -> bool:
+        self._rejected[why.value] = self._rejected.get(why.value, 0) + 1
+        if job is not None:
+            job["rejected_calls"] += 1
+        return False
+
+    def _admin(self, admin_key: str) -> None:
+        if not isinstance(admin_key, str) or not hmac.compare_digest(
+            token_sha256(admin_key), self._admin_key_sha256
+        ):
+            self._reject(None, Rejection.BAD_ADMIN_KEY)
+            raise PermissionError("rcp-job-signals: wrong admin key")
+
+    def _caller(self, job_id: str, attempt: int, token: str) -> tuple[dict[str, Any] | None, bool]:
+        """The job's record and whether this job-side call may act on it."""
+        job = self._jobs.get(job_id) if isinstance(job_id, str) else None
+        if job is None:
+            return None, self._reject(None, Rejection.UNKNOWN_JOB)
+        if not isinstance(token, str) or not hmac.compare_digest(
+            token_sha256(token), job["token_sha256"]
+        ):
+            return job, self._reject(job, Rejection.BAD_TOKEN)
+        if attempt != job["attempt"]:
+            return job, self._reject(job, Rejection.STALE_ATTEMPT)
+        return job, True
+
+    # -- the control plane's side --------------------------------------------------------------
+
+    def check_admin(self, admin_key: str) -> bool:
+        """True when `admin_key` is this actor's (the controller tells its own actor apart)."""
+        try:
+            self._admin(admin_key)
+        except PermissionError:
+            return False
+        return True
+
+    def register(
+        self, job_id: str, attempt: int, token_hash: str, prefix: str, *, admin_key: str
+    ) -> None:
+        """Accept signals for `attempt` of `job_id` from callers holding the token whose
+        SHA-256 is `token_hash`, with checkpoints under `prefix` (see `checkpoint_prefix`). Registering the
+        same attempt and token again keeps what the workers reported; anything else starts
+        the record afresh (the latest checkpoint is kept: it is the job's, not the attempt's)."""
+        self._admin(admin_key)
+        old = self._jobs.get(job_id)
+        if old and (old["attempt"], old["token_sha256"]) == (attempt, token_hash):
+            old["checkpoint_prefix"] = prefix
+            return
+        self._jobs[job_id] = {
+            "attempt": attempt,
+            "token_sha256": token_hash,
+            "checkpoint_prefix": prefix,
+            "started_ranks": [],
+            "checkpoint": old["checkpoint"] if old else None,
+            "requested_at_s": None,
+            "rejected_calls": old["rejected_calls"] if old else 0,
+        }
+
+    def request_checkpoint(self, job_id: str, at_s: float, *, admin_key: str) -> bool:
+        self._admin(admin_key)
+        job = self._jobs.get(job_id)
+        if job is None:
+            return False
+        job["requested_at_s"] = at_s
+        return True
+
+    def clear_request(self, job_id: str, *, admin_key: str) -> None:
+        self._admin(admin_key)
+        job = self._jobs.get(job_id)
+        if job is not None:
+            job["requested_at_s"] = None
+
+    def status(self, job_id: str, *, admin_key: str) -> dict[str, Any]:
+        """What the job reported ({} when it is not registered); never the token's hash."""
+        self._admin(admin_key)
+        job = self._jobs.get(job_id)
+        if job is None:
+            return {}
+        out = {k: v for k, v in job.items() if k != "token_sha256"}
+        out["started_ranks"] = list(job["started_ranks"])
+        return out
+
+    def rejections(self, *, admin_key: str) -> dict[str, int]:
+        """Refused calls so far, by `Rejection` reason."""
+        self._admin(admin_key)
+        return dict(self._rejected)
+
+    def forget(self, job_id: str, *, admin_key: str) -> None:
+        self._admin(admin_key)
+        self._jobs.pop(job_id, None)
+
+    # -- the job's side ------------------------------------------------------------------------
+
+    def worker_started(self, job_id: str, attempt: int, rank: int, token: str) -> bool:
+        job, ok = self._caller(job_id, attempt, token)
+        if not ok or job is None:
+            return False
         if rank not in job["started_ranks"]:
             job["started_ranks"].append(rank)
+        return True
 
-    def checkpointed(self, job_id: str, attempt: int, step: int, path: str, at_s: float) -> None:
-        job = self._job(job_id)
+    def checkpointed(
+        self, job_id: str, attempt: int, step: int, path: str, at_s: float, token: str
+    ) -> bool:
+        job, ok = self._caller(job_id, attempt, token)
+        if not ok or job is None:
+            return False
+        if not under_prefix(path, job["checkpoint_prefix"]):
+            return self._reject(job, Rejection.PATH_OUTSIDE_PREFIX)
         job["checkpoint"] = {
             "attempt": attempt,
-            "step": step,
+            "step": int(step),
             "path": path,
-            "at_s": at_s,
+            "at_s": float(at_s),
             # True when this checkpoint was taken while a checkpoint-now request was pending.
             "answers_request": job["requested_at_s"] is not None,
         }
+        return True
 
-    def request_checkpoint(self, job_id: str, at_s: float) -> None:
-        self._job(job_id)["requested_at_s"] = at_s
-
-    def clear_request(self, job_id: str) -> None:
-        self._job(job_id)["requested_at_s"] = None
-
-    def poll(self, job_id: str) -> bool:
-        """True while a checkpoint-now request is pending for `job_id`."""
-        return self._job(job_id)["requested_at_s"] is not None
-
-    def status(self, job_id: str) -> dict[str, Any]:
-        return dict(self._job(job_id))
-
-    def forget(self, job_id: str) -> None:
-        self._jobs.pop(job_id, None)
+    def poll(self, job_id: str, attempt: int, token: str) -> bool:
+        """True while a checkpoint-now request is pending for this attempt of `job_id`."""
+        job, ok = self._caller(job_id, attempt, token)
+        return bool(ok and job is not None and job["requested_at_s"] is not None)
 
 
 JobSignals = ray.remote(num_cpus=0, max_restarts=-1)(_JobSignals)
@@ -118,6 +319,39 @@ def get_signals() -> Any:
         return ray.get_actor(SIGNALS_ACTOR_NAME, namespace=SIGNALS_NAMESPACE)
     except ValueError:
         return None
+
+
+_SAFE_LEAVES = (str, bytes, int, float, complex, bool, type(None))
+_SAFE_CONTAINERS = (dict, list, tuple, set)
+
+
+def check_state_loads_safely(state: Any, where: str = "state") -> None:
+    """Raise TypeError, naming the key, if `state` holds a value ``torch.load(...,
+    weights_only=True)`` cannot rebuild: only tensors, numbers, strings, bytes, None, dtypes,
+    devices, sizes and dicts (OrderedDict too), lists, tuples and sets of them. Model and
+    optimizer ``state_dict()``s, LR-scheduler state and ``torch.get_rng_state()`` qualify;
+    numpy values, ``defaultdict`` and custom objects do not (convert them first, e.g.
+    ``torch.from_numpy(a)`` or ``a.tolist()``)."""
+    import torch
+
+    if isinstance(state, torch.Tensor | torch.dtype | torch.device | torch.Size):
+        return
+    if type(state) in _SAFE_LEAVES:
+        return
+    if type(state) in (dict, OrderedDict):
+        for key, value in state.items():
+            check_state_loads_safely(key, f"{where} key {key!r}")
+            check_state_loads_safely(value, f"{where}[{key!r}]")
+        return
+    if type(state) in _SAFE_CONTAINERS:
+        for i, value in enumerate(state):
+            check_state_loads_safely(value, f"{where}[{i}]")
+        return
+    raise TypeError(
+        f"checkpoint {where} is a {type(state).__module__}.{type(state).__qualname__}, which "
+        "a restore with torch.load(weights_only=True) refuses. Save tensors, numbers, strings "
+        "and dicts/lists/tuples of them (convert numpy with torch.from_numpy or .tolist())."
+    )
 
 
 def _all_reduce_max(flag: bool) -> bool:
@@ -143,6 +377,7 @@ class Preemption:
 
         self.job_id = os.environ.get(ENV_JOB_ID)
         self.attempt = int(os.environ.get(ENV_ATTEMPT, "0"))
+        self._token = os.environ.get(ENV_SIGNAL_TOKEN, "")
         self.poll_interval_s = (
             poll_interval_s
             if poll_interval_s is not None
@@ -167,7 +402,12 @@ class Preemption:
             self._last_poll_s = now
             # A slow or restarting actor must not stop training: keep the last answer.
             with contextlib.suppress(Exception):
-                self._requested = bool(ray.get(self._signals.poll.remote(self.job_id), timeout=5))
+                self._requested = bool(
+                    ray.get(
+                        self._signals.poll.remote(self.job_id, self.attempt, self._token),
+                        timeout=5,
+                    )
+                )
         return self._requested
 
     def should_checkpoint(self) -> bool:
@@ -187,7 +427,9 @@ class Preemption:
         """Checkpoint `state` at `step` through ``ray.train.report`` (every rank calls it).
 
         Rank 0 writes the state; the checkpoint lands in the run's storage under
-        ``step-<step>`` and rank 0 tells the control plane where. Returns that path.
+        ``step-<step>`` and rank 0 tells the control plane where. Returns that path. `state`
+        must pass `check_state_loads_safely` (tensors, numbers, strings and containers of
+        them), because `restore` loads with ``weights_only=True``.
         """
         import ray.train
         import torch
@@ -197,6 +439,7 @@ class Preemption:
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint = None
             if self.rank == 0:
+                check_state_loads_safely(dict(state))
                 torch.save({"step": step, "state": dict(state)}, Path(tmp) / _STATE_FILE)
                 checkpoint = Checkpoint.from_directory(tmp)
             ray.train.report(
@@ -208,12 +451,21 @@ class Preemption:
         ctx = ray.train.get_context()
         path = str(Path(ctx.get_storage().experiment_fs_path) / name)
         if self.rank == 0 and self._signals is not None:
+            accepted = None
             with contextlib.suppress(Exception):
-                ray.get(
+                accepted = ray.get(
                     self._signals.checkpointed.remote(
-                        self.job_id, self.attempt, step, path, time.time()
+                        self.job_id, self.attempt, step, path, time.time(), self._token
                     ),
                     timeout=10,
+                )
+            if accepted is False:
+                log.warning(
+                    "the control plane refused checkpoint %s of job %s attempt %s (wrong "
+                    "token, stale attempt or a path outside the job's checkpoint prefix)",
+                    path,
+                    self.job_id,
+                    self.attempt,
                 )
         return path
 
@@ -229,17 +481,43 @@ class Preemption:
         Ray Train's own first (``ray.train.get_checkpoint()``: a restarted worker group, or a
         run restored from its storage), else the checkpoint the control plane recorded for the
         job (``RCP_RESUME_FROM``, set by the runner when it restarts a preempted job).
+
+        Under the control plane (``RCP_CHECKPOINT_PREFIX`` set) a checkpoint outside the job's
+        own prefix is not loaded: a warning, and a fresh start. Loading uses
+        ``torch.load(weights_only=True)``, so a planted file cannot run code here.
         """
         import ray.train
-        import torch
         from ray.train import Checkpoint
 
+        prefix = os.environ.get(ENV_CHECKPOINT_PREFIX)
         checkpoint = ray.train.get_checkpoint()
         if checkpoint is None:
             path = os.environ.get(ENV_RESUME_FROM)
-            if not path or not (Path(path) / _STATE_FILE).is_file():
+            if not path or not self._allowed(path, prefix):
+                return None
+            if not (Path(path) / _STATE_FILE).is_file():
                 return None
             checkpoint = Checkpoint(path)
+        elif not self._allowed(checkpoint.path, prefix):
+            return None
         with checkpoint.as_directory() as d:
-            data = torch.load(Path(d) / _STATE_FILE, weights_only=False)
-        return int(data["step"]), dict(data["state"])
+            return load_state(Path(d) / _STATE_FILE)
+
+    def _allowed(self, path: str, prefix: str | None) -> bool:
+        if prefix is None or under_prefix(path, prefix):
+            return True
+        log.warning(
+            "not resuming job %s from %s: outside its checkpoint prefix %s; starting fresh",
+            self.job_id,
+            path,
+            prefix,
+        )
+        return False
+
+
+def load_state(file: str | os.PathLike[str]) -> tuple[int, dict[str, Any]]:
+    """The (step, state) in a `Preemption` state file, loaded with ``weights_only=True``."""
+    import torch
+
+    data = torch.load(file, weights_only=True)
+    return int(data["step"]), dict(data["state"])

@@ -32,7 +32,11 @@ What a gang runs (``JobSpec.entrypoint``): ``module:function`` runs
 ``python``/``python3`` becomes this interpreter), and the script calls
 ``jobs.launcher.run_gang``. The environment carries ``RCP_JOB_ID``, ``RCP_ATTEMPT``,
 ``RCP_NUM_WORKERS``, ``RCP_GPUS_PER_WORKER``, ``RCP_CPUS_PER_WORKER``, ``RCP_STORAGE_PATH``,
-``RCP_RESUME_FROM`` (the latest checkpoint) and ``RCP_SIGNAL_POLL_S``.
+``RCP_RESUME_FROM`` (the latest checkpoint, only when it lies under the job's checkpoint
+prefix ``RCP_CHECKPOINT_PREFIX``), ``RCP_SIGNAL_POLL_S`` and ``RCP_SIGNAL_TOKEN``: a fresh
+secret per attempt, kept in the job's info (never in events, logs or the API's view), and
+registered with the signals actor (as its hash, with the prefix) before the gang is
+submitted, so signals from other jobs or older attempts are refused.
 
 Must not: decide who runs (that is `policies.admission`).
 """
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 import shlex
 import sys
 import threading
@@ -51,7 +56,10 @@ from typing import Any, Protocol
 
 from controlplane.config import Config
 from controlplane.pools import JOB_DRIVER_RESOURCE, Pool, pool_resource
+from controlplane.statefiles import write_private
 from controlplane.store import IllegalTransition, JobRecord, JobState, StaleState, Store
+from jobs import launcher, preemption
+from jobs.preemption import token_sha256
 from policies.plan import AdmitJob, PreemptJob
 
 __all__ = ["JobRunner", "RayJobs", "RayJobStatus", "Reason", "entrypoint_command"]
@@ -102,9 +110,17 @@ def entrypoint_command(entrypoint: str, python: str = sys.executable) -> str:
 
 
 class Signals(Protocol):
-    def status(self, job_id: str) -> dict[str, Any]: ...
+    def register_signals(self, job_id: str, attempt: int, token_hash: str, prefix: str) -> None: ...
+    def signal_status(self, job_id: str) -> dict[str, Any]: ...
     def request_checkpoint(self, job_id: str, at_s: float) -> None: ...
     def clear_request(self, job_id: str) -> None: ...
+    def forget_signals(self, job_id: str) -> None: ...
+
+
+SIGNALS_KEY_FILE = "job-signals.key"
+"""Under state_dir: the signals actor's admin key (0600)."""
+SIGNAL_TOKEN_INFO = "signal_token"
+"""The job-info key of the current attempt's signal token."""
 
 
 class RayJobs:
@@ -115,6 +131,7 @@ class RayJobs:
         self.dashboard_url = f"http://{cfg.ray.node_ip}:{cfg.ray.dashboard_port}"
         self._client: Any = None
         self._signals: Any = None
+        self._signals_key: str | None = None
 
     @property
     def client(self) -> Any:
@@ -124,33 +141,82 @@ class RayJobs:
             self._client = JobSubmissionClient(self.dashboard_url)
         return self._client
 
-    def signals_actor(self) -> Any:
-        if self._signals is None:
-            from jobs.preemption import SIGNALS_ACTOR_NAME, SIGNALS_NAMESPACE, JobSignals
+    def signals_key(self) -> str:
+        """The admin key of the signals actor's control-plane methods. Kept 0600 in state_dir
+        (`SIGNALS_KEY_FILE`), so a restarted controller still speaks to the actor it made."""
+        if self._signals_key is None:
+            path = self.cfg.state_path / SIGNALS_KEY_FILE
+            if path.exists():
+                self._signals_key = path.read_text().strip() or None
+            if self._signals_key is None:
+                self._signals_key = secrets.token_urlsafe(32)
+                write_private(path, self._signals_key)
+        return self._signals_key
 
-            self._signals = JobSignals.options(
-                name=SIGNALS_ACTOR_NAME,
-                namespace=SIGNALS_NAMESPACE,
-                lifetime="detached",
-                get_if_exists=True,
-                resources={pool_resource(Pool.HEAD): 1},
-            ).remote()
+    def signals_actor(self) -> Any:
+        """The ``rcp-job-signals`` actor, created with this controller's admin key. One that
+        exists but refuses the key (made by an older controller whose key is gone, by an older
+        version, or by someone else) is killed and replaced; the runner then registers every
+        admitted job again (`JobRunner._signals`)."""
+        if self._signals is None:
+            import ray
+
+            key = self.signals_key()
+            options = {
+                "name": preemption.SIGNALS_ACTOR_NAME,
+                "namespace": preemption.SIGNALS_NAMESPACE,
+                "lifetime": "detached",
+                "resources": {pool_resource(Pool.HEAD): 1},
+            }
+            actor = preemption.JobSignals
+            handle = actor.options(get_if_exists=True, **options).remote(token_sha256(key))
+            try:
+                ours = bool(ray.get(handle.check_admin.remote(key), timeout=10))
+            except Exception as exc:  # an older actor without check_admin, or a dead one
+                log.warning("the job signals actor did not answer check_admin: %s", exc)
+                ours = False
+            if not ours:
+                log.warning("replacing a job signals actor that refuses this controller's key")
+                ray.kill(handle, no_restart=True)
+                deadline_s = time.monotonic() + 10
+                while True:
+                    try:
+                        handle = actor.options(**options).remote(token_sha256(key))
+                        break
+                    except ValueError:  # the killed actor still holds the name
+                        if time.monotonic() > deadline_s:
+                            raise
+                        time.sleep(0.2)
+            self._signals = handle
         return self._signals
 
-    def signal_status(self, job_id: str) -> dict[str, Any]:
+    def _signals_call(self, method: str, *args: Any) -> Any:
         import ray
 
-        return dict(ray.get(self.signals_actor().status.remote(job_id), timeout=10))
+        try:
+            return ray.get(
+                getattr(self.signals_actor(), method).remote(*args, admin_key=self.signals_key()),
+                timeout=10,
+            )
+        except ray.exceptions.RayActorError:
+            self._signals = None  # killed for good: make (or find) it again on the next call
+            raise
+
+    def register_signals(self, job_id: str, attempt: int, token_hash: str, prefix: str) -> None:
+        self._signals_call("register", job_id, attempt, token_hash, prefix)
+
+    def signal_status(self, job_id: str) -> dict[str, Any]:
+        return dict(self._signals_call("status", job_id))
 
     def request_checkpoint(self, job_id: str, at_s: float) -> None:
-        import ray
-
-        ray.get(self.signals_actor().request_checkpoint.remote(job_id, at_s), timeout=10)
+        self._signals_call("request_checkpoint", job_id, at_s)
 
     def clear_request(self, job_id: str) -> None:
-        import ray
+        self._signals_call("clear_request", job_id)
 
-        ray.get(self.signals_actor().clear_request.remote(job_id), timeout=10)
+    def forget_signals(self, job_id: str) -> None:
+        """Drop the signals actor's record of `job_id` (call it once the job has ended)."""
+        self._signals_call("forget", job_id)
 
     def submit(self, submission_id: str, entrypoint: str, runtime_env: Mapping[str, Any]) -> None:
         """Submit; a submission id that already exists counts as done (idempotent)."""
@@ -287,12 +353,35 @@ class JobRunner:
                 "stop_sent": None,
                 "ray_done": None,
                 "not_before_s": None,
+                # This attempt's secret for the signals actor (RCP_SIGNAL_TOKEN). Kept only
+                # here: never in events, logs or the API's job view (`job_to_json`).
+                SIGNAL_TOKEN_INFO: secrets.token_urlsafe(32),
             },
         )
         self.store.transition(
             job.job_id, JobState.ADMITTED, action.reason, expected=JobState.QUEUED
         )
-        self._submit(self.store.get(job.job_id))
+        job = self.store.get(job.job_id)
+        try:
+            self._register_signals(job)
+        except Exception as exc:
+            log.warning("registering %s with the job signals actor failed: %s", job.job_id, exc)
+            self._start_failed(job, f"{Reason.START_FAILED.value}: job signals unavailable")
+            return
+        self._submit(job)
+
+    def checkpoint_prefix(self, job_id: str) -> str:
+        """Where `job_id`'s checkpoints live; nothing outside it is recorded or resumed from."""
+        return preemption.checkpoint_prefix(self.cfg.train_storage_path, job_id)
+
+    def _register_signals(self, job: JobRecord) -> None:
+        """Tell the signals actor this attempt's token (as its hash) and checkpoint prefix."""
+        self.ray.register_signals(
+            job.job_id,
+            int(job.info["attempt"]),
+            token_sha256(str(job.info[SIGNAL_TOKEN_INFO])),
+            self.checkpoint_prefix(job.job_id),
+        )
 
     def _submit(self, job: JobRecord) -> None:
         """Submit off the tick thread, waiting at most ``jobs.submit_timeout_s``."""
@@ -320,7 +409,6 @@ class JobRunner:
 
     def _ray_job(self, job: JobRecord) -> tuple[str, dict[str, Any]]:
         from controlplane.service.controller import ray_connection_env
-        from jobs import launcher, preemption
 
         s = job.spec
         env: dict[str, str] = {
@@ -339,9 +427,21 @@ class JobRunner:
                 **ray_connection_env(),
             }
         )
+        prefix = self.checkpoint_prefix(job.job_id)
+        env[preemption.ENV_CHECKPOINT_PREFIX] = prefix
+        if job.info.get(SIGNAL_TOKEN_INFO):
+            env[preemption.ENV_SIGNAL_TOKEN] = str(job.info[SIGNAL_TOKEN_INFO])
         ckpt = job.info.get("checkpoint") or {}
-        if ckpt.get("path"):
+        if ckpt.get("path") and preemption.under_prefix(str(ckpt["path"]), prefix):
             env[preemption.ENV_RESUME_FROM] = str(ckpt["path"])
+        elif ckpt.get("path"):
+            self.store.record_event(
+                "job.resume_refused",
+                f"job {job.job_id}: not resuming from {ckpt['path']}: outside its checkpoint "
+                f"prefix {prefix}; starting fresh",
+                job_id=job.job_id,
+                data={"path": str(ckpt["path"]), "prefix": prefix},
+            )
         runtime_env = {k: v for k, v in s.runtime_env.items() if k != "env_vars"}
         runtime_env["env_vars"] = env
         if s.working_dir:
@@ -393,8 +493,14 @@ class JobRunner:
                 self._stop_ended(job)
 
     def _signals(self, job: JobRecord) -> dict[str, Any]:
+        """What the signals actor holds for this attempt. An actor that does not know the
+        attempt (it restarted, or was replaced) is told it again from the store first."""
         try:
-            return self.ray.signal_status(job.job_id)  # type: ignore[no-any-return]
+            sig: dict[str, Any] = self.ray.signal_status(job.job_id)
+            if sig.get("attempt") != job.info.get("attempt") and job.info.get(SIGNAL_TOKEN_INFO):
+                self._register_signals(job)
+                sig = self.ray.signal_status(job.job_id)
+            return sig
         except Exception as exc:
             log.warning("job signals unavailable for %s: %s", job.job_id, exc)
             return {}
@@ -405,6 +511,12 @@ class JobRunner:
         attempt = int(job.info["attempt"])
         sig = self._signals(job)
         ckpt = sig.get("checkpoint")
+        if ckpt and not preemption.under_prefix(
+            str(ckpt.get("path")), self.checkpoint_prefix(job.job_id)
+        ):
+            # The actor refuses these; one that did not is not ours. Never record it.
+            log.warning("job %s: ignoring checkpoint %s outside its prefix", job.job_id, ckpt)
+            ckpt = None
         if ckpt and ckpt != job.info.get("checkpoint"):
             job = self.store.update_info(job.job_id, {"checkpoint": ckpt})
         status = self.ray.status(sid)

@@ -5,6 +5,7 @@ phase's snapshot rules.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -15,8 +16,10 @@ import pytest
 from controlplane.config import Config, load_config
 from controlplane.inventory import NodeRow
 from controlplane.service.observing import build_snapshot
+from controlplane.service.queueing import job_to_json
 from controlplane.service.runner import JobRunner, RayJobs, RayJobStatus, entrypoint_command
 from controlplane.store import JobState, Store
+from jobs.preemption import token_sha256
 from jobs.spec import JobSpec
 from policies.plan import AdmitJob, PreemptJob, WorkerPlacement
 
@@ -30,8 +33,21 @@ class FakeRay:
         self.stopped: list[str] = []
         self.signals: dict[str, dict[str, Any]] = {}
         self.requests: list[str] = []
+        self.registered: list[tuple[str, int, str, str]] = []
+        self.calls: list[str] = []
+        self.signals_down = False
+
+    def register_signals(self, job_id: str, attempt: int, token_hash: str, prefix: str) -> None:
+        if self.signals_down:
+            raise RuntimeError("rcp-job-signals is unreachable")
+        self.calls.append(f"register {job_id}-{attempt}")
+        self.registered.append((job_id, attempt, token_hash, prefix))
+        sig = self.signals.setdefault(job_id, {})
+        if sig.get("attempt") != attempt:
+            sig.update({"attempt": attempt, "started_ranks": []})
 
     def submit(self, sid: str, entrypoint: str, runtime_env: dict[str, Any]) -> None:
+        self.calls.append(f"submit {sid}")
         if sid in self.jobs:
             return
         self.jobs[sid] = RayJobStatus.PENDING
@@ -161,10 +177,11 @@ def test_preemption_waits_for_the_requested_checkpoint_then_stops_and_requeues(e
     assert fake.requests == [job_id]
     runner.reconcile()
     assert fake.stopped == [] and store.get(job_id).state is JobState.RUNNING
+    path = f"{_cfg.train_storage_path}/{job_id}/step-00000007"
     ckpt = {
         "attempt": 1,
         "step": 7,
-        "path": "/ckpt/step-7",
+        "path": path,
         "at_s": clock.now,
         "answers_request": True,
     }
@@ -178,7 +195,7 @@ def test_preemption_waits_for_the_requested_checkpoint_then_stops_and_requeues(e
     assert "at step 7" in store.history(job_id)[-2].reason
     # The next attempt resumes from the recorded checkpoint.
     admit(runner, job_id)
-    assert fake.submitted[-1][2]["env_vars"]["RCP_RESUME_FROM"] == "/ckpt/step-7"
+    assert fake.submitted[-1][2]["env_vars"]["RCP_RESUME_FROM"] == path
 
 
 def test_preemption_stops_at_the_deadline_without_a_checkpoint(env: Any) -> None:
@@ -276,6 +293,131 @@ def test_a_job_past_its_max_runtime_is_stopped_and_failed(env: Any) -> None:
     assert store.get(job_id).state is JobState.FAILED
     assert fake.stopped == [f"{job_id}-1"]
     assert "max-runtime-exceeded" in store.history(job_id)[-1].reason
+
+
+# -- job signals: a per-attempt token, and checkpoints only under the job's own prefix ----------
+
+
+def _token_of(fake: FakeRay, attempt: int = 1) -> str:
+    return str(fake.submitted[attempt - 1][2]["env_vars"]["RCP_SIGNAL_TOKEN"])
+
+
+def test_each_attempt_gets_a_fresh_signal_token_registered_before_the_gang_is_submitted(
+    env: Any,
+) -> None:
+    store, cfg, fake, clock, runner = env
+    job_id = submit(store)
+    admit(runner, job_id)
+    token = _token_of(fake)
+    prefix = f"{cfg.train_storage_path}/{job_id}"
+    assert len(token) >= 32
+    assert fake.registered == [(job_id, 1, token_sha256(token), prefix)]
+    assert fake.calls == [f"register {job_id}-1", f"submit {job_id}-1"]
+    envv = fake.submitted[0][2]["env_vars"]
+    assert envv["RCP_CHECKPOINT_PREFIX"] == prefix
+    # The second attempt's token is another one; the first stops working with it.
+    clock.now += 61
+    runner.reconcile()  # gang-start timeout: re-queued
+    clock.now += 100
+    admit(runner, job_id)
+    assert _token_of(fake, 2) != token
+    assert fake.registered[-1] == (job_id, 2, token_sha256(_token_of(fake, 2)), prefix)
+
+
+def test_the_signal_token_is_not_in_the_api_view_events_or_history(env: Any) -> None:
+    store, _cfg, fake, _clock, runner = env
+    job_id = submit(store)
+    admit(runner, job_id)
+    token = _token_of(fake)
+    shown = json.dumps(job_to_json(store.get(job_id), store.history(job_id)))
+    shown += json.dumps([e.__dict__ for e in store.events(job_id=job_id)], default=str)
+    assert token not in shown and token_sha256(token) not in shown
+
+
+def test_no_gang_is_submitted_when_the_signals_actor_cannot_register_it(env: Any) -> None:
+    store, _cfg, fake, _clock, runner = env
+    fake.signals_down = True
+    job_id = submit(store)
+    admit(runner, job_id)
+    assert fake.submitted == []
+    job = store.get(job_id)
+    assert job.state is JobState.QUEUED
+    assert "job signals unavailable" in store.history(job_id)[-1].reason
+
+
+def test_a_signals_actor_that_lost_the_attempt_is_told_it_again(env: Any) -> None:
+    store, _cfg, fake, _clock, runner = env
+    job_id = submit(store)
+    admit(runner, job_id)
+    fake.signals.clear()  # the actor restarted (or was replaced) and holds nothing
+    runner.reconcile()
+    assert len(fake.registered) == 2 and fake.registered[1] == fake.registered[0]
+
+
+def _outside(cfg: Config, job_id: str, tmp_path: Path) -> dict[str, str]:
+    root = cfg.train_storage_path
+    (root / job_id).mkdir(parents=True, exist_ok=True)
+    (root / "job-other" / "step-00000001").mkdir(parents=True, exist_ok=True)
+    link = root / job_id / "step-00000002"
+    if not link.exists():
+        link.symlink_to(root / "job-other" / "step-00000001")
+    return {
+        "another-job": f"{root}/job-other/step-00000001",
+        "dot-dot": f"{root}/{job_id}/../job-other/step-00000001",
+        "symlink-out": str(link),
+        "sibling-with-longer-id": f"{root}/{job_id}0/step-00000001",
+        "the-prefix-itself": f"{root}/{job_id}",
+        "elsewhere": str(tmp_path / "attacker" / "step-00000001"),
+        "a-uri": f"s3://bucket/{job_id}/step-00000001",
+        "relative": f"{job_id}/step-00000001",
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "another-job",
+        "dot-dot",
+        "symlink-out",
+        "sibling-with-longer-id",
+        "the-prefix-itself",
+        "elsewhere",
+        "a-uri",
+        "relative",
+    ],
+)
+def test_a_checkpoint_outside_the_jobs_prefix_is_never_recorded(
+    env: Any, tmp_path: Path, case: str
+) -> None:
+    store, cfg, fake, clock, runner = env
+    job_id = submit(store)
+    admit(runner, job_id)
+    fake.start_workers(job_id, 1, 2)
+    path = _outside(cfg, job_id, tmp_path)[case]
+    fake.signals[job_id]["checkpoint"] = {
+        "attempt": 1,
+        "step": 9,
+        "path": path,
+        "at_s": clock.now,
+        "answers_request": True,
+    }
+    runner.reconcile()
+    assert "checkpoint" not in store.get(job_id).info
+
+
+@pytest.mark.parametrize("case", ["another-job", "dot-dot", "symlink-out", "elsewhere"])
+def test_a_stored_checkpoint_outside_the_prefix_is_not_resumed_from(
+    env: Any, tmp_path: Path, case: str
+) -> None:
+    store, cfg, fake, _clock, runner = env
+    job_id = submit(store)
+    path = _outside(cfg, job_id, tmp_path)[case]
+    store.update_info(job_id, {"checkpoint": {"attempt": 1, "step": 3, "path": path}})
+    admit(runner, job_id)
+    envv = fake.submitted[0][2]["env_vars"]
+    assert "RCP_RESUME_FROM" not in envv  # a fresh start, not a load
+    refused = store.events(job_id=job_id, kind_prefix="job.resume_refused")
+    assert len(refused) == 1 and path in refused[0].message
 
 
 # -- submission off the tick thread (issue 12) -------------------------------------------------

@@ -1,0 +1,298 @@
+"""The job signals actor's checks and the training loop's restore, without Ray: the actor
+class is used directly, and Ray Train's context is faked.
+
+Who may say what: only the control plane (admin key) registers, reads and asks; only the
+attempt's token holder reports workers and checkpoints, and only under the job's prefix; a
+restore loads nothing outside the prefix and never runs code from the file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import ray.train
+import torch
+
+from jobs.preemption import (
+    ENV_CHECKPOINT_PREFIX,
+    ENV_JOB_ID,
+    ENV_RESUME_FROM,
+    Preemption,
+    Rejection,
+    _JobSignals,
+    check_state_loads_safely,
+    checkpoint_prefix,
+    token_sha256,
+    under_prefix,
+)
+
+ADMIN = "admin-key"
+TOKEN = "the-attempts-token"
+PREFIX = "/train/job-a"
+
+
+def make_signals(attempt: int = 1) -> _JobSignals:
+    s = _JobSignals(token_sha256(ADMIN))
+    s.register("job-a", attempt, token_sha256(TOKEN), PREFIX, admin_key=ADMIN)
+    return s
+
+
+def status(s: _JobSignals, job_id: str = "job-a") -> dict[str, Any]:
+    return s.status(job_id, admin_key=ADMIN)
+
+
+# -- the job's side -----------------------------------------------------------------------------
+
+CALLERS = {
+    "no-token": ("job-a", 1, ""),
+    "wrong-token": ("job-a", 1, "guessed"),
+    "another-jobs-token": ("job-a", 1, "token-of-job-b"),
+    "stale-attempt": ("job-a", 0, TOKEN),
+    "unknown-job": ("job-b", 1, TOKEN),
+    "not-a-string": ("job-a", 1, None),
+}
+
+
+@pytest.mark.parametrize("caller", list(CALLERS), ids=list(CALLERS))
+def test_job_side_calls_without_the_attempts_token_change_nothing(caller: str) -> None:
+    s = make_signals()
+    s.request_checkpoint("job-a", 5.0, admin_key=ADMIN)
+    job_id, attempt, token = CALLERS[caller]
+    assert s.worker_started(job_id, attempt, 0, token) is False  # type: ignore[arg-type]
+    assert s.checkpointed(job_id, attempt, 3, f"{PREFIX}/step-3", 1.0, token) is False  # type: ignore[arg-type]
+    assert s.poll(job_id, attempt, token) is False  # type: ignore[arg-type]
+    st = status(s)
+    assert st["started_ranks"] == [] and st["checkpoint"] is None
+    assert sum(s.rejections(admin_key=ADMIN).values()) == 3
+    assert status(s, "job-b") == {}  # nothing is kept for a job nobody registered
+
+
+def test_the_attempts_token_holder_reports_workers_and_checkpoints_under_its_prefix() -> None:
+    s = make_signals()
+    assert s.poll("job-a", 1, TOKEN) is False
+    s.request_checkpoint("job-a", 5.0, admin_key=ADMIN)
+    assert s.poll("job-a", 1, TOKEN) is True
+    assert s.worker_started("job-a", 1, 0, TOKEN) and s.worker_started("job-a", 1, 1, TOKEN)
+    assert s.checkpointed("job-a", 1, 7, f"{PREFIX}/step-00000007", 9.0, TOKEN)
+    st = status(s)
+    assert st["attempt"] == 1 and st["started_ranks"] == [0, 1]
+    assert st["checkpoint"]["path"] == f"{PREFIX}/step-00000007"
+    assert st["checkpoint"]["answers_request"] is True
+    assert "token_sha256" not in st and token_sha256(TOKEN) not in repr(st)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/train/job-b/step-00000007",
+        f"{PREFIX}/../job-b/step-00000007",
+        f"{PREFIX}0/step-00000007",
+        PREFIX,
+        "/tmp/evil",
+        "s3://bucket/train/job-a/step-7",
+        "",
+    ],
+    ids=["other-job", "dot-dot", "longer-sibling", "prefix-itself", "elsewhere", "uri", "empty"],
+)
+def test_a_checkpoint_outside_the_registered_prefix_is_refused(path: str) -> None:
+    s = make_signals()
+    assert s.checkpointed("job-a", 1, 7, path, 9.0, TOKEN) is False
+    assert status(s)["checkpoint"] is None
+    assert s.rejections(admin_key=ADMIN) == {Rejection.PATH_OUTSIDE_PREFIX.value: 1}
+    assert status(s)["rejected_calls"] == 1
+
+
+def test_a_new_attempt_voids_the_old_token_and_its_workers() -> None:
+    s = make_signals()
+    s.worker_started("job-a", 1, 0, TOKEN)
+    s.checkpointed("job-a", 1, 4, f"{PREFIX}/step-00000004", 1.0, TOKEN)
+    s.register("job-a", 2, token_sha256("second"), PREFIX, admin_key=ADMIN)
+    assert s.worker_started("job-a", 1, 1, TOKEN) is False
+    assert s.worker_started("job-a", 2, 1, TOKEN) is False  # the old token, new attempt
+    assert s.worker_started("job-a", 2, 0, "second") is True
+    st = status(s)
+    assert st["attempt"] == 2 and st["started_ranks"] == [0]
+    assert st["checkpoint"]["step"] == 4  # the job's latest checkpoint outlives the attempt
+    # Registering the same attempt and token again (a restarted controller) keeps the workers.
+    s.register("job-a", 2, token_sha256("second"), PREFIX, admin_key=ADMIN)
+    assert status(s)["started_ranks"] == [0]
+
+
+# -- the control plane's side -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s, k: s.register("job-a", 1, token_sha256("attacker"), "/", admin_key=k),
+        lambda s, k: s.status("job-a", admin_key=k),
+        lambda s, k: s.request_checkpoint("job-a", 1.0, admin_key=k),
+        lambda s, k: s.clear_request("job-a", admin_key=k),
+        lambda s, k: s.forget("job-a", admin_key=k),
+        lambda s, k: s.rejections(admin_key=k),
+    ],
+    ids=["register", "status", "request_checkpoint", "clear_request", "forget", "rejections"],
+)
+@pytest.mark.parametrize("key", ["", "wrong", None], ids=["empty", "wrong", "none"])
+def test_control_plane_calls_need_the_admin_key(call: Any, key: Any) -> None:
+    s = make_signals()
+    with pytest.raises(PermissionError):
+        call(s, key)
+    # Nothing changed: the real token still works and the registration is the original.
+    assert s.worker_started("job-a", 1, 0, TOKEN) is True
+    assert status(s)["checkpoint_prefix"] == PREFIX
+    assert s.check_admin("wrong") is False and s.check_admin(ADMIN) is True
+
+
+def test_forget_drops_the_job() -> None:
+    s = make_signals()
+    s.forget("job-a", admin_key=ADMIN)
+    assert status(s) == {}
+    assert s.worker_started("job-a", 1, 0, TOKEN) is False
+
+
+# -- the prefix ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "prefix", "inside"),
+    [
+        ("/t/job-a/step-1", "/t/job-a", True),
+        ("/t/job-a/step-1/", "/t/job-a/", True),
+        ("/t/./job-a//step-1", "/t/job-a", True),
+        ("/t/job-a/../job-b/step-1", "/t/job-a", False),
+        ("/t/job-ab/step-1", "/t/job-a", False),
+        ("/t/job-a", "/t/job-a", False),
+        ("file:///t/job-a/step-1", "/t/job-a", True),
+        ("file://host/t/job-a/step-1", "/t/job-a", False),
+        ("s3://b/t/job-a/step-1", "s3://b/t/job-a", True),
+        ("s3://b/t/job-a/../job-b/step-1", "s3://b/t/job-a", False),
+        ("s3://other/t/job-a/step-1", "s3://b/t/job-a", False),
+        ("gs://b/t/job-a/step-1", "s3://b/t/job-a", False),
+        ("s3://b/t/job-a/step-1?x=1", "s3://b/t/job-a", False),
+        ("s3://b/t/job-a", "s3://b/t/job-a", False),
+        ("/t/job-a/step-1", "s3://b/t/job-a", False),
+        ("", "/t/job-a", False),
+    ],
+)
+def test_under_prefix(path: str, prefix: str, inside: bool) -> None:
+    assert under_prefix(path, prefix) is inside
+
+
+def test_under_prefix_resolves_symlinks(tmp_path: Path) -> None:
+    (tmp_path / "job-a").mkdir()
+    (tmp_path / "job-b" / "step-1").mkdir(parents=True)
+    (tmp_path / "job-a" / "step-1").symlink_to(tmp_path / "job-b" / "step-1")
+    assert not under_prefix(str(tmp_path / "job-a" / "step-1"), str(tmp_path / "job-a"))
+
+
+@pytest.mark.parametrize("job_id", ["", ".", "..", "a/b", "..\\b"])
+def test_a_job_id_that_is_not_one_segment_names_no_prefix(job_id: str) -> None:
+    with pytest.raises(ValueError, match="cannot name a checkpoint prefix"):
+        checkpoint_prefix("/t", job_id)
+
+
+# -- the training loop's restore ----------------------------------------------------------------
+
+
+class _Ctx:
+    def get_world_rank(self) -> int:
+        return 0
+
+
+@pytest.fixture()
+def loop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Preemption:
+    """A `Preemption` for job-a outside Ray Train: no Train checkpoint, storage at tmp_path."""
+    monkeypatch.setattr(ray.train, "get_context", lambda: _Ctx())
+    monkeypatch.setattr(ray.train, "get_checkpoint", lambda: None)
+    monkeypatch.setenv(ENV_JOB_ID, "job-a")
+    monkeypatch.setenv(ENV_CHECKPOINT_PREFIX, str(tmp_path / "job-a"))
+    monkeypatch.setattr("jobs.preemption.get_signals", lambda: None)
+    return Preemption(poll_interval_s=1.0)
+
+
+def _write_step(directory: Path, payload: Any) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save(payload, directory / "state.pt")
+    return directory
+
+
+class _RunsCode:
+    """Unpickling this runs `os.system`: what a planted checkpoint would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_restore_loads_a_checkpoint_under_the_prefix(
+    loop: Preemption, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = torch.nn.Linear(2, 2)
+    optim = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    optim.step()
+    state = {"model": model.state_dict(), "optim": optim.state_dict(), "rng": torch.get_rng_state()}
+    step_dir = _write_step(tmp_path / "job-a" / "step-00000004", {"step": 4, "state": state})
+    monkeypatch.setenv(ENV_RESUME_FROM, str(step_dir))
+    restored = loop.restore()
+    assert restored is not None and restored[0] == 4
+    assert torch.equal(restored[1]["model"]["weight"], model.state_dict()["weight"])
+
+
+@pytest.mark.parametrize("where", ["job-b/step-00000004", "job-a/../job-b/step-00000004"])
+def test_restore_refuses_a_resume_path_outside_the_prefix(
+    loop: Preemption, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    _write_step(tmp_path / "job-b" / "step-00000004", {"step": 4, "state": {}})
+    monkeypatch.setenv(ENV_RESUME_FROM, str(tmp_path / where))
+    assert loop.restore() is None  # a fresh start
+
+
+def test_restore_never_runs_code_from_a_planted_checkpoint(
+    loop: Preemption, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "code-ran"
+    step_dir = _write_step(
+        tmp_path / "job-a" / "step-00000004", {"step": 4, "state": {"x": _RunsCode(marker)}}
+    )
+    monkeypatch.setenv(ENV_RESUME_FROM, str(step_dir))
+    with pytest.raises(Exception, match="[Ww]eights only load failed"):
+        loop.restore()
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        {"np": np.zeros(2)},
+        {"nested": [{"deep": np.int64(3)}]},
+        {"obj": object()},
+        {"slice": slice(1, 2)},
+    ],
+    ids=["numpy-array", "nested-numpy-scalar", "object", "slice"],
+)
+def test_save_refuses_state_a_weights_only_restore_cannot_load(state: dict[str, Any]) -> None:
+    with pytest.raises(TypeError, match="weights_only=True"):
+        check_state_loads_safely(state)
+
+
+def test_model_and_optimizer_state_dicts_pass() -> None:
+    model = torch.nn.Linear(2, 2)
+    optim = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    check_state_loads_safely(
+        {
+            "model": model.state_dict(),
+            "optim": optim.state_dict(),
+            "meta": OrderedDict(epoch=3, tags=("a", b"b"), lr=0.1, done=None, seen={1, 2}),
+            "dtype": torch.float16,
+            "device": torch.device("cpu"),
+        }
+    )
