@@ -1,0 +1,604 @@
+"""Security of the Kubernetes install (issue 12, "Separation"): where user code runs, with which
+credentials, and what the control plane's ServiceAccount may do.
+
+Owns the checks that:
+
+* every pod that ``kubectl apply -k`` installs from infra/k8s, infra/prometheus and
+  infra/grafana (including the RayCluster's autoscaler sidecar, built from
+  ``autoscalerOptions``) runs with a restricted securityContext, and that the namespace
+  enforces Pod Security ``restricted``;
+* Ray Job drivers (the ``rcp_job_driver`` resource every entrypoint asks for) can run only on
+  worker groups that hold no control-plane credential, never on the head, and that the head
+  offers Ray no CPUs and shares no volume or S3 key with user code;
+* the RBAC granted to the control plane is exactly what the calls in
+  controlplane/kube/actuator.py need (the allow-list is derived from the actuator's source),
+  with no RayCluster grant in the default install.
+
+Must not: talk to a Kubernetes API server or start Ray. Admission itself (Pod Security, KubeRay's
+mutating of pods) is not exercised here; docs/operations.md says what was and was not checked.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controlplane.pools import JOB_DRIVER_RESOURCE
+from tests.unit.test_k8s_manifests import (
+    K8S_DIR,
+    ROOT,
+    Doc,
+    applied,
+    kustomization,
+    load_docs,
+    rcp_config,
+)
+
+INSTALL_DIRS = (K8S_DIR, ROOT / "infra" / "prometheus", ROOT / "infra" / "grafana")
+ACTUATOR = ROOT / "controlplane" / "kube" / "actuator.py"
+OPTIONAL_SCALE_RBAC = K8S_DIR / "optional" / "rbac-scale-external.yaml"
+CONTROL_PLANE_SA = "rcp-controlplane"
+S3_SECRET = "rcp-s3"
+
+# The pods the install creates, by the ids below. A new pod must be added here on purpose.
+EXPECTED_PODS = {
+    "RayCluster/rcp head",
+    "RayCluster/rcp head autoscaler",
+    "RayCluster/rcp worker gpu-cluster",
+    "RayCluster/rcp worker gpu-external",
+    "Deployment/prometheus",
+    "Deployment/grafana",
+}
+# Containers whose root filesystem may stay writable, and why (docs/operations.md).
+WRITABLE_ROOT = {
+    ("RayCluster/rcp worker gpu-cluster", "ray-worker"): "user code writes caches under $HOME",
+    ("RayCluster/rcp worker gpu-external", "ray-worker"): "user code writes caches under $HOME",
+}
+# Pod Security `restricted` lets a container add only this capability.
+ALLOWED_ADDED_CAPABILITIES = {"NET_BIND_SERVICE"}
+PSA_MODES = ("enforce", "audit", "warn")
+
+
+# --- pods -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pod:
+    """One pod template of the install, as Kubernetes will see it."""
+
+    id: str
+    """Readable: ``RayCluster/rcp worker gpu-cluster``, ``Deployment/grafana``."""
+    spec: dict[str, Any]
+    is_ray_worker: bool = False
+
+
+def _templates(doc: Doc) -> Iterator[Pod]:
+    body, where = doc.body, f"{doc.kind}/{doc.name}"
+    if doc.kind == "RayCluster":
+        spec = body["spec"]
+        head = spec["headGroupSpec"]["template"]["spec"]
+        yield Pod(f"{where} head", head)
+        if spec.get("enableInTreeAutoscaling"):
+            # KubeRay adds the autoscaler as a sidecar of the head pod, with these options.
+            options = spec.get("autoscalerOptions") or {}
+            sidecar = {"name": "autoscaler", "securityContext": options.get("securityContext")}
+            sidecar["volumeMounts"] = options.get("volumeMounts") or []
+            pod = {**copy.deepcopy(head), "containers": [sidecar], "initContainers": []}
+            yield Pod(f"{where} head autoscaler", pod)
+        for group in spec.get("workerGroupSpecs") or []:
+            # KubeRay's injected init container copies the Ray container's securityContext.
+            yield Pod(f"{where} worker {group['groupName']}", group["template"]["spec"], True)
+    elif doc.kind == "Pod":
+        yield Pod(where, body["spec"])
+    elif doc.kind == "CronJob":
+        yield Pod(where, body["spec"]["jobTemplate"]["spec"]["template"]["spec"])
+    elif isinstance((body.get("spec") or {}).get("template"), dict):
+        yield Pod(where, body["spec"]["template"]["spec"])
+
+
+def _count_pod_specs(node: Any) -> int:
+    """Every mapping with ``containers`` anywhere in a document: a pod spec."""
+    if isinstance(node, dict):
+        here = 1 if isinstance(node.get("containers"), list) else 0
+        return here + sum(_count_pod_specs(v) for v in node.values())
+    if isinstance(node, list):
+        return sum(_count_pod_specs(v) for v in node)
+    return 0
+
+
+def installed_docs() -> list[Doc]:
+    return [d for directory in INSTALL_DIRS for d in applied(directory)]
+
+
+def installed_pods(docs: list[Doc] | None = None) -> list[Pod]:
+    return [p for d in (installed_docs() if docs is None else docs) for p in _templates(d)]
+
+
+def _containers(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for field in ("initContainers", "containers", "ephemeralContainers"):
+        yield from spec.get(field) or []
+
+
+def pod_problems(pod: Pod) -> list[str]:
+    """How `pod` falls short of a restricted securityContext; one line each, naming the pod
+    and container. Container fields override the pod's, as in Kubernetes."""
+    spec, problems = pod.spec, []
+    pod_sc = spec.get("securityContext") or {}
+    for host in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(host):
+            problems.append(f"{pod.id}: {host}: true")
+    for volume in spec.get("volumes") or []:
+        if "hostPath" in volume:
+            problems.append(f"{pod.id}: volume {volume['name']}: hostPath")
+    names = {v["name"] for v in spec.get("volumes") or []}
+    if pod.is_ray_worker and spec.get("automountServiceAccountToken") is not False:
+        problems.append(f"{pod.id}: automountServiceAccountToken must be false (user code)")
+    for c in _containers(spec):
+        at = f"{pod.id}: container {c['name']}"
+        sc = c.get("securityContext") or {}
+
+        def get(key: str, sc: dict[str, Any] = sc) -> Any:
+            return sc[key] if key in sc else pod_sc.get(key)
+
+        if get("runAsNonRoot") is not True:
+            problems.append(f"{at}: runAsNonRoot must be true")
+        if get("runAsUser") == 0:
+            problems.append(f"{at}: runAsUser 0 (root)")
+        if sc.get("privileged"):
+            problems.append(f"{at}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{at}: allowPrivilegeEscalation must be false")
+        caps = sc.get("capabilities") or {}
+        if "ALL" not in (caps.get("drop") or []):
+            problems.append(f"{at}: capabilities.drop must include ALL")
+        added = set(caps.get("add") or []) - ALLOWED_ADDED_CAPABILITIES
+        if added:
+            problems.append(f"{at}: capabilities.add {sorted(added)}")
+        seccomp = (get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{at}: seccompProfile.type must be RuntimeDefault, got {seccomp}")
+        writable_ok = (pod.id, c["name"]) in WRITABLE_ROOT
+        if sc.get("readOnlyRootFilesystem") is not True and not writable_ok:
+            problems.append(f"{at}: readOnlyRootFilesystem must be true")
+        for port in c.get("ports") or []:
+            if port.get("hostPort"):
+                problems.append(f"{at}: hostPort {port['hostPort']}")
+        for mount in c.get("volumeMounts") or []:
+            if mount["name"] not in names:
+                problems.append(f"{at}: mounts volume {mount['name']!r} the pod does not have")
+    return problems
+
+
+# --- tests: every pod -------------------------------------------------------------------------
+
+
+def test_every_pod_spec_is_found() -> None:
+    """A pod spec the extraction misses would escape every check below."""
+    docs = installed_docs()
+    for doc in docs:
+        found = [p for p in installed_pods([doc]) if not p.id.endswith(" autoscaler")]
+        assert len(found) == _count_pod_specs(doc.body), f"{doc.where}: pod specs missed"
+    assert {p.id for p in installed_pods(docs)} == EXPECTED_PODS
+
+
+@pytest.mark.parametrize("pod", installed_pods(), ids=lambda p: p.id)
+def test_pod_is_restricted(pod: Pod) -> None:
+    problems = pod_problems(pod)
+    assert not problems, "\n".join(problems)
+
+
+def _raycluster() -> Doc:
+    return next(d for d in applied() if d.kind == "RayCluster")
+
+
+def _strip_security(node: Any) -> Any:
+    """The manifests as they were before issue 12: no securityContext, tokens mounted."""
+    if isinstance(node, dict):
+        drop = {"securityContext", "automountServiceAccountToken"}
+        return {k: _strip_security(v) for k, v in node.items() if k not in drop}
+    if isinstance(node, list):
+        return [_strip_security(v) for v in node]
+    return node
+
+
+def _mutated_pods(mutate: Callable[[dict[str, Any]], None]) -> list[Pod]:
+    doc = _raycluster()
+    body = copy.deepcopy(doc.body)
+    mutate(body)
+    return installed_pods([Doc(doc.path, doc.index, body)])
+
+
+def _head(b: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = b["spec"]["headGroupSpec"]["template"]["spec"]
+    return spec
+
+
+def _worker(b: dict[str, Any], i: int = 0) -> dict[str, Any]:
+    spec: dict[str, Any] = b["spec"]["workerGroupSpecs"][i]["template"]["spec"]
+    return spec
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        pytest.param(
+            lambda b: b.update(_strip_security(b)),
+            "RayCluster/rcp head: container ray-head: runAsNonRoot must be true",
+            id="no-securityContext-at-all",
+        ),
+        pytest.param(
+            lambda b: _head(b)["securityContext"].pop("seccompProfile"),
+            "head: container ray-head: seccompProfile.type must be RuntimeDefault, got None",
+            id="no-seccomp",
+        ),
+        pytest.param(
+            lambda b: _head(b)["securityContext"].update(runAsUser=0),
+            "head: container ray-head: runAsUser 0",
+            id="root-user",
+        ),
+        pytest.param(
+            lambda b: _worker(b)["containers"][0]["securityContext"].update(
+                allowPrivilegeEscalation=True
+            ),
+            "worker gpu-cluster: container ray-worker: allowPrivilegeEscalation must be false",
+            id="privilege-escalation",
+        ),
+        pytest.param(
+            lambda b: _worker(b, 1)["containers"][0]["securityContext"].update(
+                capabilities={"add": ["SYS_ADMIN"]}
+            ),
+            "worker gpu-external: container ray-worker: capabilities.drop must include ALL",
+            id="capabilities-not-dropped",
+        ),
+        pytest.param(
+            lambda b: _worker(b)["containers"][0]["securityContext"]["capabilities"].update(
+                add=["IPC_LOCK"]
+            ),
+            "container ray-worker: capabilities.add ['IPC_LOCK']",
+            id="capability-added",
+        ),
+        pytest.param(
+            lambda b: _head(b)["containers"][0]["securityContext"].update(
+                readOnlyRootFilesystem=False
+            ),
+            "head: container ray-head: readOnlyRootFilesystem must be true",
+            id="head-root-writable",
+        ),
+        pytest.param(
+            lambda b: _worker(b).update(automountServiceAccountToken=True),
+            "worker gpu-cluster: automountServiceAccountToken must be false",
+            id="worker-mounts-token",
+        ),
+        pytest.param(
+            lambda b: _worker(b)["volumes"].append({"name": "sys", "hostPath": {"path": "/sys"}}),
+            "worker gpu-cluster: volume sys: hostPath",
+            id="host-path",
+        ),
+        pytest.param(
+            lambda b: b["spec"]["autoscalerOptions"].pop("securityContext"),
+            "head autoscaler: container autoscaler: allowPrivilegeEscalation must be false",
+            id="autoscaler-sidecar",
+        ),
+        pytest.param(
+            lambda b: _head(b)["volumes"].pop(),
+            "head autoscaler: container autoscaler: mounts volume 'autoscaler-tmp'",
+            id="sidecar-volume-missing",
+        ),
+    ],
+)
+def test_pod_check_names_the_problem(mutate: Callable[[dict[str, Any]], None], needle: str) -> None:
+    problems = [p for pod in _mutated_pods(mutate) for p in pod_problems(pod)]
+    assert any(needle in p for p in problems), problems
+
+
+def test_namespace_enforces_restricted_pod_security() -> None:
+    namespaces = [d for d in applied() if d.kind == "Namespace"]
+    assert len(namespaces) == 1
+    labels = namespaces[0].body["metadata"].get("labels") or {}
+    for mode in PSA_MODES:
+        assert labels.get(f"pod-security.kubernetes.io/{mode}") == "restricted", mode
+    # Every kustomization installs into that namespace, so PSA covers all the pods above.
+    for directory in INSTALL_DIRS:
+        assert kustomization(directory)["namespace"] == namespaces[0].name, directory.name
+
+
+# --- tests: where job drivers run --------------------------------------------------------------
+
+
+def _quantity(value: Any) -> float:
+    return float(str(value))
+
+
+def _claims(spec: dict[str, Any]) -> set[str]:
+    return {
+        v["persistentVolumeClaim"]["claimName"]
+        for v in spec.get("volumes") or []
+        if "persistentVolumeClaim" in v
+    }
+
+
+def _secret_refs(spec: dict[str, Any]) -> set[str]:
+    refs = set()
+    for c in _containers(spec):
+        for e in c.get("env") or []:
+            ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+            if ref:
+                refs.add(ref["name"])
+        for source in c.get("envFrom") or []:
+            if source.get("secretRef"):
+                refs.add(source["secretRef"]["name"])
+    for v in spec.get("volumes") or []:
+        if "secret" in v:
+            refs.add(v["secret"]["secretName"])
+    return refs
+
+
+def test_head_offers_no_job_driver_slot_and_no_cpus() -> None:
+    head = _raycluster().body["spec"]["headGroupSpec"]
+    resources = head.get("resources") or {}
+    assert JOB_DRIVER_RESOURCE not in resources, "job drivers would run beside the credentials"
+    assert JOB_DRIVER_RESOURCE not in str(head.get("rayStartParams") or {})
+    # Tasks and actors with default resources (1 CPU) must not be placed on the head either.
+    assert _quantity(resources.get("CPU", -1)) == 0, "the head must offer Ray CPU: 0"
+
+
+def test_job_drivers_run_only_where_no_credential_is(tmp_path: Path) -> None:
+    rc = _raycluster().body["spec"]
+    head = rc["headGroupSpec"]["template"]["spec"]
+    state_dir = rcp_config(tmp_path).state_dir
+    head_mounts = {m["mountPath"]: m["name"] for m in head["containers"][0]["volumeMounts"]}
+    state_volume = next(v for v in head["volumes"] if v["name"] == head_mounts[state_dir])
+    state_claim = state_volume["persistentVolumeClaim"]["claimName"]
+    drivers = [
+        g for g in rc["workerGroupSpecs"] if _quantity(g["resources"].get(JOB_DRIVER_RESOURCE, 0))
+    ]
+    assert drivers, f"no worker group offers {JOB_DRIVER_RESOURCE}: every job would stay pending"
+    for group in drivers:
+        spec, name = group["template"]["spec"], group["groupName"]
+        assert spec.get("automountServiceAccountToken") is False, name
+        assert spec.get("serviceAccountName") in (None, "default"), name
+        assert state_claim not in _claims(spec), f"{name} mounts the job store and API token"
+        assert JOB_DRIVER_RESOURCE not in str(group.get("rayStartParams") or {}), name
+
+
+def test_head_shares_no_volume_or_s3_key_with_user_code() -> None:
+    rc = _raycluster().body["spec"]
+    head = rc["headGroupSpec"]["template"]["spec"]
+    for group in rc["workerGroupSpecs"]:
+        shared = _claims(head) & _claims(group["template"]["spec"])
+        assert not shared, f"head and {group['groupName']} both mount {sorted(shared)}"
+    assert S3_SECRET not in _secret_refs(head), "the control plane uses no S3 on Kubernetes"
+
+
+# --- RBAC: derived from the actuator's calls ----------------------------------------------------
+
+
+@dataclass(frozen=True, order=True)
+class Grant:
+    scope: str
+    """``ClusterRole`` for cluster-scoped resources, ``Role`` for namespaced ones."""
+    api_group: str
+    resource: str
+    verb: str
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.api_group or 'core'}/{self.resource} {self.verb}"
+
+
+# Each Kubernetes client method -> the one grant it needs. The actuator may call only these.
+API_GRANTS = {
+    "read_node": Grant("ClusterRole", "", "nodes", "get"),
+    "patch_node": Grant("ClusterRole", "", "nodes", "patch"),
+    "list_namespaced_pod": Grant("Role", "", "pods", "list"),
+    "read_namespaced_pod": Grant("Role", "", "pods", "get"),
+    "delete_namespaced_pod": Grant("Role", "", "pods", "delete"),
+    "get_namespaced_custom_object": Grant("Role", "ray.io", "rayclusters", "get"),
+    "patch_namespaced_custom_object": Grant("Role", "ray.io", "rayclusters", "patch"),
+}
+# The public method that writes the RayCluster; it calls nothing while the autoscaler owns the
+# external group (kubernetes.autoscaler_owns_external, test_kube_actuator.py).
+SCALE_METHOD = "scale_external"
+
+
+def _is_self(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
+def actuator_calls() -> dict[str, set[str]]:
+    """Public method of KubernetesActuator -> the client methods it can reach (through its own
+    helpers), read from the source: ``self.core.<m>`` / ``self.custom.<m>``."""
+    tree = ast.parse(ACTUATOR.read_text())
+    cls = next(
+        n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "KubernetesActuator"
+    )
+    direct: dict[str, set[str]] = {}
+    helpers: dict[str, set[str]] = {}
+    for fn in cls.body:
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        direct[fn.name], helpers[fn.name] = set(), set()
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Attribute):
+                continue
+            if _is_self(node.value):  # self.<helper>
+                helpers[fn.name].add(node.attr)
+            elif (  # self.core.<client method> / self.custom.<client method>
+                isinstance(node.value, ast.Attribute)
+                and _is_self(node.value.value)
+                and node.value.attr in ("core", "custom")
+            ):
+                direct[fn.name].add(node.attr)
+
+    def reach(name: str, seen: frozenset[str] = frozenset()) -> set[str]:
+        calls = set(direct.get(name, set()))
+        for h in helpers.get(name, set()) - seen - {name}:
+            if h in direct:
+                calls |= reach(h, seen | {name})
+        return calls
+
+    return {n: reach(n) for n in direct if not n.startswith("_")}
+
+
+def needed_grants(autoscaler_owns_external: bool) -> set[Grant]:
+    calls = actuator_calls()
+    used = set().union(
+        *(c for m, c in calls.items() if not (autoscaler_owns_external and m == SCALE_METHOD))
+    )
+    return {API_GRANTS[c] for c in used}
+
+
+def granted(docs: list[Doc], subject: str = CONTROL_PLANE_SA) -> tuple[set[Grant], list[str]]:
+    """What the Roles/ClusterRoles bound to ServiceAccount `subject` in `docs` grant, and every
+    rule that RBAC cannot narrow (wildcards, aggregation, non-resource URLs)."""
+    bound = {
+        (b.body["roleRef"]["kind"], b.body["roleRef"]["name"])
+        for b in docs
+        if b.kind in ("RoleBinding", "ClusterRoleBinding")
+        and any(
+            s.get("kind") == "ServiceAccount" and s.get("name") == subject
+            for s in b.body.get("subjects") or []
+        )
+    }
+    grants: set[Grant] = set()
+    problems: list[str] = []
+    for d in docs:
+        if d.kind not in ("Role", "ClusterRole") or (d.kind, d.name) not in bound:
+            continue
+        if d.body.get("aggregationRule"):
+            problems.append(f"{d.where}: aggregationRule grants whatever it matches")
+        for i, rule in enumerate(d.body.get("rules") or []):
+            if rule.get("nonResourceURLs"):
+                problems.append(f"{d.where}: rules[{i}]: nonResourceURLs")
+            values = [*rule.get("apiGroups", []), *rule.get("resources", []), *rule["verbs"]]
+            if "*" in values:
+                problems.append(f"{d.where}: rules[{i}]: wildcard '*'")
+            for group in rule.get("apiGroups", []):
+                for resource in rule.get("resources", []):
+                    grants |= {Grant(d.kind, group, resource, v) for v in rule["verbs"]}
+    return grants, problems
+
+
+def rbac_problems(docs: list[Doc], autoscaler_owns_external: bool) -> list[str]:
+    """How the grants in `docs` differ from what the actuator needs in that mode."""
+    grants, problems = granted(docs)
+    allowed = set(API_GRANTS.values())
+    need = needed_grants(autoscaler_owns_external)
+    problems += [f"not a grant any actuator call needs: {g}" for g in sorted(grants - allowed)]
+    problems += [f"not needed in this mode: {g}" for g in sorted((grants & allowed) - need)]
+    problems += [f"missing, the actuator calls it: {g}" for g in sorted(need - grants)]
+    return problems
+
+
+# --- tests: RBAC -------------------------------------------------------------------------------
+
+
+def test_every_actuator_call_has_a_known_grant() -> None:
+    """A new Kubernetes call in the actuator fails here until its grant is decided on."""
+    calls = set().union(*actuator_calls().values())
+    assert calls == set(API_GRANTS), (
+        f"calls without a grant: {sorted(calls - set(API_GRANTS))}; "
+        f"grants for calls no longer made: {sorted(set(API_GRANTS) - calls)}"
+    )
+
+
+def test_only_scaling_touches_the_raycluster() -> None:
+    calls = actuator_calls()
+    raycluster = {m for m, g in API_GRANTS.items() if g.resource == "rayclusters"}
+    users = {m for m, c in calls.items() if c & raycluster}
+    assert users == {SCALE_METHOD}, users
+
+
+def test_shipped_config_leaves_the_external_group_to_the_autoscaler(tmp_path: Path) -> None:
+    assert rcp_config(tmp_path).kubernetes.autoscaler_owns_external is True
+
+
+def test_default_rbac_is_exactly_what_the_actuator_needs() -> None:
+    docs = applied()
+    problems = rbac_problems(docs, autoscaler_owns_external=True)
+    assert not problems, "\n".join(problems)
+    grants, _ = granted(docs)
+    assert not [g for g in grants if g.resource == "rayclusters"], "no RayCluster grant by default"
+
+
+def test_optional_rbac_adds_only_the_raycluster_scaling() -> None:
+    optional = load_docs(OPTIONAL_SCALE_RBAC.parent)
+    assert {d.path for d in optional} == {OPTIONAL_SCALE_RBAC}
+    assert not {d.path for d in applied()} & {OPTIONAL_SCALE_RBAC}, "must stay opt-in"
+    problems = rbac_problems(applied() + optional, autoscaler_owns_external=False)
+    assert not problems, "\n".join(problems)
+    grants, _ = granted(optional)
+    assert {str(g) for g in grants} == {
+        "Role ray.io/rayclusters get",
+        "Role ray.io/rayclusters patch",
+    }
+    rules = [r for d in optional if d.kind == "Role" for r in d.body["rules"]]
+    assert all(r.get("resourceNames") == [_raycluster().name] for r in rules)
+
+
+def _with_role(mutate: Callable[[dict[str, Any]], None], kind: str = "Role") -> list[Doc]:
+    docs = []
+    for d in applied():
+        if d.kind == kind:
+            body = copy.deepcopy(d.body)
+            mutate(body)
+            d = Doc(d.path, d.index, body)
+        docs.append(d)
+    return docs
+
+
+@pytest.mark.parametrize(
+    ("mutate", "kind", "needle"),
+    [
+        pytest.param(
+            lambda r: r["rules"].append(
+                {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get", "patch"]}
+            ),
+            "Role",
+            "not needed in this mode: Role ray.io/rayclusters patch",
+            id="raycluster-patch-while-autoscaler-owns",
+        ),
+        pytest.param(
+            lambda r: r["rules"][0]["verbs"].append("watch"),
+            "Role",
+            "not a grant any actuator call needs: Role core/pods watch",
+            id="unused-verb",
+        ),
+        pytest.param(
+            lambda r: r["rules"][0]["verbs"].append("*"),
+            "ClusterRole",
+            "wildcard '*'",
+            id="wildcard",
+        ),
+        pytest.param(
+            lambda r: r["rules"].append(
+                {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
+            ),
+            "Role",
+            "not a grant any actuator call needs: Role core/secrets get",
+            id="extra-resource",
+        ),
+        pytest.param(
+            lambda r: r["rules"][0]["verbs"].remove("delete"),
+            "Role",
+            "missing, the actuator calls it: Role core/pods delete",
+            id="missing-verb",
+        ),
+        pytest.param(
+            lambda r: r["rules"][0]["verbs"].append("list"),
+            "ClusterRole",
+            "not a grant any actuator call needs: ClusterRole core/nodes list",
+            id="node-list",
+        ),
+    ],
+)
+def test_rbac_check_catches_widening(
+    mutate: Callable[[dict[str, Any]], None], kind: str, needle: str
+) -> None:
+    problems = rbac_problems(_with_role(mutate, kind), autoscaler_owns_external=True)
+    assert any(needle in p for p in problems), problems
