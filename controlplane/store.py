@@ -464,7 +464,7 @@ class Store:
         """
         if idempotency_key is not None and not idempotency_key.strip():
             raise ValueError("idempotency_key: must be a non-empty string or None")
-        spec_json = json.dumps(spec.to_dict(), sort_keys=True)
+        spec_json = json.dumps(spec.to_dict(), sort_keys=True, allow_nan=False)
         with self._tx() as db:
             if idempotency_key is not None:
                 row = db.execute(
