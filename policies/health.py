@@ -5,9 +5,11 @@ its input types (`NodeSample`, `GpuSample`, `PortSample`), its thresholds and th
 needs between ticks (`HealthState`: hot streaks, held verdicts, lemon records), which the
 caller stores and hands back. `clear_lemon` is the operator's way to let a lemon back in.
 
-Also owns the pure step from verdicts to a plan: `with_verdicts` (the snapshot with unhealthy
-nodes marked, so capacity shrinks at once) and `remediate` (cordon, checkpoint-and-requeue
-gangs, move replicas make-before-break, drain once empty), with the `CordonNode` action.
+Also owns the pure step from verdicts to a plan: `limit_removals` (the breaker: at most
+`RemovalBudget` new nodes out per window; past it, verdicts are shown but held, not acted on),
+`with_verdicts` (the snapshot with unhealthy nodes marked, so capacity shrinks at once) and
+`remediate` (cordon, checkpoint-and-requeue gangs, move replicas make-before-break, drain once
+empty), with the `CordonNode` action.
 
 Must not: read telemetry, a clock or the network, or act. The telemetry agents produce the
 samples; the policy actor applies the plan. Time arrives as `now_s` (the caller's clock);
@@ -20,7 +22,8 @@ Rules, per node, for every sample newer than the last one seen:
    - a new XID in ``fatal_xids`` (XID_FATAL);
    - an uncorrectable ECC error since the last GPU reset (ECC_UNCORRECTABLE);
    - a failed row remap (ROW_REMAP_FAILURE);
-   - fewer GPUs visible than the node advertises (GPU_MISSING);
+   - fewer GPUs visible than the node advertises for ``missing_samples`` samples in a row
+     (GPU_MISSING; fewer samples than that: degraded, same reason);
    - an NVLink link down (NVLINK_DOWN), or NVLink errors above ``nvlink_errors_per_s``
      (NVLINK_ERRORS);
    - an InfiniBand port not ACTIVE/LinkUp or a ``link_downed`` increase (IB_LINK_DOWN), or IB
@@ -63,6 +66,7 @@ from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
 __all__ = [
     "DEFAULT_FATAL_XIDS",
     "DRAINED_BY_OTHERS",
+    "BreakerState",
     "CordonNode",
     "RemediationAction",
     "GpuSample",
@@ -73,11 +77,13 @@ __all__ = [
     "NodeSample",
     "NodeVerdict",
     "PortSample",
+    "RemovalBudget",
     "Verdict",
     "acting_verdicts",
     "clear_lemon",
     "keep_nodes",
     "evaluate",
+    "limit_removals",
     "remediate",
     "with_verdicts",
 ]
@@ -124,6 +130,9 @@ class HealthThresholds:
     """A GPU above this temperature is too hot."""
     hot_samples: int = 2
     """Consecutive hot samples before the node is unhealthy."""
+    missing_samples: int = 3
+    """Consecutive samples with fewer GPUs than expected before the node is unhealthy: one
+    short read (a driver hiccup, an exporter restarting) is not a lost GPU."""
     fatal_xids: frozenset[int] = frozenset(DEFAULT_FATAL_XIDS)
     nvlink_errors_per_s: float = 1.0
     """NVLink CRC/replay/recovery errors per second (one GPU, all links) above this: unhealthy."""
@@ -144,6 +153,8 @@ class HealthThresholds:
     def __post_init__(self) -> None:
         if self.hot_samples < 1:
             raise ValueError(f"hot_samples must be >= 1, got {self.hot_samples}")
+        if self.missing_samples < 1:
+            raise ValueError(f"missing_samples must be >= 1, got {self.missing_samples}")
         if self.recover_after_samples < 1:
             raise ValueError(
                 f"recover_after_samples must be >= 1, got {self.recover_after_samples}"
@@ -210,6 +221,8 @@ class NodeHealthState:
     """Caller time at which a new sample was last seen (for staleness)."""
     hot_streaks: tuple[tuple[int, int], ...] = ()
     """(gpu, consecutive hot samples) for GPUs currently hot."""
+    missing_streak: int = 0
+    """Consecutive samples with fewer GPUs than expected."""
     unhealthy: bool = False
     held_reasons: tuple[HealthReason, ...] = ()
     """Reasons that made the node unhealthy, kept until it recovers."""
@@ -239,6 +252,7 @@ class HealthState:
                 "last_sampled_s": n.last_sampled_s,
                 "last_new_sample_now_s": n.last_new_sample_now_s,
                 "hot_streaks": [[g, c] for g, c in n.hot_streaks],
+                "missing_streak": n.missing_streak,
                 "unhealthy": n.unhealthy,
                 "held_reasons": [r.value for r in n.held_reasons],
                 "clean_samples": n.clean_samples,
@@ -261,6 +275,7 @@ class HealthState:
                     last_sampled_s=opt(n.get("last_sampled_s")),
                     last_new_sample_now_s=opt(n.get("last_new_sample_now_s")),
                     hot_streaks=tuple((int(g), int(c)) for g, c in n.get("hot_streaks", ())),
+                    missing_streak=int(n.get("missing_streak", 0)),
                     unhealthy=bool(n.get("unhealthy", False)),
                     held_reasons=tuple(HealthReason(r) for r in n.get("held_reasons", ())),
                     clean_samples=int(n.get("clean_samples", 0)),
@@ -282,6 +297,9 @@ class NodeVerdict:
     details: tuple[str, ...] = ()
     """Human-readable specifics, e.g. ``gpu 0 at 91.5 C > 78 C for 2 samples``."""
     lemon: bool = False
+    held: bool = False
+    """UNHEALTHY, but the breaker (`limit_removals`) holds it: shown and alerted on, not acted
+    on (the node stays in capacity, nothing is cordoned, preempted or moved)."""
 
     @property
     def reason(self) -> str:
@@ -352,13 +370,23 @@ def _check_gpus(
                 f"gpu {g.gpu} {g.nvlink_errors_per_s:.3g} NVLink errors/s "
                 f"> {t.nvlink_errors_per_s:g}",
             )
-    if sample.gpus_expected is not None and len(sample.gpus) < sample.gpus_expected:
-        _add(
-            bad,
-            HealthReason.GPU_MISSING,
-            f"{len(sample.gpus)} of {sample.gpus_expected} GPUs visible",
-        )
     return new_streaks
+
+
+def _check_missing(
+    sample: NodeSample, t: HealthThresholds, streak: int, bad: _Causes, warn: _Causes
+) -> int:
+    """The new missing-GPU streak; GPU_MISSING is unhealthy once it reaches `missing_samples`."""
+    if sample.gpus_expected is None or len(sample.gpus) >= sample.gpus_expected:
+        return 0
+    n = streak + 1
+    _add(
+        bad if n >= t.missing_samples else warn,
+        HealthReason.GPU_MISSING,
+        f"{len(sample.gpus)} of {sample.gpus_expected} GPUs visible "
+        f"for {n} of {t.missing_samples} samples",
+    )
+    return n
 
 
 def _check_ports(sample: NodeSample, t: HealthThresholds, bad: _Causes, warn: _Causes) -> None:
@@ -400,6 +428,7 @@ def _step(
     bad: _Causes = {}
     warn: _Causes = {}
     streaks = _check_gpus(sample, t, dict(node.hot_streaks), bad, warn)
+    missing = _check_missing(sample, t, node.missing_streak, bad, warn)
     _check_ports(sample, t, bad, warn)
     turns = tuple(s for s in node.unhealthy_turns_s if now_s - s <= t.lemon_window_s)
     if bad:
@@ -422,6 +451,7 @@ def _step(
         last_sampled_s=sample.sampled_s,
         last_new_sample_now_s=now_s,
         hot_streaks=tuple(sorted(streaks.items())),
+        missing_streak=missing,
         unhealthy=unhealthy,
         held_reasons=held,
         clean_samples=clean,
@@ -535,13 +565,14 @@ RemediationAction = CordonNode | PreemptJob | MoveServeReplicas | DrainNode
 def with_verdicts(
     snapshot: ClusterSnapshot, verdicts: Mapping[str, NodeVerdict]
 ) -> ClusterSnapshot:
-    """`snapshot` with every UNHEALTHY node marked ``healthy=False``; degraded nodes stay in.
+    """`snapshot` with every UNHEALTHY node marked ``healthy=False``; degraded nodes stay in,
+    and so do nodes whose verdict the breaker holds (`NodeVerdict.held`).
 
     Every policy that counts live capacity then leaves the node out on this very tick.
     """
     nodes = tuple(
         replace(n, healthy=False)
-        if n.healthy and verdicts.get(n.node_id, _NO_VERDICT).verdict is Verdict.UNHEALTHY
+        if n.healthy and _acts(verdicts.get(n.node_id, _NO_VERDICT))
         else n
         for n in snapshot.nodes
     )
@@ -549,6 +580,11 @@ def with_verdicts(
 
 
 _NO_VERDICT = NodeVerdict("", Verdict.HEALTHY)
+
+
+def _acts(v: NodeVerdict) -> bool:
+    return v.verdict is Verdict.UNHEALTHY and not v.held
+
 
 DRAINED_BY_OTHERS = "Ray is draining it"
 """The detail of a verdict `acting_verdicts` adds for a node someone else drains."""
@@ -600,7 +636,8 @@ def remediate(
 ) -> tuple[RemediationAction, ...]:
     """The plan that takes unhealthy GPU nodes out of service without breaking anything.
 
-    Per UNHEALTHY node of the cluster or external pool (never the head), in node id order:
+    Per UNHEALTHY node of the cluster or external pool (never the head) that the breaker does
+    not hold (`limit_removals`), in node id order:
 
     1. `CordonNode`: nothing new lands there.
     2. `PreemptJob(checkpoint_first=True)` for each gang holding GPUs there that is not already
@@ -622,9 +659,7 @@ def remediate(
     unhealthy = {
         n.node_id: verdicts[n.node_id]
         for n in snapshot.nodes
-        if n.pool is not Pool.HEAD
-        and n.node_id in verdicts
-        and verdicts[n.node_id].verdict is Verdict.UNHEALTHY
+        if n.pool is not Pool.HEAD and n.node_id in verdicts and _acts(verdicts[n.node_id])
     }
     cluster_free_elsewhere = sum(
         n.gpus_free
@@ -665,3 +700,112 @@ def remediate(
         if not gangs and not replicas:
             actions.append(DrainNode(node_id, why))
     return tuple(actions)
+
+
+@dataclass
+class RemovalBudget:
+    """The breaker: how many nodes health may newly take out of service per window.
+
+    Both limits apply: at most `max_nodes` across the fleet, and at most
+    ``max(1, floor(max_pool_fraction * nodes in the pool))`` from one pool, per `window_s`.
+    The count bounds what a systematic fault (an exporter rollout answering empty, a driver
+    bug, a policy bug) can take, whatever the fleet's size; the fraction keeps a small pool
+    from losing a large share of its capacity; the floor of 1 lets a pool of one still have
+    its broken node replaced. Config: the ``health.breaker`` section embeds this class (not
+    frozen for that reason: omegaconf makes frozen dataclasses read-only nodes).
+    """
+
+    max_nodes: int = 2
+    """New removals across all pools per window; 0 holds every removal (report only)."""
+    max_pool_fraction: float = 0.1
+    """New removals from one pool per window, as a fraction of the pool's nodes (at least 1)."""
+    window_s: float = 600.0
+    """The window (default: one drain deadline, the time a removal takes)."""
+
+
+@dataclass(frozen=True)
+class BreakerState:
+    """The breaker's memory: removals admitted within the window, and what it holds now."""
+
+    removals: tuple[tuple[str, str, float], ...] = ()
+    """(node id, pool, caller time) of each removal admitted within the window. Kept after the
+    node is gone: a replaced node still counts until its window ends."""
+    held: tuple[str, ...] = ()
+    """Nodes judged UNHEALTHY whose removal the breaker holds (empty: the breaker is closed)."""
+
+    @property
+    def open(self) -> bool:
+        return bool(self.held)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"removals": [list(r) for r in self.removals], "held": list(self.held)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BreakerState:
+        return cls(
+            removals=tuple((str(n), str(p), float(t)) for n, p, t in data.get("removals", ())),
+            held=tuple(str(n) for n in data.get("held", ())),
+        )
+
+
+def _pool_cap(budget: RemovalBudget, pool_nodes: int) -> int:
+    return max(1, int(budget.max_pool_fraction * pool_nodes))
+
+
+def limit_removals(
+    verdicts: Mapping[str, NodeVerdict],
+    snapshot: ClusterSnapshot,
+    budget: RemovalBudget,
+    state: BreakerState,
+    out: Iterable[str],
+    now_s: float,
+) -> tuple[dict[str, NodeVerdict], BreakerState]:
+    """The verdicts to act on, with new removals past the budget held; the breaker's state.
+
+    A new removal is an UNHEALTHY verdict for a cluster or external node of `snapshot` that is
+    not in `out` (nodes already cordoned or drained) nor admitted earlier in the window. New
+    removals are admitted in node id order while the fleet and pool budgets allow; the rest
+    keep their verdict, marked `held`, with a detail saying why: `with_verdicts` and
+    `remediate` leave them alone, while the verdict is still shown and exported (so both the
+    node's and the breaker's alerts fire). Nodes already out are never held.
+
+    Worked example (max_nodes 2, max_pool_fraction 0.1, window_s 600): a cluster pool of 30
+    nodes (pool cap max(1, floor(3.0)) = 3) where an empty dcgm answer makes all 30 UNHEALTHY
+    at t=1000 s. Nodes ``n00`` and ``n01`` are admitted (fleet cap 2 reached), ``n02``..``n29``
+    are held; the breaker is open. At t=1300 s the same: nothing more is admitted. At t=1601 s
+    the window has passed: two more are admitted (unless an operator fixed the exporter, in
+    which case the verdicts clear and the breaker closes).
+    """
+    out_set = set(out)
+    removals = tuple(r for r in state.removals if now_s - r[2] < budget.window_s)
+    admitted = {r[0] for r in removals}
+    pools: dict[str, int] = {}
+    for n in snapshot.nodes:
+        pools[n.pool.value] = pools.get(n.pool.value, 0) + 1
+    held: list[str] = []
+    acting = dict(verdicts)
+    for n in sorted(snapshot.nodes, key=lambda n: n.node_id):
+        v = verdicts.get(n.node_id)
+        if (
+            v is None
+            or v.verdict is not Verdict.UNHEALTHY
+            or n.pool is Pool.HEAD
+            or n.node_id in out_set
+            or n.node_id in admitted
+        ):
+            continue
+        pool = n.pool.value
+        in_pool = sum(1 for r in removals if r[1] == pool)
+        cap = _pool_cap(budget, pools[pool])
+        if len(removals) < budget.max_nodes and in_pool < cap:
+            removals = (*removals, (n.node_id, pool, now_s))
+            admitted.add(n.node_id)
+            continue
+        held.append(n.node_id)
+        why = (
+            f"not acted on: health breaker open ({len(removals)} of {budget.max_nodes} "
+            f"removals in the fleet, {in_pool} of {cap} in pool {pool}, "
+            f"in the last {budget.window_s:g} s)"
+        )
+        acting[n.node_id] = replace(v, held=True, details=(*v.details, why))
+    return acting, BreakerState(removals, tuple(held))

@@ -16,6 +16,10 @@ Owns: applying `policies.health`'s `CordonNode` and `DrainNode` actions, idempot
   node's raylet is stopped through the GCS, and Ray's autoscaler launches a replacement to keep
   the pool at its size. Done once per node.
 
+The breaker's bookkeeping lives here too (`Breaker`): the pure `policies.health.limit_removals`
+decides which removals are held; `Breaker.step` threads its stored state and says once, in the
+event log, when it opens and when it closes.
+
 Must not: decide (the health policy does), or act on the head node.
 """
 
@@ -27,7 +31,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["NodeActions", "RayNodeControl", "Remediator"]
+from policies.health import BreakerState, NodeVerdict, RemovalBudget, limit_removals
+from policies.snapshot import ClusterSnapshot
+
+__all__ = ["Breaker", "NodeActions", "RayNodeControl", "Remediator"]
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +131,7 @@ class Remediator:
     nodes: NodeActions
     drain_deadline_s: float
     replace_drained: bool
-    record: Callable[[str, str], None]
+    record: Callable[[str, str], object]
     kube_remove: Callable[[str, str], Any] | None = None
     cordoned: dict[str, float] = field(default_factory=dict)
     """Node id -> when this controller asked Ray to drain it."""
@@ -180,3 +187,42 @@ class Remediator:
         for book in (self.cordoned, self.replaced):
             for node_id in [n for n in book if n not in alive]:
                 del book[node_id]
+
+
+@dataclass
+class Breaker:
+    """Threads the breaker's state through ticks; `record(kind, message)` writes the event log.
+
+    The caller stores `state` (``BreakerState.to_dict``) and builds a new `Breaker` from it
+    after a restart, so removals earlier in the window still count.
+    """
+
+    budget: RemovalBudget
+    record: Callable[[str, str], object]
+    state: BreakerState = field(default_factory=BreakerState)
+
+    def step(
+        self,
+        verdicts: Mapping[str, NodeVerdict],
+        snapshot: ClusterSnapshot,
+        out: set[str],
+        now_s: float,
+    ) -> dict[str, NodeVerdict]:
+        """The verdicts to act on (`limit_removals`); an event when the breaker opens or closes."""
+        before = self.state
+        acting, self.state = limit_removals(verdicts, snapshot, self.budget, before, out, now_s)
+        b = self.budget
+        if self.state.open and not before.open:
+            held = self.state.held
+            shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+            self.record(
+                "health.breaker",
+                f"open: {len(held)} unhealthy node(s) not taken out ({shown}): at most "
+                f"{b.max_nodes} nodes, and {b.max_pool_fraction:.0%} of a pool (at least 1), "
+                f"per {b.window_s:g} s. Verdicts are shown and alerted on, not acted on. Check "
+                "for a fleet-wide cause (telemetry exporter, driver rollout) before raising "
+                "health.breaker.",
+            )
+        elif before.open and not self.state.open:
+            self.record("health.breaker", "closed: no unhealthy node is held any more")
+        return acting

@@ -11,10 +11,12 @@ loop goes on.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
 
+from controlplane.telemetry.dcgm import VisibleGpus
 from controlplane.telemetry.exporter import SummaryCollector, start_exporter
 from controlplane.telemetry.sampling import NodeSampler, Summary
 from controlplane.telemetry.sources import make_source
@@ -22,6 +24,27 @@ from controlplane.telemetry.sources import make_source
 __all__ = ["TelemetryAgent"]
 
 log = logging.getLogger(__name__)
+
+
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+
+
+def pod_gpus(environ: dict[str, str] | None = None) -> VisibleGpus | None:
+    """The GPUs of this pod, from ``NVIDIA_VISIBLE_DEVICES`` (None: every GPU of the host).
+
+    That variable is the source of truth: the NVIDIA device plugin sets it on the Ray container
+    to the GPUs the pod was given, and the raylet and this actor inherit it unchanged. With the
+    plugin's ``volume-mounts`` strategy it names a directory whose entries are the devices.
+    """
+    value = (os.environ if environ is None else environ).get(VISIBLE_DEVICES_ENV)
+    entries: list[str] = []
+    if value and value.strip().startswith("/"):
+        try:
+            entries = os.listdir(value.strip())
+        except OSError:
+            log.warning("%s=%s: cannot list it; counting every GPU", VISIBLE_DEVICES_ENV, value)
+            return None
+    return VisibleGpus.parse(value, entries)
 
 
 class TelemetryAgent:
@@ -48,6 +71,7 @@ class TelemetryAgent:
             num_ib_ports=int(telemetry.get("simulated_ib_ports", 0)),
             dcgm_url=str(telemetry.get("dcgm_url", "")),
             dcgm_timeout_s=float(telemetry.get("dcgm_timeout_s", 2.0)),
+            visible=pod_gpus(),
         )
         ib_root = None if source_name == "simulated" else telemetry.get("ib_sysfs_root")
         self._lock = threading.Lock()

@@ -1,8 +1,9 @@
 """GPU readings from a dcgm-exporter scrape (Prometheus text format).
 
 Owns: parsing the exposition text (`parse_exposition`), turning DCGM fields per GPU into
-`GpuReading`s (`readings_from_scrape`), DCGM's blank sentinels, and `DcgmSource`, which fetches
-the node-local exporter over HTTP.
+`GpuReading`s (`readings_from_scrape`), DCGM's blank sentinels, which GPUs are the pod's
+(`VisibleGpus`, from ``NVIDIA_VISIBLE_DEVICES``), and `DcgmSource`, which fetches the node-local
+exporter over HTTP.
 Must not: compute rates or judge health.
 
 The real exporter's quirks handled here:
@@ -12,8 +13,15 @@ The real exporter's quirks handled here:
   0x7ffffffffffffff0, fp64 blanks from 2**47 (140737488355328.0); all read as None.
 - Absent fields: most counters are off by default (NVLink errors, ECC); they read as None.
 - Counter resets (exporter or driver restart): counters are passed on as read; the sampler's
-  `counters.counter_delta` treats a decrease as a reset.
+  `counters.counter_delta` tells a wrap, jitter and a reset apart.
 - Lines that are not valid exposition lines are skipped and reported in `problems`.
+- An answer with no DCGM sample at all (HTTP 200 with an empty body, an HTML error page, a
+  proxy's text, another exporter's metrics) is a source failure (`TelemetryError`), never a
+  reading with zero GPUs: a node whose exporter is broken is not a node whose GPUs are gone.
+- A negative value (every DCGM field we read is a temperature, power, clock, ratio or count)
+  is a bad reading of that field: dropped (unknown) and named in `problems`.
+- dcgm-exporter reports every GPU of the host. With a `VisibleGpus` (the pod's GPUs) only
+  those are read; the others belong to other pods.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from controlplane.telemetry.readings import (
 __all__ = [
     "DcgmSource",
     "Sample",
+    "VisibleGpus",
     "is_blank",
     "parse_exposition",
     "readings_from_scrape",
@@ -149,7 +158,51 @@ def is_blank(field_name: str, value: float) -> bool:
     return field_name not in _FP64_FIELDS and _INT32_BLANK <= value <= 0x7FFFFFFF
 
 
-def _gpu_fields(samples: Iterable[Sample]) -> tuple[dict[int, dict[str, float]], dict[int, str]]:
+@dataclass(frozen=True)
+class VisibleGpus:
+    """The GPUs of this pod, as ``NVIDIA_VISIBLE_DEVICES`` names them: UUIDs or host indexes.
+
+    The NVIDIA device plugin sets that variable on the Ray container to exactly the GPUs the
+    pod was given, and every process of the pod inherits it unchanged (Ray rewrites
+    ``CUDA_VISIBLE_DEVICES`` per worker, and its indexes are relative to the container's
+    devices, so it cannot say which host GPUs are ours). dcgm-exporter's ``gpu`` label is the
+    host index and its ``UUID`` label the GPU's UUID.
+    """
+
+    uuids: frozenset[str] = frozenset()
+    indexes: frozenset[int] = frozenset()
+
+    @classmethod
+    def parse(cls, value: str | None, entries: Iterable[str] = ()) -> VisibleGpus | None:
+        """From the variable's value; None means every GPU of the host is ours.
+
+        Unset, empty, ``void`` (no NVIDIA runtime: a bare-metal node or a host-owning pod) and
+        ``all`` count every GPU; ``none`` counts none. With the device plugin's
+        ``volume-mounts`` strategy the value is a directory whose entry names are the devices:
+        the caller lists it and passes them as `entries`. MIG devices (``MIG-...``) cannot be
+        matched to a dcgm ``gpu`` label and are ignored; a list of nothing else counts every
+        GPU.
+        """
+        text = (value or "").strip()
+        if text.lower() in ("", "void", "all"):
+            return None
+        if text.lower() == "none":
+            return cls()
+        names = list(entries) if text.startswith("/") else text.split(",")
+        uuids = frozenset(n.strip() for n in names if n.strip().startswith("GPU-"))
+        indexes = frozenset(int(n) for n in (x.strip() for x in names) if n.isdigit())
+        if not uuids and not indexes:
+            return None
+        return cls(uuids, indexes)
+
+    def __contains__(self, gpu: tuple[int, str | None]) -> bool:
+        index, uuid = gpu
+        return index in self.indexes or (uuid is not None and uuid in self.uuids)
+
+
+def _gpu_fields(
+    samples: Iterable[Sample], problems: list[str]
+) -> tuple[dict[int, dict[str, float]], dict[int, str]]:
     fields: dict[int, dict[str, float]] = {}
     uuids: dict[int, str] = {}
     for s in samples:
@@ -165,8 +218,12 @@ def _gpu_fields(samples: Iterable[Sample]) -> tuple[dict[int, dict[str, float]],
         fields.setdefault(gpu, {})
         if "UUID" in s.labels:
             uuids[gpu] = s.labels["UUID"]
-        if not is_blank(s.name, s.value):
-            fields[gpu][s.name] = s.value
+        if is_blank(s.name, s.value):
+            continue
+        if s.value < 0:
+            problems.append(f"gpu {gpu} {s.name}: negative value {s.value:g}; reading ignored")
+            continue
+        fields[gpu][s.name] = s.value
     return fields, uuids
 
 
@@ -174,12 +231,25 @@ def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
-def readings_from_scrape(text: str) -> SourceReading:
-    """GPU readings from one dcgm-exporter scrape (no IB: dcgm-exporter does not export it)."""
+def readings_from_scrape(text: str, visible: VisibleGpus | None = None) -> SourceReading:
+    """GPU readings from one dcgm-exporter scrape (no IB: dcgm-exporter does not export it).
+
+    Only the GPUs in `visible` (None: all of the host's). Raises `TelemetryError` when the
+    scrape holds no DCGM GPU sample at all: that is a broken exporter, not a node without GPUs.
+    """
     samples, problems = parse_exposition(text)
-    fields, uuids = _gpu_fields(samples)
+    fields, uuids = _gpu_fields(samples, problems)
+    if not fields:
+        shown = " ".join(text.split())[:80]
+        raise TelemetryError(
+            "dcgm-exporter answered with no DCGM_FI_* GPU samples "
+            f"({len(text)} bytes{': ' + repr(shown) if shown else ''}); "
+            "is the URL a dcgm-exporter, and is it ready?"
+        )
     gpus = []
     for gpu in sorted(fields):
+        if visible is not None and (gpu, uuids.get(gpu)) not in visible:
+            continue
         f = fields[gpu]
         used = f.get("DCGM_FI_DEV_FB_USED")
         free = f.get("DCGM_FI_DEV_FB_FREE")
@@ -226,9 +296,12 @@ class DcgmSource:
 
     kind = "dcgm"
 
-    def __init__(self, url: str, timeout_s: float = 2.0) -> None:
+    def __init__(
+        self, url: str, timeout_s: float = 2.0, visible: VisibleGpus | None = None
+    ) -> None:
         self.url = url
         self.timeout_s = timeout_s
+        self.visible = visible
 
     def read(self) -> SourceReading:
         try:
@@ -236,7 +309,10 @@ class DcgmSource:
                 text = response.read().decode("utf-8", errors="replace")
         except (urllib.error.URLError, OSError) as exc:
             raise TelemetryError(f"dcgm-exporter at {self.url} did not answer: {exc}") from exc
-        return readings_from_scrape(text)
+        try:
+            return readings_from_scrape(text, self.visible)
+        except TelemetryError as exc:
+            raise TelemetryError(f"dcgm-exporter at {self.url}: {exc}") from exc
 
     def inject_fault(self, kind: str) -> None:
         raise TelemetryError("fault injection needs telemetry.source=simulated (this is dcgm)")

@@ -11,6 +11,13 @@ nodes. Every call here needs a connected Ray driver (`controlplane.local.cluster
 
 An agent that does not answer within `timeout_s` is left out of a collection (and named in the
 log), so one stuck node never stalls a tick.
+
+Trust: any Ray job may create a named actor in any namespace, and list every named actor, so a
+name (or a namespace, guessable or not) proves nothing. The controller passes `trusted`, the
+actor id of every agent it created (kept in its store): an actor under an agent's name with
+another id is an impostor, killed and replaced (`AgentRef.impostor`), and never asked for
+samples. Actor ids are assigned by Ray and cannot be chosen by a job. Without `trusted` (the
+CLI) every agent is believed, as before.
 """
 
 from __future__ import annotations
@@ -19,16 +26,19 @@ import logging
 import time
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from controlplane.config import Config, HealthConfig
+from controlplane.config import Config, HealthConfig, to_dict
+from controlplane.pools import pool_of
 from controlplane.telemetry.readings import TelemetryError
 from policies.health import HealthState, NodeVerdict
 
 __all__ = [
     "AGENT_NAME_PREFIX",
     "NAMESPACE",
+    "AgentCluster",
     "AgentRef",
+    "RayAgentCluster",
     "agent_endpoints",
     "agent_name",
     "collect_samples",
@@ -41,6 +51,7 @@ __all__ = [
     "resolve_node_id",
     "stop_agent",
     "verdict_json",
+    "vet_agents",
 ]
 
 log = logging.getLogger(__name__)
@@ -63,6 +74,43 @@ class AgentRef:
     """An idle external node: it gets no agent (one that ran there was stopped by this call if
     `stopped`), so the autoscaler can remove it."""
     stopped: bool = False
+    actor_id: str | None = None
+    """The agent's Ray actor id (hex) when known: the one this call created or trusted."""
+    impostor: str | None = None
+    """The actor id of an actor under the agent's name that `trusted` did not name: this call
+    killed it; a trusted agent is started on the next call (the name frees asynchronously)."""
+
+
+class AgentCluster(Protocol):
+    """What `ensure_agents` needs from Ray (a fake in unit tests)."""
+
+    def alive_nodes(self) -> list[dict[str, Any]]: ...
+
+    def available(self) -> dict[str, dict[str, float]]:
+        """Available resources by node id."""
+        ...
+
+    def agents(self) -> dict[str, tuple[str, Any]]:
+        """Node id -> (actor id hex, handle) of every actor named like an agent."""
+        ...
+
+    def create(self, node_id: str, args: tuple[Any, ...], reuse: bool) -> str | None:
+        """Start the agent of `node_id`; its actor id, or None when the name is taken (with
+        `reuse`, the existing actor's id is returned instead)."""
+        ...
+
+    def kill(self, handle: Any) -> None: ...
+
+
+def vet_agents(
+    found: Mapping[str, str], trusted: Mapping[str, str] | None
+) -> tuple[set[str], dict[str, str]]:
+    """(nodes whose agent is trusted, node -> actor id of impostors) for `found` (node -> actor
+    id of the actor under the agent's name). Without `trusted`, every agent is believed."""
+    if trusted is None:
+        return set(found), {}
+    ok = {n for n, actor_id in found.items() if trusted.get(n) == actor_id}
+    return ok, {n: a for n, a in found.items() if n not in ok}
 
 
 def _alive_nodes() -> list[dict[str, Any]]:
@@ -72,20 +120,74 @@ def _alive_nodes() -> list[dict[str, Any]]:
     return [n for n in nodes if n.get("Alive")]
 
 
-def find_agents() -> dict[str, Any]:
-    """Handles of the agents that exist now, by node id."""
+def _named_agents() -> dict[str, tuple[str, Any]]:
     import ray
 
-    handles: dict[str, Any] = {}
+    handles: dict[str, tuple[str, Any]] = {}
     for entry in ray.util.list_named_actors(all_namespaces=True):
         name, namespace = entry.get("name", ""), entry.get("namespace")
         if namespace != NAMESPACE or not name.startswith(AGENT_NAME_PREFIX):
             continue
         try:
-            handles[name[len(AGENT_NAME_PREFIX) :]] = ray.get_actor(name, namespace=NAMESPACE)
+            handle = ray.get_actor(name, namespace=NAMESPACE)
         except ValueError:  # died between listing and lookup
             continue
+        handles[name[len(AGENT_NAME_PREFIX) :]] = (handle._actor_id.hex(), handle)
     return handles
+
+
+def find_agents(trusted: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Handles of the agents that exist now, by node id; with `trusted` (node -> actor id),
+    only the actors it names (see the module docstring)."""
+    found = _named_agents()
+    ok, _impostors = vet_agents({n: a for n, (a, _h) in found.items()}, trusted)
+    return {n: h for n, (_a, h) in found.items() if n in ok}
+
+
+class RayAgentCluster:
+    """`AgentCluster` through the connected driver."""
+
+    def alive_nodes(self) -> list[dict[str, Any]]:
+        return _alive_nodes()
+
+    def available(self) -> dict[str, dict[str, float]]:
+        import ray
+
+        return dict(ray._private.state.available_resources_per_node())  # type: ignore[no-untyped-call]
+
+    def agents(self) -> dict[str, tuple[str, Any]]:
+        return _named_agents()
+
+    def create(self, node_id: str, args: tuple[Any, ...], reuse: bool) -> str | None:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from controlplane.telemetry.agent import TelemetryAgent
+
+        try:
+            handle: Any = (
+                ray.remote(TelemetryAgent)
+                .options(
+                    name=agent_name(node_id),
+                    namespace=NAMESPACE,
+                    lifetime="detached",
+                    get_if_exists=reuse,
+                    num_cpus=0,
+                    max_restarts=-1,
+                    max_concurrency=4,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                )
+                .remote(*args)
+            )
+        except ValueError as exc:  # the name is taken (a racing creator); seen next call
+            log.warning("telemetry agent name for node %s is taken: %s", node_id, exc)
+            return None
+        return str(handle._actor_id.hex())
+
+    def kill(self, handle: Any) -> None:
+        import ray
+
+        ray.kill(handle, no_restart=True)
 
 
 def _is_idle(total: dict[str, float], available: dict[str, float]) -> bool:
@@ -93,7 +195,12 @@ def _is_idle(total: dict[str, float], available: dict[str, float]) -> bool:
     return all(available.get(k, 0.0) >= total.get(k, 0.0) for k in ("GPU", "CPU"))
 
 
-def ensure_agents(cfg: Config, exclude: Collection[str] = ()) -> list[AgentRef]:
+def ensure_agents(
+    cfg: Config,
+    exclude: Collection[str] = (),
+    trusted: Mapping[str, str] | None = None,
+    cluster: AgentCluster | None = None,
+) -> list[AgentRef]:
     """Start an agent on every alive node without one; cheap when all are there.
 
     Exception: an external node that runs nothing gets no agent, and an agent already there is
@@ -103,21 +210,20 @@ def ensure_agents(cfg: Config, exclude: Collection[str] = ()) -> list[AgentRef]:
     `pools.external.idle_timeout_s`. The agent comes back on the first call after work lands
     there. Nodes in `exclude` (ones being drained: Ray schedules nothing new there) get no new
     agent. Returns one `AgentRef` per alive node. Does not wait for new agents to start.
+
+    With `trusted` (node -> actor id of the agents the caller created), an actor under an
+    agent's name with another id is killed and reported (`AgentRef.impostor`), and new agents
+    are created without reusing an existing actor of that name; the caller records the
+    `actor_id` of every ref it gets back.
     """
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from controlplane.config import to_dict
-    from controlplane.inventory import pool_of
-    from controlplane.telemetry.agent import TelemetryAgent
-
-    existing = find_agents()
+    ray_agents = cluster or RayAgentCluster()
+    found = ray_agents.agents()
+    ok, impostors = vet_agents({n: a for n, (a, _h) in found.items()}, trusted)
     sections = to_dict(cfg)
     telemetry, health = sections["telemetry"], sections["health"]
-    remote_agent = ray.remote(TelemetryAgent)
-    available = ray._private.state.available_resources_per_node()  # type: ignore[no-untyped-call]
+    available = ray_agents.available()
     refs = []
-    for node in _alive_nodes():
+    for node in ray_agents.alive_nodes():
         node_id = node["NodeID"]
         labels = {
             k: v for k, v in (node.get("Labels") or {}).items() if not k.startswith("ray.io/")
@@ -129,34 +235,31 @@ def ensure_agents(cfg: Config, exclude: Collection[str] = ()) -> list[AgentRef]:
             and pool == "external"
             and _is_idle(resources, available.get(node_id, {}))
         ):
-            stopped = node_id in existing
+            stopped = node_id in found
             if stopped:
-                ray.kill(existing[node_id], no_restart=True)
+                ray_agents.kill(found[node_id][1])
                 log.info("stopped telemetry agent on idle external node %s", node_id)
             refs.append(AgentRef(node_id, pool, started=False, idle_external=True, stopped=stopped))
             continue
-        if node_id in existing or node_id in exclude:
-            refs.append(AgentRef(node_id, pool, started=False))
+        if node_id in impostors:
+            ray_agents.kill(found[node_id][1])
+            log.warning(
+                "actor %s under the telemetry agent name of node %s was not started by the "
+                "control plane: killed; a trusted agent starts next tick",
+                impostors[node_id],
+                node_id,
+            )
+            refs.append(AgentRef(node_id, pool, started=False, impostor=impostors[node_id]))
             continue
-        remote_agent.options(
-            name=agent_name(node_id),
-            namespace=NAMESPACE,
-            lifetime="detached",
-            get_if_exists=True,
-            num_cpus=0,
-            max_restarts=-1,
-            max_concurrency=4,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        ).remote(
-            node_id,
-            pool,
-            node["NodeManagerAddress"],
-            int(resources.get("GPU", 0)),
-            telemetry,
-            health,
-        )
-        log.info("started telemetry agent on node %s (pool %s)", node_id, pool)
-        refs.append(AgentRef(node_id, pool, started=True))
+        if node_id in ok or node_id in exclude:
+            actor_id = found[node_id][0] if node_id in ok else None
+            refs.append(AgentRef(node_id, pool, started=False, actor_id=actor_id))
+            continue
+        args = (node_id, pool, node["NodeManagerAddress"], int(resources.get("GPU", 0)))
+        actor_id = ray_agents.create(node_id, (*args, telemetry, health), reuse=trusted is None)
+        if actor_id is not None:
+            log.info("started telemetry agent on node %s (pool %s)", node_id, pool)
+        refs.append(AgentRef(node_id, pool, started=actor_id is not None, actor_id=actor_id))
     return refs
 
 
@@ -201,13 +304,15 @@ def collect_samples(
     max_samples: int | None = None,
     timeout_s: float = 5.0,
     seen_until: Mapping[str, float | None] | None = None,
+    trusted: Mapping[str, str] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Recent summaries of every agent (oldest first), by node id, for the health policy.
 
     `seen_until` (node id -> the newest sample time the caller has judged) makes each agent
-    send only what is newer: the policy actor's steady state is one summary per node.
+    send only what is newer: the policy actor's steady state is one summary per node. With
+    `trusted`, only agents with the recorded actor ids are asked.
     """
-    handles = find_agents()
+    handles = find_agents(trusted)
     seen = seen_until or {}
     return _gather(
         {n: h.recent.remote(max_samples, seen.get(n)) for n, h in handles.items()}, timeout_s

@@ -4,13 +4,16 @@ Owns: `NodeSampler` (source + InfiniBand sysfs + counter rates + a bounded histo
 summary format every consumer reads (a JSON-ready dict, so it crosses Ray and the CLI as is):
 
 ``{"node_id", "pool", "source", "source_ok", "seq", "sampled_s", "gpus_expected", "faults", "problems",
+"bad_counter_readings",
 "gpus": [{GpuReading fields..., "new_xids", "thermal_throttle", "nvlink_errors_per_s"}],
 "ib_ports": [{"port", "device", "port_num", "state", "phys_state", "up", "rate_gbps",
 "width", "link_layer", "counters", "hw_counters", "xmit_bytes_per_s", "rcv_bytes_per_s",
 "errors_per_s", "xmit_wait_per_s", "link_downed_delta"}]}``
 
 Rates are per second of the sampler's clock between two samples, from counter deltas with
-wrap and reset handled (`counters`); the first sample has None rates.
+wrap, jitter, reset and bad values handled (`counters`); the first sample has None rates, and
+so does an interval with a reset or a bad reading. A rate above `PLAUSIBLE_MAX_PER_S` is
+discarded and counted (`bad_counter_readings`, cumulative; the reason goes to `problems`).
 Must not: judge health or start servers.
 """
 
@@ -33,9 +36,15 @@ from controlplane.telemetry.infiniband import (
 from controlplane.telemetry.readings import GpuReading, IbPortReading, TelemetryError
 from controlplane.telemetry.sources import TelemetrySource
 
-__all__ = ["NodeSampler"]
+__all__ = ["PLAUSIBLE_MAX_PER_S", "NodeSampler"]
 
 Summary = dict[str, Any]
+
+PLAUSIBLE_MAX_PER_S = 1e11
+"""No counter we rate moves faster: a GPU's NVLinks carry about 5.6e10 flits/s (H100: 900 GB/s
+in 16-byte flits), so no more CRC or replay errors than that; an 800 Gb/s IB port moves 2.5e10
+4-byte words/s, and its error counters count at most one per symbol or packet. A faster rate
+is a misread counter (a reset or glitch read as a huge increase), not a fact."""
 
 
 class NodeSampler:
@@ -95,6 +104,8 @@ class NodeSampler:
             "ib_ports": [self._port(p, now_s, keys) for p in ports],
             "problems": problems,
         }
+        problems += self.rates.take_problems()
+        summary["bad_counter_readings"] = self.rates.bad_readings
         self.rates.forget_except(keys)
         self.history.append(summary)
         return summary
@@ -117,7 +128,7 @@ class NodeSampler:
         for name, value in g.nvlink_error_counts.items():
             key = f"gpu{g.gpu}/nvlink/{name}"
             keys.add(key)
-            rate = self.rates.update(key, value, now_s, width_bits=64)
+            rate = self.rates.update(key, value, now_s, 64, PLAUSIBLE_MAX_PER_S)
             if rate is not None:
                 rate_total = (rate_total or 0.0) + rate
         out = asdict(g)
@@ -134,7 +145,9 @@ class NodeSampler:
                 return None
             key = f"{p.name}/{name}"
             keys.add(key)
-            return self.rates.update(key, p.counters[name], now_s, COUNTER_WIDTH_BITS.get(name))
+            return self.rates.update(
+                key, p.counters[name], now_s, COUNTER_WIDTH_BITS.get(name), PLAUSIBLE_MAX_PER_S
+            )
 
         xmit_words = rate("port_xmit_data")
         rcv_words = rate("port_rcv_data")

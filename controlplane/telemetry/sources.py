@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from controlplane.telemetry.dcgm import DcgmSource, VisibleGpus
 from controlplane.telemetry.readings import SourceReading, TelemetryError
 
 __all__ = ["SOURCES", "RetryingSource", "TelemetrySource", "make_source"]
@@ -30,7 +31,11 @@ class TelemetrySource(Protocol):
 
 
 def _simulated(
-    num_gpus: int, num_ib_ports: int, dcgm_url: str, dcgm_timeout_s: float
+    num_gpus: int,
+    num_ib_ports: int,
+    dcgm_url: str,
+    dcgm_timeout_s: float,
+    visible: VisibleGpus | None,
 ) -> TelemetrySource:
     from controlplane.telemetry.simulated import SimulatedSource
 
@@ -38,7 +43,11 @@ def _simulated(
 
 
 def _nvml(
-    num_gpus: int, num_ib_ports: int, dcgm_url: str, dcgm_timeout_s: float
+    num_gpus: int,
+    num_ib_ports: int,
+    dcgm_url: str,
+    dcgm_timeout_s: float,
+    visible: VisibleGpus | None,
 ) -> TelemetrySource:
     from controlplane.telemetry.nvml import NvmlSource
 
@@ -46,14 +55,16 @@ def _nvml(
 
 
 def _dcgm(
-    num_gpus: int, num_ib_ports: int, dcgm_url: str, dcgm_timeout_s: float
+    num_gpus: int,
+    num_ib_ports: int,
+    dcgm_url: str,
+    dcgm_timeout_s: float,
+    visible: VisibleGpus | None,
 ) -> TelemetrySource:
-    from controlplane.telemetry.dcgm import DcgmSource
-
-    return DcgmSource(dcgm_url, dcgm_timeout_s)
+    return DcgmSource(dcgm_url, dcgm_timeout_s, visible)
 
 
-SOURCES: dict[str, Callable[[int, int, str, float], TelemetrySource]] = {
+SOURCES: dict[str, Callable[[int, int, str, float, VisibleGpus | None], TelemetrySource]] = {
     "simulated": _simulated,
     "nvml": _nvml,
     "dcgm": _dcgm,
@@ -96,13 +107,18 @@ def make_source(
     num_ib_ports: int = 0,
     dcgm_url: str = "",
     dcgm_timeout_s: float = 2.0,
+    visible: VisibleGpus | None = None,
 ) -> TelemetrySource:
     """The source called `name` (built on first read, see `RetryingSource`);
-    `num_gpus`/`num_ib_ports` only shape the simulated one."""
+    `num_gpus`/`num_ib_ports` only shape the simulated one; `visible` (the pod's GPUs, None:
+    all of the host's) filters dcgm's host-wide answer. NVML needs no filter: inside the
+    pod's container it only sees the pod's devices."""
     try:
         factory = SOURCES[name]
     except KeyError:
         raise TelemetryError(
             f"telemetry.source: unknown source {name!r}; one of: {', '.join(SOURCES)}"
         ) from None
-    return RetryingSource(name, lambda: factory(num_gpus, num_ib_ports, dcgm_url, dcgm_timeout_s))
+    return RetryingSource(
+        name, lambda: factory(num_gpus, num_ib_ports, dcgm_url, dcgm_timeout_s, visible)
+    )

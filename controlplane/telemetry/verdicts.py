@@ -29,6 +29,7 @@ def thresholds(cfg: HealthConfig) -> HealthThresholds:
     return HealthThresholds(
         gpu_temp_c=cfg.gpu_temp_c,
         hot_samples=cfg.hot_samples,
+        missing_samples=cfg.missing_samples,
         fatal_xids=frozenset(cfg.fatal_xids),
         nvlink_errors_per_s=cfg.nvlink_errors_per_s,
         ib_errors_per_s=cfg.ib_errors_per_s,

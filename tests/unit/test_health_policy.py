@@ -141,7 +141,29 @@ CASES = [
         Verdict.DEGRADED,
         (R.ROW_REMAP_PENDING,),
     ),
-    ("gpu-missing", [sample(1, gpu(0), expected=2)], Verdict.UNHEALTHY, (R.GPU_MISSING,)),
+    (
+        "gpu-missing-once-degraded",
+        [sample(1, gpu(0), expected=2)],
+        Verdict.DEGRADED,
+        (R.GPU_MISSING,),
+    ),
+    (
+        "gpu-missing-streak-unhealthy",
+        [sample(t, gpu(0), expected=2) for t in (1, 2, 3)],
+        Verdict.UNHEALTHY,
+        (R.GPU_MISSING,),
+    ),
+    (
+        "gpu-missing-streak-broken-by-a-full-sample",
+        [
+            sample(1, gpu(0), expected=2),
+            sample(2, gpu(0), expected=2),
+            sample(3, gpu(0), gpu(1), expected=2),
+            sample(4, gpu(0), expected=2),
+        ],
+        Verdict.DEGRADED,
+        (R.GPU_MISSING,),
+    ),
     ("nvlink-down", [sample(1, gpu(0, nvlink_links_up=3))], Verdict.UNHEALTHY, (R.NVLINK_DOWN,)),
     (
         "nvlink-errors-above",

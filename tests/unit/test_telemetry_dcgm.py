@@ -1,5 +1,6 @@
 """dcgm-exporter scrapes: the default counters' names (read from the shared CSV), DCGM's blank
-sentinels, absent fields, garbage lines, and counter resets across scrapes."""
+sentinels, absent fields, garbage lines, answers with no DCGM sample, negative values, the pod's
+GPUs only, and counter resets across scrapes."""
 
 from __future__ import annotations
 
@@ -8,9 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.telemetry.dcgm import is_blank, parse_exposition, readings_from_scrape
+from controlplane.telemetry import dcgm
+from controlplane.telemetry.agent import pod_gpus
+from controlplane.telemetry.dcgm import (
+    DcgmSource,
+    VisibleGpus,
+    is_blank,
+    parse_exposition,
+    readings_from_scrape,
+)
 from controlplane.telemetry.exporter import GPU_METRICS
-from controlplane.telemetry.readings import SourceReading
+from controlplane.telemetry.readings import SourceReading, TelemetryError
 from controlplane.telemetry.sampling import NodeSampler
 
 CSV = (
@@ -208,5 +217,136 @@ def test_counter_reset_and_new_xid_across_scrapes() -> None:
     assert second["new_xids"] == [79]
     clock[0] = 4.0
     third = s.sample()["gpus"][0]
-    assert third["nvlink_errors_per_s"] == pytest.approx(2.0)  # 4 since the reset, over 2 s
+    assert third["nvlink_errors_per_s"] is None  # a reset: no rate for that interval
     assert third["new_xids"] == []  # the same last XID is not new
+
+
+NOT_DCGM = [
+    pytest.param("", id="empty-body"),
+    pytest.param("\n\n", id="blank-lines"),
+    pytest.param(
+        "<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>", id="html"
+    ),
+    pytest.param(
+        "# HELP go_goroutines x\n# TYPE go_goroutines gauge\ngo_goroutines 12\n", id="go-only"
+    ),
+    pytest.param('DCGM_FI_DEV_GPU_TEMP{UUID="GPU-x"} 40\n', id="dcgm-without-gpu-label"),
+    pytest.param("ok\n", id="plain-text"),
+]
+
+
+@pytest.mark.parametrize("text", NOT_DCGM)
+def test_an_answer_with_no_dcgm_sample_is_a_source_failure(text: str) -> None:
+    with pytest.raises(TelemetryError, match="no DCGM_FI_"):
+        readings_from_scrape(text)
+
+
+@pytest.mark.parametrize("text", NOT_DCGM)
+def test_an_empty_200_makes_no_sample_not_a_node_with_zero_gpus(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Answer:
+        def __enter__(self) -> Answer:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def read(self) -> bytes:
+            return text.encode()
+
+    monkeypatch.setattr(dcgm.urllib.request, "urlopen", lambda url, timeout: Answer())
+    summary = NodeSampler("n1", "cluster", DcgmSource("http://x/metrics"), gpus_expected=8).sample()
+    assert summary["source_ok"] is False and summary["gpus"] == []
+    assert "dcgm-exporter at http://x/metrics" in summary["problems"][0]
+
+
+def test_a_negative_value_loses_that_field_only() -> None:
+    text = defaults_scrape(
+        DCGM_FI_DEV_ECC_DBE_VOL_TOTAL={0: -1, 1: 0},
+        DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL={0: -7, 1: 3},
+    )
+    reading = readings_from_scrape(text)
+    g0, g1 = reading.gpus
+    assert g0.ecc_dbe_volatile is None and g0.nvlink_error_counts == {}
+    assert g0.temp_c == 34.0 and g1.nvlink_error_counts == {"crc_flit": 3}
+    assert len(reading.problems) == 2 and "negative value -1" in reading.problems[0]
+
+
+def test_a_negative_counter_does_not_lose_the_sample() -> None:
+    class Negative:
+        kind = "dcgm"
+
+        def read(self) -> SourceReading:
+            g = readings_from_scrape(defaults_scrape()).gpus[0]
+            from dataclasses import replace
+
+            return SourceReading(gpus=(replace(g, nvlink_error_counts={"crc_flit": -5}),))
+
+        def inject_fault(self, kind: str) -> None:
+            raise AssertionError
+
+    summary = NodeSampler("n1", "cluster", Negative()).sample()
+    assert summary["source_ok"] is True and summary["gpus"][0]["temp_c"] == 34.0
+    assert summary["bad_counter_readings"] == 1
+    assert any("negative value -5" in p for p in summary["problems"])
+
+
+def test_jitter_is_not_billions_of_errors_per_second() -> None:
+    texts = [
+        defaults_scrape(DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL={0: 2**40, 1: 0}),
+        defaults_scrape(DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL={0: 2**40 - 2, 1: 0}),
+    ]
+    clock = [0.0]
+    s = NodeSampler("n1", "cluster", _Scrapes(texts), clock=lambda: clock[0])
+    s.sample()
+    clock[0] = 1.0
+    assert s.sample()["gpus"][0]["nvlink_errors_per_s"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("value", "entries", "expected"),
+    [
+        pytest.param(None, (), None, id="unset-host-owns-all"),
+        pytest.param("", (), None, id="empty"),
+        pytest.param("all", (), None, id="all"),
+        pytest.param("void", (), None, id="void"),
+        pytest.param("none", (), VisibleGpus(), id="none"),
+        pytest.param(
+            "GPU-0002-aaaa,GPU-0005-aaaa",
+            (),
+            VisibleGpus(frozenset({"GPU-0002-aaaa", "GPU-0005-aaaa"})),
+            id="uuids",
+        ),
+        pytest.param("1, 3", (), VisibleGpus(indexes=frozenset({1, 3})), id="indexes"),
+        pytest.param("MIG-1234", (), None, id="mig-only-counts-all"),
+        pytest.param(
+            "/var/run/nvidia-container-devices",
+            ("GPU-0001-aaaa",),
+            VisibleGpus(frozenset({"GPU-0001-aaaa"})),
+            id="volume-mounts",
+        ),
+    ],
+)
+def test_visible_gpus_parse(
+    value: str | None, entries: tuple[str, ...], expected: VisibleGpus | None
+) -> None:
+    assert VisibleGpus.parse(value, entries) == expected
+
+
+def test_only_the_pods_gpus_are_counted() -> None:
+    host = scrape({"DCGM_FI_DEV_GPU_TEMP": {i: 40 + i for i in range(8)}})
+    assert len(readings_from_scrape(host).gpus) == 8
+    by_uuid = readings_from_scrape(host, VisibleGpus.parse("GPU-0002-aaaa,GPU-0005-aaaa"))
+    assert [(g.gpu, g.temp_c) for g in by_uuid.gpus] == [(2, 42.0), (5, 45.0)]
+    by_index = readings_from_scrape(host, VisibleGpus.parse("0,7"))
+    assert [g.gpu for g in by_index.gpus] == [0, 7]
+    # A GPU of the pod that dcgm does not report is missing (the health policy's business).
+    assert len(readings_from_scrape(host, VisibleGpus.parse("GPU-0002-aaaa,GPU-9")).gpus) == 1
+
+
+def test_the_agent_reads_the_pods_gpus_from_nvidia_visible_devices() -> None:
+    assert pod_gpus({"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b"}) == VisibleGpus(
+        frozenset({"GPU-a", "GPU-b"})
+    )
+    assert pod_gpus({}) is None

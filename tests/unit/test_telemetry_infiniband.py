@@ -181,7 +181,11 @@ def test_rates_across_32_bit_wrap_and_counter_reset(tmp_path: Path) -> None:
     make_port(tmp_path, counters={"port_xmit_data": 3000, "port_rcv_data": 100})  # wrap; reset
     p = s.sample()["ib_ports"][0]
     assert p["xmit_bytes_per_s"] == pytest.approx(4000 * 4)
-    assert p["rcv_bytes_per_s"] == pytest.approx(100 * 4)  # counted up from 0 after the reset
+    assert p["rcv_bytes_per_s"] is None  # a reset: no rate for that interval
+    clock[0] = 2.0
+    make_port(tmp_path, counters={"port_xmit_data": 4000, "port_rcv_data": 300})
+    p = s.sample()["ib_ports"][0]
+    assert p["rcv_bytes_per_s"] == pytest.approx(200 * 4)  # counted from the reset's value
 
 
 def test_link_downed_increase_is_reported_once(tmp_path: Path) -> None:
