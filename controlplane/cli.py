@@ -81,11 +81,12 @@ def up(config_file: str | None, overrides: tuple[str, ...]) -> None:
     Idempotent: if the cluster already runs, prints what runs and starts nothing.
     """
     from controlplane.local.cluster import ClusterError, LocalCluster
+    from controlplane.store import StoreError
 
     cfg = _load(config_file, overrides)
     try:
         LocalCluster(cfg).up(echo=click.echo)
-    except ClusterError as exc:
+    except (ClusterError, StoreError) as exc:  # a corrupt job store names its file
         _fail(str(exc))
 
 
@@ -517,10 +518,17 @@ def status(url: str | None, state_dir: str | None, job_id: str | None, as_json: 
     client = _client(url, state_dir)
     if job_id is None:
         jobs = _api(lambda: client.list())
+        invalid = getattr(jobs, "invalid", [])
         if as_json:
             click.echo(json.dumps([dict(j.raw) for j in jobs], indent=2))
         else:
             click.echo(_table([_job_row(j) for j in jobs], _JOB_HEADER))
+        for row in invalid:  # on stderr, so --json output stays one JSON document
+            click.echo(
+                f"INVALID {row.get('id')} ({row.get('state')}): stored row no longer "
+                f"validates, skipped by the controller: {row.get('error')}",
+                err=True,
+            )
         return
     job = _api(lambda: client.status(job_id))
     if as_json:

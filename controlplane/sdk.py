@@ -37,6 +37,7 @@ __all__ = [
     "Client",
     "ConflictError",
     "Job",
+    "JobList",
     "JobNotFound",
     "NotConfigured",
     "SpecRejected",
@@ -137,6 +138,15 @@ class Job:
             history=tuple(data.get("history", ())),
             raw=dict(data),
         )
+
+
+class JobList(list[Job]):
+    """The jobs of a listing, plus `invalid`: stored rows the control plane skips because they
+    no longer validate, each ``{"id", "state", "error"}`` (see `rcp status`)."""
+
+    def __init__(self, jobs: Iterator[Job] | builtins.list[Job], invalid: Any = ()) -> None:
+        super().__init__(jobs)
+        self.invalid: builtins.list[dict[str, Any]] = [dict(r) for r in invalid]
 
 
 def _state_dir() -> Path:
@@ -255,10 +265,11 @@ class Client:
 
     def list(
         self, *, state: str | None = None, queue: str | None = None, limit: int | None = None
-    ) -> list[Job]:
-        """Jobs, oldest in the queue first; `state` may list several: ``"QUEUED,RUNNING"``."""
+    ) -> JobList:
+        """Jobs, oldest in the queue first; `state` may list several: ``"QUEUED,RUNNING"``.
+        Rows the control plane skips because they no longer validate are in ``.invalid``."""
         data = self._call("GET", "/v1/jobs", query={"state": state, "queue": queue, "limit": limit})
-        return [Job.from_json(j) for j in data["jobs"]]
+        return JobList((Job.from_json(j) for j in data["jobs"]), data.get("invalid") or ())
 
     def cancel(self, job_id: str) -> Job:
         return Job.from_json(self._call("POST", f"/v1/jobs/{urllib.parse.quote(job_id)}/cancel"))
@@ -277,24 +288,37 @@ class Client:
             time.sleep(poll_s)
 
     def logs(self, job_id: str, follow: bool = False, poll_s: float = 1.0) -> str | Iterator[str]:
-        """The job's logs so far; with ``follow=True`` an iterator of new chunks until it ends."""
+        """The job's logs so far; with ``follow=True`` an iterator of new chunks until it ends.
+
+        Both read from an offset, one bounded chunk a request: a follower asks only for what
+        it has not seen, and a long log comes in several requests rather than one huge one.
+        """
         if follow:
             return self._follow(job_id, poll_s)
-        data = self._call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}/logs")
-        return str(data["logs"])
+        parts = []
+        offset = 0
+        while True:
+            data = self._log_chunk(job_id, offset)
+            parts.append(str(data["logs"]))
+            offset = int(data["next_offset"])
+            if not data["logs"] or offset >= int(data.get("size", offset)):
+                return "".join(parts)
+
+    def _log_chunk(self, job_id: str, offset: int) -> dict[str, Any]:
+        path = f"/v1/jobs/{urllib.parse.quote(job_id)}/logs"
+        return dict(self._call("GET", path, query={"offset": offset}))
 
     def _follow(self, job_id: str, poll_s: float) -> Iterator[str]:
         offset = 0
         while True:
-            data = self._call(
-                "GET", f"/v1/jobs/{urllib.parse.quote(job_id)}/logs", query={"offset": offset}
-            )
+            data = self._log_chunk(job_id, offset)
             if data["logs"]:
                 yield str(data["logs"])
             offset = int(data["next_offset"])
             if data["done"]:
                 return
-            time.sleep(poll_s)
+            if offset >= int(data.get("size", offset)):
+                time.sleep(poll_s)  # caught up: wait for more; behind: read on at once
 
     def events(
         self, *, after: int = 0, job_id: str | None = None, limit: int | None = None

@@ -12,7 +12,8 @@ POST     /v1/jobs                     submit a job spec (JSON); ``Idempotency-Ke
 GET      /v1/jobs                     list; ``?state=QUEUED,RUNNING&queue=q&limit=n``
 GET      /v1/jobs/{id}                one job with its state history
 POST     /v1/jobs/{id}/cancel         cancel
-GET      /v1/jobs/{id}/logs           driver logs; ``?offset=n`` returns the rest from n
+GET      /v1/jobs/{id}/logs           driver logs: ``?offset=n&limit=m`` returns at most m
+                                      (and 1 MiB) characters from n, ``next_offset``, ``size``
 GET      /v1/events                   events; ``?after=seq&job_id=id&limit=n``
 GET      /healthz                     liveness, no auth
 =======  ===========================  ===========================================================
@@ -32,7 +33,13 @@ from typing import Any
 
 from aiohttp import web
 
-from controlplane.service.queueing import ApiError, JobService, event_to_json, job_to_json
+from controlplane.service.queueing import (
+    ApiError,
+    JobService,
+    event_to_json,
+    invalid_to_json,
+    job_to_json,
+)
 
 __all__ = ["MAX_BODY_BYTES", "ApiServer", "make_app"]
 
@@ -93,10 +100,16 @@ async def _submit(request: web.Request) -> web.Response:
 
 async def _list(request: web.Request) -> web.Response:
     q = request.query
-    jobs = request.app[_SERVICE].list_jobs(
+    scan = request.app[_SERVICE].scan_jobs(
         state=q.get("state"), queue=q.get("queue"), limit=q.get("limit")
     )
-    return web.json_response({"jobs": [job_to_json(j) for j in jobs]})
+    # Rows that no longer validate are listed apart, never fatal to the listing.
+    return web.json_response(
+        {
+            "jobs": [job_to_json(j) for j in scan.jobs],
+            "invalid": [invalid_to_json(r) for r in scan.invalid],
+        }
+    )
 
 
 async def _get(request: web.Request) -> web.Response:
@@ -114,9 +127,11 @@ async def _cancel(request: web.Request) -> web.Response:
 async def _logs(request: web.Request) -> web.Response:
     service = request.app[_SERVICE]
     job_id = request.match_info["id"]
-    offset = request.query.get("offset")
+    offset, limit = request.query.get("offset"), request.query.get("limit")
     # Reading logs may call out to Ray; keep the event loop free meanwhile.
-    body = await asyncio.get_running_loop().run_in_executor(None, service.logs, job_id, offset)
+    body = await asyncio.get_running_loop().run_in_executor(
+        None, service.logs, job_id, offset, limit
+    )
     return web.json_response(body)
 
 

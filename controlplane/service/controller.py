@@ -4,7 +4,10 @@ Owns: the job store (SQLite, WAL, at ``Config.jobs_db_path``), the HTTP API (on
 ``ray.node_ip:api.port``) and the tick loop, each tick in numbered phases that each catch,
 log and count their own failure, so the loop never dies:
 
-1. observe - node inventory from Ray, jobs from the store, and `JobRunner.reconcile` (Ray
+0. retention - at most every ``jobs.prune_interval_s``, one bounded batch of finished jobs and
+   old events leaves the store (`retention.Retention`);
+1. observe - node inventory from Ray, active jobs from the store (by index: never the finished
+   jobs of the past), and `JobRunner.reconcile` (Ray
    Job states and the job signals move jobs along: RUNNING, SUCCEEDED, preemption done...);
    then one frozen `ClusterSnapshot`; a node Ray is draining counts as capacity no more;
 2. health - a telemetry agent on every node (`telemetry.manager.ensure_agents`), their recent
@@ -46,6 +49,7 @@ from typing import Any
 from controlplane.config import Config, from_dict, to_dict
 from controlplane.pools import Pool, pool_resource
 from controlplane.service.tokens import ensure_token, write_url
+from controlplane.store import StoreError
 
 __all__ = ["ACTOR_NAME", "NAMESPACE", "Controller", "TickStats", "deploy", "get_controller"]
 
@@ -79,13 +83,23 @@ class Controller:
         from controlplane.service.runner import JobRunner, RayJobs
         from controlplane.store import Store
 
+        from controlplane.service.retention import Retention
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
         self.cfg: Config = from_dict(cfg_data)
-        self.store = Store(self.cfg.jobs_db_path)
+        self.store_problem: str | None = None
+        try:
+            self.store = Store(self.cfg.jobs_db_path)
+        except StoreError as exc:
+            # Stay up, serve nothing and say why (`get_store_problem`, which `deploy` reports)
+            # rather than die in the constructor and be restarted into the same error.
+            log.error("the control plane cannot start: %s", exc)
+            self.store_problem = str(exc)
+            return
         self.runner = JobRunner(self.store, self.cfg, RayJobs(self.cfg))
         self.service = JobService(self.store, self.cfg, logs=self.runner.logs)
         from controlplane.service.serving_loop import ServingLoop
 
+        self.retention = Retention(self.store, self.cfg.jobs, forget=self.runner.forget)
         # The serving half of the loop runs in its own thread: a make-before-break move waits
         # for new replicas, and admission must keep ticking meanwhile.
         self.serving = ServingLoop(self.cfg, self.store, start=start and self.cfg.serve.deploy_app)
@@ -143,6 +157,10 @@ class Controller:
 
     def health(self) -> dict[str, Any]:
         """The policy actor's view of node health: verdicts (JSON) by node id, and the nodes it
+    def get_store_problem(self) -> str | None:
+        """Why the job store could not be opened (the actor then serves nothing), or None."""
+        return self.store_problem
+
         has cordoned (Ray drain) and replaced, with when."""
         from controlplane.telemetry.manager import verdict_json
 
@@ -212,6 +230,7 @@ class Controller:
         snapshot = with_verdicts(snapshot, verdicts)
         self.serving.share_snapshot(snapshot)
         decided = self._phase("3-decide", self._decide, snapshot, verdicts)
+        self._phase("0-retention", self.retention.run, time.time())
         if decided is None:
             return
         plan, remediation, state = decided
@@ -344,6 +363,7 @@ class Controller:
 
     def _release_drained_by_others(self, snapshot: Any) -> None:
         """Stop our agent on a node Ray drains for someone else once nothing else runs there.
+        self._trust_agents(refs)
 
         A drained raylet exits when its node is idle, and Ray counts our agent as work: left
         running, it would keep an operator's ``ray drain-node`` from ever finishing. (Our own
@@ -450,11 +470,9 @@ class Controller:
                     1.0 if v is current else 0.0,
                     tags={"node": node.node_id, "pool": node.pool.value, "verdict": v.value},
                 )
-        # Ray keeps the last value of every series: a node that is gone reads 0 everywhere,
-        # or its last verdict (say unhealthy) would stay on the dashboards and in the alerts.
-        for node_id, pool in self._verdict_series - exported:
-            for v in Verdict:
-                m["verdict"].set(0.0, tags={"node": node_id, "pool": pool, "verdict": v.value})
+        # A departed node's series are not set again: Ray 2.60's metrics agent drops a gauge
+        # series not set for two report intervals (20 s by default), so the exported series
+        # follow the live nodes. Zeroing them instead kept one series per node ever seen.
         self._verdict_series = exported
         m["cordoned"].set(float(len(self.remediator.cordoned)))
 
@@ -553,6 +571,8 @@ def _kube_remove(cfg: Config) -> Any:
             log.warning("removing pod %s: %s; treating it as gone", pod_name, exc)
             return None
 
+        if self.store_problem is not None:
+            return  # nothing was started
     return remove
 
 
@@ -577,7 +597,9 @@ def _healthy(url: str) -> bool:
 def deploy(cfg: Config, timeout_s: float = 120.0) -> str:
     """Create (or find) the controller actor, wait until its API answers, return the API URL.
 
-    The caller is a connected Ray driver (`controlplane.local.cluster.connect`).
+    The caller is a connected Ray driver (`controlplane.local.cluster.connect`). StoreError
+    (its message names the file and what to do) when the actor cannot open the job store; the
+    actor is then removed, so the next deploy, once the file is fixed, opens it again.
     """
     import ray
 
@@ -613,3 +635,11 @@ def deploy(cfg: Config, timeout_s: float = 120.0) -> str:
         f"the control-plane API did not answer at {url} within {timeout_s:.0f}s; see the "
         f"actor {ACTOR_NAME!r} in the dashboard's Actors tab"
     )
+        try:
+            problem = ray.get(handle.get_store_problem.remote(), timeout=10)
+        except Exception as exc:  # still starting (or restarting)
+            log.debug("controller not ready yet: %s", exc)
+            problem = None
+        if problem:
+            ray.kill(handle, no_restart=True)
+            raise StoreError(str(problem))

@@ -26,7 +26,10 @@ from controlplane.store import (
     Event,
     IdempotencyConflict,
     IllegalTransition,
+    InvalidJob,
+    InvalidRow,
     JobRecord,
+    JobScan,
     JobState,
     StaleState,
     Store,
@@ -35,9 +38,12 @@ from controlplane.store import (
 )
 from jobs.spec import JobSpec, SpecError
 
-__all__ = ["ApiError", "JobService", "event_to_json", "job_to_json"]
+__all__ = ["ApiError", "JobService", "event_to_json", "invalid_to_json", "job_to_json"]
 
 MAX_LIST_LIMIT = 10_000
+MAX_LOG_CHUNK_CHARS = 1 << 20
+"""The most log text one ``GET /v1/jobs/{id}/logs`` returns; clients read on from
+``next_offset`` (the SDK does, following or not)."""
 
 
 class ApiError(Exception):
@@ -103,6 +109,11 @@ def job_to_json(job: JobRecord, history: list[Transition] | None = None) -> dict
             for t in history
         ]
     return out
+
+
+def invalid_to_json(row: InvalidRow) -> dict[str, Any]:
+    """A stored job that no longer validates, as listings report it (the tick skips it)."""
+    return {"id": row.job_id, "state": row.state, "error": row.error}
 
 
 def event_to_json(e: Event) -> dict[str, Any]:
@@ -179,6 +190,8 @@ class JobService:
             return self.store.get(job_id)
         except UnknownJob as exc:
             raise ApiError(404, str(exc), "id") from exc
+        except InvalidJob as exc:
+            raise ApiError(422, str(exc), "id") from exc
 
     def history(self, job_id: str) -> list[Transition]:
         try:
@@ -189,6 +202,12 @@ class JobService:
     def list_jobs(
         self, *, state: str | None = None, queue: str | None = None, limit: str | None = None
     ) -> list[JobRecord]:
+        return self.scan_jobs(state=state, queue=queue, limit=limit).jobs
+
+    def scan_jobs(
+        self, *, state: str | None = None, queue: str | None = None, limit: str | None = None
+    ) -> JobScan:
+        """The listing, with the rows skipped because they no longer validate."""
         states = None
         if state:
             states = []
@@ -201,7 +220,7 @@ class JobService:
         n = None
         if limit is not None:
             n = _int_param("limit", limit, 1, MAX_LIST_LIMIT)
-        return self.store.list_jobs(states=states, queue=queue or None, limit=n)
+        return self.store.scan_jobs(states=states, queue=queue or None, limit=n)
 
     def events(
         self, *, after: str | None = None, job_id: str | None = None, limit: str | None = None
@@ -212,20 +231,33 @@ class JobService:
             self.get(job_id)
         return self.store.events(after_seq=after_seq, job_id=job_id or None, limit=n)
 
-    def logs(self, job_id: str, offset: str | None = None) -> dict[str, Any]:
-        """The job's driver log from `offset` characters on, and whether more may come."""
+    def logs(
+        self, job_id: str, offset: str | None = None, limit: str | None = None
+    ) -> dict[str, Any]:
+        """At most `limit` (`MAX_LOG_CHUNK_CHARS`) characters of the job's driver log from
+        `offset` on. ``next_offset`` is where the next read starts, ``size`` how long the log
+        is now, and ``done`` says the job has ended and this read reached the end: a follower
+        stops then (the log of every attempt only grows, so offsets stay valid)."""
         job = self.get(job_id)
         start = 0 if offset is None else _int_param("offset", offset, 0, 2**62)
+        n = (
+            MAX_LOG_CHUNK_CHARS
+            if limit is None
+            else _int_param("limit", limit, 1, MAX_LOG_CHUNK_CHARS)
+        )
         text = ""
         if self._logs is not None and job.info.get("submission_id"):
             text = self._logs(job)
+        chunk = text[start : start + n]
+        next_offset = max(start, min(len(text), start + n))
         return {
             "id": job_id,
             "state": job.state.value,
             "offset": start,
-            "next_offset": max(start, len(text)),
-            "logs": text[start:],
-            "done": job.state in TERMINAL_STATES,
+            "next_offset": next_offset,
+            "size": len(text),
+            "logs": chunk,
+            "done": job.state in TERMINAL_STATES and next_offset >= len(text),
         }
 
     # -- cancel -----------------------------------------------------------------------------

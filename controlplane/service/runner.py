@@ -23,9 +23,12 @@ Owns:
     running within ``jobs.gang_start_timeout_s`` is stopped and re-queued with exponential
     backoff (``not_before_s``), FAILED after ``jobs.max_start_attempts``; a preempting gang
     is stopped once it reported a checkpoint taken for the request (or at the deadline), then
-    PREEMPTED -> QUEUED, to resume from its latest checkpoint; a Ray Job that ended sets
+    PREEMPTED -> QUEUED in one store transaction (`Store.requeue`), to resume from its latest
+    checkpoint; a job found PREEMPTED (a crash of an older version between those steps) is
+    re-queued the same way once its Ray Job has ended; a Ray Job that ended sets
     SUCCEEDED/FAILED; a job past its ``max_runtime_s`` is stopped and FAILED; a CANCELLED
-    job's Ray Job is stopped.
+    job's Ray Job is stopped. A job that has ended and whose Ray Job has ended is forgotten by
+    the signals actor (`forget`), as is every job retention prunes.
 
 What a gang runs (``JobSpec.entrypoint``): ``module:function`` runs
 ``python -m jobs.launcher module:function``; anything else is run as a command (a leading
@@ -43,6 +46,7 @@ Must not: decide who runs (that is `policies.admission`).
 
 from __future__ import annotations
 
+import collections
 import logging
 import re
 import secrets
@@ -81,6 +85,17 @@ class RayJobStatus(str, Enum):
 
 _ENDED = {RayJobStatus.STOPPED, RayJobStatus.SUCCEEDED, RayJobStatus.FAILED}
 
+ENDED_LOGS_CACHE_CHARS = 32 << 20
+"""Characters of ended attempts' logs the runner keeps, all jobs together."""
+
+_REQUEUE_INFO: Mapping[str, Any] = {
+    "preempting": None,
+    "stop_sent": None,
+    "placement": None,
+    "ray_done": True,
+}
+"""What a re-queued job's info forgets (its gang is gone) and records (its Ray Job ended)."""
+
 
 class Reason(str, Enum):
     """Codes that start the reasons the runner writes to the state history."""
@@ -91,6 +106,7 @@ class Reason(str, Enum):
     CHECKPOINTED_FOR_PREEMPTION = "checkpointed-for-preemption"
     PREEMPT_DEADLINE = "preempt-deadline-passed"
     REQUEUED = "requeued-after-preemption"
+    STRANDED = "requeued-stranded-preempted: found PREEMPTED (a controller crash mid-preemption?)"
     RAY_JOB_SUCCEEDED = "ray-job-succeeded"
     RAY_JOB_FAILED = "ray-job-failed"
     RAY_JOB_STOPPED = "ray-job-stopped-outside-control-plane"
@@ -327,6 +343,8 @@ class JobRunner:
         self.ray = ray_jobs
         self.clock = clock
         self._submissions = _Submissions()
+        self._ended_logs: collections.OrderedDict[str, str] = collections.OrderedDict()
+        """Logs of attempts whose Ray Job ended, by submission id (see `logs`)."""
 
     # -- act ---------------------------------------------------------------------------------
 
@@ -482,15 +500,55 @@ class JobRunner:
     # -- reconcile ----------------------------------------------------------------------------
 
     def reconcile(self) -> None:
-        """Move every job that holds (or held) a gang along, from what Ray and the signals say."""
+        """Move every job that holds (or held) a gang along, from what Ray and the signals say.
+
+        Reads active jobs only (by index): ADMITTED, RUNNING, PREEMPTED, and finished jobs
+        whose Ray Job may still run. Never the finished jobs of the past.
+        """
         for job in self.store.list_jobs(states=[JobState.ADMITTED, JobState.RUNNING]):
             try:
                 self._reconcile_one(job)
             except (StaleState, IllegalTransition):
                 continue  # someone (a cancel) moved it meanwhile; next tick sees it
-        for job in self.store.list_jobs(states=[JobState.CANCELLED, JobState.FAILED]):
-            if job.info.get("submission_id") and not job.info.get("ray_done"):
-                self._stop_ended(job)
+        for job in self.store.list_jobs(states=[JobState.PREEMPTED]):
+            try:
+                self._requeue_stranded(job)
+            except (StaleState, IllegalTransition):
+                continue
+        for job in self.store.list_jobs(
+            states=[JobState.CANCELLED, JobState.FAILED], unsettled_only=True
+        ):
+            self._stop_ended(job)
+
+    def forget(self, job_id: str) -> None:
+        """Tell the signals actor to drop the job (best effort: a failure is logged)."""
+        try:
+            self.ray.forget_signals(job_id)
+        except Exception as exc:
+            log.warning("job signals: forgetting %s failed: %s", job_id, exc)
+
+    def _requeue_stranded(self, job: JobRecord) -> None:
+        """A job left PREEMPTED (the crash of a version that re-queued in three steps): once
+        its Ray Job has ended, back to the queue, with why in its history."""
+        sid = job.info.get("submission_id")
+        if sid and not job.info.get("ray_done"):
+            status = self.ray.status(sid)
+            if status not in _ENDED and status is not RayJobStatus.MISSING:
+                if not job.info.get("stop_sent"):
+                    self.ray.stop(sid)
+                    self.store.update_info(job.job_id, {"stop_sent": self.clock()})
+                return  # re-queue once Ray says it ended
+        try:
+            self.ray.clear_request(job.job_id)
+        except Exception as exc:
+            log.warning("job signals: clearing %s failed: %s", job.job_id, exc)
+        self.store.requeue(
+            job.job_id,
+            Reason.STRANDED.value,
+            Reason.STRANDED.value,
+            info=_REQUEUE_INFO,
+            expected=[JobState.PREEMPTED],
+        )
 
     def _signals(self, job: JobRecord) -> dict[str, Any]:
         """What the signals actor holds for this attempt. An actor that does not know the
@@ -542,17 +600,23 @@ class JobRunner:
         if limit is not None and now - float(job.info["admitted_s"]) > limit:
             # Backfill relied on this bound: enforce it. The stop completes in the background.
             self.ray.stop(sid)
-            self.store.update_info(job.job_id, {"stop_sent": now, "placement": None})
             self.store.transition(
-                job.job_id, JobState.FAILED, f"{Reason.MAX_RUNTIME.value} ({limit:g}s)"
+                job.job_id,
+                JobState.FAILED,
+                f"{Reason.MAX_RUNTIME.value} ({limit:g}s)",
+                info={"stop_sent": now, "placement": None},
             )
             return
         if job.state is JobState.RUNNING and status is RayJobStatus.MISSING:
             # The cluster lost the Ray Job (e.g. `rcp down` then `up`): run it again from its
             # latest checkpoint rather than leave it RUNNING forever.
-            self.store.transition(job.job_id, JobState.PREEMPTED, Reason.GANG_LOST.value)
-            self.store.update_info(job.job_id, {"placement": None, "ray_done": True})
-            self.store.transition(job.job_id, JobState.QUEUED, Reason.REQUEUED.value)
+            self.store.requeue(
+                job.job_id,
+                Reason.GANG_LOST.value,
+                Reason.REQUEUED.value,
+                info={"placement": None, "ray_done": True},
+                expected=[JobState.RUNNING],
+            )
             return
         if job.state is JobState.ADMITTED:
             started = sig.get("started_ranks") or []
@@ -597,12 +661,13 @@ class JobRunner:
             )
             reason = job.info.get("preempt_reason") or "preempted"
             self.ray.clear_request(job.job_id)
-            self.store.transition(job.job_id, JobState.PREEMPTED, f"{why}; {reason}")
-            self.store.update_info(
+            self.store.requeue(
                 job.job_id,
-                {"preempting": None, "stop_sent": None, "placement": None, "ray_done": True},
+                f"{why}; {reason}",
+                Reason.REQUEUED.value,
+                info=_REQUEUE_INFO,
+                expected=[job.state],
             )
-            self.store.transition(job.job_id, JobState.QUEUED, Reason.REQUEUED.value)
             return
         if not job.info.get("stop_sent") and (
             answered or now >= float(job.info.get("preempt_deadline_s", 0.0))
@@ -636,8 +701,8 @@ class JobRunner:
         )
 
     def _finish(self, job: JobRecord, state: JobState, reason: str) -> None:
-        self.store.update_info(job.job_id, {"ray_done": True, "placement": None})
-        self.store.transition(job.job_id, state, reason)
+        self.store.transition(job.job_id, state, reason, info={"ray_done": True, "placement": None})
+        self.forget(job.job_id)
 
     def _stop_ended(self, job: JobRecord) -> None:
         """Stop the Ray Job of a job that ended without it (cancelled, over its runtime)."""
@@ -645,6 +710,7 @@ class JobRunner:
         status = self.ray.status(sid)
         if status in _ENDED or status is RayJobStatus.MISSING:
             self.store.update_info(job.job_id, {"ray_done": True, "placement": None})
+            self.forget(job.job_id)
         elif not job.info.get("stop_sent"):
             self.ray.stop(sid)
             self.store.update_info(job.job_id, {"stop_sent": self.clock()})
@@ -657,10 +723,28 @@ class JobRunner:
         return text[-chars:] if text else "no logs"
 
     def logs(self, job: JobRecord) -> str:
-        """Driver logs of every attempt, oldest first, each under a header line."""
+        """Driver logs of every attempt, oldest first, each under a header line.
+
+        An attempt whose Ray Job has ended never changes: its log is fetched from Ray once and
+        kept (`ENDED_LOGS_CACHE_CHARS` in all, least recently used out first), so a client
+        following a job makes the controller fetch only the live attempt's log each poll.
+        """
         attempts = int(job.info.get("attempt", 0))
         parts = []
         for a in range(1, attempts + 1):
             sid = f"{job.job_id}-{a}"
-            parts.append(f"=== attempt {a} (Ray job {sid}) ===\n{self.ray.logs(sid)}")
+            ended = a < attempts or bool(job.info.get("ray_done"))
+            parts.append(f"=== attempt {a} (Ray job {sid}) ===\n{self._attempt_log(sid, ended)}")
         return "\n".join(parts)
+
+    def _attempt_log(self, sid: str, ended: bool) -> str:
+        cache = self._ended_logs
+        if sid in cache:
+            cache.move_to_end(sid)
+            return cache[sid]
+        text = self.ray.logs(sid)
+        if ended and len(text) <= ENDED_LOGS_CACHE_CHARS:
+            cache[sid] = text
+            while sum(len(t) for t in cache.values()) > ENDED_LOGS_CACHE_CHARS:
+                cache.popitem(last=False)
+        return text

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from controlplane.cli import cli
-from tests.unit.test_api_server import TOKEN, Server
+from tests.unit.test_api_server import TOKEN, Server, make_invalid
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +128,19 @@ def test_job_commands_find_the_api_through_the_config_up_ran_with(
     conf.write_text("state_dirr: x\n")
     bad = runner.invoke(cli, ["queue", "--config", str(conf)], env={})
     assert bad.exit_code == 2 and "state_dirr" in bad.output
+
+
+def test_status_shows_rows_that_no_longer_validate_as_invalid(tmp_path: Path) -> None:
+    s = Server(tmp_path)
+    try:
+        good = s.client.submit({"name": "good", "entrypoint": "python t.py"})
+        bad = s.client.submit({"name": "bad", "entrypoint": "python t.py"})
+        make_invalid(s.store, bad.id)
+        result = CliRunner().invoke(
+            cli, ["status"], env={"RCP_API_URL": s.url, "RCP_API_TOKEN": TOKEN}
+        )
+        assert result.exit_code == 0
+        assert good.id in result.stdout and bad.id not in result.stdout
+        assert f"INVALID {bad.id} (QUEUED)" in result.stderr
+    finally:
+        s.close()

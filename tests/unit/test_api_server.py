@@ -8,6 +8,7 @@ urllib, so the JSON error shape and the status codes are what a client really se
 from __future__ import annotations
 
 import json
+import sqlite3
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -28,9 +29,10 @@ from controlplane.sdk import (
     SpecRejected,
 )
 from controlplane.service.api import ApiServer
-from controlplane.service.queueing import JobService
+from controlplane.service.queueing import MAX_LOG_CHUNK_CHARS, JobService
 from controlplane.service.tokens import ensure_token, read_token
 from controlplane.store import JobState, Store
+from jobs.spec import JobSpec
 
 TOKEN = "test-token-123"
 
@@ -328,3 +330,63 @@ def test_logs_follow_yields_until_the_job_ends(srv: Server) -> None:
     srv.client.cancel(job.id)
     chunks = list(srv.client.logs(job.id, follow=True, poll_s=0.01))
     assert "".join(chunks) == "line 1\nline 2\n"
+
+
+def make_invalid(store: Store, job_id: str) -> None:
+    """Rewrite a stored spec the way an older, laxer validation might have let it in."""
+    raw = sqlite3.connect(store.path)
+    raw.execute(
+        "UPDATE jobs SET spec_json = ? WHERE job_id = ?",
+        ('{"name": "x", "entrypoint": "e", "num_workers": 0}', job_id),
+    )
+    raw.commit()
+    raw.close()
+
+
+def test_rows_that_no_longer_validate_are_listed_apart_never_fatal(tmp_path: Path) -> None:
+    s = Server(tmp_path)
+    try:
+        good = s.client.submit(spec(name="good"))
+        bad = s.client.submit(spec(name="bad"))
+        make_invalid(s.store, bad.id)
+        status, body = s.raw("GET", "/v1/jobs")
+        assert status == 200 and [j["id"] for j in body["jobs"]] == [good.id]
+        assert [(r["id"], r["state"]) for r in body["invalid"]] == [(bad.id, "QUEUED")]
+        assert "num_workers" in body["invalid"][0]["error"]
+        status, body = s.raw("GET", f"/v1/jobs/{bad.id}")
+        assert status == 422 and bad.id in body["error"]
+        listed = s.client.list()
+        assert [j.id for j in listed] == [good.id] and [r["id"] for r in listed.invalid] == [bad.id]
+    finally:
+        s.close()
+
+
+def test_log_reads_are_bounded_chunks_from_an_offset(tmp_path: Path) -> None:
+    big = "".join(f"line {i}\n" for i in range(250_000))  # about 3 MiB
+    assert len(big) > 2 * MAX_LOG_CHUNK_CHARS
+    fetches: list[int] = []
+
+    def logs(_job: Any) -> str:
+        fetches.append(1)
+        return big
+
+    store = Store(tmp_path / "db.sqlite")
+    service = JobService(store, load_config(None, [f"state_dir={tmp_path}"]), logs=logs)
+    job_id = store.submit(JobSpec.from_dict(spec(name="big"))).job.job_id
+    store.update_info(job_id, {"submission_id": f"{job_id}-1"})
+    first = service.logs(job_id)
+    assert len(first["logs"]) == MAX_LOG_CHUNK_CHARS == first["next_offset"]
+    assert first["size"] == len(big) and not first["done"]
+    assert service.logs(job_id, "5", "10")["logs"] == big[5:15]
+    assert service.logs(job_id, str(len(big) + 9))["next_offset"] == len(big) + 9
+    server = ApiServer(service, TOKEN, "127.0.0.1", 0).start()
+    try:
+        client = Client(server.url, TOKEN)
+        assert client.logs(job_id) == big  # read on from next_offset, chunk by chunk
+        store.transition(job_id, JobState.CANCELLED, "user")
+        fetches.clear()
+        assert "".join(client.logs(job_id, follow=True, poll_s=0.01)) == big
+        assert len(fetches) == 3  # one request per chunk, none repeated after the end
+    finally:
+        server.stop()
+        store.close()

@@ -6,13 +6,16 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from controlplane.store import (
     ALLOWED_TRANSITIONS,
+    CorruptStore,
     IdempotencyConflict,
     IllegalTransition,
+    InvalidJob,
     JobState,
     StaleState,
     Store,
@@ -241,3 +244,206 @@ def test_two_store_instances_share_one_file(db_path: Path) -> None:
     finally:
         one.close()
         two.close()
+
+
+# -- preemption in one transaction ------------------------------------------------------------
+
+
+def running_job(store: Store) -> str:
+    job_id = store.submit(spec()).job.job_id
+    store.transition(job_id, S.ADMITTED, "fits")
+    store.transition(job_id, S.RUNNING, "all workers up")
+    store.update_info(job_id, {"submission_id": f"{job_id}-1", "attempt": 1})
+    return job_id
+
+
+def test_requeue_records_preempted_and_queued_in_one_call(store: Store) -> None:
+    job_id = running_job(store)
+    job = store.requeue(job_id, "checkpointed", "requeued", info={"placement": None, "x": 1})
+    assert job.state is S.QUEUED and job.num_preemptions == 1 and job.info["x"] == 1
+    assert [(t.to_state, t.reason) for t in store.history(job_id)][-2:] == [
+        (S.PREEMPTED, "checkpointed"),
+        (S.QUEUED, "requeued"),
+    ]
+
+
+def test_requeue_that_fails_midway_leaves_the_job_as_it_was(store: Store) -> None:
+    job_id = running_job(store)
+    before = (store.get(job_id), store.history(job_id), store.events())
+    # The info merge (between the two transitions) fails: NaN is not JSON.
+    with pytest.raises(ValueError, match="JSON"):
+        store.requeue(job_id, "checkpointed", "requeued", info={"bad": float("nan")})
+    assert (store.get(job_id), store.history(job_id), store.events()) == before
+    assert store.get(job_id).state is S.RUNNING and store.get(job_id).num_preemptions == 0
+
+
+def test_requeue_of_a_stranded_preempted_job_adds_only_the_queued_entry(store: Store) -> None:
+    job_id = running_job(store)
+    store.transition(job_id, S.PREEMPTED, "checkpointed")  # ... and the controller crashed
+    job = store.requeue(job_id, "unused", "stranded", expected=[S.PREEMPTED])
+    assert job.state is S.QUEUED and job.num_preemptions == 1
+    assert [t.to_state for t in store.history(job_id)][-2:] == [S.PREEMPTED, S.QUEUED]
+    with pytest.raises(StaleState):
+        store.requeue(job_id, "a", "b", expected=[S.PREEMPTED])
+
+
+# -- active reads, retention ------------------------------------------------------------------
+
+
+def finished_job(store: Store, state: JobState = S.SUCCEEDED, *, ray_done: bool = True) -> str:
+    job_id = running_job(store)
+    store.transition(job_id, state, "done", info={"ray_done": True} if ray_done else None)
+    return job_id
+
+
+def test_tick_reads_parse_active_rows_only(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    import controlplane.store as store_module
+
+    for _ in range(60):
+        finished_job(store, S.SUCCEEDED)
+        finished_job(store, S.FAILED)
+        cancelled = store.submit(spec()).job.job_id
+        store.transition(cancelled, S.CANCELLED, "user")
+    unsettled = finished_job(store, S.FAILED, ray_done=False)  # its Ray Job may still run
+    active = running_job(store)
+    queued = store.submit(spec()).job.job_id
+    parsed: list[str] = []
+    real = store_module._job
+
+    def counting(row: Any) -> Any:
+        parsed.append(row["job_id"])
+        return real(row)
+
+    monkeypatch.setattr(store_module, "_job", counting)
+    # What a tick reads: the observe phase and `JobRunner.reconcile`.
+    store.list_jobs(states=[S.QUEUED, S.ADMITTED, S.RUNNING])
+    store.list_jobs(states=[S.ADMITTED, S.RUNNING])
+    store.list_jobs(states=[S.PREEMPTED])
+    ended = store.list_jobs(states=[S.CANCELLED, S.FAILED], unsettled_only=True)
+    assert [j.job_id for j in ended] == [unsettled]
+    assert sorted(set(parsed)) == sorted({unsettled, active, queued})
+    assert len(parsed) == 4  # 181 finished jobs in the store, none of the settled ones parsed
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "index"),
+    [
+        pytest.param({"states": [S.QUEUED, S.ADMITTED, S.RUNNING]}, "jobs_by_state", id="active"),
+        pytest.param(
+            {"states": [S.CANCELLED, S.FAILED], "unsettled_only": True},
+            "jobs_unsettled",
+            id="unsettled-finished",
+        ),
+    ],
+)
+def test_tick_queries_search_an_index_never_scan_the_table(
+    store: Store, kwargs: dict[str, Any], index: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plans: list[str] = []
+    real_read = store._read
+
+    def explaining(sql: str, params: Any = ()) -> Any:
+        if sql.startswith("SELECT job_id, spec_json"):
+            plans.extend(str(r["detail"]) for r in real_read("EXPLAIN QUERY PLAN " + sql, params))
+        return real_read(sql, params)
+
+    monkeypatch.setattr(store, "_read", explaining)
+    store.list_jobs(**kwargs)
+    assert any(f"USING INDEX {index}" in p for p in plans), plans
+    assert not any(p.startswith("SCAN jobs") for p in plans), plans
+
+
+def test_prune_jobs_deletes_old_settled_finished_jobs_only(
+    db_path: Path,
+) -> None:
+    clock = FakeClock()
+    store = Store(db_path, clock=clock)
+    old = [finished_job(store, S.SUCCEEDED) for _ in range(3)]
+    never_ran = store.submit(spec()).job.job_id
+    store.transition(never_ran, S.CANCELLED, "user")
+    still_stopping = finished_job(store, S.FAILED, ray_done=False)
+    active = running_job(store)
+    cutoff = clock.now_s + 0.5
+    clock.now_s += 1000
+    recent = finished_job(store, S.SUCCEEDED)
+    first = store.prune_jobs(cutoff, limit=2)
+    rest = store.prune_jobs(cutoff, limit=10)
+    assert len(first) == 2 and sorted(first + rest) == sorted([*old, never_ran])
+    left = {j.job_id for j in store.list_jobs()}
+    assert left == {still_stopping, active, recent}
+    for gone in old:
+        with pytest.raises(UnknownJob):
+            store.history(gone)
+        assert store.events(job_id=gone) == []
+    store.close()
+
+
+def test_prune_events_is_bounded_and_oldest_first(store: Store) -> None:
+    for i in range(10):
+        store.record_event("test.e", f"e{i}")
+    cutoff = store.events()[-1].at_s
+    assert store.prune_events(cutoff, limit=4) == 4
+    assert store.prune_events(cutoff, limit=100) == 5
+    assert [e.message for e in store.events()] == ["e9"]
+
+
+# -- rows that no longer validate ---------------------------------------------------------------
+
+
+BAD_SPECS = [
+    pytest.param('{"name": "x", "entrypoint": "e", "num_workers": 0}', id="zero-workers"),
+    pytest.param('{"name": "x", "entrypoint": "e", "max_runtime_s": NaN}', id="nan"),
+    pytest.param('{"name": "x", "entrypoint": "e", "from_the_future": 1}', id="unknown-field"),
+    pytest.param("not json", id="not-json"),
+]
+
+
+@pytest.mark.parametrize("spec_json", BAD_SPECS)
+def test_rows_that_no_longer_validate_are_reported_once_and_skipped(
+    db_path: Path, spec_json: str
+) -> None:
+    store = Store(db_path, clock=FakeClock())
+    good = store.submit(spec("good")).job.job_id
+    bad = store.submit(spec("bad")).job.job_id
+    raw = sqlite3.connect(db_path)
+    raw.execute("UPDATE jobs SET spec_json = ? WHERE job_id = ?", (spec_json, bad))
+    raw.commit()
+    raw.close()
+    assert [j.job_id for j in store.list_jobs(states=[S.QUEUED])] == [good]
+    scan = store.scan_jobs()
+    assert [j.job_id for j in scan.jobs] == [good]
+    assert [(r.job_id, r.state) for r in scan.invalid] == [(bad, "QUEUED")]
+    with pytest.raises(InvalidJob, match=bad):
+        store.get(bad)
+    store.close()
+    again = Store(db_path, clock=FakeClock())  # a restart reports it in the log, not twice
+    again.list_jobs()
+    assert len(again.events(job_id=bad, kind_prefix="job.invalid")) == 1
+    again.close()
+
+
+# -- a corrupt file ---------------------------------------------------------------------------
+
+
+def test_a_file_that_is_not_a_database_is_a_clear_error_naming_it(db_path: Path) -> None:
+    db_path.parent.mkdir(parents=True)
+    db_path.write_bytes(b"this is not sqlite\n" * 500)
+    with pytest.raises(CorruptStore) as caught:
+        Store(db_path)
+    message = str(caught.value)
+    assert str(db_path) in message and "move the file aside" in message
+    assert "docs/operations.md" in message
+
+
+def test_a_malformed_database_is_a_clear_error_naming_it(db_path: Path) -> None:
+    store = Store(db_path, clock=FakeClock())
+    for i in range(300):
+        store.submit(spec(f"job-{i}"))
+    store.close()
+    data = bytearray(db_path.read_bytes())
+    page = 4096
+    assert len(data) > 4 * page
+    data[2 * page : len(data) - page] = b"\x5a" * (len(data) - 3 * page)  # keep page 1
+    db_path.write_bytes(bytes(data))
+    with pytest.raises(CorruptStore, match=str(db_path)):
+        Store(db_path)
