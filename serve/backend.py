@@ -8,7 +8,10 @@ and turning the model's answer into an envelope the ingress forwards unchanged::
     {"status": 500, "body": {"error": {"code": "model_error", ...}}}    # any other exception
 
 so a bad request never kills the replica and the ingress never mistakes a model error for a
-dead replica (only a replica that died or stopped is retried elsewhere).
+dead replica (only a replica that died or stopped is retried elsewhere). Error bodies carry
+the request id the ingress passes in; a 500 says only that the model failed (the exception
+and its traceback go to the replica's log under that id). A 422 carries the ValueError's
+message: by the model contract that message is written for the client.
 
 It also answers plain HTTP (``POST`` with a JSON body) when deployed with a route prefix;
 the benchmark uses that to measure the bare backend against the ingress.
@@ -28,7 +31,8 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
 
-from serve.inputs import ErrorCode, error_body
+from serve.config import IngressConfig
+from serve.inputs import ErrorCode, JsonBodyError, error_body, loads_json, request_id
 from serve.spec import BACKEND_DEPLOYMENT
 
 __all__ = ["Backend", "load_model_class"]
@@ -60,47 +64,63 @@ class Backend:
         self.pool = pool
         self._model = load_model_class(import_path)(**dict(init_kwargs))
 
-    def predict(self, payload: dict[str, Any]) -> dict[str, Any]:
+    def predict(self, payload: dict[str, Any], request_id: str = "") -> dict[str, Any]:
+        rid = request_id or "unknown"
         try:
             body = self._model.predict(payload)
         except ValueError as exc:
             return {
                 "status": 422,
-                "body": {"error": {"code": ErrorCode.INVALID_INPUT.value, "message": str(exc)}},
+                "body": json.loads(error_body(ErrorCode.INVALID_INPUT, str(exc), rid)),
             }
-        except Exception as exc:  # a model bug must not take the replica down
-            logger.exception("model %s raised", self.name)
+        except Exception:  # a model bug must not take the replica down
+            logger.exception("request %s: model %s raised", rid, self.name)
+            message = f"model {self.name!r} failed; its log has the details under the request id"
             return {
                 "status": 500,
-                "body": {
-                    "error": {
-                        "code": ErrorCode.MODEL_ERROR.value,
-                        "message": f"model {self.name!r} failed: {type(exc).__name__}: {exc}",
-                    }
-                },
+                "body": json.loads(error_body(ErrorCode.MODEL_ERROR, message, rid)),
             }
         return {"status": 200, "body": body}
 
     async def __call__(self, request: Request) -> Response:
-        raw = await request.body()
+        """Plain HTTP (benchmarks): the same strict JSON and size limit as the ingress."""
+        given = request.headers.get("x-request-id")
+        rid = request_id(given)
+        headers = {"X-Rcp-Pool": self.pool}
+        if given != rid:
+            headers["X-Request-Id"] = rid
+        limit = IngressConfig().max_body_bytes
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():  # stop reading as soon as it is too large
+            size += len(chunk)
+            if size > limit:
+                message = f"body exceeds {limit} bytes"
+                return _error(413, ErrorCode.BODY_TOO_LARGE, message, rid, headers)
+            chunks.append(chunk)
+        raw = b"".join(chunks)
         try:
-            payload = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return Response(
-                error_body(ErrorCode.MALFORMED_JSON, f"body is not valid JSON: {exc}"),
-                status_code=400,
-                media_type="application/json",
-            )
+            payload = loads_json(raw)
+        except JsonBodyError as exc:
+            code = ErrorCode.MALFORMED_JSON if exc.malformed else ErrorCode.INVALID_BODY
+            return _error(400, code, exc.message, rid, headers)
         if not isinstance(payload, dict):
-            return Response(
-                error_body(ErrorCode.INVALID_BODY, "body must be a JSON object"),
-                status_code=400,
-                media_type="application/json",
-            )
-        env = self.predict(payload)
+            return _error(400, ErrorCode.INVALID_BODY, "body must be a JSON object", rid, headers)
+        env = self.predict(payload, rid)
         return Response(
             json.dumps(env["body"]).encode(),
             status_code=int(env["status"]),
             media_type="application/json",
-            headers={"X-Rcp-Pool": self.pool},
+            headers=headers,
         )
+
+
+def _error(
+    status: int, code: ErrorCode, message: str, rid: str, headers: dict[str, str]
+) -> Response:
+    return Response(
+        error_body(code, message, rid),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )

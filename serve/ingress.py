@@ -5,6 +5,9 @@ Owns: request validation (via `serve.inputs`), the route table applied from ``us
 (so every ingress replica applies the same weights and a redeploy keeps them), the retry of
 a request whose replica died or is stopping on another ready replica within a bounded budget
 (`serve.routing.retry_decision`), and the 503 + Retry-After answer when no pool can serve.
+Every request has an id (the Serve proxy's ``x-request-id``, or a fresh one): error bodies
+carry it with a message of their own, never exception text; details go to the replica's log
+under the same id, and the backend gets it with the payload.
 
 Must not: change Serve's state (the control plane does that through `serve.operations`).
 """
@@ -34,6 +37,7 @@ from serve.inputs import (
     RequestError,
     error_body,
     parse_request,
+    request_id,
 )
 from serve.routing import choose_pool, retry_decision
 from serve.spec import BACKEND_DEPLOYMENT, INGRESS_DEPLOYMENT, app_name
@@ -64,6 +68,9 @@ class RouteTable:
             },
             settings=IngressConfig(**(user_config.get("settings") or {})),
         )
+
+
+_REQUEST_ID_HEADER = "x-request-id"
 
 
 def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:
@@ -110,6 +117,22 @@ class Ingress:
         return b"".join(chunks)
 
     async def __call__(self, request: Request) -> Response:
+        given = request.headers.get(_REQUEST_ID_HEADER)
+        rid = request_id(given)
+        try:
+            response = await self._answer(request, rid)
+        except Exception:  # a bug here must answer like any error: id, no internals
+            logger.exception("request %s: the ingress failed", rid)
+            response = _json(
+                500,
+                error_body(ErrorCode.INTERNAL, "internal error in the ingress; quote the id", rid),
+            )
+        if given != rid:
+            # The Serve proxy adds X-Request-Id to the response itself when it sent one.
+            response.headers["X-Request-Id"] = rid
+        return response
+
+    async def _answer(self, request: Request, rid: str) -> Response:
         table = self._table
         s = table.settings
         content_length = request.headers.get("content-length")
@@ -124,7 +147,7 @@ class Ingress:
         }
         head = parse_request(body=None, **common)  # type: ignore[arg-type]
         if isinstance(head, RequestError):
-            return _json(head.status, error_body(head.code, head.message))
+            return _json(head.status, error_body(head.code, head.message, rid))
         if isinstance(head, Health):
             return _json(200, json.dumps({"status": "ok", "generation": table.generation}).encode())
         if isinstance(head, ListModels):
@@ -142,13 +165,14 @@ class Ingress:
                 error_body(
                     ErrorCode.BODY_TOO_LARGE,
                     f"body exceeds the limit of {s.max_body_bytes} bytes",
+                    rid,
                 ),
             )
         parsed = parse_request(body=body, **common)  # type: ignore[arg-type]
         if isinstance(parsed, RequestError):
-            return _json(parsed.status, error_body(parsed.code, parsed.message))
+            return _json(parsed.status, error_body(parsed.code, parsed.message, rid))
         assert isinstance(parsed, Predict)
-        return await self._predict(parsed.model, parsed.payload)
+        return await self._predict(parsed.model, parsed.payload, rid)
 
     @staticmethod
     def _in_replica() -> bool:
@@ -173,16 +197,16 @@ class Ingress:
                 handle = None
             await asyncio.sleep(REPORT_INTERVAL_S)
 
-    async def _predict(self, model: str, payload: dict[str, Any]) -> Response:
+    async def _predict(self, model: str, payload: dict[str, Any], rid: str) -> Response:
         if self._reporter is None and self._in_replica():
             self._reporter = asyncio.get_running_loop().create_task(self._report_load())
         self._inflight[model] = self._inflight.get(model, 0) + 1
         try:
-            return await self._predict_once(model, payload)
+            return await self._predict_once(model, payload, rid)
         finally:
             self._inflight[model] -= 1
 
-    async def _predict_once(self, model: str, payload: dict[str, Any]) -> Response:
+    async def _predict_once(self, model: str, payload: dict[str, Any], rid: str) -> Response:
         started = time.monotonic()
         tried: set[str] = set()
         attempts = 0
@@ -192,11 +216,11 @@ class Ingress:
             s = table.settings
             pool = choose_pool(table.weights.get(model, {}), self._rng.random(), tried)
             if pool is None:
-                return self._unavailable(model, "no pool has ready replicas", s)
+                return self._unavailable(model, "no pool has ready replicas", s, rid)
             attempts += 1
             tried.add(pool)
             remaining_s = s.request_timeout_s - (time.monotonic() - started)
-            response = self._handle(model, pool).remote(payload)
+            response = self._handle(model, pool).remote(payload, rid)
             try:
                 envelope = await asyncio.wait_for(
                     _await(response), timeout=max(0.001, min(s.attempt_timeout_s, remaining_s))
@@ -205,8 +229,10 @@ class Ingress:
                 response.cancel()
                 last_error = f"{pool} replica did not answer within {s.attempt_timeout_s:g}s"
             except Exception as exc:  # replica died, is stopping or is unreachable
-                last_error = f"{pool} replica failed: {type(exc).__name__}"
-                logger.warning("%s/%s attempt %d failed: %r", model, pool, attempts, exc)
+                last_error = f"a {pool} replica failed"
+                logger.warning(
+                    "request %s: %s/%s attempt %d failed: %r", rid, model, pool, attempts, exc
+                )
             else:
                 return _json(
                     int(envelope["status"]),
@@ -217,17 +243,19 @@ class Ingress:
                 attempts, s.max_attempts, time.monotonic() - started, s.request_timeout_s
             )
             if not decision.retry:
-                return self._unavailable(model, f"{last_error}; {decision.reason}", s)
+                return self._unavailable(model, f"{last_error}; {decision.reason}", s, rid)
             await asyncio.sleep(_RETRY_BACKOFF_S * attempts)
 
     @staticmethod
-    def _unavailable(model: str, why: str, s: IngressConfig) -> Response:
+    def _unavailable(model: str, why: str, s: IngressConfig, rid: str) -> Response:
+        logger.warning("request %s: 503 for %s: %s", rid, model, why)
         return _json(
             503,
             error_body(
                 ErrorCode.NO_CAPACITY,
                 f"model {model!r} cannot be served right now ({why}); retry after "
                 f"{s.retry_after_s}s",
+                rid,
             ),
             {"Retry-After": str(s.retry_after_s)},
         )

@@ -1,9 +1,15 @@
 """Pure parsing and validation of requests arriving at the ingress.
 
-Owns: the ingress's URL routes, the checks on method, content type, body size and JSON, and
-the JSON error body every 4xx/5xx carries::
+Owns: the ingress's URL routes, the checks on method, content type, body size and JSON, the
+JSON error body every 4xx/5xx carries::
 
-    {"error": {"code": "unsupported_media_type", "message": "...what to change..."}}
+    {"error": {"code": "unsupported_media_type", "message": "...what to change...",
+               "request_id": "3f2c..."}}
+
+and `loads_json`, the one strict JSON reader for untrusted bodies (this endpoint, the backend's
+plain HTTP route and the control plane's API): UTF-8 only, no NaN/Infinity (nor a float that
+overflows to one), nesting at most `MAX_JSON_DEPTH`, integers within Python's digit limit.
+Each refusal is a `JsonBodyError` whose message says what to change, never parser internals.
 
 Must not: import Ray or do I/O; the ingress hands in the method, path, headers and body.
 """
@@ -11,20 +17,31 @@ Must not: import Ray or do I/O; the ingress hands in the method, path, headers a
 from __future__ import annotations
 
 import json
+import math
+import re
+import sys
+import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "ErrorCode",
     "Health",
+    "JsonBodyError",
     "ListModels",
     "Predict",
     "RequestError",
     "error_body",
+    "loads_json",
     "parse_request",
+    "request_id",
 ]
+
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of arrays and objects a body may have (a model input needs a handful)."""
 
 
 class ErrorCode(str, Enum):
@@ -38,6 +55,7 @@ class ErrorCode(str, Enum):
     INVALID_INPUT = "invalid_input"
     NO_CAPACITY = "no_capacity"
     MODEL_ERROR = "model_error"
+    INTERNAL = "internal_error"
 
 
 @dataclass(frozen=True)
@@ -66,8 +84,95 @@ class Health:
 Parsed = Predict | ListModels | Health | RequestError
 
 
-def error_body(code: ErrorCode, message: str) -> bytes:
-    return json.dumps({"error": {"code": code.value, "message": message}}).encode()
+def error_body(code: ErrorCode, message: str, request_id: str) -> bytes:
+    """The error JSON; `request_id` is the one in the X-Request-Id header and the logs."""
+    return json.dumps(
+        {"error": {"code": code.value, "message": message, "request_id": request_id}}
+    ).encode()
+
+
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def request_id(given: str | None) -> str:
+    """The id of one request: the proxy's (``x-request-id``) when it is a safe token, else a
+    fresh one (a client-chosen id goes into log lines, so nothing else is echoed)."""
+    if given and _REQUEST_ID_RE.match(given):
+        return given
+    return uuid.uuid4().hex
+
+
+class JsonBodyError(ValueError):
+    """An untrusted body that `loads_json` refuses. `malformed` is True when it is not JSON at
+    all (syntax, encoding, NaN/Infinity), False when it is JSON past a limit."""
+
+    def __init__(self, message: str, *, malformed: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.malformed = malformed
+
+
+_STRING_RE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_BRACKET_RE = re.compile(r"[\[\]{}]")
+
+
+def _too_deep(text: str, max_depth: int) -> bool:
+    """Whether arrays/objects nest deeper than `max_depth`, outside strings. Checked before
+    parsing: the C parser recurses, and a deep body would end in RecursionError."""
+    if text.count("[") + text.count("{") <= max_depth:
+        return False  # the common case: too few brackets to nest that deep
+    depth = 0
+    for bracket in _BRACKET_RE.findall(_STRING_RE.sub("", text)):
+        depth += 1 if bracket in "[{" else -1
+        if depth > max_depth:
+            return True
+    return False
+
+
+def _no_constant(name: str) -> Any:
+    raise JsonBodyError(f"{name} is not a JSON number; send finite numbers only", malformed=True)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise JsonBodyError(
+            f"the number {text[:40]} overflows a 64-bit float; send finite numbers only",
+            malformed=False,
+        )
+    return value
+
+
+def loads_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse an untrusted body (see the module doc); raises JsonBodyError."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise JsonBodyError(
+            f"the body is not UTF-8 (bad byte at offset {exc.start})", malformed=True
+        ) from None
+    if _too_deep(text, max_depth):
+        raise JsonBodyError(
+            f"the body nests arrays/objects deeper than {max_depth} levels", malformed=False
+        )
+    try:
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+    except JsonBodyError:
+        raise
+    except json.JSONDecodeError as exc:
+        raise JsonBodyError(
+            f"not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}",
+            malformed=True,
+        ) from None
+    except ValueError:  # int() refuses a literal past sys.get_int_max_str_digits()
+        raise JsonBodyError(
+            f"an integer in the body has more than {sys.get_int_max_str_digits()} digits",
+            malformed=False,
+        ) from None
+    except RecursionError:  # belt and braces: `_too_deep` should have refused it
+        raise JsonBodyError(
+            f"the body nests arrays/objects deeper than {max_depth} levels", malformed=False
+        ) from None
 
 
 def _relative(path: str, root_path: str) -> str:
@@ -146,9 +251,11 @@ def parse_request(
             f"body of {len(body)} bytes exceeds the limit of {max_body_bytes} bytes",
         )
     try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return RequestError(400, ErrorCode.MALFORMED_JSON, f"body is not valid JSON: {exc}")
+        payload = loads_json(body)
+    except JsonBodyError as exc:
+        if exc.malformed:
+            return RequestError(400, ErrorCode.MALFORMED_JSON, f"not valid JSON: {exc.message}")
+        return RequestError(400, ErrorCode.INVALID_BODY, f"body refused: {exc.message}")
     if not isinstance(payload, dict):
         return RequestError(
             400,

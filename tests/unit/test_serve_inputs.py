@@ -8,13 +8,17 @@ from typing import Any
 import pytest
 
 from serve.inputs import (
+    MAX_JSON_DEPTH,
     ErrorCode,
     Health,
+    JsonBodyError,
     ListModels,
     Predict,
     RequestError,
     error_body,
+    loads_json,
     parse_request,
+    request_id,
 )
 
 LIMIT = 100
@@ -149,6 +153,87 @@ def test_good_requests(kwargs: dict[str, Any], expected: object) -> None:
     assert request(**kwargs) == expected
 
 
-def test_error_body_is_json_with_code_and_message() -> None:
-    body = json.loads(error_body(ErrorCode.BODY_TOO_LARGE, "too big"))
-    assert body == {"error": {"code": "body_too_large", "message": "too big"}}
+def test_error_body_is_json_with_code_message_and_request_id() -> None:
+    body = json.loads(error_body(ErrorCode.BODY_TOO_LARGE, "too big", "r-1"))
+    assert body == {"error": {"code": "body_too_large", "message": "too big", "request_id": "r-1"}}
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+@pytest.mark.parametrize(
+    ("raw", "malformed", "hint"),
+    [
+        pytest.param(b'{"x": NaN}', True, "NaN is not a JSON number", id="nan"),
+        pytest.param(b'{"x": [Infinity]}', True, "Infinity is not a JSON number", id="inf"),
+        pytest.param(b'{"x": -Infinity}', True, "-Infinity", id="neg-inf"),
+        pytest.param(b'{"x": 1e400}', False, "overflows", id="float-overflow"),
+        pytest.param(nested(MAX_JSON_DEPTH + 1), False, "deeper than 64", id="too-deep"),
+        pytest.param(b"[" * 200_000, False, "deeper than 64", id="recursion-bomb"),
+        pytest.param(b'{"x": ' + b"9" * 5000 + b"}", False, "4300 digits", id="huge-int"),
+        pytest.param(b"\xff{}", True, "not UTF-8", id="not-utf8"),
+        pytest.param(b"{bad", True, "line 1, column 2", id="syntax"),
+    ],
+)
+def test_loads_json_refuses_with_a_message_of_its_own(
+    raw: bytes, malformed: bool, hint: str
+) -> None:
+    with pytest.raises(JsonBodyError) as info:
+        loads_json(raw)
+    assert info.value.malformed is malformed
+    assert hint in info.value.message
+    assert "Traceback" not in info.value.message and "Exceeds the limit" not in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        pytest.param(nested(MAX_JSON_DEPTH), None, id="at-the-depth-limit"),
+        pytest.param(b'{"s": "' + b"[" * 500 + b'"}', {"s": "[" * 500}, id="brackets-in-a-string"),
+        pytest.param(b'{"s": "\\"[[[["}', {"s": '"[[[['}, id="escaped-quote"),
+        pytest.param(b'{"x": 1.5e300, "n": -0.0}', {"x": 1.5e300, "n": -0.0}, id="big-finite"),
+    ],
+)
+def test_loads_json_accepts_what_is_within_the_limits(raw: bytes, expected: Any) -> None:
+    value = loads_json(raw)
+    if expected is not None:
+        assert value == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        pytest.param(b'{"inputs": [NaN]}', ErrorCode.MALFORMED_JSON, id="nan"),
+        pytest.param(nested(65), ErrorCode.INVALID_BODY, id="too-deep"),
+        pytest.param(b'{"n": ' + b"1" * 4301 + b"}", ErrorCode.INVALID_BODY, id="huge-int"),
+    ],
+)
+def test_parse_request_answers_400_for_refused_json(body: bytes, code: ErrorCode) -> None:
+    out = parse_request(
+        method="POST",
+        path="/v1/models/sample/predict",
+        root_path="",
+        content_type="application/json",
+        content_length=None,
+        body=body,
+        max_body_bytes=1 << 20,
+        known_models=("sample",),
+    )
+    assert isinstance(out, RequestError)
+    assert (out.status, out.code) == (400, code)
+
+
+@pytest.mark.parametrize(
+    ("given", "kept"),
+    [
+        pytest.param("a1b2-c3", True, id="proxy-id"),
+        pytest.param(None, False, id="none"),
+        pytest.param("x\nFAKE LOG LINE", False, id="log-injection"),
+        pytest.param("x" * 200, False, id="too-long"),
+    ],
+)
+def test_request_id_keeps_only_safe_ids(given: str | None, kept: bool) -> None:
+    rid = request_id(given)
+    assert (rid == given) is kept
+    assert rid and len(rid) <= 128 and "\n" not in rid
