@@ -203,7 +203,6 @@ class JobsConfig:
 
     db_path: str | None = None
     """The job store (SQLite, WAL); null means ``<state_dir>/controlplane.db``."""
-    priority_classes: dict[str, int] = field(default_factory=_default_priority_classes)
     retention_days: float = 30.0
     """Finished jobs (SUCCEEDED, FAILED, CANCELLED, their Ray Job ended) last changed longer
     ago than this are deleted with their history and events; 0 keeps them forever."""
@@ -215,6 +214,7 @@ class JobsConfig:
     batch per tick until it is gone."""
     prune_batch_size: int = 1000
     """The most jobs, and the most events, one prune deletes (bounds the write it holds)."""
+    priority_classes: dict[str, int] = field(default_factory=_default_priority_classes)
     """Priority class name -> integer value; higher runs first and may preempt lower."""
     default_priority_class: str = "medium"
     """Class of a job that names none (must be one of priority_classes)."""
@@ -530,6 +530,12 @@ def _drop_repeats_of_non_finite(errors: list[str]) -> list[str]:
 
 def _validate_jobs(j: JobsConfig) -> list[str]:
     errors: list[str] = []
+    errors += _at_least(0, "jobs.retention_days", j.retention_days, "0 keeps jobs forever")
+    errors += _at_least(
+        0, "jobs.event_retention_days", j.event_retention_days, "0 keeps events forever"
+    )
+    errors += _at_least(1, "jobs.prune_interval_s", j.prune_interval_s)
+    errors += _at_least(1, "jobs.prune_batch_size", j.prune_batch_size)
     if not j.priority_classes:
         errors.append("jobs.priority_classes: at least one priority class is required")
     if j.default_priority_class not in j.priority_classes:
@@ -537,12 +543,6 @@ def _validate_jobs(j: JobsConfig) -> list[str]:
             f"jobs.default_priority_class: {j.default_priority_class!r} is not one of "
             f"jobs.priority_classes ({', '.join(j.priority_classes)})"
         )
-    errors += _at_least(0, "jobs.retention_days", j.retention_days, "0 keeps jobs forever")
-    errors += _at_least(
-        0, "jobs.event_retention_days", j.event_retention_days, "0 keeps events forever"
-    )
-    errors += _at_least(1, "jobs.prune_interval_s", j.prune_interval_s)
-    errors += _at_least(1, "jobs.prune_batch_size", j.prune_batch_size)
     if not j.queues:
         errors.append("jobs.queues: at least one queue is required")
     for name, q in j.queues.items():

@@ -80,10 +80,10 @@ class Controller:
     def __init__(self, cfg_data: dict[str, Any], token: str, *, start: bool = True) -> None:
         from controlplane.service.api import ApiServer
         from controlplane.service.queueing import JobService
+        from controlplane.service.retention import Retention
         from controlplane.service.runner import JobRunner, RayJobs
         from controlplane.store import Store
 
-        from controlplane.service.retention import Retention
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
         self.cfg: Config = from_dict(cfg_data)
         self.store_problem: str | None = None
@@ -96,10 +96,10 @@ class Controller:
             self.store_problem = str(exc)
             return
         self.runner = JobRunner(self.store, self.cfg, RayJobs(self.cfg))
+        self.retention = Retention(self.store, self.cfg.jobs, forget=self.runner.forget)
         self.service = JobService(self.store, self.cfg, logs=self.runner.logs)
         from controlplane.service.serving_loop import ServingLoop
 
-        self.retention = Retention(self.store, self.cfg.jobs, forget=self.runner.forget)
         # The serving half of the loop runs in its own thread: a make-before-break move waits
         # for new replicas, and admission must keep ticking meanwhile.
         self.serving = ServingLoop(self.cfg, self.store, start=start and self.cfg.serve.deploy_app)
@@ -147,6 +147,10 @@ class Controller:
     def url(self) -> str:
         return self.api.url
 
+    def get_store_problem(self) -> str | None:
+        """Why the job store could not be opened (the actor then serves nothing), or None."""
+        return self.store_problem
+
     def get_stats(self) -> dict[str, Any]:
         return {
             "ticks": self.stats.ticks,
@@ -157,10 +161,6 @@ class Controller:
 
     def health(self) -> dict[str, Any]:
         """The policy actor's view of node health: verdicts (JSON) by node id, and the nodes it
-    def get_store_problem(self) -> str | None:
-        """Why the job store could not be opened (the actor then serves nothing), or None."""
-        return self.store_problem
-
         has cordoned (Ray drain) and replaced, with when."""
         from controlplane.telemetry.manager import verdict_json
 
@@ -220,6 +220,7 @@ class Controller:
 
         self.stats.ticks += 1
         self._tick_starts.append(time.time())
+        self._phase("0-retention", self.retention.run, time.time())
         snapshot = self._phase("1-observe", self._observe)
         if snapshot is None:
             return
@@ -230,7 +231,6 @@ class Controller:
         snapshot = with_verdicts(snapshot, verdicts)
         self.serving.share_snapshot(snapshot)
         decided = self._phase("3-decide", self._decide, snapshot, verdicts)
-        self._phase("0-retention", self.retention.run, time.time())
         if decided is None:
             return
         plan, remediation, state = decided
@@ -363,7 +363,6 @@ class Controller:
 
     def _release_drained_by_others(self, snapshot: Any) -> None:
         """Stop our agent on a node Ray drains for someone else once nothing else runs there.
-        self._trust_agents(refs)
 
         A drained raylet exits when its node is idle, and Ray counts our agent as work: left
         running, it would keep an operator's ``ray drain-node`` from ever finishing. (Our own
@@ -470,9 +469,11 @@ class Controller:
                     1.0 if v is current else 0.0,
                     tags={"node": node.node_id, "pool": node.pool.value, "verdict": v.value},
                 )
-        # A departed node's series are not set again: Ray 2.60's metrics agent drops a gauge
-        # series not set for two report intervals (20 s by default), so the exported series
-        # follow the live nodes. Zeroing them instead kept one series per node ever seen.
+        # Ray keeps the last value of every series: a node that is gone reads 0 everywhere,
+        # or its last verdict (say unhealthy) would stay on the dashboards and in the alerts.
+        for node_id, pool in self._verdict_series - exported:
+            for v in Verdict:
+                m["verdict"].set(0.0, tags={"node": node_id, "pool": pool, "verdict": v.value})
         self._verdict_series = exported
         m["cordoned"].set(float(len(self.remediator.cordoned)))
 
@@ -521,6 +522,8 @@ class Controller:
         self._last_actions = current
 
     def shutdown(self) -> None:
+        if self.store_problem is not None:
+            return  # nothing was started
         self._stop.set()
         self.serving.stop()
         self.api.stop()
@@ -571,8 +574,6 @@ def _kube_remove(cfg: Config) -> Any:
             log.warning("removing pod %s: %s; treating it as gone", pod_name, exc)
             return None
 
-        if self.store_problem is not None:
-            return  # nothing was started
     return remove
 
 
@@ -624,6 +625,14 @@ def deploy(cfg: Config, timeout_s: float = 120.0) -> str:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
+            problem = ray.get(handle.get_store_problem.remote(), timeout=10)
+        except Exception as exc:  # still starting (or restarting)
+            log.debug("controller not ready yet: %s", exc)
+            problem = None
+        if problem:
+            ray.kill(handle, no_restart=True)
+            raise StoreError(str(problem))
+        try:
             url = str(ray.get(handle.url.remote(), timeout=10))
             if _healthy(url):
                 write_url(cfg.state_path, url)
@@ -635,11 +644,3 @@ def deploy(cfg: Config, timeout_s: float = 120.0) -> str:
         f"the control-plane API did not answer at {url} within {timeout_s:.0f}s; see the "
         f"actor {ACTOR_NAME!r} in the dashboard's Actors tab"
     )
-        try:
-            problem = ray.get(handle.get_store_problem.remote(), timeout=10)
-        except Exception as exc:  # still starting (or restarting)
-            log.debug("controller not ready yet: %s", exc)
-            problem = None
-        if problem:
-            ray.kill(handle, no_restart=True)
-            raise StoreError(str(problem))
