@@ -185,7 +185,7 @@ class RayJobs:
                 "resources": {pool_resource(Pool.HEAD): 1},
             }
             actor = preemption.JobSignals
-            handle = actor.options(get_if_exists=True, **options).remote(token_sha256(key))
+            handle: Any = actor.options(get_if_exists=True, **options).remote(token_sha256(key))
             try:
                 ours = bool(ray.get(handle.check_admin.remote(key), timeout=10))
             except Exception as exc:  # an older actor without check_admin, or a dead one
