@@ -169,6 +169,8 @@ class ApiConfig:
 
     port: int = 8080
     """Port of the control-plane API (bound to ray.node_ip)."""
+    max_body_bytes: int = 1_048_576
+    """Largest request body the API reads; larger ones get 413 (a job spec is a few KiB)."""
 
 
 @dataclass
@@ -484,6 +486,7 @@ def validate(cfg: Config) -> list[str]:
         errors += _port(f"ray.{name}", getattr(cfg.ray, name))
     errors += _port("serve.http_port", cfg.serve.http_port)
     errors += _port("api.port", cfg.api.port)
+    errors += _at_least(1024, "api.max_body_bytes", cfg.api.max_body_bytes)
     errors += _port("storage.embedded_port", cfg.storage.embedded_port)
     errors += _port("observability.prometheus_port", cfg.observability.prometheus_port)
     errors += _at_least(0.5, "observability.scrape_interval_s", cfg.observability.scrape_interval_s)

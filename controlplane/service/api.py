@@ -1,8 +1,14 @@
 """The control plane's HTTP API (JSON, bearer-token auth), served by aiohttp.
 
-Owns: routes, authentication, request parsing and the JSON error shape. Every 4xx body is
-``{"error": "<what to fix>", "field": "<the field or header at fault, or null>"}``; a handler
-that raises anything else answers 500 with the same shape and the server keeps serving.
+Owns: routes, authentication, request parsing and the JSON error shape. Every error body is
+``{"error": "<what to fix>", "field": "<the field or header at fault, or null>",
+"request_id": "<id>"}``; every response carries the id in ``X-Request-Id`` too. A handler that
+raises anything else answers 500 with the same shape, a message of its own (never the
+exception's text: that goes to the log under the request id) and the server keeps serving.
+
+Bodies are untrusted: larger than ``api.max_body_bytes`` is 413; they are read with the Serve
+endpoint's strict reader (`serve.inputs.loads_json`), so NaN/Infinity, nesting deeper than
+`serve.inputs.MAX_JSON_DEPTH` and integers past Python's digit limit are 400, never 500.
 
 Routes (all but /healthz need ``Authorization: Bearer <token>``):
 
@@ -25,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import threading
 from collections.abc import Awaitable, Callable
@@ -40,20 +45,37 @@ from controlplane.service.queueing import (
     invalid_to_json,
     job_to_json,
 )
+from serve.inputs import JsonBodyError, loads_json, request_id
 
-__all__ = ["MAX_BODY_BYTES", "ApiServer", "make_app"]
+__all__ = ["ApiServer", "make_app"]
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1 << 20
 _SERVICE = web.AppKey("service", JobService)
 _TOKEN = web.AppKey("token", str)
+_MAX_BODY = web.AppKey("max_body_bytes", int)
+_REQUEST_ID = web.RequestKey("request_id", str)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _error(status: int, message: str, field: str | None = None) -> web.Response:
-    return web.json_response({"error": message, "field": field}, status=status)
+def _error(
+    request: web.Request, status: int, message: str, field: str | None = None
+) -> web.Response:
+    body = {"error": message, "field": field, "request_id": request.get(_REQUEST_ID)}
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def _request_ids(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Outermost: the request's id (a safe ``X-Request-Id`` from the client, else a fresh
+    one), for error bodies and log lines, and echoed in the response's header."""
+    rid = request_id(request.headers.get("X-Request-Id"))
+    request[_REQUEST_ID] = rid
+    response = await handler(request)
+    response.headers["X-Request-Id"] = rid
+    return response
 
 
 @web.middleware
@@ -64,31 +86,40 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
             return _error(
-                401, "missing token: send 'Authorization: Bearer <token>'", "Authorization"
+                request,
+                401,
+                "missing token: send 'Authorization: Bearer <token>'",
+                "Authorization",
             )
         if not hmac.compare_digest(given.strip().encode(), request.app[_TOKEN].encode()):
-            return _error(401, "wrong token", "Authorization")
+            return _error(request, 401, "wrong token", "Authorization")
     try:
         return await handler(request)
     except ApiError as exc:
-        return web.json_response(exc.to_json(), status=exc.status)
+        body = {**exc.to_json(), "request_id": request.get(_REQUEST_ID)}
+        return web.json_response(body, status=exc.status)
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[_MAX_BODY]
+        return _error(request, 413, f"the request body is larger than {limit} bytes", "<body>")
     except web.HTTPException as exc:
         if exc.status >= 400:
-            return _error(exc.status, exc.reason or "request refused")
+            return _error(request, exc.status, exc.reason or "request refused")
         raise
-    except Exception as exc:  # the server keeps serving whatever one request does
-        log.exception("API handler failed: %s %s", request.method, request.path)
-        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+    except Exception:  # the server keeps serving whatever one request does
+        rid = request.get(_REQUEST_ID, "-")
+        log.exception("request %s: API handler failed: %s %s", rid, request.method, request.path)
+        return _error(request, 500, "internal error; quote the request id when you report it")
 
 
 async def _json_body(request: web.Request) -> Any:
-    raw = await request.read()
+    raw = await request.read()  # aiohttp stops at client_max_size (413 above)
     if not raw:
         raise ApiError(400, "the request body is empty; send a JSON job spec", "<body>")
     try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}", "<body>") from exc
+        return loads_json(raw)
+    except JsonBodyError as exc:
+        what = "is not valid JSON" if exc.malformed else "is refused"
+        raise ApiError(400, f"the request body {what}: {exc.message}", "<body>") from None
 
 
 async def _submit(request: web.Request) -> web.Response:
@@ -151,13 +182,16 @@ async def _not_found(_request: web.Request) -> web.Response:
     raise ApiError(404, "no such route; see /v1/jobs, /v1/events, /healthz", None)
 
 
-def make_app(service: JobService, token: str) -> web.Application:
-    """The aiohttp application; `token` is what clients must send as the bearer token."""
+def make_app(service: JobService, token: str, max_body_bytes: int | None = None) -> web.Application:
+    """The aiohttp application; `token` is what clients must send as the bearer token.
+    `max_body_bytes` defaults to the service's ``api.max_body_bytes``."""
     if not token:
         raise ValueError("token: the API needs a non-empty token")
-    app = web.Application(middlewares=[_guard], client_max_size=MAX_BODY_BYTES)
+    limit = service.cfg.api.max_body_bytes if max_body_bytes is None else max_body_bytes
+    app = web.Application(middlewares=[_request_ids, _guard], client_max_size=limit)
     app[_SERVICE] = service
     app[_TOKEN] = token
+    app[_MAX_BODY] = limit
     app.router.add_post("/v1/jobs", _submit)
     app.router.add_get("/v1/jobs", _list)
     app.router.add_get("/v1/jobs/{id}", _get)

@@ -390,3 +390,82 @@ def test_log_reads_are_bounded_chunks_from_an_offset(tmp_path: Path) -> None:
     finally:
         server.stop()
         store.close()
+
+
+# -- untrusted bodies and error bodies (issue 12) -----------------------------------------------
+
+
+def raw_with_headers(
+    srv: Server, method: str, path: str, body: bytes | None = None, token: str | None = TOKEN
+) -> tuple[int, dict[str, str], Any]:
+    req = urllib.request.Request(srv.url + path, data=body, method=method)
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, dict(resp.headers), json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), json.loads(exc.read())
+
+
+def _spec_with(raw_value: bytes) -> bytes:
+    return b'{"name": "n", "entrypoint": "python t.py", "gpus_per_worker": 0, "x": ' + (
+        raw_value + b"}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "hint"),
+    [
+        pytest.param(_spec_with(b"NaN"), "NaN is not a JSON number", id="nan"),
+        pytest.param(_spec_with(b"-Infinity"), "-Infinity", id="neg-infinity"),
+        pytest.param(
+            b'{"name": "n", "entrypoint": "e", "max_runtime_s": 1e999}', "overflows", id="1e999"
+        ),
+        pytest.param(_spec_with(b"[" * 65 + b"]" * 65), "deeper than 64", id="too-deep"),
+        pytest.param(b"[" * 100_000, "deeper than 64", id="recursion-bomb"),
+        pytest.param(_spec_with(b"9" * 5000), "4300 digits", id="huge-int"),
+    ],
+)
+def test_hostile_bodies_are_400_never_500(srv: Server, raw: bytes, hint: str) -> None:
+    before = srv.num_jobs()
+    status, headers, resp = raw_with_headers(srv, "POST", "/v1/jobs", raw)
+    assert status == 400, resp
+    assert hint in resp["error"] and resp["field"] == "<body>"
+    assert resp["request_id"] == headers["X-Request-Id"]
+    assert srv.num_jobs() == before
+
+
+def test_a_body_over_the_limit_is_413(srv: Server) -> None:
+    limit = srv.cfg.api.max_body_bytes
+    status, headers, resp = raw_with_headers(srv, "POST", "/v1/jobs", b" " * (limit + 1))
+    assert status == 413
+    assert str(limit) in resp["error"] and resp["request_id"] == headers["X-Request-Id"]
+
+
+def test_every_response_carries_a_request_id(srv: Server) -> None:
+    ok = raw_with_headers(srv, "GET", "/v1/jobs")
+    unauth = raw_with_headers(srv, "GET", "/v1/jobs", token="nope")
+    missing = raw_with_headers(srv, "GET", "/v1/jobs/job-nope")
+    assert ok[0] == 200 and ok[1]["X-Request-Id"]
+    for status, headers, body in (unauth, missing):
+        assert status in (401, 404)
+        assert body["request_id"] == headers["X-Request-Id"]
+    assert len({ok[1]["X-Request-Id"], unauth[1]["X-Request-Id"], missing[1]["X-Request-Id"]}) == 3
+
+
+def test_a_failing_handler_answers_500_with_an_id_and_no_exception_text(
+    srv: Server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("db password is hunter2")
+
+    monkeypatch.setattr(srv.service, "get", broken)
+    with caplog.at_level("ERROR", logger="controlplane.service.api"):
+        status, headers, resp = raw_with_headers(srv, "GET", "/v1/jobs/job-x")
+    assert status == 500
+    assert "hunter2" not in json.dumps(resp) and "RuntimeError" not in json.dumps(resp)
+    rid = headers["X-Request-Id"]
+    assert resp["request_id"] == rid
+    assert any(rid in r.getMessage() and r.exc_info for r in caplog.records)
+    assert srv.raw("GET", "/healthz", token=None)[0] == 200
