@@ -26,6 +26,7 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from policies.health import RemovalBudget
 from serve.config import ServingConfig, validate_serving
 
 __all__ = [
@@ -286,6 +287,12 @@ class HealthConfig:
     """A GPU hotter than this is removed (after `hot_samples` samples)."""
     hot_samples: int = 2
     """Consecutive samples above gpu_temp_c before the node is unhealthy."""
+    missing_samples: int = 3
+    """Consecutive samples with fewer GPUs than the node advertises before it is unhealthy."""
+    breaker: RemovalBudget = field(default_factory=RemovalBudget)
+    """At most max_nodes (fleet) and max_pool_fraction of a pool (at least 1) newly removed per
+    window_s; past it, verdicts are shown and alerted on but not acted on (policies/health.py
+    `RemovalBudget`)."""
     fatal_xids: list[int] = field(default_factory=_default_fatal_xids)
     """XIDs that mean broken hardware; any other XID only marks the node degraded."""
     nvlink_errors_per_s: float = 1.0
@@ -596,6 +603,15 @@ def _validate_health(h: HealthConfig) -> list[str]:
     errors: list[str] = []
     errors += _at_least(1, "health.gpu_temp_c", h.gpu_temp_c)
     errors += _at_least(1, "health.hot_samples", h.hot_samples)
+    errors += _at_least(1, "health.missing_samples", h.missing_samples)
+    errors += _at_least(0, "health.breaker.max_nodes", h.breaker.max_nodes)
+    errors += _at_least(0, "health.breaker.max_pool_fraction", h.breaker.max_pool_fraction)
+    if h.breaker.max_pool_fraction > 1:
+        errors.append(
+            "health.breaker.max_pool_fraction: must be <= 1 (a fraction of the pool), "
+            f"got {h.breaker.max_pool_fraction!r}"
+        )
+    errors += _at_least(1, "health.breaker.window_s", h.breaker.window_s)
     for i, xid in enumerate(h.fatal_xids):
         errors += _at_least(1, f"health.fatal_xids[{i}]", xid, "XIDs are positive")
     errors += _at_least(0, "health.nvlink_errors_per_s", h.nvlink_errors_per_s)

@@ -82,6 +82,8 @@ KNOWN_METRICS: dict[str, str] = {
     "ray_rcp_tick_phase_seconds": _CONTROLLER,
     "ray_rcp_node_verdict": _CONTROLLER,
     "ray_rcp_nodes_cordoned": _CONTROLLER,
+    "ray_rcp_health_breaker_open": _CONTROLLER,
+    "ray_rcp_health_removals_held": _CONTROLLER,
     "ray_rcp_serve_replicas": _SERVING,
     "ray_rcp_serve_route_weight": _SERVING,
     "ray_rcp_external_gpus_requested": _SERVING,

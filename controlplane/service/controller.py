@@ -60,6 +60,9 @@ NAMESPACE = "rcp"
 STATE_KEY = "admission.state"
 HEALTH_STATE_KEY = "health.state"
 CORDONED_KEY = "health.cordoned"
+BREAKER_KEY = "health.breaker"
+AGENTS_KEY = "health.agents"
+"""Node id -> actor id of the telemetry agent this controller created (the only ones trusted)."""
 PROMETHEUS_REFRESH_S = 5.0
 HEALTH_SAMPLES = 16
 """Newest samples read from each agent per tick; the policy skips those it has seen."""
@@ -105,7 +108,8 @@ class Controller:
         self.serving = ServingLoop(self.cfg, self.store, start=start and self.cfg.serve.deploy_app)
         self.stats = TickStats()
         self._last_actions: set[tuple[str, str, str]] = set()
-        from controlplane.service.remediation import RayNodeControl, Remediator
+        from controlplane.service.remediation import Breaker, RayNodeControl, Remediator
+        from policies.health import BreakerState
 
         self.verdicts: dict[str, Any] = {}
         """The verdicts the last tick acted on, by node id."""
@@ -134,6 +138,12 @@ class Controller:
         # The drains this controller asked for survive a restart (Ray does not say who asked).
         self.remediator.cordoned.update(self.store.get_value(CORDONED_KEY, {}) or {})
         self._saved_cordons: dict[str, float] = dict(self.remediator.cordoned)
+        self.breaker = Breaker(
+            self.cfg.health.breaker,
+            record=lambda kind, message: self.store.record_event(kind, message),
+            state=BreakerState.from_dict(self.store.get_value(BREAKER_KEY, {}) or {}),
+        )
+        self._agent_ids: dict[str, str] = dict(self.store.get_value(AGENTS_KEY, {}) or {})
         self._stop = threading.Event()
         self.api = ApiServer(self.service, token, self.cfg.ray.node_ip, self.cfg.api.port)
         if start:
@@ -308,6 +318,14 @@ class Controller:
                 "cordoned": Gauge(
                     "rcp_nodes_cordoned", "Nodes this controller has taken out of service."
                 ),
+                "breaker_open": Gauge(
+                    "rcp_health_breaker_open",
+                    "1 while the health breaker holds removals (health.breaker budget spent).",
+                ),
+                "removals_held": Gauge(
+                    "rcp_health_removals_held",
+                    "Unhealthy nodes the health breaker keeps from being taken out.",
+                ),
                 "health_actions": Counter(
                     "rcp_health_actions_total",
                     "Remediation steps taken: cordon (Ray drain), preempt, replace.",
@@ -341,8 +359,11 @@ class Controller:
         from policies.health import HealthState, acting_verdicts, keep_nodes
 
         refs = manager.ensure_agents(
-            self.cfg, exclude=set(self.remediator.cordoned) | self._draining
+            self.cfg,
+            exclude=set(self.remediator.cordoned) | self._draining,
+            trusted=self._agent_ids,
         )
+        self._trust_agents(refs)
         self._agent_nodes = {r.node_id for r in refs if not r.idle_external}
         self._release_drained_by_others(snapshot)
         with self._health_lock:
@@ -351,6 +372,7 @@ class Controller:
                 max_samples=HEALTH_SAMPLES,
                 timeout_s=self.cfg.policy.tick_s,
                 seen_until={n: s.last_sampled_s for n, s in state.nodes.items()},
+                trusted=self._agent_ids,
             )
             verdicts, new_state = judge(samples, self.cfg.health, state, snapshot.now_s)
             new_state = keep_nodes(new_state, (n.node_id for n in snapshot.nodes))
@@ -359,7 +381,34 @@ class Controller:
             verdicts, self.verdicts, self.remediator.cordoned, self._draining, snapshot
         )
         self.remediator.forget({n.node_id for n in snapshot.nodes})
+        if self.cfg.health.act:
+            before = self.breaker.state
+            out = set(self.remediator.cordoned) | self._draining
+            verdicts = self.breaker.step(verdicts, snapshot, out, snapshot.now_s)
+            if self.breaker.state != before:
+                self.store.put(BREAKER_KEY, self.breaker.state.to_dict())
         return verdicts
+
+    def _trust_agents(self, refs: Any) -> None:
+        """Record the actor id of every agent this controller created; an actor under an
+        agent's name with another id was killed by `ensure_agents` and is logged here."""
+        ids = {}
+        for r in refs:
+            if r.impostor is not None:
+                self.store.record_event(
+                    "health.agent_impostor",
+                    f"node {r.node_id}: actor {r.impostor} held the telemetry agent's name but "
+                    "was not started by this controller (a user's job, or an agent started "
+                    "before agent ids were recorded); killed, its readings ignored, a trusted "
+                    "agent replaces it",
+                )
+            elif r.started and r.actor_id is not None:
+                ids[r.node_id] = r.actor_id
+            elif r.node_id in self._agent_ids:
+                ids[r.node_id] = self._agent_ids[r.node_id]
+        if ids != self._agent_ids:
+            self._agent_ids = ids
+            self.store.put(AGENTS_KEY, dict(ids))
 
     def _release_drained_by_others(self, snapshot: Any) -> None:
         """Stop our agent on a node Ray drains for someone else once nothing else runs there.
@@ -469,13 +518,13 @@ class Controller:
                     1.0 if v is current else 0.0,
                     tags={"node": node.node_id, "pool": node.pool.value, "verdict": v.value},
                 )
-        # Ray keeps the last value of every series: a node that is gone reads 0 everywhere,
-        # or its last verdict (say unhealthy) would stay on the dashboards and in the alerts.
-        for node_id, pool in self._verdict_series - exported:
-            for v in Verdict:
-                m["verdict"].set(0.0, tags={"node": node_id, "pool": pool, "verdict": v.value})
+        # A departed node's series are not set again: Ray 2.60's metrics agent drops a gauge
+        # series not set for two report intervals (20 s by default), so the exported series
+        # follow the live nodes. Zeroing them instead kept one series per node ever seen.
         self._verdict_series = exported
         m["cordoned"].set(float(len(self.remediator.cordoned)))
+        m["breaker_open"].set(1.0 if self.breaker.state.open else 0.0)
+        m["removals_held"].set(float(len(self.breaker.state.held)))
 
     def _act(self, plan: Any) -> None:
         from controlplane.store import JobState
