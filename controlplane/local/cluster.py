@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -203,8 +204,9 @@ def use_ray_token(token_path: Path) -> None:
     # Ray caches its config (auth mode included) and the token per process; a process that
     # imported Ray before, or talked to another cluster, must re-read both. This is what Ray's
     # own `ray start` does when it turns token auth on.
-    from ray._raylet import AuthenticationTokenLoader
-    from ray._raylet import Config as RayConfig
+    # (ray._raylet is compiled; its stub file does not list these.)
+    from ray._raylet import AuthenticationTokenLoader  # type: ignore[attr-defined]
+    from ray._raylet import Config as RayConfig  # type: ignore[attr-defined]
 
     RayConfig.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
@@ -223,7 +225,7 @@ def connect(cfg: Config, address: str | None = None) -> None:
         address=address or gcs_address(cfg),
         _node_ip_address=cfg.ray.node_ip,
         namespace="rcp",
-        logging_level="ERROR",
+        logging_level=logging.ERROR,
         log_to_driver=False,
     )
 
@@ -286,11 +288,11 @@ class LocalCluster:
         state = self.read_state()
         if state and self.is_running(state):
             echo(f"already running (cluster {state['cluster_id']}, started {state['started_at']})")
-            endpoints = [Endpoint(**e) for e in state["endpoints"]]
-            for ep in endpoints:
+            known = [Endpoint(**e) for e in state["endpoints"]]
+            for ep in known:
                 echo(f"{ep.name}: {ep.url}")
             echo(f"ray token: {self.ray_token_file}")
-            return endpoints
+            return known
         if state:
             echo(f"cleaning up a cluster that is no longer running ({state['cluster_id']})")
             self._stop(state, echo=lambda _m: None)

@@ -15,7 +15,7 @@ from typing import TypeVar
 import pytest
 
 from controlplane.config import Config, load_config
-from controlplane.local.cluster import LocalCluster
+from controlplane.local.cluster import LocalCluster, ray_token_path
 
 T = TypeVar("T")
 
@@ -31,6 +31,12 @@ def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 120.0)
             return last
         time.sleep(0.5)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; last: {last!r}")
+
+
+def ray_auth_headers(cfg: Config) -> dict[str, str]:
+    """Headers for a request to the cluster's dashboard (it runs with Ray token auth; Ray's own
+    clients in this process already send them once `connect` ran)."""
+    return {"Authorization": "Bearer " + ray_token_path(cfg).read_text().strip()}
 
 
 def free_ports(n: int) -> list[int]:

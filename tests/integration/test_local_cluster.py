@@ -9,17 +9,23 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
+from controlplane.config import load_config
+from controlplane.local.cluster import JOB_DRIVER_SLOTS_PER_NODE
 from controlplane.local.processes import find_cluster_processes
-from tests.integration.conftest import local_overrides
+from controlplane.pools import JOB_DRIVER_RESOURCE
+from tests.integration.conftest import local_overrides, ray_auth_headers
 
 pytestmark = pytest.mark.integration
 
@@ -107,6 +113,106 @@ def test_nodes_shows_head_and_fixed_cluster_pool_and_no_external(
             assert r["gpus_total"] == 4.0
         else:
             assert r["gpus_total"] == 0.0
+
+
+def state_dir_of(overrides: list[str]) -> Path:
+    return Path(next(o.split("=", 1)[1] for o in overrides if o.startswith("state_dir=")))
+
+
+def run_python(script: str, env: dict[str, str], timeout_s: float = 60) -> tuple[int, str]:
+    """(exit code, output) of `script` in a fresh interpreter; a hang counts as a failure."""
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return 124, "timed out"
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_job_drivers_can_land_on_cluster_workers_only(cluster: tuple[list[str], str]) -> None:
+    overrides = cluster[0]
+    script = f"""
+import json, ray
+from controlplane.config import load_config
+from controlplane.local.cluster import connect
+connect(load_config(None, {overrides!r}))
+print(json.dumps([
+    [n["Labels"].get("pool"), n["Resources"].get({JOB_DRIVER_RESOURCE!r}, 0)]
+    for n in ray.nodes() if n["Alive"]
+]))
+"""
+    code, out = run_python(script, dict(os.environ))
+    assert code == 0, out[-2000:]
+    offered = json.loads(out.strip().splitlines()[-1])
+    assert sorted(offered) == [
+        ["cluster", JOB_DRIVER_SLOTS_PER_NODE],
+        ["cluster", JOB_DRIVER_SLOTS_PER_NODE],
+        ["head", 0],
+    ]
+
+
+def test_state_dir_is_0700_and_every_state_file_0600(cluster: tuple[list[str], str]) -> None:
+    state_dir = state_dir_of(cluster[0])
+    assert stat.S_IMODE(state_dir.stat().st_mode) == 0o700
+    files = [p for p in state_dir.iterdir() if p.is_file()]
+    names = {p.name for p in files}
+    # The controller (a Ray actor) wrote the database and the API files: the cluster's own
+    # processes create owner-only files too.
+    want = {"ray-token", "api-token", "api-url", "controlplane.db", "local-cluster.json"}
+    assert want <= names
+    assert {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {
+        p.name: "0o600" for p in files
+    }
+
+
+def test_a_client_without_the_ray_token_is_refused(cluster: tuple[list[str], str]) -> None:
+    """On loopback, too: another local user cannot submit Ray jobs around the API token."""
+    overrides = cluster[0]
+    cfg = load_config(None, overrides)
+    jobs_url = f"http://{cfg.ray.node_ip}:{cfg.ray.dashboard_port}/api/jobs/"
+
+    def status(headers: dict[str, str]) -> int:
+        req = urllib.request.Request(jobs_url, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+
+    assert status({}) == 401
+    assert status({"Authorization": "Bearer " + "0" * 64}) == 403
+    assert status(ray_auth_headers(cfg)) == 200
+
+    # A Ray driver: without a token, and with a wrong one, it cannot join; with it, it can.
+    # HOME is empty so Ray's default token file (~/.ray/auth_token) is not found either.
+    home = state_dir_of(overrides).parent / "empty-home"
+    home.mkdir(exist_ok=True)
+    bare = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")} | {
+        "HOME": str(home)
+    }
+    init = f"""
+import ray
+ray.init(address={f"{cfg.ray.node_ip}:{cfg.ray.gcs_port}"!r}, logging_level="ERROR")
+print("nodes", len(ray.nodes()))
+"""
+    for env in (
+        bare,
+        bare | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64},
+    ):
+        code, out = run_python(init, env, timeout_s=45)
+        assert code != 0, f"joined without the token: {out[-1000:]}"
+    ok = bare | {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(state_dir_of(overrides) / "ray-token"),
+    }
+    code, out = run_python(init, ok, timeout_s=60)
+    assert code == 0 and "nodes 3" in out, out[-2000:]
 
 
 def test_second_up_is_a_no_op(cluster: tuple[list[str], str]) -> None:

@@ -34,7 +34,7 @@ from controlplane.observability import (
 )
 from controlplane.sdk import Client
 from controlplane.telemetry import manager
-from tests.integration.conftest import free_ports, start_local_cluster, wait_for
+from tests.integration.conftest import free_ports, ray_auth_headers, start_local_cluster, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -326,7 +326,7 @@ def test_ray_dashboard_metrics_tab_reaches_the_prometheus(
     url = f"http://{cluster.ray.node_ip}:{cluster.ray.dashboard_port}/api/prometheus_health"
 
     def healthy() -> bool:
-        r = requests.get(url, timeout=10)
+        r = requests.get(url, headers=ray_auth_headers(cluster), timeout=10)
         return r.status_code == 200 and "prometheus running" in r.text
 
     wait_for(f"{url} to report Prometheus running", healthy, 60)
