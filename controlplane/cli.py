@@ -101,7 +101,7 @@ def down(config_file: str | None, overrides: tuple[str, ...]) -> None:
 
 
 def _connect_running(cfg: Config) -> Config:
-    from controlplane.local.cluster import LocalCluster, connect
+    from controlplane.local.cluster import ClusterError, LocalCluster, connect
 
     running = LocalCluster(cfg).running_config()
     if running is None:
@@ -109,7 +109,10 @@ def _connect_running(cfg: Config) -> Config:
             f"no local cluster is running for state dir {cfg.state_path}; start one with `rcp up`"
         )
     assert running is not None
-    connect(running)
+    try:
+        connect(running)
+    except ClusterError as exc:  # e.g. no Ray token: a cluster an older `rcp up` started
+        _fail(str(exc))
     return running
 
 
