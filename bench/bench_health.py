@@ -10,7 +10,8 @@ node, is timed in three parts:
 - (a) ``judge``: summaries -> `NodeSample` (parse) -> `evaluate` -> verdicts and state;
 - (b) the state's store round trip: `to_dict` -> ``json.dumps`` -> ``json.loads`` ->
   `from_dict` (what the controller writes and reads back; the SQLite call itself is left out);
-- (c) `acting_verdicts` + `with_verdicts` + `remediate` on a matching `ClusterSnapshot`
+- (c) `acting_verdicts` + `limit_removals` (the breaker, default budget) + `with_verdicts` +
+  `remediate` on a matching `ClusterSnapshot`
   (``build_snapshot`` of bench_admission: same node ids, running gangs and Serve replicas);
 
 and the whole phase (a + b + c, timed as one). Two baselines, same run, same machine:
@@ -55,12 +56,15 @@ from controlplane.config import HealthConfig, PolicyConfig  # noqa: E402
 from controlplane.telemetry.verdicts import judge, node_sample, thresholds  # noqa: E402
 from policies.admission import AdmissionConfig, AdmissionState, QueueConfig, decide  # noqa: E402
 from policies.health import (  # noqa: E402
+    BreakerState,
     CordonNode,
     HealthState,
     NodeVerdict,
+    RemovalBudget,
     Verdict,
     acting_verdicts,
     evaluate,
+    limit_removals,
     remediate,
     with_verdicts,
 )
@@ -186,8 +190,13 @@ def act_on(
     draining: set[str],
     snapshot: ClusterSnapshot,
 ) -> tuple[ClusterSnapshot, tuple[Any, ...]]:
-    """(c): the verdicts acted on, the snapshot marked, the remediation plan."""
+    """(c): the verdicts acted on (past the breaker's default budget: held), the snapshot
+    marked, the remediation plan."""
     verdicts, _ = acting_verdicts(judged, previous, cordoned, draining, snapshot)
+    out = set(cordoned) | draining
+    verdicts, _state = limit_removals(
+        verdicts, snapshot, RemovalBudget(), BreakerState(), out, snapshot.now_s
+    )
     marked = with_verdicts(snapshot, verdicts)
     return marked, remediate(marked, verdicts)
 
