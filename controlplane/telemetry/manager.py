@@ -101,6 +101,14 @@ class AgentCluster(Protocol):
 
     def kill(self, handle: Any) -> None: ...
 
+    def controller_running(self) -> bool:
+        """Whether the control plane's controller actor exists (it starts the agents then)."""
+        ...
+
+
+CONTROLLER_ACTOR = "rcp-controller"
+"""The controller's actor name in `NAMESPACE` (controlplane.service.controller.ACTOR_NAME)."""
+
 
 def vet_agents(
     found: Mapping[str, str], trusted: Mapping[str, str] | None
@@ -189,6 +197,15 @@ class RayAgentCluster:
 
         ray.kill(handle, no_restart=True)
 
+    def controller_running(self) -> bool:
+        import ray
+
+        try:
+            ray.get_actor(CONTROLLER_ACTOR, namespace=NAMESPACE)
+        except ValueError:
+            return False
+        return True
+
 
 def _is_idle(total: dict[str, float], available: dict[str, float]) -> bool:
     """Nothing holds any of the node's GPUs or CPUs."""
@@ -214,7 +231,8 @@ def ensure_agents(
     With `trusted` (node -> actor id of the agents the caller created), an actor under an
     agent's name with another id is killed and reported (`AgentRef.impostor`), and new agents
     are created without reusing an existing actor of that name; the caller records the
-    `actor_id` of every ref it gets back.
+    `actor_id` of every ref it gets back. Without `trusted`, no agent is started while the
+    controller runs (it starts them, and would replace any it did not create).
     """
     ray_agents = cluster or RayAgentCluster()
     found = ray_agents.agents()
@@ -222,6 +240,9 @@ def ensure_agents(
     sections = to_dict(cfg)
     telemetry, health = sections["telemetry"], sections["health"]
     available = ray_agents.available()
+    # Without `trusted` (the CLI, tests) agents are only started while no controller runs:
+    # the controller kills agents it did not create, so a second creator would only race it.
+    may_create = trusted is not None or not ray_agents.controller_running()
     refs = []
     for node in ray_agents.alive_nodes():
         node_id = node["NodeID"]
@@ -251,7 +272,7 @@ def ensure_agents(
             )
             refs.append(AgentRef(node_id, pool, started=False, impostor=impostors[node_id]))
             continue
-        if node_id in ok or node_id in exclude:
+        if node_id in ok or node_id in exclude or not may_create:
             actor_id = found[node_id][0] if node_id in ok else None
             refs.append(AgentRef(node_id, pool, started=False, actor_id=actor_id))
             continue

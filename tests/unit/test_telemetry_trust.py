@@ -57,6 +57,11 @@ class FakeCluster:
         self.killed.append(handle)
         self.named = {n: v for n, v in self.named.items() if v[1] != handle}
 
+    def controller_running(self) -> bool:
+        return self.controller
+
+    controller: bool = False
+
 
 @pytest.mark.parametrize(
     ("found", "trusted", "ok", "impostors"),
@@ -90,6 +95,15 @@ def test_a_squatter_is_killed_and_replaced_never_reused() -> None:
     refs = ensure_agents(Config(), trusted=trusted, cluster=cluster)
     assert {r.node_id: r.actor_id for r in refs} == {"a": "66", "b": "65"}
     assert not any(r.impostor for r in refs)
+
+
+def test_without_a_record_nothing_starts_while_the_controller_runs() -> None:
+    cluster = FakeCluster(["a"], controller=True)
+    (ref,) = ensure_agents(Config(), cluster=cluster)
+    assert not ref.started and cluster.created == []
+    cluster.controller = False
+    (ref,) = ensure_agents(Config(), cluster=cluster)
+    assert ref.started and cluster.created == [("a", True)]
 
 
 def test_a_restarted_agent_keeps_its_id_and_its_trust() -> None:
