@@ -230,6 +230,27 @@ def test_deployed_with_targets_weights_and_nodes(url: str) -> None:
         pytest.param({"json": {"inputs": [[1, 2]]}}, 422, "invalid_input", id="wrong-input-shape"),
         pytest.param({"json": GOOD, "model": "nope"}, 404, "unknown_model", id="unknown-model"),
         pytest.param({"json": [1, 2]}, 400, "invalid_body", id="json-not-object"),
+        pytest.param(
+            {"data": b'{"inputs": [[NaN]]}', "headers": {"Content-Type": "application/json"}},
+            400,
+            "malformed_json",
+            id="nan",
+        ),
+        pytest.param(
+            {"data": b"[" * 20_000, "headers": {"Content-Type": "application/json"}},
+            400,
+            "invalid_body",
+            id="deep-nesting",
+        ),
+        pytest.param(
+            {
+                "data": b'{"n": ' + b"1" * 5000 + b"}",
+                "headers": {"Content-Type": "application/json"},
+            },
+            400,
+            "invalid_body",
+            id="huge-int",
+        ),
     ],
 )
 def test_bad_input_gets_4xx_and_serving_continues(
@@ -240,6 +261,8 @@ def test_bad_input_gets_4xx_and_serving_continues(
     assert r.status_code == status, r.text
     assert r.json()["error"]["code"] == code
     assert r.json()["error"]["message"]
+    # One request id, in the header (from Serve's proxy) and the body alike.
+    assert r.json()["error"]["request_id"] == r.headers["X-Request-Id"]
     ok = requests.post(predict_url(url), json=GOOD, timeout=30)
     assert ok.status_code == 200 and len(ok.json()["outputs"][0]) == 4
 
