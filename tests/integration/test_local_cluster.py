@@ -171,6 +171,23 @@ def test_state_dir_is_0700_and_every_state_file_0600(cluster: tuple[list[str], s
     }
 
 
+def test_no_output_or_log_carries_the_ray_token(cluster: tuple[list[str], str]) -> None:
+    overrides, stdout = cluster
+    state_dir = state_dir_of(overrides)
+    token = (state_dir / "ray-token").read_text().strip()
+    assert len(token) == 64
+    assert token not in stdout
+    assert str(state_dir / "ray-token") in stdout  # where to find it, instead
+    state = json.loads((state_dir / "local-cluster.json").read_text())
+    logs = [*(state_dir / "logs").rglob("*"), *Path(state["temp_dir"]).rglob("logs/**/*")]
+    searched = 0
+    for path in logs:
+        if path.is_file() and not path.is_symlink():
+            searched += 1
+            assert token.encode() not in path.read_bytes(), path
+    assert searched > 10, "found no logs to search"
+
+
 def test_a_client_without_the_ray_token_is_refused(cluster: tuple[list[str], str]) -> None:
     """On loopback, too: another local user cannot submit Ray jobs around the API token."""
     overrides = cluster[0]
