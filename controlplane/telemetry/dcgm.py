@@ -21,7 +21,10 @@ The real exporter's quirks handled here:
 - A negative value (every DCGM field we read is a temperature, power, clock, ratio or count)
   is a bad reading of that field: dropped (unknown) and named in `problems`.
 - dcgm-exporter reports every GPU of the host. With a `VisibleGpus` (the pod's GPUs) only
-  those are read; the others belong to other pods.
+  those are read; the others belong to other pods. The pod's GPUs the scrape lacks are named
+  in `problems` (and counted missing by the health policy); when none of them matches (an
+  exporter without the ``UUID`` label while the pod lists UUIDs), the scrape is a source
+  failure, never a pod with zero GPUs.
 """
 
 from __future__ import annotations
@@ -231,11 +234,46 @@ def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
+def _pods_gpus(
+    fields: dict[int, dict[str, float]],
+    uuids: dict[int, str],
+    visible: VisibleGpus,
+    problems: list[str],
+) -> list[int]:
+    """The host indexes of the scrape's GPUs that are the pod's; the pod's GPUs the scrape
+    does not show are named in `problems`. Raises `TelemetryError` when the pod lists GPUs and
+    none of them is in the scrape: the host reported GPUs, so its exporter works, but nothing
+    here says which are ours (an exporter without the ``UUID`` label while
+    ``NVIDIA_VISIBLE_DEVICES`` lists UUIDs, or a mislabelled one). Reading that as "the pod
+    has no GPUs" would mark every GPU missing; it is a source failure instead."""
+    ours = [gpu for gpu in sorted(fields) if (gpu, uuids.get(gpu)) in visible]
+    seen_uuids = {uuids[g] for g in ours if g in uuids}
+    unmatched = sorted(visible.uuids - seen_uuids) + [
+        str(i) for i in sorted(visible.indexes - set(ours))
+    ]
+    if not visible.uuids and not visible.indexes:
+        return []  # NVIDIA_VISIBLE_DEVICES=none: a pod given no GPUs
+    if not ours:
+        has_uuid = "with" if uuids else "without"
+        raise TelemetryError(
+            f"none of the pod's GPUs ({', '.join(unmatched)}) is among the "
+            f"{len(fields)} GPU(s) the exporter reports (gpu labels "
+            f"{', '.join(str(g) for g in sorted(fields))}, {has_uuid} UUID labels); "
+            "cannot tell which GPUs are this pod's: check NVIDIA_VISIBLE_DEVICES and the "
+            "exporter's labels"
+        )
+    for name in unmatched:
+        problems.append(f"pod GPU {name}: not in the dcgm scrape (missing from the host?)")
+    return ours
+
+
 def readings_from_scrape(text: str, visible: VisibleGpus | None = None) -> SourceReading:
     """GPU readings from one dcgm-exporter scrape (no IB: dcgm-exporter does not export it).
 
-    Only the GPUs in `visible` (None: all of the host's). Raises `TelemetryError` when the
-    scrape holds no DCGM GPU sample at all: that is a broken exporter, not a node without GPUs.
+    Only the GPUs in `visible` (None: all of the host's); the pod's GPUs the scrape does not
+    show are named in `problems`. Raises `TelemetryError` when the scrape holds no DCGM GPU
+    sample at all (a broken exporter, not a node without GPUs), and when the pod lists GPUs
+    but none of them matches a GPU of the scrape (see `_pods_gpus`).
     """
     samples, problems = parse_exposition(text)
     fields, uuids = _gpu_fields(samples, problems)
@@ -246,10 +284,9 @@ def readings_from_scrape(text: str, visible: VisibleGpus | None = None) -> Sourc
             f"({len(text)} bytes{': ' + repr(shown) if shown else ''}); "
             "is the URL a dcgm-exporter, and is it ready?"
         )
+    ours = sorted(fields) if visible is None else _pods_gpus(fields, uuids, visible, problems)
     gpus = []
-    for gpu in sorted(fields):
-        if visible is not None and (gpu, uuids.get(gpu)) not in visible:
-            continue
+    for gpu in ours:
         f = fields[gpu]
         used = f.get("DCGM_FI_DEV_FB_USED")
         free = f.get("DCGM_FI_DEV_FB_FREE")

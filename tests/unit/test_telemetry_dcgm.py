@@ -345,6 +345,73 @@ def test_only_the_pods_gpus_are_counted() -> None:
     assert len(readings_from_scrape(host, VisibleGpus.parse("GPU-0002-aaaa,GPU-9")).gpus) == 1
 
 
+def _no_uuid_scrape(gpus: range) -> str:
+    return "".join(f'DCGM_FI_DEV_GPU_TEMP{{gpu="{i}",modelName="H100"}} 40\n' for i in gpus)
+
+
+@pytest.mark.parametrize(
+    ("text", "visible", "gpus", "problems"),
+    [
+        pytest.param(
+            scrape({"DCGM_FI_DEV_GPU_TEMP": {i: 40 for i in range(8)}}),
+            "GPU-0002-aaaa,GPU-0009-aaaa",
+            [2],
+            ["pod GPU GPU-0009-aaaa: not in the dcgm scrape"],
+            id="partial-uuid-match-keeps-matched-names-unmatched",
+        ),
+        pytest.param(
+            scrape({"DCGM_FI_DEV_GPU_TEMP": {i: 40 for i in range(4)}}),
+            "1,6",
+            [1],
+            ["pod GPU 6: not in the dcgm scrape"],
+            id="partial-index-match",
+        ),
+        pytest.param(_no_uuid_scrape(range(8)), "3", [3], [], id="index-needs-no-uuid-label"),
+        pytest.param(_no_uuid_scrape(range(8)), "none", [], [], id="pod-without-gpus"),
+    ],
+)
+def test_the_pods_gpus_the_scrape_lacks_are_problems(
+    text: str, visible: str, gpus: list[int], problems: list[str]
+) -> None:
+    reading = readings_from_scrape(text, VisibleGpus.parse(visible))
+    assert [g.gpu for g in reading.gpus] == gpus
+    assert [p.split(" (")[0] for p in reading.problems] == problems
+
+
+@pytest.mark.parametrize(
+    ("text", "visible"),
+    [
+        pytest.param(_no_uuid_scrape(range(8)), "GPU-aaaa,GPU-bbbb", id="exporter-without-uuid"),
+        pytest.param(
+            scrape({"DCGM_FI_DEV_GPU_TEMP": {i: 40 for i in range(8)}}),
+            "GPU-ffff-0000",
+            id="uuid-of-another-host",
+        ),
+        pytest.param(_no_uuid_scrape(range(4)), "5,6", id="indexes-beyond-the-host"),
+    ],
+)
+def test_a_scrape_matching_none_of_the_pods_gpus_is_a_source_failure(
+    text: str, visible: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(TelemetryError, match="none of the pod's GPUs"):
+        readings_from_scrape(text, VisibleGpus.parse(visible))
+
+    class Answer:
+        def __enter__(self) -> Answer:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def read(self) -> bytes:
+            return text.encode()
+
+    monkeypatch.setattr(dcgm.urllib.request, "urlopen", lambda url, timeout: Answer())
+    source = DcgmSource("http://x/metrics", visible=VisibleGpus.parse(visible))
+    summary = NodeSampler("n1", "cluster", source, gpus_expected=2).sample()
+    assert summary["source_ok"] is False and summary["gpus"] == []
+
+
 def test_the_agent_reads_the_pods_gpus_from_nvidia_visible_devices() -> None:
     assert pod_gpus({"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b"}) == VisibleGpus(
         frozenset({"GPU-a", "GPU-b"})
