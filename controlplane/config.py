@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -38,6 +39,7 @@ __all__ = [
     "HeadConfig",
     "HealthConfig",
     "JobsConfig",
+    "KubeActuatorServiceConfig",
     "KubernetesConfig",
     "QueueShareConfig",
     "PolicyConfig",
@@ -337,6 +339,25 @@ class ObservabilityConfig:
 
 
 @dataclass
+class KubeActuatorServiceConfig:
+    """The ``rcp-kube-actuator`` service's own settings (``python -m controlplane.kube.service``,
+    its own Deployment; docs/kubernetes-actuator.md). Read by that service only: the caller
+    cannot change them, they bound what a stolen caller token can do."""
+
+    host: str = "0.0.0.0"
+    """Address the service listens on (in its pod: every interface; the NetworkPolicy admits
+    only the Ray head)."""
+    port: int = 8080
+    max_node_actions: int = 2
+    """Distinct Kubernetes nodes the service cordons (alone or in a node removal) per
+    `window_s`; past it a request is 429. Defence in depth beside ``health.breaker``: keep it
+    >= ``health.breaker.max_nodes``. 0 refuses every node action."""
+    window_s: float = 600.0
+    max_body_bytes: int = 4096
+    """Larger request bodies are 413."""
+
+
+@dataclass
 class KubernetesConfig:
     """The Kubernetes actuator (production on KubeRay; see docs/kubernetes-actuator.md).
 
@@ -368,6 +389,13 @@ class KubernetesConfig:
     """Grace period when deleting a removed node's pod; null: the pod's own."""
     request_timeout_s: float = 10.0
     """Timeout of one request to the Kubernetes API."""
+    actuator_url: str | None = None
+    """``http(s)://host:port`` of the ``rcp-kube-actuator`` service. Set: the controller
+    holds no Kubernetes credential and asks that service (which holds it and checks every
+    request); null: the controller calls the Kubernetes API itself (dev and tests)."""
+    actuator_token_file: str = "/etc/rcp/kube-actuator/token"
+    """The bearer token shared by the controller and the actuator service (a Secret)."""
+    service: KubeActuatorServiceConfig = field(default_factory=KubeActuatorServiceConfig)
 
 
 @dataclass
@@ -665,7 +693,40 @@ def _validate_kubernetes(k: KubernetesConfig) -> list[str]:
     if k.pod_grace_period_s is not None:
         errors += _at_least(0, "kubernetes.pod_grace_period_s", k.pod_grace_period_s)
     errors += _at_least(0.1, "kubernetes.request_timeout_s", k.request_timeout_s)
+    if k.actuator_url is not None:
+        errors += _actuator_url("kubernetes.actuator_url", k.actuator_url)
+    if not k.actuator_token_file:
+        errors.append("kubernetes.actuator_token_file: must name the token file, got ''")
+    s = k.service
+    errors += _port("kubernetes.service.port", s.port)
+    errors += _at_least(0, "kubernetes.service.max_node_actions", s.max_node_actions)
+    errors += _at_least(1, "kubernetes.service.window_s", s.window_s)
+    errors += _at_least(256, "kubernetes.service.max_body_bytes", s.max_body_bytes)
     return errors
+
+
+def _actuator_url(path: str, value: str) -> list[str]:
+    """``http(s)://host[:port]``, nothing else: no credentials, path, query or fragment."""
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:
+        return [f"{path}: not a URL ({exc}), got {value!r}"]
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.username is not None
+        or parts.password is not None
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+        or (port is not None and not 1 <= port <= 65535)
+    ):
+        return [
+            f"{path}: must be http(s)://host[:port] with no path, query or credentials "
+            f"(e.g. http://rcp-kube-actuator.rcp.svc:8080), got {value!r}"
+        ]
+    return []
 
 
 def _list_keys(layer: Any) -> str:

@@ -1,8 +1,12 @@
 """Kubernetes: the actuator that cordons and taints bad nodes, deletes their Ray pods and sizes
 the RayCluster's external worker group (production on KubeRay).
 
-Owns: every call to the Kubernetes API (``controlplane.kube.actuator``). Must not: decide
-anything (policies do), or be needed in local mode (`from_config` returns None there).
+Owns: every call to the Kubernetes API (``controlplane.kube.actuator``); the
+``rcp-kube-actuator`` service that alone holds the Kubernetes credential in production and
+checks every request as if its caller were hostile (``controlplane.kube.service``); the
+controller's HTTP client of that service (``controlplane.kube.remote``); and `from_config`,
+which picks one (``controlplane.kube.connect``). Must not: decide anything (policies do), or be
+needed in local mode (`from_config` returns None there).
 """
 
 from __future__ import annotations
@@ -11,21 +15,27 @@ from controlplane.kube.actuator import (
     CordonResult,
     KubeConflictError,
     KubeNotFoundError,
+    KubeRateLimitedError,
+    KubeRefusedError,
     KubernetesActuator,
     KubernetesActuatorError,
     RemoveNodeResult,
     ScaleResult,
     UncordonResult,
-    from_config,
     reason_slug,
 )
+from controlplane.kube.connect import from_config
+from controlplane.kube.remote import RemoteKubernetesActuator
 
 __all__ = [
     "CordonResult",
     "KubeConflictError",
     "KubeNotFoundError",
+    "KubeRateLimitedError",
+    "KubeRefusedError",
     "KubernetesActuator",
     "KubernetesActuatorError",
+    "RemoteKubernetesActuator",
     "RemoveNodeResult",
     "ScaleResult",
     "UncordonResult",

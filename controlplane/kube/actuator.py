@@ -10,7 +10,10 @@ Owns, through the official ``kubernetes`` client (``CoreV1Api``, ``CustomObjects
   operator's command and removes only our taint.
 * `KubernetesActuator.scale_external`: the external worker group's ``replicas`` in the
   RayCluster, clamped to the group's bounds, unless the KubeRay autoscaler owns that group.
-* `from_config`: the actuator from ``Config.kubernetes`` (None when disabled: local mode).
+* `worker_pods_on_node` / `node_of_worker`: the read-only checks the ``rcp-kube-actuator``
+  service (``controlplane.kube.service``) makes before it lets a caller touch a node or pod.
+
+`controlplane.kube.connect.from_config` builds this class (or the service's HTTP client).
 
 How writes are made safe, each a read-modify-write with optimistic concurrency:
 
@@ -51,7 +54,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 if TYPE_CHECKING:
-    from controlplane.config import Config, KubernetesConfig
+    from controlplane.config import KubernetesConfig
 
 __all__ = [
     "CLUSTER_LABEL",
@@ -59,12 +62,13 @@ __all__ = [
     "CordonResult",
     "KubeConflictError",
     "KubeNotFoundError",
+    "KubeRateLimitedError",
+    "KubeRefusedError",
     "KubernetesActuator",
     "KubernetesActuatorError",
     "RemoveNodeResult",
     "ScaleResult",
     "UncordonResult",
-    "from_config",
     "reason_slug",
 ]
 
@@ -90,6 +94,15 @@ class KubeNotFoundError(KubernetesActuatorError):
 
 class KubeConflictError(KubernetesActuatorError):
     """Other writers kept changing the object: every retry ended in 409 Conflict."""
+
+
+class KubeRefusedError(KubernetesActuatorError):
+    """The object is not ours to touch: not a worker pod of our RayCluster, or a node that
+    hosts none. Never retried into success: the request itself is wrong."""
+
+
+class KubeRateLimitedError(KubernetesActuatorError):
+    """The actuator service's own cap on node actions per window is reached; try later."""
 
 
 @dataclass(frozen=True)
@@ -256,6 +269,35 @@ class KubernetesActuator:
                 return str(pod["metadata"]["name"])
         return None
 
+    def worker_pods_on_node(self, node_name: str) -> list[str]:
+        """Names of our RayCluster's worker pods that run on Kubernetes node `node_name` now
+        (scheduled there and not finished). Empty: the node is not ours to cordon."""
+        selector = f"{CLUSTER_LABEL}={self.config.raycluster},{NODE_TYPE_LABEL}=worker"
+        try:
+            pods = self._call(
+                self.core.list_namespaced_pod, self.config.namespace, label_selector=selector
+            )
+        except ApiException as exc:
+            raise KubernetesActuatorError(
+                f"listing pods {selector} in namespace {self.config.namespace} failed: "
+                f"{_api_message(exc)}"
+            ) from exc
+        return [
+            str(pod["metadata"]["name"])
+            for pod in pods.get("items") or []
+            if (pod.get("spec") or {}).get("nodeName") == node_name
+            and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        ]
+
+    def node_of_worker(self, pod_name: str) -> str | None:
+        """The Kubernetes node of our worker pod `pod_name`; None when the pod is gone or not
+        scheduled. Raises KubeRefusedError for any pod that is not our RayCluster's worker."""
+        pod = self._read_pod(pod_name)
+        if pod is None:
+            return None
+        node = (pod.get("spec") or {}).get("nodeName")
+        return str(node) if node else None
+
     def _read_pod(self, pod_name: str) -> dict[str, Any] | None:
         ns = self.config.namespace
         try:
@@ -269,15 +311,20 @@ class KubernetesActuator:
         labels = pod["metadata"].get("labels") or {}
         owner = labels.get(CLUSTER_LABEL)
         if owner != self.config.raycluster:
-            raise KubernetesActuatorError(
+            raise KubeRefusedError(
                 f"pod {ns}/{pod_name} is not a Ray pod of {self._cluster} (its {CLUSTER_LABEL} "
                 f"label is {owner!r}); refusing to touch it. Check kubernetes.raycluster and the "
                 "pod name (a Ray node's hostname is its pod name)"
             )
         if labels.get(NODE_TYPE_LABEL) == "head":
-            raise KubernetesActuatorError(
+            raise KubeRefusedError(
                 f"pod {ns}/{pod_name} is the Ray head of {self._cluster}; removing it would stop "
                 "the whole cluster, so the actuator never does"
+            )
+        if labels.get(NODE_TYPE_LABEL) != "worker":
+            raise KubeRefusedError(
+                f"pod {ns}/{pod_name} is not a worker of {self._cluster} (its {NODE_TYPE_LABEL} "
+                f"label is {labels.get(NODE_TYPE_LABEL)!r}); the actuator only removes workers"
             )
         return pod
 
@@ -588,41 +635,3 @@ class KubernetesActuator:
             ) from exc
         return True
 
-
-def from_config(
-    cfg: Config, *, configuration: k8s.Configuration | None = None
-) -> KubernetesActuator | None:
-    """The actuator for ``cfg.kubernetes``, or None when it is disabled (local mode).
-
-    `configuration` overrides how the API server is reached (tests point it at a fake);
-    otherwise it comes from the pod's service account (``kubernetes.in_cluster``) or a
-    kubeconfig (``kubernetes.kubeconfig``, ``kubernetes.context``).
-    """
-    kc = cfg.kubernetes
-    if not kc.enabled:
-        return None
-    if configuration is None:
-        from kubernetes import config as kube_config
-
-        configuration = k8s.Configuration()
-        try:
-            if kc.in_cluster:
-                kube_config.load_incluster_config(client_configuration=configuration)
-            else:
-                kube_config.load_kube_config(
-                    config_file=kc.kubeconfig,
-                    context=kc.context,
-                    client_configuration=configuration,
-                )
-        except (kube_config.ConfigException, OSError) as exc:
-            where = (
-                "the pod's service account (kubernetes.in_cluster is true; outside a pod set it "
-                "false and name a kubeconfig)"
-                if kc.in_cluster
-                else f"kubeconfig {kc.kubeconfig or '$KUBECONFIG or ~/.kube/config'}"
-                + (f", context {kc.context!r}" if kc.context else "")
-            )
-            raise KubernetesActuatorError(
-                f"cannot load Kubernetes credentials from {where}: {exc}"
-            ) from exc
-    return KubernetesActuator(kc, k8s.ApiClient(configuration))

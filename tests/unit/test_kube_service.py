@@ -1,0 +1,547 @@
+"""The ``rcp-kube-actuator`` service (controlplane/kube/service.py) and the controller's HTTP
+client of it (controlplane/kube/remote.py), over real HTTP on 127.0.0.1, backed by the fake
+Kubernetes API server (tests/unit/kubeapi.py) through the real `kubernetes` client.
+
+The caller is treated as hostile: every refusal below is checked to write nothing to
+Kubernetes. No Kubernetes API server runs here, so this fake is the protocol boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from controlplane.config import ConfigError, KubeActuatorServiceConfig, load_config
+from controlplane.kube import (
+    KubeNotFoundError,
+    KubeRateLimitedError,
+    KubeRefusedError,
+    KubernetesActuator,
+    KubernetesActuatorError,
+    RemoteKubernetesActuator,
+    from_config,
+)
+from controlplane.kube.service import (
+    MAX_REASON_CHARS,
+    ActuatorServer,
+    ActuatorService,
+    NodeActionCap,
+    main,
+)
+from controlplane.service.remediation import Remediator
+from tests.unit.kubeapi import FakeKubeApi, running, write_kubeconfig
+from tests.unit.test_health_actuation import FakeNodes
+from tests.unit.test_kube_actuator import (
+    KEY,
+    NODE,
+    NODE_PATH,
+    NS,
+    POD,
+    POD_PATH,
+    add_cluster,
+    kube_config,
+    replicas_of,
+    worker_labels,
+)
+
+TOKEN = "s3cret-" + "x" * 40
+OTHER_NODE = "gpu-node-2"
+
+
+# --- builders ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Rig:
+    api: FakeKubeApi
+    server: ActuatorServer
+    service: ActuatorService
+    client: RemoteKubernetesActuator
+    clock: list[float]
+    token_file: Path
+
+    def post(
+        self,
+        route: str,
+        body: Any,
+        *,
+        token: str | None = TOKEN,
+        content_type: str = "application/json",
+        raw: bytes | None = None,
+    ) -> tuple[int, dict[str, Any]]:
+        """A raw request, as hostile code would send it."""
+        headers = {"Content-Type": content_type}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        data = raw if raw is not None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.server.url + route, data=data, headers=headers, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+
+def make_rig(api: FakeKubeApi, tmp_path: Path, **overrides: Any) -> Iterator[Rig]:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    service_cfg = KubeActuatorServiceConfig(
+        **{"max_node_actions": 2, "window_s": 600.0, **overrides.pop("service", {})}
+    )
+    kc = kube_config(actuator_token_file=str(token_file), service=service_cfg, **overrides)
+    conf = k8s.Configuration()
+    conf.host = api.url
+    actuator = KubernetesActuator(kc, k8s.ApiClient(conf), sleep=lambda _s: None)
+    clock = [1000.0]
+    service = ActuatorService(actuator, kc, clock=lambda: clock[0])
+    server = ActuatorServer(service).start()
+    kc_client = kube_config(actuator_url=server.url, actuator_token_file=str(token_file))
+    try:
+        yield Rig(api, server, service, RemoteKubernetesActuator(kc_client), clock, token_file)
+    finally:
+        server.stop()
+        actuator.close()
+
+
+@pytest.fixture
+def api() -> Iterator[FakeKubeApi]:
+    with running() as server:
+        yield server
+
+
+@pytest.fixture
+def rig(api: FakeKubeApi, tmp_path: Path) -> Iterator[Rig]:
+    yield from make_rig(api, tmp_path)
+
+
+def add_worker(api: FakeKubeApi, name: str = POD, node: str = NODE, **kw: Any) -> None:
+    api.add_pod(
+        name,
+        namespace=kw.pop("namespace", NS),
+        node_name=node,
+        labels=kw.pop("labels", worker_labels()),
+        **kw,
+    )
+
+
+# --- the legitimate calls, end to end -----------------------------------------------------------
+
+
+def test_remove_node_through_the_service_cordons_taints_and_deletes(rig: Rig) -> None:
+    rig.api.add_node(NODE)
+    add_worker(rig.api)
+    result = rig.client.remove_node(POD, "gpu_overheated")
+    assert (result.pod_name, result.node_name, result.pod_deleted) == (POD, NODE, True)
+    assert result.cordon is not None and result.cordon.changed
+    assert result.cordon.taint == f"{KEY}=gpu_overheated:NoSchedule"
+    node = rig.api.get(NODE_PATH)
+    assert node is not None and node["spec"]["unschedulable"] is True
+    assert rig.api.get(POD_PATH) is None
+    again = rig.client.remove_node(POD, "gpu_overheated")  # idempotent: the pod is gone
+    assert (again.node_name, again.pod_deleted) == (None, False)
+
+
+def test_cordon_through_the_service(rig: Rig) -> None:
+    rig.api.add_node(NODE)
+    add_worker(rig.api)
+    result = rig.client.cordon(NODE, "xid_fatal")
+    assert result.changed and result.node_name == NODE
+    assert not rig.client.cordon(NODE, "xid_fatal").changed
+
+
+def test_pod_for_ip_through_the_service(rig: Rig) -> None:
+    add_worker(rig.api, pod_ip="10.0.0.7")
+    assert rig.client.pod_for_ip("10.0.0.7") == POD
+    assert rig.client.pod_for_ip("10.0.0.8") is None
+
+
+def test_the_remediator_removes_a_node_through_the_service(rig: Rig) -> None:
+    rig.api.add_node(NODE)
+    add_worker(rig.api)
+    events: list[tuple[str, str]] = []
+    r = Remediator(
+        FakeNodes(hostnames={"ray-node-a": POD}),
+        drain_deadline_s=600,
+        replace_drained=True,
+        record=lambda k, m: events.append((k, m)),
+        kube_remove=rig.client.remove_node,
+    )
+    r.cordon("ray-node-a", "unhealthy", now_s=0.5)
+    assert r.replace("ray-node-a", "unhealthy", now_s=1.0, cause="gpu_overheated")
+    assert rig.api.get(POD_PATH) is None
+    assert POD in dict(events)["health.drain"]
+
+
+def test_the_controllers_removal_treats_a_vanished_node_as_done(
+    api: FakeKubeApi, tmp_path: Path
+) -> None:
+    """404 from the service is KubeNotFoundError in the controller, as in-process."""
+    from controlplane.service.controller import _kube_remove
+
+    for rig in make_rig(api, tmp_path):
+        add_worker(api, node="node-that-is-gone")
+        with pytest.raises(KubeNotFoundError, match="node-that-is-gone"):
+            rig.client.remove_node(POD, "gpu_overheated")
+        cfg = load_config(
+            None,
+            [
+                "kubernetes.enabled=true",
+                f"kubernetes.namespace={NS}",
+                f"kubernetes.actuator_url={rig.server.url}",
+                f"kubernetes.actuator_token_file={rig.token_file}",
+            ],
+        )
+        remove = _kube_remove(cfg)
+        assert remove is not None and remove(POD, "gpu_overheated") is None
+
+
+@pytest.mark.parametrize(("owns", "expect"), [(True, 0), (False, 3)], ids=["autoscaler", "ours"])
+def test_scale_external_follows_the_services_own_config(
+    api: FakeKubeApi, tmp_path: Path, owns: bool, expect: int
+) -> None:
+    add_cluster(api)
+    for rig in make_rig(api, tmp_path, autoscaler_owns_external=owns):
+        result = rig.client.scale_external(3)
+        assert replicas_of(api) == expect
+        assert (result.refused is not None) == owns
+        if owns:  # refused before reading anything
+            assert not [r for r in api.requests if "rayclusters" in r.path]
+
+
+# --- refusals: each writes nothing --------------------------------------------------------------
+
+
+def _setup_refusals(api: FakeKubeApi) -> None:
+    api.add_node(NODE)
+    api.add_node(OTHER_NODE)
+    api.add_node("head-node")
+    api.add_node("foreign-node")
+    api.add_node("done-node")
+    add_worker(api, "rcp-head-xyz", "head-node", labels=worker_labels(node_type="head"))
+    add_worker(api, "other-worker", "foreign-node", labels=worker_labels(cluster="other"))
+    add_worker(api, POD, NODE, namespace="elsewhere")  # same name, another namespace
+    add_worker(api, "finished", "done-node")
+    api.objects[f"/api/v1/namespaces/{NS}/pods/finished"]["status"]["phase"] = "Succeeded"
+
+
+LONG = "a" * 254
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "status", "needle"),
+    [
+        pytest.param(
+            "/v1/cordon",
+            {"node_name": OTHER_NODE, "reason": "x"},
+            403,
+            "hosts no running worker pod",
+            id="node-without-our-pod",
+        ),
+        pytest.param(
+            "/v1/cordon",
+            {"node_name": "head-node", "reason": "x"},
+            403,
+            "hosts no running worker pod",
+            id="node-with-only-the-head",
+        ),
+        pytest.param(
+            "/v1/cordon",
+            {"node_name": "foreign-node", "reason": "x"},
+            403,
+            "hosts no running worker pod",
+            id="node-of-another-raycluster",
+        ),
+        pytest.param(
+            "/v1/cordon",
+            {"node_name": "done-node", "reason": "x"},
+            403,
+            "hosts no running worker pod",
+            id="node-with-a-finished-pod",
+        ),
+        pytest.param(
+            "/v1/remove-node",
+            {"pod_name": "rcp-head-xyz", "reason": "x"},
+            403,
+            "is the Ray head",
+            id="head-pod",
+        ),
+        pytest.param(
+            "/v1/remove-node",
+            {"pod_name": "other-worker", "reason": "x"},
+            403,
+            "not a Ray pod of RayCluster",
+            id="pod-of-another-raycluster",
+        ),
+        pytest.param(
+            "/v1/remove-node",
+            {"pod_name": POD, "reason": "x", "namespace": "elsewhere"},
+            400,
+            "unknown ['namespace']",
+            id="caller-names-a-namespace",
+        ),
+        pytest.param(
+            "/v1/remove-node",
+            {"pod_name": f"elsewhere/{POD}", "reason": "x"},
+            400,
+            "DNS-1123",
+            id="namespace-in-the-name",
+        ),
+        pytest.param(
+            "/v1/cordon", {"node_name": "Node_1", "reason": "x"}, 400, "DNS-1123", id="name-not-dns"
+        ),
+        pytest.param(
+            "/v1/cordon", {"node_name": LONG, "reason": "x"}, 400, "DNS-1123", id="name-too-long"
+        ),
+        pytest.param(
+            "/v1/cordon", {"node_name": 7, "reason": "x"}, 400, "DNS-1123", id="name-not-a-string"
+        ),
+        pytest.param(
+            "/v1/cordon",
+            {"node_name": NODE, "reason": "a\nb"},
+            400,
+            "control",
+            id="reason-control-chars",
+        ),
+        pytest.param(
+            "/v1/cordon",
+            {"node_name": NODE, "reason": "r" * (MAX_REASON_CHARS + 1)},
+            400,
+            "printable text",
+            id="reason-too-long",
+        ),
+        pytest.param(
+            "/v1/cordon", {"node_name": NODE}, 400, "missing ['reason']", id="missing-key"
+        ),
+        pytest.param("/v1/cordon", [NODE, "x"], 400, "JSON object", id="not-an-object"),
+        pytest.param("/v1/scale-external", {"replicas": True}, 400, "integer", id="bool"),
+        pytest.param("/v1/scale-external", {"replicas": -1}, 400, "0..", id="negative"),
+        pytest.param("/v1/scale-external", {"replicas": 10**6}, 400, "0..", id="huge"),
+        pytest.param("/v1/pod-for-ip", {"pod_ip": "10.0.0.1; rm"}, 400, "IPv4", id="bad-ip"),
+        pytest.param("/v1/uncordon", {"node_name": NODE}, 404, "no such route", id="uncordon"),
+        pytest.param("/v1/delete-pod", {"pod_name": POD}, 404, "no such route", id="other-route"),
+    ],
+)
+def test_refused_requests_write_nothing(
+    rig: Rig, route: str, body: Any, status: int, needle: str
+) -> None:
+    _setup_refusals(rig.api)
+    add_worker(rig.api)  # a legitimate worker exists too: refusals are not "nothing there"
+    got, answer = rig.post(route, body)
+    assert got == status, answer
+    assert needle in answer["error"], answer
+    assert answer["request_id"]
+    assert rig.api.writes() == []
+
+
+def test_another_namespaces_pod_is_never_touched(rig: Rig) -> None:
+    """The service reads only its own namespace: a same-named pod elsewhere is not found."""
+    _setup_refusals(rig.api)
+    result = rig.client.remove_node(POD, "x")
+    assert (result.node_name, result.pod_deleted) == (None, False)
+    assert rig.api.get(f"/api/v1/namespaces/elsewhere/pods/{POD}") is not None
+    assert rig.api.writes() == []
+    assert all(f"/namespaces/{NS}/" in r.path for r in rig.api.requests if "/pods" in r.path)
+
+
+@pytest.mark.parametrize(
+    ("token", "status"),
+    [
+        pytest.param(None, 401, id="no-token"),
+        pytest.param("", 401, id="empty"),
+        pytest.param(TOKEN[:-1], 401, id="prefix"),
+        pytest.param(TOKEN + "x", 401, id="longer"),
+        pytest.param("x" * len(TOKEN), 401, id="same-length"),
+    ],
+)
+def test_a_bad_token_is_refused_before_anything_is_read(
+    rig: Rig, token: str | None, status: int
+) -> None:
+    add_worker(rig.api)
+    got, answer = rig.post("/v1/remove-node", {"pod_name": POD, "reason": "x"}, token=token)
+    assert got == status and "token" in answer["error"]
+    assert rig.api.requests == []
+
+
+def test_a_missing_or_short_token_file_refuses_every_call(rig: Rig) -> None:
+    rig.token_file.write_text("short")
+    got, answer = rig.post("/v1/cordon", {"node_name": NODE, "reason": "x"}, token="short")
+    assert got == 503
+    rig.token_file.unlink()
+    got, _ = rig.post("/v1/cordon", {"node_name": NODE, "reason": "x"})
+    assert got == 503
+    assert rig.api.requests == []
+
+
+def test_a_rotated_token_takes_effect_without_a_restart(rig: Rig) -> None:
+    rig.api.add_node(NODE)
+    add_worker(rig.api)
+    rotated = "rotated-" + "y" * 40
+    rig.token_file.write_text(rotated)
+    assert rig.post("/v1/cordon", {"node_name": NODE, "reason": "x"})[0] == 401
+    assert rig.post("/v1/cordon", {"node_name": NODE, "reason": "x"}, token=rotated)[0] == 200
+    assert rig.client.cordon(NODE, "x").node_name == NODE  # the client re-reads its file too
+
+
+def test_an_oversize_body_is_413(rig: Rig) -> None:
+    body = {"node_name": NODE, "reason": "r" * 5000}
+    got, answer = rig.post("/v1/cordon", body)
+    assert got == 413 and "4096 bytes" in answer["error"]
+    assert rig.api.requests == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "content_type", "status"),
+    [
+        pytest.param(b'{"node_name": "a", "reason": NaN}', "application/json", 400, id="nan"),
+        pytest.param(b"[" * 100 + b"]" * 100, "application/json", 400, id="deep"),
+        pytest.param(b"\xff\xfe", "application/json", 400, id="not-utf8"),
+        pytest.param(b'{"node_name": "a"}', "text/plain", 415, id="not-json"),
+    ],
+)
+def test_malformed_bodies_are_4xx(rig: Rig, raw: bytes, content_type: str, status: int) -> None:
+    got, _ = rig.post("/v1/cordon", None, raw=raw, content_type=content_type)
+    assert got == status
+    assert rig.api.requests == []
+
+
+# --- the rate cap -----------------------------------------------------------------------------
+
+
+def test_past_the_rate_cap_node_actions_are_429_until_the_window_moves(rig: Rig) -> None:
+    for i in range(4):
+        rig.api.add_node(f"n{i}")
+        add_worker(rig.api, f"w{i}", f"n{i}")
+    assert rig.client.cordon("n0", "x").changed
+    assert rig.client.remove_node("w1", "x").pod_deleted
+    with pytest.raises(KubeRateLimitedError, match="max_node_actions"):
+        rig.client.cordon("n2", "x")
+    with pytest.raises(KubeRateLimitedError):
+        rig.client.remove_node("w3", "x")
+    assert rig.api.get(f"/api/v1/namespaces/{NS}/pods/w3") is not None
+    n2 = rig.api.get("/api/v1/nodes/n2")
+    assert n2 is not None and not n2["spec"].get("unschedulable")
+    assert rig.client.remove_node("w0", "x").pod_deleted  # n0 is already counted: free
+    rig.clock[0] += 600
+    assert rig.client.cordon("n2", "x").changed
+
+
+@pytest.mark.parametrize(
+    ("events", "admitted"),
+    [
+        pytest.param([("a", 0), ("b", 10), ("c", 20)], [True, True, False], id="third-refused"),
+        pytest.param([("a", 0), ("a", 5), ("b", 10)], [True, True, True], id="repeat-is-free"),
+        pytest.param([("a", 0), ("b", 10), ("c", 601)], [True, True, True], id="window-moves"),
+    ],
+)
+def test_node_action_cap(events: list[tuple[str, float]], admitted: list[bool]) -> None:
+    cap = NodeActionCap(max_nodes=2, window_s=600)
+    assert [cap.admit(n, t) for n, t in events] == admitted
+
+
+def test_a_zero_cap_refuses_every_node_action(api: FakeKubeApi, tmp_path: Path) -> None:
+    api.add_node(NODE)
+    add_worker(api)
+    for rig in make_rig(api, tmp_path, service={"max_node_actions": 0}):
+        with pytest.raises(KubeRateLimitedError):
+            rig.client.remove_node(POD, "x")
+    assert api.writes() == []
+
+
+# --- client errors, logging, wiring -------------------------------------------------------------
+
+
+def test_refusals_reach_the_controller_as_refused_errors(rig: Rig) -> None:
+    _setup_refusals(rig.api)
+    with pytest.raises(KubeRefusedError, match="Ray head"):
+        rig.client.remove_node("rcp-head-xyz", "x")
+
+
+def test_an_unreachable_service_names_its_url(tmp_path: Path) -> None:
+    token = tmp_path / "t"
+    token.write_text(TOKEN)
+    client = RemoteKubernetesActuator(
+        kube_config(actuator_url="http://127.0.0.1:9", actuator_token_file=str(token))
+    )
+    with pytest.raises(KubernetesActuatorError, match=r"127\.0\.0\.1:9.*actuator_url"):
+        client.cordon(NODE, "x")
+
+
+def test_uncordon_is_not_offered_to_the_head(rig: Rig) -> None:
+    with pytest.raises(KubernetesActuatorError, match="kubectl uncordon"):
+        rig.client.uncordon(NODE)
+
+
+def test_every_request_is_logged(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    rig.api.add_node(NODE)
+    add_worker(rig.api)
+    with caplog.at_level(logging.INFO, logger="controlplane.kube.service"):
+        rig.client.cordon(NODE, "xid_fatal")
+        rig.post("/v1/cordon", {"node_name": OTHER_NODE, "reason": "x"}, token="nope")
+    text = caplog.text
+    assert "POST /v1/cordon -> 200" in text and "\"changed\": true" in text
+    assert "POST /v1/cordon -> 401" in text
+
+
+def test_from_config_gives_the_controller_the_client_and_the_service_the_api(
+    api: FakeKubeApi, tmp_path: Path
+) -> None:
+    kubeconfig = write_kubeconfig(api, tmp_path / "kubeconfig")
+    cfg = load_config(
+        None,
+        [
+            "kubernetes.enabled=true",
+            "kubernetes.in_cluster=false",
+            f"kubernetes.kubeconfig={kubeconfig}",
+            "kubernetes.actuator_url=http://rcp-kube-actuator.rcp.svc:8080",
+        ],
+    )
+    assert isinstance(from_config(cfg), RemoteKubernetesActuator)
+    direct = from_config(cfg, direct=True)
+    assert isinstance(direct, KubernetesActuator)
+    direct.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["ftp://x", "http://user:pw@x:8080", "http://x:8080/v1", "http://x?a=1", "x:8080", "http://"],
+)
+def test_actuator_url_must_be_a_bare_http_address(url: str) -> None:
+    with pytest.raises(ConfigError, match="kubernetes.actuator_url"):
+        load_config(None, [f"kubernetes.actuator_url={url}"])
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("kubernetes.service.port=0", "kubernetes.service.port"),
+        ("kubernetes.service.max_node_actions=-1", "kubernetes.service.max_node_actions"),
+        ("kubernetes.service.window_s=0", "kubernetes.service.window_s"),
+        ("kubernetes.service.max_body_bytes=10", "kubernetes.service.max_body_bytes"),
+    ],
+)
+def test_service_config_is_validated(override: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        load_config(None, [override])
+
+
+def test_main_refuses_to_start_without_a_token(api: FakeKubeApi, tmp_path: Path) -> None:
+    kubeconfig = write_kubeconfig(api, tmp_path / "kubeconfig")
+    args = [
+        "kubernetes.enabled=true",
+        "kubernetes.in_cluster=false",
+        f"kubernetes.kubeconfig={kubeconfig}",
+        f"kubernetes.actuator_token_file={tmp_path / 'missing'}",
+    ]
+    assert main(args) == 2
+    assert main(["kubernetes.enabled=false"]) == 2
