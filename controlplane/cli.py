@@ -309,6 +309,64 @@ def health_clear(node: str, config_file: str | None, overrides: tuple[str, ...])
     click.echo(f"node {result['node_id']}: lemon record cleared{note}")
 
 
+@cli.command("health-breaker")
+@click.option("--reset", is_flag=True, help="Close the breaker (operator only); logs an event.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_config_options
+def health_breaker(
+    reset: bool, as_json: bool, config_file: str | None, overrides: tuple[str, ...]
+) -> None:
+    """The removal breaker: open?, its budget, recent removals, held nodes; --reset closes it.
+
+    Once a removal is held because health.breaker's budget is spent, the breaker stays open:
+    no node is taken out until an operator resets it. Find the cause first (rcp health, rcp
+    events): many nodes failing at once is more often an exporter or driver rollout than
+    hardware. A reset lifts the latch, not the rate limit: removals in the window still count.
+    """
+    import time
+
+    import ray
+
+    from controlplane.service.controller import get_controller
+
+    _connect_running(_load(config_file, overrides))
+    handle = get_controller()
+    if handle is None:
+        _fail("no controller runs on this cluster (start it with `rcp up`)")
+        return
+    call = handle.reset_breaker if reset else handle.breaker_status
+    try:
+        state = ray.get(call.remote(), timeout=30)
+    except ray.exceptions.RayTaskError as exc:
+        _fail(str(getattr(exc, "cause", None) or exc), code=2)
+        return
+    if as_json:
+        click.echo(json.dumps({**state, "reset": reset}, indent=2))
+        return
+
+    def when(t_s: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_s))
+
+    if reset:
+        click.echo(
+            "breaker reset: closed (it was open since " + when(state["opened_s"]) + ")"
+            if state["open"]
+            else "breaker reset: it was closed already"
+        )
+        return
+    status = f"open since {when(state['opened_s'])}" if state["open"] else "closed"
+    click.echo(f"breaker:  {status}{'' if state['act'] else ' (health.act is false)'}")
+    click.echo(
+        f"budget:   {state['max_nodes']} node(s), {state['max_pool_fraction']:.0%} of a pool "
+        f"(at least 1), per {state['window_s']:g} s"
+    )
+    removals = [f"{r['node_id'][-12:]} ({r['pool']}, {when(r['at_s'])})" for r in state["removals"]]
+    click.echo(f"removals: {', '.join(removals) or 'none'} in the window")
+    click.echo(f"held:     {', '.join(n[-12:] for n in state['held']) or 'none'}")
+    if state["open"]:
+        click.echo("no node is taken out until `rcp health-breaker --reset`")
+
+
 @cli.command("uncordon")
 @click.argument("kube_node")
 @_config_options

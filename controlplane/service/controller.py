@@ -50,6 +50,7 @@ from controlplane.config import Config, from_dict, to_dict
 from controlplane.pools import Pool, pool_resource
 from controlplane.service.tokens import ensure_token, write_url
 from controlplane.store import StoreError
+from policies.health import BreakerState, RemovalBudget
 
 __all__ = ["ACTOR_NAME", "NAMESPACE", "Controller", "TickStats", "deploy", "get_controller"]
 
@@ -109,7 +110,6 @@ class Controller:
         self.stats = TickStats()
         self._last_actions: set[tuple[str, str, str]] = set()
         from controlplane.service.remediation import Breaker, RayNodeControl, Remediator
-        from policies.health import BreakerState
 
         self.verdicts: dict[str, Any] = {}
         """The verdicts the last tick acted on, by node id."""
@@ -143,6 +143,8 @@ class Controller:
             record=lambda kind, message: self.store.record_event(kind, message),
             state=BreakerState.from_dict(self.store.get_value(BREAKER_KEY, {}) or {}),
         )
+        self._breaker_lock = threading.Lock()
+        """Held while the breaker steps and is stored (tick vs operator reset)."""
         self._agent_ids: dict[str, str] = dict(self.store.get_value(AGENTS_KEY, {}) or {})
         self._stop = threading.Event()
         self.api = ApiServer(self.service, token, self.cfg.ray.node_ip, self.cfg.api.port)
@@ -201,6 +203,22 @@ class Controller:
             self.store.put(HEALTH_STATE_KEY, clear_lemon(state, [node_id]).to_dict())
         self.store.record_event("health.clear", f"node {node_id}: lemon record cleared by operator")
         return {"node_id": node_id, "cordoned": node_id in self.remediator.cordoned}
+
+    def breaker_status(self) -> dict[str, Any]:
+        """The removal breaker: open (latched) and since when, its budget, the removals it
+        admitted within the window (node, pool, time) and the nodes it holds."""
+        with self._breaker_lock:
+            state = self.breaker.state
+        return _breaker_json(state, self.cfg.health.breaker, act=self.cfg.health.act)
+
+    def reset_breaker(self) -> dict[str, Any]:
+        """The operator's reset: close the breaker so that health may take nodes out again
+        (within the budget; removals in the window still count). Stored at once and logged
+        (`health.breaker_reset`). Returns the state before the reset."""
+        with self._breaker_lock:
+            before = self.breaker.reset()
+            self.store.put(BREAKER_KEY, self.breaker.state.to_dict())
+        return _breaker_json(before, self.cfg.health.breaker, act=self.cfg.health.act)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -382,11 +400,12 @@ class Controller:
         )
         self.remediator.forget({n.node_id for n in snapshot.nodes})
         if self.cfg.health.act:
-            before = self.breaker.state
             out = set(self.remediator.cordoned) | self._draining
-            verdicts = self.breaker.step(verdicts, snapshot, out, snapshot.now_s)
-            if self.breaker.state != before:
-                self.store.put(BREAKER_KEY, self.breaker.state.to_dict())
+            with self._breaker_lock:
+                before = self.breaker.state
+                verdicts = self.breaker.step(verdicts, snapshot, out, snapshot.now_s)
+                if self.breaker.state != before:
+                    self.store.put(BREAKER_KEY, self.breaker.state.to_dict())
         return verdicts
 
     def _trust_agents(self, refs: Any) -> None:
@@ -634,6 +653,19 @@ def get_controller() -> Any:
         return ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
     except ValueError:
         return None
+
+
+def _breaker_json(state: BreakerState, budget: RemovalBudget, *, act: bool) -> dict[str, Any]:
+    return {
+        "open": state.open,
+        "opened_s": state.opened_s,
+        "held": list(state.held),
+        "removals": [{"node_id": n, "pool": p, "at_s": t} for n, p, t in state.removals],
+        "max_nodes": budget.max_nodes,
+        "max_pool_fraction": budget.max_pool_fraction,
+        "window_s": budget.window_s,
+        "act": act,
+    }
 
 
 def _healthy(url: str) -> bool:

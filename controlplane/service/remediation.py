@@ -18,7 +18,8 @@ Owns: applying `policies.health`'s `CordonNode` and `DrainNode` actions, idempot
 
 The breaker's bookkeeping lives here too (`Breaker`): the pure `policies.health.limit_removals`
 decides which removals are held; `Breaker.step` threads its stored state and says once, in the
-event log, when it opens and when it closes.
+event log, when it opens (it then stays open) and when it holds nothing any more; `Breaker.reset`
+is the operator's reset, logged too.
 
 Must not: decide (the health policy does), or act on the head node.
 """
@@ -31,7 +32,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from policies.health import BreakerState, NodeVerdict, RemovalBudget, limit_removals
+from policies.health import (
+    BreakerState,
+    NodeVerdict,
+    RemovalBudget,
+    limit_removals,
+    reset_breaker,
+)
 from policies.snapshot import ClusterSnapshot
 
 __all__ = ["Breaker", "NodeActions", "RayNodeControl", "Remediator"]
@@ -189,6 +196,10 @@ class Remediator:
                 del book[node_id]
 
 
+def _utc(t_s: float | None) -> str:
+    return "-" if t_s is None else time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(t_s))
+
+
 @dataclass
 class Breaker:
     """Threads the breaker's state through ticks; `record(kind, message)` writes the event log.
@@ -208,7 +219,8 @@ class Breaker:
         out: set[str],
         now_s: float,
     ) -> dict[str, NodeVerdict]:
-        """The verdicts to act on (`limit_removals`); an event when the breaker opens or closes."""
+        """The verdicts to act on (`limit_removals`); an event when the breaker opens, and when
+        it no longer holds anything (it stays open until `reset`)."""
         before = self.state
         acting, self.state = limit_removals(verdicts, snapshot, self.budget, before, out, now_s)
         b = self.budget
@@ -219,10 +231,30 @@ class Breaker:
                 "health.breaker",
                 f"open: {len(held)} unhealthy node(s) not taken out ({shown}): at most "
                 f"{b.max_nodes} nodes, and {b.max_pool_fraction:.0%} of a pool (at least 1), "
-                f"per {b.window_s:g} s. Verdicts are shown and alerted on, not acted on. Check "
-                "for a fleet-wide cause (telemetry exporter, driver rollout) before raising "
-                "health.breaker.",
+                f"per {b.window_s:g} s. Verdicts are shown and alerted on, not acted on, and no "
+                "node is taken out until an operator resets the breaker (rcp health-breaker "
+                "--reset). Check for a fleet-wide cause (telemetry exporter, driver rollout) "
+                "first.",
             )
-        elif before.open and not self.state.open:
-            self.record("health.breaker", "closed: no unhealthy node is held any more")
+        elif self.state.open and before.held and not self.state.held:
+            self.record(
+                "health.breaker",
+                "no unhealthy node is held any more; the breaker stays open (a new fault is "
+                "held too) until an operator resets it (rcp health-breaker --reset)",
+            )
         return acting
+
+    def reset(self, by: str = "operator") -> BreakerState:
+        """Close the breaker (`reset_breaker`) and say so in the event log; the state before."""
+        before = self.state
+        self.state = reset_breaker(before)
+        if before.open:
+            held = ", ".join(before.held) or "none"
+            message = (
+                f"reset by {by}: closed (open since {_utc(before.opened_s)}; held: {held}); "
+                f"{len(before.removals)} removal(s) in the window still count"
+            )
+        else:
+            message = f"reset by {by}: it was closed; nothing changes"
+        self.record("health.breaker_reset", message)
+        return before

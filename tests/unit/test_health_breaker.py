@@ -1,5 +1,6 @@
 """The health breaker: at most a budget of nodes taken out per window; past it, verdicts are
-shown (held) and alerted on, not acted on. Ends with a fleet-wide bad scrape fed through the
+shown (held) and alerted on, not acted on, and the breaker stays open until an operator resets
+it (kept across controller restarts; `rcp health-breaker`). Ends with a fleet-wide bad scrape fed through the
 real parser, sampler, judge, breaker, plan and actuator."""
 
 from __future__ import annotations
@@ -7,10 +8,16 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
+import ray
+from click.testing import CliRunner
 
-from controlplane.config import HealthConfig
+from controlplane import cli as cli_module
+from controlplane.config import HealthConfig, load_config, to_dict
+from controlplane.service import controller as controller_module
+from controlplane.service.controller import BREAKER_KEY, Controller
 from controlplane.service.remediation import Breaker, Remediator
 from controlplane.telemetry import dcgm
 from controlplane.telemetry.dcgm import DcgmSource
@@ -26,6 +33,7 @@ from policies.health import (
     Verdict,
     limit_removals,
     remediate,
+    reset_breaker,
     with_verdicts,
 )
 from policies.plan import DrainNode
@@ -169,7 +177,7 @@ def test_held_nodes_stay_in_capacity_and_get_no_plan() -> None:
     assert out_of_capacity == ["n00", "n01"]
 
 
-def test_breaker_says_so_once_when_it_opens_and_once_when_it_closes() -> None:
+def test_breaker_says_so_once_when_it_opens_and_when_it_holds_nothing_more() -> None:
     events: list[tuple[str, str]] = []
     b = Breaker(BUDGET, record=lambda k, m: events.append((k, m)))
     snap = snapshot(fleet(30))
@@ -178,10 +186,149 @@ def test_breaker_says_so_once_when_it_opens_and_once_when_it_closes() -> None:
         b.step(verdicts, snap, {"n00", "n01"} if t else set(), t)
     assert [k for k, _ in events] == ["health.breaker"]
     assert events[0][1].startswith("open: 3 unhealthy node(s) not taken out (n02, n03, n04)")
+    assert "until an operator resets the breaker (rcp health-breaker --reset)" in events[0][1]
     b.step({}, snap, {"n00", "n01"}, 3.0)
-    assert events[-1] == ("health.breaker", "closed: no unhealthy node is held any more")
+    assert events[-1][1].startswith("no unhealthy node is held any more; the breaker stays open")
+    assert b.state.open and b.state.held == ()
     again = BreakerState.from_dict(json.loads(json.dumps(b.state.to_dict())))
-    assert again == b.state and len(again.removals) == 2
+    assert again == b.state and len(again.removals) == 2 and again.opened_s == 0.0
+    b.step({}, snap, {"n00", "n01"}, 4.0)
+    assert len(events) == 2  # said once
+    before = b.reset()
+    assert before.open and not b.state.open and b.state.removals == before.removals
+    assert events[-1][0] == "health.breaker_reset"
+    assert events[-1][1].startswith("reset by operator: closed (open since 1970-01-01 00:00:00Z")
+
+
+# -- the breaker latches: a fleet-wide fault is stopped, not slowed -----------------------------
+
+OPEN = BreakerState(removals=(("n00", "cluster", 0.0), ("n01", "cluster", 0.0)), opened_s=0.0)
+
+
+@pytest.mark.parametrize(
+    ("state", "unhealthy", "out", "now_s", "admitted", "held"),
+    [
+        pytest.param(OPEN, ["n05"], (), 10_000.0, [], ["n05"], id="open-holds-past-the-window"),
+        pytest.param(
+            BreakerState(opened_s=0.0), ["n05"], (), 0.0, [], ["n05"], id="open-with-budget-left"
+        ),
+        pytest.param(
+            OPEN, ["n00", "n01", "n05"], (), 30.0, [], ["n05"], id="admitted-before-go-on"
+        ),
+        pytest.param(OPEN, ["n07"], ("n07",), 30.0, [], [], id="already-out-never-held"),
+        pytest.param(OPEN, [], (), 30.0, [], [], id="open-holding-nothing-stays-open"),
+        pytest.param(reset_breaker(OPEN), ["n05"], (), 10_000.0, ["n05"], [], id="after-reset"),
+        pytest.param(
+            reset_breaker(OPEN), ["n05"], (), 30.0, [], ["n05"], id="reset-keeps-the-rate-limit"
+        ),
+    ],
+)
+def test_an_open_breaker_holds_every_new_removal_until_reset(
+    state: BreakerState,
+    unhealthy: list[str],
+    out: tuple[str, ...],
+    now_s: float,
+    admitted: list[str],
+    held: list[str],
+) -> None:
+    verdicts = {n: bad(n) for n in unhealthy}
+    acting, new = limit_removals(verdicts, snapshot(fleet(30)), BUDGET, state, out, now_s)
+    assert sorted(n for n, v in acting.items() if v.held) == held
+    assert sorted(r[0] for r in new.removals if r[2] == now_s) == admitted
+    assert new.open is (state.open or bool(held))
+    if state.open:
+        assert new.opened_s == state.opened_s
+        for n in held:
+            assert "holds every removal until an operator resets it" in acting[n].details[-1]
+
+
+@pytest.mark.parametrize(
+    ("num_nodes", "hours"),
+    [
+        pytest.param(30, 3, id="30-nodes-3h"),
+        pytest.param(200, 24, id="200-nodes-a-day"),
+    ],
+)
+def test_a_fleet_wide_fault_that_lasts_takes_out_only_the_first_budget(
+    num_nodes: int, hours: int
+) -> None:
+    nodes = fleet(num_nodes)
+    snap = snapshot(nodes)
+    verdicts = {n.node_id: bad(n.node_id) for n in nodes}
+    state, out = BreakerState(), set[str]()
+    for t in range(0, hours * 3600, 10):
+        acting, state = limit_removals(verdicts, snap, BUDGET, state, out, float(t))
+        out |= {k for k, v in acting.items() if v.verdict is Verdict.UNHEALTHY and not v.held}
+    assert sorted(out) == ["n00", "n01"] and state.open
+
+
+def test_a_legacy_stored_state_that_held_nodes_reads_as_open() -> None:
+    legacy = {"removals": [["n00", "cluster", 5.0]], "held": ["n03"]}
+    assert BreakerState.from_dict(legacy).opened_s == 5.0
+    assert not BreakerState.from_dict({"removals": [["n00", "cluster", 5.0]], "held": []}).open
+
+
+def test_the_breaker_survives_a_controller_restart_and_the_reset_is_stored(
+    tmp_path: Path,
+) -> None:
+    cfg = load_config(None, [f"state_dir={tmp_path}"])
+    first = Controller(to_dict(cfg), "token", start=False)
+    first.store.put(BREAKER_KEY, OPEN.to_dict())
+    first.shutdown()
+    second = Controller(to_dict(cfg), "token", start=False)
+    shown = second.breaker_status()
+    assert shown["open"] and shown["opened_s"] == 0.0 and shown["window_s"] == 600.0
+    assert [r["node_id"] for r in shown["removals"]] == ["n00", "n01"]
+    assert second.reset_breaker()["open"] is True  # the state before the reset
+    assert [e.kind for e in second.store.events(kind_prefix="health.breaker_reset")] == [
+        "health.breaker_reset"
+    ]
+    second.shutdown()
+    third = Controller(to_dict(cfg), "token", start=False)
+    assert third.breaker_status()["open"] is False
+    assert len(third.breaker_status()["removals"]) == 2  # the window still counts
+    third.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("args", "method", "expected"),
+    [
+        pytest.param([], "breaker_status", "breaker:  open since", id="show"),
+        pytest.param(["--reset"], "reset_breaker", "breaker reset: closed", id="reset"),
+    ],
+)
+def test_rcp_health_breaker(
+    args: list[str], method: str, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    called: list[str] = []
+
+    class Method:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def remote(self) -> dict[str, object]:
+            called.append(self.name)
+            return {
+                "open": True,
+                "opened_s": 0.0,
+                "held": ["n05"],
+                "removals": [{"node_id": "n00", "pool": "cluster", "at_s": 0.0}],
+                "max_nodes": 2,
+                "max_pool_fraction": 0.1,
+                "window_s": 600.0,
+                "act": True,
+            }
+
+    class Handle:
+        breaker_status = Method("breaker_status")
+        reset_breaker = Method("reset_breaker")
+
+    monkeypatch.setattr(cli_module, "_connect_running", lambda cfg: cfg)
+    monkeypatch.setattr(controller_module, "get_controller", lambda: Handle())
+    monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
+    result = CliRunner().invoke(cli_module.cli, ["health-breaker", *args])
+    assert result.exit_code == 0, result.output
+    assert called == [method] and result.output.startswith(expected)
 
 
 # -- a fleet-wide bad scrape, end to end -------------------------------------------------------
