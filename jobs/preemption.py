@@ -27,7 +27,12 @@ Trust (any Ray job in the cluster can reach the actor by name, see docs/operatio
 signals"): the control plane registers each attempt with the SHA-256 of a fresh secret
 (``RCP_SIGNAL_TOKEN``) and the job's checkpoint prefix (`checkpoint_prefix`); the actor
 refuses job-side calls without that attempt's token and checkpoints outside that prefix
-(`under_prefix`), and its control-plane methods need the admin key it was created with.
+(`under_prefix`). Its control-plane methods need an HMAC (`admin_auth`) over a fresh nonce,
+the method and its arguments, keyed with the secret the controller created this actor with
+(derived from the controller's admin key, `derive_admin_secret`; the key itself never leaves
+the controller, and no call carries a secret). A recorded call cannot be replayed: nonces
+only grow and must be recent (`ADMIN_NONCE_WINDOW_S`). The controller talks only to the
+actor whose id it pinned when it created it (`controlplane.service.runner.RayJobs`).
 `restore()` loads only from under the prefix, with ``torch.load(weights_only=True)``.
 
 Must not: import `controlplane` (the runner passes everything through environment variables:
@@ -40,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import json
 import logging
 import os
 import tempfile
@@ -54,6 +60,7 @@ from urllib.parse import urlsplit
 import ray
 
 __all__ = [
+    "ADMIN_NONCE_WINDOW_S",
     "ENV_ATTEMPT",
     "ENV_CHECKPOINT_PREFIX",
     "ENV_JOB_ID",
@@ -65,8 +72,10 @@ __all__ = [
     "JobSignals",
     "Preemption",
     "Rejection",
+    "admin_auth",
     "checkpoint_prefix",
     "check_state_loads_safely",
+    "derive_admin_secret",
     "get_signals",
     "load_state",
     "token_sha256",
@@ -91,6 +100,28 @@ _STATE_FILE = "state.pt"
 def token_sha256(token: str) -> str:
     """The hex SHA-256 of a signal token: what the store and the actor keep instead of it."""
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+ADMIN_NONCE_WINDOW_S = 300.0
+"""How far (either way) an admin call's nonce (nanoseconds since the epoch) may be from the
+actor's clock. With "each nonce larger than the last", a recorded call can be replayed only to
+an actor that restarted in the last few minutes, and only once."""
+
+
+def derive_admin_secret(admin_key: str, salt: str) -> str:
+    """The secret one signals actor is created with: HMAC-SHA256 of `salt` (fresh for each
+    actor the controller creates) under the controller's admin key, which stays with it."""
+    return hmac.new(
+        admin_key.encode("utf-8"), f"rcp-job-signals:{salt}".encode(), hashlib.sha256
+    ).hexdigest()
+
+
+def admin_auth(secret: str, nonce: int, method: str, args: tuple[Any, ...]) -> tuple[int, str]:
+    """``(nonce, mac)`` for an admin call: HMAC-SHA256 of ``[method, nonce, args]`` (JSON)
+    under the actor's secret, so the MAC names this call and no other."""
+    msg = json.dumps([method, int(nonce), list(args)], separators=(",", ":"), sort_keys=True)
+    mac = hmac.new(secret.encode("utf-8"), msg.encode("utf-8"), hashlib.sha256).hexdigest()
+    return int(nonce), mac
 
 
 def checkpoint_prefix(storage_path: str | os.PathLike[str], job_id: str) -> str:
@@ -158,6 +189,7 @@ class Rejection(str, Enum):
     BAD_TOKEN = "bad-token"
     PATH_OUTSIDE_PREFIX = "path-outside-prefix"
     BAD_ADMIN_KEY = "bad-admin-key"
+    REPLAYED_NONCE = "replayed-or-stale-nonce"
 
 
 class _JobSignals:
@@ -166,8 +198,9 @@ class _JobSignals:
     Two kinds of callers, both checked:
 
     * the control plane (`register`, `status`, `request_checkpoint`, `clear_request`,
-      `forget`) presents the admin key whose SHA-256 the actor was created with; a wrong key
-      raises `PermissionError`;
+      `forget`, `rejections`) presents ``auth=admin_auth(secret, nonce, method, args)``; a
+      wrong MAC, or a nonce not larger than the last accepted one or outside
+      `ADMIN_NONCE_WINDOW_S` of the actor's clock, raises `PermissionError`;
     * a job (`worker_started`, `checkpointed`, `poll`) presents its attempt's signal token
       (``RCP_SIGNAL_TOKEN``); a call for a job that is not registered, for another attempt,
       with a wrong token, or (`checkpointed`) with a path outside the job's checkpoint prefix
@@ -177,8 +210,9 @@ class _JobSignals:
     jobs cannot grow the actor.
     """
 
-    def __init__(self, admin_key_sha256: str) -> None:
-        self._admin_key_sha256 = admin_key_sha256
+    def __init__(self, admin_secret: str) -> None:
+        self._admin_secret = admin_secret
+        self._last_nonce = 0
         self._jobs: dict[str, dict[str, Any]] = {}
         self._rejected: dict[str, int] = {}
 
@@ -190,12 +224,21 @@ class _JobSignals:
             job["rejected_calls"] += 1
         return False
 
-    def _admin(self, admin_key: str) -> None:
-        if not isinstance(admin_key, str) or not hmac.compare_digest(
-            token_sha256(admin_key), self._admin_key_sha256
-        ):
+    def _admin(self, method: str, args: tuple[Any, ...], auth: Any) -> None:
+        """Check an admin call's ``(nonce, mac)``; the nonce is used up when it checks out."""
+        try:
+            nonce, mac = int(auth[0]), str(auth[1])
+            want = admin_auth(self._admin_secret, nonce, method, args)[1]
+        except Exception:  # malformed auth, or arguments that are not JSON
+            nonce, mac, want = 0, "", "-"
+        if not hmac.compare_digest(mac, want):
             self._reject(None, Rejection.BAD_ADMIN_KEY)
-            raise PermissionError("rcp-job-signals: wrong admin key")
+            raise PermissionError(f"rcp-job-signals: {method}: wrong admin MAC")
+        window_ns = int(ADMIN_NONCE_WINDOW_S * 1e9)
+        if nonce <= self._last_nonce or abs(nonce - time.time_ns()) > window_ns:
+            self._reject(None, Rejection.REPLAYED_NONCE)
+            raise PermissionError(f"rcp-job-signals: {method}: replayed or stale nonce")
+        self._last_nonce = nonce
 
     def _caller(self, job_id: str, attempt: int, token: str) -> tuple[dict[str, Any] | None, bool]:
         """The job's record and whether this job-side call may act on it."""
@@ -212,22 +255,14 @@ class _JobSignals:
 
     # -- the control plane's side --------------------------------------------------------------
 
-    def check_admin(self, admin_key: str) -> bool:
-        """True when `admin_key` is this actor's (the controller tells its own actor apart)."""
-        try:
-            self._admin(admin_key)
-        except PermissionError:
-            return False
-        return True
-
     def register(
-        self, job_id: str, attempt: int, token_hash: str, prefix: str, *, admin_key: str
+        self, job_id: str, attempt: int, token_hash: str, prefix: str, *, auth: Any
     ) -> None:
         """Accept signals for `attempt` of `job_id` from callers holding the token whose
         SHA-256 is `token_hash`, with checkpoints under `prefix` (see `checkpoint_prefix`). Registering the
         same attempt and token again keeps what the workers reported; anything else starts
         the record afresh (the latest checkpoint is kept: it is the job's, not the attempt's)."""
-        self._admin(admin_key)
+        self._admin("register", (job_id, attempt, token_hash, prefix), auth)
         old = self._jobs.get(job_id)
         if old and (old["attempt"], old["token_sha256"]) == (attempt, token_hash):
             old["checkpoint_prefix"] = prefix
@@ -242,23 +277,23 @@ class _JobSignals:
             "rejected_calls": old["rejected_calls"] if old else 0,
         }
 
-    def request_checkpoint(self, job_id: str, at_s: float, *, admin_key: str) -> bool:
-        self._admin(admin_key)
+    def request_checkpoint(self, job_id: str, at_s: float, *, auth: Any) -> bool:
+        self._admin("request_checkpoint", (job_id, at_s), auth)
         job = self._jobs.get(job_id)
         if job is None:
             return False
         job["requested_at_s"] = at_s
         return True
 
-    def clear_request(self, job_id: str, *, admin_key: str) -> None:
-        self._admin(admin_key)
+    def clear_request(self, job_id: str, *, auth: Any) -> None:
+        self._admin("clear_request", (job_id,), auth)
         job = self._jobs.get(job_id)
         if job is not None:
             job["requested_at_s"] = None
 
-    def status(self, job_id: str, *, admin_key: str) -> dict[str, Any]:
+    def status(self, job_id: str, *, auth: Any) -> dict[str, Any]:
         """What the job reported ({} when it is not registered); never the token's hash."""
-        self._admin(admin_key)
+        self._admin("status", (job_id,), auth)
         job = self._jobs.get(job_id)
         if job is None:
             return {}
@@ -266,13 +301,13 @@ class _JobSignals:
         out["started_ranks"] = list(job["started_ranks"])
         return out
 
-    def rejections(self, *, admin_key: str) -> dict[str, int]:
+    def rejections(self, *, auth: Any) -> dict[str, int]:
         """Refused calls so far, by `Rejection` reason."""
-        self._admin(admin_key)
+        self._admin("rejections", (), auth)
         return dict(self._rejected)
 
-    def forget(self, job_id: str, *, admin_key: str) -> None:
-        self._admin(admin_key)
+    def forget(self, job_id: str, *, auth: Any) -> None:
+        self._admin("forget", (job_id,), auth)
         self._jobs.pop(job_id, None)
 
     # -- the job's side ------------------------------------------------------------------------

@@ -137,17 +137,31 @@ SIGNALS_KEY_FILE = "job-signals.key"
 """Under state_dir: the signals actor's admin key (0600)."""
 SIGNAL_TOKEN_INFO = "signal_token"
 """The job-info key of the current attempt's signal token."""
+SIGNALS_ACTOR_KEY = "jobs.signals_actor"
+"""Store key: ``{"actor_id", "salt"}`` of the signals actor this controller created."""
 
 
 class RayJobs:
-    """Ray Jobs and the job signals actor (the process must be a connected Ray driver)."""
+    """Ray Jobs and the job signals actor (the process must be a connected Ray driver).
 
-    def __init__(self, cfg: Config) -> None:
+    The signals actor is trusted by its Ray actor id, never by its name: any job can kill the
+    actor and register its own under ``rcp-job-signals``. The id of the actor this class
+    created, and the salt its secret was derived from, are pinned in the store
+    (`SIGNALS_ACTOR_KEY`); an actor under the name with another id is killed, never called,
+    and replaced (event ``jobs.signals_impostor``). Admin calls carry only an HMAC over a
+    fresh nonce and the call (`preemption.admin_auth`): the admin key stays here.
+    """
+
+    def __init__(self, cfg: Config, store: Store | None = None) -> None:
         self.cfg = cfg
+        self.store = store
         self.dashboard_url = f"http://{cfg.ray.node_ip}:{cfg.ray.dashboard_port}"
         self._client: Any = None
         self._signals: Any = None
         self._signals_key: str | None = None
+        self._secret: str | None = None
+        self._call_lock = threading.Lock()
+        self._last_nonce = 0
 
     @property
     def client(self) -> Any:
@@ -158,8 +172,9 @@ class RayJobs:
         return self._client
 
     def signals_key(self) -> str:
-        """The admin key of the signals actor's control-plane methods. Kept 0600 in state_dir
-        (`SIGNALS_KEY_FILE`), so a restarted controller still speaks to the actor it made."""
+        """The controller's admin key for the signals actor. Kept 0600 in state_dir
+        (`SIGNALS_KEY_FILE`), so a restarted controller can still speak to the actor it made;
+        never sent anywhere (the actor gets a secret derived from it)."""
         if self._signals_key is None:
             path = self.cfg.state_path / SIGNALS_KEY_FILE
             if path.exists():
@@ -169,53 +184,86 @@ class RayJobs:
                 write_private(path, self._signals_key)
         return self._signals_key
 
-    def signals_actor(self) -> Any:
-        """The ``rcp-job-signals`` actor, created with this controller's admin key. One that
-        exists but refuses the key (made by an older controller whose key is gone, by an older
-        version, or by someone else) is killed and replaced; the runner then registers every
-        admitted job again (`JobRunner._signals`)."""
-        if self._signals is None:
-            import ray
+    def _pinned(self) -> dict[str, str]:
+        if self.store is None:
+            return {}
+        rec = self.store.get_value(SIGNALS_ACTOR_KEY, {}) or {}
+        return dict(rec) if isinstance(rec, Mapping) else {}
 
-            key = self.signals_key()
-            options = {
-                "name": preemption.SIGNALS_ACTOR_NAME,
-                "namespace": preemption.SIGNALS_NAMESPACE,
-                "lifetime": "detached",
-                "resources": {pool_resource(Pool.HEAD): 1},
-            }
-            actor = preemption.JobSignals
-            handle: Any = actor.options(get_if_exists=True, **options).remote(token_sha256(key))
+    def signals_actor(self) -> Any:
+        """The ``rcp-job-signals`` actor this controller created (see the class doc).
+
+        Found under the name with the pinned actor id: used as is. Any other actor under the
+        name (a user's job's, or one whose pin was lost) is killed without a single call and
+        replaced by a new actor with a fresh salt; the runner then registers every admitted
+        job again (`JobRunner._signals`)."""
+        if self._signals is not None:
+            return self._signals
+        import ray
+
+        pin = self._pinned()
+        try:
+            found: Any = ray.get_actor(
+                preemption.SIGNALS_ACTOR_NAME, namespace=preemption.SIGNALS_NAMESPACE
+            )
+        except ValueError:
+            found = None
+        if found is not None and pin.get("actor_id") == found._actor_id.hex() and pin.get("salt"):
+            self._secret = preemption.derive_admin_secret(self.signals_key(), pin["salt"])
+            self._signals = found
+            return found
+        if found is not None:
+            impostor = found._actor_id.hex()
+            log.warning("job signals: actor %s under the name is not ours; replacing it", impostor)
+            ray.kill(found, no_restart=True)
+            if self.store is not None:
+                self.store.record_event(
+                    "jobs.signals_impostor",
+                    f"actor {impostor} held the job signals actor's name but is not the one "
+                    "this controller created (a user's job, or an actor from before actor ids "
+                    "were pinned); killed without being called, a new one replaces it",
+                    data={"actor_id": impostor, "pinned": pin.get("actor_id")},
+                )
+        salt = secrets.token_hex(16)
+        secret = preemption.derive_admin_secret(self.signals_key(), salt)
+        options = {
+            "name": preemption.SIGNALS_ACTOR_NAME,
+            "namespace": preemption.SIGNALS_NAMESPACE,
+            "lifetime": "detached",
+            "resources": {pool_resource(Pool.HEAD): 1},
+        }
+        deadline_s = time.monotonic() + 10
+        handle: Any = None
+        while True:
             try:
-                ours = bool(ray.get(handle.check_admin.remote(key), timeout=10))
-            except Exception as exc:  # an older actor without check_admin, or a dead one
-                log.warning("the job signals actor did not answer check_admin: %s", exc)
-                ours = False
-            if not ours:
-                log.warning("replacing a job signals actor that refuses this controller's key")
-                ray.kill(handle, no_restart=True)
-                deadline_s = time.monotonic() + 10
-                while True:
-                    try:
-                        handle = actor.options(**options).remote(token_sha256(key))
-                        break
-                    except ValueError:  # the killed actor still holds the name
-                        if time.monotonic() > deadline_s:
-                            raise
-                        time.sleep(0.2)
-            self._signals = handle
-        return self._signals
+                handle = preemption.JobSignals.options(**options).remote(secret)
+                break
+            except ValueError:  # the killed actor still holds the name
+                if time.monotonic() > deadline_s:
+                    raise
+                time.sleep(0.2)
+        if self.store is not None:
+            self.store.put(SIGNALS_ACTOR_KEY, {"actor_id": handle._actor_id.hex(), "salt": salt})
+        self._secret, self._signals = secret, handle
+        return handle
 
     def _signals_call(self, method: str, *args: Any) -> Any:
         import ray
 
         try:
-            return ray.get(
-                getattr(self.signals_actor(), method).remote(*args, admin_key=self.signals_key()),
-                timeout=10,
-            )
+            handle = self.signals_actor()
+            assert self._secret is not None  # set with the handle
+            with self._call_lock:  # nonces reach the actor in the order they were made
+                self._last_nonce = max(self._last_nonce + 1, time.time_ns())
+                auth = preemption.admin_auth(self._secret, self._last_nonce, method, args)
+                ref = getattr(handle, method).remote(*args, auth=auth)
+            return ray.get(ref, timeout=10)
         except ray.exceptions.RayActorError:
-            self._signals = None  # killed for good: make (or find) it again on the next call
+            self._signals = None  # killed: find (and check) or make it again on the next call
+            raise
+        except PermissionError:
+            # Not the actor's secret (it restarted with another's args?): check it again.
+            self._signals = None
             raise
 
     def register_signals(self, job_id: str, attempt: int, token_hash: str, prefix: str) -> None:
@@ -341,6 +389,8 @@ class JobRunner:
         self.store = store
         self.cfg = cfg
         self.ray = ray_jobs
+        if isinstance(ray_jobs, RayJobs) and ray_jobs.store is None:
+            ray_jobs.store = store  # where the signals actor's id is pinned
         self.clock = clock
         self._submissions = _Submissions()
         self._ended_logs: collections.OrderedDict[str, str] = collections.OrderedDict()

@@ -1,7 +1,8 @@
 """The job signals actor's checks and the training loop's restore, without Ray: the actor
 class is used directly, and Ray Train's context is faked.
 
-Who may say what: only the control plane (admin key) registers, reads and asks; only the
+Who may say what: only the control plane (an HMAC over a fresh nonce and the call, under the
+secret the actor was created with) registers, reads and asks; only the
 attempt's token holder reports workers and checkpoints, and only under the job's prefix; a
 restore loads nothing outside the prefix and never runs code from the file.
 """
@@ -9,6 +10,7 @@ restore loads nothing outside the prefix and never runs code from the file.
 from __future__ import annotations
 
 import os
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -25,25 +27,38 @@ from jobs.preemption import (
     Preemption,
     Rejection,
     _JobSignals,
+    admin_auth,
     check_state_loads_safely,
     checkpoint_prefix,
+    derive_admin_secret,
     token_sha256,
     under_prefix,
 )
 
-ADMIN = "admin-key"
+ADMIN = derive_admin_secret("the-controllers-admin-key", "salt-1")
 TOKEN = "the-attempts-token"
 PREFIX = "/train/job-a"
+_nonce = [0]
+
+
+def auth(method: str, *args: Any, secret: str = ADMIN) -> tuple[int, str]:
+    """A fresh admin authentication for `method(*args)`, as `RayJobs` makes one."""
+    _nonce[0] = max(_nonce[0] + 1, time.time_ns())
+    return admin_auth(secret, _nonce[0], method, args)
+
+
+def admin(s: _JobSignals, method: str, *args: Any) -> Any:
+    return getattr(s, method)(*args, auth=auth(method, *args))
 
 
 def make_signals(attempt: int = 1) -> _JobSignals:
-    s = _JobSignals(token_sha256(ADMIN))
-    s.register("job-a", attempt, token_sha256(TOKEN), PREFIX, admin_key=ADMIN)
+    s = _JobSignals(ADMIN)
+    admin(s, "register", "job-a", attempt, token_sha256(TOKEN), PREFIX)
     return s
 
 
 def status(s: _JobSignals, job_id: str = "job-a") -> dict[str, Any]:
-    return s.status(job_id, admin_key=ADMIN)
+    return dict(admin(s, "status", job_id))
 
 
 # -- the job's side -----------------------------------------------------------------------------
@@ -61,21 +76,21 @@ CALLERS = {
 @pytest.mark.parametrize("caller", list(CALLERS), ids=list(CALLERS))
 def test_job_side_calls_without_the_attempts_token_change_nothing(caller: str) -> None:
     s = make_signals()
-    s.request_checkpoint("job-a", 5.0, admin_key=ADMIN)
+    admin(s, "request_checkpoint", "job-a", 5.0)
     job_id, attempt, token = CALLERS[caller]
     assert s.worker_started(job_id, attempt, 0, token) is False  # type: ignore[arg-type]
     assert s.checkpointed(job_id, attempt, 3, f"{PREFIX}/step-3", 1.0, token) is False  # type: ignore[arg-type]
     assert s.poll(job_id, attempt, token) is False  # type: ignore[arg-type]
     st = status(s)
     assert st["started_ranks"] == [] and st["checkpoint"] is None
-    assert sum(s.rejections(admin_key=ADMIN).values()) == 3
+    assert sum(admin(s, "rejections").values()) == 3
     assert status(s, "job-b") == {}  # nothing is kept for a job nobody registered
 
 
 def test_the_attempts_token_holder_reports_workers_and_checkpoints_under_its_prefix() -> None:
     s = make_signals()
     assert s.poll("job-a", 1, TOKEN) is False
-    s.request_checkpoint("job-a", 5.0, admin_key=ADMIN)
+    admin(s, "request_checkpoint", "job-a", 5.0)
     assert s.poll("job-a", 1, TOKEN) is True
     assert s.worker_started("job-a", 1, 0, TOKEN) and s.worker_started("job-a", 1, 1, TOKEN)
     assert s.checkpointed("job-a", 1, 7, f"{PREFIX}/step-00000007", 9.0, TOKEN)
@@ -103,7 +118,7 @@ def test_a_checkpoint_outside_the_registered_prefix_is_refused(path: str) -> Non
     s = make_signals()
     assert s.checkpointed("job-a", 1, 7, path, 9.0, TOKEN) is False
     assert status(s)["checkpoint"] is None
-    assert s.rejections(admin_key=ADMIN) == {Rejection.PATH_OUTSIDE_PREFIX.value: 1}
+    assert admin(s, "rejections") == {Rejection.PATH_OUTSIDE_PREFIX.value: 1}
     assert status(s)["rejected_calls"] == 1
 
 
@@ -111,7 +126,7 @@ def test_a_new_attempt_voids_the_old_token_and_its_workers() -> None:
     s = make_signals()
     s.worker_started("job-a", 1, 0, TOKEN)
     s.checkpointed("job-a", 1, 4, f"{PREFIX}/step-00000004", 1.0, TOKEN)
-    s.register("job-a", 2, token_sha256("second"), PREFIX, admin_key=ADMIN)
+    admin(s, "register", "job-a", 2, token_sha256("second"), PREFIX)
     assert s.worker_started("job-a", 1, 1, TOKEN) is False
     assert s.worker_started("job-a", 2, 1, TOKEN) is False  # the old token, new attempt
     assert s.worker_started("job-a", 2, 0, "second") is True
@@ -119,39 +134,67 @@ def test_a_new_attempt_voids_the_old_token_and_its_workers() -> None:
     assert st["attempt"] == 2 and st["started_ranks"] == [0]
     assert st["checkpoint"]["step"] == 4  # the job's latest checkpoint outlives the attempt
     # Registering the same attempt and token again (a restarted controller) keeps the workers.
-    s.register("job-a", 2, token_sha256("second"), PREFIX, admin_key=ADMIN)
+    admin(s, "register", "job-a", 2, token_sha256("second"), PREFIX)
     assert status(s)["started_ranks"] == [0]
 
 
 # -- the control plane's side -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "call",
-    [
-        lambda s, k: s.register("job-a", 1, token_sha256("attacker"), "/", admin_key=k),
-        lambda s, k: s.status("job-a", admin_key=k),
-        lambda s, k: s.request_checkpoint("job-a", 1.0, admin_key=k),
-        lambda s, k: s.clear_request("job-a", admin_key=k),
-        lambda s, k: s.forget("job-a", admin_key=k),
-        lambda s, k: s.rejections(admin_key=k),
-    ],
-    ids=["register", "status", "request_checkpoint", "clear_request", "forget", "rejections"],
-)
-@pytest.mark.parametrize("key", ["", "wrong", None], ids=["empty", "wrong", "none"])
-def test_control_plane_calls_need_the_admin_key(call: Any, key: Any) -> None:
+ADMIN_CALLS = {
+    "register": ("job-a", 1, token_sha256("attacker"), "/"),
+    "status": ("job-a",),
+    "request_checkpoint": ("job-a", 1.0),
+    "clear_request": ("job-a",),
+    "forget": ("job-a",),
+    "rejections": (),
+}
+
+
+def _replay(s: _JobSignals, method: str, args: tuple[Any, ...]) -> Any:
+    """Record one genuine call, then send that very call again."""
+    genuine = auth(method, *args)
+    getattr(s, method)(*args, auth=genuine)
+    admin(s, "register", "job-a", 1, token_sha256(TOKEN), PREFIX)  # undo what it did
+    return genuine
+
+
+FORGERIES = {
+    "no-auth": lambda method, args, s: None,
+    "garbage": lambda method, args, s: ("x", 5),
+    "the-admin-key-itself": lambda method, args, s: ADMIN,
+    "another-actors-secret": lambda method, args, s: auth(
+        method, *args, secret=derive_admin_secret("the-controllers-admin-key", "salt-2")
+    ),
+    "mac-of-other-args": lambda method, args, s: auth(method, *args, "extra"),
+    "mac-of-another-method": lambda method, args, s: auth(
+        "status" if method != "status" else "forget", *args
+    ),
+    "stale-nonce": lambda method, args, s: admin_auth(ADMIN, time.time_ns() - 10**12, method, args),
+    "future-nonce": lambda method, args, s: admin_auth(
+        ADMIN, time.time_ns() + 10**12, method, args
+    ),
+    "replayed": lambda method, args, s: _replay(s, method, args),
+}
+
+
+@pytest.mark.parametrize("method", list(ADMIN_CALLS))
+@pytest.mark.parametrize("forgery", list(FORGERIES))
+def test_control_plane_calls_need_a_fresh_mac_of_the_call(method: str, forgery: str) -> None:
     s = make_signals()
+    args = ADMIN_CALLS[method]
+    forged = FORGERIES[forgery](method, args, s)
     with pytest.raises(PermissionError):
-        call(s, key)
+        getattr(s, method)(*args, auth=forged)
     # Nothing changed: the real token still works and the registration is the original.
     assert s.worker_started("job-a", 1, 0, TOKEN) is True
     assert status(s)["checkpoint_prefix"] == PREFIX
-    assert s.check_admin("wrong") is False and s.check_admin(ADMIN) is True
+    assert not hasattr(s, "check_admin")  # nothing answers "is this the key?" any more
 
 
 def test_forget_drops_the_job() -> None:
     s = make_signals()
-    s.forget("job-a", admin_key=ADMIN)
+    admin(s, "forget", "job-a")
     assert status(s) == {}
     assert s.worker_started("job-a", 1, 0, TOKEN) is False
 
