@@ -45,6 +45,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 __all__ = [
     "CODE_ARCHIVE_SUFFIXES",
@@ -56,6 +58,7 @@ __all__ = [
     "FieldError",
     "JobSpec",
     "SpecError",
+    "check_checkpoint_uri",
 ]
 
 DEFAULT_PRIORITY_CLASSES = ("low", "medium", "high")
@@ -84,6 +87,16 @@ _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CONDA_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PIP_DICT_KEYS = ("packages", "pip_check", "pip_version")
 _UV_DICT_KEYS = ("packages", "uv_version", "uv_check")
+_CONDA_DICT_KEYS = ("name", "channels", "dependencies")
+"""An environment mapping's keys. Refused: ``prefix`` (a path on the node), ``variables``
+(environment variables around the ``env_vars`` rules)."""
+_CONDA_SPEC_RE = re.compile(
+    r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*(::[A-Za-z0-9_][A-Za-z0-9_.\-]*)?[^:/\\]*$"
+)
+"""A conda match spec: ``numpy``, ``numpy>=1.26``, ``conda-forge::numpy 1.26.* py311*``;
+no URL, path or ``file:``."""
+_ARCHIVE_NAME_SUFFIXES = (".whl", ".zip", ".tar.gz", ".tgz", ".tar.bz2", ".tar", ".egg")
+"""A requirement named like an archive is read by pip as a file on the node, not a name."""
 _CONFIG_KEYS = {"setup_timeout_seconds": int, "eager_install": bool}
 
 
@@ -124,7 +137,8 @@ class CheckpointSpec:
     preempt_deadline_s: float = 120.0
     """How long a preemption waits for the checkpoint-now snapshot before stopping the gang."""
     uri: str | None = None
-    """Where checkpoints go (s3:// or file://); None means the cluster's storage.uri/job id."""
+    """Where checkpoints go: an s3:// URI under the cluster's storage.uri (checked at
+    submission); None means the cluster's storage.uri/job id. Never file:// or a path."""
 
 
 @dataclass(frozen=True)
@@ -410,10 +424,8 @@ def _validate(spec: JobSpec) -> list[FieldError]:
                 f"must be a finite number > 0, got {c.preempt_deadline_s!r}",
             )
         )
-    if c.uri is not None and not (c.uri.startswith("s3://") or c.uri.startswith("file://")):
-        errors.append(
-            FieldError("checkpoint.uri", f"must start with s3:// or file://, got {c.uri!r}")
-        )
+    if c.uri is not None:
+        errors += _checkpoint_uri(c.uri)
     return errors
 
 
@@ -465,17 +477,7 @@ def _validate_runtime_env(env: Mapping[Any, Any]) -> list[FieldError]:
         elif key in ("pip", "uv"):
             errors += _packages(path, value, _PIP_DICT_KEYS if key == "pip" else _UV_DICT_KEYS)
         elif key == "conda":
-            if isinstance(value, str):
-                if not _CONDA_NAME_RE.match(value) or value.lower().endswith((".yml", ".yaml")):
-                    errors.append(
-                        FieldError(
-                            path,
-                            f"{value!r}: give the name of a conda env present on the image or "
-                            "the environment as a mapping, never a file path",
-                        )
-                    )
-            elif not isinstance(value, Mapping):
-                errors.append(FieldError(path, f"must be a name or a mapping, got {_kind(value)}"))
+            errors += _conda(path, value)
         elif key == "env_vars":
             errors += _env_vars(path, value)
         elif key == "config":
@@ -502,6 +504,9 @@ def _packages(path: str, value: object, dict_keys: tuple[str, ...]) -> list[Fiel
             errors.append(
                 FieldError(f"{path}.{unknown[0]}", f"unknown key; allowed: {', '.join(dict_keys)}")
             )
+        for version_key in ("pip_version", "uv_version"):
+            if version_key in value and version_key in dict_keys:
+                errors += _version_spec(f"{path}.{version_key}", value[version_key])
         packages = value.get("packages")
         where = f"{path}.packages"
         if isinstance(packages, str):
@@ -509,19 +514,154 @@ def _packages(path: str, value: object, dict_keys: tuple[str, ...]) -> list[Fiel
     if not isinstance(packages, list):
         return [*errors, FieldError(where, f"must be a list of strings, got {_kind(packages)}")]
     for i, req in enumerate(packages):
-        if not isinstance(req, str):
-            errors.append(FieldError(f"{where}[{i}]", f"must be a string, got {_kind(req)}"))
-            continue
-        text = req.strip()
-        if text.startswith("-") or text.startswith((".", "/", "~", "\\")) or "file:" in text:
+        errors += _requirement(f"{where}[{i}]", req)
+    return errors
+
+
+def _checkpoint_uri(uri: str) -> list[FieldError]:
+    """A job's own checkpoint location: an s3:// URI with a bucket, never a path or file://
+    (a node's disk, or another job's files under the cluster's local storage). Whether it lies
+    under the cluster's storage.uri is checked at submission (`check_checkpoint_uri`)."""
+    parts = urlsplit(uri)
+    if parts.scheme != "s3" or not parts.netloc or any(c.isspace() for c in uri):
+        return [
+            FieldError(
+                "checkpoint.uri",
+                f"must be an s3://bucket/prefix URI under the cluster's storage.uri, got {uri!r} "
+                "(file:// and local paths are refused: see docs/checkpointing.md)",
+            )
+        ]
+    if any(seg in (".", "..") for seg in parts.path.split("/")):
+        return [FieldError("checkpoint.uri", f"{uri!r}: no . or .. segments")]
+    return []
+
+
+def check_checkpoint_uri(spec: JobSpec, storage_uri: str) -> list[FieldError]:
+    """At submission: `spec`'s checkpoint.uri, if set, must lie under the cluster's
+    `storage_uri` (its own bucket and prefix), so that a job cannot name a bucket the cluster
+    does not own. Not per job: ids are assigned after this check (see docs/checkpointing.md)."""
+    uri = spec.checkpoint.uri
+    if uri is None:
+        return []
+    root = storage_uri.rstrip("/") + "/"
+    if not root.startswith("s3://") or not uri.startswith(root) or uri == root:
+        return [
+            FieldError(
+                "checkpoint.uri",
+                f"{uri!r} is not under this cluster's storage ({root}); use a prefix there, "
+                "or leave checkpoint.uri unset (default: the cluster's storage, per job)",
+            )
+        ]
+    return []
+
+
+def _requirement(path: str, req: object) -> list[FieldError]:
+    """One pip/uv item: a single PEP 508 requirement; a direct URL only over https."""
+    if not isinstance(req, str):
+        return [FieldError(path, f"must be a string, got {_kind(req)}")]
+    refused = (
+        f"{req!r}: only one requirement specifier per item (name, extras, version, markers, "
+        "or name @ https://...) is accepted; no pip options, newlines, local paths or file: URLs"
+    )
+    if any(ord(c) < 32 or ord(c) == 127 for c in req) or req.strip().startswith("-"):
+        return [FieldError(path, refused)]
+    try:
+        parsed = Requirement(req)
+    except InvalidRequirement:
+        return [FieldError(path, refused)]
+    if parsed.name.lower().endswith(_ARCHIVE_NAME_SUFFIXES):
+        return [FieldError(path, refused)]
+    if parsed.url is not None:
+        url = urlsplit(parsed.url)
+        if url.scheme != "https" or not url.netloc:
+            return [
+                FieldError(
+                    path,
+                    f"{req!r}: a direct URL must be https:// (no file: URLs, http:, VCS or local paths)",
+                )
+            ]
+    return []
+
+
+def _version_spec(path: str, value: object) -> list[FieldError]:
+    if not isinstance(value, str):
+        return [FieldError(path, f"must be a version specifier string, got {_kind(value)}")]
+    try:
+        SpecifierSet(value)
+    except InvalidSpecifier:
+        return [FieldError(path, f"{value!r} is not a version specifier (e.g. '==24.0')")]
+    return []
+
+
+def _conda(path: str, value: object) -> list[FieldError]:
+    """conda: an env name on the image, or an environment mapping (name, channels,
+    dependencies) whose dependencies are match specs or one ``{pip: [...]}`` list."""
+    if isinstance(value, str):
+        if not _CONDA_NAME_RE.match(value) or value.lower().endswith((".yml", ".yaml")):
+            return [
+                FieldError(
+                    path,
+                    f"{value!r}: give the name of a conda env present on the image or "
+                    "the environment as a mapping, never a file path",
+                )
+            ]
+        return []
+    if not isinstance(value, Mapping):
+        return [FieldError(path, f"must be a name or a mapping, got {_kind(value)}")]
+    errors: list[FieldError] = []
+    unknown = sorted(str(k) for k in value if k not in _CONDA_DICT_KEYS)
+    if unknown:
+        errors.append(
+            FieldError(
+                f"{path}.{unknown[0]}", f"unknown key; allowed: {', '.join(_CONDA_DICT_KEYS)}"
+            )
+        )
+    name = value.get("name")
+    if name is not None and not (isinstance(name, str) and _CONDA_NAME_RE.match(name)):
+        errors.append(FieldError(f"{path}.name", f"{name!r} is not an env name"))
+    channels = value.get("channels", [])
+    if not isinstance(channels, list):
+        errors.append(FieldError(f"{path}.channels", f"must be a list, got {_kind(channels)}"))
+        channels = []
+    for i, ch in enumerate(channels):
+        url = urlsplit(ch) if isinstance(ch, str) else None
+        named = isinstance(ch, str) and _CONDA_NAME_RE.match(ch) is not None
+        remote = url is not None and url.scheme == "https" and bool(url.netloc)
+        if not (named or remote):
             errors.append(
                 FieldError(
-                    f"{where}[{i}]",
-                    f"{req!r}: only requirement specifiers (name, version, extras, or a remote "
-                    "URL) are accepted; no pip options, local paths or file: URLs",
+                    f"{path}.channels[{i}]",
+                    f"{ch!r}: a channel name or an https:// URL (no file:, http: or paths)",
+                )
+            )
+    deps = value.get("dependencies", [])
+    if not isinstance(deps, list):
+        return [*errors, FieldError(f"{path}.dependencies", f"must be a list, got {_kind(deps)}")]
+    for i, dep in enumerate(deps):
+        where = f"{path}.dependencies[{i}]"
+        if isinstance(dep, Mapping):
+            if set(dep) != {"pip"} or not isinstance(dep["pip"], list):
+                errors.append(FieldError(where, "a mapping here must be {pip: [requirements]}"))
+                continue
+            for j, req in enumerate(dep["pip"]):
+                errors += _requirement(f"{where}.pip[{j}]", req)
+        elif not isinstance(dep, str) or not _conda_spec_ok(dep):
+            errors.append(
+                FieldError(
+                    where,
+                    f"{dep!r}: a conda match spec (e.g. 'numpy>=1.26', "
+                    "'conda-forge::numpy'); no options, URLs, paths or file:",
                 )
             )
     return errors
+
+
+def _conda_spec_ok(spec: str) -> bool:
+    if any(ord(c) < 32 or ord(c) == 127 for c in spec):
+        return False
+    if any(token.startswith("-") for token in spec.split()):
+        return False
+    return _CONDA_SPEC_RE.match(spec.strip()) is not None and "file:" not in spec
 
 
 def _env_vars(path: str, value: object) -> list[FieldError]:

@@ -36,7 +36,7 @@ from controlplane.store import (
     Transition,
     UnknownJob,
 )
-from jobs.spec import JobSpec, SpecError
+from jobs.spec import JobSpec, SpecError, check_checkpoint_uri
 
 __all__ = ["ApiError", "JobService", "event_to_json", "invalid_to_json", "job_to_json"]
 
@@ -164,6 +164,9 @@ class JobService:
                 queues=list(self.cfg.jobs.queues),
                 cluster_node_gpus=self.cluster_node_gpus(),
             )
+            outside = check_checkpoint_uri(spec, self.cfg.storage.uri)
+            if outside:
+                raise SpecError(outside)
         except SpecError as exc:
             raise _spec_error(exc) from exc
         return spec

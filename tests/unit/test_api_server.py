@@ -157,6 +157,29 @@ def test_invalid_specs_are_400_naming_the_field_and_queue_nothing(
 
 
 @pytest.mark.parametrize(
+    ("uri", "accepted"),
+    [
+        pytest.param("s3://rcp-checkpoints/team-a/run-7", True, id="under-the-cluster-bucket"),
+        pytest.param("s3://rcp-checkpoints-evil/x", False, id="bucket-with-the-same-prefix"),
+        pytest.param("s3://other-team/ckpt", False, id="another-bucket"),
+        pytest.param("s3://rcp-checkpoints/", False, id="the-root-itself"),
+        pytest.param("file:///var/lib/rcp/ckpt", False, id="file-uri"),
+    ],
+)
+def test_checkpoint_uri_must_lie_under_the_clusters_storage(
+    srv: Server, uri: str, accepted: bool
+) -> None:
+    before = srv.num_jobs()
+    status, resp = srv.raw("POST", "/v1/jobs", json.dumps(spec(checkpoint={"uri": uri})).encode())
+    if accepted:
+        assert status == 201, resp
+        return
+    assert status == 400, resp
+    assert resp["field"] == "checkpoint.uri"
+    assert srv.num_jobs() == before
+
+
+@pytest.mark.parametrize(
     "raw", [b"{not json", b"", b"\xff\xfe", b"null"], ids=["broken", "empty", "binary", "null"]
 )
 def test_malformed_bodies_are_400(srv: Server, raw: bytes) -> None:

