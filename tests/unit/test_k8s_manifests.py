@@ -638,10 +638,13 @@ def test_no_worker_tolerates_the_unhealthy_taint(tmp_path: Path) -> None:
 # --- tests: RBAC (the rules themselves: test_k8s_security.py) ------------------------------
 
 
-def test_rbac_binds_only_the_head_pods_service_account() -> None:
-    sa = one("ServiceAccount").body["metadata"]
+def test_rbac_binds_only_the_actuator_services_account() -> None:
+    """Our RBAC goes to rcp-kube-actuator's pod, never to a Ray pod (test_k8s_security.py)."""
+    sa = one("ServiceAccount", "rcp-kube-actuator").body["metadata"]
+    actuator = one("Deployment", "rcp-kube-actuator").body["spec"]["template"]["spec"]
+    assert actuator["serviceAccountName"] == sa["name"]
     spec = raycluster()["spec"]
-    assert spec["headGroupSpec"]["template"]["spec"]["serviceAccountName"] == sa["name"]
+    assert spec["headGroupSpec"]["template"]["spec"]["serviceAccountName"] != sa["name"]
     for kind, role_kind in (("RoleBinding", "Role"), ("ClusterRoleBinding", "ClusterRole")):
         binding = one(kind).body
         assert binding["roleRef"]["kind"] == role_kind

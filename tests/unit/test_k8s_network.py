@@ -275,6 +275,9 @@ SERVICE_SOURCES: dict[tuple[str, str], tuple[str, ...]] = {
     ("rcp-head-svc (KubeRay)", "dashboard"): (GPU, EXT),
     ("rcp-head-svc (KubeRay)", "client"): (GPU, EXT),
     ("rcp-head-svc (KubeRay)", "metrics"): (PROM, "kube-prometheus"),
+    # The controller on the head calls the Kubernetes actuator service; no one else may
+    # (networkpolicy-kube-actuator.yaml; test_k8s_security.py checks the refusals).
+    ("rcp-kube-actuator", "http"): (HEAD,),
 }
 
 

@@ -12,7 +12,12 @@ Owns the checks that:
   offers Ray no CPUs and shares no volume or S3 key with user code;
 * the RBAC granted to the control plane is exactly what the calls in
   controlplane/kube/actuator.py need (the allow-list is derived from the actuator's source),
-  with no RayCluster grant in the default install.
+  with no RayCluster grant in the default install, and is bound only to the ServiceAccount of
+  the ``rcp-kube-actuator`` Deployment, never to a Ray pod's;
+* no Ray pod mounts a ServiceAccount token, except KubeRay's autoscaler sidecar (its own
+  projected token, in that container alone); the actuator's bearer-token Secret reaches only
+  the head's ray-head container and the actuator; the actuator pod is restricted, single and
+  reachable only from the Ray head (its NetworkPolicy), and the config points at it.
 
 Must not: talk to a Kubernetes API server or start Ray. Admission itself (Pod Security, KubeRay's
 mutating of pods) is not exercised here; docs/operations.md says what was and was not checked.
@@ -43,7 +48,16 @@ from tests.unit.test_k8s_manifests import (
 INSTALL_DIRS = (K8S_DIR, ROOT / "infra" / "prometheus", ROOT / "infra" / "grafana")
 ACTUATOR = ROOT / "controlplane" / "kube" / "actuator.py"
 OPTIONAL_SCALE_RBAC = K8S_DIR / "optional" / "rbac-scale-external.yaml"
-CONTROL_PLANE_SA = "rcp-controlplane"
+CONTROL_PLANE_SA = "rcp-kube-actuator"
+"""The one ServiceAccount our RBAC is bound to: the actuator service's (kube-actuator.yaml)."""
+HEAD_SA = "rcp-head"
+ACTUATOR_POD = "Deployment/rcp-kube-actuator"
+ACTUATOR_SECRET = "rcp-kube-actuator"
+SA_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+# Ray containers that may mount a ServiceAccount token, and why (docs/operations.md, residual).
+TOKEN_MOUNTS = {
+    ("RayCluster/rcp head autoscaler", "autoscaler"): "KubeRay's autoscaler scales worker groups",
+}
 S3_SECRET = "rcp-s3"
 
 # The pods the install creates, by the ids below. A new pod must be added here on purpose.
@@ -54,6 +68,7 @@ EXPECTED_PODS = {
     "RayCluster/rcp worker gpu-external",
     "Deployment/prometheus",
     "Deployment/grafana",
+    ACTUATOR_POD,
 }
 # Containers whose root filesystem may stay writable, and why (docs/operations.md).
 WRITABLE_ROOT = {
@@ -286,7 +301,9 @@ def _worker(b: dict[str, Any], i: int = 0) -> dict[str, Any]:
             id="autoscaler-sidecar",
         ),
         pytest.param(
-            lambda b: _head(b)["volumes"].pop(),
+            lambda b: _head(b)["volumes"].remove(
+                next(v for v in _head(b)["volumes"] if v["name"] == "autoscaler-tmp")
+            ),
             "head autoscaler: container autoscaler: mounts volume 'autoscaler-tmp'",
             id="sidecar-volume-missing",
         ),
@@ -602,3 +619,228 @@ def test_rbac_check_catches_widening(
 ) -> None:
     problems = rbac_problems(_with_role(mutate, kind), autoscaler_owns_external=True)
     assert any(needle in p for p in problems), problems
+
+
+# --- tests: no Kubernetes credential in a Ray pod; the actuator service ----------------------
+
+
+def _token_volumes(spec: dict[str, Any]) -> set[str]:
+    """Volumes of `spec` that carry a ServiceAccount token (projected serviceAccountToken)."""
+    return {
+        v["name"]
+        for v in spec.get("volumes") or []
+        if any(
+            "serviceAccountToken" in src for src in (v.get("projected") or {}).get("sources", [])
+        )
+    }
+
+
+def token_problems(pods: list[Pod]) -> list[str]:
+    """Ray pods (head, its autoscaler sidecar, workers) that hold a ServiceAccount token other
+    than as `TOKEN_MOUNTS` allows."""
+    problems = []
+    for pod in pods:
+        if not pod.id.startswith("RayCluster/"):
+            continue
+        if pod.spec.get("automountServiceAccountToken") is not False:
+            problems.append(f"{pod.id}: automountServiceAccountToken must be false")
+        tokens = _token_volumes(pod.spec)
+        for c in _containers(pod.spec):
+            for m in c.get("volumeMounts") or []:
+                is_token = m["name"] in tokens or m["mountPath"].startswith(SA_TOKEN_PATH)
+                if is_token and (pod.id, c["name"]) not in TOKEN_MOUNTS:
+                    problems.append(f"{pod.id}: container {c['name']} mounts a token ({m['name']})")
+    return problems
+
+
+def test_no_ray_pod_mounts_a_service_account_token_but_the_autoscaler() -> None:
+    pods = installed_pods()
+    assert not token_problems(pods), "\n".join(token_problems(pods))
+    sidecar = next(p for p in pods if p.id == "RayCluster/rcp head autoscaler")
+    mounts = {m["mountPath"]: m["name"] for m in sidecar.spec["containers"][0]["volumeMounts"]}
+    assert mounts[SA_TOKEN_PATH] in _token_volumes(sidecar.spec), "the autoscaler needs its token"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        pytest.param(
+            lambda b: _head(b).pop("automountServiceAccountToken"),
+            "RayCluster/rcp head: automountServiceAccountToken must be false",
+            id="head-automount",
+        ),
+        pytest.param(
+            lambda b: _head(b)["containers"][0]["volumeMounts"].append(
+                {"name": "autoscaler-token", "mountPath": "/var/run/secrets/x"}
+            ),
+            "head: container ray-head mounts a token (autoscaler-token)",
+            id="head-container-mounts-the-projected-token",
+        ),
+        pytest.param(
+            lambda b: (
+                _worker(b)["containers"][0]
+                .setdefault("volumeMounts", [])
+                .append({"name": "t", "mountPath": SA_TOKEN_PATH})
+            ),
+            "worker gpu-cluster: container ray-worker mounts a token (t)",
+            id="worker-mounts-the-token-path",
+        ),
+    ],
+)
+def test_token_check_names_the_problem(
+    mutate: Callable[[dict[str, Any]], None], needle: str
+) -> None:
+    problems = token_problems(_mutated_pods(mutate))
+    assert any(needle in p for p in problems), problems
+
+
+def _bindings_to(docs: list[Doc], subject: str) -> list[str]:
+    return [
+        d.where
+        for d in docs
+        if d.kind in ("RoleBinding", "ClusterRoleBinding")
+        and any(s.get("name") == subject for s in d.body.get("subjects") or [])
+    ]
+
+
+def test_rbac_is_bound_only_to_the_actuator_services_account() -> None:
+    docs = applied()
+    optional = load_docs(OPTIONAL_SCALE_RBAC.parent)
+    for d in docs + optional:
+        if d.kind in ("RoleBinding", "ClusterRoleBinding"):
+            subjects = d.body.get("subjects") or []
+            assert [(s["kind"], s["name"]) for s in subjects] == [
+                ("ServiceAccount", CONTROL_PLANE_SA)
+            ], d.where
+    assert not _bindings_to(docs + optional, HEAD_SA)
+    head = _raycluster().body["spec"]["headGroupSpec"]["template"]["spec"]
+    assert head["serviceAccountName"] == HEAD_SA != CONTROL_PLANE_SA
+    users = [p.id for p in installed_pods() if p.spec.get("serviceAccountName") == CONTROL_PLANE_SA]
+    assert users == [ACTUATOR_POD], "only the actuator service runs as the account with our RBAC"
+
+
+def _actuator_spec() -> dict[str, Any]:
+    return next(p for p in installed_pods() if p.id == ACTUATOR_POD).spec
+
+
+def test_the_actuator_deployment_is_restricted_and_alone() -> None:
+    dep = next(d for d in applied() if d.kind == "Deployment" and d.name == "rcp-kube-actuator")
+    assert dep.body["spec"]["replicas"] == 1, "the rate cap is one process's memory"
+    assert dep.body["spec"]["strategy"]["type"] == "Recreate"
+    spec = _actuator_spec()
+    assert not pod_problems(Pod(ACTUATOR_POD, spec))  # restricted, read-only root, no host access
+    (container,) = spec["containers"]
+    assert container["command"] == ["python", "-m", "controlplane.kube.service"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    labels = dep.body["spec"]["template"]["metadata"]["labels"]
+    assert not any(k.startswith("ray.io/") for k in labels), "not a Ray pod"
+    assert JOB_DRIVER_RESOURCE not in str(dep.body)
+    assert not _claims(spec), "no job store, no train storage"
+    assert S3_SECRET not in _secret_refs(spec)
+
+
+def test_the_actuator_token_secret_reaches_only_the_head_container_and_the_actuator() -> None:
+    holders = []
+    for pod in installed_pods():
+        volumes = {
+            v["name"]
+            for v in pod.spec.get("volumes") or []
+            if (v.get("secret") or {}).get("secretName") == ACTUATOR_SECRET
+        }
+        for c in _containers(pod.spec):
+            if any(m["name"] in volumes for m in c.get("volumeMounts") or []):
+                holders.append((pod.id, c["name"]))
+        assert ACTUATOR_SECRET not in str([c.get("env") for c in _containers(pod.spec)]), (
+            f"{pod.id}: the token as an env var would show in the Ray dashboard"
+        )
+    assert sorted(holders) == [(ACTUATOR_POD, "kube-actuator"), ("RayCluster/rcp head", "ray-head")]
+
+
+def test_the_config_points_the_controller_at_the_actuator_service(tmp_path: Path) -> None:
+    kc = rcp_config(tmp_path).kubernetes
+    svc = next(d for d in applied() if d.kind == "Service" and d.name == "rcp-kube-actuator")
+    (port,) = svc.body["spec"]["ports"]
+    assert kc.actuator_url == f"http://{svc.name}.{svc.body['metadata']['namespace']}.svc:" + str(
+        port["port"]
+    )
+    spec = _actuator_spec()
+    (container,) = spec["containers"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]}[port["targetPort"]] == (
+        kc.service.port
+    )
+    head = _raycluster().body["spec"]["headGroupSpec"]["template"]["spec"]
+    token_dir = str(Path(kc.actuator_token_file).parent)
+    for where, c in (("head", head["containers"][0]), ("actuator", container)):
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        assert token_dir in mounts, f"{where} does not mount the token at {token_dir}"
+    assert kc.service.max_node_actions >= rcp_config(tmp_path).health.breaker.max_nodes
+
+
+def _peer_admits(peer: dict[str, Any], labels: dict[str, str], same_namespace: bool) -> bool:
+    """NetworkPolicy peer semantics for pod sources (no ipBlock in the install)."""
+    if "ipBlock" in peer:
+        return True  # an address range could be anything: treat as open
+    if "namespaceSelector" not in peer and not same_namespace:
+        return False
+    if "namespaceSelector" in peer and peer["namespaceSelector"] != {}:
+        return True  # some other namespace: not the head, so refused below
+    wanted = (peer.get("podSelector") or {}).get("matchLabels") or {}
+    return all(labels.get(k) == v for k, v in wanted.items()) and not (
+        peer.get("podSelector") or {}
+    ).get("matchExpressions")
+
+
+HEAD_LABELS = {"ray.io/cluster": "rcp", "ray.io/node-type": "head"}
+
+
+@pytest.mark.parametrize(
+    ("labels", "same_namespace", "allowed"),
+    [
+        pytest.param(HEAD_LABELS, True, True, id="ray-head"),
+        pytest.param(
+            {"ray.io/cluster": "rcp", "ray.io/node-type": "worker"}, True, False, id="ray-worker"
+        ),
+        pytest.param(
+            {"ray.io/cluster": "other", "ray.io/node-type": "head"},
+            True,
+            False,
+            id="other-raycluster-head",
+        ),
+        pytest.param({"app.kubernetes.io/name": "prometheus"}, True, False, id="prometheus"),
+        pytest.param(HEAD_LABELS, False, False, id="head-labels-in-another-namespace"),
+    ],
+)
+def test_only_the_ray_head_reaches_the_actuator(
+    labels: dict[str, str], same_namespace: bool, allowed: bool
+) -> None:
+    target = next(
+        d for d in applied() if d.kind == "Deployment" and d.name == "rcp-kube-actuator"
+    ).body["spec"]["template"]["metadata"]["labels"]
+    ruling = [
+        d.body
+        for d in applied()
+        if d.kind == "NetworkPolicy"
+        and all(
+            target.get(k) == v
+            for k, v in (d.body["spec"]["podSelector"].get("matchLabels") or {}).items()
+        )
+        and not d.body["spec"]["podSelector"].get("matchExpressions")
+    ]
+    assert any(p["spec"]["podSelector"] == {} for p in ruling), "no default-deny over it"
+    port = rcp_config_port()
+    admitted = False
+    for policy in ruling:
+        for rule in policy["spec"].get("ingress") or []:
+            ports = rule.get("ports") or [{}]
+            if not any(p.get("port") in (None, port, "http") for p in ports):
+                continue
+            peers = rule.get("from")
+            if not peers:
+                admitted = True  # a rule without `from` admits everyone
+            admitted |= any(_peer_admits(peer, labels, same_namespace) for peer in peers or [])
+    assert admitted is allowed
+
+
+def rcp_config_port() -> int:
+    doc = next(d for d in applied() if d.kind == "Service" and d.name == "rcp-kube-actuator")
+    return int(doc.body["spec"]["ports"][0]["port"])
