@@ -634,4 +634,3 @@ class KubernetesActuator:
                 f"patching {self._cluster} failed: {_api_message(exc)}"
             ) from exc
         return True
-
