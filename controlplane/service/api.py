@@ -80,20 +80,13 @@ async def _request_ids(request: web.Request, handler: Handler) -> web.StreamResp
 
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Auth first, then the handler; every failure becomes a JSON error, never a crash."""
-    if request.path != "/healthz":
-        header = request.headers.get("Authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not given.strip():
-            return _error(
-                request,
-                401,
-                "missing token: send 'Authorization: Bearer <token>'",
-                "Authorization",
-            )
-        if not hmac.compare_digest(given.strip().encode(), request.app[_TOKEN].encode()):
-            return _error(request, 401, "wrong token", "Authorization")
+    """Auth first, then the handler; every failure becomes a JSON error, never a crash (the
+    auth check too: a header of any bytes is a 401, not a 500)."""
     try:
+        if request.path != "/healthz":
+            refused = _refuse_auth(request)
+            if refused is not None:
+                return refused
         return await handler(request)
     except ApiError as exc:
         body = {**exc.to_json(), "request_id": request.get(_REQUEST_ID)}
@@ -109,6 +102,24 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         rid = request.get(_REQUEST_ID, "-")
         log.exception("request %s: API handler failed: %s %s", rid, request.method, request.path)
         return _error(request, 500, "internal error; quote the request id when you report it")
+
+
+def _refuse_auth(request: web.Request) -> web.Response | None:
+    """A 401 unless the request carries the bearer token. Header values are any bytes the
+    client sent (aiohttp keeps invalid UTF-8 as surrogates), compared as bytes as received."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        return _error(
+            request,
+            401,
+            "missing token: send 'Authorization: Bearer <token>'",
+            "Authorization",
+        )
+    sent = given.strip().encode("utf-8", "surrogateescape")
+    if not hmac.compare_digest(sent, request.app[_TOKEN].encode("utf-8")):
+        return _error(request, 401, "wrong token", "Authorization")
+    return None
 
 
 async def _json_body(request: web.Request) -> Any:

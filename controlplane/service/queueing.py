@@ -17,6 +17,7 @@ that shrank because nodes turned unhealthy (the job then waits).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -174,10 +175,14 @@ class JobService:
     def submit(self, payload: Any, idempotency_key: str | None = None) -> tuple[JobRecord, bool]:
         """Queue the job (or return the one this idempotency key created). (job, created)."""
         if idempotency_key is not None and (
-            not idempotency_key.strip() or len(idempotency_key) > 256
+            not idempotency_key.strip()
+            or len(idempotency_key) > 256
+            or not _is_text(idempotency_key)
         ):
             raise ApiError(
-                400, "Idempotency-Key must be 1-256 non-blank characters", "Idempotency-Key"
+                400,
+                "Idempotency-Key must be 1-256 non-blank printable UTF-8 characters",
+                "Idempotency-Key",
             )
         spec = self.parse_spec(payload)
         try:
@@ -282,11 +287,25 @@ class JobService:
         raise ApiError(409, f"job {job_id} keeps changing state; try again", "id")
 
 
-def _int_param(name: str, raw: str, lo: int, hi: int) -> int:
+def _is_text(value: str) -> bool:
+    """Printable and valid UTF-8 (a header's invalid bytes arrive as lone surrogates)."""
     try:
-        value = int(raw)
-    except (TypeError, ValueError) as exc:
-        raise ApiError(400, f"{name} must be an integer, got {raw!r}", name) from exc
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return value.isprintable()
+
+
+_INT_RE = re.compile(r"-?[0-9]{1,30}")
+
+
+def _int_param(name: str, raw: str, lo: int, hi: int) -> int:
+    """An integer query parameter in lo..hi: plain ASCII digits with an optional minus sign
+    (not ``1_000``, `` 5``, ``1.5``, other scripts' digits or a 5000-digit number), else 400."""
+    if not isinstance(raw, str) or not _INT_RE.fullmatch(raw):
+        shown = raw[:40] + "..." if isinstance(raw, str) and len(raw) > 40 else raw
+        raise ApiError(400, f"{name} must be an integer in {lo}..{hi}, got {shown!r}", name)
+    value = int(raw)
     if not lo <= value <= hi:
         raise ApiError(400, f"{name} must be in {lo}..{hi}, got {value}", name)
     return value

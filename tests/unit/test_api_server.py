@@ -492,3 +492,77 @@ def test_a_failing_handler_answers_500_with_an_id_and_no_exception_text(
     assert resp["request_id"] == rid
     assert any(rid in r.getMessage() and r.exc_info for r in caplog.records)
     assert srv.raw("GET", "/healthz", token=None)[0] == 200
+
+
+# -- headers and query parameters of any bytes (issue 12) ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "token",
+    ["é", "\xff\xfe", "é" * 300],
+    ids=["latin1-e-acute", "invalid-utf8", "long-non-ascii"],
+)
+def test_a_non_ascii_bearer_token_is_a_json_401_with_a_request_id(srv: Server, token: str) -> None:
+    # http.client sends header text as latin-1 bytes: "é" arrives as the lone byte 0xE9.
+    for method, path in [("GET", "/v1/jobs"), ("POST", "/v1/jobs/job-x/cancel")]:
+        status, body = srv.raw(method, path, token=token)
+        assert status == 401, body
+        assert body["error"] == "wrong token" and body["field"] == "Authorization"
+        assert body["request_id"]
+
+
+def test_a_non_utf8_idempotency_key_is_400_and_queues_nothing(srv: Server) -> None:
+    before = srv.num_jobs()
+    status, body = srv.raw(
+        "POST", "/v1/jobs", json.dumps(spec()).encode(), headers={"Idempotency-Key": "k\xe9\xff"}
+    )
+    assert status == 400 and body["field"] == "Idempotency-Key" and body["request_id"]
+    assert srv.num_jobs() == before
+
+
+@pytest.mark.parametrize(
+    "query, field",
+    [
+        ("offset=abc", "offset"),
+        ("offset=-1", "offset"),
+        ("offset=1.5", "offset"),
+        ("offset=" + "9" * 5000, "offset"),
+        ("offset=99999999999999999999999999", "offset"),
+        ("offset=1_000", "offset"),
+        ("offset=%D9%A1", "offset"),  # ARABIC-INDIC DIGIT ONE: int() would take it
+        ("offset=%201", "offset"),
+        ("limit=0", "limit"),
+        ("limit=-5", "limit"),
+        ("limit=" + "1" * 40, "limit"),
+        ("limit=%FF", "limit"),
+        ("limit=", "limit"),
+    ],
+    ids=lambda v: v[:24] if isinstance(v, str) else v,
+)
+def test_bad_log_offsets_and_limits_are_400_naming_them(
+    srv: Server, query: str, field: str
+) -> None:
+    job = srv.client.submit(spec(name="logs"))
+    srv.store.update_info(job.id, {"submission_id": f"{job.id}-1"})
+    status, body = srv.raw("GET", f"/v1/jobs/{job.id}/logs?{query}")
+    assert status == 400, body
+    assert body["field"] == field and body["request_id"]
+    assert len(body["error"]) < 200  # a 5000-digit value is not echoed back whole
+
+
+@pytest.mark.parametrize(
+    "path, field",
+    [
+        ("/v1/jobs?limit=1e3", "limit"),
+        ("/v1/jobs?limit=" + "9" * 5000, "limit"),
+        ("/v1/events?after=-1", "after"),
+        ("/v1/events?after=%FF", "after"),
+        ("/v1/events?limit=99999999999999999999", "limit"),
+        ("/v1/jobs?state=%FF", "state"),
+    ],
+    ids=lambda v: v[:30] if isinstance(v, str) else v,
+)
+def test_bad_listing_parameters_are_400_naming_them(srv: Server, path: str, field: str) -> None:
+    status, body = srv.raw("GET", path)
+    assert status == 400, body
+    assert body["field"] == field and body["request_id"]
