@@ -220,9 +220,10 @@ class Client:
             try:
                 return self._once(method, url, data, headers)
             except ApiError as exc:
-                if exc.status != 0 or attempt == attempts - 1:
+                if exc.status not in (0, 429) or attempt == attempts - 1:
                     raise
-                time.sleep(min(4.0, 0.25 * 2**attempt))  # the server may be restarting
+                # 0: the server may be restarting; 429: too many log reads at once.
+                time.sleep(min(4.0, 0.25 * 2**attempt))
         raise AssertionError("unreachable")
 
     def _once(

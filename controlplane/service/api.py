@@ -19,7 +19,9 @@ GET      /v1/jobs                     list; ``?state=QUEUED,RUNNING&queue=q&limi
 GET      /v1/jobs/{id}                one job with its state history
 POST     /v1/jobs/{id}/cancel         cancel
 GET      /v1/jobs/{id}/logs           driver logs: ``?offset=n&limit=m`` returns at most m
-                                      (and 1 MiB) characters from n, ``next_offset``, ``size``
+                                      (and 1 MiB) characters from n, ``next_offset``, ``size``.
+                                      At most `MAX_CONCURRENT_LOG_READS` at once, on their own
+                                      threads; past that 429 with ``Retry-After``.
 GET      /v1/events                   events; ``?after=seq&job_id=id&limit=n``
 GET      /healthz                     liveness, no auth
 =======  ===========================  ===========================================================
@@ -34,6 +36,7 @@ import hmac
 import logging
 import threading
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
@@ -52,10 +55,16 @@ __all__ = ["ApiServer", "make_app"]
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1 << 20
+MAX_CONCURRENT_LOG_READS = 4
+"""Log reads in flight at once (each may fetch a live attempt's whole log from Ray); one more
+is refused with 429 rather than queued, so followers cannot pile up memory or threads."""
+LOG_RETRY_AFTER_S = 2
 _SERVICE = web.AppKey("service", JobService)
 _TOKEN = web.AppKey("token", str)
 _MAX_BODY = web.AppKey("max_body_bytes", int)
 _REQUEST_ID = web.RequestKey("request_id", str)
+_LOG_SLOTS = web.AppKey("log_slots", asyncio.Semaphore)
+_LOG_THREADS = web.AppKey("log_threads", ThreadPoolExecutor)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -90,7 +99,10 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except ApiError as exc:
         body = {**exc.to_json(), "request_id": request.get(_REQUEST_ID)}
-        return web.json_response(body, status=exc.status)
+        response = web.json_response(body, status=exc.status)
+        if exc.retry_after_s is not None:
+            response.headers["Retry-After"] = str(exc.retry_after_s)
+        return response
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[_MAX_BODY]
         return _error(request, 413, f"the request body is larger than {limit} bytes", "<body>")
@@ -170,10 +182,20 @@ async def _logs(request: web.Request) -> web.Response:
     service = request.app[_SERVICE]
     job_id = request.match_info["id"]
     offset, limit = request.query.get("offset"), request.query.get("limit")
-    # Reading logs may call out to Ray; keep the event loop free meanwhile.
-    body = await asyncio.get_running_loop().run_in_executor(
-        None, service.logs, job_id, offset, limit
-    )
+    slots = request.app[_LOG_SLOTS]
+    if slots.locked():
+        raise ApiError(
+            429,
+            f"too many log reads in flight (at most {MAX_CONCURRENT_LOG_READS}); retry in "
+            f"{LOG_RETRY_AFTER_S}s",
+            None,
+            retry_after_s=LOG_RETRY_AFTER_S,
+        )
+    async with slots:
+        # Reading logs may call out to Ray: on the log threads, never the event loop's.
+        body = await asyncio.get_running_loop().run_in_executor(
+            request.app[_LOG_THREADS], service.logs, job_id, offset, limit
+        )
     return web.json_response(body)
 
 
@@ -203,6 +225,13 @@ def make_app(service: JobService, token: str, max_body_bytes: int | None = None)
     app[_SERVICE] = service
     app[_TOKEN] = token
     app[_MAX_BODY] = limit
+    app[_LOG_SLOTS] = asyncio.Semaphore(MAX_CONCURRENT_LOG_READS)
+    app[_LOG_THREADS] = ThreadPoolExecutor(MAX_CONCURRENT_LOG_READS, thread_name_prefix="rcp-logs")
+
+    async def _stop_log_threads(app: web.Application) -> None:
+        app[_LOG_THREADS].shutdown(wait=False)
+
+    app.on_cleanup.append(_stop_log_threads)
     app.router.add_post("/v1/jobs", _submit)
     app.router.add_get("/v1/jobs", _list)
     app.router.add_get("/v1/jobs/{id}", _get)

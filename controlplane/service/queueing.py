@@ -56,12 +56,15 @@ class ApiError(Exception):
         message: str,
         field: str | None = None,
         details: list[dict[str, str]] | None = None,
+        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.field = field
         self.details = details or []
+        self.retry_after_s = retry_after_s
+        """Sent as ``Retry-After`` (a 429: try again in this many seconds)."""
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"error": self.message, "field": self.field}

@@ -85,8 +85,15 @@ class RayJobStatus(str, Enum):
 
 _ENDED = {RayJobStatus.STOPPED, RayJobStatus.SUCCEEDED, RayJobStatus.FAILED}
 
-ENDED_LOGS_CACHE_CHARS = 32 << 20
+MAX_ATTEMPT_LOG_CHARS = 32 << 20
+"""The most of one attempt's log the runner keeps (and serves): the rest is dropped, and a
+marker line (`LOG_TRUNCATED_MARKER`) says so. The head is kept, so read offsets stay valid."""
+LOG_TRUNCATED_MARKER = "\n[rcp: log truncated here: the control plane keeps the first {n} characters of an attempt's log; read the rest with `ray job logs {sid}`]\n"
+ENDED_LOGS_CACHE_CHARS = 64 << 20
 """Characters of ended attempts' logs the runner keeps, all jobs together."""
+LIVE_LOG_CACHE_S = 2.0
+"""How long a live attempt's fetched log is served again before Ray is asked anew: N clients
+following one job cost one fetch per this many seconds, not N per poll."""
 
 _REQUEUE_INFO: Mapping[str, Any] = {
     "preempting": None,
@@ -395,6 +402,10 @@ class JobRunner:
         self._submissions = _Submissions()
         self._ended_logs: collections.OrderedDict[str, str] = collections.OrderedDict()
         """Logs of attempts whose Ray Job ended, by submission id (see `logs`)."""
+        self._live_logs: dict[str, tuple[float, str]] = {}
+        """(fetched at, log) of live attempts, by submission id (see `LIVE_LOG_CACHE_S`)."""
+        self._logs_lock = threading.Lock()
+        self._fetch_locks: dict[str, threading.Lock] = {}
 
     # -- act ---------------------------------------------------------------------------------
 
@@ -776,8 +787,11 @@ class JobRunner:
         """Driver logs of every attempt, oldest first, each under a header line.
 
         An attempt whose Ray Job has ended never changes: its log is fetched from Ray once and
-        kept (`ENDED_LOGS_CACHE_CHARS` in all, least recently used out first), so a client
-        following a job makes the controller fetch only the live attempt's log each poll.
+        kept (`ENDED_LOGS_CACHE_CHARS` in all, least recently used out first). The live
+        attempt's log is fetched at most once per `LIVE_LOG_CACHE_S` however many clients
+        follow it (concurrent readers wait for one fetch). Each attempt's log is cut at
+        `MAX_ATTEMPT_LOG_CHARS` with a marker line. Thread-safe (the API calls it from its
+        log-read threads).
         """
         attempts = int(job.info.get("attempt", 0))
         parts = []
@@ -787,14 +801,49 @@ class JobRunner:
             parts.append(f"=== attempt {a} (Ray job {sid}) ===\n{self._attempt_log(sid, ended)}")
         return "\n".join(parts)
 
+    def _cached_log(self, sid: str, ended: bool) -> str | None:
+        with self._logs_lock:
+            if sid in self._ended_logs:
+                self._ended_logs.move_to_end(sid)
+                return self._ended_logs[sid]
+            live = self._live_logs.get(sid)
+            if not ended and live is not None and self.clock() - live[0] < LIVE_LOG_CACHE_S:
+                return live[1]
+            return None
+
     def _attempt_log(self, sid: str, ended: bool) -> str:
-        cache = self._ended_logs
-        if sid in cache:
-            cache.move_to_end(sid)
-            return cache[sid]
-        text = self.ray.logs(sid)
-        if ended and len(text) <= ENDED_LOGS_CACHE_CHARS:
-            cache[sid] = text
-            while sum(len(t) for t in cache.values()) > ENDED_LOGS_CACHE_CHARS:
-                cache.popitem(last=False)
+        text = self._cached_log(sid, ended)
+        if text is not None:
+            return text
+        with self._logs_lock:
+            fetching = self._fetch_locks.setdefault(sid, threading.Lock())
+        with fetching:  # one fetch per attempt at a time; the others then read the cache
+            text = self._cached_log(sid, ended)
+            if text is not None:
+                return text
+            text = _cap_log(str(self.ray.logs(sid)), sid)
+            now = self.clock()
+            with self._logs_lock:
+                self._live_logs = {
+                    k: v for k, v in self._live_logs.items() if now - v[0] < LIVE_LOG_CACHE_S
+                }
+                if ended:
+                    self._live_logs.pop(sid, None)
+                    if len(text) <= ENDED_LOGS_CACHE_CHARS:
+                        cache = self._ended_logs
+                        cache[sid] = text
+                        while sum(len(t) for t in cache.values()) > ENDED_LOGS_CACHE_CHARS:
+                            cache.popitem(last=False)
+                else:
+                    self._live_logs[sid] = (now, text)
+                self._fetch_locks.pop(sid, None)
         return text
+
+
+def _cap_log(text: str, sid: str) -> str:
+    """`text` cut at `MAX_ATTEMPT_LOG_CHARS`, with the marker line when anything was cut."""
+    if len(text) <= MAX_ATTEMPT_LOG_CHARS:
+        return text
+    return text[:MAX_ATTEMPT_LOG_CHARS] + LOG_TRUNCATED_MARKER.format(
+        n=MAX_ATTEMPT_LOG_CHARS, sid=sid
+    )

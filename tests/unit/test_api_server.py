@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -28,7 +30,7 @@ from controlplane.sdk import (
     NotConfigured,
     SpecRejected,
 )
-from controlplane.service.api import ApiServer
+from controlplane.service.api import LOG_RETRY_AFTER_S, MAX_CONCURRENT_LOG_READS, ApiServer
 from controlplane.service.queueing import MAX_LOG_CHUNK_CHARS, JobService
 from controlplane.service.tokens import ensure_token, read_token
 from controlplane.store import JobState, Store
@@ -566,3 +568,51 @@ def test_bad_listing_parameters_are_400_naming_them(srv: Server, path: str, fiel
     status, body = srv.raw("GET", path)
     assert status == 400, body
     assert body["field"] == field and body["request_id"]
+
+
+def test_log_reads_over_the_cap_are_429_with_retry_after(tmp_path: Path) -> None:
+    release = threading.Event()
+    started: list[int] = []
+
+    def slow_logs(_job: Any) -> str:
+        started.append(1)
+        release.wait(10)
+        return "log\n"
+
+    store = Store(tmp_path / "db.sqlite")
+    service = JobService(store, load_config(None, [f"state_dir={tmp_path}"]), logs=slow_logs)
+    job_id = store.submit(JobSpec.from_dict(spec(name="logs"))).job.job_id
+    store.update_info(job_id, {"submission_id": f"{job_id}-1"})
+    server = ApiServer(service, TOKEN, "127.0.0.1", 0).start()
+    results: list[int] = []
+
+    def read() -> None:
+        req = urllib.request.Request(f"{server.url}/v1/jobs/{job_id}/logs")
+        req.add_header("Authorization", f"Bearer {TOKEN}")
+        with urllib.request.urlopen(req, timeout=20) as resp:
+            results.append(resp.status)
+
+    try:
+        readers = [threading.Thread(target=read) for _ in range(MAX_CONCURRENT_LOG_READS)]
+        for t in readers:
+            t.start()
+        deadline = time.monotonic() + 10
+        while len(started) < MAX_CONCURRENT_LOG_READS and time.monotonic() < deadline:
+            time.sleep(0.01)
+        req = urllib.request.Request(f"{server.url}/v1/jobs/{job_id}/logs")
+        req.add_header("Authorization", f"Bearer {TOKEN}")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req, timeout=10)
+        assert info.value.code == 429
+        assert info.value.headers["Retry-After"] == str(LOG_RETRY_AFTER_S)
+        body = json.loads(info.value.read())
+        assert "too many log reads" in body["error"] and body["request_id"]
+        release.set()
+        for t in readers:
+            t.join(10)
+        assert results == [200] * MAX_CONCURRENT_LOG_READS
+        assert len(started) == MAX_CONCURRENT_LOG_READS  # the refused read fetched nothing
+    finally:
+        release.set()
+        server.stop()
+        store.close()
