@@ -683,6 +683,52 @@ class Store:
             self._merge_info(db, job_id, info)
             return self._row_in(db, job_id)
 
+    # -- rows that no longer validate: managed by id, spec unread -----------------------------
+
+    def cancel_invalid(self, job_id: str, reason: str) -> dict[str, Any]:
+        """Cancel a job whose stored row no longer validates, by id alone: its spec is never
+        parsed. The runner then stops its Ray Job from the info (`raw_info`). Returns the
+        row's plain columns and info. IllegalTransition if it has already ended; a stored
+        state that is itself invalid counts as not ended."""
+        _check_reason(reason)
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT job_id, name, queue, priority_class, state, submitted_s, queued_s, "
+                "num_preemptions, info_json FROM jobs WHERE job_id = ?",
+                (job_id,),
+            ).fetchone()
+            if row is None:
+                raise UnknownJob(job_id)
+            try:
+                current: JobState | None = JobState(row["state"])
+            except ValueError:
+                current = None
+            if current in TERMINAL_STATES:
+                raise IllegalTransition(f"job {job_id} is already {row['state']}; nothing to do")
+            now = self._clock()
+            db.execute(
+                "UPDATE jobs SET state = ?, updated_s = ? WHERE job_id = ?",
+                (JobState.CANCELLED.value, now, job_id),
+            )
+            self._record_transition(db, job_id, current, JobState.CANCELLED, now, reason)
+            columns = ("job_id", "name", "queue", "priority_class", "submitted_s", "queued_s")
+            out: dict[str, Any] = {k: row[k] for k in (*columns, "num_preemptions")}
+            out.update(state=JobState.CANCELLED.value, updated_s=now)
+            out["info"] = _plain_info(row["info_json"])
+            return out
+
+    def raw_info(self, job_id: str) -> dict[str, Any]:
+        """A job's info without validating its row ({} when the info itself is unreadable)."""
+        rows = self._read("SELECT info_json FROM jobs WHERE job_id = ?", (job_id,))
+        if not rows:
+            raise UnknownJob(job_id)
+        return _plain_info(rows[0]["info_json"])
+
+    def merge_raw_info(self, job_id: str, info: Mapping[str, Any]) -> None:
+        """`update_info` for a row that may no longer validate (nothing is parsed back)."""
+        with self._tx() as db:
+            self._merge_info(db, job_id, info)
+
     def prune_jobs(self, before_s: float, limit: int = 1000) -> list[str]:
         """Delete up to `limit` finished jobs last changed before `before_s`, oldest first,
         with their history and events; never one whose Ray Job may still run. Returns their
@@ -879,6 +925,14 @@ def _dumps(value: Any, what: str) -> str:
         return json.dumps(value, sort_keys=True, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{what}: must be JSON-serialisable ({exc})") from exc
+
+
+def _plain_info(text: Any) -> dict[str, Any]:
+    try:
+        info = json.loads(text)
+    except (TypeError, ValueError):
+        return {}
+    return dict(info) if isinstance(info, dict) else {}
 
 
 def _job(row: sqlite3.Row) -> JobRecord:

@@ -174,8 +174,7 @@ async def _get(request: web.Request) -> web.Response:
 
 
 async def _cancel(request: web.Request) -> web.Response:
-    job = request.app[_SERVICE].cancel(request.match_info["id"])
-    return web.json_response(job_to_json(job))
+    return web.json_response(request.app[_SERVICE].cancel(request.match_info["id"]))
 
 
 async def _logs(request: web.Request) -> web.Response:

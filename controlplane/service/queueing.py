@@ -273,21 +273,58 @@ class JobService:
 
     # -- cancel -----------------------------------------------------------------------------
 
-    def cancel(self, job_id: str) -> JobRecord:
-        """Cancel a job in any non-final state; the runner stops its gang if one runs."""
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """Cancel a job in any non-final state; the runner stops its gang if one runs. A job
+        whose stored row no longer validates is cancelled by id (`Store.cancel_invalid`):
+        the runner stops its Ray Job from the info. Returns the API's view of the job."""
         for _ in range(5):
-            job = self.get(job_id)
+            try:
+                job = self.store.get(job_id)
+            except UnknownJob as exc:
+                raise ApiError(404, str(exc), "id") from exc
+            except InvalidJob as exc:
+                return self._cancel_invalid(job_id, exc.error)
             if job.state in TERMINAL_STATES:
                 raise ApiError(
                     409, f"job {job_id} is already {job.state.value}; nothing to cancel", "id"
                 )
             try:
-                return self.store.transition(
-                    job_id, JobState.CANCELLED, "cancelled by the user", expected=job.state
+                return job_to_json(
+                    self.store.transition(
+                        job_id, JobState.CANCELLED, "cancelled by the user", expected=job.state
+                    )
                 )
             except (StaleState, IllegalTransition):
                 continue  # it moved meanwhile; look again
         raise ApiError(409, f"job {job_id} keeps changing state; try again", "id")
+
+    def _cancel_invalid(self, job_id: str, error: str) -> dict[str, Any]:
+        try:
+            row = self.store.cancel_invalid(
+                job_id, "cancelled by the user (its stored row no longer validates)"
+            )
+        except IllegalTransition as exc:
+            raise ApiError(409, str(exc), "id") from exc
+        info = row["info"]
+        attempt = info.get("attempt")
+        return {
+            "id": job_id,
+            "name": row["name"],
+            "state": row["state"],
+            "queue": row["queue"],
+            "priority_class": row["priority_class"],
+            "num_workers": 0,
+            "gpus_per_worker": 0,
+            "submitted_s": row["submitted_s"],
+            "queued_s": row["queued_s"],
+            "updated_s": row["updated_s"],
+            "num_preemptions": row["num_preemptions"],
+            "attempt": attempt if isinstance(attempt, int) else 0,
+            "ray_job_id": info.get("submission_id"),
+            "message": None,
+            "invalid": True,
+            "error": error,
+        }
 
 
 def _is_text(value: str) -> bool:

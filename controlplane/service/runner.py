@@ -576,10 +576,16 @@ class JobRunner:
                 self._requeue_stranded(job)
             except (StaleState, IllegalTransition):
                 continue
-        for job in self.store.list_jobs(
+        scan = self.store.scan_jobs(
             states=[JobState.CANCELLED, JobState.FAILED], unsettled_only=True
-        ):
+        )
+        for job in scan.jobs:
             self._stop_ended(job)
+        for bad in scan.invalid:  # e.g. cancelled by id (`Store.cancel_invalid`)
+            try:
+                self._stop_invalid(bad.job_id)
+            except Exception as exc:  # one bad row must not stop the others
+                log.warning("stopping the Ray Job of invalid job %s failed: %s", bad.job_id, exc)
 
     def forget(self, job_id: str) -> None:
         """Tell the signals actor to drop the job (best effort: a failure is logged)."""
@@ -776,6 +782,22 @@ class JobRunner:
             self.ray.stop(sid)
             self.store.update_info(job.job_id, {"stop_sent": self.clock()})
 
+    def _stop_invalid(self, job_id: str) -> None:
+        """`_stop_ended` for a row that no longer validates: ``<id>-<attempt>`` from its info
+        alone, no spec needed."""
+        info = self.store.raw_info(job_id)
+        sid = _submission_id(job_id, info)
+        if sid is None:
+            self.store.merge_raw_info(job_id, {"ray_done": True})
+            return
+        status = self.ray.status(sid)
+        if status in _ENDED or status is RayJobStatus.MISSING:
+            self.store.merge_raw_info(job_id, {"ray_done": True, "placement": None})
+            self.forget(job_id)
+        elif not info.get("stop_sent"):
+            self.ray.stop(sid)
+            self.store.merge_raw_info(job_id, {"stop_sent": self.clock()})
+
     def _tail(self, sid: str, chars: int = 400) -> str:
         try:
             text = self.ray.logs(sid).strip()
@@ -838,6 +860,17 @@ class JobRunner:
                     self._live_logs[sid] = (now, text)
                 self._fetch_locks.pop(sid, None)
         return text
+
+
+def _submission_id(job_id: str, info: Mapping[str, Any]) -> str | None:
+    """The current attempt's Ray submission id from a job's info, trusting no type."""
+    sid = info.get("submission_id")
+    if isinstance(sid, str) and sid:
+        return sid
+    attempt = info.get("attempt")
+    if isinstance(attempt, int) and not isinstance(attempt, bool) and attempt > 0:
+        return f"{job_id}-{attempt}"
+    return None
 
 
 def _cap_log(text: str, sid: str) -> str:

@@ -616,3 +616,16 @@ def test_log_reads_over_the_cap_are_429_with_retry_after(tmp_path: Path) -> None
         release.set()
         server.stop()
         store.close()
+
+
+def test_a_row_that_no_longer_validates_can_be_cancelled_by_id(tmp_path: Path) -> None:
+    s = Server(tmp_path)
+    try:
+        bad = s.client.submit(spec(name="bad"))
+        make_invalid(s.store, bad.id)
+        cancelled = s.client.cancel(bad.id)  # the SDK reads the view of an invalid row too
+        assert cancelled.state == "CANCELLED" and cancelled.raw["invalid"] is True
+        status, body = s.raw("POST", f"/v1/jobs/{bad.id}/cancel")
+        assert status == 409 and "already CANCELLED" in body["error"]
+    finally:
+        s.close()

@@ -6,6 +6,7 @@ phase's snapshot rules.
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ from controlplane.config import Config, load_config
 from controlplane.inventory import NodeRow
 from controlplane.service import runner as runner_module
 from controlplane.service.observing import build_snapshot
-from controlplane.service.queueing import job_to_json
+from controlplane.service.queueing import ApiError, JobService, job_to_json
 from controlplane.service.runner import (
     LIVE_LOG_CACHE_S,
     JobRunner,
@@ -601,3 +602,50 @@ def test_an_attempts_log_past_the_cap_keeps_its_head_and_says_it_was_cut(
 
 def test_the_default_cap_is_32_mib() -> None:
     assert runner_module.MAX_ATTEMPT_LOG_CHARS == 32 << 20
+
+
+# -- a row that no longer validates can still be cancelled and stopped (issue 12) -------------
+
+
+def make_row_invalid(store: Store, job_id: str) -> None:
+    raw = sqlite3.connect(store.path)
+    raw.execute(
+        "UPDATE jobs SET spec_json = ? WHERE job_id = ?",
+        ('{"name": "x", "entrypoint": "e", "num_workers": 0}', job_id),
+    )
+    raw.commit()
+    raw.close()
+
+
+def test_cancelling_an_invalid_running_row_stops_its_gang_by_id(env: Any) -> None:
+    store, cfg, fake, _clock, runner = env
+    job_id = submit(store)
+    admit(runner, job_id)
+    fake.start_workers(job_id, 1, 2)
+    runner.reconcile()
+    assert store.get(job_id).state is JobState.RUNNING
+    make_row_invalid(store, job_id)
+    runner.reconcile()  # the tick skips it: nobody supervises that gang
+    assert fake.stopped == []
+    view = JobService(store, cfg).cancel(job_id)
+    assert view["state"] == "CANCELLED" and view["invalid"] and view["id"] == job_id
+    assert view["ray_job_id"] == f"{job_id}-1" and "signal_token" not in json.dumps(view)
+    runner.reconcile()
+    assert fake.stopped == [f"{job_id}-1"]
+    runner.reconcile()  # stopped: ray_done, no second stop
+    assert fake.stopped == [f"{job_id}-1"] and store.raw_info(job_id)["ray_done"] is True
+    assert store.scan_jobs(states=[JobState.CANCELLED], unsettled_only=True).invalid == []
+    with pytest.raises(ApiError) as info:
+        JobService(store, cfg).cancel(job_id)
+    assert info.value.status == 409
+
+
+def test_an_invalid_row_without_submission_id_uses_the_attempt(env: Any) -> None:
+    store, _cfg, fake, _clock, runner = env
+    job_id = submit(store)
+    admit(runner, job_id)
+    make_row_invalid(store, job_id)
+    store.cancel_invalid(job_id, "cancelled by the user")
+    store.merge_raw_info(job_id, {"submission_id": None})  # only the attempt is left
+    runner._stop_invalid(job_id)
+    assert fake.stopped == [f"{job_id}-1"]
