@@ -91,6 +91,8 @@ marker line (`LOG_TRUNCATED_MARKER`) says so. The head is kept, so read offsets 
 LOG_TRUNCATED_MARKER = "\n[rcp: log truncated here: the control plane keeps the first {n} characters of an attempt's log; read the rest with `ray job logs {sid}`]\n"
 ENDED_LOGS_CACHE_CHARS = 64 << 20
 """Characters of ended attempts' logs the runner keeps, all jobs together."""
+ORPHAN_SWEEP_INTERVAL_S = 300.0
+"""How often `JobRunner.sweep_orphans` lists Ray's jobs (and once at start)."""
 LIVE_LOG_CACHE_S = 2.0
 """How long a live attempt's fetched log is served again before Ray is asked anew: N clients
 following one job cost one fetch per this many seconds, not N per poll."""
@@ -327,6 +329,19 @@ class RayJobs:
         except RuntimeError:
             return ""
 
+    def rcp_submissions(self) -> dict[str, RayJobStatus]:
+        """Every Ray Job this control plane submitted (metadata ``rcp_job``) that has not
+        ended, by submission id."""
+        out: dict[str, RayJobStatus] = {}
+        for details in self.client.list_jobs():
+            if "rcp_job" not in dict(getattr(details, "metadata", None) or {}):
+                continue
+            sid = getattr(details, "submission_id", None)
+            status = RayJobStatus(str(getattr(details, "status", "")).split(".")[-1])
+            if sid and status not in _ENDED:
+                out[str(sid)] = status
+        return out
+
 
 class SubmitTimeout(RuntimeError):
     """Ray did not accept a submission in time (or an earlier one still hangs)."""
@@ -406,6 +421,7 @@ class JobRunner:
         """(fetched at, log) of live attempts, by submission id (see `LIVE_LOG_CACHE_S`)."""
         self._logs_lock = threading.Lock()
         self._fetch_locks: dict[str, threading.Lock] = {}
+        self._last_sweep_s: float | None = None
 
     # -- act ---------------------------------------------------------------------------------
 
@@ -586,6 +602,39 @@ class JobRunner:
                 self._stop_invalid(bad.job_id)
             except Exception as exc:  # one bad row must not stop the others
                 log.warning("stopping the Ray Job of invalid job %s failed: %s", bad.job_id, exc)
+        now = self.clock()
+        if self._last_sweep_s is None or now - self._last_sweep_s >= ORPHAN_SWEEP_INTERVAL_S:
+            self._last_sweep_s = now
+            try:
+                self.sweep_orphans()
+            except Exception as exc:  # retried at the next interval
+                log.warning("orphan sweep failed: %s", exc)
+
+    def sweep_orphans(self) -> list[str]:
+        """Stop every live Ray Job of ours (metadata ``rcp_job``) that is not the current
+        attempt of an ADMITTED or RUNNING job (preempting ones included) in the store: e.g. a
+        submission Ray accepted after the runner gave up on it while the controller restarted,
+        so nothing was left to stop it. Rows that no longer validate keep their gang (their
+        attempt is read from the raw info); cancel them to stop it. Returns the ids stopped."""
+        scan = self.store.scan_jobs(states=[JobState.ADMITTED, JobState.RUNNING])
+        keep = {_submission_id(j.job_id, j.info) for j in scan.jobs}
+        keep |= {_submission_id(b.job_id, self.store.raw_info(b.job_id)) for b in scan.invalid}
+        stopped = []
+        for sid, status in sorted(self.ray.rcp_submissions().items()):
+            if sid in keep:
+                continue
+            log.warning(
+                "Ray Job %s (%s) belongs to no active job attempt; stopping it", sid, status
+            )
+            self.ray.stop(sid)
+            stopped.append(sid)
+            self.store.record_event(
+                "job.orphan_stopped",
+                f"Ray Job {sid} ({status.value}) was not the current attempt of any admitted or "
+                "running job (a submission abandoned across a controller restart?); stopped",
+                data={"submission_id": sid},
+            )
+        return stopped
 
     def forget(self, job_id: str) -> None:
         """Tell the signals actor to drop the job (best effort: a failure is logged)."""

@@ -21,6 +21,7 @@ from controlplane.service.observing import build_snapshot
 from controlplane.service.queueing import ApiError, JobService, job_to_json
 from controlplane.service.runner import (
     LIVE_LOG_CACHE_S,
+    ORPHAN_SWEEP_INTERVAL_S,
     JobRunner,
     RayJobs,
     RayJobStatus,
@@ -70,6 +71,12 @@ class FakeRay:
 
     def logs(self, sid: str) -> str:
         return f"logs of {sid}"
+
+    def rcp_submissions(self) -> dict[str, RayJobStatus]:
+        """What `RayJobs.rcp_submissions` lists: ours (all this fake holds), not ended."""
+        self.calls.append("list")
+        ended = (RayJobStatus.STOPPED, RayJobStatus.SUCCEEDED, RayJobStatus.FAILED)
+        return {sid: st for sid, st in self.jobs.items() if st not in ended}
 
     def signal_status(self, job_id: str) -> dict[str, Any]:
         return self.signals.get(job_id, {})
@@ -649,3 +656,74 @@ def test_an_invalid_row_without_submission_id_uses_the_attempt(env: Any) -> None
     store.merge_raw_info(job_id, {"submission_id": None})  # only the attempt is left
     runner._stop_invalid(job_id)
     assert fake.stopped == [f"{job_id}-1"]
+
+
+# -- orphan sweep: Ray Jobs of ours that no job attempt owns (issue 12) -------------------------
+
+
+def test_the_orphan_sweep_stops_ray_jobs_no_active_attempt_owns(env: Any) -> None:
+    store, cfg, fake, clock, _runner = env
+    live, queued, done = submit(store), submit(store), submit(store)
+    runner = JobRunner(store, cfg, fake, clock=clock)
+    admit(runner, live)
+    # A submission abandoned across a restart: the job went back to the queue (attempt 1
+    # failed to start in time), Ray accepted it late, and the controller that would have
+    # stopped it is gone.
+    fake.jobs[f"{queued}-1"] = RayJobStatus.RUNNING
+    fake.jobs[f"{live}-0"] = RayJobStatus.PENDING  # an older attempt of a live job
+    fake.jobs[f"{done}-1"] = RayJobStatus.SUCCEEDED  # ended: nothing to stop
+    restarted = JobRunner(store, cfg, fake, clock=clock)
+    restarted.reconcile()  # the first reconcile sweeps
+    assert sorted(fake.stopped) == sorted([f"{queued}-1", f"{live}-0"])
+    assert fake.status(f"{live}-1") is RayJobStatus.PENDING  # the current attempt runs on
+    events = store.events(kind_prefix="job.orphan_stopped")
+    assert {e.data["submission_id"] for e in events} == {f"{queued}-1", f"{live}-0"}
+
+
+def test_the_orphan_sweep_runs_at_start_then_every_few_minutes(env: Any) -> None:
+    store, cfg, fake, clock, _runner = env
+    runner = JobRunner(store, cfg, fake, clock=clock)
+    for _ in range(5):
+        runner.reconcile()
+        clock.now += 10
+    assert fake.calls.count("list") == 1
+    clock.now += ORPHAN_SWEEP_INTERVAL_S
+    runner.reconcile()
+    assert fake.calls.count("list") == 2
+
+
+def test_the_orphan_sweep_spares_preempting_and_invalid_running_rows(env: Any) -> None:
+    store, cfg, fake, clock, runner = env
+    preempting, invalid = submit(store), submit(store)
+    for job_id in (preempting, invalid):
+        admit(runner, job_id)
+        fake.start_workers(job_id, 1, 2)
+    runner.reconcile()
+    runner.preempt(PreemptJob(preempting, for_job_id="x", checkpoint_first=True, reason="r"))
+    make_row_invalid(store, invalid)
+    assert runner.sweep_orphans() == []
+    assert fake.stopped == []
+
+
+class ListingClient:
+    def __init__(self, jobs: list[Any]) -> None:
+        self.jobs = jobs
+
+    def list_jobs(self) -> list[Any]:
+        return self.jobs
+
+
+def test_ray_jobs_lists_only_its_own_live_submissions(env: Any) -> None:
+    from types import SimpleNamespace as NS
+
+    _store, cfg, *_ = env
+    jobs = RayJobs(cfg)
+    jobs._client = ListingClient(
+        [
+            NS(submission_id="j-1", status="JobStatus.RUNNING", metadata={"rcp_job": "j"}),
+            NS(submission_id="j-2", status="SUCCEEDED", metadata={"rcp_job": "j"}),
+            NS(submission_id="mine", status="RUNNING", metadata={}),
+            NS(submission_id="raw", status="PENDING", metadata=None),
+        ]
+    )
+    assert jobs.rcp_submissions() == {"j-1": RayJobStatus.RUNNING}
