@@ -438,10 +438,30 @@ class Config:
         return self.state_path / "train"
 
 
+MAX_WAIT_S = 3600.0
+"""Upper bound of the intervals and timeouts the control plane waits on (`_wait_at_most`)."""
+MAX_SUBMIT_TIMEOUT_S = 600.0
+"""Upper bound of ``jobs.submit_timeout_s``: the tick waits this long on a submission."""
+MAX_SCRAPE_TIMEOUT_S = 60.0
+"""Upper bound of ``telemetry.dcgm_timeout_s`` (a socket timeout per scrape)."""
+
+
 def _at_least(minimum: float, path: str, value: float, why: str = "") -> list[str]:
     if value < minimum:
         reason = f" ({why})" if why else ""
         return [f"{path}: must be >= {minimum:g}{reason}, got {value!r}"]
+    return []
+
+
+def _wait_at_most(maximum: float, path: str, value: float) -> list[str]:
+    """An upper bound for a value that becomes a wait (`Thread.join`, `Event.wait`, a socket
+    timeout): past ``threading.TIMEOUT_MAX`` those raise OverflowError, and long before that
+    the loop would just hang."""
+    if value > maximum:
+        return [
+            f"{path}: must be <= {maximum:g} (it is how long the control plane waits or "
+            f"sleeps), got {value!r}"
+        ]
     return []
 
 
@@ -529,7 +549,9 @@ def validate(cfg: Config) -> list[str]:
         0.1, "ray.autoscaler_update_interval_s", cfg.ray.autoscaler_update_interval_s
     )
     errors += _at_least(1, "ray.ready_timeout_s", cfg.ray.ready_timeout_s)
+    errors += _wait_at_most(MAX_WAIT_S, "ray.ready_timeout_s", cfg.ray.ready_timeout_s)
     errors += _at_least(0.05, "policy.tick_s", cfg.policy.tick_s)
+    errors += _wait_at_most(MAX_WAIT_S, "policy.tick_s", cfg.policy.tick_s)
     errors += _validate_jobs(cfg.jobs)
     errors += _validate_telemetry(cfg.telemetry)
     errors += _validate_health(cfg.health)
@@ -607,12 +629,14 @@ def _validate_jobs(j: JobsConfig) -> list[str]:
     errors += _at_least(1, "jobs.max_start_attempts", j.max_start_attempts)
     errors += _at_least(0.01, "jobs.job_signal_poll_s", j.job_signal_poll_s)
     errors += _at_least(0.1, "jobs.submit_timeout_s", j.submit_timeout_s)
+    errors += _wait_at_most(MAX_SUBMIT_TIMEOUT_S, "jobs.submit_timeout_s", j.submit_timeout_s)
     return errors
 
 
 def _validate_telemetry(t: TelemetryConfig) -> list[str]:
     errors: list[str] = []
     errors += _at_least(0.05, "telemetry.interval_s", t.interval_s)
+    errors += _wait_at_most(MAX_WAIT_S, "telemetry.interval_s", t.interval_s)
     if t.source not in TELEMETRY_SOURCES:
         errors.append(
             f"telemetry.source: must be one of {', '.join(TELEMETRY_SOURCES)}, got {t.source!r}"
@@ -620,6 +644,7 @@ def _validate_telemetry(t: TelemetryConfig) -> list[str]:
     if t.source == "dcgm" and not t.dcgm_url.startswith(("http://", "https://")):
         errors.append(f"telemetry.dcgm_url: must be an http(s) URL, got {t.dcgm_url!r}")
     errors += _at_least(0.1, "telemetry.dcgm_timeout_s", t.dcgm_timeout_s)
+    errors += _wait_at_most(MAX_SCRAPE_TIMEOUT_S, "telemetry.dcgm_timeout_s", t.dcgm_timeout_s)
     if t.exporter_port != 0:
         errors += _port("telemetry.exporter_port", t.exporter_port)
     errors += _at_least(2, "telemetry.history_samples", t.history_samples)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,29 @@ def test_non_finite_overrides_name_the_key_once(override: str) -> None:
         load_config(None, [override])
     assert str(err.value).count(f"{key}:") == 1
     assert "must be a finite number" in str(err.value)
+
+
+WAITS = [
+    # (key, largest accepted): each value becomes a join/wait/sleep/socket timeout
+    ("jobs.submit_timeout_s", 600),
+    ("policy.tick_s", 3600),
+    ("ray.ready_timeout_s", 3600),
+    ("telemetry.interval_s", 3600),
+    ("telemetry.dcgm_timeout_s", 60),
+]
+
+
+@pytest.mark.parametrize("value", ["1e10", "9223372037", "1e300"], ids=str)
+@pytest.mark.parametrize(("key", "largest"), WAITS, ids=[k for k, _ in WAITS])
+def test_waits_past_their_bound_are_refused_naming_the_key(
+    key: str, largest: float, value: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"{key}={value}"])
+    assert f"{key}: must be <= {largest:g}" in str(err.value)
+
+
+@pytest.mark.parametrize(("key", "largest"), WAITS, ids=[k for k, _ in WAITS])
+def test_the_largest_wait_is_accepted_and_usable(key: str, largest: float) -> None:
+    load_config(None, [f"{key}={largest}"])
+    assert largest < threading.TIMEOUT_MAX
