@@ -179,8 +179,9 @@ class JobRecord:
     """When its state last changed."""
     num_preemptions: int = 0
     idempotency_key: str | None = None
-    info: Mapping[str, Any] = field(default_factory=dict)
-    """Free-form facts the runner records (Ray job id, last checkpoint, attempt, ...)."""
+    info: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    """Free-form facts the runner records (Ray job id, last checkpoint, attempt, ...). Left
+    out of the repr: it holds the attempt's signal token (``signal_token``)."""
 
     @property
     def is_terminal(self) -> bool:

@@ -144,3 +144,53 @@ def test_status_shows_rows_that_no_longer_validate_as_invalid(tmp_path: Path) ->
         assert f"INVALID {bad.id} (QUEUED)" in result.stderr
     finally:
         s.close()
+
+
+# -- the attempt's signal token never shows (issue 12) ------------------------------------------
+
+SECRET = "the-attempts-signal-token-xyz"
+
+
+def test_no_job_view_shows_the_signal_token(srv: Server) -> None:
+    job = srv.client.submit(
+        {"name": "tok", "entrypoint": "m:f", "num_workers": 1, "gpus_per_worker": 1}
+    )
+    srv.store.update_info(
+        job.id, {"attempt": 1, "submission_id": f"{job.id}-1", "signal_token": SECRET}
+    )
+    record = srv.store.get(job.id)
+    assert record.info["signal_token"] == SECRET  # it is there ...
+    assert SECRET not in repr(record) and SECRET not in str(record)  # ... and never printed
+    assert SECRET not in repr(srv.store.list_jobs())
+    views = [
+        srv.raw("GET", f"/v1/jobs/{job.id}")[1],
+        srv.raw("GET", "/v1/jobs")[1],
+        srv.raw("GET", f"/v1/events?job_id={job.id}")[1],
+        repr(srv.client.status(job.id)),
+        repr(srv.client.list()),
+    ]
+    for args in (
+        ("status", job.id),
+        ("status", job.id, "--json"),
+        ("queue",),
+        ("queue", "--json", "--all"),
+        ("events", "--job", job.id),
+    ):
+        code, out = rcp(srv, *args)
+        assert code == 0, out
+        views.append(out)
+    views.append(srv.raw("POST", f"/v1/jobs/{job.id}/cancel")[1])
+    for view in views:
+        assert SECRET not in json.dumps(view) if not isinstance(view, str) else SECRET not in view
+
+
+def test_the_cancel_view_of_an_invalid_row_never_shows_the_signal_token(srv: Server) -> None:
+    job = srv.client.submit(
+        {"name": "tok2", "entrypoint": "m:f", "num_workers": 1, "gpus_per_worker": 1}
+    )
+    srv.store.update_info(job.id, {"attempt": 1, "signal_token": SECRET})
+    make_invalid(srv.store, job.id)
+    status, body = srv.raw("POST", f"/v1/jobs/{job.id}/cancel")
+    assert status == 200 and SECRET not in json.dumps(body)
+    code, out = rcp(srv, "queue", "--json", "--all")
+    assert SECRET not in out
