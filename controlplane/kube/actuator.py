@@ -252,9 +252,8 @@ class KubernetesActuator:
 
     # -- pods ----------------------------------------------------------------------------------
 
-    def pod_for_ip(self, pod_ip: str) -> str | None:
-        """Name of the RayCluster's pod with this IP (a Ray node's address), or None."""
-        selector = f"{CLUSTER_LABEL}={self.config.raycluster}"
+    def _list_pods(self, selector: str) -> list[dict[str, Any]]:
+        """Pods in our namespace matching the label `selector` (KubernetesActuatorError)."""
         try:
             pods = self._call(
                 self.core.list_namespaced_pod, self.config.namespace, label_selector=selector
@@ -264,7 +263,11 @@ class KubernetesActuator:
                 f"listing pods {selector} in namespace {self.config.namespace} failed: "
                 f"{_api_message(exc)}"
             ) from exc
-        for pod in pods.get("items") or []:
+        return list(pods.get("items") or [])
+
+    def pod_for_ip(self, pod_ip: str) -> str | None:
+        """Name of the RayCluster's pod with this IP (a Ray node's address), or None."""
+        for pod in self._list_pods(f"{CLUSTER_LABEL}={self.config.raycluster}"):
             if (pod.get("status") or {}).get("podIP") == pod_ip:
                 return str(pod["metadata"]["name"])
         return None
@@ -273,18 +276,9 @@ class KubernetesActuator:
         """Names of our RayCluster's worker pods that run on Kubernetes node `node_name` now
         (scheduled there and not finished). Empty: the node is not ours to cordon."""
         selector = f"{CLUSTER_LABEL}={self.config.raycluster},{NODE_TYPE_LABEL}=worker"
-        try:
-            pods = self._call(
-                self.core.list_namespaced_pod, self.config.namespace, label_selector=selector
-            )
-        except ApiException as exc:
-            raise KubernetesActuatorError(
-                f"listing pods {selector} in namespace {self.config.namespace} failed: "
-                f"{_api_message(exc)}"
-            ) from exc
         return [
             str(pod["metadata"]["name"])
-            for pod in pods.get("items") or []
+            for pod in self._list_pods(selector)
             if (pod.get("spec") or {}).get("nodeName") == node_name
             and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
         ]

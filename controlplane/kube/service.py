@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from controlplane.background_http import BackgroundHttpServer
 from controlplane.config import ConfigError, load_config
 from controlplane.kube.actuator import (
     KubeConflictError,
@@ -389,55 +390,16 @@ def make_app(service: ActuatorService) -> web.Application:
     return app
 
 
-class ActuatorServer:
+class ActuatorServer(BackgroundHttpServer):
     """Serves `make_app(service)` on host:port from a daemon thread (tests; `main` uses
     aiohttp's own runner)."""
 
     def __init__(self, service: ActuatorService, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.app = make_app(service)
-        self.host, self.port = host, port
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._started = threading.Event()
-        self._error: BaseException | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        super().__init__(make_app(service), host, port, thread_name="rcp-kube-actuator")
 
     def start(self, timeout_s: float = 30.0) -> ActuatorServer:
-        self._thread = threading.Thread(target=self._serve, name="rcp-kube-actuator", daemon=True)
-        self._thread.start()
-        if not self._started.wait(timeout_s) or self._error is not None:
-            raise RuntimeError(f"the actuator service did not start on {self.url}: {self._error}")
+        self._start(timeout_s)
         return self
-
-    def _serve(self) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        asyncio.set_event_loop(loop)
-        runner = web.AppRunner(self.app, access_log=None)
-        try:
-            loop.run_until_complete(runner.setup())
-            site = web.TCPSite(runner, self.host, self.port)
-            loop.run_until_complete(site.start())
-            server = site._server
-            assert server is not None
-            self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-        except BaseException as exc:
-            self._error = exc
-            self._started.set()
-            return
-        self._started.set()
-        loop.run_forever()
-        loop.run_until_complete(runner.cleanup())
-        loop.close()
-
-    def stop(self) -> None:
-        if self._loop is not None and self._loop.is_running():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(timeout=10)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,13 +34,13 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
 
+from controlplane.background_http import BackgroundHttpServer
 from controlplane.service.queueing import (
     ApiError,
     JobService,
@@ -242,57 +242,13 @@ def make_app(service: JobService, token: str, max_body_bytes: int | None = None)
     return app
 
 
-class ApiServer:
+class ApiServer(BackgroundHttpServer):
     """Serves `make_app(...)` on host:port from a daemon thread with its own event loop."""
 
     def __init__(self, service: JobService, token: str, host: str, port: int) -> None:
-        self.app = make_app(service, token)
-        self.host = host
-        self.port = port
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: web.AppRunner | None = None
-        self._thread: threading.Thread | None = None
-        self._started = threading.Event()
-        self._error: BaseException | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        super().__init__(make_app(service, token), host, port, thread_name="rcp-api")
 
     def start(self, timeout_s: float = 30.0) -> ApiServer:
         """Start serving; raises if the port cannot be bound."""
-        self._thread = threading.Thread(target=self._serve, name="rcp-api", daemon=True)
-        self._thread.start()
-        if not self._started.wait(timeout_s):
-            raise RuntimeError(f"the API did not start on {self.url} within {timeout_s:.0f}s")
-        if self._error is not None:
-            raise RuntimeError(f"the API cannot listen on {self.url}: {self._error}")
+        self._start(timeout_s)
         return self
-
-    def _serve(self) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        asyncio.set_event_loop(loop)
-        try:
-            self._runner = web.AppRunner(self.app, access_log=None)
-            loop.run_until_complete(self._runner.setup())
-            site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
-            loop.run_until_complete(site.start())
-            if self.port == 0:
-                server = site._server
-                assert server is not None
-                self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-        except BaseException as exc:
-            self._error = exc
-            self._started.set()
-            return
-        self._started.set()
-        loop.run_forever()
-        loop.run_until_complete(self._runner.cleanup())
-        loop.close()
-
-    def stop(self) -> None:
-        if self._loop is not None and self._loop.is_running():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(timeout=10)
