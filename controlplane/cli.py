@@ -281,6 +281,17 @@ def health_cmd(config_file: str | None, overrides: tuple[str, ...], as_json: boo
         click.echo("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
 
 
+def _no_controller_actor(cfg: Config) -> str:
+    """Why a command that calls the controller actor cannot run, and what to do instead."""
+    if cfg.kubernetes.enabled:
+        return (
+            "this command calls the rcp-controller actor, which exists in local mode only: on "
+            "Kubernetes the controller runs in-process in the head pod's rcp-controller "
+            "container (no actor), so health-clear and health-breaker are not available there"
+        )
+    return "no controller runs on this cluster (start it with `rcp up`)"
+
+
 @cli.command("health-clear")
 @click.argument("node")
 @_config_options
@@ -295,10 +306,11 @@ def health_clear(node: str, config_file: str | None, overrides: tuple[str, ...])
 
     from controlplane.service.controller import get_controller
 
-    _connect_running(_load(config_file, overrides))
+    cfg = _load(config_file, overrides)
+    _connect_running(cfg)
     handle = get_controller()
     if handle is None:
-        _fail("no controller runs on this cluster (start it with `rcp up`)")
+        _fail(_no_controller_actor(cfg))
         return
     try:
         result = ray.get(handle.clear_node.remote(node), timeout=30)
@@ -329,10 +341,11 @@ def health_breaker(
 
     from controlplane.service.controller import get_controller
 
-    _connect_running(_load(config_file, overrides))
+    cfg = _load(config_file, overrides)
+    _connect_running(cfg)
     handle = get_controller()
     if handle is None:
-        _fail("no controller runs on this cluster (start it with `rcp up`)")
+        _fail(_no_controller_actor(cfg))
         return
     call = handle.reset_breaker if reset else handle.breaker_status
     try:

@@ -84,7 +84,9 @@ def attach_telemetry(
 
 def controller_health(timeout_s: float = 5.0) -> dict[str, Any] | None:
     """The policy actor's `health()` (the verdicts it acts on, cordoned nodes), or None when
-    no controller runs or it does not answer in time."""
+    no controller actor runs or it does not answer in time. Local mode only: on Kubernetes
+    the controller runs in-process in the head pod's rcp-controller container and there is
+    no actor to ask, so this is None there."""
     import ray
 
     from controlplane.service.controller import get_controller

@@ -11,5 +11,7 @@ Modules:
 * `runner` - the only code here that starts and stops Ray Jobs (the actuator for AdmitJob
   and PreemptJob) and reads the job signals actor.
 * `controller` - the detached ``rcp-controller`` actor: store, API and the tick loop, and
-  `deploy(cfg)` which `rcp up` calls.
+  `deploy(cfg)` which `rcp up` calls (local mode).
+* `run` - `run_in_process(cfg)`: the same controller in the calling Ray driver, no actor
+  (Kubernetes: the head pod's ``rcp-controller`` container, via the bootstrap).
 """

@@ -27,7 +27,10 @@ The actor lives on the head (``resources={"pool_head": 1}``, ``num_cpus=0``), is
 restarts forever (``max_restarts=-1``); a restarted actor reads everything from the store and
 acts idempotently (see `runner`). `deploy(cfg)` creates it or finds the running one, waits for
 the API and returns its URL; the API token is created once at ``<state_dir>/api-token``
-(0600) and the URL written to ``<state_dir>/api-url`` for the SDK and CLI.
+(0600) and the URL written to ``<state_dir>/api-url`` for the SDK and CLI. That is local
+mode. On Kubernetes the same class runs in-process in a Ray driver instead
+(`controlplane.service.run`), in a container where Ray starts no worker: no actor exists
+there, so `get_controller` is None and the actor methods below are plain methods.
 
 Must not: decide admissions itself (the policy does) or touch Ray beyond the runner and the
 node inventory.
@@ -646,7 +649,8 @@ def _kube_remove(cfg: Config) -> Any:
 
 
 def get_controller() -> Any:
-    """The running controller actor's handle, or None."""
+    """The running controller actor's handle, or None (always None on Kubernetes, where the
+    controller runs in-process, not as an actor: `controlplane.service.run`)."""
     import ray
 
     try:

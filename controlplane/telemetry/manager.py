@@ -102,7 +102,8 @@ class AgentCluster(Protocol):
     def kill(self, handle: Any) -> None: ...
 
     def controller_running(self) -> bool:
-        """Whether the control plane's controller actor exists (it starts the agents then)."""
+        """Whether the control plane's controller actor exists (it starts the agents then).
+        Local mode only: on Kubernetes the controller runs in-process and no actor exists."""
         ...
 
 
@@ -242,7 +243,11 @@ def ensure_agents(
     available = ray_agents.available()
     # Without `trusted` (the CLI, tests) agents are only started while no controller runs:
     # the controller kills agents it did not create, so a second creator would only race it.
-    may_create = trusted is not None or not ray_agents.controller_running()
+    # On Kubernetes the controller runs in-process (no actor to find), so there only the
+    # controller starts agents.
+    may_create = trusted is not None or (
+        not cfg.kubernetes.enabled and not ray_agents.controller_running()
+    )
     refs = []
     for node in ray_agents.alive_nodes():
         node_id = node["NodeID"]

@@ -279,6 +279,86 @@ print(json.dumps({{"node": node, "seconds": time.monotonic() - t0}}))
     assert not any(r["pool"] == "external" for r in nodes_json(overrides)), "external node stayed"
 
 
+def test_the_controller_runs_in_process_as_on_kubernetes(
+    cluster: tuple[list[str], str], tmp_path: Path
+) -> None:
+    """The bootstrap in its Kubernetes default mode: a Ray driver that stops the
+    rcp-controller actor (one controller per store), runs the controller in its own process,
+    serves the API and runs a job to SUCCEEDED, with no controller actor. Runs last on this
+    cluster: it takes the actor's store over."""
+    from controlplane.config import to_yaml
+    from controlplane.local.cluster import ray_auth_env, ray_token_path
+    from controlplane.sdk import Client
+    from tests.integration.conftest import free_ports, wait_for
+
+    overrides = cluster[0]
+    (api_port,) = free_ports(1)
+    cfg = load_config(None, [*overrides, f"api.port={api_port}"])
+    config_file = tmp_path / "rcp.yaml"
+    config_file.write_text(to_yaml(cfg))
+    env = {
+        **os.environ,
+        **ray_auth_env(ray_token_path(cfg)),
+        "RCP_CONFIG": str(config_file),
+        "RCP_NODE_IP": cfg.ray.node_ip,
+        "RCP_BOOTSTRAP_CHECK_S": "1",
+    }
+    bootstrap = Path(__file__).parents[2] / "infra" / "k8s" / "bootstrap" / "rcp_bootstrap.py"
+    log_path = tmp_path / "controller.log"
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-u", str(bootstrap)], env=env, stdout=log_file, stderr=log_file
+        )
+    try:
+        url = f"http://{cfg.ray.node_ip}:{api_port}"
+
+        def healthy() -> bool:
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(url + "/healthz", timeout=2) as resp:
+                    return bool(resp.status == 200)
+            except (urllib.error.URLError, OSError):
+                return False
+
+        wait_for("the in-process controller's /healthz", healthy, 60)
+        client = Client(state_dir=cfg.state_path)
+        job = client.submit(
+            {
+                "name": "in-process",
+                "entrypoint": "jobs.examples.train_mnistlike:train_loop",
+                "num_workers": 1,
+                "gpus_per_worker": 1,
+                "runtime_env": {
+                    "env_vars": {
+                        "RCP_TRAIN_CONFIG": json.dumps({"num_steps": 2, "checkpoint_every": 100})
+                    }
+                },
+            }
+        )
+        done = client.wait(job.id, timeout_s=60)
+        assert done.state == "SUCCEEDED", (done, log_path.read_text()[-3000:])
+        script = f"""
+import ray
+from controlplane.config import load_config
+from controlplane.local.cluster import connect
+from controlplane.service.controller import get_controller
+connect(load_config(None, {overrides!r}))
+print("actor" if get_controller() is not None else "no-actor")
+"""
+        code, out = run_python(script, dict(os.environ))
+        assert code == 0, out[-2000:]
+        assert out.strip().splitlines()[-1] == "no-actor"
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+    finally:
+        proc.terminate()
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+    assert code == 0, f"exit {code} on SIGTERM: {log_path.read_text()[-3000:]}"
+
+
 def test_down_stops_everything_up_started_and_nothing_else(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:

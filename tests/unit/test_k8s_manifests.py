@@ -283,6 +283,19 @@ def ray_container(group: dict[str, Any]) -> dict[str, Any]:
     return containers[0]
 
 
+CONTROLLER_CONTAINER = "rcp-controller"
+"""The head pod's container that runs the control plane (and holds its credentials)."""
+
+
+def head_container(rc: dict[str, Any], name: str) -> dict[str, Any]:
+    """The head pod's container `name` (``ray-head``: KubeRay's Ray container, the first)."""
+    containers = {
+        c["name"]: c for c in rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
+    }
+    assert name in containers, f"head pod: no container {name!r} (has {sorted(containers)})"
+    return containers[name]
+
+
 def rcp_config(tmp_path: Path, text: str | None = None) -> Any:
     """The ConfigMap's rcp.yaml, loaded by the project's own loader."""
     if text is None:
@@ -544,7 +557,7 @@ def test_pool_sizes_match_the_config(tmp_path: Path) -> None:
 def test_head_mounts_config_and_state_workers_train_storage(tmp_path: Path) -> None:
     cfg = rcp_config(tmp_path)
     head_spec = raycluster()["spec"]["headGroupSpec"]["template"]["spec"]
-    head = head_spec["containers"][0]
+    head = head_container(raycluster(), CONTROLLER_CONTAINER)
     env = _env(head)
     config_file = Path(env["RCP_CONFIG"]["value"])
     mounts = {m["mountPath"]: m["name"] for m in head["volumeMounts"]}
@@ -563,11 +576,16 @@ def test_head_mounts_config_and_state_workers_train_storage(tmp_path: Path) -> N
 def test_head_ports_match_the_config_and_services(tmp_path: Path) -> None:
     cfg = rcp_config(tmp_path)
     head = raycluster()["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert head["name"] == "ray-head", "KubeRay takes the first container for Ray"
     ports = {p["name"]: p["containerPort"] for p in head["ports"]}
     assert ports["serve"] == cfg.serve.http_port
-    assert ports["rcp-api"] == cfg.api.port
     assert ports["gcs-server"] == cfg.ray.gcs_port
     assert ports["dashboard"] == cfg.ray.dashboard_port
+    # The API is served by the controller's own process, in its own container.
+    assert "rcp-api" not in ports
+    controller = head_container(raycluster(), CONTROLLER_CONTAINER)
+    api_ports = {p["name"]: p["containerPort"] for p in controller["ports"]}
+    assert api_ports == {"rcp-api": cfg.api.port}
     for svc_name, port_name in (("rcp-serve", "serve"), ("rcp-api", "rcp-api")):
         svc = one("Service", svc_name).body
         assert svc["spec"]["selector"] == {"ray.io/cluster": "rcp", "ray.io/node-type": "head"}
@@ -689,12 +707,16 @@ def _bootstrap() -> Any:
     return module
 
 
-def test_head_runs_the_bootstrap_before_ray_start() -> None:
+def test_ray_head_runs_ray_only_and_the_controller_its_own_container() -> None:
     head = raycluster()["spec"]["headGroupSpec"]["template"]
     assert head["metadata"]["annotations"]["ray.io/overwrite-container-cmd"] == "true"
     script = " ".join(head["spec"]["containers"][0]["args"])
-    assert "/etc/rcp/bootstrap/rcp_bootstrap.py &" in script
+    assert "rcp_bootstrap" not in script, "the control plane must not run in ray-head"
     assert script.rstrip().endswith('exec /bin/bash -c "$KUBERAY_GEN_RAY_START_CMD"')
+    controller = head_container(raycluster(), CONTROLLER_CONTAINER)
+    command = [*controller.get("command", []), *controller.get("args", [])]
+    assert command[-1] == "/etc/rcp/bootstrap/rcp_bootstrap.py", command
+    assert "--actor" not in command, "the shipped controller runs in-process, not as an actor"
 
 
 def test_bootstrap_config_inputs() -> None:

@@ -7,6 +7,10 @@ Owns the checks that:
   infra/grafana (including the RayCluster's autoscaler sidecar, built from
   ``autoscalerOptions``) runs with a restricted securityContext, and that the namespace
   enforces Pod Security ``restricted``;
+* no container where Ray runs code (``ray-head``, ``ray-worker``) mounts a credential of the
+  control plane (the job store and API token, a Secret, the config); the head pod's
+  ``rcp-controller`` container, which runs the controller as a Ray driver, holds them, shares
+  only Ray's session dir with ``ray-head``, and no pod shares its process namespace;
 * Ray Job drivers (the ``rcp_job_driver`` resource every entrypoint asks for) can run only on
   worker groups that hold no control-plane credential, never on the head, and that the head
   offers Ray no CPUs and shares no volume or S3 key with user code;
@@ -16,7 +20,7 @@ Owns the checks that:
   the ``rcp-kube-actuator`` Deployment, never to a Ray pod's;
 * no Ray pod mounts a ServiceAccount token, except KubeRay's autoscaler sidecar (its own
   projected token, in that container alone); the actuator's bearer-token Secret reaches only
-  the head's ray-head container and the actuator; the actuator pod is restricted, single and
+  the head's rcp-controller container and the actuator; the actuator pod is restricted, single and
   reachable only from the Ray head (its NetworkPolicy), and the config points at it.
 
 Must not: talk to a Kubernetes API server or start Ray. Admission itself (Pod Security, KubeRay's
@@ -36,10 +40,12 @@ import pytest
 
 from controlplane.pools import JOB_DRIVER_RESOURCE
 from tests.unit.test_k8s_manifests import (
+    CONTROLLER_CONTAINER,
     K8S_DIR,
     ROOT,
     Doc,
     applied,
+    head_container,
     kustomization,
     load_docs,
     rcp_config,
@@ -369,7 +375,8 @@ def test_job_drivers_run_only_where_no_credential_is(tmp_path: Path) -> None:
     rc = _raycluster().body["spec"]
     head = rc["headGroupSpec"]["template"]["spec"]
     state_dir = rcp_config(tmp_path).state_dir
-    head_mounts = {m["mountPath"]: m["name"] for m in head["containers"][0]["volumeMounts"]}
+    controller = head_container(_raycluster().body, CONTROLLER_CONTAINER)
+    head_mounts = {m["mountPath"]: m["name"] for m in controller["volumeMounts"]}
     state_volume = next(v for v in head["volumes"] if v["name"] == head_mounts[state_dir])
     state_claim = state_volume["persistentVolumeClaim"]["claimName"]
     drivers = [
@@ -382,6 +389,78 @@ def test_job_drivers_run_only_where_no_credential_is(tmp_path: Path) -> None:
         assert spec.get("serviceAccountName") in (None, "default"), name
         assert state_claim not in _claims(spec), f"{name} mounts the job store and API token"
         assert JOB_DRIVER_RESOURCE not in str(group.get("rayStartParams") or {}), name
+
+
+def _credential_volumes(spec: dict[str, Any], state_claim: str) -> dict[str, str]:
+    """Volume name -> what it holds, for each volume of `spec` that carries a credential of
+    the control plane: the job store and API token (PVC `state_claim`), any Secret (the
+    actuator's bearer token, ...), a projected ServiceAccount token, the config."""
+    found = {}
+    for v in spec.get("volumes") or []:
+        if (v.get("persistentVolumeClaim") or {}).get("claimName") == state_claim:
+            found[v["name"]] = f"PVC {state_claim} (job store, API token)"
+        elif "secret" in v:
+            found[v["name"]] = f"Secret {v['secret']['secretName']}"
+        elif any("serviceAccountToken" in s for s in (v.get("projected") or {}).get("sources", [])):
+            found[v["name"]] = "a ServiceAccount token"
+        elif (v.get("configMap") or {}).get("name") == "rcp-config":
+            found[v["name"]] = "the control plane's config"
+    return found
+
+
+def test_no_credential_reaches_a_container_where_ray_runs_code(tmp_path: Path) -> None:
+    """Every Ray worker process (Serve's, the telemetry agent's, a job's that asks for the
+    head) runs in ray-head or a ray-worker container: none of them may mount a credential
+    of the control plane, nor get a Secret in its env other than the Ray token (KubeRay's)
+    and, on workers, the S3 keys jobs need. rcp-controller, where Ray starts no worker, has
+    them all, and the head pod shares no process namespace."""
+    rc = _raycluster().body
+    state_claim = "rcp-state"
+    assert rcp_config(tmp_path).state_dir == "/var/lib/rcp"
+    templates = [("head", rc["spec"]["headGroupSpec"]["template"]["spec"])] + [
+        (g["groupName"], g["template"]["spec"]) for g in rc["spec"]["workerGroupSpecs"]
+    ]
+    for group, spec in templates:
+        assert "shareProcessNamespace" not in spec, f"{group}: containers must not see each other"
+        credentials = _credential_volumes(spec, state_claim)
+        ray = spec["containers"][0]
+        assert ray["name"] in ("ray-head", "ray-worker"), group
+        for init in spec.get("initContainers") or []:
+            assert not init.get("volumeMounts"), f"{group}: init container {init['name']}"
+        for m in ray.get("volumeMounts") or []:
+            assert m["name"] not in credentials, (
+                f"{group}/{ray['name']} mounts {credentials[m['name']]}: any code Ray runs "
+                "there could read it"
+            )
+        allowed = {S3_SECRET} if group != "head" else set()
+        assert _secret_refs({"containers": [ray]}) <= allowed, f"{group}/{ray['name']}"
+    head = rc["spec"]["headGroupSpec"]["template"]["spec"]
+    controller = head_container(rc, CONTROLLER_CONTAINER)
+    held = {
+        _credential_volumes(head, state_claim)[m["name"]]
+        for m in controller["volumeMounts"]
+        if m["name"] in _credential_volumes(head, state_claim)
+    }
+    assert held == {
+        f"PVC {state_claim} (job store, API token)",
+        f"Secret {ACTUATOR_SECRET}",
+        "the control plane's config",
+    }
+    # What ray-head and rcp-controller share is Ray's session dir alone (an emptyDir).
+    ray_mounts = {m["name"]: m["mountPath"] for m in head["containers"][0]["volumeMounts"]}
+    shared = {
+        m["name"]: m["mountPath"] for m in controller["volumeMounts"] if m["name"] in ray_mounts
+    }
+    assert shared == {"ray-logs": "/tmp/ray"}, shared
+    assert ray_mounts["ray-logs"] == "/tmp/ray"
+    assert "emptyDir" in next(v for v in head["volumes"] if v["name"] == "ray-logs")
+    # The controller's only Secret in env is the Ray token, as ray-head gets it from KubeRay.
+    assert _secret_refs({"containers": [controller]}) == {rc["metadata"]["name"]}
+    assert _env_names(controller) >= {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RCP_NODE_IP"}
+
+
+def _env_names(container: dict[str, Any]) -> set[str]:
+    return {e["name"] for e in container.get("env") or []}
 
 
 def test_head_shares_no_volume_or_s3_key_with_user_code() -> None:
@@ -739,7 +818,7 @@ def test_the_actuator_deployment_is_restricted_and_alone() -> None:
     assert S3_SECRET not in _secret_refs(spec)
 
 
-def test_the_actuator_token_secret_reaches_only_the_head_container_and_the_actuator() -> None:
+def test_the_actuator_token_secret_reaches_only_the_controller_container_and_the_actuator() -> None:
     holders = []
     for pod in installed_pods():
         volumes = {
@@ -753,7 +832,10 @@ def test_the_actuator_token_secret_reaches_only_the_head_container_and_the_actua
         assert ACTUATOR_SECRET not in str([c.get("env") for c in _containers(pod.spec)]), (
             f"{pod.id}: the token as an env var would show in the Ray dashboard"
         )
-    assert sorted(holders) == [(ACTUATOR_POD, "kube-actuator"), ("RayCluster/rcp head", "ray-head")]
+    assert sorted(holders) == [
+        (ACTUATOR_POD, "kube-actuator"),
+        ("RayCluster/rcp head", CONTROLLER_CONTAINER),
+    ]
 
 
 def test_the_config_points_the_controller_at_the_actuator_service(tmp_path: Path) -> None:
@@ -770,7 +852,8 @@ def test_the_config_points_the_controller_at_the_actuator_service(tmp_path: Path
     )
     head = _raycluster().body["spec"]["headGroupSpec"]["template"]["spec"]
     token_dir = str(Path(kc.actuator_token_file).parent)
-    for where, c in (("head", head["containers"][0]), ("actuator", container)):
+    controller = next(c for c in head["containers"] if c["name"] == CONTROLLER_CONTAINER)
+    for where, c in ((CONTROLLER_CONTAINER, controller), ("actuator", container)):
         mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
         assert token_dir in mounts, f"{where} does not mount the token at {token_dir}"
     assert kc.service.max_node_actions >= rcp_config(tmp_path).health.breaker.max_nodes
