@@ -335,7 +335,7 @@ def test_the_controller_runs_in_process_as_on_kubernetes(
                 },
             }
         )
-        done = client.wait(job.id, timeout_s=60)
+        done = client.wait(job.id, timeout_s=150)
         assert done.state == "SUCCEEDED", (done, log_path.read_text()[-3000:])
         script = f"""
 import ray
