@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pytest
@@ -199,6 +200,93 @@ def test_loads_json_accepts_what_is_within_the_limits(raw: bytes, expected: Any)
     value = loads_json(raw)
     if expected is not None:
         assert value == expected
+
+
+MIB = 1 << 20
+
+
+def fill(head: bytes, unit: bytes, tail: bytes = b"", size: int = MIB) -> bytes:
+    """`head`, then `unit` repeated, then `tail`: a body of about `size` bytes."""
+    return head + unit * ((size - len(head) - len(tail)) // len(unit)) + tail
+
+
+# Hostile 1 MiB bodies (the Serve ingress's limit) for the depth guard. On the old regex guard
+# the first took about 30 minutes (a string that never closes was re-scanned from every escaped
+# quote), and brackets inside an unclosed string were counted as nesting. The guard is now a
+# fixed number of whole-body passes; bench/bench_json_guard.py times it against json.loads.
+@pytest.mark.parametrize(
+    ("raw", "malformed"),
+    [
+        pytest.param(fill(b"[" * 65 + b'"', b'\\"'), False, id="reviewer-escaped-quotes"),
+        pytest.param(fill(b'{"s": "', b"["), True, id="brackets-in-an-unclosed-string"),
+        pytest.param(fill(b"[" * 64 + b'"', b'\\\\\\"['), True, id="alternating-escapes-unclosed"),
+        pytest.param(fill(b'["', b'[\\"'), True, id="escaped-quotes-one-unclosed-string"),
+        pytest.param(fill(b"[" * 65, b"\\"), False, id="backslashes-outside-strings"),
+        pytest.param(
+            fill(b'["', b"[" * 7 + b'", "', b'"]' + nested(65)), False, id="deep-after-strings"
+        ),
+        pytest.param(fill(b"", b"["), False, id="all-openers"),
+    ],
+)
+def test_loads_json_refuses_hostile_megabyte_bodies(raw: bytes, malformed: bool) -> None:
+    with pytest.raises(JsonBodyError) as info:
+        loads_json(raw)
+    assert info.value.malformed is malformed
+    if not malformed:
+        assert "deeper than 64" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(fill(b'["', b"[", b'"]'), id="deep-nesting-inside-a-string"),
+        pytest.param(
+            nested(64)[:64] + fill(b'"', b'\\\\\\"[', b'"') + nested(64)[64:],
+            id="alternating-escapes-closed",
+        ),
+        pytest.param(fill(b"[", b'"[", ', b'""]'), id="many-short-strings-of-brackets"),
+        pytest.param(fill(b"[", b'"", ', b'""]'), id="many-empty-strings"),
+        pytest.param(b'{"s": "\\\\", "d": ' + nested(63) + b"}", id="escaped-backslash-closes"),
+    ],
+)
+def test_loads_json_accepts_hostile_looking_megabyte_bodies(raw: bytes) -> None:
+    assert loads_json(raw) is not None
+
+
+def random_string(rng: random.Random) -> str:
+    return "".join(rng.choice('ab"\\[]{}\n/é') for _ in range(rng.randrange(8)))
+
+
+def random_value(rng: random.Random, depth: int) -> Any:
+    """A JSON value `depth` deep (one deep branch among string siblings) whose strings are full
+    of quotes, brackets and escapes."""
+    if depth == 0:
+        return random_string(rng)
+    items = [random_string(rng) for _ in range(rng.randrange(3))]
+    items.insert(rng.randrange(len(items) + 1), random_value(rng, depth - 1))
+    if rng.random() < 0.5:
+        return items
+    return {f"{random_string(rng)}#{i}": item for i, item in enumerate(items)}
+
+
+def depth_of(value: Any) -> int:
+    if isinstance(value, list):
+        return 1 + max((depth_of(v) for v in value), default=0)
+    if isinstance(value, dict):
+        return 1 + max((depth_of(v) for v in value.values()), default=0)
+    return 0
+
+
+def test_loads_json_depth_guard_is_exact_on_valid_json() -> None:
+    rng = random.Random(12)
+    for _ in range(400):
+        value = random_value(rng, rng.randrange(60, 70))
+        raw = json.dumps(value, ensure_ascii=rng.random() < 0.5).encode()
+        if depth_of(value) > MAX_JSON_DEPTH:
+            with pytest.raises(JsonBodyError, match="deeper than 64"):
+                loads_json(raw)
+        else:
+            assert loads_json(raw) == value
 
 
 @pytest.mark.parametrize(
