@@ -27,6 +27,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -97,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     base: dict[str, float] = {}
     for size_name, size in SIZES.items():
         body = benign(size)
-        base[size_name] = statistics.median(cpu_ms(lambda b=body: json.loads(b), args.runs))
-        guard = statistics.median(cpu_ms(lambda b=body: _too_deep(b, MAX_JSON_DEPTH), args.runs))
+        base[size_name] = statistics.median(cpu_ms(partial(json.loads, body), args.runs))
+        guard = statistics.median(cpu_ms(partial(_too_deep, body, MAX_JSON_DEPTH), args.runs))
         result[f"baseline_json_loads_benign_{size_name}_ms"] = round(base[size_name], 3)
         result[f"guard_benign_{size_name}_ms"] = round(guard, 3)
     print(
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         cells = ""
         for size_name, size in SIZES.items():
             body = build(size)
-            ms = statistics.median(cpu_ms(lambda b=body: _too_deep(b, MAX_JSON_DEPTH), args.runs))
+            ms = statistics.median(cpu_ms(partial(_too_deep, body, MAX_JSON_DEPTH), args.runs))
             ratio = ms / base[size_name]
             cells += f"{ms:>11.2f}{ratio:>9.2f}"
             result[f"guard_shape{i}_{size_name}_ms"] = round(ms, 3)
