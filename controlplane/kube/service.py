@@ -211,9 +211,16 @@ class ActuatorService:
         return token
 
     def authorized(self, header: str) -> bool:
+        """Whether `header` is ``Bearer <the token>``. Header bytes that are not UTF-8 reach
+        here as surrogate escapes (aiohttp), and go back to those bytes: never equal to a
+        token read as UTF-8, so a 401, not an encoding error."""
         scheme, _, given = header.partition(" ")
         expected = self.token().encode()
-        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected)
+        try:
+            sent = given.strip().encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # a lone surrogate that is no escaped byte
+            return False
+        return scheme.lower() == "bearer" and hmac.compare_digest(sent, expected)
 
     def _admit(self, node: str) -> None:
         if not self.cap.admit(node, self._clock()):
@@ -287,10 +294,20 @@ def _error(request: web.Request, status: int, message: str) -> web.Response:
 
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Request id, auth, and one log line per request; every failure is a JSON error."""
+    """Request id, auth, and one log line per request; every failure is a JSON error: an
+    exception nobody expected is logged with its traceback and answered 500 with the id."""
     rid = request_id(request.headers.get("X-Request-Id"))
     request[_REQUEST_ID] = rid
-    response = await _answer(request, handler)
+    try:
+        response = await _answer(request, handler)
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            response = _error(request, exc.status, exc.reason or "request refused")
+        else:
+            raise
+    except Exception:  # the service keeps serving whatever one request does
+        log.exception("request %s: %s %s failed", rid, request.method, request.path)
+        response = _error(request, 500, "internal error; see the service's log for the request id")
     response.headers["X-Request-Id"] = rid
     level = logging.INFO if response.status < 400 else logging.WARNING
     if request.path != "/healthz" or response.status != 200:

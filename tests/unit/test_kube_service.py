@@ -362,6 +362,8 @@ def test_another_namespaces_pod_is_never_touched(rig: Rig) -> None:
         pytest.param(TOKEN[:-1], 401, id="prefix"),
         pytest.param(TOKEN + "x", 401, id="longer"),
         pytest.param("x" * len(TOKEN), 401, id="same-length"),
+        pytest.param("\xe9" * len(TOKEN), 401, id="not-utf8"),  # urllib sends latin-1 bytes
+        pytest.param(TOKEN[:-1] + "\xff", 401, id="last-byte-not-utf8"),
     ],
 )
 def test_a_bad_token_is_refused_before_anything_is_read(
@@ -369,8 +371,29 @@ def test_a_bad_token_is_refused_before_anything_is_read(
 ) -> None:
     add_worker(rig.api)
     got, answer = rig.post("/v1/remove-node", {"pod_name": POD, "reason": "x"}, token=token)
-    assert got == status and "token" in answer["error"]
+    assert got == status and "token" in answer["error"] and answer["request_id"]
     assert rig.api.requests == []
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        pytest.param("authorized", id="in-the-auth-check"),
+        pytest.param("cordon", id="in-the-action"),
+    ],
+)
+def test_an_unexpected_exception_is_a_json_500_with_the_request_id(
+    rig: Rig, broken: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def boom(*_args: Any) -> Any:
+        raise LookupError("a bug")
+
+    monkeypatch.setattr(rig.service, broken, boom)
+    with caplog.at_level(logging.ERROR, logger="controlplane.kube.service"):
+        got, answer = rig.post("/v1/cordon", {"node_name": NODE, "reason": "x"})
+    assert got == 500 and answer["request_id"]
+    assert "a bug" not in answer["error"] and "see the service's log" in answer["error"]
+    assert any(answer["request_id"] in r.getMessage() and r.exc_info for r in caplog.records)
 
 
 def test_a_missing_or_short_token_file_refuses_every_call(rig: Rig) -> None:
