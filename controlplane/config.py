@@ -444,6 +444,24 @@ MAX_SUBMIT_TIMEOUT_S = 600.0
 """Upper bound of ``jobs.submit_timeout_s``: the tick waits this long on a submission."""
 MAX_SCRAPE_TIMEOUT_S = 60.0
 """Upper bound of ``telemetry.dcgm_timeout_s`` (a socket timeout per scrape)."""
+MAX_REQUEST_TIMEOUT_S = 300.0
+"""Upper bound of ``kubernetes.request_timeout_s`` (a socket timeout per Kubernetes call, in
+the tick)."""
+MAX_DEADLINE_S = 7 * 86400.0
+"""Upper bound of deadlines and grace periods (``health.drain_deadline_s`` becomes an int64
+millisecond deadline in Ray's GCS; ``jobs.gang_start_timeout_s``; a pod's grace period)."""
+MAX_WINDOW_S = 90 * 86400.0
+"""Upper bound of the sliding windows counted over (health lemons, the breaker, the kube
+service's rate cap)."""
+MAX_RETENTION_DAYS = 36500.0
+"""Upper bound of ``jobs.*retention_days`` (a cutoff time computed from it)."""
+MAX_RETRIES = 100
+"""Upper bound of retry counts (``kubernetes.conflict_retries``, ``jobs.max_start_attempts``):
+each retry is another round trip in the tick."""
+MAX_BATCH = 100_000
+"""Upper bound of batch and history sizes (an SQL LIMIT, samples kept per node)."""
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""Upper bound of the request bodies a server reads into memory."""
 
 
 def _at_least(minimum: float, path: str, value: float, why: str = "") -> list[str]:
@@ -462,6 +480,14 @@ def _wait_at_most(maximum: float, path: str, value: float) -> list[str]:
             f"{path}: must be <= {maximum:g} (it is how long the control plane waits or "
             f"sleeps), got {value!r}"
         ]
+    return []
+
+
+def _at_most(maximum: float, path: str, value: float, why: str) -> list[str]:
+    """An upper bound for a count or size (retries, a batch, a body): past it the control
+    plane would hang, run out of memory, or overflow a 64-bit field."""
+    if value > maximum:
+        return [f"{path}: must be <= {maximum:g} ({why}), got {value!r}"]
     return []
 
 
@@ -537,16 +563,26 @@ def validate(cfg: Config) -> list[str]:
     errors += _at_least(0, "pools.external.gpus_per_node", e.gpus_per_node)
     errors += _at_least(0, "pools.external.cpus_per_node", e.cpus_per_node)
     errors += _at_least(1, "pools.external.idle_timeout_s", e.idle_timeout_s)
+    errors += _wait_at_most(MAX_WAIT_S, "pools.external.idle_timeout_s", e.idle_timeout_s)
     for name in ("gcs_port", "dashboard_port", "client_port", "metrics_export_port"):
         errors += _port(f"ray.{name}", getattr(cfg.ray, name))
     errors += _port("serve.http_port", cfg.serve.http_port)
     errors += _port("api.port", cfg.api.port)
     errors += _at_least(1024, "api.max_body_bytes", cfg.api.max_body_bytes)
+    errors += _at_most(
+        MAX_BODY_BYTES, "api.max_body_bytes", cfg.api.max_body_bytes, "read into memory"
+    )
     errors += _port("storage.embedded_port", cfg.storage.embedded_port)
     errors += _port("observability.prometheus_port", cfg.observability.prometheus_port)
     errors += _at_least(0.5, "observability.scrape_interval_s", cfg.observability.scrape_interval_s)
+    errors += _wait_at_most(
+        MAX_WAIT_S, "observability.scrape_interval_s", cfg.observability.scrape_interval_s
+    )
     errors += _at_least(
         0.1, "ray.autoscaler_update_interval_s", cfg.ray.autoscaler_update_interval_s
+    )
+    errors += _wait_at_most(
+        MAX_WAIT_S, "ray.autoscaler_update_interval_s", cfg.ray.autoscaler_update_interval_s
     )
     errors += _at_least(1, "ray.ready_timeout_s", cfg.ray.ready_timeout_s)
     errors += _wait_at_most(MAX_WAIT_S, "ray.ready_timeout_s", cfg.ray.ready_timeout_s)
@@ -560,6 +596,9 @@ def validate(cfg: Config) -> list[str]:
     errors += _at_least(1, "placement.migrate_back_step", cfg.placement.migrate_back_step)
     errors += _at_least(
         0, "placement.migrate_back_interval_s", cfg.placement.migrate_back_interval_s
+    )
+    errors += _wait_at_most(
+        MAX_WAIT_S, "placement.migrate_back_interval_s", cfg.placement.migrate_back_interval_s
     )
     errors += _validate_kubernetes(cfg.kubernetes)
     if not (cfg.storage.uri.startswith("s3://") or cfg.storage.uri.startswith("file://")):
@@ -594,8 +633,15 @@ def _validate_jobs(j: JobsConfig) -> list[str]:
     errors += _at_least(
         0, "jobs.event_retention_days", j.event_retention_days, "0 keeps events forever"
     )
+    for key, days in (
+        ("jobs.retention_days", j.retention_days),
+        ("jobs.event_retention_days", j.event_retention_days),
+    ):
+        errors += _at_most(MAX_RETENTION_DAYS, key, days, "a hundred years")
     errors += _at_least(1, "jobs.prune_interval_s", j.prune_interval_s)
+    errors += _wait_at_most(MAX_WAIT_S, "jobs.prune_interval_s", j.prune_interval_s)
     errors += _at_least(1, "jobs.prune_batch_size", j.prune_batch_size)
+    errors += _at_most(MAX_BATCH, "jobs.prune_batch_size", j.prune_batch_size, "one tick's batch")
     if not j.priority_classes:
         errors.append("jobs.priority_classes: at least one priority class is required")
     if j.default_priority_class not in j.priority_classes:
@@ -620,14 +666,18 @@ def _validate_jobs(j: JobsConfig) -> list[str]:
         0, "jobs.max_preemptions_per_job_per_hour", j.max_preemptions_per_job_per_hour
     )
     errors += _at_least(1, "jobs.gang_start_timeout_s", j.gang_start_timeout_s)
+    errors += _wait_at_most(MAX_DEADLINE_S, "jobs.gang_start_timeout_s", j.gang_start_timeout_s)
     errors += _at_least(0, "jobs.backoff_initial_s", j.backoff_initial_s)
+    errors += _wait_at_most(MAX_WAIT_S, "jobs.backoff_max_s", j.backoff_max_s)
     if j.backoff_max_s < j.backoff_initial_s:
         errors.append(
             f"jobs.backoff_max_s: must be >= jobs.backoff_initial_s ({j.backoff_initial_s:g}), "
             f"got {j.backoff_max_s!r}"
         )
     errors += _at_least(1, "jobs.max_start_attempts", j.max_start_attempts)
+    errors += _at_most(MAX_RETRIES, "jobs.max_start_attempts", j.max_start_attempts, "retries")
     errors += _at_least(0.01, "jobs.job_signal_poll_s", j.job_signal_poll_s)
+    errors += _wait_at_most(MAX_SCRAPE_TIMEOUT_S, "jobs.job_signal_poll_s", j.job_signal_poll_s)
     errors += _at_least(0.1, "jobs.submit_timeout_s", j.submit_timeout_s)
     errors += _wait_at_most(MAX_SUBMIT_TIMEOUT_S, "jobs.submit_timeout_s", j.submit_timeout_s)
     return errors
@@ -648,6 +698,9 @@ def _validate_telemetry(t: TelemetryConfig) -> list[str]:
     if t.exporter_port != 0:
         errors += _port("telemetry.exporter_port", t.exporter_port)
     errors += _at_least(2, "telemetry.history_samples", t.history_samples)
+    errors += _at_most(
+        MAX_BATCH, "telemetry.history_samples", t.history_samples, "samples kept per node"
+    )
     errors += _at_least(0, "telemetry.simulated_ib_ports", t.simulated_ib_ports)
     return errors
 
@@ -665,6 +718,7 @@ def _validate_health(h: HealthConfig) -> list[str]:
             f"got {h.breaker.max_pool_fraction!r}"
         )
     errors += _at_least(1, "health.breaker.window_s", h.breaker.window_s)
+    errors += _wait_at_most(MAX_WINDOW_S, "health.breaker.window_s", h.breaker.window_s)
     for i, xid in enumerate(h.fatal_xids):
         errors += _at_least(1, f"health.fatal_xids[{i}]", xid, "XIDs are positive")
     errors += _at_least(0, "health.nvlink_errors_per_s", h.nvlink_errors_per_s)
@@ -673,9 +727,12 @@ def _validate_health(h: HealthConfig) -> list[str]:
     errors += _at_least(0, "health.ib_min_rate_gbps", h.ib_min_rate_gbps)
     errors += _at_least(1, "health.recover_after_samples", h.recover_after_samples)
     errors += _at_least(0.1, "health.stale_after_s", h.stale_after_s)
+    errors += _wait_at_most(MAX_WAIT_S, "health.stale_after_s", h.stale_after_s)
     errors += _at_least(1, "health.lemon_count", h.lemon_count)
     errors += _at_least(1, "health.lemon_window_s", h.lemon_window_s)
+    errors += _wait_at_most(MAX_WINDOW_S, "health.lemon_window_s", h.lemon_window_s)
     errors += _at_least(1, "health.drain_deadline_s", h.drain_deadline_s)
+    errors += _wait_at_most(MAX_DEADLINE_S, "health.drain_deadline_s", h.drain_deadline_s)
     return errors
 
 
@@ -715,9 +772,16 @@ def _validate_kubernetes(k: KubernetesConfig) -> list[str]:
         errors.append("kubernetes.external_group: must name the external worker group, got ''")
     errors += _taint_key("kubernetes.taint_key", k.taint_key)
     errors += _at_least(0, "kubernetes.conflict_retries", k.conflict_retries)
+    errors += _at_most(MAX_RETRIES, "kubernetes.conflict_retries", k.conflict_retries, "retries")
     if k.pod_grace_period_s is not None:
         errors += _at_least(0, "kubernetes.pod_grace_period_s", k.pod_grace_period_s)
+        errors += _wait_at_most(
+            MAX_DEADLINE_S, "kubernetes.pod_grace_period_s", k.pod_grace_period_s
+        )
     errors += _at_least(0.1, "kubernetes.request_timeout_s", k.request_timeout_s)
+    errors += _wait_at_most(
+        MAX_REQUEST_TIMEOUT_S, "kubernetes.request_timeout_s", k.request_timeout_s
+    )
     if k.actuator_url is not None:
         errors += _actuator_url("kubernetes.actuator_url", k.actuator_url)
     if not k.actuator_token_file:
@@ -726,7 +790,11 @@ def _validate_kubernetes(k: KubernetesConfig) -> list[str]:
     errors += _port("kubernetes.service.port", s.port)
     errors += _at_least(0, "kubernetes.service.max_node_actions", s.max_node_actions)
     errors += _at_least(1, "kubernetes.service.window_s", s.window_s)
+    errors += _wait_at_most(MAX_WINDOW_S, "kubernetes.service.window_s", s.window_s)
     errors += _at_least(256, "kubernetes.service.max_body_bytes", s.max_body_bytes)
+    errors += _at_most(
+        MAX_BODY_BYTES, "kubernetes.service.max_body_bytes", s.max_body_bytes, "read into memory"
+    )
     return errors
 
 

@@ -203,7 +203,49 @@ WAITS = [
     ("ray.ready_timeout_s", 3600),
     ("telemetry.interval_s", 3600),
     ("telemetry.dcgm_timeout_s", 60),
+    ("kubernetes.request_timeout_s", 300),
+    ("health.drain_deadline_s", 7 * 86400),  # an int64 ms deadline in Ray's GCS
+    ("jobs.gang_start_timeout_s", 7 * 86400),
+    ("jobs.backoff_max_s", 3600),
+    ("jobs.prune_interval_s", 3600),
+    ("jobs.job_signal_poll_s", 60),
+    ("jobs.retention_days", 36500),
+    ("jobs.event_retention_days", 36500),
+    ("health.stale_after_s", 3600),
+    ("health.lemon_window_s", 90 * 86400),
+    ("health.breaker.window_s", 90 * 86400),
+    ("kubernetes.service.window_s", 90 * 86400),
+    ("pools.external.idle_timeout_s", 3600),
+    ("ray.autoscaler_update_interval_s", 3600),
+    ("observability.scrape_interval_s", 3600),
+    ("placement.migrate_back_interval_s", 3600),
 ]
+
+COUNTS = [
+    # (key, largest accepted): a retry count, batch or size; past it a hang, OOM or overflow
+    ("kubernetes.conflict_retries", 100),
+    ("jobs.max_start_attempts", 100),
+    ("jobs.prune_batch_size", 100_000),
+    ("telemetry.history_samples", 100_000),
+    ("api.max_body_bytes", 64 << 20),
+    ("kubernetes.service.max_body_bytes", 64 << 20),
+    ("kubernetes.pod_grace_period_s", 7 * 86400),
+]
+
+
+@pytest.mark.parametrize("value", ["1000000000", "9223372036854775808"], ids=str)
+@pytest.mark.parametrize(("key", "largest"), COUNTS, ids=[k for k, _ in COUNTS])
+def test_counts_and_sizes_past_their_bound_are_refused_naming_the_key(
+    key: str, largest: int, value: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"{key}={value}"])
+    assert f"{key}: must be <= {largest:g}" in str(err.value)
+
+
+@pytest.mark.parametrize(("key", "largest"), COUNTS, ids=[k for k, _ in COUNTS])
+def test_the_largest_count_is_accepted(key: str, largest: int) -> None:
+    load_config(None, [f"{key}={largest}"])
 
 
 @pytest.mark.parametrize("value", ["1e10", "9223372037", "1e300"], ids=str)
