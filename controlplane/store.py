@@ -44,7 +44,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from controlplane.statefiles import create_private
+from controlplane.statefiles import create_private, narrow_private
 from jobs.spec import JobSpec
 
 __all__ = [
@@ -299,7 +299,10 @@ class Store:
     ) -> None:
         self.path = Path(path).expanduser()
         # 0600 before SQLite opens it (the rows hold users' env vars); WAL files follow it.
+        # Files an older version left wider are narrowed, the WAL's included.
         create_private(self.path)
+        for suffix in ("-wal", "-shm"):
+            narrow_private(self.path.with_name(self.path.name + suffix))
         self._clock = clock
         self._new_job_id = new_job_id
         self._lock = threading.RLock()

@@ -11,15 +11,18 @@ import os
 import secrets
 from pathlib import Path
 
-from controlplane.statefiles import private_dir, write_private
+from controlplane.statefiles import narrow_private, private_dir, write_private
 
 TOKEN_FILE = "api-token"
 URL_FILE = "api-url"
 
 
 def ensure_token(state_dir: Path) -> str:
-    """The token in `state_dir`, creating it (0600) on first use."""
+    """The token in `state_dir`, creating it (0600) on first use; a token file or state dir an
+    older version left wider is narrowed to 0600/0700 first."""
     path = Path(state_dir) / TOKEN_FILE
+    narrow_private(path.parent)
+    narrow_private(path)
     try:
         token = path.read_text().strip()
         if token:

@@ -7,6 +7,7 @@ the token is refused by a real cluster.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from controlplane.local.cluster import (
     use_ray_token,
 )
 from controlplane.service.tokens import ensure_token, write_url
-from controlplane.statefiles import create_private, private_umask, write_private
+from controlplane.statefiles import create_private, narrow_private, private_umask, write_private
 from controlplane.store import Store
 
 
@@ -110,6 +111,81 @@ def test_create_private_keeps_an_existing_file(tmp_path: Path) -> None:
     path.write_bytes(b"rows")
     create_private(path)
     assert path.read_bytes() == b"rows"
+
+
+def _wide(path: Path, file_mode: int = 0o644) -> Path:
+    """`path` as an older version left it: the state dir 0755, the file `file_mode`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.chmod(0o755)
+    path.write_text("old-token\n")
+    path.chmod(file_mode)
+    return path
+
+
+def _open_store(state: Path) -> list[Path]:
+    db = state / "controlplane.db"
+    for p in (_wide(db), _wide(state / "controlplane.db-wal")):
+        p.write_bytes(b"")
+    store = Store(db)
+    wal_mode = mode(state / "controlplane.db-wal")  # SQLite removes it on close
+    store.close()
+    assert wal_mode == 0o600
+    return [db]
+
+
+def _open_api_token(state: Path) -> list[Path]:
+    _wide(state / "api-token")
+    assert ensure_token(state) == "old-token"
+    return [state / "api-token", state]
+
+
+def _create_private_over_a_wide_file(state: Path) -> list[Path]:
+    create_private(_wide(state / "db"))
+    return [state / "db"]
+
+
+@pytest.mark.parametrize(
+    "open_it",
+    [
+        pytest.param(_open_store, id="job-database-and-wal"),
+        pytest.param(_open_api_token, id="api-token-and-state-dir"),
+        pytest.param(_create_private_over_a_wide_file, id="create-private"),
+    ],
+)
+def test_state_files_an_older_version_left_0644_are_narrowed_on_open(
+    tmp_path: Path, open_it: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="controlplane.statefiles"):
+        paths = open_it(tmp_path / "state")  # type: ignore[operator]
+    for p in paths:
+        assert mode(p) == (0o700 if p.is_dir() else 0o600), p
+        notes = [r.getMessage() for r in caplog.records]
+        assert any(f"narrowed {p} from 0" in n for n in notes), (p, notes)
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        pytest.param(0o644, 0o600, id="0644-to-0600"),
+        pytest.param(0o666, 0o600, id="0666-to-0600"),
+        pytest.param(0o444, 0o400, id="read-only-stays-read-only"),
+        pytest.param(0o600, 0o600, id="already-private"),
+    ],
+)
+def test_narrow_private_only_removes_bits(tmp_path: Path, before: int, after: int) -> None:
+    path = _wide(tmp_path / "f", before)
+    assert narrow_private(path) is (before != after)
+    assert mode(path) == after
+
+
+def test_narrow_private_does_not_follow_a_symlink(tmp_path: Path) -> None:
+    target = _wide(tmp_path / "elsewhere" / "f")
+    link = tmp_path / "state" / "db"
+    link.parent.mkdir()
+    link.symlink_to(target)
+    create_private(link)
+    assert not narrow_private(link)
+    assert mode(target) == 0o644
 
 
 def test_private_umask_is_restored(tmp_path: Path) -> None:
