@@ -29,6 +29,7 @@ import importlib
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -64,18 +65,15 @@ def _started_then(train_fn: Callable[..., Any]) -> Callable[[dict[str, Any]], An
         import ray
         import ray.train
 
-        from jobs.preemption import ENV_ATTEMPT, ENV_JOB_ID, ENV_SIGNAL_TOKEN, get_signals
+        from jobs.preemption import ENV_ATTEMPT, ENV_JOB_ID, ENV_SIGNAL_TOKEN
 
         job_id = os.environ.get(ENV_JOB_ID)
-        signals = get_signals() if job_id else None
-        if signals is not None:
+        if job_id:
             rank = ray.train.get_context().get_world_rank()
             attempt = int(os.environ.get(ENV_ATTEMPT, "0"))
             token = os.environ.get(ENV_SIGNAL_TOKEN, "")
-            accepted = ray.get(
-                signals.worker_started.remote(job_id, attempt, rank, token), timeout=30
-            )
-            if not accepted:
+            accepted = report_started(job_id, attempt, rank, token)
+            if accepted is False:
                 print(
                     f"rcp: the control plane refused worker {rank} of job {job_id} attempt "
                     f"{attempt} (wrong signal token or a stale attempt); it will not count "
@@ -85,6 +83,44 @@ def _started_then(train_fn: Callable[..., Any]) -> Callable[[dict[str, Any]], An
         return train_fn(config)
 
     return worker_loop
+
+
+WORKER_STARTED_DEADLINE_S = 60.0
+"""How long a worker keeps trying to report that it started while the signals actor is dead
+(the controller replaces it on its next tick). Past that it trains anyway; the gang then
+counts as not started (``jobs.gang_start_timeout_s``)."""
+
+
+def report_started(
+    job_id: str,
+    attempt: int,
+    rank: int,
+    token: str,
+    deadline_s: float = WORKER_STARTED_DEADLINE_S,
+    handle: Any = None,
+) -> bool | None:
+    """Tell the signals actor this worker started: its answer, or None when there is no
+    actor under the name. An actor found dead (the controller replaces it) is looked up by
+    name again (`jobs.preemption.SignalsHandle`) until `deadline_s` has passed."""
+    import ray
+
+    from jobs.preemption import SignalsHandle
+
+    signals = handle if handle is not None else SignalsHandle()
+    give_up_s = time.monotonic() + deadline_s
+    lost = False
+    while True:
+        try:
+            return bool(signals.call("worker_started", job_id, attempt, rank, token, timeout_s=30))
+        except LookupError:
+            if not lost:
+                return None  # no actor under the name at all: not under the control plane
+        except ray.exceptions.RayActorError:
+            lost = True  # dropped: the next call looks the name up again
+        if time.monotonic() >= give_up_s:
+            print("rcp: the job signals actor is unreachable; not reported", file=sys.stderr)
+            return None
+        time.sleep(min(1.0, signals.resolve_interval_s))
 
 
 def _has_real_gpu() -> bool:

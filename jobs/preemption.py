@@ -68,10 +68,12 @@ __all__ = [
     "ENV_SIGNAL_POLL_S",
     "ENV_SIGNAL_TOKEN",
     "SIGNALS_ACTOR_NAME",
+    "SIGNALS_RESOLVE_INTERVAL_S",
     "SIGNALS_NAMESPACE",
     "JobSignals",
     "Preemption",
     "Rejection",
+    "SignalsHandle",
     "admin_auth",
     "checkpoint_prefix",
     "check_state_loads_safely",
@@ -198,7 +200,7 @@ class _JobSignals:
     Two kinds of callers, both checked:
 
     * the control plane (`register`, `status`, `request_checkpoint`, `clear_request`,
-      `forget`, `rejections`) presents ``auth=admin_auth(secret, nonce, method, args)``; a
+      `forget`, `forget_many`, `rejections`) presents ``auth=admin_auth(secret, nonce, method, args)``; a
       wrong MAC, or a nonce not larger than the last accepted one or outside
       `ADMIN_NONCE_WINDOW_S` of the actor's clock, raises `PermissionError`;
     * a job (`worker_started`, `checkpointed`, `poll`) presents its attempt's signal token
@@ -310,6 +312,13 @@ class _JobSignals:
         self._admin("forget", (job_id,), auth)
         self._jobs.pop(job_id, None)
 
+    def forget_many(self, job_ids: list[str], *, auth: Any) -> int:
+        """`forget` for every id in `job_ids` (one call, one MAC); returns how many it held."""
+        self._admin("forget_many", (job_ids,), auth)
+        if not isinstance(job_ids, list | tuple):
+            return 0
+        return sum(self._jobs.pop(j, None) is not None for j in job_ids if isinstance(j, str))
+
     # -- the job's side ------------------------------------------------------------------------
 
     def worker_started(self, job_id: str, attempt: int, rank: int, token: str) -> bool:
@@ -354,6 +363,50 @@ def get_signals() -> Any:
         return ray.get_actor(SIGNALS_ACTOR_NAME, namespace=SIGNALS_NAMESPACE)
     except ValueError:
         return None
+
+
+SIGNALS_RESOLVE_INTERVAL_S = 5.0
+"""How often a job looks the signals actor up by name again while it has none (the actor it
+held died: the controller replaces a killed or impostor actor on its next tick)."""
+
+
+class SignalsHandle:
+    """A job's handle on the signals actor: found by name, and found again after it died.
+
+    The controller may replace the actor (killed, an impostor, a lost pin); a job holding the
+    old handle would talk to a dead actor forever. A call that fails because the actor is dead
+    (``RayActorError``: died, or unavailable) drops the handle; the next call looks the name
+    up again, at most every `resolve_interval_s`. Other errors (a timeout) keep it.
+    """
+
+    def __init__(
+        self, resolve_interval_s: float | None = None, clock: Any = time.monotonic
+    ) -> None:
+        self.resolve_interval_s = (
+            SIGNALS_RESOLVE_INTERVAL_S if resolve_interval_s is None else resolve_interval_s
+        )
+        self._clock = clock
+        self._handle: Any = None
+        self._next_resolve_s: float | None = None
+
+    def get(self) -> Any:
+        """The actor's handle, or None (none under the name, or looked up too recently)."""
+        now = self._clock()
+        if self._handle is None and (self._next_resolve_s is None or now >= self._next_resolve_s):
+            self._next_resolve_s = now + self.resolve_interval_s
+            self._handle = get_signals()
+        return self._handle
+
+    def call(self, method: str, *args: Any, timeout_s: float) -> Any:
+        """``ray.get(actor.method.remote(*args))``; LookupError when there is no actor."""
+        handle = self.get()
+        if handle is None:
+            raise LookupError(f"no {SIGNALS_ACTOR_NAME} actor (looked up by name)")
+        try:
+            return ray.get(getattr(handle, method).remote(*args), timeout=timeout_s)
+        except ray.exceptions.RayActorError:
+            self._handle = None  # dead: look the name up again (the controller replaced it)
+            raise
 
 
 _SAFE_LEAVES = (str, bytes, int, float, complex, bool, type(None))
@@ -420,7 +473,7 @@ class Preemption:
         )
         ctx = ray.train.get_context()
         self.rank = ctx.get_world_rank()
-        self._signals = get_signals() if self.job_id else None
+        self._signals = SignalsHandle() if self.job_id else None
         self._last_poll_s = 0.0
         self._requested = False
         self._pending = False
@@ -435,13 +488,11 @@ class Preemption:
         now = time.monotonic()
         if now - self._last_poll_s >= self.poll_interval_s:
             self._last_poll_s = now
-            # A slow or restarting actor must not stop training: keep the last answer.
+            # A slow or restarting actor must not stop training: keep the last answer. A dead
+            # one is looked up by name again (`SignalsHandle`).
             with contextlib.suppress(Exception):
                 self._requested = bool(
-                    ray.get(
-                        self._signals.poll.remote(self.job_id, self.attempt, self._token),
-                        timeout=5,
-                    )
+                    self._signals.call("poll", self.job_id, self.attempt, self._token, timeout_s=5)
                 )
         return self._requested
 
@@ -488,11 +539,15 @@ class Preemption:
         if self.rank == 0 and self._signals is not None:
             accepted = None
             with contextlib.suppress(Exception):
-                accepted = ray.get(
-                    self._signals.checkpointed.remote(
-                        self.job_id, self.attempt, step, path, time.time(), self._token
-                    ),
-                    timeout=10,
+                accepted = self._signals.call(
+                    "checkpointed",
+                    self.job_id,
+                    self.attempt,
+                    step,
+                    path,
+                    time.time(),
+                    self._token,
+                    timeout_s=10,
                 )
             if accepted is False:
                 log.warning(

@@ -23,7 +23,9 @@ GET      /v1/jobs/{id}/logs           driver logs: ``?offset=n&limit=m`` returns
                                       At most `MAX_CONCURRENT_LOG_READS` at once, on their own
                                       threads; past that 429 with ``Retry-After``.
 GET      /v1/events                   events; ``?after=seq&job_id=id&limit=n``
-GET      /healthz                     liveness, no auth
+GET      /healthz                     liveness, no auth: 200 ``{"ok": true}``, or 503
+                                      ``{"ok": false, "reason": ...}`` when the liveness
+                                      callable names a problem (a stalled control loop)
 =======  ===========================  ===========================================================
 
 Must not: hold job logic (that is `JobService`) or touch Ray.
@@ -65,6 +67,9 @@ _MAX_BODY = web.AppKey("max_body_bytes", int)
 _REQUEST_ID = web.RequestKey("request_id", str)
 _LOG_SLOTS = web.AppKey("log_slots", asyncio.Semaphore)
 _LOG_THREADS = web.AppKey("log_threads", ThreadPoolExecutor)
+Liveness = Callable[[], "str | None"]
+"""Returns None while the process is live, else why not (e.g. `Controller.liveness`)."""
+_LIVENESS = web.AppKey("liveness", Liveness)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -206,7 +211,14 @@ async def _events(request: web.Request) -> web.Response:
     return web.json_response({"events": [event_to_json(e) for e in events]})
 
 
-async def _healthz(_request: web.Request) -> web.Response:
+async def _healthz(request: web.Request) -> web.Response:
+    try:
+        problem = request.app[_LIVENESS]()
+    except Exception as exc:  # a liveness check that breaks is itself a failed check
+        log.exception("liveness check failed")
+        problem = f"liveness-check-failed: {type(exc).__name__}"
+    if problem:
+        return web.json_response({"ok": False, "reason": problem}, status=503)
     return web.json_response({"ok": True})
 
 
@@ -214,9 +226,15 @@ async def _not_found(_request: web.Request) -> web.Response:
     raise ApiError(404, "no such route; see /v1/jobs, /v1/events, /healthz", None)
 
 
-def make_app(service: JobService, token: str, max_body_bytes: int | None = None) -> web.Application:
+def make_app(
+    service: JobService,
+    token: str,
+    max_body_bytes: int | None = None,
+    liveness: Liveness | None = None,
+) -> web.Application:
     """The aiohttp application; `token` is what clients must send as the bearer token.
-    `max_body_bytes` defaults to the service's ``api.max_body_bytes``."""
+    `max_body_bytes` defaults to the service's ``api.max_body_bytes``. /healthz answers 503
+    while `liveness` (called on the event loop: keep it cheap) names a problem."""
     if not token:
         raise ValueError("token: the API needs a non-empty token")
     limit = service.cfg.api.max_body_bytes if max_body_bytes is None else max_body_bytes
@@ -224,6 +242,7 @@ def make_app(service: JobService, token: str, max_body_bytes: int | None = None)
     app[_SERVICE] = service
     app[_TOKEN] = token
     app[_MAX_BODY] = limit
+    app[_LIVENESS] = liveness if liveness is not None else lambda: None
     app[_LOG_SLOTS] = asyncio.Semaphore(MAX_CONCURRENT_LOG_READS)
     app[_LOG_THREADS] = ThreadPoolExecutor(MAX_CONCURRENT_LOG_READS, thread_name_prefix="rcp-logs")
 
@@ -245,8 +264,17 @@ def make_app(service: JobService, token: str, max_body_bytes: int | None = None)
 class ApiServer(BackgroundHttpServer):
     """Serves `make_app(...)` on host:port from a daemon thread with its own event loop."""
 
-    def __init__(self, service: JobService, token: str, host: str, port: int) -> None:
-        super().__init__(make_app(service, token), host, port, thread_name="rcp-api")
+    def __init__(
+        self,
+        service: JobService,
+        token: str,
+        host: str,
+        port: int,
+        liveness: Liveness | None = None,
+    ) -> None:
+        super().__init__(
+            make_app(service, token, liveness=liveness), host, port, thread_name="rcp-api"
+        )
 
     def start(self, timeout_s: float = 30.0) -> ApiServer:
         """Start serving; raises if the port cannot be bound."""

@@ -68,6 +68,11 @@ BREAKER_KEY = "health.breaker"
 AGENTS_KEY = "health.agents"
 """Node id -> actor id of the telemetry agent this controller created (the only ones trusted)."""
 PROMETHEUS_REFRESH_S = 5.0
+TICK_STALL_TICKS = 10
+TICK_STALL_MIN_S = 30.0
+"""/healthz fails once no tick has started for ``max(TICK_STALL_TICKS * policy.tick_s,
+TICK_STALL_MIN_S)`` seconds (`tick_stalled`): a tick hung in a phase shows, never a green
+health check over a dead loop."""
 HEALTH_SAMPLES = 16
 """Newest samples read from each agent per tick; the policy skips those it has seen."""
 
@@ -103,8 +108,12 @@ class Controller:
             self.store_problem = str(exc)
             return
         self.runner = JobRunner(self.store, self.cfg, RayJobs(self.cfg))
-        self.retention = Retention(self.store, self.cfg.jobs, forget=self.runner.forget)
-        self.service = JobService(self.store, self.cfg, logs=self.runner.logs)
+        self.retention = Retention(
+            self.store, self.cfg.jobs, forget_many=self.runner.forget_many
+        )
+        self.service = JobService(
+            self.store, self.cfg, logs=self.runner.logs, log_window=self.runner.read_logs
+        )
         from controlplane.service.serving_loop import ServingLoop
 
         # The serving half of the loop runs in its own thread: a make-before-break move waits
@@ -150,7 +159,10 @@ class Controller:
         """Held while the breaker steps and is stored (tick vs operator reset)."""
         self._agent_ids: dict[str, str] = dict(self.store.get_value(AGENTS_KEY, {}) or {})
         self._stop = threading.Event()
-        self.api = ApiServer(self.service, token, self.cfg.ray.node_ip, self.cfg.api.port)
+        self._created_s = time.time()
+        self.api = ApiServer(
+            self.service, token, self.cfg.ray.node_ip, self.cfg.api.port, liveness=self.liveness
+        )
         if start:
             self.api.start()
             self._thread = threading.Thread(target=self._loop, name="rcp-tick", daemon=True)
@@ -165,6 +177,12 @@ class Controller:
     def get_store_problem(self) -> str | None:
         """Why the job store could not be opened (the actor then serves nothing), or None."""
         return self.store_problem
+
+    def liveness(self) -> str | None:
+        """None while the tick loop is alive, else why not (what /healthz answers 503 with):
+        no tick has started for a while (`tick_stalled`: a tick hung in a phase, or the loop died)."""
+        last = self._tick_starts[-1] if self._tick_starts else self._created_s
+        return tick_stalled(last, time.time(), self.cfg.policy.tick_s)
 
     def get_stats(self) -> dict[str, Any]:
         return {
@@ -604,6 +622,21 @@ RAY_CONNECTION_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_ENABLE_WINDOW
 """How this process reaches Ray; the actor and the jobs it starts must reach it the same way.
 The token travels as its file's path, never as `RAY_AUTH_TOKEN`: a job's runtime env (and so
 every value here) is shown in the dashboard's Jobs tab."""
+
+
+def tick_stalled(last_start_s: float, now_s: float, tick_s: float) -> str | None:
+    """Why the tick loop counts as stalled, or None: the last tick (or, before the first,
+    the controller's start) began more than ``max(TICK_STALL_TICKS * tick_s,
+    TICK_STALL_MIN_S)`` ago. E.g. tick_s=2: stalled after 30 s; tick_s=10: after 100 s."""
+    limit_s = max(TICK_STALL_TICKS * tick_s, TICK_STALL_MIN_S)
+    since_s = now_s - last_start_s
+    if since_s <= limit_s:
+        return None
+    return (
+        f"tick-stalled: no control loop tick has started for {since_s:.0f}s (limit "
+        f"{limit_s:g}s = max({TICK_STALL_TICKS} x policy.tick_s, {TICK_STALL_MIN_S:g}s)); "
+        "a tick phase hangs or the loop died: see the controller's log"
+    )
 
 
 def ray_connection_env() -> dict[str, str]:

@@ -140,10 +140,14 @@ class JobService:
         cfg: Config,
         *,
         logs: Callable[[JobRecord], str] | None = None,
+        log_window: Callable[[JobRecord, int, int], tuple[str, int]] | None = None,
     ) -> None:
+        """`log_window(job, offset, limit) -> (text, size)` reads one window of a job's log
+        (`JobRunner.read_logs`); without it, `logs(job)` returns the whole log per read."""
         self.store = store
         self.cfg = cfg
         self._logs = logs
+        self._log_window = log_window
 
     # -- submit -----------------------------------------------------------------------------
 
@@ -256,19 +260,23 @@ class JobService:
             if limit is None
             else _int_param("limit", limit, 1, MAX_LOG_CHUNK_CHARS)
         )
-        text = ""
-        if self._logs is not None and job.info.get("submission_id"):
+        chunk, size = "", 0
+        if not job.info.get("submission_id"):
+            pass
+        elif self._log_window is not None:
+            chunk, size = self._log_window(job, start, n)
+        elif self._logs is not None:
             text = self._logs(job)
-        chunk = text[start : start + n]
-        next_offset = max(start, min(len(text), start + n))
+            chunk, size = text[start : start + n], len(text)
+        next_offset = max(start, min(size, start + n))
         return {
             "id": job_id,
             "state": job.state.value,
             "offset": start,
             "next_offset": next_offset,
-            "size": len(text),
+            "size": size,
             "logs": chunk,
-            "done": job.state in TERMINAL_STATES and next_offset >= len(text),
+            "done": job.state in TERMINAL_STATES and next_offset >= size,
         }
 
     # -- cancel -----------------------------------------------------------------------------

@@ -6,7 +6,9 @@ with its history and events; an event older than ``jobs.event_retention_days`` i
 Each run deletes at most ``jobs.prune_batch_size`` jobs and as many events (a short write
 that never stalls a tick), runs at most every ``jobs.prune_interval_s``, and runs again on the
 next tick while a full batch shows a backlog is left. Every pruned job is forgotten by the job
-signals actor too (`forget`), so neither the store nor the actor grows without bound.
+signals actor too, all of a batch in one call (`forget_many`: one actor call and one timeout
+per run, not one per job), so neither the store nor the actor grows without bound. A forget
+that fails is logged and changes nothing here: pruning goes on.
 
 Worked example: 30-day retention, batch 1000, a store holding 2500 jobs that finished 40 days
 ago. Tick 1 deletes 1000 (a full batch: run again next tick), tick 2 deletes 1000, tick 3
@@ -18,13 +20,16 @@ the wall clock (``now_s`` comes in).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from controlplane.config import JobsConfig
 from controlplane.store import Store
 
 __all__ = ["DAY_S", "Pruned", "Retention"]
+
+log = logging.getLogger(__name__)
 
 DAY_S = 86_400.0
 
@@ -42,10 +47,12 @@ class Pruned:
 class Retention:
     """Prunes `store` by `cfg`'s retention settings; call `run(now_s)` every tick."""
 
-    def __init__(self, store: Store, cfg: JobsConfig, forget: Callable[[str], None]) -> None:
+    def __init__(
+        self, store: Store, cfg: JobsConfig, forget_many: Callable[[Sequence[str]], None]
+    ) -> None:
         self.store = store
         self.cfg = cfg
-        self.forget = forget
+        self.forget_many = forget_many
         self.next_s = 0.0
         """When the next run is due (0: on the first tick)."""
 
@@ -63,8 +70,11 @@ class Retention:
             num_events = self.store.prune_events(
                 now_s - c.event_retention_days * DAY_S, limit=batch
             )
-        for job_id in job_ids:
-            self.forget(job_id)
+        if job_ids:
+            try:
+                self.forget_many(job_ids)
+            except Exception as exc:  # the rows are gone already; the actor may keep a few
+                log.warning("retention: forgetting %d pruned jobs failed: %s", len(job_ids), exc)
         backlog = len(job_ids) >= batch or num_events >= batch
         self.next_s = now_s if backlog else now_s + c.prune_interval_s
         if job_ids or num_events:

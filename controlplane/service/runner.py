@@ -12,9 +12,11 @@ Owns:
     ``<job_id>-<attempt>`` *before* submitting (Ray refuses a second submission with the
     same id, so a crash between the two never runs a gang twice), then submit the launcher.
     The submission runs on a worker thread: the tick waits at most ``jobs.submit_timeout_s``
-    for Ray to accept it; past that, or while an earlier submission still hangs, the start
-    counts as failed (re-queued with backoff), and a timed-out submission that Ray accepts
-    late is stopped, so the gang never runs twice. Every entrypoint asks for one
+    for Ray to accept it; past that the start counts as failed (re-queued with backoff), and a
+    timed-out submission that Ray accepts late is stopped, so the gang never runs twice. While
+    an earlier submission still hangs nothing is submitted and nothing counts as failed: the
+    job stays QUEUED (event ``job.submit_deferred``) and is admitted again later. Every HTTP
+    request to the dashboard has a timeout (`dashboard_client`), so none hangs for good. Every entrypoint asks for one
     ``JOB_DRIVER_RESOURCE``, which the head does not offer: user drivers never run beside the
     control plane's credentials.
   - `preempt` (PreemptJob): ask the gang to checkpoint now (signals actor), mark it
@@ -54,7 +56,7 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 from typing import Any, Protocol
 
@@ -91,11 +93,18 @@ marker line (`LOG_TRUNCATED_MARKER`) says so. The head is kept, so read offsets 
 LOG_TRUNCATED_MARKER = "\n[rcp: log truncated here: the control plane keeps the first {n} characters of an attempt's log; read the rest with `ray job logs {sid}`]\n"
 ENDED_LOGS_CACHE_CHARS = 64 << 20
 """Characters of ended attempts' logs the runner keeps, all jobs together."""
+LOG_SIZE_INDEX_ENTRIES = 100_000
+"""Ended attempts whose log size `JobRunner.read_logs` remembers (least recently used out)."""
 ORPHAN_SWEEP_INTERVAL_S = 300.0
 """How often `JobRunner.sweep_orphans` lists Ray's jobs (and once at start)."""
 LIVE_LOG_CACHE_S = 2.0
 """How long a live attempt's fetched log is served again before Ray is asked anew: N clients
 following one job cost one fetch per this many seconds, not N per poll."""
+DASHBOARD_CONNECT_TIMEOUT_S = 5.0
+DASHBOARD_READ_TIMEOUT_S = 30.0
+"""Every HTTP request to the Ray dashboard (submit, status, stop, logs, list) gives up after
+this long without a byte (`dashboard_client`): a dashboard that accepts a connection and never
+answers raises instead of hanging the tick thread, or a submission thread, forever."""
 
 _REQUEUE_INFO: Mapping[str, Any] = {
     "preempting": None,
@@ -112,6 +121,7 @@ class Reason(str, Enum):
     GANG_RUNNING = "gang-running"
     GANG_START_TIMEOUT = "gang-start-timeout"
     START_FAILED = "start-failed"
+    SUBMIT_DEFERRED = "submit-deferred"
     CHECKPOINTED_FOR_PREEMPTION = "checkpointed-for-preemption"
     PREEMPT_DEADLINE = "preempt-deadline-passed"
     REQUEUED = "requeued-after-preemption"
@@ -150,6 +160,27 @@ SIGNALS_ACTOR_KEY = "jobs.signals_actor"
 """Store key: ``{"actor_id", "salt"}`` of the signals actor this controller created."""
 
 
+def dashboard_client(
+    address: str,
+    connect_timeout_s: float = DASHBOARD_CONNECT_TIMEOUT_S,
+    read_timeout_s: float = DASHBOARD_READ_TIMEOUT_S,
+) -> Any:
+    """A ``JobSubmissionClient`` for `address` whose every HTTP request has a timeout.
+
+    Ray's client sends each request with ``requests.request(...)`` and no timeout; its
+    ``_do_request`` hands extra keyword arguments to ``requests.request``, so a subclass adds
+    ``timeout=(connect, read)`` there (a caller's own ``timeout`` wins). Construction (Ray's
+    version check) goes through it too. A timeout raises ``requests.exceptions.Timeout``."""
+    from ray.job_submission import JobSubmissionClient
+
+    class DashboardClient(JobSubmissionClient):  # type: ignore[misc]
+        def _do_request(self, method: str, endpoint: str, **kwargs: Any) -> Any:
+            kwargs.setdefault("timeout", (connect_timeout_s, read_timeout_s))
+            return super()._do_request(method, endpoint, **kwargs)
+
+    return DashboardClient(address)
+
+
 class RayJobs:
     """Ray Jobs and the job signals actor (the process must be a connected Ray driver).
 
@@ -166,6 +197,8 @@ class RayJobs:
         self.store = store
         self.dashboard_url = f"http://{cfg.ray.node_ip}:{cfg.ray.dashboard_port}"
         self._client: Any = None
+        self.http_timeout_s = (DASHBOARD_CONNECT_TIMEOUT_S, DASHBOARD_READ_TIMEOUT_S)
+        """(connect, read) timeouts of every dashboard request (`dashboard_client`)."""
         self._signals: Any = None
         self._signals_key: str | None = None
         self._secret: str | None = None
@@ -175,9 +208,7 @@ class RayJobs:
     @property
     def client(self) -> Any:
         if self._client is None:
-            from ray.job_submission import JobSubmissionClient
-
-            self._client = JobSubmissionClient(self.dashboard_url)
+            self._client = dashboard_client(self.dashboard_url, *self.http_timeout_s)
         return self._client
 
     def signals_key(self) -> str:
@@ -291,6 +322,10 @@ class RayJobs:
         """Drop the signals actor's record of `job_id` (call it once the job has ended)."""
         self._signals_call("forget", job_id)
 
+    def forget_signals_many(self, job_ids: list[str]) -> None:
+        """`forget_signals` for many jobs in one signed actor call (one timeout in all)."""
+        self._signals_call("forget_many", list(job_ids))
+
     def submit(self, submission_id: str, entrypoint: str, runtime_env: Mapping[str, Any]) -> None:
         """Submit; a submission id that already exists counts as done (idempotent)."""
         try:
@@ -347,6 +382,10 @@ class SubmitTimeout(RuntimeError):
     """Ray did not accept a submission in time (or an earlier one still hangs)."""
 
 
+class SubmitBusy(SubmitTimeout):
+    """Not submitted at all: an earlier submission still hangs. Not the job's failure."""
+
+
 class _Submissions:
     """Runs Ray Job submissions on daemon threads, so the tick waits at most `timeout_s`.
 
@@ -360,6 +399,12 @@ class _Submissions:
         self._lock = threading.Lock()
         self._hanging: dict[str, threading.Thread] = {}
 
+    def hanging(self) -> str | None:
+        """The id of an abandoned submission that still hangs (the smallest), or None."""
+        with self._lock:
+            self._hanging = {k: t for k, t in self._hanging.items() if t.is_alive()}
+            return min(self._hanging) if self._hanging else None
+
     def run(
         self,
         submission_id: str,
@@ -370,7 +415,7 @@ class _Submissions:
         with self._lock:
             self._hanging = {k: t for k, t in self._hanging.items() if t.is_alive()}
             if self._hanging:
-                raise SubmitTimeout(
+                raise SubmitBusy(
                     f"Ray has not answered the submission of {min(self._hanging)} yet; "
                     "not submitting more until it does"
                 )
@@ -421,6 +466,8 @@ class JobRunner:
         """(fetched at, log) of live attempts, by submission id (see `LIVE_LOG_CACHE_S`)."""
         self._logs_lock = threading.Lock()
         self._fetch_locks: dict[str, threading.Lock] = {}
+        self._log_sizes: collections.OrderedDict[str, int] = collections.OrderedDict()
+        """Lengths of ended attempts' parts of `logs`, by submission id (see `read_logs`)."""
         self._last_sweep_s: float | None = None
 
     # -- act ---------------------------------------------------------------------------------
@@ -429,6 +476,16 @@ class JobRunner:
         job = self.store.get(action.job_id)
         if job.state is not JobState.QUEUED:
             return  # already acted on (level-triggered plans repeat)
+        hanging = self._submissions.hanging()
+        if hanging is not None:
+            # Ray's dashboard is not answering: not this job's failure. It stays QUEUED, no
+            # attempt is used up, and a later tick admits it again.
+            self._defer(
+                job,
+                f"{Reason.SUBMIT_DEFERRED.value}: Ray has not answered the submission of "
+                f"{hanging} yet; admitting again once it does",
+            )
+            return
         now = self.clock()
         attempt = int(job.info.get("attempt", 0)) + 1
         submission_id = f"{job.job_id}-{attempt}"
@@ -478,8 +535,20 @@ class JobRunner:
             self.checkpoint_prefix(job.job_id),
         )
 
+    def _defer(self, job: JobRecord, reason: str) -> None:
+        """Record why `job` was not submitted this time (once per distinct reason: the plan
+        repeats every tick) without charging it a start failure."""
+        log.info("job %s: %s", job.job_id, reason)
+        if job.info.get("message") == reason:
+            return
+        self.store.update_info(job.job_id, {"message": reason})
+        self.store.record_event("job.submit_deferred", f"job {job.job_id}: {reason}", job_id=job.job_id)
+
     def _submit(self, job: JobRecord) -> None:
-        """Submit off the tick thread, waiting at most ``jobs.submit_timeout_s``."""
+        """Submit off the tick thread, waiting at most ``jobs.submit_timeout_s``. Refused
+        because an earlier submission still hangs (`SubmitBusy`) is no start failure: the job
+        goes back to QUEUED (its Ray Job does not exist) with the reason in its history and a
+        ``job.submit_deferred`` event, and is admitted again later."""
         sid = str(job.info["submission_id"])
         try:
             entrypoint, runtime_env = self._ray_job(job)
@@ -489,6 +558,18 @@ class JobRunner:
                 lambda: self._stop_late_submission(sid),
                 self.cfg.jobs.submit_timeout_s,
             )
+        except SubmitBusy as exc:
+            reason = f"{Reason.SUBMIT_DEFERRED.value}: {exc}"
+            if self.ray.status(sid) is RayJobStatus.MISSING and job.state is JobState.ADMITTED:
+                self.store.update_info(
+                    job.job_id, {"placement": None, "ray_done": True, "message": reason}
+                )
+                self.store.transition(job.job_id, JobState.QUEUED, reason, expected=JobState.ADMITTED)
+                self.store.record_event(
+                    "job.submit_deferred", f"job {job.job_id}: {reason}", job_id=job.job_id
+                )
+            else:
+                self._defer(job, reason)
         except Exception as exc:
             log.warning("submitting %s failed: %s", job.job_id, exc)
             self._start_failed(job, f"{Reason.START_FAILED.value}: {exc}")
@@ -642,6 +723,17 @@ class JobRunner:
             self.ray.forget_signals(job_id)
         except Exception as exc:
             log.warning("job signals: forgetting %s failed: %s", job_id, exc)
+
+    def forget_many(self, job_ids: Sequence[str]) -> None:
+        """`forget` for many jobs in one actor call, e.g. every job retention pruned (most
+        were forgotten when they ended already; one call bounds what the rest costs). Best
+        effort: a failure is logged, never raised."""
+        if not job_ids:
+            return
+        try:
+            self.ray.forget_signals_many(list(job_ids))
+        except Exception as exc:
+            log.warning("job signals: forgetting %d pruned jobs failed: %s", len(job_ids), exc)
 
     def _requeue_stranded(self, job: JobRecord) -> None:
         """A job left PREEMPTED (the crash of a version that re-queued in three steps): once
@@ -865,12 +957,62 @@ class JobRunner:
         log-read threads).
         """
         attempts = int(job.info.get("attempt", 0))
-        parts = []
+        return "\n".join(self._part(job, a) for a in range(1, attempts + 1))
+
+    def read_logs(self, job: JobRecord, offset: int, limit: int) -> tuple[str, int]:
+        """``(text, size)``: `limit` characters from `offset` of what `logs` returns, and its
+        length, fetching only the attempts that window touches.
+
+        Where each attempt starts needs the sizes of those before it: an ended attempt's size
+        never changes and is kept (`_log_sizes`, a few bytes per attempt) once it was fetched;
+        the live attempt is the last, so it is fetched (within `LIVE_LOG_CACHE_S`) for its
+        size. A read thus holds at most the window's attempts and the live one; only the first
+        read of a job after a controller start fetches its older attempts, one at a time, to
+        learn their sizes.
+        """
+        attempts = int(job.info.get("attempt", 0))
+        end = offset + max(0, limit)
+        pieces: list[str] = []
+        pos = 0
         for a in range(1, attempts + 1):
-            sid = f"{job.job_id}-{a}"
-            ended = a < attempts or bool(job.info.get("ray_done"))
-            parts.append(f"=== attempt {a} (Ray job {sid}) ===\n{self._attempt_log(sid, ended)}")
-        return "\n".join(parts)
+            sep = "\n" if a < attempts else ""
+            size = self._known_size(job, a)
+            part = None
+            if size is None:
+                part = self._part(job, a)
+                size = len(part)
+            lo, hi = max(offset, pos), min(end, pos + size + len(sep))
+            if lo < hi:
+                if part is None:
+                    part = self._part(job, a)
+                    size = len(part)
+                    hi = min(end, pos + size + len(sep))
+                pieces.append((part + sep)[lo - pos : hi - pos])
+            pos += size + len(sep)
+        return "".join(pieces), pos
+
+    def _ended(self, job: JobRecord, attempt: int) -> bool:
+        return attempt < int(job.info.get("attempt", 0)) or bool(job.info.get("ray_done"))
+
+    def _known_size(self, job: JobRecord, attempt: int) -> int | None:
+        """The length of an ended attempt's part of `logs`, if known (None: fetch it)."""
+        if not self._ended(job, attempt):
+            return None
+        with self._logs_lock:
+            return self._log_sizes.get(f"{job.job_id}-{attempt}")
+
+    def _part(self, job: JobRecord, attempt: int) -> str:
+        """One attempt's part of `logs`: a header line, then its (capped) log."""
+        sid = f"{job.job_id}-{attempt}"
+        ended = self._ended(job, attempt)
+        part = f"=== attempt {attempt} (Ray job {sid}) ===\n{self._attempt_log(sid, ended)}"
+        if ended:
+            with self._logs_lock:
+                self._log_sizes[sid] = len(part)
+                self._log_sizes.move_to_end(sid)
+                while len(self._log_sizes) > LOG_SIZE_INDEX_ENTRIES:
+                    self._log_sizes.popitem(last=False)
+        return part
 
     def _cached_log(self, sid: str, ended: bool) -> str | None:
         with self._logs_lock:

@@ -149,7 +149,7 @@ def test_retention_prunes_in_bounded_batches_and_forgets_pruned_jobs(tmp_path: P
     fresh = submit(store)
     cfg = load_config(None, [f"state_dir={tmp_path}", "jobs.prune_batch_size=2"]).jobs
     forgotten: list[str] = []
-    retention = Retention(store, cfg, forget=forgotten.append)
+    retention = Retention(store, cfg, forget_many=forgotten.extend)
     now = clock.now
     runs = [retention.run(now), retention.run(now), retention.run(now), retention.run(now)]
     assert [len(r.job_ids) if r else None for r in runs] == [2, 2, 1, None]
@@ -169,7 +169,7 @@ def test_retention_zero_keeps_everything(tmp_path: Path) -> None:
     clock.now += 1000 * DAY_S
     overrides = [f"state_dir={tmp_path}", "jobs.retention_days=0", "jobs.event_retention_days=0"]
     cfg = load_config(None, overrides).jobs
-    pruned = Retention(store, cfg, forget=lambda _id: None).run(clock.now)
+    pruned = Retention(store, cfg, forget_many=lambda _ids: None).run(clock.now)
     assert pruned is not None and pruned.job_ids == () and pruned.num_events == 0
     assert [j.job_id for j in store.list_jobs()] == [job_id]
 
