@@ -140,6 +140,10 @@ class Job:
         )
 
 
+LIST_PAGE = 1000
+"""Jobs asked for per request when `Client.list` follows the API's pages."""
+
+
 class JobList(list[Job]):
     """The jobs of a listing, plus `invalid`: stored rows the control plane skips because they
     no longer validate, each ``{"id", "state", "error"}`` (see `rcp status`)."""
@@ -268,9 +272,23 @@ class Client:
         self, *, state: str | None = None, queue: str | None = None, limit: int | None = None
     ) -> JobList:
         """Jobs, oldest in the queue first; `state` may list several: ``"QUEUED,RUNNING"``.
-        Rows the control plane skips because they no longer validate are in ``.invalid``."""
-        data = self._call("GET", "/v1/jobs", query={"state": state, "queue": queue, "limit": limit})
-        return JobList((Job.from_json(j) for j in data["jobs"]), data.get("invalid") or ())
+        Rows the control plane skips because they no longer validate are in ``.invalid``.
+
+        The API answers in pages (`LIST_PAGE` jobs each); this follows them until `limit` jobs
+        (all of them when None) have come."""
+        jobs: builtins.list[Job] = []
+        invalid: builtins.list[Any] = []
+        after: str | None = None
+        while limit is None or len(jobs) < limit:
+            page = LIST_PAGE if limit is None else min(LIST_PAGE, limit - len(jobs))
+            query = {"state": state, "queue": queue, "limit": page, "after": after}
+            data = self._call("GET", "/v1/jobs", query=query)
+            jobs += (Job.from_json(j) for j in data["jobs"])
+            invalid += data.get("invalid") or ()
+            after = data.get("next")
+            if not after:
+                break
+        return JobList(jobs, invalid)
 
     def cancel(self, job_id: str) -> Job:
         return Job.from_json(self._call("POST", f"/v1/jobs/{urllib.parse.quote(job_id)}/cancel"))

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sqlite3
 import threading
 import time
@@ -194,6 +195,8 @@ class JobScan:
 
     jobs: list[JobRecord]
     invalid: list[InvalidRow]
+    next_after: str | None = None
+    """With a `limit`: where the next page starts (`scan_jobs(after=...)`), None at the end."""
 
 
 @dataclass(frozen=True)
@@ -280,6 +283,19 @@ _JOB_COLUMNS = (
     "job_id, spec_json, state, submitted_s, queued_s, updated_s, num_preemptions, "
     "idempotency_key, info_json"
 )
+
+
+def _page_key(after: str) -> tuple[float, float, str]:
+    """The order key a `JobScan.next_after` cursor names (ValueError if it is not one)."""
+    queued, _, rest = after.partition(":")
+    submitted, _, job_id = rest.partition(":")
+    try:
+        key = (float(queued), float(submitted), job_id)
+    except ValueError:
+        key = (math.nan, math.nan, "")
+    if not (math.isfinite(key[0]) and math.isfinite(key[1]) and key[2]):
+        raise ValueError(f"{after[:80]!r} is not a page cursor this listing handed out")
+    return key
 
 
 def _new_job_id() -> str:
@@ -538,12 +554,18 @@ class Store:
         queue: str | None = None,
         limit: int | None = None,
         unsettled_only: bool = False,
+        after: str | None = None,
     ) -> JobScan:
         """`list_jobs`, plus the rows skipped because they no longer validate.
 
         `unsettled_only`: only jobs whose Ray Job may still run (submitted, no ``ray_done``),
         read through the partial index ``jobs_unsettled``; with `states` naming finished states
         this is what a tick needs of finished jobs, however many there are.
+
+        Paging: with a `limit`, `next_after` names where the next page starts (the listing's
+        order key of the last row read, valid or not); pass it back as `after`. A job re-queued
+        between two pages may show on both or neither (its place in the order moved).
+        ValueError for an `after` this store did not hand out.
         """
         sql = f"SELECT {_JOB_COLUMNS} FROM jobs"
         where: list[str] = []
@@ -559,13 +581,24 @@ class Store:
         if queue is not None:
             where.append("queue = ?")
             params.append(queue)
+        if after is not None:
+            where.append("(queued_s, submitted_s, job_id) > (?, ?, ?)")
+            params += list(_page_key(after))
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY queued_s, submitted_s, job_id"
-        if limit is not None:
-            sql += " LIMIT ?"
-            params.append(int(limit))
-        return self._parse(self._read(sql, params))
+        if limit is None:
+            return self._parse(self._read(sql, params))
+        sql += " LIMIT ?"
+        params.append(int(limit) + 1)  # one more tells whether a next page exists
+        rows = self._read(sql, params)
+        page, more = rows[: int(limit)], len(rows) > int(limit)
+        scan = self._parse(page)
+        if more and page:
+            last = page[-1]
+            cursor = f"{float(last['queued_s'])!r}:{float(last['submitted_s'])!r}:{last['job_id']}"
+            return JobScan(scan.jobs, scan.invalid, cursor)
+        return scan
 
     def transition(
         self,

@@ -15,7 +15,9 @@ Routes (all but /healthz need ``Authorization: Bearer <token>``):
 =======  ===========================  ===========================================================
 POST     /v1/jobs                     submit a job spec (JSON); ``Idempotency-Key`` header
                                       optional. 201 new, 200 when the key matched an earlier one.
-GET      /v1/jobs                     list; ``?state=QUEUED,RUNNING&queue=q&limit=n``
+GET      /v1/jobs                     list; ``?state=QUEUED,RUNNING&queue=q&limit=n&after=c``:
+                                      a page of at most n (default 1000) jobs, ``next`` the
+                                      cursor of the next page (``after``), null at the end
 GET      /v1/jobs/{id}                one job with its state history
 POST     /v1/jobs/{id}/cancel         cancel
 GET      /v1/jobs/{id}/logs           driver logs: ``?offset=n&limit=m`` returns at most m
@@ -160,13 +162,14 @@ async def _submit(request: web.Request) -> web.Response:
 async def _list(request: web.Request) -> web.Response:
     q = request.query
     scan = request.app[_SERVICE].scan_jobs(
-        state=q.get("state"), queue=q.get("queue"), limit=q.get("limit")
+        state=q.get("state"), queue=q.get("queue"), limit=q.get("limit"), after=q.get("after")
     )
     # Rows that no longer validate are listed apart, never fatal to the listing.
     return web.json_response(
         {
             "jobs": [job_to_json(j) for j in scan.jobs],
             "invalid": [invalid_to_json(r) for r in scan.invalid],
+            "next": scan.next_after,
         }
     )
 

@@ -42,6 +42,8 @@ from jobs.spec import JobSpec, SpecError, check_checkpoint_uri
 __all__ = ["ApiError", "JobService", "event_to_json", "invalid_to_json", "job_to_json"]
 
 MAX_LIST_LIMIT = 10_000
+DEFAULT_LIST_LIMIT = 1000
+"""A listing's page when the caller names no ``limit``: never every job ever retained."""
 MAX_LOG_CHUNK_CHARS = 1 << 20
 """The most log text one ``GET /v1/jobs/{id}/logs`` returns; clients read on from
 ``next_offset`` (the SDK does, following or not)."""
@@ -220,9 +222,15 @@ class JobService:
         return self.scan_jobs(state=state, queue=queue, limit=limit).jobs
 
     def scan_jobs(
-        self, *, state: str | None = None, queue: str | None = None, limit: str | None = None
+        self,
+        *,
+        state: str | None = None,
+        queue: str | None = None,
+        limit: str | None = None,
+        after: str | None = None,
     ) -> JobScan:
-        """The listing, with the rows skipped because they no longer validate."""
+        """One page of the listing (at most `limit`, default `DEFAULT_LIST_LIMIT`), with the
+        rows skipped because they no longer validate and the cursor of the next page."""
         states = None
         if state:
             states = []
@@ -232,10 +240,13 @@ class JobService:
                 except ValueError as exc:
                     known = ", ".join(s.value for s in JobState)
                     raise ApiError(400, f"unknown state {part!r}; known: {known}", "state") from exc
-        n = None
-        if limit is not None:
-            n = _int_param("limit", limit, 1, MAX_LIST_LIMIT)
-        return self.store.scan_jobs(states=states, queue=queue or None, limit=n)
+        n = DEFAULT_LIST_LIMIT if limit is None else _int_param("limit", limit, 1, MAX_LIST_LIMIT)
+        try:
+            return self.store.scan_jobs(
+                states=states, queue=queue or None, limit=n, after=after or None
+            )
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "after") from exc
 
     def events(
         self, *, after: str | None = None, job_id: str | None = None, limit: str | None = None

@@ -12,6 +12,7 @@ import sqlite3
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -627,5 +628,29 @@ def test_a_row_that_no_longer_validates_can_be_cancelled_by_id(tmp_path: Path) -
         assert cancelled.state == "CANCELLED" and cancelled.raw["invalid"] is True
         status, body = s.raw("POST", f"/v1/jobs/{bad.id}/cancel")
         assert status == 409 and "already CANCELLED" in body["error"]
+    finally:
+        s.close()
+
+
+def test_listing_is_paged_by_default_and_the_sdk_follows_pages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from controlplane import sdk
+    from controlplane.service import queueing
+
+    monkeypatch.setattr(queueing, "DEFAULT_LIST_LIMIT", 4)
+    monkeypatch.setattr(sdk, "LIST_PAGE", 3)
+    s = Server(tmp_path)
+    try:
+        ids = [s.client.submit(spec(name=f"p{i}")).id for i in range(10)]
+        code, body = s.raw("GET", "/v1/jobs")  # no limit: one bounded page, and a cursor
+        assert code == 200 and len(body["jobs"]) == 4 and body["next"]
+        code, rest = s.raw("GET", "/v1/jobs?limit=100&after=" + urllib.parse.quote(body["next"]))
+        assert code == 200 and rest["next"] is None
+        assert [j["id"] for j in body["jobs"] + rest["jobs"]] == ids
+        assert [j.id for j in s.client.list()] == ids  # 4 pages of 3
+        assert [j.id for j in s.client.list(limit=5)] == ids[:5]
+        code, bad = s.raw("GET", "/v1/jobs?after=garbage")
+        assert code == 400 and bad["field"] == "after"
     finally:
         s.close()

@@ -447,3 +447,32 @@ def test_a_malformed_database_is_a_clear_error_naming_it(db_path: Path) -> None:
     db_path.write_bytes(bytes(data))
     with pytest.raises(CorruptStore, match=str(db_path)):
         Store(db_path)
+
+
+def test_scan_pages_cover_every_job_once_in_order(store: Store) -> None:
+    ids = [store.submit(spec(f"j{i}")).job.job_id for i in range(7)]
+    seen: list[str] = []
+    after = None
+    pages = 0
+    while True:
+        scan = store.scan_jobs(limit=3, after=after)
+        seen += [j.job_id for j in scan.jobs]
+        pages += 1
+        after = scan.next_after
+        if after is None:
+            break
+    assert seen == [j.job_id for j in store.list_jobs()] and sorted(seen) == sorted(ids)
+    assert pages == 3
+    # an exact multiple of the page ends without an empty extra page
+    assert store.scan_jobs(limit=7).next_after is None
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    ["", "x", "1.0:2.0:", "nan:1.0:job-a", "1.0:inf:job-a", "1:2"],
+    ids=["empty", "word", "no-id", "nan", "inf", "short"],
+)
+def test_a_cursor_the_store_did_not_hand_out_is_refused(store: Store, cursor: str) -> None:
+    store.submit(spec())
+    with pytest.raises(ValueError, match="not a page cursor"):
+        store.scan_jobs(limit=1, after=cursor)
