@@ -225,11 +225,12 @@ def test_prometheus_scrapes_every_ray_node_and_telemetry_agent_on_loopback(
             for r in prometheus.query(f'up{{job="{job}"}}')
         }
 
-    wait_for(
-        "every Ray metrics agent scraped",
-        lambda: set(ups("ray")) >= {head} and all(v == 1 for v in ups("ray").values()),
-        60,
-    )
+    def ray_scraped() -> bool:
+        up = ups("ray")
+        print("up{job=ray}:", up, "targets:", ray_targets(prometheus))
+        return set(up) >= {head} and all(v == 1 for v in up.values())
+
+    wait_for("every Ray metrics agent scraped", ray_scraped, 60)
     telemetry = json.loads(prometheus.telemetry_sd_file.read_text())
     agents = {t for g in telemetry for t in g["targets"]}
     assert agents and all(t.startswith("127.0.0.1:") for t in agents)
