@@ -292,6 +292,23 @@ def _no_controller_actor(cfg: Config) -> str:
     return "no controller runs on this cluster (start it with `rcp up`)"
 
 
+def _ask_controller(cfg: Config, method: str, *args: Any) -> Any:
+    """Call `method` on the running local cluster's controller actor; exits with a clear
+    message when there is none (Kubernetes runs it in-process) or when the call raised."""
+    import ray
+
+    from controlplane.service.controller import get_controller
+
+    _connect_running(cfg)
+    handle = get_controller()
+    if handle is None:
+        _fail(_no_controller_actor(cfg))
+    try:
+        return ray.get(getattr(handle, method).remote(*args), timeout=30)
+    except ray.exceptions.RayTaskError as exc:
+        _fail(str(getattr(exc, "cause", None) or exc), code=2)
+
+
 @cli.command("health-clear")
 @click.argument("node")
 @_config_options
@@ -302,21 +319,7 @@ def health_clear(node: str, config_file: str | None, overrides: tuple[str, ...])
     not brought back (Ray cannot undo a drain); on Kubernetes, let its host take pods again
     with `rcp uncordon`.
     """
-    import ray
-
-    from controlplane.service.controller import get_controller
-
-    cfg = _load(config_file, overrides)
-    _connect_running(cfg)
-    handle = get_controller()
-    if handle is None:
-        _fail(_no_controller_actor(cfg))
-        return
-    try:
-        result = ray.get(handle.clear_node.remote(node), timeout=30)
-    except ray.exceptions.RayTaskError as exc:
-        _fail(str(getattr(exc, "cause", None) or exc), code=2)
-        return
+    result = _ask_controller(_load(config_file, overrides), "clear_node", node)
     note = " (already drained: its replacement starts clean)" if result["cordoned"] else ""
     click.echo(f"node {result['node_id']}: lemon record cleared{note}")
 
@@ -337,22 +340,8 @@ def health_breaker(
     """
     import time
 
-    import ray
-
-    from controlplane.service.controller import get_controller
-
     cfg = _load(config_file, overrides)
-    _connect_running(cfg)
-    handle = get_controller()
-    if handle is None:
-        _fail(_no_controller_actor(cfg))
-        return
-    call = handle.reset_breaker if reset else handle.breaker_status
-    try:
-        state = ray.get(call.remote(), timeout=30)
-    except ray.exceptions.RayTaskError as exc:
-        _fail(str(getattr(exc, "cause", None) or exc), code=2)
-        return
+    state = _ask_controller(cfg, "reset_breaker" if reset else "breaker_status")
     if as_json:
         click.echo(json.dumps({**state, "reset": reset}, indent=2))
         return

@@ -19,7 +19,6 @@ from controlplane.config import HealthConfig, load_config, to_dict
 from controlplane.service import controller as controller_module
 from controlplane.service.controller import BREAKER_KEY, Controller
 from controlplane.service.remediation import Breaker, Remediator
-from controlplane.telemetry import dcgm
 from controlplane.telemetry.dcgm import DcgmSource
 from controlplane.telemetry.sampling import NodeSampler
 from controlplane.telemetry.verdicts import judge
@@ -39,6 +38,7 @@ from policies.health import (
 from policies.plan import DrainNode
 from policies.snapshot import ClusterSnapshot, Pool
 from tests.unit.builders import node, snapshot
+from tests.unit.test_telemetry_dcgm import answer_every_scrape
 
 BUDGET = RemovalBudget(max_nodes=2, max_pool_fraction=0.1, window_s=600.0)
 
@@ -365,17 +365,7 @@ def _run_fleet(answer: str, ticks: int, monkeypatch: pytest.MonkeyPatch) -> list
     """20 cluster nodes of 8 GPUs, each agent's dcgm-exporter answering `answer` (HTTP 200),
     one sample per tick through the whole health path; the nodes Ray was asked to drain."""
 
-    class Answer:
-        def __enter__(self) -> Answer:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            pass
-
-        def read(self) -> bytes:
-            return answer.encode()
-
-    monkeypatch.setattr(dcgm.urllib.request, "urlopen", lambda url, timeout: Answer())
+    answer_every_scrape(monkeypatch, answer)
     ids = [f"n{i:02d}" for i in range(20)]
     clock = [0.0]
     samplers = {

@@ -6,7 +6,6 @@ phase's snapshot rules.
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from controlplane.store import JobState, Store
 from jobs.preemption import token_sha256
 from jobs.spec import JobSpec
 from policies.plan import AdmitJob, PreemptJob, WorkerPlacement
+from tests.unit.test_api_server import make_invalid
 
 
 class FakeRay:
@@ -614,16 +614,6 @@ def test_the_default_cap_is_32_mib() -> None:
 # -- a row that no longer validates can still be cancelled and stopped (issue 12) -------------
 
 
-def make_row_invalid(store: Store, job_id: str) -> None:
-    raw = sqlite3.connect(store.path)
-    raw.execute(
-        "UPDATE jobs SET spec_json = ? WHERE job_id = ?",
-        ('{"name": "x", "entrypoint": "e", "num_workers": 0}', job_id),
-    )
-    raw.commit()
-    raw.close()
-
-
 def test_cancelling_an_invalid_running_row_stops_its_gang_by_id(env: Any) -> None:
     store, cfg, fake, _clock, runner = env
     job_id = submit(store)
@@ -631,7 +621,7 @@ def test_cancelling_an_invalid_running_row_stops_its_gang_by_id(env: Any) -> Non
     fake.start_workers(job_id, 1, 2)
     runner.reconcile()
     assert store.get(job_id).state is JobState.RUNNING
-    make_row_invalid(store, job_id)
+    make_invalid(store, job_id)
     runner.reconcile()  # the tick skips it: nobody supervises that gang
     assert fake.stopped == []
     view = JobService(store, cfg).cancel(job_id)
@@ -651,7 +641,7 @@ def test_an_invalid_row_without_submission_id_uses_the_attempt(env: Any) -> None
     store, _cfg, fake, _clock, runner = env
     job_id = submit(store)
     admit(runner, job_id)
-    make_row_invalid(store, job_id)
+    make_invalid(store, job_id)
     store.cancel_invalid(job_id, "cancelled by the user")
     store.merge_raw_info(job_id, {"submission_id": None})  # only the attempt is left
     runner._stop_invalid(job_id)
@@ -700,7 +690,7 @@ def test_the_orphan_sweep_spares_preempting_and_invalid_running_rows(env: Any) -
         fake.start_workers(job_id, 1, 2)
     runner.reconcile()
     runner.preempt(PreemptJob(preempting, for_job_id="x", checkpoint_first=True, reason="r"))
-    make_row_invalid(store, invalid)
+    make_invalid(store, invalid)
     assert runner.sweep_orphans() == []
     assert fake.stopped == []
 

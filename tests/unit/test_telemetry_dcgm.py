@@ -241,10 +241,9 @@ def test_an_answer_with_no_dcgm_sample_is_a_source_failure(text: str) -> None:
         readings_from_scrape(text)
 
 
-@pytest.mark.parametrize("text", NOT_DCGM)
-def test_an_empty_200_makes_no_sample_not_a_node_with_zero_gpus(
-    text: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def answer_every_scrape(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    """Every dcgm-exporter scrape gets an HTTP 200 with `text` as its body."""
+
     class Answer:
         def __enter__(self) -> Answer:
             return self
@@ -256,6 +255,13 @@ def test_an_empty_200_makes_no_sample_not_a_node_with_zero_gpus(
             return text.encode()
 
     monkeypatch.setattr(dcgm.urllib.request, "urlopen", lambda url, timeout: Answer())
+
+
+@pytest.mark.parametrize("text", NOT_DCGM)
+def test_an_empty_200_makes_no_sample_not_a_node_with_zero_gpus(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    answer_every_scrape(monkeypatch, text)
     summary = NodeSampler("n1", "cluster", DcgmSource("http://x/metrics"), gpus_expected=8).sample()
     assert summary["source_ok"] is False and summary["gpus"] == []
     assert "dcgm-exporter at http://x/metrics" in summary["problems"][0]
@@ -396,17 +402,7 @@ def test_a_scrape_matching_none_of_the_pods_gpus_is_a_source_failure(
     with pytest.raises(TelemetryError, match="none of the pod's GPUs"):
         readings_from_scrape(text, VisibleGpus.parse(visible))
 
-    class Answer:
-        def __enter__(self) -> Answer:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            pass
-
-        def read(self) -> bytes:
-            return text.encode()
-
-    monkeypatch.setattr(dcgm.urllib.request, "urlopen", lambda url, timeout: Answer())
+    answer_every_scrape(monkeypatch, text)
     source = DcgmSource("http://x/metrics", visible=VisibleGpus.parse(visible))
     summary = NodeSampler("n1", "cluster", source, gpus_expected=2).sample()
     assert summary["source_ok"] is False and summary["gpus"] == []
