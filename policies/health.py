@@ -754,9 +754,6 @@ class BreakerState:
         removals = tuple((str(n), str(p), float(t)) for n, p, t in data.get("removals", ()))
         held = tuple(str(n) for n in data.get("held", ()))
         opened = data.get("opened_s")
-        if "opened_s" not in data and held:
-            # Stored before the breaker latched: it was open while it held anything.
-            opened = max((t for _, _, t in removals), default=0.0)
         return cls(removals, held, None if opened is None else float(opened))
 
 

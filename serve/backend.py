@@ -32,7 +32,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from serve.config import IngressConfig
-from serve.inputs import ErrorCode, JsonBodyError, error_body, loads_json, request_id
+from serve.inputs import (
+    ErrorCode,
+    JsonBodyError,
+    error_body,
+    error_dict,
+    loads_json,
+    read_body,
+    request_id,
+)
 from serve.spec import BACKEND_DEPLOYMENT
 
 __all__ = ["Backend", "load_model_class"]
@@ -57,6 +65,10 @@ def load_model_class(import_path: str) -> Any:
         ) from exc
 
 
+_MAX_BODY_BYTES = IngressConfig().max_body_bytes
+"""The plain-HTTP route's body limit: the ingress's default (this route has no config)."""
+
+
 @serve.deployment(name=BACKEND_DEPLOYMENT)
 class Backend:
     def __init__(self, name: str, import_path: str, init_kwargs: dict[str, Any], pool: str) -> None:
@@ -71,14 +83,14 @@ class Backend:
         except ValueError as exc:
             return {
                 "status": 422,
-                "body": json.loads(error_body(ErrorCode.INVALID_INPUT, str(exc), rid)),
+                "body": error_dict(ErrorCode.INVALID_INPUT, str(exc), rid),
             }
         except Exception:  # a model bug must not take the replica down
             logger.exception("request %s: model %s raised", rid, self.name)
             message = f"model {self.name!r} failed; its log has the details under the request id"
             return {
                 "status": 500,
-                "body": json.loads(error_body(ErrorCode.MODEL_ERROR, message, rid)),
+                "body": error_dict(ErrorCode.MODEL_ERROR, message, rid),
             }
         return {"status": 200, "body": body}
 
@@ -89,16 +101,10 @@ class Backend:
         headers = {"X-Rcp-Pool": self.pool}
         if given != rid:
             headers["X-Request-Id"] = rid
-        limit = IngressConfig().max_body_bytes
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():  # stop reading as soon as it is too large
-            size += len(chunk)
-            if size > limit:
-                message = f"body exceeds {limit} bytes"
-                return _error(413, ErrorCode.BODY_TOO_LARGE, message, rid, headers)
-            chunks.append(chunk)
-        raw = b"".join(chunks)
+        raw = await read_body(request, _MAX_BODY_BYTES)
+        if raw is None:
+            message = f"body exceeds {_MAX_BODY_BYTES} bytes"
+            return _error(413, ErrorCode.BODY_TOO_LARGE, message, rid, headers)
         try:
             payload = loads_json(raw)
         except JsonBodyError as exc:

@@ -37,6 +37,7 @@ from serve.inputs import (
     RequestError,
     error_body,
     parse_request,
+    read_body,
     request_id,
 )
 from serve.routing import choose_pool, retry_decision
@@ -105,17 +106,6 @@ class Ingress:
             self._handles[key] = handle
         return handle
 
-    async def _read_body(self, request: Request, limit_bytes: int) -> bytes | None:
-        """The body, or None as soon as it grows past `limit_bytes` (chunked uploads too)."""
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit_bytes:
-                return None
-            chunks.append(chunk)
-        return b"".join(chunks)
-
     async def __call__(self, request: Request) -> Response:
         given = request.headers.get(_REQUEST_ID_HEADER)
         rid = request_id(given)
@@ -158,7 +148,7 @@ class Ingress:
         if head_declares_length(content_length):
             body: bytes | None = await request.body()  # length already checked
         else:
-            body = await self._read_body(request, s.max_body_bytes)
+            body = await read_body(request, s.max_body_bytes)
         if body is None:
             return _json(
                 413,

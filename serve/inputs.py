@@ -37,8 +37,10 @@ __all__ = [
     "Predict",
     "RequestError",
     "error_body",
+    "error_dict",
     "loads_json",
     "parse_request",
+    "read_body",
     "request_id",
 ]
 
@@ -86,11 +88,27 @@ class Health:
 Parsed = Predict | ListModels | Health | RequestError
 
 
+def error_dict(code: ErrorCode, message: str, request_id: str) -> dict[str, Any]:
+    """The error object; `request_id` is the one in the X-Request-Id header and the logs."""
+    return {"error": {"code": code.value, "message": message, "request_id": request_id}}
+
+
 def error_body(code: ErrorCode, message: str, request_id: str) -> bytes:
-    """The error JSON; `request_id` is the one in the X-Request-Id header and the logs."""
-    return json.dumps(
-        {"error": {"code": code.value, "message": message, "request_id": request_id}}
-    ).encode()
+    """`error_dict` as the JSON bytes of a response."""
+    return json.dumps(error_dict(code, message, request_id)).encode()
+
+
+async def read_body(request: Any, limit_bytes: int) -> bytes | None:
+    """A Starlette request's body, or None as soon as it grows past `limit_bytes` (chunked
+    uploads too: reading stops there, the rest is never buffered)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit_bytes:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")

@@ -66,9 +66,7 @@ class Delta:
     change: CounterChange
 
 
-def counter_delta(
-    before: int, after: int, width_bits: int | None = None, jitter_ratio: float = JITTER_RATIO
-) -> Delta:
+def counter_delta(before: int, after: int, width_bits: int | None = None) -> Delta:
     """The increase from `before` to `after` of a counter `width_bits` wide (None: 32 or 64)."""
     if before < 0 or after < 0:
         return Delta(None, CounterChange.NEGATIVE)
@@ -81,7 +79,7 @@ def counter_delta(
             wrapped = top - before + after
             if wrapped < quarter:
                 return Delta(wrapped, CounterChange.WRAPPED)
-    if after >= before * (1.0 - jitter_ratio):
+    if after >= before * (1.0 - JITTER_RATIO):
         return Delta(0, CounterChange.JITTER)
     return Delta(None, CounterChange.RESET)
 

@@ -262,12 +262,6 @@ def test_a_fleet_wide_fault_that_lasts_takes_out_only_the_first_budget(
     assert sorted(out) == ["n00", "n01"] and state.open
 
 
-def test_a_legacy_stored_state_that_held_nodes_reads_as_open() -> None:
-    legacy = {"removals": [["n00", "cluster", 5.0]], "held": ["n03"]}
-    assert BreakerState.from_dict(legacy).opened_s == 5.0
-    assert not BreakerState.from_dict({"removals": [["n00", "cluster", 5.0]], "held": []}).open
-
-
 def test_the_breaker_survives_a_controller_restart_and_the_reset_is_stored(
     tmp_path: Path,
 ) -> None:
