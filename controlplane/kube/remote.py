@@ -39,7 +39,17 @@ from controlplane.kube.actuator import (
 if TYPE_CHECKING:
     from controlplane.config import KubernetesConfig
 
-__all__ = ["RemoteKubernetesActuator", "cordon_from_json", "remove_from_json", "scale_from_json"]
+__all__ = [
+    "MIN_TOKEN_CHARS",
+    "RemoteKubernetesActuator",
+    "cordon_from_json",
+    "read_actuator_token",
+    "remove_from_json",
+    "scale_from_json",
+]
+
+MIN_TOKEN_CHARS = 32
+"""A shorter token file is a setup mistake (an empty or placeholder Secret): refused."""
 
 _ERRORS: dict[int, type[KubernetesActuatorError]] = {
     403: KubeRefusedError,
@@ -47,6 +57,27 @@ _ERRORS: dict[int, type[KubernetesActuatorError]] = {
     409: KubeConflictError,
     429: KubeRateLimitedError,
 }
+
+
+def read_actuator_token(path: str) -> str:
+    """The bearer token in `path` (``kubernetes.actuator_token_file``), read now, so a rotated
+    Secret takes effect; both the service and its client read it here. Unreadable or shorter
+    than `MIN_TOKEN_CHARS`: KubernetesActuatorError."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as exc:
+        raise KubernetesActuatorError(
+            f"cannot read the actuator service's token from {path} "
+            f"(kubernetes.actuator_token_file; the Secret rcp-kube-actuator): {exc}"
+        ) from exc
+    if len(token) < MIN_TOKEN_CHARS:
+        raise KubernetesActuatorError(
+            f"the actuator service's token file {path} holds {len(token)} characters, fewer "
+            f"than {MIN_TOKEN_CHARS}: create the Secret rcp-kube-actuator with a random token "
+            "(docs/kubernetes-actuator.md)"
+        )
+    return token
 
 
 def cordon_from_json(d: dict[str, Any]) -> CordonResult:
@@ -104,18 +135,7 @@ class RemoteKubernetesActuator:
         self.close()
 
     def _token(self) -> str:
-        path = self.config.actuator_token_file
-        try:
-            with open(path, encoding="utf-8") as f:
-                token = f.read().strip()
-        except OSError as exc:
-            raise KubernetesActuatorError(
-                f"cannot read the actuator service's token from {path} "
-                f"(kubernetes.actuator_token_file; the Secret rcp-kube-actuator): {exc}"
-            ) from exc
-        if not token:
-            raise KubernetesActuatorError(f"the actuator service's token file {path} is empty")
-        return token
+        return read_actuator_token(self.config.actuator_token_file)
 
     def _post(self, route: str, body: dict[str, Any]) -> Any:
         data = json.dumps(body, allow_nan=False).encode()

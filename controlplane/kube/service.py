@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import hmac
 import ipaddress
 import json
 import logging
@@ -58,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from controlplane.background_http import BackgroundHttpServer
-from controlplane.config import ConfigError, load_config
+from controlplane.config import _DNS_SUBDOMAIN, ConfigError, load_config
 from controlplane.kube.actuator import (
     KubeConflictError,
     KubeNotFoundError,
@@ -67,6 +66,8 @@ from controlplane.kube.actuator import (
     KubernetesActuatorError,
 )
 from controlplane.kube.connect import from_config
+from controlplane.kube.remote import MIN_TOKEN_CHARS, read_actuator_token
+from controlplane.service.tokens import bearer_matches
 from serve.inputs import JsonBodyError, loads_json, request_id
 
 if TYPE_CHECKING:
@@ -87,9 +88,6 @@ log = logging.getLogger(__name__)
 
 MAX_REASON_CHARS = 1024
 MAX_REPLICAS = 1000
-MIN_TOKEN_CHARS = 32
-"""A shorter token file is a setup mistake (an empty or placeholder Secret): refused."""
-_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _REQUEST_ID = web.RequestKey("request_id", str)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -147,7 +145,7 @@ def _fields(body: Any, *names: str) -> dict[str, Any]:
 
 
 def _name(what: str, value: Any) -> str:
-    if not isinstance(value, str) or len(value) > 253 or not _SUBDOMAIN.fullmatch(value):
+    if not isinstance(value, str) or len(value) > 253 or not _DNS_SUBDOMAIN.fullmatch(value):
         raise Refusal(
             400,
             f"{what} must be a DNS-1123 subdomain (lower-case letters, digits, '-' and '.', "
@@ -195,32 +193,13 @@ class ActuatorService:
         return f"RayCluster {self.config.namespace}/{self.config.raycluster}"
 
     def token(self) -> str:
-        """The expected bearer token, read now from ``kubernetes.actuator_token_file``."""
-        path = self.config.actuator_token_file
-        try:
-            with open(path, encoding="utf-8") as f:
-                token = f.read().strip()
-        except OSError as exc:
-            raise RuntimeError(f"cannot read the token file {path}: {exc}") from exc
-        if len(token) < MIN_TOKEN_CHARS:
-            raise RuntimeError(
-                f"the token file {path} holds {len(token)} characters, fewer than "
-                f"{MIN_TOKEN_CHARS}: create the Secret rcp-kube-actuator with a random token "
-                "(docs/kubernetes-actuator.md)"
-            )
-        return token
+        """The expected bearer token, read now from ``kubernetes.actuator_token_file``
+        (`read_actuator_token`: KubernetesActuatorError when unreadable or short)."""
+        return read_actuator_token(self.config.actuator_token_file)
 
     def authorized(self, header: str) -> bool:
-        """Whether `header` is ``Bearer <the token>``. Header bytes that are not UTF-8 reach
-        here as surrogate escapes (aiohttp), and go back to those bytes: never equal to a
-        token read as UTF-8, so a 401, not an encoding error."""
-        scheme, _, given = header.partition(" ")
-        expected = self.token().encode()
-        try:
-            sent = given.strip().encode("utf-8", "surrogateescape")
-        except UnicodeEncodeError:  # a lone surrogate that is no escaped byte
-            return False
-        return scheme.lower() == "bearer" and hmac.compare_digest(sent, expected)
+        """Whether `header` is ``Bearer <the token>`` (`bearer_matches`)."""
+        return bearer_matches(header, self.token())
 
     def _admit(self, node: str) -> None:
         if not self.cap.admit(node, self._clock()):
@@ -328,7 +307,7 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     if request.path != "/healthz":
         try:
             ok = service.authorized(request.headers.get("Authorization", ""))
-        except RuntimeError:
+        except KubernetesActuatorError:
             log.exception("request %s: no usable token; refusing every call", request[_REQUEST_ID])
             return _error(request, 503, "the service has no usable token; see its log")
         if not ok:
@@ -345,18 +324,10 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPRequestEntityTooLarge:
         limit = service.config.service.max_body_bytes
         return _error(request, 413, f"the request body is larger than {limit} bytes")
-    except web.HTTPException as exc:
-        if exc.status >= 400:
-            return _error(request, exc.status, exc.reason or "request refused")
-        raise
     except KubernetesActuatorError as exc:
         status = next(code for kind, code in _STATUS if isinstance(exc, kind))
         return _error(request, status, str(exc))
-    except Exception:  # the service keeps serving whatever one request does
-        log.exception(
-            "request %s: %s %s failed", request[_REQUEST_ID], request.method, request.path
-        )
-        return _error(request, 500, "internal error; see the service's log for the request id")
+    # Any other HTTPException or exception: `_guard` answers it (the same JSON error, or 500).
 
 
 def _route(action: str) -> Handler:

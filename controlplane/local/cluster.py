@@ -43,7 +43,7 @@ import yaml
 from controlplane.config import Config, from_dict, to_dict
 from controlplane.local.processes import CLUSTER_ID_ENV, stop_cluster_processes
 from controlplane.pools import JOB_DRIVER_RESOURCE, POOL_LABEL, Pool, pool_resource
-from controlplane.statefiles import private_dir, private_umask, write_private
+from controlplane.statefiles import narrow_private, private_dir, private_umask, write_private
 
 Echo = Callable[[str], None]
 
@@ -364,11 +364,10 @@ class LocalCluster:
 
     def _make_state_dir_private(self, echo: Echo) -> None:
         """Create the state dir 0700; one that an older version left readable by others (and
-        that this user owns) is narrowed to 0700, with a note."""
+        that this user owns) is narrowed to 0700, with a note. A state dir that is a symlink
+        is narrowed at its target (`narrow_private` itself never follows one)."""
         private_dir(self.state_dir)
-        st = self.state_dir.stat()
-        if st.st_mode & 0o077 and st.st_uid == os.getuid():
-            os.chmod(self.state_dir, 0o700)
+        if narrow_private(self.state_dir.resolve()):
             echo(f"note: {self.state_dir} was readable by other users; it is now 0700")
 
     @property

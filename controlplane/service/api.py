@@ -36,7 +36,6 @@ Must not: hold job logic (that is `JobService`) or touch Ray.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -52,13 +51,13 @@ from controlplane.service.queueing import (
     invalid_to_json,
     job_to_json,
 )
+from controlplane.service.tokens import bearer_matches
 from serve.inputs import JsonBodyError, loads_json, request_id
 
 __all__ = ["ApiServer", "make_app"]
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 1 << 20
 MAX_CONCURRENT_LOG_READS = 4
 """Log reads in flight at once (each may fetch a live attempt's whole log from Ray); one more
 is refused with 429 rather than queued, so followers cannot pile up memory or threads."""
@@ -135,8 +134,7 @@ def _refuse_auth(request: web.Request) -> web.Response | None:
             "missing token: send 'Authorization: Bearer <token>'",
             "Authorization",
         )
-    sent = given.strip().encode("utf-8", "surrogateescape")
-    if not hmac.compare_digest(sent, request.app[_TOKEN].encode("utf-8")):
+    if not bearer_matches(header, request.app[_TOKEN]):
         return _error(request, 401, "wrong token", "Authorization")
     return None
 

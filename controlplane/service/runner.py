@@ -62,7 +62,7 @@ from typing import Any, Protocol
 
 from controlplane.config import Config
 from controlplane.pools import JOB_DRIVER_RESOURCE, Pool, pool_resource
-from controlplane.statefiles import write_private
+from controlplane.service.tokens import ensure_token
 from controlplane.store import IllegalTransition, JobRecord, JobState, StaleState, Store
 from jobs import launcher, preemption
 from jobs.preemption import token_sha256
@@ -216,12 +216,7 @@ class RayJobs:
         (`SIGNALS_KEY_FILE`), so a restarted controller can still speak to the actor it made;
         never sent anywhere (the actor gets a secret derived from it)."""
         if self._signals_key is None:
-            path = self.cfg.state_path / SIGNALS_KEY_FILE
-            if path.exists():
-                self._signals_key = path.read_text().strip() or None
-            if self._signals_key is None:
-                self._signals_key = secrets.token_urlsafe(32)
-                write_private(path, self._signals_key)
+            self._signals_key = ensure_token(self.cfg.state_path, SIGNALS_KEY_FILE)
         return self._signals_key
 
     def _pinned(self) -> dict[str, str]:

@@ -7,20 +7,21 @@ Owns: ``<state_dir>/api-token`` (created once, mode 0600, never logged) and
 
 from __future__ import annotations
 
-import os
+import hmac
 import secrets
 from pathlib import Path
 
-from controlplane.statefiles import narrow_private, private_dir, write_private
+from controlplane.statefiles import narrow_private, write_private
 
 TOKEN_FILE = "api-token"
 URL_FILE = "api-url"
 
 
-def ensure_token(state_dir: Path) -> str:
-    """The token in `state_dir`, creating it (0600) on first use; a token file or state dir an
-    older version left wider is narrowed to 0600/0700 first."""
-    path = Path(state_dir) / TOKEN_FILE
+def ensure_token(state_dir: Path, name: str = TOKEN_FILE) -> str:
+    """The token in ``<state_dir>/<name>``, creating it (0600, `write_private`) on first use or
+    when the file is empty; a token file or state dir an older version left wider is narrowed
+    to 0600/0700 first."""
+    path = Path(state_dir) / name
     narrow_private(path.parent)
     narrow_private(path)
     try:
@@ -29,13 +30,21 @@ def ensure_token(state_dir: Path) -> str:
             return token
     except FileNotFoundError:
         pass
-    private_dir(path.parent)
     token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    os.chmod(path, 0o600)
+    write_private(path, token + "\n")
     return token
+
+
+def bearer_matches(header: str | None, expected: str) -> bool:
+    """Whether `header` (an ``Authorization`` value) is ``Bearer <expected>``, compared in
+    constant time. Header bytes that are not UTF-8 reach here as surrogate escapes (aiohttp) and
+    go back to those bytes: never equal to a token read as UTF-8, so False, not an error."""
+    scheme, _, given = (header or "").partition(" ")
+    try:
+        sent = given.strip().encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that is no escaped byte
+        return False
+    return scheme.lower() == "bearer" and hmac.compare_digest(sent, expected.encode("utf-8"))
 
 
 def read_token(state_dir: Path) -> str | None:
