@@ -108,12 +108,8 @@ class Controller:
             self.store_problem = str(exc)
             return
         self.runner = JobRunner(self.store, self.cfg, RayJobs(self.cfg))
-        self.retention = Retention(
-            self.store, self.cfg.jobs, forget_many=self.runner.forget_many
-        )
-        self.service = JobService(
-            self.store, self.cfg, logs=self.runner.logs, log_window=self.runner.read_logs
-        )
+        self.retention = Retention(self.store, self.cfg.jobs, forget_many=self.runner.forget_many)
+        self.service = JobService(self.store, self.cfg, log_window=self.runner.read_logs)
         from controlplane.service.serving_loop import ServingLoop
 
         # The serving half of the loop runs in its own thread: a make-before-break move waits

@@ -7,7 +7,7 @@ pool as configured could ever hold the gang), idempotent submission, cancellatio
 events and logs. Every refusal is an `ApiError` carrying the HTTP status, a message and the
 offending field, so the API answers 4xx with ``{"error": ..., "field": ...}``.
 
-Must not: talk to Ray (logs come through the `logs` callable the controller passes in) or
+Must not: talk to Ray (logs come through the `log_window` callable the controller passes in) or
 start jobs (the controller's tick admits them).
 
 "Could ever hold" is computed from the configured `cluster` pool (``num_nodes`` x
@@ -141,14 +141,12 @@ class JobService:
         store: Store,
         cfg: Config,
         *,
-        logs: Callable[[JobRecord], str] | None = None,
         log_window: Callable[[JobRecord, int, int], tuple[str, int]] | None = None,
     ) -> None:
         """`log_window(job, offset, limit) -> (text, size)` reads one window of a job's log
-        (`JobRunner.read_logs`); without it, `logs(job)` returns the whole log per read."""
+        (`JobRunner.read_logs`); without it a job has no logs."""
         self.store = store
         self.cfg = cfg
-        self._logs = logs
         self._log_window = log_window
 
     # -- submit -----------------------------------------------------------------------------
@@ -276,9 +274,6 @@ class JobService:
             pass
         elif self._log_window is not None:
             chunk, size = self._log_window(job, start, n)
-        elif self._logs is not None:
-            text = self._logs(job)
-            chunk, size = text[start : start + n], len(text)
         next_offset = max(start, min(size, start + n))
         return {
             "id": job_id,

@@ -456,13 +456,13 @@ class JobRunner:
         self.clock = clock
         self._submissions = _Submissions()
         self._ended_logs: collections.OrderedDict[str, str] = collections.OrderedDict()
-        """Logs of attempts whose Ray Job ended, by submission id (see `logs`)."""
+        """Logs of attempts whose Ray Job ended, by submission id (see `read_logs`)."""
         self._live_logs: dict[str, tuple[float, str]] = {}
         """(fetched at, log) of live attempts, by submission id (see `LIVE_LOG_CACHE_S`)."""
         self._logs_lock = threading.Lock()
         self._fetch_locks: dict[str, threading.Lock] = {}
         self._log_sizes: collections.OrderedDict[str, int] = collections.OrderedDict()
-        """Lengths of ended attempts' parts of `logs`, by submission id (see `read_logs`)."""
+        """Lengths of ended attempts' parts of the log, by submission id (see `read_logs`)."""
         self._last_sweep_s: float | None = None
 
     # -- act ---------------------------------------------------------------------------------
@@ -537,7 +537,9 @@ class JobRunner:
         if job.info.get("message") == reason:
             return
         self.store.update_info(job.job_id, {"message": reason})
-        self.store.record_event("job.submit_deferred", f"job {job.job_id}: {reason}", job_id=job.job_id)
+        self.store.record_event(
+            "job.submit_deferred", f"job {job.job_id}: {reason}", job_id=job.job_id
+        )
 
     def _submit(self, job: JobRecord) -> None:
         """Submit off the tick thread, waiting at most ``jobs.submit_timeout_s``. Refused
@@ -559,7 +561,9 @@ class JobRunner:
                 self.store.update_info(
                     job.job_id, {"placement": None, "ray_done": True, "message": reason}
                 )
-                self.store.transition(job.job_id, JobState.QUEUED, reason, expected=JobState.ADMITTED)
+                self.store.transition(
+                    job.job_id, JobState.QUEUED, reason, expected=JobState.ADMITTED
+                )
                 self.store.record_event(
                     "job.submit_deferred", f"job {job.job_id}: {reason}", job_id=job.job_id
                 )
@@ -941,8 +945,10 @@ class JobRunner:
             return "no logs"
         return text[-chars:] if text else "no logs"
 
-    def logs(self, job: JobRecord) -> str:
-        """Driver logs of every attempt, oldest first, each under a header line.
+    def read_logs(self, job: JobRecord, offset: int, limit: int) -> tuple[str, int]:
+        """``(text, size)``: `limit` characters from `offset` of the driver logs of every
+        attempt, oldest first, each under a header line, and their length, fetching only the
+        attempts that window touches.
 
         An attempt whose Ray Job has ended never changes: its log is fetched from Ray once and
         kept (`ENDED_LOGS_CACHE_CHARS` in all, least recently used out first). The live
@@ -950,13 +956,6 @@ class JobRunner:
         follow it (concurrent readers wait for one fetch). Each attempt's log is cut at
         `MAX_ATTEMPT_LOG_CHARS` with a marker line. Thread-safe (the API calls it from its
         log-read threads).
-        """
-        attempts = int(job.info.get("attempt", 0))
-        return "\n".join(self._part(job, a) for a in range(1, attempts + 1))
-
-    def read_logs(self, job: JobRecord, offset: int, limit: int) -> tuple[str, int]:
-        """``(text, size)``: `limit` characters from `offset` of what `logs` returns, and its
-        length, fetching only the attempts that window touches.
 
         Where each attempt starts needs the sizes of those before it: an ended attempt's size
         never changes and is kept (`_log_sizes`, a few bytes per attempt) once it was fetched;
@@ -990,14 +989,14 @@ class JobRunner:
         return attempt < int(job.info.get("attempt", 0)) or bool(job.info.get("ray_done"))
 
     def _known_size(self, job: JobRecord, attempt: int) -> int | None:
-        """The length of an ended attempt's part of `logs`, if known (None: fetch it)."""
+        """The length of an ended attempt's part of the log, if known (None: fetch it)."""
         if not self._ended(job, attempt):
             return None
         with self._logs_lock:
             return self._log_sizes.get(f"{job.job_id}-{attempt}")
 
     def _part(self, job: JobRecord, attempt: int) -> str:
-        """One attempt's part of `logs`: a header line, then its (capped) log."""
+        """One attempt's part of the log: a header line, then its (capped) log."""
         sid = f"{job.job_id}-{attempt}"
         ended = self._ended(job, attempt)
         part = f"=== attempt {attempt} (Ray job {sid}) ===\n{self._attempt_log(sid, ended)}"

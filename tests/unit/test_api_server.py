@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +40,23 @@ from jobs.spec import JobSpec
 TOKEN = "test-token-123"
 
 
+def whole_log(logs: Callable[[Any], str]) -> Callable[[Any, int, int], tuple[str, int]]:
+    """A `JobService` log window over a function that returns a job's whole log."""
+
+    def window(job: Any, offset: int, limit: int) -> tuple[str, int]:
+        text = logs(job)
+        return text[offset : offset + limit], len(text)
+
+    return window
+
+
 class Server:
     def __init__(self, tmp: Path) -> None:
         self.cfg: Config = load_config(None, [f"state_dir={tmp}"])
         self.store = Store(tmp / "controlplane.db")
-        self.service = JobService(self.store, self.cfg, logs=lambda job: "line 1\nline 2\n")
+        self.service = JobService(
+            self.store, self.cfg, log_window=whole_log(lambda job: "line 1\nline 2\n")
+        )
         self.server = ApiServer(self.service, TOKEN, "127.0.0.1", 0).start()
         self.url = self.server.url
         self.client = Client(self.url, TOKEN)
@@ -397,7 +409,9 @@ def test_log_reads_are_bounded_chunks_from_an_offset(tmp_path: Path) -> None:
         return big
 
     store = Store(tmp_path / "db.sqlite")
-    service = JobService(store, load_config(None, [f"state_dir={tmp_path}"]), logs=logs)
+    service = JobService(
+        store, load_config(None, [f"state_dir={tmp_path}"]), log_window=whole_log(logs)
+    )
     job_id = store.submit(JobSpec.from_dict(spec(name="big"))).job.job_id
     store.update_info(job_id, {"submission_id": f"{job_id}-1"})
     first = service.logs(job_id)
@@ -581,7 +595,9 @@ def test_log_reads_over_the_cap_are_429_with_retry_after(tmp_path: Path) -> None
         return "log\n"
 
     store = Store(tmp_path / "db.sqlite")
-    service = JobService(store, load_config(None, [f"state_dir={tmp_path}"]), logs=slow_logs)
+    service = JobService(
+        store, load_config(None, [f"state_dir={tmp_path}"]), log_window=whole_log(slow_logs)
+    )
     job_id = store.submit(JobSpec.from_dict(spec(name="logs"))).job.job_id
     store.update_info(job_id, {"submission_id": f"{job_id}-1"})
     server = ApiServer(service, TOKEN, "127.0.0.1", 0).start()

@@ -558,11 +558,11 @@ def test_followers_of_a_live_attempt_cost_one_fetch_per_interval(env: Any) -> No
     admit(runner, job_id)
     job = store.get(job_id)
     for _ in range(20):  # twenty followers polling within the interval
-        assert "line" in runner.logs(job)
+        assert "line" in runner.read_logs(job, 0, 1 << 40)[0]
     assert ray.fetches == [f"{job_id}-1"]
     ray.text = "line\nmore\n"
     clock.now += LIVE_LOG_CACHE_S + 0.1
-    assert runner.logs(job).endswith("more\n")
+    assert runner.read_logs(job, 0, 1 << 40)[0].endswith("more\n")
     assert len(ray.fetches) == 2
 
 
@@ -581,7 +581,10 @@ def test_concurrent_readers_of_a_live_attempt_wait_for_one_fetch(env: Any) -> No
     admit(runner, job_id)
     job = store.get(job_id)
     out: list[str] = []
-    threads = [threading.Thread(target=lambda: out.append(runner.logs(job))) for _ in range(8)]
+    threads = [
+        threading.Thread(target=lambda: out.append(runner.read_logs(job, 0, 1 << 40)[0]))
+        for _ in range(8)
+    ]
     for t in threads:
         t.start()
     time.sleep(0.1)
@@ -600,7 +603,7 @@ def test_an_attempts_log_past_the_cap_keeps_its_head_and_says_it_was_cut(
     runner = JobRunner(store, cfg, ray, clock=clock)
     job_id = submit(store)
     admit(runner, job_id)
-    text = runner.logs(store.get(job_id))
+    text = runner.read_logs(store.get(job_id), 0, 1 << 40)[0]
     body = text.split("\n", 1)[1]  # after the attempt's header line
     assert body.startswith("x" * 999 + "H") and "yy" not in body
     assert "log truncated" in body and "1000 characters" in body and f"{job_id}-1" in body

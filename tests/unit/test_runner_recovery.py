@@ -129,7 +129,7 @@ def test_an_ended_attempts_log_is_fetched_once(env: Any) -> None:
     runner.reconcile()
     admit(runner, job_id)  # attempt 2 runs
     for _ in range(3):
-        text = runner.logs(store.get(job_id))
+        text = runner.read_logs(store.get(job_id), 0, 1 << 40)[0]
         clock.now += 5  # past the live attempt's cache (LIVE_LOG_CACHE_S)
     assert "logs of " + f"{job_id}-1" in text and f"logs of {job_id}-2" in text
     assert fake.log_fetches.count(f"{job_id}-1") == 1
