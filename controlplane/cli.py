@@ -499,6 +499,16 @@ _JOB_HEADER = ("ID", "NAME", "STATE", "PRIORITY", "QUEUE", "GANG", "PREEMPTED")
 @click.option("--queue", default="default", show_default=True, help="Team queue.")
 @click.option("--name", help="Job name (default: from the YAML, else the command's first word).")
 @click.option("--max-runtime-s", type=float, help="Stop the job after this long.")
+@click.option(
+    "--max-restarts",
+    type=int,
+    help="Restarts from the last checkpoint after a crash or hang before FAILED (default 3).",
+)
+@click.option(
+    "--stall-timeout-s",
+    type=float,
+    help="No new step for this long: hung, restarted (default: the cluster's jobs.stall_timeout_s).",
+)
 @click.option("--idempotency-key", help="Retrying with the same key returns the same job.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"id": ..., "state": ...}.')
 def submit(
@@ -512,6 +522,8 @@ def submit(
     queue: str,
     name: str | None,
     max_runtime_s: float | None,
+    max_restarts: int | None,
+    stall_timeout_s: float | None,
     idempotency_key: str | None,
     as_json: bool,
 ) -> None:
@@ -522,8 +534,10 @@ def submit(
     rcp submit --workers 2 --gpus-per-worker 1 --priority high -- python train.py --lr 3e-4
 
     A module:function command (e.g. jobs.examples.train_mnistlike:train_loop) runs as the Ray
-    Train loop of every worker; any other command runs as the Ray Job's driver and calls
-    jobs.launcher.run_gang itself.
+    Train loop of every worker; any other command runs on every worker of the gang with the
+    environment torchrun gives (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK), so a
+    torch.distributed script runs unchanged. --max-restarts and --stall-timeout-s override a
+    JOB.yaml's values too.
     """
     import re
     import shlex
@@ -567,6 +581,10 @@ def submit(
             payload["priority_class"] = priority_class
     if name:
         payload["name"] = name
+    if max_restarts is not None:
+        payload["max_restarts"] = max_restarts
+    if stall_timeout_s is not None:
+        payload["stall_timeout_s"] = stall_timeout_s
     client = _client(url, state_dir)
     job = _api(lambda: client.submit(payload, idempotency_key=idempotency_key))
     click.echo(json.dumps({"id": job.id, "state": job.state}) if as_json else job.id)

@@ -147,7 +147,8 @@ class StorageConfig:
     uri: str = "s3://rcp-checkpoints"
     """Where checkpoints live: ``s3://bucket/prefix`` or ``file:///path``."""
     endpoint_url: str | None = None
-    """S3 endpoint; None means AWS's own. Set automatically when `embedded` is on."""
+    """S3 endpoint; None means AWS's own, or the embedded server's when `embedded` is on
+    (`Config.storage_endpoint_url`)."""
     region: str = "us-east-1"
     """S3 region name."""
     embedded: bool = True
@@ -246,6 +247,23 @@ class JobsConfig:
     submit_timeout_s: float = 10.0
     """Longest the loop waits for Ray to accept a job submission (it runs on a worker thread);
     past it the start counts as failed and is retried with backoff."""
+    stall_timeout_s: float = 600.0
+    """A running job that reports no new step for this long is hung (its stacks go to its
+    logs, then it restarts from its last checkpoint); a job's ``stall_timeout_s`` overrides."""
+    step_report_interval_s: float = 5.0
+    """How often a training loop's rank 0 reports its step and checkpoint stall to the control
+    plane (`jobs.checkpointing`). A job's stall_timeout_s may not be shorter."""
+    restart_backoff_initial_s: float = 10.0
+    """Wait before restarting a gang that failed or hung; doubles with each restart."""
+    restart_backoff_max_s: float = 600.0
+    """Upper bound of the restart backoff."""
+    checkpoint_scan_interval_s: float = 30.0
+    """How often the controller reads a running job's committed checkpoints from object
+    storage (sooner when the job says it committed one, every tick while preempting)."""
+    gpu_mtbf_prior_hours: float = 50_000.0
+    """Mean GPU-hours between failures a new cluster assumes (gang failures plus node removals
+    by health, per GPU-hour); the cluster's own record replaces it as GPU-hours accrue. It
+    sets the Young/Daly checkpoint interval of jobs that give no checkpoint.interval_s."""
 
 
 TELEMETRY_SOURCES = ("simulated", "nvml", "dcgm")
@@ -422,6 +440,16 @@ class Config:
     @property
     def state_path(self) -> Path:
         return Path(self.state_dir).expanduser()
+
+    @property
+    def storage_endpoint_url(self) -> str | None:
+        """The S3 endpoint: `storage.endpoint_url`, else the embedded server's on loopback
+        when `storage.embedded` is on, else None (AWS's own)."""
+        if self.storage.endpoint_url:
+            return self.storage.endpoint_url
+        if self.storage.embedded:
+            return f"http://{self.ray.node_ip}:{self.storage.embedded_port}"
+        return None
 
     @property
     def jobs_db_path(self) -> Path:
@@ -676,6 +704,28 @@ def _validate_jobs(j: JobsConfig) -> list[str]:
     errors += _wait_at_most(MAX_SCRAPE_TIMEOUT_S, "jobs.job_signal_poll_s", j.job_signal_poll_s)
     errors += _at_least(0.1, "jobs.submit_timeout_s", j.submit_timeout_s)
     errors += _wait_at_most(MAX_SUBMIT_TIMEOUT_S, "jobs.submit_timeout_s", j.submit_timeout_s)
+    errors += _at_least(0.1, "jobs.step_report_interval_s", j.step_report_interval_s)
+    errors += _wait_at_most(MAX_WAIT_S, "jobs.step_report_interval_s", j.step_report_interval_s)
+    errors += _at_least(1, "jobs.stall_timeout_s", j.stall_timeout_s)
+    errors += _wait_at_most(MAX_DEADLINE_S, "jobs.stall_timeout_s", j.stall_timeout_s)
+    if j.stall_timeout_s < j.step_report_interval_s:
+        errors.append(
+            f"jobs.stall_timeout_s: must be >= jobs.step_report_interval_s "
+            f"({j.step_report_interval_s:g}), got {j.stall_timeout_s!r}"
+        )
+    errors += _at_least(0, "jobs.restart_backoff_initial_s", j.restart_backoff_initial_s)
+    errors += _wait_at_most(MAX_WAIT_S, "jobs.restart_backoff_max_s", j.restart_backoff_max_s)
+    if j.restart_backoff_max_s < j.restart_backoff_initial_s:
+        errors.append(
+            "jobs.restart_backoff_max_s: must be >= jobs.restart_backoff_initial_s "
+            f"({j.restart_backoff_initial_s:g}), got {j.restart_backoff_max_s!r}"
+        )
+    errors += _at_least(0.1, "jobs.checkpoint_scan_interval_s", j.checkpoint_scan_interval_s)
+    errors += _wait_at_most(
+        MAX_WAIT_S, "jobs.checkpoint_scan_interval_s", j.checkpoint_scan_interval_s
+    )
+    errors += _at_least(1, "jobs.gpu_mtbf_prior_hours", j.gpu_mtbf_prior_hours)
+    errors += _at_most(1e9, "jobs.gpu_mtbf_prior_hours", j.gpu_mtbf_prior_hours, "hours")
     return errors
 
 

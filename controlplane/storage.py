@@ -21,11 +21,24 @@ def bucket_of(uri: str) -> tuple[str, str]:
     return parsed.netloc, parsed.path.lstrip("/")
 
 
+STORAGE_CONNECT_TIMEOUT_S = 5.0
+STORAGE_READ_TIMEOUT_S = 15.0
+"""Every request the control plane makes to object storage gives up after this long."""
+
+
 def s3_client(cfg: Config, endpoint_url: str | None = None) -> Any:
     import boto3
+    from botocore.config import Config as BotoConfig
 
-    endpoint = endpoint_url or cfg.storage.endpoint_url
-    kwargs: dict[str, Any] = {"region_name": cfg.storage.region}
+    endpoint = endpoint_url or cfg.storage_endpoint_url
+    kwargs: dict[str, Any] = {
+        "region_name": cfg.storage.region,
+        "config": BotoConfig(
+            connect_timeout=STORAGE_CONNECT_TIMEOUT_S,
+            read_timeout=STORAGE_READ_TIMEOUT_S,
+            retries={"max_attempts": 3, "mode": "standard"},
+        ),
+    }
     if endpoint:
         kwargs["endpoint_url"] = endpoint
     if cfg.storage.embedded:
@@ -46,3 +59,20 @@ def ensure_bucket(cfg: Config, endpoint_url: str | None = None) -> str:
     if bucket not in existing:
         client.create_bucket(Bucket=bucket)
     return bucket
+
+
+def check_bucket(client: Any, bucket: str) -> str | None:
+    """None when `bucket` exists and these credentials reach it, else why not (a sentence).
+    Raises for anything else (storage unreachable), which is not the bucket's fault."""
+    from botocore.exceptions import ClientError
+
+    try:
+        client.head_bucket(Bucket=bucket)
+    except ClientError as exc:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code in ("404", "NoSuchBucket", "NotFound"):
+            return f"bucket {bucket!r} does not exist"
+        if code in ("403", "AccessDenied", "Forbidden"):
+            return f"bucket {bucket!r} exists but the cluster's credentials cannot reach it"
+        raise
+    return None

@@ -54,6 +54,8 @@ __all__ = [
     "REMOTE_URI_SCHEMES",
     "RUNTIME_ENV_KEYS",
     "USER_ENV_VARS",
+    "JOBS_AREA",
+    "MAX_RESTARTS_LIMIT",
     "CheckpointSpec",
     "FieldError",
     "JobSpec",
@@ -62,6 +64,7 @@ __all__ = [
 ]
 
 DEFAULT_PRIORITY_CLASSES = ("low", "medium", "high")
+MAX_RESTARTS_LIMIT = 1000
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 REMOTE_URI_SCHEMES = ("s3", "gs", "azure", "abfss", "https")
@@ -137,8 +140,10 @@ class CheckpointSpec:
     preempt_deadline_s: float = 120.0
     """How long a preemption waits for the checkpoint-now snapshot before stopping the gang."""
     uri: str | None = None
-    """Where checkpoints go: an s3:// URI under the cluster's storage.uri (checked at
-    submission); None means the cluster's storage.uri/job id. Never file:// or a path."""
+    """Where checkpoints go: an ``s3://bucket/prefix`` URI whose bucket exists (checked at
+    submission), outside the cluster's per-job area ``<storage.uri>/jobs/``. None (the
+    default) means ``<storage.uri>/jobs/<job id>/``. Never file:// or a path. Naming the same
+    URI in a later job resumes from the checkpoints an earlier one left there."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,15 @@ class JobSpec:
     """A configured priority class (defaults: low, medium, high)."""
     max_runtime_s: float | None = None
     """The job is stopped after this long; also lets it backfill. None: no limit."""
+    max_restarts: int = 3
+    """Times a gang that failed (a worker raised or was killed, a node was lost) or hung is
+    restarted from its last committed checkpoint before the job is FAILED. Preemptions and
+    moves by node health do not count."""
+    stall_timeout_s: float | None = None
+    """A running job that reports no new step for this long is declared hung: its workers'
+    stacks go to its logs and it restarts from its last checkpoint (a restart). None: the
+    cluster's ``jobs.stall_timeout_s``. Must be at least ``jobs.step_report_interval_s``.
+    Armed once the job reports its first step (through `jobs.checkpointing`)."""
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
 
     def __post_init__(self) -> None:
@@ -185,13 +199,29 @@ class JobSpec:
         priority_classes: Iterable[str] = DEFAULT_PRIORITY_CLASSES,
         queues: Iterable[str] | None = None,
         cluster_node_gpus: Iterable[int] | None = None,
+        step_report_interval_s: float | None = None,
     ) -> None:
         """Raise SpecError if the cluster as configured could never run this job.
 
         `cluster_node_gpus` is ``gpus_total`` of every node of the `cluster` pool; the gang fits
         only if each worker's GPUs fit on one node and all workers fit at once.
+        `step_report_interval_s` is how often a job reports its step: a `stall_timeout_s`
+        shorter than that would declare every healthy job hung.
         """
         errors: list[FieldError] = []
+        if (
+            step_report_interval_s is not None
+            and self.stall_timeout_s is not None
+            and self.stall_timeout_s < step_report_interval_s
+        ):
+            errors.append(
+                FieldError(
+                    "stall_timeout_s",
+                    f"{self.stall_timeout_s:g}s is shorter than the step report interval "
+                    f"(jobs.step_report_interval_s = {step_report_interval_s:g}s): a healthy "
+                    "job would be declared hung between two reports",
+                )
+            )
         classes = list(priority_classes)
         if self.priority_class not in classes:
             errors.append(
@@ -325,6 +355,8 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "queue": (str,),
     "priority_class": (str,),
     "max_runtime_s": (int, float, type(None)),
+    "max_restarts": (int,),
+    "stall_timeout_s": (int, float, type(None)),
     "checkpoint": (Mapping, type(None)),
     "checkpoint.enabled": (bool,),
     "checkpoint.interval_s": (int, float, type(None)),
@@ -388,6 +420,20 @@ def _validate(spec: JobSpec) -> list[FieldError]:
             FieldError(
                 "max_runtime_s",
                 f"must be a finite number > 0 or null, got {spec.max_runtime_s!r}",
+            )
+        )
+    errors += _int_at_least("max_restarts", spec.max_restarts, 0)
+    if isinstance(spec.max_restarts, int) and spec.max_restarts > MAX_RESTARTS_LIMIT:
+        errors.append(
+            FieldError("max_restarts", f"must be <= {MAX_RESTARTS_LIMIT}, got {spec.max_restarts}")
+        )
+    if spec.stall_timeout_s is not None and (
+        not _is_number(spec.stall_timeout_s) or spec.stall_timeout_s <= 0
+    ):
+        errors.append(
+            FieldError(
+                "stall_timeout_s",
+                f"must be a finite number > 0 or null, got {spec.stall_timeout_s!r}",
             )
         )
     if spec.working_dir is not None:
@@ -519,37 +565,46 @@ def _packages(path: str, value: object, dict_keys: tuple[str, ...]) -> list[Fiel
 
 
 def _checkpoint_uri(uri: str) -> list[FieldError]:
-    """A job's own checkpoint location: an s3:// URI with a bucket, never a path or file://
-    (a node's disk, or another job's files under the cluster's local storage). Whether it lies
-    under the cluster's storage.uri is checked at submission (`check_checkpoint_uri`)."""
+    """A job's own checkpoint location: ``s3://bucket/prefix``, never a path or file:// (a
+    node's disk). Whether the bucket exists, and that the URI is outside the cluster's per-job
+    area, is checked at submission (`check_checkpoint_uri`)."""
     parts = urlsplit(uri)
-    if parts.scheme != "s3" or not parts.netloc or any(c.isspace() for c in uri):
+    scheme = parts.scheme.lower()
+    if scheme != "s3":
+        what = f"the scheme {scheme}:// is not supported" if scheme else "it has no scheme"
         return [
             FieldError(
                 "checkpoint.uri",
-                f"must be an s3://bucket/prefix URI under the cluster's storage.uri, got {uri!r} "
-                "(file:// and local paths are refused: see docs/checkpointing.md)",
+                f"{uri!r}: {what}; use s3://bucket/prefix (file:// and local paths are "
+                "refused: a node's disk does not survive the node, see docs/checkpointing.md)",
             )
         ]
+    if not parts.netloc or any(c.isspace() for c in uri) or parts.query or parts.fragment:
+        return [FieldError("checkpoint.uri", f"{uri!r}: expected s3://bucket/prefix")]
     if any(seg in (".", "..") for seg in parts.path.split("/")):
         return [FieldError("checkpoint.uri", f"{uri!r}: no . or .. segments")]
     return []
 
 
+JOBS_AREA = "jobs"
+"""Under the cluster's storage.uri, the control plane's per-job checkpoint prefixes:
+``<storage.uri>/jobs/<job id>/``. No job may name a URI there (another job's checkpoints)."""
+
+
 def check_checkpoint_uri(spec: JobSpec, storage_uri: str) -> list[FieldError]:
-    """At submission: `spec`'s checkpoint.uri, if set, must lie under the cluster's
-    `storage_uri` (its own bucket and prefix), so that a job cannot name a bucket the cluster
-    does not own. Not per job: ids are assigned after this check (see docs/checkpointing.md)."""
+    """At submission: `spec`'s checkpoint.uri, if set, must not lie in the cluster's per-job
+    area (``<storage_uri>/jobs/``), where it could name another job's checkpoints. Job ids are
+    assigned after this check, so no job may name even its own default there."""
     uri = spec.checkpoint.uri
     if uri is None:
         return []
-    root = storage_uri.rstrip("/") + "/"
-    if not root.startswith("s3://") or not uri.startswith(root) or uri == root:
+    area = storage_uri.rstrip("/") + f"/{JOBS_AREA}"
+    if uri.rstrip("/") == area or uri.startswith(area + "/"):
         return [
             FieldError(
                 "checkpoint.uri",
-                f"{uri!r} is not under this cluster's storage ({root}); use a prefix there, "
-                "or leave checkpoint.uri unset (default: the cluster's storage, per job)",
+                f"{uri!r} is inside {area}/, where the control plane keeps each job's own "
+                "checkpoints; leave checkpoint.uri unset for that, or use a prefix elsewhere",
             )
         ]
     return []

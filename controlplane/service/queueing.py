@@ -37,7 +37,7 @@ from controlplane.store import (
     Transition,
     UnknownJob,
 )
-from jobs.spec import JobSpec, SpecError, check_checkpoint_uri
+from jobs.spec import FieldError, JobSpec, SpecError, check_checkpoint_uri
 
 __all__ = ["ApiError", "JobService", "event_to_json", "invalid_to_json", "job_to_json"]
 
@@ -148,6 +148,8 @@ class JobService:
         self.store = store
         self.cfg = cfg
         self._log_window = log_window
+        self._s3: Any = None
+        """The S3 client of submit-time bucket checks (made on first use)."""
 
     # -- submit -----------------------------------------------------------------------------
 
@@ -171,13 +173,37 @@ class JobService:
                 priority_classes=list(self.cfg.jobs.priority_classes),
                 queues=list(self.cfg.jobs.queues),
                 cluster_node_gpus=self.cluster_node_gpus(),
+                step_report_interval_s=self.cfg.jobs.step_report_interval_s,
             )
             outside = check_checkpoint_uri(spec, self.cfg.storage.uri)
             if outside:
                 raise SpecError(outside)
+            if spec.checkpoint.uri is not None:
+                self._check_checkpoint_bucket(spec.checkpoint.uri)
         except SpecError as exc:
             raise _spec_error(exc) from exc
         return spec
+
+    def _check_checkpoint_bucket(self, uri: str) -> None:
+        """A checkpoint.uri whose bucket does not exist (or the cluster cannot reach) is a
+        SpecError naming the field; storage that does not answer is a 503, not the spec's."""
+        from controlplane.storage import bucket_of, check_bucket, s3_client
+
+        bucket, _ = bucket_of(uri)
+        try:
+            if self._s3 is None:
+                self._s3 = s3_client(self.cfg)
+            why = check_bucket(self._s3, bucket)
+        except Exception as exc:
+            raise ApiError(
+                503,
+                f"checkpoint.uri: object storage did not answer whether bucket {bucket!r} "
+                f"exists ({type(exc).__name__}); try again",
+                "checkpoint.uri",
+                retry_after_s=10,
+            ) from exc
+        if why is not None:
+            raise SpecError([FieldError("checkpoint.uri", f"{uri!r}: {why}")])
 
     def submit(self, payload: Any, idempotency_key: str | None = None) -> tuple[JobRecord, bool]:
         """Queue the job (or return the one this idempotency key created). (job, created)."""

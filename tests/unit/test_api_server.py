@@ -171,27 +171,73 @@ def test_invalid_specs_are_400_naming_the_field_and_queue_nothing(
     assert srv.num_jobs() == before
 
 
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real S3-protocol server (moto) on loopback with the cluster's bucket and a team's."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{server.get_host_and_port()[1]}"
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=url,
+        region_name="us-east-1",
+        aws_access_key_id="k",
+        aws_secret_access_key="s",
+    )
+    for bucket in ("rcp-checkpoints", "team-a-ckpt"):
+        s3.create_bucket(Bucket=bucket)
+    yield url
+    server.stop()
+
+
 @pytest.mark.parametrize(
-    ("uri", "accepted"),
+    ("uri", "accepted", "says"),
     [
-        pytest.param("s3://rcp-checkpoints/team-a/run-7", True, id="under-the-cluster-bucket"),
-        pytest.param("s3://rcp-checkpoints-evil/x", False, id="bucket-with-the-same-prefix"),
-        pytest.param("s3://other-team/ckpt", False, id="another-bucket"),
-        pytest.param("s3://rcp-checkpoints/", False, id="the-root-itself"),
-        pytest.param("file:///var/lib/rcp/ckpt", False, id="file-uri"),
+        pytest.param("s3://rcp-checkpoints/team-a/run-7", True, "", id="the-cluster-bucket"),
+        pytest.param("s3://team-a-ckpt/llama/run-7", True, "", id="a-team-bucket"),
+        pytest.param("s3://no-such-bucket/x", False, "does not exist", id="missing-bucket"),
+        pytest.param(
+            "s3://rcp-checkpoints/jobs/j-123", False, "each job's own", id="another-jobs-prefix"
+        ),
+        pytest.param("s3://rcp-checkpoints/jobs", False, "each job's own", id="the-jobs-area"),
+        pytest.param("file:///var/lib/rcp/ckpt", False, "file://", id="file-uri"),
+        pytest.param("gs://bucket/ckpt", False, "gs:// is not supported", id="unknown-scheme"),
     ],
 )
-def test_checkpoint_uri_must_lie_under_the_clusters_storage(
-    srv: Server, uri: str, accepted: bool
+def test_checkpoint_uri_is_checked_at_submission(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: str, uri: str, accepted: bool, says: str
 ) -> None:
-    before = srv.num_jobs()
-    status, resp = srv.raw("POST", "/v1/jobs", json.dumps(spec(checkpoint={"uri": uri})).encode())
-    if accepted:
-        assert status == 201, resp
-        return
-    assert status == 400, resp
-    assert resp["field"] == "checkpoint.uri"
-    assert srv.num_jobs() == before
+    tmp = tmp_path_factory.mktemp("api-s3")
+    s = Server(tmp)
+    try:
+        s.service.cfg.storage.endpoint_url = s3_server
+        status, resp = s.raw("POST", "/v1/jobs", json.dumps(spec(checkpoint={"uri": uri})).encode())
+        if accepted:
+            assert status == 201, resp
+            return
+        assert status == 400, resp
+        assert resp["field"] == "checkpoint.uri"
+        assert says in resp["error"]
+        assert s.num_jobs() == 0
+    finally:
+        s.close()
+
+
+def test_unreachable_storage_is_503_not_a_spec_error(tmp_path: Path) -> None:
+    s = Server(tmp_path)
+    try:
+        s.service.cfg.storage.endpoint_url = "http://127.0.0.1:9"  # discard: nothing listens
+        status, resp = s.raw(
+            "POST", "/v1/jobs", json.dumps(spec(checkpoint={"uri": "s3://b/x"})).encode()
+        )
+        assert status == 503, resp
+        assert resp["field"] == "checkpoint.uri"
+        assert s.num_jobs() == 0
+    finally:
+        s.close()
 
 
 @pytest.mark.parametrize(
