@@ -2,7 +2,7 @@
 
 Owns: building the `TorchTrainer` for an admitted job from the environment the runner sets
 (workers, GPUs and CPUs per worker, the run's storage and name, which is the job id: a
-restarted run finds its checkpoints there, see `jobs.preemption.Preemption.restore`), and
+restarted run finds its checkpoints there, see `jobs.signals.Preemption.restore`), and
 telling the control plane when each worker has started (so it can tell a running gang from
 one stuck waiting for resources; the call carries the attempt's ``RCP_SIGNAL_TOKEN``).
 
@@ -65,7 +65,7 @@ def _started_then(train_fn: Callable[..., Any]) -> Callable[[dict[str, Any]], An
         import ray
         import ray.train
 
-        from jobs.preemption import ENV_ATTEMPT, ENV_JOB_ID, ENV_SIGNAL_TOKEN
+        from jobs.signals import ENV_ATTEMPT, ENV_JOB_ID, ENV_SIGNAL_TOKEN
 
         job_id = os.environ.get(ENV_JOB_ID)
         if job_id:
@@ -101,10 +101,10 @@ def report_started(
 ) -> bool | None:
     """Tell the signals actor this worker started: its answer, or None when there is no
     actor under the name. An actor found dead (the controller replaces it) is looked up by
-    name again (`jobs.preemption.SignalsHandle`) until `deadline_s` has passed."""
+    name again (`jobs.signals.SignalsHandle`) until `deadline_s` has passed."""
     import ray
 
-    from jobs.preemption import SignalsHandle
+    from jobs.signals import SignalsHandle
 
     signals = handle if handle is not None else SignalsHandle()
     give_up_s = time.monotonic() + deadline_s
@@ -156,7 +156,7 @@ def run_gang(train_fn: Callable[..., Any], config: dict[str, Any] | None = None)
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from jobs.preemption import ENV_JOB_ID
+    from jobs.signals import ENV_JOB_ID
 
     num_workers = int(os.environ.get(ENV_NUM_WORKERS, "1"))
     gpus = int(os.environ.get(ENV_GPUS_PER_WORKER, "0"))

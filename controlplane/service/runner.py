@@ -4,7 +4,7 @@ Owns:
 
 * `RayJobs` - the Ray side: Ray Job submission, status, stop and logs through the dashboard
   (``JobSubmissionClient``, so every gang shows in the dashboard's Jobs tab), and the
-  ``rcp-job-signals`` actor (`jobs.preemption.JobSignals`) that training loops talk to.
+  ``rcp-job-signals`` actor (`jobs.signals.JobSignals`) that training loops talk to.
 * `JobRunner` - a job's life after admission, idempotently and from the store alone, so a
   restarted controller carries on where the last one stopped:
 
@@ -64,8 +64,8 @@ from controlplane.config import Config
 from controlplane.pools import JOB_DRIVER_RESOURCE, Pool, pool_resource
 from controlplane.service.tokens import ensure_token
 from controlplane.store import IllegalTransition, JobRecord, JobState, StaleState, Store
-from jobs import launcher, preemption
-from jobs.preemption import token_sha256
+from jobs import launcher, signals
+from jobs.signals import token_sha256
 from policies.plan import AdmitJob, PreemptJob
 
 __all__ = ["JobRunner", "RayJobs", "RayJobStatus", "Reason", "entrypoint_command"]
@@ -189,7 +189,7 @@ class RayJobs:
     created, and the salt its secret was derived from, are pinned in the store
     (`SIGNALS_ACTOR_KEY`); an actor under the name with another id is killed, never called,
     and replaced (event ``jobs.signals_impostor``). Admin calls carry only an HMAC over a
-    fresh nonce and the call (`preemption.admin_auth`): the admin key stays here.
+    fresh nonce and the call (`signals.admin_auth`): the admin key stays here.
     """
 
     def __init__(self, cfg: Config, store: Store | None = None) -> None:
@@ -239,12 +239,12 @@ class RayJobs:
         pin = self._pinned()
         try:
             found: Any = ray.get_actor(
-                preemption.SIGNALS_ACTOR_NAME, namespace=preemption.SIGNALS_NAMESPACE
+                signals.SIGNALS_ACTOR_NAME, namespace=signals.SIGNALS_NAMESPACE
             )
         except ValueError:
             found = None
         if found is not None and pin.get("actor_id") == found._actor_id.hex() and pin.get("salt"):
-            self._secret = preemption.derive_admin_secret(self.signals_key(), pin["salt"])
+            self._secret = signals.derive_admin_secret(self.signals_key(), pin["salt"])
             self._signals = found
             return found
         if found is not None:
@@ -260,10 +260,10 @@ class RayJobs:
                     data={"actor_id": impostor, "pinned": pin.get("actor_id")},
                 )
         salt = secrets.token_hex(16)
-        secret = preemption.derive_admin_secret(self.signals_key(), salt)
+        secret = signals.derive_admin_secret(self.signals_key(), salt)
         options = {
-            "name": preemption.SIGNALS_ACTOR_NAME,
-            "namespace": preemption.SIGNALS_NAMESPACE,
+            "name": signals.SIGNALS_ACTOR_NAME,
+            "namespace": signals.SIGNALS_NAMESPACE,
             "lifetime": "detached",
             "resources": {pool_resource(Pool.HEAD): 1},
         }
@@ -271,7 +271,7 @@ class RayJobs:
         handle: Any = None
         while True:
             try:
-                handle = preemption.JobSignals.options(**options).remote(secret)
+                handle = signals.JobSignals.options(**options).remote(secret)
                 break
             except ValueError:  # the killed actor still holds the name
                 if time.monotonic() > deadline_s:
@@ -290,7 +290,7 @@ class RayJobs:
             assert self._secret is not None  # set with the handle
             with self._call_lock:  # nonces reach the actor in the order they were made
                 self._last_nonce = max(self._last_nonce + 1, time.time_ns())
-                auth = preemption.admin_auth(self._secret, self._last_nonce, method, args)
+                auth = signals.admin_auth(self._secret, self._last_nonce, method, args)
                 ref = getattr(handle, method).remote(*args, auth=auth)
             return ray.get(ref, timeout=10)
         except ray.exceptions.RayActorError:
@@ -519,7 +519,7 @@ class JobRunner:
 
     def checkpoint_prefix(self, job_id: str) -> str:
         """Where `job_id`'s checkpoints live; nothing outside it is recorded or resumed from."""
-        return preemption.checkpoint_prefix(self.cfg.train_storage_path, job_id)
+        return signals.checkpoint_prefix(self.cfg.train_storage_path, job_id)
 
     def _register_signals(self, job: JobRecord) -> None:
         """Tell the signals actor this attempt's token (as its hash) and checkpoint prefix."""
@@ -591,9 +591,9 @@ class JobRunner:
         }
         env.update(
             {
-                preemption.ENV_JOB_ID: job.job_id,
-                preemption.ENV_ATTEMPT: str(job.info["attempt"]),
-                preemption.ENV_SIGNAL_POLL_S: f"{self.cfg.jobs.job_signal_poll_s:g}",
+                signals.ENV_JOB_ID: job.job_id,
+                signals.ENV_ATTEMPT: str(job.info["attempt"]),
+                signals.ENV_SIGNAL_POLL_S: f"{self.cfg.jobs.job_signal_poll_s:g}",
                 launcher.ENV_NUM_WORKERS: str(s.num_workers),
                 launcher.ENV_GPUS_PER_WORKER: str(s.gpus_per_worker),
                 launcher.ENV_CPUS_PER_WORKER: f"{s.cpus_per_worker:g}",
@@ -603,12 +603,12 @@ class JobRunner:
             }
         )
         prefix = self.checkpoint_prefix(job.job_id)
-        env[preemption.ENV_CHECKPOINT_PREFIX] = prefix
+        env[signals.ENV_CHECKPOINT_PREFIX] = prefix
         if job.info.get(SIGNAL_TOKEN_INFO):
-            env[preemption.ENV_SIGNAL_TOKEN] = str(job.info[SIGNAL_TOKEN_INFO])
+            env[signals.ENV_SIGNAL_TOKEN] = str(job.info[SIGNAL_TOKEN_INFO])
         ckpt = job.info.get("checkpoint") or {}
-        if ckpt.get("path") and preemption.under_prefix(str(ckpt["path"]), prefix):
-            env[preemption.ENV_RESUME_FROM] = str(ckpt["path"])
+        if ckpt.get("path") and signals.under_prefix(str(ckpt["path"]), prefix):
+            env[signals.ENV_RESUME_FROM] = str(ckpt["path"])
         elif ckpt.get("path"):
             self.store.record_event(
                 "job.resume_refused",
@@ -776,7 +776,7 @@ class JobRunner:
         attempt = int(job.info["attempt"])
         sig = self._signals(job)
         ckpt = sig.get("checkpoint")
-        if ckpt and not preemption.under_prefix(
+        if ckpt and not signals.under_prefix(
             str(ckpt.get("path")), self.checkpoint_prefix(job.job_id)
         ):
             # The actor refuses these; one that did not is not ours. Never record it.

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from jobs.launcher import run_gang
-from jobs.preemption import Preemption
+from jobs.signals import Preemption
 
 
 def _batch(step: int, rank: int, batch_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,11 +20,12 @@ import pytest
 import ray.train
 import torch
 
-from jobs.preemption import (
+from jobs.signals import (
     ENV_CHECKPOINT_PREFIX,
     ENV_JOB_ID,
     ENV_RESUME_FROM,
     Preemption,
+    MAX_RANKS,
     Rejection,
     _JobSignals,
     admin_auth,
@@ -255,7 +256,7 @@ def loop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Preemption:
     monkeypatch.setattr(ray.train, "get_checkpoint", lambda: None)
     monkeypatch.setenv(ENV_JOB_ID, "job-a")
     monkeypatch.setenv(ENV_CHECKPOINT_PREFIX, str(tmp_path / "job-a"))
-    monkeypatch.setattr("jobs.preemption.get_signals", lambda: None)
+    monkeypatch.setattr("jobs.signals.get_signals", lambda: None)
     return Preemption(poll_interval_s=1.0)
 
 
@@ -339,3 +340,36 @@ def test_model_and_optimizer_state_dicts_pass() -> None:
             "device": torch.device("cpu"),
         }
     )
+
+
+def test_progress_stamps_when_the_step_grew_and_keeps_only_known_finite_stats() -> None:
+    actor = make_signals()
+    assert actor.progress(
+        "job-a", 1, 5, {"stall_s": 0.5, "wall_s": 10.0, "junk": 1, "saves": float("nan")}, TOKEN
+    )
+    first = status(actor)["progress"]
+    assert first["step"] == 5 and first["stall_s"] == 0.5 and first["wall_s"] == 10.0
+    assert "junk" not in first and "saves" not in first
+    time.sleep(0.01)
+    assert actor.progress("job-a", 1, 5, {}, TOKEN)  # same step: alive, but no progress
+    again = status(actor)["progress"]
+    assert again["step_at_s"] == first["step_at_s"] and again["at_s"] > first["at_s"]
+    assert actor.progress("job-a", 1, 6, {}, TOKEN)
+    assert status(actor)["progress"]["step_at_s"] > first["step_at_s"]
+    # Refused: a wrong token, another attempt, a negative or non-int step, stats not a mapping.
+    assert not actor.progress("job-a", 1, 7, {}, "wrong")
+    assert not actor.progress("job-a", 2, 7, {}, TOKEN)
+    assert not actor.progress("job-a", 1, -1, {}, TOKEN)
+    assert not actor.progress("job-a", 1, True, {}, TOKEN)
+    assert not actor.progress("job-a", 1, 7, [1], TOKEN)
+    assert status(actor)["progress"]["step"] == 6
+
+
+def test_worker_started_records_pid_and_node_and_refuses_absurd_ranks() -> None:
+    actor = make_signals()
+    assert actor.worker_started("job-a", 1, 0, TOKEN, 1234, "ab12cd")
+    assert actor.worker_started("job-a", 1, 1, TOKEN, -5, "../etc")
+    assert not actor.worker_started("job-a", 1, MAX_RANKS, TOKEN, 1, "ab")
+    got = status(actor)
+    assert got["started_ranks"] == [0, 1]
+    assert got["workers"] == {0: {"pid": 1234, "node_id": "ab12cd"}, 1: {}}

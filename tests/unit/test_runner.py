@@ -27,7 +27,7 @@ from controlplane.service.runner import (
     entrypoint_command,
 )
 from controlplane.store import JobState, Store
-from jobs.preemption import token_sha256
+from jobs.signals import token_sha256
 from jobs.spec import JobSpec
 from policies.plan import AdmitJob, PreemptJob, WorkerPlacement
 from tests.unit.test_api_server import make_invalid

@@ -27,8 +27,8 @@ from controlplane.service.queueing import JobService
 from controlplane.service.retention import DAY_S, Retention
 from controlplane.service.runner import JobRunner, RayJobs
 from controlplane.store import JobState, Store
-from jobs import launcher, preemption
-from jobs.preemption import ENV_ATTEMPT, ENV_JOB_ID, ENV_SIGNAL_TOKEN, Preemption
+from jobs import launcher, signals
+from jobs.signals import ENV_ATTEMPT, ENV_JOB_ID, ENV_SIGNAL_TOKEN, Preemption
 from tests.unit.test_job_signals import admin, make_signals, status
 from tests.unit.test_runner import Clock, FakeRay, admit, submit
 
@@ -253,8 +253,8 @@ def actors(monkeypatch: pytest.MonkeyPatch) -> list[_Actor]:
             raise ray.exceptions.ActorDiedError()
         return ref.value
 
-    monkeypatch.setattr(preemption, "get_signals", lambda: named[-1] if named else None)
-    monkeypatch.setattr(preemption, "SIGNALS_RESOLVE_INTERVAL_S", 0.0)
+    monkeypatch.setattr(signals, "get_signals", lambda: named[-1] if named else None)
+    monkeypatch.setattr(signals, "SIGNALS_RESOLVE_INTERVAL_S", 0.0)
     monkeypatch.setattr(ray, "get", get)
     return named
 
@@ -288,15 +288,15 @@ def test_a_training_loop_polls_the_actor_that_replaced_a_dead_one(
 def test_a_dead_handle_is_looked_up_again_at_most_every_interval() -> None:
     now = [0.0]
     lookups: list[float] = []
-    handle = preemption.SignalsHandle(resolve_interval_s=5.0, clock=lambda: now[0])
-    real = preemption.get_signals
+    handle = signals.SignalsHandle(resolve_interval_s=5.0, clock=lambda: now[0])
+    real = signals.get_signals
     try:
-        preemption.get_signals = lambda: lookups.append(now[0])  # type: ignore[assignment]
+        signals.get_signals = lambda: lookups.append(now[0])  # type: ignore[assignment]
         for t in (0.0, 1.0, 4.9, 5.0, 6.0, 10.0):
             now[0] = t
             handle.get()
     finally:
-        preemption.get_signals = real  # type: ignore[assignment]
+        signals.get_signals = real  # type: ignore[assignment]
     assert lookups == [0.0, 5.0, 10.0]
 
 
@@ -304,7 +304,7 @@ def test_worker_started_reaches_the_actor_that_replaced_a_dead_one(actors: list[
     old = _Actor(worker_started=True)
     old.dead = True
     actors.append(old)
-    handle = preemption.SignalsHandle()
+    handle = signals.SignalsHandle()
     handle.get()  # held from before the controller replaced it
     actors.append(_Actor(worker_started=True))
     assert launcher.report_started("job-a", 1, 0, "tok", deadline_s=5, handle=handle) is True

@@ -47,6 +47,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import os
 import tempfile
 import time
@@ -62,6 +63,16 @@ import ray
 __all__ = [
     "ADMIN_NONCE_WINDOW_S",
     "ENV_ATTEMPT",
+    "ENV_CHECKPOINT_ENABLED",
+    "ENV_CHECKPOINT_INTERVAL_S",
+    "ENV_CHECKPOINT_KEEP_LAST",
+    "ENV_CHECKPOINT_URI",
+    "ENV_MTBF_S",
+    "ENV_STEP_REPORT_S",
+    "ENV_STORAGE_ENDPOINT_URL",
+    "ENV_STORAGE_REGION",
+    "MAX_RANKS",
+    "PROGRESS_KEYS",
     "ENV_CHECKPOINT_PREFIX",
     "ENV_JOB_ID",
     "ENV_RESUME_FROM",
@@ -97,6 +108,26 @@ ENV_SIGNAL_TOKEN = "RCP_SIGNAL_TOKEN"
 ENV_CHECKPOINT_PREFIX = "RCP_CHECKPOINT_PREFIX"
 """The job's checkpoint prefix; `Preemption.restore` loads nothing outside it."""
 _STATE_FILE = "state.pt"
+ENV_CHECKPOINT_URI = "RCP_CHECKPOINT_URI"
+"""The job's checkpoint location (``s3://bucket/prefix``); also the prefix the actor checks."""
+ENV_STORAGE_ENDPOINT_URL = "RCP_STORAGE_ENDPOINT_URL"
+"""The S3 endpoint (unset: AWS's own). Credentials come from the node's usual AWS sources."""
+ENV_STORAGE_REGION = "RCP_STORAGE_REGION"
+ENV_CHECKPOINT_ENABLED = "RCP_CHECKPOINT_ENABLED"
+"""``"0"`` when the spec's checkpoint.enabled is false."""
+ENV_CHECKPOINT_INTERVAL_S = "RCP_CHECKPOINT_INTERVAL_S"
+"""The spec's checkpoint.interval_s; unset: Young/Daly from the measured stall and the MTBF."""
+ENV_CHECKPOINT_KEEP_LAST = "RCP_CHECKPOINT_KEEP_LAST"
+ENV_MTBF_S = "RCP_MTBF_S"
+"""The gang's mean time between failures the controller computed from the fleet's record."""
+ENV_STEP_REPORT_S = "RCP_STEP_REPORT_S"
+"""How often rank 0 reports the step (`_JobSignals.progress`): jobs.step_report_interval_s."""
+PROGRESS_KEYS = ("stall_s", "wall_s", "saves", "committed_step")
+"""What a job may report with its step (`_JobSignals.progress`), each a finite number >= 0:
+the attempt's checkpoint stall and wall seconds so far, saves taken, the step it last saw
+committed (a hint: the controller reads committed steps from storage)."""
+MAX_RANKS = 65536
+"""Ranks the actor records per attempt (`worker_started`); a larger rank is refused."""
 
 
 def token_sha256(token: str) -> str:
@@ -191,6 +222,7 @@ class Rejection(str, Enum):
     BAD_TOKEN = "bad-token"
     PATH_OUTSIDE_PREFIX = "path-outside-prefix"
     BAD_ADMIN_KEY = "bad-admin-key"
+    BAD_VALUE = "bad-value"
     REPLAYED_NONCE = "replayed-or-stale-nonce"
 
 
@@ -274,6 +306,8 @@ class _JobSignals:
             "token_sha256": token_hash,
             "checkpoint_prefix": prefix,
             "started_ranks": [],
+            "workers": {},
+            "progress": None,
             "checkpoint": old["checkpoint"] if old else None,
             "requested_at_s": None,
             "rejected_calls": old["rejected_calls"] if old else 0,
@@ -301,6 +335,8 @@ class _JobSignals:
             return {}
         out = {k: v for k, v in job.items() if k != "token_sha256"}
         out["started_ranks"] = list(job["started_ranks"])
+        out["workers"] = {r: dict(w) for r, w in job["workers"].items()}
+        out["progress"] = dict(job["progress"]) if job["progress"] else None
         return out
 
     def rejections(self, *, auth: Any) -> dict[str, int]:
@@ -321,12 +357,58 @@ class _JobSignals:
 
     # -- the job's side ------------------------------------------------------------------------
 
-    def worker_started(self, job_id: str, attempt: int, rank: int, token: str) -> bool:
+    def worker_started(
+        self,
+        job_id: str,
+        attempt: int,
+        rank: int,
+        token: str,
+        pid: int | None = None,
+        node_id: str | None = None,
+    ) -> bool:
+        """Rank `rank` started; `pid` and `node_id` (hex) name its process, where the
+        controller asks Ray for its stack when the job hangs."""
         job, ok = self._caller(job_id, attempt, token)
         if not ok or job is None:
             return False
+        if not _is_int(rank) or not 0 <= rank < MAX_RANKS:
+            return self._reject(job, Rejection.BAD_VALUE)
         if rank not in job["started_ranks"]:
             job["started_ranks"].append(rank)
+        worker: dict[str, Any] = {}
+        if _is_int(pid) and pid is not None and pid > 0:
+            worker["pid"] = pid
+        if isinstance(node_id, str) and node_id and len(node_id) <= 64 and node_id.isalnum():
+            worker["node_id"] = node_id
+        job["workers"][rank] = worker
+        return True
+
+    def progress(
+        self, job_id: str, attempt: int, step: int, stats: Mapping[str, Any], token: str
+    ) -> bool:
+        """The job reached `step` (rank 0, every ``RCP_STEP_REPORT_S``). The actor stamps when
+        the step last grew (``step_at_s``, its own clock): the hang watchdog reads that.
+        `stats` keeps only `PROGRESS_KEYS`, each a finite number >= 0."""
+        job, ok = self._caller(job_id, attempt, token)
+        if not ok or job is None:
+            return False
+        if not _is_int(step) or step < 0 or not isinstance(stats, Mapping):
+            return self._reject(job, Rejection.BAD_VALUE)
+        clean: dict[str, float] = {}
+        for key in PROGRESS_KEYS:
+            value = stats.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                if math.isfinite(value) and value >= 0:
+                    clean[key] = float(value)
+        now = time.time()
+        last = job["progress"]
+        grew = last is None or step > last["step"]
+        job["progress"] = {
+            "step": step,
+            "at_s": now,
+            "step_at_s": now if grew else last["step_at_s"],
+            **clean,
+        }
         return True
 
     def checkpointed(
@@ -440,6 +522,10 @@ def check_state_loads_safely(state: Any, where: str = "state") -> None:
         "a restore with torch.load(weights_only=True) refuses. Save tensors, numbers, strings "
         "and dicts/lists/tuples of them (convert numpy with torch.from_numpy or .tolist())."
     )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _all_reduce_max(flag: bool) -> bool:
