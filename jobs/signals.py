@@ -397,9 +397,9 @@ class _JobSignals:
         clean: dict[str, float] = {}
         for key in PROGRESS_KEYS:
             value = stats.get(key)
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                if math.isfinite(value) and value >= 0:
-                    clean[key] = float(value)
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if number and math.isfinite(value) and value >= 0:
+                clean[key] = float(value)
         now = time.time()
         last = job["progress"]
         grew = last is None or step > last["step"]
