@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -467,6 +468,7 @@ def _api(call: Callable[[], Any]) -> Any:
 
 
 def _job_row(job: Any) -> tuple[str, ...]:
+    step = job.last_committed_step
     return (
         job.id,
         job.name,
@@ -475,7 +477,69 @@ def _job_row(job: Any) -> tuple[str, ...]:
         job.queue,
         f"{job.num_workers}x{job.gpus_per_worker}",
         str(job.num_preemptions),
+        f"{job.restarts}/{'-' if job.max_restarts is None else job.max_restarts}",
+        "-" if step is None else str(step),
     )
+
+
+def _duration(seconds: float) -> str:
+    """``42s``, ``12m 5s``, ``3h 4m``, ``2d 5h``: a duration a person reads at a glance."""
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def _when(t_s: float | None) -> str:
+    return "-" if t_s is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_s))
+
+
+def _recovery_lines(job: Any) -> list[str]:
+    """`rcp status ID`'s checkpoint and restart block (see `controlplane.sdk.Job`)."""
+    ckpt = job.last_checkpoint
+    if not ckpt:
+        lines = ["checkpoint:  no checkpoint committed yet"]
+    else:
+        age = ckpt.get("age_s")
+        when = "" if age is None else f", committed {_duration(age)} ago"
+        where = f" ({ckpt['uri']})" if ckpt.get("uri") else ""
+        lines = [f"checkpoint:  step {ckpt.get('step')}{when}{where}"]
+    stall = float(job.raw.get("checkpoint_stall_s") or 0.0)
+    wall = float(job.raw.get("checkpoint_wall_s") or 0.0)
+    if job.checkpoint_overhead_pct is None:
+        lines.append("overhead:    no training time measured yet")
+    else:
+        lines.append(
+            f"overhead:    {job.checkpoint_overhead_pct:.2f}% of training time stalled on "
+            f"checkpoints ({stall:.1f}s of {wall:.0f}s)"
+        )
+    limit = "-" if job.max_restarts is None else str(job.max_restarts)
+    hangs = f" ({job.hangs} after a hang)" if job.hangs else ""
+    lines.append(f"restarts:    {job.restarts} of {limit} used{hangs}")
+    progress = job.progress
+    if progress:
+        age = progress.get("step_age_s")
+        grew = "" if age is None else f", last grew {_duration(age)} ago"
+        lines.append(f"progress:    step {progress.get('step')}{grew}")
+    if job.attempts:
+        rows = [
+            (
+                "-" if a.attempt is None else str(a.attempt),
+                _when(a.ended_s),
+                a.kind,
+                "-" if a.step is None else str(a.step),
+                a.reason,
+            )
+            for a in job.attempts
+        ]
+        lines.append("attempts:")
+        table = _table(rows, ("ATTEMPT", "ENDED", "KIND", "STEP", "REASON"))
+        lines += ["  " + line for line in table.splitlines()]
+    return lines
 
 
 def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
@@ -486,7 +550,9 @@ def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     )
 
 
-_JOB_HEADER = ("ID", "NAME", "STATE", "PRIORITY", "QUEUE", "GANG", "PREEMPTED")
+_JOB_HEADER = (
+    "ID", "NAME", "STATE", "PRIORITY", "QUEUE", "GANG", "PREEMPTED", "RESTARTS", "CHECKPOINT"
+)  # fmt: skip
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
@@ -595,7 +661,11 @@ def submit(
 @click.argument("job_id", required=False, metavar="[ID]")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def status(url: str | None, state_dir: str | None, job_id: str | None, as_json: bool) -> None:
-    """One job's state and history, or every job's state without an ID."""
+    """One job's state, checkpoints, restarts and history, or every job's state without an ID.
+
+    For one job: the last committed checkpoint step and its age, the checkpoint overhead
+    (training time stalled on checkpoints over wall time), restarts used of --max-restarts,
+    the running attempt's step and when it last grew, and how each attempt ended."""
     client = _client(url, state_dir)
     if job_id is None:
         jobs = _api(lambda: client.list())
@@ -616,10 +686,10 @@ def status(url: str | None, state_dir: str | None, job_id: str | None, as_json: 
         click.echo(json.dumps(dict(job.raw), indent=2))
         return
     click.echo(_table([_job_row(job)], _JOB_HEADER))
-    if job.last_checkpoint:
-        click.echo(
-            f"last checkpoint: step {job.last_checkpoint.get('step')} at {job.last_checkpoint.get('path')}"
-        )
+    for line in _recovery_lines(job):
+        click.echo(line)
+    if job.history:
+        click.echo("history:")
     for t in job.history:
         click.echo(f"  {t['at_s']:.3f}  {t['from'] or '-':>9} -> {t['to']:<9}  {t['reason']}")
 

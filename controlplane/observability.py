@@ -84,6 +84,17 @@ KNOWN_METRICS: dict[str, str] = {
     "ray_rcp_nodes_cordoned": _CONTROLLER,
     "ray_rcp_health_breaker_open": _CONTROLLER,
     "ray_rcp_health_removals_held": _CONTROLLER,
+    # each active job's recovery, from what the controller recorded (controlplane/service/
+    # job_metrics.py): present while a job runs (restarts and hangs: while it is active)
+    "ray_rcp_job_running_since_timestamp_seconds": _CONTROLLER,
+    "ray_rcp_job_checkpoint_last_commit_timestamp_seconds": _CONTROLLER,
+    "ray_rcp_job_checkpoint_last_committed_step": _CONTROLLER,
+    "ray_rcp_job_checkpoint_overhead_ratio": _CONTROLLER,
+    "ray_rcp_job_checkpoint_interval_seconds": _CONTROLLER,
+    "ray_rcp_job_restarts": _CONTROLLER,
+    "ray_rcp_job_hangs": _CONTROLLER,
+    "ray_rcp_job_max_restarts": _CONTROLLER,
+    "ray_rcp_fleet_gpu_mtbf_hours": _CONTROLLER,
     "ray_rcp_serve_replicas": _SERVING,
     "ray_rcp_serve_route_weight": _SERVING,
     "ray_rcp_external_gpus_requested": _SERVING,

@@ -33,6 +33,7 @@ from jobs.spec import JobSpec
 
 __all__ = [
     "ApiError",
+    "Attempt",
     "AuthError",
     "Client",
     "ConflictError",
@@ -96,8 +97,43 @@ _BY_STATUS: dict[int, type[ApiError]] = {
 
 
 @dataclass(frozen=True)
+class Attempt:
+    """How one attempt of a job ended (`Job.attempts`, newest last)."""
+
+    attempt: int | None
+    kind: str
+    """crash, hang, preempted, health, start-failed, succeeded, failed, cancelled,
+    max-runtime or lost; crash and hang spend one of the job's ``max_restarts``."""
+    reason: str
+    ended_s: float | None = None
+    admitted_s: float | None = None
+    step: int | None = None
+    """The newest committed checkpoint step when it ended."""
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Attempt:
+        return cls(
+            attempt=data.get("attempt"),
+            kind=str(data.get("kind", "")),
+            reason=str(data.get("reason", "")),
+            ended_s=data.get("ended_s"),
+            admitted_s=data.get("admitted_s"),
+            step=data.get("step"),
+        )
+
+
+@dataclass(frozen=True)
 class Job:
-    """A job as the API reports it."""
+    """A job as the API reports it.
+
+    Checkpoints and restarts: `last_checkpoint` is the newest committed step as the control
+    plane read it from object storage (``{"step", "uri", "committed_unix_s", "age_s"}``, the
+    age as of the request; None: no checkpoint committed yet). `checkpoint_overhead_pct` is the
+    training time spent stalled on checkpoints over wall time, in percent (None before any
+    wall time). `restarts` of `max_restarts` have been used (crashes and hangs; a preemption
+    or a move by node health spends none). `attempts` (only from `Client.status`) say how each
+    attempt ended. `progress` is the running attempt's ``{"step", "step_at_s", "step_age_s",
+    "stall_s", "wall_s"}``: its step and when the step last grew."""
 
     id: str
     state: str
@@ -111,6 +147,13 @@ class Job:
     attempt: int = 0
     ray_job_id: str | None = None
     last_checkpoint: Mapping[str, Any] | None = None
+    checkpoint_uri: str | None = None
+    checkpoint_overhead_pct: float | None = None
+    restarts: int = 0
+    max_restarts: int | None = None
+    hangs: int = 0
+    progress: Mapping[str, Any] | None = None
+    attempts: tuple[Attempt, ...] = ()
     message: str | None = None
     history: tuple[Mapping[str, Any], ...] = ()
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
@@ -118,6 +161,16 @@ class Job:
     @property
     def done(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    @property
+    def last_committed_step(self) -> int | None:
+        """The newest committed checkpoint step (None: none committed yet)."""
+        return None if not self.last_checkpoint else self.last_checkpoint.get("step")
+
+    @property
+    def checkpoint_age_s(self) -> float | None:
+        """Seconds since the newest checkpoint committed, as of the request."""
+        return None if not self.last_checkpoint else self.last_checkpoint.get("age_s")
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Job:
@@ -134,6 +187,13 @@ class Job:
             attempt=data.get("attempt", 0),
             ray_job_id=data.get("ray_job_id"),
             last_checkpoint=data.get("last_checkpoint"),
+            checkpoint_uri=data.get("checkpoint_uri"),
+            checkpoint_overhead_pct=data.get("checkpoint_overhead_pct"),
+            restarts=data.get("restarts", 0),
+            max_restarts=data.get("max_restarts"),
+            hangs=data.get("hangs", 0),
+            progress=data.get("progress"),
+            attempts=tuple(Attempt.from_json(a) for a in data.get("attempts") or ()),
             message=data.get("message"),
             history=tuple(data.get("history", ())),
             raw=dict(data),

@@ -21,7 +21,10 @@ log and count their own failure, so the loop never dies:
    make-before-break; gangs there are preempted with a checkpoint first and re-queued; the
    empty node is removed so its node group replaces it);
 5. record - the admission state (preemption history for the caps) goes to the store's kv,
-   and every action that is new since the last tick goes to the event log.
+   and every action that is new since the last tick goes to the event log;
+6. metrics - gauges through Ray's metrics pipeline, among them each active job's checkpoint
+   and restart gauges and the fleet's GPU MTBF (`job_metrics`); the cluster pool's GPU-hours
+   go to the fleet's failure record once a minute (`job_metrics.GpuHoursMeter`).
 
 The actor lives on the head (``resources={"pool_head": 1}``, ``num_cpus=0``), is detached and
 restarts forever (``max_restarts=-1``); a restarted actor reads everything from the store and
@@ -51,6 +54,8 @@ from typing import Any
 
 from controlplane.config import Config, from_dict, to_dict
 from controlplane.pools import Pool, pool_resource
+from controlplane.service import reliability
+from controlplane.service.job_metrics import GpuHoursMeter, JobMetrics
 from controlplane.service.tokens import ensure_token, write_url
 from controlplane.store import StoreError
 from policies.health import BreakerState, RemovalBudget
@@ -117,6 +122,10 @@ class Controller:
         self.serving = ServingLoop(self.cfg, self.store, start=start and self.cfg.serve.deploy_app)
         self.stats = TickStats()
         self._last_actions: set[tuple[str, str, str]] = set()
+        self.gpu_hours = GpuHoursMeter(self.store, self.cfg)
+        """Cluster-pool GPU-hours watched, for the fleet's failure record (MTBF)."""
+        self._active_jobs: list[Any] = []
+        """The QUEUED, ADMITTED and RUNNING jobs this tick's observe phase read."""
         from controlplane.service.remediation import Breaker, RayNodeControl, Remediator
 
         self.verdicts: dict[str, Any] = {}
@@ -142,6 +151,9 @@ class Controller:
             replace_drained=self.cfg.health.replace_drained,
             record=lambda kind, message: self.store.record_event(kind, message),
             kube_remove=_kube_remove(self.cfg),
+            count_removal=lambda now_s: reliability.record_failure(
+                self.store, "node-removed-by-health", now_s
+            ),
         )
         # The drains this controller asked for survive a restart (Ray does not say who asked).
         self.remediator.cordoned.update(self.store.get_value(CORDONED_KEY, {}) or {})
@@ -286,6 +298,17 @@ class Controller:
         self._phase("6-metrics", self._export_metrics, snapshot, plan)
         self._phase("6-metrics-targets", self._refresh_prometheus_targets)
         self._phase("6-metrics-health", self._export_health_metrics, snapshot)
+        self._phase("6-metrics-jobs", self._export_job_metrics, snapshot)
+
+    def _export_job_metrics(self, snapshot: Any) -> None:
+        """The fleet record's GPU-hours (summed here, written once a minute) and the recovery
+        gauges: each active job's checkpoints and restarts, and the fleet's GPU MTBF."""
+        from policies.snapshot import Pool
+
+        self.gpu_hours.tick(snapshot.live_gpus_total(Pool.CLUSTER), snapshot.now_s)
+        if not hasattr(self, "_job_metrics"):
+            self._job_metrics = JobMetrics()
+        self._job_metrics.export(self._active_jobs, self.gpu_hours.gpu_mtbf_hours)
 
     def _export_metrics(self, snapshot: Any, plan: Any) -> None:
         """Queue depth, GPUs by owner per pool, admission wait, phase durations and errors."""
@@ -376,6 +399,7 @@ class Controller:
 
         self.runner.reconcile()
         jobs = self.store.list_jobs(states=[JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING])
+        self._active_jobs = jobs
         snapshot = build_snapshot(time.time(), list_nodes(telemetry=False), jobs)
         draining = set(self.remediator.nodes.draining())
         self._draining = draining

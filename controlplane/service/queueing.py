@@ -18,10 +18,12 @@ that shrank because nodes turned unhealthy (the job then waits).
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from controlplane.config import Config
+from controlplane.service.job_info import job_facts
 from controlplane.store import (
     TERMINAL_STATES,
     Event,
@@ -82,9 +84,19 @@ def _spec_error(exc: SpecError, status: int = 400) -> ApiError:
     return ApiError(status, f"invalid job spec: {message}", first.field if first else None, details)
 
 
-def job_to_json(job: JobRecord, history: list[Transition] | None = None) -> dict[str, Any]:
-    """The API's view of a job (the SDK's `Job` reads exactly these keys)."""
+def job_to_json(
+    job: JobRecord, history: list[Transition] | None = None, *, now_s: float | None = None
+) -> dict[str, Any]:
+    """The API's view of a job (the SDK's `Job` reads exactly these keys).
+
+    Named keys of the runner's info only, never info itself (it holds the attempt's signal
+    token). The recovery keys come through `job_info.job_facts` (typed, bounded): the last
+    committed step and its age at `now_s` (default: now), the checkpoint overhead (stall
+    over wall seconds, as a percentage), restarts used of ``max_restarts``, hangs and the
+    current attempt's progress. The one-job view (`history` given) adds every attempt's end
+    (``attempts``); a listing leaves them out, so a page stays small."""
     info = dict(job.info)
+    now = time.time() if now_s is None else now_s
     out: dict[str, Any] = {
         "id": job.job_id,
         "name": job.spec.name,
@@ -99,12 +111,23 @@ def job_to_json(job: JobRecord, history: list[Transition] | None = None) -> dict
         "num_preemptions": job.num_preemptions,
         "attempt": int(info.get("attempt", 0)),
         "ray_job_id": info.get("submission_id"),
-        "last_checkpoint": info.get("checkpoint"),
         "message": info.get("message"),
         "not_before_s": info.get("not_before_s"),
         "spec": job.spec.to_dict(),
+        **_recovery_json(job, now),
     }
     if history is not None:
+        out["attempts"] = [
+            {
+                "attempt": a.attempt,
+                "admitted_s": a.admitted_s,
+                "ended_s": a.ended_s,
+                "kind": a.kind,
+                "reason": a.reason,
+                "step": a.step,
+            }
+            for a in job_facts(job.info).attempts
+        ]
         out["history"] = [
             {
                 "from": None if t.from_state is None else t.from_state.value,
@@ -115,6 +138,43 @@ def job_to_json(job: JobRecord, history: list[Transition] | None = None) -> dict
             for t in history
         ]
     return out
+
+
+def _recovery_json(job: JobRecord, now_s: float) -> dict[str, Any]:
+    """The job view's checkpoint and restart keys (see `job_to_json`)."""
+    facts = job_facts(job.info)
+    running = job.state in (JobState.ADMITTED, JobState.RUNNING)
+    stall_s, wall_s = facts.stall_wall_s(running)
+    ratio = facts.overhead_ratio(running)
+    commit, progress = facts.commit, facts.progress
+    return {
+        "checkpoint_uri": facts.checkpoint_uri,
+        "last_checkpoint": None
+        if commit is None
+        else {
+            "step": commit.step,
+            "uri": commit.uri,
+            "committed_unix_s": commit.committed_unix_s,
+            "age_s": commit.age_s(now_s),
+        },
+        "checkpoint_stall_s": stall_s,
+        "checkpoint_wall_s": wall_s,
+        "checkpoint_overhead_pct": None if ratio is None else 100.0 * ratio,
+        "restarts": facts.restarts,
+        "max_restarts": job.spec.max_restarts,
+        "hangs": facts.hangs,
+        "progress": None
+        if progress is None or not running
+        else {
+            "step": progress.step,
+            "step_at_s": progress.step_at_s,
+            "step_age_s": None
+            if progress.step_at_s is None
+            else max(0.0, now_s - progress.step_at_s),
+            "stall_s": progress.stall_s,
+            "wall_s": progress.wall_s,
+        },
+    }
 
 
 def invalid_to_json(row: InvalidRow) -> dict[str, Any]:

@@ -132,7 +132,11 @@ class Remediator:
     """Applies cordon and drain actions once per node; remembers what it did in `done`.
 
     `kube_remove(pod_name, reason)` is the Kubernetes actuator's node removal when one is
-    configured. `record(kind, message)` writes the event log.
+    configured. `record(kind, message)` writes the event log. `count_removal(now_s)` counts
+    a node health takes out in the fleet's failure record (the controller passes
+    `reliability.record_failure` with ``node-removed-by-health``): once per node, at its
+    cordon, since a drain cannot be undone and the node leaves service then, whether or not
+    it is replaced later (``health.replace_drained``).
     """
 
     nodes: NodeActions
@@ -140,6 +144,7 @@ class Remediator:
     replace_drained: bool
     record: Callable[[str, str], object]
     kube_remove: Callable[[str, str], Any] | None = None
+    count_removal: Callable[[float], object] | None = None
     cordoned: dict[str, float] = field(default_factory=dict)
     """Node id -> when this controller asked Ray to drain it."""
     replaced: dict[str, float] = field(default_factory=dict)
@@ -157,6 +162,11 @@ class Remediator:
         if self.nodes.drain(node_id, reason, self.drain_deadline_s):
             self.cordoned[node_id] = now_s
             self.record("health.cordon", f"node {node_id}: nothing new lands there; {reason}")
+            if self.count_removal is not None:
+                try:
+                    self.count_removal(now_s)
+                except Exception:  # the record is for the interval; never stop a removal
+                    log.exception("counting node %s in the fleet's failure record", node_id)
             return True
         return False
 

@@ -9,6 +9,7 @@ data on a live cluster). No Ray here: the checkpoint metrics' Ray mirror runs ag
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -21,7 +22,10 @@ import pytest
 import yaml
 
 from controlplane import observability as obs
+from controlplane.service.job_metrics import JobMetrics
+from controlplane.store import JobState
 from jobs.checkpoint import metrics as ckpt_metrics
+from tests.unit.test_job_recovery_view import record
 
 REPO = Path(__file__).resolve().parents[2]
 PROM = REPO / "infra" / "prometheus"
@@ -38,6 +42,9 @@ REQUIRED_ALERTS = {
     "RcpProductionRequestsFailing",
     "RcpExternalPoolAtMax",
     "RcpNodeUnhealthy",
+    "RcpTrainingNeverCheckpointed",
+    "RcpTrainingJobHung",
+    "RcpTrainingRestartsExhausted",
 }
 
 
@@ -204,6 +211,7 @@ def test_dashboard_uids_are_unique_and_cover_the_topics() -> None:
         "ray_rcp_checkpoint_stall_seconds_bucket",
         "ray_rcp_checkpoint_last_commit_unix_seconds",
         "ray_rcp_node_verdict",
+        "ray_rcp_fleet_gpu_mtbf_hours",
         "DCGM_FI_DEV_GPU_TEMP",
         "rcp_ib_port_errors_per_second",
     ):
@@ -387,6 +395,39 @@ def test_checkpoint_metrics_do_not_import_ray_outside_ray() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO
     )
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+def test_the_controller_exports_recovery_gauges_per_active_job(
+    fake_ray: list[tuple[str, str, float, dict[str, str]]],
+) -> None:
+    running = record(checkpoint={"interval_s": 600})
+    never_started = dataclasses.replace(record(JobState.QUEUED, {}), job_id="j-2")
+    JobMetrics().export([running, never_started], gpu_mtbf_hours=5000.0)
+    tags = {"job_id": "j-1", "name": "llama", "queue": "default"}
+    assert {(name, value) for op, name, value, t in fake_ray if t == tags} == {
+        ("rcp_job_restarts", 2.0),
+        ("rcp_job_hangs", 1.0),
+        ("rcp_job_max_restarts", 3.0),
+        ("rcp_job_running_since_timestamp_seconds", 900.0),
+        ("rcp_job_checkpoint_last_commit_timestamp_seconds", 1000.0),
+        ("rcp_job_checkpoint_last_committed_step", 120.0),
+        ("rcp_job_checkpoint_overhead_ratio", 4 / 1600),
+        ("rcp_job_checkpoint_interval_seconds", 600.0),
+    }
+    assert ("set", "rcp_fleet_gpu_mtbf_hours", 5000.0, {}) in fake_ray
+    assert not [c for c in fake_ray if c[3].get("job_id") == "j-2"]  # no series: never ran
+    exported = {f"ray_{name}" for _, name, _, _ in fake_ray}
+    assert exported <= set(obs.KNOWN_METRICS)
+    rules = (PROM / "rules.yml").read_text()
+    for name in (
+        "ray_rcp_job_checkpoint_last_commit_timestamp_seconds",
+        "ray_rcp_job_running_since_timestamp_seconds",
+        "ray_rcp_job_checkpoint_interval_seconds",
+        "ray_rcp_job_hangs",
+        "ray_rcp_job_restarts",
+        "ray_rcp_job_max_restarts",
+    ):
+        assert name in exported and name in rules, name
 
 
 def test_checkpoint_metrics_the_dashboards_use_are_exported() -> None:
