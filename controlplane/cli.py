@@ -146,13 +146,16 @@ def demo(config_file: str | None, overrides: tuple[str, ...], keep: bool) -> Non
     2. The sample model serves on the owned `cluster` pool under steady HTTP traffic.
     3. A training job that needs every cluster GPU is submitted; the policy actor moves the
        replicas to the rented `external` pool make-before-break (the autoscaler adds a node)
-       and admits the gang, which trains and finishes.
-    4. The replicas come back a step at a time; the external pool scales to zero.
-    5. It prints the policy actor's decisions and how many requests failed, then `down`
+       and admits the gang, which trains, checkpoints and finishes.
+    4. The checkpoint objects the job wrote to the embedded object store, by step, each
+       step's manifest (its commit) marked.
+    5. The replicas come back a step at a time; the external pool scales to zero.
+    6. It prints the policy actor's decisions and how many requests failed, then `down`
        (unless --keep).
 
-    Exit status: 0 when every request was served and the job succeeded; 1 when any request
-    failed, the job did not succeed or a step timed out (the reason is printed).
+    Exit status: 0 when every request was served and the job succeeded with a committed
+    checkpoint; 1 when any request failed, the job did not succeed or committed no
+    checkpoint, or a step timed out (the reason is printed).
     """
     from controlplane.demo import run_demo
     from controlplane.local.cluster import ClusterError

@@ -8,11 +8,14 @@ The story: the cluster comes up serving the sample model on the owned `cluster` 
 HTTP traffic starts; a training job that needs every cluster GPU is submitted; the policy
 actor moves the serving replicas to the rented `external` pool make-before-break (the
 autoscaler adds a node for them) and admits the gang; the job trains and finishes; the
-replicas come back a step at a time and the external pool scales to zero. At the end the demo
-prints how many requests were served and how many failed (the bar is zero).
+replicas come back a step at a time and the external pool scales to zero. The demo lists the
+checkpoint objects the job wrote to the embedded object store (its prefix
+``<storage.uri>/jobs/<job id>/``), grouped by step with each step's manifest marked. At the
+end it prints how many requests were served and how many failed (the bar is zero).
 
 The outcome is a `DemoResult`; `failures()` names what missed the bar (a failed request, a
-job that did not succeed), and `rcp demo` exits non-zero when it names anything.
+job that did not succeed or committed no checkpoint), and `rcp demo` exits non-zero when it
+names anything.
 """
 
 from __future__ import annotations
@@ -25,10 +28,13 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from controlplane.config import Config
 from controlplane.inventory import format_table, list_nodes
 from controlplane.local.cluster import ClusterError, LocalCluster, connect
+from controlplane.storage import bucket_of, s3_client
+from jobs.checkpoint.layout import MANIFEST_NAME, step_of_key
 
 Echo = Callable[[str], None]
 
@@ -101,6 +107,8 @@ class DemoResult:
     requests_served: int = 0
     requests_failed: int = 0
     job_state: str | None = None
+    checkpoints_committed: int | None = None
+    """Steps of the job with a manifest in object storage after the run."""
 
     def failures(self) -> list[str]:
         """Each way the run missed the bar, as a sentence; empty when it met it."""
@@ -110,7 +118,97 @@ class DemoResult:
             out.append(f"{self.requests_failed} of {total} requests failed")
         if self.job_state is not None and self.job_state != "SUCCEEDED":
             out.append(f"the training job ended {self.job_state}, not SUCCEEDED")
+        if self.checkpoints_committed == 0:
+            out.append("the training job committed no checkpoint to object storage")
         return out
+
+
+MAX_LISTED_OBJECTS = 1000
+"""The most checkpoint objects the demo lists (a larger job says how many it left out)."""
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    key: str
+    """The key under the job's checkpoint prefix (``step-000000000004/manifest.json``)."""
+    size_bytes: int
+
+
+def list_checkpoint_objects(
+    s3: Any, uri: str, max_objects: int = MAX_LISTED_OBJECTS
+) -> tuple[list[StoredObject], bool]:
+    """The objects under the checkpoint prefix `uri` (``s3://bucket/prefix/``), keys relative
+    to it, in key order; and whether there were more than `max_objects`."""
+    bucket, prefix = bucket_of(uri)
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"
+    found: list[StoredObject] = []
+    token: str | None = None
+    while True:
+        args: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": 1000}
+        if token:
+            args["ContinuationToken"] = token
+        page = s3.list_objects_v2(**args)
+        for item in page.get("Contents") or ():
+            if len(found) >= max_objects:
+                return found, True
+            found.append(StoredObject(item["Key"][len(prefix) :], int(item.get("Size", 0))))
+        token = page.get("NextContinuationToken")
+        if not page.get("IsTruncated") or not token:
+            return found, False
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def format_checkpoint_objects(
+    uri: str, objects: list[StoredObject], truncated: bool = False
+) -> list[str]:
+    """Lines that show `objects` grouped by step, each step committed or not (its manifest
+    marked), then anything outside the checkpoint layout."""
+    if not objects:
+        return [f"no checkpoint objects under {uri}"]
+    total = sum(o.size_bytes for o in objects)
+    more = f", more not listed (over {len(objects)})" if truncated else ""
+    lines = [f"{uri}: {len(objects)} objects, {_size(total)}{more}"]
+    by_step: dict[int, list[StoredObject]] = {}
+    other: list[StoredObject] = []
+    for o in objects:
+        step = step_of_key(o.key)
+        if step is None:
+            other.append(o)
+        else:
+            by_step.setdefault(step, []).append(o)
+    width = max(len(o.key) for o in objects)
+    for step in sorted(by_step):
+        group = by_step[step]
+        committed = any(o.key.endswith("/" + MANIFEST_NAME) for o in group)
+        state = "committed" if committed else "not committed (no manifest)"
+        size = _size(sum(o.size_bytes for o in group))
+        count = f"{len(group)} object{'s' if len(group) != 1 else ''}"
+        lines.append(f"  step {step}: {state}, {count}, {size}")
+        for o in group:
+            mark = "  <- manifest (the commit)" if o.key.endswith("/" + MANIFEST_NAME) else ""
+            lines.append(f"    {o.key.ljust(width)}  {_size(o.size_bytes):>10}{mark}")
+    if other:
+        lines.append("  outside any step:")
+        lines += [f"    {o.key.ljust(width)}  {_size(o.size_bytes):>10}" for o in other]
+    return lines
+
+
+def committed_steps(objects: list[StoredObject]) -> list[int]:
+    """Steps whose manifest is among `objects`."""
+    return sorted(
+        {
+            step
+            for o in objects
+            if o.key.endswith("/" + MANIFEST_NAME) and (step := step_of_key(o.key)) is not None
+        }
+    )
 
 
 def _serve_line(model: str) -> str:
@@ -188,6 +286,11 @@ def run_demo(cfg: Config, keep: bool = False, echo: Echo = print) -> DemoResult:
 
         final = client.wait(job.id, timeout_s=600, poll_s=2.0)
         echo(f"job {job.id}: {final.state}")
+        uri = final.checkpoint_uri or f"{running.storage.uri.rstrip('/')}/jobs/{job.id}/"
+        _section(echo, "checkpoints the job wrote to object storage")
+        objects, truncated = list_checkpoint_objects(s3_client(running), uri)
+        for line in format_checkpoint_objects(uri, objects, truncated):
+            echo(line)
         _section(echo, "the cluster is idle again: replicas come back a step at a time")
 
         def back() -> bool:
@@ -204,7 +307,7 @@ def run_demo(cfg: Config, keep: bool = False, echo: Echo = print) -> DemoResult:
         _section(echo, "traffic during all of it")
         echo(traffic.summary())
         served, failed = traffic.counts()
-        return DemoResult(served, failed, final.state)
+        return DemoResult(served, failed, final.state, len(committed_steps(objects)))
     finally:
         if traffic is not None:
             traffic.stop()

@@ -36,6 +36,7 @@ from controlplane.service.queueing import MAX_LOG_CHUNK_CHARS, JobService
 from controlplane.service.tokens import ensure_token, read_token
 from controlplane.store import JobState, Store
 from jobs.spec import JobSpec
+from tests.unit.moto_s3 import moto_s3
 
 TOKEN = "test-token-123"
 
@@ -174,23 +175,8 @@ def test_invalid_specs_are_400_naming_the_field_and_queue_nothing(
 @pytest.fixture(scope="module")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real S3-protocol server (moto) on loopback with the cluster's bucket and a team's."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    url = f"http://127.0.0.1:{server.get_host_and_port()[1]}"
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=url,
-        region_name="us-east-1",
-        aws_access_key_id="k",
-        aws_secret_access_key="s",
-    )
-    for bucket in ("rcp-checkpoints", "team-a-ckpt"):
-        s3.create_bucket(Bucket=bucket)
-    yield url
-    server.stop()
+    with moto_s3(("rcp-checkpoints", "team-a-ckpt")) as url:
+        yield url
 
 
 @pytest.mark.parametrize(

@@ -8,13 +8,22 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from controlplane import demo
 from controlplane.cli import cli
-from controlplane.demo import DemoResult, Traffic
+from controlplane.demo import (
+    DemoResult,
+    StoredObject,
+    Traffic,
+    committed_steps,
+    format_checkpoint_objects,
+    list_checkpoint_objects,
+)
+from tests.unit.moto_s3 import client, moto_s3
 
 
 @pytest.mark.parametrize(
@@ -34,6 +43,14 @@ from controlplane.demo import DemoResult, Traffic
             DemoResult(0, 5, "CANCELLED"),
             ["5 of 5 requests failed", "the training job ended CANCELLED, not SUCCEEDED"],
             id="both",
+        ),
+        pytest.param(
+            DemoResult(120, 0, "SUCCEEDED", checkpoints_committed=0),
+            ["the training job committed no checkpoint to object storage"],
+            id="no-checkpoint",
+        ),
+        pytest.param(
+            DemoResult(120, 0, "SUCCEEDED", checkpoints_committed=2), [], id="checkpointed"
         ),
     ],
 )
@@ -104,3 +121,83 @@ def test_traffic_counts_every_non_200_as_failed(flaky_server: str) -> None:
     served, failed = traffic.counts()
     assert failed >= 2 and served >= 4
     assert "503=" in traffic.summary()
+
+
+# -- the checkpoint objects the job wrote ---------------------------------------------------
+
+PREFIX = "s3://rcp-checkpoints/jobs/job-1/"
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[Any]:
+    """The embedded store's stand-in: a real S3-protocol server on loopback, holding what a
+    two-rank job leaves: step 4 committed, step 9 committed, step 14 cut off before its
+    manifest, a preemption request, and a neighbouring job's step that must not show."""
+    with moto_s3(["rcp-checkpoints"]) as url:
+        s3 = client(url)
+        objects = {
+            "jobs/job-1/step-000000000004/rank-00000/shard-00000.bin": 3000,
+            "jobs/job-1/step-000000000004/rank-00001/shard-00000.bin": 3000,
+            "jobs/job-1/step-000000000004/rank-00000.index.json": 200,
+            "jobs/job-1/step-000000000004/rank-00001.index.json": 200,
+            "jobs/job-1/step-000000000004/manifest.json": 500,
+            "jobs/job-1/step-000000000009/rank-00000/shard-00000.bin": 3000,
+            "jobs/job-1/step-000000000009/rank-00000.index.json": 200,
+            "jobs/job-1/step-000000000009/manifest.json": 500,
+            "jobs/job-1/step-000000000014/rank-00000/shard-00000.bin": 1500,
+            "jobs/job-1/PREEMPT": 0,
+            "jobs/job-10/step-000000000004/manifest.json": 500,
+        }
+        for key, size in objects.items():
+            s3.put_object(Bucket="rcp-checkpoints", Key=key, Body=b"x" * size)
+        yield s3
+
+
+def test_the_jobs_objects_are_listed_by_step_with_the_manifest_marked(s3: Any) -> None:
+    objects, truncated = list_checkpoint_objects(s3, PREFIX)
+    assert not truncated
+    assert [o.key for o in objects][:2] == [
+        "PREEMPT",
+        "step-000000000004/manifest.json",
+    ]
+    assert not any("job-10" in o.key for o in objects)
+    assert committed_steps(objects) == [4, 9]
+    lines = format_checkpoint_objects(PREFIX, objects)
+    assert lines[0] == f"{PREFIX}: 10 objects, 11.8 KiB"  # 12100 bytes
+    steps = [line.strip() for line in lines if line.startswith("  step ")]
+    assert steps == [
+        "step 4: committed, 5 objects, 6.7 KiB",
+        "step 9: committed, 3 objects, 3.6 KiB",
+        "step 14: not committed (no manifest), 1 object, 1.5 KiB",
+    ]
+    manifests = [line for line in lines if "<- manifest" in line]
+    assert [m.split()[0] for m in manifests] == [
+        "step-000000000004/manifest.json",
+        "step-000000000009/manifest.json",
+    ]
+    assert lines[-2] == "  outside any step:"
+    assert lines[-1].split() == ["PREEMPT", "0", "B"]
+
+
+def test_a_listing_is_bounded_and_says_so(s3: Any) -> None:
+    objects, truncated = list_checkpoint_objects(s3, PREFIX, max_objects=3)
+    assert len(objects) == 3 and truncated
+    assert "more not listed (over 3)" in format_checkpoint_objects(PREFIX, objects, truncated)[0]
+
+
+def test_an_empty_prefix_says_nothing_was_written(s3: Any) -> None:
+    objects, truncated = list_checkpoint_objects(s3, "s3://rcp-checkpoints/jobs/job-2/")
+    assert (objects, truncated) == ([], False)
+    assert committed_steps(objects) == []
+    assert format_checkpoint_objects("s3://rcp-checkpoints/jobs/job-2/", objects) == [
+        "no checkpoint objects under s3://rcp-checkpoints/jobs/job-2/"
+    ]
+
+
+def test_committed_steps_need_a_manifest_in_the_step_dir() -> None:
+    objects = [
+        StoredObject("step-000000000001/rank-00000.index.json", 1),
+        StoredObject("manifest.json", 1),
+        StoredObject("step-000000000002/manifest.json", 1),
+    ]
+    assert committed_steps(objects) == [2]
