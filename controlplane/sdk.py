@@ -108,7 +108,7 @@ class Attempt:
     ended_s: float | None = None
     admitted_s: float | None = None
     step: int | None = None
-    """The newest committed checkpoint step when it ended."""
+    """The last step the attempt reported (None: none)."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Attempt:

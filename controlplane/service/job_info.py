@@ -5,7 +5,8 @@ job's recovery, for the API's job view (`queueing.job_to_json`) and the controll
 gauges (`job_metrics`):
 
 * ``checkpoint``: the newest committed step as read from object storage,
-  ``{"step", "uri", "committed_unix_s", "read_s"}``;
+  ``{"step", "uri", "committed_unix_s", "read_s"}`` (without ``read_s`` it is an older
+  runner's record of the loop's own word, and not shown);
 * ``checkpoint_uri``: the job's checkpoint prefix;
 * ``progress``: the current attempt's ``{"step", "step_at_s", "stall_s", "wall_s"}``;
 * ``stall_s_total``, ``wall_s_total``: checkpoint stall and wall seconds of ended attempts;
@@ -120,7 +121,7 @@ class Attempt:
     kind: str
     reason: str
     step: int | None
-    """The newest committed step when it ended (None: none yet, or not said)."""
+    """The last step the attempt reported (None: none, or not said)."""
 
 
 @dataclass(frozen=True)
@@ -152,9 +153,11 @@ class JobFacts:
 
 
 def _commit(raw: Any) -> Commit | None:
+    """The committed step, when the controller read it from storage (``read_s``): an older
+    runner stored the training loop's own word under the same key, which is not believed."""
     data = _mapping(raw)
     step = _count(data.get("step"))
-    if step is None:
+    if step is None or _seconds(data.get("read_s")) is None:
         return None
     return Commit(step, _text(data.get("uri")), _seconds(data.get("committed_unix_s")))
 

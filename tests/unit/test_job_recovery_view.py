@@ -142,6 +142,7 @@ BAD_VALUES = [
     pytest.param({"checkpoint": {"step": True}}, id="bool-step"),
     pytest.param({"checkpoint": {"step": 1.5}}, id="float-step"),
     pytest.param({"checkpoint": {"step": 10**400}}, id="huge-step"),
+    pytest.param({"checkpoint": {"step": 3, "path": "/ckpt/3"}}, id="the-loops-word-no-read_s"),
     pytest.param({"checkpoint": {"step": 3, "committed_unix_s": math.nan}}, id="nan-time"),
     pytest.param({"checkpoint": {"step": 3, "committed_unix_s": 10**400}}, id="huge-int-time"),
     pytest.param({"progress": [1, 2]}, id="progress-a-list"),
@@ -163,6 +164,20 @@ def test_malformed_info_reads_as_absent_and_the_view_stays_json(bad: dict[str, A
     facts = job_facts(job.info)
     assert facts.restarts >= 0 and facts.hangs >= 0
     assert job_gauges(job) is not None
+
+
+def test_a_step_storage_never_confirmed_is_not_shown_as_committed() -> None:
+    loops_word = {"step": 7, "path": "/state/ckpt/7", "at_s": 50.0}  # an older runner's record
+    view = job_to_json(record(job_info=info(checkpoint=loops_word)), now_s=60.0)
+    assert view["last_checkpoint"] is None
+    unread_time = {"step": 7, "read_s": 55.0, "committed_unix_s": math.inf}
+    view = job_to_json(record(job_info=info(checkpoint=unread_time)), now_s=60.0)
+    assert view["last_checkpoint"] == {
+        "step": 7,
+        "uri": None,
+        "committed_unix_s": None,
+        "age_s": None,
+    }
 
 
 def test_long_reasons_are_cut_and_only_the_newest_attempts_kept() -> None:
@@ -203,7 +218,12 @@ def test_the_sdk_job_carries_the_checkpoint_and_restarts(srv: Server) -> None:
     job_id = running_job(
         srv,
         info(
-            checkpoint={"step": 120, "uri": "s3://b/step", "committed_unix_s": now - 90},
+            checkpoint={
+                "step": 120,
+                "uri": "s3://b/step",
+                "committed_unix_s": now - 90,
+                "read_s": now - 80,
+            },
             progress={"step": 130, "step_at_s": now - 5, "stall_s": 1.0, "wall_s": 600.0},
         ),
     )
@@ -226,7 +246,12 @@ def test_rcp_status_shows_the_commit_overhead_restarts_and_each_attempt(srv: Ser
     job_id = running_job(
         srv,
         info(
-            checkpoint={"step": 120, "uri": "s3://b/step", "committed_unix_s": now - 90},
+            checkpoint={
+                "step": 120,
+                "uri": "s3://b/step",
+                "committed_unix_s": now - 90,
+                "read_s": now - 80,
+            },
             progress={"step": 130, "step_at_s": now - 5, "stall_s": 1.0, "wall_s": 600.0},
         ),
     )
