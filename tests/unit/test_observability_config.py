@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -428,6 +429,43 @@ def test_the_controller_exports_recovery_gauges_per_active_job(
         "ray_rcp_job_max_restarts",
     ):
         assert name in exported and name in rules, name
+
+
+@pytest.fixture
+def controller(tmp_path: Path) -> Iterator[Any]:
+    """The controller's body, not started (no Ray): built before `fake_ray` swaps Ray out."""
+    from controlplane.config import load_config, to_dict
+    from controlplane.service.controller import Controller
+
+    cfg = load_config(None, [f"state_dir={tmp_path}", "serve.deploy_app=false"])
+    ctrl = Controller(to_dict(cfg), "token", start=False)
+    yield ctrl
+    ctrl.store.close()
+
+
+def test_the_metrics_phase_feeds_the_fleet_record_and_exports_job_gauges(
+    controller: Any, fake_ray: list[tuple[str, str, float, dict[str, str]]]
+) -> None:
+    from controlplane.service import reliability
+    from policies.snapshot import Pool
+    from tests.unit.builders import node, snapshot
+
+    nodes = [node("c1"), node("c2"), node("c3", healthy=False), node("e1", pool=Pool.EXTERNAL)]
+    controller._active_jobs = [record()]
+    for t in range(0, 61):  # a minute of 1 s ticks; two live cluster nodes of 8 GPUs
+        controller._export_job_metrics(snapshot(nodes, now_s=1000.0 + t))
+    # flushed at the first tick (nothing yet) and at 60 s: 16 GPUs x 60 s
+    gpu_hours = reliability.fleet_record(controller.store, 1060.0)["gpu_hours"]
+    assert gpu_hours == pytest.approx(16 * 60 / 3600, rel=1e-6)
+    mtbf = [v for _, name, v, _ in fake_ray if name == "rcp_fleet_gpu_mtbf_hours"]
+    prior = controller.cfg.jobs.gpu_mtbf_prior_hours
+    assert mtbf[0] == pytest.approx(prior) and mtbf[-1] == pytest.approx(prior + gpu_hours)
+    assert (
+        "set",
+        "rcp_job_restarts",
+        2.0,
+        {"job_id": "j-1", "name": "llama", "queue": "default"},
+    ) in fake_ray
 
 
 def test_checkpoint_metrics_the_dashboards_use_are_exported() -> None:
