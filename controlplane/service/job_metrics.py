@@ -81,7 +81,7 @@ def job_gauges(job: JobRecord) -> JobGauges | None:
     if job.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):
         return None
     facts = job_facts(job.info)
-    started = job.state is not JobState.QUEUED or bool(job.info.get("attempt")) or facts.attempts
+    started = job.state is not JobState.QUEUED or bool(job.info.get("attempt") or facts.attempts)
     if not started:
         return None
     base = JobGauges(
