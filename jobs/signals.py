@@ -1,31 +1,22 @@
-"""Checkpoint-before-preempt: the signal between the control plane and a training loop.
+"""The job signals: the mailbox between the control plane and a job's training loops.
 
-Owns two things:
+Owns `JobSignals`, a small named Ray actor (namespace ``rcp``, name ``rcp-job-signals``) that
+the control plane creates, the job environment's variable names (``RCP_*``, set by the runner,
+read by `jobs.launcher` and `jobs.checkpointing`), `SignalsHandle` (a job's handle on the
+actor, found again after the controller replaced it) and the prefix and trust checks. The
+actor holds, per job and attempt, which workers have started (rank, pid, node), the job's
+progress (step, when it last grew, checkpoint stall and wall seconds, saves, committed step),
+the latest checkpoint the job reported (step, path, time) and whether the control plane asked
+for a checkpoint now. It is a mailbox, not a source of truth: the control plane copies what it
+reads into its durable store every tick, and reads committed steps from object storage.
 
-* `JobSignals`, a small named Ray actor (namespace ``rcp``, name ``rcp-job-signals``) that the
-  control plane creates. It holds, per job and attempt, which workers have started, the
-  latest checkpoint the job reported (step, path, time) and whether the control plane asked
-  for a checkpoint now. It is a mailbox, not a source of truth: the control plane copies what
-  it reads into its durable store every tick.
-* `Preemption`, the helper a training loop polls once per step::
-
-      pre = Preemption()                      # inside the Ray Train worker function
-      for step in range(start, num_steps):
-          ...train one step...
-          if pre.should_checkpoint() or step % 50 == 0:
-              path = pre.save(step, state, metrics)   # ray.train.report + tell the controller
-
-  `should_checkpoint()` is cheap: rank 0 asks the actor at most every ``poll_interval_s``
-  (cached in between), and Ray Train's own signal (`ray.train.get_preemption_info`, a node
-  being preempted) is checked every call. The answer is agreed by every rank with one
-  one-element all-reduce, so all ranks checkpoint at the same step (``ray.train.report`` is
-  collective). After a requested checkpoint the loop keeps going; the control plane stops the
-  gang once the checkpoint is reported (or its deadline passes) and later restarts it, and
-  `restore()` then returns the state saved at that step.
+The job's side is `jobs.checkpointing.Checkpointing`: rank 0 polls `poll` every
+``RCP_SIGNAL_POLL_S``, reports `progress` every ``RCP_STEP_REPORT_S`` and, after saving and
+committing a requested checkpoint, `checkpointed`; `jobs.launcher` reports `worker_started`.
 
 Trust (any Ray job in the cluster can reach the actor by name, see docs/operations.md, "Job
 signals"): the control plane registers each attempt with the SHA-256 of a fresh secret
-(``RCP_SIGNAL_TOKEN``) and the job's checkpoint prefix (`checkpoint_prefix`); the actor
+(``RCP_SIGNAL_TOKEN``) and the job's checkpoint prefix (``RCP_CHECKPOINT_URI``); the actor
 refuses job-side calls without that attempt's token and checkpoints outside that prefix
 (`under_prefix`). Its control-plane methods need an HMAC (`admin_auth`) over a fresh nonce,
 the method and its arguments, keyed with the secret the controller created this actor with
@@ -33,28 +24,22 @@ the method and its arguments, keyed with the secret the controller created this 
 the controller, and no call carries a secret). A recorded call cannot be replayed: nonces
 only grow and must be recent (`ADMIN_NONCE_WINDOW_S`). The controller talks only to the
 actor whose id it pinned when it created it (`controlplane.service.runner.RayJobs`).
-`restore()` loads only from under the prefix, with ``torch.load(weights_only=True)``.
 
-Must not: import `controlplane` (the runner passes everything through environment variables:
-``RCP_JOB_ID``, ``RCP_ATTEMPT``, ``RCP_SIGNAL_TOKEN``, ``RCP_CHECKPOINT_PREFIX``,
-``RCP_RESUME_FROM``, ``RCP_SIGNAL_POLL_S``); log or print the token.
+Must not: import `controlplane` (the runner passes everything through the ``RCP_*``
+environment variables named here); log or print the token.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import json
 import logging
 import math
 import os
-import tempfile
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from enum import Enum
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -73,24 +58,19 @@ __all__ = [
     "ENV_STORAGE_REGION",
     "MAX_RANKS",
     "PROGRESS_KEYS",
-    "ENV_CHECKPOINT_PREFIX",
     "ENV_JOB_ID",
-    "ENV_RESUME_FROM",
     "ENV_SIGNAL_POLL_S",
     "ENV_SIGNAL_TOKEN",
     "SIGNALS_ACTOR_NAME",
     "SIGNALS_RESOLVE_INTERVAL_S",
     "SIGNALS_NAMESPACE",
     "JobSignals",
-    "Preemption",
     "Rejection",
     "SignalsHandle",
     "admin_auth",
     "checkpoint_prefix",
-    "check_state_loads_safely",
     "derive_admin_secret",
     "get_signals",
-    "load_state",
     "token_sha256",
     "under_prefix",
 ]
@@ -101,13 +81,9 @@ SIGNALS_ACTOR_NAME = "rcp-job-signals"
 SIGNALS_NAMESPACE = "rcp"
 ENV_JOB_ID = "RCP_JOB_ID"
 ENV_ATTEMPT = "RCP_ATTEMPT"
-ENV_RESUME_FROM = "RCP_RESUME_FROM"
 ENV_SIGNAL_POLL_S = "RCP_SIGNAL_POLL_S"
 ENV_SIGNAL_TOKEN = "RCP_SIGNAL_TOKEN"
 """This attempt's secret; every job-side call to the signals actor presents it."""
-ENV_CHECKPOINT_PREFIX = "RCP_CHECKPOINT_PREFIX"
-"""The job's checkpoint prefix; `Preemption.restore` loads nothing outside it."""
-_STATE_FILE = "state.pt"
 ENV_CHECKPOINT_URI = "RCP_CHECKPOINT_URI"
 """The job's checkpoint location (``s3://bucket/prefix``); also the prefix the actor checks."""
 ENV_STORAGE_ENDPOINT_URL = "RCP_STORAGE_ENDPOINT_URL"
@@ -491,209 +467,5 @@ class SignalsHandle:
             raise
 
 
-_SAFE_LEAVES = (str, bytes, int, float, complex, bool, type(None))
-_SAFE_CONTAINERS = (dict, list, tuple, set)
-
-
-def check_state_loads_safely(state: Any, where: str = "state") -> None:
-    """Raise TypeError, naming the key, if `state` holds a value ``torch.load(...,
-    weights_only=True)`` cannot rebuild: only tensors, numbers, strings, bytes, None, dtypes,
-    devices, sizes and dicts (OrderedDict too), lists, tuples and sets of them. Model and
-    optimizer ``state_dict()``s, LR-scheduler state and ``torch.get_rng_state()`` qualify;
-    numpy values, ``defaultdict`` and custom objects do not (convert them first, e.g.
-    ``torch.from_numpy(a)`` or ``a.tolist()``)."""
-    import torch
-
-    if isinstance(state, torch.Tensor | torch.dtype | torch.device | torch.Size):
-        return
-    if type(state) in _SAFE_LEAVES:
-        return
-    if type(state) in (dict, OrderedDict):
-        for key, value in state.items():
-            check_state_loads_safely(key, f"{where} key {key!r}")
-            check_state_loads_safely(value, f"{where}[{key!r}]")
-        return
-    if type(state) in _SAFE_CONTAINERS:
-        for i, value in enumerate(state):
-            check_state_loads_safely(value, f"{where}[{i}]")
-        return
-    raise TypeError(
-        f"checkpoint {where} is a {type(state).__module__}.{type(state).__qualname__}, which "
-        "a restore with torch.load(weights_only=True) refuses. Save tensors, numbers, strings "
-        "and dicts/lists/tuples of them (convert numpy with torch.from_numpy or .tolist())."
-    )
-
-
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _all_reduce_max(flag: bool) -> bool:
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flag
-    t = torch.tensor([1 if flag else 0], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
-
-
-class Preemption:
-    """The training loop's side of checkpoint-before-preempt (see the module doc).
-
-    Construct it inside the Ray Train worker function. Outside the control plane (no
-    ``RCP_JOB_ID``) it still follows Ray Train's own preemption signal.
-    """
-
-    def __init__(self, poll_interval_s: float | None = None) -> None:
-        import ray.train
-
-        self.job_id = os.environ.get(ENV_JOB_ID)
-        self.attempt = int(os.environ.get(ENV_ATTEMPT, "0"))
-        self._token = os.environ.get(ENV_SIGNAL_TOKEN, "")
-        self.poll_interval_s = (
-            poll_interval_s
-            if poll_interval_s is not None
-            else float(os.environ.get(ENV_SIGNAL_POLL_S, "0.5"))
-        )
-        ctx = ray.train.get_context()
-        self.rank = ctx.get_world_rank()
-        self._signals = SignalsHandle() if self.job_id else None
-        self._last_poll_s = 0.0
-        self._requested = False
-        self._pending = False
-        self._honoured = False
-        self.last_saved_step: int | None = None
-
-    # -- asking --------------------------------------------------------------------------------
-
-    def _controller_asks(self) -> bool:
-        if self._signals is None or self.rank != 0:
-            return False
-        now = time.monotonic()
-        if now - self._last_poll_s >= self.poll_interval_s:
-            self._last_poll_s = now
-            # A slow or restarting actor must not stop training: keep the last answer. A dead
-            # one is looked up by name again (`SignalsHandle`).
-            with contextlib.suppress(Exception):
-                self._requested = bool(
-                    self._signals.call("poll", self.job_id, self.attempt, self._token, timeout_s=5)
-                )
-        return self._requested
-
-    def should_checkpoint(self) -> bool:
-        """Whether to checkpoint now; the same answer on every rank. Call it once per step."""
-        import ray.train
-
-        ray_train_says = ray.train.get_preemption_info() is not None
-        asked = _all_reduce_max(self._controller_asks() or ray_train_says)
-        if asked and self._honoured:
-            return False  # already checkpointed for this request; the gang is being stopped
-        self._pending = asked
-        return asked
-
-    # -- saving and restoring --------------------------------------------------------------------
-
-    def save(self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any]) -> str | None:
-        """Checkpoint `state` at `step` through ``ray.train.report`` (every rank calls it).
-
-        Rank 0 writes the state; the checkpoint lands in the run's storage under
-        ``step-<step>`` and rank 0 tells the control plane where. Returns that path. `state`
-        must pass `check_state_loads_safely` (tensors, numbers, strings and containers of
-        them), because `restore` loads with ``weights_only=True``.
-        """
-        import ray.train
-        import torch
-        from ray.train import Checkpoint
-
-        name = f"step-{step:08d}"
-        with tempfile.TemporaryDirectory() as tmp:
-            checkpoint = None
-            if self.rank == 0:
-                check_state_loads_safely(dict(state))
-                torch.save({"step": step, "state": dict(state)}, Path(tmp) / _STATE_FILE)
-                checkpoint = Checkpoint.from_directory(tmp)
-            ray.train.report(
-                {**metrics, "step": step}, checkpoint=checkpoint, checkpoint_dir_name=name
-            )
-        self.last_saved_step = step
-        if self._pending:
-            self._honoured = True
-        ctx = ray.train.get_context()
-        path = str(Path(ctx.get_storage().experiment_fs_path) / name)
-        if self.rank == 0 and self._signals is not None:
-            accepted = None
-            with contextlib.suppress(Exception):
-                accepted = self._signals.call(
-                    "checkpointed",
-                    self.job_id,
-                    self.attempt,
-                    step,
-                    path,
-                    time.time(),
-                    self._token,
-                    timeout_s=10,
-                )
-            if accepted is False:
-                log.warning(
-                    "the control plane refused checkpoint %s of job %s attempt %s (wrong "
-                    "token, stale attempt or a path outside the job's checkpoint prefix)",
-                    path,
-                    self.job_id,
-                    self.attempt,
-                )
-        return path
-
-    def report(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Report metrics without a checkpoint (every rank calls it)."""
-        import ray.train
-
-        ray.train.report({**metrics, "step": step})
-
-    def restore(self) -> tuple[int, dict[str, Any]] | None:
-        """The (step, state) of the checkpoint to resume from, or None for a fresh start.
-
-        Ray Train's own first (``ray.train.get_checkpoint()``: a restarted worker group, or a
-        run restored from its storage), else the checkpoint the control plane recorded for the
-        job (``RCP_RESUME_FROM``, set by the runner when it restarts a preempted job).
-
-        Under the control plane (``RCP_CHECKPOINT_PREFIX`` set) a checkpoint outside the job's
-        own prefix is not loaded: a warning, and a fresh start. Loading uses
-        ``torch.load(weights_only=True)``, so a planted file cannot run code here.
-        """
-        import ray.train
-        from ray.train import Checkpoint
-
-        prefix = os.environ.get(ENV_CHECKPOINT_PREFIX)
-        checkpoint = ray.train.get_checkpoint()
-        if checkpoint is None:
-            path = os.environ.get(ENV_RESUME_FROM)
-            if not path or not self._allowed(path, prefix):
-                return None
-            if not (Path(path) / _STATE_FILE).is_file():
-                return None
-            checkpoint = Checkpoint(path)
-        elif not self._allowed(checkpoint.path, prefix):
-            return None
-        with checkpoint.as_directory() as d:
-            return load_state(Path(d) / _STATE_FILE)
-
-    def _allowed(self, path: str, prefix: str | None) -> bool:
-        if prefix is None or under_prefix(path, prefix):
-            return True
-        log.warning(
-            "not resuming job %s from %s: outside its checkpoint prefix %s; starting fresh",
-            self.job_id,
-            path,
-            prefix,
-        )
-        return False
-
-
-def load_state(file: str | os.PathLike[str]) -> tuple[int, dict[str, Any]]:
-    """The (step, state) in a `Preemption` state file, loaded with ``weights_only=True``."""
-    import torch
-
-    data = torch.load(file, weights_only=True)
-    return int(data["step"]), dict(data["state"])

@@ -1,35 +1,24 @@
-"""The job signals actor's checks and the training loop's restore, without Ray: the actor
-class is used directly, and Ray Train's context is faked.
+"""The job signals actor's checks, without Ray: the actor class is used directly.
 
 Who may say what: only the control plane (an HMAC over a fresh nonce and the call, under the
 secret the actor was created with) registers, reads and asks; only the
-attempt's token holder reports workers and checkpoints, and only under the job's prefix; a
-restore loads nothing outside the prefix and never runs code from the file.
+attempt's token holder reports workers, progress and checkpoints, and only under the job's
+prefix.
 """
 
 from __future__ import annotations
 
-import os
 import time
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-import ray.train
-import torch
 
 from jobs.signals import (
-    ENV_CHECKPOINT_PREFIX,
-    ENV_JOB_ID,
-    ENV_RESUME_FROM,
     MAX_RANKS,
-    Preemption,
     Rejection,
     _JobSignals,
     admin_auth,
-    check_state_loads_safely,
     checkpoint_prefix,
     derive_admin_secret,
     token_sha256,
@@ -239,107 +228,6 @@ def test_under_prefix_resolves_symlinks(tmp_path: Path) -> None:
 def test_a_job_id_that_is_not_one_segment_names_no_prefix(job_id: str) -> None:
     with pytest.raises(ValueError, match="cannot name a checkpoint prefix"):
         checkpoint_prefix("/t", job_id)
-
-
-# -- the training loop's restore ----------------------------------------------------------------
-
-
-class _Ctx:
-    def get_world_rank(self) -> int:
-        return 0
-
-
-@pytest.fixture()
-def loop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Preemption:
-    """A `Preemption` for job-a outside Ray Train: no Train checkpoint, storage at tmp_path."""
-    monkeypatch.setattr(ray.train, "get_context", lambda: _Ctx())
-    monkeypatch.setattr(ray.train, "get_checkpoint", lambda: None)
-    monkeypatch.setenv(ENV_JOB_ID, "job-a")
-    monkeypatch.setenv(ENV_CHECKPOINT_PREFIX, str(tmp_path / "job-a"))
-    monkeypatch.setattr("jobs.signals.get_signals", lambda: None)
-    return Preemption(poll_interval_s=1.0)
-
-
-def _write_step(directory: Path, payload: Any) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    torch.save(payload, directory / "state.pt")
-    return directory
-
-
-class _RunsCode:
-    """Unpickling this runs `os.system`: what a planted checkpoint would do."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (os.system, (f"touch {self.marker}",))
-
-
-def test_restore_loads_a_checkpoint_under_the_prefix(
-    loop: Preemption, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    model = torch.nn.Linear(2, 2)
-    optim = torch.optim.AdamW(model.parameters())
-    model(torch.ones(1, 2)).sum().backward()
-    optim.step()
-    state = {"model": model.state_dict(), "optim": optim.state_dict(), "rng": torch.get_rng_state()}
-    step_dir = _write_step(tmp_path / "job-a" / "step-00000004", {"step": 4, "state": state})
-    monkeypatch.setenv(ENV_RESUME_FROM, str(step_dir))
-    restored = loop.restore()
-    assert restored is not None and restored[0] == 4
-    assert torch.equal(restored[1]["model"]["weight"], model.state_dict()["weight"])
-
-
-@pytest.mark.parametrize("where", ["job-b/step-00000004", "job-a/../job-b/step-00000004"])
-def test_restore_refuses_a_resume_path_outside_the_prefix(
-    loop: Preemption, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
-) -> None:
-    _write_step(tmp_path / "job-b" / "step-00000004", {"step": 4, "state": {}})
-    monkeypatch.setenv(ENV_RESUME_FROM, str(tmp_path / where))
-    assert loop.restore() is None  # a fresh start
-
-
-def test_restore_never_runs_code_from_a_planted_checkpoint(
-    loop: Preemption, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    marker = tmp_path / "code-ran"
-    step_dir = _write_step(
-        tmp_path / "job-a" / "step-00000004", {"step": 4, "state": {"x": _RunsCode(marker)}}
-    )
-    monkeypatch.setenv(ENV_RESUME_FROM, str(step_dir))
-    with pytest.raises(Exception, match="[Ww]eights only load failed"):
-        loop.restore()
-    assert not marker.exists()
-
-
-@pytest.mark.parametrize(
-    "state",
-    [
-        {"np": np.zeros(2)},
-        {"nested": [{"deep": np.int64(3)}]},
-        {"obj": object()},
-        {"slice": slice(1, 2)},
-    ],
-    ids=["numpy-array", "nested-numpy-scalar", "object", "slice"],
-)
-def test_save_refuses_state_a_weights_only_restore_cannot_load(state: dict[str, Any]) -> None:
-    with pytest.raises(TypeError, match="weights_only=True"):
-        check_state_loads_safely(state)
-
-
-def test_model_and_optimizer_state_dicts_pass() -> None:
-    model = torch.nn.Linear(2, 2)
-    optim = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    check_state_loads_safely(
-        {
-            "model": model.state_dict(),
-            "optim": optim.state_dict(),
-            "meta": OrderedDict(epoch=3, tags=("a", b"b"), lr=0.1, done=None, seen={1, 2}),
-            "dtype": torch.float16,
-            "device": torch.device("cpu"),
-        }
-    )
 
 
 def test_progress_stamps_when_the_step_grew_and_keeps_only_known_finite_stats() -> None:

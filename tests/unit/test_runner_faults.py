@@ -28,7 +28,15 @@ from controlplane.service.retention import DAY_S, Retention
 from controlplane.service.runner import JobRunner, RayJobs
 from controlplane.store import JobState, Store
 from jobs import launcher, signals
-from jobs.signals import ENV_ATTEMPT, ENV_JOB_ID, ENV_SIGNAL_TOKEN, Preemption
+from jobs.checkpointing import Checkpointing
+from jobs.signals import (
+    ENV_ATTEMPT,
+    ENV_CHECKPOINT_INTERVAL_S,
+    ENV_CHECKPOINT_URI,
+    ENV_JOB_ID,
+    ENV_SIGNAL_POLL_S,
+    ENV_SIGNAL_TOKEN,
+)
 from tests.unit.test_job_signals import admin, make_signals, status
 from tests.unit.test_runner import Clock, FakeRay, admit, submit
 
@@ -259,30 +267,31 @@ def actors(monkeypatch: pytest.MonkeyPatch) -> list[_Actor]:
     return named
 
 
-class _Ctx:
-    def get_world_rank(self) -> int:
-        return 0
-
-
 def test_a_training_loop_polls_the_actor_that_replaced_a_dead_one(
-    monkeypatch: pytest.MonkeyPatch, actors: list[_Actor]
+    actors: list[_Actor], tmp_path: Path
 ) -> None:
-    import ray.train
-
-    monkeypatch.setattr(ray.train, "get_context", lambda: _Ctx())
-    monkeypatch.setenv(ENV_JOB_ID, "job-a")
-    monkeypatch.setenv(ENV_ATTEMPT, "1")
-    monkeypatch.setenv(ENV_SIGNAL_TOKEN, "tok")
-    old = _Actor(poll=False)
+    env = {
+        ENV_JOB_ID: "job-a",
+        ENV_ATTEMPT: "1",
+        ENV_SIGNAL_TOKEN: "tok",
+        ENV_CHECKPOINT_URI: tmp_path.as_uri(),
+        ENV_CHECKPOINT_INTERVAL_S: "3600",
+        ENV_SIGNAL_POLL_S: "1",
+    }
+    old = _Actor(poll=False, progress=True)
     actors.append(old)
-    loop = Preemption(poll_interval_s=0.0)
-    assert loop._controller_asks() is False
+    now = [0.0]
+    loop = Checkpointing(env=env, signals=signals.SignalsHandle(), clock=lambda: now[0])
+    assert loop.should_checkpoint(0) is False
     old.dead = True  # the controller killed it (an impostor? a lost pin) and made another
-    new = _Actor(poll=True)
+    new = _Actor(poll=True, progress=True)
     actors.append(new)
-    loop._controller_asks()  # the dead actor's error drops the handle
-    assert loop._controller_asks() is True
+    now[0] += 1.0
+    assert loop.should_checkpoint(1) is False  # the dead actor's error drops the handle
+    now[0] += 1.0
+    assert loop.should_checkpoint(2) is True
     assert new.calls == [("poll", ("job-a", 1, "tok"))]
+    loop.finish()
 
 
 def test_a_dead_handle_is_looked_up_again_at_most_every_interval() -> None:
