@@ -8,6 +8,7 @@ by default), its schema, and the rules of a job's life:
   with its time and reason, and emits an event;
 - idempotent submission: a client-supplied idempotency key makes a retried submit return the
   job it already created instead of a second one;
+- attempt notes: text the control plane adds to one attempt's log (a hung gang's stacks);
 - an event log (what ``rcp events`` shows) and a key-value table for the policy actor's
   desired state and policy state (JSON values);
 - which jobs are *active*: QUEUED, ADMITTED, RUNNING, PREEMPTED, and finished jobs whose Ray
@@ -103,8 +104,15 @@ ALLOWED_TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
             JobState.CANCELLED,
         }
     ),
+    # RUNNING -> QUEUED: the gang crashed, hung or was lost; it runs again as a new attempt.
     JobState.RUNNING: frozenset(
-        {JobState.SUCCEEDED, JobState.FAILED, JobState.PREEMPTED, JobState.CANCELLED}
+        {
+            JobState.SUCCEEDED,
+            JobState.FAILED,
+            JobState.PREEMPTED,
+            JobState.CANCELLED,
+            JobState.QUEUED,
+        }
     ),
     JobState.PREEMPTED: frozenset({JobState.QUEUED, JobState.FAILED, JobState.CANCELLED}),
     JobState.SUCCEEDED: frozenset(),
@@ -263,6 +271,13 @@ CREATE TABLE IF NOT EXISTS events (
     data_json TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS events_by_job ON events (job_id, seq);
+CREATE TABLE IF NOT EXISTS attempt_notes (
+    job_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    at_s REAL NOT NULL,
+    PRIMARY KEY (job_id, attempt)
+);
 CREATE TABLE IF NOT EXISTS kv (
     key TEXT PRIMARY KEY,
     value_json TEXT NOT NULL,
@@ -785,6 +800,7 @@ class Store:
                 marks = ", ".join("?" for _ in chunk)
                 db.execute(f"DELETE FROM transitions WHERE job_id IN ({marks})", chunk)
                 db.execute(f"DELETE FROM events WHERE job_id IN ({marks})", chunk)
+                db.execute(f"DELETE FROM attempt_notes WHERE job_id IN ({marks})", chunk)
                 db.execute(f"DELETE FROM jobs WHERE job_id IN ({marks})", chunk)
             self._reported_invalid.difference_update(ids)
             return ids
@@ -839,6 +855,30 @@ class Store:
             job_id,
             {"from": None if from_state is None else from_state.value, "to": to_state.value},
         )
+
+    # -- attempt notes: what the control plane adds to an attempt's log ----------------------
+
+    def put_attempt_note(self, job_id: str, attempt: int, text: str) -> None:
+        """Keep `text` with `attempt` of `job_id` (replacing an earlier note of that attempt),
+        e.g. the workers' stacks of a hung gang, which its log shows after the attempt's own
+        lines. Deleted with the job (`prune_jobs`). The caller bounds the size."""
+        with self._tx() as db:
+            if db.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone() is None:
+                raise UnknownJob(job_id)
+            db.execute(
+                "INSERT INTO attempt_notes (job_id, attempt, text, at_s) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (job_id, attempt) DO UPDATE SET text = excluded.text, "
+                "at_s = excluded.at_s",
+                (job_id, int(attempt), text, self._clock()),
+            )
+
+    def attempt_note(self, job_id: str, attempt: int) -> str | None:
+        """The note kept with one attempt, or None."""
+        rows = self._read(
+            "SELECT text FROM attempt_notes WHERE job_id = ? AND attempt = ?",
+            (job_id, int(attempt)),
+        )
+        return str(rows[0]["text"]) if rows else None
 
     # -- events ----------------------------------------------------------------------------
 

@@ -395,8 +395,21 @@ class LocalCluster:
                 "RAY_enable_autoscaler_v2": "1",
                 "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID,
                 "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID,
+                # The hang watchdog asks the dashboard for a hung worker's stacks
+                # (``/worker/traceback``): Ray answers 403 unless profiling is on. It runs
+                # py-spy, found on PATH: this interpreter's bin directory goes first.
+                "RAY_DASHBOARD_ENABLE_PROFILING": "1",
+                "PATH": os.pathsep.join(
+                    [os.path.dirname(sys.executable), env.get("PATH", os.defpath)]
+                ),
             }
         )
+        if self.cfg.storage.embedded:
+            # Jobs reach the embedded store with boto3's usual credential chain, like on a
+            # real cluster: the nodes' own environment carries its fixed local keys (it
+            # accepts any), never the job's runtime env, which the dashboard shows.
+            env["AWS_ACCESS_KEY_ID"] = EMBEDDED_ACCESS_KEY
+            env["AWS_SECRET_ACCESS_KEY"] = EMBEDDED_SECRET_KEY
         return env
 
     @property

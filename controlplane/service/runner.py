@@ -3,8 +3,10 @@
 Owns:
 
 * `RayJobs` - the Ray side: Ray Job submission, status, stop and logs through the dashboard
-  (``JobSubmissionClient``, so every gang shows in the dashboard's Jobs tab), and the
-  ``rcp-job-signals`` actor (`jobs.signals.JobSignals`) that training loops talk to.
+  (``JobSubmissionClient``, so every gang shows in the dashboard's Jobs tab), a worker's
+  Python stacks through the dashboard (py-spy, `fetch_worker_stack`), the memory-tier holder
+  actors of a job (``<job id>/...`` in ``rcp-checkpoints``), and the ``rcp-job-signals``
+  actor (`jobs.signals.JobSignals`) that training loops talk to.
 * `JobRunner` - a job's life after admission, idempotently and from the store alone, so a
   restarted controller carries on where the last one stopped:
 
@@ -20,28 +22,67 @@ Owns:
     ``JOB_DRIVER_RESOURCE``, which the head does not offer: user drivers never run beside the
     control plane's credentials.
   - `preempt` (PreemptJob): ask the gang to checkpoint now (signals actor), mark it
-    ``preempting`` with a deadline (``checkpoint.preempt_deadline_s``).
-  - `reconcile` every tick: ADMITTED -> RUNNING once every worker has started; a gang not
-    running within ``jobs.gang_start_timeout_s`` is stopped and re-queued with exponential
-    backoff (``not_before_s``), FAILED after ``jobs.max_start_attempts``; a preempting gang
-    is stopped once it reported a checkpoint taken for the request (or at the deadline), then
-    PREEMPTED -> QUEUED in one store transaction (`Store.requeue`), to resume from its latest
-    checkpoint; a job found PREEMPTED (a crash of an older version between those steps) is
-    re-queued the same way once its Ray Job has ended; a Ray Job that ended sets
-    SUCCEEDED/FAILED; a job past its ``max_runtime_s`` is stopped and FAILED; a CANCELLED
-    job's Ray Job is stopped. A job that has ended and whose Ray Job has ended is forgotten by
-    the signals actor (`forget`), as is every job retention prunes.
+    ``preempting`` with a deadline (``checkpoint.preempt_deadline_s``); a preemption with no
+    job to make room for is the health remediation moving the gang off a bad node.
+  - `reconcile` every tick:
+
+    * committed checkpoints come from object storage, never from the loop's word
+      (`checkpoints.CheckpointReader`, on worker threads; the tick waits `TICK_WAIT_S` at
+      most, all jobs together): a RUNNING job's newest committed step is read every
+      ``jobs.checkpoint_scan_interval_s``, sooner when its hint (a ``checkpointed`` report,
+      or the committed step in its progress) names a newer one, and every tick while it is
+      preempted; a storage error is logged and read again later, never fails the job;
+    * ADMITTED -> RUNNING once every worker has started; a gang not running within
+      ``jobs.gang_start_timeout_s`` is stopped and re-queued with exponential backoff
+      (``not_before_s``), FAILED after ``jobs.max_start_attempts``;
+    * a preempting gang is stopped once the manifest of a step taken for the request is in
+      storage (the step the job reported for it, verified there, or any step committed after
+      the request), or at the deadline; then PREEMPTED -> QUEUED in one store transaction
+      (`Store.requeue`); no restart is spent, even when it failed meanwhile;
+    * a RUNNING gang whose Ray Job FAILED (a worker raised or was killed, a node died)
+      crashed; one whose step has not grown for its ``stall_timeout_s`` (armed once it
+      reported a step) hung: every rank's stacks are fetched through Ray into the attempt's
+      log (`Store.put_attempt_note`, shown by `read_logs`), event ``job.hung``, the gang is
+      stopped. Either goes RUNNING -> QUEUED (one transaction) after a backoff
+      (``jobs.restart_backoff_*``), to resume from the newest committed step, or FAILED, as
+      `policies.restarts` decides (``max_restarts``; the same failure twice before any
+      progress gives up at once); both count in the fleet's failure record
+      (`reliability.record_failure`: a crash once the gang reported a step);
+    * a RUNNING gang whose Ray Job vanished (the cluster restarted) is re-queued (no restart
+      spent); a job found PREEMPTED (a crash of an older version mid-preemption) is re-queued
+      once its Ray Job has ended; a Ray Job that ended sets SUCCEEDED/FAILED; a job past its
+      ``max_runtime_s`` is stopped and FAILED; a CANCELLED job's Ray Job is stopped.
+
+    A job that has ended and whose Ray Job has ended is settled: the signals actor forgets it
+    (`forget`, as every job retention prunes) and its memory-tier actors are killed (and, every
+    `ORPHAN_SWEEP_INTERVAL_S`, those of any ended or pruned job: `sweep_memory_tiers`).
+
+What the job's info records (the API, CLI and metrics read exactly these keys,
+`job_info`): ``checkpoint_uri`` (its prefix); ``checkpoint`` = ``{"step", "uri",
+"committed_unix_s", "read_s"}``, the newest committed step as read from storage;
+``progress`` = the running attempt's ``{"step", "step_at_s", "stall_s", "wall_s"}`` from the
+signals actor (present only while an attempt runs); ``stall_s_total``/``wall_s_total`` over
+ended attempts; ``restarts`` (crash and hang restarts used); ``hangs``; ``attempts`` (newest
+last, at most `MAX_ATTEMPTS_KEPT`) = ``{"attempt", "admitted_s", "ended_s", "kind",
+"reason", "step"}`` with ``kind`` an `AttemptEnd` and ``step`` the last step the attempt
+reported (None: none). A give-up's attempt has kind ``failed``.
 
 What a gang runs (``JobSpec.entrypoint``): ``module:function`` runs
 ``python -m jobs.launcher module:function``; anything else is run as a command (a leading
 ``python``/``python3`` becomes this interpreter), and the script calls
 ``jobs.launcher.run_gang``. The environment carries ``RCP_JOB_ID``, ``RCP_ATTEMPT``,
 ``RCP_NUM_WORKERS``, ``RCP_GPUS_PER_WORKER``, ``RCP_CPUS_PER_WORKER``, ``RCP_STORAGE_PATH``,
-``RCP_RESUME_FROM`` (the latest checkpoint, only when it lies under the job's checkpoint
-prefix ``RCP_CHECKPOINT_PREFIX``), ``RCP_SIGNAL_POLL_S`` and ``RCP_SIGNAL_TOKEN``: a fresh
-secret per attempt, kept in the job's info (never in events, logs or the API's view), and
-registered with the signals actor (as its hash, with the prefix) before the gang is
-submitted, so signals from other jobs or older attempts are refused.
+``RCP_NODE_IDS``, the job's checkpoint settings for `jobs.checkpointing`
+(``RCP_CHECKPOINT_URI``: its prefix, ``checkpoint.uri`` or ``<storage.uri>/jobs/<job id>``,
+where it restores the newest committed step from; ``RCP_STORAGE_ENDPOINT_URL`` (unset for
+AWS's own), ``RCP_STORAGE_REGION``, ``RCP_CHECKPOINT_ENABLED``, ``RCP_CHECKPOINT_INTERVAL_S``
+(only when set), ``RCP_CHECKPOINT_KEEP_LAST``, ``RCP_MTBF_S``: the gang's MTBF from the
+fleet's record, `reliability.job_mtbf_s`), ``RCP_STEP_REPORT_S``, ``RCP_SIGNAL_POLL_S`` and
+``RCP_SIGNAL_TOKEN``: a fresh secret per attempt, kept in the job's info (never in events,
+logs or the API's view), and registered with the signals actor (as its hash, with the
+prefix) before the gang is submitted, so signals from other jobs or older attempts are
+refused. No storage credential is in it (the Jobs tab shows it): workers find theirs in the
+node's usual AWS sources.
 
 Must not: decide who runs (that is `policies.admission`).
 """
@@ -49,24 +90,49 @@ Must not: decide who runs (that is `policies.admission`).
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
+import math
 import re
 import secrets
 import shlex
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import Enum
 from typing import Any, Protocol
 
+import requests
+
 from controlplane.config import Config
 from controlplane.pools import JOB_DRIVER_RESOURCE, Pool, pool_resource
+from controlplane.service import reliability
+from controlplane.service.checkpoints import CheckpointReader, CommittedStep
 from controlplane.service.tokens import ensure_token
-from controlplane.store import IllegalTransition, JobRecord, JobState, StaleState, Store
+from controlplane.store import (
+    TERMINAL_STATES,
+    IllegalTransition,
+    InvalidJob,
+    JobRecord,
+    JobState,
+    StaleState,
+    Store,
+    UnknownJob,
+)
 from jobs import launcher, signals
 from jobs.signals import token_sha256
+from jobs.spec import JOBS_AREA
 from policies.plan import AdmitJob, PreemptJob
+from policies.restarts import (
+    AttemptFailure,
+    FailureKind,
+    Restart,
+    RestartLimits,
+    RestartRecord,
+    decide_restart,
+    failure_signature,
+)
 
 __all__ = ["JobRunner", "RayJobs", "RayJobStatus", "Reason", "entrypoint_command"]
 
@@ -106,8 +172,35 @@ DASHBOARD_READ_TIMEOUT_S = 30.0
 this long without a byte (`dashboard_client`): a dashboard that accepts a connection and never
 answers raises instead of hanging the tick thread, or a submission thread, forever."""
 
+TICK_WAIT_S = 2.0
+"""The most one `JobRunner.reconcile` waits for checkpoint reads and stack fetches, all jobs
+together (they run on worker threads; one still running is picked up by a later tick)."""
+MAX_ATTEMPTS_KEPT = 100
+"""Attempt ends kept in a job's info (``attempts``, newest last)."""
+ATTEMPT_REASON_CHARS = 400
+"""The most of a log tail kept as an attempt's end reason (its last characters)."""
+SIGNATURE_TAIL_CHARS = 4000
+"""The log tail a failure's signature is taken from (`policies.restarts.failure_signature`)."""
+STACK_MAX_CHARS = 64 << 10
+"""The most of one worker's stacks kept (the start: the stacks of its threads, main first)."""
+STACK_MAX_RANKS = 64
+"""Ranks whose stacks a hang fetches (lowest first); more are named, not fetched."""
+STACK_FETCH_THREADS = 8
+STACKS_DEADLINE_S = 20.0
+"""The most all stack fetches of one hang take; a rank not answered by then shows why."""
+STACK_REQUEST_TIMEOUT_S = (2.0, 15.0)
+"""(connect, read) timeout of one ``/worker/traceback`` request (py-spy runs in between)."""
+HANG_HEADER = "=== attempt {attempt}: hang: stacks of the workers (py-spy via Ray) ==="
+MEMORY_TIER_NAMESPACE = "rcp-checkpoints"
+"""Where `jobs.checkpoint.RayMemoryTier` names its holder actors ``<job id>/...``."""
+MEMORY_TIER_SWEEP_JOBS = 100
+"""Jobs whose leftover holder actors one sweep checks (`JobRunner.sweep_memory_tiers`)."""
+
 _REQUEUE_INFO: Mapping[str, Any] = {
     "preempting": None,
+    "preempt_checkpoint": None,
+    "preempt_kind": None,
+    "stopping": None,
     "stop_sent": None,
     "placement": None,
     "ray_done": True,
@@ -131,6 +224,24 @@ class Reason(str, Enum):
     RAY_JOB_STOPPED = "ray-job-stopped-outside-control-plane"
     MAX_RUNTIME = "max-runtime-exceeded"
     GANG_LOST = "gang-lost: Ray no longer knows its job (cluster restarted?)"
+    GANG_FAILED = "gang-failed"
+    GANG_HUNG = "gang-hung"
+    PREEMPT_ENDED = "gang-ended-while-preempting"
+
+
+class AttemptEnd(str, Enum):
+    """How an attempt ended: the ``kind`` of each entry of a job's ``attempts`` info."""
+
+    CRASH = "crash"
+    HANG = "hang"
+    PREEMPTED = "preempted"
+    HEALTH = "health"
+    START_FAILED = "start-failed"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    MAX_RUNTIME = "max-runtime"
+    LOST = "lost"
 
 
 def entrypoint_command(entrypoint: str, python: str = sys.executable) -> str:
@@ -150,6 +261,9 @@ class Signals(Protocol):
     def request_checkpoint(self, job_id: str, at_s: float) -> None: ...
     def clear_request(self, job_id: str) -> None: ...
     def forget_signals(self, job_id: str) -> None: ...
+    def worker_stack(self, pid: int, node_id: str) -> str: ...
+    def memory_tier_jobs(self) -> set[str]: ...
+    def kill_memory_tier(self, job_id: str) -> int: ...
 
 
 SIGNALS_KEY_FILE = "job-signals.key"
@@ -372,6 +486,74 @@ class RayJobs:
                 out[str(sid)] = status
         return out
 
+    def worker_stack(self, pid: int, node_id: str) -> str:
+        """The Python stacks of worker process `pid` on node `node_id` (hex) and of its child
+        processes, as py-spy dumps them through Ray's dashboard (`fetch_worker_stack`), with
+        the dashboard client's own auth headers. The head must run with
+        ``RAY_DASHBOARD_ENABLE_PROFILING=1`` (local mode sets it); else Ray answers 403."""
+        headers = dict(getattr(self.client, "_headers", None) or {})
+        return fetch_worker_stack(self.dashboard_url, pid, node_id, headers=headers)
+
+    def memory_tier_jobs(self) -> set[str]:
+        """Job ids that hold memory-tier actors (``<job id>/...`` in `MEMORY_TIER_NAMESPACE`)."""
+        return {name.partition("/")[0] for name in self._memory_tier_names()}
+
+    def kill_memory_tier(self, job_id: str) -> int:
+        """Kill every memory-tier actor of `job_id` (``<job id>/...``); returns how many."""
+        import ray
+
+        killed = 0
+        for name in self._memory_tier_names():
+            if name.partition("/")[0] != job_id:
+                continue
+            try:
+                ray.kill(ray.get_actor(name, namespace=MEMORY_TIER_NAMESPACE), no_restart=True)
+                killed += 1
+            except ValueError:  # gone meanwhile
+                continue
+        return killed
+
+    def _memory_tier_names(self) -> list[str]:
+        import ray
+
+        names = []
+        for actor in ray.util.list_named_actors(all_namespaces=True):
+            name = str(actor.get("name", ""))
+            if actor.get("namespace") == MEMORY_TIER_NAMESPACE and "/" in name.strip("/"):
+                names.append(name)
+        return names
+
+
+def fetch_worker_stack(
+    dashboard_url: str,
+    pid: int,
+    node_id: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    timeout_s: tuple[float, float] = STACK_REQUEST_TIMEOUT_S,
+    max_chars: int = STACK_MAX_CHARS,
+) -> str:
+    """``GET <dashboard>/worker/traceback?pid=&node_id=&subprocesses=1``: Ray's dashboard has
+    the node's agent run ``py-spy dump`` on the process and its children. At most `max_chars`
+    of the answer are read (a line then says the rest was cut); every request has a (connect,
+    read) timeout. RuntimeError naming the HTTP status and the start of the body when Ray
+    answers anything but 200 (403: profiling is off on the head)."""
+    params = {"pid": str(int(pid)), "node_id": node_id, "subprocesses": "1"}
+    with requests.get(
+        f"{dashboard_url}/worker/traceback",
+        params=params,
+        headers=dict(headers or {}),
+        timeout=timeout_s,
+        stream=True,
+    ) as resp:
+        raw: bytes = resp.raw.read(4 * max_chars + 1, decode_content=True)
+        text = raw.decode("utf-8", errors="replace")
+        if resp.status_code != 200:
+            raise RuntimeError(f"the dashboard answered {resp.status_code}: {text[:300].strip()}")
+    if len(text) > max_chars:
+        text = text[:max_chars] + f"\n[rcp: cut here: the first {max_chars} characters are kept]"
+    return text
+
 
 class SubmitTimeout(RuntimeError):
     """Ray did not accept a submission in time (or an earlier one still hangs)."""
@@ -442,11 +624,57 @@ class _Submissions:
             raise state["error"]
 
 
+class _Background:
+    """Work the tick must not wait on for long (checkpoint reads from storage, stack fetches
+    through Ray's dashboard) on worker threads, keyed by what it is for. The tick starts it,
+    waits a bounded time (`wait`) and takes what finished (`take`); work still running is
+    taken by a later tick and never started twice. Results are plain data: every decision
+    stays on the tick thread."""
+
+    def __init__(self, max_workers: int = 4) -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers, thread_name_prefix="rcp-runner-io"
+        )
+        self._pending: dict[tuple[str, ...], concurrent.futures.Future[Any]] = {}
+
+    def start(self, key: tuple[str, ...], fn: Callable[..., Any], *args: Any) -> None:
+        if key not in self._pending:
+            self._pending[key] = self._pool.submit(fn, *args)
+
+    def pending(self, key: tuple[str, ...]) -> bool:
+        return key in self._pending
+
+    def wait(self, keys: Iterable[tuple[str, ...]], deadline_s: float) -> None:
+        """Until every future of `keys` is done or `deadline_s` (``time.monotonic``) passed."""
+        futures = [self._pending[k] for k in keys if k in self._pending]
+        if futures:
+            concurrent.futures.wait(futures, timeout=max(0.0, deadline_s - time.monotonic()))
+
+    def take(self, key: tuple[str, ...]) -> tuple[bool, Any, BaseException | None]:
+        """``(done, result, error)``; a done future is forgotten once taken."""
+        future = self._pending.get(key)
+        if future is None or not future.done():
+            return False, None, None
+        del self._pending[key]
+        error = future.exception()
+        return True, None if error is not None else future.result(), error
+
+    def drop(self, keep: Callable[[tuple[str, ...]], bool]) -> None:
+        """Forget finished work nobody will take (its job moved on)."""
+        for key in [k for k, f in self._pending.items() if f.done() and not keep(k)]:
+            del self._pending[key]
+
+
 class JobRunner:
     """A job's life after admission (see the module doc). Every method is idempotent."""
 
     def __init__(
-        self, store: Store, cfg: Config, ray_jobs: Any, clock: Callable[[], float] = time.time
+        self,
+        store: Store,
+        cfg: Config,
+        ray_jobs: Any,
+        clock: Callable[[], float] = time.time,
+        checkpoints: CheckpointReader | None = None,
     ) -> None:
         self.store = store
         self.cfg = cfg
@@ -454,7 +682,13 @@ class JobRunner:
         if isinstance(ray_jobs, RayJobs) and ray_jobs.store is None:
             ray_jobs.store = store  # where the signals actor's id is pinned
         self.clock = clock
+        self.checkpoints = checkpoints or CheckpointReader(cfg)
         self._submissions = _Submissions()
+        self._work = _Background()
+        self._next_scan_s: dict[str, float] = {}
+        """When each running job's committed steps are read again (`_read_checkpoints`)."""
+        self._hint_scanned: dict[str, int] = {}
+        """The step a job's hint named when it last triggered an early read."""
         self._ended_logs: collections.OrderedDict[str, str] = collections.OrderedDict()
         """Logs of attempts whose Ray Job ended, by submission id (see `read_logs`)."""
         self._live_logs: dict[str, tuple[float, str]] = {}
@@ -496,7 +730,14 @@ class JobRunner:
                 "submission_id": submission_id,
                 "admitted_s": now,
                 "placement": placement,
+                "checkpoint_uri": self.checkpoint_uri(job),
+                # The committed step this attempt starts from (progress is measured from it).
+                "start_step": _info_step(job.info.get("checkpoint")),
+                "progress": None,
                 "preempting": None,
+                "preempt_checkpoint": None,
+                "preempt_kind": None,
+                "stopping": None,
                 "stop_sent": None,
                 "ray_done": None,
                 "not_before_s": None,
@@ -517,9 +758,19 @@ class JobRunner:
             return
         self._submit(job)
 
-    def checkpoint_prefix(self, job_id: str) -> str:
-        """Where `job_id`'s checkpoints live; nothing outside it is recorded or resumed from."""
-        return signals.checkpoint_prefix(self.cfg.train_storage_path, job_id)
+    def checkpoint_uri(self, job: JobRecord) -> str:
+        """The job's checkpoint prefix: ``checkpoint.uri``, else ``<storage.uri>/jobs/<job
+        id>``. The signals actor refuses checkpoint hints outside it; the controller reads
+        committed steps there; the job writes and restores only there."""
+        if job.spec.checkpoint.uri:
+            return job.spec.checkpoint.uri.rstrip("/")
+        area = f"{self.cfg.storage.uri.rstrip('/')}/{JOBS_AREA}"
+        return signals.checkpoint_prefix(area, job.job_id)
+
+    def _uri_of(self, job: JobRecord) -> str:
+        """The prefix recorded at admission (a job admitted before it was recorded: now)."""
+        uri = job.info.get("checkpoint_uri")
+        return uri if isinstance(uri, str) and uri else self.checkpoint_uri(job)
 
     def _register_signals(self, job: JobRecord) -> None:
         """Tell the signals actor this attempt's token (as its hash) and checkpoint prefix."""
@@ -527,7 +778,7 @@ class JobRunner:
             job.job_id,
             int(job.info["attempt"]),
             token_sha256(str(job.info[SIGNAL_TOKEN_INFO])),
-            self.checkpoint_prefix(job.job_id),
+            self._uri_of(job),
         )
 
     def _defer(self, job: JobRecord, reason: str) -> None:
@@ -586,14 +837,22 @@ class JobRunner:
         from controlplane.service.controller import ray_connection_env
 
         s = job.spec
+        c = s.checkpoint
         env: dict[str, str] = {
             str(k): str(v) for k, v in dict(s.runtime_env.get("env_vars") or {}).items()
         }
+        mtbf_s = reliability.job_mtbf_s(self.store, self.cfg, s.gpus_total, self.clock())
         env.update(
             {
                 signals.ENV_JOB_ID: job.job_id,
                 signals.ENV_ATTEMPT: str(job.info["attempt"]),
                 signals.ENV_SIGNAL_POLL_S: f"{self.cfg.jobs.job_signal_poll_s:g}",
+                signals.ENV_CHECKPOINT_URI: self._uri_of(job),
+                signals.ENV_STORAGE_REGION: self.cfg.storage.region,
+                signals.ENV_CHECKPOINT_ENABLED: "1" if c.enabled else "0",
+                signals.ENV_CHECKPOINT_KEEP_LAST: str(c.keep_last),
+                signals.ENV_MTBF_S: f"{mtbf_s:.1f}",
+                signals.ENV_STEP_REPORT_S: f"{self.cfg.jobs.step_report_interval_s:g}",
                 launcher.ENV_NUM_WORKERS: str(s.num_workers),
                 launcher.ENV_GPUS_PER_WORKER: str(s.gpus_per_worker),
                 launcher.ENV_CPUS_PER_WORKER: f"{s.cpus_per_worker:g}",
@@ -602,21 +861,13 @@ class JobRunner:
                 **ray_connection_env(),
             }
         )
-        prefix = self.checkpoint_prefix(job.job_id)
-        env[signals.ENV_CHECKPOINT_PREFIX] = prefix
+        endpoint = self.cfg.storage_endpoint_url
+        if endpoint:
+            env[signals.ENV_STORAGE_ENDPOINT_URL] = endpoint
+        if c.interval_s is not None:
+            env[signals.ENV_CHECKPOINT_INTERVAL_S] = f"{c.interval_s:g}"
         if job.info.get(SIGNAL_TOKEN_INFO):
             env[signals.ENV_SIGNAL_TOKEN] = str(job.info[SIGNAL_TOKEN_INFO])
-        ckpt = job.info.get("checkpoint") or {}
-        if ckpt.get("path") and signals.under_prefix(str(ckpt["path"]), prefix):
-            env[signals.ENV_RESUME_FROM] = str(ckpt["path"])
-        elif ckpt.get("path"):
-            self.store.record_event(
-                "job.resume_refused",
-                f"job {job.job_id}: not resuming from {ckpt['path']}: outside its checkpoint "
-                f"prefix {prefix}; starting fresh",
-                job_id=job.job_id,
-                data={"path": str(ckpt["path"]), "prefix": prefix},
-            )
         runtime_env = {k: v for k, v in s.runtime_env.items() if k != "env_vars"}
         runtime_env["env_vars"] = env
         if s.working_dir:
@@ -627,6 +878,8 @@ class JobRunner:
         job = self.store.get(action.job_id)
         if job.state not in (JobState.ADMITTED, JobState.RUNNING) or job.info.get("preempting"):
             return
+        if job.info.get("stopping"):
+            return  # a hung gang is being stopped already; it re-queues once stopped
         now = self.clock()
         ask = (
             action.checkpoint_first
@@ -634,6 +887,9 @@ class JobRunner:
             and job.state is JobState.RUNNING
         )
         deadline = now + (job.spec.checkpoint.preempt_deadline_s if ask else 0.0)
+        # Admission names the job it frees GPUs for; the health remediation (the only other
+        # source of PreemptJob) names none: it moves the gang off a bad node.
+        kind = AttemptEnd.PREEMPTED if action.for_job_id else AttemptEnd.HEALTH
         self.store.update_info(
             job.job_id,
             {
@@ -642,6 +898,8 @@ class JobRunner:
                 "preempt_deadline_s": deadline,
                 "preempt_for": action.for_job_id,
                 "preempt_reason": action.reason,
+                "preempt_kind": kind.value,
+                "preempt_checkpoint": None,
             },
         )
         if ask:
@@ -657,16 +915,30 @@ class JobRunner:
     # -- reconcile ----------------------------------------------------------------------------
 
     def reconcile(self) -> None:
-        """Move every job that holds (or held) a gang along, from what Ray and the signals say.
+        """Move every job that holds (or held) a gang along, from what Ray, the signals actor
+        and object storage say.
 
         Reads active jobs only (by index): ADMITTED, RUNNING, PREEMPTED, and finished jobs
-        whose Ray Job may still run. Never the finished jobs of the past.
+        whose Ray Job may still run. Never the finished jobs of the past. Waits at most
+        `TICK_WAIT_S` for storage reads and stack fetches, all jobs together. One job's error
+        is logged and never stops the others.
         """
-        for job in self.store.list_jobs(states=[JobState.ADMITTED, JobState.RUNNING]):
+        deadline_s = time.monotonic() + TICK_WAIT_S
+        jobs = self.store.list_jobs(states=[JobState.ADMITTED, JobState.RUNNING])
+        sigs = {job.job_id: self._signals(job) for job in jobs}
+        jobs = self._read_checkpoints(jobs, sigs, deadline_s)
+        for job in jobs:
             try:
-                self._reconcile_one(job)
+                self._reconcile_one(job, sigs[job.job_id], deadline_s)
             except (StaleState, IllegalTransition):
                 continue  # someone (a cancel) moved it meanwhile; next tick sees it
+            except Exception:
+                log.exception("reconciling job %s failed; retried next tick", job.job_id)
+        live = {job.job_id for job in jobs}
+        self._work.drop(lambda key: key[1] in live)
+        for table in (self._next_scan_s, self._hint_scanned):
+            for job_id in set(table) - live:
+                del table[job_id]
         for job in self.store.list_jobs(states=[JobState.PREEMPTED]):
             try:
                 self._requeue_stranded(job)
@@ -676,7 +948,10 @@ class JobRunner:
             states=[JobState.CANCELLED, JobState.FAILED], unsettled_only=True
         )
         for job in scan.jobs:
-            self._stop_ended(job)
+            try:
+                self._stop_ended(job)
+            except Exception:
+                log.exception("stopping the Ray Job of ended job %s failed", job.job_id)
         for bad in scan.invalid:  # e.g. cancelled by id (`Store.cancel_invalid`)
             try:
                 self._stop_invalid(bad.job_id)
@@ -689,6 +964,10 @@ class JobRunner:
                 self.sweep_orphans()
             except Exception as exc:  # retried at the next interval
                 log.warning("orphan sweep failed: %s", exc)
+            try:
+                self.sweep_memory_tiers()
+            except Exception as exc:
+                log.warning("memory tier sweep failed: %s", exc)
 
     def sweep_orphans(self) -> list[str]:
         """Stop every live Ray Job of ours (metadata ``rcp_job``) that is not the current
@@ -716,6 +995,24 @@ class JobRunner:
             )
         return stopped
 
+    def sweep_memory_tiers(self) -> list[str]:
+        """Kill the memory-tier actors of jobs that have ended (SUCCEEDED, FAILED, CANCELLED)
+        or that the store no longer holds (pruned): those a job left when it was cancelled
+        while queued between attempts, or when the controller stopped before cleaning up at
+        the job's end. At most `MEMORY_TIER_SWEEP_JOBS` jobs per sweep. Returns their ids."""
+        cleaned = []
+        for job_id in sorted(self.ray.memory_tier_jobs())[:MEMORY_TIER_SWEEP_JOBS]:
+            try:
+                ended = self.store.get(job_id).state in TERMINAL_STATES
+            except UnknownJob:
+                ended = True
+            except InvalidJob:
+                continue  # its state is unreadable: leave it to an operator
+            if ended:
+                self._clear_memory_tier(job_id)
+                cleaned.append(job_id)
+        return cleaned
+
     def forget(self, job_id: str) -> None:
         """Tell the signals actor to drop the job (best effort: a failure is logged)."""
         try:
@@ -733,6 +1030,17 @@ class JobRunner:
             self.ray.forget_signals_many(list(job_ids))
         except Exception as exc:
             log.warning("job signals: forgetting %d pruned jobs failed: %s", len(job_ids), exc)
+
+    def _clear_memory_tier(self, job_id: str) -> None:
+        """Kill the job's memory-tier actors (best effort: a failure is logged; the periodic
+        sweep tries again)."""
+        try:
+            killed = self.ray.kill_memory_tier(job_id)
+        except Exception as exc:
+            log.warning("memory tier of %s: cleanup failed: %s", job_id, exc)
+            return
+        if killed:
+            log.info("memory tier of %s: %d holder actor(s) killed", job_id, killed)
 
     def _requeue_stranded(self, job: JobRecord) -> None:
         """A job left PREEMPTED (the crash of a version that re-queued in three steps): once
@@ -765,64 +1073,191 @@ class JobRunner:
             if sig.get("attempt") != job.info.get("attempt") and job.info.get(SIGNAL_TOKEN_INFO):
                 self._register_signals(job)
                 sig = self.ray.signal_status(job.job_id)
-            return sig
+            return sig if isinstance(sig, dict) else {}
         except Exception as exc:
             log.warning("job signals unavailable for %s: %s", job.job_id, exc)
             return {}
 
-    def _reconcile_one(self, job: JobRecord) -> None:
+    # -- committed checkpoints, read from storage -------------------------------------------
+
+    def _read_checkpoints(
+        self, jobs: list[JobRecord], sigs: Mapping[str, Mapping[str, Any]], deadline_s: float
+    ) -> list[JobRecord]:
+        """Start the storage reads that are due (see `_read_wanted`), wait for them until
+        `deadline_s`, and record what came back; returns `jobs` as they are now."""
+        now = self.clock()
+        keys = []
+        for job in jobs:
+            key = ("scan", job.job_id)
+            if self._work.pending(key):
+                keys.append(key)
+                continue
+            wanted = self._read_wanted(job, sigs.get(job.job_id) or {}, now)
+            if wanted is None:
+                continue
+            after, hint = wanted
+            self._work.start(key, self._read, self._uri_of(job), after, hint)
+            self._next_scan_s[job.job_id] = now + self.cfg.jobs.checkpoint_scan_interval_s
+            keys.append(key)
+        self._work.wait(keys, deadline_s)
+        out = []
+        for job in jobs:
+            done, result, error = self._work.take(("scan", job.job_id))
+            if done:
+                job = self._record_read(job, result, error, self.clock())
+            out.append(job)
+        return out
+
+    def _read_wanted(
+        self, job: JobRecord, sig: Mapping[str, Any], now: float
+    ) -> tuple[int | None, int | None] | None:
+        """``(known step, hinted step to check)`` when a read is due, else None: every tick
+        while preempting (until a committed answer is found), every
+        ``jobs.checkpoint_scan_interval_s`` for a RUNNING job, and sooner when the job's hint
+        (its checkpoint report or its progress' committed step) names a step newer than the
+        one recorded (once per hinted step: a job that keeps lying costs one read per lie)."""
+        known = _info_step(job.info.get("checkpoint"))
+        attempt = job.info.get("attempt")
+        if job.info.get("preempting"):
+            if job.info.get("stop_sent") or job.info.get("preempt_checkpoint") is not None:
+                return None
+            return known, self._answering_hint(job, sig)
+        if job.state is not JobState.RUNNING:
+            return None
+        if now >= self._next_scan_s.get(job.job_id, 0.0):
+            return known, None
+        hinted = [_hint_step(sig.get("checkpoint"), attempt)]
+        progress = _progress_of(sig, attempt)
+        hinted.append(progress.get("committed_step") if progress else None)
+        newest = max((h for h in hinted if h is not None), default=None)
+        fresh = newest is not None and (known is None or newest > known)
+        if fresh and newest is not None and self._hint_scanned.get(job.job_id) != newest:
+            self._hint_scanned[job.job_id] = newest
+            return known, None
+        return None
+
+    def _answering_hint(self, job: JobRecord, sig: Mapping[str, Any]) -> int | None:
+        """The step of a checkpoint this attempt reported for the pending request (under its
+        prefix), to verify in storage; None when it reported none."""
+        ckpt = sig.get("checkpoint")
+        if not isinstance(ckpt, Mapping) or not ckpt.get("answers_request"):
+            return None
+        if not signals.under_prefix(str(ckpt.get("path")), self._uri_of(job)):
+            log.warning("job %s: ignoring checkpoint hint outside its prefix", job.job_id)
+            return None
+        return _hint_step(ckpt, job.info.get("attempt"))
+
+    def _read(
+        self, prefix: str, after: int | None, hint: int | None
+    ) -> tuple[CommittedStep | None, CommittedStep | None]:
+        """(worker thread) The newest step committed after `after`, and `hint`'s commit."""
+        newest = self.checkpoints.newest(prefix, after)
+        hinted = None
+        if hint is not None:
+            hinted = newest if newest is not None and newest.step == hint else None
+            hinted = hinted or self.checkpoints.committed(prefix, hint)
+        return newest, hinted
+
+    def _record_read(
+        self, job: JobRecord, result: Any, error: BaseException | None, now: float
+    ) -> JobRecord:
+        """Record a read's newest committed step (``checkpoint``) and, while preempting, the
+        step that answers the request (``preempt_checkpoint``): one the job reported for it
+        whose manifest is in storage, or any committed after the request."""
+        if error is not None:
+            log.warning(
+                "job %s: reading committed checkpoints from %s failed (read again later): %s",
+                job.job_id,
+                self._uri_of(job),
+                error,
+            )
+            return job
+        newest, hinted = result
+        found = [c for c in (newest, hinted) if c is not None]
+        updates: dict[str, Any] = {}
+        best = max(found, key=lambda c: c.step, default=None)
+        known = _info_step(job.info.get("checkpoint"))
+        if best is not None and (known is None or best.step > known):
+            updates["checkpoint"] = best.to_info(now)
+        if job.info.get("preempting") and job.info.get("preempt_checkpoint") is None:
+            asked_s = _finite(job.info.get("preempt_requested_s"))
+            if hinted is not None:
+                updates["preempt_checkpoint"] = hinted.step
+            elif newest is not None and asked_s is not None and newest.committed_unix_s >= asked_s:
+                updates["preempt_checkpoint"] = newest.step
+        if not updates:
+            return job
+        try:
+            return self.store.update_info(job.job_id, updates)
+        except UnknownJob:
+            return job
+
+    # -- one job's tick -------------------------------------------------------------------
+
+    def _reconcile_one(self, job: JobRecord, sig: Mapping[str, Any], deadline_s: float) -> None:
         now = self.clock()
         sid = job.info["submission_id"]
         attempt = int(job.info["attempt"])
-        sig = self._signals(job)
-        ckpt = sig.get("checkpoint")
-        if ckpt and not signals.under_prefix(
-            str(ckpt.get("path")), self.checkpoint_prefix(job.job_id)
-        ):
-            # The actor refuses these; one that did not is not ours. Never record it.
-            log.warning("job %s: ignoring checkpoint %s outside its prefix", job.job_id, ckpt)
-            ckpt = None
-        if ckpt and ckpt != job.info.get("checkpoint"):
-            job = self.store.update_info(job.job_id, {"checkpoint": ckpt})
+        progress = _progress_of(sig, attempt)
+        if progress is not None:
+            shown = {k: progress[k] for k in PROGRESS_INFO_KEYS}
+            if shown != job.info.get("progress"):
+                job = self.store.update_info(job.job_id, {"progress": shown})
         status = self.ray.status(sid)
 
         if job.info.get("preempting"):
-            self._preempting(job, status, ckpt, now)
+            self._preempting(job, status, now)
+            return
+        if job.info.get("stopping"):
+            self._stopping(job, status, now)
             return
         if status is RayJobStatus.SUCCEEDED:
             if job.state is JobState.ADMITTED:
                 self.store.transition(job.job_id, JobState.RUNNING, Reason.GANG_RUNNING.value)
-            self._finish(job, JobState.SUCCEEDED, Reason.RAY_JOB_SUCCEEDED.value)
+            self._finish(
+                job, JobState.SUCCEEDED, Reason.RAY_JOB_SUCCEEDED.value, AttemptEnd.SUCCEEDED
+            )
             return
         if status in (RayJobStatus.FAILED, RayJobStatus.STOPPED):
-            why = Reason.RAY_JOB_FAILED if status is RayJobStatus.FAILED else Reason.RAY_JOB_STOPPED
-            message = self._tail(sid)
+            text = self._log_text(sid)
+            message = _tail_of(text, ATTEMPT_REASON_CHARS)
             if job.state is JobState.ADMITTED:
+                why = (
+                    Reason.RAY_JOB_FAILED
+                    if status is RayJobStatus.FAILED
+                    else Reason.RAY_JOB_STOPPED
+                )
                 self._start_failed(job, f"{why.value}: {message}")
+            elif status is RayJobStatus.STOPPED:
+                reason = f"{Reason.RAY_JOB_STOPPED.value}: {message}"
+                self._finish(job, JobState.FAILED, reason, AttemptEnd.FAILED, {"message": message})
             else:
-                self.store.update_info(job.job_id, {"message": message})
-                self._finish(job, JobState.FAILED, f"{why.value}: {message}")
+                signature = failure_signature(
+                    _tail_of(text, SIGNATURE_TAIL_CHARS), (sid, job.job_id)
+                )
+                self._gang_failed(job, FailureKind.CRASH, message, signature, now)
             return
         limit = job.spec.max_runtime_s
         if limit is not None and now - float(job.info["admitted_s"]) > limit:
             # Backfill relied on this bound: enforce it. The stop completes in the background.
             self.ray.stop(sid)
-            self.store.transition(
-                job.job_id,
-                JobState.FAILED,
-                f"{Reason.MAX_RUNTIME.value} ({limit:g}s)",
-                info={"stop_sent": now, "placement": None},
-            )
+            reason = f"{Reason.MAX_RUNTIME.value} ({limit:g}s)"
+            info = {"stop_sent": now, "placement": None}
+            info.update(self._attempt_end(job, AttemptEnd.MAX_RUNTIME, reason, now))
+            self.store.transition(job.job_id, JobState.FAILED, reason, info=info)
             return
         if job.state is JobState.RUNNING and status is RayJobStatus.MISSING:
             # The cluster lost the Ray Job (e.g. `rcp down` then `up`): run it again from its
-            # latest checkpoint rather than leave it RUNNING forever.
-            self.store.requeue(
+            # latest checkpoint rather than leave it RUNNING forever. The cluster's doing, not
+            # the job's: no restart is spent.
+            info = {**_REQUEUE_INFO}
+            info.update(self._attempt_end(job, AttemptEnd.LOST, Reason.GANG_LOST.value, now))
+            self.store.transition(
                 job.job_id,
+                JobState.QUEUED,
                 Reason.GANG_LOST.value,
-                Reason.REQUEUED.value,
-                info={"placement": None, "ray_done": True},
-                expected=[JobState.RUNNING],
+                expected=JobState.RUNNING,
+                info=info,
             )
             return
         if job.state is JobState.ADMITTED:
@@ -844,80 +1279,344 @@ class JobRunner:
                     f"{job.spec.num_workers} workers running after "
                     f"{self.cfg.jobs.gang_start_timeout_s:g}s",
                 )
+            return
+        self._watch(job, sig, progress, now, deadline_s)
 
-    def _preempting(
-        self, job: JobRecord, status: RayJobStatus, ckpt: Mapping[str, Any] | None, now: float
+    # -- the hang watchdog ----------------------------------------------------------------
+
+    def _watch(
+        self,
+        job: JobRecord,
+        sig: Mapping[str, Any],
+        progress: Mapping[str, Any] | None,
+        now: float,
+        deadline_s: float,
     ) -> None:
-        sid = job.info["submission_id"]
-        answered = bool(
-            ckpt and ckpt.get("answers_request") and ckpt.get("attempt") == job.info["attempt"]
+        """A RUNNING gang whose step has not grown for its stall timeout is hung: fetch every
+        rank's stacks (worker threads, `STACKS_DEADLINE_S` in all; the tick waits for them at
+        most until `deadline_s` and takes them on a later tick otherwise), then `_hung`.
+        Armed once the attempt reported a step."""
+        if progress is None:
+            return
+        timeout_s = job.spec.stall_timeout_s or self.cfg.jobs.stall_timeout_s
+        stalled_s = now - float(progress["step_at_s"])
+        key = ("stacks", job.job_id, str(job.info["attempt"]))
+        if stalled_s <= timeout_s:
+            return
+        if not self._work.pending(key):
+            log.warning(
+                "job %s: no new step for %.0fs (stall_timeout_s=%g); fetching its stacks",
+                job.job_id,
+                stalled_s,
+                timeout_s,
+            )
+            workers = sig.get("workers")
+            workers = dict(workers) if isinstance(workers, Mapping) else {}
+            self._work.start(key, self._fetch_stacks, workers)
+        self._work.wait([key], deadline_s)
+        done, stacks, error = self._work.take(key)
+        if not done:
+            return  # still fetching: a later tick finishes the job
+        if error is not None:
+            stacks = f"(fetching the stacks failed: {error})\n"
+        self._hung(job, int(progress["step"]), stalled_s, timeout_s, str(stacks), now)
+
+    def _fetch_stacks(self, workers: Mapping[Any, Any]) -> str:
+        """(worker thread) Every rank's stacks through Ray (`RayJobs.worker_stack`), in
+        parallel, `STACKS_DEADLINE_S` in all; one block per rank, lowest rank first."""
+        ranks: list[tuple[int, Mapping[str, Any]]] = []
+        for rank, worker in workers.items():
+            try:
+                number = int(rank)
+            except (TypeError, ValueError):
+                continue
+            ranks.append((number, worker if isinstance(worker, Mapping) else {}))
+        ranks.sort(key=lambda rw: rw[0])
+        fetched, skipped = ranks[:STACK_MAX_RANKS], ranks[STACK_MAX_RANKS:]
+        pool = concurrent.futures.ThreadPoolExecutor(
+            max(1, min(STACK_FETCH_THREADS, len(fetched))), thread_name_prefix="rcp-stacks"
         )
+        futures: dict[int, concurrent.futures.Future[str]] = {}
+        for rank, worker in fetched:
+            pid, node_id = worker.get("pid"), worker.get("node_id")
+            if isinstance(pid, int) and not isinstance(pid, bool) and isinstance(node_id, str):
+                futures[rank] = pool.submit(self.ray.worker_stack, pid, node_id)
+        concurrent.futures.wait(futures.values(), timeout=STACKS_DEADLINE_S)
+        pool.shutdown(wait=False, cancel_futures=True)
+        blocks = []
+        for rank, worker in fetched:
+            future = futures.get(rank)
+            if future is None:
+                text = "(no stack: the worker reported no pid and node)"
+            elif not future.done():
+                text = f"(no stack: no answer within {STACKS_DEADLINE_S:g}s)"
+            elif future.exception() is not None:
+                text = f"(no stack: {future.exception()})"
+            else:
+                text = future.result()[:STACK_MAX_CHARS]
+            where = f"pid {worker.get('pid')}, node {worker.get('node_id')}"
+            blocks.append(f"--- rank {rank} ({where}) ---\n{text.rstrip()}\n")
+        if not ranks:
+            blocks.append("(no stacks: no worker reported its pid)\n")
+        if skipped:
+            blocks.append(f"({len(skipped)} more ranks not fetched: at most {STACK_MAX_RANKS})\n")
+        return "".join(blocks)
+
+    def _hung(
+        self,
+        job: JobRecord,
+        step: int,
+        stalled_s: float,
+        timeout_s: float,
+        stacks: str,
+        now: float,
+    ) -> None:
+        """Keep the stacks with the attempt's log, count the hang, and stop the gang; it is
+        re-queued as a restart (or FAILED) once Ray says it ended (`_stopping`). Written in
+        that order, so a restarted controller neither loses the stop nor counts it twice."""
+        attempt = int(job.info["attempt"])
+        reason = f"no new step for {stalled_s:.0f}s at step {step} (stall_timeout_s={timeout_s:g})"
+        note = HANG_HEADER.format(attempt=attempt) + "\n" + stacks
+        self.store.put_attempt_note(job.job_id, attempt, note)
+        hangs = (_count(job.info.get("hangs")) or 0) + 1
+        stopping = {"kind": AttemptEnd.HANG.value, "reason": reason, "at_s": now}
+        job = self.store.update_info(job.job_id, {"stopping": stopping, "hangs": hangs})
+        self.store.record_event(
+            "job.hung",
+            f"job {job.job_id}: hung: {reason}; the workers' stacks are in its log (attempt "
+            f"{attempt}); stopping it to restart from its last committed checkpoint",
+            job_id=job.job_id,
+            data={
+                "attempt": attempt,
+                "step": step,
+                "stalled_s": round(stalled_s, 3),
+                "stall_timeout_s": timeout_s,
+            },
+        )
+        try:
+            reliability.record_failure(self.store, "gang-hang", now)
+        except Exception as exc:
+            log.warning("recording the hang of %s in the fleet record failed: %s", job.job_id, exc)
+        self.ray.stop(job.info["submission_id"])
+        self.store.update_info(job.job_id, {"stop_sent": now})
+
+    def _stopping(self, job: JobRecord, status: RayJobStatus, now: float) -> None:
+        """A hung gang being stopped: once Ray says it ended, a restart (or FAILED)."""
+        stopping = job.info.get("stopping")
+        reason = str(stopping.get("reason")) if isinstance(stopping, Mapping) else "hung"
         if status is RayJobStatus.SUCCEEDED:
-            self.ray.clear_request(job.job_id)
+            self._finish(
+                job, JobState.SUCCEEDED, Reason.RAY_JOB_SUCCEEDED.value, AttemptEnd.SUCCEEDED
+            )
+        elif status in _ENDED or status is RayJobStatus.MISSING:
+            self._gang_failed(job, FailureKind.HANG, reason, "hang without progress", now)
+        elif not job.info.get("stop_sent"):
+            self.ray.stop(job.info["submission_id"])
+            self.store.update_info(job.job_id, {"stop_sent": now})
+
+    # -- ends of attempts ---------------------------------------------------------------------
+
+    def _gang_failed(
+        self, job: JobRecord, kind: FailureKind, message: str, signature: str, now: float
+    ) -> None:
+        """A RUNNING gang crashed or hung: restart it after a backoff (RUNNING -> QUEUED, one
+        transaction with its info) or FAIL the job, as `policies.restarts` decides."""
+        progress = job.info.get("progress") if isinstance(job.info.get("progress"), Mapping) else {}
+        failure = AttemptFailure(
+            kind=kind,
+            message=message,
+            signature=signature,
+            committed_step=_info_step(job.info.get("checkpoint")),
+            start_step=_count(job.info.get("start_step")),
+            reported_step=_count((progress or {}).get("step")),
+        )
+        last = job.info.get("last_failure")
+        last = last if isinstance(last, Mapping) else {}
+        record = RestartRecord(
+            restarts=_count(job.info.get("restarts")) or 0,
+            last_signature=last.get("signature")
+            if isinstance(last.get("signature"), str)
+            else None,
+            committed_at_last_failure=_count(last.get("committed_step")),
+        )
+        j = self.cfg.jobs
+        limits = RestartLimits(
+            job.spec.max_restarts, j.restart_backoff_initial_s, j.restart_backoff_max_s
+        )
+        decision, record = decide_restart(failure, record, limits)
+        if kind is FailureKind.CRASH and failure.reported_step is not None:
+            # Counted for the fleet's MTBF only once the gang trained: a script that fails
+            # before its first step is the script's fault, not the cluster's.
+            try:
+                reliability.record_failure(self.store, "gang-crash", now)
+            except Exception as exc:
+                log.warning("recording the crash of %s failed: %s", job.job_id, exc)
+        info: dict[str, Any] = {
+            "restarts": record.restarts,
+            "last_failure": {
+                "signature": record.last_signature,
+                "committed_step": record.committed_at_last_failure,
+            },
+            "message": message,
+        }
+        why = Reason.GANG_HUNG if kind is FailureKind.HANG else Reason.GANG_FAILED
+        if isinstance(decision, Restart):
+            end = AttemptEnd.HANG if kind is FailureKind.HANG else AttemptEnd.CRASH
+            info.update(_REQUEUE_INFO)
+            info.update(self._attempt_end(job, end, f"{kind.value}: {message}", now))
+            info["not_before_s"] = now + decision.after_s
+            self.store.transition(
+                job.job_id,
+                JobState.QUEUED,
+                f"{why.value}: {decision.reason}",
+                expected=JobState.RUNNING,
+                info=info,
+            )
+            return
+        self._finish(
+            job, JobState.FAILED, f"{why.value}: {decision.reason}", AttemptEnd.FAILED, info
+        )
+
+    def _preempting(self, job: JobRecord, status: RayJobStatus, now: float) -> None:
+        """Stop the gang once the checkpoint answering the request is committed in storage
+        (``preempt_checkpoint``, `_record_read`) or the deadline passed; once Ray says it
+        ended, PREEMPTED -> QUEUED in one transaction. No restart is spent, even when the gang
+        failed meanwhile (a node lost under a health move)."""
+        sid = job.info["submission_id"]
+        verified = _count(job.info.get("preempt_checkpoint"))
+        if status is RayJobStatus.SUCCEEDED:
+            self._clear_request(job.job_id)
             if job.state is JobState.ADMITTED:
                 self.store.transition(job.job_id, JobState.RUNNING, Reason.GANG_RUNNING.value)
             self._finish(
-                job, JobState.SUCCEEDED, f"{Reason.RAY_JOB_SUCCEEDED.value} while preempting"
+                job,
+                JobState.SUCCEEDED,
+                f"{Reason.RAY_JOB_SUCCEEDED.value} while preempting",
+                AttemptEnd.SUCCEEDED,
             )
             return
         if status in _ENDED or status is RayJobStatus.MISSING:
-            why = (
-                f"{Reason.CHECKPOINTED_FOR_PREEMPTION.value} at step {ckpt['step']}"
-                if answered and ckpt
-                else f"{Reason.PREEMPT_DEADLINE.value}: stopped without a new checkpoint"
+            if verified is not None:
+                why = (
+                    f"{Reason.CHECKPOINTED_FOR_PREEMPTION.value} at step {verified} "
+                    "(its manifest is in storage)"
+                )
+            elif job.info.get("stop_sent"):
+                why = f"{Reason.PREEMPT_DEADLINE.value}: stopped without a new committed checkpoint"
+            else:
+                why = f"{Reason.PREEMPT_ENDED.value} ({status.value}), before a new checkpoint"
+            reason = f"{why}; {job.info.get('preempt_reason') or 'preempted'}"
+            self._clear_request(job.job_id)
+            kind = (
+                AttemptEnd.HEALTH
+                if job.info.get("preempt_kind") == "health"
+                else AttemptEnd.PREEMPTED
             )
-            reason = job.info.get("preempt_reason") or "preempted"
-            self.ray.clear_request(job.job_id)
+            info = {**_REQUEUE_INFO, **self._attempt_end(job, kind, reason, now)}
             self.store.requeue(
-                job.job_id,
-                f"{why}; {reason}",
-                Reason.REQUEUED.value,
-                info=_REQUEUE_INFO,
-                expected=[job.state],
+                job.job_id, reason, Reason.REQUEUED.value, info=info, expected=[job.state]
             )
             return
-        if not job.info.get("stop_sent") and (
-            answered or now >= float(job.info.get("preempt_deadline_s", 0.0))
-        ):
+        deadline = _finite(job.info.get("preempt_deadline_s")) or 0.0
+        if not job.info.get("stop_sent") and (verified is not None or now >= deadline):
             self.ray.stop(sid)
             self.store.update_info(job.job_id, {"stop_sent": now})
+
+    def _clear_request(self, job_id: str) -> None:
+        try:
+            self.ray.clear_request(job_id)
+        except Exception as exc:
+            log.warning("job signals: clearing the request of %s failed: %s", job_id, exc)
 
     def _start_failed(self, job: JobRecord, reason: str) -> None:
         failures = int(job.info.get("start_failures", 0)) + 1
         j = self.cfg.jobs
+        now = self.clock()
+        end = self._attempt_end(job, AttemptEnd.START_FAILED, reason, now)
         if failures >= j.max_start_attempts:
-            self.store.update_info(job.job_id, {"start_failures": failures, "message": reason})
-            self._finish(job, JobState.FAILED, f"{reason}; gave up after {failures} attempts")
+            info = {"start_failures": failures, "message": reason, **end}
+            self._finish(
+                job, JobState.FAILED, f"{reason}; gave up after {failures} attempts", None, info
+            )
             return
         backoff = min(j.backoff_max_s, j.backoff_initial_s * 2 ** (failures - 1))
-        self.store.update_info(
-            job.job_id,
-            {
-                "start_failures": failures,
-                "not_before_s": self.clock() + backoff,
-                "placement": None,
-                "message": reason,
-                "ray_done": True,
-            },
-        )
         self.store.transition(
             job.job_id,
             JobState.QUEUED,
             f"{reason}; retry in {backoff:g}s",
             expected=JobState.ADMITTED,
+            info={
+                "start_failures": failures,
+                "not_before_s": now + backoff,
+                "placement": None,
+                "message": reason,
+                "ray_done": True,
+                "progress": None,
+                **end,
+            },
         )
 
-    def _finish(self, job: JobRecord, state: JobState, reason: str) -> None:
-        self.store.transition(job.job_id, state, reason, info={"ray_done": True, "placement": None})
+    def _attempt_end(
+        self, job: JobRecord, kind: AttemptEnd, reason: str, now: float
+    ) -> dict[str, Any]:
+        """The info that records how the current attempt ended: its entry in ``attempts``
+        (newest last, at most `MAX_ATTEMPTS_KEPT`), its checkpoint stall and wall seconds
+        added to the totals, its ``progress`` cleared. {} once recorded (idempotent)."""
+        attempt = _count(job.info.get("attempt"))
+        if not attempt:
+            return {}
+        raw = job.info.get("attempts")
+        attempts = [a for a in raw if isinstance(a, Mapping)] if isinstance(raw, list) else []
+        if attempts and attempts[-1].get("attempt") == attempt:
+            return {}
+        progress = job.info.get("progress")
+        progress = progress if isinstance(progress, Mapping) else {}
+        attempts.append(
+            {
+                "attempt": attempt,
+                "admitted_s": _finite(job.info.get("admitted_s")),
+                "ended_s": now,
+                "kind": kind.value,
+                "reason": reason[-ATTEMPT_REASON_CHARS:],
+                "step": _count(progress.get("step")),
+            }
+        )
+        totals = {}
+        for key in ("stall_s", "wall_s"):
+            before = _finite(job.info.get(f"{key}_total")) or 0.0
+            totals[f"{key}_total"] = before + (_finite(progress.get(key)) or 0.0)
+        return {"attempts": attempts[-MAX_ATTEMPTS_KEPT:], "progress": None, **totals}
+
+    def _finish(
+        self,
+        job: JobRecord,
+        state: JobState,
+        reason: str,
+        kind: AttemptEnd | None,
+        info: Mapping[str, Any] | None = None,
+    ) -> None:
+        """The job ends with its Ray Job: `state`, the attempt's end (`kind`), the signals
+        actor forgets it and its memory tier goes."""
+        merged: dict[str, Any] = {**(info or {}), "ray_done": True, "placement": None}
+        if kind is not None:
+            merged.update(self._attempt_end(job, kind, reason, self.clock()))
+        self.store.transition(job.job_id, state, reason, info=merged)
         self.forget(job.job_id)
+        self._clear_memory_tier(job.job_id)
 
     def _stop_ended(self, job: JobRecord) -> None:
-        """Stop the Ray Job of a job that ended without it (cancelled, over its runtime)."""
+        """Stop the Ray Job of a job that ended without it (cancelled, over its runtime);
+        once Ray says it ended, the job is settled: the attempt's end recorded (cancelled),
+        the signals actor told to forget it, its memory tier killed."""
         sid = job.info["submission_id"]
         status = self.ray.status(sid)
         if status in _ENDED or status is RayJobStatus.MISSING:
-            self.store.update_info(job.job_id, {"ray_done": True, "placement": None})
+            info: dict[str, Any] = {"ray_done": True, "placement": None}
+            if job.state is JobState.CANCELLED:
+                info.update(self._attempt_end(job, AttemptEnd.CANCELLED, "cancelled", self.clock()))
+            self.store.update_info(job.job_id, info)
             self.forget(job.job_id)
+            self._clear_memory_tier(job.job_id)
         elif not job.info.get("stop_sent"):
             self.ray.stop(sid)
             self.store.update_info(job.job_id, {"stop_sent": self.clock()})
@@ -934,16 +1633,19 @@ class JobRunner:
         if status in _ENDED or status is RayJobStatus.MISSING:
             self.store.merge_raw_info(job_id, {"ray_done": True, "placement": None})
             self.forget(job_id)
+            self._clear_memory_tier(job_id)
         elif not info.get("stop_sent"):
             self.ray.stop(sid)
             self.store.merge_raw_info(job_id, {"stop_sent": self.clock()})
 
-    def _tail(self, sid: str, chars: int = 400) -> str:
+    def _log_text(self, sid: str) -> str:
         try:
-            text = self.ray.logs(sid).strip()
+            return str(self.ray.logs(sid))
         except Exception:
-            return "no logs"
-        return text[-chars:] if text else "no logs"
+            return ""
+
+    def _tail(self, sid: str, chars: int = ATTEMPT_REASON_CHARS) -> str:
+        return _tail_of(self._log_text(sid), chars)
 
     def read_logs(self, job: JobRecord, offset: int, limit: int) -> tuple[str, int]:
         """``(text, size)``: `limit` characters from `offset` of the driver logs of every
@@ -996,10 +1698,15 @@ class JobRunner:
             return self._log_sizes.get(f"{job.job_id}-{attempt}")
 
     def _part(self, job: JobRecord, attempt: int) -> str:
-        """One attempt's part of the log: a header line, then its (capped) log."""
+        """One attempt's part of the log: a header line, then its (capped) log, then what the
+        control plane kept with the attempt (a hung gang's stacks, `Store.put_attempt_note`,
+        written before the attempt ends, so an ended attempt's part never changes)."""
         sid = f"{job.job_id}-{attempt}"
         ended = self._ended(job, attempt)
         part = f"=== attempt {attempt} (Ray job {sid}) ===\n{self._attempt_log(sid, ended)}"
+        note = self.store.attempt_note(job.job_id, attempt)
+        if note:
+            part += ("" if part.endswith("\n") else "\n") + note
         if ended:
             with self._logs_lock:
                 self._log_sizes[sid] = len(part)
@@ -1045,6 +1752,70 @@ class JobRunner:
                     self._live_logs[sid] = (now, text)
                 self._fetch_locks.pop(sid, None)
         return text
+
+
+PROGRESS_INFO_KEYS = ("step", "step_at_s", "stall_s", "wall_s")
+"""What ``info["progress"]`` keeps of the signals actor's progress record."""
+MAX_STEP = 10**12
+"""Steps at or above this are not believed (the checkpoint layout's step width)."""
+
+
+def _count(value: Any) -> int | None:
+    """An int in [0, `MAX_STEP`), else None (bools, floats and strings are not counts)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_STEP:
+        return None
+    return value
+
+
+def _finite(value: Any) -> float | None:
+    """A finite number >= 0, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def _info_step(value: Any) -> int | None:
+    """The step of ``info["checkpoint"]`` when it is one the controller read from storage
+    (an older runner stored the loop's word there, without ``read_s``: not believed)."""
+    if not isinstance(value, Mapping) or "read_s" not in value:
+        return None
+    return _count(value.get("step"))
+
+
+def _hint_step(value: Any, attempt: Any) -> int | None:
+    """The step of the signals actor's checkpoint hint, when it is this attempt's."""
+    if not isinstance(value, Mapping) or value.get("attempt") != attempt:
+        return None
+    return _count(value.get("step"))
+
+
+def _progress_of(sig: Mapping[str, Any], attempt: Any) -> dict[str, Any] | None:
+    """This attempt's progress from the signals actor, checked: ``step`` a count,
+    ``step_at_s`` a finite time, ``stall_s``/``wall_s`` finite (else 0), ``committed_step`` a
+    count or None. None (the watchdog stays unarmed) for anything else: another attempt's, no
+    step yet, a malformed record."""
+    raw = sig.get("progress") if isinstance(sig, Mapping) else None
+    if sig.get("attempt") != attempt or not isinstance(raw, Mapping):
+        return None
+    step, step_at_s = _count(raw.get("step")), _finite(raw.get("step_at_s"))
+    if step is None or step_at_s is None:
+        return None
+    return {
+        "step": step,
+        "step_at_s": step_at_s,
+        "stall_s": _finite(raw.get("stall_s")) or 0.0,
+        "wall_s": _finite(raw.get("wall_s")) or 0.0,
+        "committed_step": _count(raw.get("committed_step")),
+    }
+
+
+def _tail_of(text: str, chars: int) -> str:
+    text = text.strip()
+    return text[-chars:] if text else "no logs"
 
 
 def _submission_id(job_id: str, info: Mapping[str, Any]) -> str | None:

@@ -45,6 +45,9 @@ class FakeRay:
         self.registered: list[tuple[str, int, str, str]] = []
         self.calls: list[str] = []
         self.signals_down = False
+        self.holders: set[str] = set()
+        """Memory-tier actor names (``<job id>/rank-<r>``) alive."""
+        self.killed_holders: list[str] = []
 
     def register_signals(self, job_id: str, attempt: int, token_hash: str, prefix: str) -> None:
         if self.signals_down:
@@ -89,7 +92,34 @@ class FakeRay:
 
     def start_workers(self, job_id: str, attempt: int, n: int) -> None:
         self.signals.setdefault(job_id, {})
-        self.signals[job_id].update({"attempt": attempt, "started_ranks": list(range(n))})
+        workers = {r: {"pid": 1000 + r, "node_id": f"{r:02x}" * 4} for r in range(n)}
+        self.signals[job_id].update(
+            {"attempt": attempt, "started_ranks": list(range(n)), "workers": workers}
+        )
+
+    def report_progress(self, job_id: str, step: int, at_s: float, **stats: Any) -> None:
+        """What the signals actor holds after rank 0 reported `step` (grown at `at_s`)."""
+        sig = self.signals[job_id]
+        last = sig.get("progress") or {}
+        grew = not last or step > last["step"]
+        sig["progress"] = {
+            "step": step,
+            "at_s": at_s,
+            "step_at_s": at_s if grew else last["step_at_s"],
+            **stats,
+        }
+
+    def worker_stack(self, pid: int, node_id: str) -> str:
+        raise RuntimeError("this fake has no dashboard")
+
+    def memory_tier_jobs(self) -> set[str]:
+        return {name.partition("/")[0] for name in self.holders}
+
+    def kill_memory_tier(self, job_id: str) -> int:
+        mine = [n for n in self.holders if n.partition("/")[0] == job_id]
+        self.holders -= set(mine)
+        self.killed_holders += mine
+        return len(mine)
 
 
 class Clock:
@@ -106,6 +136,8 @@ def env(tmp_path: Path) -> tuple[Store, Config, FakeRay, Clock, JobRunner]:
         None,
         [
             f"state_dir={tmp_path}",
+            f"storage.uri=file://{tmp_path}/store",
+            "storage.embedded=false",
             "jobs.gang_start_timeout_s=60",
             "jobs.backoff_initial_s=5",
             "jobs.backoff_max_s=12",
@@ -182,49 +214,125 @@ def test_gang_start_timeout_requeues_with_doubling_backoff_then_fails(env: Any) 
     assert store.get(job_id).state is JobState.FAILED
 
 
-def test_preemption_waits_for_the_requested_checkpoint_then_stops_and_requeues(env: Any) -> None:
-    store, _cfg, fake, clock, runner = env
-    job_id = submit(store)
+def prefix_of(cfg: Config, job_id: str) -> str:
+    """The job's checkpoint prefix under the test's file:// storage."""
+    return f"{cfg.storage.uri}/jobs/{job_id}"
+
+
+def commit(cfg: Config, job_id: str, step: int, created_s: float = 1000.0) -> str:
+    """Write step `step`'s manifest under the job's prefix (the commit); returns the step URI."""
+    from jobs.checkpoint.layout import Manifest, RankRecord, manifest_key, step_dir
+
+    root = Path(prefix_of(cfg, job_id).removeprefix("file://"))
+    path = root / manifest_key(step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ranks = (RankRecord(0, f"{step_dir(step)}/rank-00000.index.json", "00000000", 0),)
+    path.write_bytes(Manifest(step, 1, ranks, created_s).to_json_bytes())
+    return f"{prefix_of(cfg, job_id)}/{step_dir(step)}"
+
+
+def hint(cfg: Config, job_id: str, step: int, *, answers: bool, attempt: int = 1) -> dict[str, Any]:
+    """The signals actor's record of a ``checkpointed`` report."""
+    return {
+        "attempt": attempt,
+        "step": step,
+        "path": f"{prefix_of(cfg, job_id)}/step-{step:08d}",
+        "at_s": 0.0,
+        "answers_request": answers,
+    }
+
+
+def running(store: Store, fake: FakeRay, runner: JobRunner, **over: Any) -> str:
+    job_id = submit(store, **over)
     admit(runner, job_id)
     fake.start_workers(job_id, 1, 2)
     runner.reconcile()
+    assert store.get(job_id).state is JobState.RUNNING
+    return job_id
+
+
+def test_preemption_stops_the_gang_once_the_answering_manifest_is_in_storage(env: Any) -> None:
+    store, cfg, fake, clock, runner = env
+    job_id = running(store, fake, runner)
     runner.preempt(PreemptJob(job_id, reason="preempt-for-priority: x", for_job_id="x"))
     assert fake.requests == [job_id]
     runner.reconcile()
     assert fake.stopped == [] and store.get(job_id).state is JobState.RUNNING
-    path = f"{_cfg.train_storage_path}/{job_id}/step-00000007"
-    ckpt = {
-        "attempt": 1,
-        "step": 7,
-        "path": path,
-        "at_s": clock.now,
-        "answers_request": True,
-    }
-    fake.signals[job_id]["checkpoint"] = ckpt
+    # The loop says it checkpointed step 7 for the request; the manifest is not in storage yet.
+    fake.signals[job_id]["checkpoint"] = hint(cfg, job_id, 7, answers=True)
+    clock.now += 5
+    runner.reconcile()
+    assert fake.stopped == [], "a hint without its manifest in storage stopped the gang"
+    uri = commit(cfg, job_id, 7, created_s=clock.now - 100)  # the job's clock may lag
+    clock.now += 1
     runner.reconcile()
     assert fake.stopped == [f"{job_id}-1"]
+    job = store.get(job_id)
+    assert job.info["checkpoint"] == {
+        "step": 7,
+        "uri": uri,
+        "committed_unix_s": clock.now - 101,
+        "read_s": clock.now,
+    }
     runner.reconcile()  # Ray reports STOPPED
     job = store.get(job_id)
     assert job.state is JobState.QUEUED and job.num_preemptions == 1
     assert [t.to_state for t in store.history(job_id)][-2:] == [JobState.PREEMPTED, JobState.QUEUED]
     assert "at step 7" in store.history(job_id)[-2].reason
-    # The next attempt resumes from the recorded checkpoint.
+    assert "restarts" not in job.info  # a preemption spends no restart
+    assert job.info["attempts"][-1]["kind"] == "preempted"
+    # The next attempt restores the newest committed step from its prefix by itself.
     admit(runner, job_id)
-    assert fake.submitted[-1][2]["env_vars"]["RCP_RESUME_FROM"] == path
+    envv = fake.submitted[-1][2]["env_vars"]
+    assert envv["RCP_CHECKPOINT_URI"] == prefix_of(cfg, job_id)
+    assert "RCP_RESUME_FROM" not in envv and "RCP_CHECKPOINT_PREFIX" not in envv
+    assert store.get(job_id).info["start_step"] == 7
 
 
-def test_preemption_stops_at_the_deadline_without_a_checkpoint(env: Any) -> None:
-    store, _cfg, fake, clock, runner = env
-    job_id = submit(store)
-    admit(runner, job_id)
-    fake.start_workers(job_id, 1, 2)
+def test_preemption_accepts_any_step_committed_after_the_request(env: Any) -> None:
+    store, cfg, fake, clock, runner = env
+    job_id = running(store, fake, runner)
+    commit(cfg, job_id, 3, created_s=clock.now - 50)  # a periodic checkpoint from before
+    runner.preempt(PreemptJob(job_id, reason="preempt", for_job_id="x"))
+    clock.now += 2
     runner.reconcile()
-    runner.preempt(PreemptJob(job_id, reason="preempt"))
-    clock.now += store.get(job_id).spec.checkpoint.preempt_deadline_s + 1
+    assert fake.stopped == []  # committed before the request: not an answer
+    assert store.get(job_id).info["checkpoint"]["step"] == 3
+    commit(cfg, job_id, 4, created_s=clock.now)
+    clock.now += 1
     runner.reconcile()
+    assert fake.stopped == [f"{job_id}-1"]
+    assert store.get(job_id).info["preempt_checkpoint"] == 4
+
+
+def test_a_hint_without_a_manifest_waits_for_the_deadline(env: Any) -> None:
+    store, cfg, fake, clock, runner = env
+    job_id = running(store, fake, runner)
+    runner.preempt(PreemptJob(job_id, reason="preempt", for_job_id="x"))
+    fake.signals[job_id]["checkpoint"] = hint(cfg, job_id, 9, answers=True)
+    deadline = store.get(job_id).spec.checkpoint.preempt_deadline_s
+    clock.now += deadline - 1
+    runner.reconcile()
+    assert fake.stopped == []
+    clock.now += 2
+    runner.reconcile()
+    assert fake.stopped == [f"{job_id}-1"]
     runner.reconcile()
     assert store.get(job_id).state is JobState.QUEUED
     assert "preempt-deadline-passed" in store.history(job_id)[-2].reason
+    assert "checkpoint" not in store.get(job_id).info
+
+
+def test_a_health_move_that_fails_while_preempting_spends_no_restart(env: Any) -> None:
+    store, _cfg, fake, _clock, runner = env
+    job_id = running(store, fake, runner)
+    runner.preempt(PreemptJob(job_id, reason="checkpoint and restart elsewhere: hot gpu"))
+    fake.jobs[f"{job_id}-1"] = RayJobStatus.FAILED  # the node went down under it
+    runner.reconcile()
+    job = store.get(job_id)
+    assert job.state is JobState.QUEUED and "restarts" not in job.info
+    assert job.info["attempts"][-1]["kind"] == "health"
+    assert "not_before_s" not in job.info
 
 
 def test_a_restarted_runner_resubmits_a_lost_submission_under_the_same_id(env: Any) -> None:
@@ -290,8 +398,10 @@ def test_a_running_job_whose_ray_job_vanished_is_requeued(env: Any) -> None:
     runner.reconcile()
     fake.jobs.clear()  # a new cluster after `rcp down` / `rcp up`
     runner.reconcile()
-    assert store.get(job_id).state is JobState.QUEUED
-    assert "gang-lost" in store.history(job_id)[-2].reason
+    job = store.get(job_id)
+    assert job.state is JobState.QUEUED and job.num_preemptions == 0
+    assert "gang-lost" in store.history(job_id)[-1].reason
+    assert job.info["attempts"][-1]["kind"] == "lost" and "restarts" not in job.info
 
 
 def test_a_job_past_its_max_runtime_is_stopped_and_failed(env: Any) -> None:
@@ -324,12 +434,12 @@ def test_each_attempt_gets_a_fresh_signal_token_registered_before_the_gang_is_su
     job_id = submit(store)
     admit(runner, job_id)
     token = _token_of(fake)
-    prefix = f"{cfg.train_storage_path}/{job_id}"
+    prefix = prefix_of(cfg, job_id)
     assert len(token) >= 32
     assert fake.registered == [(job_id, 1, token_sha256(token), prefix)]
     assert fake.calls == [f"register {job_id}-1", f"submit {job_id}-1"]
     envv = fake.submitted[0][2]["env_vars"]
-    assert envv["RCP_CHECKPOINT_PREFIX"] == prefix
+    assert envv["RCP_CHECKPOINT_URI"] == prefix
     # The second attempt's token is another one; the first stops working with it.
     clock.now += 61
     runner.reconcile()  # gang-start timeout: re-queued
@@ -370,21 +480,23 @@ def test_a_signals_actor_that_lost_the_attempt_is_told_it_again(env: Any) -> Non
 
 
 def _outside(cfg: Config, job_id: str, tmp_path: Path) -> dict[str, str]:
-    root = cfg.train_storage_path
-    (root / job_id).mkdir(parents=True, exist_ok=True)
-    (root / "job-other" / "step-00000001").mkdir(parents=True, exist_ok=True)
-    link = root / job_id / "step-00000002"
+    """Hint paths that are not under the job's prefix, each with a committed manifest there."""
+    prefix = prefix_of(cfg, job_id)
+    commit(cfg, "job-other", 9)
+    root = Path(prefix.removeprefix("file://"))
+    root.mkdir(parents=True, exist_ok=True)
+    link = root / "step-00000002"
     if not link.exists():
-        link.symlink_to(root / "job-other" / "step-00000001")
+        link.symlink_to(Path(prefix_of(cfg, "job-other").removeprefix("file://")))
     return {
-        "another-job": f"{root}/job-other/step-00000001",
-        "dot-dot": f"{root}/{job_id}/../job-other/step-00000001",
-        "symlink-out": str(link),
-        "sibling-with-longer-id": f"{root}/{job_id}0/step-00000001",
-        "the-prefix-itself": f"{root}/{job_id}",
-        "elsewhere": str(tmp_path / "attacker" / "step-00000001"),
-        "a-uri": f"s3://bucket/{job_id}/step-00000001",
-        "relative": f"{job_id}/step-00000001",
+        "another-job": f"{prefix_of(cfg, 'job-other')}/step-000000000009",
+        "dot-dot": f"{prefix}/../job-other/step-000000000009",
+        "symlink-out": f"file://{link}",
+        "sibling-with-longer-id": f"{prefix}0/step-000000000009",
+        "the-prefix-itself": prefix,
+        "elsewhere": f"file://{tmp_path}/attacker/step-000000000009",
+        "a-uri": f"s3://bucket/{job_id}/step-000000000009",
+        "relative": f"{job_id}/step-000000000009",
     }
 
 
@@ -401,38 +513,20 @@ def _outside(cfg: Config, job_id: str, tmp_path: Path) -> dict[str, str]:
         "relative",
     ],
 )
-def test_a_checkpoint_outside_the_jobs_prefix_is_never_recorded(
+def test_a_hint_outside_the_jobs_prefix_never_stops_the_gang(
     env: Any, tmp_path: Path, case: str
 ) -> None:
     store, cfg, fake, clock, runner = env
-    job_id = submit(store)
-    admit(runner, job_id)
-    fake.start_workers(job_id, 1, 2)
-    path = _outside(cfg, job_id, tmp_path)[case]
+    job_id = running(store, fake, runner)
+    runner.preempt(PreemptJob(job_id, reason="preempt", for_job_id="x"))
     fake.signals[job_id]["checkpoint"] = {
-        "attempt": 1,
-        "step": 9,
-        "path": path,
-        "at_s": clock.now,
-        "answers_request": True,
+        **hint(cfg, job_id, 9, answers=True),
+        "path": _outside(cfg, job_id, tmp_path)[case],
     }
+    clock.now += 1
     runner.reconcile()
+    assert fake.stopped == []
     assert "checkpoint" not in store.get(job_id).info
-
-
-@pytest.mark.parametrize("case", ["another-job", "dot-dot", "symlink-out", "elsewhere"])
-def test_a_stored_checkpoint_outside_the_prefix_is_not_resumed_from(
-    env: Any, tmp_path: Path, case: str
-) -> None:
-    store, cfg, fake, _clock, runner = env
-    job_id = submit(store)
-    path = _outside(cfg, job_id, tmp_path)[case]
-    store.update_info(job_id, {"checkpoint": {"attempt": 1, "step": 3, "path": path}})
-    admit(runner, job_id)
-    envv = fake.submitted[0][2]["env_vars"]
-    assert "RCP_RESUME_FROM" not in envv  # a fresh start, not a load
-    refused = store.events(job_id=job_id, kind_prefix="job.resume_refused")
-    assert len(refused) == 1 and path in refused[0].message
 
 
 # -- submission off the tick thread (issue 12) -------------------------------------------------

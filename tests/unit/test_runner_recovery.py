@@ -39,7 +39,8 @@ class RecordingRay(FakeRay):
 
 @pytest.fixture()
 def env(tmp_path: Path) -> tuple[Store, RecordingRay, Clock, JobRunner]:
-    cfg = load_config(None, [f"state_dir={tmp_path}"])
+    overrides = [f"state_dir={tmp_path}", f"storage.uri=file://{tmp_path}/s", "storage.embedded=0"]
+    cfg = load_config(None, overrides)
     clock = Clock()
     store = Store(tmp_path / "db.sqlite", clock=clock)
     fake = RecordingRay()
@@ -84,8 +85,13 @@ def test_a_stranded_job_whose_gang_still_runs_is_stopped_before_requeue(env: Any
     assert fake.stopped == [f"{job_id}-1"]
 
 
-@pytest.mark.parametrize("path", ["preempt", "gang-lost"])
-def test_requeue_paths_write_one_transaction(env: Any, path: str, monkeypatch: Any) -> None:
+@pytest.mark.parametrize(
+    ("path", "write"),
+    [("preempt", "requeue"), ("gang-lost", "transition"), ("crash", "transition")],
+)
+def test_requeue_paths_write_one_transaction(
+    env: Any, path: str, write: str, monkeypatch: Any
+) -> None:
     store, fake, clock, runner = env
     job_id = running(store, fake, runner)
     writes: list[str] = []
@@ -103,10 +109,13 @@ def test_requeue_paths_write_one_transaction(env: Any, path: str, monkeypatch: A
         runner.reconcile()  # deadline: stop sent
         writes.clear()
         runner.reconcile()  # Ray says STOPPED: PREEMPTED -> QUEUED
+    elif path == "crash":
+        fake.jobs[f"{job_id}-1"] = RayJobStatus.FAILED
+        runner.reconcile()
     else:
         fake.jobs.clear()
         runner.reconcile()
-    assert writes == ["requeue"]
+    assert writes == [write]
     assert store.get(job_id).state is S.QUEUED
 
 
@@ -120,6 +129,58 @@ def test_signals_forget_a_job_once_it_and_its_ray_job_have_ended(env: Any) -> No
     assert fake.forgotten == [done]
     runner.reconcile()  # the cancelled gang's Ray Job has stopped
     assert fake.forgotten == [done, cancelled]
+
+
+@pytest.mark.parametrize("end", ["succeeded", "failed", "cancelled"])
+def test_a_settled_job_loses_its_memory_tier_and_no_one_elses(env: Any, end: str) -> None:
+    store, fake, _clock, runner = env
+    job_id, other = running(store, fake, runner), running(store, fake, runner)
+    fake.holders = {f"{job_id}/rank-00000", f"{job_id}/rank-00001", f"{other}/rank-00000"}
+    if end == "cancelled":
+        store.transition(job_id, S.CANCELLED, "user")
+        runner.reconcile()  # stop sent; the gang still runs: its tier stays
+        assert fake.killed_holders == []
+    else:
+        status = RayJobStatus.SUCCEEDED if end == "succeeded" else RayJobStatus.STOPPED
+        fake.jobs[f"{job_id}-1"] = status
+    runner.reconcile()
+    assert sorted(fake.killed_holders) == [f"{job_id}/rank-00000", f"{job_id}/rank-00001"]
+    assert fake.holders == {f"{other}/rank-00000"}
+    job = store.get(job_id)
+    assert (
+        job.info["ray_done"] is True
+        and job.info["attempts"][-1]["kind"]
+        == {
+            "succeeded": "succeeded",
+            "failed": "failed",
+            "cancelled": "cancelled",
+        }[end]
+    )
+
+
+def test_the_sweep_kills_tiers_of_ended_and_pruned_jobs_only(env: Any) -> None:
+    store, fake, clock, runner = env
+    queued = submit(store)
+    cancelled_while_queued = submit(store)
+    store.transition(cancelled_while_queued, S.CANCELLED, "user")
+    live = running(store, fake, runner)
+    fake.holders = {
+        f"{queued}/rank-00000",
+        f"{cancelled_while_queued}/rank-00000",
+        f"{live}/rank-00000",
+        "job-pruned-long-ago/rank-00000",
+    }
+    assert sorted(runner.sweep_memory_tiers()) == sorted(
+        [cancelled_while_queued, "job-pruned-long-ago"]
+    )
+    assert fake.holders == {f"{queued}/rank-00000", f"{live}/rank-00000"}
+
+
+def test_the_memory_tier_sweep_runs_with_the_orphan_sweep(env: Any) -> None:
+    _store, fake, clock, runner = env
+    fake.holders = {"job-gone/rank-00000"}
+    runner.reconcile()
+    assert fake.killed_holders == ["job-gone/rank-00000"]
 
 
 def test_an_ended_attempts_log_is_fetched_once(env: Any) -> None:
@@ -183,3 +244,18 @@ def test_a_controller_whose_store_is_corrupt_stays_up_and_says_why(tmp_path: Pat
     assert problem is not None and str(cfg.jobs_db_path) in problem
     assert "move the file aside" in problem
     controller.shutdown()
+
+
+def test_attempt_notes_go_with_their_pruned_job(tmp_path: Path) -> None:
+    clock = Clock()
+    store = Store(tmp_path / "db.sqlite", clock=clock)
+    old, kept = submit(store), submit(store)
+    for job_id in (old, kept):
+        store.put_attempt_note(job_id, 1, f"stacks of {job_id}")
+    store.transition(old, S.CANCELLED, "user")
+    clock.now += 31 * DAY_S
+    assert store.prune_jobs(clock.now - 30 * DAY_S) == [old]
+    assert store.attempt_note(old, 1) is None
+    assert store.attempt_note(kept, 1) == f"stacks of {kept}"
+    with pytest.raises(KeyError):
+        store.put_attempt_note(old, 2, "for a job that is gone")
