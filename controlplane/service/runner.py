@@ -1644,9 +1644,6 @@ class JobRunner:
         except Exception:
             return ""
 
-    def _tail(self, sid: str, chars: int = ATTEMPT_REASON_CHARS) -> str:
-        return _tail_of(self._log_text(sid), chars)
-
     def read_logs(self, job: JobRecord, offset: int, limit: int) -> tuple[str, int]:
         """``(text, size)``: `limit` characters from `offset` of the driver logs of every
         attempt, oldest first, each under a header line, and their length, fetching only the
