@@ -727,10 +727,10 @@ class Checkpointing:
         the end of the loop. A normal end drops this rank's memory-tier copy. After a
         checkpoint-now request was answered it does not return: it waits for the control
         plane to stop the gang and raises `PreemptedError` after `preempted_wait_s`."""
-        if self._last_step is not None:
-            self._progress(self._last_step, force=True)
         if self.engine is not None:
             self.engine.close()
+        if self._last_step is not None:  # with the commits the close waited for
+            self._progress(self._last_step, force=True)
         if self.preempted:
             self._wait_to_be_stopped()
         if isinstance(self._tier, RayMemoryTier):

@@ -1,17 +1,25 @@
-"""A Ray Train job whose worker is killed mid-run resumes from the last committed
-checkpoint, with the same step and bit-identical model and optimizer state.
+"""Ray Train loops on the checkpointing helper (`jobs.checkpointing.Checkpointing`), configured
+only by the ``RCP_*`` environment the runner gives a job, against a loopback S3 server.
 
-Two runs of the same 2-worker TorchTrainer job (gloo) checkpoint to a loopback S3 server:
-a reference run, and a run whose rank 1 kills its own process right after step 5's
-checkpoint is committed. Ray Train restarts the worker group; the new workers restore
-(from the memory tier: the holders survive the worker) and finish. Both runs' final and
-step-5 checkpoints must be equal byte for byte.
+* A worker killed mid-run: two runs of the same 2-worker TorchTrainer job (gloo), a reference
+  and one whose rank 1 kills its own process right after step 5's checkpoint committed. Ray
+  Train restarts the worker group; the new workers restore from the memory tier (its holders
+  live on another node than their writers) and finish. Both runs' final and step-5
+  checkpoints must be equal byte for byte, and rank 0 reported its steps to the signals actor.
+* A checkpoint-now request through the real signals actor: the loop saves the next step with
+  KEEP, rank 0 reports it only once its manifest is in object storage, the loop stops there,
+  and `finish` ends the run with `PreemptedError` rather than as a finished job.
+
+The cluster: a head (pool=head, no CPU for workers) and two pool=cluster nodes, as Ray's
+`cluster_utils` builds them in this process.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +27,17 @@ from typing import Any
 import pytest
 import ray
 import torch
+from ray.cluster_utils import Cluster
 
 from jobs.checkpoint import CheckpointEngine
+from jobs.checkpoint.layout import keep_key, manifest_key
+from jobs.signals import (
+    SIGNALS_ACTOR_NAME,
+    SIGNALS_NAMESPACE,
+    JobSignals,
+    admin_auth,
+    token_sha256,
+)
 from tests.integration.test_checkpoint_s3 import REGION, MotoS3
 from tests.unit.test_checkpoint_engine import assert_state_equal
 
@@ -29,20 +46,26 @@ pytestmark = pytest.mark.integration
 NUM_STEPS = 10
 KILL_AT_STEP = 6
 SAVE_EVERY_N_STEPS = 2  # saves after steps 1, 3, 5, 7, 9
+SECRET = "signals-admin-secret-of-this-test"
+TOKEN = "attempt-token-of-this-test"
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[None]:
+def cluster() -> Iterator[Cluster]:
     # Ray Train waits this long for a dead gang's process group to shut down before it
     # restarts the workers (30 s by default). Raylets inherit it from this process.
     saved = os.environ.get("TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S")
     os.environ["TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S"] = "2"
-    # address="local": start our own cluster, never join another test's on this machine.
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    c = Cluster()
+    c.add_node(num_cpus=0, labels={"pool": "head"}, include_dashboard=False)
+    for _ in range(2):
+        c.add_node(num_cpus=2, labels={"pool": "cluster"})
+    ray.init(address=c.address, log_to_driver=False)
     try:
-        yield
+        yield c
     finally:
         ray.shutdown()
+        c.shutdown()
         if saved is None:
             os.environ.pop("TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S", None)
         else:
@@ -56,22 +79,37 @@ def moto_s3() -> Iterator[MotoS3]:
     server.stop()
 
 
+class Signals:
+    """The signals actor as the controller creates it, and the controller's calls."""
+
+    def __init__(self) -> None:
+        self.actor = JobSignals.options(
+            name=SIGNALS_ACTOR_NAME, namespace=SIGNALS_NAMESPACE
+        ).remote(SECRET)
+        self._nonce = time.time_ns()
+
+    def admin(self, method: str, *args: Any) -> Any:
+        self._nonce = max(self._nonce + 1, time.time_ns())
+        auth = admin_auth(SECRET, self._nonce, method, args)
+        return ray.get(getattr(self.actor, method).remote(*args, auth=auth))
+
+
+@pytest.fixture(scope="module")
+def signals(cluster: Cluster) -> Signals:
+    return Signals()
+
+
 def train_loop(config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
     import torch.distributed as dist
 
-    from jobs.checkpointing_helpers import TrainCheckpointing
+    from jobs.checkpointing import Checkpointing
 
     rank = ray.train.get_context().get_world_rank()
-    ckpt = TrainCheckpointing(
-        config["uri"],
-        endpoint_url=config["endpoint_url"],
-        region=REGION,
-        every_n_steps=SAVE_EVERY_N_STEPS,
-        memory_tier="ray",
-        run_name=config["run_name"],
-        keep_last=3,
+    ckpt = Checkpointing(
+        every_n_steps=config["every_n_steps"],
+        preempted_wait_s=60.0,
         commit_poll_interval_s=0.02,
     )
     torch.manual_seed(0)
@@ -87,13 +125,9 @@ def train_loop(config: dict[str, Any]) -> None:
         torch.set_rng_state(restored.state["rng"])
         start = restored.step + 1
     with open(config["log"], "a") as log:
-        log.write(
-            json.dumps(
-                {"rank": rank, "start": start, "source": restored.source if restored else None}
-            )
-            + "\n"
-        )
-    for step in range(start, NUM_STEPS):
+        source = restored.source if restored else None
+        log.write(json.dumps({"rank": rank, "start": start, "source": source}) + "\n")
+    for step in range(start, config["num_steps"]):
         gen = torch.Generator().manual_seed(1000 * step + rank)
         x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen)
         noise = torch.randn(1)  # draws from the global RNG, so its state must be restored
@@ -101,51 +135,80 @@ def train_loop(config: dict[str, Any]) -> None:
         optim.zero_grad()
         loss.backward()
         optim.step()
-        if ckpt.should_save(step):
+        if ckpt.should_checkpoint(step):
             state = {
                 "model": model.state_dict(),
                 "optim": optim.state_dict(),
                 "rng": torch.get_rng_state(),
                 "step": step,
             }
-            handle = ckpt.save(state, step, keep=step == NUM_STEPS - 1)
+            handle = ckpt.save(step, state, keep=step == config["num_steps"] - 1)
+            if ckpt.preempted:
+                with open(config["log"], "a") as log:
+                    log.write(json.dumps({"rank": rank, "stopped_at": step}) + "\n")
+                break
             if step == KILL_AT_STEP - 1 and handle is not None:
                 handle.result()  # rank 0's result includes the commit
                 dist.barrier()
+        ckpt.report(step, {"loss": float(loss.item())})
         if config["kill"] and step == KILL_AT_STEP and rank == 1:
             marker = Path(config["log"]).with_suffix(".killed")
             if not marker.exists():
                 marker.write_text("killed")
                 os._exit(1)  # the worker process dies mid-run, without cleanup
+        time.sleep(config["step_sleep_s"])
     ckpt.finish()
 
 
-def run_job(tmp_path: Path, s3: MotoS3, name: str, *, kill: bool) -> tuple[str, Path]:
+def trainer_for(
+    tmp_path: Path,
+    s3: MotoS3,
+    signals: Signals,
+    name: str,
+    max_failures: int = 2,
+    **config: Any,
+) -> tuple[Any, str, Path]:
+    """A TorchTrainer for job `name`, registered with the signals actor, whose workers get
+    the environment the runner would give them."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     bucket = s3.create_bucket(f"train-{name}")
+    uri = f"s3://{bucket}/jobs/{name}"
+    signals.admin("register", name, 1, token_sha256(TOKEN), uri)
     log = tmp_path / f"{name}.jsonl"
+    env = {
+        "RCP_JOB_ID": name,
+        "RCP_ATTEMPT": "1",
+        "RCP_SIGNAL_TOKEN": TOKEN,
+        "RCP_SIGNAL_POLL_S": "0.1",
+        "RCP_STEP_REPORT_S": "0.5",
+        "RCP_CHECKPOINT_URI": uri,
+        "RCP_STORAGE_ENDPOINT_URL": s3.endpoint_url,
+        "RCP_STORAGE_REGION": REGION,
+        "RCP_CHECKPOINT_KEEP_LAST": "3",
+        # No credentials here: the raylets inherited test_checkpoint_s3's from this process.
+    }
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={
-            "uri": f"s3://{bucket}/job",
-            "endpoint_url": s3.endpoint_url,
-            "run_name": f"test-{name}",
             "log": str(log),
-            "kill": kill,
+            "num_steps": NUM_STEPS,
+            "every_n_steps": SAVE_EVERY_N_STEPS,
+            "kill": False,
+            "step_sleep_s": 0.0,
+            **config,
         },
         torch_config=TorchConfig(backend="gloo"),
         scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1}),
         run_config=RunConfig(
             name=name,
             storage_path=str(tmp_path / "ray"),
-            failure_config=FailureConfig(max_failures=2),
+            failure_config=FailureConfig(max_failures=max_failures),
+            worker_runtime_env={"env_vars": env},
         ),
     )
-    result = trainer.fit()
-    assert result.error is None, result.error
-    return f"s3://{bucket}/job", log
+    return trainer, uri, log
 
 
 def load(uri: str, s3: MotoS3, rank: int, max_step: int | None = None) -> tuple[int, Any]:
@@ -159,10 +222,16 @@ def load(uri: str, s3: MotoS3, rank: int, max_step: int | None = None) -> tuple[
 
 
 def test_killed_worker_resumes_bit_identically(
-    cluster: None, moto_s3: MotoS3, tmp_path: Path
+    cluster: Cluster, signals: Signals, moto_s3: MotoS3, tmp_path: Path
 ) -> None:
-    reference_uri, _ = run_job(tmp_path, moto_s3, "reference", kill=False)
-    killed_uri, log = run_job(tmp_path, moto_s3, "killed", kill=True)
+    runs = {}
+    for name, kill in (("reference", False), ("killed", True)):
+        trainer, uri, log = trainer_for(tmp_path, moto_s3, signals, name, kill=kill)
+        result = trainer.fit()
+        assert result.error is None, result.error
+        runs[name] = (uri, log)
+    reference_uri, _ = runs["reference"]
+    killed_uri, log = runs["killed"]
 
     starts = [json.loads(line) for line in log.read_text().splitlines()]
     assert (tmp_path / "killed.killed").exists()
@@ -187,3 +256,67 @@ def test_killed_worker_resumes_bit_identically(
         not torch.equal(final_ref[1]["model"][key], resumed_ref[1]["model"][key])
         for key in final_ref[1]["model"]
     )
+    # Rank 0 told the control plane how far it got, with its checkpoint figures.
+    progress = signals.admin("status", "killed")["progress"]
+    assert progress["step"] == NUM_STEPS - 1, progress
+    assert progress["committed_step"] == NUM_STEPS - 1 and progress["saves"] >= 2, progress
+    assert progress["stall_s"] > 0 and progress["wall_s"] > 0, progress
+
+
+def test_a_checkpoint_now_request_commits_before_the_loop_stops(
+    cluster: Cluster, signals: Signals, moto_s3: MotoS3, tmp_path: Path
+) -> None:
+    name = "asked"
+    trainer, uri, log = trainer_for(
+        tmp_path,
+        moto_s3,
+        signals,
+        name,
+        max_failures=0,  # as under the control plane: restarts are its business
+        num_steps=10_000,
+        every_n_steps=None,
+        step_sleep_s=0.05,
+    )
+    bucket, prefix = uri[len("s3://") :].split("/", 1)
+    seen: dict[str, Any] = {}
+
+    def controller() -> None:
+        """Ask once the job reported step 3; when it says it checkpointed, look in storage
+        (as the controller does), then withdraw the request so the loop's wait ends."""
+        deadline_s = time.monotonic() + 240
+        while time.monotonic() < deadline_s:
+            job = signals.admin("status", name)
+            step = (job.get("progress") or {}).get("step", -1)
+            if "asked_at_step" not in seen and step >= 3:
+                seen["asked_at_step"] = step
+                signals.admin("request_checkpoint", name, time.time())
+            reported = job.get("checkpoint")
+            if reported and reported.get("answers_request"):
+                seen["reported"] = reported
+                for key in (manifest_key(reported["step"]), keep_key(reported["step"])):
+                    head = moto_s3.client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/{key}")
+                    seen[key] = head.get("KeyCount", 0) == 1
+                signals.admin("clear_request", name)
+                return
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=controller, daemon=True)
+    watcher.start()
+    with pytest.raises(Exception, match="PreemptedError") as failed:
+        trainer.fit()
+    watcher.join(timeout=30)
+    assert "checkpoint-now request" in str(failed.value)
+
+    step = seen["reported"]["step"]
+    assert step >= seen["asked_at_step"]
+    assert seen["reported"]["path"] == f"{uri}/step-{step:012d}"
+    # The manifest (and KEEP) were in storage when rank 0 reported the step.
+    assert seen[manifest_key(step)] and seen[keep_key(step)], seen
+    # Both ranks stopped at that step, and it restores on both.
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sorted((r["rank"], r["stopped_at"]) for r in lines if "stopped_at" in r) == [
+        (0, step),
+        (1, step),
+    ]
+    for rank in (0, 1):
+        assert load(uri, moto_s3, rank)[0] == step
