@@ -241,7 +241,9 @@ class JobsConfig:
     max_start_attempts: int = 5
     """Failed gang starts after which the job is marked FAILED."""
     storage_path: str | None = None
-    """Where Ray Train persists checkpoints (shared by all nodes); null: ``<state_dir>/train``."""
+    """Where Ray Train keeps its runs' own records (shared by all nodes: a local path in local
+    mode, a URI such as ``s3://bucket/ray-train`` on a cluster); null: ``<state_dir>/train``.
+    The control plane's checkpoints go to ``storage.uri``, not here."""
     job_signal_poll_s: float = 0.5
     """How often a training loop's preemption helper asks the controller (cached in between)."""
     submit_timeout_s: float = 10.0
@@ -459,11 +461,15 @@ class Config:
         return self.state_path / "controlplane.db"
 
     @property
-    def train_storage_path(self) -> Path:
-        """Where Ray Train persists runs and checkpoints: `jobs.storage_path` or state_dir/train."""
+    def train_storage_path(self) -> str:
+        """Where Ray Train keeps its runs' own records (not the control plane's checkpoints,
+        which go to ``storage.uri``): `jobs.storage_path` as given when it is a URI
+        (``s3://...``, pyarrow's form), else that local path, else ``<state_dir>/train``."""
         if self.jobs.storage_path:
-            return Path(self.jobs.storage_path).expanduser()
-        return self.state_path / "train"
+            if "://" in self.jobs.storage_path:
+                return self.jobs.storage_path
+            return str(Path(self.jobs.storage_path).expanduser())
+        return str(self.state_path / "train")
 
 
 MAX_WAIT_S = 3600.0
