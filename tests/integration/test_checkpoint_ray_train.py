@@ -9,6 +9,9 @@ only by the ``RCP_*`` environment the runner gives a job, against a loopback S3 
 * A checkpoint-now request through the real signals actor: the loop saves the next step with
   KEEP, rank 0 reports it only once its manifest is in object storage, the loop stops there,
   and `finish` ends the run with `PreemptedError` rather than as a finished job.
+* A plain process (a command the launcher runs as a child of a Ray worker, no Ray Train
+  context): the helper joins the cluster with ``ray.init(address="auto")``, reports its steps
+  and keeps its memory copy on the other node.
 
 The cluster: a head (pool=head, no CPU for workers) and two pool=cluster nodes, as Ray's
 `cluster_utils` builds them in this process.
@@ -320,3 +323,80 @@ def test_a_checkpoint_now_request_commits_before_the_loop_stops(
     ]
     for rank in (0, 1):
         assert load(uri, moto_s3, rank)[0] == step
+
+
+PLAIN_LOOP = """
+import json
+import ray
+import torch
+from jobs.checkpointing import Checkpointing
+
+ckpt = Checkpointing(every_n_steps=2, commit_poll_interval_s=0.02)
+restored = ckpt.restore()
+out = {"gcs": ray.get_runtime_context().gcs_address, "restored": restored and restored.step}
+for step in range(4):
+    if ckpt.should_checkpoint(step):
+        ckpt.save(step, {"w": torch.full((1024,), float(step))}).result()
+    ckpt.report(step)
+holder = ray.get_actor("plain/rank-00000", namespace="rcp-checkpoints")
+out["holder_node"] = ray.get(holder.node_id.remote())
+out["node"] = ray.get_runtime_context().get_node_id()
+ckpt.finish()
+print(json.dumps(out))
+"""
+
+
+@ray.remote(num_cpus=1)
+def run_plain(env: dict[str, str]) -> tuple[int, str, str, str]:
+    """What the command launcher does: the job's command as a child of a Ray worker, with
+    the worker's environment (and the job's RCP_* variables, which the runtime env sets)."""
+    import subprocess
+    import sys
+
+    child = subprocess.run(
+        [sys.executable, "-c", PLAIN_LOOP],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    return (
+        child.returncode,
+        child.stdout,
+        child.stderr[-3000:],
+        ray.get_runtime_context().gcs_address,
+    )
+
+
+def test_a_plain_process_joins_the_cluster_for_step_reports_and_the_memory_tier(
+    cluster: Cluster, signals: Signals, moto_s3: MotoS3
+) -> None:
+    bucket = moto_s3.create_bucket("train-plain")
+    uri = f"s3://{bucket}/jobs/plain"
+    signals.admin("register", "plain", 1, token_sha256(TOKEN), uri)
+    env = {
+        "RCP_JOB_ID": "plain",
+        "RCP_ATTEMPT": "1",
+        "RCP_SIGNAL_TOKEN": TOKEN,
+        "RCP_CHECKPOINT_URI": uri,
+        "RCP_STORAGE_ENDPOINT_URL": moto_s3.endpoint_url,
+        "RCP_STORAGE_REGION": REGION,
+        "RCP_STEP_REPORT_S": "0.5",
+    }
+    code, stdout, stderr, gcs = ray.get(run_plain.remote(env))
+    assert code == 0, stderr
+    out = json.loads(stdout.strip().splitlines()[-1])
+    assert out["gcs"] == gcs  # it joined this cluster (ray.init(address="auto"))
+    assert out["restored"] is None
+    assert out["holder_node"] != out["node"]  # the memory copy lives on another node
+    progress = signals.admin("status", "plain")["progress"]
+    assert progress["step"] == 3 and progress["committed_step"] == 3, progress
+    assert load_one(uri, moto_s3) == 3
+
+
+def load_one(uri: str, s3: MotoS3) -> int:
+    engine = CheckpointEngine(uri, endpoint_url=s3.endpoint_url, region=REGION)
+    restored = engine.restore()
+    engine.close()
+    assert restored is not None
+    return restored.step
