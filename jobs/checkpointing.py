@@ -143,8 +143,9 @@ PREEMPTED_WAIT_S = 300.0
 """How long `Checkpointing.finish` waits, after answering a checkpoint-now request, for the
 control plane to stop the gang (it does so once it sees the step's manifest, within a tick or
 two) before it raises `PreemptedError`."""
-MAX_SECONDS = 30 * 86400.0
-"""Upper bound of every duration read from the environment."""
+MAX_SECONDS = 1e10
+"""Upper bound (317 years) of every duration read from the environment or given: any
+interval or MTBF the control plane passes fits; only absurd values are refused."""
 MAX_KEEP_LAST = 10_000
 SIGNALS_TIMEOUT_S = 5.0
 """Longest one call to the signals actor may block rank 0."""

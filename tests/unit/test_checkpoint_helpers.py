@@ -166,6 +166,14 @@ def test_settings_come_from_the_runners_variables() -> None:
     assert TOKEN not in repr(s)
 
 
+def test_the_longest_mtbf_and_interval_the_control_plane_passes_are_accepted() -> None:
+    # reliability.MAX_MTBF_S is 10 years; a spec's checkpoint.interval_s has no upper bound.
+    s = settings_from_env(
+        job_env("s3://b/p", RCP_MTBF_S="315360000.0", RCP_CHECKPOINT_INTERVAL_S="1e9")
+    )
+    assert (s.mtbf_s, s.interval_s) == (315360000.0, 1e9)
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [
@@ -174,6 +182,7 @@ def test_settings_come_from_the_runners_variables() -> None:
         ("RCP_CHECKPOINT_INTERVAL_S", "0"),
         ("RCP_MTBF_S", "-5"),
         ("RCP_STEP_REPORT_S", "1e300"),
+        ("RCP_MTBF_S", "1e11"),
         ("RCP_SIGNAL_POLL_S", "soon"),
         ("RCP_CHECKPOINT_KEEP_LAST", "0"),
         ("RCP_CHECKPOINT_ENABLED", "yes"),
