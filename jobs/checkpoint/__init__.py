@@ -18,8 +18,14 @@ from jobs.checkpoint.engine import (
     SaveHandle,
     SaveOutcome,
 )
-from jobs.checkpoint.layout import CorruptCheckpointError
-from jobs.checkpoint.memory_tiers import InProcessMemoryTier, MemoryTier, RayMemoryTier
+from jobs.checkpoint.layout import CorruptCheckpointError, UnsafeCheckpointError
+from jobs.checkpoint.memory_tiers import (
+    InProcessMemoryTier,
+    MemoryTier,
+    MemoryTierUnavailableError,
+    RayMemoryTier,
+    clear_job_memory_tier,
+)
 from jobs.checkpoint.retrying import RetryPolicy
 from jobs.checkpoint.storages import LocalStorage, S3Storage, Storage, open_storage
 
@@ -31,6 +37,7 @@ __all__ = [
     "InProcessMemoryTier",
     "LocalStorage",
     "MemoryTier",
+    "MemoryTierUnavailableError",
     "RayMemoryTier",
     "RestoredCheckpoint",
     "RetryPolicy",
@@ -38,5 +45,7 @@ __all__ = [
     "SaveHandle",
     "SaveOutcome",
     "Storage",
+    "UnsafeCheckpointError",
+    "clear_job_memory_tier",
     "open_storage",
 ]

@@ -3,16 +3,20 @@
 This module owns the save and restore protocols:
 
 * `save(state, step)` blocks only while the state's tensors are copied into a reusable host
-  buffer (one of `max_in_flight`); a single background thread then checksums the payload,
-  uploads its shards in parallel, writes this rank's index, feeds the memory tier, and
-  releases the buffer. When every buffer is still in flight, `in_flight_policy` decides:
-  WAIT blocks the caller until the oldest save finishes (the stall is measured and
+  buffer (one of `max_in_flight`), by the calling thread and a pool of `copy_threads - 1`
+  copy threads; a single background thread then checksums the payload, uploads its shards in
+  parallel, writes this rank's index, and only then feeds the memory tier (so the tier holds
+  this rank's newest durable snapshot) and releases the buffer. When every buffer is still
+  in flight, `in_flight_policy` decides: WAIT blocks the caller until the oldest save finishes (the stall is measured and
   counted), SKIP drops the new save with a warning and a metric.
 * Commit: rank 0 writes the step's manifest only after every rank's index (each written
   after that rank's shards were durable) is present, so a manifest implies complete data.
 * `restore()` walks committed steps newest first, verifies the index and every shard
   checksum (from the memory tier when it holds exactly that step, else from storage), and
-  loads the first one that verifies; corrupt or torn steps are skipped with a warning.
+  loads the first one that verifies; corrupt or torn steps, and steps whose skeleton names a
+  global the restricted unpickler refuses (`UnsafeCheckpointError`), are skipped with a
+  warning. Where the state came from ("memory" or "storage") is in the result, in `stats()`
+  and in the restores metric.
 
 It must not decide when to checkpoint (see `policies.checkpointing`) and does not know Ray
 Train (see `jobs.checkpointing_helpers`).
@@ -22,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import pickle
 import queue
 import threading
 import time
@@ -41,6 +44,7 @@ from jobs.checkpoint.layout import (
     RankIndex,
     RankRecord,
     ShardEntry,
+    UnsafeCheckpointError,
     checksum,
     index_key,
     keep_key,
@@ -51,7 +55,13 @@ from jobs.checkpoint.layout import (
 from jobs.checkpoint.memory_tiers import MemoryTier
 from jobs.checkpoint.retention import RetentionPlan, plan_retention, should_abort_upload
 from jobs.checkpoint.retrying import RetryPolicy
-from jobs.checkpoint.snapshot import HostBuffer, Snapshot, rebuild_state, take_snapshot
+from jobs.checkpoint.snapshot import (
+    HostBuffer,
+    Snapshot,
+    default_copy_threads,
+    rebuild_state,
+    take_snapshot,
+)
 from jobs.checkpoint.storages import (
     ObjectNotFoundError,
     ObjectSizeError,
@@ -153,6 +163,7 @@ class CheckpointEngine:
         commit_poll_interval_s: float = 0.2,
         retry: RetryPolicy | None = None,
         pin_memory: bool | None = None,
+        copy_threads: int | None = None,
         memory_tier: MemoryTier | None = None,
         storage: Storage | None = None,
         before_commit: Callable[[int], None] | None = None,
@@ -167,6 +178,12 @@ class CheckpointEngine:
             raise ValueError(f"shard_size_bytes must be >= 1, got {shard_size_bytes}")
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        if copy_threads is None:
+            copy_threads = default_copy_threads()
+        if copy_threads < 1:
+            raise ValueError(
+                f"copy_threads must be >= 1 (or None for the default), got {copy_threads}"
+            )
         if commit_timeout_s <= 0 or commit_poll_interval_s <= 0:
             raise ValueError(
                 "commit_timeout_s and commit_poll_interval_s must be > 0, got "
@@ -205,6 +222,13 @@ class CheckpointEngine:
         for _ in range(max_in_flight):
             self._free_buffers.put(HostBuffer(pin_memory=pin))
         self._persist = ThreadPoolExecutor(1, thread_name_prefix=f"ckpt-persist-{rank}")
+        self.copy_threads = copy_threads
+        # The training thread copies too, so the pool has one thread fewer.
+        self._copy_pool = (
+            ThreadPoolExecutor(copy_threads - 1, thread_name_prefix=f"ckpt-copy-{rank}")
+            if copy_threads > 1
+            else None
+        )
         self._pending: list[SaveHandle] = []
         self._last_step: int | None = None
         self._last_commit_unix_s: float | None = None
@@ -214,6 +238,7 @@ class CheckpointEngine:
         self._last_stall_s = 0.0
         self._last_upload_s = 0.0
         self._last_upload_bytes_per_s = 0.0
+        self._restored_from: str | None = None
         self._closed = False
 
     # ----------------------------------------------------------------------------- save
@@ -264,7 +289,9 @@ class CheckpointEngine:
         else:
             buffer = self._free_buffers.get()
         try:
-            snapshot = take_snapshot(state, buffer)
+            snapshot = take_snapshot(
+                state, buffer, copy_pool=self._copy_pool, copy_threads=self.copy_threads
+            )
         except BaseException:
             self._free_buffers.put(buffer)
             raise
@@ -455,16 +482,12 @@ class CheckpointEngine:
                 continue
             try:
                 restored = self._load(step, map_location)
-            except (
-                CorruptCheckpointError,
-                ObjectNotFoundError,
-                ObjectSizeError,
-                pickle.UnpicklingError,
-            ) as exc:
+            except (CorruptCheckpointError, ObjectNotFoundError, ObjectSizeError) as exc:
                 metrics.SKIPPED_ON_RESTORE.labels(self.run_name).inc()
                 logger.warning("skipping checkpoint step %d in %s: %s", step, self.storage.uri, exc)
                 continue
             metrics.RESTORES.labels(self.run_name, restored.source).inc()
+            self._restored_from = restored.source
             self._last_step = restored.step
             self._last_committed_step = restored.step
             return restored
@@ -491,9 +514,7 @@ class CheckpointEngine:
             )
             bad = self._bad_shards(index, payload)
             if not bad:
-                state = rebuild_state(
-                    index.skeleton, index.tensors, payload, map_location=map_location
-                )
+                state = self._rebuild(step, index, payload, map_location)
                 return RestoredCheckpoint(step, state, "memory", manifest.metadata)
             logger.warning("memory tier copy of step %d fails checksums; reading storage", step)
         index_bytes = self.storage.get_bytes(record.index_key)
@@ -515,8 +536,16 @@ class CheckpointEngine:
             raise CorruptCheckpointError(
                 f"shards {[s.key for s in todo]} do not match their checksums"
             )
-        state = rebuild_state(index.skeleton, index.tensors, payload, map_location=map_location)
+        state = self._rebuild(step, index, payload, map_location)
         return RestoredCheckpoint(step, state, "storage", manifest.metadata)
+
+    def _rebuild(
+        self, step: int, index: RankIndex, payload: torch.Tensor, map_location: str | torch.device
+    ) -> Any:
+        try:
+            return rebuild_state(index.skeleton, index.tensors, payload, map_location=map_location)
+        except UnsafeCheckpointError as exc:
+            raise UnsafeCheckpointError(f"checkpoint step {step} rank {self.rank}: {exc}") from exc
 
     def _parse_index(self, data: bytes, step: int) -> RankIndex:
         index = RankIndex.from_json_bytes(data)
@@ -557,6 +586,7 @@ class CheckpointEngine:
             "checkpoint_retries": float(self._retries),
             "checkpoint_skipped_saves": float(self._skipped_saves),
             "checkpoint_in_flight": float(sum(not h.done() for h in self._pending)),
+            "checkpoint_restored_from_memory": float(self._restored_from == "memory"),
         }
 
     def close(self, *, wait: bool = True) -> None:
@@ -570,6 +600,8 @@ class CheckpointEngine:
                 with contextlib.suppress(Exception):
                     handle.result()
         self._persist.shutdown(wait=wait, cancel_futures=not wait)
+        if self._copy_pool is not None:
+            self._copy_pool.shutdown(wait=False)
         if wait:
             self.storage.close()
 

@@ -34,6 +34,11 @@ class CorruptCheckpointError(Exception):
     """A checkpoint's manifest, index or shard does not match what was committed."""
 
 
+class UnsafeCheckpointError(CorruptCheckpointError):
+    """A rank index's skeleton names a global that restore does not load (see
+    `snapshot.load_skeleton`). Restore treats it like any other corrupt step: it skips it."""
+
+
 def step_dir(step: int) -> str:
     if step < 0 or step >= 10**STEP_DIGITS:
         raise ValueError(f"step must be in [0, 1e{STEP_DIGITS}); got {step}")

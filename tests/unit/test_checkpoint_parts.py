@@ -1,10 +1,12 @@
 """Checkpoint building blocks: layout round trips, retention plans, retry classification,
-snapshot flattening. No Ray, no network."""
+snapshot flattening and parallel copies, memory tier placement. No Ray, no network."""
 
 from __future__ import annotations
 
 import random
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import torch
@@ -23,14 +25,19 @@ from jobs.checkpoint.layout import (
     shard_key,
     step_of_key,
 )
+from jobs.checkpoint.memory_tiers import RayMemoryTier, label_matches, peer_nodes
 from jobs.checkpoint.retention import plan_retention, should_abort_upload
 from jobs.checkpoint.retrying import RetryPolicy, call_with_retries, is_retryable
 from jobs.checkpoint.snapshot import (
+    CopyPair,
     HostBuffer,
+    copy_host_tensors,
     flatten_state,
+    plan_copy_chunks,
     plan_layout,
     rebuild_state,
     take_snapshot,
+    tensor_views,
     unflatten_state,
 )
 
@@ -260,3 +267,145 @@ def test_host_buffer_is_reused_across_snapshots() -> None:
     rebuilt = rebuild_state(second.skeleton, second.tensors, second.payload)
     assert torch.equal(rebuilt["w"], torch.arange(100.0) * 2)
     assert rebuilt["w"].data_ptr() != pointer  # restored tensors own their memory
+
+
+MIB = 1024 * 1024
+
+
+def copy_pairs(sizes_bytes: list[int], *, strided: bool = False) -> list[CopyPair]:
+    """(destination view, source) pairs like take_snapshot's: fp32 sources of the given sizes
+    (a transposed, non-contiguous source when `strided`), each destination a view of one
+    zeroed buffer."""
+    sources = []
+    for i, nbytes in enumerate(sizes_bytes):
+        n = nbytes // 4
+        if strided:
+            src = torch.arange(n, dtype=torch.float32).add_(i).reshape(-1, 64).t()
+        else:
+            src = torch.arange(n, dtype=torch.float32).add_(i)
+        sources.append(src)
+    entries, total = plan_layout(sources)
+    buffer = torch.zeros(total, dtype=torch.uint8)
+    return list(zip(tensor_views(buffer, entries), sources, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("sizes_mib", "threads", "num_chunks"),
+    [
+        pytest.param([64] * 16, 1, 1, id="one-thread-one-chunk"),
+        pytest.param([4, 4, 4], 4, 1, id="under-two-min-chunks-stays-whole"),
+        pytest.param([64] * 16, 2, 8, id="1GiB-2-threads-8-chunks"),
+        pytest.param([1024], 4, 16, id="one-big-tensor-is-split"),
+        pytest.param([1] * 40, 2, 5, id="small-tensors-grouped-8MiB-chunks"),
+    ],
+)
+def test_copy_chunks_are_about_equal_and_cover_every_byte(
+    sizes_mib: list[int], threads: int, num_chunks: int
+) -> None:
+    pairs = copy_pairs([s * MIB for s in sizes_mib])
+    chunks = plan_copy_chunks(pairs, threads=threads)
+    assert len(chunks) == num_chunks
+    sizes = [sum(s.numel() * s.element_size() for _, s in chunk) for chunk in chunks]
+    assert sum(sizes) == sum(sizes_mib) * MIB
+    assert max(sizes) - min(sizes) <= max(sizes) // 2 or len(chunks) == 1
+
+
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_copy_host_tensors_with_a_pool_is_exact(strided: bool, threads: int) -> None:
+    pairs = copy_pairs([5 * MIB, 13 * MIB, 256, 7 * MIB + 256], strided=strided)
+    with ThreadPoolExecutor(2) as pool:
+        before = torch.get_num_threads()
+        copy_host_tensors(pairs, pool=pool, threads=threads)
+        assert torch.get_num_threads() == before
+    for dst, src in pairs:
+        assert torch.equal(dst, src)
+
+
+def test_copy_pool_failure_is_raised() -> None:
+    pairs = copy_pairs([16 * MIB, 16 * MIB])
+
+    class Broken(ThreadPoolExecutor):
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            def boom() -> None:
+                raise RuntimeError("copy thread died")
+
+            return super().submit(boom)
+
+    with Broken(1) as pool, pytest.raises(RuntimeError, match="copy thread died"):
+        copy_host_tensors(pairs, pool=pool, threads=2)
+
+
+@pytest.mark.parametrize(
+    ("labels", "selector", "matches"),
+    [
+        pytest.param({"pool": "cluster"}, {"pool": "cluster"}, True, id="equal"),
+        pytest.param({"pool": "head"}, {"pool": "cluster"}, False, id="other-pool"),
+        pytest.param({}, {"pool": "cluster"}, False, id="unlabelled"),
+        pytest.param({"ray.io/node-id": "aa"}, {"ray.io/node-id": "!aa"}, False, id="not-self"),
+        pytest.param({"ray.io/node-id": "bb"}, {"ray.io/node-id": "!aa"}, True, id="peer"),
+        pytest.param({"zone": "b"}, {"zone": "in(a, b)"}, True, id="in"),
+        pytest.param({"zone": "b"}, {"zone": "!in(a,b)"}, False, id="not-in"),
+    ],
+)
+def test_label_matches(labels: dict[str, str], selector: dict[str, str], matches: bool) -> None:
+    assert label_matches(labels, selector) is matches
+
+
+def ray_node(node_id: str, pool: str, *, alive: bool = True) -> dict[str, Any]:
+    """One entry of `ray.nodes()` as Ray 2.60 lists it."""
+    return {"NodeID": node_id, "Alive": alive, "Labels": {"pool": pool, "ray.io/node-id": node_id}}
+
+
+def test_peer_nodes_exclude_the_writer_the_head_and_dead_nodes() -> None:
+    nodes = [
+        ray_node("head", "head"),
+        ray_node("a", "cluster"),
+        ray_node("b", "cluster"),
+        ray_node("c", "cluster", alive=False),
+        ray_node("x", "external"),
+    ]
+    assert peer_nodes(nodes, {"pool": "cluster"}, "a") == ["b"]
+    assert peer_nodes(nodes[:2], {"pool": "cluster"}, "a") == []
+
+
+def test_holder_is_created_detached_cpu_free_and_off_the_writers_node() -> None:
+    tier = RayMemoryTier("job-7")
+    options = tier.actor_options(3, "ab" * 28)
+    assert options == {
+        "name": "job-7/rank-00003",
+        "namespace": "rcp-checkpoints",
+        "lifetime": "detached",
+        "get_if_exists": True,
+        "num_cpus": 0,
+        "max_restarts": 0,
+        "label_selector": {"pool": "cluster", "ray.io/node-id": "!" + "ab" * 28},
+    }
+    zoned = RayMemoryTier("job-7", label_selector={"pool": "cluster", "zone": "a"})
+    assert zoned.actor_options(0, "n1")["label_selector"] == {
+        "pool": "cluster",
+        "zone": "a",
+        "ray.io/node-id": "!n1",
+    }
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        pytest.param({"name_prefix": ""}, "non-empty name_prefix", id="no-name"),
+        pytest.param(
+            {"name_prefix": "j", "label_selector": {"ray.io/node-id": "x"}},
+            "must not set 'ray.io/node-id'",
+            id="node-id-in-selector",
+        ),
+        pytest.param({"name_prefix": "j", "put_timeout_s": 0}, "put_timeout_s", id="no-timeout"),
+    ],
+)
+def test_bad_ray_memory_tier_arguments(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RayMemoryTier(**kwargs)
+
+
+def test_host_buffer_payload_views_are_contiguous_per_tensor() -> None:
+    ((dst, src),) = copy_pairs([3 * MIB], strided=True)
+    assert dst.is_contiguous() and not src.is_contiguous()
