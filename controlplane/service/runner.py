@@ -1775,6 +1775,14 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) and number >= 0 else None
 
 
+def _reported_step(value: Any) -> int | None:
+    """A step the signals actor passed on as a number: its progress stats are floats
+    (``committed_step`` 99 arrives as 99.0); an integral finite one in range, else None."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    return _count(value)
+
+
 def _info_step(value: Any) -> int | None:
     """The step of ``info["checkpoint"]`` when it is one the controller read from storage
     (an older runner stored the loop's word there, without ``read_s``: not believed)."""
@@ -1806,7 +1814,7 @@ def _progress_of(sig: Mapping[str, Any], attempt: Any) -> dict[str, Any] | None:
         "step_at_s": step_at_s,
         "stall_s": _finite(raw.get("stall_s")) or 0.0,
         "wall_s": _finite(raw.get("wall_s")) or 0.0,
-        "committed_step": _count(raw.get("committed_step")),
+        "committed_step": _reported_step(raw.get("committed_step")),
     }
 
 

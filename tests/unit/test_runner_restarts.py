@@ -439,3 +439,32 @@ def test_a_restart_waits_for_its_backoff(env: Any) -> None:
     rows = [NodeRow("n1", "cluster", "a", "ALIVE", 4, 4, 8, 8)]
     snap = build_snapshot(clock.now, rows, store.list_jobs())
     assert snap.queued[0].not_before_s == clock.now + 10
+
+
+def test_a_commit_the_job_reports_is_read_before_the_scan_interval(env: Any) -> None:
+    store, cfg, fake, clock, runner = env
+    job_id = running(store, fake, runner)
+    runner.reconcile()  # the first read of a RUNNING job: nothing committed yet
+    commit(cfg, job_id, 7)
+    clock.now += 1
+    runner.reconcile()
+    assert "checkpoint" not in store.get(job_id).info  # not due, and no hint
+    # The actor passes every progress stat on as a float.
+    fake.report_progress(job_id, 8, clock.now, committed_step=7.0)
+    clock.now += 1
+    runner.reconcile()
+    assert store.get(job_id).info["checkpoint"]["step"] == 7
+    # A hint naming a step that is not in storage costs one read, not one per tick.
+    reads: list[int | None] = []
+    real = runner.checkpoints.newest
+
+    def counting(prefix: str, after: int | None = None) -> Any:
+        reads.append(after)
+        return real(prefix, after)
+
+    runner.checkpoints.newest = counting  # type: ignore[method-assign]
+    fake.report_progress(job_id, 9, clock.now, committed_step=1e6)
+    for _ in range(3):
+        clock.now += 1
+        runner.reconcile()
+    assert reads == [7] and store.get(job_id).info["checkpoint"]["step"] == 7
