@@ -65,6 +65,8 @@ __all__ = [
 
 DEFAULT_PRIORITY_CLASSES = ("low", "medium", "high")
 MAX_RESTARTS_LIMIT = 1000
+MAX_INTERVAL_S = 7 * 86400.0
+"""The longest checkpoint.interval_s: a week between checkpoints is already no checkpointing."""
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 REMOTE_URI_SCHEMES = ("s3", "gs", "azure", "abfss", "https")
@@ -455,11 +457,14 @@ def _validate(spec: JobSpec) -> list[FieldError]:
     if not isinstance(c, CheckpointSpec):
         errors.append(FieldError("checkpoint", f"must be a CheckpointSpec, got {_kind(c)}"))
         return errors
-    if c.interval_s is not None and (not _is_number(c.interval_s) or c.interval_s <= 0):
+    if c.interval_s is not None and (
+        not _is_number(c.interval_s) or not 0 < c.interval_s <= MAX_INTERVAL_S
+    ):
         errors.append(
             FieldError(
                 "checkpoint.interval_s",
-                f"must be a finite number > 0 or null, got {c.interval_s!r}",
+                f"must be a finite number > 0 and at most {MAX_INTERVAL_S:g} (a week), or null; "
+                f"got {c.interval_s!r}",
             )
         )
     errors += _int_at_least("checkpoint.keep_last", c.keep_last, 1)

@@ -485,3 +485,54 @@ def test_the_example_job_is_valid() -> None:
     root = Path(__file__).resolve().parents[2]
     for path in sorted((root / "jobs" / "examples").glob("*.yaml")):
         JobSpec.from_yaml(path.read_text())
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_restarts", -1),
+        ("max_restarts", 1001),
+        ("max_restarts", 2.5),
+        ("stall_timeout_s", 0),
+        ("stall_timeout_s", float("nan")),
+        ("stall_timeout_s", "10m"),
+    ],
+)
+def test_restart_and_stall_limits_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(SpecError) as info:
+        JobSpec.from_dict({"name": "t", "entrypoint": "python t.py", field: value})
+    assert info.value.fields == (field,)
+
+
+@pytest.mark.parametrize("interval", [0, -5, 8 * 86400.0, float("inf")])
+def test_checkpoint_interval_is_bounded(interval: float) -> None:
+    with pytest.raises(SpecError) as info:
+        JobSpec.from_dict(
+            {"name": "t", "entrypoint": "python t.py", "checkpoint": {"interval_s": interval}}
+        )
+    assert info.value.fields == ("checkpoint.interval_s",)
+
+
+def test_stall_timeout_shorter_than_the_step_report_interval_is_refused() -> None:
+    spec = JobSpec.from_dict({"name": "t", "entrypoint": "python t.py", "stall_timeout_s": 2})
+    with pytest.raises(SpecError) as info:
+        spec.check_against(step_report_interval_s=5.0)
+    assert info.value.fields == ("stall_timeout_s",)
+    assert "step report interval" in str(info.value)
+    spec.check_against(step_report_interval_s=2.0)  # equal is fine
+
+
+@pytest.mark.parametrize(
+    ("uri", "says"),
+    [
+        ("gs://bucket/x", "gs:// is not supported"),
+        ("file:///tmp/x", "file:// is not supported"),
+        ("/tmp/x", "no scheme"),
+        ("s3://", "expected s3://bucket/prefix"),
+    ],
+)
+def test_checkpoint_uri_scheme_errors_name_the_field(uri: str, says: str) -> None:
+    with pytest.raises(SpecError) as info:
+        JobSpec.from_dict({"name": "t", "entrypoint": "python t.py", "checkpoint": {"uri": uri}})
+    assert info.value.fields == ("checkpoint.uri",)
+    assert says in str(info.value)
