@@ -148,6 +148,12 @@ MAX_SECONDS = 1e10
 interval or MTBF the control plane passes fits; only absurd values are refused."""
 MAX_KEEP_LAST = 10_000
 SIGNALS_TIMEOUT_S = 5.0
+RAY_TRAIN_REPORT_INTERVAL_S = 10.0
+"""The least time between two ``ray.train.report`` calls of `Checkpointing.report`. Ray Train
+(v2) keeps one report per worker until its controller polls the workers (every 2 s,
+``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``): a report per step blocks the loop about 2 s each
+(measured: 1.95 s per call back to back). Spaced this far apart a report finds the slot
+empty and returns at once."""
 """Longest one call to the signals actor may block rank 0."""
 _DUE, _ASKED, _ASK_RAY_TRAIN = 1, 2, 4
 """Bits of the flags every rank all-reduces in `should_checkpoint`."""
@@ -392,6 +398,7 @@ class Checkpointing:
         self._asked = False  # rank 0's cached poll answer
         self._next_poll_s = self._started_s
         self._next_ray_train_check_s = self._started_s
+        self._next_ray_train_report_s = self._started_s
         self._next_progress_s: float | None = None
         self._warned: set[str] = set()
         self._group: Any = None
@@ -673,12 +680,20 @@ class Checkpointing:
         return out
 
     def report(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
-        """Report `metrics` for `step`: through ``ray.train.report`` inside Ray Train (with
-        `stats`; every rank calls it there, it is a collective), and the step to the control
-        plane (rank 0, at most every ``RCP_STEP_REPORT_S``)."""
+        """Report `metrics` for `step`: the step to the control plane (rank 0, at most every
+        ``RCP_STEP_REPORT_S``) and, inside Ray Train, `metrics` with `stats` through
+        ``ray.train.report`` at most every `RAY_TRAIN_REPORT_INTERVAL_S` (rank 0's clock,
+        agreed by every rank with one all-reduce: the call is a collective there)."""
         _check_step(step)
         self._progress(step)
-        if self.gang.in_ray_train:
+        if not self.gang.in_ray_train:
+            return
+        now_s = self._clock()
+        [due] = self._all_reduce(
+            [int(self.rank == 0 and now_s >= self._next_ray_train_report_s)], "max"
+        )
+        if due:
+            self._next_ray_train_report_s = now_s + RAY_TRAIN_REPORT_INTERVAL_S
             ray.train.report({**(metrics or {}), **self.stats(), "step": step})
 
     def _progress(self, step: int, *, force: bool = False) -> None:

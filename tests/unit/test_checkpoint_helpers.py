@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from prometheus_client import REGISTRY
 
+from jobs import checkpointing
 from jobs.checkpoint.layout import keep_key, manifest_key, shard_key
 from jobs.checkpointing import (
     Checkpointing,
@@ -394,6 +395,33 @@ def test_ray_trains_preemption_signal_saves_and_keeps_training(
     assert reports[-1]["loss"] == 0.5 and reports[-1]["step"] == 1
     assert reports[-1]["checkpoint_saves"] == 1.0
     assert reports[-1]["checkpoint_last_committed_step"] == 0.0
+    ckpt.finish()
+
+
+def test_ray_train_reports_are_spaced_so_they_never_block_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray Train keeps one report per worker until its controller polls (every 2 s): a report
+    per step would block each step that long, so the helper sends one every
+    RAY_TRAIN_REPORT_INTERVAL_S (the first at once)."""
+
+    class OneRank(_TrainContext):
+        def get_world_rank(self) -> int:
+            return 0
+
+        def get_world_size(self) -> int:
+            return 1
+
+    reports: list[dict[str, Any]] = []
+    monkeypatch.setattr(ray.train, "get_context", lambda: OneRank())
+    monkeypatch.setattr(ray.train, "report", lambda metrics, **_kw: reports.append(metrics))
+    clock = Clock(100.0)
+    ckpt, _ = helper({"RCP_CHECKPOINT_URI": tmp_path.as_uri()}, clock, every_n_steps=1000)
+    interval = checkpointing.RAY_TRAIN_REPORT_INTERVAL_S
+    for step, dt in enumerate((0.0, 1.0, 2.0, interval - 0.1, interval, interval + 1.0)):
+        clock.now_s = 100.0 + dt
+        ckpt.report(step, {"loss": float(step)})
+    assert [r["step"] for r in reports] == [0, 4]
     ckpt.finish()
 
 
