@@ -67,10 +67,15 @@ last, at most `MAX_ATTEMPTS_KEPT`) = ``{"attempt", "admitted_s", "ended_s", "kin
 "reason", "step"}`` with ``kind`` an `AttemptEnd` and ``step`` the last step the attempt
 reported (None: none). A give-up's attempt has kind ``failed``.
 
-What a gang runs (``JobSpec.entrypoint``): ``module:function`` runs
-``python -m jobs.launcher module:function``; anything else is run as a command (a leading
-``python``/``python3`` becomes this interpreter), and the script calls
-``jobs.launcher.run_gang``. The environment carries ``RCP_JOB_ID``, ``RCP_ATTEMPT``,
+What a gang runs (``JobSpec.entrypoint``, turned into the Ray Job's entrypoint by
+`entrypoint_command`): ``module:function`` runs ``python -m jobs.launcher module:function``
+(the function is every worker's Ray Train loop); anything else is a command, run as
+``python -m jobs.launcher --command -- CMD...`` (a leading ``python``/``python3`` becomes this
+interpreter), which starts the command on every worker of the gang with the environment
+torchrun gives (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``...),
+so the Ray Job's driver is always the launcher and a plain ``torch.distributed`` script runs
+unchanged. Either way each worker reports that it started (with its pid and node). The
+environment carries ``RCP_JOB_ID``, ``RCP_ATTEMPT``,
 ``RCP_NUM_WORKERS``, ``RCP_GPUS_PER_WORKER``, ``RCP_CPUS_PER_WORKER``, ``RCP_STORAGE_PATH``,
 ``RCP_NODE_IDS``, the job's checkpoint settings for `jobs.checkpointing`
 (``RCP_CHECKPOINT_URI``: its prefix, ``checkpoint.uri`` or ``<storage.uri>/jobs/<job id>``,
@@ -245,14 +250,29 @@ class AttemptEnd(str, Enum):
 
 
 def entrypoint_command(entrypoint: str, python: str = sys.executable) -> str:
-    """The Ray Job entrypoint for a spec's entrypoint (see the module doc)."""
+    """The Ray Job entrypoint for a spec's entrypoint (see the module doc), with `python` the
+    cluster's interpreter::
+
+        "pkg.train:loop"            -> "<python> -m jobs.launcher pkg.train:loop"
+        "python train.py --lr 3e-4" -> "<python> -m jobs.launcher --command -- <python> train.py --lr 3e-4"
+        "bash run.sh 'a b'"         -> "<python> -m jobs.launcher --command -- bash run.sh 'a b'"
+
+    A command is split into words as a POSIX shell splits them (quotes honoured, nothing
+    expanded or chained: for pipes, ``&&`` or ``$VAR`` run ``bash -c '...'``) and each word is
+    quoted again. ValueError for an empty command or an unbalanced quote."""
     ep = entrypoint.strip()
+    run_launcher = f"{shlex.quote(python)} -m jobs.launcher"
     if _FUNCTION_RE.match(ep):
-        return f"{shlex.quote(python)} -m jobs.launcher {ep}"
-    head, _, rest = ep.partition(" ")
-    if head in ("python", "python3"):
-        return f"{shlex.quote(python)} {rest}".rstrip()
-    return ep
+        return f"{run_launcher} {ep}"
+    try:
+        argv = shlex.split(ep)
+    except ValueError as exc:
+        raise ValueError(f"entrypoint {entrypoint!r} cannot be split into words: {exc}") from None
+    if not argv:
+        raise ValueError("the entrypoint is empty: give a command or module:function")
+    if argv[0] in ("python", "python3"):
+        argv[0] = python
+    return f"{run_launcher} {launcher.COMMAND_FLAG} -- {shlex.join(argv)}"
 
 
 class Signals(Protocol):

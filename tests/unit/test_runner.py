@@ -361,8 +361,8 @@ def test_cancelled_running_job_gets_its_ray_job_stopped(env: Any) -> None:
     "entrypoint, expected",
     [
         ("pkg.mod:fn", "/py -m jobs.launcher pkg.mod:fn"),
-        ("python train.py --lr 1", "/py train.py --lr 1"),
-        ("bash run.sh", "bash run.sh"),
+        ("python train.py --lr 1", "/py -m jobs.launcher --command -- /py train.py --lr 1"),
+        ("bash run.sh", "/py -m jobs.launcher --command -- bash run.sh"),
     ],
     ids=["module-function", "python-command", "other-command"],
 )

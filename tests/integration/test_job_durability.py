@@ -1,0 +1,568 @@
+"""Training jobs that survive: plain commands as gangs, crashes, hangs, preemption, node loss
+(issue 13), end to end on a real local cluster, submitted as a researcher would (the CLI
+`rcp`, or the SDK `Client`).
+
+The module shares one cluster (`durability_cluster`): 2 `cluster` nodes x 2 logical GPUs, no
+Serve app, a 0.5 s tick, and a short `jobs.gang_start_timeout_s` (`GANG_START_TIMEOUT_S`), so
+a job that runs past it shows that a running gang is not mistaken for one that never started.
+Every job of this module must fit the 4 GPUs; jobs run one at a time unless a test says so.
+A test that needs more overrides adds them to `CLUSTER_OVERRIDES` (they hold for the whole
+module). Scripts a job runs are written under the test's `tmp_path`: in local mode every node
+is this machine, so an absolute path is readable by every worker (a job's code otherwise
+comes only from a remote `working_dir`).
+
+Helpers: `rcp(...)` runs the CLI against the cluster; `submit_command(...)` submits
+``rcp submit ... -- CMD`` and returns the job id; `wait_state(...)`, `ray_job_status(...)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controlplane.config import Config
+from controlplane.local.cluster import LocalCluster
+from controlplane.sdk import Client, Job
+from tests.integration.conftest import ray_auth_headers, start_local_cluster, wait_for
+
+pytestmark = pytest.mark.integration
+
+GANG_START_TIMEOUT_S = 40.0
+"""Short, so a job can run past it; long enough for a 4-worker gang to start on 2 cores."""
+CLUSTER_OVERRIDES = (
+    "pools.cluster.num_nodes=2",
+    "pools.cluster.gpus_per_node=2",
+    "serve.deploy_app=false",
+    "policy.tick_s=0.5",
+    f"jobs.gang_start_timeout_s={GANG_START_TIMEOUT_S:g}",
+    "jobs.job_signal_poll_s=0.2",
+)
+
+
+@pytest.fixture(scope="module")
+def durability_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Config, LocalCluster, Client]]:
+    """The module's cluster (see the module doc) and an SDK client on it."""
+    cfg, cluster = start_local_cluster(tmp_path_factory, *CLUSTER_OVERRIDES)
+    try:
+        yield cfg, cluster, Client(state_dir=cfg.state_path)
+    finally:
+        cluster.down(echo=lambda _line: None)
+
+
+def rcp(cfg: Config, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user runs it (``python -m controlplane``), pointed at the cluster."""
+    return subprocess.run(
+        [sys.executable, "-m", "controlplane", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, "RCP_STATE_DIR": str(cfg.state_path)},
+        check=False,
+    )
+
+
+def submit_command(cfg: Config, *options: str, command: list[str]) -> str:
+    """``rcp submit OPTIONS -- COMMAND``; the new job's id."""
+    result = rcp(cfg, "submit", *options, "--", *command)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout.strip().splitlines()[-1]
+
+
+def wait_state(client: Client, job_id: str, states: set[str], timeout_s: float = 240) -> Job:
+    """The job once it is in one of `states`; fails at once if it ends in another."""
+
+    def check() -> Job | None:
+        job = client.status(job_id)
+        if job.state in states:
+            return job
+        assert not job.done, f"{job_id} ended {job.state}, wanted {states}: {job.message}"
+        return None
+
+    return wait_for(f"{job_id} in {sorted(states)}", check, timeout_s)
+
+
+def ray_job_status(cfg: Config, submission_id: str) -> str:
+    """Ray's own word on one Ray Job (``<job id>-<attempt>``); ``MISSING`` before the runner
+    submitted it."""
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(
+        f"http://{cfg.ray.node_ip}:{cfg.ray.dashboard_port}", headers=ray_auth_headers(cfg)
+    )
+    try:
+        return str(client.get_job_status(submission_id).value)
+    except RuntimeError as exc:
+        if "does not exist" in str(exc):
+            return "MISSING"
+        raise
+
+
+def processes_matching(marker: str) -> list[str]:
+    """Command lines of live processes that name `marker` (this test's own excluded)."""
+    result = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True, check=False)
+    me = str(os.getpid())
+    return [line for line in result.stdout.splitlines() if line.split(" ", 1)[0] != me]
+
+
+# -- plain commands are gangs -------------------------------------------------------------------
+
+ALL_REDUCE_SCRIPT = """\
+import json, os, sys, time
+import torch
+import torch.distributed as dist
+
+out_dir, sleep_s = sys.argv[1], float(sys.argv[2])
+dist.init_process_group("gloo")  # env:// from MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
+rank, world = dist.get_rank(), dist.get_world_size()
+t = torch.tensor([float(rank)])
+dist.all_reduce(t)
+assert t.item() == world * (world - 1) / 2, t
+keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR",
+        "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "RCP_JOB_ID")
+record = {k: os.environ.get(k) for k in keys}
+record["sum"] = t.item()
+with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
+    json.dump(record, f)
+print(f"allreduce-ok rank={rank} world={world} sum={t.item():g}", flush=True)
+time.sleep(sleep_s)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_an_unmodified_torch_distributed_script_runs_on_every_rank_past_the_start_timeout(
+    durability_cluster: tuple[Config, LocalCluster, Client], tmp_path: Path
+) -> None:
+    cfg, _cluster, client = durability_cluster
+    script = tmp_path / "allreduce.py"
+    script.write_text(ALL_REDUCE_SCRIPT)
+    out = tmp_path / "ranks"
+    out.mkdir()
+    run_s = GANG_START_TIMEOUT_S + 5  # each rank sleeps past the timeout after it started
+    job_id = submit_command(
+        cfg,
+        "--workers=4",
+        "--gpus-per-worker=1",
+        "--name=allreduce",
+        command=["python", str(script), str(out), f"{run_s:g}"],
+    )
+
+    wait_state(client, job_id, {"RUNNING"})
+    # RUNNING while it runs: every rank got through the all-reduce and is still sleeping.
+    wait_for("4 rank files", lambda: len(list(out.glob("rank-*.json"))) == 4, 60)
+    assert client.status(job_id).state == "RUNNING"
+    done = wait_state(client, job_id, {"SUCCEEDED"}, timeout_s=run_s + 180)
+
+    assert [t["to"] for t in done.history] == ["QUEUED", "ADMITTED", "RUNNING", "SUCCEEDED"]
+    assert done.attempt == 1
+    admitted = next(t["at_s"] for t in done.history if t["to"] == "ADMITTED")
+    succeeded = next(t["at_s"] for t in done.history if t["to"] == "SUCCEEDED")
+    assert succeeded - admitted > GANG_START_TIMEOUT_S  # ran past it, and was never stopped
+
+    ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
+    assert sorted(int(r["RANK"]) for r in ranks) == [0, 1, 2, 3]
+    assert {r["WORLD_SIZE"] for r in ranks} == {"4"}
+    assert {r["sum"] for r in ranks} == {6.0}
+    assert len({(r["MASTER_ADDR"], r["MASTER_PORT"]) for r in ranks}) == 1
+    assert {r["RCP_JOB_ID"] for r in ranks} == {job_id}
+    # torchrun's local ranks: on each node (NODE_RANK) 0..LOCAL_WORLD_SIZE-1, once each.
+    by_node: dict[str, list[dict[str, str]]] = defaultdict(list)
+    for r in ranks:
+        by_node[r["NODE_RANK"]].append(r)
+    assert sum(int(rs[0]["LOCAL_WORLD_SIZE"]) for rs in by_node.values()) == 4
+    for rs in by_node.values():
+        assert {r["LOCAL_WORLD_SIZE"] for r in rs} == {str(len(rs))}
+        assert sorted(int(r["LOCAL_RANK"]) for r in rs) == list(range(len(rs)))
+    assert all(r["CUDA_VISIBLE_DEVICES"] for r in ranks)  # the bundle's (logical) GPUs
+
+    logs = rcp(cfg, "logs", job_id)
+    assert logs.returncode == 0, logs.stderr
+    for rank in range(4):
+        assert f"allreduce-ok rank={rank} world=4 sum=6" in logs.stdout
+
+
+FAILING_SCRIPT = """\
+import os, signal, sys, time
+
+out_dir = sys.argv[1]
+rank = int(os.environ["RANK"])
+
+def on_term(signum, frame):
+    open(os.path.join(out_dir, f"terminated-{rank}"), "w").close()
+    sys.exit(143)
+
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(out_dir, f"started-{rank}"), "w").close()
+if rank == 1:
+    while len([n for n in os.listdir(out_dir) if n.startswith("started-")]) < 4:
+        time.sleep(0.2)
+    print("rank 1 gives up", flush=True)
+    sys.exit(3)
+time.sleep(600)
+"""
+
+
+def test_a_rank_that_exits_non_zero_fails_the_gang_and_leaves_no_process(
+    durability_cluster: tuple[Config, LocalCluster, Client], tmp_path: Path
+) -> None:
+    cfg, _cluster, client = durability_cluster
+    marker = f"rcp-fail-{uuid.uuid4().hex[:12]}"
+    script = tmp_path / f"{marker}.py"
+    script.write_text(FAILING_SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    job_id = submit_command(
+        cfg,
+        "--workers=4",
+        "--gpus-per-worker=1",
+        "--max-restarts=0",
+        command=["python", str(script), str(out)],
+    )
+    sid = f"{job_id}-1"
+    wait_for(
+        f"Ray Job {sid} to fail",
+        lambda: ray_job_status(cfg, sid) in ("FAILED", "SUCCEEDED", "STOPPED"),
+        240,
+    )
+    assert ray_job_status(cfg, sid) == "FAILED"
+    # The control plane saw it end (FAILED here; a restart policy may re-queue it instead).
+    wait_for(
+        f"{job_id} to leave attempt 1",
+        lambda: (j := client.status(job_id)).done or j.state == "QUEUED" or j.attempt > 1,
+        60,
+    )
+    # The others were asked to stop (SIGTERM) before they were killed.
+    assert sorted(p.name for p in out.glob("terminated-*")) == [
+        "terminated-0",
+        "terminated-2",
+        "terminated-3",
+    ]
+    wait_for("no process of the script left", lambda: not processes_matching(marker), 30)
+    logs = rcp(cfg, "logs", job_id).stdout
+    # The driver's log ends with what failed.
+    assert "rcp: the gang failed: rank 1 of 4 (node " in logs, logs[-4000:]
+    assert "the command exited with code 3" in logs
+    assert "rank 1 gives up" in logs
+
+
+def test_a_cancelled_command_job_leaves_no_process_even_one_ignoring_sigterm(
+    durability_cluster: tuple[Config, LocalCluster, Client], tmp_path: Path
+) -> None:
+    cfg, _cluster, client = durability_cluster
+    marker = f"rcp-stop-{uuid.uuid4().hex[:12]}"
+    script = tmp_path / f"{marker}.py"
+    script.write_text(
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)\n"
+    )
+    job_id = submit_command(
+        cfg, "--workers=2", "--gpus-per-worker=1", command=["python", str(script)]
+    )
+    wait_state(client, job_id, {"RUNNING"})
+    assert len(processes_matching(f"{marker}.py")) >= 3  # the driver and both ranks
+    result = rcp(cfg, "cancel", job_id)
+    assert result.returncode == 0, result.stderr
+    wait_for("no process of the script left", lambda: not processes_matching(marker), 60)
+
+
+# -- crashes, preemption and hangs: the runner restarts from the last committed checkpoint ------
+
+RECOVERY_SCRIPT = """\
+import hashlib, json, os, signal, sys, time
+import torch
+import torch.distributed as dist
+from jobs.checkpointing import Checkpointing
+
+out_dir, num_steps, every, sleep_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+hang_at = int(sys.argv[5]) if len(sys.argv) > 5 else -1
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+attempt = int(os.environ["RCP_ATTEMPT"])
+
+
+def note(name, record):
+    with open(os.path.join(out_dir, name), "w") as f:
+        json.dump(record, f)
+
+
+def on_term(signum, frame):
+    note(f"sigterm-{attempt}-{rank}.json", {"at_s": time.time()})
+    sys.exit(143)
+
+
+signal.signal(signal.SIGTERM, on_term)
+if world > 1:
+    dist.init_process_group("gloo")
+ckpt = Checkpointing(every_n_steps=every)
+import ray
+
+node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+note(f"pid-{attempt}-{rank}.json", {"pid": os.getpid(), "node": node})
+
+
+def digests(state):
+    return {k: hashlib.sha256(v.numpy().tobytes()).hexdigest() for k, v in sorted(state.items())}
+
+
+state = {
+    "w": torch.randn(4096, generator=torch.Generator().manual_seed(rank)),
+    "steps_seen": torch.zeros(1, dtype=torch.int64),
+}
+start, restored = 0, ckpt.restore()
+if restored is not None:
+    state = {k: v.clone() for k, v in restored.state.items()}
+    start = restored.step + 1
+    note(f"restored-{attempt}-{rank}.json",
+         {"step": restored.step, "source": restored.source, "digests": digests(state)})
+for step in range(start, num_steps):
+    if attempt == 1 and step == hang_at and rank == world - 1:
+        print(f"rank {rank} stops making progress at step {step}", flush=True)
+        time.sleep(3600)
+    t = torch.tensor([float(step + rank)])
+    if world > 1:
+        dist.all_reduce(t)
+    state["w"].mul_(0.999).add_(t.item() * 1e-3)
+    state["steps_seen"] += 1
+    if rank == 0:
+        with open(os.path.join(out_dir, "steps.jsonl"), "a") as f:
+            line = {"attempt": attempt, "step": step, "start": start, "node": node, "at_s": time.time()}
+            f.write(json.dumps(line) + "\\n")
+    if ckpt.should_checkpoint(step) or step == num_steps - 1:
+        note(f"saved-{rank}-{step}.json", digests(state))
+        ckpt.save(step, state)
+        if ckpt.preempted:
+            break
+    ckpt.report(step, {})
+    time.sleep(sleep_s)
+ckpt.finish()
+if world > 1:
+    dist.destroy_process_group()
+"""
+
+SLEEP_SCRIPT = "import sys, time; time.sleep(float(sys.argv[1]))"
+
+
+def recovery_script(tmp_path: Path) -> tuple[Path, Path]:
+    script = tmp_path / "recovering.py"
+    script.write_text(RECOVERY_SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    return script, out
+
+
+def steps_of(out: Path) -> list[dict[str, object]]:
+    path = out / "steps.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def manifest_in_storage(cfg: Config, step_uri: str) -> dict[str, object]:
+    """The committed manifest of a step (``s3://bucket/.../step-<S>``), read from the store."""
+    from controlplane.storage import bucket_of, s3_client
+
+    bucket, key = bucket_of(step_uri)
+    body = s3_client(cfg).get_object(Bucket=bucket, Key=f"{key}/manifest.json")["Body"].read()
+    return dict(json.loads(body))
+
+
+def assert_restored_bit_exact(out: Path, attempt: int, world: int) -> int:
+    """Every rank of `attempt` restored what it saved at the restored step; returns it."""
+    steps = set()
+    for rank in range(world):
+        restored = json.loads((out / f"restored-{attempt}-{rank}.json").read_text())
+        saved = json.loads((out / f"saved-{rank}-{restored['step']}.json").read_text())
+        assert restored["digests"] == saved, f"rank {rank} restored other bytes than it saved"
+        steps.add(restored["step"])
+    assert len(steps) == 1, steps
+    return steps.pop()
+
+
+def test_a_worker_killed_mid_run_resumes_at_the_last_committed_step_bit_exact(
+    durability_cluster: tuple[Config, LocalCluster, Client], tmp_path: Path
+) -> None:
+    cfg, _cluster, client = durability_cluster
+    script, out = recovery_script(tmp_path)
+    job_id = submit_command(
+        cfg,
+        "--workers=2",
+        "--gpus-per-worker=1",
+        "--max-restarts=2",
+        "--name=sigkill",
+        command=["python", str(script), str(out), "300", "5", "0.25"],
+    )
+    wait_state(client, job_id, {"RUNNING"})
+    wait_for(
+        "a committed step the controller read from storage",
+        lambda: (client.status(job_id).last_committed_step or 0) >= 10,
+        240,
+    )
+    committed_at_kill = int(client.status(job_id).last_committed_step or 0)
+    victim = json.loads((out / "pid-1-1.json").read_text())["pid"]
+    os.kill(victim, 9)  # SIGKILL one worker process mid-run
+    done = wait_state(client, job_id, {"SUCCEEDED"}, timeout_s=600)
+    assert done.attempt == 2 and done.restarts == 1, done.attempts
+    assert done.attempts[0].kind == "crash" and done.attempts[-1].kind == "succeeded"
+    restored = assert_restored_bit_exact(out, 2, 2)
+    assert restored >= committed_at_kill
+    second = [s for s in steps_of(out) if s["attempt"] == 2]
+    assert second[0]["step"] == restored + 1 and second[0]["start"] == restored + 1
+    first = [s["step"] for s in steps_of(out) if s["attempt"] == 1]
+    assert max(first) >= restored  # it ran past the commit it resumed from
+    # The step it resumed from is committed in storage (the manifest, written last).
+    manifest = manifest_in_storage(cfg, f"{done.checkpoint_uri}/step-{restored:012d}")
+    assert manifest["step"] == restored
+
+
+def test_a_preempted_job_commits_before_its_gang_stops_and_resumes_on_another_node(
+    durability_cluster: tuple[Config, LocalCluster, Client], tmp_path: Path
+) -> None:
+    cfg, _cluster, client = durability_cluster
+    script, out = recovery_script(tmp_path)
+    sleeper = tmp_path / "sleep.py"
+    sleeper.write_text(SLEEP_SCRIPT)
+    low = submit_command(
+        cfg,
+        "--workers=1",
+        "--gpus-per-worker=2",
+        "--priority=low",
+        "--name=low",
+        command=["python", str(script), str(out), "100000", "1000", "0.2"],
+    )
+    wait_state(client, low, {"RUNNING"})
+    wait_for("low to train", lambda: len(steps_of(out)) >= 5, 180)
+    filler = submit_command(
+        cfg,
+        "--workers=1",
+        "--gpus-per-worker=2",
+        "--priority=medium",
+        "--name=filler",
+        command=["python", str(sleeper), "70"],
+    )
+    wait_state(client, filler, {"RUNNING"})
+    high = submit_command(
+        cfg,
+        "--workers=1",
+        "--gpus-per-worker=2",
+        "--priority=high",
+        "--name=high",
+        command=["python", str(sleeper), "600"],
+    )
+    try:
+        job = wait_for(
+            "low to be preempted and re-queued",
+            lambda: (j := client.status(low)).num_preemptions >= 1 and j,
+            300,
+        )
+        reason = next(t["reason"] for t in job.history if t["to"] == "PREEMPTED")
+        assert "checkpointed-for-preemption at step" in reason, reason
+        step = int(reason.split("at step ")[1].split(" ")[0])
+        assert job.attempts[0].kind == "preempted" and job.restarts == 0
+        # The requested step's manifest was in storage before the gang was stopped.
+        manifest = manifest_in_storage(cfg, f"{job.checkpoint_uri}/step-{step:012d}")
+        stopped = json.loads((out / "sigterm-1-0.json").read_text())["at_s"]
+        assert float(manifest["created_unix_s"]) < stopped
+        # It runs again once the filler's node is free: from that step, on the other node.
+        wait_for("low attempt 2", lambda: any(s["attempt"] == 2 for s in steps_of(out)), 300)
+        first = [s for s in steps_of(out) if s["attempt"] == 1]
+        second = [s for s in steps_of(out) if s["attempt"] == 2]
+        assert second[0]["start"] == step + 1 and second[0]["step"] == step + 1
+        assert second[0]["node"] != first[0]["node"]
+        assert assert_restored_bit_exact(out, 2, 1) == step
+        assert client.status(high).state == "RUNNING"
+    finally:
+        for job_id in (low, filler, high):
+            with contextlib.suppress(Exception):
+                client.cancel(job_id)
+    for job_id in (low, filler, high):
+        wait_for(f"{job_id} settled", lambda j=job_id: client.status(j).done, 120)
+
+
+def test_a_hung_worker_is_detected_its_stack_logged_and_the_job_resumes(
+    durability_cluster: tuple[Config, LocalCluster, Client], tmp_path: Path
+) -> None:
+    cfg, _cluster, client = durability_cluster
+    script, out = recovery_script(tmp_path)
+    stall_s = 15.0
+    job_id = submit_command(
+        cfg,
+        "--workers=2",
+        "--gpus-per-worker=1",
+        f"--stall-timeout-s={stall_s:g}",
+        "--name=hang",
+        command=["python", str(script), str(out), "60", "5", "0.2", "30"],
+    )
+    wait_state(client, job_id, {"RUNNING"})
+    hung = wait_for(
+        "the hang to be detected", lambda: (j := client.status(job_id)).hangs >= 1 and j, 300
+    )
+    (event,) = [e for e in client.events(job_id=job_id) if e["kind"] == "job.hung"]
+    last_step = max(float(s["at_s"]) for s in steps_of(out) if s["attempt"] == 1)
+    latency_s = float(event["at_s"]) - last_step
+    print(f"hang detected {latency_s:.1f}s after the last step (stall_timeout_s={stall_s:g})")
+    assert latency_s <= stall_s + cfg.policy.tick_s + 2.0  # + the watchdog's stack fetch
+    assert event["data"]["stalled_s"] > stall_s
+    logs = rcp(cfg, "logs", job_id).stdout
+    header = "=== attempt 1: hang: stacks of the workers (py-spy via Ray) ==="
+    assert header in logs, logs[-3000:]
+    stacks = logs.split(header, 1)[1]
+    assert "--- rank 0 (pid" in stacks and "--- rank 1 (pid" in stacks
+    assert "recovering.py" in stacks, stacks[:3000]  # the user's own frames
+    done = wait_state(client, job_id, {"SUCCEEDED"}, timeout_s=600)
+    assert done.attempt == 2 and done.restarts == 1 and done.hangs == 1
+    assert done.attempts[0].kind == "hang" and hung.attempt == 1
+    restored = assert_restored_bit_exact(out, 2, 2)
+    assert restored >= 25  # the commit of step 25 (every 5 steps) came before the hang at 30
+    second = [s for s in steps_of(out) if s["attempt"] == 2]
+    assert second[0]["step"] == restored + 1
+
+
+def test_a_job_on_a_node_removed_by_health_restores_from_the_peer_memory_copy(
+    durability_cluster: tuple[Config, LocalCluster, Client], tmp_path: Path
+) -> None:
+    """Last in the module: it takes a node out (the autoscaler replaces it)."""
+    from controlplane.local.cluster import connect
+    from controlplane.telemetry import manager
+
+    cfg, _cluster, client = durability_cluster
+    connect(cfg)
+    script, out = recovery_script(tmp_path)
+    job_id = submit_command(
+        cfg,
+        "--workers=1",
+        "--gpus-per-worker=1",
+        "--name=on-a-bad-node",
+        command=["python", str(script), str(out), "100000", "1000", "0.2"],
+    )
+    wait_state(client, job_id, {"RUNNING"})
+    wait_for("it trains", lambda: len(steps_of(out)) >= 5, 180)
+    bad = str(steps_of(out)[0]["node"])
+    wait_for("the agent on its node", lambda: bad in manager.collect_summaries(), 120)
+    try:
+        manager.inject_fault(bad, "hot-gpu")
+        job = wait_for(
+            "the job to be moved off the bad node",
+            lambda: (j := client.status(job_id)).attempt >= 2 and j.state == "RUNNING" and j,
+            300,
+        )
+        assert job.attempts[0].kind == "health" and job.restarts == 0, job.attempts
+        wait_for("attempt 2 to train", lambda: any(s["attempt"] == 2 for s in steps_of(out)), 180)
+        restored = json.loads((out / "restored-2-0.json").read_text())
+        print(f"health move: restored step {restored['step']} from {restored['source']}")
+        assert restored["source"] == "memory"  # the peer copy on the other node
+        assert assert_restored_bit_exact(out, 2, 1) == restored["step"]
+        second = [s for s in steps_of(out) if s["attempt"] == 2]
+        assert second[0]["node"] != bad and second[0]["step"] == restored["step"] + 1
+    finally:
+        with contextlib.suppress(Exception):
+            client.cancel(job_id)
+    wait_for(f"{job_id} settled", lambda: client.status(job_id).done, 120)
