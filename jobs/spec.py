@@ -39,6 +39,7 @@ import dataclasses
 import difflib
 import math
 import re
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -407,6 +408,8 @@ def _validate(spec: JobSpec) -> list[FieldError]:
                 "starting with a letter or digit",
             )
         )
+    if isinstance(spec.entrypoint, str) and spec.entrypoint.strip():
+        errors += _entrypoint(spec.entrypoint)
     errors += _int_at_least("num_workers", spec.num_workers, 1, "a gang needs at least 1 worker")
     errors += _int_at_least("gpus_per_worker", spec.gpus_per_worker, 0)
     if not _is_number(spec.cpus_per_worker) or spec.cpus_per_worker < 0:
@@ -478,6 +481,27 @@ def _validate(spec: JobSpec) -> list[FieldError]:
     if c.uri is not None:
         errors += _checkpoint_uri(c.uri)
     return errors
+
+
+MAX_ENTRYPOINT_CHARS = 16384
+
+
+def _entrypoint(entrypoint: str) -> list[FieldError]:
+    """A command is split into words as a POSIX shell would (`jobs.launcher` runs it on every
+    rank without a shell): an unbalanced quote is refused here, not at admission."""
+    if len(entrypoint) > MAX_ENTRYPOINT_CHARS:
+        return [FieldError("entrypoint", f"is longer than {MAX_ENTRYPOINT_CHARS} characters")]
+    try:
+        shlex.split(entrypoint)
+    except ValueError as exc:
+        return [
+            FieldError(
+                "entrypoint",
+                f"{entrypoint!r} cannot be split into words ({exc}); close the quote, or run "
+                "a shell line as bash -c '...'",
+            )
+        ]
+    return []
 
 
 def _is_number(value: object) -> bool:

@@ -536,3 +536,14 @@ def test_checkpoint_uri_scheme_errors_name_the_field(uri: str, says: str) -> Non
         JobSpec.from_dict({"name": "t", "entrypoint": "python t.py", "checkpoint": {"uri": uri}})
     assert info.value.fields == ("checkpoint.uri",)
     assert says in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "entrypoint", ["python train.py --name 'unclosed", 'python -c "print(1)', "x" * 20000]
+)
+def test_an_entrypoint_that_cannot_be_split_into_words_is_refused_at_submit(
+    entrypoint: str,
+) -> None:
+    with pytest.raises(SpecError) as info:
+        JobSpec.from_dict({"name": "t", "entrypoint": entrypoint})
+    assert info.value.fields == ("entrypoint",)
