@@ -126,6 +126,7 @@ from controlplane.store import (
     UnknownJob,
 )
 from jobs import launcher, signals
+from jobs.checkpoint.memory_tiers import DEFAULT_NAMESPACE
 from jobs.signals import token_sha256
 from jobs.spec import JOBS_AREA
 from policies.plan import AdmitJob, PreemptJob
@@ -196,8 +197,9 @@ STACKS_DEADLINE_S = 20.0
 STACK_REQUEST_TIMEOUT_S = (2.0, 15.0)
 """(connect, read) timeout of one ``/worker/traceback`` request (py-spy runs in between)."""
 HANG_HEADER = "=== attempt {attempt}: hang: stacks of the workers (py-spy via Ray) ==="
-MEMORY_TIER_NAMESPACE = "rcp-checkpoints"
-"""Where `jobs.checkpoint.RayMemoryTier` names its holder actors ``<job id>/...``."""
+MEMORY_TIER_NAMESPACE = DEFAULT_NAMESPACE
+"""Where `jobs.checkpoint.RayMemoryTier` names a job's holder actors ``<job id>/...``: the
+runner lists them by that prefix, so every holder of the job goes, whatever its rank."""
 MEMORY_TIER_SWEEP_JOBS = 100
 """Jobs whose leftover holder actors one sweep checks (`JobRunner.sweep_memory_tiers`)."""
 
