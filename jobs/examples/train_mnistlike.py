@@ -24,7 +24,8 @@ Config (``RCP_TRAIN_CONFIG`` JSON, all optional; an unknown key is an error):
 * ``state_mb`` (0): extra MiB of state per rank, saved and restored with the model, to try
   checkpoints of a realistic size (drop it in a real job);
 * ``log_path``: a file rank 0 appends one JSON line per step to: the step, the loss, the
-  step it started from, and the step and tier (``memory`` or ``storage``) it restored.
+  step it started from, and the step and tier (``memory`` or ``storage``) it restored and
+  how long the restore took (``restore_s``).
 """
 
 from __future__ import annotations
@@ -103,7 +104,9 @@ def train(config: ExampleConfig, model: torch.nn.Module) -> None:
     # Stand-in for the rest of a real job's state (e.g. a larger model's optimizer moments).
     extra = torch.rand(int(config.state_mb * (1 << 20)) // 4, generator=torch.Generator())
 
+    restore_began = time.perf_counter()
     start, restored = 0, ckpt.restore()
+    restore_s = time.perf_counter() - restore_began
     if restored is not None:
         core.load_state_dict(restored.state["model"])
         optim.load_state_dict(restored.state["optim"])
@@ -125,6 +128,7 @@ def train(config: ExampleConfig, model: torch.nn.Module) -> None:
                 "start": start,
                 "restored_step": restored.step if restored else None,
                 "source": restored.source if restored else None,
+                "restore_s": round(restore_s, 4),
             }
             with open(config.log_path, "a") as f:
                 f.write(json.dumps(line) + "\n")
