@@ -17,6 +17,7 @@ Waits are bounded; nothing asserts on wall-clock durations.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -140,7 +141,7 @@ def checkpointed_and_resumed(
     preempted = next(t for t in final.history if t["to"] == "PREEMPTED")
     assert "checkpointed-for-preemption at step" in preempted["reason"]
     assert because in preempted["reason"], preempted["reason"]
-    ckpt_step = int(preempted["reason"].split("at step ")[1].split(";")[0])
+    ckpt_step = int(re.search(r"at step (\d+)", preempted["reason"]).group(1))  # type: ignore[union-attr]
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     resumed = [r for r in lines if r["start"] > 0]
     assert resumed, "the gang never resumed from its checkpoint"
