@@ -526,6 +526,11 @@ def _command_worker(config: dict[str, Any]) -> None:
         raise CommandFailed(command_failure(rank, world_size, node_ip, returncode))
 
 
+GANG_FAILED_PREFIX = "rcp: the gang failed: "
+"""Starts the driver's last log line when a gang failed; the control plane takes the rest of
+that line as the attempt's reason (`controlplane.service.runner`)."""
+
+
 def gang_failure_summary(exc: BaseException) -> str:
     """One line naming what failed a gang: each failed rank's error (Ray Train's
     ``WorkerGroupError.worker_failures``), by its last line, else `exc`'s last line::
@@ -600,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
             # Ray Train's whole report, then one line naming what failed: the last line of
             # the driver's log is what a reader (and the runner's failure reason) sees first.
             print(f"rcp: Ray Train's report: {exc}", file=sys.stderr)
-            print(f"rcp: the gang failed: {gang_failure_summary(exc)}", file=sys.stderr)
+            print(f"{GANG_FAILED_PREFIX}{gang_failure_summary(exc)}", file=sys.stderr)
             return 1
         return 0
     if len(args) != 1:

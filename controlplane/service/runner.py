@@ -1841,8 +1841,18 @@ def _progress_of(sig: Mapping[str, Any], attempt: Any) -> dict[str, Any] | None:
 
 
 def _tail_of(text: str, chars: int) -> str:
+    """The last `chars` of a failed attempt's log; when the launcher named what failed the
+    gang (its `launcher.GANG_FAILED_PREFIX` line: the rank, its node and exit code or
+    exception), that line instead: the tail is then the other ranks being stopped."""
     text = text.strip()
-    return text[-chars:] if text else "no logs"
+    if not text:
+        return "no logs"
+    at = text.rfind(launcher.GANG_FAILED_PREFIX)
+    if at >= 0:
+        line = text[at + len(launcher.GANG_FAILED_PREFIX) :].split("\n", 1)[0].strip()
+        if line:
+            return line[-chars:]
+    return text[-chars:]
 
 
 def _submission_id(job_id: str, info: Mapping[str, Any]) -> str | None:
