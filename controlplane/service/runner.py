@@ -521,19 +521,10 @@ class RayJobs:
         return {name.partition("/")[0] for name in self._memory_tier_names()}
 
     def kill_memory_tier(self, job_id: str) -> int:
-        """Kill every memory-tier actor of `job_id` (``<job id>/...``); returns how many."""
-        import ray
+        """Kill every memory-tier actor of `job_id` (`clear_job_memory_tier`); how many."""
+        from jobs.checkpoint.memory_tiers import clear_job_memory_tier
 
-        killed = 0
-        for name in self._memory_tier_names():
-            if name.partition("/")[0] != job_id:
-                continue
-            try:
-                ray.kill(ray.get_actor(name, namespace=MEMORY_TIER_NAMESPACE), no_restart=True)
-                killed += 1
-            except ValueError:  # gone meanwhile
-                continue
-        return killed
+        return clear_job_memory_tier(job_id, namespace=MEMORY_TIER_NAMESPACE)
 
     def _memory_tier_names(self) -> list[str]:
         import ray
