@@ -21,6 +21,10 @@ def bucket_of(uri: str) -> tuple[str, str]:
     return parsed.netloc, parsed.path.lstrip("/")
 
 
+EMBEDDED_ACCESS_KEY = "rcp-local"
+EMBEDDED_SECRET_KEY = "rcp-local-secret"
+"""The embedded object store accepts any key pair; these name the local store, nothing more
+(local mode's nodes carry them as the usual AWS variables: `controlplane.local.cluster`)."""
 STORAGE_CONNECT_TIMEOUT_S = 5.0
 STORAGE_READ_TIMEOUT_S = 15.0
 """Every request the control plane makes to object storage gives up after this long."""
@@ -42,8 +46,6 @@ def s3_client(cfg: Config, endpoint_url: str | None = None) -> Any:
     if endpoint:
         kwargs["endpoint_url"] = endpoint
     if cfg.storage.embedded:
-        from controlplane.local.cluster import EMBEDDED_ACCESS_KEY, EMBEDDED_SECRET_KEY
-
         kwargs["aws_access_key_id"] = EMBEDDED_ACCESS_KEY
         kwargs["aws_secret_access_key"] = EMBEDDED_SECRET_KEY
     return boto3.client("s3", **kwargs)

@@ -44,6 +44,7 @@ from controlplane.config import Config, from_dict, to_dict
 from controlplane.local.processes import CLUSTER_ID_ENV, stop_cluster_processes
 from controlplane.pools import JOB_DRIVER_RESOURCE, POOL_LABEL, Pool, pool_resource
 from controlplane.statefiles import narrow_private, private_dir, private_umask, write_private
+from controlplane.storage import EMBEDDED_ACCESS_KEY, EMBEDDED_SECRET_KEY
 
 Echo = Callable[[str], None]
 
@@ -62,9 +63,6 @@ FAKE_HEAD_NODE_ID = "fffffffffffffffffffffffffffffffffffffffffffffffffff00000"
 POOL_RESOURCE_UNITS = 1000
 # How many job drivers one `cluster` pool worker may host (each entrypoint asks for 1).
 JOB_DRIVER_SLOTS_PER_NODE = 16
-# Embedded object storage accepts any key pair; these name the local store, nothing more.
-EMBEDDED_ACCESS_KEY = "rcp-local"
-EMBEDDED_SECRET_KEY = "rcp-local-secret"
 
 
 class ClusterError(RuntimeError):

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from controlplane.config import load_config
-from controlplane.local.cluster import EMBEDDED_ACCESS_KEY, EMBEDDED_SECRET_KEY, LocalCluster
+from controlplane.local.cluster import LocalCluster
 from controlplane.service import reliability
 from controlplane.service.runner import JobRunner
+from controlplane.storage import EMBEDDED_ACCESS_KEY, EMBEDDED_SECRET_KEY
 from controlplane.store import Store
 from jobs.spec import CheckpointSpec
 from tests.unit.test_runner import Clock, FakeRay, admit, submit
