@@ -37,7 +37,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -49,7 +48,12 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controlplane.config import Config, load_config  # noqa: E402
-from controlplane.local.cluster import LocalCluster, connect  # noqa: E402
+from controlplane.local.cluster import (  # noqa: E402
+    LocalCluster,
+    connect,
+    free_loopback_ports,
+    isolated_overrides,
+)
 from controlplane.sdk import Client, Job  # noqa: E402
 
 EXAMPLE = "jobs.examples.train_mnistlike:train_loop"
@@ -57,34 +61,13 @@ BASELINES = "jobs.examples.checkpoint_baselines"
 MEMORY_TIER_NAMESPACE = "rcp-checkpoints"
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def cluster_config(state_dir: Path) -> Config:
-    gcs, dash, client, metrics, serve, s3, api = _free_ports(7)
+    s3_port = free_loopback_ports(1)[0]
     return load_config(
         None,
-        [
-            f"state_dir={state_dir}",
-            f"ray.gcs_port={gcs}",
-            f"ray.dashboard_port={dash}",
-            f"ray.client_port={client}",
-            f"ray.metrics_export_port={metrics}",
-            f"serve.http_port={serve}",
-            f"storage.embedded_port={s3}",
-            f"api.port={api}",
-            "serve.deploy_app=false",
-            "observability.prometheus=false",
+        isolated_overrides(
+            state_dir,
+            f"storage.embedded_port={s3_port}",
             "pools.cluster.num_nodes=2",
             "pools.cluster.gpus_per_node=1",
             "policy.tick_s=0.5",
@@ -92,10 +75,10 @@ def cluster_config(state_dir: Path) -> Config:
             "jobs.step_report_interval_s=1",
             # Restart at once: the recovery time is the tiers', not a backoff we chose.
             "jobs.restart_backoff_initial_s=0",
-            # Ray Train's own storage on the embedded S3 server (for the ray-async baseline).
-            f"jobs.storage_path=s3://rcp-checkpoints/ray-train?endpoint_override=127.0.0.1:{s3}"
-            "&scheme=http",
-        ],
+            # Ray Train's own storage on the embedded S3 server (the ray-async baseline).
+            f"jobs.storage_path=s3://rcp-checkpoints/ray-train?endpoint_override="
+            f"127.0.0.1:{s3_port}&scheme=http",
+        ),
     )
 
 

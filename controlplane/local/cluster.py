@@ -178,6 +178,42 @@ def _port_in_use(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+def free_loopback_ports(n: int) -> list[int]:
+    """`n` distinct TCP ports free on 127.0.0.1 right now."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def isolated_overrides(state_dir: Path, *extra: str) -> list[str]:
+    """Config overrides for a cluster of one's own beside others on this machine (tests,
+    benchmarks): its state dir, free loopback ports for every listener, no Serve app and no
+    Prometheus (callers that need them turn them on in `extra`)."""
+    gcs, dash, client, metrics, serve, s3, api = free_loopback_ports(7)
+    return [
+        f"state_dir={state_dir}",
+        f"ray.gcs_port={gcs}",
+        f"ray.dashboard_port={dash}",
+        f"ray.client_port={client}",
+        f"ray.metrics_export_port={metrics}",
+        f"serve.http_port={serve}",
+        f"storage.embedded_port={s3}",
+        f"api.port={api}",
+        # Modules that test serving turn it on; the others get the whole cluster pool.
+        "serve.deploy_app=false",
+        # One Prometheus per module would fight over its port; test_observability turns it on.
+        "observability.prometheus=false",
+        *extra,
+    ]
+
+
 def _wait_until(
     check: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.5
 ) -> None:

@@ -6,7 +6,6 @@ share or stop each other's processes.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,7 +14,12 @@ from typing import TypeVar
 import pytest
 
 from controlplane.config import Config, load_config
-from controlplane.local.cluster import LocalCluster, ray_token_path
+from controlplane.local.cluster import (
+    LocalCluster,
+    free_loopback_ports,
+    isolated_overrides,
+    ray_token_path,
+)
 
 T = TypeVar("T")
 
@@ -39,37 +43,8 @@ def ray_auth_headers(cfg: Config) -> dict[str, str]:
     return {"Authorization": "Bearer " + ray_token_path(cfg).read_text().strip()}
 
 
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def local_overrides(state_dir: Path, *extra: str) -> list[str]:
-    """Overrides for a cluster of our own: its state dir and free ports for every listener."""
-    gcs, dash, client, metrics, serve, s3, api = free_ports(7)
-    return [
-        f"state_dir={state_dir}",
-        f"ray.gcs_port={gcs}",
-        f"ray.dashboard_port={dash}",
-        f"ray.client_port={client}",
-        f"ray.metrics_export_port={metrics}",
-        f"serve.http_port={serve}",
-        f"storage.embedded_port={s3}",
-        f"api.port={api}",
-        # Modules that test serving turn it on; the others get the whole cluster pool.
-        "serve.deploy_app=false",
-        # One Prometheus per module would fight over its port; test_observability turns it on.
-        "observability.prometheus=false",
-        *extra,
-    ]
+free_ports = free_loopback_ports
+local_overrides = isolated_overrides
 
 
 def start_local_cluster(
