@@ -227,7 +227,7 @@ class Manifest:
         return manifest
 
 
-def _check_version(doc: Any) -> None:
+def _check_version(doc: object) -> None:
     if not isinstance(doc, dict):
         raise ValueError("top level is not an object")
     version = doc.get("format_version")

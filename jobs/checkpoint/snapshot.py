@@ -60,7 +60,7 @@ class TensorSlot:
     index: int
 
 
-def _is_dense(value: Any) -> bool:
+def _is_dense(value: object) -> bool:
     return (
         isinstance(value, torch.Tensor)
         and value.layout == torch.strided

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import os
 import threading
 import time
@@ -21,12 +22,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, TypeVar
 from urllib.parse import urlparse
 
 from jobs.checkpoint.retrying import RetryPolicy, TransientError, call_with_retries
 
 OnRetry = Callable[[str, BaseException], None]
+T = TypeVar("T")
 DEFAULT_PART_SIZE_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_CONCURRENCY = 16
 _MIN_PART_SIZE_BYTES = 5 * 1024 * 1024  # S3's floor for all but the last part
@@ -98,19 +100,16 @@ class StorageOptions:
             raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
 
 
-def _wait_all(futures: Sequence[Future[Any]]) -> list[Any]:
-    """Results of all futures; waits for every one before raising the first error."""
-    results: list[Any] = []
+def _wait_all(futures: Sequence[Future[T]]) -> None:
+    """Waits for every future before raising the first error."""
     first_error: BaseException | None = None
     for future in futures:
         try:
-            results.append(future.result())
+            future.result()
         except BaseException as exc:  # noqa: BLE001 - re-raised below
-            results.append(None)
             first_error = first_error or exc
     if first_error is not None:
         raise first_error
-    return results
 
 
 class LocalStorage:
@@ -242,6 +241,14 @@ def _crc32_b64(data: bytes | memoryview) -> str:
     return base64.b64encode((zlib.crc32(data) & 0xFFFFFFFF).to_bytes(4, "big")).decode("ascii")
 
 
+class _UploadedPart(TypedDict):
+    """One uploaded part, as ``complete_multipart_upload`` lists it."""
+
+    PartNumber: int
+    ETag: str
+    ChecksumCRC32: str
+
+
 class S3Storage:
     """Checkpoints in S3 or an S3-compatible store: ``s3://bucket/prefix``.
 
@@ -249,6 +256,7 @@ class S3Storage:
     at once) share one pool of `max_concurrency` threads; every request carries a CRC-32
     the server verifies. Reads are ranged GETs of part size, also in parallel. botocore's
     own retries are off so every retry is ours: counted, backed off, and bounded.
+    `client` is a boto3 S3 client (boto3 has no type information, so it is Any here).
     """
 
     def __init__(
@@ -292,7 +300,7 @@ class S3Storage:
     def _relative(self, full_key: str) -> str:
         return full_key[len(self.prefix) + 1 :] if self.prefix else full_key
 
-    def _retry(self, what: str, fn: Callable[[], Any]) -> Any:
+    def _retry(self, what: str, fn: Callable[[], T]) -> T:
         return call_with_retries(
             fn, what=what, policy=self.options.retry, on_retry=self.options.on_retry
         )
@@ -306,7 +314,7 @@ class S3Storage:
             ),
         )
 
-    def _put_part(self, full: str, upload_id: str, number: int, view: memoryview) -> dict[str, Any]:
+    def _put_part(self, full: str, upload_id: str, number: int, view: memoryview) -> _UploadedPart:
         body = bytes(view)
         crc = _crc32_b64(body)
         response = self._retry(
@@ -322,7 +330,7 @@ class S3Storage:
         )
         return {"PartNumber": number, "ETag": response["ETag"], "ChecksumCRC32": crc}
 
-    def _complete(self, full: str, upload_id: str, parts: list[dict[str, Any]], size: int) -> None:
+    def _complete(self, full: str, upload_id: str, parts: list[_UploadedPart], size: int) -> None:
         attempts = {"n": 0}
 
         def complete() -> None:
@@ -351,8 +359,8 @@ class S3Storage:
 
     def put_many(self, items: Sequence[tuple[str, memoryview]]) -> None:
         part = self.options.part_size_bytes
-        small: list[Future[Any]] = []
-        uploads: list[tuple[str, str, int, list[Future[dict[str, Any]]]]] = []
+        small: list[Future[None]] = []
+        uploads: list[tuple[str, str, int, list[Future[_UploadedPart]]]] = []
         try:
             for key, view in items:
                 full = self._full(key)
@@ -361,8 +369,11 @@ class S3Storage:
                     continue
                 created = self._retry(
                     f"create upload {full}",
-                    lambda full=full: self.client.create_multipart_upload(
-                        Bucket=self.bucket, Key=full, ChecksumAlgorithm="CRC32"
+                    functools.partial(
+                        self.client.create_multipart_upload,
+                        Bucket=self.bucket,
+                        Key=full,
+                        ChecksumAlgorithm="CRC32",
                     ),
                 )
                 parts = [
@@ -403,8 +414,7 @@ class S3Storage:
             data: bytes = response["Body"].read()
             return data
 
-        result: bytes = self._retry(f"get {full}", get)
-        return result
+        return self._retry(f"get {full}", get)
 
     def _get_range(self, full: str, start: int, view: memoryview, total: int) -> None:
         def get() -> None:
@@ -467,8 +477,7 @@ class S3Storage:
                 raise
             return True
 
-        result: bool = self._retry(f"head {full}", head)
-        return result
+        return self._retry(f"head {full}", head)
 
     def list_keys(self, prefix: str = "") -> list[str]:
         full_prefix = self._full(prefix) if self.prefix else prefix
@@ -480,8 +489,7 @@ class S3Storage:
                 keys.extend(self._relative(o["Key"]) for o in page.get("Contents", []))
             return keys
 
-        keys: list[str] = self._retry(f"list {full_prefix}", list_all)
-        return sorted(keys)
+        return sorted(self._retry(f"list {full_prefix}", list_all))
 
     def delete_keys(self, keys: Sequence[str]) -> None:
         for start in range(0, len(keys), 1000):
@@ -511,8 +519,11 @@ class S3Storage:
                 if should_abort(self._relative(upload["Key"]), age_s):
                     self._retry(
                         f"abort upload {upload['Key']}",
-                        lambda upload=upload: self.client.abort_multipart_upload(
-                            Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                        functools.partial(
+                            self.client.abort_multipart_upload,
+                            Bucket=self.bucket,
+                            Key=upload["Key"],
+                            UploadId=upload["UploadId"],
                         ),
                     )
                     count += 1
