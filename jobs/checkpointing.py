@@ -192,7 +192,7 @@ class Gang:
     """Ray Train's run (experiment) name; None in a plain process."""
 
 
-def _ray_train_context() -> Any:
+def _ray_train_context() -> ray.train.TrainContext | None:
     """Ray Train's context inside a Train worker, else None (v2 raises RuntimeError)."""
     try:
         return ray.train.get_context()
@@ -401,7 +401,7 @@ class Checkpointing:
         self._next_ray_train_report_s = self._started_s
         self._next_progress_s: float | None = None
         self._warned: set[str] = set()
-        self._group: Any = None
+        self._group: dist.ProcessGroup | None = None
 
         if signals is None and self.job_id:
             # Under the control plane. A plain process joins the node's Ray cluster: rank 0
@@ -643,7 +643,7 @@ class Checkpointing:
         if self.rank != 0 or self._signals is None or self.uri is None:
             return
         path = f"{self.uri.rstrip('/')}/{step_dir(step)}"
-        accepted: Any = None
+        accepted: object = None
         with contextlib.suppress(Exception):
             accepted = self._signals.call(
                 "checkpointed",
@@ -713,7 +713,7 @@ class Checkpointing:
             committed = self.engine.stats()["checkpoint_last_committed_step"]
             if committed >= 0:
                 stats["committed_step"] = int(committed)
-        accepted: Any = None
+        accepted: object = None
         with contextlib.suppress(Exception):
             accepted = self._signals.call(
                 "progress",

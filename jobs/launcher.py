@@ -66,7 +66,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ray.train import Result, RunConfig, ScalingConfig
+    from ray.train.backend import BackendConfig
+
+    from jobs.signals import SignalsHandle
 
 # Ray (and `jobs.signals`, which imports it) are imported where they are used: the Ray Job's
 # driver must set ``RAY_DEDUP_LOGS`` before Ray is first imported (see the end of this file),
@@ -118,10 +124,10 @@ def load_function(target: str) -> Callable[..., Any]:
     if not sep or not module_name or not attr:
         raise ValueError(f"entrypoint {target!r}: expected module:function")
     module = importlib.import_module(module_name)
-    fn = getattr(module, attr, None)
+    fn: object = getattr(module, attr, None)
     if not callable(fn):
         raise ValueError(f"entrypoint {target!r}: {module_name} has no function {attr!r}")
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 # -- telling the control plane a worker started -------------------------------------------------
@@ -138,7 +144,7 @@ def report_started(
     rank: int,
     token: str,
     deadline_s: float = WORKER_STARTED_DEADLINE_S,
-    handle: Any = None,
+    handle: SignalsHandle | None = None,
     *,
     pid: int | None = None,
     node_id: str | None = None,
@@ -153,7 +159,7 @@ def report_started(
     from jobs.signals import SignalsHandle
 
     signals = handle if handle is not None else SignalsHandle()
-    args: tuple[Any, ...] = (job_id, attempt, rank, token)
+    args: tuple[object, ...] = (job_id, attempt, rank, token)
     if pid is not None or node_id is not None:
         args = (*args, pid, node_id)
     give_up_s = time.monotonic() + deadline_s
@@ -237,7 +243,7 @@ def gang_label_selector(env: Mapping[str, str]) -> dict[str, str]:
     return selector
 
 
-def _gang_configs(env: Mapping[str, str]) -> tuple[Any, Any]:
+def _gang_configs(env: Mapping[str, str]) -> tuple[ScalingConfig, RunConfig]:
     """``(ScalingConfig, RunConfig)`` of the gang the ``RCP_*`` environment describes (1 CPU
     worker outside the control plane)."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig  # heavy: see _started_then
@@ -267,7 +273,7 @@ def _gang_configs(env: Mapping[str, str]) -> tuple[Any, Any]:
     return scaling, run_config
 
 
-def run_gang(train_fn: Callable[..., Any], config: dict[str, Any] | None = None) -> Any:
+def run_gang(train_fn: Callable[..., Any], config: dict[str, Any] | None = None) -> Result:
     """Run `train_fn` on every worker of the gang described by the ``RCP_*`` environment.
 
     Outside the control plane (no ``RCP_NUM_WORKERS``) it runs 1 CPU worker, so a script can
@@ -289,7 +295,7 @@ def run_gang(train_fn: Callable[..., Any], config: dict[str, Any] | None = None)
     return trainer.fit()
 
 
-def run_command(argv: Sequence[str]) -> Any:
+def run_command(argv: Sequence[str]) -> Result:
     """Run the command `argv` on every worker of the gang described by the ``RCP_*``
     environment (see the module doc); raises Ray Train's error when any rank's command
     fails. Returns Ray Train's `Result`."""
@@ -493,7 +499,7 @@ def _command_worker(config: dict[str, Any]) -> None:
     argv = [str(a) for a in config["argv"]]
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
-    node_ip = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+    node_ip = str(ray.util.get_node_ip_address())
     mine = {"addr": node_ip, "port": free_port()} if rank == 0 else None
     master = broadcast_from_rank_zero(mine)
     env = torchrun_env(
@@ -556,10 +562,10 @@ def _failure_line(error: BaseException) -> str:
     return last.removeprefix(_COMMAND_FAILED_PREFIX)
 
 
-_COMMAND_BACKEND_CONFIG: Any = None
+_COMMAND_BACKEND_CONFIG: BackendConfig | None = None
 
 
-def command_backend_config() -> Any:
+def command_backend_config() -> BackendConfig:
     """Ray Train's `BackendConfig` for a command gang: no process group in the workers; each
     worker sees the GPUs of every gang worker on its node (``CUDA_VISIBLE_DEVICES``, as torchrun
     gives); when the gang stops, every worker's command is stopped (`stop_running_command`)
@@ -574,7 +580,8 @@ def command_backend_config() -> Any:
     class CommandBackend(Backend):
         share_cuda_visible_devices = True
 
-        def on_shutdown(self, worker_group: Any, backend_config: Any) -> None:
+        # Any: Train v2 passes its own worker group, not the v1 class Backend's signature names.
+        def on_shutdown(self, worker_group: Any, backend_config: BackendConfig) -> None:
             refs = worker_group.execute_async(stop_running_command, TERM_GRACE_S)
             ray.wait(refs, num_returns=len(refs), timeout=TERM_GRACE_S + 5)
 

@@ -38,12 +38,13 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import Enum
-from typing import Any
+from typing import Literal, TypedDict, TypeGuard
 from urllib.parse import urlsplit
 
 import ray
+from ray.actor import ActorHandle
 
 __all__ = [
     "ADMIN_NONCE_WINDOW_S",
@@ -64,9 +65,15 @@ __all__ = [
     "SIGNALS_ACTOR_NAME",
     "SIGNALS_RESOLVE_INTERVAL_S",
     "SIGNALS_NAMESPACE",
+    "AdminAuth",
+    "CheckpointReport",
     "JobSignals",
+    "JobStatus",
+    "NotRegistered",
+    "ProgressReport",
     "Rejection",
     "SignalsHandle",
+    "WorkerReport",
     "admin_auth",
     "checkpoint_prefix",
     "derive_admin_secret",
@@ -98,7 +105,8 @@ ENV_MTBF_S = "RCP_MTBF_S"
 """The gang's mean time between failures the controller computed from the fleet's record."""
 ENV_STEP_REPORT_S = "RCP_STEP_REPORT_S"
 """How often rank 0 reports the step (`_JobSignals.progress`): jobs.step_report_interval_s."""
-PROGRESS_KEYS = ("stall_s", "wall_s", "saves", "committed_step")
+ProgressKey = Literal["stall_s", "wall_s", "saves", "committed_step"]
+PROGRESS_KEYS: tuple[ProgressKey, ...] = ("stall_s", "wall_s", "saves", "committed_step")
 """What a job may report with its step (`_JobSignals.progress`), each a finite number >= 0:
 the attempt's checkpoint stall and wall seconds so far, saves taken, the step it last saw
 committed (a hint: the controller reads committed steps from storage)."""
@@ -125,7 +133,11 @@ def derive_admin_secret(admin_key: str, salt: str) -> str:
     ).hexdigest()
 
 
-def admin_auth(secret: str, nonce: int, method: str, args: tuple[Any, ...]) -> tuple[int, str]:
+AdminAuth = tuple[int, str]
+"""``(nonce, mac)``: what an admin call presents (`admin_auth`)."""
+
+
+def admin_auth(secret: str, nonce: int, method: str, args: tuple[object, ...]) -> AdminAuth:
     """``(nonce, mac)`` for an admin call: HMAC-SHA256 of ``[method, nonce, args]`` (JSON)
     under the actor's secret, so the MAC names this call and no other."""
     msg = json.dumps([method, int(nonce), list(args)], separators=(",", ":"), sort_keys=True)
@@ -202,6 +214,73 @@ class Rejection(str, Enum):
     REPLAYED_NONCE = "replayed-or-stale-nonce"
 
 
+class WorkerReport(TypedDict, total=False):
+    """A started worker's process, as far as it named it (`_JobSignals.worker_started`)."""
+
+    pid: int
+    node_id: str
+    """Hex Ray node id."""
+
+
+class _ProgressReportRequired(TypedDict):
+    step: int
+    at_s: float
+    """When the actor took the report (its clock)."""
+    step_at_s: float
+    """When `step` last grew (the actor's clock): what the hang watchdog reads."""
+
+
+class ProgressReport(_ProgressReportRequired, total=False):
+    """The job's latest step report (`_JobSignals.progress`); the `PROGRESS_KEYS` it sent."""
+
+    stall_s: float
+    wall_s: float
+    saves: float
+    committed_step: float
+
+
+class CheckpointReport(TypedDict):
+    """The latest checkpoint a job reported (`_JobSignals.checkpointed`)."""
+
+    attempt: int
+    step: int
+    path: str
+    at_s: float
+    answers_request: bool
+    """Taken while a checkpoint-now request was pending."""
+
+
+class JobStatus(TypedDict):
+    """What `_JobSignals.status` returns for a registered job."""
+
+    attempt: int
+    checkpoint_prefix: str
+    started_ranks: list[int]
+    workers: dict[int, WorkerReport]
+    progress: ProgressReport | None
+    checkpoint: CheckpointReport | None
+    requested_at_s: float | None
+    rejected_calls: int
+
+
+class NotRegistered(TypedDict):
+    """`_JobSignals.status` of a job it does not hold: ``{}``."""
+
+
+class _JobRecord(TypedDict):
+    """What the actor keeps per job: `JobStatus` plus the token's hash."""
+
+    attempt: int
+    token_sha256: str
+    checkpoint_prefix: str
+    started_ranks: list[int]
+    workers: dict[int, WorkerReport]
+    progress: ProgressReport | None
+    checkpoint: CheckpointReport | None
+    requested_at_s: float | None
+    rejected_calls: int
+
+
 class _JobSignals:
     """Per-job mailbox between the control plane and training loops (see the module doc).
 
@@ -223,19 +302,20 @@ class _JobSignals:
     def __init__(self, admin_secret: str) -> None:
         self._admin_secret = admin_secret
         self._last_nonce = 0
-        self._jobs: dict[str, dict[str, Any]] = {}
+        self._jobs: dict[str, _JobRecord] = {}
         self._rejected: dict[str, int] = {}
 
     # -- checks --------------------------------------------------------------------------------
 
-    def _reject(self, job: dict[str, Any] | None, why: Rejection) -> bool:
+    def _reject(self, job: _JobRecord | None, why: Rejection) -> bool:
         self._rejected[why.value] = self._rejected.get(why.value, 0) + 1
         if job is not None:
             job["rejected_calls"] += 1
         return False
 
-    def _admin(self, method: str, args: tuple[Any, ...], auth: Any) -> None:
-        """Check an admin call's ``(nonce, mac)``; the nonce is used up when it checks out."""
+    def _admin(self, method: str, args: tuple[object, ...], auth: AdminAuth) -> None:
+        """Check an admin call's ``(nonce, mac)``; the nonce is used up when it checks out.
+        `auth` comes from whoever called the actor: it is checked, not trusted, to be one."""
         try:
             nonce, mac = int(auth[0]), str(auth[1])
             want = admin_auth(self._admin_secret, nonce, method, args)[1]
@@ -250,7 +330,7 @@ class _JobSignals:
             raise PermissionError(f"rcp-job-signals: {method}: replayed or stale nonce")
         self._last_nonce = nonce
 
-    def _caller(self, job_id: str, attempt: int, token: str) -> tuple[dict[str, Any] | None, bool]:
+    def _caller(self, job_id: str, attempt: int, token: str) -> tuple[_JobRecord | None, bool]:
         """The job's record and whether this job-side call may act on it."""
         job = self._jobs.get(job_id) if isinstance(job_id, str) else None
         if job is None:
@@ -266,7 +346,7 @@ class _JobSignals:
     # -- the control plane's side --------------------------------------------------------------
 
     def register(
-        self, job_id: str, attempt: int, token_hash: str, prefix: str, *, auth: Any
+        self, job_id: str, attempt: int, token_hash: str, prefix: str, *, auth: AdminAuth
     ) -> None:
         """Accept signals for `attempt` of `job_id` from callers holding the token whose
         SHA-256 is `token_hash`, with checkpoints under `prefix` (see `checkpoint_prefix`). Registering the
@@ -277,19 +357,19 @@ class _JobSignals:
         if old and (old["attempt"], old["token_sha256"]) == (attempt, token_hash):
             old["checkpoint_prefix"] = prefix
             return
-        self._jobs[job_id] = {
-            "attempt": attempt,
-            "token_sha256": token_hash,
-            "checkpoint_prefix": prefix,
-            "started_ranks": [],
-            "workers": {},
-            "progress": None,
-            "checkpoint": old["checkpoint"] if old else None,
-            "requested_at_s": None,
-            "rejected_calls": old["rejected_calls"] if old else 0,
-        }
+        self._jobs[job_id] = _JobRecord(
+            attempt=attempt,
+            token_sha256=token_hash,
+            checkpoint_prefix=prefix,
+            started_ranks=[],
+            workers={},
+            progress=None,
+            checkpoint=old["checkpoint"] if old else None,
+            requested_at_s=None,
+            rejected_calls=old["rejected_calls"] if old else 0,
+        )
 
-    def request_checkpoint(self, job_id: str, at_s: float, *, auth: Any) -> bool:
+    def request_checkpoint(self, job_id: str, at_s: float, *, auth: AdminAuth) -> bool:
         self._admin("request_checkpoint", (job_id, at_s), auth)
         job = self._jobs.get(job_id)
         if job is None:
@@ -297,34 +377,39 @@ class _JobSignals:
         job["requested_at_s"] = at_s
         return True
 
-    def clear_request(self, job_id: str, *, auth: Any) -> None:
+    def clear_request(self, job_id: str, *, auth: AdminAuth) -> None:
         self._admin("clear_request", (job_id,), auth)
         job = self._jobs.get(job_id)
         if job is not None:
             job["requested_at_s"] = None
 
-    def status(self, job_id: str, *, auth: Any) -> dict[str, Any]:
+    def status(self, job_id: str, *, auth: AdminAuth) -> JobStatus | NotRegistered:
         """What the job reported ({} when it is not registered); never the token's hash."""
         self._admin("status", (job_id,), auth)
         job = self._jobs.get(job_id)
         if job is None:
-            return {}
-        out = {k: v for k, v in job.items() if k != "token_sha256"}
-        out["started_ranks"] = list(job["started_ranks"])
-        out["workers"] = {r: dict(w) for r, w in job["workers"].items()}
-        out["progress"] = dict(job["progress"]) if job["progress"] else None
-        return out
+            return NotRegistered()
+        return JobStatus(
+            attempt=job["attempt"],
+            checkpoint_prefix=job["checkpoint_prefix"],
+            started_ranks=list(job["started_ranks"]),
+            workers={r: w.copy() for r, w in job["workers"].items()},
+            progress=job["progress"].copy() if job["progress"] else None,
+            checkpoint=job["checkpoint"],
+            requested_at_s=job["requested_at_s"],
+            rejected_calls=job["rejected_calls"],
+        )
 
-    def rejections(self, *, auth: Any) -> dict[str, int]:
+    def rejections(self, *, auth: AdminAuth) -> dict[str, int]:
         """Refused calls so far, by `Rejection` reason."""
         self._admin("rejections", (), auth)
         return dict(self._rejected)
 
-    def forget(self, job_id: str, *, auth: Any) -> None:
+    def forget(self, job_id: str, *, auth: AdminAuth) -> None:
         self._admin("forget", (job_id,), auth)
         self._jobs.pop(job_id, None)
 
-    def forget_many(self, job_ids: list[str], *, auth: Any) -> int:
+    def forget_many(self, job_ids: list[str], *, auth: AdminAuth) -> int:
         """`forget` for every id in `job_ids` (one call, one MAC); returns how many it held."""
         self._admin("forget_many", (job_ids,), auth)
         if not isinstance(job_ids, list | tuple):
@@ -351,8 +436,8 @@ class _JobSignals:
             return self._reject(job, Rejection.BAD_VALUE)
         if rank not in job["started_ranks"]:
             job["started_ranks"].append(rank)
-        worker: dict[str, Any] = {}
-        if _is_int(pid) and pid is not None and pid > 0:
+        worker = WorkerReport()
+        if _is_int(pid) and pid > 0:
             worker["pid"] = pid
         if isinstance(node_id, str) and node_id and len(node_id) <= 64 and node_id.isalnum():
             worker["node_id"] = node_id
@@ -360,7 +445,7 @@ class _JobSignals:
         return True
 
     def progress(
-        self, job_id: str, attempt: int, step: int, stats: Mapping[str, Any], token: str
+        self, job_id: str, attempt: int, step: int, stats: Mapping[str, object], token: str
     ) -> bool:
         """The job reached `step` (rank 0, every ``RCP_STEP_REPORT_S``). The actor stamps when
         the step last grew (``step_at_s``, its own clock): the hang watchdog reads that.
@@ -370,21 +455,15 @@ class _JobSignals:
             return False
         if not _is_int(step) or step < 0 or not isinstance(stats, Mapping):
             return self._reject(job, Rejection.BAD_VALUE)
-        clean: dict[str, float] = {}
-        for key in PROGRESS_KEYS:
-            value = stats.get(key)
-            number = isinstance(value, int | float) and not isinstance(value, bool)
-            if number and math.isfinite(value) and value >= 0:
-                clean[key] = float(value)
         now = time.time()
         last = job["progress"]
-        grew = last is None or step > last["step"]
-        job["progress"] = {
-            "step": step,
-            "at_s": now,
-            "step_at_s": now if grew else last["step_at_s"],
-            **clean,
-        }
+        step_at_s = now if last is None or step > last["step"] else last["step_at_s"]
+        progress = ProgressReport(step=step, at_s=now, step_at_s=step_at_s)
+        for key in PROGRESS_KEYS:
+            value = stats.get(key)
+            if _is_number(value) and math.isfinite(value) and value >= 0:
+                progress[key] = float(value)
+        job["progress"] = progress
         return True
 
     def checkpointed(
@@ -395,14 +474,13 @@ class _JobSignals:
             return False
         if not under_prefix(path, job["checkpoint_prefix"]):
             return self._reject(job, Rejection.PATH_OUTSIDE_PREFIX)
-        job["checkpoint"] = {
-            "attempt": attempt,
-            "step": int(step),
-            "path": path,
-            "at_s": float(at_s),
-            # True when this checkpoint was taken while a checkpoint-now request was pending.
-            "answers_request": job["requested_at_s"] is not None,
-        }
+        job["checkpoint"] = CheckpointReport(
+            attempt=attempt,
+            step=int(step),
+            path=path,
+            at_s=float(at_s),
+            answers_request=job["requested_at_s"] is not None,
+        )
         return True
 
     def poll(self, job_id: str, attempt: int, token: str) -> bool:
@@ -415,7 +493,7 @@ JobSignals = ray.remote(num_cpus=0, max_restarts=-1)(_JobSignals)
 """The actor class; the control plane creates the one named `SIGNALS_ACTOR_NAME`."""
 
 
-def get_signals() -> Any:
+def get_signals() -> ActorHandle[_JobSignals] | None:
     """The running signals actor, or None (e.g. a script run outside the control plane)."""
     try:
         return ray.get_actor(SIGNALS_ACTOR_NAME, namespace=SIGNALS_NAMESPACE)
@@ -438,16 +516,18 @@ class SignalsHandle:
     """
 
     def __init__(
-        self, resolve_interval_s: float | None = None, clock: Any = time.monotonic
+        self,
+        resolve_interval_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.resolve_interval_s = (
             SIGNALS_RESOLVE_INTERVAL_S if resolve_interval_s is None else resolve_interval_s
         )
         self._clock = clock
-        self._handle: Any = None
+        self._handle: ActorHandle[_JobSignals] | None = None
         self._next_resolve_s: float | None = None
 
-    def get(self) -> Any:
+    def get(self) -> ActorHandle[_JobSignals] | None:
         """The actor's handle, or None (none under the name, or looked up too recently)."""
         now = self._clock()
         if self._handle is None and (self._next_resolve_s is None or now >= self._next_resolve_s):
@@ -455,7 +535,7 @@ class SignalsHandle:
             self._handle = get_signals()
         return self._handle
 
-    def call(self, method: str, *args: Any, timeout_s: float) -> Any:
+    def call(self, method: str, *args: object, timeout_s: float) -> object:
         """``ray.get(actor.method.remote(*args))``; LookupError when there is no actor."""
         handle = self.get()
         if handle is None:
@@ -467,5 +547,9 @@ class SignalsHandle:
             raise
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -274,7 +274,7 @@ class JobSpec:
         return data
 
     @classmethod
-    def from_dict(cls, data: Any) -> JobSpec:
+    def from_dict(cls, data: object) -> JobSpec:
         """Build and validate a spec from plain data. Unknown keys are errors (typos)."""
         if not isinstance(data, Mapping):
             raise SpecError([FieldError("<spec>", f"must be a mapping, got {_kind(data)}")])

@@ -51,14 +51,15 @@ class HeldSnapshot:
 class MemoryTier(Protocol):
     """Keeps the newest snapshot of each rank.
 
-    `put` must have copied `payload` when it returns: the engine reuses the buffer.
+    `put` must have copied `payload` when it returns: the engine reuses the buffer. `clear`
+    drops every held snapshot; what it returns (`RayMemoryTier` counts holders) is the tier's.
     """
 
     def put(self, rank: int, step: int, index: bytes, payload: memoryview) -> None: ...
 
     def get(self, rank: int) -> HeldSnapshot | None: ...
 
-    def clear(self) -> None: ...
+    def clear(self) -> object: ...
 
 
 class InProcessMemoryTier:
@@ -281,7 +282,7 @@ class RayMemoryTier:
                 writer_node_id[:12],
             )
             self._kill(rank, actor)
-        nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+        nodes: list[dict[str, Any]] = ray.nodes()
         if not peer_nodes(nodes, self.label_selector, writer_node_id):
             if not self._warned_no_peer:
                 self._warned_no_peer = True

@@ -40,7 +40,7 @@ from jobs.signals import ENV_CHECKPOINT_URI, ENV_STORAGE_ENDPOINT_URL, ENV_STORA
 __all__ = ["ray_async_loop", "sync_loop"]
 
 
-def _run(config: dict[str, Any], save: Callable[[int, dict[str, Any]], None]) -> None:
+def _run(config: dict[str, Any], save: Callable[[int, dict[str, object]], None]) -> None:
     """The example's steps on one rank; `save(step, state)` every ``interval_s``."""
     num_steps = int(config["num_steps"])
     interval_s = float(config["interval_s"])
@@ -82,7 +82,7 @@ def sync_loop(config: dict[str, Any]) -> None:
     )
     scratch = Path(tempfile.mkdtemp(prefix="rcp-sync-baseline-"))
 
-    def save(step: int, state: dict[str, Any]) -> None:
+    def save(step: int, state: dict[str, object]) -> None:
         local = scratch / "state.pt"
         torch.save(state, local)
         key = f"{uri.path.strip('/')}/baseline-sync/step-{step:08d}.pt"
@@ -99,7 +99,7 @@ def ray_async_loop(config: dict[str, Any]) -> None:
     import ray.train
     from ray.train import Checkpoint, CheckpointUploadMode
 
-    def save(step: int, state: dict[str, Any]) -> None:
+    def save(step: int, state: dict[str, object]) -> None:
         local = tempfile.mkdtemp(prefix="rcp-ray-async-baseline-")
         torch.save(state, os.path.join(local, "state.pt"))
         ray.train.report(
