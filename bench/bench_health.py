@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_admission import CPU_MS, QUEUES, build_snapshot, percentile, time_runs  # noqa: E402
 
 from controlplane.config import HealthConfig, PolicyConfig  # noqa: E402
-from controlplane.telemetry.verdicts import judge, node_sample, thresholds  # noqa: E402
+from controlplane.telemetry.verdicts import judge, node_sample  # noqa: E402
 from policies.admission import AdmissionConfig, AdmissionState, QueueConfig, decide  # noqa: E402
 from policies.health import (  # noqa: E402
     BreakerState,
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     admission_cfg = AdmissionConfig(queues=tuple(QueueConfig(q, 1.0 / len(QUEUES)) for q in QUEUES))
     summaries = [s for h in window.values() for s in h]
     parsed = {n: [node_sample(s) for s in h] for n, h in window.items()}
-    limits = thresholds(cfg)
+    limits = cfg  # the health section is the policy's HealthThresholds
 
     cases: dict[str, list[float]] = {
         "phase": time_runs(phase, args.runs),

@@ -27,7 +27,9 @@ from urllib.parse import urlsplit
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from policies.health import RemovalBudget
+from policies.admission import DEFAULT_QUEUE, PreemptionConfig, QueueShare
+from policies.health import HealthThresholds, RemovalBudget
+from policies.placement import MigrateBackConfig
 from serve.config import ServingConfig, validate_serving
 
 __all__ = [
@@ -41,7 +43,6 @@ __all__ = [
     "JobsConfig",
     "KubeActuatorServiceConfig",
     "KubernetesConfig",
-    "QueueShareConfig",
     "PolicyConfig",
     "PoolsConfig",
     "RayConfig",
@@ -53,19 +54,6 @@ __all__ = [
 ]
 
 _ = MISSING  # re-exported for schemas that need a required field later
-
-
-@dataclass
-class PlacementConfig:
-    """How the policy actor places serve replicas across pools (see policies/placement.py)."""
-
-    migrate_back_idle_s: float = 60.0
-    """The cluster pool must have room, with no queued training, this long before replicas
-    come back from the external pool."""
-    migrate_back_step: int = 1
-    """Replicas that come back per step."""
-    migrate_back_interval_s: float = 30.0
-    """Seconds between steps back."""
 
 
 class ConfigError(ValueError):
@@ -185,27 +173,18 @@ class PolicyConfig:
     """Seconds between observe -> decide -> act -> record ticks."""
 
 
-@dataclass
-class QueueShareConfig:
-    """One team queue and its share of the live `cluster` pool (a fraction, never a GPU count)."""
-
-    share: float = 1.0
-    """Fraction of live cluster capacity the queue owns, in (0, 1]; shares sum to at most 1."""
-    borrowing_limit: float | None = None
-    """Fraction of live capacity it may borrow beyond its share; null: any idle GPUs."""
-
-
-def _default_priority_classes() -> dict[str, int]:
-    return {"low": 0, "medium": 50, "high": 100}
-
-
-def _default_queues() -> dict[str, QueueShareConfig]:
-    return {"default": QueueShareConfig()}
+def _default_queues() -> dict[str, QueueShare]:
+    return {DEFAULT_QUEUE: QueueShare()}
 
 
 @dataclass
-class JobsConfig:
-    """The training queue: priority classes, team queues, preemption caps, the job store."""
+class JobsConfig(PreemptionConfig):
+    """The training queue: priority classes, team queues, preemption caps, the job store.
+
+    Priority classes and preemption caps are the admission policy's own fields
+    (`policies.admission.PreemptionConfig`, defined and defaulted there); the queues are its
+    `QueueShare` by name. `controlplane.policy_config.admission_config` builds the policy's
+    config from this section."""
 
     db_path: str | None = None
     """The job store (SQLite, WAL); null means ``<state_dir>/controlplane.db``."""
@@ -220,18 +199,10 @@ class JobsConfig:
     batch per tick until it is gone."""
     prune_batch_size: int = 1000
     """The most jobs, and the most events, one prune deletes (bounds the write it holds)."""
-    priority_classes: dict[str, int] = field(default_factory=_default_priority_classes)
-    """Priority class name -> integer value; higher runs first and may preempt lower."""
     default_priority_class: str = "medium"
     """Class of a job that names none (must be one of priority_classes)."""
-    queues: dict[str, QueueShareConfig] = field(default_factory=_default_queues)
+    queues: dict[str, QueueShare] = field(default_factory=_default_queues)
     """Team queues by name with their shares of live capacity."""
-    preemption_enabled: bool = True
-    """Whether a higher-priority gang may preempt (checkpoint, stop, re-queue) a lower one."""
-    max_preemptions_per_hour: int = 20
-    """Preemptions allowed in any rolling hour, all jobs together."""
-    max_preemptions_per_job_per_hour: int = 2
-    """Times one job may be preempted in a rolling hour."""
     gang_start_timeout_s: float = 120.0
     """An admitted gang not fully running after this long is stopped and re-queued."""
     backoff_initial_s: float = 5.0
@@ -271,10 +242,6 @@ class JobsConfig:
 TELEMETRY_SOURCES = ("simulated", "nvml", "dcgm")
 
 
-def _default_fatal_xids() -> list[int]:
-    return [48, 61, 62, 64, 74, 79, 95, 119, 120, 140]
-
-
 @dataclass
 class TelemetryConfig:
     """The per-node telemetry agents (GPU, NVLink, InfiniBand) and their Prometheus exporters."""
@@ -302,38 +269,15 @@ class TelemetryConfig:
 
 
 @dataclass
-class HealthConfig:
-    """When telemetry makes a node degraded or unhealthy (see policies/health.py)."""
+class HealthConfig(HealthThresholds):
+    """The ``health`` section: when telemetry makes a node degraded or unhealthy (the health
+    policy's own `policies.health.HealthThresholds`, each field defined and defaulted there),
+    and what the control plane does about it (the fields below)."""
 
-    gpu_temp_c: float = 78.0
-    """A GPU hotter than this is removed (after `hot_samples` samples)."""
-    hot_samples: int = 2
-    """Consecutive samples above gpu_temp_c before the node is unhealthy."""
-    missing_samples: int = 3
-    """Consecutive samples with fewer GPUs than the node advertises before it is unhealthy."""
     breaker: RemovalBudget = field(default_factory=RemovalBudget)
     """At most max_nodes (fleet) and max_pool_fraction of a pool (at least 1) newly removed per
-    window_s; past it, verdicts are shown and alerted on but not acted on (policies/health.py
+    window_s; past it, verdicts are shown and alerted on but not acted on (policies/health
     `RemovalBudget`)."""
-    fatal_xids: list[int] = field(default_factory=_default_fatal_xids)
-    """XIDs that mean broken hardware; any other XID only marks the node degraded."""
-    nvlink_errors_per_s: float = 1.0
-    """NVLink CRC, replay and recovery errors per second on one GPU above which it is unhealthy."""
-    ib_errors_per_s: float = 1.0
-    """InfiniBand error counter increase per second on one port above which it is unhealthy."""
-    ib_expected_width: int = 4
-    """Lanes a healthy IB port runs at; fewer marks the node degraded (0: no check)."""
-    ib_min_rate_gbps: float = 0.0
-    """A port slower than this marks the node degraded (0: no check)."""
-    recover_after_samples: int = 3
-    """Clean samples in a row before an unhealthy node is healthy again."""
-    stale_after_s: float = 10.0
-    """No new sample from a node's agent for this long marks it degraded (no_telemetry)."""
-    lemon_count: int = 3
-    """A node that turns unhealthy this many times within lemon_window_s stays out until an
-    operator clears it."""
-    lemon_window_s: float = 86400.0
-    """The lemon window."""
     act: bool = True
     """Act on verdicts: cordon, checkpoint-and-restart gangs, move replicas, drain. False only
     reports them (``rcp health``, ``rcp nodes``, metrics)."""
@@ -343,6 +287,11 @@ class HealthConfig:
     replace_drained: bool = True
     """Once a drained node holds nothing, stop it so its node group replaces it (local mode:
     its raylet; Kubernetes: the actuator deletes its pod)."""
+
+    def __post_init__(self) -> None:
+        # No ValueError here: `validate` checks the whole section and names each key
+        # (``health.hot_samples: must be >= 1``), which the policy's own check cannot.
+        self.fatal_xids = tuple(self.fatal_xids)
 
 
 @dataclass
@@ -435,7 +384,8 @@ class Config:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     serving: ServingConfig = field(default_factory=ServingConfig)
-    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    placement: MigrateBackConfig = field(default_factory=MigrateBackConfig)
+    """How serve replicas come back from the external pool (`policies.placement`)."""
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
 

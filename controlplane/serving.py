@@ -24,7 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from policies.demand import DemandConfig, DemandLoad, DemandState, Direction, decide_replicas
+from controlplane.policy_config import demand_config
+from policies.demand import DemandLoad, DemandState, Direction, decide_replicas
 from policies.placement import ModelDemand, PlacementConfig, PlacementState, PoolTargets
 from policies.placement import decide as decide_placement
 from policies.plan import Action, MoveServeReplicas, RequestExternalCapacity
@@ -170,13 +171,7 @@ class ServingStep:
                 for r in snapshot.serve_replicas
                 if r.model == name and r.state in (ReplicaState.RUNNING, ReplicaState.STARTING)
             )
-            config = DemandConfig(
-                target_ongoing_requests_per_replica=m.target_ongoing_requests,
-                min_replicas=m.min_replicas,
-                max_replicas=m.max_replicas,
-                upscale_delay_s=m.upscale_delay_s,
-                downscale_delay_s=m.downscale_delay_s,
-            )
+            config = demand_config(m)
             decision, new_demand[name] = decide_replicas(
                 DemandLoad(
                     ongoing_requests=float(loads.get(name, 0.0)),

@@ -122,8 +122,11 @@ __all__ = [
     "DEFAULT_PRIORITY_CLASSES",
     "AdmissionConfig",
     "AdmissionState",
+    "DEFAULT_QUEUE",
+    "PreemptionConfig",
     "PreemptionRecord",
     "QueueConfig",
+    "QueueShare",
     "Reservation",
     "Why",
     "decide",
@@ -150,35 +153,64 @@ class Why(str, Enum):
     UNKNOWN_PRIORITY_CLASS = "unknown-priority-class"
 
 
-@dataclass(frozen=True)
-class QueueConfig:
-    """A team's queue and its share of live `cluster` capacity."""
+@dataclass
+class QueueShare:
+    """A team queue's share of live `cluster` capacity. The ``jobs.queues.<name>`` config
+    entries are this class (the name is the key); `QueueConfig` adds the name."""
 
-    name: str
-    share: float
-    """Fraction of live capacity the queue owns, in (0, 1]."""
+    share: float = 1.0
+    """Fraction of live capacity the queue owns, in (0, 1]; shares sum to at most 1."""
     borrowing_limit: float | None = None
     """Fraction of live capacity it may borrow beyond its share; None means any idle GPUs."""
 
 
+@dataclass
+class _QueueName:
+    name: str
+
+
+@dataclass
+class QueueConfig(QueueShare, _QueueName):
+    """A named team queue: ``QueueConfig(name, share=1.0, borrowing_limit=None)``.
+
+    (`_QueueName` is the last base so that `name` is the first field.)"""
+
+
+DEFAULT_QUEUE = "default"
+"""The one queue of a cluster that configures none; it owns all of the capacity."""
+
+
 def _default_queues() -> tuple[QueueConfig, ...]:
-    return (QueueConfig("default", 1.0),)
+    return (QueueConfig(DEFAULT_QUEUE),)
 
 
-@dataclass(frozen=True)
-class AdmissionConfig:
-    """Knobs of the admission policy. Invalid values raise ValueError naming the field."""
+def _default_priority_classes() -> dict[str, int]:
+    return dict(DEFAULT_PRIORITY_CLASSES)
 
-    priority_classes: Mapping[str, int] = field(
-        default_factory=lambda: dict(DEFAULT_PRIORITY_CLASSES)
-    )
-    """Priority class name -> value; higher runs first."""
-    queues: tuple[QueueConfig, ...] = field(default_factory=_default_queues)
+
+@dataclass(kw_only=True)
+class PreemptionConfig:
+    """Priority classes and the preemption between them. The ``jobs`` config section embeds
+    this class (`controlplane.config.JobsConfig`), so each field and default is defined here
+    only; `AdmissionConfig` adds the queues. The config classes here are not frozen because
+    omegaconf makes a frozen dataclass a read-only node; the policy never changes them."""
+
+    priority_classes: dict[str, int] = field(default_factory=_default_priority_classes)
+    """Priority class name -> integer value; higher runs first and may preempt lower."""
     preemption_enabled: bool = True
+    """Whether a higher-priority gang may preempt (checkpoint, stop, re-queue) a lower one."""
     max_preemptions_per_hour: int = 20
     """Preemptions allowed in any rolling hour, all jobs together."""
     max_preemptions_per_job_per_hour: int = 2
     """Times one job may be preempted in a rolling hour."""
+
+
+@dataclass
+class AdmissionConfig(PreemptionConfig):
+    """Knobs of the admission policy. Invalid values raise ValueError naming the field."""
+
+    queues: tuple[QueueConfig, ...] = field(default_factory=_default_queues)
+    """Team queues with their shares of live capacity."""
     move_serve_replicas: bool = True
     """Count in-cluster Serve GPUs as reclaimable and ask for replicas to move."""
 

@@ -123,33 +123,42 @@ class HealthReason(str, Enum):
     LEMON = "lemon"
 
 
-@dataclass(frozen=True)
+@dataclass
 class HealthThresholds:
-    """What counts as bad (mirrors the `health` config section)."""
+    """What counts as bad. The ``health`` config section is this class plus what the control
+    plane does with verdicts (`controlplane.config.HealthConfig`), so each threshold and its
+    default is defined here only (not frozen for that reason, like `RemovalBudget`; the
+    policy never changes it)."""
 
     gpu_temp_c: float = 78.0
-    """A GPU above this temperature is too hot."""
+    """A GPU hotter than this is removed (after `hot_samples` samples)."""
     hot_samples: int = 2
-    """Consecutive hot samples before the node is unhealthy."""
+    """Consecutive samples above gpu_temp_c before the node is unhealthy."""
     missing_samples: int = 3
-    """Consecutive samples with fewer GPUs than expected before the node is unhealthy: one
-    short read (a driver hiccup, an exporter restarting) is not a lost GPU."""
-    fatal_xids: frozenset[int] = frozenset(DEFAULT_FATAL_XIDS)
+    """Consecutive samples with fewer GPUs than the node advertises before it is unhealthy:
+    one short read (a driver hiccup, an exporter restarting) is not a lost GPU."""
+    fatal_xids: tuple[int, ...] = DEFAULT_FATAL_XIDS
+    """XIDs that mean broken hardware; any other XID only marks the node degraded."""
     nvlink_errors_per_s: float = 1.0
-    """NVLink CRC/replay/recovery errors per second (one GPU, all links) above this: unhealthy."""
+    """NVLink CRC, replay and recovery errors per second on one GPU (all links) above which
+    it is unhealthy."""
     ib_errors_per_s: float = 1.0
-    """IB error counters per second (one port, all error counters) above this: unhealthy."""
+    """InfiniBand error counter increase per second on one port (all error counters) above
+    which it is unhealthy."""
     ib_expected_width: int = 4
-    """Lanes a healthy IB port runs at (4X); fewer: degraded. 0 turns the check off."""
+    """Lanes a healthy IB port runs at (4X); fewer marks the node degraded (0: no check)."""
     ib_min_rate_gbps: float = 0.0
-    """A port slower than this is degraded. 0 turns the check off."""
+    """A port slower than this marks the node degraded (0: no check)."""
     recover_after_samples: int = 3
     """Clean samples in a row before an unhealthy node is healthy again."""
     stale_after_s: float = 10.0
-    """No new sample for this long (caller's clock): degraded (no_telemetry)."""
+    """No new sample from a node's agent for this long (the caller's clock) marks it
+    degraded (no_telemetry)."""
     lemon_count: int = 3
-    """Turns into unhealthy within `lemon_window_s` that make a node a lemon."""
+    """A node that turns unhealthy this many times within lemon_window_s is a lemon: it stays
+    out until an operator clears it."""
     lemon_window_s: float = 86400.0
+    """The lemon window."""
 
     def __post_init__(self) -> None:
         if self.hot_samples < 1:
@@ -162,7 +171,7 @@ class HealthThresholds:
             )
         if self.lemon_count < 1:
             raise ValueError(f"lemon_count must be >= 1, got {self.lemon_count}")
-        object.__setattr__(self, "fatal_xids", frozenset(self.fatal_xids))
+        self.fatal_xids = tuple(self.fatal_xids)
 
 
 @dataclass(frozen=True)

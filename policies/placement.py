@@ -29,8 +29,10 @@ Rules, in order:
    and another arriving does not make replicas flap).
 6. **External capacity** asked of the autoscaler = GPUs of the external replicas wanted;
    emitted only when it changes. Asking for 0 lets the autoscaler remove idle nodes.
-7. **Route weights** follow readiness: each pool's share of the model's RUNNING replicas; a
-   pool with none gets 0. Emitted when they change.
+7. **Route weights** follow readiness: each pool's share of the model's RUNNING replicas,
+   capped at the pool's new target; a pool with none gets 0. Emitted when they differ from
+   ``state.route_weights`` (the caller passes what is deployed, so the action repeats until
+   it shows).
 
 Worked example: one model, 1 GPU per replica, 6 replicas wanted (min 2), all 6 on the cluster
 pool of 8 GPUs; external pool holds 4 GPUs; a queued gang needs 6 GPUs, 2 are free, so
@@ -54,6 +56,7 @@ from policies.plan import Action, MoveServeReplicas, RequestExternalCapacity, Se
 from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
 
 __all__ = [
+    "MigrateBackConfig",
     "ModelDemand",
     "PlacementConfig",
     "PlacementReason",
@@ -91,13 +94,29 @@ class ModelDemand:
             raise ValueError(f"{self.model}: gpus_per_replica must be >= 1")
 
 
-@dataclass(frozen=True)
-class PlacementConfig:
+@dataclass(kw_only=True)
+class MigrateBackConfig:
+    """How replicas come back from the external pool (rule 5). The ``placement`` config
+    section is this class, so each field and default is defined here only (not frozen for
+    that reason: omegaconf makes a frozen dataclass a read-only node)."""
+
+    migrate_back_idle_s: float = 60.0
+    """The cluster pool must have room, with no queued training, this long before replicas
+    come back from the external pool."""
+    migrate_back_step: int = 1
+    """Replicas that come back per step."""
+    migrate_back_interval_s: float = 30.0
+    """Seconds between steps back."""
+
+
+@dataclass
+class PlacementConfig(MigrateBackConfig):
+    """The policy's whole config: the `MigrateBackConfig` knobs (keyword-only) and the
+    external pool's size, which the caller derives from its pool config. Invalid values raise
+    ValueError naming the field."""
+
     external_max_gpus: int
     """GPUs the external pool can have at most (max_nodes x gpus_per_node)."""
-    migrate_back_idle_s: float = 60.0
-    migrate_back_step: int = 1
-    migrate_back_interval_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.external_max_gpus < 0:
@@ -175,13 +194,22 @@ def decide(
     config: PlacementConfig,
     state: PlacementState,
     training_claim_gpus: int = 0,
+    claims: tuple[MoveServeReplicas, ...] = (),
 ) -> tuple[tuple[tuple[PoolTargets, ...], tuple[Action, ...]], PlacementState]:
-    """Targets per (model, pool) and the actions to reach them; see the module docstring."""
+    """Targets per (model, pool) and the actions to reach them; see the module docstring.
+
+    `claims` are the admission policy's `MoveServeReplicas` for a waiting gang: their
+    replicas' GPUs add to `training_claim_gpus`, and a model's yield move carries the node
+    ids (and the job) its claim names, so the Serve actuator frees those nodes.
+    """
     now = snapshot.now_s
     active = {ReplicaState.RUNNING, ReplicaState.STARTING}
     training_waiting = any(
         job.not_before_s is None or job.not_before_s <= now for job in snapshot.queued
     )
+    gpus_of = {d.model: d.gpus_per_replica for d in demands}
+    training_claim_gpus += sum(c.num_replicas * gpus_of.get(c.model, 1) for c in claims)
+    claimed = {c.model: c for c in claims}
     budget = _serving_budget_gpus(snapshot, training_claim_gpus)
     external_left = config.external_max_gpus
     actions: list[Action] = []
@@ -247,6 +275,7 @@ def decide(
                 f"(wanted {total}, min {d.min_replicas})"
             )
         if moved:
+            claim = claimed.get(d.model)
             reason = (
                 f"{PlacementReason.YIELD_TO_TRAINING.value}: {moved} replica(s) of {d.model} "
                 "make room on the cluster pool for training"
@@ -263,8 +292,9 @@ def decide(
                     from_pool=Pool.CLUSTER,
                     to_pool=Pool.EXTERNAL,
                     num_replicas=moved,
-                    node_ids=(),
+                    node_ids=claim.node_ids[:moved] if claim is not None else (),
                     reason=reason,
+                    for_job_id=claim.for_job_id if claim is not None else None,
                 )
             )
 
@@ -328,11 +358,13 @@ def decide(
         )
         requested = external_gpus
 
-    # Rule 7: route weights from readiness.
+    # Rule 7: route weights from readiness, each pool's RUNNING replicas capped at its new
+    # target (replicas about to stop get no new traffic).
     weights = dict(state.route_weights)
     for d in ordered:
+        planned = {Pool.CLUSTER: plan_c[d.model], Pool.EXTERNAL: plan_e[d.model]}
         running = {
-            pool: _count(snapshot, d.model, pool, {ReplicaState.RUNNING})
+            pool: min(planned[pool], _count(snapshot, d.model, pool, {ReplicaState.RUNNING}))
             for pool in (Pool.CLUSTER, Pool.EXTERNAL)
         }
         w = _weights(running)

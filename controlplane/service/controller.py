@@ -513,7 +513,7 @@ class Controller:
         self._prometheus_targets = {g["labels"]["rcp_node"] for g in groups}
 
     def _decide(self, snapshot: Any, verdicts: dict[str, Any]) -> Any:
-        from controlplane.service.observing import admission_config
+        from controlplane.policy_config import admission_config
         from policies.admission import AdmissionState, decide
         from policies.health import remediate
 

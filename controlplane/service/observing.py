@@ -21,27 +21,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from controlplane.config import Config
 from controlplane.inventory import NodeRow
 from controlplane.store import JobRecord, JobState
-from policies.admission import AdmissionConfig, QueueConfig
 from policies.snapshot import ClusterSnapshot, NodeView, Pool, QueuedJob, RunningGang
 
-__all__ = ["HOLDING_STATES", "admission_config", "build_snapshot"]
+__all__ = ["HOLDING_STATES", "build_snapshot"]
 
 HOLDING_STATES = (JobState.ADMITTED, JobState.RUNNING)
-
-
-def admission_config(cfg: Config) -> AdmissionConfig:
-    """The admission policy's config from the ``jobs`` section."""
-    j = cfg.jobs
-    return AdmissionConfig(
-        priority_classes=dict(j.priority_classes),
-        queues=tuple(QueueConfig(name, q.share, q.borrowing_limit) for name, q in j.queues.items()),
-        preemption_enabled=j.preemption_enabled,
-        max_preemptions_per_hour=j.max_preemptions_per_hour,
-        max_preemptions_per_job_per_hour=j.max_preemptions_per_job_per_hour,
-    )
 
 
 def _pool(name: str) -> Pool | None:

@@ -31,13 +31,13 @@ import time
 from typing import Any
 
 from controlplane.config import Config
+from controlplane.policy_config import placement_config
 from controlplane.serving import (
     ServingPolicyState,
     ServingStep,
     decision_to_json,
     targets_from_status,
 )
-from policies.placement import PlacementConfig
 from policies.snapshot import ServeReplica
 
 log = logging.getLogger(__name__)
@@ -80,16 +80,6 @@ class _Metrics:
         self.moves = Counter(
             "rcp_serve_moves_total", "Make-before-break moves done.", tag_keys=("model",)
         )
-
-
-def placement_config(cfg: Config) -> PlacementConfig:
-    e = cfg.pools.external
-    return PlacementConfig(
-        external_max_gpus=e.max_nodes * e.gpus_per_node,
-        migrate_back_idle_s=cfg.placement.migrate_back_idle_s,
-        migrate_back_step=cfg.placement.migrate_back_step,
-        migrate_back_interval_s=cfg.placement.migrate_back_interval_s,
-    )
 
 
 class ServingLoop:

@@ -1,8 +1,8 @@
 """The bridge from telemetry summaries to the pure health policy.
 
-Owns: `node_sample` (summary dict -> `policies.health.NodeSample`), `thresholds` (the
-`health` config section -> `HealthThresholds`) and `judge` (summaries of many nodes -> verdicts,
-threading `HealthState` through).
+Owns: `node_sample` (summary dict -> `policies.health.NodeSample`) and `judge` (summaries of
+many nodes -> verdicts, threading `HealthState` through). The ``health`` config section is
+the policy's `HealthThresholds` itself, so it goes to the policy as it is.
 Must not: talk to Ray or read a clock; callers pass `now_s`.
 """
 
@@ -15,31 +15,13 @@ from controlplane.config import HealthConfig
 from policies.health import (
     GpuSample,
     HealthState,
-    HealthThresholds,
     NodeSample,
     NodeVerdict,
     PortSample,
     evaluate,
 )
 
-__all__ = ["judge", "node_sample", "thresholds"]
-
-
-def thresholds(cfg: HealthConfig) -> HealthThresholds:
-    return HealthThresholds(
-        gpu_temp_c=cfg.gpu_temp_c,
-        hot_samples=cfg.hot_samples,
-        missing_samples=cfg.missing_samples,
-        fatal_xids=frozenset(cfg.fatal_xids),
-        nvlink_errors_per_s=cfg.nvlink_errors_per_s,
-        ib_errors_per_s=cfg.ib_errors_per_s,
-        ib_expected_width=cfg.ib_expected_width,
-        ib_min_rate_gbps=cfg.ib_min_rate_gbps,
-        recover_after_samples=cfg.recover_after_samples,
-        stale_after_s=cfg.stale_after_s,
-        lemon_count=cfg.lemon_count,
-        lemon_window_s=cfg.lemon_window_s,
-    )
+__all__ = ["judge", "node_sample"]
 
 
 def node_sample(summary: Mapping[str, Any]) -> NodeSample:
@@ -106,4 +88,4 @@ def judge(
         ]
         for node_id, summaries in samples_by_node.items()
     }
-    return evaluate(samples, thresholds(cfg), state, now_s)
+    return evaluate(samples, cfg, state, now_s)

@@ -27,7 +27,7 @@ from controlplane.config import Config
 from controlplane.local.cluster import LocalCluster
 from controlplane.telemetry import manager
 from controlplane.telemetry.simulated import HOT_GPU_TEMP_C
-from controlplane.telemetry.verdicts import node_sample, thresholds
+from controlplane.telemetry.verdicts import node_sample
 from policies.health import HealthReason, HealthState, Verdict, evaluate
 from tests.integration.conftest import free_ports, start_local_cluster, wait_for
 
@@ -100,7 +100,7 @@ def test_hot_gpu_makes_the_node_unhealthy_within_two_samples(
 ) -> None:
     cfg, _ = local_cluster
     hot, other = cluster_node_ids(agents)[:2]
-    limits = thresholds(cfg.health)
+    limits = cfg.health
 
     before = manager.collect_samples()
     verdicts, state = evaluate(

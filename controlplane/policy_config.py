@@ -1,0 +1,66 @@
+"""The policies' configs as the control plane builds them from its own `Config`.
+
+Owns: every adapter from a config section to a pure policy's config, in one place. Most
+sections need none: a section embeds its policy's dataclass (``health`` is a
+`policies.health.HealthThresholds`, ``health.breaker`` a `RemovalBudget`, ``placement`` a
+`policies.placement.MigrateBackConfig`, ``jobs`` a `policies.admission.PreemptionConfig`),
+so every field and default is defined once, in the policy. What is left here is what a
+section cannot hold as is:
+
+- `admission_config`: ``jobs``' preemption fields plus its queues (a mapping by name in the
+  YAML, a tuple of named `QueueConfig` for the policy);
+- `placement_config`: ``placement`` plus ``external_max_gpus``, derived from the external
+  pool (``max_nodes x gpus_per_node``);
+- `demand_config`: one ``serving.models[]`` entry, whose keys are the serving plane's
+  (``target_ongoing_requests``), as the demand policy's `DemandConfig`.
+
+Must not: hold a default of its own, validate (``controlplane.config.validate`` names the
+key), or do I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from controlplane.config import Config
+from policies.admission import AdmissionConfig, PreemptionConfig, QueueConfig
+from policies.demand import DemandConfig
+from policies.placement import MigrateBackConfig, PlacementConfig
+from serve.config import ModelConfig
+
+__all__ = ["admission_config", "demand_config", "placement_config"]
+
+
+def _fields_of(section: Any, policy_class: type[Any]) -> dict[str, Any]:
+    """The values of `policy_class`'s fields as `section` (which embeds that class) holds them."""
+    return {f.name: getattr(section, f.name) for f in dataclasses.fields(policy_class)}
+
+
+def admission_config(cfg: Config) -> AdmissionConfig:
+    """The admission policy's config from the ``jobs`` section."""
+    j = cfg.jobs
+    return AdmissionConfig(
+        **_fields_of(j, PreemptionConfig),
+        queues=tuple(QueueConfig(name, q.share, q.borrowing_limit) for name, q in j.queues.items()),
+    )
+
+
+def placement_config(cfg: Config) -> PlacementConfig:
+    """The placement policy's config: the ``placement`` section and the external pool's size."""
+    e = cfg.pools.external
+    return PlacementConfig(
+        external_max_gpus=e.max_nodes * e.gpus_per_node,
+        **_fields_of(cfg.placement, MigrateBackConfig),
+    )
+
+
+def demand_config(model: ModelConfig) -> DemandConfig:
+    """The demand policy's config for one served model."""
+    return DemandConfig(
+        target_ongoing_requests_per_replica=model.target_ongoing_requests,
+        min_replicas=model.min_replicas,
+        max_replicas=model.max_replicas,
+        upscale_delay_s=model.upscale_delay_s,
+        downscale_delay_s=model.downscale_delay_s,
+    )
