@@ -15,7 +15,6 @@ import pytest
 
 from controlplane.config import Config, load_config
 from controlplane.inventory import NodeRow
-from controlplane.service import runner as runner_module
 from controlplane.service.observing import build_snapshot
 from controlplane.service.queueing import ApiError, JobService, job_to_json
 from controlplane.service.runner import (
@@ -26,6 +25,7 @@ from controlplane.service.runner import (
     RayJobStatus,
     entrypoint_command,
 )
+from controlplane.service.runner import limits as runner_module
 from controlplane.store import JobState, Store
 from jobs.signals import token_sha256
 from jobs.spec import JobSpec

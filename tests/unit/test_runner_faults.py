@@ -20,12 +20,12 @@ import pytest
 import ray
 
 from controlplane.config import load_config
-from controlplane.service import runner as runner_module
 from controlplane.service.api import ApiServer
 from controlplane.service.controller import TICK_STALL_MIN_S, TICK_STALL_TICKS, tick_stalled
 from controlplane.service.queueing import JobService
 from controlplane.service.retention import DAY_S, Retention
 from controlplane.service.runner import JobRunner, RayJobs
+from controlplane.service.runner import limits as runner_module
 from controlplane.store import JobState, Store
 from jobs import launcher, signals
 from jobs.checkpointing import Checkpointing

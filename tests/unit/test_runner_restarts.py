@@ -17,9 +17,9 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from controlplane.config import load_config
-from controlplane.service import runner as runner_module
 from controlplane.service.reliability import fleet_record
 from controlplane.service.runner import JobRunner, RayJobStatus, fetch_worker_stack
+from controlplane.service.runner import limits as runner_module
 from controlplane.store import JobState, Store
 from policies.plan import PreemptJob
 from tests.unit.test_runner import Clock, FakeRay, admit, commit, running

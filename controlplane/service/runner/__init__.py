@@ -1,0 +1,92 @@
+"""The runner: the act phase for training jobs. The only code that starts and stops Ray Jobs.
+
+A job's life after admission, idempotently and from the store alone, so a restarted
+controller carries on where the last one stopped. `JobRunner` is the entry point (the
+controller calls `admit`, `preempt` and `reconcile` every tick, the API `read_logs`,
+retention `forget_many`); `RayJobs` is the Ray side it drives. The modules, one concern each:
+
+* `job_runner` - `JobRunner`: the entry points and the per-tick reconcile that moves every job
+  holding (or having held) a gang along from what Ray, the signals actor and storage say;
+  the sweeps of orphaned Ray Jobs and memory tiers;
+* `ray_jobs` - the Ray Jobs adapter, `RayJobs`: the only module here that calls Ray's Job
+  Submission API, the dashboard (stacks via py-spy) and the job signals actor;
+* `launching` - admission and launch: QUEUED -> ADMITTED, the attempt recorded before the
+  submission, the Ray Job's entrypoint (`entrypoint_command`) and runtime env;
+* `preemption` - checkpoint first, stop once storage holds that checkpoint, re-queue;
+* `watchdog` - the hang watchdog: a gang whose step stopped growing has its stacks kept with
+  its log and is stopped;
+* `ends` - how an attempt ends: finish, start failures with backoff, crash and hang restarts
+  (`policies.restarts`), what the signals actor and the memory tier are told at an end;
+* `checkpoint_reads` - committed checkpoints read from object storage, never from the loop's
+  word;
+* `logs` - attempts' logs for `rcp logs`, fetched from Ray as little as possible;
+* `background` - submissions and slow reads on threads, so the tick waits a bounded time;
+* `info` - the reason codes, attempt-end kinds and job-info keys the runner writes, and the
+  checked readers of them; `limits` - the runner's bounds.
+
+What the job's info records (the API, CLI and metrics read exactly these keys,
+`controlplane.service.job_info`): ``checkpoint_uri`` (its prefix); ``checkpoint`` =
+``{"step", "uri", "committed_unix_s", "read_s"}``, the newest committed step as read from
+storage; ``progress`` = the running attempt's ``{"step", "step_at_s", "stall_s", "wall_s"}``
+from the signals actor (present only while an attempt runs); ``stall_s_total``/
+``wall_s_total`` over ended attempts; ``restarts`` (crash and hang restarts used); ``hangs``;
+``attempts`` (newest last, at most `limits.MAX_ATTEMPTS_KEPT`) = ``{"attempt",
+"admitted_s", "ended_s", "kind", "reason", "step"}`` with ``kind`` an `AttemptEnd` and
+``step`` the last step the attempt reported (None: none). A give-up's attempt has kind
+``failed``.
+
+What a gang runs (``JobSpec.entrypoint``, turned into the Ray Job's entrypoint by
+`entrypoint_command`): ``module:function`` runs ``python -m jobs.launcher module:function``
+(the function is every worker's Ray Train loop); anything else is a command, run as
+``python -m jobs.launcher --command -- CMD...`` (a leading ``python``/``python3`` becomes this
+interpreter), which starts the command on every worker of the gang with the environment
+torchrun gives (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``...),
+so the Ray Job's driver is always the launcher and a plain ``torch.distributed`` script runs
+unchanged. Either way each worker reports that it started (with its pid and node). Every
+entrypoint asks for one ``JOB_DRIVER_RESOURCE``, which the head does not offer: user drivers
+never run beside the control plane's credentials. The environment carries ``RCP_JOB_ID``,
+``RCP_ATTEMPT``, ``RCP_NUM_WORKERS``, ``RCP_GPUS_PER_WORKER``, ``RCP_CPUS_PER_WORKER``,
+``RCP_STORAGE_PATH``, ``RCP_NODE_IDS``, the job's checkpoint settings for
+`jobs.checkpointing` (``RCP_CHECKPOINT_URI``: its prefix, ``checkpoint.uri`` or
+``<storage.uri>/jobs/<job id>``, where it restores the newest committed step from;
+``RCP_STORAGE_ENDPOINT_URL`` (unset for AWS's own), ``RCP_STORAGE_REGION``,
+``RCP_CHECKPOINT_ENABLED``, ``RCP_CHECKPOINT_INTERVAL_S`` (only when set),
+``RCP_CHECKPOINT_KEEP_LAST``, ``RCP_MTBF_S``: the gang's MTBF from the fleet's record,
+`reliability.job_mtbf_s`), ``RCP_STEP_REPORT_S``, ``RCP_SIGNAL_POLL_S`` and
+``RCP_SIGNAL_TOKEN``: a fresh secret per attempt, kept in the job's info (never in events,
+logs or the API's view), and registered with the signals actor (as its hash, with the
+prefix) before the gang is submitted, so signals from other jobs or older attempts are
+refused. No storage credential is in it (the Jobs tab shows it): workers find theirs in the
+node's usual AWS sources.
+
+Must not: decide who runs (that is `policies.admission`).
+"""
+
+from __future__ import annotations
+
+from controlplane.service.runner.info import AttemptEnd, Reason
+from controlplane.service.runner.job_runner import JobRunner
+from controlplane.service.runner.launching import entrypoint_command
+from controlplane.service.runner.limits import LIVE_LOG_CACHE_S, ORPHAN_SWEEP_INTERVAL_S
+from controlplane.service.runner.logs import _tail_of as _tail_of  # tests read it here
+from controlplane.service.runner.ray_jobs import (
+    SIGNALS_ACTOR_KEY,
+    RayJobs,
+    RayJobStatus,
+    dashboard_client,
+    fetch_worker_stack,
+)
+
+__all__ = [
+    "LIVE_LOG_CACHE_S",
+    "ORPHAN_SWEEP_INTERVAL_S",
+    "SIGNALS_ACTOR_KEY",
+    "AttemptEnd",
+    "JobRunner",
+    "RayJobStatus",
+    "RayJobs",
+    "Reason",
+    "dashboard_client",
+    "entrypoint_command",
+    "fetch_worker_stack",
+]

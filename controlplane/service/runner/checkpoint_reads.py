@@ -1,0 +1,179 @@
+"""Committed checkpoints, read from object storage, never from the loop's word.
+
+Owns `CommittedReads`: which jobs' committed steps to read this tick, the reads themselves
+(`checkpoints.CheckpointReader`, on worker threads: the tick waits `limits.TICK_WAIT_S` at
+most, all jobs together), and what the job's info records of them:
+
+* a RUNNING job's newest committed step is read every ``jobs.checkpoint_scan_interval_s``,
+  sooner when its hint (a ``checkpointed`` report, or the committed step in its progress)
+  names a newer one (once per hinted step), and every tick while it is preempted;
+* ``checkpoint`` = ``{"step", "uri", "committed_unix_s", "read_s"}``, the newest committed
+  step; while preempting, ``preempt_checkpoint``: the step that answers the request (one the
+  job reported for it whose manifest is in storage, or any committed after the request);
+* a storage error is logged and read again later, never fails the job.
+
+Must not: move a job between states (`preemption` and `job_runner` act on what is recorded).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from controlplane.config import Config
+from controlplane.service.checkpoints import CheckpointReader, CommittedStep
+from controlplane.service.runner.background import _Background
+from controlplane.service.runner.info import (
+    _finite,
+    _hint_step,
+    _info_step,
+    _progress_of,
+    uri_of,
+)
+from controlplane.store import JobRecord, JobState, Store, UnknownJob
+from jobs import signals
+
+__all__ = ["CommittedReads"]
+
+log = logging.getLogger(__name__)
+
+
+class CommittedReads:
+    """Reads jobs' committed steps from storage (see the module doc)."""
+
+    def __init__(
+        self,
+        store: Store,
+        cfg: Config,
+        clock: Callable[[], float],
+        checkpoints: CheckpointReader,
+        work: _Background,
+    ) -> None:
+        self.store = store
+        self.cfg = cfg
+        self.clock = clock
+        self.checkpoints = checkpoints
+        self._work = work
+        self._next_scan_s: dict[str, float] = {}
+        """When each running job's committed steps are read again (`read`)."""
+        self._hint_scanned: dict[str, int] = {}
+        """The step a job's hint named when it last triggered an early read."""
+
+    def forget_others(self, live: set[str]) -> None:
+        """Forget the schedules of jobs not in `live` (no longer ADMITTED or RUNNING)."""
+        for table in (self._next_scan_s, self._hint_scanned):
+            for job_id in set(table) - live:
+                del table[job_id]
+
+    def read(
+        self, jobs: list[JobRecord], sigs: Mapping[str, Mapping[str, Any]], deadline_s: float
+    ) -> list[JobRecord]:
+        """Start the storage reads that are due (see `_read_wanted`), wait for them until
+        `deadline_s`, and record what came back; returns `jobs` as they are now."""
+        now = self.clock()
+        keys = []
+        for job in jobs:
+            key = ("scan", job.job_id)
+            if self._work.pending(key):
+                keys.append(key)
+                continue
+            wanted = self._read_wanted(job, sigs.get(job.job_id) or {}, now)
+            if wanted is None:
+                continue
+            after, hint = wanted
+            self._work.start(key, self._read, uri_of(self.cfg, job), after, hint)
+            self._next_scan_s[job.job_id] = now + self.cfg.jobs.checkpoint_scan_interval_s
+            keys.append(key)
+        self._work.wait(keys, deadline_s)
+        out = []
+        for job in jobs:
+            done, result, error = self._work.take(("scan", job.job_id))
+            if done:
+                job = self._record_read(job, result, error, self.clock())
+            out.append(job)
+        return out
+
+    def _read_wanted(
+        self, job: JobRecord, sig: Mapping[str, Any], now: float
+    ) -> tuple[int | None, int | None] | None:
+        """``(known step, hinted step to check)`` when a read is due, else None: every tick
+        while preempting (until a committed answer is found), every
+        ``jobs.checkpoint_scan_interval_s`` for a RUNNING job, and sooner when the job's hint
+        (its checkpoint report or its progress' committed step) names a step newer than the
+        one recorded (once per hinted step: a job that keeps lying costs one read per lie)."""
+        known = _info_step(job.info.get("checkpoint"))
+        attempt = job.info.get("attempt")
+        if job.info.get("preempting"):
+            if job.info.get("stop_sent") or job.info.get("preempt_checkpoint") is not None:
+                return None
+            return known, self._answering_hint(job, sig)
+        if job.state is not JobState.RUNNING:
+            return None
+        if now >= self._next_scan_s.get(job.job_id, 0.0):
+            return known, None
+        hinted = [_hint_step(sig.get("checkpoint"), attempt)]
+        progress = _progress_of(sig, attempt)
+        hinted.append(progress.get("committed_step") if progress else None)
+        newest = max((h for h in hinted if h is not None), default=None)
+        fresh = newest is not None and (known is None or newest > known)
+        if fresh and newest is not None and self._hint_scanned.get(job.job_id) != newest:
+            self._hint_scanned[job.job_id] = newest
+            return known, None
+        return None
+
+    def _answering_hint(self, job: JobRecord, sig: Mapping[str, Any]) -> int | None:
+        """The step of a checkpoint this attempt reported for the pending request (under its
+        prefix), to verify in storage; None when it reported none."""
+        ckpt = sig.get("checkpoint")
+        if not isinstance(ckpt, Mapping) or not ckpt.get("answers_request"):
+            return None
+        if not signals.under_prefix(str(ckpt.get("path")), uri_of(self.cfg, job)):
+            log.warning("job %s: ignoring checkpoint hint outside its prefix", job.job_id)
+            return None
+        return _hint_step(ckpt, job.info.get("attempt"))
+
+    def _read(
+        self, prefix: str, after: int | None, hint: int | None
+    ) -> tuple[CommittedStep | None, CommittedStep | None]:
+        """(worker thread) The newest step committed after `after`, and `hint`'s commit."""
+        newest = self.checkpoints.newest(prefix, after)
+        hinted = None
+        if hint is not None:
+            hinted = newest if newest is not None and newest.step == hint else None
+            hinted = hinted or self.checkpoints.committed(prefix, hint)
+        return newest, hinted
+
+    def _record_read(
+        self, job: JobRecord, result: Any, error: BaseException | None, now: float
+    ) -> JobRecord:
+        """Record a read's newest committed step (``checkpoint``) and, while preempting, the
+        step that answers the request (``preempt_checkpoint``): one the job reported for it
+        whose manifest is in storage, or any committed after the request."""
+        if error is not None:
+            log.warning(
+                "job %s: reading committed checkpoints from %s failed (read again later): %s",
+                job.job_id,
+                uri_of(self.cfg, job),
+                error,
+            )
+            return job
+        newest, hinted = result
+        found = [c for c in (newest, hinted) if c is not None]
+        updates: dict[str, Any] = {}
+        best = max(found, key=lambda c: c.step, default=None)
+        known = _info_step(job.info.get("checkpoint"))
+        if best is not None and (known is None or best.step > known):
+            updates["checkpoint"] = best.to_info(now)
+        if job.info.get("preempting") and job.info.get("preempt_checkpoint") is None:
+            asked_s = _finite(job.info.get("preempt_requested_s"))
+            if hinted is not None:
+                updates["preempt_checkpoint"] = hinted.step
+            elif newest is not None and asked_s is not None and newest.committed_unix_s >= asked_s:
+                updates["preempt_checkpoint"] = newest.step
+        if not updates:
+            return job
+        try:
+            return self.store.update_info(job.job_id, updates)
+        except UnknownJob:
+            return job

@@ -1,0 +1,159 @@
+"""Preemption: a gang asked to checkpoint first, stopped once storage holds that checkpoint.
+
+Owns:
+
+* `Preemption.preempt` (PreemptJob): ask the gang to checkpoint now (signals actor), mark it
+  ``preempting`` with a deadline (``checkpoint.preempt_deadline_s``); a preemption with no
+  job to make room for is the health remediation moving the gang off a bad node;
+* `Preemption.preempting`, every tick while it is preempting: the gang is stopped once the
+  manifest of a step taken for the request is in storage (``preempt_checkpoint``, recorded
+  by `checkpoint_reads`: the step the job reported for it, verified there, or any step
+  committed after the request), or at the deadline; then PREEMPTED -> QUEUED in one store
+  transaction (`Store.requeue`); no restart is spent, even when it failed meanwhile;
+* `Preemption.requeue_stranded`: a job found PREEMPTED (a crash of an older version
+  mid-preemption) is re-queued once its Ray Job has ended.
+
+Must not: call Ray but through the Ray Jobs adapter (`ray_jobs.RayJobs`), or believe a
+checkpoint the job only reported (storage says what is committed).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from controlplane.service.runner.ends import AttemptEnds
+from controlplane.service.runner.info import (
+    _REQUEUE_INFO,
+    AttemptEnd,
+    Reason,
+    _count,
+    _finite,
+    attempt_end,
+)
+from controlplane.service.runner.ray_jobs import _ENDED, RayJobStatus
+from controlplane.store import JobRecord, JobState, Store
+from policies.plan import PreemptJob
+
+__all__ = ["Preemption"]
+
+log = logging.getLogger(__name__)
+
+
+class Preemption:
+    """Preempts gangs (see the module doc). Every method is idempotent."""
+
+    def __init__(
+        self, store: Store, ray_jobs: Any, clock: Callable[[], float], ends: AttemptEnds
+    ) -> None:
+        self.store = store
+        self.ray = ray_jobs
+        self.clock = clock
+        self._ends = ends
+
+    def preempt(self, action: PreemptJob) -> None:
+        job = self.store.get(action.job_id)
+        if job.state not in (JobState.ADMITTED, JobState.RUNNING) or job.info.get("preempting"):
+            return
+        if job.info.get("stopping"):
+            return  # a hung gang is being stopped already; it re-queues once stopped
+        now = self.clock()
+        ask = (
+            action.checkpoint_first
+            and job.spec.checkpoint.enabled
+            and job.state is JobState.RUNNING
+        )
+        deadline = now + (job.spec.checkpoint.preempt_deadline_s if ask else 0.0)
+        # Admission names the job it frees GPUs for; the health remediation (the only other
+        # source of PreemptJob) names none: it moves the gang off a bad node.
+        kind = AttemptEnd.PREEMPTED if action.for_job_id else AttemptEnd.HEALTH
+        self.store.update_info(
+            job.job_id,
+            {
+                "preempting": True,
+                "preempt_requested_s": now,
+                "preempt_deadline_s": deadline,
+                "preempt_for": action.for_job_id,
+                "preempt_reason": action.reason,
+                "preempt_kind": kind.value,
+                "preempt_checkpoint": None,
+            },
+        )
+        if ask:
+            self.ray.request_checkpoint(job.job_id, now)
+        self.store.record_event(
+            "job.preempt",
+            f"job {job.job_id}: preempting ({'checkpoint first' if ask else 'no checkpoint'}): "
+            f"{action.reason}",
+            job_id=job.job_id,
+            data={"for_job_id": action.for_job_id, "checkpoint_first": ask},
+        )
+
+    def preempting(self, job: JobRecord, status: RayJobStatus, now: float) -> None:
+        """Stop the gang once the checkpoint answering the request is committed in storage
+        (``preempt_checkpoint``, `checkpoint_reads.CommittedReads`) or the deadline passed; once Ray says it
+        ended, PREEMPTED -> QUEUED in one transaction. No restart is spent, even when the gang
+        failed meanwhile (a node lost under a health move)."""
+        sid = job.info["submission_id"]
+        verified = _count(job.info.get("preempt_checkpoint"))
+        if status is RayJobStatus.SUCCEEDED:
+            self._ends.clear_request(job.job_id)
+            if job.state is JobState.ADMITTED:
+                self.store.transition(job.job_id, JobState.RUNNING, Reason.GANG_RUNNING.value)
+            self._ends.finish(
+                job,
+                JobState.SUCCEEDED,
+                f"{Reason.RAY_JOB_SUCCEEDED.value} while preempting",
+                AttemptEnd.SUCCEEDED,
+            )
+            return
+        if status in _ENDED or status is RayJobStatus.MISSING:
+            if verified is not None:
+                why = (
+                    f"{Reason.CHECKPOINTED_FOR_PREEMPTION.value} at step {verified} "
+                    "(its manifest is in storage)"
+                )
+            elif job.info.get("stop_sent"):
+                why = f"{Reason.PREEMPT_DEADLINE.value}: stopped without a new committed checkpoint"
+            else:
+                why = f"{Reason.PREEMPT_ENDED.value} ({status.value}), before a new checkpoint"
+            reason = f"{why}; {job.info.get('preempt_reason') or 'preempted'}"
+            self._ends.clear_request(job.job_id)
+            kind = (
+                AttemptEnd.HEALTH
+                if job.info.get("preempt_kind") == "health"
+                else AttemptEnd.PREEMPTED
+            )
+            info = {**_REQUEUE_INFO, **attempt_end(job, kind, reason, now)}
+            self.store.requeue(
+                job.job_id, reason, Reason.REQUEUED.value, info=info, expected=[job.state]
+            )
+            return
+        deadline = _finite(job.info.get("preempt_deadline_s")) or 0.0
+        if not job.info.get("stop_sent") and (verified is not None or now >= deadline):
+            self.ray.stop(sid)
+            self.store.update_info(job.job_id, {"stop_sent": now})
+
+    def requeue_stranded(self, job: JobRecord) -> None:
+        """A job left PREEMPTED (the crash of a version that re-queued in three steps): once
+        its Ray Job has ended, back to the queue, with why in its history."""
+        sid = job.info.get("submission_id")
+        if sid and not job.info.get("ray_done"):
+            status = self.ray.status(sid)
+            if status not in _ENDED and status is not RayJobStatus.MISSING:
+                if not job.info.get("stop_sent"):
+                    self.ray.stop(sid)
+                    self.store.update_info(job.job_id, {"stop_sent": self.clock()})
+                return  # re-queue once Ray says it ended
+        try:
+            self.ray.clear_request(job.job_id)
+        except Exception as exc:
+            log.warning("job signals: clearing %s failed: %s", job.job_id, exc)
+        self.store.requeue(
+            job.job_id,
+            Reason.STRANDED.value,
+            Reason.STRANDED.value,
+            info=_REQUEUE_INFO,
+            expected=[JobState.PREEMPTED],
+        )
