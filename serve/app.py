@@ -8,22 +8,21 @@ Must not: hold state or decide anything; options come from the application confi
 
 from __future__ import annotations
 
-from typing import Any
-
 from ray.serve import Application
 
 from serve.backend import Backend
 from serve.ingress import Ingress
+from serve.spec import BackendArgs, IngressArgs
 
 __all__ = ["build_backend", "build_ingress"]
 
 
-def build_ingress(args: dict[str, Any]) -> Application:
+def build_ingress(args: IngressArgs) -> Application:
     """The ingress application; its route table arrives through ``user_config``."""
     return Ingress.bind()
 
 
-def build_backend(args: dict[str, Any]) -> Application:
+def build_backend(args: BackendArgs) -> Application:
     """One backend of a model in a pool: ``args`` = name, import_path, init_kwargs, pool."""
     return Backend.bind(
         args["name"], args["import_path"], dict(args.get("init_kwargs") or {}), args["pool"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-from typing import Any
+from typing import Any, Protocol, TypedDict
 
 from ray import serve
 from starlette.requests import Request
@@ -43,9 +43,24 @@ from serve.inputs import (
 )
 from serve.spec import BACKEND_DEPLOYMENT
 
-__all__ = ["Backend", "load_model_class"]
+__all__ = ["Backend", "BackendReplica", "Model", "PredictEnvelope", "load_model_class"]
 
 logger = logging.getLogger("ray.serve")
+
+
+class Model(Protocol):
+    """What a model class's instances must have (``ModelConfig.import_path`` names the class)."""
+
+    def predict(self, payload: dict[str, Any]) -> object:
+        """The answer (JSON-able) for one request's JSON object; ValueError for bad input."""
+        ...
+
+
+class PredictEnvelope(TypedDict):
+    """`Backend.predict`'s answer to the ingress: the HTTP status and the JSON body."""
+
+    status: int
+    body: object
 
 
 def load_model_class(import_path: str) -> Any:
@@ -69,14 +84,15 @@ _MAX_BODY_BYTES = IngressConfig().max_body_bytes
 """The plain-HTTP route's body limit: the ingress's default (this route has no config)."""
 
 
-@serve.deployment(name=BACKEND_DEPLOYMENT)
-class Backend:
+class BackendReplica:
+    """One replica of a model's backend in one pool (the `Backend` deployment runs it)."""
+
     def __init__(self, name: str, import_path: str, init_kwargs: dict[str, Any], pool: str) -> None:
         self.name = name
         self.pool = pool
-        self._model = load_model_class(import_path)(**dict(init_kwargs))
+        self._model: Model = load_model_class(import_path)(**dict(init_kwargs))
 
-    def predict(self, payload: dict[str, Any], request_id: str = "") -> dict[str, Any]:
+    def predict(self, payload: dict[str, Any], request_id: str = "") -> PredictEnvelope:
         rid = request_id or "unknown"
         try:
             body = self._model.predict(payload)
@@ -119,6 +135,10 @@ class Backend:
             media_type="application/json",
             headers=headers,
         )
+
+
+Backend = serve.deployment(name=BACKEND_DEPLOYMENT)(BackendReplica)
+"""The deployment (`serve.app.build_backend` binds it per model and pool)."""
 
 
 def _error(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "POOLS",
@@ -156,6 +156,9 @@ def validate_serving(cfg: ServingConfig, prefix: str = "serving") -> list[str]:
     return errors
 
 
+_Section = TypeVar("_Section", IngressConfig, ModelConfig, ServingConfig)
+
+
 def serving_from_dict(data: dict[str, Any]) -> ServingConfig:
     """Rebuild a ServingConfig from `dataclasses.asdict` output (as stored in Serve's config).
 
@@ -163,7 +166,7 @@ def serving_from_dict(data: dict[str, Any]) -> ServingConfig:
     half-read.
     """
 
-    def build(cls: type[Any], raw: dict[str, Any], path: str) -> Any:
+    def build(cls: type[_Section], raw: dict[str, Any], path: str) -> _Section:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - names)
         if unknown:
@@ -176,7 +179,4 @@ def serving_from_dict(data: dict[str, Any]) -> ServingConfig:
         build(ModelConfig, dict(m), f"serving.models[{i}]")
         for i, m in enumerate(raw.pop("models", []))
     ]
-    cfg: ServingConfig = build(
-        ServingConfig, {**raw, "ingress": ingress, "models": models}, "serving"
-    )
-    return cfg
+    return build(ServingConfig, {**raw, "ingress": ingress, "models": models}, "serving")

@@ -10,14 +10,18 @@ Must not: decide anything; callers pass complete application configs.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray import serve
 from ray.serve.schema import ServeDeploySchema
 
 from policies.snapshot import pool_of
-from serve.spec import APP_PREFIX, declarative_configs
+from serve.spec import APP_PREFIX, AppConfig, declarative_configs
+
+if TYPE_CHECKING:
+    from ray.serve._private.client import ServeControllerClient
 
 __all__ = [
     "ServeNotRunningError",
@@ -32,7 +36,7 @@ class ServeNotRunningError(RuntimeError):
     """Serve is not running on the connected Ray cluster."""
 
 
-def _client() -> Any:
+def _client() -> ServeControllerClient:
     from ray.serve.context import _get_global_client
 
     try:
@@ -64,7 +68,7 @@ def read_details() -> dict[str, Any]:
     return details
 
 
-def apply_app_configs(apps: list[dict[str, Any]]) -> None:
+def apply_app_configs(apps: Sequence[AppConfig]) -> None:
     """Apply our application configs as Serve's declarative config, keeping every other
     declaratively deployed application as it is. Returns once the controller accepted it;
     replicas change asynchronously."""
@@ -75,7 +79,7 @@ def apply_app_configs(apps: list[dict[str, Any]]) -> None:
         for name, cfg in declarative_configs(client.get_serve_details()).items()
         if name not in ours and not name.startswith(f"{APP_PREFIX}-")
     ]
-    client.deploy_apps(ServeDeploySchema(applications=[*foreign, *apps]))
+    client.deploy_apps(ServeDeploySchema.model_validate({"applications": [*foreign, *apps]}))
 
 
 def node_pools() -> dict[str, str]:

@@ -15,13 +15,14 @@ Must not: change Serve's state (the control plane does that through `serve.opera
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -43,7 +44,10 @@ from serve.inputs import (
 from serve.routing import choose_pool, retry_decision
 from serve.spec import BACKEND_DEPLOYMENT, INGRESS_DEPLOYMENT, app_name
 
-__all__ = ["Ingress", "RouteTable"]
+if TYPE_CHECKING:
+    from serve.backend import BackendReplica, PredictEnvelope
+
+__all__ = ["Ingress", "IngressReplica", "RouteTable"]
 
 logger = logging.getLogger("ray.serve")
 
@@ -78,11 +82,12 @@ def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> Re
     return Response(body, status_code=status, media_type=_JSON, headers=headers)
 
 
-@serve.deployment(name=INGRESS_DEPLOYMENT)
-class Ingress:
+class IngressReplica:
+    """One ingress replica (the `Ingress` deployment runs it)."""
+
     def __init__(self) -> None:
         self._table = RouteTable()
-        self._handles: dict[tuple[str, str], DeploymentHandle] = {}
+        self._handles: dict[tuple[str, str], DeploymentHandle[BackendReplica]] = {}
         self._rng = random.Random()
         # In-flight requests per model, reported to the load board for the demand policy.
         self._inflight: dict[str, int] = {}
@@ -94,7 +99,7 @@ class Ingress:
             "route table generation %d: %s", self._table.generation, dict(self._table.weights)
         )
 
-    def _handle(self, model: str, pool: str) -> DeploymentHandle:
+    def _handle(self, model: str, pool: str) -> DeploymentHandle[BackendReplica]:
         key = (model, pool)
         handle = self._handles.get(key)
         if handle is None:
@@ -126,16 +131,17 @@ class Ingress:
         table = self._table
         s = table.settings
         content_length = request.headers.get("content-length")
-        common = {
-            "method": request.method,
-            "path": request.url.path,
-            "root_path": str(request.scope.get("root_path", "")),
-            "content_type": request.headers.get("content-type"),
-            "content_length": content_length,
-            "max_body_bytes": s.max_body_bytes,
-            "known_models": table.weights.keys(),
-        }
-        head = parse_request(body=None, **common)  # type: ignore[arg-type]
+        parse = functools.partial(
+            parse_request,
+            method=request.method,
+            path=request.url.path,
+            root_path=str(request.scope.get("root_path", "")),
+            content_type=request.headers.get("content-type"),
+            content_length=content_length,
+            max_body_bytes=s.max_body_bytes,
+            known_models=table.weights.keys(),
+        )
+        head = parse(body=None)
         if isinstance(head, RequestError):
             return _json(head.status, error_body(head.code, head.message, rid))
         if isinstance(head, Health):
@@ -158,7 +164,7 @@ class Ingress:
                     rid,
                 ),
             )
-        parsed = parse_request(body=body, **common)  # type: ignore[arg-type]
+        parsed = parse(body=body)
         if isinstance(parsed, RequestError):
             return _json(parsed.status, error_body(parsed.code, parsed.message, rid))
         assert isinstance(parsed, Predict)
@@ -212,11 +218,12 @@ class Ingress:
             remaining_s = s.request_timeout_s - (time.monotonic() - started)
             response = self._handle(model, pool).remote(payload, rid)
             try:
-                envelope = await asyncio.wait_for(
+                envelope: PredictEnvelope = await asyncio.wait_for(
                     _await(response), timeout=max(0.001, min(s.attempt_timeout_s, remaining_s))
                 )
             except asyncio.TimeoutError:
-                response.cancel()
+                # Ray Serve leaves DeploymentResponse.cancel unannotated.
+                response.cancel()  # type: ignore[no-untyped-call]
                 last_error = f"{pool} replica did not answer within {s.attempt_timeout_s:g}s"
             except Exception as exc:  # replica died, is stopping or is unreachable
                 last_error = f"a {pool} replica failed"
@@ -251,9 +258,15 @@ class Ingress:
         )
 
 
+Ingress = serve.deployment(name=INGRESS_DEPLOYMENT)(IngressReplica)
+"""The deployment (`serve.app.build_ingress` binds it)."""
+
+
 def head_declares_length(content_length: str | None) -> bool:
     return content_length is not None and content_length.isdigit()
 
 
 async def _await(response: Any) -> Any:
+    """Await a Ray Serve response (a coroutine for `asyncio.wait_for`); Any: Ray types a
+    handle's ``remote()`` as a response or a stream, and this one is never a stream."""
     return await response

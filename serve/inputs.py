@@ -22,15 +22,18 @@ import re
 import sys
 import uuid
 from array import array
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
 from enum import Enum
 from itertools import accumulate
-from typing import Any
+from typing import Any, NoReturn, Protocol, TypedDict
 
 __all__ = [
     "MAX_JSON_DEPTH",
+    "BodyStream",
     "ErrorCode",
+    "ErrorDetail",
+    "ErrorObject",
     "Health",
     "JsonBodyError",
     "ListModels",
@@ -88,7 +91,20 @@ class Health:
 Parsed = Predict | ListModels | Health | RequestError
 
 
-def error_dict(code: ErrorCode, message: str, request_id: str) -> dict[str, Any]:
+class ErrorDetail(TypedDict):
+    code: str
+    """An `ErrorCode` value."""
+    message: str
+    request_id: str
+
+
+class ErrorObject(TypedDict):
+    """The JSON body of every 4xx/5xx answer (see the module doc)."""
+
+    error: ErrorDetail
+
+
+def error_dict(code: ErrorCode, message: str, request_id: str) -> ErrorObject:
     """The error object; `request_id` is the one in the X-Request-Id header and the logs."""
     return {"error": {"code": code.value, "message": message, "request_id": request_id}}
 
@@ -98,7 +114,13 @@ def error_body(code: ErrorCode, message: str, request_id: str) -> bytes:
     return json.dumps(error_dict(code, message, request_id)).encode()
 
 
-async def read_body(request: Any, limit_bytes: int) -> bytes | None:
+class BodyStream(Protocol):
+    """What `read_body` needs of a request: a Starlette ``Request`` has it."""
+
+    def stream(self) -> AsyncIterator[bytes]: ...
+
+
+async def read_body(request: BodyStream, limit_bytes: int) -> bytes | None:
     """A Starlette request's body, or None as soon as it grows past `limit_bytes` (chunked
     uploads too: reading stops there, the rest is never buffered)."""
     chunks: list[bytes] = []
@@ -163,7 +185,7 @@ def _too_deep(raw: bytes, max_depth: int) -> bool:
     return max(accumulate(array("b", outside.translate(_BRACKET_STEP))), default=0) > max_depth
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise JsonBodyError(f"{name} is not a JSON number; send finite numbers only", malformed=True)
 
 
@@ -177,8 +199,9 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def loads_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """Parse an untrusted body (see the module doc); raises JsonBodyError."""
+def loads_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> object:
+    """Parse an untrusted body (see the module doc); raises JsonBodyError. The value is
+    whatever JSON the body held: check its type before use."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -22,8 +22,7 @@ NAMESPACE = "rcp"
 REPORT_INTERVAL_S = 1.0
 
 
-@ray.remote(num_cpus=0, max_restarts=-1)
-class LoadBoard:
+class _LoadBoard:
     def __init__(self) -> None:
         self._reports: dict[str, tuple[float, dict[str, int]]] = {}
 
@@ -42,8 +41,13 @@ class LoadBoard:
         return out
 
 
+LoadBoard = ray.remote(num_cpus=0, max_restarts=-1)(_LoadBoard)
+"""The actor class; `board` creates its one detached actor."""
+
+
 def board() -> Any:
-    """The load board's handle, created on first use (detached, on the head)."""
+    """The load board's handle, created on first use (detached, on the head). Any: Ray does
+    not type calls of an actor handle's methods."""
     return LoadBoard.options(
         name=LOAD_ACTOR,
         namespace=NAMESPACE,

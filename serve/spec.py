@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from policies.snapshot import pool_resource
 from serve.config import POOLS, ModelConfig, ServingConfig, serving_from_dict
@@ -34,7 +34,11 @@ __all__ = [
     "INGRESS_APP",
     "INGRESS_DEPLOYMENT",
     "APP_PREFIX",
+    "AppConfig",
+    "BackendArgs",
     "DesiredState",
+    "IngressArgs",
+    "IngressUserConfig",
     "app_name",
     "build_app_configs",
     "declarative_configs",
@@ -50,6 +54,69 @@ INGRESS_DEPLOYMENT = "Ingress"
 BACKEND_DEPLOYMENT = "Backend"
 _BACKEND_IMPORT = "serve.app:build_backend"
 _INGRESS_IMPORT = "serve.app:build_ingress"
+
+
+class LoggingOptions(TypedDict):
+    enable_access_log: bool
+
+
+class _ActorOptionsRequired(TypedDict):
+    num_cpus: float
+    resources: dict[str, float]
+
+
+class ActorOptions(_ActorOptionsRequired, total=False):
+    num_gpus: float
+
+
+class IngressUserConfig(TypedDict):
+    """The ingress's ``user_config``: what every ingress replica routes by."""
+
+    generation: int
+    weights: dict[str, dict[str, float]]
+    """Route weight per model, per pool."""
+    settings: dict[str, Any]
+    """`IngressConfig` as a dict."""
+    serving: dict[str, Any]
+    """`ServingConfig` as a dict: how `desired_from_app_configs` reads the config back."""
+
+
+class _DeploymentConfigRequired(TypedDict):
+    name: str
+    num_replicas: int
+    max_ongoing_requests: int
+    ray_actor_options: ActorOptions
+
+
+class DeploymentConfig(_DeploymentConfigRequired, total=False):
+    """One deployment of an `AppConfig` (Serve's ``DeploymentSchema`` fields we set)."""
+
+    graceful_shutdown_timeout_s: float
+    user_config: IngressUserConfig
+
+
+class BackendArgs(TypedDict):
+    """A backend app's ``args``, which `serve.app.build_backend` receives."""
+
+    name: str
+    import_path: str
+    init_kwargs: dict[str, Any]
+    pool: str
+
+
+class IngressArgs(TypedDict):
+    """The ingress app's ``args``: none (its route table arrives as ``user_config``)."""
+
+
+class AppConfig(TypedDict):
+    """One application config we deploy (Serve's ``ServeApplicationSchema`` fields we set)."""
+
+    name: str
+    route_prefix: str | None
+    import_path: str
+    args: BackendArgs | IngressArgs
+    logging_config: LoggingOptions
+    deployments: list[DeploymentConfig]
 
 
 def app_name(model: str, pool: str) -> str:
@@ -123,7 +190,7 @@ def initial_state(serving: ServingConfig) -> DesiredState:
     return DesiredState(serving=serving, targets=targets, weights=weights, generation=0)
 
 
-def ingress_user_config(state: DesiredState) -> dict[str, Any]:
+def ingress_user_config(state: DesiredState) -> IngressUserConfig:
     """The ingress's user_config: route table, request limits and the serving config."""
     names = [m.name for m in state.serving.models]
     return {
@@ -134,13 +201,13 @@ def ingress_user_config(state: DesiredState) -> dict[str, Any]:
     }
 
 
-def _logging(serving: ServingConfig) -> dict[str, Any]:
+def _logging(serving: ServingConfig) -> LoggingOptions:
     return {"enable_access_log": serving.access_log}
 
 
 def _backend_app(
     serving: ServingConfig, model: ModelConfig, pool: str, num_replicas: int
-) -> dict[str, Any]:
+) -> AppConfig:
     return {
         "name": app_name(model.name, pool),
         "route_prefix": None,
@@ -169,15 +236,15 @@ def _backend_app(
     }
 
 
-def build_app_configs(state: DesiredState) -> list[dict[str, Any]]:
+def build_app_configs(state: DesiredState) -> list[AppConfig]:
     """Serve application configs (dicts for ``ServeApplicationSchema``) for `state`."""
     ing = state.serving.ingress
-    apps: list[dict[str, Any]] = [
+    apps: list[AppConfig] = [
         {
             "name": INGRESS_APP,
             "route_prefix": state.serving.route_prefix,
             "import_path": _INGRESS_IMPORT,
-            "args": {},
+            "args": IngressArgs(),
             "logging_config": _logging(state.serving),
             "deployments": [
                 {

@@ -11,7 +11,7 @@ Must not: change anything.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from serve.config import POOLS
 from serve.spec import (
@@ -23,9 +23,66 @@ from serve.spec import (
     desired_from_app_configs,
 )
 
-__all__ = ["STARTING_STATES", "format_status_table", "serve_status", "summarize"]
+__all__ = [
+    "STARTING_STATES",
+    "IngressStatus",
+    "ModelStatus",
+    "PoolStatus",
+    "ReplicaStatus",
+    "ServeStatus",
+    "format_status_table",
+    "serve_status",
+    "summarize",
+]
 
 STARTING_STATES = frozenset({"STARTING", "UPDATING", "RECOVERING", "PENDING_MIGRATION"})
+
+
+class ReplicaStatus(TypedDict):
+    replica_id: str | None
+    state: str
+    """Serve's replica state, upper case without the enum's prefix (``RUNNING``)."""
+    node_id: str
+    node_ip: str | None
+    node_pool: str
+    """The node's pool, ``unknown`` for a node not in the node table."""
+    actor_name: str | None
+
+
+class PoolStatus(TypedDict):
+    target: int
+    running: int
+    starting: int
+    stopping: int
+    weight: float
+    replicas: list[ReplicaStatus]
+
+
+class ModelStatus(TypedDict):
+    min_replicas: int
+    max_replicas: int
+    pools: dict[str, PoolStatus]
+
+
+class IngressStatus(TypedDict):
+    status: str | None
+    target: int | None
+    running: int
+    applied_generation: int | None
+    """The route table generation the ingress deployment's config carries."""
+
+
+class _ServeStatusRequired(TypedDict):
+    deployed: bool
+    generation: int | None
+    ingress: IngressStatus | None
+    models: dict[str, ModelStatus]
+
+
+class ServeStatus(_ServeStatusRequired, total=False):
+    """`serve_status` output (JSON-able); `message` says why Serve could not be read."""
+
+    message: str
 
 
 def _deployment(details: Mapping[str, Any], app: str, name: str) -> Mapping[str, Any] | None:
@@ -40,40 +97,35 @@ def _state(replica: Mapping[str, Any]) -> str:
     return str(replica.get("state", "")).rsplit(".", 1)[-1].upper()
 
 
-def summarize(details: Mapping[str, Any], node_pools: Mapping[str, str]) -> dict[str, Any]:
+def summarize(details: Mapping[str, Any], node_pools: Mapping[str, str]) -> ServeStatus:
     """Per model, per pool status from Serve's details (a dict) and node id -> pool."""
     state = desired_from_app_configs(declarative_configs(details))
     if state is None:
         return {"deployed": False, "generation": None, "ingress": None, "models": {}}
-    models: dict[str, Any] = {}
+    models: dict[str, ModelStatus] = {}
     for model in state.serving.models:
-        pools: dict[str, Any] = {}
+        pools: dict[str, PoolStatus] = {}
         for pool in POOLS:
             dep = _deployment(details, app_name(model.name, pool), BACKEND_DEPLOYMENT)
-            replicas = []
-            counts = {"running": 0, "starting": 0, "stopping": 0}
+            replicas: list[ReplicaStatus] = []
             for r in (dep or {}).get("replicas") or []:
-                st = _state(r)
-                if st == "RUNNING":
-                    counts["running"] += 1
-                elif st in STARTING_STATES:
-                    counts["starting"] += 1
-                elif st == "STOPPING":
-                    counts["stopping"] += 1
                 node_id = str(r.get("node_id") or "")
                 replicas.append(
                     {
                         "replica_id": r.get("replica_id"),
-                        "state": st,
+                        "state": _state(r),
                         "node_id": node_id,
                         "node_ip": r.get("node_ip"),
                         "node_pool": node_pools.get(node_id, "unknown"),
                         "actor_name": r.get("actor_name"),
                     }
                 )
+            states = [r["state"] for r in replicas]
             pools[pool] = {
                 "target": state.target(model.name, pool),
-                **counts,
+                "running": states.count("RUNNING"),
+                "starting": sum(1 for st in states if st in STARTING_STATES),
+                "stopping": states.count("STOPPING"),
                 "weight": state.weight(model.name, pool),
                 "replicas": replicas,
             }
@@ -84,7 +136,7 @@ def summarize(details: Mapping[str, Any], node_pools: Mapping[str, str]) -> dict
         }
     ing = _deployment(details, INGRESS_APP, INGRESS_DEPLOYMENT) or {}
     ing_replicas = ing.get("replicas") or []
-    ingress = {
+    ingress: IngressStatus = {
         "status": str(ing.get("status") or "").rsplit(".", 1)[-1].upper() or None,
         "target": ing.get("target_num_replicas"),
         "running": sum(1 for r in ing_replicas if _state(r) == "RUNNING"),
@@ -100,7 +152,7 @@ def summarize(details: Mapping[str, Any], node_pools: Mapping[str, str]) -> dict
     }
 
 
-def serve_status() -> dict[str, Any]:
+def serve_status() -> ServeStatus:
     """The serving plane's status now (JSON-able). Needs a connected Ray cluster with Serve."""
     from serve.control import ServeNotRunningError, node_pools, read_details
 

@@ -13,7 +13,7 @@ export RAY_USAGE_STATS_ENABLED=0
 set -e
 echo "== ruff"; .venv/bin/ruff check .
 echo "== import-linter (layering)"; .venv/bin/lint-imports
-echo "== mypy --strict policies"; .venv/bin/mypy
+echo "== mypy --strict (the packages in pyproject.toml)"; .venv/bin/mypy
 set +e
 
 log=$(mktemp)
