@@ -11,8 +11,7 @@ Owns `RayJobs`, the Ray side of a job's life:
   trusted by the actor id pinned in the store (`SIGNALS_ACTOR_KEY`), never by its name.
 
 Must not: decide anything about a job or write a job's record (that is `job_runner` and the
-modules it drives); ``ray`` itself is imported only inside the calls that need it (a heavy
-dependency that the unit tests' fakes never load).
+modules it drives). It is the runner's one module that imports ``ray``.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any, Protocol
 
+import ray
 import requests
 
 from controlplane.config import Config
@@ -33,7 +33,7 @@ from controlplane.service.runner import limits
 from controlplane.service.tokens import ensure_token
 from controlplane.store import Store
 from jobs import signals
-from jobs.checkpoint.memory_tiers import DEFAULT_NAMESPACE
+from jobs.checkpoint.memory_tiers import DEFAULT_NAMESPACE, clear_job_memory_tier
 
 __all__ = [
     "MEMORY_TIER_NAMESPACE",
@@ -93,6 +93,8 @@ def dashboard_client(
     ``_do_request`` hands extra keyword arguments to ``requests.request``, so a subclass adds
     ``timeout=(connect, read)`` there (a caller's own ``timeout`` wins). Construction (Ray's
     version check) goes through it too. A timeout raises ``requests.exceptions.Timeout``."""
+    # Deferred: the Job Submission SDK adds ~0.6 s to an import on top of ray, and only a live
+    # controller makes a client (the unit tests' fakes never do).
     from ray.job_submission import JobSubmissionClient
 
     class DashboardClient(JobSubmissionClient):  # type: ignore[misc]
@@ -156,8 +158,6 @@ class RayJobs:
         job again (`job_runner.JobRunner._signals`)."""
         if self._signals is not None:
             return self._signals
-        import ray
-
         pin = self._pinned()
         try:
             found: Any = ray.get_actor(
@@ -205,8 +205,6 @@ class RayJobs:
         return handle
 
     def _signals_call(self, method: str, *args: Any) -> Any:
-        import ray
-
         try:
             handle = self.signals_actor()
             assert self._secret is not None  # set with the handle
@@ -308,13 +306,9 @@ class RayJobs:
 
     def kill_memory_tier(self, job_id: str) -> int:
         """Kill every memory-tier actor of `job_id` (`clear_job_memory_tier`); how many."""
-        from jobs.checkpoint.memory_tiers import clear_job_memory_tier
-
         return clear_job_memory_tier(job_id, namespace=MEMORY_TIER_NAMESPACE)
 
     def _memory_tier_names(self) -> list[str]:
-        import ray
-
         names = []
         for actor in ray.util.list_named_actors(all_namespaces=True):
             name = str(actor.get("name", ""))
