@@ -50,10 +50,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from controlplane.config import Config, load_config  # noqa: E402
 from controlplane.local.cluster import (  # noqa: E402
     LocalCluster,
-    connect,
     free_loopback_ports,
     isolated_overrides,
 )
+from controlplane.ray_connection import connect  # noqa: E402
 from controlplane.sdk import Client, Job  # noqa: E402
 
 EXAMPLE = "jobs.examples.train_mnistlike:train_loop"

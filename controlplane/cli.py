@@ -9,14 +9,27 @@ cluster is not in a state to do it).
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from controlplane.config import Config, ConfigError, load_config, to_yaml
+from controlplane.config import Config, ConfigError, load_config, to_dict, to_yaml
+from controlplane.controller_client import ControllerCallError, NoControllerError, ask_controller
+from controlplane.local.cluster import LocalCluster
+from controlplane.ray_connection import ClusterError, connect
+from controlplane.sdk import ApiError, Client
+from controlplane.store import StoreError
+from controlplane.telemetry.manager import ensure_agents, health_report, inject_fault
+from controlplane.telemetry.readings import TelemetryError
+from controlplane.views import format_health_table, format_table, health_rows, node_rows
+from jobs.spec import JobSpec, SpecError
+from serve.status import format_status_table, serve_status
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -67,8 +80,6 @@ def config_show(config_file: str | None, overrides: tuple[str, ...], as_json: bo
     """Print the merged configuration."""
     cfg = _load(config_file, overrides)
     if as_json:
-        from controlplane.config import to_dict
-
         click.echo(json.dumps(to_dict(cfg), indent=2))
     else:
         click.echo(to_yaml(cfg), nl=False)
@@ -81,9 +92,6 @@ def up(config_file: str | None, overrides: tuple[str, ...]) -> None:
 
     Idempotent: if the cluster already runs, prints what runs and starts nothing.
     """
-    from controlplane.local.cluster import ClusterError, LocalCluster
-    from controlplane.store import StoreError
-
     cfg = _load(config_file, overrides)
     try:
         LocalCluster(cfg).up(echo=click.echo)
@@ -95,15 +103,11 @@ def up(config_file: str | None, overrides: tuple[str, ...]) -> None:
 @_config_options
 def down(config_file: str | None, overrides: tuple[str, ...]) -> None:
     """Stop everything `rcp up` started, and only that."""
-    from controlplane.local.cluster import LocalCluster
-
     cfg = _load(config_file, overrides)
     LocalCluster(cfg).down(echo=click.echo)
 
 
 def _connect_running(cfg: Config) -> Config:
-    from controlplane.local.cluster import ClusterError, LocalCluster, connect
-
     running = LocalCluster(cfg).running_config()
     if running is None:
         _fail(
@@ -125,10 +129,8 @@ def nodes(
     config_file: str | None, overrides: tuple[str, ...], as_json: bool, include_dead: bool
 ) -> None:
     """List nodes: pool (head, cluster, external), GPUs free/total, labels, state."""
-    from controlplane.inventory import format_table, list_nodes
-
     _connect_running(_load(config_file, overrides))
-    rows = list_nodes(include_dead=include_dead)
+    rows = node_rows(include_dead=include_dead)
     if as_json:
         click.echo(json.dumps([r.to_json() for r in rows], indent=2))
     else:
@@ -157,8 +159,8 @@ def demo(config_file: str | None, overrides: tuple[str, ...], keep: bool) -> Non
     checkpoint; 1 when any request failed, the job did not succeed or committed no
     checkpoint, or a step timed out (the reason is printed).
     """
+    # Deferred: the demo reads checkpoints through jobs.checkpoint, which imports torch (heavy).
     from controlplane.demo import run_demo
-    from controlplane.local.cluster import ClusterError
 
     cfg = _load(config_file, overrides)
     try:
@@ -189,9 +191,6 @@ def fault_inject(node: str, kind: str, config_file: str | None, overrides: tuple
 
     NODE is a node id or a unique prefix or suffix of one (as `rcp nodes` shows it).
     """
-    from controlplane.telemetry.manager import ensure_agents, inject_fault
-    from controlplane.telemetry.readings import TelemetryError
-
     cfg = _connect_running(_load(config_file, overrides))
     ensure_agents(cfg)
     try:
@@ -205,10 +204,6 @@ def fault_inject(node: str, kind: str, config_file: str | None, overrides: tuple
 
 def _retry_until_agent_up(call: Callable[[], Any], timeout_s: float = 60.0) -> Any:
     """`call()`, retried while agents just started by this command are still coming up."""
-    import time
-
-    from controlplane.telemetry.readings import TelemetryError
-
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -229,60 +224,14 @@ def health_cmd(config_file: str | None, overrides: tuple[str, ...], as_json: boo
     (the ones it acts on, lemon records included; "cordoned" marks nodes it took out) when it
     runs, else each node is judged here on the samples its agent keeps.
     """
-    from controlplane.inventory import controller_verdicts
-    from controlplane.telemetry.manager import ensure_agents, health_report, verdict_json
-
     cfg = _connect_running(_load(config_file, overrides))
     refs = ensure_agents(cfg)
     judged, _state, latest = health_report(cfg.health)
-    verdicts: dict[str, dict[str, Any]] = {n: verdict_json(v) for n, v in judged.items()}
-    for node_id, v in (controller_verdicts() or {}).items():
-        verdicts[node_id] = {
-            **v,
-            "details": [*v["details"], *(["cordoned"] if v["cordoned"] else [])],
-        }
-    rows = []
-    for ref in refs:
-        v = verdicts.get(ref.node_id)
-        s = latest.get(ref.node_id, {})
-        temps = [g["temp_c"] for g in s.get("gpus", []) if g.get("temp_c") is not None]
-        row = (
-            dict(v)
-            if v
-            else {
-                "node_id": ref.node_id,
-                "verdict": "unknown",
-                "reasons": [],
-                "details": ["no samples yet"],
-                "lemon": False,
-            }
-        )
-        row.update(
-            pool=ref.pool,
-            gpu_temp_max_c=max(temps) if temps else None,
-            faults=s.get("faults", []),
-            sampled_s=s.get("sampled_s"),
-        )
-        rows.append(row)
+    rows = health_rows(refs, judged, latest)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    lines = [("NODE", "POOL", "HEALTH", "MAX TEMP C", "REASONS", "DETAILS")]
-    for r in rows:
-        temp = "-" if r["gpu_temp_max_c"] is None else f"{r['gpu_temp_max_c']:.1f}"
-        lines.append(
-            (
-                r["node_id"][-12:],
-                r["pool"],
-                r["verdict"],
-                temp,
-                ",".join(r["reasons"]) or "-",
-                "; ".join(r["details"]),
-            )
-        )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    for line in lines:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+    click.echo(format_health_table(rows))
 
 
 def _no_controller_actor(cfg: Config) -> str:
@@ -299,18 +248,13 @@ def _no_controller_actor(cfg: Config) -> str:
 def _ask_controller(cfg: Config, method: str, *args: Any) -> Any:
     """Call `method` on the running local cluster's controller actor; exits with a clear
     message when there is none (Kubernetes runs it in-process) or when the call raised."""
-    import ray
-
-    from controlplane.service.controller import get_controller
-
     _connect_running(cfg)
-    handle = get_controller()
-    if handle is None:
-        _fail(_no_controller_actor(cfg))
     try:
-        return ray.get(getattr(handle, method).remote(*args), timeout=30)
-    except ray.exceptions.RayTaskError as exc:
-        _fail(str(getattr(exc, "cause", None) or exc), code=2)
+        return ask_controller(method, *args)
+    except NoControllerError:
+        _fail(_no_controller_actor(cfg))
+    except ControllerCallError as exc:
+        _fail(str(exc), code=2)
 
 
 @cli.command("health-clear")
@@ -342,8 +286,6 @@ def health_breaker(
     events): many nodes failing at once is more often an exporter or driver rollout than
     hardware. A reset lifts the latch, not the rate limit: removals in the window still count.
     """
-    import time
-
     cfg = _load(config_file, overrides)
     state = _ask_controller(cfg, "reset_breaker" if reset else "breaker_status")
     if as_json:
@@ -383,6 +325,7 @@ def uncordon(kube_node: str, config_file: str | None, overrides: tuple[str, ...]
     node; other taints stay. Needs `kubernetes.enabled=true` and API access (kubeconfig or
     in-cluster).
     """
+    # Deferred: controlplane.kube imports the kubernetes client (heavy, production only).
     from controlplane.kube import KubernetesActuatorError, from_config
 
     cfg = _load(config_file, overrides)
@@ -409,8 +352,6 @@ def serve_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def serve_status_cmd(config_file: str | None, overrides: tuple[str, ...], as_json: bool) -> None:
     """Per model and pool: target, running, starting, stopping replicas, route weights, nodes."""
-    from serve.status import format_status_table, serve_status
-
     _connect_running(_load(config_file, overrides))
     data = serve_status()
     if as_json:
@@ -449,8 +390,6 @@ def _client_options(func: F) -> F:
 
 
 def _client(url: str | None, state_dir: str | None) -> Any:
-    from controlplane.sdk import ApiError, Client
-
     if state_dir is None:
         config_file = click.get_current_context().meta.get("rcp.config_file")
         state_dir = str(_load(config_file, ()).state_path)
@@ -462,8 +401,6 @@ def _client(url: str | None, state_dir: str | None) -> Any:
 
 def _api(call: Callable[[], Any]) -> Any:
     """Run an SDK call; an API refusal prints the server's message and exits 2 (bad input) or 1."""
-    from controlplane.sdk import ApiError
-
     try:
         return call()
     except ApiError as exc:
@@ -608,12 +545,6 @@ def submit(
     torch.distributed script runs unchanged. --max-restarts and --stall-timeout-s override a
     JOB.yaml's values too.
     """
-    import re
-    import shlex
-    from pathlib import Path
-
-    from jobs.spec import JobSpec, SpecError
-
     payload: dict[str, Any]
     if len(args) == 1 and workers is None and args[0].endswith((".yaml", ".yml")):
         path = Path(args[0])
@@ -751,15 +682,13 @@ def events(
     as_json: bool,
 ) -> None:
     """The control plane's event log: state changes, admissions, preemptions."""
-    import time as _time
-
     client = _client(url, state_dir)
     evs = _api(lambda: client.events(after=after, job_id=job_id, limit=limit))
     if as_json:
         click.echo(json.dumps(evs, indent=2))
         return
     for e in evs:
-        when = _time.strftime("%H:%M:%S", _time.localtime(e["at_s"]))
+        when = time.strftime("%H:%M:%S", time.localtime(e["at_s"]))
         click.echo(f"{e['seq']:>6}  {when}  {e['kind']:<24} {e['message']}")
 
 

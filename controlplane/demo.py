@@ -31,10 +31,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane.config import Config
-from controlplane.inventory import format_table, list_nodes
-from controlplane.local.cluster import ClusterError, LocalCluster, connect
+from controlplane.local.cluster import LocalCluster
+from controlplane.ray_connection import ClusterError, connect
+from controlplane.sdk import Client
 from controlplane.storage import bucket_of, s3_client
+from controlplane.views import format_table, node_rows
 from jobs.checkpoint.layout import MANIFEST_NAME, step_of_key
+from serve.status import serve_status
 
 Echo = Callable[[str], None]
 
@@ -212,8 +215,6 @@ def committed_steps(objects: list[StoredObject]) -> list[int]:
 
 
 def _serve_line(model: str) -> str:
-    from serve.status import serve_status
-
     pools = serve_status()["models"][model]["pools"]
     return ", ".join(
         f"{pool}: {p['running']} running (target {p['target']}, weight {p['weight']:.2f})"
@@ -233,9 +234,6 @@ def _wait(check: Callable[[], bool], timeout_s: float, what: str) -> None:
 def run_demo(cfg: Config, keep: bool = False, echo: Echo = print) -> DemoResult:
     """Run the story (the module docstring) and return what it measured. Raises ClusterError
     when a step cannot finish (the cluster is still taken down unless `keep`)."""
-    from controlplane.sdk import Client
-    from serve.status import serve_status
-
     cluster = LocalCluster(cfg)
     _section(echo, "up")
     cluster.up(echo=echo)
@@ -244,7 +242,7 @@ def run_demo(cfg: Config, keep: bool = False, echo: Echo = print) -> DemoResult:
         running = cluster.running_config() or cfg
         connect(running)
         _section(echo, "nodes")
-        echo(format_table(list_nodes()))
+        echo(format_table(node_rows()))
 
         if not running.serve.deploy_app or not running.serving.models:
             echo("serving is off (serve.deploy_app=false or no models): nothing more to show")
@@ -282,7 +280,7 @@ def run_demo(cfg: Config, keep: bool = False, echo: Echo = print) -> DemoResult:
         _wait(lambda: client.status(job.id).state in {"RUNNING", "SUCCEEDED"}, 600, "the gang")
         echo(f"job {job.id}: {client.status(job.id).state}")
         echo(_serve_line(model))
-        echo(format_table(list_nodes()))
+        echo(format_table(node_rows()))
 
         final = client.wait(job.id, timeout_s=600, poll_s=2.0)
         echo(f"job {job.id}: {final.state}")

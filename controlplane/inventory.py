@@ -82,66 +82,10 @@ def attach_telemetry(
     return out
 
 
-def controller_health(timeout_s: float = 5.0) -> dict[str, Any] | None:
-    """The policy actor's `health()` (the verdicts it acts on, cordoned nodes), or None when
-    no controller actor runs or it does not answer in time. Local mode only: on Kubernetes
-    the controller runs in-process in the head pod's rcp-controller container and there is
-    no actor to ask, so this is None there."""
-    import ray
-
-    from controlplane.service.controller import get_controller
-
-    handle = get_controller()
-    if handle is None:
-        return None
-    try:
-        result: dict[str, Any] = ray.get(handle.health.remote(), timeout=timeout_s)
-    except Exception:
-        return None
-    return result
-
-
-def controller_verdicts() -> dict[str, dict[str, Any]] | None:
-    """The verdicts the controller acts on, as JSON rows by node id (`verdict_json` fields
-    plus ``cordoned``: it took the node out), or None when no controller answers."""
-    acting = controller_health()
-    if acting is None:
-        return None
-    out = {n: {**v, "cordoned": False} for n, v in acting["verdicts"].items()}
-    for node_id in acting["cordoned"]:
-        if node_id in out:
-            out[node_id]["cordoned"] = True
-    return out
-
-
-def _with_telemetry(rows: list[NodeRow]) -> list[NodeRow]:
-    from controlplane.telemetry.manager import collect_summaries, find_agents, health_report
-
-    if not find_agents():
-        return rows
-    acting = controller_verdicts()
-    if acting is not None:  # the verdicts the controller acts on (lemons, cordons included)
-        verdicts = {
-            n: (
-                str(v["verdict"]),
-                [*map(str, v["reasons"]), *(["cordoned"] if v["cordoned"] else [])],
-            )
-            for n, v in acting.items()
-        }
-        return attach_telemetry(rows, collect_summaries(timeout_s=2.0), verdicts)
-    # No controller: judge here. A short window keeps this cheap; it covers a hot streak and a
-    # recovery at the defaults.
-    judged, _state, latest = health_report(max_samples=8, timeout_s=2.0)
-    return attach_telemetry(
-        rows,
-        latest,
-        {n: (v.verdict.value, [r.value for r in v.reasons]) for n, v in judged.items()},
-    )
-
-
-def list_nodes(include_dead: bool = False, telemetry: bool = True) -> list[NodeRow]:
-    """Nodes as rows; with `telemetry` (default) and agents running, health columns too."""
-    import ray
+def list_nodes(include_dead: bool = False) -> list[NodeRow]:
+    """Nodes as Ray sees them now, as rows (the health columns empty: `attach_telemetry`
+    fills them; `controlplane.views.node_rows` does it for the CLI)."""
+    import ray  # deferred: heavy; the caller is a connected driver
 
     available = ray._private.state.available_resources_per_node()
     rows = []
@@ -166,54 +110,4 @@ def list_nodes(include_dead: bool = False, telemetry: bool = True) -> list[NodeR
         )
     order = {Pool.HEAD.value: 0, Pool.CLUSTER.value: 1, Pool.EXTERNAL.value: 2}
     rows.sort(key=lambda r: (order.get(r.pool, 3), r.state != "ALIVE", r.node_id))
-    return _with_telemetry(rows) if telemetry else rows
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def format_table(rows: list[NodeRow]) -> str:
-    header: tuple[str, ...] = (
-        "NODE",
-        "POOL",
-        "STATE",
-        "GPU FREE/TOTAL",
-        "CPU FREE/TOTAL",
-        "ADDRESS",
-        "LABELS",
-    )
-    with_health = any(r.health is not None for r in rows)
-    if with_health:
-        header = header[:3] + ("HEALTH", "MAX TEMP C", "TENSOR", "IB ERR/S") + header[3:]
-    lines = [header]
-    for r in rows:
-        labels = ",".join(f"{k}={v}" for k, v in sorted(r.labels.items()))
-        row: tuple[str, ...] = (
-            r.node_id[-12:],
-            r.pool,
-            r.state,
-            f"{r.gpus_free:g}/{r.gpus_total:g}",
-            f"{r.cpus_free:g}/{r.cpus_total:g}",
-            r.address,
-            labels,
-        )
-        if with_health:
-            health = r.health or "-"
-            if r.health_reasons:
-                health += f" ({','.join(r.health_reasons)})"
-            row = (
-                row[:3]
-                + (
-                    health,
-                    _fmt(r.gpu_temp_max_c, ".1f"),
-                    _fmt(r.tensor_active_ratio, ".0%"),
-                    _fmt(r.ib_errors_per_s, ".3g"),
-                )
-                + row[3:]
-            )
-        lines.append(row)
-    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in lines
-    )
+    return rows

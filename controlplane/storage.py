@@ -31,7 +31,7 @@ STORAGE_READ_TIMEOUT_S = 15.0
 
 
 def s3_client(cfg: Config, endpoint_url: str | None = None) -> Any:
-    import boto3
+    import boto3  # deferred: boto3 is heavy and optional here
     from botocore.config import Config as BotoConfig
 
     endpoint = endpoint_url or cfg.storage_endpoint_url
@@ -66,7 +66,7 @@ def ensure_bucket(cfg: Config, endpoint_url: str | None = None) -> str:
 def check_bucket(client: Any, bucket: str) -> str | None:
     """None when `bucket` exists and these credentials reach it, else why not (a sentence).
     Raises for anything else (storage unreachable), which is not the bucket's fault."""
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import ClientError  # deferred: botocore is heavy and optional here
 
     try:
         client.head_bucket(Bucket=bucket)

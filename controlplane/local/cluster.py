@@ -22,9 +22,7 @@ types are the RayCluster's worker groups; `cluster` has min = max replicas, `ext
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
 import os
 import secrets
 import shutil
@@ -42,19 +40,24 @@ import yaml
 
 from controlplane.config import Config, from_dict, to_dict
 from controlplane.local.processes import CLUSTER_ID_ENV, stop_cluster_processes
+from controlplane.local.prometheus import LocalPrometheus, PrometheusError
 from controlplane.pools import JOB_DRIVER_RESOURCE, POOL_LABEL, Pool, pool_resource
+from controlplane.ray_connection import (
+    RAY_AUTH_TOKEN_ENV,
+    ClusterError,
+    connect,
+    gcs_address,
+    ray_auth_env,
+    ray_temp_dir,
+    ray_token_path,
+)
+from controlplane.service.controller import deploy
 from controlplane.statefiles import narrow_private, private_dir, private_umask, write_private
-from controlplane.storage import EMBEDDED_ACCESS_KEY, EMBEDDED_SECRET_KEY
+from controlplane.storage import EMBEDDED_ACCESS_KEY, EMBEDDED_SECRET_KEY, ensure_bucket
 
 Echo = Callable[[str], None]
 
 STATE_FILE = "local-cluster.json"
-# The Ray token `up` generates (hex, 256 bits); Ray reads it from the file RAY_AUTH_TOKEN_PATH
-# names. RAY_AUTH_TOKEN (the value itself) would take precedence, so it is never passed on.
-RAY_TOKEN_FILE = "ray-token"
-RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
-RAY_AUTH_TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
-RAY_AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
 # The fake provider names the head's node type this way; the autoscaler requires it.
 HEAD_NODE_TYPE = "ray.head.default"
 # ...and reserves this node id for it.
@@ -65,38 +68,10 @@ POOL_RESOURCE_UNITS = 1000
 JOB_DRIVER_SLOTS_PER_NODE = 16
 
 
-class ClusterError(RuntimeError):
-    """The local cluster cannot be started or reached; the message says what to do."""
-
-
 @dataclass(frozen=True)
 class Endpoint:
     name: str
     url: str
-
-
-def ray_temp_dir(cfg: Config) -> Path:
-    """Ray's temp dir for this state dir. Short, because Ray puts unix sockets under it."""
-    digest = hashlib.sha1(str(cfg.state_path.resolve()).encode()).hexdigest()[:10]
-    return Path("/tmp") / f"rcp-{digest}"
-
-
-def gcs_address(cfg: Config) -> str:
-    return f"{cfg.ray.node_ip}:{cfg.ray.gcs_port}"
-
-
-def ray_token_path(cfg: Config) -> Path:
-    """The file holding the running local cluster's Ray token (0600)."""
-    return cfg.state_path / RAY_TOKEN_FILE
-
-
-def ray_auth_env(token_path: Path) -> dict[str, str]:
-    """What a process needs in its environment to reach a token-auth cluster: the mode and the
-    token's file (absolute, so children with another working dir find it), not the token."""
-    return {
-        RAY_AUTH_MODE_ENV: "token",
-        RAY_AUTH_TOKEN_PATH_ENV: str(token_path.resolve()),
-    }
 
 
 def autoscaler_config(cfg: Config) -> dict[str, Any]:
@@ -225,45 +200,6 @@ def _wait_until(
     raise ClusterError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
-def use_ray_token(token_path: Path) -> None:
-    """Make this process (and the processes it starts) authenticate to Ray with the token in
-    `token_path`. Raises ClusterError when there is no token to use."""
-    if not token_path.is_file():
-        raise ClusterError(
-            f"no Ray token at {token_path}: the local cluster was not started by this version "
-            "of `rcp up`; run `rcp down` and `rcp up` again"
-        )
-    os.environ.pop(RAY_AUTH_TOKEN_ENV, None)
-    os.environ.update(ray_auth_env(token_path))
-    # Ray caches its config (auth mode included) and the token per process; a process that
-    # imported Ray before, or talked to another cluster, must re-read both. This is what Ray's
-    # own `ray start` does when it turns token auth on.
-    # (ray._raylet is compiled; its stub file does not list these.)
-    from ray._raylet import AuthenticationTokenLoader  # type: ignore[attr-defined]
-    from ray._raylet import Config as RayConfig  # type: ignore[attr-defined]
-
-    RayConfig.initialize("")
-    AuthenticationTokenLoader.instance().reset_cache()
-
-
-def connect(cfg: Config, address: str | None = None) -> None:
-    """Connect this process to the local cluster as a Ray driver (no-op if connected), with
-    the cluster's Ray token."""
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    import ray
-
-    if ray.is_initialized():
-        return
-    use_ray_token(ray_token_path(cfg))
-    ray.init(
-        address=address or gcs_address(cfg),
-        _node_ip_address=cfg.ray.node_ip,
-        namespace="rcp",
-        logging_level=logging.ERROR,
-        log_to_driver=False,
-    )
-
-
 class LocalCluster:
     """One embedded cluster per state dir. Methods are safe to call repeatedly."""
 
@@ -381,8 +317,6 @@ class LocalCluster:
             announce(Endpoint("serve", f"http://{self.cfg.ray.node_ip}:{self.cfg.serve.http_port}"))
             if self.cfg.serve.deploy_app:
                 self._deploy_serving(echo)
-            from controlplane.service.controller import deploy
-
             announce(Endpoint("api", deploy(self.cfg)))
             if self.cfg.observability.prometheus:
                 prometheus = self._start_prometheus(env, echo)
@@ -457,8 +391,6 @@ class LocalCluster:
         dir), the telemetry agents (the controller rewrites their target list as agents come
         and go) and loads the alert rules.
         """
-        from controlplane.observability import LocalPrometheus, PrometheusError
-
         host, port = self.cfg.ray.node_ip, self.cfg.observability.prometheus_port
         if _port_in_use(host, port):
             echo(
@@ -512,8 +444,6 @@ class LocalCluster:
         log.close()
         _wait_until(lambda: _port_in_use(host, port), 30, f"the object store on {host}:{port}")
         endpoint_url = f"http://{host}:{port}"
-        from controlplane.storage import ensure_bucket
-
         ensure_bucket(self.cfg, endpoint_url=endpoint_url)
         return Endpoint("storage", endpoint_url)
 
@@ -569,7 +499,7 @@ class LocalCluster:
             raise ClusterError(f"`ray start --head` failed (exit {proc.returncode}):\n{tail}")
 
     def _wait_for_cluster_pool(self) -> None:
-        import ray
+        import ray  # deferred: ray is heavy and optional here
 
         want = self.cfg.pools.cluster.num_nodes
 
@@ -584,7 +514,7 @@ class LocalCluster:
         _wait_until(ready, self.cfg.ray.ready_timeout_s, f"{want} `cluster` pool node(s) to join")
 
     def _start_serve(self) -> None:
-        from ray import serve
+        from ray import serve  # deferred: ray is heavy and optional here
 
         serve.start(
             # The proxy runs on the head only: every simulated node shares 127.0.0.1, so
@@ -596,7 +526,7 @@ class LocalCluster:
 
     def _deploy_serving(self, echo: Echo) -> None:
         """Deploy (or update) the production Serve app; keeps deployed targets and weights."""
-        from serve import operations
+        from serve import operations  # deferred: it imports ray and ray.serve (heavy)
 
         state = operations.deploy(self.cfg.serving, wait=True)
         for m in self.cfg.serving.models:
@@ -616,7 +546,7 @@ class LocalCluster:
 
     def _stop(self, state: dict[str, Any], echo: Echo) -> int:
         try:
-            import ray
+            import ray  # deferred: ray is heavy and optional here
 
             if ray.is_initialized():
                 ray.shutdown()

@@ -45,7 +45,6 @@ import collections
 import dataclasses
 import logging
 import math
-import os
 import threading
 import time
 import urllib.request
@@ -54,6 +53,7 @@ from typing import Any
 
 from controlplane.config import Config, from_dict, to_dict
 from controlplane.pools import Pool, pool_resource
+from controlplane.ray_connection import connect, ray_connection_env
 from controlplane.service import reliability
 from controlplane.service.job_metrics import GpuHoursMeter, JobMetrics
 from controlplane.service.tokens import ensure_token, write_url
@@ -400,7 +400,7 @@ class Controller:
         self.runner.reconcile()
         jobs = self.store.list_jobs(states=[JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING])
         self._active_jobs = jobs
-        snapshot = build_snapshot(time.time(), list_nodes(telemetry=False), jobs)
+        snapshot = build_snapshot(time.time(), list_nodes(), jobs)
         draining = set(self.remediator.nodes.draining())
         self._draining = draining
         nodes = tuple(
@@ -506,9 +506,9 @@ class Controller:
         if agent_nodes == self._prometheus_targets or now < self._prometheus_next_s:
             return
         self._prometheus_next_s = now + PROMETHEUS_REFRESH_S
-        from controlplane.observability import LocalPrometheus, write_telemetry_targets
+        from controlplane.observability import telemetry_targets_file, write_telemetry_targets
 
-        path = LocalPrometheus.for_cluster(self.cfg).telemetry_sd_file
+        path = telemetry_targets_file(self.cfg)
         groups = write_telemetry_targets(path, timeout_s=self.cfg.policy.tick_s)
         self._prometheus_targets = {g["labels"]["rcp_node"] for g in groups}
 
@@ -638,12 +638,6 @@ class Controller:
         self.api.stop()
 
 
-RAY_CONNECTION_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
-"""How this process reaches Ray; the actor and the jobs it starts must reach it the same way.
-The token travels as its file's path, never as `RAY_AUTH_TOKEN`: a job's runtime env (and so
-every value here) is shown in the dashboard's Jobs tab."""
-
-
 def tick_stalled(last_start_s: float, now_s: float, tick_s: float) -> str | None:
     """Why the tick loop counts as stalled, or None: the last tick (or, before the first,
     the controller's start) began more than ``max(TICK_STALL_TICKS * tick_s,
@@ -657,12 +651,6 @@ def tick_stalled(last_start_s: float, now_s: float, tick_s: float) -> str | None
         f"{limit_s:g}s = max({TICK_STALL_TICKS} x policy.tick_s, {TICK_STALL_MIN_S:g}s)); "
         "a tick phase hangs or the loop died: see the controller's log"
     )
-
-
-def ray_connection_env() -> dict[str, str]:
-    """The caller's `RAY_CONNECTION_ENV` values that are set: local mode sets token auth, the
-    token's file and loopback; on KubeRay the pod's own settings pass through unchanged."""
-    return {k: os.environ[k] for k in RAY_CONNECTION_ENV if k in os.environ}
 
 
 def _event_key(action: Any) -> tuple[str, ...]:
@@ -736,15 +724,13 @@ def _healthy(url: str) -> bool:
 def deploy(cfg: Config, timeout_s: float = 120.0) -> str:
     """Create (or find) the controller actor, wait until its API answers, return the API URL.
 
-    The caller is a connected Ray driver (`controlplane.local.cluster.connect`). StoreError
+    The caller is a connected Ray driver (`controlplane.ray_connection.connect`). StoreError
     (its message names the file and what to do) when the actor cannot open the job store; the
     actor is then removed, so the next deploy, once the file is fixed, opens it again.
     """
     import ray
 
     if not ray.is_initialized():
-        from controlplane.local.cluster import connect
-
         connect(cfg)
     token = ensure_token(cfg.state_path)
     actor_cls: Any = ray.remote(Controller)

@@ -191,7 +191,7 @@ class ServingLoop:
             jobs = self.store.list_jobs(
                 states=[JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING]
             )
-            snapshot = build_snapshot(now, list_nodes(telemetry=False), jobs)
+            snapshot = build_snapshot(now, list_nodes(), jobs)
             if shared is not None:  # the last nodes health took out still are
                 out = {n.node_id for n in shared.nodes if not n.healthy}
                 nodes = tuple(

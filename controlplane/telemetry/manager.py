@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from controlplane.config import Config, HealthConfig, to_dict
 from controlplane.pools import pool_of
 from controlplane.telemetry.readings import TelemetryError
+from controlplane.telemetry.verdicts import judge
 from policies.health import HealthState, NodeVerdict
 
 __all__ = [
@@ -123,14 +124,14 @@ def vet_agents(
 
 
 def _alive_nodes() -> list[dict[str, Any]]:
-    import ray
+    import ray  # deferred: ray is heavy and optional here
 
     nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
     return [n for n in nodes if n.get("Alive")]
 
 
 def _named_agents() -> dict[str, tuple[str, Any]]:
-    import ray
+    import ray  # deferred: ray is heavy and optional here
 
     handles: dict[str, tuple[str, Any]] = {}
     for entry in ray.util.list_named_actors(all_namespaces=True):
@@ -160,7 +161,7 @@ class RayAgentCluster:
         return _alive_nodes()
 
     def available(self) -> dict[str, dict[str, float]]:
-        import ray
+        import ray  # deferred: ray is heavy and optional here
 
         return dict(ray._private.state.available_resources_per_node())  # type: ignore[no-untyped-call]
 
@@ -168,9 +169,10 @@ class RayAgentCluster:
         return _named_agents()
 
     def create(self, node_id: str, args: tuple[Any, ...], reuse: bool) -> str | None:
-        import ray
+        import ray  # deferred: ray is heavy and optional here
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        # Deferred: the agent imports prometheus_client (heavy); only starting one needs it.
         from controlplane.telemetry.agent import TelemetryAgent
 
         try:
@@ -194,12 +196,12 @@ class RayAgentCluster:
         return str(handle._actor_id.hex())
 
     def kill(self, handle: Any) -> None:
-        import ray
+        import ray  # deferred: ray is heavy and optional here
 
         ray.kill(handle, no_restart=True)
 
     def controller_running(self) -> bool:
-        import ray
+        import ray  # deferred: ray is heavy and optional here
 
         try:
             ray.get_actor(CONTROLLER_ACTOR, namespace=NAMESPACE)
@@ -291,7 +293,7 @@ def ensure_agents(
 
 def stop_agent(node_id: str) -> bool:
     """Stop the agent on `node_id` (a drained node goes once nothing runs there)."""
-    import ray
+    import ray  # deferred: ray is heavy and optional here
 
     handle = find_agents().get(node_id)
     if handle is None:
@@ -302,7 +304,7 @@ def stop_agent(node_id: str) -> bool:
 
 def _gather(calls: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """ray.get each call by node id; nodes that fail or do not answer in time are left out."""
-    import ray
+    import ray  # deferred: ray is heavy and optional here
 
     if not calls:
         return {}
@@ -383,7 +385,7 @@ def resolve_node_id(node: str, node_ids: Iterable[str]) -> str:
 
 def inject_fault(node_id: str, kind: str, timeout_s: float = 30.0) -> dict[str, Any]:
     """Inject `kind` into the simulated source of `node_id`'s agent (prefix or suffix works)."""
-    import ray
+    import ray  # deferred: ray is heavy and optional here
 
     handles = find_agents()
     node_id = resolve_node_id(node_id, handles)
@@ -398,7 +400,7 @@ def inject_fault(node_id: str, kind: str, timeout_s: float = 30.0) -> dict[str, 
 
 def _running_health_config(timeout_s: float) -> HealthConfig:
     """The `health` section the agents were started with (defaults if none says)."""
-    import ray
+    import ray  # deferred: ray is heavy and optional here
     from omegaconf import OmegaConf
 
     for handle in find_agents().values():  # any one agent will do
@@ -427,8 +429,6 @@ def health_report(
     (the CLI) the verdict reflects the last `max_samples` samples the agents keep (all when
     None); lemon records and staleness need the policy actor's stored state.
     """
-    from controlplane.telemetry.verdicts import judge
-
     if health is None:
         health = _running_health_config(timeout_s)
     samples = collect_samples(max_samples=max_samples, timeout_s=timeout_s)

@@ -14,12 +14,8 @@ from typing import TypeVar
 import pytest
 
 from controlplane.config import Config, load_config
-from controlplane.local.cluster import (
-    LocalCluster,
-    free_loopback_ports,
-    isolated_overrides,
-    ray_token_path,
-)
+from controlplane.local.cluster import LocalCluster, free_loopback_ports, isolated_overrides
+from controlplane.ray_connection import ray_token_path
 
 T = TypeVar("T")
 

@@ -24,8 +24,8 @@ from click.testing import CliRunner
 
 from controlplane.cli import cli
 from controlplane.config import Config
-from controlplane.local.cluster import connect
-from controlplane.observability import LocalPrometheus
+from controlplane.local.prometheus import LocalPrometheus
+from controlplane.ray_connection import connect
 from controlplane.sdk import Client
 from tests.integration.conftest import free_ports, start_local_cluster, wait_for
 

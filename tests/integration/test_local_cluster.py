@@ -140,7 +140,7 @@ def test_job_drivers_can_land_on_cluster_workers_only(cluster: tuple[list[str], 
     script = f"""
 import json, ray
 from controlplane.config import load_config
-from controlplane.local.cluster import connect
+from controlplane.ray_connection import connect
 connect(load_config(None, {overrides!r}))
 print(json.dumps([
     [n["Labels"].get("pool"), n["Resources"].get({JOB_DRIVER_RESOURCE!r}, 0)]
@@ -249,7 +249,7 @@ def test_external_demand_adds_a_node_within_60s_which_leaves_when_idle(
     script = f"""
 import json, time, ray
 from controlplane.config import load_config
-from controlplane.local.cluster import connect
+from controlplane.ray_connection import connect
 connect(load_config(None, {overrides!r}))
 
 @ray.remote(num_gpus=1, resources={{"pool_external": 1}})
@@ -287,7 +287,7 @@ def test_the_controller_runs_in_process_as_on_kubernetes(
     serves the API and runs a job to SUCCEEDED, with no controller actor. Runs last on this
     cluster: it takes the actor's store over."""
     from controlplane.config import to_yaml
-    from controlplane.local.cluster import ray_auth_env, ray_token_path
+    from controlplane.ray_connection import ray_auth_env, ray_token_path
     from controlplane.sdk import Client
     from tests.integration.conftest import free_ports, wait_for
 
@@ -340,7 +340,7 @@ def test_the_controller_runs_in_process_as_on_kubernetes(
         script = f"""
 import ray
 from controlplane.config import load_config
-from controlplane.local.cluster import connect
+from controlplane.ray_connection import connect
 from controlplane.service.controller import get_controller
 connect(load_config(None, {overrides!r}))
 print("actor" if get_controller() is not None else "no-actor")

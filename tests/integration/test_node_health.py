@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from controlplane.config import Config
-from controlplane.local.cluster import connect
+from controlplane.ray_connection import connect
 from controlplane.sdk import Client
 from controlplane.store import Store
 from controlplane.telemetry import manager

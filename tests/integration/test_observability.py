@@ -25,13 +25,10 @@ import pytest
 import requests
 
 from controlplane.config import Config
-from controlplane.local.cluster import _port_in_use, connect
-from controlplane.observability import (
-    LocalPrometheus,
-    for_query,
-    load_dashboards,
-    panel_expressions,
-)
+from controlplane.local.cluster import _port_in_use
+from controlplane.local.prometheus import LocalPrometheus
+from controlplane.observability import for_query, load_dashboards, panel_expressions
+from controlplane.ray_connection import connect
 from controlplane.sdk import Client
 from controlplane.telemetry import manager
 from tests.integration.conftest import free_ports, ray_auth_headers, start_local_cluster, wait_for

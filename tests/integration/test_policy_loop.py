@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from controlplane.config import Config
-from controlplane.local.cluster import connect
+from controlplane.ray_connection import connect
 from controlplane.sdk import Client
 from tests.integration.conftest import start_local_cluster, two_replica_sample_config, wait_for
 from tests.integration.test_serve_plane import Load

@@ -238,7 +238,7 @@ def test_health_actions_are_logged_once_while_their_live_figures_change() -> Non
 def test_the_controller_and_its_jobs_reach_ray_the_way_the_deployer_does(
     monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: dict[str, str]
 ) -> None:
-    from controlplane.service.controller import RAY_CONNECTION_ENV, ray_connection_env
+    from controlplane.ray_connection import RAY_CONNECTION_ENV, ray_connection_env
 
     for key in RAY_CONNECTION_ENV:
         monkeypatch.delenv(key, raising=False)

@@ -15,8 +15,8 @@ import ray
 from click.testing import CliRunner
 
 from controlplane import cli as cli_module
+from controlplane import controller_client
 from controlplane.config import HealthConfig, load_config, to_dict
-from controlplane.service import controller as controller_module
 from controlplane.service.controller import BREAKER_KEY, Controller
 from controlplane.service.remediation import Breaker, Remediator
 from controlplane.telemetry.dcgm import DcgmSource
@@ -318,7 +318,7 @@ def test_rcp_health_breaker(
         reset_breaker = Method("reset_breaker")
 
     monkeypatch.setattr(cli_module, "_connect_running", lambda cfg: cfg)
-    monkeypatch.setattr(controller_module, "get_controller", lambda: Handle())
+    monkeypatch.setattr(controller_client, "get_controller", lambda: Handle())
     monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
     result = CliRunner().invoke(cli_module.cli, ["health-breaker", *args])
     assert result.exit_code == 0, result.output

@@ -13,9 +13,9 @@ from controlplane.local.cluster import (
     JOB_DRIVER_SLOTS_PER_NODE,
     LocalCluster,
     autoscaler_config,
-    ray_temp_dir,
 )
 from controlplane.pools import JOB_DRIVER_RESOURCE
+from controlplane.ray_connection import ray_temp_dir
 
 
 def test_node_types_carry_pool_as_label_and_resource() -> None:

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from controlplane.config import ConfigError, load_config
-from controlplane.local.cluster import (
+from controlplane.local.cluster import LocalCluster
+from controlplane.ray_connection import (
     RAY_AUTH_TOKEN_ENV,
     ClusterError,
-    LocalCluster,
     ray_token_path,
     use_ray_token,
 )

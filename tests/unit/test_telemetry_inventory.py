@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.inventory import NodeRow, attach_telemetry, format_table
+from controlplane.inventory import NodeRow, attach_telemetry
 from controlplane.telemetry.manager import resolve_node_id
 from controlplane.telemetry.readings import TelemetryError
+from controlplane.views import format_table
 
 
 def row(node_id: str) -> NodeRow:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from controlplane.config import Config
+from controlplane.ray_connection import ray_connection_env
 from controlplane.service import reliability
 from controlplane.service.runner.background import SubmitBusy, _Submissions
 from controlplane.service.runner.ends import AttemptEnds
@@ -215,8 +216,6 @@ class Launcher:
             log.error("could not stop late submission %s: %s", sid, exc)
 
     def _ray_job(self, job: JobRecord) -> tuple[str, dict[str, Any]]:
-        from controlplane.service.controller import ray_connection_env
-
         s = job.spec
         c = s.checkpoint
         env: dict[str, str] = {
