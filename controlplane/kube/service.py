@@ -130,7 +130,7 @@ class NodeActionCap:
 # --- input checks ---------------------------------------------------------------------------
 
 
-def _fields(body: Any, *names: str) -> dict[str, Any]:
+def _fields(body: object, *names: str) -> dict[str, object]:
     if not isinstance(body, dict):
         raise Refusal(400, "the body must be a JSON object")
     unknown = sorted(set(body) - set(names))
@@ -144,7 +144,7 @@ def _fields(body: Any, *names: str) -> dict[str, Any]:
     return body
 
 
-def _name(what: str, value: Any) -> str:
+def _name(what: str, value: object) -> str:
     if not isinstance(value, str) or len(value) > 253 or not _DNS_SUBDOMAIN.fullmatch(value):
         raise Refusal(
             400,
@@ -154,7 +154,7 @@ def _name(what: str, value: Any) -> str:
     return value
 
 
-def _reason(value: Any) -> str:
+def _reason(value: object) -> str:
     if (
         not isinstance(value, str)
         or not value.strip()
@@ -211,7 +211,7 @@ class ActuatorService:
                 "(kubernetes.service.max_node_actions); try again later",
             )
 
-    def remove_node(self, body: Any) -> Any:
+    def remove_node(self, body: object) -> dict[str, Any]:
         b = _fields(body, "pod_name", "reason")
         pod, reason = _name("pod_name", b["pod_name"]), _reason(b["reason"])
         with self._lock:
@@ -220,7 +220,7 @@ class ActuatorService:
                 self._admit(node)
             return dataclasses.asdict(self.actuator.remove_node(pod, reason))
 
-    def cordon(self, body: Any) -> Any:
+    def cordon(self, body: object) -> dict[str, Any]:
         b = _fields(body, "node_name", "reason")
         node, reason = _name("node_name", b["node_name"]), _reason(b["reason"])
         with self._lock:
@@ -233,7 +233,7 @@ class ActuatorService:
             self._admit(node)
             return dataclasses.asdict(self.actuator.cordon(node, reason))
 
-    def scale_external(self, body: Any) -> Any:
+    def scale_external(self, body: object) -> dict[str, Any]:
         replicas = _fields(body, "replicas")["replicas"]
         if isinstance(replicas, bool) or not isinstance(replicas, int):
             raise Refusal(400, f"replicas must be an integer, got {type(replicas).__name__}")
@@ -242,7 +242,7 @@ class ActuatorService:
         with self._lock:
             return dataclasses.asdict(self.actuator.scale_external(replicas))
 
-    def pod_for_ip(self, body: Any) -> Any:
+    def pod_for_ip(self, body: object) -> str | None:
         ip = _fields(body, "pod_ip")["pod_ip"]
         try:
             if not isinstance(ip, str) or len(ip) > 45:
@@ -348,7 +348,7 @@ def _route(action: str) -> Handler:
     return handle
 
 
-def _summary(body: Any, result: Any) -> str:
+def _summary(body: object, result: object) -> str:
     detail = result.get("detail") if isinstance(result, dict) else None
     return f"{json.dumps(body)} -> {detail or json.dumps(result)}"
 

@@ -126,7 +126,7 @@ def vet_agents(
 def _alive_nodes() -> list[dict[str, Any]]:
     import ray  # deferred: ray is heavy and optional here
 
-    nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+    nodes: list[dict[str, Any]] = ray.nodes()
     return [n for n in nodes if n.get("Alive")]
 
 
@@ -163,7 +163,7 @@ class RayAgentCluster:
     def available(self) -> dict[str, dict[str, float]]:
         import ray  # deferred: ray is heavy and optional here
 
-        return dict(ray._private.state.available_resources_per_node())  # type: ignore[no-untyped-call]
+        return dict(ray._private.state.available_resources_per_node())
 
     def agents(self) -> dict[str, tuple[str, Any]]:
         return _named_agents()
