@@ -4,7 +4,7 @@ Owns one store record (`RELIABILITY_KEY`) with two decayed counters:
 
 * ``failures``: gang failures (a worker crashed, a node was lost, the job hung: recorded by
   `controlplane.service.runner`) plus nodes removed by health (recorded by
-  `controlplane.service.remediation`);
+  `controlplane.loop.remediation`);
 * ``gpu_hours``: cluster-pool GPU-hours the controller watched (accrued every tick from the
   live pool's GPUs).
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 from controlplane.config import Config
 from controlplane.store import Store
@@ -30,6 +30,7 @@ __all__ = [
     "FAILURE_KINDS",
     "HALF_LIFE_S",
     "RELIABILITY_KEY",
+    "FleetRecord",
     "accrue_gpu_hours",
     "fleet_record",
     "gpu_failure_rate_per_hour",
@@ -46,7 +47,17 @@ MIN_MTBF_S = 60.0
 MAX_MTBF_S = 10 * 365 * 86400.0
 
 
-def _decayed(record: dict[str, Any], now: float) -> dict[str, Any]:
+class FleetRecord(TypedDict):
+    """The record as stored (`RELIABILITY_KEY`), decayed to ``at_s``."""
+
+    at_s: float
+    failures: float
+    gpu_hours: float
+    by_kind: dict[str, float]
+    """Failures by kind (`FAILURE_KINDS`)."""
+
+
+def _decayed(record: dict[str, Any], now: float) -> FleetRecord:
     """`record` with both counters decayed to `now`."""
     since = float(record.get("at_s", now))
     factor = math.pow(0.5, max(0.0, now - since) / HALF_LIFE_S)
@@ -59,13 +70,13 @@ def _decayed(record: dict[str, Any], now: float) -> dict[str, Any]:
     }
 
 
-def fleet_record(store: Store, now: float) -> dict[str, Any]:
+def fleet_record(store: Store, now: float) -> FleetRecord:
     """The record decayed to `now`: ``{"failures", "gpu_hours", "by_kind", "at_s"}``."""
     raw = store.get_value(RELIABILITY_KEY, {}) or {}
     return _decayed(raw if isinstance(raw, dict) else {}, now)
 
 
-def _update(store: Store, now: float, change: Callable[[dict[str, Any]], None]) -> None:
+def _update(store: Store, now: float, change: Callable[[FleetRecord], None]) -> None:
     record = fleet_record(store, now)
     change(record)
     store.put(RELIABILITY_KEY, record)
@@ -76,7 +87,7 @@ def record_failure(store: Store, kind: str, now: float) -> None:
     if kind not in FAILURE_KINDS:
         raise ValueError(f"unknown failure kind {kind!r}; one of {', '.join(FAILURE_KINDS)}")
 
-    def add(record: dict[str, Any]) -> None:
+    def add(record: FleetRecord) -> None:
         record["failures"] += 1.0
         record["by_kind"][kind] = record["by_kind"].get(kind, 0.0) + 1.0
 
@@ -88,7 +99,7 @@ def accrue_gpu_hours(store: Store, gpus: int, dt_s: float, now: float) -> None:
     if gpus <= 0 or not math.isfinite(dt_s) or dt_s <= 0:
         return
 
-    def add(record: dict[str, Any]) -> None:
+    def add(record: FleetRecord) -> None:
         record["gpu_hours"] += gpus * dt_s / 3600.0
 
     _update(store, now, add)

@@ -20,11 +20,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 __all__ = ["SubmitBusy", "SubmitTimeout"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class SubmitTimeout(RuntimeError):
@@ -33,6 +36,15 @@ class SubmitTimeout(RuntimeError):
 
 class SubmitBusy(SubmitTimeout):
     """Not submitted at all: an earlier submission still hangs. Not the job's failure."""
+
+
+@dataclass
+class _Outcome:
+    """One submission's end as its thread and the waiting tick see it (under the lock)."""
+
+    finished: bool = False
+    abandoned: bool = False
+    error: BaseException | None = None
 
 
 class _Submissions:
@@ -68,7 +80,7 @@ class _Submissions:
                     f"Ray has not answered the submission of {min(self._hanging)} yet; "
                     "not submitting more until it does"
                 )
-        state: dict[str, Any] = {"finished": False, "abandoned": False, "error": None}
+        state = _Outcome()
 
         def work() -> None:
             error: BaseException | None = None
@@ -77,8 +89,8 @@ class _Submissions:
             except BaseException as exc:  # handed to the waiting tick (or logged if late)
                 error = exc
             with self._lock:
-                state["finished"], state["error"] = True, error
-                late = state["abandoned"]
+                state.finished, state.error = True, error
+                late = state.abandoned
             if late and error is None:
                 on_late_accept()
             elif late:
@@ -88,30 +100,34 @@ class _Submissions:
         thread.start()
         thread.join(timeout_s)
         with self._lock:
-            if not state["finished"]:
-                state["abandoned"] = True
+            if not state.finished:
+                state.abandoned = True
                 self._hanging[submission_id] = thread
                 raise SubmitTimeout(f"Ray did not accept the submission within {timeout_s:g}s")
-        if state["error"] is not None:
-            raise state["error"]
+        if state.error is not None:
+            raise state.error
 
 
-class _Background:
+def io_pool(max_workers: int = 4) -> concurrent.futures.ThreadPoolExecutor:
+    """The worker threads every `_Background` of one runner shares."""
+    return concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="rcp-runner-io")
+
+
+class _Background(Generic[T]):
     """Work the tick must not wait on for long (checkpoint reads from storage, stack fetches
-    through Ray's dashboard) on worker threads, keyed by what it is for. The tick starts it,
-    waits a bounded time (`wait`) and takes what finished (`take`); work still running is
-    taken by a later tick and never started twice. Results are plain data: every decision
-    stays on the tick thread."""
+    through Ray's dashboard) on worker threads (`io_pool`, shared), keyed by what it is for;
+    one `_Background` per kind of result `T`. The tick starts it, waits a bounded time
+    (`wait`) and takes what finished (`take`); work still running is taken by a later tick
+    and never started twice. Results are plain data: every decision stays on the tick
+    thread."""
 
-    def __init__(self, max_workers: int = 4) -> None:
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers, thread_name_prefix="rcp-runner-io"
-        )
-        self._pending: dict[tuple[str, ...], concurrent.futures.Future[Any]] = {}
+    def __init__(self, pool: concurrent.futures.ThreadPoolExecutor) -> None:
+        self._pool = pool
+        self._pending: dict[tuple[str, ...], concurrent.futures.Future[T]] = {}
 
-    def start(self, key: tuple[str, ...], fn: Callable[..., Any], *args: Any) -> None:
+    def start(self, key: tuple[str, ...], fn: Callable[[], T]) -> None:
         if key not in self._pending:
-            self._pending[key] = self._pool.submit(fn, *args)
+            self._pending[key] = self._pool.submit(fn)
 
     def pending(self, key: tuple[str, ...]) -> bool:
         return key in self._pending
@@ -122,7 +138,7 @@ class _Background:
         if futures:
             concurrent.futures.wait(futures, timeout=max(0.0, deadline_s - time.monotonic()))
 
-    def take(self, key: tuple[str, ...]) -> tuple[bool, Any, BaseException | None]:
+    def take(self, key: tuple[str, ...]) -> tuple[bool, T | None, BaseException | None]:
         """``(done, result, error)``; a done future is forgotten once taken."""
         future = self._pending.get(key)
         if future is None or not future.done():

@@ -17,6 +17,7 @@ Must not: move a job between states (`preemption` and `job_runner` act on what i
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -34,9 +35,12 @@ from controlplane.service.runner.info import (
 from controlplane.store import JobRecord, JobState, Store, UnknownJob
 from jobs import signals
 
-__all__ = ["CommittedReads"]
+__all__ = ["CommittedReads", "ReadResult"]
 
 log = logging.getLogger(__name__)
+
+ReadResult = tuple[CommittedStep | None, CommittedStep | None]
+"""One read's ``(newest step committed after the known one, the hinted step's commit)``."""
 
 
 class CommittedReads:
@@ -48,7 +52,7 @@ class CommittedReads:
         cfg: Config,
         clock: Callable[[], float],
         checkpoints: CheckpointReader,
-        work: _Background,
+        work: _Background[ReadResult],
     ) -> None:
         self.store = store
         self.cfg = cfg
@@ -82,7 +86,7 @@ class CommittedReads:
             if wanted is None:
                 continue
             after, hint = wanted
-            self._work.start(key, self._read, uri_of(self.cfg, job), after, hint)
+            self._work.start(key, functools.partial(self._read, uri_of(self.cfg, job), after, hint))
             self._next_scan_s[job.job_id] = now + self.cfg.jobs.checkpoint_scan_interval_s
             keys.append(key)
         self._work.wait(keys, deadline_s)
@@ -133,9 +137,7 @@ class CommittedReads:
             return None
         return _hint_step(ckpt, job.info.get("attempt"))
 
-    def _read(
-        self, prefix: str, after: int | None, hint: int | None
-    ) -> tuple[CommittedStep | None, CommittedStep | None]:
+    def _read(self, prefix: str, after: int | None, hint: int | None) -> ReadResult:
         """(worker thread) The newest step committed after `after`, and `hint`'s commit."""
         newest = self.checkpoints.newest(prefix, after)
         hinted = None
@@ -145,7 +147,7 @@ class CommittedReads:
         return newest, hinted
 
     def _record_read(
-        self, job: JobRecord, result: Any, error: BaseException | None, now: float
+        self, job: JobRecord, result: ReadResult | None, error: BaseException | None, now: float
     ) -> JobRecord:
         """Record a read's newest committed step (``checkpoint``) and, while preempting, the
         step that answers the request (``preempt_checkpoint``): one the job reported for it
@@ -158,6 +160,7 @@ class CommittedReads:
                 error,
             )
             return job
+        assert result is not None  # a read that raised nothing returned its pair
         newest, hinted = result
         found = [c for c in (newest, hinted) if c is not None]
         updates: dict[str, Any] = {}

@@ -32,6 +32,7 @@ from controlplane.service.runner.info import (
     _info_step,
     attempt_end,
 )
+from controlplane.service.runner.ray_jobs import RayJobsApi
 from controlplane.store import JobRecord, JobState, Store
 from policies.restarts import (
     AttemptFailure,
@@ -51,7 +52,7 @@ class AttemptEnds:
     """The writes that end an attempt (see the module doc). Every method is idempotent."""
 
     def __init__(
-        self, store: Store, cfg: Config, ray_jobs: Any, clock: Callable[[], float]
+        self, store: Store, cfg: Config, ray_jobs: RayJobsApi, clock: Callable[[], float]
     ) -> None:
         self.store = store
         self.cfg = cfg

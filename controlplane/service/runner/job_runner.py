@@ -34,8 +34,8 @@ from typing import Any
 from controlplane.config import Config
 from controlplane.service.checkpoints import CheckpointReader
 from controlplane.service.runner import limits
-from controlplane.service.runner.background import _Background, _Submissions
-from controlplane.service.runner.checkpoint_reads import CommittedReads
+from controlplane.service.runner.background import _Background, _Submissions, io_pool
+from controlplane.service.runner.checkpoint_reads import CommittedReads, ReadResult
 from controlplane.service.runner.ends import AttemptEnds
 from controlplane.service.runner.info import (
     _REQUEUE_INFO,
@@ -51,7 +51,7 @@ from controlplane.service.runner.info import (
 from controlplane.service.runner.launching import Launcher
 from controlplane.service.runner.logs import AttemptLogs, _tail_of
 from controlplane.service.runner.preemption import Preemption
-from controlplane.service.runner.ray_jobs import _ENDED, RayJobs, RayJobStatus
+from controlplane.service.runner.ray_jobs import _ENDED, RayJobs, RayJobsApi, RayJobStatus
 from controlplane.service.runner.watchdog import Watchdog
 from controlplane.store import (
     TERMINAL_STATES,
@@ -78,7 +78,7 @@ class JobRunner:
         self,
         store: Store,
         cfg: Config,
-        ray_jobs: Any,
+        ray_jobs: RayJobsApi,
         clock: Callable[[], float] = time.time,
         checkpoints: CheckpointReader | None = None,
     ) -> None:
@@ -90,12 +90,14 @@ class JobRunner:
         self.clock = clock
         self.checkpoints = checkpoints or CheckpointReader(cfg)
         self._submissions = _Submissions()
-        self._work = _Background()
+        pool = io_pool()
+        self._stacks_work: _Background[str] = _Background(pool)
+        self._reads_work: _Background[ReadResult] = _Background(pool)
         self._ends = AttemptEnds(store, cfg, ray_jobs, clock)
         self._launcher = Launcher(store, cfg, ray_jobs, clock, self._submissions, self._ends)
         self._preemption = Preemption(store, ray_jobs, clock, self._ends)
-        self._watchdog = Watchdog(store, cfg, ray_jobs, self._work, self._ends)
-        self._reads = CommittedReads(store, cfg, clock, self.checkpoints, self._work)
+        self._watchdog = Watchdog(store, cfg, ray_jobs, self._stacks_work, self._ends)
+        self._reads = CommittedReads(store, cfg, clock, self.checkpoints, self._reads_work)
         self._logs = AttemptLogs(store, ray_jobs, clock)
         self._last_sweep_s: float | None = None
 
@@ -149,7 +151,8 @@ class JobRunner:
             except Exception:
                 log.exception("reconciling job %s failed; retried next tick", job.job_id)
         live = {job.job_id for job in jobs}
-        self._work.drop(lambda key: key[1] in live)
+        for work in (self._reads_work, self._stacks_work):
+            work.drop(lambda key: key[1] in live)
         self._reads.forget_others(live)
         for job in self.store.list_jobs(states=[JobState.PREEMPTED]):
             try:

@@ -17,9 +17,9 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from controlplane.service.runner import limits
+from controlplane.service.runner.ray_jobs import RayJobsApi
 from controlplane.store import JobRecord, Store
 from jobs import launcher
 
@@ -31,7 +31,7 @@ LOG_TRUNCATED_MARKER = "\n[rcp: log truncated here: the control plane keeps the 
 class AttemptLogs:
     """Reads and caches attempts' logs (see the module doc). Thread-safe."""
 
-    def __init__(self, store: Store, ray_jobs: Any, clock: Callable[[], float]) -> None:
+    def __init__(self, store: Store, ray_jobs: RayJobsApi, clock: Callable[[], float]) -> None:
         self.store = store
         self.ray = ray_jobs
         self.clock = clock

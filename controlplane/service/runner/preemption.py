@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from controlplane.service.runner.ends import AttemptEnds
 from controlplane.service.runner.info import (
@@ -32,7 +31,7 @@ from controlplane.service.runner.info import (
     _finite,
     attempt_end,
 )
-from controlplane.service.runner.ray_jobs import _ENDED, RayJobStatus
+from controlplane.service.runner.ray_jobs import _ENDED, RayJobsApi, RayJobStatus
 from controlplane.store import JobRecord, JobState, Store
 from policies.plan import PreemptJob
 
@@ -45,7 +44,7 @@ class Preemption:
     """Preempts gangs (see the module doc). Every method is idempotent."""
 
     def __init__(
-        self, store: Store, ray_jobs: Any, clock: Callable[[], float], ends: AttemptEnds
+        self, store: Store, ray_jobs: RayJobsApi, clock: Callable[[], float], ends: AttemptEnds
     ) -> None:
         self.store = store
         self.ray = ray_jobs

@@ -22,10 +22,11 @@ import threading
 import time
 from collections.abc import Mapping
 from enum import Enum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import ray
 import requests
+from ray.actor import ActorHandle
 
 from controlplane.config import Config
 from controlplane.pools import JOB_DRIVER_RESOURCE, Pool, pool_resource
@@ -41,9 +42,15 @@ __all__ = [
     "SIGNALS_KEY_FILE",
     "RayJobStatus",
     "RayJobs",
+    "RayJobsApi",
     "dashboard_client",
     "fetch_worker_stack",
 ]
+
+if TYPE_CHECKING:  # the SDK itself is imported where a client is made (`dashboard_client`)
+    from ray.job_submission import JobSubmissionClient
+
+    from jobs.signals import _JobSignals
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +72,22 @@ MEMORY_TIER_NAMESPACE = DEFAULT_NAMESPACE
 runner lists them by that prefix, so every holder of the job goes, whatever its rank."""
 
 
-class Signals(Protocol):
+class RayJobsApi(Protocol):
+    """What the runner asks of Ray (`RayJobs`; the unit tests hand in a fake)."""
+
+    def submit(
+        self, submission_id: str, entrypoint: str, runtime_env: Mapping[str, Any]
+    ) -> None: ...
+    def status(self, submission_id: str) -> RayJobStatus: ...
+    def stop(self, submission_id: str) -> None: ...
+    def logs(self, submission_id: str) -> str: ...
+    def rcp_submissions(self) -> dict[str, RayJobStatus]: ...
     def register_signals(self, job_id: str, attempt: int, token_hash: str, prefix: str) -> None: ...
     def signal_status(self, job_id: str) -> dict[str, Any]: ...
     def request_checkpoint(self, job_id: str, at_s: float) -> None: ...
     def clear_request(self, job_id: str) -> None: ...
     def forget_signals(self, job_id: str) -> None: ...
+    def forget_signals_many(self, job_ids: list[str]) -> None: ...
     def worker_stack(self, pid: int, node_id: str) -> str: ...
     def memory_tier_jobs(self) -> set[str]: ...
     def kill_memory_tier(self, job_id: str) -> int: ...
@@ -86,7 +103,7 @@ def dashboard_client(
     address: str,
     connect_timeout_s: float = limits.DASHBOARD_CONNECT_TIMEOUT_S,
     read_timeout_s: float = limits.DASHBOARD_READ_TIMEOUT_S,
-) -> Any:
+) -> JobSubmissionClient:
     """A ``JobSubmissionClient`` for `address` whose every HTTP request has a timeout.
 
     Ray's client sends each request with ``requests.request(...)`` and no timeout; its
@@ -97,7 +114,7 @@ def dashboard_client(
     # controller makes a client (the unit tests' fakes never do).
     from ray.job_submission import JobSubmissionClient
 
-    class DashboardClient(JobSubmissionClient):  # type: ignore[misc]
+    class DashboardClient(JobSubmissionClient):
         def _do_request(self, method: str, endpoint: str, **kwargs: Any) -> Any:
             kwargs.setdefault("timeout", (connect_timeout_s, read_timeout_s))
             return super()._do_request(method, endpoint, **kwargs)
@@ -120,17 +137,17 @@ class RayJobs:
         self.cfg = cfg
         self.store = store
         self.dashboard_url = f"http://{cfg.ray.node_ip}:{cfg.ray.dashboard_port}"
-        self._client: Any = None
+        self._client: JobSubmissionClient | None = None
         self.http_timeout_s = (limits.DASHBOARD_CONNECT_TIMEOUT_S, limits.DASHBOARD_READ_TIMEOUT_S)
         """(connect, read) timeouts of every dashboard request (`dashboard_client`)."""
-        self._signals: Any = None
+        self._signals: ActorHandle[_JobSignals] | None = None
         self._signals_key: str | None = None
         self._secret: str | None = None
         self._call_lock = threading.Lock()
         self._last_nonce = 0
 
     @property
-    def client(self) -> Any:
+    def client(self) -> JobSubmissionClient:
         if self._client is None:
             self._client = dashboard_client(self.dashboard_url, *self.http_timeout_s)
         return self._client
@@ -149,7 +166,7 @@ class RayJobs:
         rec = self.store.get_value(SIGNALS_ACTOR_KEY, {}) or {}
         return dict(rec) if isinstance(rec, Mapping) else {}
 
-    def signals_actor(self) -> Any:
+    def signals_actor(self) -> ActorHandle[_JobSignals]:
         """The ``rcp-job-signals`` actor this controller created (see the class doc).
 
         Found under the name with the pinned actor id: used as is. Any other actor under the
@@ -160,7 +177,7 @@ class RayJobs:
             return self._signals
         pin = self._pinned()
         try:
-            found: Any = ray.get_actor(
+            found: ActorHandle[_JobSignals] | None = ray.get_actor(
                 signals.SIGNALS_ACTOR_NAME, namespace=signals.SIGNALS_NAMESPACE
             )
         except ValueError:
@@ -190,10 +207,13 @@ class RayJobs:
             "resources": {pool_resource(Pool.HEAD): 1},
         }
         deadline_s = time.monotonic() + 10
-        handle: Any = None
+        handle: ActorHandle[_JobSignals]
         while True:
             try:
-                handle = signals.JobSignals.options(**options).remote(secret)
+                # Ray's stubs type this as a handle or the class itself; it is the handle.
+                handle = cast(
+                    "ActorHandle[_JobSignals]", signals.JobSignals.options(**options).remote(secret)
+                )
                 break
             except ValueError:  # the killed actor still holds the name
                 if time.monotonic() > deadline_s:

@@ -18,6 +18,7 @@ stacks past the tick's deadline (a later tick takes them).
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -28,7 +29,7 @@ from controlplane.service.runner import limits
 from controlplane.service.runner.background import _Background
 from controlplane.service.runner.ends import AttemptEnds
 from controlplane.service.runner.info import AttemptEnd, Reason, _count
-from controlplane.service.runner.ray_jobs import _ENDED, RayJobStatus
+from controlplane.service.runner.ray_jobs import _ENDED, RayJobsApi, RayJobStatus
 from controlplane.store import JobRecord, JobState, Store
 from policies.restarts import FailureKind
 
@@ -43,7 +44,12 @@ class Watchdog:
     """Finds hung gangs and stops them (see the module doc). Every method is idempotent."""
 
     def __init__(
-        self, store: Store, cfg: Config, ray_jobs: Any, work: _Background, ends: AttemptEnds
+        self,
+        store: Store,
+        cfg: Config,
+        ray_jobs: RayJobsApi,
+        work: _Background[str],
+        ends: AttemptEnds,
     ) -> None:
         self.store = store
         self.cfg = cfg
@@ -79,7 +85,7 @@ class Watchdog:
             )
             workers = sig.get("workers")
             workers = dict(workers) if isinstance(workers, Mapping) else {}
-            self._work.start(key, self.fetch_stacks, workers)
+            self._work.start(key, functools.partial(self.fetch_stacks, workers))
         self._work.wait([key], deadline_s)
         done, stacks, error = self._work.take(key)
         if not done:
