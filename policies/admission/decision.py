@@ -1,0 +1,143 @@
+"""The admission decision: one batch over the queue per tick.
+
+Owns: `decide(snapshot, config, state) -> (plan, state)`, the entry point; it walks the queue
+in order (`policies.admission.shares.queue_order`), admits every gang that fits on the GPUs
+it may use (the whole gang at once, `policies.admission.fit`), and makes the first job that
+does not fit but fits within its queue's share the head, with a reservation and, if it is
+entitled, room made now (`policies.admission.reservation`, `policies.admission.preemption`).
+Backfill: once a reservation exists, a later job may use the GPUs it protects only if it ends
+(``now_s + max_runtime_s``) by the reservation's T; any other later job only the rest.
+The rules in full, with a worked example, are in `policies.admission`'s docstring.
+
+Must not: import Ray, read a clock, do I/O or draw random numbers. Everything it knows comes
+from the snapshot (time is ``snapshot.now_s``); everything it wants is in the returned plan.
+"""
+
+from __future__ import annotations
+
+import math
+
+from policies.admission.config import AdmissionConfig
+from policies.admission.reasons import Why
+from policies.admission.reservation import try_reserve
+from policies.admission.shares import EPS, Ledger, queue_order
+from policies.admission.state import AdmissionState, Reservation
+from policies.plan import Action, AdmitJob, Plan, WorkerPlacement
+from policies.snapshot import ClusterSnapshot, QueuedJob
+
+__all__ = ["decide"]
+
+
+class _Decision(Ledger):
+    """One call of `decide`: the ledger plus the plan and the head's reservation. Local,
+    mutable scratch for the batch; never escapes."""
+
+    def __init__(
+        self, snapshot: ClusterSnapshot, config: AdmissionConfig, state: AdmissionState
+    ) -> None:
+        super().__init__(snapshot, config, state)
+        self.snap = snapshot
+        self.plan: list[Action] = []
+        self.reservation: Reservation | None = None
+        self.unprotected = self.free  # becomes a separate copy once a reservation exists
+        self.never_fits: dict[int, float] = {}
+        """gpus_per_worker -> fewest workers that cannot fit even once everything ends."""
+
+    def run(self) -> None:
+        rejections, ordered = queue_order(self.snap.queued, self.cfg, self.now_s)
+        self.plan.extend(rejections)
+        head_decided = False
+        free = self.free
+        for value, job in ordered:
+            need = job.num_workers * job.gpus_per_worker
+            if head_decided and need > free.total:
+                if free.total == 0:
+                    break  # nothing left to admit and the head is decided
+                continue  # cannot fit anywhere this tick
+            within = self.within_share(job.queue, need)
+            if not within and not self.may_borrow(job.queue, need):
+                continue  # its queue may not borrow this much: waits, blocks no one
+            if self.try_admit(job, within):
+                continue
+            if (
+                not head_decided
+                and need <= self.nominal_gpus(job.queue) + EPS
+                and job.num_workers < self.never_fits.get(job.gpus_per_worker, math.inf)
+            ):
+                hold = try_reserve(self, job, value)
+                if hold is not None:
+                    head_decided = True
+                    self.plan.extend(hold.actions)
+                    self.reservation = hold.reservation
+                    self.unprotected = hold.unprotected
+                else:
+                    self.never_fits[job.gpus_per_worker] = min(
+                        job.num_workers, self.never_fits.get(job.gpus_per_worker, math.inf)
+                    )
+
+    def try_admit(self, job: QueuedJob, within_share: bool) -> bool:
+        """Admit `job` if its whole gang fits on the GPUs it may use; False if not."""
+        g, w = job.gpus_per_worker, job.num_workers
+        start_by_s = None if self.reservation is None else self.reservation.start_by_s
+        short = (
+            start_by_s is not None
+            and job.max_runtime_s is not None
+            and self.now_s + job.max_runtime_s <= start_by_s
+        )
+        pool = self.free if short or self.reservation is None else self.unprotected
+        placement = pool.place(g, w)
+        if placement is None:
+            return False
+        separate = self.unprotected is not self.free
+        for node_id, workers in placement:
+            gpus = workers * g
+            if separate:
+                protected = self.free.free[node_id] - self.unprotected.free[node_id]
+                take_unprotected = gpus if not short else max(0, gpus - protected)
+                self.unprotected.add(node_id, -take_unprotected)
+            self.free.add(node_id, -gpus)
+        self.used_by_queue[job.queue] = self.used_by_queue.get(job.queue, 0) + job.gpus_total
+        self.admitted_by_queue[job.queue] = (
+            self.admitted_by_queue.get(job.queue, 0) + job.gpus_total
+        )
+        end_s = None if job.max_runtime_s is None else self.now_s + job.max_runtime_s
+        self.admitted.append((end_s, job.job_id, job.queue, {n: k * g for n, k in placement}))
+        if self.reservation is None:
+            why = f"{Why.FITS.value}: all {w} workers x {g} GPUs fit now"
+        elif short:
+            why = (
+                f"{Why.BACKFILL.value}: ends by {self.now_s + (job.max_runtime_s or 0):g}s, "
+                f"before the reservation for {self.reservation.job_id} can be met at "
+                f"{start_by_s:g}s"
+            )
+        else:
+            why = (
+                f"{Why.BACKFILL.value}: fits on GPUs the reservation for "
+                f"{self.reservation.job_id} does not need"
+            )
+        if not within_share:
+            why += f"; borrows idle GPUs beyond queue {job.queue!r}'s share"
+        self.plan.append(
+            AdmitJob(
+                job_id=job.job_id,
+                placement=tuple(WorkerPlacement(n, k) for n, k in placement),
+                gpus_per_worker=g,
+                num_workers=w,
+                reason=why,
+            )
+        )
+        return True
+
+
+def decide(
+    snapshot: ClusterSnapshot, config: AdmissionConfig, state: AdmissionState
+) -> tuple[Plan, AdmissionState]:
+    """Decide admissions, replica moves and preemptions for one tick (see the package doc).
+
+    Returns the plan (rejections, then in queue order: admissions, and for the head any
+    `MoveServeReplicas` and `PreemptJob` actions) and the new state.
+    """
+    d = _Decision(snapshot, config, state)
+    d.run()
+    new_state = AdmissionState(preemptions=tuple(d.preemptions), reservation=d.reservation)
+    return tuple(d.plan), new_state

@@ -1,0 +1,182 @@
+"""From verdicts to a plan: take unhealthy GPU nodes out of service without breaking anything.
+
+Owns: `with_verdicts` (the snapshot with unhealthy nodes marked, so capacity shrinks at
+once), `acting_verdicts` (a node the controller cordoned stays unhealthy; a node Ray drains
+for someone else while a gang holds GPUs there turns unhealthy) and `remediate` (cordon,
+checkpoint-and-requeue gangs, move replicas make-before-break, drain once empty), with the
+`CordonNode` action. Verdicts the breaker holds (`NodeVerdict.held`) are left alone.
+Must not: act, or decide how many nodes may go (`policies.health.breaker` does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from policies.health.verdicts import NodeVerdict, Verdict
+from policies.plan import DrainNode, MoveServeReplicas, PreemptJob
+from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
+
+__all__ = [
+    "DRAINED_BY_OTHERS",
+    "CordonNode",
+    "RemediationAction",
+    "acting_verdicts",
+    "remediate",
+    "with_verdicts",
+]
+
+
+@dataclass(frozen=True)
+class CordonNode:
+    """Place nothing new on `node_id` (Ray: exclude it from placement; Kubernetes: cordon).
+
+    Level-triggered like every action: repeated each tick while the node is unhealthy.
+    """
+
+    node_id: str
+    reason: str
+
+
+RemediationAction = CordonNode | PreemptJob | MoveServeReplicas | DrainNode
+"""What `remediate` may ask for."""
+
+
+def with_verdicts(
+    snapshot: ClusterSnapshot, verdicts: Mapping[str, NodeVerdict]
+) -> ClusterSnapshot:
+    """`snapshot` with every UNHEALTHY node marked ``healthy=False``; degraded nodes stay in,
+    and so do nodes whose verdict the breaker holds (`NodeVerdict.held`).
+
+    Every policy that counts live capacity then leaves the node out on this very tick.
+    """
+    nodes = tuple(
+        replace(n, healthy=False)
+        if n.healthy and _acts(verdicts.get(n.node_id, _NO_VERDICT))
+        else n
+        for n in snapshot.nodes
+    )
+    return replace(snapshot, nodes=nodes)
+
+
+_NO_VERDICT = NodeVerdict("", Verdict.HEALTHY)
+
+
+def _acts(v: NodeVerdict) -> bool:
+    return v.verdict is Verdict.UNHEALTHY and not v.held
+
+
+DRAINED_BY_OTHERS = "Ray is draining it"
+"""The detail of a verdict `acting_verdicts` adds for a node someone else drains."""
+
+
+def acting_verdicts(
+    judged: Mapping[str, NodeVerdict],
+    previous: Mapping[str, NodeVerdict],
+    cordoned: Iterable[str],
+    draining: Iterable[str],
+    snapshot: ClusterSnapshot,
+) -> tuple[dict[str, NodeVerdict], frozenset[str]]:
+    """The verdicts the controller acts on, and the nodes drained by someone else.
+
+    From the telemetry verdicts (`judged`), two rules:
+
+    1. A node the controller has cordoned (`cordoned`: it asked Ray to drain it) stays
+       UNHEALTHY even if its samples recover: a Ray drain cannot be undone, so the node goes
+       on to be replaced. It keeps its last unhealthy verdict (from `previous`), or gets a
+       bare one ("cordoned").
+    2. A node Ray drains for someone else (in `draining`, not cordoned: Kubernetes deleting
+       the pod, a spot preemption notice, an operator) while a gang holds GPUs there is
+       UNHEALTHY (`DRAINED_BY_OTHERS`), so the gang checkpoints and restarts elsewhere before
+       the node goes. Such nodes are returned in the second value: the caller does not remove
+       them (whoever drains them does) and does not blame their host. Idle draining nodes are
+       left to whoever drains them.
+    """
+    out = dict(judged)
+    for node_id in cordoned:
+        if out.get(node_id, _NO_VERDICT).verdict is not Verdict.UNHEALTHY:
+            before = previous.get(node_id, _NO_VERDICT)
+            out[node_id] = (
+                before
+                if before.verdict is Verdict.UNHEALTHY
+                else NodeVerdict(node_id, Verdict.UNHEALTHY, details=("cordoned",))
+            )
+    ours = set(cordoned)
+    by_others = set()
+    for node_id in sorted(set(draining) - ours):
+        held = any(g.gpus_by_node.get(node_id, 0) > 0 for g in snapshot.running)
+        if held and out.get(node_id, _NO_VERDICT).verdict is not Verdict.UNHEALTHY:
+            out[node_id] = NodeVerdict(node_id, Verdict.UNHEALTHY, details=(DRAINED_BY_OTHERS,))
+            by_others.add(node_id)
+    return out, frozenset(by_others)
+
+
+def remediate(
+    snapshot: ClusterSnapshot, verdicts: Mapping[str, NodeVerdict]
+) -> tuple[RemediationAction, ...]:
+    """The plan that takes unhealthy GPU nodes out of service without breaking anything.
+
+    Per UNHEALTHY node of the cluster or external pool (never the head) that the breaker does
+    not hold (`limit_removals`), in node id order:
+
+    1. `CordonNode`: nothing new lands there.
+    2. `PreemptJob(checkpoint_first=True)` for each gang holding GPUs there that is not already
+       being preempted: it checkpoints, is re-queued and restarts on healthy nodes.
+    3. `MoveServeReplicas` per (model, pool) for replicas there that are not already stopping,
+       make-before-break. Cluster replicas stay in the cluster when its other healthy nodes have
+       enough free GPUs for all of them, else go to the external pool; external replicas stay
+       external (the autoscaler adds a node).
+    4. `DrainNode` only once no gang holds GPUs there and no replica of ours is left on it.
+
+    Worked example: cluster nodes ``a`` (unhealthy, gang ``j1`` holds 4 GPUs, one 1-GPU replica
+    of model ``m``) and ``b`` (healthy, 0 GPUs free). Plan: CordonNode(a), PreemptJob(j1),
+    MoveServeReplicas(m, cluster -> external, 1 replica, node a). Next ticks, while ``j1``
+    checkpoints and the replica is replaced: the same cordon, no second preemption (``j1`` is
+    now preempting), the move repeated (level-triggered). Once ``a`` holds nothing:
+    CordonNode(a), DrainNode(a).
+    """
+    actions: list[RemediationAction] = []
+    unhealthy = {
+        n.node_id: verdicts[n.node_id]
+        for n in snapshot.nodes
+        if n.pool is not Pool.HEAD and n.node_id in verdicts and _acts(verdicts[n.node_id])
+    }
+    cluster_free_elsewhere = sum(
+        n.gpus_free
+        for n in snapshot.nodes
+        if n.pool is Pool.CLUSTER and n.healthy and n.node_id not in unhealthy
+    )
+    for node_id in sorted(unhealthy):
+        why = f"node {node_id} {unhealthy[node_id].reason}"
+        actions.append(CordonNode(node_id, why))
+        gangs = [g for g in snapshot.running if g.gpus_by_node.get(node_id, 0) > 0]
+        for g in sorted(gangs, key=lambda g: g.job_id):
+            if not g.preempting:
+                actions.append(PreemptJob(g.job_id, f"checkpoint and restart elsewhere: {why}"))
+        replicas = [r for r in snapshot.serve_replicas if r.node_id == node_id]
+        moving: dict[tuple[str, Pool], list[int]] = {}
+        for r in replicas:
+            if r.state is not ReplicaState.STOPPING:
+                moving.setdefault((r.model, r.pool), []).append(r.gpus)
+        for (model, pool), gpus in sorted(
+            moving.items(), key=lambda kv: (kv[0][0], kv[0][1].value)
+        ):
+            to_pool = pool
+            if pool is Pool.CLUSTER:
+                if sum(gpus) <= cluster_free_elsewhere:
+                    cluster_free_elsewhere -= sum(gpus)
+                else:
+                    to_pool = Pool.EXTERNAL
+            actions.append(
+                MoveServeReplicas(
+                    model=model,
+                    from_pool=pool,
+                    to_pool=to_pool,
+                    num_replicas=len(gpus),
+                    node_ids=(node_id,),
+                    reason=f"make-before-break off {why}",
+                )
+            )
+        if not gangs and not replicas:
+            actions.append(DrainNode(node_id, why))
+    return tuple(actions)
