@@ -39,7 +39,7 @@ from controlplane.service.runner.info import (
     checkpoint_uri,
     uri_of,
 )
-from controlplane.service.runner.ray_jobs import RayJobStatus
+from controlplane.service.runner.ray_jobs import RayJobsApi, RayJobStatus
 from controlplane.store import JobRecord, JobState, Store
 from jobs import launcher, signals
 from jobs.signals import token_sha256
@@ -85,7 +85,7 @@ class Launcher:
         self,
         store: Store,
         cfg: Config,
-        ray_jobs: Any,
+        ray_jobs: RayJobsApi,
         clock: Callable[[], float],
         submissions: _Submissions,
         ends: AttemptEnds,
