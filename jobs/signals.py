@@ -267,18 +267,10 @@ class NotRegistered(TypedDict):
     """`_JobSignals.status` of a job it does not hold: ``{}``."""
 
 
-class _JobRecord(TypedDict):
+class _JobRecord(JobStatus):
     """What the actor keeps per job: `JobStatus` plus the token's hash."""
 
-    attempt: int
     token_sha256: str
-    checkpoint_prefix: str
-    started_ranks: list[int]
-    workers: dict[int, WorkerReport]
-    progress: ProgressReport | None
-    checkpoint: CheckpointReport | None
-    requested_at_s: float | None
-    rejected_calls: int
 
 
 class _JobSignals:
