@@ -24,6 +24,7 @@ from typing import Any
 
 from controlplane.config import Config
 from controlplane.service.job_info import job_facts
+from controlplane.storage import bucket_of, check_bucket, s3_client
 from controlplane.store import (
     TERMINAL_STATES,
     Event,
@@ -247,8 +248,6 @@ class JobService:
     def _check_checkpoint_bucket(self, uri: str) -> None:
         """A checkpoint.uri whose bucket does not exist (or the cluster cannot reach) is a
         SpecError naming the field; storage that does not answer is a 503, not the spec's."""
-        from controlplane.storage import bucket_of, check_bucket, s3_client
-
         bucket, _ = bucket_of(uri)
         try:
             if self._s3 is None:

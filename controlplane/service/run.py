@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from controlplane.config import Config, to_dict
+from controlplane.service.controller import Controller, _healthy, get_controller
 from controlplane.service.tokens import ensure_token, write_url
 
 __all__ = ["ExitCode", "run_in_process", "stop_leftover_actor"]
@@ -100,8 +101,6 @@ def run_in_process(
 
     The caller is a connected Ray driver in namespace ``rcp``. `find_actor` (default
     `controller.get_controller`) and `kill_actor` are Ray's, swapped only by unit tests."""
-    from controlplane.service.controller import Controller, _healthy, get_controller
-
     stop = stop or threading.Event()
     if not stop_leftover_actor(
         find_actor or get_controller, kill_actor, wait_s=LEFTOVER_ACTOR_WAIT_S
