@@ -48,7 +48,7 @@ class _Decision(Ledger):
         self.plan.extend(rejections)
         head_decided = False
         free = self.free
-        for value, job in ordered:
+        for neg_value, _, _, job in ordered:
             need = job.num_workers * job.gpus_per_worker
             if head_decided and need > free.total:
                 if free.total == 0:
@@ -64,7 +64,7 @@ class _Decision(Ledger):
                 and need <= self.nominal_gpus(job.queue) + EPS
                 and job.num_workers < self.never_fits.get(job.gpus_per_worker, math.inf)
             ):
-                hold = try_reserve(self, job, value)
+                hold = try_reserve(self, job, -neg_value)
                 if hold is not None:
                     head_decided = True
                     self.plan.extend(hold.actions)

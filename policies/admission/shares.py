@@ -45,10 +45,11 @@ EPS = 1e-9
 
 def queue_order(
     queued: Sequence[QueuedJob], config: AdmissionConfig, now_s: float
-) -> tuple[list[RejectJob], list[tuple[int, QueuedJob]]]:
-    """Rejections (unknown queue or priority class), and the jobs to consider with their
-    priority values, in order. A job backing off (``not_before_s`` in the future) is left
-    out: it blocks no one."""
+) -> tuple[list[RejectJob], list[tuple[int, float, str, QueuedJob]]]:
+    """Rejections (unknown queue or priority class), and the jobs to consider in order, as
+    ``(-priority value, submitted_s, job_id, job)`` (the sort key kept: no second list of
+    10,000 on the hot path). A job backing off (``not_before_s`` in the future) is left out:
+    it blocks no one."""
     classes = config.priority_classes
     queue_names = {q.name for q in config.queues}
     rejections: list[RejectJob] = []
@@ -78,7 +79,7 @@ def queue_order(
             continue  # backing off after a failed start; blocks no one
         valid.append((-value, job.submitted_s, job.job_id, job))
     valid.sort(key=lambda t: (t[0], t[1], t[2]))
-    return rejections, [(-neg_value, job) for neg_value, _, _, job in valid]
+    return rejections, valid
 
 
 def live_gpus(gang: RunningGang, live_ids: set[str]) -> int:
