@@ -60,8 +60,8 @@ def _histogram(name: str) -> tuple[str, ...]:
     return (f"{name}_bucket", f"{name}_sum", f"{name}_count")
 
 
-_CONTROLLER = "controller (controlplane/service/controller.py) via ray.util.metrics"
-_SERVING = "serving loop (controlplane/service/serving_loop.py) via ray.util.metrics"
+_CONTROLLER = "control loop (controlplane/loop) via ray.util.metrics"
+_SERVING = "control loop, serving phases (controlplane/loop) via ray.util.metrics"
 _CHECKPOINT = "checkpoint engine (jobs/checkpoint/metrics.py) mirrored into ray.util.metrics"
 _SERVE = "Ray Serve (proxy and replicas)"
 _RAY_NODE = "Ray's metrics agent (per node)"

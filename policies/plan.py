@@ -4,6 +4,11 @@ Owns: the vocabulary between the decide phase and the actuators. A `Plan` is a t
 actions; the act phase applies each idempotently and the record phase writes each `reason`
 to the event log.
 
+Every action here is applied by the control loop (`controlplane.loop.act`) as returned; an
+action nobody applies is deleted, not kept for later (how often a job checkpoints is decided
+inside the job, by `jobs.checkpointing` with `policies.checkpointing`, from the fleet's MTBF
+the controller publishes: no plan item carries it).
+
 Must not: carry behaviour. Actions are data; only actuators (in `controlplane`) change the
 world. Requests here are level-triggered: a policy repeats an action every tick for as long as
 it still wants it, and the actuator does nothing when its effect is already visible.
@@ -25,7 +30,6 @@ __all__ = [
     "RejectJob",
     "RequestExternalCapacity",
     "ScaleServePool",
-    "SetCheckpointInterval",
     "SetRouteWeights",
     "WorkerPlacement",
 ]
@@ -122,15 +126,6 @@ class DrainNode:
     reason: str
 
 
-@dataclass(frozen=True)
-class SetCheckpointInterval:
-    """Tell a running job how often to checkpoint."""
-
-    job_id: str
-    interval_s: float
-    reason: str
-
-
 Action = (
     AdmitJob
     | PreemptJob
@@ -140,7 +135,6 @@ Action = (
     | SetRouteWeights
     | RequestExternalCapacity
     | DrainNode
-    | SetCheckpointInterval
 )
 """Every action a policy may put in a plan."""
 

@@ -54,9 +54,14 @@ __all__ = [
     "ServingTimeoutError",
     "deploy",
     "move",
+    "pool_running",
+    "pool_settled",
     "read_state",
+    "route_applied",
+    "route_for_targets",
     "running_replicas",
     "scale_pool",
+    "set_pool_target",
     "set_route_weights",
     "set_route_weights_from_readiness",
 ]
@@ -420,3 +425,54 @@ def move(
         steps=tuple(steps),
         duration_s=time.monotonic() - started,
     )
+
+
+# --- one step at a time (for a caller that advances a move across ticks) -------------------
+#
+# `move` above blocks until each step shows. The control loop instead keeps a move as a
+# tracked operation and advances it one step per tick with these: each writes at most once
+# and returns at once; the `pool_*` and `route_applied` checks read Serve's details once.
+
+
+def set_pool_target(model: str, pool: str, num_replicas: int) -> DesiredState:
+    """Set `model`'s replica target in `pool` and return at once (no re-route, no wait).
+    Unchanged targets are not written again."""
+    with _lock:
+        state = _require_state()
+        if state.target(model, pool) == num_replicas:
+            return state
+        new = state.with_target(model, pool, num_replicas)
+        _apply(new)
+        return new
+
+
+def pool_running(model: str, pool: str, target: int) -> bool:
+    """Whether `pool` has target `target` and at least that many RUNNING replicas of `model`."""
+    return _pool_running(model, pool, target)(control.read_details())
+
+
+def pool_settled(model: str, pool: str, target: int) -> bool:
+    """Whether `model` in `pool` settled at `target` (no replica starting or stopping)."""
+    return _pool_settled(model, pool, target)(control.read_details())
+
+
+def route_for_targets(model: str, planned: Mapping[str, int]) -> int:
+    """Route `model` by readiness with the `planned` targets per pool (those about to drop
+    get their planned share, 0 when planned 0) and return the route table's generation."""
+    with _lock:
+        state = _require_state()
+        running = running_replicas(control.read_details(), model)
+        targets = {p: int(planned.get(p, state.target(model, p))) for p in POOLS}
+        return _route(state, model, weights_from_readiness(running, targets), 0.0, False).generation
+
+
+def route_applied(generation: int) -> bool:
+    """Whether every ingress replica runs with route table `generation` (or a later one)."""
+    details = control.read_details()
+    app = (details.get("applications") or {}).get(INGRESS_APP) or {}
+    dep = (app.get("deployments") or {}).get(INGRESS_DEPLOYMENT) or {}
+    user_config = (dep.get("deployment_config") or {}).get("user_config") or {}
+    seen = user_config.get("generation")
+    if not isinstance(seen, int) or seen < generation:
+        return False
+    return _ingress_applied(seen)(details)

@@ -7,11 +7,11 @@ Modules:
 * `api` - the aiohttp application (routes, token auth, JSON errors) and `ApiServer`, which
   serves it from a background thread.
 * `tokens` - the API token file and the URL file under the state dir.
-* `observing` - builds the `ClusterSnapshot` the admission policy decides from.
 * `runner` - the only code here that starts and stops Ray Jobs (the actuator for AdmitJob
   and PreemptJob) and reads the job signals actor.
-* `controller` - the detached ``rcp-controller`` actor: store, API and the tick loop, and
-  `deploy(cfg)` which `rcp up` calls (local mode).
+* `controller` - the detached ``rcp-controller`` actor, a shell around the control loop
+  (`controlplane.loop`): store, API, the adapters, the loop, and `deploy(cfg)` which
+  `rcp up` calls (local mode).
 * `run` - `run_in_process(cfg)`: the same controller in the calling Ray driver, no actor
   (Kubernetes: the head pod's ``rcp-controller`` container, via the bootstrap).
 """

@@ -256,7 +256,7 @@ def test_a_node_ray_drains_for_someone_else_has_its_gang_checkpointed_and_is_lef
     The gang there checkpoints and restarts elsewhere, the replicas move with no failed
     request, and the node is neither removed nor blamed by the controller: once nothing runs
     there its agent leaves and the drained raylet exits by itself."""
-    from controlplane.service.remediation import RayNodeControl
+    from controlplane.adapters.nodes import RayNodeControl
 
     cfg, client = health_cluster
     connect(cfg)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from controlplane.service.remediation import Remediator
+from controlplane.loop.remediation import Remediator
 from jobs.launcher import ENV_NODE_IDS, NODE_ID_LABEL, gang_label_selector
 from policies.health import (
     HealthReason,
@@ -195,7 +195,7 @@ def test_pinned_selector_is_one_ray_accepts() -> None:
 
 
 def test_health_actions_are_logged_once_while_their_live_figures_change() -> None:
-    from controlplane.service.controller import _event_key
+    from controlplane.loop.record import event_key as _event_key
     from policies.health import CordonNode
     from policies.plan import MoveServeReplicas, PreemptJob
     from policies.snapshot import Pool

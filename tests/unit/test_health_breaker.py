@@ -17,8 +17,9 @@ from click.testing import CliRunner
 from controlplane import cli as cli_module
 from controlplane import controller_client
 from controlplane.config import HealthConfig, load_config, to_dict
-from controlplane.service.controller import BREAKER_KEY, Controller
-from controlplane.service.remediation import Breaker, Remediator
+from controlplane.loop.health import BREAKER_KEY
+from controlplane.loop.remediation import Breaker, Remediator
+from controlplane.service.controller import Controller
 from controlplane.telemetry.dcgm import DcgmSource
 from controlplane.telemetry.sampling import NodeSampler
 from controlplane.telemetry.verdicts import judge

@@ -21,11 +21,11 @@ from click.testing import CliRunner
 
 from controlplane.cli import cli
 from controlplane.config import load_config
+from controlplane.loop.remediation import Remediator
 from controlplane.service import reliability
 from controlplane.service.job_info import MAX_ATTEMPTS, MAX_TEXT_CHARS, job_facts
 from controlplane.service.job_metrics import GpuHoursMeter, job_gauges
 from controlplane.service.queueing import job_to_json
-from controlplane.service.remediation import Remediator
 from controlplane.store import JobRecord, JobState, Store
 from jobs.spec import JobSpec
 from tests.unit.test_api_server import TOKEN, Server

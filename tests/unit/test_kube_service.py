@@ -37,7 +37,7 @@ from controlplane.kube.service import (
     NodeActionCap,
     main,
 )
-from controlplane.service.remediation import Remediator
+from controlplane.loop.remediation import Remediator
 from tests.unit.kubeapi import FakeKubeApi, running, write_kubeconfig
 from tests.unit.test_health_actuation import FakeNodes
 from tests.unit.test_kube_actuator import (

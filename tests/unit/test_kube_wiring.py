@@ -13,10 +13,8 @@ from kubernetes import client as k8s
 
 from controlplane.config import load_config
 from controlplane.kube import KubernetesActuator
-from controlplane.service.remediation import Remediator
-from controlplane.serving import ServingPolicyState
+from controlplane.loop.remediation import Remediator
 from controlplane.store import Store
-from policies.placement import PlacementState
 from tests.unit.kubeapi import FakeKubeApi, running, write_kubeconfig
 from tests.unit.test_health_actuation import FakeNodes
 from tests.unit.test_kube_actuator import (
@@ -74,10 +72,12 @@ def test_an_empty_unhealthy_node_is_cordoned_tainted_and_its_pod_deleted(api: Fa
     ("owns", "gpus", "replicas"),
     [(False, 5, 3), (False, 4, 2), (True, 5, 0)],  # 2 GPUs per external node (default)
 )
-def test_serving_loop_sizes_the_external_group_only_when_it_owns_it(
+def test_the_loop_sizes_the_external_group_only_when_it_owns_it(
     api: FakeKubeApi, tmp_path: Path, owns: bool, gpus: int, replicas: int
 ) -> None:
-    from controlplane.service.serving_loop import ServingLoop
+    from controlplane.loop import Adapters, Loop
+    from controlplane.service.controller import policies
+    from tests.unit.loop_fakes import FakeCluster, FakeMetrics, FakeTelemetry
 
     add_cluster(api)
     cfg = load_config(
@@ -91,10 +91,19 @@ def test_serving_loop_sizes_the_external_group_only_when_it_owns_it(
         ],
     )
     store = Store(cfg.jobs_db_path)
-    loop = ServingLoop(cfg, store, start=False)
-    loop._kube = actuator(api, autoscaler_owns_external=owns)
-    state = ServingPolicyState(placement=PlacementState(requested_external_gpus=gpus))
-    loop._scale_external_group(state)
+    cluster = FakeCluster()
+    act = actuator(api, autoscaler_owns_external=owns)
+    adapters = Adapters(
+        jobs=None,  # type: ignore[arg-type]
+        nodes=cluster,
+        node_actions=cluster,
+        telemetry=FakeTelemetry(cluster),
+        metrics=FakeMetrics(),
+        kube_scale_external=lambda: act.scale_external,
+    )
+    loop = Loop(cfg, store, adapters, policies(cfg))
+    if loop.external_group is not None:
+        loop.external_group.apply(gpus)
     assert replicas_of(api) == replicas
 
 
@@ -166,32 +175,23 @@ def test_rcp_uncordon_in_local_mode_says_there_is_nothing_to_uncordon() -> None:
 
 
 def test_the_external_group_is_set_again_when_someone_changed_it(
-    api: FakeKubeApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    api: FakeKubeApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Level-triggered: a scale lost to an operator's edit (or a failed call) is repaired."""
-    from controlplane.service import serving_loop as sl
+    from controlplane.loop.act import serving as act_serving
 
     add_cluster(api)
-    cfg = load_config(
-        None,
-        [
-            f"state_dir={tmp_path}",
-            "kubernetes.enabled=true",
-            "kubernetes.autoscaler_owns_external=false",
-        ],
-    )
-    loop = sl.ServingLoop(cfg, Store(cfg.jobs_db_path), start=False)
-    loop._kube = actuator(api)
-    state = ServingPolicyState(placement=PlacementState(requested_external_gpus=4))
-    loop._scale_external_group(state)
+    act = actuator(api)
+    group = act_serving.ExternalGroup(2, lambda: act.scale_external, lambda _k, _m: None)
+    group.apply(4)
     assert replicas_of(api) == 2
     with api._lock:  # someone scales it down behind our back
         api.objects[f"/apis/ray.io/v1/namespaces/{NS}/rayclusters/{CLUSTER}"]["spec"][
             "workerGroupSpecs"
         ][1]["replicas"] = 0
-    loop._scale_external_group(state)
+    group.apply(4)
     assert replicas_of(api) == 0  # not yet: within the recheck interval nothing is read
-    monkeypatch.setattr(sl, "EXTERNAL_GROUP_RECHECK_S", 0.0)
-    loop._external_recheck_at = 0.0
-    loop._scale_external_group(state)
+    monkeypatch.setattr(act_serving, "EXTERNAL_GROUP_RECHECK_S", 0.0)
+    group.recheck_at = 0.0
+    group.apply(4)
     assert replicas_of(api) == 2

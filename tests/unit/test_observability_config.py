@@ -293,7 +293,9 @@ def _sources(*roots: str) -> str:
 
 
 def test_known_control_plane_and_telemetry_metrics_are_defined_in_the_code() -> None:
-    code = _sources("controlplane/service", "controlplane/telemetry", "jobs/checkpoint")
+    code = _sources(
+        "controlplane/service", "controlplane/loop", "controlplane/telemetry", "jobs/checkpoint"
+    )
     exported = {n for m in ckpt_metrics.ALL for n in m.exported_names}
     for name, source in obs.KNOWN_METRICS.items():
         if name.startswith("ray_rcp_checkpoint_"):
@@ -451,9 +453,8 @@ def test_the_metrics_phase_feeds_the_fleet_record_and_exports_job_gauges(
     from tests.unit.builders import node, snapshot
 
     nodes = [node("c1"), node("c2"), node("c3", healthy=False), node("e1", pool=Pool.EXTERNAL)]
-    controller._active_jobs = [record()]
     for t in range(0, 61):  # a minute of 1 s ticks; two live cluster nodes of 8 GPUs
-        controller._export_job_metrics(snapshot(nodes, now_s=1000.0 + t))
+        controller._export_job_metrics(snapshot(nodes, now_s=1000.0 + t), (record(),))
     # flushed at the first tick (nothing yet) and at 60 s: 16 GPUs x 60 s
     gpu_hours = reliability.fleet_record(controller.store, 1060.0)["gpu_hours"]
     assert gpu_hours == pytest.approx(16 * 60 / 3600, rel=1e-6)

@@ -15,7 +15,7 @@ import pytest
 
 from controlplane.config import Config, load_config
 from controlplane.inventory import NodeRow
-from controlplane.service.observing import build_snapshot
+from controlplane.loop.observe import build_snapshot
 from controlplane.service.queueing import ApiError, JobService, job_to_json
 from controlplane.service.runner import (
     LIVE_LOG_CACHE_S,

@@ -20,8 +20,8 @@ import pytest
 import ray
 
 from controlplane.config import load_config
+from controlplane.loop.tick import TICK_STALL_MIN_S, TICK_STALL_TICKS, tick_stalled
 from controlplane.service.api import ApiServer
-from controlplane.service.controller import TICK_STALL_MIN_S, TICK_STALL_TICKS, tick_stalled
 from controlplane.service.queueing import JobService
 from controlplane.service.retention import DAY_S, Retention
 from controlplane.service.runner import JobRunner, RayJobs
@@ -214,9 +214,9 @@ def test_a_controller_whose_ticks_stopped_is_not_live(tmp_path: Path) -> None:
     controller = Controller(to_dict(cfg), "t" * 32, start=False)
     try:
         assert controller.liveness() is None  # just started: within the limit
-        controller._tick_starts.append(time.time() - TICK_STALL_MIN_S - 5)
+        controller.loop.tick_starts.append(time.time() - TICK_STALL_MIN_S - 5)
         assert str(controller.liveness()).startswith("tick-stalled")
-        controller._tick_starts.append(time.time())
+        controller.loop.tick_starts.append(time.time())
         assert controller.liveness() is None
     finally:
         controller.shutdown()

@@ -430,7 +430,7 @@ def test_a_queued_job_restarts_on_the_next_admission_with_a_new_token(env: Any) 
 
 def test_a_restart_waits_for_its_backoff(env: Any) -> None:
     from controlplane.inventory import NodeRow
-    from controlplane.service.observing import build_snapshot
+    from controlplane.loop.observe import build_snapshot
 
     store, _cfg, fake, clock, runner = env
     job_id = running(store, fake, runner)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from controlplane.config import Config
-from controlplane.service.controller import Controller
+from controlplane.loop.health import HealthKeeper
 from controlplane.telemetry.manager import AgentRef, ensure_agents, vet_agents
 from policies.health import BreakerState, NodeVerdict, Verdict
 from tests.unit.builders import node, snapshot
@@ -118,54 +118,45 @@ def test_the_controller_records_ids_and_reports_impostors() -> None:
     puts: dict[str, Any] = {}
     fake = SimpleNamespace(
         _agent_ids={"a": "65", "gone": "70"},
-        store=SimpleNamespace(
-            record_event=lambda k, m: events.append((k, m)),
-            put=lambda k, v: puts.__setitem__(k, v),
-        ),
+        store=SimpleNamespace(put=lambda k, v: puts.__setitem__(k, v)),
+        _record=lambda k, m: events.append((k, m)),
     )
     refs = [
         AgentRef("a", "cluster", started=False, actor_id="65"),
         AgentRef("b", "cluster", started=True, actor_id="66"),
         AgentRef("c", "cluster", started=False, impostor="beef"),
     ]
-    Controller._trust_agents(fake, refs)  # type: ignore[arg-type]
+    HealthKeeper._trust_agents(fake, refs)  # type: ignore[arg-type]
     assert fake._agent_ids == {"a": "65", "b": "66"} and puts == {"health.agents": fake._agent_ids}
     assert [k for k, _ in events] == ["health.agent_impostor"]
     assert "node c: actor beef held the telemetry agent's name" in events[0][1]
 
 
-class FakeGauge:
-    def __init__(self) -> None:
-        self.series: dict[tuple[tuple[str, str], ...], float] = {}
-        self.sets: list[dict[str, str]] = []
+class FakeSink:
+    """The loop's `MetricSink`: every gauge set, in order."""
 
-    def set(self, value: float, tags: dict[str, str] | None = None) -> None:
-        key = tuple(sorted((tags or {}).items()))
-        self.series[key] = value
-        self.sets.append(dict(tags or {}))
+    def __init__(self) -> None:
+        self.sets: list[tuple[str, float, dict[str, str]]] = []
+
+    def set(self, name: str, value: float, tags: dict[str, str] | None = None) -> None:
+        self.sets.append((name, value, dict(tags or {})))
+
+    def inc(self, name: str, tags: dict[str, str] | None = None) -> None:
+        raise AssertionError("no counter here")
 
 
 def test_verdict_series_follow_the_live_nodes() -> None:
-    gauges: dict[str, FakeGauge] = {}
-
-    def metrics() -> dict[str, FakeGauge]:
-        for name in ("verdict", "cordoned", "breaker_open", "removals_held"):
-            gauges.setdefault(name, FakeGauge())
-        return gauges
-
     fake = SimpleNamespace(
-        _metrics=metrics,
         verdicts={"n0": NodeVerdict("n0", Verdict.UNHEALTHY)},
         remediator=SimpleNamespace(cordoned={}),
         breaker=SimpleNamespace(state=BreakerState(held=("n0",), opened_s=0.0)),
-        _verdict_series=set(),
     )
     # An autoscaler adds and removes nodes: 50 come and go, 2 at a time.
     for i in range(0, 50, 2):
-        gauges.get("verdict", FakeGauge()).sets.clear()
+        sink = FakeSink()
         snap = snapshot([node(f"n{i}"), node(f"n{i + 1}")])
-        Controller._export_health_metrics(fake, snap)  # type: ignore[arg-type]
-        tagged = {s["node"] for s in gauges["verdict"].sets}
+        HealthKeeper.export_metrics(fake, snap, sink)  # type: ignore[arg-type]
+        tagged = {t["node"] for name, _, t in sink.sets if name == "rcp_node_verdict"}
         assert tagged == {f"n{i}", f"n{i + 1}"}  # departed nodes are not set again (not zeroed)
-        assert fake._verdict_series == {(f"n{i}", "cluster"), (f"n{i + 1}", "cluster")}
-    assert gauges["breaker_open"].series[()] == 1.0 and gauges["removals_held"].series[()] == 1.0
+        last = {name: value for name, value, _ in sink.sets}
+        assert last["rcp_health_breaker_open"] == 1.0 and last["rcp_health_removals_held"] == 1.0

@@ -1,31 +1,73 @@
-"""The observe phase: one frozen `ClusterSnapshot` from Ray's node inventory and the store.
+"""The observe phase: one frozen snapshot of nodes, jobs and Serve replicas per tick.
 
-Owns: turning node rows (`controlplane.inventory.list_nodes`) and job records into the
-snapshot's plain values, keeping the snapshot's contract:
+Owns: `observe`, which moves jobs along first (`JobActions.reconcile`: Ray Job states and
+the job signals: RUNNING, SUCCEEDED, preemption done...), then reads the active jobs from the
+store (by index: never the finished jobs of the past), the node inventory, the nodes Ray
+drains (they count as capacity no more: ``healthy=False``) and the serving plane (`ServeView`
+and the load board), into one `Observation`. Node health (telemetry verdicts) is applied on
+top by `controlplane.loop.health` in the same phase (`with_health`).
+
+The snapshot's rules (`build_snapshot`, pure given its inputs, so tests can feed rows):
 
 * ``gpus_free`` of a node = min(what Ray reports available, gpus_total - GPUs that gangs
   ADMITTED or RUNNING hold there per the store). Ray's figure already excludes Serve replicas
   and gangs it has placed; the store's covers gangs admitted but not yet visible to Ray.
 * every ADMITTED or RUNNING job is a `RunningGang`, with ``preempting`` set while a
   preemption is in progress (until its GPUs are released and it goes back to QUEUED);
-* queued jobs carry ``not_before_s`` (gang-start backoff) from the store.
+* queued jobs carry ``not_before_s`` (gang-start backoff) from the store;
+* Serve replicas come from the `ServeView` (`observe`), not from `build_snapshot`.
 
-Serve replicas are left out of the snapshot here (the serving plane builds its own part); the
-GPUs they hold are still excluded from ``gpus_free`` through Ray's availability.
-
-Must not: change anything. `build_snapshot` is pure given its inputs, so tests can feed rows.
+Must not: change anything (reconcile is the job runner's own bookkeeping).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from dataclasses import replace
 
+from controlplane.adapters.serve import ServePlane, ServeView
 from controlplane.inventory import NodeRow
-from controlplane.store import JobRecord, JobState
+from controlplane.loop.types import JobActions, NodeInventory, Observation
+from controlplane.store import JobRecord, JobState, Store
+from policies.health import NodeVerdict, with_verdicts
 from policies.snapshot import ClusterSnapshot, NodeView, Pool, QueuedJob, RunningGang
 
-__all__ = ["HOLDING_STATES", "build_snapshot"]
+__all__ = ["ACTIVE_STATES", "HOLDING_STATES", "build_snapshot", "observe", "with_health"]
+
+ACTIVE_STATES = (JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING)
+
+
+def observe(
+    now_s: float,
+    jobs: JobActions,
+    store: Store,
+    nodes: NodeInventory,
+    draining: frozenset[str],
+    serve: ServePlane | None,
+) -> Observation:
+    jobs.reconcile()
+    records = tuple(store.list_jobs(states=list(ACTIVE_STATES)))
+    snapshot = build_snapshot(now_s, nodes.list_nodes(), records)
+    view = serve.view() if serve is not None else ServeView()
+    loads: Mapping[str, float] = dict(serve.loads()) if serve is not None and view.deployed else {}
+    snapshot = replace(
+        snapshot,
+        nodes=tuple(
+            replace(n, healthy=False) if n.node_id in draining else n for n in snapshot.nodes
+        ),
+        serve_replicas=view.replicas,
+    )
+    return Observation(snapshot=snapshot, jobs=records, draining=draining, serve=view, loads=loads)
+
+
+def with_health(observation: Observation, verdicts: Mapping[str, NodeVerdict]) -> Observation:
+    """`observation` with its verdicts, unhealthy nodes out of the snapshot's capacity."""
+    return replace(
+        observation,
+        snapshot=with_verdicts(observation.snapshot, verdicts),
+        verdicts=dict(verdicts),
+    )
+
 
 HOLDING_STATES = (JobState.ADMITTED, JobState.RUNNING)
 
@@ -56,7 +98,7 @@ def build_snapshot(
             placement = _placement(job)
             for node_id, gpus in placement.items():
                 held[node_id] = held.get(node_id, 0) + gpus
-            ckpt: Mapping[str, Any] = job.info.get("checkpoint") or {}
+            ckpt = job.info.get("checkpoint") or {}
             running.append(
                 RunningGang(
                     job_id=job.job_id,

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from controlplane.loop.record import EventKind
 from policies.health import (
     BreakerState,
     NodeVerdict,
@@ -41,7 +42,7 @@ from policies.health import (
 )
 from policies.snapshot import ClusterSnapshot
 
-__all__ = ["Breaker", "NodeActions", "RayNodeControl", "Remediator"]
+__all__ = ["Breaker", "NodeActions", "Remediator"]
 
 log = logging.getLogger(__name__)
 
@@ -68,63 +69,6 @@ class NodeActions(Protocol):
     def holds_gpus(self, node_id: str) -> bool:
         """Whether anything holds a GPU of the node now, as Ray itself accounts it."""
         ...
-
-
-class RayNodeControl:
-    """`NodeActions` through the GCS client of the connected driver (or actor)."""
-
-    def _gcs(self) -> Any:
-        import ray
-
-        return ray._private.worker.global_worker.gcs_client
-
-    def draining(self) -> Mapping[str, int]:
-        import ray
-
-        return dict(ray._private.state.state.get_draining_nodes())
-
-    def drain(self, node_id: str, reason: str, deadline_s: float) -> bool:
-        from ray.core.generated import autoscaler_pb2
-
-        deadline_ms = int((time.time() + deadline_s) * 1000)
-        accepted, message = self._gcs().drain_node(
-            node_id,
-            autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
-            reason,
-            deadline_ms,
-        )
-        if not accepted:
-            log.warning("Ray did not accept draining %s: %s", node_id, message)
-        return bool(accepted)
-
-    def stop(self, node_id: str) -> bool:
-        from controlplane.telemetry.manager import stop_agent
-
-        # The agent is the last thing of ours there; once it is gone a drained raylet exits on
-        # its own. The GCS call makes sure it does.
-        stop_agent(node_id)
-        stopped = self._gcs().drain_nodes(node_ids=[bytes.fromhex(node_id)])
-        return len(stopped) > 0
-
-    def holds_gpus(self, node_id: str) -> bool:
-        import ray
-
-        total = next(
-            (n.get("Resources", {}) for n in ray.nodes() if n["NodeID"] == node_id and n["Alive"]),
-            None,
-        )
-        if total is None:  # gone already
-            return False
-        available = ray._private.state.available_resources_per_node().get(node_id, {})
-        return float(available.get("GPU", 0.0)) < float(total.get("GPU", 0.0))
-
-    def hostname(self, node_id: str) -> str | None:
-        import ray
-
-        for n in ray.nodes():
-            if n["NodeID"] == node_id:
-                return str(n.get("NodeManagerHostname") or "") or None
-        return None
 
 
 @dataclass
@@ -161,7 +105,9 @@ class Remediator:
             return False
         if self.nodes.drain(node_id, reason, self.drain_deadline_s):
             self.cordoned[node_id] = now_s
-            self.record("health.cordon", f"node {node_id}: nothing new lands there; {reason}")
+            self.record(
+                EventKind.HEALTH_CORDON, f"node {node_id}: nothing new lands there; {reason}"
+            )
             if self.count_removal is not None:
                 try:
                     self.count_removal(now_s)
@@ -196,7 +142,7 @@ class Remediator:
                 return False
             how = "raylet stopped; the autoscaler replaces the node"
         self.replaced[node_id] = now_s
-        self.record("health.drain", f"node {node_id} drained and removed ({how}); {reason}")
+        self.record(EventKind.HEALTH_DRAIN, f"node {node_id} drained and removed ({how}); {reason}")
         return True
 
     def forget(self, alive: set[str]) -> None:
@@ -238,7 +184,7 @@ class Breaker:
             held = self.state.held
             shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
             self.record(
-                "health.breaker",
+                EventKind.HEALTH_BREAKER,
                 f"open: {len(held)} unhealthy node(s) not taken out ({shown}): at most "
                 f"{b.max_nodes} nodes, and {b.max_pool_fraction:.0%} of a pool (at least 1), "
                 f"per {b.window_s:g} s. Verdicts are shown and alerted on, not acted on, and no "
@@ -248,7 +194,7 @@ class Breaker:
             )
         elif self.state.open and before.held and not self.state.held:
             self.record(
-                "health.breaker",
+                EventKind.HEALTH_BREAKER,
                 "no unhealthy node is held any more; the breaker stays open (a new fault is "
                 "held too) until an operator resets it (rcp health-breaker --reset)",
             )
@@ -266,5 +212,5 @@ class Breaker:
             )
         else:
             message = f"reset by {by}: it was closed; nothing changes"
-        self.record("health.breaker_reset", message)
+        self.record(EventKind.HEALTH_BREAKER_RESET, message)
         return before

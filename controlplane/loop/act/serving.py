@@ -1,0 +1,261 @@
+"""The Serve actuator: applies the serving plan and advances the moves in flight.
+
+Owns: carrying out, item by item, what the serving policies returned:
+
+* `RequestExternalCapacity` -> the Ray autoscaler's ``request_resources`` with one bundle per
+  external replica wanted (event ``serve.external_capacity``);
+* `MoveServeReplicas` -> a tracked `operations.MoveOperation`, persisted in the store
+  (``serving.operations``) before its first write, advanced one step per tick (`advance`),
+  events ``serve.move.start`` / ``serve.move.done`` / ``serve.move.unwound``;
+* `ScaleServePool` -> the pool's target (``serve.scale``): a scale-up returns at once (the
+  replicas are routed to once RUNNING, by a later `SetRouteWeights`); a scale-down waits
+  (``serve.scale.wait``, retried next tick) until every other pool of the model runs all of
+  its target, then routes away from the leaving replicas before it lowers the target;
+* `SetRouteWeights` -> the route table, when it differs from what is deployed;
+* on Kubernetes with the in-tree autoscaler off, the external worker group's size
+  (`ExternalGroup`, level-triggered, re-asserted every `EXTERNAL_GROUP_RECHECK_S`).
+
+While a model has a move in flight, the operation owns its replicas and routes: scale and
+route items for it are left for the policies to decide again once the move ends.
+
+A restarted controller reads the operations back (`load`), says so once
+(``serve.resume``) and resumes them where they were.
+
+Must not: decide, or wait for a replica to start or stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from controlplane.adapters.serve import ServePlane, ServeView
+from controlplane.loop.act import operations
+from controlplane.loop.act.operations import MoveOperation, MoveOutcome
+from controlplane.loop.record import EventKind
+from controlplane.loop.types import MetricSink
+from controlplane.store import Store
+from policies.placement import PoolTargets
+from policies.plan import (
+    Action,
+    MoveServeReplicas,
+    RequestExternalCapacity,
+    ScaleServePool,
+    SetRouteWeights,
+)
+from serve.config import ServingConfig
+
+__all__ = [
+    "EXTERNAL_GROUP_RECHECK_S",
+    "OPERATIONS_KEY",
+    "ExternalGroup",
+    "ServeActuator",
+]
+
+log = logging.getLogger(__name__)
+
+OPERATIONS_KEY = "serving.operations"
+LEGACY_INFLIGHT_KEY = "serving.inflight"
+"""Where a controller before the single loop kept the plan it was applying."""
+EXTERNAL_GROUP_RECHECK_S = 30.0
+
+Recorder = Callable[[EventKind, str], None]
+
+
+class ServeActuator:
+    def __init__(
+        self,
+        serve: ServePlane,
+        serving: ServingConfig,
+        store: Store,
+        record: Recorder,
+        metrics: MetricSink,
+    ) -> None:
+        self.serve = serve
+        self.models = {m.name: m for m in serving.models}
+        self.timeout_s = float(serving.ready_timeout_s)
+        self.store = store
+        self._record = record
+        self.metrics = metrics
+        self.operations: list[MoveOperation] = self.load()
+        self._resumed = False
+
+    def load(self) -> list[MoveOperation]:
+        raw = self.store.get_value(OPERATIONS_KEY, None) or []
+        ops: list[MoveOperation] = []
+        for item in raw:
+            try:
+                ops.append(MoveOperation.from_dict(item))
+            except (KeyError, ValueError, AssertionError):
+                log.exception("dropping an unreadable stored move %r", item)
+        return ops
+
+    def _save(self) -> None:
+        if self.operations:
+            self.store.put(OPERATIONS_KEY, [op.to_dict() for op in self.operations])
+        else:
+            self.store.delete(OPERATIONS_KEY)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a move is in flight (the serving policies then wait for it)."""
+        return bool(self.operations)
+
+    def moving(self) -> set[str]:
+        return {op.model for op in self.operations}
+
+    # -- each tick -----------------------------------------------------------------------------
+
+    def advance(self, now_s: float) -> None:
+        """Take every move in flight one step further (see `operations`)."""
+        if not self._resumed:
+            self._resumed = True
+            self.store.delete(LEGACY_INFLIGHT_KEY)
+            if self.operations:
+                shown = "; ".join(f"{op.describe()} ({op.phase.value})" for op in self.operations)
+                self._record(
+                    EventKind.SERVE_RESUME,
+                    f"resuming after a restart with {len(self.operations)} move(s) in flight: "
+                    f"{shown}",
+                )
+        if not self.operations:
+            return
+        left: list[MoveOperation] = []
+        changed = False
+        for op in self.operations:
+            new, outcome = operations.advance(op, self.serve, now_s, self.timeout_s)
+            if outcome is MoveOutcome.DONE:
+                changed = True
+                self._record(
+                    EventKind.SERVE_MOVE_DONE,
+                    f"{op.model}: moved {op.num_replicas} in {now_s - op.started_s:.1f}s",
+                )
+                self.metrics.inc("rcp_serve_moves_total", {"model": op.model})
+            elif outcome is MoveOutcome.UNWOUND:
+                changed = True
+                self._record(
+                    EventKind.SERVE_MOVE_UNWOUND,
+                    f"{op.describe()}: the {op.phase.value} step did not finish within "
+                    f"{self.timeout_s:g}s; "
+                    + (
+                        f"{op.to_pool.value} put back to {op.to_target - op.num_replicas}"
+                        if op.phase is operations.MovePhase.MAKE
+                        else "left where it got; the policies settle the rest"
+                    ),
+                )
+            else:
+                changed = changed or new != op
+                left.append(new)
+        self.operations = left
+        if changed:
+            self._save()
+
+    def apply(
+        self,
+        plan: tuple[Action, ...],
+        targets: tuple[PoolTargets, ...],
+        view: ServeView,
+        now_s: float,
+    ) -> None:
+        """Apply the serving plan in its order (external capacity, moves, scales, routes)."""
+        started: set[str] = set()
+        for a in plan:
+            if isinstance(a, RequestExternalCapacity):
+                self.serve.request_external(self.external_bundles(targets))
+                self._record(EventKind.SERVE_EXTERNAL_CAPACITY, a.reason)
+            elif isinstance(a, MoveServeReplicas):
+                if self._start(a, view, now_s):
+                    started.add(a.model)
+            elif isinstance(a, ScaleServePool | SetRouteWeights):
+                if a.model in started or a.model in self.moving():
+                    continue  # the move owns this model's replicas and routes until it ends
+                if isinstance(a, ScaleServePool):
+                    self._scale(a, view)
+                elif a.weights != view.weights(a.model):
+                    self.serve.set_route_weights(a.model, dict(a.weights))
+
+    def _start(self, a: MoveServeReplicas, view: ServeView, now_s: float) -> bool:
+        if a.num_replicas <= 0 or a.model in self.moving():
+            return False
+        op = operations.start(a, view, now_s)
+        if op is None:
+            return False
+        self.operations.append(op)
+        self._save()  # before the first write: a restarted controller resumes it
+        self._record(EventKind.SERVE_MOVE_START, f"{op.describe()}: {a.reason}")
+        new, _ = operations.advance(op, self.serve, now_s, self.timeout_s)
+        if new != op:
+            self.operations[-1] = new
+            self._save()
+        return True
+
+    def _scale(self, a: ScaleServePool, view: ServeView) -> None:
+        have = view.target(a.model, a.pool)
+        if a.num_replicas < have and not view.others_ready(a.model, a.pool):
+            self._record(
+                EventKind.SERVE_SCALE_WAIT,
+                f"{a.model}/{a.pool.value}: {have} -> {a.num_replicas} waits for the other pool",
+            )
+            return
+        self._record(EventKind.SERVE_SCALE, f"{a.model}/{a.pool.value}: {a.reason}")
+        self.serve.scale_pool(a.model, a.pool, a.num_replicas)
+
+    def external_bundles(self, targets: tuple[PoolTargets, ...]) -> list[dict[str, float]]:
+        """One resource bundle per external replica wanted, for ``request_resources``."""
+        bundles: list[dict[str, float]] = []
+        for t in targets:
+            m = self.models[t.model]
+            bundle = {"GPU": float(m.num_gpus), "CPU": float(m.num_cpus), "pool_external": 1.0}
+            bundles.extend(dict(bundle) for _ in range(t.external))
+        return bundles
+
+
+class ScaleOutcome(Protocol):
+    @property
+    def changed(self) -> bool: ...
+
+    @property
+    def refused(self) -> str | None: ...
+
+    @property
+    def detail(self) -> str: ...
+
+
+class ExternalGroup:
+    """On Kubernetes with the in-tree autoscaler off, the external worker group's size set
+    through the RayCluster (``request_resources`` alone would reach no autoscaler).
+
+    Level-triggered: set whenever what the policy wants differs from what was last applied,
+    and re-asserted every `EXTERNAL_GROUP_RECHECK_S` (a failed or overwritten scale is
+    repaired; an unchanged one costs one read). `scale(nodes)` is the Kubernetes adapter's
+    ``scale_external``, made on first use."""
+
+    def __init__(
+        self,
+        gpus_per_node: int,
+        scale: Callable[[], Callable[[int], ScaleOutcome] | None],
+        record: Recorder,
+    ) -> None:
+        self.gpus_per_node = max(1, gpus_per_node)
+        self._make = scale
+        self._scale: Callable[[int], ScaleOutcome] | None = None
+        self._record = record
+        self.applied: int | None = None
+        self.recheck_at = 0.0
+
+    def apply(self, requested_gpus: int) -> None:
+        nodes = -(-requested_gpus // self.gpus_per_node)
+        now = time.monotonic()
+        if nodes == self.applied and now < self.recheck_at:
+            return
+        if self._scale is None:
+            self._scale = self._make()
+        if self._scale is None:
+            return
+        result = self._scale(nodes)
+        self.applied = nodes
+        self.recheck_at = now + EXTERNAL_GROUP_RECHECK_S
+        if result.changed or result.refused:
+            self._record(EventKind.SERVE_EXTERNAL_GROUP, result.detail)

@@ -1,0 +1,140 @@
+"""The decide phase: every pure policy, in one batch, on one observation.
+
+Owns: `decide(observation, policies, admission_state, serving_state)` -> `Decision`:
+
+1. admission (`policies.admission.decide`): admissions, preemptions, rejections and, for the
+   head of the queue, the serve replicas it claims (`MoveServeReplicas` with the node ids);
+2. health remediation (`policies.health.remediate`) when ``health.act``;
+3. demand (`policies.demand.decide_replicas`) per served model, then placement
+   (`policies.placement.decide`) with admission's claims handed over in-process, as data:
+   placement's yield move carries the claim's node ids and job;
+4. the serving plan: placement's actions, and a `ScaleServePool` for every pool whose new
+   target differs from what Serve has once the moves are counted in.
+
+Placement's memory of route weights is replaced by what Serve has deployed (`ServeView`), so
+its `SetRouteWeights` is level-triggered: repeated until the deployed table matches.
+
+The serving policies are skipped while a move is in flight (``serving_busy``): the tracked
+operation owns the model's replicas and routes until it ends (as the serving thread, blocked
+in a move, once did).
+
+Must not: read a clock, call Ray or the store, or hold state (it comes in and goes out).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from controlplane.adapters.serve import ServeView
+from controlplane.loop.types import Decision, Observation, ServingPolicyState
+from policies import admission, health, placement
+from policies.admission import AdmissionConfig, AdmissionState
+from policies.demand import DemandConfig, DemandLoad, DemandState, decide_replicas
+from policies.placement import ModelDemand, PlacementConfig, PoolTargets
+from policies.plan import Action, MoveServeReplicas, Plan, ScaleServePool, SetRouteWeights
+from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
+
+__all__ = ["Policies", "decide", "decide_serving"]
+
+
+@dataclass(frozen=True)
+class Policies:
+    """Every policy's config, built once from `controlplane.config.Config`."""
+
+    admission: AdmissionConfig
+    placement: PlacementConfig
+    demand: Mapping[str, DemandConfig]
+    """Per served model."""
+    gpus_per_replica: Mapping[str, float]
+    act_on_health: bool = True
+
+
+def decide(
+    observation: Observation,
+    policies: Policies,
+    admission_state: AdmissionState,
+    serving_state: ServingPolicyState,
+    *,
+    serving_busy: bool = False,
+) -> Decision:
+    """One tick's plans (see the module doc)."""
+    snapshot = observation.snapshot
+    plan, new_admission = admission.decide(snapshot, policies.admission, admission_state)
+    remediation = health.remediate(snapshot, observation.verdicts) if policies.act_on_health else ()
+    claims = tuple(a for a in plan if isinstance(a, MoveServeReplicas))
+    decision = Decision(
+        admission=plan, admission_state=new_admission, remediation=remediation, claims=claims
+    )
+    if not observation.serve.deployed or serving_busy or not policies.demand:
+        return decision
+    serving, targets, new_serving = decide_serving(
+        snapshot, observation.serve, observation.loads, policies, serving_state, claims
+    )
+    return replace(decision, serving=serving, serving_state=new_serving, targets=targets)
+
+
+def decide_serving(
+    snapshot: ClusterSnapshot,
+    serve: ServeView,
+    loads: Mapping[str, float],
+    policies: Policies,
+    state: ServingPolicyState,
+    claims: tuple[MoveServeReplicas, ...] = (),
+) -> tuple[Plan, tuple[PoolTargets, ...], ServingPolicyState]:
+    """Demand then placement for every model; the serving plan, targets and new state."""
+    demands: list[ModelDemand] = []
+    new_demand = dict(state.demand)
+    for name, config in sorted(policies.demand.items()):
+        current = sum(
+            1
+            for r in snapshot.serve_replicas
+            if r.model == name and r.state in (ReplicaState.RUNNING, ReplicaState.STARTING)
+        )
+        wanted, new_demand[name] = decide_replicas(
+            DemandLoad(
+                ongoing_requests=float(loads.get(name, 0.0)),
+                current_replicas=current,
+                now_s=snapshot.now_s,
+            ),
+            config,
+            state.demand.get(name, DemandState()),
+        )
+        gpus = max(1, math.ceil(policies.gpus_per_replica.get(name, 1.0)))
+        demands.append(ModelDemand(name, wanted.num_replicas, config.min_replicas, gpus))
+    deployed = {d.model: serve.weights(d.model) for d in demands}
+    placement_state = replace(
+        state.placement, route_weights={m: w for m, w in deployed.items() if w}
+    )
+    (targets, actions), new_placement = placement.decide(
+        snapshot, tuple(demands), policies.placement, placement_state, claims=claims
+    )
+    plan = _with_scales(actions, targets, serve)
+    return plan, targets, ServingPolicyState(new_demand, new_placement)
+
+
+def _with_scales(
+    actions: tuple[Action, ...], targets: tuple[PoolTargets, ...], serve: ServeView
+) -> Plan:
+    """Placement's actions with a `ScaleServePool` for each pool whose target differs from
+    Serve's once the moves are counted in; moves and scales before route weights."""
+    expected = {key: view.target for key, view in serve.pools.items()}
+    for a in actions:
+        if isinstance(a, MoveServeReplicas):
+            have = expected.get((a.model, a.from_pool), 0)
+            n = min(a.num_replicas, have)
+            expected[(a.model, a.from_pool)] = have - n
+            expected[(a.model, a.to_pool)] = expected.get((a.model, a.to_pool), 0) + n
+    ups: list[Action] = []
+    downs: list[Action] = []
+    for t in targets:
+        for pool, want in ((Pool.CLUSTER, t.cluster), (Pool.EXTERNAL, t.external)):
+            have = expected.get((t.model, pool), 0)
+            if want != have:
+                why = f"{have} -> {want}" + (f" ({t.note})" if t.note else "")
+                (ups if want > have else downs).append(ScaleServePool(t.model, pool, want, why))
+    # Scale-ups first (nothing waits on them), then scale-downs (each re-routes first).
+    routes = tuple(a for a in actions if isinstance(a, SetRouteWeights))
+    others = tuple(a for a in actions if not isinstance(a, SetRouteWeights))
+    return others + tuple(ups) + tuple(downs) + routes

@@ -1,0 +1,295 @@
+"""Node health in the loop: verdicts (observe) and taking bad nodes out (act).
+
+Owns: the health half of a tick and its memory, `HealthKeeper`:
+
+* observe (`verdicts`): a telemetry agent on every node (`Telemetry.ensure_agents`, trusting
+  only the actor ids this controller recorded, kept in the store under ``health.agents``),
+  their recent samples, one verdict per node (`controlplane.telemetry.verdicts.judge`; the
+  policy's memory, lemon records included, lives under ``health.state``), the verdicts to act
+  on (`policies.health.acting_verdicts`) and the breaker (`remediation.Breaker`, stored under
+  ``health.breaker``). Our agent leaves a node Ray drains for someone else once it is empty;
+* act (`act`): `CordonNode` -> Ray drain, `PreemptJob` -> the job runner (checkpoint first,
+  re-queue), `DrainNode` -> the node is replaced (`remediation.Remediator`); the drains this
+  controller asked for are stored under ``health.cordoned`` (Ray does not say who asked);
+* the operator's requests (`clear_node`, `breaker_status`, `reset_breaker`), which may come
+  from the API thread while a tick runs: each holds its lock.
+
+A `MoveServeReplicas` from `policies.health.remediate` needs no step of its own: the cordon
+(a Ray drain) makes Serve start replacements elsewhere before it stops the replicas there,
+and the node, marked unhealthy in the snapshot, leaves placement's cluster budget, so the
+serving policies move what no longer fits to the external pool in the same decide phase.
+
+Must not: decide (the health policy does) or touch Ray except through the adapters.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+from controlplane.config import Config
+from controlplane.loop.record import EventKind
+from controlplane.loop.remediation import Breaker, NodeActions, Remediator
+from controlplane.loop.types import AgentRefLike, JobActions, MetricSink, Telemetry
+from controlplane.store import Store
+from controlplane.telemetry.verdicts import judge
+from policies.health import (
+    BreakerState,
+    CordonNode,
+    HealthState,
+    NodeVerdict,
+    RemediationAction,
+    Verdict,
+    acting_verdicts,
+    clear_lemon,
+    keep_nodes,
+)
+from policies.plan import DrainNode, PreemptJob
+from policies.snapshot import ClusterSnapshot
+
+__all__ = [
+    "AGENTS_KEY",
+    "BREAKER_KEY",
+    "CORDONED_KEY",
+    "HEALTH_SAMPLES",
+    "HEALTH_STATE_KEY",
+    "HealthKeeper",
+]
+
+log = logging.getLogger(__name__)
+
+HEALTH_STATE_KEY = "health.state"
+CORDONED_KEY = "health.cordoned"
+BREAKER_KEY = "health.breaker"
+AGENTS_KEY = "health.agents"
+"""Node id -> actor id of the telemetry agent this controller created (the only ones trusted)."""
+HEALTH_SAMPLES = 16
+"""Newest samples read from each agent per tick; the policy skips those it has seen."""
+
+Recorder = Callable[[EventKind, str], None]
+
+
+class HealthKeeper:
+    def __init__(
+        self,
+        cfg: Config,
+        store: Store,
+        telemetry: Telemetry,
+        nodes: NodeActions,
+        record: Recorder,
+        *,
+        kube_remove: Callable[[str, str], object] | None = None,
+        count_removal: Callable[[float], object] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.telemetry = telemetry
+        self._record = record
+        self.verdicts: dict[str, NodeVerdict] = {}
+        """The verdicts the last tick acted on, by node id."""
+        self.agent_nodes: set[str] = set()
+        self.draining: set[str] = set()
+        """Nodes Ray drains, as of this tick's observe phase."""
+        self.drained_by_others: frozenset[str] = frozenset()
+        """Draining nodes this controller did not cordon (nothing wrong with their hardware:
+        gangs there are checkpointed and moved, but the node is not removed or tainted)."""
+        self._released: set[str] = set()
+        """Draining nodes (not ours) our agent has left."""
+        self._lock = threading.Lock()
+        """Held while the stored health state is read and written (tick vs operator clear)."""
+        self._breaker_lock = threading.Lock()
+        """Held while the breaker steps and is stored (tick vs operator reset)."""
+        self.remediator = Remediator(
+            nodes,
+            drain_deadline_s=cfg.health.drain_deadline_s,
+            replace_drained=cfg.health.replace_drained,
+            record=lambda kind, message: record(EventKind(kind), message),
+            kube_remove=kube_remove,
+            count_removal=count_removal,
+        )
+        # The drains this controller asked for survive a restart (Ray does not say who asked).
+        self.remediator.cordoned.update(store.get_value(CORDONED_KEY, {}) or {})
+        self._saved_cordons: dict[str, float] = dict(self.remediator.cordoned)
+        self.breaker = Breaker(
+            cfg.health.breaker,
+            record=lambda kind, message: record(EventKind(kind), message),
+            state=BreakerState.from_dict(store.get_value(BREAKER_KEY, {}) or {}),
+        )
+        self._agent_ids: dict[str, str] = dict(store.get_value(AGENTS_KEY, {}) or {})
+
+    # -- observe -------------------------------------------------------------------------------
+
+    def observe_draining(self) -> frozenset[str]:
+        self.draining = set(self.remediator.nodes.draining())
+        return frozenset(self.draining)
+
+    def judge(self, snapshot: ClusterSnapshot) -> dict[str, NodeVerdict]:
+        """Verdicts by node id; the policy's memory goes back to the store."""
+        refs = self.telemetry.ensure_agents(
+            set(self.remediator.cordoned) | self.draining, self._agent_ids
+        )
+        self._trust_agents(refs)
+        self.agent_nodes = {r.node_id for r in refs if not r.idle_external}
+        self._release_drained_by_others(snapshot)
+        with self._lock:
+            state = HealthState.from_dict(self.store.get_value(HEALTH_STATE_KEY, {}) or {})
+            samples = self.telemetry.collect_samples(
+                HEALTH_SAMPLES,
+                self.cfg.policy.tick_s,
+                {n: s.last_sampled_s for n, s in state.nodes.items()},
+                self._agent_ids,
+            )
+            verdicts, new_state = judge(samples, self.cfg.health, state, snapshot.now_s)
+            new_state = keep_nodes(new_state, (n.node_id for n in snapshot.nodes))
+            self.store.put(HEALTH_STATE_KEY, new_state.to_dict())
+        verdicts, self.drained_by_others = acting_verdicts(
+            verdicts, self.verdicts, self.remediator.cordoned, self.draining, snapshot
+        )
+        self.remediator.forget({n.node_id for n in snapshot.nodes})
+        if self.cfg.health.act:
+            out = set(self.remediator.cordoned) | self.draining
+            with self._breaker_lock:
+                before = self.breaker.state
+                verdicts = self.breaker.step(verdicts, snapshot, out, snapshot.now_s)
+                if self.breaker.state != before:
+                    self.store.put(BREAKER_KEY, self.breaker.state.to_dict())
+        return verdicts
+
+    def _trust_agents(self, refs: Sequence[AgentRefLike]) -> None:
+        """Record the actor id of every agent this controller created; an actor under an
+        agent's name with another id was killed by `ensure_agents` and is logged here."""
+        ids: dict[str, str] = {}
+        for r in refs:
+            if r.impostor is not None:
+                self._record(
+                    EventKind.HEALTH_AGENT_IMPOSTOR,
+                    f"node {r.node_id}: actor {r.impostor} held the telemetry agent's name but "
+                    "was not started by this controller (a user's job, or an agent started "
+                    "before agent ids were recorded); killed, its readings ignored, a trusted "
+                    "agent replaces it",
+                )
+            elif r.started and r.actor_id is not None:
+                ids[r.node_id] = r.actor_id
+            elif r.node_id in self._agent_ids:
+                ids[r.node_id] = self._agent_ids[r.node_id]
+        if ids != self._agent_ids:
+            self._agent_ids = ids
+            self.store.put(AGENTS_KEY, dict(ids))
+
+    def _release_drained_by_others(self, snapshot: ClusterSnapshot) -> None:
+        """Stop our agent on a node Ray drains for someone else once nothing else runs there.
+
+        A drained raylet exits when its node is idle, and Ray counts our agent as work: left
+        running, it would keep an operator's ``ray drain-node`` from ever finishing. (Our own
+        cordons are removed by `Remediator.replace`.)"""
+        for node_id in sorted(self.draining - set(self.remediator.cordoned)):
+            if node_id in self._released:
+                continue
+            busy = any(g.gpus_by_node.get(node_id, 0) > 0 for g in snapshot.running) or any(
+                r.node_id == node_id for r in snapshot.serve_replicas
+            )
+            if busy or self.remediator.nodes.holds_gpus(node_id):
+                continue
+            self._released.add(node_id)
+            if self.telemetry.stop_agent(node_id):
+                self._record(
+                    EventKind.HEALTH_RELEASE,
+                    f"node {node_id}: drained by Ray and empty; our agent left it",
+                )
+        self._released &= self.draining
+
+    # -- act -----------------------------------------------------------------------------------
+
+    def act(
+        self,
+        remediation: Sequence[RemediationAction],
+        now_s: float,
+        jobs: JobActions,
+        metrics: MetricSink,
+        failed: Callable[[], None],
+    ) -> None:
+        """Cordon, checkpoint-and-requeue, drain: see `remediation` and `policies.health`."""
+        for action in remediation:
+            try:
+                done = None
+                if isinstance(action, CordonNode):
+                    if self.remediator.cordon(action.node_id, action.reason, now_s):
+                        done = "cordon"
+                elif isinstance(action, PreemptJob):
+                    jobs.preempt(action)
+                    done = "preempt"
+                elif isinstance(action, DrainNode) and action.node_id in self.drained_by_others:
+                    pass  # whoever drains it removes it; its host did nothing wrong
+                elif isinstance(action, DrainNode) and self.remediator.replace(
+                    action.node_id, action.reason, now_s, cause=self._cause(action.node_id)
+                ):
+                    done = "replace"
+                if done is not None:
+                    metrics.inc("rcp_health_actions_total", {"action": done})
+            except Exception:
+                failed()
+                log.exception("acting on %r failed", action)
+
+    def save_cordons(self) -> None:
+        """The nodes this controller drained, for a restarted controller."""
+        if self.remediator.cordoned != self._saved_cordons:
+            self.store.put(CORDONED_KEY, dict(self.remediator.cordoned))
+            self._saved_cordons = dict(self.remediator.cordoned)
+
+    def _cause(self, node_id: str) -> str:
+        """The short reason a node was taken out (``gpu_overheated,xid_fatal``)."""
+        v = self.verdicts.get(node_id)
+        return ",".join(r.value for r in v.reasons) if v is not None and v.reasons else "unhealthy"
+
+    # -- record --------------------------------------------------------------------------------
+
+    def export_metrics(self, snapshot: ClusterSnapshot, metrics: MetricSink) -> None:
+        for node in snapshot.nodes:
+            verdict = self.verdicts.get(node.node_id)
+            current = verdict.verdict if verdict is not None else Verdict.HEALTHY
+            for v in Verdict:
+                # A departed node's series are not set again: Ray's metrics agent drops a
+                # series not set for two report intervals, so the series follow live nodes.
+                metrics.set(
+                    "rcp_node_verdict",
+                    1.0 if v is current else 0.0,
+                    {"node": node.node_id, "pool": node.pool.value, "verdict": v.value},
+                )
+        metrics.set("rcp_nodes_cordoned", float(len(self.remediator.cordoned)))
+        metrics.set("rcp_health_breaker_open", 1.0 if self.breaker.state.open else 0.0)
+        metrics.set("rcp_health_removals_held", float(len(self.breaker.state.held)))
+
+    # -- the operator's requests ---------------------------------------------------------------
+
+    def clear_node(self, node: str) -> tuple[str, bool]:
+        """Forget `node`'s lemon record (id, prefix or suffix); (node id, cordoned)."""
+        with self._lock:
+            state = HealthState.from_dict(self.store.get_value(HEALTH_STATE_KEY, {}) or {})
+            matches = [
+                n for n in state.nodes if n == node or n.startswith(node) or n.endswith(node)
+            ]
+            if len(matches) != 1:
+                known = ", ".join(sorted(state.nodes)) or "none"
+                raise ValueError(
+                    f"{'no' if not matches else 'more than one'} node with a health record "
+                    f"matches {node!r}; nodes with records: {known}"
+                )
+            (node_id,) = matches
+            self.store.put(HEALTH_STATE_KEY, clear_lemon(state, [node_id]).to_dict())
+        self._record(EventKind.HEALTH_CLEAR, f"node {node_id}: lemon record cleared by operator")
+        return node_id, node_id in self.remediator.cordoned
+
+    def breaker_state(self) -> BreakerState:
+        with self._breaker_lock:
+            return self.breaker.state
+
+    def reset_breaker(self) -> BreakerState:
+        """Close the breaker, store it at once; the state before."""
+        with self._breaker_lock:
+            before = self.breaker.reset()
+            self.store.put(BREAKER_KEY, self.breaker.state.to_dict())
+        return before
+
+    def cordoned(self) -> Mapping[str, float]:
+        return dict(self.remediator.cordoned)

@@ -1,0 +1,202 @@
+"""The record phase: events, metrics and the vocabulary both use.
+
+Owns: `EventKind` (every kind of event the loop writes to the store's event log, a str enum
+whose values are the kinds the log has always shown), `policy_event_kind` (one kind per plan
+action), `PlanEvents` (writes each plan action once, when it first appears: level-triggered
+actions repeat every tick), and the metrics: `METRICS` (every gauge and counter the loop
+exports, by name) and `RayMetrics`, the `MetricSink` through Ray's metrics pipeline (the
+head's Prometheus endpoint, the dashboard's Metrics tab).
+
+Must not: decide or act; event messages are for people, never parsed back (what code needs
+travels as data in the plan and the operation records).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from policies.health import CordonNode, RemediationAction
+from policies.plan import (
+    Action,
+    AdmitJob,
+    DrainNode,
+    MoveServeReplicas,
+    PreemptJob,
+    RejectJob,
+    RequestExternalCapacity,
+    ScaleServePool,
+    SetRouteWeights,
+)
+
+__all__ = [
+    "METRICS",
+    "EventKind",
+    "MetricDef",
+    "PlanEvents",
+    "event_key",
+    "RayMetrics",
+    "policy_event_kind",
+]
+
+
+class EventKind(str, Enum):
+    CONTROLLER_START = "controller.start"
+    SERVE_MOVE_START = "serve.move.start"
+    SERVE_MOVE_DONE = "serve.move.done"
+    SERVE_MOVE_UNWOUND = "serve.move.unwound"
+    SERVE_RESUME = "serve.resume"
+    SERVE_SCALE = "serve.scale"
+    SERVE_SCALE_WAIT = "serve.scale.wait"
+    SERVE_EXTERNAL_CAPACITY = "serve.external_capacity"
+    SERVE_EXTERNAL_GROUP = "serve.external_group"
+    HEALTH_CORDON = "health.cordon"
+    HEALTH_DRAIN = "health.drain"
+    HEALTH_CLEAR = "health.clear"
+    HEALTH_RELEASE = "health.release"
+    HEALTH_AGENT_IMPOSTOR = "health.agent_impostor"
+    HEALTH_BREAKER = "health.breaker"
+    HEALTH_BREAKER_RESET = "health.breaker_reset"
+    POLICY_ADMIT = "policy.AdmitJob"
+    POLICY_PREEMPT = "policy.PreemptJob"
+    POLICY_REJECT = "policy.RejectJob"
+    POLICY_MOVE = "policy.MoveServeReplicas"
+    POLICY_CORDON = "policy.CordonNode"
+    POLICY_DRAIN = "policy.DrainNode"
+    POLICY_SCALE = "policy.ScaleServePool"
+    POLICY_ROUTE = "policy.SetRouteWeights"
+    POLICY_EXTERNAL = "policy.RequestExternalCapacity"
+
+
+_POLICY_KINDS: dict[type, EventKind] = {
+    AdmitJob: EventKind.POLICY_ADMIT,
+    PreemptJob: EventKind.POLICY_PREEMPT,
+    RejectJob: EventKind.POLICY_REJECT,
+    MoveServeReplicas: EventKind.POLICY_MOVE,
+    CordonNode: EventKind.POLICY_CORDON,
+    DrainNode: EventKind.POLICY_DRAIN,
+    ScaleServePool: EventKind.POLICY_SCALE,
+    SetRouteWeights: EventKind.POLICY_ROUTE,
+    RequestExternalCapacity: EventKind.POLICY_EXTERNAL,
+}
+
+
+def policy_event_kind(action: Action | RemediationAction) -> EventKind:
+    return _POLICY_KINDS[type(action)]
+
+
+def event_key(action: Action | RemediationAction) -> tuple[str, ...]:
+    """What makes an action new for the event log. Health actions are keyed by their node (and
+    model, for moves): their reasons carry live figures ("for 12 samples") that change every
+    tick while the action itself does not."""
+    kind = type(action).__name__
+    if isinstance(action, MoveServeReplicas) and action.node_ids:
+        return (kind, action.model, *action.node_ids)
+    if isinstance(action, CordonNode | DrainNode):
+        return (kind, action.node_id)
+    job_id = getattr(action, "job_id", "")
+    return (kind, str(job_id), action.reason)
+
+
+class PlanEvents:
+    """Writes each plan action to the event log in the first tick it appears."""
+
+    def __init__(self, record: Callable[[EventKind, str, str | None], None]) -> None:
+        self._record = record
+        self._last: set[tuple[str, ...]] = set()
+
+    def record(self, actions: Iterable[Action | RemediationAction]) -> None:
+        current: set[tuple[str, ...]] = set()
+        for action in actions:
+            key = event_key(action)
+            current.add(key)
+            if key not in self._last:
+                job_id = getattr(action, "job_id", None)
+                self._record(policy_event_kind(action), action.reason, job_id)
+        self._last = current
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    kind: str
+    """``gauge`` or ``counter``."""
+    description: str
+    tags: tuple[str, ...] = ()
+
+
+METRICS: dict[str, MetricDef] = {
+    "rcp_queue_depth": MetricDef("gauge", "Training jobs waiting in the queue."),
+    "rcp_gpus": MetricDef(
+        "gauge", "GPUs per pool by owner (training, serving, idle).", ("pool", "owner")
+    ),
+    "rcp_admission_wait_seconds": MetricDef(
+        "gauge", "Submission (or re-queue) to admission of the last admitted job."
+    ),
+    "rcp_tick_phase_seconds": MetricDef(
+        "gauge", "Duration of the last control-loop phase.", ("phase",)
+    ),
+    "rcp_tick_phase_errors": MetricDef(
+        "gauge", "Failed control-loop phases since start.", ("phase",)
+    ),
+    "rcp_node_verdict": MetricDef(
+        "gauge",
+        "1 for the node's current health verdict (healthy, degraded, unhealthy).",
+        ("node", "pool", "verdict"),
+    ),
+    "rcp_nodes_cordoned": MetricDef("gauge", "Nodes this controller has taken out of service."),
+    "rcp_health_breaker_open": MetricDef(
+        "gauge", "1 while the health breaker holds removals (health.breaker budget spent)."
+    ),
+    "rcp_health_removals_held": MetricDef(
+        "gauge", "Unhealthy nodes the health breaker keeps from being taken out."
+    ),
+    "rcp_health_actions_total": MetricDef(
+        "counter", "Remediation steps taken: cordon (Ray drain), preempt, replace.", ("action",)
+    ),
+    "rcp_serve_replicas": MetricDef(
+        "gauge", "Serve replicas per model, pool and state.", ("model", "pool", "state")
+    ),
+    "rcp_serve_route_weight": MetricDef(
+        "gauge", "Route weight per model and pool.", ("model", "pool")
+    ),
+    "rcp_external_gpus_requested": MetricDef("gauge", "GPUs requested from the external pool."),
+    "rcp_external_gpus_max": MetricDef(
+        "gauge", "Most GPUs the external pool may have (max_nodes x gpus_per_node)."
+    ),
+    "rcp_training_claim_gpus": MetricDef("gauge", "GPUs training asked serving to give back."),
+    "rcp_serving_phase_seconds": MetricDef(
+        "gauge", "Duration of the last serving phase of the control loop.", ("phase",)
+    ),
+    "rcp_serving_errors_total": MetricDef(
+        "counter", "Failed serving phases of the control loop.", ("phase",)
+    ),
+    "rcp_serve_moves_total": MetricDef("counter", "Make-before-break moves done.", ("model",)),
+}
+
+
+class RayMetrics:
+    """`MetricSink` through `ray.util.metrics`; each metric is made on first use."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, Any] = {}
+
+    def _metric(self, name: str) -> Any:
+        metric = self._made.get(name)
+        if metric is None:
+            from ray.util.metrics import Counter, Gauge  # deferred: ray is heavy
+
+            d = METRICS[name]
+            cls = Gauge if d.kind == "gauge" else Counter
+            metric = (
+                cls(name, d.description, tag_keys=d.tags) if d.tags else cls(name, d.description)
+            )
+            self._made[name] = metric
+        return metric
+
+    def set(self, name: str, value: float, tags: Mapping[str, str] | None = None) -> None:
+        self._metric(name).set(value, tags=dict(tags) if tags else None)
+
+    def inc(self, name: str, tags: Mapping[str, str] | None = None) -> None:
+        self._metric(name).inc(tags=dict(tags) if tags else None)

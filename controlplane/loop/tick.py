@@ -1,0 +1,374 @@
+"""The control loop: one thread, one tick every ``policy.tick_s``, in four phases.
+
+Owns: `Loop`, the only decider in the control plane. Each tick, in numbered phases that each
+catch, log and count their own failure, so the loop never dies:
+
+0. retention - at most every ``jobs.prune_interval_s`` one bounded batch of finished jobs and
+   old events leaves the store (the shell's `retention.Retention`);
+1. observe - `observe.observe` (jobs reconciled, active jobs, nodes, Ray's drains, Serve) and
+   `health.HealthKeeper.judge` (telemetry -> verdicts, breaker); unhealthy nodes leave the
+   snapshot's capacity at once (`observe.with_health`);
+2. decide - `decide.decide`: admission, health remediation, demand and placement in one batch,
+   the training claim handed from admission to placement as data;
+3. act - admission's plan through the job runner (`act.jobs`), remediation through
+   `health.HealthKeeper.act`, the serving plan through `act.serving.ServeActuator` (moves in
+   flight advanced one step first: a make-before-break move is a tracked operation, never a
+   wait), the external group on Kubernetes;
+4. record - policy state to the store (``admission.state``, ``serving.state``), new plan
+   actions to the event log (`record.PlanEvents`), metrics (`record.METRICS`), local
+   Prometheus targets, per-job gauges (the shell's hook).
+
+The thread is started by `start` and stopped by `stop`; tests call `tick` directly, with fake
+adapters (tests/unit/loop_fakes.py). `liveness` says when no tick has started for a while.
+
+Must not: touch an external system except through its adapter (`Adapters`), or decide
+anything itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from controlplane.adapters.serve import ServePlane
+from controlplane.config import Config
+from controlplane.loop.act.jobs import apply_admission
+from controlplane.loop.act.serving import ExternalGroup, ScaleOutcome, ServeActuator
+from controlplane.loop.decide import Policies, decide
+from controlplane.loop.health import HealthKeeper
+from controlplane.loop.observe import observe, with_health
+from controlplane.loop.record import EventKind, PlanEvents
+from controlplane.loop.remediation import NodeActions
+from controlplane.loop.types import (
+    Decision,
+    JobActions,
+    MetricSink,
+    NodeInventory,
+    Observation,
+    ServingPolicyState,
+    Telemetry,
+)
+from controlplane.store import JobRecord, Store
+from policies.admission import AdmissionState
+from policies.plan import AdmitJob
+from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
+
+__all__ = [
+    "ADMISSION_STATE_KEY",
+    "SERVING_STATE_KEY",
+    "TICK_STALL_MIN_S",
+    "TICK_STALL_TICKS",
+    "Adapters",
+    "Loop",
+    "TickStats",
+    "tick_stalled",
+]
+
+log = logging.getLogger(__name__)
+
+ADMISSION_STATE_KEY = "admission.state"
+SERVING_STATE_KEY = "serving.state"
+TICK_STALL_TICKS = 10
+TICK_STALL_MIN_S = 30.0
+"""/healthz fails once no tick has started for ``max(TICK_STALL_TICKS * policy.tick_s,
+TICK_STALL_MIN_S)`` seconds (`tick_stalled`): a tick hung in a phase shows, never a green
+health check over a dead loop."""
+
+SERVING_PHASES = frozenset({"3-act-serve-moves", "3-act-serve", "3-act-external-group"})
+"""Phases also reported as ``rcp_serving_phase_seconds`` / ``rcp_serving_errors_total`` (the
+serving plane's own dashboard panel and alert)."""
+
+T = TypeVar("T")
+
+
+@dataclass
+class TickStats:
+    """Counters the loop reports (`Controller.get_stats`; tests and debugging)."""
+
+    ticks: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+    last_duration_s: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Adapters:
+    """Everything outside the loop that it reads or changes, one adapter per system."""
+
+    jobs: JobActions
+    nodes: NodeInventory
+    node_actions: NodeActions
+    telemetry: Telemetry
+    metrics: MetricSink
+    serve: ServePlane | None = None
+    """None when the control plane runs no serving plane (``serve.deploy_app`` false)."""
+    prometheus_targets: Callable[[set[str]], None] | None = None
+    kube_remove: Callable[[str, str], object] | None = None
+    kube_scale_external: Callable[[], Callable[[int], ScaleOutcome] | None] | None = None
+    count_removal: Callable[[float], object] | None = None
+
+
+@dataclass
+class Hooks:
+    """The shell's own per-tick work the loop runs in its phases."""
+
+    retention: Callable[[float], object] | None = None
+    job_metrics: Callable[[ClusterSnapshot, tuple[JobRecord, ...]], None] | None = None
+
+
+def tick_stalled(last_start_s: float, now_s: float, tick_s: float) -> str | None:
+    """Why the tick loop counts as stalled, or None: the last tick (or, before the first,
+    the loop's start) began more than ``max(TICK_STALL_TICKS * tick_s, TICK_STALL_MIN_S)``
+    ago. E.g. tick_s=2: stalled after 30 s; tick_s=10: after 100 s."""
+    limit_s = max(TICK_STALL_TICKS * tick_s, TICK_STALL_MIN_S)
+    since_s = now_s - last_start_s
+    if since_s <= limit_s:
+        return None
+    return (
+        f"tick-stalled: no control loop tick has started for {since_s:.0f}s (limit "
+        f"{limit_s:g}s = max({TICK_STALL_TICKS} x policy.tick_s, {TICK_STALL_MIN_S:g}s)); "
+        "a tick phase hangs or the loop died: see the controller's log"
+    )
+
+
+class Loop:
+    def __init__(
+        self,
+        cfg: Config,
+        store: Store,
+        adapters: Adapters,
+        policies: Policies,
+        *,
+        hooks: Hooks | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.adapters = adapters
+        self.policies = policies
+        self.hooks = hooks or Hooks()
+        self.clock = clock
+        self.stats = TickStats()
+        self.tick_starts: collections.deque[float] = collections.deque(maxlen=600)
+        self.created_s = clock()
+        self.metrics = adapters.metrics
+        self.health = HealthKeeper(
+            cfg,
+            store,
+            adapters.telemetry,
+            adapters.node_actions,
+            self.record_event,
+            kube_remove=adapters.kube_remove,
+            count_removal=adapters.count_removal,
+        )
+        self.serve = (
+            ServeActuator(adapters.serve, cfg.serving, store, self.record_event, self.metrics)
+            if adapters.serve is not None
+            else None
+        )
+        kube = cfg.kubernetes
+        self.external_group = (
+            ExternalGroup(
+                cfg.pools.external.gpus_per_node, adapters.kube_scale_external, self.record_event
+            )
+            if kube.enabled
+            and not kube.autoscaler_owns_external
+            and adapters.kube_scale_external is not None
+            else None
+        )
+        self.plan_events = PlanEvents(self._record_policy)
+        self.last: Decision | None = None
+        """The last tick's decision (tests and debugging)."""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the thread ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="rcp-tick", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.tick()
+            except BaseException:  # never let the loop die
+                log.exception("tick failed outside its phases")
+            self._stop.wait(max(0.0, self.cfg.policy.tick_s - (time.monotonic() - started)))
+
+    def liveness(self) -> str | None:
+        """None while the loop is alive, else why not (what /healthz answers 503 with)."""
+        last = self.tick_starts[-1] if self.tick_starts else self.created_s
+        return tick_stalled(last, self.clock(), self.cfg.policy.tick_s)
+
+    # -- one tick ------------------------------------------------------------------------------
+
+    def _phase(self, name: str, fn: Callable[..., T], *args: object) -> T | None:
+        t0 = time.monotonic()
+        try:
+            return fn(*args)
+        except Exception:
+            self._failed(name)
+            if name in SERVING_PHASES:
+                self.metrics.inc("rcp_serving_errors_total", {"phase": name})
+            log.exception("tick phase %s failed", name)
+            return None
+        finally:
+            took_s = time.monotonic() - t0
+            self.stats.last_duration_s[name] = took_s
+            if name in SERVING_PHASES:
+                self.metrics.set("rcp_serving_phase_seconds", took_s, {"phase": name})
+
+    def _failed(self, name: str) -> None:
+        self.stats.failures[name] = self.stats.failures.get(name, 0) + 1
+
+    def tick(self) -> None:
+        """One observe -> decide -> act -> record pass."""
+        self.stats.ticks += 1
+        now_s = self.clock()
+        self.tick_starts.append(now_s)
+        if self.hooks.retention is not None:
+            self._phase("0-retention", self.hooks.retention, now_s)
+        observed = self._phase("1-observe", self._observe, now_s)
+        if observed is None:
+            return
+        verdicts = self._phase("1-observe-health", self.health.judge, observed.snapshot)
+        if verdicts is None:  # telemetry failed this tick: act on the last verdicts
+            verdicts = self.health.verdicts
+        self.health.verdicts = verdicts
+        observed = with_health(observed, verdicts)
+        decided = self._phase("2-decide", self._decide, observed)
+        if decided is None:
+            return
+        self.last = decided
+        now = observed.snapshot.now_s
+        self._phase("3-act-jobs", self._act_jobs, decided)
+        self._phase("3-act-health", self._act_health, decided, now)
+        self._phase("3-act-health-save", self.health.save_cordons)
+        if self.serve is not None:
+            self._phase("3-act-serve-moves", self.serve.advance, now)
+            self._phase("3-act-serve", self._act_serve, decided, observed)
+        if self.external_group is not None and decided.serving_state is not None:
+            requested = decided.serving_state.placement.requested_external_gpus
+            self._phase("3-act-external-group", self.external_group.apply, requested)
+        self._phase("4-record", self._record, decided)
+        self._phase("4-record-metrics", self._export_metrics, observed, decided)
+        if self.adapters.prometheus_targets is not None:
+            targets = self.adapters.prometheus_targets
+            self._phase("4-record-targets", targets, set(self.health.agent_nodes))
+        self._phase("4-record-health", self.health.export_metrics, observed.snapshot, self.metrics)
+        if self.hooks.job_metrics is not None:
+            self._phase("4-record-jobs", self.hooks.job_metrics, observed.snapshot, observed.jobs)
+
+    # -- phases --------------------------------------------------------------------------------
+
+    def _observe(self, now_s: float) -> Observation:
+        draining = self.health.observe_draining()
+        a = self.adapters
+        return observe(now_s, a.jobs, self.store, a.nodes, draining, a.serve)
+
+    def _decide(self, observed: Observation) -> Decision:
+        admission = AdmissionState.from_dict(self.store.get_value(ADMISSION_STATE_KEY, {}) or {})
+        serving = ServingPolicyState.from_dict(self.store.get_value(SERVING_STATE_KEY, None))
+        busy = self.serve is not None and self.serve.busy
+        return decide(observed, self.policies, admission, serving, serving_busy=busy)
+
+    def _act_jobs(self, decided: Decision) -> None:
+        apply_admission(
+            decided.admission, self.adapters.jobs, self.store, lambda: self._failed("3-act-jobs")
+        )
+
+    def _act_health(self, decided: Decision, now_s: float) -> None:
+        self.health.act(
+            decided.remediation,
+            now_s,
+            self.adapters.jobs,
+            self.metrics,
+            lambda: self._failed("3-act-health"),
+        )
+
+    def _act_serve(self, decided: Decision, observed: Observation) -> None:
+        if self.serve is None or decided.serving is None:
+            return
+        self.serve.apply(decided.serving, decided.targets, observed.serve, observed.snapshot.now_s)
+
+    def _record(self, decided: Decision) -> None:
+        self.store.put(ADMISSION_STATE_KEY, decided.admission_state.to_dict())
+        if decided.serving_state is not None:
+            self.store.put(SERVING_STATE_KEY, decided.serving_state.to_dict())
+        for t in decided.targets:
+            if t.note:
+                log.warning("%s", t.note)
+        self.plan_events.record(decided.admission + decided.remediation)
+
+    def record_event(self, kind: EventKind, message: str) -> None:
+        log.info("%s: %s", kind.value, message)
+        self.store.record_event(kind.value, message)
+
+    def _record_policy(self, kind: EventKind, message: str, job_id: str | None) -> None:
+        self.store.record_event(kind.value, message, job_id=job_id)
+
+    def _export_metrics(self, observed: Observation, decided: Decision) -> None:
+        """Queue depth, GPUs by owner per pool, admission wait, phase durations and errors,
+        the serving plane per model and pool, the external request and the training claim."""
+        m = self.metrics
+        snapshot = observed.snapshot
+        m.set("rcp_queue_depth", float(len(snapshot.queued)))
+        for pool in (Pool.CLUSTER, Pool.EXTERNAL):
+            nodes = {n.node_id for n in snapshot.live_nodes(pool)}
+            total = snapshot.live_gpus_total(pool)
+            training = sum(
+                g for gang in snapshot.running for n, g in gang.gpus_by_node.items() if n in nodes
+            )
+            serving = sum(
+                r.gpus
+                for r in snapshot.serve_replicas
+                if r.node_id in nodes and r.state is not ReplicaState.STOPPING
+            )
+            for owner, gpus in (
+                ("training", training),
+                ("serving", serving),
+                ("idle", max(0, total - training - serving)),
+            ):
+                m.set("rcp_gpus", float(gpus), {"pool": pool.value, "owner": owner})
+        submitted = {j.job_id: j.submitted_s for j in snapshot.queued}
+        for action in decided.admission:
+            if isinstance(action, AdmitJob) and action.job_id in submitted:
+                m.set("rcp_admission_wait_seconds", snapshot.now_s - submitted[action.job_id])
+        for phase, seconds in self.stats.last_duration_s.items():
+            m.set("rcp_tick_phase_seconds", seconds, {"phase": phase})
+        for phase, n in self.stats.failures.items():
+            m.set("rcp_tick_phase_errors", float(n), {"phase": phase})
+        if self.serve is None or not observed.serve.deployed:
+            return
+        for (model, pool), v in observed.serve.pools.items():
+            for state, count in (
+                ("running", v.running),
+                ("starting", v.starting),
+                ("stopping", v.stopping),
+            ):
+                m.set(
+                    "rcp_serve_replicas",
+                    float(count),
+                    {"model": model, "pool": pool.value, "state": state},
+                )
+            m.set("rcp_serve_route_weight", v.weight, {"model": model, "pool": pool.value})
+        per_replica = self.policies.gpus_per_replica
+        claim = sum(
+            c.num_replicas * max(1, math.ceil(per_replica.get(c.model, 1.0)))
+            for c in decided.claims
+        )
+        m.set("rcp_training_claim_gpus", float(claim))
+        if decided.serving_state is not None:
+            requested = decided.serving_state.placement.requested_external_gpus
+            m.set("rcp_external_gpus_requested", float(requested))
+        m.set("rcp_external_gpus_max", float(self.policies.placement.external_max_gpus))

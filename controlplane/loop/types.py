@@ -1,0 +1,185 @@
+"""The loop's data: what a tick observed, what it decided, and the policies' memory.
+
+Owns: `Observation` (observe's output: the frozen `ClusterSnapshot` with health applied, the
+job records it was built from, the nodes Ray drains, the Serve view and load), `Decision`
+(decide's output: each policy's plan and new state, one batch), `ServingPolicyState` (the
+serving policies' memory, stored as ``serving.state``) and the adapters' protocols the loop
+is built from (`JobActions`, `NodeInventory`, `Telemetry`, `MetricSink`). No field is `Any`.
+
+Must not: do anything. These are values and interfaces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from controlplane.adapters.serve import ServeView
+from controlplane.inventory import NodeRow
+from controlplane.store import JobRecord
+from policies.admission import AdmissionState
+from policies.demand import DemandState, Direction
+from policies.health import NodeVerdict, RemediationAction
+from policies.placement import PlacementState, PoolTargets
+from policies.plan import AdmitJob, MoveServeReplicas, Plan, PreemptJob
+from policies.snapshot import ClusterSnapshot, Pool
+
+__all__ = [
+    "Decision",
+    "JobActions",
+    "JsonValue",
+    "MetricSink",
+    "NodeInventory",
+    "Observation",
+    "ServingPolicyState",
+    "Telemetry",
+]
+
+JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
+"""What the store's kv holds (`Store.put`)."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One tick's view of the world, health applied (unhealthy and draining nodes count for
+    no capacity). ``serve`` is the empty view when the serving plane is not deployed."""
+
+    snapshot: ClusterSnapshot
+    jobs: tuple[JobRecord, ...] = ()
+    draining: frozenset[str] = frozenset()
+    serve: ServeView = field(default_factory=ServeView)
+    loads: Mapping[str, float] = field(default_factory=dict)
+    verdicts: Mapping[str, NodeVerdict] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ServingPolicyState:
+    """The demand and placement policies' memory between ticks (stored by the loop)."""
+
+    demand: Mapping[str, DemandState] = field(default_factory=dict)
+    placement: PlacementState = field(default_factory=PlacementState)
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        p = self.placement
+        return {
+            "demand": {
+                m: {
+                    "direction": s.direction.value,
+                    "since_s": s.since_s,
+                    "highest_wanted": s.highest_wanted,
+                }
+                for m, s in self.demand.items()
+            },
+            "placement": {
+                "room_since_s": p.room_since_s,
+                "last_step_back_s": p.last_step_back_s,
+                "requested_external_gpus": p.requested_external_gpus,
+                "route_weights": {
+                    m: [[pool.value, w] for pool, w in ws] for m, ws in p.route_weights.items()
+                },
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> ServingPolicyState:
+        if not isinstance(data, Mapping) or not data:
+            return cls()
+        demand = {
+            str(m): DemandState(
+                Direction(s["direction"]), float(s["since_s"]), int(s["highest_wanted"])
+            )
+            for m, s in (data.get("demand") or {}).items()
+        }
+        p = data.get("placement") or {}
+        placement = PlacementState(
+            room_since_s=p.get("room_since_s"),
+            last_step_back_s=p.get("last_step_back_s"),
+            requested_external_gpus=int(p.get("requested_external_gpus", 0)),
+            route_weights={
+                str(m): tuple((Pool(pool), float(w)) for pool, w in ws)
+                for m, ws in (p.get("route_weights") or {}).items()
+            },
+        )
+        return cls(demand=demand, placement=placement)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Every policy's plan for one tick, decided in one batch.
+
+    ``claims`` are admission's `MoveServeReplicas` (the training claim), handed in-process to
+    placement in the same decide phase; ``serving`` is placement's and demand's plan
+    (`RequestExternalCapacity`, `MoveServeReplicas`, `ScaleServePool`, `SetRouteWeights`),
+    None when the serving policies did not run this tick (no serving plane, or a move is
+    still in flight: the operation owns the model's replicas and routes until it ends).
+    """
+
+    admission: Plan
+    admission_state: AdmissionState
+    remediation: tuple[RemediationAction, ...] = ()
+    claims: tuple[MoveServeReplicas, ...] = ()
+    serving: Plan | None = None
+    serving_state: ServingPolicyState | None = None
+    targets: tuple[PoolTargets, ...] = ()
+
+
+class JobActions(Protocol):
+    """The Ray Jobs adapter as the loop uses it (`controlplane.service.runner.JobRunner`)."""
+
+    def reconcile(self) -> None: ...
+
+    def admit(self, action: AdmitJob) -> None: ...
+
+    def preempt(self, action: PreemptJob) -> None: ...
+
+
+class NodeInventory(Protocol):
+    """The node rows of the cluster (`controlplane.adapters.nodes.RayNodes`)."""
+
+    def list_nodes(self) -> Sequence[NodeRow]: ...
+
+
+class AgentRefLike(Protocol):
+    """What the loop reads of a telemetry agent reference (`telemetry.manager.AgentRef`)."""
+
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def idle_external(self) -> bool: ...
+
+    @property
+    def started(self) -> bool: ...
+
+    @property
+    def actor_id(self) -> str | None: ...
+
+    @property
+    def impostor(self) -> str | None: ...
+
+
+class Telemetry(Protocol):
+    """The telemetry agents (`controlplane.adapters.telemetry.RayTelemetry`)."""
+
+    def ensure_agents(
+        self, exclude: Collection[str], trusted: Mapping[str, str]
+    ) -> Sequence[AgentRefLike]: ...
+
+    def collect_samples(
+        self,
+        max_samples: int,
+        timeout_s: float,
+        seen_until: Mapping[str, float | None],
+        trusted: Mapping[str, str],
+    ) -> Mapping[str, Sequence[Mapping[str, object]]]: ...
+
+    def stop_agent(self, node_id: str) -> bool: ...
+
+
+class MetricSink(Protocol):
+    """Where the record phase puts gauges and counters (`record.RayMetrics`; a dict in tests)."""
+
+    def set(self, name: str, value: float, tags: Mapping[str, str] | None = None) -> None: ...
+
+    def inc(self, name: str, tags: Mapping[str, str] | None = None) -> None: ...

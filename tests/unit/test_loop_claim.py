@@ -1,0 +1,128 @@
+"""The control loop on fake adapters: a training claim and serving's way back.
+
+Owns the checks that, in one loop and one thread, a gang that needs the GPUs serving holds
+gets them make-before-break (replicas start on the external pool, traffic shifts, only then
+do the cluster replicas stop, then the gang is admitted on the nodes admission chose), that
+no request meets a pool without a RUNNING replica on the way, and that once the gang is gone
+the replicas come back a few at a time. The real cluster version is
+tests/integration/test_policy_loop.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controlplane.store import JobState
+from policies.snapshot import Pool
+from tests.unit.loop_fakes import World, make_world
+
+MODEL = "sample"
+OVERRIDES = (
+    "serve.deploy_app=true",
+    "pools.external.max_nodes=1",
+    "pools.external.gpus_per_node=2",
+    "placement.migrate_back_idle_s=2",
+    "placement.migrate_back_step=1",
+    "placement.migrate_back_interval_s=4",
+)
+
+TWO_REPLICAS = (
+    "serving:\n  models:\n    - name: sample\n      min_replicas: 2\n      max_replicas: 2\n"
+)
+
+
+def world(tmp_path: Path, *more: str) -> World:
+    w = make_world(tmp_path, *OVERRIDES, *more, config_text=TWO_REPLICAS)
+    w.cluster.add("c1", Pool.CLUSTER, gpus=2)
+    w.cluster.add("e1", Pool.EXTERNAL, gpus=2)
+    w.serve.deploy(MODEL, cluster=2)
+    return w
+
+
+def claim_the_cluster(w: World) -> str:
+    job_id = w.jobs.submit("claims-the-cluster", workers=2)
+    for _ in range(40):
+        w.tick()
+        if w.store.get(job_id).state is not JobState.QUEUED:
+            break
+    return job_id
+
+
+def test_a_claim_moves_replicas_out_make_before_break_then_admits_the_gang(
+    tmp_path: Path,
+) -> None:
+    w = world(tmp_path)
+    job_id = claim_the_cluster(w)
+
+    assert w.store.get(job_id).state in (JobState.ADMITTED, JobState.RUNNING)
+    (admit,) = w.jobs.admitted
+    assert {p.node_id for p in admit.placement} == {"c1"}
+    assert w.serve.nodes_of(MODEL, Pool.EXTERNAL) == ["e1", "e1"]
+    assert w.serve.nodes_of(MODEL, Pool.CLUSTER) == []
+    assert w.serve.failed_requests == 0
+    # The order of the writes is make-before-break: external up, then cluster down.
+    targets = [(pool, n) for kind, _, pool, n in w.serve.writes if kind == "target"]
+    assert targets == [(Pool.EXTERNAL, 2), (Pool.CLUSTER, 0)]
+    (start,) = w.events("serve.move.start")
+    assert "cluster -> external" in start and "yield_to_training" in start
+    assert w.events("serve.move.done")
+    assert w.serve.requests_external[0] == [{"GPU": 1.0, "CPU": 1.0, "pool_external": 1.0}] * 2
+    # The move that ran is the one admission's claim named: its node ids and its job.
+    assert w.loop.last is not None
+    assert w.store.get_value("serving.operations") is None  # nothing left in flight
+    assert w.loop.stats.failures == {}
+
+
+def test_the_move_carries_the_claims_node_ids(tmp_path: Path) -> None:
+    w = world(tmp_path)
+    w.jobs.submit("claims-the-cluster", workers=2)
+    moves = []
+    for _ in range(10):
+        w.tick()
+        moves += list(w.loop.serve.operations) if w.loop.serve is not None else []
+        if moves:
+            break
+    (op,) = moves[:1]
+    assert op.node_ids == ("c1", "c1")
+    assert op.for_job_id is not None
+    claims = [c for c in (w.loop.last.claims if w.loop.last else ())]
+    assert claims and claims[0].node_ids == ("c1", "c1")
+
+
+def test_replicas_come_back_one_per_interval_after_the_gang(tmp_path: Path) -> None:
+    w = world(tmp_path)
+    job_id = claim_the_cluster(w)
+    w.tick(3)
+    # The gang ends: its GPUs are free again.
+    w.cluster.gangs.pop(job_id)
+    w.store.transition(job_id, JobState.SUCCEEDED, "done")
+    for _ in range(40):
+        w.tick()
+        if (
+            w.serve.nodes_of(MODEL, Pool.CLUSTER) == ["c1", "c1"]
+            and not w.serve.targets[(MODEL, Pool.EXTERNAL)]
+        ):
+            break
+    back = [m for m in w.events("serve.move.start") if "external -> cluster" in m]
+    assert len(back) == 2, back  # one replica per step
+    assert w.serve.failed_requests == 0
+    assert w.serve.targets[(MODEL, Pool.EXTERNAL)] == 0
+    assert w.serve.requests_external[-1] == []
+    assert w.loop.stats.failures == {}
+
+
+@pytest.mark.parametrize("tick_s", [0.5, 1.0])
+def test_one_thread_decides(tmp_path: Path, tick_s: float) -> None:
+    """The loop makes one thread (``rcp-tick``) and no other."""
+    import threading
+
+    w = world(tmp_path, f"policy.tick_s={tick_s}")
+    before = {t.name for t in threading.enumerate()}
+    w.loop.start()
+    try:
+        after = {t.name for t in threading.enumerate()}
+    finally:
+        w.loop.stop()
+    assert after - before == {"rcp-tick"}
