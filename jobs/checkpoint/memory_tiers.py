@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import numpy as np
 
@@ -183,6 +183,18 @@ def _holder_class() -> Any:
     return ray.remote(num_cpus=0, max_restarts=0)(_Holder)
 
 
+class HolderOptions(TypedDict):
+    """The Ray actor options a holder is created with (`RayMemoryTier.actor_options`)."""
+
+    name: str
+    namespace: str
+    lifetime: str
+    get_if_exists: bool
+    num_cpus: int
+    max_restarts: int
+    label_selector: dict[str, str]
+
+
 class MemoryTierUnavailableError(Exception):
     """The memory tier could not keep a snapshot; storage still has it."""
 
@@ -229,7 +241,7 @@ class RayMemoryTier:
     def _name(self, rank: int) -> str:
         return holder_name(self.name_prefix, rank)
 
-    def actor_options(self, rank: int, writer_node_id: str) -> dict[str, Any]:
+    def actor_options(self, rank: int, writer_node_id: str) -> HolderOptions:
         """The Ray options a new holder of `rank` is created with."""
         return {
             "name": self._name(rank),
