@@ -30,7 +30,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from controlplane.loop.record import EventKind
 from policies.health import (
@@ -87,7 +87,7 @@ class Remediator:
     drain_deadline_s: float
     replace_drained: bool
     record: Callable[[str, str], object]
-    kube_remove: Callable[[str, str], Any] | None = None
+    kube_remove: Callable[[str, str], object] | None = None
     count_removal: Callable[[float], object] | None = None
     cordoned: dict[str, float] = field(default_factory=dict)
     """Node id -> when this controller asked Ray to drain it."""
