@@ -196,6 +196,10 @@ class Loop:
     def stop(self) -> None:
         self._stop.set()
 
+    def alive(self) -> bool:
+        """Whether the loop's thread runs (False before `start` and after it ended)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()

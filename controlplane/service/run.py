@@ -13,7 +13,7 @@ runs in the ``ray-head`` container and cannot read them.
 1. stops an ``rcp-controller`` actor left by an older install (one controller per store:
    two would admit the same queue twice), and waits until it is gone;
 2. creates the API token once (`tokens.ensure_token`), builds ``Controller(cfg, token)``,
-   which starts the API, the tick loop and the serving loop in this process's threads;
+   which starts the API and the control loop (one thread) in this process;
 3. writes the API URL (`tokens.write_url`), then blocks, checking every `check_interval_s`
    that the tick thread lives and the API answers ``/healthz`` (3 misses in a row end it).
 
@@ -123,7 +123,7 @@ def run_in_process(
         log.info("control plane API at %s (in-process controller)", url)
         failed_checks = 0
         while not stop.wait(check_interval_s):
-            if not controller._thread.is_alive():
+            if not controller.loop.alive():
                 problem = "the tick thread ended"
             elif not _healthy(url):
                 failed_checks += 1

@@ -120,9 +120,11 @@ def test_one_thread_decides(tmp_path: Path, tick_s: float) -> None:
 
     w = world(tmp_path, f"policy.tick_s={tick_s}")
     before = {t.name for t in threading.enumerate()}
+    assert not w.loop.alive()
     w.loop.start()
     try:
         after = {t.name for t in threading.enumerate()}
+        assert w.loop.alive()  # what the in-process controller (service.run) watches
     finally:
         w.loop.stop()
     assert after - before == {"rcp-tick"}
