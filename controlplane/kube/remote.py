@@ -4,7 +4,7 @@ Owns: `RemoteKubernetesActuator`, which the controller gets from
 `controlplane.kube.connect.from_config` when ``kubernetes.actuator_url`` is set (the shipped
 install). It offers the calls of `KubernetesActuator` that the controller makes
 (`remove_node`, `cordon`, `scale_external`, `pod_for_ip`) with the same results and errors,
-so `Remediator` and the serving loop do not know which one they hold. Each call is one POST
+so `Remediator` and the control loop do not know which one they hold. Each call is one POST
 with ``Authorization: Bearer <token>``; the token is re-read from
 ``kubernetes.actuator_token_file`` on every call, so a rotated Secret is picked up.
 
