@@ -12,7 +12,9 @@ section cannot hold as is:
 - `placement_config`: ``placement`` plus ``external_max_gpus``, derived from the external
   pool (``max_nodes x gpus_per_node``);
 - `demand_config`: one ``serving.models[]`` entry, whose keys are the serving plane's
-  (``target_ongoing_requests``), as the demand policy's `DemandConfig`.
+  (``target_ongoing_requests``), as the demand policy's `DemandConfig`;
+- `restart_limits`: a job's ``max_restarts`` (its spec) with the ``jobs`` section's restart
+  backoff, as the restart policy's `RestartLimits`.
 
 Must not: hold a default of its own, validate (``controlplane.config.validate`` names the
 key), or do I/O.
@@ -27,9 +29,10 @@ from controlplane.config import Config
 from policies.admission import AdmissionConfig, PreemptionConfig, QueueConfig
 from policies.demand import DemandConfig
 from policies.placement import MigrateBackConfig, PlacementConfig
+from policies.restarts import RestartLimits
 from serve.config import ModelConfig
 
-__all__ = ["admission_config", "demand_config", "placement_config"]
+__all__ = ["admission_config", "demand_config", "placement_config", "restart_limits"]
 
 
 def _fields_of(section: Any, policy_class: type[Any]) -> dict[str, Any]:
@@ -64,3 +67,9 @@ def demand_config(model: ModelConfig) -> DemandConfig:
         upscale_delay_s=model.upscale_delay_s,
         downscale_delay_s=model.downscale_delay_s,
     )
+
+
+def restart_limits(cfg: Config, max_restarts: int) -> RestartLimits:
+    """The restart policy's limits for a job that allows `max_restarts` restarts."""
+    j = cfg.jobs
+    return RestartLimits(max_restarts, j.restart_backoff_initial_s, j.restart_backoff_max_s)

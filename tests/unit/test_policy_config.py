@@ -23,10 +23,16 @@ from controlplane.config import (
     load_config,
     to_dict,
 )
-from controlplane.policy_config import admission_config, demand_config, placement_config
+from controlplane.policy_config import (
+    admission_config,
+    demand_config,
+    placement_config,
+    restart_limits,
+)
 from policies.admission import AdmissionConfig, PreemptionConfig, QueueShare
 from policies.health import HealthThresholds, RemovalBudget
 from policies.placement import MigrateBackConfig, PlacementConfig
+from policies.restarts import RestartLimits
 
 EMBEDDED: list[tuple[str, type[Any], type[Any]]] = [
     # (section path in Config, the section's class, the policy dataclass it embeds)
@@ -130,6 +136,10 @@ def test_the_adapters_rebuild_the_policy_defaults_unchanged() -> None:
     demand = demand_config(model)
     assert (demand.min_replicas, demand.max_replicas) == (model.min_replicas, model.max_replicas)
     assert demand.target_ongoing_requests_per_replica == model.target_ongoing_requests
+    j = cfg.jobs
+    assert restart_limits(cfg, 3) == RestartLimits(
+        3, j.restart_backoff_initial_s, j.restart_backoff_max_s
+    )
 
 
 def test_the_adapters_carry_overrides() -> None:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from controlplane.config import Config
+from controlplane.policy_config import restart_limits
 from controlplane.service import reliability
 from controlplane.service.runner.info import (
     _REQUEUE_INFO,
@@ -38,7 +39,6 @@ from policies.restarts import (
     AttemptFailure,
     FailureKind,
     Restart,
-    RestartLimits,
     RestartRecord,
     decide_restart,
 )
@@ -127,10 +127,7 @@ class AttemptEnds:
             else None,
             committed_at_last_failure=_count(last.get("committed_step")),
         )
-        j = self.cfg.jobs
-        limits = RestartLimits(
-            job.spec.max_restarts, j.restart_backoff_initial_s, j.restart_backoff_max_s
-        )
+        limits = restart_limits(self.cfg, job.spec.max_restarts)
         decision, record = decide_restart(failure, record, limits)
         if kind is FailureKind.CRASH and failure.reported_step is not None:
             # Counted for the fleet's MTBF only once the gang trained: a script that fails
