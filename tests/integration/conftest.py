@@ -6,18 +6,30 @@ share or stop each other's processes.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
+import requests
 
 from controlplane.config import Config, load_config
 from controlplane.local.cluster import LocalCluster, free_loopback_ports, isolated_overrides
 from controlplane.ray_connection import ray_token_path
 
 T = TypeVar("T")
+
+MODEL = "sample"
+"""The sample model every serving module deploys."""
+GOOD = {"inputs": [[0.1 * i for i in range(16)]]}
+"""A well-formed request body for the sample model."""
+REGION = "us-east-1"
+"""The region of the moto S3 server (`MotoS3`)."""
 
 
 def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 120.0) -> T:
@@ -80,3 +92,98 @@ def local_cluster(
         yield cfg, cluster
     finally:
         cluster.down(echo=lambda _line: None)
+
+
+def pools_of(model: str = MODEL) -> dict[str, dict[str, Any]]:
+    """Serve's view of `model` by pool (running, target, weight...), as `rcp serve status` reads it."""
+    from serve.status import serve_status
+
+    return dict(serve_status()["models"][model]["pools"])
+
+
+def predict_url(url: str, model: str = MODEL) -> str:
+    return f"{url}/v1/models/{model}/predict"
+
+
+@dataclass
+class Load:
+    """Steady concurrent clients; every answer's status and serving pool is recorded."""
+
+    url: str
+    model: str = MODEL
+    body: dict[str, Any] = field(default_factory=lambda: dict(GOOD))
+    threads: int = 4
+    max_requests_per_thread: int = 4000
+    max_duration_s: float = 150.0
+    statuses: Counter[int] = field(default_factory=Counter)
+    pools: Counter[str] = field(default_factory=Counter)
+    retried: int = 0
+    errors: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _workers: list[threading.Thread] = field(default_factory=list)
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.max_duration_s
+        with requests.Session() as session:
+            for _ in range(self.max_requests_per_thread):
+                if self._stop.is_set() or time.monotonic() > deadline:
+                    return
+                try:
+                    r = session.post(predict_url(self.url, self.model), json=self.body, timeout=30)
+                except requests.RequestException as exc:
+                    with self._lock:
+                        self.errors.append(repr(exc))
+                    continue
+                with self._lock:
+                    self.statuses[r.status_code] += 1
+                    self.pools[r.headers.get("x-rcp-pool", "?")] += 1
+                    self.retried += int(r.headers.get("x-rcp-attempts", "1")) > 1
+                    if r.status_code >= 300:
+                        self.errors.append(f"{r.status_code}: {r.text[:200]}")
+
+    def __enter__(self) -> Load:
+        self._workers = [
+            threading.Thread(target=self._run, daemon=True) for _ in range(self.threads)
+        ]
+        for t in self._workers:
+            t.start()
+        return self
+
+    def wait_for(self, num_responses: int, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.total < num_responses and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    @property
+    def total(self) -> int:
+        with self._lock:
+            return sum(self.statuses.values()) + len(self.errors)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._workers:
+            t.join(timeout=60)
+
+
+class MotoS3:
+    """moto's S3 server on 127.0.0.1, port chosen by the OS."""
+
+    def __init__(self) -> None:
+        import boto3
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request
+
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._server.start()
+        host, port = self._server.get_host_and_port()
+        self.endpoint_url = f"http://{host}:{port}"
+        self.client = boto3.client("s3", endpoint_url=self.endpoint_url, region_name=REGION)
+
+    def create_bucket(self, name: str) -> str:
+        self.client.create_bucket(Bucket=name)
+        return name
+
+    def stop(self) -> None:
+        self._server.stop()

@@ -41,7 +41,7 @@ from jobs.signals import (
     admin_auth,
     token_sha256,
 )
-from tests.integration.test_checkpoint_s3 import REGION, MotoS3
+from tests.integration.conftest import REGION, MotoS3
 from tests.unit.test_checkpoint_engine import assert_state_equal
 
 pytestmark = pytest.mark.integration

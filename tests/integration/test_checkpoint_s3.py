@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import logging
 import os
 import random
 import socket
@@ -26,42 +25,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 import torch
 
 from jobs.checkpoint import CheckpointEngine, RetryPolicy
 from jobs.checkpoint.layout import index_key, manifest_key, shard_key
+from tests.integration.conftest import REGION, MotoS3
 from tests.unit.test_checkpoint_engine import assert_state_equal, make_state
 
 pytestmark = pytest.mark.integration
 
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-REGION = "us-east-1"
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-class MotoS3:
-    """moto's S3 server on 127.0.0.1, port chosen by the OS."""
-
-    def __init__(self) -> None:
-        from moto.server import ThreadedMotoServer
-
-        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request
-
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        self._server.start()
-        host, port = self._server.get_host_and_port()
-        self.endpoint_url = f"http://{host}:{port}"
-        self.client = boto3.client("s3", endpoint_url=self.endpoint_url, region_name=REGION)
-
-    def create_bucket(self, name: str) -> str:
-        self.client.create_bucket(Bucket=name)
-        return name
-
-    def stop(self) -> None:
-        self._server.stop()
 
 
 @dataclass

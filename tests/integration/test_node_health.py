@@ -29,9 +29,13 @@ from controlplane.ray_connection import connect
 from controlplane.sdk import Client
 from controlplane.store import Store
 from controlplane.telemetry import manager
-from tests.integration.conftest import start_local_cluster, two_replica_sample_config, wait_for
-from tests.integration.test_policy_loop import pools_of, wait_until
-from tests.integration.test_serve_plane import Load
+from tests.integration.conftest import (
+    Load,
+    pools_of,
+    start_local_cluster,
+    two_replica_sample_config,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -123,8 +127,8 @@ def run_gang(client: Client, name: str, num_steps: int, log: Path) -> Any:
             "runtime_env": {"env_vars": {"RCP_TRAIN_CONFIG": json.dumps(train_config)}},
         }
     )
-    wait_until(lambda: client.status(job.id).state == "RUNNING", 300, "the gang to run")
-    wait_until(lambda: log.exists() and len(log.read_text().splitlines()) >= 3, 120, "steps")
+    wait_for("the gang to run", lambda: client.status(job.id).state == "RUNNING", 300)
+    wait_for("steps", lambda: log.exists() and len(log.read_text().splitlines()) >= 3, 120)
     return job
 
 
@@ -163,12 +167,12 @@ def test_a_hot_gpu_takes_its_node_out_without_failing_a_request_or_losing_traini
     connect(cfg)
     serve_url = f"http://{cfg.ray.node_ip}:{cfg.serve.http_port}"
     (node_a,) = alive_cluster_nodes()
-    wait_until(
+    wait_for(
+        "both replicas on the cluster node",
         lambda: replica_nodes()["cluster"] == {node_a} and pools_of()["cluster"]["running"] == 2,
         180,
-        "both replicas on the cluster node",
     )
-    wait_until(lambda: node_a in manager.collect_summaries(), 60, "the agent on the cluster node")
+    wait_for("the agent on the cluster node", lambda: node_a in manager.collect_summaries(), 60)
 
     log = tmp_path / "steps.jsonl"
     job = run_gang(client, "on-the-hot-node", num_steps=24, log=log)
@@ -181,7 +185,7 @@ def test_a_hot_gpu_takes_its_node_out_without_failing_a_request_or_losing_traini
         manager.inject_fault(node_a, "hot-gpu")
 
         # Unhealthy within two ticks of the sample that completed the hot streak.
-        wait_until(lambda: events_of(client, "health.cordon", after), 60, "the node to be cordoned")
+        wait_for("the node to be cordoned", lambda: events_of(client, "health.cordon", after), 60)
         cordon = events_of(client, "health.cordon", after)[0]
         assert node_a in cordon["message"] and "gpu_overheated" in cordon["message"]
         streak_s = streak_completed_s(node_a, HOT_GPU_TEMP_C)
@@ -192,32 +196,32 @@ def test_a_hot_gpu_takes_its_node_out_without_failing_a_request_or_losing_traini
         assert ticks_to_cordon <= 2
 
         # The replicas leave the node (to the external pool: the cluster has no other node).
-        wait_until(
+        wait_for(
+            "replicas off the hot node",
             lambda: (
                 node_a not in set().union(*replica_nodes().values())
                 and pools_of()["external"]["running"] == 2
             ),
             240,
-            "replicas off the hot node",
         )
         # The node is drained once it holds nothing, and replaced.
-        wait_until(lambda: node_a not in alive_cluster_nodes(), 240, "the hot node to be removed")
-        wait_until(lambda: len(alive_cluster_nodes()) == 1, 120, "a replacement cluster node")
+        wait_for("the hot node to be removed", lambda: node_a not in alive_cluster_nodes(), 240)
+        wait_for("a replacement cluster node", lambda: len(alive_cluster_nodes()) == 1, 120)
         (node_b,) = alive_cluster_nodes()
         # The re-queued gang is admitted again, on the new node only.
-        wait_until(
+        wait_for(
+            "the gang to run again",
             lambda: (
                 client.status(job.id).attempt >= 2
                 and client.status(job.id).state in {"RUNNING", "SUCCEEDED"}
             ),
             300,
-            "the gang to run again",
         )
         second_placement = store.get(job.id).info.get("placement")
         final = client.wait(job.id, timeout_s=400, poll_s=1.0)
         assert final.state == "SUCCEEDED", final.message
-        wait_until(
-            lambda: pools_of()["cluster"]["running"] == 2, 180, "replicas back on the cluster pool"
+        wait_for(
+            "replicas back on the cluster pool", lambda: pools_of()["cluster"]["running"] == 2, 180
         )
     assert load.total > 50
     assert not load.errors, load.errors[:5]
@@ -261,12 +265,12 @@ def test_a_node_ray_drains_for_someone_else_has_its_gang_checkpointed_and_is_lef
     cfg, client = health_cluster
     connect(cfg)
     serve_url = f"http://{cfg.ray.node_ip}:{cfg.serve.http_port}"
-    wait_until(lambda: len(alive_cluster_nodes()) == 1, 120, "one cluster node")
+    wait_for("one cluster node", lambda: len(alive_cluster_nodes()) == 1, 120)
     (node_b,) = alive_cluster_nodes()
-    wait_until(
+    wait_for(
+        "both replicas on the cluster node",
         lambda: replica_nodes()["cluster"] == {node_b} and pools_of()["cluster"]["running"] == 2,
         240,
-        "both replicas on the cluster node",
     )
     log = tmp_path / "steps.jsonl"
     job = run_gang(client, "on-a-node-going-away", num_steps=20, log=log)
@@ -275,8 +279,8 @@ def test_a_node_ray_drains_for_someone_else_has_its_gang_checkpointed_and_is_lef
     with Load(serve_url, threads=2, max_requests_per_thread=100_000, max_duration_s=600) as load:
         load.wait_for(20)
         assert RayNodeControl().drain(node_b, "operator maintenance", 600)
-        wait_until(lambda: node_b not in alive_cluster_nodes(), 300, "the drained node to go")
-        wait_until(lambda: len(alive_cluster_nodes()) == 1, 120, "a replacement cluster node")
+        wait_for("the drained node to go", lambda: node_b not in alive_cluster_nodes(), 300)
+        wait_for("a replacement cluster node", lambda: len(alive_cluster_nodes()) == 1, 120)
         final = client.wait(job.id, timeout_s=400, poll_s=1.0)
         assert final.state == "SUCCEEDED", final.message
     assert not load.errors, load.errors[:5]

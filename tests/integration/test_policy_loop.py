@@ -17,15 +17,19 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from controlplane.config import Config
 from controlplane.ray_connection import connect
 from controlplane.sdk import Client
-from tests.integration.conftest import start_local_cluster, two_replica_sample_config, wait_for
-from tests.integration.test_serve_plane import Load
+from tests.integration.conftest import (
+    Load,
+    pools_of,
+    start_local_cluster,
+    two_replica_sample_config,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -57,16 +61,6 @@ def loop_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Con
         cluster.down(echo=lambda _line: None)
 
 
-def pools_of(model: str = "sample") -> dict[str, dict[str, Any]]:
-    from serve.status import serve_status
-
-    return dict(serve_status()["models"][model]["pools"])
-
-
-def wait_until(check: Any, timeout_s: float, what: str) -> None:
-    wait_for(what, check, timeout_s)
-
-
 def test_training_claims_the_cluster_and_serving_comes_back(
     loop_cluster: tuple[Config, Client], tmp_path: Path
 ) -> None:
@@ -95,19 +89,19 @@ def test_training_claims_the_cluster_and_serving_comes_back(
             }
         )
         # The replicas leave for the external pool (an external node is added for them)...
-        wait_until(lambda: pools_of()["external"]["running"] == 2, 180, "replicas on external")
+        wait_for("replicas on external", lambda: pools_of()["external"]["running"] == 2, 180)
         # ...and only then does the gang get the cluster pool.
-        wait_until(
-            lambda: client.status(job.id).state in {"RUNNING", "SUCCEEDED"}, 240, "the gang to run"
+        wait_for(
+            "the gang to run", lambda: client.status(job.id).state in {"RUNNING", "SUCCEEDED"}, 240
         )
         assert pools_of()["cluster"]["running"] == 0
         final = client.wait(job.id, timeout_s=300, poll_s=1.0)
         assert final.state == "SUCCEEDED", final.message
         # After the job, replicas come back one per interval and the external pool empties.
-        wait_until(
+        wait_for(
+            "replicas back on the cluster pool",
             lambda: pools_of()["cluster"]["running"] == 2 and pools_of()["external"]["target"] == 0,
             120,
-            "replicas back on the cluster pool",
         )
     assert load.total > 50
     assert not load.errors, load.errors[:5]
@@ -136,8 +130,8 @@ def test_training_claims_the_cluster_and_serving_comes_back(
     # No rented GPU stays: the external node goes after its idle timeout.
     from controlplane.inventory import list_nodes
 
-    wait_until(
-        lambda: not any(n.pool == "external" for n in list_nodes()), 90, "external pool at zero"
+    wait_for(
+        "external pool at zero", lambda: not any(n.pool == "external" for n in list_nodes()), 90
     )
 
 
@@ -153,7 +147,7 @@ def test_controller_killed_mid_move_resumes_without_double_scaling_or_errors(
     cfg, client = loop_cluster
     connect(cfg)
     serve_url = f"http://{cfg.ray.node_ip}:{cfg.serve.http_port}"
-    wait_until(lambda: pools_of()["cluster"]["running"] == 2, 120, "replicas on the cluster pool")
+    wait_for("replicas on the cluster pool", lambda: pools_of()["cluster"]["running"] == 2, 120)
     after = max((e["seq"] for e in client.events(limit=1000)), default=0)
 
     most_external_target = 0
@@ -189,22 +183,22 @@ def test_controller_killed_mid_move_resumes_without_double_scaling_or_errors(
                     "runtime_env": {"env_vars": {"RCP_TRAIN_CONFIG": json.dumps(train_config)}},
                 }
             )
-            wait_until(
+            wait_for(
+                "a move to start",
                 lambda: any(
                     e["kind"] == "serve.move.start" for e in client.events(after=after, limit=1000)
                 ),
                 120,
-                "a move to start",
             )
             ray.kill(get_controller(), no_restart=False)  # the actor restarts (max_restarts=-1)
             final = client.wait(job.id, timeout_s=400, poll_s=1.0)
             assert final.state == "SUCCEEDED", final.message
-            wait_until(
+            wait_for(
+                "replicas back",
                 lambda: (
                     pools_of()["cluster"]["running"] == 2 and pools_of()["external"]["target"] == 0
                 ),
                 150,
-                "replicas back",
             )
     finally:
         stop.set()
@@ -246,4 +240,4 @@ def test_loop_metrics_reach_the_heads_prometheus_endpoint(
         # follows within a metrics report interval.
         return all(name in text for name in wanted) and cluster_running(text) == 2.0
 
-    wait_until(exported, 90, f"{wanted} on {url} with 2 running cluster replicas")
+    wait_for(f"{wanted} on {url} with 2 running cluster replicas", exported, 90)

@@ -11,7 +11,6 @@ import os
 import socket
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,12 +27,11 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from serve import operations as ops  # noqa: E402
 from serve.config import IngressConfig, ModelConfig, ServingConfig  # noqa: E402
 from serve.status import format_status_table, serve_status  # noqa: E402
+from tests.integration.conftest import GOOD, MODEL, Load, predict_url  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-MODEL = "sample"
 TARGET = 2
-GOOD = {"inputs": [[0.1 * i for i in range(16)]]}
 # A heavier variant of the sample model (about 10 ms per request here), so that when a replica
 # is killed some requests are certainly inside it.
 HEAVY = "heavy"
@@ -97,71 +95,6 @@ def url() -> Iterator[str]:
         serve.shutdown()
         ray.shutdown()
         cluster.shutdown()
-
-
-def predict_url(url: str, model: str = MODEL) -> str:
-    return f"{url}/v1/models/{model}/predict"
-
-
-@dataclass
-class Load:
-    """Steady concurrent clients; every answer's status and serving pool is recorded."""
-
-    url: str
-    model: str = MODEL
-    body: dict[str, Any] = field(default_factory=lambda: dict(GOOD))
-    threads: int = 4
-    max_requests_per_thread: int = 4000
-    max_duration_s: float = 150.0
-    statuses: Counter[int] = field(default_factory=Counter)
-    pools: Counter[str] = field(default_factory=Counter)
-    retried: int = 0
-    errors: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _workers: list[threading.Thread] = field(default_factory=list)
-
-    def _run(self) -> None:
-        deadline = time.monotonic() + self.max_duration_s
-        with requests.Session() as session:
-            for _ in range(self.max_requests_per_thread):
-                if self._stop.is_set() or time.monotonic() > deadline:
-                    return
-                try:
-                    r = session.post(predict_url(self.url, self.model), json=self.body, timeout=30)
-                except requests.RequestException as exc:
-                    with self._lock:
-                        self.errors.append(repr(exc))
-                    continue
-                with self._lock:
-                    self.statuses[r.status_code] += 1
-                    self.pools[r.headers.get("x-rcp-pool", "?")] += 1
-                    self.retried += int(r.headers.get("x-rcp-attempts", "1")) > 1
-                    if r.status_code >= 300:
-                        self.errors.append(f"{r.status_code}: {r.text[:200]}")
-
-    def __enter__(self) -> Load:
-        self._workers = [
-            threading.Thread(target=self._run, daemon=True) for _ in range(self.threads)
-        ]
-        for t in self._workers:
-            t.start()
-        return self
-
-    def wait_for(self, num_responses: int, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self.total < num_responses and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-    @property
-    def total(self) -> int:
-        with self._lock:
-            return sum(self.statuses.values()) + len(self.errors)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._workers:
-            t.join(timeout=60)
 
 
 @dataclass
