@@ -3,6 +3,12 @@
 Owns: the schema (dataclasses below, each field documented), merging in the order
 packaged defaults -> user YAML -> ``key=value`` overrides, and validation of values that a
 type cannot express (negative GPUs, max < min, a pool with no nodes, ports out of range).
+One source for every default: a section that configures a pure policy embeds the policy's
+own dataclass instead of copying its fields (``health`` is `policies.health.HealthThresholds`
+plus the control plane's keys, ``health.breaker`` is `RemovalBudget`, ``placement`` is
+`policies.placement.MigrateBackConfig`, ``jobs`` embeds `policies.admission.PreemptionConfig`
+and `QueueShare`); those fields and defaults are defined and documented there, and
+`controlplane.policy_config` builds each policy's config from this one.
 
 Must not: start anything, read the environment for secrets, or log credentials. Storage
 credentials come from the usual AWS sources (environment, profile, instance role) and are
