@@ -7,7 +7,7 @@ CPU from work nor keeps an idle external node alive), and the fan-out calls: `co
 (newest summary per node), `collect_samples` (recent history per node, for the health policy),
 `inject_fault`, `agent_endpoints`, `health_report`.
 Must not: decide anything (verdicts come from `policies.health` through `verdicts`) or act on
-nodes. Every call here needs a connected Ray driver (`controlplane.local.cluster.connect`).
+nodes. Every call here needs a connected Ray driver (`controlplane.ray_connection.connect`).
 
 An agent that does not answer within `timeout_s` is left out of a collection (and named in the
 log), so one stuck node never stalls a tick.
