@@ -16,7 +16,8 @@ Rules, in order:
 3. **Yield to training**: replicas over the budget move to ``external`` (one
    `MoveServeReplicas` per model, make-before-break in the actuator) as far as the external
    pool's capacity allows. The budget also shrinks when health takes a cluster node out; a
-   move of a model with replicas on such a node says so (``leave_unhealthy_node``) unless
+   move of a model with replicas on such a node says so (``leave_unhealthy_node``) and names
+   those nodes (as a training claim's move names the nodes admission chose) unless
    training claims GPUs too (then it is ``yield_to_training``). If it cannot hold them, the model keeps enough cluster replicas to
    stay at ``min_replicas`` — serving never drops below its guaranteed minimum — and the
    plan says so in the move's reason.
@@ -280,19 +281,30 @@ def decide(
                 f"{PlacementReason.YIELD_TO_TRAINING.value}: {moved} replica(s) of {d.model} "
                 "make room on the cluster pool for training"
             )
+            node_ids = claim.node_ids[:moved] if claim is not None else ()
             if on_unhealthy.get(d.model) and training_claim_gpus <= 0:
                 reason = (
                     f"{PlacementReason.LEAVE_UNHEALTHY_NODE.value}: {moved} replica(s) of "
                     f"{d.model} leave the cluster pool: {on_unhealthy[d.model]} run on nodes "
                     "health took out and the healthy nodes have no room"
                 )
+                node_ids = tuple(
+                    sorted(
+                        r.node_id
+                        for r in snapshot.serve_replicas
+                        if r.model == d.model
+                        and r.pool is Pool.CLUSTER
+                        and r.node_id in unhealthy
+                        and r.state in active
+                    )
+                )[:moved]
             actions.append(
                 MoveServeReplicas(
                     model=d.model,
                     from_pool=Pool.CLUSTER,
                     to_pool=Pool.EXTERNAL,
                     num_replicas=moved,
-                    node_ids=claim.node_ids[:moved] if claim is not None else (),
+                    node_ids=node_ids,
                     reason=reason,
                     for_job_id=claim.for_job_id if claim is not None else None,
                 )

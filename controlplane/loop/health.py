@@ -17,7 +17,8 @@ Owns: the health half of a tick and its memory, `HealthKeeper`:
 A `MoveServeReplicas` from `policies.health.remediate` needs no step of its own: the cordon
 (a Ray drain) makes Serve start replacements elsewhere before it stops the replicas there,
 and the node, marked unhealthy in the snapshot, leaves placement's cluster budget, so the
-serving policies move what no longer fits to the external pool in the same decide phase.
+serving policies move what no longer fits to the external pool in the same decide phase,
+in a move that names the node (`policies.placement`, ``leave_unhealthy_node``).
 
 Must not: decide (the health policy does) or touch Ray except through the adapters.
 """

@@ -312,6 +312,7 @@ def test_replicas_on_a_node_health_took_out_move_and_say_why(
     assert (targets[0].cluster, targets[0].external) == expect
     (move,) = [a for a in actions if isinstance(a, MoveServeReplicas)]
     assert move.reason.startswith(reason) and "4 run on nodes health took out" in move.reason
+    assert move.node_ids == ("c1",) * 4  # the node it leaves, one entry per replica
 
 
 def test_replicas_on_a_bad_node_stay_in_the_cluster_when_healthy_nodes_have_room() -> None:
