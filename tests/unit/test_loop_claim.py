@@ -67,7 +67,8 @@ def test_a_claim_moves_replicas_out_make_before_break_then_admits_the_gang(
     assert targets == [(Pool.EXTERNAL, 2), (Pool.CLUSTER, 0)]
     (start,) = w.events("serve.move.start")
     assert "cluster -> external" in start and "yield_to_training" in start
-    assert w.events("serve.move.done")
+    (done,) = w.events("serve.move.done")
+    assert "c1 freed" in done  # the node admission chose is the one that was emptied
     assert w.serve.requests_external[0] == [{"GPU": 1.0, "CPU": 1.0, "pool_external": 1.0}] * 2
     # The move that ran is the one admission's claim named: its node ids and its job.
     assert w.loop.last is not None

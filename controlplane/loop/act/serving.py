@@ -45,6 +45,7 @@ from policies.plan import (
     ScaleServePool,
     SetRouteWeights,
 )
+from policies.snapshot import ReplicaState
 from serve.config import ServingConfig
 
 __all__ = [
@@ -130,7 +131,8 @@ class ServeActuator:
                 changed = True
                 self._record(
                     EventKind.SERVE_MOVE_DONE,
-                    f"{op.model}: moved {op.num_replicas} in {now_s - op.started_s:.1f}s",
+                    f"{op.model}: moved {op.num_replicas} in {now_s - op.started_s:.1f}s"
+                    + self._freed(op),
                 )
                 self.metrics.inc("rcp_serve_moves_total", {"model": op.model})
             elif outcome is MoveOutcome.UNWOUND:
@@ -151,6 +153,25 @@ class ServeActuator:
         self.operations = left
         if changed:
             self._save()
+
+    def _freed(self, op: MoveOperation) -> str:
+        """Whether the nodes the move named are free of the model's source replicas now.
+        Serve picks which replica of a pool stops on a scale-down, so this is checked, and
+        said, not assumed."""
+        if not op.node_ids:
+            return ""
+        named = set(op.node_ids)
+        left = sorted(
+            r.node_id
+            for r in self.serve.view().replicas
+            if r.model == op.model
+            and r.pool is op.from_pool
+            and r.node_id in named
+            and r.state is not ReplicaState.STOPPING
+        )
+        if not left:
+            return f"; {', '.join(sorted(named))} freed"
+        return f"; Serve kept {len(left)} on {', '.join(sorted(set(left)))} (it picks which stop)"
 
     def apply(
         self,
