@@ -1,11 +1,12 @@
-"""Storage backends for checkpoints, behind one interface, picked by the URI's scheme.
+"""Checkpoints in S3 or an S3-compatible store (through boto3): ``s3://bucket/prefix``.
 
-This module is the only code in the checkpoint engine that talks to object storage or the
-checkpoint directory: ``s3://bucket/prefix`` (AWS or any S3-compatible endpoint, through
-boto3) and ``file:///absolute/path``. Every backend writes small objects atomically, writes
-many large objects in parallel (S3: multipart uploads whose parts run concurrently, each
-with a CRC-32 the server checks), reads into caller-owned buffers, and retries transient
-failures through `retrying`. It knows nothing about steps, manifests or ranks.
+Owns: `S3Storage`, the ``s3`` backend: atomic single PUTs for small objects, multipart
+uploads whose parts run concurrently (each with a CRC-32 the server checks), ranged parallel
+GETs into caller-owned buffers, paged listing, batched deletes and aborting abandoned
+multipart uploads. Every request retries transient failures through `retrying`.
+
+Must not: know steps, manifests or ranks, or let botocore retry on its own (every retry is
+ours: counted, backed off, bounded).
 """
 
 from __future__ import annotations
@@ -13,228 +14,24 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
-import os
 import threading
 import time
-import uuid
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol, TypedDict, TypeVar
-from urllib.parse import urlparse
+from typing import Any, TypedDict, TypeVar
 
-from jobs.checkpoint.retrying import RetryPolicy, TransientError, call_with_retries
+from jobs.checkpoint.retrying import TransientError, call_with_retries
+from jobs.checkpoint.storages.interface import (
+    ObjectNotFoundError,
+    ObjectSizeError,
+    StorageOptions,
+    wait_all,
+)
 
-OnRetry = Callable[[str, BaseException], None]
+__all__ = ["S3Storage"]
+
 T = TypeVar("T")
-DEFAULT_PART_SIZE_BYTES = 8 * 1024 * 1024
-DEFAULT_MAX_CONCURRENCY = 16
-_MIN_PART_SIZE_BYTES = 5 * 1024 * 1024  # S3's floor for all but the last part
-
-
-class ObjectNotFoundError(Exception):
-    """The key does not exist in the checkpoint storage."""
-
-
-class ObjectSizeError(Exception):
-    """An object exists but its size is not what the index promised (a torn object)."""
-
-
-class Storage(Protocol):
-    """What the checkpoint engine needs from a place to keep checkpoints."""
-
-    uri: str
-
-    def put_bytes(self, key: str, data: bytes) -> None:
-        """Write one small object atomically (visible whole or not at all)."""
-        ...
-
-    def put_many(self, items: Sequence[tuple[str, memoryview]]) -> None:
-        """Write many (possibly large) objects in parallel; returns when all are durable."""
-        ...
-
-    def get_bytes(self, key: str) -> bytes:
-        """Read one object whole; raises ObjectNotFoundError."""
-        ...
-
-    def get_many(self, items: Sequence[tuple[str, memoryview]]) -> None:
-        """Fill each buffer with its object; raises ObjectSizeError on a size mismatch."""
-        ...
-
-    def exists(self, key: str) -> bool: ...
-
-    def list_keys(self, prefix: str = "") -> list[str]:
-        """Every key under `prefix` (relative to the storage root), sorted."""
-        ...
-
-    def delete_keys(self, keys: Sequence[str]) -> None: ...
-
-    def abort_abandoned_uploads(self, should_abort: Callable[[str, float], bool]) -> int:
-        """Abort unfinished writes for which should_abort(key, age_s) holds; return count."""
-        ...
-
-    def close(self) -> None: ...
-
-
-@dataclass
-class StorageOptions:
-    """Tuning shared by all backends."""
-
-    part_size_bytes: int = DEFAULT_PART_SIZE_BYTES
-    max_concurrency: int = DEFAULT_MAX_CONCURRENCY
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    on_retry: OnRetry | None = None
-    fsync: bool = True
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.part_size_bytes < _MIN_PART_SIZE_BYTES:
-            raise ValueError(
-                f"part_size_bytes must be >= {_MIN_PART_SIZE_BYTES} (S3's minimum part), "
-                f"got {self.part_size_bytes}"
-            )
-        if self.max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
-
-
-def _wait_all(futures: Sequence[Future[T]]) -> None:
-    """Waits for every future before raising the first error."""
-    first_error: BaseException | None = None
-    for future in futures:
-        try:
-            future.result()
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            first_error = first_error or exc
-    if first_error is not None:
-        raise first_error
-
-
-class LocalStorage:
-    """Checkpoints in a local (or network-mounted) directory: ``file:///abs/path``.
-
-    Atomic writes: a temporary file in the same directory, fsync, rename, fsync the
-    directory. Leftover temporaries of a crashed writer are what `abort_abandoned_uploads`
-    removes.
-    """
-
-    _TMP_MARK = ".tmp-"
-
-    def __init__(self, root: Path, options: StorageOptions | None = None) -> None:
-        self.root = root
-        self.uri = root.as_uri()
-        self.options = options or StorageOptions()
-        self._pool = ThreadPoolExecutor(
-            self.options.max_concurrency, thread_name_prefix="ckpt-file"
-        )
-        root.mkdir(parents=True, exist_ok=True)
-
-    def _path(self, key: str) -> Path:
-        if key.startswith("/") or ".." in key.split("/"):
-            raise ValueError(f"storage key must be relative without '..': {key!r}")
-        return self.root / key
-
-    def _write(self, key: str, data: bytes | memoryview) -> None:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}{self._TMP_MARK}{uuid.uuid4().hex}")
-        try:
-            with open(tmp, "wb") as handle:
-                handle.write(data)
-                if self.options.fsync:
-                    handle.flush()
-                    os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        if self.options.fsync:
-            fd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-    def put_bytes(self, key: str, data: bytes) -> None:
-        self._write(key, data)
-
-    def put_many(self, items: Sequence[tuple[str, memoryview]]) -> None:
-        _wait_all([self._pool.submit(self._write, key, view) for key, view in items])
-
-    def get_bytes(self, key: str) -> bytes:
-        try:
-            return self._path(key).read_bytes()
-        except FileNotFoundError as exc:
-            raise ObjectNotFoundError(f"{self.uri}/{key} does not exist") from exc
-
-    def _read_into(self, key: str, view: memoryview) -> None:
-        path = self._path(key)
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError as exc:
-            raise ObjectNotFoundError(f"{self.uri}/{key} does not exist") from exc
-        if size != len(view):
-            raise ObjectSizeError(f"{self.uri}/{key} has {size} bytes, expected {len(view)}")
-        with open(path, "rb", buffering=0) as handle:
-            done = 0
-            while done < len(view):
-                n = handle.readinto(view[done:])
-                if not n:
-                    raise ObjectSizeError(f"{self.uri}/{key} ended after {done} bytes")
-                done += n
-
-    def get_many(self, items: Sequence[tuple[str, memoryview]]) -> None:
-        _wait_all([self._pool.submit(self._read_into, key, view) for key, view in items])
-
-    def exists(self, key: str) -> bool:
-        return self._path(key).is_file()
-
-    def list_keys(self, prefix: str = "") -> list[str]:
-        keys = []
-        for dirpath, _dirs, files in os.walk(self.root):
-            for name in files:
-                if self._TMP_MARK in name:
-                    continue
-                rel = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
-                if rel.startswith(prefix):
-                    keys.append(rel)
-        return sorted(keys)
-
-    def delete_keys(self, keys: Sequence[str]) -> None:
-        for key in keys:
-            path = self._path(key)
-            path.unlink(missing_ok=True)
-            parent = path.parent
-            while parent != self.root:
-                try:
-                    parent.rmdir()
-                except OSError:
-                    break
-                parent = parent.parent
-
-    def abort_abandoned_uploads(self, should_abort: Callable[[str, float], bool]) -> int:
-        now_s = time.time()
-        count = 0
-        for dirpath, _dirs, files in os.walk(self.root):
-            for name in files:
-                if self._TMP_MARK not in name:
-                    continue
-                path = Path(dirpath) / name
-                key = os.path.relpath(path, self.root).replace(os.sep, "/")
-                key = key.split(self._TMP_MARK)[0]
-                try:
-                    age_s = now_s - path.stat().st_mtime
-                except FileNotFoundError:
-                    continue
-                if should_abort(key, age_s):
-                    path.unlink(missing_ok=True)
-                    count += 1
-        return count
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
 
 
 def _crc32_b64(data: bytes | memoryview) -> str:
@@ -269,6 +66,7 @@ class S3Storage:
         options: StorageOptions | None = None,
         client: Any | None = None,
     ) -> None:
+        # Deferred: boto3 is a heavy dependency that only S3 checkpoints need.
         import boto3
         from botocore.config import Config
 
@@ -383,10 +181,10 @@ class S3Storage:
                     for i, off in enumerate(range(0, len(view), part))
                 ]
                 uploads.append((full, created["UploadId"], len(view), parts))
-            _wait_all(small)
+            wait_all(small)
             all_parts = [f for *_rest, parts in uploads for f in parts]
-            _wait_all(all_parts)
-            _wait_all(
+            wait_all(all_parts)
+            wait_all(
                 [
                     self._pool.submit(self._complete, full, uid, [f.result() for f in parts], size)
                     for full, uid, size, parts in uploads
@@ -458,7 +256,7 @@ class S3Storage:
                 futures.append(
                     self._pool.submit(self._get_range, full, off, view[off : off + part], len(view))
                 )
-        _wait_all(futures)
+        wait_all(futures)
 
     def _check_empty(self, key: str) -> None:
         data = self.get_bytes(key)
@@ -531,47 +329,3 @@ class S3Storage:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-
-
-StorageFactory = Callable[[str, "str | None", "str | None", StorageOptions], Storage]
-
-
-def _open_file(
-    uri: str, _endpoint: str | None, _region: str | None, opts: StorageOptions
-) -> Storage:
-    parsed = urlparse(uri)
-    if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
-        raise ValueError(f"file URI must be file:///absolute/path, got {uri!r}")
-    return LocalStorage(Path(parsed.path), opts)
-
-
-def _open_s3(uri: str, endpoint: str | None, region: str | None, opts: StorageOptions) -> Storage:
-    parsed = urlparse(uri)
-    if not parsed.netloc:
-        raise ValueError(f"s3 URI must name a bucket, s3://bucket/prefix; got {uri!r}")
-    return S3Storage(parsed.netloc, parsed.path, endpoint_url=endpoint, region=region, options=opts)
-
-
-STORAGES: dict[str, StorageFactory] = {"file": _open_file, "s3": _open_s3}
-"""Backends by URI scheme. Add one here to support another store."""
-
-
-def open_storage(
-    uri: str,
-    *,
-    endpoint_url: str | None = None,
-    region: str | None = None,
-    options: StorageOptions | None = None,
-) -> Storage:
-    """The backend for `uri` (``s3://bucket/prefix`` or ``file:///path``)."""
-    if not isinstance(uri, str) or "://" not in uri:
-        raise ValueError(
-            f"checkpoint uri must look like s3://bucket/prefix or file:///path, got {uri!r}"
-        )
-    scheme = uri.split("://", 1)[0].lower()
-    factory = STORAGES.get(scheme)
-    if factory is None:
-        raise ValueError(
-            f"checkpoint uri scheme {scheme!r} is not supported; use one of {sorted(STORAGES)}"
-        )
-    return factory(uri, endpoint_url, region, options or StorageOptions())
