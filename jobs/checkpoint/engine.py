@@ -1,14 +1,17 @@
 """The checkpoint engine: fast snapshot on the training thread, persist in the background.
 
-This module owns the save and restore protocols:
+Owns: `CheckpointEngine`, the one object a training loop holds, and the save and restore
+protocols it runs (the storage steps of a save are in `saving`, loading one step in
+`restoring`, which steps to delete in `retention`):
 
 * `save(state, step)` blocks only while the state's tensors are copied into a reusable host
   buffer (one of `max_in_flight`), by the calling thread and a pool of `copy_threads - 1`
   copy threads; a single background thread then checksums the payload, uploads its shards in
   parallel, writes this rank's index, and only then feeds the memory tier (so the tier holds
   this rank's newest durable snapshot) and releases the buffer. When every buffer is still
-  in flight, `in_flight_policy` decides: WAIT blocks the caller until the oldest save finishes (the stall is measured and
-  counted), SKIP drops the new save with a warning and a metric.
+  in flight, `in_flight_policy` decides: WAIT blocks the caller until the oldest save
+  finishes (the stall is measured and counted), SKIP drops the new save with a warning and
+  a metric.
 * Commit: rank 0 writes the step's manifest only after every rank's index (each written
   after that rank's shards were durable) is present, so a manifest implies complete data.
 * `restore()` walks committed steps newest first, verifies the index and every shard
@@ -18,8 +21,8 @@ This module owns the save and restore protocols:
   warning. Where the state came from ("memory" or "storage") is in the result, in `stats()`
   and in the restores metric.
 
-It must not decide when to checkpoint (see `policies.checkpointing`) and does not know Ray
-Train (see `jobs.checkpointing_helpers`).
+Must not: decide when to checkpoint (see `policies.checkpointing`) or know Ray Train (see
+`jobs.checkpointing`).
 """
 
 from __future__ import annotations
@@ -30,102 +33,42 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from enum import Enum
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from jobs.checkpoint import metrics
-from jobs.checkpoint.layout import (
-    CorruptCheckpointError,
-    Manifest,
-    RankIndex,
-    RankRecord,
-    ShardEntry,
-    UnsafeCheckpointError,
-    checksum,
-    index_key,
-    keep_key,
-    manifest_key,
-    shard_key,
-    step_of_key,
-)
+from jobs.checkpoint.layout import keep_key, manifest_key
 from jobs.checkpoint.memory_tiers import MemoryTier
+from jobs.checkpoint.restoring import RestoredCheckpoint, committed_steps, restore_newest
 from jobs.checkpoint.retention import RetentionPlan, plan_retention, should_abort_upload
 from jobs.checkpoint.retrying import RetryPolicy
-from jobs.checkpoint.snapshot import (
-    HostBuffer,
-    Snapshot,
-    default_copy_threads,
-    rebuild_state,
-    take_snapshot,
+from jobs.checkpoint.saving import (
+    DEFAULT_SHARD_SIZE_BYTES,
+    CommitTimeoutError,
+    InFlightPolicy,
+    SaveHandle,
+    SaveOutcome,
+    as_view,
+    check_settings,
+    commit_step,
+    upload_rank,
 )
-from jobs.checkpoint.storages import (
-    ObjectNotFoundError,
-    ObjectSizeError,
-    Storage,
-    StorageOptions,
-    open_storage,
-)
+from jobs.checkpoint.snapshot import HostBuffer, Snapshot, take_snapshot
+from jobs.checkpoint.storages import Storage, StorageOptions, open_storage
+
+__all__ = [
+    "DEFAULT_SHARD_SIZE_BYTES",
+    "CheckpointEngine",
+    "CommitTimeoutError",
+    "InFlightPolicy",
+    "RestoredCheckpoint",
+    "SaveHandle",
+    "SaveOutcome",
+]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_SHARD_SIZE_BYTES = 256 * 1024 * 1024
-_REREAD_ATTEMPTS = 3
-
-
-class InFlightPolicy(str, Enum):
-    """What `save()` does when all `max_in_flight` saves are still persisting."""
-
-    WAIT = "wait"
-    """Block until the oldest in-flight save finishes; the wait counts as stall."""
-    SKIP = "skip"
-    """Drop this save (returns None), log a warning and count it."""
-
-
-class CommitTimeoutError(Exception):
-    """Rank 0 gave up waiting for other ranks' data; the step stays uncommitted."""
-
-
-@dataclass(frozen=True)
-class SaveOutcome:
-    """What one save achieved once its background work finished."""
-
-    step: int
-    rank: int
-    committed: bool
-    """True on rank 0 once the manifest is written; other ranks only make data durable."""
-    payload_bytes: int
-    upload_s: float
-    upload_bytes_per_s: float
-
-
-class SaveHandle:
-    """A save in flight. `result()` waits for it and raises its error, if any."""
-
-    def __init__(self, step: int, stall_s: float, future: Future[SaveOutcome]) -> None:
-        self.step = step
-        self.stall_s = stall_s
-        self._future = future
-
-    def done(self) -> bool:
-        return self._future.done()
-
-    def result(self, timeout_s: float | None = None) -> SaveOutcome:
-        return self._future.result(timeout=timeout_s)
-
-
-@dataclass(frozen=True)
-class RestoredCheckpoint:
-    """A verified checkpoint: its step, the state as saved, and where it was read from."""
-
-    step: int
-    state: Any
-    source: str
-    """"memory" (the memory tier) or "storage"."""
-    metadata: Mapping[str, Any]
 
 
 class CheckpointEngine:
@@ -168,34 +111,17 @@ class CheckpointEngine:
         storage: Storage | None = None,
         before_commit: Callable[[int], None] | None = None,
     ) -> None:
-        if world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {world_size}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
-        if shard_size_bytes < 1:
-            raise ValueError(f"shard_size_bytes must be >= 1, got {shard_size_bytes}")
-        if keep_last < 1:
-            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-        if copy_threads is None:
-            copy_threads = default_copy_threads()
-        if copy_threads < 1:
-            raise ValueError(
-                f"copy_threads must be >= 1 (or None for the default), got {copy_threads}"
-            )
-        if commit_timeout_s <= 0 or commit_poll_interval_s <= 0:
-            raise ValueError(
-                "commit_timeout_s and commit_poll_interval_s must be > 0, got "
-                f"{commit_timeout_s} and {commit_poll_interval_s}"
-            )
-        try:
-            self.in_flight_policy = InFlightPolicy(in_flight_policy)
-        except ValueError as exc:
-            raise ValueError(
-                f"in_flight_policy must be one of {[p.value for p in InFlightPolicy]}, "
-                f"got {in_flight_policy!r}"
-            ) from exc
+        self.in_flight_policy, copy_threads = check_settings(
+            rank=rank,
+            world_size=world_size,
+            max_in_flight=max_in_flight,
+            shard_size_bytes=shard_size_bytes,
+            keep_last=keep_last,
+            copy_threads=copy_threads,
+            commit_timeout_s=commit_timeout_s,
+            commit_poll_interval_s=commit_poll_interval_s,
+            in_flight_policy=in_flight_policy,
+        )
         self.rank = rank
         self.world_size = world_size
         self.run_name = run_name
@@ -318,12 +244,19 @@ class CheckpointEngine:
         try:
             try:
                 upload_started_s = time.perf_counter()
-                index_bytes = self._upload_rank(snapshot, step)
+                index_bytes = upload_rank(
+                    self.storage,
+                    snapshot,
+                    step,
+                    rank=self.rank,
+                    world_size=self.world_size,
+                    shard_size_bytes=self.shard_size_bytes,
+                )
                 upload_s = time.perf_counter() - upload_started_s
                 if self.memory_tier is not None:
                     try:
                         self.memory_tier.put(
-                            self.rank, step, index_bytes, _as_view(snapshot.payload)
+                            self.rank, step, index_bytes, as_view(snapshot.payload)
                         )
                     except Exception:  # noqa: BLE001 - the tier is only a cache
                         logger.warning("memory tier could not keep step %d", step, exc_info=True)
@@ -351,68 +284,16 @@ class CheckpointEngine:
             logger.exception("checkpoint of step %d (rank %d) failed", step, self.rank)
             raise
 
-    def _upload_rank(self, snapshot: Snapshot, step: int) -> bytes:
-        view = _as_view(snapshot.payload)
-        items = [
-            (shard_key(step, self.rank, number), view[offset : offset + self.shard_size_bytes])
-            for number, offset in enumerate(range(0, len(view), self.shard_size_bytes))
-        ]
-        # Checksums (zlib releases the GIL) run alongside the upload, not before it.
-        with ThreadPoolExecutor(1, thread_name_prefix="ckpt-crc") as crc_pool:
-            crcs = [crc_pool.submit(checksum, piece) for _key, piece in items]
-            self.storage.put_many(items)
-            shards = [
-                ShardEntry(key, offset, len(piece), crc.result())
-                for (key, piece), offset, crc in zip(
-                    items, range(0, len(view), self.shard_size_bytes), crcs, strict=True
-                )
-            ]
-        index = RankIndex(
-            step=step,
-            rank=self.rank,
-            world_size=self.world_size,
-            payload_bytes=snapshot.payload_bytes,
-            tensors=snapshot.tensors,
-            shards=tuple(shards),
-            skeleton=snapshot.skeleton,
-        )
-        index_bytes = index.to_json_bytes()
-        self.storage.put_bytes(index_key(step, self.rank), index_bytes)
-        return index_bytes
-
     def _commit(self, step: int, keep: bool, metadata: dict[str, Any]) -> None:
-        deadline_s = time.monotonic() + self.commit_timeout_s
-        missing = set(range(self.world_size))
-        records: dict[int, RankRecord] = {}
-        while True:
-            for rank in sorted(missing):
-                key = index_key(step, rank)
-                if not self.storage.exists(key):
-                    continue
-                data = self.storage.get_bytes(key)
-                index = RankIndex.from_json_bytes(data)
-                records[rank] = RankRecord(rank, key, checksum(data), index.payload_bytes)
-                missing.discard(rank)
-            if not missing:
-                break
-            if time.monotonic() >= deadline_s:
-                raise CommitTimeoutError(
-                    f"step {step} not committed: ranks {sorted(missing)} did not finish their "
-                    f"data within commit_timeout_s={self.commit_timeout_s}"
-                )
-            time.sleep(self.commit_poll_interval_s)
-        if keep:
-            self.storage.put_bytes(keep_key(step), b"")
-        now_s = time.time()
-        manifest = Manifest(
-            step=step,
+        now_s = commit_step(
+            self.storage,
+            step,
             world_size=self.world_size,
-            ranks=tuple(records[r] for r in range(self.world_size)),
-            created_unix_s=now_s,
             keep=keep,
             metadata=metadata,
+            timeout_s=self.commit_timeout_s,
+            poll_interval_s=self.commit_poll_interval_s,
         )
-        self.storage.put_bytes(manifest_key(step), manifest.to_json_bytes())
         self._last_commit_unix_s = now_s
         self._last_committed_step = step
         metrics.LAST_COMMIT_UNIX_SECONDS.labels(self.run_name).set(now_s)
@@ -461,12 +342,7 @@ class CheckpointEngine:
 
     def committed_steps(self) -> list[int]:
         """Steps with a manifest, newest first (not yet verified)."""
-        steps = {
-            step
-            for key in self.storage.list_keys()
-            if key.endswith("/manifest.json") and (step := step_of_key(key)) is not None
-        }
-        return sorted(steps, reverse=True)
+        return committed_steps(self.storage)
 
     def restore(
         self, *, max_step: int | None = None, map_location: str | torch.device = "cpu"
@@ -477,95 +353,20 @@ class CheckpointEngine:
         checkpoint verifies. Storage that stays unreachable raises instead of returning
         None, so a job never silently restarts from scratch because of an outage.
         """
-        for step in self.committed_steps():
-            if max_step is not None and step > max_step:
-                continue
-            try:
-                restored = self._load(step, map_location)
-            except (CorruptCheckpointError, ObjectNotFoundError, ObjectSizeError) as exc:
-                metrics.SKIPPED_ON_RESTORE.labels(self.run_name).inc()
-                logger.warning("skipping checkpoint step %d in %s: %s", step, self.storage.uri, exc)
-                continue
-            metrics.RESTORES.labels(self.run_name, restored.source).inc()
+        restored = restore_newest(
+            self.storage,
+            self.memory_tier,
+            rank=self.rank,
+            world_size=self.world_size,
+            run_name=self.run_name,
+            max_step=max_step,
+            map_location=map_location,
+        )
+        if restored is not None:
             self._restored_from = restored.source
             self._last_step = restored.step
             self._last_committed_step = restored.step
-            return restored
-        return None
-
-    def _load(self, step: int, map_location: str | torch.device) -> RestoredCheckpoint:
-        manifest = Manifest.from_json_bytes(self.storage.get_bytes(manifest_key(step)))
-        if manifest.step != step:
-            raise CorruptCheckpointError(f"manifest under step {step} says step {manifest.step}")
-        if manifest.world_size != self.world_size:
-            raise ValueError(
-                f"checkpoint step {step} in {self.storage.uri} was saved by "
-                f"{manifest.world_size} ranks, this job has world_size={self.world_size}; "
-                "restoring onto a different number of ranks is not supported"
-            )
-        record = next(r for r in manifest.ranks if r.rank == self.rank)
-        held = self.memory_tier.get(self.rank) if self.memory_tier is not None else None
-        if held is not None and held.step == step and checksum(held.index) == record.index_checksum:
-            index = self._parse_index(held.index, step)
-            payload = (
-                torch.frombuffer(bytearray(held.payload), dtype=torch.uint8)
-                if len(held.payload)
-                else torch.empty(0, dtype=torch.uint8)
-            )
-            bad = self._bad_shards(index, payload)
-            if not bad:
-                state = self._rebuild(step, index, payload, map_location)
-                return RestoredCheckpoint(step, state, "memory", manifest.metadata)
-            logger.warning("memory tier copy of step %d fails checksums; reading storage", step)
-        index_bytes = self.storage.get_bytes(record.index_key)
-        if checksum(index_bytes) != record.index_checksum:
-            raise CorruptCheckpointError(f"index {record.index_key} does not match its checksum")
-        index = self._parse_index(index_bytes, step)
-        payload = torch.empty(index.payload_bytes, dtype=torch.uint8)
-        view = _as_view(payload)
-        todo = list(index.shards)
-        for _attempt in range(_REREAD_ATTEMPTS):
-            self.storage.get_many(
-                [(s.key, view[s.offset_bytes : s.offset_bytes + s.size_bytes]) for s in todo]
-            )
-            todo = self._bad_shards(index, payload, only=todo)
-            if not todo:
-                break
-            logger.info("step %d: %d shard(s) failed checksum, reading again", step, len(todo))
-        if todo:
-            raise CorruptCheckpointError(
-                f"shards {[s.key for s in todo]} do not match their checksums"
-            )
-        state = self._rebuild(step, index, payload, map_location)
-        return RestoredCheckpoint(step, state, "storage", manifest.metadata)
-
-    def _rebuild(
-        self, step: int, index: RankIndex, payload: torch.Tensor, map_location: str | torch.device
-    ) -> Any:
-        try:
-            return rebuild_state(index.skeleton, index.tensors, payload, map_location=map_location)
-        except UnsafeCheckpointError as exc:
-            raise UnsafeCheckpointError(f"checkpoint step {step} rank {self.rank}: {exc}") from exc
-
-    def _parse_index(self, data: bytes, step: int) -> RankIndex:
-        index = RankIndex.from_json_bytes(data)
-        if (index.step, index.rank, index.world_size) != (step, self.rank, self.world_size):
-            raise CorruptCheckpointError(
-                f"index names step {index.step} rank {index.rank}/{index.world_size}, "
-                f"expected step {step} rank {self.rank}/{self.world_size}"
-            )
-        return index
-
-    @staticmethod
-    def _bad_shards(
-        index: RankIndex, payload: torch.Tensor, only: list[ShardEntry] | None = None
-    ) -> list[ShardEntry]:
-        view = _as_view(payload)
-        return [
-            s
-            for s in (index.shards if only is None else only)
-            if checksum(view[s.offset_bytes : s.offset_bytes + s.size_bytes]) != s.checksum
-        ]
+        return restored
 
     # ------------------------------------------------------------------------ reporting
 
@@ -610,9 +411,3 @@ class CheckpointEngine:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
-
-
-def _as_view(payload: torch.Tensor) -> memoryview:
-    if payload.numel() == 0:
-        return memoryview(b"")
-    return payload.numpy().data.cast("B")
