@@ -30,6 +30,8 @@ from jobs.launcher import (
     stop_running_command,
     torchrun_env,
 )
+from jobs.launcher.child_process import registered
+from jobs.launcher.gang import gang_configs
 
 PY = sys.executable
 SLEEP_60 = [PY, "-c", "import time; time.sleep(60)"]
@@ -325,7 +327,7 @@ def test_a_command_dies_with_the_worker_that_started_it(tmp_path: Path) -> None:
 def test_stop_running_command_stops_the_registered_command_and_marks_it() -> None:
     assert stop_running_command(grace_s=1) is False  # nothing runs
     child = CommandProcess(SLEEP_60, os.environ)
-    with launcher._registered(child):
+    with registered(child):
         assert stop_running_command(grace_s=5) is True
     assert child.stop_requested and child.wait() == -signal.SIGTERM
     assert stop_running_command(grace_s=1) is False
@@ -374,7 +376,7 @@ def test_the_gang_under_the_control_plane_is_pinned_and_never_retried_by_ray_tra
         launcher.ENV_STORAGE_PATH: "/tmp/train",
         "RCP_JOB_ID": "j-7",
     }
-    scaling, run = launcher._gang_configs(env)
+    scaling, run = gang_configs(env)
     assert scaling.num_workers == 4 and scaling.use_gpu
     assert scaling.resources_per_worker == {"CPU": 1.5, "GPU": 2, launcher.POOL_RESOURCE: 1}
     assert scaling.label_selector == {"pool": "cluster", launcher.NODE_ID_LABEL: "in(n1,n2)"}
@@ -383,7 +385,7 @@ def test_the_gang_under_the_control_plane_is_pinned_and_never_retried_by_ray_tra
 
 
 def test_the_gang_outside_the_control_plane_is_one_cpu_worker() -> None:
-    scaling, run = launcher._gang_configs({})
+    scaling, run = gang_configs({})
     assert scaling.num_workers == 1 and not scaling.use_gpu
     assert scaling.resources_per_worker == {"CPU": 1.0}
     assert scaling.label_selector is None
