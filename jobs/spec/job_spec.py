@@ -1,0 +1,336 @@
+"""The `JobSpec` of a training gang and its `CheckpointSpec`: fields, validation, round trip.
+
+Owns: the fields of a job (what to run, how many workers with how many GPUs, which queue and
+priority class, how long it may run, how it checkpoints), `validate` (every field's problems
+at once, run on every construction), the checks that need the control plane's view
+(`JobSpec.check_against`, `check_checkpoint_uri`, called by the service at submit time) and
+the round trip to dicts and YAML.
+
+Must not: import `controlplane`, talk to Ray, or know the live cluster (the control plane's
+configuration and the pool come in as arguments).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from jobs.spec.errors import FieldError, SpecError, kind
+from jobs.spec.limits import (
+    CODE_ARCHIVE_SUFFIXES,
+    DEFAULT_PRIORITY_CLASSES,
+    JOBS_AREA,
+    MAX_INTERVAL_S,
+    MAX_RESTARTS_LIMIT,
+    NAME_RE,
+)
+from jobs.spec.parsing import load_yaml, typed_fields
+from jobs.spec.runtime_env import check_runtime_env
+from jobs.spec.values import (
+    check_checkpoint_uri_form,
+    check_entrypoint,
+    check_remote_code_uri,
+    int_at_least,
+    is_number,
+)
+
+__all__ = ["CheckpointSpec", "JobSpec", "check_checkpoint_uri", "validate"]
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """How a job checkpoints; the helpers in `jobs/` read these from the job's environment."""
+
+    enabled: bool = True
+    """False: the job never checkpoints; a preemption then loses all its work."""
+    interval_s: float | None = None
+    """Seconds between periodic checkpoints; None lets the checkpoint policy choose."""
+    keep_last: int = 2
+    """Complete checkpoints to keep; older ones are deleted after a newer one is complete."""
+    preempt_deadline_s: float = 120.0
+    """How long a preemption waits for the checkpoint-now snapshot before stopping the gang."""
+    uri: str | None = None
+    """Where checkpoints go: an ``s3://bucket/prefix`` URI whose bucket exists (checked at
+    submission), outside the cluster's per-job area ``<storage.uri>/jobs/``. None (the
+    default) means ``<storage.uri>/jobs/<job id>/``. Never file:// or a path. Naming the same
+    URI in a later job resumes from the checkpoints an earlier one left there."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One training gang. Construct it directly or with `from_dict`/`from_yaml`; both validate."""
+
+    name: str
+    entrypoint: str
+    """The command the Ray Job runs, e.g. ``python train.py --lr 3e-4``."""
+    num_workers: int = 1
+    """Ray Train workers; all of them start together or none does (gang)."""
+    gpus_per_worker: int = 1
+    """GPUs each worker needs on a single node; 0 for a CPU-only job."""
+    cpus_per_worker: float = 1.0
+    working_dir: str | None = None
+    """The job's code: a remote archive (``s3://bucket/code.zip``; see `REMOTE_URI_SCHEMES`
+    and `CODE_ARCHIVE_SUFFIXES`), unpacked by Ray as the working dir. Never a local path."""
+    runtime_env: Mapping[str, Any] = field(default_factory=dict)
+    """Extra Ray runtime_env, only the keys in `RUNTIME_ENV_KEYS` (pip, env_vars, ...); use
+    `working_dir` above for the code."""
+    queue: str = "default"
+    """The team queue; it owns a share of the cluster pool."""
+    priority_class: str = "medium"
+    """A configured priority class (defaults: low, medium, high)."""
+    max_runtime_s: float | None = None
+    """The job is stopped after this long; also lets it backfill. None: no limit."""
+    max_restarts: int = 3
+    """Times a gang that failed (a worker raised or was killed, a node was lost) or hung is
+    restarted from its last committed checkpoint before the job is FAILED. Preemptions and
+    moves by node health do not count."""
+    stall_timeout_s: float | None = None
+    """A running job that reports no new step for this long is declared hung: its workers'
+    stacks go to its logs and it restarts from its last checkpoint (a restart). None: the
+    cluster's ``jobs.stall_timeout_s``. Must be at least ``jobs.step_report_interval_s``.
+    Armed once the job reports its first step (through `jobs.checkpointing`)."""
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+
+    def __post_init__(self) -> None:
+        errors = validate(self)
+        if errors:
+            raise SpecError(errors)
+        object.__setattr__(self, "runtime_env", dict(self.runtime_env))
+
+    @property
+    def gpus_total(self) -> int:
+        return self.num_workers * self.gpus_per_worker
+
+    # -- checks that need the control plane's view --------------------------------------------
+
+    def check_against(
+        self,
+        *,
+        priority_classes: Iterable[str] = DEFAULT_PRIORITY_CLASSES,
+        queues: Iterable[str] | None = None,
+        cluster_node_gpus: Iterable[int] | None = None,
+        step_report_interval_s: float | None = None,
+    ) -> None:
+        """Raise SpecError if the cluster as configured could never run this job.
+
+        `cluster_node_gpus` is ``gpus_total`` of every node of the `cluster` pool; the gang fits
+        only if each worker's GPUs fit on one node and all workers fit at once.
+        `step_report_interval_s` is how often a job reports its step: a `stall_timeout_s`
+        shorter than that would declare every healthy job hung.
+        """
+        errors: list[FieldError] = []
+        if (
+            step_report_interval_s is not None
+            and self.stall_timeout_s is not None
+            and self.stall_timeout_s < step_report_interval_s
+        ):
+            errors.append(
+                FieldError(
+                    "stall_timeout_s",
+                    f"{self.stall_timeout_s:g}s is shorter than the step report interval "
+                    f"(jobs.step_report_interval_s = {step_report_interval_s:g}s): a healthy "
+                    "job would be declared hung between two reports",
+                )
+            )
+        classes = list(priority_classes)
+        if self.priority_class not in classes:
+            errors.append(
+                FieldError(
+                    "priority_class",
+                    f"unknown priority class {self.priority_class!r}; "
+                    f"configured: {', '.join(classes)}",
+                )
+            )
+        if queues is not None:
+            known = list(queues)
+            if self.queue not in known:
+                errors.append(
+                    FieldError(
+                        "queue", f"unknown queue {self.queue!r}; configured: {', '.join(known)}"
+                    )
+                )
+        if cluster_node_gpus is not None and self.gpus_per_worker > 0:
+            node_gpus = list(cluster_node_gpus)
+            largest = max(node_gpus, default=0)
+            slots = sum(g // self.gpus_per_worker for g in node_gpus)
+            if self.gpus_per_worker > largest:
+                errors.append(
+                    FieldError(
+                        "gpus_per_worker",
+                        f"{self.gpus_per_worker} GPUs per worker, but the largest cluster node "
+                        f"has {largest}",
+                    )
+                )
+            elif slots < self.num_workers:
+                errors.append(
+                    FieldError(
+                        "num_workers",
+                        f"{self.num_workers} workers x {self.gpus_per_worker} GPUs cannot fit: "
+                        f"the cluster pool holds at most {slots} such workers",
+                    )
+                )
+        if errors:
+            raise SpecError(errors)
+
+    # -- dict and YAML ---------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (JSON and YAML safe); `from_dict(to_dict())` gives an equal spec."""
+        data = dataclasses.asdict(self)
+        data["runtime_env"] = dict(self.runtime_env)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: object) -> JobSpec:
+        """Build and validate a spec from plain data. Unknown keys are errors (typos)."""
+        if not isinstance(data, Mapping):
+            raise SpecError([FieldError("<spec>", f"must be a mapping, got {kind(data)}")])
+        errors: list[FieldError] = []
+        values = typed_fields(cls, data, "", errors)
+        ckpt = data.get("checkpoint")
+        if ckpt is None or "checkpoint" not in data:
+            values.pop("checkpoint", None)
+        elif not isinstance(ckpt, Mapping):
+            errors.append(FieldError("checkpoint", f"must be a mapping, got {kind(ckpt)}"))
+            values.pop("checkpoint", None)
+        else:
+            ckpt_values = typed_fields(CheckpointSpec, ckpt, "checkpoint.", errors)
+            if not any(e.field.startswith("checkpoint.") for e in errors):
+                try:
+                    values["checkpoint"] = CheckpointSpec(**ckpt_values)
+                except SpecError as exc:  # pragma: no cover - CheckpointSpec does not validate
+                    errors.extend(exc.errors)
+        for required in ("name", "entrypoint"):
+            if required not in data or data[required] is None:
+                errors.append(FieldError(required, "is required"))
+        if errors:
+            # Also report the value problems of the fields that were well-typed.
+            placeholders = {"name": "placeholder", "entrypoint": "placeholder"}
+            try:
+                cls(**{**placeholders, **values})
+            except SpecError as exc:
+                seen = {e.field for e in errors}
+                errors.extend(e for e in exc.errors if e.field not in seen)
+            except TypeError:
+                pass
+            raise SpecError(errors)
+        return cls(**values)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> JobSpec:
+        """Parse a YAML job file; malformed YAML is a SpecError with the line and column."""
+        data = load_yaml(text)
+        return cls.from_dict(data)
+
+    def to_yaml(self) -> str:
+        return str(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def validate(spec: JobSpec) -> list[FieldError]:
+    errors: list[FieldError] = []
+    for name in ("name", "entrypoint", "queue", "priority_class"):
+        value = getattr(spec, name)
+        if not isinstance(value, str) or not value.strip():
+            errors.append(FieldError(name, "is required and must be a non-empty string"))
+    if isinstance(spec.name, str) and spec.name.strip() and not NAME_RE.match(spec.name):
+        errors.append(
+            FieldError(
+                "name",
+                f"{spec.name!r}: use 1-128 letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit",
+            )
+        )
+    if isinstance(spec.entrypoint, str) and spec.entrypoint.strip():
+        errors += check_entrypoint(spec.entrypoint)
+    errors += int_at_least("num_workers", spec.num_workers, 1, "a gang needs at least 1 worker")
+    errors += int_at_least("gpus_per_worker", spec.gpus_per_worker, 0)
+    if not is_number(spec.cpus_per_worker) or spec.cpus_per_worker < 0:
+        errors.append(
+            FieldError(
+                "cpus_per_worker", f"must be a finite number >= 0, got {spec.cpus_per_worker!r}"
+            )
+        )
+    if spec.max_runtime_s is not None and (
+        not is_number(spec.max_runtime_s) or spec.max_runtime_s <= 0
+    ):
+        errors.append(
+            FieldError(
+                "max_runtime_s",
+                f"must be a finite number > 0 or null, got {spec.max_runtime_s!r}",
+            )
+        )
+    errors += int_at_least("max_restarts", spec.max_restarts, 0)
+    if isinstance(spec.max_restarts, int) and spec.max_restarts > MAX_RESTARTS_LIMIT:
+        errors.append(
+            FieldError("max_restarts", f"must be <= {MAX_RESTARTS_LIMIT}, got {spec.max_restarts}")
+        )
+    if spec.stall_timeout_s is not None and (
+        not is_number(spec.stall_timeout_s) or spec.stall_timeout_s <= 0
+    ):
+        errors.append(
+            FieldError(
+                "stall_timeout_s",
+                f"must be a finite number > 0 or null, got {spec.stall_timeout_s!r}",
+            )
+        )
+    if spec.working_dir is not None:
+        errors += check_remote_code_uri("working_dir", spec.working_dir, CODE_ARCHIVE_SUFFIXES)
+    if not isinstance(spec.runtime_env, Mapping):
+        errors.append(FieldError("runtime_env", f"must be a mapping, got {kind(spec.runtime_env)}"))
+    else:
+        if "working_dir" in spec.runtime_env and spec.working_dir is not None:
+            errors.append(
+                FieldError(
+                    "runtime_env.working_dir",
+                    "set either working_dir or runtime_env.working_dir, not both",
+                )
+            )
+        errors += check_runtime_env(spec.runtime_env)
+    c = spec.checkpoint
+    if not isinstance(c, CheckpointSpec):
+        errors.append(FieldError("checkpoint", f"must be a CheckpointSpec, got {kind(c)}"))
+        return errors
+    if c.interval_s is not None and (
+        not is_number(c.interval_s) or not 0 < c.interval_s <= MAX_INTERVAL_S
+    ):
+        errors.append(
+            FieldError(
+                "checkpoint.interval_s",
+                f"must be a finite number > 0 and at most {MAX_INTERVAL_S:g} (a week), or null; "
+                f"got {c.interval_s!r}",
+            )
+        )
+    errors += int_at_least("checkpoint.keep_last", c.keep_last, 1)
+    if not is_number(c.preempt_deadline_s) or c.preempt_deadline_s <= 0:
+        errors.append(
+            FieldError(
+                "checkpoint.preempt_deadline_s",
+                f"must be a finite number > 0, got {c.preempt_deadline_s!r}",
+            )
+        )
+    if c.uri is not None:
+        errors += check_checkpoint_uri_form(c.uri)
+    return errors
+
+
+def check_checkpoint_uri(spec: JobSpec, storage_uri: str) -> list[FieldError]:
+    """At submission: `spec`'s checkpoint.uri, if set, must not lie in the cluster's per-job
+    area (``<storage_uri>/jobs/``), where it could name another job's checkpoints. Job ids are
+    assigned after this check, so no job may name even its own default there."""
+    uri = spec.checkpoint.uri
+    if uri is None:
+        return []
+    area = storage_uri.rstrip("/") + f"/{JOBS_AREA}"
+    if uri.rstrip("/") == area or uri.startswith(area + "/"):
+        return [
+            FieldError(
+                "checkpoint.uri",
+                f"{uri!r} is inside {area}/, where the control plane keeps each job's own "
+                "checkpoints; leave checkpoint.uri unset for that, or use a prefix elsewhere",
+            )
+        ]
+    return []
