@@ -13,7 +13,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from controlplane.telemetry.dcgm import DcgmSource, VisibleGpus
+from controlplane.telemetry.nvml import NvmlSource
 from controlplane.telemetry.readings import SourceReading, TelemetryError
+from controlplane.telemetry.simulated import SimulatedSource
 
 __all__ = ["SOURCES", "RetryingSource", "TelemetrySource", "make_source"]
 
@@ -37,8 +39,6 @@ def _simulated(
     dcgm_timeout_s: float,
     visible: VisibleGpus | None,
 ) -> TelemetrySource:
-    from controlplane.telemetry.simulated import SimulatedSource
-
     return SimulatedSource(num_gpus, num_ib_ports)
 
 
@@ -49,8 +49,6 @@ def _nvml(
     dcgm_timeout_s: float,
     visible: VisibleGpus | None,
 ) -> TelemetrySource:
-    from controlplane.telemetry.nvml import NvmlSource
-
     return NvmlSource()
 
 
