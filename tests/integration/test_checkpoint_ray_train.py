@@ -46,6 +46,10 @@ from tests.unit.test_checkpoint_engine import assert_state_equal
 
 pytestmark = pytest.mark.integration
 
+# moto accepts any key pair; the cluster's workers inherit these from this process.
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+
 NUM_STEPS = 10
 KILL_AT_STEP = 6
 SAVE_EVERY_N_STEPS = 2  # saves after steps 1, 3, 5, 7, 9
