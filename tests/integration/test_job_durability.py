@@ -1,10 +1,6 @@
-"""Plain commands as gang jobs (issue 13), end to end on a real local cluster, submitted as a
-researcher would (the CLI `rcp`, or the SDK `Client`). Crash, preemption and hang recovery are
-covered by tests/unit/test_runner_restarts.py and test_runner.py (the runner against a real
-store and S3 server), test_checkpoint_ray_train.py (a killed worker resumes bit-identically,
-a checkpoint-now request commits before the stop), test_queue_scheduling.py (preemption
-through the controller) and test_node_health.py (a drained node's gang checkpoints and
-resumes).
+"""Training jobs that survive: plain commands as gangs, crashes, hangs, preemption, node loss
+(issue 13), end to end on a real local cluster, submitted as a researcher would (the CLI
+`rcp`, or the SDK `Client`).
 
 The module shares one cluster (`durability_cluster`): 2 `cluster` nodes x 2 logical GPUs, no
 Serve app, a 0.5 s tick, and a short `jobs.gang_start_timeout_s` (`GANG_START_TIMEOUT_S`), so
@@ -21,6 +17,7 @@ Helpers: `rcp(...)` runs the CLI against the cluster; `submit_command(...)` subm
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -29,6 +26,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -276,3 +274,339 @@ def test_a_cancelled_command_job_leaves_no_process_even_one_ignoring_sigterm(
     result = rcp(cfg, "cancel", job_id)
     assert result.returncode == 0, result.stderr
     wait_for("no process of the script left", lambda: not processes_matching(marker), 60)
+
+
+# -- crashes, preemption and hangs: the runner restarts from the last committed checkpoint ------
+
+RECOVERY_SCRIPT = """\
+import hashlib, json, os, sys, time
+import torch
+import torch.distributed as dist
+from jobs.checkpointing import Checkpointing
+
+out_dir, num_steps, every, sleep_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+hang_at = int(sys.argv[5]) if len(sys.argv) > 5 else -1
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+attempt = int(os.environ["RCP_ATTEMPT"])
+if attempt > 1:
+    sleep_s = min(sleep_s, 0.02)  # a resumed attempt only has to finish
+
+
+def note(name, record):
+    with open(os.path.join(out_dir, name), "w") as f:
+        json.dump(record, f)
+
+
+if world > 1:
+    dist.init_process_group("gloo")
+ckpt = Checkpointing(every_n_steps=every)
+note(f"pid-{attempt}-{rank}.json", {"pid": os.getpid()})
+
+
+def digests(state):
+    return {k: hashlib.sha256(v.numpy().tobytes()).hexdigest() for k, v in sorted(state.items())}
+
+
+state = {
+    "w": torch.randn(4096, generator=torch.Generator().manual_seed(rank)),
+    "steps_seen": torch.zeros(1, dtype=torch.int64),
+}
+start, restored = 0, ckpt.restore()
+if restored is not None:
+    state = {k: v.clone() for k, v in restored.state.items()}
+    start = restored.step + 1
+    note(f"restored-{attempt}-{rank}.json",
+         {"step": restored.step, "source": restored.source, "digests": digests(state)})
+for step in range(start, num_steps):
+    if attempt == 1 and step == hang_at and rank == world - 1:
+        print(f"rank {rank} stops making progress at step {step}", flush=True)
+        time.sleep(3600)
+    t = torch.tensor([float(step + rank)])
+    if world > 1:
+        dist.all_reduce(t)
+    state["w"].mul_(0.999).add_(t.item() * 1e-3)
+    state["steps_seen"] += 1
+    if rank == 0:
+        with open(os.path.join(out_dir, "steps.jsonl"), "a") as f:
+            line = {"attempt": attempt, "step": step, "start": start, "at_s": time.time()}
+            f.write(json.dumps(line) + "\\n")
+    if ckpt.should_checkpoint(step) or step == num_steps - 1:
+        note(f"saved-{rank}-{step}.json", digests(state))
+        ckpt.save(step, state)
+        if ckpt.preempted:
+            break
+    ckpt.report(step, {})
+    time.sleep(sleep_s)
+ckpt.finish()
+if world > 1:
+    dist.destroy_process_group()
+"""
+
+SLEEP_SCRIPT = "import sys, time; time.sleep(float(sys.argv[1]))"
+
+
+def recovery_script(tmp_path: Path) -> tuple[Path, Path]:
+    script = tmp_path / "recovering.py"
+    script.write_text(RECOVERY_SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    return script, out
+
+
+def steps_of(out: Path) -> list[dict[str, object]]:
+    path = out / "steps.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_job(
+    cfg: Config, client: Client, job_id: str, what: str, cond: Any, timeout_s: float
+) -> Job:
+    """The job once `cond(job)` holds; on timeout the failure shows the job and its log."""
+    try:
+
+        def check() -> Job | None:
+            job = client.status(job_id)
+            return job if cond(job) else None
+
+        return wait_for(what, check, timeout_s)
+    except AssertionError as exc:
+        job = client.status(job_id)
+        logs = rcp(cfg, "logs", job_id).stdout[-6000:]
+        raise AssertionError(f"{exc}\njob: {job.raw}\nlog tail:\n{logs}") from None
+
+
+def ray_job_end_s(cfg: Config, submission_id: str) -> float:
+    """When Ray says the Ray Job ended (its gang stopped)."""
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(
+        f"http://{cfg.ray.node_ip}:{cfg.ray.dashboard_port}", headers=ray_auth_headers(cfg)
+    )
+    end_ms = client.get_job_info(submission_id).end_time
+    assert end_ms, f"Ray Job {submission_id} has not ended"
+    return float(end_ms) / 1000.0
+
+
+def placement(cfg: Config, job_id: str) -> set[str]:
+    """The nodes the job's current attempt was admitted on (the store's record)."""
+    from controlplane.store import Store
+
+    with Store(cfg.jobs_db_path) as store:
+        return set(store.get(job_id).info.get("placement") or {})
+
+
+def manifest_in_storage(cfg: Config, step_uri: str) -> dict[str, object]:
+    """The committed manifest of a step (``s3://bucket/.../step-<S>``), read from the store."""
+    from controlplane.storage import bucket_of, s3_client
+
+    bucket, key = bucket_of(step_uri)
+    body = s3_client(cfg).get_object(Bucket=bucket, Key=f"{key}/manifest.json")["Body"].read()
+    return dict(json.loads(body))
+
+
+def assert_restored_bit_exact(out: Path, attempt: int, world: int) -> int:
+    """Every rank of `attempt` restored what it saved at the restored step; returns it."""
+    steps = set()
+    for rank in range(world):
+        restored = json.loads((out / f"restored-{attempt}-{rank}.json").read_text())
+        saved = json.loads((out / f"saved-{rank}-{restored['step']}.json").read_text())
+        assert restored["digests"] == saved, f"rank {rank} restored other bytes than it saved"
+        steps.add(restored["step"])
+    assert len(steps) == 1, steps
+    return steps.pop()
+
+
+def test_a_worker_killed_mid_run_resumes_at_the_last_committed_step_bit_exact(
+    durability_cluster: tuple[Config, LocalCluster, Client], tmp_path: Path
+) -> None:
+    cfg, _cluster, client = durability_cluster
+    script, out = recovery_script(tmp_path)
+    job_id = submit_command(
+        cfg,
+        "--workers=2",
+        "--gpus-per-worker=1",
+        "--max-restarts=2",
+        "--name=sigkill",
+        command=["python", str(script), str(out), "120", "5", "0.25"],
+    )
+    wait_state(client, job_id, {"RUNNING"})
+    wait_for(
+        "a committed step the controller read from storage",
+        lambda: (client.status(job_id).last_committed_step or 0) >= 10,
+        240,
+    )
+    committed_at_kill = int(client.status(job_id).last_committed_step or 0)
+    victim = json.loads((out / "pid-1-1.json").read_text())["pid"]
+    os.kill(victim, 9)  # SIGKILL one worker process mid-run
+    done = wait_state(client, job_id, {"SUCCEEDED"}, timeout_s=600)
+    assert done.attempt == 2 and done.restarts == 1, done.attempts
+    assert done.attempts[0].kind == "crash" and done.attempts[-1].kind == "succeeded"
+    restored = assert_restored_bit_exact(out, 2, 2)
+    assert restored >= committed_at_kill
+    second = [s for s in steps_of(out) if s["attempt"] == 2]
+    assert second[0]["step"] == restored + 1 and second[0]["start"] == restored + 1
+    first = [s["step"] for s in steps_of(out) if s["attempt"] == 1]
+    assert max(first) >= restored  # it ran past the commit it resumed from
+
+
+def test_a_preempted_job_commits_before_its_gang_stops_and_resumes_on_another_node(
+    durability_cluster: tuple[Config, LocalCluster, Client], tmp_path: Path
+) -> None:
+    cfg, _cluster, client = durability_cluster
+    script, out = recovery_script(tmp_path)
+    sleeper = tmp_path / "sleep.py"
+    sleeper.write_text(SLEEP_SCRIPT)
+    low = submit_command(
+        cfg,
+        "--workers=1",
+        "--gpus-per-worker=2",
+        "--priority=low",
+        "--name=low",
+        command=["python", str(script), str(out), "100000", "1000", "0.2"],
+    )
+    wait_state(client, low, {"RUNNING"})
+    wait_for("low to train", lambda: len(steps_of(out)) >= 5, 180)
+    (first_node,) = placement(cfg, low)
+    filler = submit_command(
+        cfg,
+        "--workers=1",
+        "--gpus-per-worker=2",
+        "--priority=medium",
+        "--name=filler",
+        command=["python", str(sleeper), "70"],
+    )
+    wait_state(client, filler, {"RUNNING"})
+    high = submit_command(
+        cfg,
+        "--workers=1",
+        "--gpus-per-worker=2",
+        "--priority=high",
+        "--name=high",
+        command=["python", str(sleeper), "600"],
+    )
+    try:
+        job = wait_for(
+            "low to be preempted and re-queued",
+            lambda: (j := client.status(low)).num_preemptions >= 1 and j,
+            300,
+        )
+        reason = next(t["reason"] for t in job.history if t["to"] == "PREEMPTED")
+        assert "checkpointed-for-preemption at step" in reason, reason
+        step = int(reason.split("at step ")[1].split(" ")[0])
+        assert job.attempts[0].kind == "preempted" and job.restarts == 0
+        # The requested step's manifest was in storage before the gang was stopped, and the
+        # loop trained no step past it.
+        manifest = manifest_in_storage(cfg, f"{job.checkpoint_uri}/step-{step:012d}")
+        assert float(manifest["created_unix_s"]) < ray_job_end_s(cfg, f"{low}-1")
+        assert max(int(s["step"]) for s in steps_of(out) if s["attempt"] == 1) == step
+        # It runs again once the filler's node is free: from that step, on the other node.
+        wait_for("low attempt 2", lambda: any(s["attempt"] == 2 for s in steps_of(out)), 300)
+        second = [s for s in steps_of(out) if s["attempt"] == 2]
+        assert second[0]["start"] == step + 1 and second[0]["step"] == step + 1
+        assert placement(cfg, low) and first_node not in placement(cfg, low)
+        assert assert_restored_bit_exact(out, 2, 1) == step
+        assert client.status(high).state == "RUNNING"
+    finally:
+        for job_id in (low, filler, high):
+            with contextlib.suppress(Exception):
+                client.cancel(job_id)
+    for job_id in (low, filler, high):
+        wait_for(f"{job_id} settled", lambda j=job_id: client.status(j).done, 120)
+
+
+def test_a_hung_worker_is_detected_its_stack_logged_and_the_job_resumes(
+    durability_cluster: tuple[Config, LocalCluster, Client], tmp_path: Path
+) -> None:
+    cfg, _cluster, client = durability_cluster
+    script, out = recovery_script(tmp_path)
+    stall_s = 15.0
+    job_id = submit_command(
+        cfg,
+        "--workers=2",
+        "--gpus-per-worker=1",
+        f"--stall-timeout-s={stall_s:g}",
+        "--name=hang",
+        command=["python", str(script), str(out), "60", "5", "0.2", "30"],
+    )
+    wait_state(client, job_id, {"RUNNING"})
+    hung = wait_job(cfg, client, job_id, "the hang to be detected", lambda j: j.hangs >= 1, 300)
+    (event,) = [e for e in client.events(job_id=job_id) if e["kind"] == "job.hung"]
+    last_step = max(float(s["at_s"]) for s in steps_of(out) if s["attempt"] == 1)
+    latency_s = float(event["at_s"]) - last_step
+    print(
+        f"hang detected {latency_s:.1f}s after the last step, {event['data']['stalled_s']:.1f}s "
+        f"after the step last grew as reported (stall_timeout_s={stall_s:g})"
+    )
+    assert latency_s <= stall_s + cfg.policy.tick_s + 2.0  # + the watchdog's stack fetch
+    assert event["data"]["stalled_s"] > stall_s
+    logs = rcp(cfg, "logs", job_id).stdout
+    header = "=== attempt 1: hang: stacks of the workers (py-spy via Ray) ==="
+    assert header in logs, logs[-3000:]
+    stacks = logs.split(header, 1)[1]
+    assert "--- rank 0 (pid" in stacks and "--- rank 1 (pid" in stacks
+    assert "recovering.py" in stacks, stacks[:3000]  # the user's own frames
+    done = wait_state(client, job_id, {"SUCCEEDED"}, timeout_s=600)
+    assert done.attempt == 2 and done.restarts == 1 and done.hangs == 1
+    assert done.attempts[0].kind == "hang" and hung.attempt == 1
+    restored = assert_restored_bit_exact(out, 2, 2)
+    assert restored >= 25  # the commit of step 25 (every 5 steps) came before the hang at 30
+    second = [s for s in steps_of(out) if s["attempt"] == 2]
+    assert second[0]["step"] == restored + 1
+
+
+def test_a_job_on_a_node_removed_by_health_restores_from_the_peer_memory_copy(
+    durability_cluster: tuple[Config, LocalCluster, Client], tmp_path: Path
+) -> None:
+    """Last in the module: it takes a node out (the autoscaler replaces it)."""
+    from controlplane.ray_connection import connect
+    from controlplane.telemetry import manager
+
+    cfg, _cluster, client = durability_cluster
+    connect(cfg)
+    script, out = recovery_script(tmp_path)
+    job_id = submit_command(
+        cfg,
+        "--workers=1",
+        "--gpus-per-worker=1",
+        "--name=on-a-bad-node",
+        command=["python", str(script), str(out), "100000", "1000", "0.2"],
+    )
+    wait_state(client, job_id, {"RUNNING"})
+    wait_for("it trains", lambda: len(steps_of(out)) >= 5, 180)
+    (bad,) = placement(cfg, job_id)
+    wait_for("the agent on its node", lambda: bad in manager.collect_summaries(), 120)
+    try:
+        manager.inject_fault(bad, "hot-gpu")
+        job = wait_job(
+            cfg,
+            client,
+            job_id,
+            "the job to be moved off the bad node",
+            lambda j: j.attempt >= 2 and j.state == "RUNNING",
+            300,
+        )
+        assert job.attempts[0].kind == "health" and job.restarts == 0, job.attempts
+        wait_for("attempt 2 to train", lambda: any(s["attempt"] == 2 for s in steps_of(out)), 180)
+        if not (out / "restored-2-0.json").exists():
+            history = "\n".join(f"  {t['to']}: {t.get('reason')}" for t in job.history)
+            events = "\n".join(
+                f"  {e['kind']}: {e['message']}" for e in client.events(job_id=job_id)
+            )
+            logs = rcp(cfg, "logs", job_id).stdout[-8000:]
+            raise AssertionError(
+                f"attempt 2 restored nothing\nhistory:\n{history}\nevents:\n{events}\n"
+                f"log tail:\n{logs}"
+            )
+        restored = json.loads((out / "restored-2-0.json").read_text())
+        print(f"health move: restored step {restored['step']} from {restored['source']}")
+        assert restored["source"] == "memory"  # the peer copy on the other node
+        assert assert_restored_bit_exact(out, 2, 1) == restored["step"]
+        second = [s for s in steps_of(out) if s["attempt"] == 2]
+        assert second[0]["step"] == restored["step"] + 1
+        assert placement(cfg, job_id) and bad not in placement(cfg, job_id)
+    finally:
+        with contextlib.suppress(Exception):
+            client.cancel(job_id)
+    wait_for(f"{job_id} settled", lambda: client.status(job_id).done, 120)
