@@ -3,7 +3,9 @@
 Real parts: the embedded cluster (`rcp up` with the production Serve app and the controller),
 the telemetry agents, a checkpoint engine saving inside a Ray actor on a `cluster` node (its
 metrics reach Prometheus through Ray's metrics pipeline), a training job submitted through
-the SDK (so the admission gauges move), HTTP traffic on the Serve endpoint (good requests and
+the SDK (so the admission gauges move; it checkpoints through the helper every job uses, so
+the controller's recovery gauges for it reach Prometheus and the checkpoint alerts' expressions
+see it, and `rcp status` shows the step it committed; when it ends, its series go), HTTP traffic on the Serve endpoint (good requests and
 client errors), and the Debian ``prometheus`` binary on 127.0.0.1 scraping every node's Ray
 metrics agent (Ray's own file_sd list) and every telemetry agent, with infra/prometheus's
 alert rules loaded.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import threading
 import time
@@ -23,7 +26,9 @@ from typing import Any
 
 import pytest
 import requests
+from click.testing import CliRunner
 
+from controlplane.cli import cli
 from controlplane.config import Config
 from controlplane.local.cluster import _port_in_use
 from controlplane.local.prometheus import LocalPrometheus
@@ -36,6 +41,7 @@ from tests.integration.conftest import free_ports, ray_auth_headers, start_local
 pytestmark = pytest.mark.integration
 
 RUN = "observability"
+JOB_NAME = "watched"
 PANEL_DEADLINE_S = 150.0
 
 
@@ -146,19 +152,18 @@ def traffic(cluster: Config) -> Iterator[dict[str, int]]:
 
 @pytest.fixture(scope="module")
 def training_job(cluster: Config) -> str:
-    """A one-GPU training job, admitted next to the serving replica."""
+    """A one-GPU training job, admitted next to the serving replica: the example loop, long
+    enough to commit several checkpoints while it is watched (the module's last test cancels
+    it)."""
     client = Client(state_dir=cluster.state_path)
+    config = {"num_steps": 600, "checkpoint_every": 5, "step_sleep_s": 0.5}
     job = client.submit(
         {
-            "name": "observability",
+            "name": JOB_NAME,
             "entrypoint": "jobs.examples.train_mnistlike:train_loop",
             "num_workers": 1,
             "gpus_per_worker": 1,
-            "runtime_env": {
-                "env_vars": {
-                    "RCP_TRAIN_CONFIG": json.dumps({"num_steps": 3, "checkpoint_every": 100})
-                }
-            },
+            "runtime_env": {"env_vars": {"RCP_TRAIN_CONFIG": json.dumps(config)}},
         }
     )
     wait_for(
@@ -328,3 +333,83 @@ def test_ray_dashboard_metrics_tab_reaches_the_prometheus(
         return r.status_code == 200 and "prometheus running" in r.text
 
     wait_for(f"{url} to report Prometheus running", healthy, 60)
+
+
+def test_a_normally_launched_jobs_commit_reaches_status_and_prometheus(
+    cluster: Config, prometheus: LocalPrometheus, training_job: str
+) -> None:
+    job_id = training_job
+    client = Client(state_dir=cluster.state_path)
+    seen: list[Any] = []
+
+    def committed() -> Any:
+        job = client.status(job_id)
+        seen[:] = [(job.state, job.attempt, job.message, job.progress)]
+        return job if job.last_committed_step is not None else None
+
+    try:
+        job = wait_for("the controller to read a committed step from storage", committed, 300)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the job: {seen}") from None
+    assert job.state == "RUNNING", job.message
+    assert job.checkpoint_age_s is not None and job.checkpoint_age_s >= 0
+    committed_s = job.last_checkpoint["committed_unix_s"] if job.last_checkpoint else None
+    assert committed_s is not None and committed_s <= time.time()
+
+    env = {"RCP_STATE_DIR": str(cluster.state_path)}
+    out = CliRunner().invoke(cli, ["status", job_id], env=env).output
+    assert re.search(r"checkpoint:  step \d+, committed \d+", out), out
+    assert "restarts:    0 of 3 used" in out, out
+
+    labels = f'job_id="{job_id}", name="{JOB_NAME}", queue="default"'
+    for name in (
+        "ray_rcp_job_checkpoint_last_commit_timestamp_seconds",
+        "ray_rcp_job_running_since_timestamp_seconds",
+        "ray_rcp_job_checkpoint_interval_seconds",
+        "ray_rcp_job_restarts",
+        "ray_rcp_job_max_restarts",
+        "ray_rcp_job_hangs",
+    ):
+        wait_for(f"{name} for the job", lambda n=name: prometheus.query(f"{n}{{{labels}}}"), 90)
+    (mtbf,) = wait_for(
+        "the fleet GPU MTBF", lambda: prometheus.query("max(ray_rcp_fleet_gpu_mtbf_hours)"), 60
+    )
+    assert float(mtbf["value"][1]) > 0
+
+    # The too-old and never-committed alerts' left-hand sides, as the rules group them.
+    (age,) = prometheus.query(
+        "time() - max by (job_id, name, queue) "
+        f"(ray_rcp_job_checkpoint_last_commit_timestamp_seconds{{{labels}}})",
+    )
+    assert age["metric"] == {"job_id": job_id, "name": JOB_NAME, "queue": "default"}
+    assert 0 <= float(age["value"][1]) < 3600
+    never = prometheus.query(
+        "time() - max by (job_id, name, queue) "
+        f"(ray_rcp_job_running_since_timestamp_seconds{{{labels}}}) "
+        "unless on (job_id, name, queue) ray_rcp_job_checkpoint_last_commit_timestamp_seconds"
+    )
+    assert never == [], "the job committed: the never-committed alert must not see it"
+
+    def rules_ok() -> bool:
+        rules = [r for g in prometheus.api("rules")["groups"] for r in g["rules"]]
+        return bool(rules) and all(r.get("health") == "ok" for r in rules)
+
+    wait_for("every alert rule evaluated without error", rules_ok, 60)
+    firing = [
+        a["labels"]["alertname"]
+        for a in prometheus.api("alerts")["alerts"]
+        if a["labels"].get("job_id") == job_id
+    ]
+    assert firing == [], firing
+
+
+def test_an_ended_jobs_series_go(
+    cluster: Config, prometheus: LocalPrometheus, training_job: str
+) -> None:
+    """Last in the module: it cancels the training job."""
+    job_id = training_job
+    client = Client(state_dir=cluster.state_path)
+    client.cancel(job_id)
+    for name in ("ray_rcp_job_running_since_timestamp_seconds", "ray_rcp_job_restarts"):
+        query = f'{name}{{job_id="{job_id}"}}'
+        wait_for(f"the cancelled job's {name} to go", lambda q=query: not prometheus.query(q), 120)
