@@ -466,7 +466,7 @@ def _recovery_lines(job: Any) -> list[str]:
         grew = "" if age is None else f", last grew {_duration(age)} ago"
         lines.append(f"progress:    step {progress.get('step')}{grew}")
     if job.attempts:
-        rows = [
+        rows: list[tuple[str, ...]] = [
             (
                 "-" if a.attempt is None else str(a.attempt),
                 _when(a.ended_s),

@@ -137,10 +137,10 @@ def health_rows(
     replaced by the controller's (the ones it acts on, lemon records included; "cordoned"
     marks nodes it took out) when it runs; "unknown" for a node with no samples yet."""
     verdicts: dict[str, dict[str, Any]] = {n: verdict_json(v) for n, v in judged.items()}
-    for node_id, v in (controller_verdicts() or {}).items():
+    for node_id, held in (controller_verdicts() or {}).items():
         verdicts[node_id] = {
-            **v,
-            "details": [*v["details"], *(["cordoned"] if v["cordoned"] else [])],
+            **held,
+            "details": [*held["details"], *(["cordoned"] if held["cordoned"] else [])],
         }
     rows = []
     for ref in refs:

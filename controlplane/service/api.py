@@ -70,7 +70,7 @@ _LOG_SLOTS = web.AppKey("log_slots", asyncio.Semaphore)
 _LOG_THREADS = web.AppKey("log_threads", ThreadPoolExecutor)
 Liveness = Callable[[], "str | None"]
 """Returns None while the process is live, else why not (e.g. `Controller.liveness`)."""
-_LIVENESS = web.AppKey("liveness", Liveness)
+_LIVENESS: web.AppKey[Liveness] = web.AppKey("liveness")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
