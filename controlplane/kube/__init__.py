@@ -1,7 +1,8 @@
 """Kubernetes: the actuator that cordons and taints bad nodes, deletes their Ray pods and sizes
 the RayCluster's external worker group (production on KubeRay).
 
-Owns: every call to the Kubernetes API (``controlplane.kube.actuator``); the
+Owns: every call to the Kubernetes API (``controlplane.kube.actuator``, put together from
+``kube.client``, ``kube.pods``, ``kube.nodes`` and ``kube.raycluster``); the
 ``rcp-kube-actuator`` service that alone holds the Kubernetes credential in production and
 checks every request as if its caller were hostile (``controlplane.kube.service``); the
 controller's HTTP client of that service (``controlplane.kube.remote``); and `from_config`,

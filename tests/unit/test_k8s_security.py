@@ -15,7 +15,7 @@ Owns the checks that:
   worker groups that hold no control-plane credential, never on the head, and that the head
   offers Ray no CPUs and shares no volume or S3 key with user code;
 * the RBAC granted to the control plane is exactly what the calls in
-  controlplane/kube/actuator.py need (the allow-list is derived from the actuator's source),
+  KubernetesActuator (controlplane/kube/) need (the allow-list is derived from its source),
   with no RayCluster grant in the default install, and is bound only to the ServiceAccount of
   the ``rcp-kube-actuator`` Deployment, never to a Ray pod's;
 * no Ray pod mounts a ServiceAccount token, except KubeRay's autoscaler sidecar (its own
@@ -52,7 +52,11 @@ from tests.unit.test_k8s_manifests import (
 )
 
 INSTALL_DIRS = (K8S_DIR, ROOT / "infra" / "prometheus", ROOT / "infra" / "grafana")
-ACTUATOR = ROOT / "controlplane" / "kube" / "actuator.py"
+# KubernetesActuator (actuator.py) and the classes it is made of, one module per part.
+ACTUATOR_PARTS = tuple(
+    ROOT / "controlplane" / "kube" / f"{part}.py"
+    for part in ("client", "pods", "nodes", "raycluster", "actuator")
+)
 OPTIONAL_SCALE_RBAC = K8S_DIR / "optional" / "rbac-scale-external.yaml"
 CONTROL_PLANE_SA = "rcp-kube-actuator"
 """The one ServiceAccount our RBAC is bound to: the actuator service's (kube-actuator.yaml)."""
@@ -508,14 +512,18 @@ def _is_self(node: ast.expr) -> bool:
 
 def actuator_calls() -> dict[str, set[str]]:
     """Public method of KubernetesActuator -> the client methods it can reach (through its own
-    helpers), read from the source: ``self.core.<m>`` / ``self.custom.<m>``."""
-    tree = ast.parse(ACTUATOR.read_text())
-    cls = next(
-        n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "KubernetesActuator"
-    )
+    helpers), read from the source of the class and its parts: ``self.core.<m>`` /
+    ``self.custom.<m>``."""
+    classes = [
+        n
+        for path in ACTUATOR_PARTS
+        for n in ast.parse(path.read_text()).body
+        if isinstance(n, ast.ClassDef)
+    ]
+    assert "KubernetesActuator" in {c.name for c in classes}
     direct: dict[str, set[str]] = {}
     helpers: dict[str, set[str]] = {}
-    for fn in cls.body:
+    for fn in (f for cls in classes for f in cls.body):
         if not isinstance(fn, ast.FunctionDef):
             continue
         direct[fn.name], helpers[fn.name] = set(), set()
