@@ -297,7 +297,7 @@ def finished_job(store: Store, state: JobState = S.SUCCEEDED, *, ray_done: bool 
 
 
 def test_tick_reads_parse_active_rows_only(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    import controlplane.store as store_module
+    import controlplane.store.jobs as store_module
 
     for _ in range(60):
         finished_job(store, S.SUCCEEDED)

@@ -1,0 +1,208 @@
+"""One SQLite connection in WAL mode and its transactions: the base every table builds on.
+
+Owns: opening the file (0600, quick_check, WAL, ``synchronous=FULL``, the schema and its
+version), the one lock that makes the connection safe to share between threads, write
+transactions (`_tx`, taken ``BEGIN IMMEDIATE``) and reads (`_read`), turning a corrupt file's
+errors into `CorruptStore` with what to do, and the two writes every table shares: an event
+(`_insert_event`) and a job's history entry with its ``job.state`` event
+(`_record_transition`).
+
+Must not: know the rules of a job's life (`controlplane.store.transitions`) or read the wall
+clock directly (time comes from the injectable `clock`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Self
+
+from controlplane.statefiles import create_private, narrow_private
+from controlplane.store.errors import CorruptStore, StoreError
+from controlplane.store.schema import SCHEMA, SCHEMA_VERSION, dumps, is_corruption
+from controlplane.store.states import JobState
+
+__all__ = ["Database"]
+
+
+def _new_job_id() -> str:
+    return f"job-{uuid.uuid4().hex[:12]}"
+
+
+class Database:
+    """The connection and its transactions; the tables' classes add the operations."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        clock: Callable[[], float] = time.time,
+        new_job_id: Callable[[], str] = _new_job_id,
+        busy_timeout_s: float = 10.0,
+    ) -> None:
+        self.path = Path(path).expanduser()
+        # 0600 before SQLite opens it (the rows hold users' env vars); WAL files follow it.
+        # Files an older version left wider are narrowed, the WAL's included.
+        create_private(self.path)
+        for suffix in ("-wal", "-shm"):
+            narrow_private(self.path.with_name(self.path.name + suffix))
+        self._clock = clock
+        self._new_job_id = new_job_id
+        self._lock = threading.RLock()
+        self._reported_invalid: set[str] = set()
+        try:
+            self._db = sqlite3.connect(
+                str(self.path),
+                timeout=busy_timeout_s,
+                isolation_level=None,  # autocommit; transactions are explicit below
+                check_same_thread=False,
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the job store at {str(self.path)!r}: {exc}") from exc
+        self._db.row_factory = sqlite3.Row
+        try:
+            self._open()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            if is_corruption(exc):
+                raise self._corrupt(exc) from exc
+            raise StoreError(f"cannot open the job store at {str(self.path)!r}: {exc}") from exc
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _open(self) -> None:
+        """Check the file, switch to WAL, create or check the schema."""
+        with self._lock:
+            # quick_check reads every page once (well under a second for 100k jobs): a corrupt
+            # file fails here, at start, with a clear error, instead of in some later tick.
+            problems = [str(r[0]) for r in self._db.execute("PRAGMA quick_check(5)")]
+            if problems != ["ok"]:
+                raise CorruptStore(self._corrupt_message("; ".join(problems)))
+            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(
+                    f"the job store at {str(self.path)!r} could not switch to WAL mode "
+                    f"(got {mode!r}); put state_dir on a local file system"
+                )
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"the job store at {str(self.path)!r} has schema version {version}, newer "
+                    f"than this control plane's {SCHEMA_VERSION}; upgrade the control plane"
+                )
+            with self._tx():
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _corrupt_message(self, detail: str) -> str:
+        p = str(self.path)
+        return (
+            f"the job store at {p!r} is not a readable SQLite database ({detail}). Stop the "
+            f"controller, move the file aside with its -wal and -shm files (mv {p} "
+            f"{p}.corrupt), then either restore a backup to {p} or start again for an empty "
+            "store (running jobs' Ray Jobs are then unknown to it: stop them with `ray job "
+            "stop`); see docs/operations.md, 'The job store'"
+        )
+
+    def _corrupt(self, exc: sqlite3.DatabaseError) -> CorruptStore:
+        return CorruptStore(self._corrupt_message(str(exc)))
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taken with the write lock up front (no upgrade deadlocks)."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.DatabaseError as exc:
+                if is_corruption(exc):
+                    raise self._corrupt(exc) from exc
+                raise
+
+    def _read(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            try:
+                return list(self._db.execute(sql, tuple(params)).fetchall())
+            except sqlite3.DatabaseError as exc:
+                if is_corruption(exc):
+                    raise self._corrupt(exc) from exc
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def journal_mode(self) -> str:
+        return str(self._read("PRAGMA journal_mode")[0][0]).lower()
+
+    # -- writes every table shares: a history entry and an event ----------------------------
+
+    def _record_transition(
+        self,
+        db: sqlite3.Connection,
+        job_id: str,
+        from_state: JobState | None,
+        to_state: JobState,
+        at_s: float,
+        reason: str,
+    ) -> None:
+        db.execute(
+            "INSERT INTO transitions (job_id, from_state, to_state, at_s, reason) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (
+                job_id,
+                None if from_state is None else from_state.value,
+                to_state.value,
+                at_s,
+                reason,
+            ),
+        )
+        arrow = to_state.value if from_state is None else f"{from_state.value} -> {to_state.value}"
+        self._insert_event(
+            db,
+            at_s,
+            "job.state",
+            f"job {job_id}: {arrow}: {reason}",
+            job_id,
+            {"from": None if from_state is None else from_state.value, "to": to_state.value},
+        )
+
+    def _insert_event(
+        self,
+        db: sqlite3.Connection,
+        at_s: float,
+        kind: str,
+        message: str,
+        job_id: str | None,
+        data: Mapping[str, Any],
+    ) -> int:
+        cur = db.execute(
+            "INSERT INTO events (at_s, kind, job_id, message, data_json) VALUES (?, ?, ?, ?, ?)",
+            (at_s, kind, job_id, message, dumps(dict(data), f"data of event {kind!r}")),
+        )
+        assert cur.lastrowid is not None
+        return int(cur.lastrowid)

@@ -1,0 +1,88 @@
+"""What the store hands back: frozen records of jobs, transitions and events.
+
+Owns: `JobRecord`, `JobScan` (a listing with the rows it skipped, `InvalidRow`, and its page
+cursor), `SubmitResult`, `Transition` and `Event`.
+
+Must not: touch the database or parse rows (the tables' modules do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from controlplane.store.states import TERMINAL_STATES, JobState
+from jobs.spec import JobSpec
+
+__all__ = ["Event", "InvalidRow", "JobRecord", "JobScan", "SubmitResult", "Transition"]
+
+
+@dataclass(frozen=True)
+class InvalidRow:
+    """A job row every read skips, and why."""
+
+    job_id: str
+    state: str
+    """The stored state, as stored (it may itself be what is invalid)."""
+    error: str
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job_id: str
+    spec: JobSpec
+    state: JobState
+    submitted_s: float
+    """When the job was first submitted."""
+    queued_s: float
+    """When it last entered QUEUED (equal to submitted_s until it is re-queued)."""
+    updated_s: float
+    """When its state last changed."""
+    num_preemptions: int = 0
+    idempotency_key: str | None = None
+    info: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    """Free-form facts the runner records (Ray job id, last checkpoint, attempt, ...). Left
+    out of the repr: it holds the attempt's signal token (``signal_token``)."""
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+@dataclass(frozen=True)
+class JobScan:
+    """What a listing found: the jobs that validate, and the rows skipped because they do not."""
+
+    jobs: list[JobRecord]
+    invalid: list[InvalidRow]
+    next_after: str | None = None
+    """With a `limit`: where the next page starts (`scan_jobs(after=...)`), None at the end."""
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    job: JobRecord
+    created: bool
+    """False when the idempotency key matched an existing job (a retry)."""
+
+
+@dataclass(frozen=True)
+class Transition:
+    seq: int
+    job_id: str
+    from_state: JobState | None
+    """None for the first entry (submission)."""
+    to_state: JobState
+    at_s: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    at_s: float
+    kind: str
+    message: str
+    job_id: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
