@@ -24,7 +24,7 @@ def bucket_of(uri: str) -> tuple[str, str]:
 EMBEDDED_ACCESS_KEY = "rcp-local"
 EMBEDDED_SECRET_KEY = "rcp-local-secret"
 """The embedded object store accepts any key pair; these name the local store, nothing more
-(local mode's nodes carry them as the usual AWS variables: `controlplane.local.cluster`)."""
+(local mode's nodes carry them as the usual AWS variables: `controlplane.local.head`)."""
 STORAGE_CONNECT_TIMEOUT_S = 5.0
 STORAGE_READ_TIMEOUT_S = 15.0
 """Every request the control plane makes to object storage gives up after this long."""

@@ -1,9 +1,11 @@
 """The embedded local cluster: what `rcp up` starts and `rcp down` stops.
 
-Owns: the Ray head (no GPUs), the fixed `cluster` pool and the autoscaled `external` pool
-(both launched by Ray's own autoscaler with its fake multi-node provider, from a cluster config
-this module writes), the S3-protocol object store on loopback, the Serve HTTP proxy, and the
-state file that lets a second `up` report what runs and `down` stop exactly that.
+Owns: the lifecycle of the Ray head (no GPUs), the fixed `cluster` pool and the autoscaled
+`external` pool (both launched by Ray's own autoscaler with its fake multi-node provider, from
+the cluster config ``controlplane.local.autoscaler`` builds; the processes' environment and the
+head's command line are ``controlplane.local.head``'s; ports are ``controlplane.local.ports``'),
+the S3-protocol object store on loopback, the Serve HTTP proxy, and the state file that lets a
+second `up` report what runs and `down` stop exactly that.
 
 Must not: touch Ray processes it did not start (no ``ray stop``), bind anything but
 ``ray.node_ip`` (127.0.0.1 by default), or log storage credentials or the Ray token.
@@ -23,10 +25,8 @@ types are the RayCluster's worker groups; `cluster` has min = max replicas, `ext
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -39,154 +39,52 @@ from typing import Any
 import yaml
 
 from controlplane.config import Config, from_dict, to_dict
-from controlplane.local.processes import CLUSTER_ID_ENV, stop_cluster_processes
+from controlplane.local.autoscaler import (
+    HEAD_NODE_TYPE,
+    JOB_DRIVER_SLOTS_PER_NODE,
+    autoscaler_config,
+)
+from controlplane.local.head import node_env, ray_head_command
+from controlplane.local.ports import (
+    check_ports_free,
+    free_loopback_ports,
+    isolated_overrides,
+    port_in_use,
+)
+from controlplane.local.processes import stop_cluster_processes
 from controlplane.local.prometheus import LocalPrometheus, PrometheusError
-from controlplane.pools import JOB_DRIVER_RESOURCE, POOL_LABEL, Pool, pool_resource
+from controlplane.pools import POOL_LABEL, Pool
 from controlplane.ray_connection import (
-    RAY_AUTH_TOKEN_ENV,
     ClusterError,
     connect,
     gcs_address,
-    ray_auth_env,
     ray_temp_dir,
     ray_token_path,
 )
 from controlplane.service.controller import deploy
 from controlplane.statefiles import narrow_private, private_dir, private_umask, write_private
-from controlplane.storage import EMBEDDED_ACCESS_KEY, EMBEDDED_SECRET_KEY, ensure_bucket
+from controlplane.storage import ensure_bucket
+
+# Re-exported: callers (tests, benchmarks) import these from here.
+__all__ = [
+    "HEAD_NODE_TYPE",
+    "JOB_DRIVER_SLOTS_PER_NODE",
+    "Endpoint",
+    "LocalCluster",
+    "autoscaler_config",
+    "free_loopback_ports",
+    "isolated_overrides",
+]
 
 Echo = Callable[[str], None]
 
 STATE_FILE = "local-cluster.json"
-# The fake provider names the head's node type this way; the autoscaler requires it.
-HEAD_NODE_TYPE = "ray.head.default"
-# ...and reserves this node id for it.
-FAKE_HEAD_NODE_ID = "fffffffffffffffffffffffffffffffffffffffffffffffffff00000"
-# Every node advertises this much of its pool's resource, so work can ask for 1 unit.
-POOL_RESOURCE_UNITS = 1000
-# How many job drivers one `cluster` pool worker may host (each entrypoint asks for 1).
-JOB_DRIVER_SLOTS_PER_NODE = 16
 
 
 @dataclass(frozen=True)
 class Endpoint:
     name: str
     url: str
-
-
-def autoscaler_config(cfg: Config) -> dict[str, Any]:
-    """The Ray cluster config that the autoscaler (fake multi-node provider) runs.
-
-    Node types: the head, `cluster` (min = max = num_nodes: a fixed group that the autoscaler
-    only replaces when a node dies) and `external` (min_nodes..max_nodes, scaled on demand).
-    """
-    c, e = cfg.pools.cluster, cfg.pools.external
-    return {
-        "cluster_name": "rcp-local",
-        "max_workers": c.num_nodes + e.max_nodes,
-        "upscaling_speed": 1.0 + e.max_nodes,
-        "idle_timeout_minutes": e.idle_timeout_s / 60.0,
-        "provider": {
-            # Ray's own fake multi-node provider, loaded as an "external" provider: the
-            # `fake_multinode` type needs a defaults file (example.yaml) the wheel lacks.
-            "type": "external",
-            "module": "ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider",
-            "gcs_address": gcs_address(cfg),
-            "launch_multiple": True,
-            "head_node_id": FAKE_HEAD_NODE_ID,
-        },
-        "auth": {"ssh_user": "rcp"},
-        "head_node_type": HEAD_NODE_TYPE,
-        "available_node_types": {
-            HEAD_NODE_TYPE: {
-                "resources": {
-                    "CPU": cfg.head.num_cpus,
-                    pool_resource(Pool.HEAD): POOL_RESOURCE_UNITS,
-                },
-                "labels": {POOL_LABEL: Pool.HEAD.value},
-                "node_config": {},
-                "max_workers": 0,
-            },
-            Pool.CLUSTER.value: {
-                "resources": {
-                    "CPU": c.cpus_per_node,
-                    "GPU": c.gpus_per_node,
-                    pool_resource(Pool.CLUSTER): POOL_RESOURCE_UNITS,
-                    # Job drivers run here only: not on the head (the control plane's
-                    # credentials), not on rented external nodes (scaled by demand).
-                    JOB_DRIVER_RESOURCE: JOB_DRIVER_SLOTS_PER_NODE,
-                },
-                "labels": {POOL_LABEL: Pool.CLUSTER.value},
-                "node_config": {},
-                "min_workers": c.num_nodes,
-                "max_workers": c.num_nodes,
-            },
-            Pool.EXTERNAL.value: {
-                "resources": {
-                    "CPU": e.cpus_per_node,
-                    "GPU": e.gpus_per_node,
-                    pool_resource(Pool.EXTERNAL): POOL_RESOURCE_UNITS,
-                },
-                "labels": {POOL_LABEL: Pool.EXTERNAL.value},
-                "node_config": {},
-                "min_workers": e.min_nodes,
-                "max_workers": e.max_nodes,
-            },
-        },
-        "file_mounts": {},
-        "cluster_synced_files": [],
-        "file_mounts_sync_continuously": False,
-        "rsync_exclude": [],
-        "rsync_filter": [],
-        "initialization_commands": [],
-        "setup_commands": [],
-        "head_setup_commands": [],
-        "worker_setup_commands": [],
-        "head_start_ray_commands": [],
-        "worker_start_ray_commands": [],
-    }
-
-
-def _port_in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.5)
-        return s.connect_ex((host, port)) == 0
-
-
-def free_loopback_ports(n: int) -> list[int]:
-    """`n` distinct TCP ports free on 127.0.0.1 right now."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def isolated_overrides(state_dir: Path, *extra: str) -> list[str]:
-    """Config overrides for a cluster of one's own beside others on this machine (tests,
-    benchmarks): its state dir, free loopback ports for every listener, no Serve app and no
-    Prometheus (callers that need them turn them on in `extra`)."""
-    gcs, dash, client, metrics, serve, s3, api = free_loopback_ports(7)
-    return [
-        f"state_dir={state_dir}",
-        f"ray.gcs_port={gcs}",
-        f"ray.dashboard_port={dash}",
-        f"ray.client_port={client}",
-        f"ray.metrics_export_port={metrics}",
-        f"serve.http_port={serve}",
-        f"storage.embedded_port={s3}",
-        f"api.port={api}",
-        # Modules that test serving turn it on; the others get the whole cluster pool.
-        "serve.deploy_app=false",
-        # One Prometheus per module would fight over its port; test_observability turns it on.
-        "observability.prometheus=false",
-        *extra,
-    ]
 
 
 def _wait_until(
@@ -241,7 +139,7 @@ class LocalCluster:
         if not state or state.get("status") != "running":
             return False
         cfg = from_dict(state["config"])
-        return _port_in_use(cfg.ray.node_ip, cfg.ray.gcs_port)
+        return port_in_use(cfg.ray.node_ip, cfg.ray.gcs_port)
 
     # -- up ---------------------------------------------------------------------------------
     def up(self, echo: Echo = print) -> list[Endpoint]:
@@ -267,7 +165,7 @@ class LocalCluster:
             echo(f"cleaning up a cluster that is no longer running ({state['cluster_id']})")
             self._stop(state, echo=lambda _m: None)
 
-        self._check_ports_free()
+        check_ports_free(self.cfg)
         cluster_id = uuid.uuid4().hex[:12]
         # A new token for every new cluster; clients read it from the file (never printed).
         write_private(self.ray_token_file, secrets.token_hex(32) + "\n")
@@ -343,42 +241,7 @@ class LocalCluster:
         return ray_token_path(self.cfg)
 
     def _env(self, cluster_id: str) -> dict[str, str]:
-        env = dict(os.environ)
-        env.pop(RAY_AUTH_TOKEN_ENV, None)
-        env.update(ray_auth_env(self.ray_token_file))
-        env.update(
-            {
-                CLUSTER_ID_ENV: cluster_id,
-                # The fake multi-node provider only runs when this is set.
-                "RAY_FAKE_CLUSTER": "1",
-                "AUTOSCALER_UPDATE_INTERVAL_S": f"{self.cfg.ray.autoscaler_update_interval_s:g}",
-                # Makes Ray resolve this machine's address to loopback, so the nodes the
-                # autoscaler launches bind 127.0.0.1 like the head.
-                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-                "RAY_TMPDIR": str(self.temp_dir),
-                "RAY_USAGE_STATS_ENABLED": "0",
-                # Autoscaler v2: the fake provider needs it (v1 tries to ssh-update nodes),
-                # and it is what KubeRay runs in production. The head's instance id is the
-                # one the fake provider reserves for it.
-                "RAY_enable_autoscaler_v2": "1",
-                "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID,
-                "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID,
-                # The hang watchdog asks the dashboard for a hung worker's stacks
-                # (``/worker/traceback``): Ray answers 403 unless profiling is on. It runs
-                # py-spy, found on PATH: this interpreter's bin directory goes first.
-                "RAY_DASHBOARD_ENABLE_PROFILING": "1",
-                "PATH": os.pathsep.join(
-                    [os.path.dirname(sys.executable), env.get("PATH", os.defpath)]
-                ),
-            }
-        )
-        if self.cfg.storage.embedded:
-            # Jobs reach the embedded store with boto3's usual credential chain, like on a
-            # real cluster: the nodes' own environment carries its fixed local keys (it
-            # accepts any), never the job's runtime env, which the dashboard shows.
-            env["AWS_ACCESS_KEY_ID"] = EMBEDDED_ACCESS_KEY
-            env["AWS_SECRET_ACCESS_KEY"] = EMBEDDED_SECRET_KEY
-        return env
+        return node_env(self.cfg, cluster_id)
 
     @property
     def prometheus_url(self) -> str:
@@ -392,7 +255,7 @@ class LocalCluster:
         and go) and loads the alert rules.
         """
         host, port = self.cfg.ray.node_ip, self.cfg.observability.prometheus_port
-        if _port_in_use(host, port):
+        if port_in_use(host, port):
             echo(
                 f"prometheus: not started, {host}:{port} is in use (choose another with "
                 "observability.prometheus_port=..., or observability.prometheus=false)"
@@ -411,25 +274,6 @@ class LocalCluster:
             return None
         return Endpoint("prometheus", prom.url)
 
-    def _check_ports_free(self) -> None:
-        r = self.cfg.ray
-        ports = {
-            "ray.gcs_port": r.gcs_port,
-            "ray.dashboard_port": r.dashboard_port,
-            "ray.client_port": r.client_port,
-            "ray.metrics_export_port": r.metrics_export_port,
-            "serve.http_port": self.cfg.serve.http_port,
-            "api.port": self.cfg.api.port,
-        }
-        if self.cfg.storage.embedded:
-            ports["storage.embedded_port"] = self.cfg.storage.embedded_port
-        busy = [f"{k}={p}" for k, p in ports.items() if _port_in_use(r.node_ip, p)]
-        if busy:
-            raise ClusterError(
-                f"ports already in use on {r.node_ip}: {', '.join(busy)}; stop what uses them "
-                "or choose other ports (e.g. `rcp up ray.gcs_port=6391`)"
-            )
-
     def _start_object_store(self, env: dict[str, str]) -> Endpoint:
         host, port = self.cfg.ray.node_ip, self.cfg.storage.embedded_port
         log = open(self.log_dir / "object-store.log", "ab")  # noqa: SIM115 - owned by the child
@@ -442,36 +286,13 @@ class LocalCluster:
             start_new_session=True,
         )
         log.close()
-        _wait_until(lambda: _port_in_use(host, port), 30, f"the object store on {host}:{port}")
+        _wait_until(lambda: port_in_use(host, port), 30, f"the object store on {host}:{port}")
         endpoint_url = f"http://{host}:{port}"
         ensure_bucket(self.cfg, endpoint_url=endpoint_url)
         return Endpoint("storage", endpoint_url)
 
     def head_command(self, autoscaler_yaml: Path) -> list[str]:
-        """`ray start --head`: no GPUs, the head pool's resource only (never the job-driver
-        resource), every listener on ray.node_ip."""
-        r = self.cfg.ray
-        ray_bin = str(Path(sys.executable).with_name("ray"))
-        return [
-            ray_bin if os.path.exists(ray_bin) else "ray",
-            "start",
-            "--head",
-            f"--node-ip-address={r.node_ip}",
-            f"--port={r.gcs_port}",
-            f"--num-cpus={self.cfg.head.num_cpus}",
-            "--num-gpus=0",
-            f"--resources={json.dumps({pool_resource(Pool.HEAD): POOL_RESOURCE_UNITS})}",
-            f"--labels={POOL_LABEL}={Pool.HEAD.value}",
-            "--include-dashboard=true",
-            f"--dashboard-host={r.node_ip}",
-            f"--dashboard-port={r.dashboard_port}",
-            "--dashboard-agent-listen-port=0",
-            f"--ray-client-server-port={r.client_port}",
-            f"--metrics-export-port={r.metrics_export_port}",
-            f"--autoscaling-config={autoscaler_yaml}",
-            f"--temp-dir={self.temp_dir}",
-            "--disable-usage-stats",
-        ]
+        return ray_head_command(self.cfg, autoscaler_yaml)
 
     def _start_head(self, env: dict[str, str]) -> None:
         as_path = self.state_dir / "autoscaler.yaml"

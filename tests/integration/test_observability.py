@@ -30,7 +30,7 @@ from click.testing import CliRunner
 
 from controlplane.cli import cli
 from controlplane.config import Config
-from controlplane.local.cluster import _port_in_use
+from controlplane.local.ports import port_in_use as _port_in_use
 from controlplane.local.prometheus import LocalPrometheus
 from controlplane.observability import for_query, load_dashboards, panel_expressions
 from controlplane.ray_connection import connect

@@ -1,0 +1,106 @@
+"""The local cluster's autoscaler config: Ray's fake multi-node provider plays the node groups.
+
+Owns: the cluster config `rcp up` hands the autoscaler (`autoscaler_config`): one node type per
+pool (the head, `cluster` with min = max = num_nodes, `external` from min_nodes to max_nodes),
+the resources and labels each advertises, and the fake provider's fixed names for the head.
+Production maps each node type to a KubeRay worker group (docs/architecture.md).
+Must not: start anything (``controlplane.local.cluster`` does) or read files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controlplane.config import Config
+from controlplane.pools import JOB_DRIVER_RESOURCE, POOL_LABEL, Pool, pool_resource
+from controlplane.ray_connection import gcs_address
+
+__all__ = [
+    "FAKE_HEAD_NODE_ID",
+    "HEAD_NODE_TYPE",
+    "JOB_DRIVER_SLOTS_PER_NODE",
+    "POOL_RESOURCE_UNITS",
+    "autoscaler_config",
+]
+
+# The fake provider names the head's node type this way; the autoscaler requires it.
+HEAD_NODE_TYPE = "ray.head.default"
+# ...and reserves this node id for it.
+FAKE_HEAD_NODE_ID = "fffffffffffffffffffffffffffffffffffffffffffffffffff00000"
+# Every node advertises this much of its pool's resource, so work can ask for 1 unit.
+POOL_RESOURCE_UNITS = 1000
+# How many job drivers one `cluster` pool worker may host (each entrypoint asks for 1).
+JOB_DRIVER_SLOTS_PER_NODE = 16
+
+
+def autoscaler_config(cfg: Config) -> dict[str, Any]:
+    """The Ray cluster config that the autoscaler (fake multi-node provider) runs.
+
+    Node types: the head, `cluster` (min = max = num_nodes: a fixed group that the autoscaler
+    only replaces when a node dies) and `external` (min_nodes..max_nodes, scaled on demand).
+    """
+    c, e = cfg.pools.cluster, cfg.pools.external
+    return {
+        "cluster_name": "rcp-local",
+        "max_workers": c.num_nodes + e.max_nodes,
+        "upscaling_speed": 1.0 + e.max_nodes,
+        "idle_timeout_minutes": e.idle_timeout_s / 60.0,
+        "provider": {
+            # Ray's own fake multi-node provider, loaded as an "external" provider: the
+            # `fake_multinode` type needs a defaults file (example.yaml) the wheel lacks.
+            "type": "external",
+            "module": "ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider",
+            "gcs_address": gcs_address(cfg),
+            "launch_multiple": True,
+            "head_node_id": FAKE_HEAD_NODE_ID,
+        },
+        "auth": {"ssh_user": "rcp"},
+        "head_node_type": HEAD_NODE_TYPE,
+        "available_node_types": {
+            HEAD_NODE_TYPE: {
+                "resources": {
+                    "CPU": cfg.head.num_cpus,
+                    pool_resource(Pool.HEAD): POOL_RESOURCE_UNITS,
+                },
+                "labels": {POOL_LABEL: Pool.HEAD.value},
+                "node_config": {},
+                "max_workers": 0,
+            },
+            Pool.CLUSTER.value: {
+                "resources": {
+                    "CPU": c.cpus_per_node,
+                    "GPU": c.gpus_per_node,
+                    pool_resource(Pool.CLUSTER): POOL_RESOURCE_UNITS,
+                    # Job drivers run here only: not on the head (the control plane's
+                    # credentials), not on rented external nodes (scaled by demand).
+                    JOB_DRIVER_RESOURCE: JOB_DRIVER_SLOTS_PER_NODE,
+                },
+                "labels": {POOL_LABEL: Pool.CLUSTER.value},
+                "node_config": {},
+                "min_workers": c.num_nodes,
+                "max_workers": c.num_nodes,
+            },
+            Pool.EXTERNAL.value: {
+                "resources": {
+                    "CPU": e.cpus_per_node,
+                    "GPU": e.gpus_per_node,
+                    pool_resource(Pool.EXTERNAL): POOL_RESOURCE_UNITS,
+                },
+                "labels": {POOL_LABEL: Pool.EXTERNAL.value},
+                "node_config": {},
+                "min_workers": e.min_nodes,
+                "max_workers": e.max_nodes,
+            },
+        },
+        "file_mounts": {},
+        "cluster_synced_files": [],
+        "file_mounts_sync_continuously": False,
+        "rsync_exclude": [],
+        "rsync_filter": [],
+        "initialization_commands": [],
+        "setup_commands": [],
+        "head_setup_commands": [],
+        "worker_setup_commands": [],
+        "head_start_ray_commands": [],
+        "worker_start_ray_commands": [],
+    }

@@ -1,0 +1,81 @@
+"""Loopback ports of the local cluster: which are taken, and a set of free ones for a cluster
+of one's own.
+
+Owns: `port_in_use`, `check_ports_free` (every listener the config names, refused with the
+busy ones named before anything starts), `free_loopback_ports` and `isolated_overrides` (a
+cluster beside others on one machine: tests, benchmarks).
+Must not: bind anything but 127.0.0.1 (and ``ray.node_ip`` to probe), or start anything.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from controlplane.config import Config
+from controlplane.ray_connection import ClusterError
+
+__all__ = ["check_ports_free", "free_loopback_ports", "isolated_overrides", "port_in_use"]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def free_loopback_ports(n: int) -> list[int]:
+    """`n` distinct TCP ports free on 127.0.0.1 right now."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def isolated_overrides(state_dir: Path, *extra: str) -> list[str]:
+    """Config overrides for a cluster of one's own beside others on this machine (tests,
+    benchmarks): its state dir, free loopback ports for every listener, no Serve app and no
+    Prometheus (callers that need them turn them on in `extra`)."""
+    gcs, dash, client, metrics, serve, s3, api = free_loopback_ports(7)
+    return [
+        f"state_dir={state_dir}",
+        f"ray.gcs_port={gcs}",
+        f"ray.dashboard_port={dash}",
+        f"ray.client_port={client}",
+        f"ray.metrics_export_port={metrics}",
+        f"serve.http_port={serve}",
+        f"storage.embedded_port={s3}",
+        f"api.port={api}",
+        # Modules that test serving turn it on; the others get the whole cluster pool.
+        "serve.deploy_app=false",
+        # One Prometheus per module would fight over its port; test_observability turns it on.
+        "observability.prometheus=false",
+        *extra,
+    ]
+
+
+def check_ports_free(cfg: Config) -> None:
+    """Raise ClusterError naming every listener of `cfg` whose port is taken on ray.node_ip."""
+    r = cfg.ray
+    ports = {
+        "ray.gcs_port": r.gcs_port,
+        "ray.dashboard_port": r.dashboard_port,
+        "ray.client_port": r.client_port,
+        "ray.metrics_export_port": r.metrics_export_port,
+        "serve.http_port": cfg.serve.http_port,
+        "api.port": cfg.api.port,
+    }
+    if cfg.storage.embedded:
+        ports["storage.embedded_port"] = cfg.storage.embedded_port
+    busy = [f"{k}={p}" for k, p in ports.items() if port_in_use(r.node_ip, p)]
+    if busy:
+        raise ClusterError(
+            f"ports already in use on {r.node_ip}: {', '.join(busy)}; stop what uses them "
+            "or choose other ports (e.g. `rcp up ray.gcs_port=6391`)"
+        )
