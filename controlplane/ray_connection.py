@@ -17,6 +17,7 @@ Every layer above the foundation may use it (the local cluster manager, the cont
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import logging
 import os
 from pathlib import Path
@@ -112,11 +113,39 @@ def use_ray_token(token_path: Path) -> None:
     AuthenticationTokenLoader.instance().reset_cache()
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine's loopback interface (``127.0.0.1``, ``::1``,
+    ``localhost``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def keep_ray_on_loopback(node_ip: str) -> None:
+    """Make this process's Ray leave a loopback cluster address as it is (local mode).
+
+    Ray reads ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` once, when it is first imported; left on
+    (Linux's default) it rewrites a loopback address into this host's own IP, where the local
+    cluster does not listen, and `ray.init` waits there for good. A process that imported Ray
+    before (the CLI does, through `jobs.signals`) keeps what it read, so the value Ray read is
+    set too. A non-loopback `node_ip` (a real cluster) changes nothing."""
+    if not is_loopback(node_ip):
+        return
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # Deferred import: ray is heavy; the setting above must come first for a fresh process.
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
 def connect(cfg: Config, address: str | None = None) -> None:
     """Connect this process to the local cluster as a Ray driver (no-op if connected), with
     the cluster's Ray token."""
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    import ray  # deferred: heavy, and the environment above must be set before Ray loads
+    keep_ray_on_loopback(cfg.ray.node_ip)
+    import ray  # deferred: heavy, and only a connecting process needs it
 
     if ray.is_initialized():
         return
