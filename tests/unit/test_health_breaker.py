@@ -14,8 +14,9 @@ import pytest
 import ray
 from click.testing import CliRunner
 
-from controlplane import cli as cli_module
 from controlplane import controller_client
+from controlplane.cli import cli
+from controlplane.cli import health as cli_health
 from controlplane.config import HealthConfig, load_config, to_dict
 from controlplane.loop.health import BREAKER_KEY
 from controlplane.loop.remediation import Breaker, Remediator
@@ -318,10 +319,10 @@ def test_rcp_health_breaker(
         breaker_status = Method("breaker_status")
         reset_breaker = Method("reset_breaker")
 
-    monkeypatch.setattr(cli_module, "_connect_running", lambda cfg: cfg)
+    monkeypatch.setattr(cli_health, "connect_running", lambda cfg: cfg)
     monkeypatch.setattr(controller_client, "get_controller", lambda: Handle())
     monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
-    result = CliRunner().invoke(cli_module.cli, ["health-breaker", *args])
+    result = CliRunner().invoke(cli, ["health-breaker", *args])
     assert result.exit_code == 0, result.output
     assert called == [method] and result.output.startswith(expected)
 

@@ -1,0 +1,41 @@
+"""`rcp`: the command line of the control plane (also `python -m controlplane`).
+
+Owns: parsing arguments, loading config, printing tables or JSON, and exit codes. This module
+holds the `rcp` group and names its commands; they live by concern: ``cli.cluster`` (config,
+up, down, nodes, demo, serve status), ``cli.health`` (fault inject, health, health-clear,
+health-breaker, uncordon), ``cli.jobs`` (submit, status, queue, cancel, logs, events), with
+the shared options and exits in ``cli.common`` and the job tables in ``cli.render``.
+Must not: hold logic of its own; every command calls a function that tests can call too.
+Errors a user can fix print one clear message to stderr and exit 2 (bad input) or 1 (the
+cluster is not in a state to do it).
+"""
+
+from __future__ import annotations
+
+import click
+
+from controlplane.cli.cluster import config_group, demo, down, nodes, serve_group, up
+from controlplane.cli.health import fault_group, health_breaker, health_clear, health_cmd, uncordon
+from controlplane.cli.jobs import cancel, events, logs, queue_cmd, status, submit
+
+__all__ = ["cli", "main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Control plane for one Ray cluster that runs training and production serving.
+
+    Configuration merges packaged defaults, a YAML file (--config) and KEY=VALUE
+    overrides, in that order; `rcp config show` prints the result.
+    """
+
+
+for command in (
+    config_group, up, down, nodes, demo, fault_group, health_cmd, health_clear, health_breaker,
+    uncordon, serve_group, submit, status, queue_cmd, cancel, logs, events,
+):  # fmt: skip
+    cli.add_command(command)
+
+
+def main() -> None:
+    cli(prog_name="rcp")

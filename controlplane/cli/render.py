@@ -1,0 +1,101 @@
+"""How `rcp status` and `rcp queue` print jobs: the job table and one job's recovery block.
+
+Owns: a job's row (`job_row`, `JOB_HEADER`), plain-text tables (`text_table`), durations and
+times a person reads at a glance, and the checkpoint/restart block of `rcp status ID`
+(`recovery_lines`). Must not: call the API or print (the job commands do).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+__all__ = ["JOB_HEADER", "job_row", "recovery_lines", "text_table"]
+
+
+def job_row(job: Any) -> tuple[str, ...]:
+    step = job.last_committed_step
+    return (
+        job.id,
+        job.name,
+        job.state,
+        job.priority_class,
+        job.queue,
+        f"{job.num_workers}x{job.gpus_per_worker}",
+        str(job.num_preemptions),
+        f"{job.restarts}/{'-' if job.max_restarts is None else job.max_restarts}",
+        "-" if step is None else str(step),
+    )
+
+
+def _duration(seconds: float) -> str:
+    """``42s``, ``12m 5s``, ``3h 4m``, ``2d 5h``: a duration a person reads at a glance."""
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def _when(t_s: float | None) -> str:
+    return "-" if t_s is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_s))
+
+
+def recovery_lines(job: Any) -> list[str]:
+    """`rcp status ID`'s checkpoint and restart block (see `controlplane.sdk.Job`)."""
+    ckpt = job.last_checkpoint
+    if not ckpt:
+        lines = ["checkpoint:  no checkpoint committed yet"]
+    else:
+        age = ckpt.get("age_s")
+        when = "" if age is None else f", committed {_duration(age)} ago"
+        where = f" ({ckpt['uri']})" if ckpt.get("uri") else ""
+        lines = [f"checkpoint:  step {ckpt.get('step')}{when}{where}"]
+    stall = float(job.raw.get("checkpoint_stall_s") or 0.0)
+    wall = float(job.raw.get("checkpoint_wall_s") or 0.0)
+    if job.checkpoint_overhead_pct is None:
+        lines.append("overhead:    no training time measured yet")
+    else:
+        lines.append(
+            f"overhead:    {job.checkpoint_overhead_pct:.2f}% of training time stalled on "
+            f"checkpoints ({stall:.1f}s of {wall:.0f}s)"
+        )
+    limit = "-" if job.max_restarts is None else str(job.max_restarts)
+    hangs = f" ({job.hangs} after a hang)" if job.hangs else ""
+    lines.append(f"restarts:    {job.restarts} of {limit} used{hangs}")
+    progress = job.progress
+    if progress:
+        age = progress.get("step_age_s")
+        grew = "" if age is None else f", last grew {_duration(age)} ago"
+        lines.append(f"progress:    step {progress.get('step')}{grew}")
+    if job.attempts:
+        rows: list[tuple[str, ...]] = [
+            (
+                "-" if a.attempt is None else str(a.attempt),
+                _when(a.ended_s),
+                a.kind,
+                "-" if a.step is None else str(a.step),
+                a.reason,
+            )
+            for a in job.attempts
+        ]
+        lines.append("attempts:")
+        table = text_table(rows, ("ATTEMPT", "ENDED", "KIND", "STEP", "REASON"))
+        lines += ["  " + line for line in table.splitlines()]
+    return lines
+
+
+def text_table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+    lines = [header, *rows]
+    widths = [max(len(r[i]) for r in lines) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in lines
+    )
+
+
+JOB_HEADER = (
+    "ID", "NAME", "STATE", "PRIORITY", "QUEUE", "GANG", "PREEMPTED", "RESTARTS", "CHECKPOINT"
+)  # fmt: skip
