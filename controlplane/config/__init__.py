@@ -1,0 +1,89 @@
+"""The control plane's configuration: typed defaults, a user YAML file, command-line overrides.
+
+Owns: the schema (dataclasses, each field documented), merging in the order
+packaged defaults -> user YAML -> ``key=value`` overrides, and validation of values that a
+type cannot express (negative GPUs, max < min, a pool with no nodes, ports out of range).
+One source for every default: a section that configures a pure policy embeds the policy's
+own dataclass instead of copying its fields (``health`` is `policies.health.HealthThresholds`
+plus the control plane's keys, ``health.breaker`` is `RemovalBudget`, ``placement`` is
+`policies.placement.MigrateBackConfig`, ``jobs`` embeds `policies.admission.PreemptionConfig`
+and `QueueShare`); those fields and defaults are defined and documented there, and
+`controlplane.policy_config` builds each policy's config from this one.
+
+Must not: start anything, read the environment for secrets, or log credentials. Storage
+credentials come from the usual AWS sources (environment, profile, instance role) and are
+never part of this config.
+
+Every error names the key's full path and the reason, e.g.::
+
+    pools.cluster.gpus_per_node: must be >= 0, got -1
+
+Where each part lives (every name below is importable from ``controlplane.config``):
+
+* `controlplane.config.schema`: `Config`, the whole tree, and the paths derived from it;
+* `controlplane.config.cluster`: head, pools, ray, storage, serve, api, policy sections;
+* `controlplane.config.jobs`: `JobsConfig`;
+* `controlplane.config.health`: `TelemetryConfig`, `HealthConfig`, `ObservabilityConfig`;
+* `controlplane.config.kube`: `KubernetesConfig`, `KubeActuatorServiceConfig`;
+* `controlplane.config.checks`: the upper bounds (`MAX_WAIT_S`, ...) and checks of one value;
+* `controlplane.config.validation`: `validate`;
+* `controlplane.config.loading`: `load_config`, `ConfigError`, `to_dict`, `from_dict`,
+  `to_yaml`.
+"""
+
+from __future__ import annotations
+
+from omegaconf import MISSING
+
+from controlplane.config.checks import DNS_SUBDOMAIN
+from controlplane.config.cluster import (
+    ApiConfig,
+    ClusterPoolConfig,
+    ExternalPoolConfig,
+    HeadConfig,
+    PolicyConfig,
+    PoolsConfig,
+    RayConfig,
+    ServeConfig,
+    StorageConfig,
+)
+from controlplane.config.health import (
+    TELEMETRY_SOURCES,
+    HealthConfig,
+    ObservabilityConfig,
+    TelemetryConfig,
+)
+from controlplane.config.jobs import JobsConfig
+from controlplane.config.kube import KubeActuatorServiceConfig, KubernetesConfig
+from controlplane.config.loading import ConfigError, from_dict, load_config, to_dict, to_yaml
+from controlplane.config.schema import Config
+from controlplane.config.validation import validate
+
+__all__ = [
+    "TELEMETRY_SOURCES",
+    "ApiConfig",
+    "ClusterPoolConfig",
+    "Config",
+    "ConfigError",
+    "ExternalPoolConfig",
+    "HeadConfig",
+    "HealthConfig",
+    "JobsConfig",
+    "KubeActuatorServiceConfig",
+    "KubernetesConfig",
+    "ObservabilityConfig",
+    "PolicyConfig",
+    "PoolsConfig",
+    "RayConfig",
+    "ServeConfig",
+    "StorageConfig",
+    "TelemetryConfig",
+    "from_dict",
+    "load_config",
+    "to_dict",
+    "to_yaml",
+    "validate",
+]
+
+_ = MISSING  # re-exported for schemas that need a required field later
+_DNS_SUBDOMAIN = DNS_SUBDOMAIN  # the name controlplane.kube.service imports

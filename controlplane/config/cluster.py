@@ -1,0 +1,138 @@
+"""The sections about the cluster itself and its endpoints.
+
+Owns: `HeadConfig`, the pools (`PoolsConfig`: `ClusterPoolConfig`, `ExternalPoolConfig`),
+`RayConfig` (listeners and the cluster's address), `StorageConfig` (checkpoints' object
+storage), `ServeConfig`, `ApiConfig` and `PolicyConfig` (the loop's tick), each field with
+its default and documentation.
+
+Must not: validate (`controlplane.config.validation`), load or start anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = [
+    "ApiConfig",
+    "ClusterPoolConfig",
+    "ExternalPoolConfig",
+    "HeadConfig",
+    "PolicyConfig",
+    "PoolsConfig",
+    "RayConfig",
+    "ServeConfig",
+    "StorageConfig",
+]
+
+
+@dataclass
+class HeadConfig:
+    """The Ray head node: runs the control plane, the Serve proxy and ingress; no GPUs."""
+
+    num_cpus: int = 2
+    """Logical CPUs the head advertises (CPU-only work: the Serve ingress, the policy actor)."""
+
+
+@dataclass
+class ClusterPoolConfig:
+    """The owned GPU nodes (`pool=cluster`). A fixed-size group: it never scales."""
+
+    num_nodes: int = 2
+    """Number of nodes in the pool; must be at least 1."""
+    gpus_per_node: int = 4
+    """GPUs per node (logical GPUs in local mode)."""
+    cpus_per_node: int = 8
+    """Logical CPUs per node."""
+
+
+@dataclass
+class ExternalPoolConfig:
+    """Rented GPU nodes (`pool=external`), scaled by the Ray autoscaler from `min_nodes`."""
+
+    min_nodes: int = 0
+    """Nodes kept even when idle; 0 means the pool scales to zero."""
+    max_nodes: int = 4
+    """Upper bound the autoscaler may launch; must be >= min_nodes and >= 1."""
+    gpus_per_node: int = 2
+    """GPUs per node (logical GPUs in local mode)."""
+    cpus_per_node: int = 4
+    """Logical CPUs per node."""
+    idle_timeout_s: float = 30.0
+    """An external node idle this long is removed by the autoscaler."""
+
+
+@dataclass
+class PoolsConfig:
+    cluster: ClusterPoolConfig = field(default_factory=ClusterPoolConfig)
+    external: ExternalPoolConfig = field(default_factory=ExternalPoolConfig)
+
+
+@dataclass
+class RayConfig:
+    """How the embedded local Ray cluster listens. Every listener binds to `node_ip`."""
+
+    node_ip: str = "127.0.0.1"
+    """Address every node and server binds to; loopback in local mode. Any other address
+    (``0.0.0.0``, a pod or host IP, a host name) needs `allow_remote`."""
+    allow_remote: bool = False
+    """Let `node_ip` be a non-loopback address, so the Ray cluster, its dashboard, the Serve
+    proxy and the API are reachable from other machines. Off by default: local mode trusts
+    only this machine. Production on KubeRay turns it on (the pod IP) and relies on Ray token
+    auth, the API token and the namespace's network policy (docs/operations.md)."""
+    gcs_port: int = 6390
+    """The head's GCS port (the cluster address is node_ip:gcs_port)."""
+    dashboard_port: int = 8265
+    """Ray dashboard (Jobs, Serve, Actors, Metrics tabs)."""
+    client_port: int = 10001
+    """Ray Client server port on the head."""
+    metrics_export_port: int = 8090
+    """Prometheus endpoint of the head node's metrics agent."""
+    autoscaler_update_interval_s: float = 1.0
+    """How often the autoscaler reconciles (local mode)."""
+    ready_timeout_s: float = 180.0
+    """How long `rcp up` waits for the head and the cluster pool before giving up."""
+
+
+@dataclass
+class StorageConfig:
+    """Object storage for checkpoints. The URI's scheme picks the backend (s3:// or file://)."""
+
+    uri: str = "s3://rcp-checkpoints"
+    """Where checkpoints live: ``s3://bucket/prefix`` or ``file:///path``."""
+    endpoint_url: str | None = None
+    """S3 endpoint; None means AWS's own, or the embedded server's when `embedded` is on
+    (`Config.storage_endpoint_url`)."""
+    region: str = "us-east-1"
+    """S3 region name."""
+    embedded: bool = True
+    """Start an S3-protocol server on loopback with `rcp up` (local mode)."""
+    embedded_port: int = 9000
+    """Port of the embedded S3-protocol server."""
+
+
+@dataclass
+class ServeConfig:
+    """The production Serve HTTP endpoint."""
+
+    http_port: int = 8000
+    """Port of the Serve HTTP proxy (bound to ray.node_ip)."""
+    deploy_app: bool = True
+    """Deploy the production Serve application (the `serving` section) with `rcp up`."""
+
+
+@dataclass
+class ApiConfig:
+    """The control plane's HTTP API (used by the SDK and CLI)."""
+
+    port: int = 8080
+    """Port of the control-plane API (bound to ray.node_ip)."""
+    max_body_bytes: int = 1_048_576
+    """Largest request body the API reads; larger ones get 413 (a job spec is a few KiB)."""
+
+
+@dataclass
+class PolicyConfig:
+    """The policy actor's loop."""
+
+    tick_s: float = 1.0
+    """Seconds between observe -> decide -> act -> record ticks."""

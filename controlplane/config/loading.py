@@ -1,0 +1,118 @@
+"""Loading a `Config`: packaged defaults, a user YAML file, ``key=value`` overrides; and its
+round trip through plain data.
+
+Owns: the merge order defaults -> YAML -> overrides (omegaconf: unknown keys and wrong types
+are rejected with the key's full path), turning every error into `ConfigError` (with
+`controlplane.config.validation`'s messages), and `to_dict` / `from_dict` / `to_yaml` (the
+local cluster's state file, ``rcp config show``).
+
+Must not: start or write anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from controlplane.config.schema import Config
+from controlplane.config.validation import validate
+
+__all__ = ["ConfigError", "from_dict", "load_config", "to_dict", "to_yaml"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, mistyped or impossible. The message names the key."""
+
+
+def _list_keys(layer: Any) -> str:
+    """The top-level keys of a merge layer, for an error message."""
+    try:
+        return ", ".join(str(k) for k in layer) or "<empty>"
+    except AttributeError:
+        return "<config>"
+
+
+def _describe(exc: OmegaConfBaseException) -> str:
+    key = getattr(exc, "full_key", None) or "<config>"
+    msg = getattr(exc, "msg", None) or str(exc)
+    # omegaconf appends a "full_key: ..., object_type=..." trailer; the first line is the reason.
+    reason = msg.splitlines()[0].strip()
+    return f"{key}: {reason}"
+
+
+def _parse_overrides(overrides: list[str]) -> DictConfig:
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(
+                f"override {item!r}: expected key=value, e.g. pools.cluster.num_nodes=3"
+            )
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"overrides: {_describe(exc)}") from exc
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> Config:
+    """Merge packaged defaults, the YAML file at `path` (if any) and `overrides`; validate.
+
+    Raises ConfigError naming every offending key. Nothing is started or written.
+    """
+    schema = OmegaConf.structured(Config)
+    layers: list[Any] = [schema]
+    if path is not None:
+        p = Path(path).expanduser()
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r}: no such file")
+        try:
+            user = OmegaConf.load(p)
+        except Exception as exc:  # yaml errors come in several types
+            raise ConfigError(f"config file {str(p)!r}: not valid YAML: {exc}") from exc
+        if not isinstance(user, DictConfig):
+            raise ConfigError(f"config file {str(p)!r}: must be a mapping of keys to values")
+        layers.append(user)
+    if overrides:
+        layers.append(_parse_overrides(list(overrides)))
+    merged = schema
+    for layer in layers[1:]:
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except OmegaConfBaseException as exc:
+            raise ConfigError(_describe(exc)) from exc
+        except (TypeError, ValueError) as exc:
+            # omegaconf raises these when a mapping meets a list, e.g. `models.0.x=1`
+            # on the command line: list entries are set in the YAML file.
+            raise ConfigError(
+                f"cannot merge {_list_keys(layer)}: a list and a mapping met ({exc}); set list "
+                "entries (e.g. serving.models) in the YAML file, not as key=value overrides"
+            ) from exc
+    try:
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_describe(exc)) from exc
+    assert isinstance(cfg, Config)
+    errors = validate(cfg)
+    if errors:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """Rebuild a Config saved with `to_dict` (e.g. in the local cluster's state file)."""
+    merged = OmegaConf.merge(OmegaConf.structured(Config), data)
+    cfg = OmegaConf.to_object(merged)
+    assert isinstance(cfg, Config)
+    return cfg
