@@ -109,6 +109,9 @@ class Attempt:
     admitted_s: float | None = None
     step: int | None = None
     """The last step the attempt reported (None: none)."""
+    checkpoint_step: int | None = None
+    """The committed step the next attempt resumes from, as the control plane read it from
+    object storage when this attempt ended (for a preemption: the step that answered it)."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Attempt:
@@ -119,6 +122,7 @@ class Attempt:
             ended_s=data.get("ended_s"),
             admitted_s=data.get("admitted_s"),
             step=data.get("step"),
+            checkpoint_step=data.get("checkpoint_step"),
         )
 
 

@@ -12,7 +12,7 @@ gauges (`job_metrics`):
 * ``stall_s_total``, ``wall_s_total``: checkpoint stall and wall seconds of ended attempts;
 * ``restarts`` (crash and hang restarts used) and ``hangs``;
 * ``attempts``: each attempt's end, newest last,
-  ``{"attempt", "admitted_s", "ended_s", "kind", "reason", "step"}``.
+  ``{"attempt", "admitted_s", "ended_s", "kind", "reason", "step", "checkpoint_step"}``.
 
 Every key is optional and its type untrusted: info is JSON from the store, an older runner
 wrote other shapes, and a listing must never fail on one job. A value of the wrong type, a
@@ -122,6 +122,8 @@ class Attempt:
     reason: str
     step: int | None
     """The last step the attempt reported (None: none, or not said)."""
+    checkpoint_step: int | None = None
+    """The committed step (as storage showed it) the next attempt resumes from (None: none)."""
 
 
 @dataclass(frozen=True)
@@ -192,6 +194,7 @@ def _attempts(raw: Any) -> tuple[Attempt, ...]:
                 kind=kind,
                 reason=_text(data.get("reason")) or "",
                 step=_count(data.get("step")),
+                checkpoint_step=_count(data.get("checkpoint_step")),
             )
         )
     return tuple(out)

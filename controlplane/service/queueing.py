@@ -126,6 +126,7 @@ def job_to_json(
                 "kind": a.kind,
                 "reason": a.reason,
                 "step": a.step,
+                "checkpoint_step": a.checkpoint_step,
             }
             for a in job_facts(job.info).attempts
         ]

@@ -494,7 +494,8 @@ def test_a_preempted_job_commits_before_its_gang_stops_and_resumes_on_another_no
         )
         reason = next(t["reason"] for t in job.history if t["to"] == "PREEMPTED")
         assert "checkpointed-for-preemption at step" in reason, reason
-        step = int(reason.split("at step ")[1].split(" ")[0])
+        step = job.attempts[0].checkpoint_step
+        assert step is not None, job.attempts
         assert job.attempts[0].kind == "preempted" and job.restarts == 0
         # The requested step's manifest was in storage before the gang was stopped, and the
         # loop trained no step past it.

@@ -17,7 +17,6 @@ Waits are bounded; nothing asserts on wall-clock durations.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -145,7 +144,8 @@ def checkpointed_and_resumed(
     preempted = next(t for t in final.history if t["to"] == "PREEMPTED")
     assert "checkpointed-for-preemption at step" in preempted["reason"]
     assert because in preempted["reason"], preempted["reason"]
-    ckpt_step = int(re.search(r"at step (\d+)", preempted["reason"]).group(1))  # type: ignore[union-attr]
+    ckpt_step = final.attempts[0].checkpoint_step
+    assert ckpt_step is not None, final.attempts
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     resumed = [r for r in lines if r["start"] > 0]
     assert resumed, "the gang never resumed from its checkpoint"

@@ -10,7 +10,6 @@ enough for the next thing to happen to it.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -176,7 +175,8 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_checkpoints_and_resume
     assert low_done.num_preemptions == 1 and low_done.attempt == 2
     preempted = next(t for t in low_done.history if t["to"] == "PREEMPTED")
     assert "checkpointed-for-preemption at step" in preempted["reason"]
-    ckpt_step = int(re.search(r"at step (\d+)", preempted["reason"]).group(1))  # type: ignore[union-attr]
+    ckpt_step = low_done.attempts[0].checkpoint_step
+    assert ckpt_step is not None, low_done.attempts
     # The high job got the GPUs only after the victim let go of them.
     assert preempted["at_s"] <= entered(high_done, "ADMITTED")[0]
     assert entered(high_done, "SUCCEEDED")[0] <= entered(low_done, "ADMITTED")[-1]

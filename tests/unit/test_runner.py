@@ -281,6 +281,7 @@ def test_preemption_stops_the_gang_once_the_answering_manifest_is_in_storage(env
     assert "at step 7" in store.history(job_id)[-2].reason
     assert "restarts" not in job.info  # a preemption spends no restart
     assert job.info["attempts"][-1]["kind"] == "preempted"
+    assert job.info["attempts"][-1]["checkpoint_step"] == 7  # structured, not parsed back
     # The next attempt restores the newest committed step from its prefix by itself.
     admit(runner, job_id)
     envv = fake.submitted[-1][2]["env_vars"]

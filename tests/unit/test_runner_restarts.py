@@ -111,6 +111,7 @@ def test_a_crashed_gang_restarts_after_a_backoff_with_its_attempts_recorded(env:
     assert job.info["stall_s_total"] == 0.5 and job.info["wall_s_total"] == 50.0
     (entry,) = job.info["attempts"]
     assert entry["attempt"] == 1 and entry["kind"] == "crash" and entry["step"] == 5
+    assert entry["checkpoint_step"] == 4  # the committed step attempt 2 resumes from
     assert entry["ended_s"] == clock.now and entry["admitted_s"] == 1000.0
     assert "illegal memory access" in entry["reason"]
     last = store.history(job_id)[-1]

@@ -105,7 +105,8 @@ def uri_of(cfg: Config, job: JobRecord) -> str:
 
 
 def attempt_end(job: JobRecord, kind: AttemptEnd, reason: str, now: float) -> dict[str, Any]:
-    """The info that records how the current attempt ended: its entry in ``attempts``
+    """The info that records how the current attempt ended: its entry in ``attempts`` (with
+    ``checkpoint_step``, the committed step the next attempt resumes from)
     (newest last, at most `limits.MAX_ATTEMPTS_KEPT`), its checkpoint stall and wall seconds
     added to the totals, its ``progress`` cleared. {} once recorded (idempotent)."""
     attempt = _count(job.info.get("attempt"))
@@ -117,6 +118,12 @@ def attempt_end(job: JobRecord, kind: AttemptEnd, reason: str, now: float) -> di
         return {}
     progress = job.info.get("progress")
     progress = progress if isinstance(progress, Mapping) else {}
+    # The step the next attempt resumes from, as storage showed it when this one ended: the
+    # step that answered a preemption request, else the newest committed one.
+    committed = _count(job.info.get("preempt_checkpoint"))
+    if committed is None:
+        checkpoint = job.info.get("checkpoint")
+        committed = _count(checkpoint.get("step")) if isinstance(checkpoint, Mapping) else None
     attempts.append(
         {
             "attempt": attempt,
@@ -125,6 +132,7 @@ def attempt_end(job: JobRecord, kind: AttemptEnd, reason: str, now: float) -> di
             "kind": kind.value,
             "reason": reason[-limits.ATTEMPT_REASON_CHARS :],
             "step": _count(progress.get("step")),
+            "checkpoint_step": committed,
         }
     )
     totals = {}
