@@ -14,11 +14,11 @@ Owns: the health half of a tick and its memory, `HealthKeeper`:
 * the operator's requests (`clear_node`, `breaker_status`, `reset_breaker`), which may come
   from the API thread while a tick runs: each holds its lock.
 
-A `MoveServeReplicas` from `policies.health.remediate` needs no step of its own: the cordon
-(a Ray drain) makes Serve start replacements elsewhere before it stops the replicas there,
-and the node, marked unhealthy in the snapshot, leaves placement's cluster budget, so the
-serving policies move what no longer fits to the external pool in the same decide phase,
-in a move that names the node (`policies.placement`, ``leave_unhealthy_node``).
+Replicas on a bad node are not health's to move: the cordon (a Ray drain) makes Serve start
+replacements elsewhere before it stops the replicas there, and the node, marked unhealthy in
+the snapshot, leaves placement's cluster budget, so the placement policy moves them in the
+same decide phase, in a move that names the node (`policies.placement`,
+``leave_unhealthy_node``), applied by the serving actuator.
 
 Must not: decide (the health policy does) or touch Ray except through the adapters.
 """

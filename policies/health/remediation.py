@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from policies.health.verdicts import NodeVerdict, Verdict
-from policies.plan import DrainNode, MoveServeReplicas, PreemptJob
-from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
+from policies.plan import DrainNode, PreemptJob
+from policies.snapshot import ClusterSnapshot, Pool
 
 __all__ = [
     "DRAINED_BY_OTHERS",
@@ -38,7 +38,7 @@ class CordonNode:
     reason: str
 
 
-RemediationAction = CordonNode | PreemptJob | MoveServeReplicas | DrainNode
+RemediationAction = CordonNode | PreemptJob | DrainNode
 """What `remediate` may ask for."""
 
 
@@ -122,18 +122,17 @@ def remediate(
     1. `CordonNode`: nothing new lands there.
     2. `PreemptJob(checkpoint_first=True)` for each gang holding GPUs there that is not already
        being preempted: it checkpoints, is re-queued and restarts on healthy nodes.
-    3. `MoveServeReplicas` per (model, pool) for replicas there that are not already stopping,
-       make-before-break. Cluster replicas stay in the cluster when its other healthy nodes have
-       enough free GPUs for all of them, else go to the external pool; external replicas stay
-       external (the autoscaler adds a node).
-    4. `DrainNode` only once no gang holds GPUs there and no replica of ours is left on it.
+    3. `DrainNode` only once no gang holds GPUs there and no replica of ours is left on it.
+
+    Serve replicas on the node are not moved here: the node, unhealthy in the snapshot, leaves
+    the cluster pool's serving budget, and the placement policy (`policies.placement`, the one
+    owner of where replicas run) moves them make-before-break in a move that names the node.
 
     Worked example: cluster nodes ``a`` (unhealthy, gang ``j1`` holds 4 GPUs, one 1-GPU replica
-    of model ``m``) and ``b`` (healthy, 0 GPUs free). Plan: CordonNode(a), PreemptJob(j1),
-    MoveServeReplicas(m, cluster -> external, 1 replica, node a). Next ticks, while ``j1``
-    checkpoints and the replica is replaced: the same cordon, no second preemption (``j1`` is
-    now preempting), the move repeated (level-triggered). Once ``a`` holds nothing:
-    CordonNode(a), DrainNode(a).
+    of model ``m``) and ``b`` (healthy, 0 GPUs free). Plan: CordonNode(a), PreemptJob(j1).
+    Next ticks, while ``j1`` checkpoints and placement moves the replica: the same cordon, no
+    second preemption (``j1`` is now preempting). Once ``a`` holds nothing: CordonNode(a),
+    DrainNode(a).
     """
     actions: list[RemediationAction] = []
     unhealthy = {
@@ -141,11 +140,6 @@ def remediate(
         for n in snapshot.nodes
         if n.pool is not Pool.HEAD and n.node_id in verdicts and _acts(verdicts[n.node_id])
     }
-    cluster_free_elsewhere = sum(
-        n.gpus_free
-        for n in snapshot.nodes
-        if n.pool is Pool.CLUSTER and n.healthy and n.node_id not in unhealthy
-    )
     for node_id in sorted(unhealthy):
         why = f"node {node_id} {unhealthy[node_id].reason}"
         actions.append(CordonNode(node_id, why))
@@ -154,29 +148,6 @@ def remediate(
             if not g.preempting:
                 actions.append(PreemptJob(g.job_id, f"checkpoint and restart elsewhere: {why}"))
         replicas = [r for r in snapshot.serve_replicas if r.node_id == node_id]
-        moving: dict[tuple[str, Pool], list[int]] = {}
-        for r in replicas:
-            if r.state is not ReplicaState.STOPPING:
-                moving.setdefault((r.model, r.pool), []).append(r.gpus)
-        for (model, pool), gpus in sorted(
-            moving.items(), key=lambda kv: (kv[0][0], kv[0][1].value)
-        ):
-            to_pool = pool
-            if pool is Pool.CLUSTER:
-                if sum(gpus) <= cluster_free_elsewhere:
-                    cluster_free_elsewhere -= sum(gpus)
-                else:
-                    to_pool = Pool.EXTERNAL
-            actions.append(
-                MoveServeReplicas(
-                    model=model,
-                    from_pool=pool,
-                    to_pool=to_pool,
-                    num_replicas=len(gpus),
-                    node_ids=(node_id,),
-                    reason=f"make-before-break off {why}",
-                )
-            )
         if not gangs and not replicas:
             actions.append(DrainNode(node_id, why))
     return tuple(actions)

@@ -15,7 +15,7 @@ from policies.health import (
     remediate,
     with_verdicts,
 )
-from policies.plan import DrainNode, MoveServeReplicas, PreemptJob
+from policies.plan import DrainNode, PreemptJob
 from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
 from tests.unit.builders import gang, node, replica, snapshot
 
@@ -26,11 +26,7 @@ WHY = "node a unhealthy: gpu_overheated (gpu 0 at 91.5 C)"
 def kinds(plan: tuple[RemediationAction, ...]) -> list[str]:
     out = []
     for a in plan:
-        if isinstance(a, MoveServeReplicas):
-            out.append(
-                f"move {a.model} {a.from_pool.value}->{a.to_pool.value} x{a.num_replicas} off {','.join(a.node_ids)}"
-            )
-        elif isinstance(a, PreemptJob):
+        if isinstance(a, PreemptJob):
             out.append(f"preempt {a.job_id}" + (" (checkpoint)" if a.checkpoint_first else ""))
         else:
             out.append(f"{type(a).__name__} {a.node_id}")
@@ -58,22 +54,23 @@ CASES: list[tuple[str, ClusterSnapshot, dict[str, NodeVerdict], list[str]]] = [
             replicas=[replica("r1", "a")],
         ),
         {"a": HOT},
-        ["CordonNode a", "preempt j1 (checkpoint)", "move m cluster->external x1 off a"],
+        # the replica is placement's to move (its budget loses node a): no move here
+        ["CordonNode a", "preempt j1 (checkpoint)"],
     ),
     (
-        "replicas-stay-in-cluster-when-it-has-room",
+        "replicas-there-keep-it-from-being-drained",
         snapshot([node("a"), node("b")], replicas=[replica("r1", "a"), replica("r2", "a")]),
         {"a": HOT},
-        ["CordonNode a", "move m cluster->cluster x2 off a"],
+        ["CordonNode a"],
     ),
     (
-        "external-replicas-stay-external",
+        "external-node-with-a-replica-is-cordoned-not-drained",
         snapshot(
             [node("a", pool=Pool.EXTERNAL, gpus_total=2)],
             replicas=[replica("r1", "a", pool=Pool.EXTERNAL, model="llm")],
         ),
         {"a": HOT},
-        ["CordonNode a", "move llm external->external x1 off a"],
+        ["CordonNode a"],
     ),
     (
         "already-preempting-and-stopping-are-not-asked-again",
