@@ -41,6 +41,7 @@ from serve.inputs import (
     read_body,
     request_id,
 )
+from serve.load import REPORT_INTERVAL_S, board
 from serve.routing import choose_pool, retry_decision
 from serve.spec import BACKEND_DEPLOYMENT, INGRESS_DEPLOYMENT, app_name
 
@@ -180,8 +181,6 @@ class IngressReplica:
         return True
 
     async def _report_load(self) -> None:
-        from serve.load import REPORT_INTERVAL_S, board
-
         me = serve.get_replica_context().replica_id.unique_id
         handle = None
         while True:

@@ -223,6 +223,7 @@ def _kube_remove(cfg: Config) -> Any:
     """The Kubernetes actuator's node removal when one is configured, else None (local)."""
     if not cfg.kubernetes.enabled:
         return None
+    # Deferred: controlplane.kube imports the Kubernetes client (heavy; production only).
     from controlplane.kube import KubeNotFoundError, from_config
 
     made: list[Any] = []
