@@ -176,8 +176,9 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
 
 
 def connect_ray() -> bool:
-    """Join the node's Ray cluster from a plain process (a command the launcher started);
-    True when Ray is up afterwards."""
+    """Join the node's Ray cluster from a plain process (a command the launcher started, which
+    sets ``RAY_ADDRESS`` to its worker's cluster; ``auto`` finds the node's cluster without
+    it); True when Ray is up afterwards."""
     if ray.is_initialized():
         return True
     try:

@@ -19,7 +19,8 @@ Two ways in (the runner picks one, `controlplane.service.runner.entrypoint_comma
   on every worker as a child process with the environment torchrun gives (`torchrun_env`:
   ``MASTER_ADDR``/``MASTER_PORT`` on rank 0's node, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
   ``LOCAL_WORLD_SIZE``, ``NODE_RANK``/``GROUP_RANK``), plus the worker's own environment
-  (the ``RCP_*`` job variables, for the checkpoint helper, and ``CUDA_VISIBLE_DEVICES``: the
+  (the ``RCP_*`` job variables, for the checkpoint helper, ``RAY_ADDRESS``: the worker's own
+  cluster, and ``CUDA_VISIBLE_DEVICES``: the
   GPUs of the gang's workers on that node, so ``LOCAL_RANK`` indexes this rank's own GPU, as
   under torchrun). An unmodified ``torch.distributed`` script (``init_process_group`` with the
   default ``env://``) runs as it would under torchrun. A worker counts as started once its

@@ -87,6 +87,9 @@ def command_worker(config: dict[str, Any]) -> None:
         master_addr=str(master["addr"]),
         master_port=int(master["port"]),
     )
+    # The command joins this worker's own cluster (the checkpoint helper's ray.init), never
+    # whichever cluster last started on the machine, which "auto" would pick.
+    env.setdefault("RAY_ADDRESS", str(ray.get_runtime_context().gcs_address))
     try:
         child = CommandProcess(argv, env)
     except OSError as exc:
