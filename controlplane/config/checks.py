@@ -72,6 +72,13 @@ def at_least(minimum: float, path: str, value: float, why: str = "") -> list[str
     return []
 
 
+def not_below(path: str, value: float, floor_path: str, floor: float) -> list[str]:
+    """`value` (at `path`) may not be below another field's value (`floor`, at `floor_path`)."""
+    if value < floor:
+        return [f"{path}: must be >= {floor_path} ({floor:g}), got {value!r}"]
+    return []
+
+
 def wait_at_most(maximum: float, path: str, value: float) -> list[str]:
     """An upper bound for a value that becomes a wait (`Thread.join`, `Event.wait`, a socket
     timeout): past ``threading.TIMEOUT_MAX`` those raise OverflowError, and long before that

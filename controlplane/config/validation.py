@@ -31,6 +31,7 @@ from controlplane.config.checks import (
     at_most,
     dns_label,
     is_loopback,
+    not_below,
     taint_key,
     tcp_port,
     wait_at_most,
@@ -92,11 +93,9 @@ def validate(cfg: Config) -> list[str]:
     e = cfg.pools.external
     errors += at_least(0, "pools.external.min_nodes", e.min_nodes)
     errors += at_least(1, "pools.external.max_nodes", e.max_nodes, "a pool with no nodes")
-    if e.max_nodes < e.min_nodes:
-        errors.append(
-            f"pools.external.max_nodes: must be >= pools.external.min_nodes "
-            f"({e.min_nodes}), got {e.max_nodes}"
-        )
+    errors += not_below(
+        "pools.external.max_nodes", e.max_nodes, "pools.external.min_nodes", e.min_nodes
+    )
     errors += at_least(0, "pools.external.gpus_per_node", e.gpus_per_node)
     errors += at_least(0, "pools.external.cpus_per_node", e.cpus_per_node)
     errors += at_least(1, "pools.external.idle_timeout_s", e.idle_timeout_s)
@@ -200,11 +199,9 @@ def _validate_jobs(j: JobsConfig) -> list[str]:
     errors += wait_at_most(MAX_DEADLINE_S, "jobs.gang_start_timeout_s", j.gang_start_timeout_s)
     errors += at_least(0, "jobs.backoff_initial_s", j.backoff_initial_s)
     errors += wait_at_most(MAX_WAIT_S, "jobs.backoff_max_s", j.backoff_max_s)
-    if j.backoff_max_s < j.backoff_initial_s:
-        errors.append(
-            f"jobs.backoff_max_s: must be >= jobs.backoff_initial_s ({j.backoff_initial_s:g}), "
-            f"got {j.backoff_max_s!r}"
-        )
+    errors += not_below(
+        "jobs.backoff_max_s", j.backoff_max_s, "jobs.backoff_initial_s", j.backoff_initial_s
+    )
     errors += at_least(1, "jobs.max_start_attempts", j.max_start_attempts)
     errors += at_most(MAX_RETRIES, "jobs.max_start_attempts", j.max_start_attempts, "retries")
     errors += at_least(0.01, "jobs.job_signal_poll_s", j.job_signal_poll_s)
@@ -215,18 +212,20 @@ def _validate_jobs(j: JobsConfig) -> list[str]:
     errors += wait_at_most(MAX_WAIT_S, "jobs.step_report_interval_s", j.step_report_interval_s)
     errors += at_least(1, "jobs.stall_timeout_s", j.stall_timeout_s)
     errors += wait_at_most(MAX_DEADLINE_S, "jobs.stall_timeout_s", j.stall_timeout_s)
-    if j.stall_timeout_s < j.step_report_interval_s:
-        errors.append(
-            f"jobs.stall_timeout_s: must be >= jobs.step_report_interval_s "
-            f"({j.step_report_interval_s:g}), got {j.stall_timeout_s!r}"
-        )
+    errors += not_below(
+        "jobs.stall_timeout_s",
+        j.stall_timeout_s,
+        "jobs.step_report_interval_s",
+        j.step_report_interval_s,
+    )
     errors += at_least(0, "jobs.restart_backoff_initial_s", j.restart_backoff_initial_s)
     errors += wait_at_most(MAX_WAIT_S, "jobs.restart_backoff_max_s", j.restart_backoff_max_s)
-    if j.restart_backoff_max_s < j.restart_backoff_initial_s:
-        errors.append(
-            "jobs.restart_backoff_max_s: must be >= jobs.restart_backoff_initial_s "
-            f"({j.restart_backoff_initial_s:g}), got {j.restart_backoff_max_s!r}"
-        )
+    errors += not_below(
+        "jobs.restart_backoff_max_s",
+        j.restart_backoff_max_s,
+        "jobs.restart_backoff_initial_s",
+        j.restart_backoff_initial_s,
+    )
     errors += at_least(0.1, "jobs.checkpoint_scan_interval_s", j.checkpoint_scan_interval_s)
     errors += wait_at_most(
         MAX_WAIT_S, "jobs.checkpoint_scan_interval_s", j.checkpoint_scan_interval_s
