@@ -17,12 +17,12 @@ Every layer above the foundation may use it (the local cluster manager, the cont
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import logging
 import os
 from pathlib import Path
 
 from controlplane.config import Config
+from controlplane.config.checks import is_loopback
 
 __all__ = [
     "RAY_AUTH_MODE_ENV",
@@ -111,17 +111,6 @@ def use_ray_token(token_path: Path) -> None:
 
     RayConfig.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` names this machine's loopback interface (``127.0.0.1``, ``::1``,
-    ``localhost``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def keep_ray_on_loopback(node_ip: str) -> None:

@@ -13,10 +13,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
-from controlplane.ray_connection import is_loopback
-
 SCRIPT = """
 import sys
 import controlplane.cli  # the CLI's own imports load Ray first, as `rcp` does
@@ -43,19 +39,3 @@ def run_fresh(node_ip: str) -> str:
 
 def test_a_process_that_imported_ray_first_still_reaches_a_loopback_cluster() -> None:
     assert run_fresh("127.0.0.1") == "127.0.0.1:6390"
-
-
-@pytest.mark.parametrize(
-    ("host", "loopback"),
-    [
-        ("127.0.0.1", True),
-        ("127.0.0.2", True),
-        ("::1", True),
-        ("localhost", True),
-        ("10.0.0.5", False),
-        ("rcp-head.svc", False),
-        ("", False),
-    ],
-)
-def test_loopback_hosts(host: str, loopback: bool) -> None:
-    assert is_loopback(host) is loopback
