@@ -119,7 +119,7 @@ def keep_ray_on_loopback(node_ip: str) -> None:
     Ray reads ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` once, when it is first imported; left on
     (Linux's default) it rewrites a loopback address into this host's own IP, where the local
     cluster does not listen, and `ray.init` waits there for good. A process that imported Ray
-    before (the CLI does, through `jobs.signals`) keeps what it read, so the value Ray read is
+    before (a bench, a test, a user's driver) keeps what it read, so the value Ray read is
     set too. A non-loopback `node_ip` (a real cluster) changes nothing."""
     if not is_loopback(node_ip):
         return

@@ -14,10 +14,8 @@ import click
 
 from controlplane.cli.common import config_options, connect_running, fail, load_cfg
 from controlplane.config import to_dict, to_yaml
-from controlplane.local.cluster import LocalCluster
 from controlplane.ray_connection import ClusterError
 from controlplane.store import StoreError
-from controlplane.views import format_table, node_rows
 from serve.status import format_status_table, serve_status
 
 __all__ = ["config_group", "demo", "down", "nodes", "serve_group", "up"]
@@ -47,6 +45,9 @@ def up(config_file: str | None, overrides: tuple[str, ...]) -> None:
 
     Idempotent: if the cluster already runs, prints what runs and starts nothing.
     """
+    # Deferred: the local cluster loads Ray (seconds); the job commands never need it.
+    from controlplane.local.cluster import LocalCluster
+
     cfg = load_cfg(config_file, overrides)
     try:
         LocalCluster(cfg).up(echo=click.echo)
@@ -58,6 +59,9 @@ def up(config_file: str | None, overrides: tuple[str, ...]) -> None:
 @config_options
 def down(config_file: str | None, overrides: tuple[str, ...]) -> None:
     """Stop everything `rcp up` started, and only that."""
+    # Deferred: the local cluster loads Ray (seconds); the job commands never need it.
+    from controlplane.local.cluster import LocalCluster
+
     cfg = load_cfg(config_file, overrides)
     LocalCluster(cfg).down(echo=click.echo)
 
@@ -70,6 +74,9 @@ def nodes(
     config_file: str | None, overrides: tuple[str, ...], as_json: bool, include_dead: bool
 ) -> None:
     """List nodes: pool (head, cluster, external), GPUs free/total, labels, state."""
+    # Deferred: the node views load Ray (seconds); the job commands never need it.
+    from controlplane.views import format_table, node_rows
+
     connect_running(load_cfg(config_file, overrides))
     rows = node_rows(include_dead=include_dead)
     if as_json:

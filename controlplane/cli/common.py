@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 import click
 
 from controlplane.config import Config, ConfigError, load_config
-from controlplane.local.cluster import LocalCluster
 from controlplane.ray_connection import ClusterError, connect
 from controlplane.sdk import ApiError, Client
 
@@ -59,6 +58,9 @@ def fail(message: str, code: int = 1) -> None:
 
 
 def connect_running(cfg: Config) -> Config:
+    # Deferred: the local cluster loads Ray (seconds); the job commands never need it.
+    from controlplane.local.cluster import LocalCluster
+
     running = LocalCluster(cfg).running_config()
     if running is None:
         fail(f"no local cluster is running for state dir {cfg.state_path}; start one with `rcp up`")

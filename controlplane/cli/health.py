@@ -18,10 +18,7 @@ import click
 
 from controlplane.cli.common import config_options, connect_running, fail, load_cfg
 from controlplane.config import Config
-from controlplane.controller_client import ControllerCallError, NoControllerError, ask_controller
-from controlplane.telemetry.manager import ensure_agents, health_report, inject_fault
 from controlplane.telemetry.readings import TelemetryError
-from controlplane.views import format_health_table, health_rows
 
 __all__ = ["fault_group", "health_breaker", "health_clear", "health_cmd", "uncordon"]
 
@@ -43,6 +40,9 @@ def fault_inject(node: str, kind: str, config_file: str | None, overrides: tuple
 
     NODE is a node id or a unique prefix or suffix of one (as `rcp nodes` shows it).
     """
+    # Deferred: the telemetry manager loads Ray (seconds); the job commands never need it.
+    from controlplane.telemetry.manager import ensure_agents, inject_fault
+
     cfg = connect_running(load_cfg(config_file, overrides))
     ensure_agents(cfg)
     try:
@@ -76,6 +76,11 @@ def health_cmd(config_file: str | None, overrides: tuple[str, ...], as_json: boo
     (the ones it acts on, lemon records included; "cordoned" marks nodes it took out) when it
     runs, else each node is judged here on the samples its agent keeps.
     """
+    # Deferred: the telemetry manager and the views load Ray (seconds); the job commands never
+    # need it.
+    from controlplane.telemetry.manager import ensure_agents, health_report
+    from controlplane.views import format_health_table, health_rows
+
     cfg = connect_running(load_cfg(config_file, overrides))
     refs = ensure_agents(cfg)
     judged, _state, latest = health_report(cfg.health)
@@ -100,6 +105,13 @@ def _no_controller_actor(cfg: Config) -> str:
 def _ask_controller(cfg: Config, method: str, *args: Any) -> Any:
     """Call `method` on the running local cluster's controller actor; exits with a clear
     message when there is none (Kubernetes runs it in-process) or when the call raised."""
+    # Deferred: asking the controller actor loads Ray (seconds); the job commands never need it.
+    from controlplane.controller_client import (
+        ControllerCallError,
+        NoControllerError,
+        ask_controller,
+    )
+
     connect_running(cfg)
     try:
         return ask_controller(method, *args)

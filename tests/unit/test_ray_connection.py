@@ -1,10 +1,11 @@
-"""Local mode's Ray connection keeps a loopback address on loopback, whatever was imported first.
+"""Local mode's Ray connection keeps a loopback address on loopback, whatever was imported first,
+and the CLI's job commands do not load Ray at all.
 
 Ray reads ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` when it is first imported; on Linux it then
-rewrites ``127.0.0.1`` into the host's own IP, where the local cluster does not listen. The
-``rcp`` CLI imports Ray (through `jobs.signals`) before it connects, so `rcp demo` waited on
-that address for good. Each case runs in a fresh interpreter without the variable (this test
-suite's conftest sets it for its own process).
+rewrites ``127.0.0.1`` into the host's own IP, where the local cluster does not listen. When the
+``rcp`` CLI imported Ray at load (through the local cluster and the runner), `rcp demo` waited
+on that address for good, and every `rcp status` paid seconds for Ray. Each case runs in a
+fresh interpreter without the variable (this test suite's conftest sets it for its own process).
 """
 
 from __future__ import annotations
@@ -13,21 +14,26 @@ import os
 import subprocess
 import sys
 
-SCRIPT = """
+CONNECT_AFTER_RAY = """
 import sys
-import controlplane.cli  # the CLI's own imports load Ray first, as `rcp` does
-assert "ray" in sys.modules, "the premise: the CLI imports Ray before it connects"
+import ray  # a process that loaded Ray before it connects
 from ray._private import services
 from controlplane.ray_connection import keep_ray_on_loopback
 keep_ray_on_loopback(sys.argv[1])
 print(services.canonicalize_bootstrap_address(sys.argv[1] + ":6390"))
 """
 
+CLI_LOAD = """
+import sys
+import controlplane.cli
+print(sorted(m for m in ("ray", "torch") if m in sys.modules))
+"""
 
-def run_fresh(node_ip: str) -> str:
+
+def run_fresh(script: str, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
     out = subprocess.run(
-        [sys.executable, "-c", SCRIPT, node_ip],
+        [sys.executable, "-c", script, *args],
         capture_output=True,
         text=True,
         env=env,
@@ -38,4 +44,8 @@ def run_fresh(node_ip: str) -> str:
 
 
 def test_a_process_that_imported_ray_first_still_reaches_a_loopback_cluster() -> None:
-    assert run_fresh("127.0.0.1") == "127.0.0.1:6390"
+    assert run_fresh(CONNECT_AFTER_RAY, "127.0.0.1") == "127.0.0.1:6390"
+
+
+def test_loading_the_cli_loads_neither_ray_nor_torch() -> None:
+    assert run_fresh(CLI_LOAD) == "[]"
