@@ -13,7 +13,7 @@ Must not: start Ray, or sleep. Time is a number the test moves (`Clock`).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from controlplane.adapters.serve import PoolView, ServeView
@@ -385,17 +385,7 @@ class World:
             self.telemetry,
             self.metrics,
         )
-        return World(
-            self.cfg,
-            self.store,
-            self.clock,
-            self.cluster,
-            self.serve,
-            self.jobs,
-            self.telemetry,
-            self.metrics,
-            loop,
-        )
+        return replace(self, loop=loop)
 
 
 def build_loop(
