@@ -360,6 +360,20 @@ def steps_of(out: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def start_trainer(cfg: Config, client: Client, script: Path, out: Path, *options: str) -> str:
+    """Submit the recovery script as a long 1-worker job (checkpoints only when asked) and
+    return its id once it has trained 5 steps."""
+    job_id = submit_command(
+        cfg,
+        "--workers=1",
+        *options,
+        command=["python", str(script), str(out), "100000", "1000", "0.2"],
+    )
+    wait_state(client, job_id, {"RUNNING"})
+    wait_for(f"{job_id} to train", lambda: len(steps_of(out)) >= 5, 180)
+    return job_id
+
+
 def wait_job(
     cfg: Config, client: Client, job_id: str, what: str, cond: Any, timeout_s: float
 ) -> Job:
@@ -458,16 +472,9 @@ def test_a_preempted_job_commits_before_its_gang_stops_and_resumes_on_another_no
     script, out = recovery_script(tmp_path)
     sleeper = tmp_path / "sleep.py"
     sleeper.write_text(SLEEP_SCRIPT)
-    low = submit_command(
-        cfg,
-        "--workers=1",
-        "--gpus-per-worker=2",
-        "--priority=low",
-        "--name=low",
-        command=["python", str(script), str(out), "100000", "1000", "0.2"],
+    low = start_trainer(
+        cfg, client, script, out, "--gpus-per-worker=2", "--priority=low", "--name=low"
     )
-    wait_state(client, low, {"RUNNING"})
-    wait_for("low to train", lambda: len(steps_of(out)) >= 5, 180)
     (first_node,) = placement(cfg, low)
     filler = submit_command(
         cfg,
@@ -567,15 +574,7 @@ def test_a_job_on_a_node_removed_by_health_restores_from_the_peer_memory_copy(
     cfg, _cluster, client = durability_cluster
     connect(cfg)
     script, out = recovery_script(tmp_path)
-    job_id = submit_command(
-        cfg,
-        "--workers=1",
-        "--gpus-per-worker=1",
-        "--name=on-a-bad-node",
-        command=["python", str(script), str(out), "100000", "1000", "0.2"],
-    )
-    wait_state(client, job_id, {"RUNNING"})
-    wait_for("it trains", lambda: len(steps_of(out)) >= 5, 180)
+    job_id = start_trainer(cfg, client, script, out, "--gpus-per-worker=1", "--name=on-a-bad-node")
     (bad,) = placement(cfg, job_id)
     wait_for("the agent on its node", lambda: bad in manager.collect_summaries(), 120)
     try:
