@@ -44,6 +44,14 @@ from typing import Any
 from aiohttp import web
 
 from controlplane.background_http import BackgroundHttpServer
+from controlplane.service.access import (
+    PRINCIPAL,
+    Action,
+    Principal,
+    Role,
+    add_route,
+    route_action,
+)
 from controlplane.service.queueing import (
     ApiError,
     JobService,
@@ -98,10 +106,20 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Auth first, then the handler; every failure becomes a JSON error, never a crash (the
     auth check too: a header of any bytes is a 401, not a 500)."""
     try:
-        if request.path != "/healthz":
+        action = route_action(request)
+        if action is not Action.PUBLIC:
             refused = _refuse_auth(request)
             if refused is not None:
                 return refused
+            principal = request[PRINCIPAL]
+            if action is not None and not principal.may(action):
+                return _error(
+                    request,
+                    403,
+                    f"{principal.name} ({principal.role}) may not {action}: that needs a role "
+                    f"that allows it",
+                    None,
+                )
         return await handler(request)
     except ApiError as exc:
         body = {**exc.to_json(), "request_id": request.get(_REQUEST_ID)}
@@ -136,6 +154,8 @@ def _refuse_auth(request: web.Request) -> web.Response | None:
         )
     if not bearer_matches(header, request.app[_TOKEN]):
         return _error(request, 401, "wrong token", "Authorization")
+    # One shared token for now: its holder is the admin.
+    request[PRINCIPAL] = Principal(name="admin", role=Role.ADMIN)
     return None
 
 
@@ -251,13 +271,15 @@ def make_app(
         app[_LOG_THREADS].shutdown(wait=False)
 
     app.on_cleanup.append(_stop_log_threads)
-    app.router.add_post("/v1/jobs", _submit)
-    app.router.add_get("/v1/jobs", _list)
-    app.router.add_get("/v1/jobs/{id}", _get)
-    app.router.add_post("/v1/jobs/{id}/cancel", _cancel)
-    app.router.add_get("/v1/jobs/{id}/logs", _logs)
-    app.router.add_get("/v1/events", _events)
-    app.router.add_get("/healthz", _healthz)
+    add_route(app, "POST", "/v1/jobs", _submit, name="jobs.submit", action=Action.SUBMIT)
+    add_route(app, "GET", "/v1/jobs", _list, name="jobs.list", action=Action.READ)
+    add_route(app, "GET", "/v1/jobs/{id}", _get, name="jobs.get", action=Action.READ)
+    add_route(
+        app, "POST", "/v1/jobs/{id}/cancel", _cancel, name="jobs.cancel", action=Action.CANCEL
+    )
+    add_route(app, "GET", "/v1/jobs/{id}/logs", _logs, name="jobs.logs", action=Action.READ)
+    add_route(app, "GET", "/v1/events", _events, name="events.list", action=Action.READ)
+    add_route(app, "GET", "/healthz", _healthz, name="healthz", action=Action.PUBLIC)
     app.router.add_route("*", "/{tail:.*}", _not_found)
     return app
 
