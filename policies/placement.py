@@ -30,7 +30,11 @@ Rules, in order:
    and another arriving does not make replicas flap).
 6. **External capacity** asked of the autoscaler = GPUs of the external replicas wanted;
    emitted only when it changes. Asking for 0 lets the autoscaler remove idle nodes.
-7. **Route weights** follow readiness: each pool's share of the model's RUNNING replicas,
+7. **Pins** (an operator's, `ClusterSnapshot.pinned`): a model pinned to ``cluster`` keeps
+   every cluster replica whatever the budget (it takes its budget first), never yields or
+   grows to ``external`` (growth the cluster pool cannot host is not started; the note says
+   so); a model pinned to ``external`` grows only there and never comes back (rule 5).
+8. **Route weights** follow readiness: each pool's share of the model's RUNNING replicas,
    capped at the pool's new target; a pool with none gets 0. Emitted when they differ from
    ``state.route_weights`` (the caller passes what is deployed, so the action repeats until
    it shows).
@@ -77,6 +81,7 @@ class PlacementReason(str, Enum):
     MIGRATE_BACK = "migrate_back"
     EXTERNAL_CAPACITY = "external_capacity"
     ROUTE_BY_READINESS = "route_by_readiness"
+    PINNED = "pinned"
 
 
 @dataclass(frozen=True)
@@ -216,7 +221,10 @@ def decide(
     actions: list[Action] = []
     targets: list[PoolTargets] = []
 
-    ordered = sorted(demands, key=lambda d: d.model)
+    # Models pinned to the cluster pool take their share of the budget first.
+    ordered = sorted(
+        demands, key=lambda d: (snapshot.pinned.get(d.model) is not Pool.CLUSTER, d.model)
+    )
     current = {
         d.model: (
             _count(snapshot, d.model, Pool.CLUSTER, active),
@@ -246,7 +254,9 @@ def decide(
         g = d.gpus_per_replica
         cur_c, cur_e = current[d.model]
         total = max(d.num_replicas, d.min_replicas)
-        keep_c = min(cur_c, total, budget // g)
+        pin = snapshot.pinned.get(d.model)
+        # Pinned to the cluster pool: its replicas there stay whatever the budget.
+        keep_c = min(cur_c, total) if pin is Pool.CLUSTER else min(cur_c, total, budget // g)
         keep_e = min(cur_e, total - keep_c)
         external_left -= keep_e * g
         need = total - keep_c - keep_e
@@ -254,9 +264,15 @@ def decide(
         relocate = min(max(0, min(cur_c, total) - keep_c), need)
         grow = need - relocate
         new_c = 0
-        if grow > 0 and not training_waiting:
+        if grow > 0 and not training_waiting and pin is not Pool.EXTERNAL:
             new_c = min(grow, max(0, budget - keep_c * g) // g)
         to_external = relocate + grow - new_c
+        if pin is Pool.CLUSTER and to_external:
+            notes[d.model] = (
+                f"{PlacementReason.PINNED.value}: {d.model} is pinned to the cluster pool, "
+                f"which has no room for {to_external} more replica(s)"
+            )
+            to_external = 0
         ext_ok = min(to_external, max(0, external_left) // g)
         external_left -= ext_ok * g
         moved = min(relocate, ext_ok)
@@ -312,7 +328,13 @@ def decide(
 
     # Pass 2 (rule 5): gradual migration back.
     room_gpus = budget
-    can_come_back = [d for d in ordered if plan_e[d.model] > 0 and room_gpus >= d.gpus_per_replica]
+    can_come_back = [
+        d
+        for d in ordered
+        if plan_e[d.model] > 0
+        and room_gpus >= d.gpus_per_replica
+        and snapshot.pinned.get(d.model) is not Pool.EXTERNAL
+    ]
     room_since = state.room_since_s
     last_step = state.last_step_back_s
     if can_come_back and not training_waiting:
@@ -370,7 +392,7 @@ def decide(
         )
         requested = external_gpus
 
-    # Rule 7: route weights from readiness, each pool's RUNNING replicas capped at its new
+    # Rule 8: route weights from readiness, each pool's RUNNING replicas capped at its new
     # target (replicas about to stop get no new traffic).
     weights = dict(state.route_weights)
     for d in ordered:

@@ -31,6 +31,7 @@ __all__ = [
     "RequestExternalCapacity",
     "ScaleServePool",
     "SetRouteWeights",
+    "WaitJob",
     "WorkerPlacement",
 ]
 
@@ -126,6 +127,15 @@ class DrainNode:
     reason: str
 
 
+@dataclass(frozen=True)
+class WaitJob:
+    """A queued job waits on something only an operator can change (a pinned model holds the
+    GPUs it needs); the reason says what, and is shown with the job (``rcp status``)."""
+
+    job_id: str
+    reason: str
+
+
 Action = (
     AdmitJob
     | PreemptJob
@@ -135,6 +145,7 @@ Action = (
     | SetRouteWeights
     | RequestExternalCapacity
     | DrainNode
+    | WaitJob
 )
 """Every action a policy may put in a plan."""
 

@@ -220,6 +220,12 @@ class ClusterSnapshot:
     queued: tuple[QueuedJob, ...] = ()
     running: tuple[RunningGang, ...] = ()
     serve_load: tuple[ServeLoad, ...] = ()
+    pinned: Mapping[str, Pool] = field(default_factory=dict)
+    """Models an operator pinned to a pool (model -> pool): placement never moves their
+    replicas out of it, and admission's claim never takes their cluster GPUs."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pinned", _frozen_mapping(self.pinned))
 
     def node(self, node_id: str) -> NodeView | None:
         for n in self.nodes:

@@ -29,6 +29,7 @@ from policies.plan import (
     RequestExternalCapacity,
     ScaleServePool,
     SetRouteWeights,
+    WaitJob,
 )
 
 if TYPE_CHECKING:
@@ -71,6 +72,15 @@ class EventKind(str, Enum):
     POLICY_SCALE = "policy.ScaleServePool"
     POLICY_ROUTE = "policy.SetRouteWeights"
     POLICY_EXTERNAL = "policy.RequestExternalCapacity"
+    POLICY_WAIT = "policy.WaitJob"
+    POLICY_HELD = "policy.held"
+    """An action the policies wanted while the loop was paused (it was not applied)."""
+    POLICY_PAUSE = "policy.pause"
+    POLICY_RESUME = "policy.resume"
+    SERVE_PIN = "serve.pin"
+    SERVE_UNPIN = "serve.unpin"
+    NODE_CORDON = "node.cordon"
+    NODE_UNCORDON = "node.uncordon"
 
 
 _POLICY_KINDS: dict[type, EventKind] = {
@@ -83,6 +93,7 @@ _POLICY_KINDS: dict[type, EventKind] = {
     ScaleServePool: EventKind.POLICY_SCALE,
     SetRouteWeights: EventKind.POLICY_ROUTE,
     RequestExternalCapacity: EventKind.POLICY_EXTERNAL,
+    WaitJob: EventKind.POLICY_WAIT,
 }
 
 
@@ -176,6 +187,14 @@ METRICS: dict[str, MetricDef] = {
         "counter", "Failed serving phases of the control loop.", ("phase",)
     ),
     "rcp_serve_moves_total": MetricDef("counter", "Make-before-break moves done.", ("model",)),
+    "rcp_policy_paused": MetricDef(
+        "gauge", "1 while an operator has paused the policy actor (no new moves or admissions)."
+    ),
+    "rcp_policy_held_actions": MetricDef(
+        "gauge", "Actions the policies wanted in the last tick but the pause held back."
+    ),
+    "rcp_serve_pinned_models": MetricDef("gauge", "Models an operator pinned to a pool."),
+    "rcp_nodes_cordoned_by_hand": MetricDef("gauge", "Nodes an operator cordoned by hand."),
 }
 
 

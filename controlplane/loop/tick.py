@@ -7,15 +7,18 @@ catch, log and count their own failure, so the loop never dies:
    old events leaves the store (the shell's `retention.Retention`);
 1. observe - `observe.observe` (jobs reconciled, active jobs, nodes, Ray's drains, Serve) and
    `health.HealthKeeper.judge` (telemetry -> verdicts, breaker); unhealthy nodes leave the
-   snapshot's capacity at once (`observe.with_health`);
+   snapshot's capacity at once (`observe.with_health`); the operators' guards are read
+   (`guards.GuardStore.load`): pins go into the snapshot, hand-cordoned nodes out of capacity;
 2. decide - `decide.decide`: admission, health remediation, demand and placement in one batch,
-   the training claim handed from admission to placement as data;
+   the training claim handed from admission to placement as data; while an operator has
+   paused the loop, `guards.hold` keeps back everything but rejections (moves in flight
+   still advance in act);
 3. act - admission's plan through the job runner (`act.jobs`), remediation through
    `health.HealthKeeper.act`, the serving plan through `act.serving.ServeActuator` (moves in
    flight advanced one step first: a make-before-break move is a tracked operation, never a
    wait), the external group on Kubernetes;
 4. record - policy state to the store (``admission.state``, ``serving.state``), new plan
-   actions to the event log (`record.PlanEvents`), metrics (`record.METRICS`), local
+   actions to the event log (`record.PlanEvents`; held ones as ``policy.held``), metrics (`record.METRICS`), local
    Prometheus targets, per-job gauges (the shell's hook).
 
 The thread is started by `start` and stopped by `stop`; tests call `tick` directly, with fake
@@ -41,6 +44,7 @@ from controlplane.config import Config
 from controlplane.loop.act.jobs import apply_admission
 from controlplane.loop.act.serving import ExternalGroup, ScaleOutcome, ServeActuator
 from controlplane.loop.decide import Policies, decide
+from controlplane.loop.guards import Guards, GuardStore, hold, with_guards
 from controlplane.loop.health import HealthKeeper
 from controlplane.loop.observe import observe, with_health
 from controlplane.loop.record import EventKind, PlanEvents
@@ -182,6 +186,10 @@ class Loop:
             else None
         )
         self.plan_events = PlanEvents(self._record_policy)
+        self.held_events = PlanEvents(self._record_held)
+        self.guard_store = GuardStore(store, clock)
+        self.guards = Guards()
+        """The guards the last tick obeyed (kept when a read fails)."""
         self.last: Decision | None = None
         """The last tick's decision (tests and debugging)."""
         self._stop = threading.Event()
@@ -250,6 +258,10 @@ class Loop:
             verdicts = self.health.verdicts
         self.health.verdicts = verdicts
         observed = with_health(observed, verdicts)
+        guards = self._phase("1-observe-guards", self.guard_store.load)
+        if guards is not None:  # a failed read keeps the last guards: never unpause by error
+            self.guards = guards
+        observed = with_guards(observed, self.guards)
         decided = self._phase("2-decide", self._decide, observed)
         if decided is None:
             return
@@ -284,7 +296,8 @@ class Loop:
         admission = AdmissionState.from_dict(self.store.get_value(ADMISSION_STATE_KEY, {}) or {})
         serving = ServingPolicyState.from_dict(self.store.get_value(SERVING_STATE_KEY, None))
         busy = self.serve is not None and self.serve.busy
-        return decide(observed, self.policies, admission, serving, serving_busy=busy)
+        decided = decide(observed, self.policies, admission, serving, serving_busy=busy)
+        return hold(decided, admission) if self.guards.paused else decided
 
     def _act_jobs(self, decided: Decision) -> None:
         apply_admission(
@@ -313,6 +326,7 @@ class Loop:
             if t.note:
                 log.warning("%s", t.note)
         self.plan_events.record(decided.admission + decided.remediation)
+        self.held_events.record(decided.held)
 
     def record_event(self, kind: EventKind, message: str) -> None:
         log.info("%s: %s", kind.value, message)
@@ -321,12 +335,26 @@ class Loop:
     def _record_policy(self, kind: EventKind, message: str, job_id: str | None) -> None:
         self.store.record_event(kind.value, message, job_id=job_id)
 
+    def _record_held(self, kind: EventKind, message: str, job_id: str | None) -> None:
+        pause = self.guards.pause
+        by = "" if pause is None else f" by {pause.by} ({pause.reason})"
+        action = kind.value.removeprefix("policy.")
+        self.store.record_event(
+            EventKind.POLICY_HELD.value,
+            f"{action} held, the policy actor is paused{by}: {message}",
+            job_id=job_id,
+        )
+
     def _export_metrics(self, observed: Observation, decided: Decision) -> None:
         """Queue depth, GPUs by owner per pool, admission wait, phase durations and errors,
         the serving plane per model and pool, the external request and the training claim."""
         m = self.metrics
         snapshot = observed.snapshot
         m.set("rcp_queue_depth", float(len(snapshot.queued)))
+        m.set("rcp_policy_paused", 1.0 if self.guards.paused else 0.0)
+        m.set("rcp_policy_held_actions", float(len(decided.held)))
+        m.set("rcp_serve_pinned_models", float(len(self.guards.pins)))
+        m.set("rcp_nodes_cordoned_by_hand", float(len(self.guards.cordons)))
         for pool in (Pool.CLUSTER, Pool.EXTERNAL):
             nodes = {n.node_id for n in snapshot.live_nodes(pool)}
             total = snapshot.live_gpus_total(pool)

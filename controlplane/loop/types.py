@@ -22,7 +22,7 @@ from policies.admission import AdmissionState
 from policies.demand import DemandState, Direction
 from policies.health import NodeVerdict, RemediationAction
 from policies.placement import PlacementState, PoolTargets
-from policies.plan import AdmitJob, MoveServeReplicas, Plan, PreemptJob
+from policies.plan import Action, AdmitJob, MoveServeReplicas, Plan, PreemptJob
 from policies.snapshot import ClusterSnapshot, Pool
 
 __all__ = [
@@ -122,6 +122,8 @@ class Decision:
     serving: Plan | None = None
     serving_state: ServingPolicyState | None = None
     targets: tuple[PoolTargets, ...] = ()
+    held: tuple[Action | RemediationAction, ...] = ()
+    """What the policies wanted but the loop held back while paused (`guards.hold`)."""
 
 
 class JobActions(Protocol):

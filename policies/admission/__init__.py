@@ -79,6 +79,11 @@ Preemption
     nobody is preempted (never a partial preemption) and the head waits. A victim is asked
     once: gangs with ``preempting`` set, or preempted (per the state) after they started, count
     as releasing and are never chosen again.
+Pins
+    Replicas of a model an operator pinned to the `cluster` pool (``snapshot.pinned``) are
+    never claimable: their GPUs count as held. When only they keep the first job that does
+    not fit out (it would fit on the free, releasing and claimable GPUs plus theirs), the
+    plan says so with a `WaitJob` naming the pinned models and their GPUs.
 Not considered
     CPUs and memory (the gang fit is on GPUs only), fractional GPUs, more than one reservation,
     topology beyond "one worker on one node". Jobs of an unknown queue or priority class get a

@@ -22,7 +22,7 @@ from policies.admission.reasons import Why
 from policies.admission.reservation import try_reserve
 from policies.admission.shares import EPS, Ledger, queue_order
 from policies.admission.state import AdmissionState, Reservation
-from policies.plan import Action, AdmitJob, Plan, WorkerPlacement
+from policies.plan import Action, AdmitJob, Plan, WaitJob, WorkerPlacement
 from policies.snapshot import ClusterSnapshot, QueuedJob
 
 __all__ = ["decide"]
@@ -59,6 +59,8 @@ class _Decision(Ledger):
                 continue  # its queue may not borrow this much: waits, blocks no one
             if self.try_admit(job, within):
                 continue
+            if not head_decided and self.pinned:
+                self.say_if_pinned(job)
             if (
                 not head_decided
                 and need <= self.nominal_gpus(job.queue) + EPS
@@ -74,6 +76,36 @@ class _Decision(Ledger):
                     self.never_fits[job.gpus_per_worker] = min(
                         job.num_workers, self.never_fits.get(job.gpus_per_worker, math.inf)
                     )
+
+    def say_if_pinned(self, job: QueuedJob) -> None:
+        """A `WaitJob` naming the pinned models when only their GPUs keep `job` out now: it
+        fits on the free, releasing and claimable Serve GPUs plus the pinned replicas', not
+        without the pinned ones."""
+        room = self.free.copy()
+        for node_id, gpus in self.releasing.items():
+            room.add(node_id, gpus)
+        if self.cfg.move_serve_replicas:
+            for r in self.replicas:
+                room.add(r.node_id, r.gpus)
+        if room.fits(job.gpus_per_worker, job.num_workers):
+            return
+        held: dict[str, int] = {}
+        for r in self.pinned:
+            room.add(r.node_id, r.gpus)
+            held[r.model] = held.get(r.model, 0) + r.gpus
+        if not room.fits(job.gpus_per_worker, job.num_workers):
+            return
+        models = ", ".join(f"{m} ({k} GPU(s))" for m, k in sorted(held.items()))
+        self.plan.append(
+            WaitJob(
+                job_id=job.job_id,
+                reason=(
+                    f"{Why.PINNED_SERVING.value}: waits for GPUs that serving models pinned "
+                    f"to the cluster pool hold: {models}; `rcp serve unpin MODEL` lets "
+                    "training claim them"
+                ),
+            )
+        )
 
     def try_admit(self, job: QueuedJob, within_share: bool) -> bool:
         """Admit `job` if its whole gang fits on the GPUs it may use; False if not."""

@@ -18,5 +18,6 @@ class Why(str, Enum):
     PREEMPT_PRIORITY = "preempt-for-priority"
     RECLAIM_SHARE = "reclaim-share"
     SERVE_YIELDS = "serve-yields-to-training"
+    PINNED_SERVING = "pinned-serving"
     UNKNOWN_QUEUE = "unknown-queue"
     UNKNOWN_PRIORITY_CLASS = "unknown-priority-class"

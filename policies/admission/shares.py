@@ -134,11 +134,15 @@ class Ledger:
             value = config.priority_classes.get(g.priority_class, self.lowest_value)
             by_value[value] = by_value.get(value, 0) + held
         self.replicas: list[ServeReplica] = []
+        self.pinned: list[ServeReplica] = []
+        """Replicas of models pinned to the cluster pool: never claimable."""
         for r in snapshot.serve_replicas:
             if r.pool is not Pool.CLUSTER or r.node_id not in self.live_ids or r.gpus <= 0:
                 continue
             if r.state is ReplicaState.STOPPING:
                 self.releasing[r.node_id] = self.releasing.get(r.node_id, 0) + r.gpus
+            elif snapshot.pinned.get(r.model) is Pool.CLUSTER:
+                self.pinned.append(r)
             else:
                 self.replicas.append(r)
 

@@ -114,6 +114,7 @@ def snapshot(
     replicas: Iterable[ServeReplica] = (),
     now_s: float = 100.0,
     derive_free: bool = True,
+    pinned: Mapping[str, Pool] | None = None,
 ) -> ClusterSnapshot:
     """A snapshot; with `derive_free` each node's free GPUs are its total minus what the
     running gangs and replicas hold there (so tables only say who holds what)."""
@@ -135,4 +136,5 @@ def snapshot(
         serve_replicas=replicas_t,
         queued=tuple(queued),
         running=running_t,
+        pinned=dict(pinned or {}),
     )

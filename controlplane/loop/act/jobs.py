@@ -2,7 +2,8 @@
 
 Owns: `PreemptJob` -> `JobActions.preempt` (checkpoint first, then stop and re-queue),
 `AdmitJob` -> `JobActions.admit` (the gang starts on the named nodes), `RejectJob` -> the
-queued job fails with the reason. Admission's `MoveServeReplicas` is no job action: it is
+queued job fails with the reason, `WaitJob` -> the queued job's message says why it waits
+(``rcp status``), written only when it changed. Admission's `MoveServeReplicas` is no job action: it is
 the training claim, which the decide phase hands to placement (`controlplane.loop.decide`).
 Each item is tried on its own; a failure is logged and counted, the rest still applied.
 
@@ -16,7 +17,7 @@ from collections.abc import Callable
 
 from controlplane.loop.types import JobActions
 from controlplane.store import JobState, Store
-from policies.plan import AdmitJob, Plan, PreemptJob, RejectJob
+from policies.plan import AdmitJob, Plan, PreemptJob, RejectJob, WaitJob
 
 __all__ = ["apply_admission"]
 
@@ -34,6 +35,10 @@ def apply_admission(plan: Plan, jobs: JobActions, store: Store, failed: Callable
                 job = store.get(action.job_id)
                 if job.state is JobState.QUEUED:
                     store.transition(action.job_id, JobState.FAILED, f"rejected: {action.reason}")
+            elif isinstance(action, WaitJob):
+                job = store.get(action.job_id)
+                if job.state is JobState.QUEUED and job.info.get("message") != action.reason:
+                    store.update_info(action.job_id, {"message": action.reason})
         except Exception:
             failed()
             log.exception("acting on %r failed", action)
