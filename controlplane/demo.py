@@ -11,7 +11,10 @@ autoscaler adds a node for them) and admits the gang; the job trains and finishe
 replicas come back a step at a time and the external pool scales to zero. The demo lists the
 checkpoint objects the job wrote to the embedded object store (its prefix
 ``<storage.uri>/jobs/<job id>/``), grouped by step with each step's manifest marked. At the
-end it prints how many requests were served and how many failed (the bar is zero).
+end it prints how many requests were served and how many failed (the bar is zero), and draws
+the run's timeline (`controlplane.timeline`: replicas per pool, GPUs by owner, traffic and
+every decision) to a PNG, by default ``rcp-demo-timeline.png`` in the current directory, and
+says where.
 
 The outcome is a `DemoResult`; `failures()` names what missed the bar (a failed request, a
 job that did not succeed or committed no checkpoint), and `rcp demo` exits non-zero when it
@@ -28,13 +31,16 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from controlplane.config import Config
 from controlplane.local.cluster import LocalCluster
 from controlplane.ray_connection import ClusterError, connect
-from controlplane.sdk import Client
+from controlplane.sdk import ApiError, Client
 from controlplane.storage import bucket_of, s3_client
+from controlplane.timeline.collect import collect
+from controlplane.timeline.draw import draw_png
 from controlplane.views import format_table, node_rows
 from jobs.checkpoint.layout import MANIFEST_NAME, step_of_key
 from serve.status import serve_status
@@ -231,9 +237,40 @@ def _wait(check: Callable[[], bool], timeout_s: float, what: str) -> None:
     raise ClusterError(f"demo: timed out after {timeout_s:.0f}s waiting for {what}")
 
 
-def run_demo(cfg: Config, keep: bool = False, echo: Echo = print) -> DemoResult:
-    """Run the story (the module docstring) and return what it measured. Raises ClusterError
-    when a step cannot finish (the cluster is still taken down unless `keep`)."""
+DEFAULT_TIMELINE = Path("rcp-demo-timeline.png")
+"""Where the demo draws its timeline unless told otherwise (relative: the current directory)."""
+
+
+def draw_timeline(
+    client: Client, prometheus_url: str | None, start_s: float, path: Path, echo: Echo
+) -> None:
+    """The run's timeline as a PNG at `path`; says where, and what it lacks."""
+    try:
+        inputs = collect(
+            lambda after, limit: client.events(after=after, limit=limit),
+            prometheus_url,
+            start_s,
+            time.time(),
+        )
+        draw_png(inputs.timeline(), path)
+    except (ApiError, OSError) as exc:
+        echo(f"timeline not drawn: {exc}")
+        return
+    echo(f"timeline (replicas, GPUs, traffic, decisions): {path.resolve()}")
+    for note in inputs.notes:
+        echo(f"  note: {note}")
+
+
+def run_demo(
+    cfg: Config,
+    keep: bool = False,
+    echo: Echo = print,
+    timeline_path: Path = DEFAULT_TIMELINE,
+) -> DemoResult:
+    """Run the story (the module docstring) and return what it measured; the timeline goes to
+    `timeline_path`. Raises ClusterError when a step cannot finish (the cluster is still taken
+    down unless `keep`)."""
+    started_s = time.time()
     cluster = LocalCluster(cfg)
     _section(echo, "up")
     cluster.up(echo=echo)
@@ -304,6 +341,9 @@ def run_demo(cfg: Config, keep: bool = False, echo: Echo = print) -> DemoResult:
                 echo(f"{e['kind']}: {e['message']}")
         _section(echo, "traffic during all of it")
         echo(traffic.summary())
+        _section(echo, "the timeline")
+        prometheus = cluster.prometheus_url if running.observability.prometheus else None
+        draw_timeline(client, prometheus, started_s, timeline_path, echo)
         served, failed = traffic.counts()
         return DemoResult(served, failed, final.state, len(committed_steps(objects)))
     finally:

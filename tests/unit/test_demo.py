@@ -73,7 +73,7 @@ def test_demo_exit_code_follows_the_result(
     exit_code: int,
     says: str,
 ) -> None:
-    monkeypatch.setattr(demo, "run_demo", lambda cfg, keep, echo: result)
+    monkeypatch.setattr(demo, "run_demo", lambda cfg, keep, echo, timeline_path: result)
     out = CliRunner().invoke(cli, ["demo", f"state_dir={tmp_path}"])
     assert out.exit_code == exit_code, out.output
     assert says in out.output

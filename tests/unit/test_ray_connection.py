@@ -1,5 +1,6 @@
 """Local mode's Ray connection keeps a loopback address on loopback, whatever was imported first,
-and the CLI's job commands do not load Ray at all.
+and the CLI's job commands do not load Ray at all (nor torch, nor matplotlib: `rcp timeline`
+loads it only to draw).
 
 Ray reads ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` when it is first imported; on Linux it then
 rewrites ``127.0.0.1`` into the host's own IP, where the local cluster does not listen. When the
@@ -26,7 +27,7 @@ print(services.canonicalize_bootstrap_address(sys.argv[1] + ":6390"))
 CLI_LOAD = """
 import sys
 import controlplane.cli
-print(sorted(m for m in ("ray", "torch") if m in sys.modules))
+print(sorted(m for m in ("ray", "torch", "matplotlib") if m in sys.modules))
 """
 
 
@@ -47,5 +48,5 @@ def test_a_process_that_imported_ray_first_still_reaches_a_loopback_cluster() ->
     assert run_fresh(CONNECT_AFTER_RAY, "127.0.0.1") == "127.0.0.1:6390"
 
 
-def test_loading_the_cli_loads_neither_ray_nor_torch() -> None:
+def test_loading_the_cli_loads_neither_ray_nor_torch_nor_matplotlib() -> None:
     assert run_fresh(CLI_LOAD) == "[]"

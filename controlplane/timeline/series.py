@@ -1,0 +1,270 @@
+"""The timeline's data: what `rcp timeline` plots, from the event log and metric samples.
+
+Owns: the PromQL each metric panel reads (`QUERIES`), and `build_timeline`, a pure function
+of the control plane's events (as ``GET /v1/events`` returns them) and Prometheus range
+results (as ``query_range`` returns them) that yields a `Timeline`: four panels of series
+with their times relative to the window's start, and the decision markers.
+
+Panels:
+
+* ``replicas``: RUNNING Serve replicas per model and pool (``sample/cluster``);
+* ``gpus``: GPUs by owner: ``training``, ``serving`` and ``idle`` on the owned cluster pool,
+  and ``external``: every GPU of the rented external pool (what is being paid for);
+* ``requests``: HTTP requests per second through Serve, and failed (error) requests per second;
+* ``decisions``: one marker per event of a decision (a policy action, a serving move or
+  scale, a health step) or of a job's state change, on the row of what it is about
+  (`ROWS`).
+
+Example: events ``[{"at_s": 110, "kind": "policy.AdmitJob", ...}]`` and a replicas result
+``[{"metric": {"model": "sample", "pool": "cluster"}, "values": [[100, "2"], [105, "1"]]}]``
+over the window 100..130 give ``replicas = (Series("sample/cluster", ((0, 2.0), (5, 1.0))),)``
+and one marker at 10 s on the ``training`` row labelled ``AdmitJob``.
+
+Must not: read anything itself (no HTTP, no clock, no files) or draw (`timeline.draw` does).
+Event messages are shown, never parsed: what is used from an event is its time, its kind and,
+for a job's state change, the ``to`` state its data carries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "QUERIES",
+    "ROWS",
+    "Marker",
+    "Series",
+    "Timeline",
+    "build_timeline",
+    "queries",
+]
+
+GPU_OWNERS = ("training", "serving", "idle", "external")
+"""The GPU panel's series, stacked in this order."""
+
+ROWS = ("training", "serving", "health", "job")
+"""The decision panel's rows, bottom to top."""
+
+_ROW_OF_KIND: dict[str, str] = {
+    "policy.AdmitJob": "training",
+    "policy.PreemptJob": "training",
+    "policy.RejectJob": "training",
+    "policy.MoveServeReplicas": "serving",
+    "policy.ScaleServePool": "serving",
+    "policy.SetRouteWeights": "serving",
+    "policy.RequestExternalCapacity": "serving",
+    "serve.move.start": "serving",
+    "serve.move.done": "serving",
+    "serve.move.unwound": "serving",
+    "serve.resume": "serving",
+    "serve.scale": "serving",
+    "serve.external_capacity": "serving",
+    "serve.external_group": "serving",
+    "policy.CordonNode": "health",
+    "policy.DrainNode": "health",
+    "health.cordon": "health",
+    "health.drain": "health",
+    "health.clear": "health",
+    "health.release": "health",
+    "health.breaker": "health",
+    "health.breaker_reset": "health",
+    "job.state": "job",
+}
+"""Which event kinds are markers, and on which row. Other kinds (``controller.start``, ...)
+are not decisions and are left out."""
+
+
+def queries(rate_window_s: float) -> dict[str, str]:
+    """The PromQL per metric name; `rate_window_s` is the window of the request rates (at
+    least two scrapes). ``max by``: a restarted controller's last value may still be exported
+    next to the new one's for a while; both say the same thing."""
+    w = f"{max(1, round(rate_window_s))}s"
+    return {
+        "replicas": 'max by (model, pool) (ray_rcp_serve_replicas{state="running"})',
+        "gpus": "max by (pool, owner) (ray_rcp_gpus)",
+        "requests": f"sum(rate(ray_serve_num_http_requests_total[{w}]))",
+        "failed": f"sum(rate(ray_serve_num_http_error_requests_total[{w}]))",
+    }
+
+
+QUERIES = queries(30.0)
+"""The queries with the default rate window (30 s: six scrapes at the local 5 s interval)."""
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    points: tuple[tuple[float, float], ...]
+    """(seconds since the window's start, value), oldest first."""
+
+
+@dataclass(frozen=True)
+class Marker:
+    at_s: float
+    """Seconds since the window's start."""
+    row: str
+    """One of `ROWS`."""
+    kind: str
+    label: str
+    """Short text drawn next to the marker (the kind's last part, or a job's new state)."""
+    message: str
+
+
+@dataclass(frozen=True)
+class Timeline:
+    start_s: float
+    """The window's start (Unix seconds)."""
+    end_s: float
+    replicas: tuple[Series, ...] = ()
+    gpus: tuple[Series, ...] = ()
+    requests: tuple[Series, ...] = ()
+    markers: tuple[Marker, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    """What the picture lacks and why (e.g. metrics unreachable), shown on it."""
+
+    def summary(self) -> dict[str, Any]:
+        """Per panel, each series' label and point count, and the markers per row: what was
+        drawn, for ``--json`` and tests."""
+
+        def panel(series: tuple[Series, ...]) -> dict[str, int]:
+            return {s.label: len(s.points) for s in series}
+
+        rows: dict[str, int] = {}
+        for m in self.markers:
+            rows[m.row] = rows.get(m.row, 0) + 1
+        return {
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+            "replicas": panel(self.replicas),
+            "gpus": panel(self.gpus),
+            "requests": panel(self.requests),
+            "markers": rows,
+            "marker_kinds": sorted({m.kind for m in self.markers}),
+            "notes": list(self.notes),
+        }
+
+
+MetricResult = Sequence[Mapping[str, Any]]
+"""One query's ``data.result`` of a Prometheus ``query_range`` answer (a matrix)."""
+
+
+def _points(values: Iterable[Sequence[Any]], start_s: float) -> tuple[tuple[float, float], ...]:
+    out = []
+    for t, v in values:
+        try:
+            at_s, value = float(t), float(v)
+        except (TypeError, ValueError):
+            continue  # not a sample: left out rather than failing the whole picture
+        if math.isfinite(value) and math.isfinite(at_s):
+            out.append((at_s - start_s, value))
+    return tuple(sorted(out))
+
+
+def _label_series(
+    result: MetricResult, start_s: float, key: Sequence[str]
+) -> dict[tuple[str, ...], tuple[tuple[float, float], ...]]:
+    out: dict[tuple[str, ...], tuple[tuple[float, float], ...]] = {}
+    for item in result:
+        labels = item.get("metric") or {}
+        out[tuple(str(labels.get(k, "")) for k in key)] = _points(item.get("values") or (), start_s)
+    return out
+
+
+def _sum_points(
+    parts: Iterable[tuple[tuple[float, float], ...]],
+) -> tuple[tuple[float, float], ...]:
+    total: dict[float, float] = {}
+    for points in parts:
+        for t, v in points:
+            total[t] = total.get(t, 0.0) + v
+    return tuple(sorted(total.items()))
+
+
+def _gpu_series(result: MetricResult, start_s: float) -> tuple[Series, ...]:
+    by = _label_series(result, start_s, ("pool", "owner"))
+    if not by:
+        return ()
+    cluster = {owner: by.get(("cluster", owner), ()) for owner in GPU_OWNERS[:3]}
+    external = _sum_points(points for (pool, _), points in by.items() if pool == "external")
+    return (
+        *(Series(owner, points) for owner, points in cluster.items()),
+        Series("external", external),
+    )
+
+
+def _marker(event: Mapping[str, Any], start_s: float) -> Marker | None:
+    kind = str(event.get("kind", ""))
+    row = _ROW_OF_KIND.get(kind)
+    if row is None:
+        return None
+    if kind == "job.state":
+        data = event.get("data") or {}
+        label = str(data.get("to") or "state")
+    else:
+        label = kind.split(".", 1)[-1]
+    return Marker(
+        at_s=float(event["at_s"]) - start_s,
+        row=row,
+        kind=kind,
+        label=label,
+        message=str(event.get("message", "")),
+    )
+
+
+def build_timeline(
+    events: Iterable[Mapping[str, Any]],
+    metrics: Mapping[str, MetricResult] | None,
+    start_s: float,
+    end_s: float,
+    notes: Sequence[str] = (),
+) -> Timeline:
+    """The timeline of the window `start_s`..`end_s` (Unix seconds).
+
+    `events`: the event log's entries (``at_s``, ``kind``, ``message``, ``data``); those
+    outside the window are left out. `metrics`: each `QUERIES` name's range result, or None
+    when the metrics could not be read (the picture then has the markers only, and `notes`
+    should say why). A query missing from `metrics` gives an empty panel.
+    """
+    if end_s < start_s:
+        raise ValueError(f"end_s: must not be before start_s ({end_s} < {start_s})")
+    markers = tuple(
+        sorted(
+            (
+                m
+                for e in events
+                if start_s <= float(e.get("at_s", -1.0)) <= end_s
+                and (m := _marker(e, start_s)) is not None
+            ),
+            key=lambda m: m.at_s,
+        )
+    )
+    if metrics is None:
+        return Timeline(start_s, end_s, markers=markers, notes=tuple(notes))
+    replicas = tuple(
+        Series(f"{model}/{pool}", points)
+        for (model, pool), points in sorted(
+            _label_series(metrics.get("replicas") or (), start_s, ("model", "pool")).items()
+        )
+    )
+    rate = _sum_points(_label_series(metrics.get("requests") or (), start_s, ()).values())
+    failed = _sum_points(_label_series(metrics.get("failed") or (), start_s, ()).values())
+    if rate and not failed:
+        # Serve's error counter exists only after the first error: none yet is 0 per second.
+        failed = tuple((t, 0.0) for t, _ in rate)
+    requests = tuple(
+        Series(label, points)
+        for label, points in (("requests/s", rate), ("failed/s", failed))
+        if points
+    )
+    return Timeline(
+        start_s,
+        end_s,
+        replicas=replicas,
+        gpus=_gpu_series(metrics.get("gpus") or (), start_s),
+        requests=requests,
+        markers=markers,
+        notes=tuple(notes),
+    )
