@@ -128,6 +128,11 @@ class ApiConfig:
     """Port of the control-plane API (bound to ray.node_ip)."""
     max_body_bytes: int = 1_048_576
     """Largest request body the API reads; larger ones get 413 (a job spec is a few KiB)."""
+    rate_limit_per_s: float = 50.0
+    """Requests per second each user may make (a token bucket per user; the same bucket per
+    client address limits requests that fail authentication). Past it: 429 with Retry-After."""
+    rate_burst: int = 100
+    """Requests a user may make at once before `rate_limit_per_s` paces them (bucket size)."""
 
 
 @dataclass

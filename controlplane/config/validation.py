@@ -108,6 +108,10 @@ def validate(cfg: Config) -> list[str]:
     errors += at_most(
         MAX_BODY_BYTES, "api.max_body_bytes", cfg.api.max_body_bytes, "read into memory"
     )
+    errors += at_least(0.01, "api.rate_limit_per_s", cfg.api.rate_limit_per_s)
+    errors += at_most(1e6, "api.rate_limit_per_s", cfg.api.rate_limit_per_s, "no limit at all")
+    errors += at_least(1, "api.rate_burst", cfg.api.rate_burst, "no request could pass")
+    errors += at_most(MAX_BATCH, "api.rate_burst", cfg.api.rate_burst, "no limit at all")
     errors += tcp_port("storage.embedded_port", cfg.storage.embedded_port)
     errors += tcp_port("observability.prometheus_port", cfg.observability.prometheus_port)
     errors += at_least(0.5, "observability.scrape_interval_s", cfg.observability.scrape_interval_s)

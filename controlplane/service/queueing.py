@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from controlplane.config import Config
+from controlplane.service.access import Principal
 from controlplane.service.job_info import job_facts
 from controlplane.storage import bucket_of, check_bucket, s3_client
 from controlplane.store import (
@@ -42,7 +43,14 @@ from controlplane.store import (
 )
 from jobs.spec import FieldError, JobSpec, SpecError, check_checkpoint_uri
 
-__all__ = ["ApiError", "JobService", "event_to_json", "invalid_to_json", "job_to_json"]
+__all__ = [
+    "ApiError",
+    "JobService",
+    "event_to_json",
+    "int_param",
+    "invalid_to_json",
+    "job_to_json",
+]
 
 MAX_LIST_LIMIT = 10_000
 DEFAULT_LIST_LIMIT = 1000
@@ -103,6 +111,7 @@ def job_to_json(
         "name": job.spec.name,
         "state": job.state.value,
         "queue": job.spec.queue,
+        "owner": job.owner,
         "priority_class": job.spec.priority_class,
         "num_workers": job.spec.num_workers,
         "gpus_per_worker": job.spec.gpus_per_worker,
@@ -265,8 +274,16 @@ class JobService:
         if why is not None:
             raise SpecError([FieldError("checkpoint.uri", f"{uri!r}: {why}")])
 
-    def submit(self, payload: Any, idempotency_key: str | None = None) -> tuple[JobRecord, bool]:
-        """Queue the job (or return the one this idempotency key created). (job, created)."""
+    def submit(
+        self,
+        payload: Any,
+        idempotency_key: str | None = None,
+        principal: Principal | None = None,
+    ) -> tuple[JobRecord, bool]:
+        """Queue the job (or return the one this idempotency key created). (job, created).
+
+        With a `principal` (the API's caller) the job is theirs (``owner``), and a queue they
+        are not bound to is a 403 naming the queue and theirs; nothing is stored then."""
         if idempotency_key is not None and (
             not idempotency_key.strip()
             or len(idempotency_key) > 256
@@ -278,8 +295,17 @@ class JobService:
                 "Idempotency-Key",
             )
         spec = self.parse_spec(payload)
+        if principal is not None and not principal.may_submit_to(spec.queue):
+            mine = ", ".join(sorted(principal.queues)) or "none"
+            raise ApiError(
+                403,
+                f"{principal.name} may not submit to queue {spec.queue!r}; their queues: "
+                f"{mine} (an admin binds users to queues: rcp users add --queue)",
+                "queue",
+            )
+        owner = None if principal is None else principal.name
         try:
-            result = self.store.submit(spec, idempotency_key=idempotency_key)
+            result = self.store.submit(spec, idempotency_key=idempotency_key, owner=owner)
         except IdempotencyConflict as exc:
             raise ApiError(409, str(exc), "Idempotency-Key") from exc
         return result.job, result.created
@@ -324,7 +350,7 @@ class JobService:
                 except ValueError as exc:
                     known = ", ".join(s.value for s in JobState)
                     raise ApiError(400, f"unknown state {part!r}; known: {known}", "state") from exc
-        n = DEFAULT_LIST_LIMIT if limit is None else _int_param("limit", limit, 1, MAX_LIST_LIMIT)
+        n = DEFAULT_LIST_LIMIT if limit is None else int_param("limit", limit, 1, MAX_LIST_LIMIT)
         try:
             return self.store.scan_jobs(
                 states=states, queue=queue or None, limit=n, after=after or None
@@ -335,8 +361,8 @@ class JobService:
     def events(
         self, *, after: str | None = None, job_id: str | None = None, limit: str | None = None
     ) -> list[Event]:
-        after_seq = 0 if after is None else _int_param("after", after, 0, 2**62)
-        n = 1000 if limit is None else _int_param("limit", limit, 1, MAX_LIST_LIMIT)
+        after_seq = 0 if after is None else int_param("after", after, 0, 2**62)
+        n = 1000 if limit is None else int_param("limit", limit, 1, MAX_LIST_LIMIT)
         if job_id:
             self.get(job_id)
         return self.store.events(after_seq=after_seq, job_id=job_id or None, limit=n)
@@ -349,11 +375,11 @@ class JobService:
         is now, and ``done`` says the job has ended and this read reached the end: a follower
         stops then (the log of every attempt only grows, so offsets stay valid)."""
         job = self.get(job_id)
-        start = 0 if offset is None else _int_param("offset", offset, 0, 2**62)
+        start = 0 if offset is None else int_param("offset", offset, 0, 2**62)
         n = (
             MAX_LOG_CHUNK_CHARS
             if limit is None
-            else _int_param("limit", limit, 1, MAX_LOG_CHUNK_CHARS)
+            else int_param("limit", limit, 1, MAX_LOG_CHUNK_CHARS)
         )
         chunk, size = "", 0
         if not job.info.get("submission_id"):
@@ -373,10 +399,26 @@ class JobService:
 
     # -- cancel -----------------------------------------------------------------------------
 
-    def cancel(self, job_id: str) -> dict[str, Any]:
+    def cancel(self, job_id: str, principal: Principal | None = None) -> dict[str, Any]:
         """Cancel a job in any non-final state; the runner stops its gang if one runs. A job
         whose stored row no longer validates is cancelled by id (`Store.cancel_invalid`):
-        the runner stops its Ray Job from the info. Returns the API's view of the job."""
+        the runner stops its Ray Job from the info. Returns the API's view of the job.
+
+        With a `principal`, one who may not cancel this job (a researcher, another's job)
+        gets a 403 naming the owner, and nothing changes."""
+        if principal is not None:
+            try:
+                owner = self.store.owner_of(job_id)
+            except UnknownJob as exc:
+                raise ApiError(404, str(exc), "id") from exc
+            if not principal.may_cancel(owner):
+                whose = f"{owner}'s" if owner else "a job from before users, with no owner"
+                raise ApiError(
+                    403,
+                    f"{principal.name} ({principal.role}) may cancel only their own jobs; job "
+                    f"{job_id} is {whose} (an operator may cancel any job)",
+                    "id",
+                )
         for _ in range(5):
             try:
                 job = self.store.get(job_id)
@@ -412,6 +454,7 @@ class JobService:
             "name": row["name"],
             "state": row["state"],
             "queue": row["queue"],
+            "owner": row["owner"],
             "priority_class": row["priority_class"],
             "num_workers": 0,
             "gpus_per_worker": 0,
@@ -439,7 +482,7 @@ def _is_text(value: str) -> bool:
 _INT_RE = re.compile(r"-?[0-9]{1,30}")
 
 
-def _int_param(name: str, raw: str, lo: int, hi: int) -> int:
+def int_param(name: str, raw: str, lo: int, hi: int) -> int:
     """An integer query parameter in lo..hi: plain ASCII digits with an optional minus sign
     (not ``1_000``, `` 5``, ``1.5``, other scripts' digits or a 5000-digit number), else 400."""
     if not isinstance(raw, str) or not _INT_RE.fullmatch(raw):

@@ -1,12 +1,16 @@
-"""The API's token and URL files under the state dir.
+"""The API's token and URL files under the state dir, and what a token is.
 
-Owns: ``<state_dir>/api-token`` (created once, mode 0600, never logged) and
-``<state_dir>/api-url`` (where the API listens), which the SDK and CLI read when no
-``RCP_API_TOKEN``/``RCP_API_URL`` is set.
+Owns: ``<state_dir>/api-token`` (created once, mode 0600, never logged: the first admin's
+token, see `controlplane.service.identity`) and ``<state_dir>/api-url`` (where the API
+listens), which the SDK and CLI read when no ``RCP_API_TOKEN``/``RCP_API_URL`` is set; making
+a token (`new_token`: 32 random bytes) and the hash the store keeps instead of it
+(`token_hash`: SHA-256, a sound lookup key for 32 random bytes); `bearer_matches`, the
+single-token check that the users lookup replaced (kept for `bench/bench_api_auth.py`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import secrets
 from pathlib import Path
@@ -30,9 +34,21 @@ def ensure_token(state_dir: Path, name: str = TOKEN_FILE) -> str:
             return token
     except FileNotFoundError:
         pass
-    token = secrets.token_urlsafe(32)
+    token = new_token()
     write_private(path, token + "\n")
     return token
+
+
+def new_token() -> str:
+    """A fresh token: 32 random bytes, URL-safe base64 (43 characters)."""
+    return secrets.token_urlsafe(32)
+
+
+def token_hash(token: str | bytes) -> str:
+    """What the store keeps of a token: its SHA-256, hex. A token from a header is hashed as
+    the bytes received (aiohttp hands invalid UTF-8 over as surrogate escapes)."""
+    raw = token if isinstance(token, bytes) else token.encode("utf-8", "surrogateescape")
+    return hashlib.sha256(raw).hexdigest()
 
 
 def bearer_matches(header: str | None, expected: str) -> bool:

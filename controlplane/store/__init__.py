@@ -9,6 +9,8 @@ by default), its schema, and the rules of a job's life:
 - idempotent submission: a client-supplied idempotency key makes a retried submit return the
   job it already created instead of a second one;
 - attempt notes: text the control plane adds to one attempt's log (a hung gang's stacks);
+- the API's users: role, the queues each may submit to, the SHA-256 of their token (never the
+  token), and which job each submitted (``owner``);
 - an event log (what ``rcp events`` shows) and a key-value table for the policy actor's
   desired state and policy state (JSON values);
 - which jobs are *active*: QUEUED, ADMITTED, RUNNING, PREEMPTED, and finished jobs whose Ray
@@ -41,7 +43,8 @@ Where each part lives (every name below is importable from ``controlplane.store`
 * `controlplane.store.jobs`: submission, reads, listings, info, rows that no longer validate;
 * `controlplane.store.transitions`: state changes and history;
 * `controlplane.store.events`, `notes`, `values`, `retention`: the event log, attempt notes,
-  the key-value table, pruning.
+  the key-value table, pruning;
+* `controlplane.store.users`: the API's users (role, queues, token hash) and retired tokens.
 
 `Store` below is all of them on one connection.
 """
@@ -53,9 +56,12 @@ from controlplane.store.errors import (
     IdempotencyConflict,
     IllegalTransition,
     InvalidJob,
+    LastAdmin,
     StaleState,
     StoreError,
     UnknownJob,
+    UnknownUser,
+    UserExists,
 )
 from controlplane.store.events import EventLog
 from controlplane.store.notes import AttemptNotes
@@ -66,6 +72,7 @@ from controlplane.store.records import (
     JobScan,
     SubmitResult,
     Transition,
+    UserRecord,
 )
 from controlplane.store.retention import Retention
 from controlplane.store.schema import SCHEMA_VERSION
@@ -76,10 +83,12 @@ from controlplane.store.states import (
     JobState,
 )
 from controlplane.store.transitions import Lifecycle
+from controlplane.store.users import ADMIN_ROLE, UserTable
 from controlplane.store.values import Values
 
 __all__ = [
     "ACTIVE_STATES",
+    "ADMIN_ROLE",
     "ALLOWED_TRANSITIONS",
     "SCHEMA_VERSION",
     "TERMINAL_STATES",
@@ -92,14 +101,18 @@ __all__ = [
     "JobRecord",
     "JobScan",
     "JobState",
+    "LastAdmin",
     "StaleState",
     "Store",
     "StoreError",
     "SubmitResult",
     "Transition",
     "UnknownJob",
+    "UnknownUser",
+    "UserExists",
+    "UserRecord",
 ]
 
 
-class Store(Lifecycle, EventLog, AttemptNotes, Values, Retention):
+class Store(Lifecycle, EventLog, AttemptNotes, Values, Retention, UserTable):
     """The durable store. Open one per process; share it between threads freely."""

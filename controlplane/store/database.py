@@ -1,7 +1,7 @@
 """One SQLite connection in WAL mode and its transactions: the base every table builds on.
 
-Owns: opening the file (0600, quick_check, WAL, ``synchronous=FULL``, the schema and its
-version), the one lock that makes the connection safe to share between threads, write
+Owns: opening the file (0600, quick_check, WAL, ``synchronous=FULL``, the schema, its
+version and the column migrations of an older file), the one lock that makes the connection safe to share between threads, write
 transactions (`_tx`, taken ``BEGIN IMMEDIATE``) and reads (`_read`), turning a corrupt file's
 errors into `CorruptStore` with what to do, and the two writes every table shares: an event
 (`_insert_event`) and a job's history entry with its ``job.state`` event
@@ -24,7 +24,7 @@ from typing import Any, Self
 
 from controlplane.statefiles import create_private, narrow_private
 from controlplane.store.errors import CorruptStore, StoreError
-from controlplane.store.schema import SCHEMA, SCHEMA_VERSION, dumps, is_corruption
+from controlplane.store.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION, dumps, is_corruption
 from controlplane.store.states import JobState
 
 __all__ = ["Database"]
@@ -101,6 +101,10 @@ class Database:
             with self._tx():
                 for statement in SCHEMA.split(";"):
                     if statement.strip():
+                        self._db.execute(statement)
+                for table, column, statement in MIGRATIONS:
+                    columns = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+                    if column not in columns:
                         self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 

@@ -1,7 +1,8 @@
 """The store's errors; each message says what to do.
 
 Owns: `StoreError` and its kinds (an unknown job, an illegal or stale transition, a reused
-idempotency key, a corrupt file, a row that no longer validates).
+idempotency key, a corrupt file, a row that no longer validates; a user change that would
+break the users table: an unknown or duplicate user, removing or demoting the last admin).
 
 Must not: touch the database.
 """
@@ -13,9 +14,12 @@ __all__ = [
     "IdempotencyConflict",
     "IllegalTransition",
     "InvalidJob",
+    "LastAdmin",
     "StaleState",
     "StoreError",
     "UnknownJob",
+    "UnknownUser",
+    "UserExists",
 ]
 
 
@@ -61,3 +65,20 @@ class InvalidJob(StoreError, ValueError):
             f"job {self.job_id}: its stored row no longer validates ({self.error}); the "
             "controller skips it (see docs/operations.md, 'The job store')"
         )
+
+
+class UnknownUser(StoreError, KeyError):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"no user named {self.name!r}; `rcp users list` shows them"
+
+
+class UserExists(StoreError, ValueError):
+    """A user by that name exists already."""
+
+
+class LastAdmin(StoreError, ValueError):
+    """The change would leave no admin: nobody could manage users any more."""

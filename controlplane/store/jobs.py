@@ -3,8 +3,8 @@
 Owns: `JobTable`: `submit`, `get`, `list_jobs` and `scan_jobs` (active reads through the
 indexes, never parsing a finished job; paging by `JobScan.next_after`), `update_info`; rows
 that no longer validate: every read skips them, logs them and records a ``job.invalid``
-event once, and `cancel_invalid`, `raw_info` and `merge_raw_info` manage them by id without
-parsing their spec.
+event once, and `cancel_invalid`, `owner_of`, `raw_info` and `merge_raw_info` manage them by
+id without parsing their spec. A job's ``owner`` is the user who submitted it.
 
 Must not: change a job's state except through `cancel_invalid` (the rest is
 `controlplane.store.transitions`).
@@ -51,10 +51,12 @@ class JobTable(Database):
         *,
         idempotency_key: str | None = None,
         reason: str = "submitted",
+        owner: str | None = None,
     ) -> SubmitResult:
-        """Queue a new job, or return the one already created with this idempotency key.
+        """Queue a new job owned by `owner`, or return the one already created with this
+        idempotency key.
 
-        Raises IdempotencyConflict if the key was used for a different spec.
+        Raises IdempotencyConflict if the key was used for a different spec or by another owner.
         """
         if idempotency_key is not None and not idempotency_key.strip():
             raise ValueError("idempotency_key: must be a non-empty string or None")
@@ -66,18 +68,19 @@ class JobTable(Database):
                     (idempotency_key,),
                 ).fetchone()
                 if row is not None:
-                    if row["spec_json"] != spec_json:
+                    if row["spec_json"] != spec_json or row["owner"] != owner:
                         raise IdempotencyConflict(
                             f"idempotency key {idempotency_key!r} was already used for job "
-                            f"{row['job_id']} with a different spec; use a new key for a new job"
+                            f"{row['job_id']} with a different spec or by another user; use a "
+                            "new key for a new job"
                         )
                     return SubmitResult(_job(row), created=False)
             now = self._clock()
             job_id = self._new_job_id()
             db.execute(
                 "INSERT INTO jobs (job_id, name, spec_json, queue, priority_class, state, "
-                "idempotency_key, submitted_s, queued_s, updated_s) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "idempotency_key, submitted_s, queued_s, updated_s, owner) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     job_id,
                     spec.name,
@@ -89,6 +92,7 @@ class JobTable(Database):
                     now,
                     now,
                     now,
+                    owner,
                 ),
             )
             self._record_transition(db, job_id, None, JobState.QUEUED, now, reason)
@@ -252,7 +256,7 @@ class JobTable(Database):
         with self._tx() as db:
             row = db.execute(
                 "SELECT job_id, name, queue, priority_class, state, submitted_s, queued_s, "
-                "num_preemptions, info_json FROM jobs WHERE job_id = ?",
+                "num_preemptions, info_json, owner FROM jobs WHERE job_id = ?",
                 (job_id,),
             ).fetchone()
             if row is None:
@@ -270,10 +274,18 @@ class JobTable(Database):
             )
             self._record_transition(db, job_id, current, JobState.CANCELLED, now, reason)
             columns = ("job_id", "name", "queue", "priority_class", "submitted_s", "queued_s")
-            out: dict[str, Any] = {k: row[k] for k in (*columns, "num_preemptions")}
+            out: dict[str, Any] = {k: row[k] for k in (*columns, "num_preemptions", "owner")}
             out.update(state=JobState.CANCELLED.value, updated_s=now)
             out["info"] = plain_info(row["info_json"])
             return out
+
+    def owner_of(self, job_id: str) -> str | None:
+        """Who submitted the job, without validating its row (None: from before users)."""
+        rows = self._read("SELECT owner FROM jobs WHERE job_id = ?", (job_id,))
+        if not rows:
+            raise UnknownJob(job_id)
+        owner = rows[0]["owner"]
+        return None if owner is None else str(owner)
 
     def raw_info(self, job_id: str) -> dict[str, Any]:
         """A job's info without validating its row ({} when the info itself is unreadable)."""
@@ -312,6 +324,7 @@ def _job(row: sqlite3.Row) -> JobRecord:
         num_preemptions=row["num_preemptions"],
         idempotency_key=row["idempotency_key"],
         info=json.loads(row["info_json"]),
+        owner=row["owner"],
     )
 
 

@@ -1,7 +1,7 @@
 """What the store hands back: frozen records of jobs, transitions and events.
 
 Owns: `JobRecord`, `JobScan` (a listing with the rows it skipped, `InvalidRow`, and its page
-cursor), `SubmitResult`, `Transition` and `Event`.
+cursor), `SubmitResult`, `Transition`, `Event` and `UserRecord`.
 
 Must not: touch the database or parse rows (the tables' modules do).
 """
@@ -15,7 +15,15 @@ from typing import Any
 from controlplane.store.states import TERMINAL_STATES, JobState
 from jobs.spec import JobSpec
 
-__all__ = ["Event", "InvalidRow", "JobRecord", "JobScan", "SubmitResult", "Transition"]
+__all__ = [
+    "Event",
+    "InvalidRow",
+    "JobRecord",
+    "JobScan",
+    "SubmitResult",
+    "Transition",
+    "UserRecord",
+]
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,9 @@ class JobRecord:
     info: Mapping[str, Any] = field(default_factory=dict, repr=False)
     """Free-form facts the runner records (Ray job id, last checkpoint, attempt, ...). Left
     out of the repr: it holds the attempt's signal token (``signal_token``)."""
+    owner: str | None = None
+    """The user who submitted it; None for a job from before users (schema version 1) or one
+    submitted straight to the store."""
 
     @property
     def is_terminal(self) -> bool:
@@ -86,3 +97,20 @@ class Event:
     message: str
     job_id: str | None = None
     data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class UserRecord:
+    """A user of the API. The token itself is never stored: only its hash, never shown."""
+
+    name: str
+    role: str
+    """``researcher``, ``operator`` or ``admin`` (`controlplane.service.access.Role`)."""
+    queues: tuple[str, ...]
+    """The queues the user may submit to; ``*`` is every queue."""
+    created_s: float
+    rotated_s: float
+    """When the current token was issued (equal to created_s until a rotation)."""
+    expires_s: float | None = None
+    """When the current token stops working; None: never."""
+    token_hash: str = field(default="", repr=False)

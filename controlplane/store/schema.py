@@ -16,6 +16,7 @@ from typing import Any
 
 __all__ = [
     "JOB_COLUMNS",
+    "MIGRATIONS",
     "SCHEMA",
     "SCHEMA_VERSION",
     "UNSETTLED",
@@ -25,7 +26,8 @@ __all__ = [
 ]
 
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: users, retired_tokens, jobs.owner (`MIGRATIONS` adds the column to a version-1 file)."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -75,7 +77,28 @@ CREATE TABLE IF NOT EXISTS kv (
     value_json TEXT NOT NULL,
     updated_s REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS users (
+    name TEXT PRIMARY KEY,
+    role TEXT NOT NULL,
+    queues_json TEXT NOT NULL,
+    token_hash TEXT NOT NULL UNIQUE,
+    created_s REAL NOT NULL,
+    rotated_s REAL NOT NULL,
+    expires_s REAL
+);
+CREATE TABLE IF NOT EXISTS retired_tokens (
+    token_hash TEXT PRIMARY KEY,
+    why TEXT NOT NULL,
+    at_s REAL NOT NULL
+);
 """
+
+MIGRATIONS: tuple[tuple[str, str, str], ...] = (
+    ("jobs", "owner", "ALTER TABLE jobs ADD COLUMN owner TEXT"),
+)
+"""(table, column, statement): run on open when the table lacks the column (a file an older
+version wrote). A job from before users has no owner (NULL): only operators and admins may
+cancel it."""
 
 UNSETTLED = (
     "json_extract(info_json, '$.submission_id') IS NOT NULL "
@@ -88,7 +111,7 @@ SCHEMA = SCHEMA.replace("{unsettled}", UNSETTLED)
 
 JOB_COLUMNS = (
     "job_id, spec_json, state, submitted_s, queued_s, updated_s, num_preemptions, "
-    "idempotency_key, info_json"
+    "idempotency_key, info_json, owner"
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -17,9 +18,12 @@ from controlplane.store import (
     IllegalTransition,
     InvalidJob,
     JobState,
+    LastAdmin,
     StaleState,
     Store,
     UnknownJob,
+    UnknownUser,
+    UserExists,
 )
 from jobs.spec import JobSpec
 
@@ -476,3 +480,77 @@ def test_a_cursor_the_store_did_not_hand_out_is_refused(store: Store, cursor: st
     store.submit(spec())
     with pytest.raises(ValueError, match="not a page cursor"):
         store.scan_jobs(limit=1, after=cursor)
+
+
+# -- users and job owners ------------------------------------------------------------------------
+
+
+def test_a_job_keeps_its_owner_and_a_retry_by_another_user_is_refused(store: Store) -> None:
+    first = store.submit(spec(), idempotency_key="k", owner="alice")
+    assert first.job.owner == "alice" and store.get(first.job.job_id).owner == "alice"
+    assert store.submit(spec(), idempotency_key="k", owner="alice").created is False
+    with pytest.raises(IdempotencyConflict, match="another user"):
+        store.submit(spec(), idempotency_key="k", owner="bob")
+    assert store.owner_of(first.job.job_id) == "alice"
+    assert store.submit(spec()).job.owner is None
+
+
+def test_a_version_1_file_gains_the_owner_column_and_keeps_its_jobs(db_path: Path) -> None:
+    db_path.parent.mkdir(parents=True)
+    with sqlite3.connect(db_path) as raw:
+        raw.executescript(
+            "CREATE TABLE jobs (job_id TEXT PRIMARY KEY, name TEXT NOT NULL, spec_json TEXT "
+            "NOT NULL, queue TEXT NOT NULL, priority_class TEXT NOT NULL, state TEXT NOT NULL, "
+            "idempotency_key TEXT UNIQUE, submitted_s REAL NOT NULL, queued_s REAL NOT NULL, "
+            "updated_s REAL NOT NULL, num_preemptions INTEGER NOT NULL DEFAULT 0, info_json "
+            "TEXT NOT NULL DEFAULT '{}'); PRAGMA user_version=1;"
+        )
+        raw.execute(
+            "INSERT INTO jobs (job_id, name, spec_json, queue, priority_class, state, "
+            "submitted_s, queued_s, updated_s) VALUES ('job-1', 'train', ?, 'default', "
+            "'medium', 'QUEUED', 1, 1, 1)",
+            (json.dumps(spec().to_dict(), sort_keys=True),),
+        )
+    with Store(db_path) as s:
+        (old,) = s.list_jobs()
+        assert (old.job_id, old.owner) == ("job-1", None)
+        assert s.submit(spec(), owner="alice").job.owner == "alice"
+        assert s.count_users() == 0
+    with Store(db_path) as s:  # opening again migrates nothing twice
+        assert [j.owner for j in s.list_jobs()] == [None, "alice"]
+
+
+def test_the_first_admin_is_made_once(store: Store) -> None:
+    assert store.ensure_first_admin("admin", "a" * 64) is True
+    assert store.ensure_first_admin("admin", "b" * 64) is False
+    assert store.get_user("admin").token_hash == "a" * 64
+    assert store.get_user("admin").queues == ("*",)
+
+
+def test_users_keep_one_admin_and_retire_old_hashes(store: Store) -> None:
+    store.ensure_first_admin("admin", "a" * 64)
+    store.add_user("bob", "researcher", ["team-b", "team-b"], "b" * 64)
+    assert store.get_user("bob").queues == ("team-b",)
+    with pytest.raises(UserExists):
+        store.add_user("bob", "admin", [], "c" * 64)
+    with pytest.raises(LastAdmin, match="last admin"):
+        store.remove_user("admin")
+    rotated = store.rotate_token("bob", "d" * 64, expires_s=5000.0)
+    assert (rotated.token_hash, rotated.expires_s) == ("d" * 64, 5000.0)
+    assert store.user_by_token_hash("b" * 64) is None
+    assert store.retired_token("b" * 64) == "rotated"
+    assert store.user_by_token_hash("d" * 64) == rotated
+    store.remove_user("bob")
+    assert store.retired_token("d" * 64) == "removed"
+    with pytest.raises(UnknownUser, match="bob"):
+        store.get_user("bob")
+    assert store.retired_token("e" * 64) is None
+
+
+def test_users_page_by_name(store: Store) -> None:
+    for i, name in enumerate(["dan", "amy", "cat", "bea"]):
+        store.add_user(name, "researcher", [], f"{i}" * 64)
+    page, after = store.list_users(limit=3)
+    assert [u.name for u in page] == ["amy", "bea", "cat"] and after == "cat"
+    rest, end = store.list_users(limit=3, after=after)
+    assert [u.name for u in rest] == ["dan"] and end is None
