@@ -4,8 +4,9 @@ Owns: parsing arguments, loading config, printing tables or JSON, and exit codes
 holds the `rcp` group and names its commands; they live by concern: ``cli.cluster`` (config,
 up, down, nodes, demo, serve status), ``cli.health`` (fault inject, health, health-clear,
 health-breaker, uncordon), ``cli.jobs`` (submit, status, queue, cancel, logs, events),
-``cli.timeline`` (timeline: a PNG of events and metrics), with the shared options and exits
-in ``cli.common`` and the job tables in ``cli.render``.
+``cli.timeline`` (timeline: a PNG of events and metrics), ``cli.simulate`` (simulate: the
+fleet simulator), with the shared options and exits in ``cli.common`` and the job tables in
+``cli.render``.
 Must not: hold logic of its own; every command calls a function that tests can call too.
 Errors a user can fix print one clear message to stderr and exit 2 (bad input) or 1 (the
 cluster is not in a state to do it).
@@ -18,6 +19,7 @@ import click
 from controlplane.cli.cluster import config_group, demo, down, nodes, serve_group, up
 from controlplane.cli.health import fault_group, health_breaker, health_clear, health_cmd, uncordon
 from controlplane.cli.jobs import cancel, events, logs, queue_cmd, status, submit
+from controlplane.cli.simulate import simulate
 from controlplane.cli.timeline import timeline
 
 __all__ = ["cli", "main"]
@@ -35,6 +37,7 @@ def cli() -> None:
 for command in (
     config_group, up, down, nodes, demo, fault_group, health_cmd, health_clear, health_breaker,
     uncordon, serve_group, submit, status, queue_cmd, cancel, logs, events, timeline,
+    simulate,
 ):  # fmt: skip
     cli.add_command(command)
 

@@ -1,0 +1,381 @@
+"""Our scheme: the control loop's decide phase on the simulated world, and its act stand-in.
+
+Owns: `OurScheme`. At every instant something changed it does what one tick of
+`controlplane.loop.tick.Loop` does, with the simulated world in place of the adapters:
+
+1. observe: a `ClusterSnapshot` at the simulated ``now_s`` built by the observe phase's rules
+   (`controlplane.loop.observe`): nodes with what no one holds free (down nodes not
+   healthy), every holding gang a `RunningGang` (``preempting`` while it checkpoints out),
+   queued jobs with their backoff, Serve's replicas from the `ServeView`; the load board is
+   ongoing requests (demand / per-replica rate x the model's ``target_ongoing_requests``);
+   health verdicts from `policies.health.evaluate` on telemetry-like samples of the faults,
+   applied with `with_health` as the loop does;
+2. decide: `controlplane.loop.decide.decide` itself (admission, health remediation, demand,
+   placement), with the policies' configs built from the control plane's `Config` by
+   `controlplane.policy_config`, and the policies' state handed back each time;
+3. act: admission's plan on the world's jobs (`AdmitJob` takes the named GPUs, `PreemptJob`
+   checkpoints out, `RejectJob`), remediation (cordon: the node takes nothing new; preempt
+   checkpoint-first; drain: the node leaves for repair), the serving plan as the Serve
+   actuator does (`controlplane.loop.act.serving.ServeActuator.apply`): the real
+   make-before-break operations (`controlplane.loop.act.operations`) advanced on `SimServe`,
+   scale-downs that wait for the other pool, route weights, external capacity;
+4. record: admission's and remediation's new plan items once each, as
+   `controlplane.loop.record.PlanEvents` logs them, and the Serve actuator's events
+   (``serve.external_capacity``, ``serve.move.start``/``done``/``unwound``, ``serve.scale``,
+   ``serve.scale.wait``), in the order the real loop writes them.
+
+It asks to be woken at the policies' own timers (demand delays, placement's migrate-back
+idle and interval, backoffs, a move's next step or timeout). The checkpoint interval of each
+run is `policies.checkpointing.checkpoint_interval` with the fleet MTBF estimated the way the
+controller does (`estimate_mtbf_s` over failures seen, with the config's prior).
+
+Must not: decide anything itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from controlplane.config import Config
+from controlplane.loop.act import operations
+from controlplane.loop.act.operations import MoveOperation, MoveOutcome, MovePhase
+from controlplane.loop.decide import Policies, decide
+from controlplane.loop.observe import with_health
+from controlplane.loop.record import EventKind as LoopEvent
+from controlplane.loop.record import PlanEvents
+from controlplane.loop.types import Observation, ServingPolicyState
+from controlplane.policy_config import admission_config, demand_config, placement_config
+from controlplane.simulate.engine import EventKind, EventQueue
+from controlplane.simulate.serving import SimServe
+from controlplane.simulate.world import JobPhase, JobRun, World
+from policies import checkpointing
+from policies.admission import AdmissionState
+from policies.health import (
+    CordonNode,
+    GpuSample,
+    HealthState,
+    NodeSample,
+    NodeVerdict,
+    PortSample,
+    evaluate,
+)
+from policies.plan import (
+    AdmitJob,
+    DrainNode,
+    MoveServeReplicas,
+    PreemptJob,
+    RejectJob,
+    RequestExternalCapacity,
+    ScaleServePool,
+    SetRouteWeights,
+)
+from policies.snapshot import ClusterSnapshot, QueuedJob, RunningGang
+
+__all__ = ["OurScheme", "policies_of"]
+
+
+def policies_of(cfg: Config) -> Policies:
+    """Every policy's config from `cfg`, as the controller builds them."""
+    models = cfg.serving.models
+    return Policies(
+        admission=admission_config(cfg),
+        placement=placement_config(cfg),
+        demand={m.name: demand_config(m) for m in models},
+        gpus_per_replica={m.name: m.num_gpus for m in models},
+        act_on_health=cfg.health.act,
+    )
+
+
+@dataclass
+class DecideCost:
+    calls: int = 0
+    decide_s: list[float] = field(default_factory=list)
+    observe_s: float = 0.0
+
+
+class OurScheme:
+    name = "ours"
+
+    def __init__(
+        self,
+        cfg: Config,
+        world: World,
+        serve: SimServe,
+        queue: EventQueue,
+        repair_s: float,
+        record: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.policies = policies_of(cfg)
+        self.world = world
+        self.serve = serve
+        self.events = queue
+        self.targets_ongoing = {m.name: m.target_ongoing_requests for m in cfg.serving.models}
+        self.repair_s = repair_s
+        self.admission = AdmissionState()
+        self.serving = ServingPolicyState()
+        self.health = HealthState()
+        self.verdicts: dict[str, NodeVerdict] = {}
+        self.ops: list[MoveOperation] = []
+        self.timeout_s = float(cfg.serving.ready_timeout_s)
+        self.cost = DecideCost()
+        self.recorded: list[tuple[str, str]] = []
+        self._record_hook = record
+        self.plan_events = PlanEvents(self._record)
+        self._queued_views: dict[str, tuple[int, QueuedJob]] = {}
+        self._gang_views: dict[str, tuple[int, float | None, RunningGang]] = {}
+        self.failures_seen = 0
+        self.unknown_items = 0
+
+    def _record(self, kind: LoopEvent, message: str, job_id: str | None) -> None:
+        self.recorded.append((kind.value, message))
+        if self._record_hook is not None:
+            self._record_hook(kind.value, message)
+
+    # -- the world's hooks ---------------------------------------------------------------------
+
+    def checkpoint_interval_s(self, run: JobRun, stall_s: float, persist_s: float) -> float:
+        """`policies.checkpointing` with the fleet's MTBF as the controller estimates it."""
+        prior_s = self.cfg.jobs.gpu_mtbf_prior_hours * 3600.0
+        observed_gpu_s = self.world.tally.owned_gpu_s
+        gpu_mtbf = checkpointing.estimate_mtbf_s(
+            self.failures_seen, observed_gpu_s, prior_mtbf_s=prior_s
+        )
+        inputs = checkpointing.IntervalInputs(
+            stall_s=stall_s,
+            mtbf_s=checkpointing.job_mtbf_s(gpu_mtbf, max(1, run.gpus)),
+            persist_s=persist_s,
+            restart_s=run.restore_s,
+        )
+        return checkpointing.checkpoint_interval(inputs, checkpointing.IntervalConfig()).interval_s
+
+    def on_failure(self, node_id: str) -> None:
+        self.failures_seen += 1
+
+    def on_fault(self, node_id: str, kind: str | None) -> None:
+        """Telemetry for a fault starting (`kind`) or a node back clean (None), fed to the
+        health policy as the agents' samples would be."""
+        t = self.cfg.health
+        now = self.world.now_s
+        n = self.world.node(node_id)
+        count = t.hot_samples if kind else t.recover_after_samples
+        samples = []
+        for i in range(max(1, count)):
+            at = now + i * 1e-3
+            gpus = tuple(
+                GpuSample(g, temp_c=(t.gpu_temp_c + 12 if kind == "hot" and g == 0 else 60.0))
+                for g in range(n.gpus)
+            )
+            ports = (
+                PortSample(
+                    "mlx5_0/1", errors_per_s=(t.ib_errors_per_s * 100 if kind == "fabric" else 0.0)
+                ),
+            )
+            samples.append(NodeSample(node_id, at, gpus, ports, n.gpus))
+        verdicts, self.health = evaluate({node_id: samples}, t, self.health, now)
+        v = verdicts[node_id]
+        if v.verdict.value == "healthy":
+            self.verdicts.pop(node_id, None)
+        else:
+            self.verdicts[node_id] = v
+
+    # -- observe -------------------------------------------------------------------------------
+
+    def _snapshot(self, now: float) -> Observation:
+        w = self.world
+        nodes = [w.nodes[i].view() for i in w.cluster_ids]
+        nodes += [n.view() for n in w.external.values() if n.up]
+        queued = []
+        for run in w.queued.values():
+            cached = self._queued_views.get(run.spec.job_id)
+            if cached is None or cached[0] != run.version:
+                limit = run.spec.work_s * 1.5
+                queued_view = QueuedJob(
+                    run.spec.job_id, "default", run.spec.priority, run.spec.num_workers,
+                    run.spec.gpus_per_worker, run.queued_s, limit, run.not_before_s,
+                )  # fmt: skip
+                cached = (run.version, queued_view)
+                self._queued_views[run.spec.job_id] = cached
+            queued.append(cached[1])
+        running = []
+        for run in w.running.values():
+            last = run.last_commit_s(now)
+            cached_g = self._gang_views.get(run.spec.job_id)
+            if cached_g is None or cached_g[0] != run.version or cached_g[1] != last:
+                gang = RunningGang(
+                    run.spec.job_id, "default", run.spec.priority, run.spec.num_workers,
+                    run.spec.gpus_per_worker, run.placement, run.admitted_s,
+                    run.spec.work_s * 1.5, last, run.stall_s,
+                    run.phase is JobPhase.CHECKPOINTING_OUT,
+                )  # fmt: skip
+                cached_g = (run.version, last, gang)
+                self._gang_views[run.spec.job_id] = cached_g
+            running.append(cached_g[2])
+        view = self.serve.view()
+        snapshot = ClusterSnapshot(
+            now_s=now,
+            nodes=tuple(nodes),
+            serve_replicas=view.replicas,
+            queued=tuple(queued),
+            running=tuple(running),
+        )
+        loads = {m: self.serve.sized(m) * self.targets_ongoing[m] for m in self.serve.rps}
+        observed = Observation(snapshot=snapshot, serve=view, loads=loads)
+        return with_health(observed, self.verdicts)
+
+    # -- one tick ------------------------------------------------------------------------------
+
+    def step(self, now: float) -> None:
+        t0 = time.perf_counter()
+        observed = self._snapshot(now)
+        t1 = time.perf_counter()
+        decided = decide(
+            observed, self.policies, self.admission, self.serving, serving_busy=bool(self.ops)
+        )
+        t2 = time.perf_counter()
+        self.cost.calls += 1
+        self.cost.observe_s += t1 - t0
+        self.cost.decide_s.append(t2 - t1)
+        self.admission = decided.admission_state
+        self._act_jobs(decided.admission)
+        self._act_health(decided.remediation)
+        self._advance_moves(now)
+        if decided.serving is not None and decided.serving_state is not None:
+            self.serving = decided.serving_state
+            self._act_serve(decided.serving, decided.targets, observed, now)
+        self.plan_events.record(decided.admission + decided.remediation)
+        self._wake(now)
+
+    def _act_jobs(self, plan: tuple[object, ...]) -> None:
+        w = self.world
+        for a in plan:
+            if isinstance(a, AdmitJob):
+                placement: dict[str, int] = {}
+                for p in a.placement:
+                    placement[p.node_id] = (
+                        placement.get(p.node_id, 0) + p.num_workers * a.gpus_per_worker
+                    )
+                run = w.queued[a.job_id]
+                run.interval_s = self.checkpoint_interval_s(run, run.stall_s, self._persist_s)
+                w.admit(a.job_id, placement)
+            elif isinstance(a, PreemptJob):
+                w.preempt(a.job_id, checkpoint_first=a.checkpoint_first)
+            elif isinstance(a, RejectJob):
+                w.reject(a.job_id)
+            elif not isinstance(a, MoveServeReplicas):
+                self.unknown_items += 1
+
+    _persist_s = 60.0
+
+    def _act_health(self, plan: tuple[object, ...]) -> None:
+        w = self.world
+        for a in plan:
+            if isinstance(a, CordonNode):
+                n = w.node(a.node_id)
+                if not n.out and n.up:
+                    n.out = True
+                    n.touch()
+            elif isinstance(a, PreemptJob):
+                w.preempt(a.job_id, checkpoint_first=True)
+            elif isinstance(a, DrainNode):
+                n = w.node(a.node_id)
+                if n.up and n.used == 0 and n.pool.value == "cluster":
+                    n.up = False
+                    n.touch()
+                    self.events.push(
+                        w.now_s + self.repair_s, EventKind.NODE_BACK, a.node_id, n.version
+                    )
+
+    def _advance_moves(self, now: float) -> None:
+        left = []
+        for op in self.ops:
+            self.serve.prefer_stop = set(op.node_ids)
+            new, outcome = operations.advance(op, self.serve, now, self.timeout_s)
+            if outcome is MoveOutcome.DONE:
+                self._record(LoopEvent.SERVE_MOVE_DONE, f"{op.describe()}", op.for_job_id)
+            elif outcome is MoveOutcome.UNWOUND:
+                self._record(
+                    LoopEvent.SERVE_MOVE_UNWOUND, f"{op.describe()} ({op.phase.value})", None
+                )
+            else:
+                left.append(new)
+        self.ops = left
+        self.serve.prefer_stop = {n for op in self.ops for n in op.node_ids}
+
+    def _act_serve(
+        self,
+        plan: tuple[object, ...],
+        targets: tuple[object, ...],
+        observed: Observation,
+        now: float,
+    ) -> None:
+        view = observed.serve
+        started: set[str] = set()
+        moving = {op.model for op in self.ops}
+        for a in plan:
+            if isinstance(a, RequestExternalCapacity):
+                self._record(LoopEvent.SERVE_EXTERNAL_CAPACITY, a.reason, None)
+                self.world.want_external_gpus(a.num_gpus)
+            elif isinstance(a, MoveServeReplicas):
+                if a.num_replicas <= 0 or a.model in moving:
+                    continue
+                op = operations.start(a, view, now)
+                if op is None:
+                    continue
+                self._record(
+                    LoopEvent.SERVE_MOVE_START, f"{op.describe()}: {a.reason}", a.for_job_id
+                )
+                self.serve.prefer_stop |= set(op.node_ids)
+                op, _ = operations.advance(op, self.serve, now, self.timeout_s)
+                self.ops.append(op)
+                started.add(a.model)
+                moving.add(a.model)
+            elif isinstance(a, ScaleServePool):
+                if a.model in started or a.model in moving:
+                    continue
+                have = view.target(a.model, a.pool)
+                if a.num_replicas < have and not view.others_ready(a.model, a.pool):
+                    self._record(LoopEvent.SERVE_SCALE_WAIT, f"{a.model}/{a.pool.value}", None)
+                    continue  # the other pool is not ready yet
+                self._record(LoopEvent.SERVE_SCALE, f"{a.model}/{a.pool.value}: {a.reason}", None)
+                self.serve.scale_pool(a.model, a.pool, a.num_replicas)
+            elif isinstance(a, SetRouteWeights):
+                if a.model in started or a.model in moving:
+                    continue
+                if a.weights != view.weights(a.model):
+                    self.serve.set_route_weights(a.model, dict(a.weights))
+
+    def _wake(self, now: float) -> None:
+        """Ask for the next decision at the policies' own timers."""
+        tick = self.cfg.policy.tick_s
+        times: list[float] = []
+        for model, s in self.serving.demand.items():
+            if s.direction.value != "none":
+                d = self.policies.demand[model]
+                times.append(
+                    s.since_s
+                    + (d.upscale_delay_s if s.direction.value == "up" else d.downscale_delay_s)
+                )
+        p = self.serving.placement
+        cfg = self.policies.placement
+        if p.room_since_s is not None:
+            times.append(p.room_since_s + cfg.migrate_back_idle_s)
+            if p.last_step_back_s is not None:
+                times.append(p.last_step_back_s + cfg.migrate_back_interval_s)
+        for op in self.ops:
+            if op.phase is MovePhase.SHIFT:
+                times.append(now + tick)  # the route applies at once: BREAK next tick
+            times.append(op.phase_since_s + self.timeout_s + tick)
+        for run in self.world.queued.values():
+            if run.not_before_s is not None and run.not_before_s > now:
+                times.append(run.not_before_s)
+        later = [t for t in times if t > now]
+        if later:
+            at = max(now + tick, min(later))
+            if not self._wake_at > now or at < self._wake_at:
+                self._wake_at = at
+                self.events.push(at, EventKind.WAKE)
+
+    _wake_at = -1.0

@@ -1,0 +1,286 @@
+"""What a simulation run says: the table, the one JSON object, the goals, the markdown and PNG.
+
+Owns: `summarise` (every figure per scheme, our ratios against each baseline, the per-decision
+cost of the real policies, and the goals of issue 17 with whether each is met and, if not,
+which policy is at fault, from where the GPU-hours went), `table` (plain text), `write_report`
+(``report.md`` and ``fleet.png`` under the output directory) and `plot` (matplotlib, Agg).
+
+Must not: simulate, or change a figure (it reads `SchemeResult`s).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from controlplane.simulate.run import SCHEME_NAMES, SchemeResult, run_all
+from controlplane.simulate.scenario import Scenario
+
+__all__ = ["GOODPUT_GOAL", "plot", "simulate_and_report", "summarise", "table", "write_report"]
+
+GOODPUT_GOAL = 1.25
+GOAL_BASELINES = ("static-split", "evict-first")
+
+ROWS: tuple[tuple[str, str, str], ...] = (
+    ("goodput_gpu_h", "training goodput (GPU-h)", "{:,.0f}"),
+    ("jobs_done", "jobs done", "{:,.0f}"),
+    ("jobs_queued_at_end", "jobs still queued at the horizon", "{:,.0f}"),
+    ("jct_mean_h", "job completion time, mean (h)", "{:.1f}"),
+    ("jct_p95_h", "job completion time, p95 (h)", "{:.1f}"),
+    ("queue_delay_mean_h", "queueing delay, mean (h)", "{:.2f}"),
+    ("queue_delay_p95_h", "queueing delay, p95 (h)", "{:.2f}"),
+    ("shortfall_min", "serving shortfall (model-minutes)", "{:,.1f}"),
+    ("shortfall_moves_min", "  caused by moves", "{:,.1f}"),
+    ("shortfall_failures_min", "  caused by failures", "{:,.1f}"),
+    ("shortfall_scaling_min", "  scaling lag / no room", "{:,.1f}"),
+    ("served_fraction", "requests served", "{:.4f}"),
+    ("external_gpu_h", "external GPU-hours", "{:,.0f}"),
+    ("external_cost", "external cost ($)", "{:,.0f}"),
+    ("preemptions", "preemptions", "{:,.0f}"),
+    ("lost_to_preemptions_gpu_h", "work lost to preemptions (GPU-h)", "{:,.0f}"),
+    ("lost_to_failures_gpu_h", "work lost to failures (GPU-h)", "{:,.0f}"),
+    ("checkpoint_stall_gpu_h", "checkpoint stalls (GPU-h)", "{:,.0f}"),
+    ("restore_gpu_h", "restores (GPU-h)", "{:,.0f}"),
+    ("utilisation", "owned-cluster GPU utilisation", "{:.3f}"),
+    ("training_share", "  of which training", "{:.3f}"),
+    ("idle_while_queued_gpu_h", "owned GPUs idle while jobs queued (GPU-h)", "{:,.0f}"),
+)
+
+
+def _ms(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return 1000.0 * ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def decision_cost(result: SchemeResult) -> dict[str, float]:
+    """The real policies' cost per decision (decide phase; observe built separately)."""
+    d = result.decide_s
+    n = len(d)
+    return {
+        "decisions": float(n),
+        "decide_mean_ms": 1000.0 * sum(d) / n if n else 0.0,
+        "decide_p95_ms": _ms(d, 0.95),
+        "decide_max_ms": _ms(d, 1.0),
+        "observe_mean_ms": 1000.0 * result.observe_s / n if n else 0.0,
+    }
+
+
+def _fault(ours: dict[str, float], other: dict[str, float], name: str) -> str:
+    """Which policy the goodput gap against `name` points at, from where GPU-hours went."""
+    gap = {
+        "admission (policies/admission: reservation and backfill left GPUs idle while jobs queued)": ours[
+            "idle_while_queued_gpu_h"
+        ]
+        - other["idle_while_queued_gpu_h"],
+        "health and checkpointing (policies/health, policies/checkpointing: lost work, stalls, restores)": (
+            ours["lost_to_failures_gpu_h"] + ours["checkpoint_stall_gpu_h"] + ours["restore_gpu_h"]
+        )
+        - (
+            other["lost_to_failures_gpu_h"]
+            + other["checkpoint_stall_gpu_h"]
+            + other["restore_gpu_h"]
+        ),
+        "placement (policies/placement: serving kept cluster GPUs)": (
+            (ours["utilisation"] - ours["training_share"])
+            - (other["utilisation"] - other["training_share"])
+        )
+        * ours["owned_gpu_h"],
+    }
+    worst, hours = max(gap.items(), key=lambda kv: kv[1])
+    if hours <= 0:
+        return (
+            f"no policy loses GPU-hours against {name}: {name} gives training as much of the "
+            "cluster as ours does, so the ratio is bounded by what both can use"
+        )
+    return f"{worst}: {hours:,.0f} GPU-h more than {name}"
+
+
+def summarise(s: Scenario, results: dict[str, SchemeResult], wall_s: float) -> dict[str, Any]:
+    """The one JSON object: every figure, ratio, cost and goal."""
+    ours = results["ours"].figures
+    owned_gpu_h = s.nodes * s.gpus_per_node * s.days * 24.0
+    for r in results.values():
+        r.figures["owned_gpu_h"] = owned_gpu_h
+    ratios = {
+        f"goodput_vs_{name}": (
+            ours["goodput_gpu_h"] / r.figures["goodput_gpu_h"]
+            if r.figures["goodput_gpu_h"]
+            else math.inf
+        )
+        for name, r in results.items()
+        if name != "ours"
+    }
+    goals: list[dict[str, Any]] = []
+    for name in GOAL_BASELINES:
+        if name not in results:
+            continue
+        ratio = ratios[f"goodput_vs_{name}"]
+        met = ratio >= GOODPUT_GOAL
+        goals.append(
+            {
+                "goal": f"training goodput >= {GOODPUT_GOAL}x {name}",
+                "value": round(ratio, 3),
+                "met": met,
+                "at_fault": None if met else _fault(ours, results[name].figures, name),
+            }
+        )
+    moves = ours["shortfall_moves_min"]
+    goals.append(
+        {
+            "goal": "zero minutes of serving shortfall caused by moves (ours)",
+            "value": round(moves, 2),
+            "met": moves == 0,
+            "at_fault": None
+            if moves == 0
+            else "placement (policies/placement): it stopped replicas demand still needed "
+            "(a training claim with the external pool full shrinks serving toward "
+            "min_replicas: external_full)",
+        }
+    )
+    goals.append(
+        {
+            "goal": "external GPU-hours reported (ours)",
+            "value": round(ours["external_gpu_h"], 1),
+            "met": math.isfinite(ours["external_gpu_h"]),
+            "at_fault": None,
+        }
+    )
+    days_per_min = s.days * len(results) / (wall_s / 60.0) if wall_s > 0 else 0.0
+    return {
+        "bench": "fleet",
+        "scenario": {
+            "source": s.source or "default",
+            "nodes": s.nodes,
+            "gpus": s.nodes * s.gpus_per_node,
+            "days": s.days,
+            "seed": s.seed,
+            "models": [m.name for m in s.serving.models],
+            "jobs": int(ours["jobs_submitted"]),
+        },
+        "schemes": {
+            name: {k: round(v, 4) for k, v in r.figures.items()} for name, r in results.items()
+        },
+        "ratios": {k: round(v, 4) for k, v in ratios.items()},
+        "decision_cost": decision_cost(results["ours"]),
+        "wall_s": {name: round(r.wall_s, 2) for name, r in results.items()},
+        "wall_total_s": round(wall_s, 2),
+        "sim_days_per_wall_min": round(days_per_min, 2),
+        "sim_days_per_wall_min_ours": round(s.days / (results["ours"].wall_s / 60.0), 2)
+        if results["ours"].wall_s
+        else 0.0,
+        "goals": goals,
+        "all_goals_met": all(g["met"] for g in goals),
+    }
+
+
+def table(summary: dict[str, Any]) -> str:
+    names = list(summary["schemes"])
+    width = max(len(label) for _, label, _ in ROWS) + 2
+    lines = ["".ljust(width) + "".join(n.rjust(14) for n in names)]
+    for key, label, fmt in ROWS:
+        cells = "".join(fmt.format(summary["schemes"][n].get(key, 0.0)).rjust(14) for n in names)
+        lines.append(label.ljust(width) + cells)
+    lines.append("")
+    for k, v in summary["ratios"].items():
+        lines.append(f"ours {k.replace('_', ' ')}: {v:.3f}x")
+    c = summary["decision_cost"]
+    lines.append(
+        f"per decision (real policies): decide {c['decide_mean_ms']:.2f} ms mean, "
+        f"{c['decide_p95_ms']:.2f} ms p95, {c['decide_max_ms']:.1f} ms max over "
+        f"{c['decisions']:,.0f} decisions; observe {c['observe_mean_ms']:.2f} ms"
+    )
+    lines.append(
+        f"simulated {summary['scenario']['days']:g} days x {len(names)} schemes in "
+        f"{summary['wall_total_s']:.0f} s: {summary['sim_days_per_wall_min']:.1f} simulated "
+        f"days per wall-clock minute (ours alone: {summary['sim_days_per_wall_min_ours']:.1f})"
+    )
+    lines.append("")
+    for g in summary["goals"]:
+        mark = "MET" if g["met"] else "NOT MET"
+        lines.append(f"[{mark}] {g['goal']}: {g['value']}")
+        if g["at_fault"]:
+            lines.append(f"        at fault: {g['at_fault']}")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, SchemeResult], path: Path) -> None:
+    """Utilisation and serving capacity against demand over the run, per scheme."""
+    # Deferred: matplotlib is heavy and only this function draws.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 1, figsize=(12, 10), sharex=True)
+    for name, r in results.items():
+        t = [h / 24.0 for h in r.series["t_h"]]
+        axes[0].plot(t, r.series["util"], label=name, linewidth=0.8)
+        axes[1].plot(t, r.series["capacity_rps"], label=f"{name} capacity", linewidth=0.8)
+        axes[2].plot(t, r.series["external_gpus"], label=name, linewidth=0.8)
+    first = next(iter(results.values()))
+    axes[1].plot(
+        [h / 24.0 for h in first.series["t_h"]],
+        first.series["demand_rps"],
+        "k--",
+        linewidth=0.8,
+        label="demand",
+    )
+    axes[0].set_ylabel("owned GPU utilisation")
+    axes[1].set_ylabel("serving capacity (req/s)")
+    axes[2].set_ylabel("external GPUs")
+    axes[2].set_xlabel("day")
+    for ax in axes:
+        ax.legend(loc="upper right", fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write_report(
+    s: Scenario,
+    results: dict[str, SchemeResult],
+    summary: dict[str, Any],
+    outdir: Path,
+    png: bool = True,
+) -> list[Path]:
+    """``report.md`` (and ``fleet.png``) under `outdir`; the paths written."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    written = []
+    if png:
+        plot(results, outdir / "fleet.png")
+        written.append(outdir / "fleet.png")
+    sc = summary["scenario"]
+    md = [
+        "# Fleet simulation",
+        "",
+        f"Scenario: {sc['source']}; {sc['nodes']} nodes ({sc['gpus']:,} GPUs), {sc['days']:g} days, "
+        f"seed {sc['seed']}, {sc['jobs']:,} jobs, models {', '.join(sc['models'])}. "
+        "Every scheme replays the same trace (docs/simulator.md says what is modelled).",
+        "",
+        "```",
+        table(summary),
+        "```",
+        "",
+    ]
+    if png:
+        md += ["![utilisation, serving capacity against demand, external GPUs](fleet.png)", ""]
+    (outdir / "report.md").write_text("\n".join(md), encoding="utf-8")
+    written.append(outdir / "report.md")
+    return written
+
+
+def simulate_and_report(
+    s: Scenario, outdir: Path | None, schemes: tuple[str, ...] = SCHEME_NAMES, png: bool = True
+) -> tuple[dict[str, Any], dict[str, SchemeResult]]:
+    """Every scheme on the scenario; the summary (and the report files under `outdir`)."""
+    started = time.perf_counter()
+    results, _ = run_all(s, schemes)
+    summary = summarise(s, results, time.perf_counter() - started)
+    if outdir is not None:
+        summary["files"] = [str(p) for p in write_report(s, results, summary, outdir, png)]
+    return summary, results

@@ -1,0 +1,287 @@
+"""One simulation per scheme on the same trace, and the figures each run yields.
+
+Owns: `simulate(scenario, scheme, trace, cfg)` -> `SchemeResult` (the event loop: every
+instant's events applied to the world, then one decision by the scheme at that simulated
+time) and `run_all`, every scheme on the same trace and seed. What an event does:
+
+- a job arrives (queued) or ends (its GPUs free), or finishes checkpointing out (re-queued);
+- a node fails (its gangs lose the work since their last commit and are re-queued after the
+  restart backoff, its replicas are gone; back after ``repair_hours``), or comes back;
+- a fault starts (our scheme's health policy sees telemetry samples; the node fails after
+  ``fault_escalation_s`` if it escalates and is still in service) or clears;
+- a replica turns RUNNING or finishes stopping; an external node comes up or idles out;
+- demand steps; a scheme's timer fires; the report samples its time series.
+
+Must not: decide (schemes do), or draw random numbers (the trace holds them).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from controlplane.config import Config
+from controlplane.simulate.baselines import SCHEMES
+from controlplane.simulate.engine import EventKind, EventQueue
+from controlplane.simulate.ours import OurScheme
+from controlplane.simulate.scenario import Scenario, control_config
+from controlplane.simulate.serving import SimServe
+from controlplane.simulate.trace import Trace, make_trace
+from controlplane.simulate.world import JobPhase, JobRun, World
+from policies.snapshot import Pool
+
+__all__ = ["SCHEME_NAMES", "SchemeResult", "run_all", "simulate"]
+
+SCHEME_NAMES = ("ours", *SCHEMES)
+SAMPLE_S = 3600.0
+
+
+class Scheme(Protocol):
+    name: str
+
+    def step(self, now: float) -> None: ...
+
+    def on_failure(self, node_id: str) -> None: ...
+
+    def on_fault(self, node_id: str, kind: str | None) -> None: ...
+
+
+@dataclass
+class SchemeResult:
+    name: str
+    figures: dict[str, float]
+    series: dict[str, list[float]]
+    decide_s: list[float] = field(default_factory=list)
+    observe_s: float = 0.0
+    wall_s: float = 0.0
+    events: int = 0
+    plan_events: list[tuple[str, str]] = field(default_factory=list)
+    jobs: dict[str, JobRun] = field(default_factory=dict)
+    check: dict[str, Any] = field(default_factory=dict)
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def simulate(
+    s: Scenario, name: str, trace: Trace, cfg: Config, on_step: Any = None
+) -> SchemeResult:
+    """One scheme over the whole horizon (see the module doc)."""
+    started = time.perf_counter()
+    q = EventQueue()
+    e = cfg.pools.external
+    world = World(
+        s.nodes,
+        s.gpus_per_node,
+        e.gpus_per_node,
+        e.max_nodes,
+        s.external.provision_s,
+        e.idle_timeout_s,
+        q,
+    )
+    models = s.serving.models
+    serve = SimServe(
+        world, q, {m.name: m.gpus_per_replica for m in models}, {m.name: m.replica_rps for m in models},
+        {m.name: m.target_utilisation for m in models}, s.serving.replica_start_s, s.serving.replica_stop_s,
+    )  # fmt: skip
+    repair_s = s.failures.repair_hours * 3600.0
+    scheme: Any
+    if name == "ours":
+        scheme = OurScheme(cfg, world, serve, q, repair_s)
+        scheme._persist_s = s.training.checkpoint_persist_s
+    else:
+        scheme = SCHEMES[name](s, world, serve, q)
+    backoff_s = cfg.jobs.restart_backoff_initial_s
+    jobs = {j.job_id: j for j in trace.jobs}
+    for j in trace.jobs:
+        q.push(j.submit_s, EventKind.JOB_ARRIVAL, j.job_id)
+    for at, idx in trace.failures:
+        q.push(at, EventKind.NODE_FAIL, world.cluster_ids[idx])
+    for i, f in enumerate(trace.faults):
+        q.push(f.at_s, EventKind.FAULT_START, str(i))
+    steps = int(math.ceil(s.horizon_s / s.serving.demand_step_s))
+    for k in range(steps):
+        q.push(k * s.serving.demand_step_s, EventKind.DEMAND_STEP, str(k))
+    for k in range(int(s.horizon_s // SAMPLE_S) + 1):
+        q.push(k * SAMPLE_S, EventKind.SAMPLE)
+    # Before the first instant: serving deployed and RUNNING at the first step's demand.
+    for m in models:
+        serve.set_demand(m.name, trace.rps(m.name, 0))
+        want = max(m.min_replicas, min(m.max_replicas, math.ceil(serve.sized(m.name))))
+        serve.targets[(m.name, Pool.CLUSTER)] = want
+    serve.reconcile()
+    for r in serve.replicas.values():
+        r.state = r.state.__class__.RUNNING
+        r.version += 1
+    for m in models:
+        serve.route_for_targets(m.name, {Pool.CLUSTER: serve.running(m.name), Pool.EXTERNAL: 0})
+    series: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "t_h",
+            "util",
+            "training",
+            "demand_rps",
+            "capacity_rps",
+            "external_gpus",
+            "queued",
+        )
+    }
+    last = 0.0
+    horizon = s.horizon_s
+    while len(q) and (q.peek_time() or 0.0) <= horizon:
+        batch = q.pop_instant()
+        now = batch[0].at_s
+        world.advance(now)
+        serve.advance(now - last)
+        last = now
+        decide = False
+        for ev in batch:
+            kind = ev.kind
+            decide = decide or kind is not EventKind.SAMPLE
+            if kind is EventKind.JOB_ARRIVAL:
+                spec = jobs[ev.subject]
+                t = s.training
+                world.submit(
+                    JobRun(
+                        spec, t.baseline_checkpoint_interval_s, t.checkpoint_stall_s, t.restore_s
+                    )
+                )
+            elif kind is EventKind.JOB_END:
+                world.finish(ev.subject, ev.version)
+            elif kind is EventKind.JOB_RELEASED:
+                world.released(ev.subject, ev.version)
+            elif kind is EventKind.NODE_FAIL:
+                node_id, _, why = ev.subject.partition("|")
+                n = world.nodes[node_id]
+                if not n.up or (why == "fault" and (n.fault is None or n.out)):
+                    continue
+                serve.node_lost(node_id)
+                world.fail_node(node_id, backoff_s)
+                scheme.on_failure(node_id)
+                q.push(now + repair_s, EventKind.NODE_BACK, node_id)
+            elif kind is EventKind.NODE_BACK:
+                n = world.nodes[ev.subject]
+                if not n.up:
+                    world.node_back(ev.subject)
+                    scheme.on_fault(ev.subject, None)
+            elif kind is EventKind.FAULT_START:
+                f = trace.faults[int(ev.subject)]
+                node_id = world.cluster_ids[f.node]
+                n = world.nodes[node_id]
+                if not n.up or n.out or n.fault:
+                    continue
+                n.fault = f.kind
+                scheme.on_fault(node_id, f.kind)
+                if f.escalates:
+                    q.push(
+                        now + s.failures.fault_escalation_s, EventKind.NODE_FAIL, f"{node_id}|fault"
+                    )
+                else:
+                    q.push(now + s.failures.fault_clear_s, EventKind.FAULT_END, node_id)
+            elif kind is EventKind.FAULT_END:
+                n = world.nodes[ev.subject]
+                if n.fault and n.up and not n.out:
+                    n.fault = None
+                    scheme.on_fault(ev.subject, None)
+            elif kind is EventKind.REPLICA_READY:
+                serve.ready(ev.subject, ev.version)
+            elif kind is EventKind.REPLICA_GONE:
+                serve.gone(ev.subject, ev.version)
+            elif kind is EventKind.EXTERNAL_NODE_UP:
+                world.external_up(ev.subject)
+            elif kind is EventKind.EXTERNAL_IDLE:
+                world.release_idle_external()
+            elif kind is EventKind.DEMAND_STEP:
+                for m in models:
+                    serve.set_demand(m.name, trace.rps(m.name, int(ev.subject)))
+            elif kind is EventKind.SAMPLE:
+                series["t_h"].append(now / 3600.0)
+                series["util"].append(world.cluster_used / world.cluster_gpus)
+                series["training"].append(world.training_used / world.cluster_gpus)
+                series["demand_rps"].append(sum(serve.rps.values()))
+                series["capacity_rps"].append(
+                    sum(serve.running(m.name) * m.replica_rps for m in models)
+                )
+                series["external_gpus"].append(float(len(world.external) * world.ext_gpn))
+                series["queued"].append(float(len(world.queued)))
+        if decide:
+            serve.reconcile()
+            scheme.step(now)
+            if on_step is not None:
+                on_step(world, serve, scheme)
+    world.advance(horizon)
+    serve.advance(horizon - last)
+    result = SchemeResult(name, _figures(s, world, serve, trace), series)
+    result.wall_s = time.perf_counter() - started
+    result.events = q.handled
+    result.jobs = world.jobs
+    if isinstance(scheme, OurScheme):
+        result.decide_s = scheme.cost.decide_s
+        result.observe_s = scheme.cost.observe_s
+        result.plan_events = scheme.recorded
+    return result
+
+
+def _figures(s: Scenario, world: World, serve: SimServe, trace: Trace) -> dict[str, float]:
+    runs = list(world.jobs.values())
+    gpu_h = 1 / 3600.0
+    done = [r for r in runs if r.phase is JobPhase.DONE]
+    jct_h = [((r.finish_s or 0) - r.spec.submit_s) / 3600.0 for r in done]
+    waits_h = [
+        ((r.first_admit_s if r.first_admit_s is not None else s.horizon_s) - r.spec.submit_s)
+        / 3600.0
+        for r in runs
+    ]
+    t = world.tally
+    short = {
+        c: sum(f.short_s[c] for f in serve.figures.values()) / 60.0
+        for c in ("moves", "failures", "scaling")
+    }
+    demand = sum(f.demand_rps_s for f in serve.figures.values())
+    served = sum(f.served_rps_s for f in serve.figures.values())
+    ext_gpu_h = t.external_gpu_s * gpu_h
+    return {
+        "goodput_gpu_h": sum(world.useful_s(r) * r.gpus for r in runs) * gpu_h,
+        "jobs_submitted": float(len(runs)),
+        "jobs_done": float(len(done)),
+        "jobs_queued_at_end": float(len(world.queued)),
+        "jobs_running_at_end": float(len(world.running)),
+        "jobs_rejected": float(sum(1 for r in runs if r.phase is JobPhase.REJECTED)),
+        "jct_mean_h": sum(jct_h) / len(jct_h) if jct_h else 0.0,
+        "jct_p95_h": _pct(jct_h, 0.95),
+        "queue_delay_mean_h": sum(waits_h) / len(waits_h) if waits_h else 0.0,
+        "queue_delay_p95_h": _pct(waits_h, 0.95),
+        "preemptions": float(sum(r.preemptions for r in runs)),
+        "job_failures": float(sum(r.failures for r in runs)),
+        "lost_to_failures_gpu_h": sum(r.lost_failure_s * r.gpus for r in runs) * gpu_h,
+        "lost_to_preemptions_gpu_h": sum(r.lost_preempt_s * r.gpus for r in runs) * gpu_h,
+        "checkpoint_stall_gpu_h": sum(r.stall_total_s * r.gpus for r in runs) * gpu_h,
+        "restore_gpu_h": sum(r.restore_total_s * r.gpus for r in runs) * gpu_h,
+        "shortfall_min": sum(short.values()),
+        "shortfall_moves_min": short["moves"],
+        "shortfall_failures_min": short["failures"],
+        "shortfall_scaling_min": short["scaling"],
+        "served_fraction": served / demand if demand else 1.0,
+        "external_gpu_h": ext_gpu_h,
+        "external_serving_gpu_h": t.external_serving_gpu_s * gpu_h,
+        "external_cost": ext_gpu_h * s.external.price_per_gpu_hour,
+        "utilisation": t.used_gpu_s / t.owned_gpu_s if t.owned_gpu_s else 0.0,
+        "training_share": t.training_gpu_s / t.owned_gpu_s if t.owned_gpu_s else 0.0,
+        "idle_while_queued_gpu_h": t.idle_with_queue_gpu_s * gpu_h,
+    }
+
+
+def run_all(
+    s: Scenario, schemes: tuple[str, ...] = SCHEME_NAMES
+) -> tuple[dict[str, SchemeResult], Trace]:
+    """Every scheme on the same trace (drawn once from the seed)."""
+    cfg = control_config(s)
+    trace = make_trace(s)
+    return {name: simulate(s, name, trace, cfg) for name in schemes}, trace

@@ -1,0 +1,467 @@
+"""What the fleet simulator simulates: the scenario, its defaults, and reading one from a file.
+
+Owns: `Scenario` and its sections (every field documented, every default the default
+scenario's), `load_scenario` (a YAML or JSON file, at most `MAX_SCENARIO_BYTES`) and
+`scenario_from_dict`, which reject unknown keys, wrong types, non-finite numbers and
+impossible values with one message per problem naming the field's full path (as
+`controlplane.config.validation` does for the control plane's config), and `control_config`,
+the control plane's own `Config` (packaged defaults, then the scenario's ``config``
+overrides, validated by `controlplane.config.load_config`) whose policy configs the
+simulator hands to the real policies.
+
+Where the defaults come from is in docs/simulator.md.
+
+Must not: simulate, or read any file but the scenario (and a trace it names, `trace`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from controlplane.config import Config, ConfigError, load_config
+from serve.config import ModelConfig
+
+__all__ = [
+    "MAX_SCENARIO_BYTES",
+    "ExternalSpec",
+    "FailureSpec",
+    "ModelSpec",
+    "Scenario",
+    "ScenarioError",
+    "SchemeSpec",
+    "ServingSpec",
+    "TrainingSpec",
+    "control_config",
+    "load_scenario",
+    "scenario_from_dict",
+]
+
+MAX_SCENARIO_BYTES = 1_048_576
+"""A scenario (or trace) file larger than this is refused before it is parsed."""
+
+META_GPU_MTTF_HOURS = 7.9 * 1024
+"""Meta's Llama 3 report: one interruption every 7.9 h for a 1,024-GPU job, i.e. a mean time
+to failure of 7.9 x 1,024 = 8,090 h per GPU (1,011 h per 8-GPU node)."""
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be simulated; the message names every offending field."""
+
+
+@dataclass
+class ExternalSpec:
+    """The rented pool: how fast a node comes up, what it costs. Its size is the control
+    plane's ``pools.external`` (``config`` overrides), so our scheme and the scenario agree."""
+
+    provision_s: float = 300.0
+    """Request to a node that can take a replica (cloud node start plus Ray join)."""
+    price_per_gpu_hour: float = 2.5
+    """On-demand price of one rented GPU-hour, billed from request to release."""
+
+
+@dataclass
+class FailureSpec:
+    """Hard failures and the faults telemetry sees first."""
+
+    gpu_mttf_hours: float = META_GPU_MTTF_HOURS
+    """Mean time to failure of one GPU; a node fails at gpus_per_node times that rate."""
+    repair_hours: float = 4.0
+    """A failed or drained node is back this long after it left."""
+    hot_faults_per_node_year: float = 2.0
+    """GPU overheating episodes per node per year (telemetry: a GPU above the threshold)."""
+    fabric_faults_per_node_year: float = 2.0
+    """InfiniBand error bursts per node per year (telemetry: IB errors above the threshold)."""
+    fault_escalation_probability: float = 0.5
+    """Share of faults that end in a hard failure if the node is still in service."""
+    fault_escalation_s: float = 1800.0
+    """When an escalating fault turns into a hard failure, after it started."""
+    fault_clear_s: float = 3600.0
+    """When a fault that does not escalate clears by itself."""
+
+
+@dataclass
+class TrainingSpec:
+    """The training jobs: from a trace file, or generated from the seed."""
+
+    jobs: int = 5000
+    """Jobs generated over the horizon (Poisson arrivals); ignored with a trace."""
+    trace: str | None = None
+    """A JSON or YAML list of jobs (``submit_h``, ``num_workers``, ``gpus_per_worker``,
+    ``hours``, ``priority``); relative to the scenario file."""
+    offered_load: float = 1.0
+    """Generated GPU-hours of training as a share of the owned cluster's GPU-hours over the
+    horizon (durations are scaled to hit it)."""
+    median_hours: float = 6.0
+    """Median run time before scaling (lognormal)."""
+    sigma: float = 1.2
+    """Lognormal sigma of run times."""
+    max_hours: float = 96.0
+    """Longest run time."""
+    gang_gpus: dict[str, float] = field(
+        default_factory=lambda: {
+            "8": 0.45,
+            "16": 0.2,
+            "32": 0.15,
+            "64": 0.1,
+            "128": 0.07,
+            "256": 0.03,
+        }
+    )
+    """Gang size (GPUs) -> share of jobs; gangs of 8 or more take whole 8-GPU workers."""
+    priorities: dict[str, float] = field(
+        default_factory=lambda: {"low": 0.3, "medium": 0.5, "high": 0.2}
+    )
+    """Priority class -> share of jobs (classes of the control plane's ``jobs`` section)."""
+    runtime_limit_factor: float = 1.5
+    """A job's max runtime (what admission backfills by) is its run time times this."""
+    checkpoint_stall_s: float = 30.0
+    """Training-visible stall per checkpoint (async snapshot)."""
+    checkpoint_persist_s: float = 60.0
+    """Background upload per checkpoint (bounds the interval from below)."""
+    restore_s: float = 300.0
+    """Restart from a checkpoint: reschedule, load, warm up."""
+    baseline_checkpoint_interval_s: float = 3600.0
+    """The baselines checkpoint on a fixed clock (ours asks `policies.checkpointing`)."""
+
+
+@dataclass
+class ModelSpec:
+    """One served model and its daily request curve."""
+
+    name: str = "model"
+    gpus_per_replica: int = 1
+    replica_rps: float = 10.0
+    """Requests per second one replica serves at its latency target."""
+    peak_rps: float = 100.0
+    trough_fraction: float = 0.3
+    """Night-time demand as a share of the peak."""
+    peak_hour: float = 14.0
+    min_replicas: int = 2
+    max_replicas: int = 1000
+    target_utilisation: float = 0.8
+    """Every scheme sizes the model for demand / (replica_rps x this): the headroom that
+    absorbs demand rising faster than a replica starts. Shortfall is counted against
+    demand / replica_rps (full capacity)."""
+
+
+def _default_models() -> list[ModelSpec]:
+    return [
+        ModelSpec("chat", 8, 20.0, 1600.0, 0.3, 14.0, 4, 200),
+        ModelSpec("code", 4, 25.0, 2000.0, 0.25, 11.0, 4, 200),
+        ModelSpec("embed", 1, 200.0, 40000.0, 0.35, 16.0, 8, 500),
+    ]
+
+
+@dataclass
+class ServingSpec:
+    models: list[ModelSpec] = field(default_factory=_default_models)
+    demand_step_s: float = 300.0
+    """The request curves step this often (the load board's resolution in the model)."""
+    noise: float = 0.05
+    """Relative standard deviation of each step's demand around the curve."""
+    replica_start_s: float = 120.0
+    """A replica's start to RUNNING on a node that has room (model load, warm up)."""
+    replica_stop_s: float = 20.0
+    """A stopping replica drains this long (the models' graceful shutdown) before its GPUs
+    are free."""
+
+
+@dataclass
+class SchemeSpec:
+    """The baselines' knobs."""
+
+    static_serving_share: float | None = None
+    """Share of the cluster's nodes fixed for serving; None: the peak need plus 10 %."""
+    night_serving_share: float | None = None
+    """Time-of-day lending: serving's share at night; None: the trough need plus 10 %."""
+    night_start_hour: float = 22.0
+    night_end_hour: float = 7.0
+
+
+@dataclass
+class Scenario:
+    """Everything one simulation needs; the defaults are the default scenario."""
+
+    nodes: int = 512
+    """Owned cluster nodes."""
+    gpus_per_node: int = 8
+    days: float = 30.0
+    seed: int = 1
+    external: ExternalSpec = field(default_factory=ExternalSpec)
+    failures: FailureSpec = field(default_factory=FailureSpec)
+    training: TrainingSpec = field(default_factory=TrainingSpec)
+    serving: ServingSpec = field(default_factory=ServingSpec)
+    schemes: SchemeSpec = field(default_factory=SchemeSpec)
+    config: dict[str, Any] = field(
+        default_factory=lambda: {
+            "pools.external.gpus_per_node": 8,
+            "pools.external.max_nodes": 128,
+            "placement.migrate_back_idle_s": 600,
+            "placement.migrate_back_interval_s": 60,
+            "placement.migrate_back_step": 4,
+            "serving.ready_timeout_s": 900,
+        }
+    )
+    """The control plane's config overrides (``key.path: value``), validated by its loader;
+    the real policies' configs are built from the result (`controlplane.policy_config`)."""
+    source: str = ""
+    """Where the scenario came from (set by `load_scenario`)."""
+
+    @property
+    def horizon_s(self) -> float:
+        return self.days * 86400.0
+
+    def resized(self, days: float | None, nodes: int | None, seed: int | None) -> Scenario:
+        """This scenario over `days` on `nodes` (the job count scaled with both, so jobs
+        arrive at the same rate per GPU), with `seed`; errors name the option."""
+        raw_days = self.days if days is None else days
+        raw_nodes = self.nodes if nodes is None else nodes
+        errors: list[str] = []
+        _value(float, raw_days, "days", errors)
+        _value(int, raw_nodes, "nodes", errors)
+        if seed is not None:
+            _value(int, seed, "seed", errors)
+        if errors:
+            raise ScenarioError("invalid option: " + "; ".join(errors))
+        out = dataclasses.replace(self, days=float(raw_days), nodes=int(raw_nodes))
+        out.training = dataclasses.replace(
+            self.training,
+            jobs=max(
+                1, round(self.training.jobs * (raw_days / self.days) * (raw_nodes / self.nodes))
+            ),
+        )
+        if seed is not None:
+            out.seed = seed
+        return out
+
+
+_LIMITS: dict[str, tuple[float, float]] = {
+    "nodes": (1, 100_000),
+    "gpus_per_node": (1, 64),
+    "days": (0.001, 366),
+    "seed": (0, 2**32 - 1),
+    "external.provision_s": (0, 86400),
+    "external.price_per_gpu_hour": (0, 1000),
+    "failures.gpu_mttf_hours": (1, 1e9),
+    "failures.repair_hours": (0, 8760),
+    "failures.hot_faults_per_node_year": (0, 365),
+    "failures.fabric_faults_per_node_year": (0, 365),
+    "failures.fault_escalation_probability": (0, 1),
+    "failures.fault_escalation_s": (0, 86400),
+    "failures.fault_clear_s": (0, 86400),
+    "training.jobs": (0, 1_000_000),
+    "training.offered_load": (0, 100),
+    "training.median_hours": (0.01, 8760),
+    "training.sigma": (0, 5),
+    "training.max_hours": (0.01, 8760),
+    "training.runtime_limit_factor": (1, 100),
+    "training.checkpoint_stall_s": (0, 86400),
+    "training.checkpoint_persist_s": (0, 86400),
+    "training.restore_s": (0, 86400),
+    "training.baseline_checkpoint_interval_s": (1, 1e7),
+    "serving.demand_step_s": (10, 86400),
+    "serving.noise": (0, 1),
+    "serving.replica_start_s": (0, 86400),
+    "serving.replica_stop_s": (0, 86400),
+    "schemes.static_serving_share": (0, 1),
+    "schemes.night_serving_share": (0, 1),
+    "schemes.night_start_hour": (0, 24),
+    "schemes.night_end_hour": (0, 24),
+    "gpus_per_replica": (1, 64),
+    "replica_rps": (1e-9, 1e9),
+    "peak_rps": (0, 1e12),
+    "trough_fraction": (0, 1),
+    "peak_hour": (0, 24),
+    "min_replicas": (0, 100_000),
+    "max_replicas": (0, 100_000),
+    "target_utilisation": (0.05, 1),
+}
+
+
+def _hint_args(hint: Any) -> tuple[Any, bool]:
+    """(the type, whether None is allowed) of a field hint such as ``float | None``."""
+    if get_origin(hint) in (Union, types.UnionType):
+        args = [a for a in get_args(hint) if a is not type(None)]
+        return args[0], True
+    return hint, False
+
+
+def _value(hint: Any, raw: Any, path: str, errors: list[str]) -> Any:
+    kind, optional = _hint_args(hint)
+    if raw is None:
+        if not optional:
+            errors.append(f"{path}: must be set, got null")
+        return None
+    if dataclasses.is_dataclass(kind):
+        return _section(kind, raw, path, errors)
+    if get_origin(kind) is list:
+        (item,) = get_args(kind)
+        if not isinstance(raw, list):
+            errors.append(f"{path}: must be a list, got {type(raw).__name__}")
+            return []
+        return [_value(item, v, f"{path}[{i}]", errors) for i, v in enumerate(raw)]
+    if get_origin(kind) is dict:
+        _, vtype = get_args(kind)
+        if not isinstance(raw, dict):
+            errors.append(f"{path}: must be a mapping, got {type(raw).__name__}")
+            return {}
+        return {str(k): _value(vtype, v, f"{path}.{k}", errors) for k, v in raw.items()}
+    if kind is Any:
+        if isinstance(raw, float) and not math.isfinite(raw):
+            errors.append(f"{path}: must be a finite number, got {raw!r}")
+        if isinstance(raw, dict | list):
+            errors.append(f"{path}: must be a plain value, got {type(raw).__name__}")
+        return raw
+    if kind is bool:
+        if not isinstance(raw, bool):
+            errors.append(f"{path}: must be true or false, got {raw!r}")
+        return raw
+    if kind is str:
+        if not isinstance(raw, str):
+            errors.append(f"{path}: must be a string, got {raw!r}")
+        return str(raw)
+    if kind in (int, float):
+        if isinstance(raw, bool) or not isinstance(raw, int | float):
+            errors.append(f"{path}: must be a number, got {raw!r}")
+            return 0
+        if not math.isfinite(raw):
+            errors.append(f"{path}: must be a finite number, got {raw!r}")
+            return 0
+        if kind is int and raw != int(raw):
+            errors.append(f"{path}: must be a whole number, got {raw!r}")
+        value = int(raw) if kind is int else float(raw)
+        limits = _LIMITS.get(path) or _LIMITS.get(path.rsplit(".", 1)[-1])
+        if limits is not None and not limits[0] <= value <= limits[1]:
+            errors.append(f"{path}: must be in [{limits[0]:g}, {limits[1]:g}], got {raw!r}")
+        return value
+    raise AssertionError(f"unhandled field type {kind!r} at {path}")
+
+
+def _section(cls: Any, raw: Any, path: str, errors: list[str]) -> Any:
+    if not isinstance(raw, dict):
+        errors.append(f"{path or 'scenario'}: must be a mapping, got {type(raw).__name__}")
+        return cls()
+    hints = get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.name != "source"}
+    for key in sorted(set(raw) - names, key=str):
+        where = f"{path}.{key}" if path else str(key)
+        errors.append(f"{where}: unknown key (known: {', '.join(sorted(names))})")
+    values = {}
+    for name in names & set(raw):
+        where = f"{path}.{name}" if path else name
+        values[name] = _value(hints[name], raw[name], where, errors)
+    return cls(**values)
+
+
+def _check(s: Scenario, errors: list[str]) -> None:
+    t = s.training
+    for name, mix in (("training.gang_gpus", t.gang_gpus), ("training.priorities", t.priorities)):
+        if not mix:
+            errors.append(f"{name}: at least one entry is required")
+        for key, share in mix.items():
+            if not math.isfinite(share) or share < 0:
+                errors.append(f"{name}.{key}: must be a share >= 0, got {share!r}")
+        if mix and sum(mix.values()) <= 0:
+            errors.append(f"{name}: the shares must not all be 0")
+    for key in t.gang_gpus:
+        if not key.isdigit() or int(key) < 1:
+            errors.append(f"training.gang_gpus.{key}: a gang size must be a whole number >= 1")
+        elif int(key) > s.nodes * s.gpus_per_node and not t.trace:
+            errors.append(f"training.gang_gpus.{key}: bigger than the cluster")
+        elif int(key) > s.gpus_per_node and int(key) % s.gpus_per_node and not t.trace:
+            errors.append(
+                f"training.gang_gpus.{key}: a gang bigger than a node must be a multiple of "
+                f"gpus_per_node ({s.gpus_per_node})"
+            )
+    if t.max_hours < t.median_hours:
+        errors.append(f"training.max_hours: must be >= median_hours ({t.median_hours:g})")
+    if not s.serving.models:
+        pass  # training only: allowed
+    seen: set[str] = set()
+    for i, m in enumerate(s.serving.models):
+        where = f"serving.models[{i}]"
+        if not m.name or m.name in seen:
+            errors.append(f"{where}.name: must be a unique, non-empty name, got {m.name!r}")
+        seen.add(m.name)
+        if m.max_replicas < m.min_replicas:
+            errors.append(f"{where}.max_replicas: must be >= min_replicas ({m.min_replicas})")
+        if m.gpus_per_replica > s.gpus_per_node:
+            errors.append(f"{where}.gpus_per_replica: must fit one node ({s.gpus_per_node})")
+
+
+def scenario_from_dict(raw: Any, source: str = "") -> Scenario:
+    """A validated `Scenario` from parsed YAML/JSON; `ScenarioError` names every bad field."""
+    errors: list[str] = []
+    scenario = _section(Scenario, raw, "", errors)
+    assert isinstance(scenario, Scenario)
+    if not errors:
+        _check(scenario, errors)
+    if errors:
+        where = f" {source}" if source else ""
+        raise ScenarioError(f"invalid scenario{where}:\n  " + "\n  ".join(errors))
+    scenario.source = source
+    if scenario.training.trace and source:
+        trace = Path(scenario.training.trace)
+        if not trace.is_absolute():
+            scenario.training.trace = str(Path(source).parent / trace)
+    return scenario
+
+
+def read_bounded(path: str | Path, what: str) -> Any:
+    """Parse a YAML or JSON file of at most `MAX_SCENARIO_BYTES` (JSON is YAML)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ScenarioError(f"{what} {str(p)!r}: no such file")
+    size = p.stat().st_size
+    if size > MAX_SCENARIO_BYTES:
+        raise ScenarioError(f"{what} {str(p)!r}: {size} bytes, more than {MAX_SCENARIO_BYTES}")
+    text = p.read_text(encoding="utf-8", errors="replace")
+    try:
+        if p.suffix == ".json":
+            return json.loads(text, parse_constant=_no_constant)
+        return yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError, ValueError) as exc:
+        raise ScenarioError(f"{what} {str(p)!r}: not valid YAML/JSON: {exc}") from exc
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a finite number")
+
+
+def load_scenario(path: str | Path | None) -> Scenario:
+    """The scenario in `path` over the defaults, or the default scenario (None)."""
+    if path is None:
+        return Scenario()
+    raw = read_bounded(path, "scenario file")
+    return scenario_from_dict({} if raw is None else raw, str(path))
+
+
+def control_config(scenario: Scenario) -> Config:
+    """The control plane's `Config`: packaged defaults, then ``config`` overrides, then the
+    scenario's models as ``serving.models`` (so demand and placement see their sizes)."""
+    overrides = [f"{k}={json.dumps(v)}" for k, v in sorted(scenario.config.items())]
+    overrides.append("serve.deploy_app=true")
+    try:
+        cfg = load_config(None, overrides)
+    except ConfigError as exc:
+        raise ScenarioError(f"config: {exc}") from exc
+    base = cfg.serving.models[0] if cfg.serving.models else ModelConfig()
+    cfg.serving.models = [
+        dataclasses.replace(
+            base,
+            name=m.name,
+            num_gpus=float(m.gpus_per_replica),
+            min_replicas=m.min_replicas,
+            max_replicas=m.max_replicas,
+        )
+        for m in scenario.serving.models
+    ]
+    return cfg

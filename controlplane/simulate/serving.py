@@ -1,0 +1,316 @@
+"""The simulated serving plane: Serve's replicas, pool targets and routes over the World's nodes.
+
+Owns: `SimServe`, which behaves as Ray Serve does for the control loop and implements the
+loop's `ServePlane` protocol (`controlplane.adapters.serve`), so the real make-before-break
+operations (`controlplane.loop.act.operations`) run on it unchanged. Per (model, pool) it
+keeps a target and starts or stops replicas toward it (`reconcile`): a new replica takes its
+GPUs on a node with room (cluster nodes the scheme lets serving use, most-used first; an
+external node that is up) and is RUNNING ``replica_start_s`` later; a stopping replica
+drains for ``replica_stop_s`` before its GPUs are free. Serve picks which replica stops:
+STARTING ones first, then ones on nodes a move in flight names (`prefer_stop`), then the
+newest. A replica on a node that fails is gone at once, and Serve starts a replacement.
+
+It also keeps the serving figures: per model, seconds in which the RUNNING replicas' capacity
+is below the demand, split by cause: ``moves`` (a replica the scheme stopped while demand
+still needed it, until capacity is back), ``failures`` (a node failure took one), ``scaling``
+(everything else: demand rose faster than replicas start, or the scheme had no room).
+
+Must not: decide how many replicas a model runs or where (schemes do).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from controlplane.adapters.serve import PoolView, ServeView
+from controlplane.simulate.engine import EventKind, EventQueue
+from controlplane.simulate.world import Node, World
+from policies.snapshot import Pool, ReplicaState, ServeReplica
+
+__all__ = ["SimServe", "SimReplica"]
+
+POOLS = (Pool.CLUSTER, Pool.EXTERNAL)
+CAUSES = ("moves", "failures", "scaling")
+
+
+@dataclass
+class SimReplica:
+    replica_id: str
+    model: str
+    pool: Pool
+    node_id: str
+    gpus: int
+    state: ReplicaState
+    since_s: float
+    version: int = 0
+
+
+@dataclass
+class ModelFigures:
+    short_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0.0))
+    cause: str | None = None
+    """Why the model is short now (set by the event that made it short)."""
+    demand_rps_s: float = 0.0
+    served_rps_s: float = 0.0
+
+
+class SimServe:
+    def __init__(
+        self,
+        world: World,
+        queue: EventQueue,
+        gpus_per_replica: Mapping[str, int],
+        replica_rps: Mapping[str, float],
+        utilisation: Mapping[str, float],
+        start_s: float,
+        stop_s: float,
+    ) -> None:
+        self.world = world
+        self.events = queue
+        self.gpus = dict(gpus_per_replica)
+        self.replica_rps = dict(replica_rps)
+        self.utilisation = dict(utilisation)
+        self.start_s = start_s
+        self.stop_s = stop_s
+        self.targets: dict[tuple[str, Pool], int] = {}
+        self.weights: dict[str, dict[Pool, float]] = {}
+        self.replicas: dict[str, SimReplica] = {}
+        self.by_model: dict[str, list[SimReplica]] = {m: [] for m in self.gpus}
+        self.rps: dict[str, float] = dict.fromkeys(self.gpus, 0.0)
+        self.figures = {m: ModelFigures() for m in self.gpus}
+        self.generation = 0
+        self.prefer_stop: set[str] = set()
+        self.cluster_ok: Callable[[Node], bool] = lambda n: True
+        """Which cluster nodes serving may use (a static split's partition)."""
+        self._seq = 0
+        self.stopped_by_scheme = 0
+
+    # -- figures -------------------------------------------------------------------------------
+
+    def running(self, model: str, pool: Pool | None = None) -> int:
+        return sum(
+            1
+            for r in self.by_model[model]
+            if r.state is ReplicaState.RUNNING and (pool is None or r.pool is pool)
+        )
+
+    def needed(self, model: str) -> int:
+        return math.ceil(round(self.rps[model] / self.replica_rps[model], 9))
+
+    def sized(self, model: str) -> float:
+        """Replicas demand asks for at the model's target utilisation (what schemes size by)."""
+        return self.rps[model] / (self.replica_rps[model] * self.utilisation[model])
+
+    def short(self, model: str) -> bool:
+        return self.running(model) < self.needed(model)
+
+    def advance(self, dt_s: float) -> None:
+        if dt_s <= 0:
+            return
+        for m, f in self.figures.items():
+            cap = self.running(m) * self.replica_rps[m]
+            f.demand_rps_s += self.rps[m] * dt_s
+            f.served_rps_s += min(cap, self.rps[m]) * dt_s
+            if cap < self.rps[m]:
+                f.short_s[f.cause or "scaling"] += dt_s
+
+    def _mark(self, model: str, cause: str) -> None:
+        f = self.figures[model]
+        if self.short(model):
+            if f.cause is None or cause == "moves":
+                f.cause = cause
+        else:
+            f.cause = None
+
+    def _settle_cause(self, model: str) -> None:
+        if not self.short(model):
+            self.figures[model].cause = None
+
+    # -- Serve's controller --------------------------------------------------------------------
+
+    def _place(self, model: str, pool: Pool) -> Node | None:
+        g = self.gpus[model]
+        if pool is Pool.EXTERNAL:
+            for n in self.world.external.values():
+                if n.free >= g:
+                    return n
+            return None
+        best: Node | None = None
+        for node_id in self.world.cluster_ids:
+            n = self.world.nodes[node_id]
+            if n.free >= g and self.cluster_ok(n) and (best is None or n.used > best.used):
+                best = n
+                if n.free == g:
+                    break
+        return best
+
+    def reconcile(self) -> None:
+        """Start or stop replicas toward every pool's target (Serve's controller)."""
+        now = self.world.now_s
+        for (model, pool), target in sorted(
+            self.targets.items(), key=lambda kv: (kv[0][0], kv[0][1].value)
+        ):
+            live = [
+                r
+                for r in self.by_model[model]
+                if r.pool is pool and r.state is not ReplicaState.STOPPING
+            ]
+            extra = len(live) - target
+            if extra > 0:
+                order = sorted(
+                    live,
+                    key=lambda r: (
+                        r.state is ReplicaState.RUNNING,
+                        r.node_id not in self.prefer_stop,
+                        -r.since_s,
+                        r.replica_id,
+                    ),
+                )
+                for r in order[:extra]:
+                    self._stop(r, now)
+                self._mark(model, "moves")
+            for _ in range(max(0, -extra)):
+                node = self._place(model, pool)
+                if node is None:
+                    break
+                self._seq += 1
+                r = SimReplica(
+                    f"r{self._seq}",
+                    model,
+                    pool,
+                    node.node_id,
+                    self.gpus[model],
+                    ReplicaState.STARTING,
+                    now,
+                )
+                self.world.take(node.node_id, r.gpus, training=False)
+                self.replicas[r.replica_id] = r
+                self.by_model[model].append(r)
+                self.events.push(
+                    now + self.start_s, EventKind.REPLICA_READY, r.replica_id, r.version
+                )
+
+    def _stop(self, r: SimReplica, now: float) -> None:
+        r.state = ReplicaState.STOPPING
+        r.version += 1
+        self.stopped_by_scheme += 1
+        self.events.push(now + self.stop_s, EventKind.REPLICA_GONE, r.replica_id, r.version)
+
+    def ready(self, replica_id: str, version: int) -> None:
+        r = self.replicas.get(replica_id)
+        if r is not None and r.version == version and r.state is ReplicaState.STARTING:
+            r.state = ReplicaState.RUNNING
+            r.version += 1
+            self._settle_cause(r.model)
+
+    def gone(self, replica_id: str, version: int) -> None:
+        r = self.replicas.get(replica_id)
+        if r is not None and r.version == version and r.state is ReplicaState.STOPPING:
+            self._remove(r)
+
+    def _remove(self, r: SimReplica) -> None:
+        del self.replicas[r.replica_id]
+        self.by_model[r.model].remove(r)
+        node = self.world.node(r.node_id)
+        self.world.give(r.node_id, r.gpus, training=False)
+        del node  # the node may be down; its GPUs are accounted for either way
+
+    def node_lost(self, node_id: str) -> None:
+        """A node failed: its replicas are gone at once."""
+        hit = sorted({r.model for r in self.replicas.values() if r.node_id == node_id})
+        for r in [r for r in self.replicas.values() if r.node_id == node_id]:
+            self._remove(r)
+        for model in hit:
+            self._mark(model, "failures")
+
+    def evict(self, model: str, node_ids: set[str], n: int) -> int:
+        """Kill up to `n` cluster replicas of `model` on `node_ids` at once (evict-first)."""
+        victims = [
+            r
+            for r in self.by_model[model]
+            if r.pool is Pool.CLUSTER
+            and r.node_id in node_ids
+            and r.state is not ReplicaState.STOPPING
+        ][:n]
+        for r in victims:
+            self._remove(r)
+        self.stopped_by_scheme += len(victims)
+        if victims:
+            self._mark(model, "moves")
+        return len(victims)
+
+    def set_demand(self, model: str, rps: float) -> None:
+        self.rps[model] = rps
+        self._settle_cause(model)
+
+    # -- ServePlane (the loop's protocol) ------------------------------------------------------
+
+    def view(self) -> ServeView:
+        pools: dict[tuple[str, Pool], PoolView] = {}
+        rows: list[ServeReplica] = []
+        for model in sorted(self.by_model):
+            counts = {p: [0, 0, 0] for p in POOLS}
+            for r in self.by_model[model]:
+                c = counts[r.pool]
+                c[
+                    0
+                    if r.state is ReplicaState.RUNNING
+                    else 1
+                    if r.state is ReplicaState.STARTING
+                    else 2
+                ] += 1
+                rows.append(ServeReplica(r.replica_id, model, r.pool, r.node_id, r.gpus, r.state))
+            for p in POOLS:
+                if (model, p) in self.targets or any(counts[p]):
+                    pools[(model, p)] = PoolView(
+                        target=self.targets.get((model, p), 0),
+                        running=counts[p][0],
+                        starting=counts[p][1],
+                        stopping=counts[p][2],
+                        weight=self.weights.get(model, {}).get(p, 0.0),
+                    )
+        return ServeView(deployed=True, pools=pools, replicas=tuple(rows))
+
+    def loads(self) -> Mapping[str, float]:
+        return {}
+
+    def request_external(self, bundles: list[dict[str, float]]) -> None:
+        self.world.want_external_gpus(int(sum(b.get("GPU", 0.0) for b in bundles)))
+
+    def scale_pool(self, model: str, pool: Pool, num_replicas: int) -> None:
+        if num_replicas < self.targets.get((model, pool), 0):
+            planned = {p: self.targets.get((model, p), 0) for p in POOLS}
+            planned[pool] = num_replicas
+            self.route_for_targets(model, planned)
+        self.targets[(model, pool)] = num_replicas
+        self.reconcile()
+
+    def set_route_weights(self, model: str, weights: Mapping[Pool, float]) -> None:
+        self.weights[model] = dict(weights)
+        self.generation += 1
+
+    def set_pool_target(self, model: str, pool: Pool, num_replicas: int) -> None:
+        if self.targets.get((model, pool)) != num_replicas:
+            self.targets[(model, pool)] = num_replicas
+            self.reconcile()
+
+    def pool_running(self, model: str, pool: Pool, target: int) -> bool:
+        return self.targets.get((model, pool)) == target and self.running(model, pool) >= target
+
+    def pool_settled(self, model: str, pool: Pool, target: int) -> bool:
+        mine = [r for r in self.by_model[model] if r.pool is pool]
+        return self.targets.get((model, pool)) == target and all(
+            r.state is ReplicaState.RUNNING for r in mine
+        )
+
+    def route_for_targets(self, model: str, planned: Mapping[Pool, int]) -> int:
+        running = {p: min(self.running(model, p), planned.get(p, 0)) for p in POOLS}
+        total = sum(running.values())
+        if total:
+            self.set_route_weights(model, {p: n / total for p, n in running.items()})
+        return self.generation
+
+    def route_applied(self, generation: int) -> bool:
+        return self.generation >= generation

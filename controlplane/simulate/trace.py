@@ -1,0 +1,203 @@
+"""The trace every scheme replays: jobs, node failures, faults and request curves, from a seed.
+
+Owns: `Trace` and `make_trace(scenario)`, which draws everything random once, from
+``random.Random(scenario.seed)``, so every scheme meets the same jobs, the same failures at
+the same instants on the same nodes, and the same demand. Jobs come from the scenario's trace
+file when it names one (`read_trace`), else from the generator: Poisson arrivals over the
+horizon, gang sizes and priorities from the scenario's mixes, lognormal run times scaled so
+that the GPU-hours offered are ``offered_load`` x the cluster's GPU-hours.
+
+Node failures are a Poisson process per node at ``gpus_per_node / gpu_mttf_hours``; hot and
+fabric faults at their yearly rates; each fault escalates to a hard failure (if the node is
+still in service then) with ``fault_escalation_probability``. Demand: per model, a daily
+cosine between ``trough_fraction x peak`` and the peak, stepping every ``demand_step_s``,
+with multiplicative noise.
+
+Must not: decide or simulate anything.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from controlplane.simulate.scenario import Scenario, ScenarioError, read_bounded
+
+__all__ = ["Fault", "JobSpec", "Trace", "make_trace", "read_trace"]
+
+MAX_TRACE_JOBS = 200_000
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    job_id: str
+    submit_s: float
+    num_workers: int
+    gpus_per_worker: int
+    work_s: float
+    """Seconds of uninterrupted training the job needs."""
+    priority: str
+
+    @property
+    def gpus(self) -> int:
+        return self.num_workers * self.gpus_per_worker
+
+
+@dataclass(frozen=True)
+class Fault:
+    at_s: float
+    node: int
+    kind: str
+    """``hot`` or ``fabric``."""
+    escalates: bool
+
+
+@dataclass(frozen=True)
+class Trace:
+    jobs: tuple[JobSpec, ...]
+    failures: tuple[tuple[float, int], ...]
+    """(time, node index) of every hard failure."""
+    faults: tuple[Fault, ...]
+    demand_rps: dict[str, tuple[float, ...]]
+    """Per model, requests per second for each demand step."""
+
+    def rps(self, model: str, step: int) -> float:
+        steps = self.demand_rps[model]
+        return steps[min(step, len(steps) - 1)]
+
+
+def _gang(gpus: int, gpus_per_node: int) -> tuple[int, int]:
+    """(workers, GPUs per worker): whole-node workers for gangs of a node or more."""
+    if gpus >= gpus_per_node:
+        return gpus // gpus_per_node, gpus_per_node
+    return 1, gpus
+
+
+def _pick(rng: random.Random, mix: dict[str, float]) -> str:
+    keys = sorted(mix, key=lambda k: (len(k), k))
+    return rng.choices(keys, weights=[mix[k] for k in keys])[0]
+
+
+def _poisson_times(rng: random.Random, rate_per_s: float, horizon_s: float) -> list[float]:
+    out: list[float] = []
+    if rate_per_s <= 0:
+        return out
+    t = rng.expovariate(rate_per_s)
+    while t < horizon_s:
+        out.append(t)
+        t += rng.expovariate(rate_per_s)
+    return out
+
+
+def _generate_jobs(s: Scenario, rng: random.Random) -> list[JobSpec]:
+    t = s.training
+    horizon = s.horizon_s
+    raw: list[tuple[float, int, int, float, str]] = []
+    arrivals = sorted(rng.uniform(0, horizon) for _ in range(t.jobs))
+    mu = math.log(t.median_hours * 3600.0)
+    for at in arrivals:
+        workers, per_worker = _gang(int(_pick(rng, t.gang_gpus)), s.gpus_per_node)
+        run_s = min(rng.lognormvariate(mu, t.sigma), t.max_hours * 3600.0)
+        raw.append((at, workers, per_worker, max(60.0, run_s), _pick(rng, t.priorities)))
+    offered = sum(w * g * r for _, w, g, r, _ in raw)
+    target = t.offered_load * s.nodes * s.gpus_per_node * horizon
+    scale = target / offered if offered > 0 else 1.0
+    return [
+        JobSpec(f"j{i:06d}", at, w, g, max(60.0, r * scale), prio)
+        for i, (at, w, g, r, prio) in enumerate(raw)
+    ]
+
+
+def read_trace(path: str, s: Scenario) -> list[JobSpec]:
+    """Jobs from a trace file: a list of mappings with ``submit_h``, ``num_workers``,
+    ``gpus_per_worker``, ``hours`` and ``priority``; errors name the entry and field."""
+    raw = read_bounded(path, "trace file")
+    if not isinstance(raw, list):
+        raise ScenarioError(f"trace file {path!r}: must be a list of jobs")
+    if len(raw) > MAX_TRACE_JOBS:
+        raise ScenarioError(f"trace file {path!r}: more than {MAX_TRACE_JOBS} jobs")
+    errors: list[str] = []
+    jobs: list[JobSpec] = []
+    fields = {"submit_h": float, "num_workers": int, "gpus_per_worker": int, "hours": float}
+    for i, item in enumerate(raw):
+        where = f"training.trace[{i}]"
+        if not isinstance(item, dict):
+            errors.append(f"{where}: must be a mapping")
+            continue
+        unknown = set(item) - set(fields) - {"priority"}
+        if unknown:
+            errors.append(f"{where}.{sorted(unknown)[0]}: unknown key")
+        vals: dict[str, float] = {}
+        for name, kind in fields.items():
+            v = item.get(name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                errors.append(f"{where}.{name}: must be a finite number, got {v!r}")
+                continue
+            if v < 0 or (kind is int and (v != int(v) or v < 1)):
+                errors.append(f"{where}.{name}: out of range, got {v!r}")
+                continue
+            vals[name] = v
+        prio = item.get("priority", "medium")
+        if not isinstance(prio, str):
+            errors.append(f"{where}.priority: must be a string, got {prio!r}")
+        if len(vals) == len(fields) and isinstance(prio, str):
+            if vals["gpus_per_worker"] > s.gpus_per_node:
+                errors.append(f"{where}.gpus_per_worker: more than one node has")
+                continue
+            jobs.append(
+                JobSpec(
+                    f"j{i:06d}",
+                    vals["submit_h"] * 3600.0,
+                    int(vals["num_workers"]),
+                    int(vals["gpus_per_worker"]),
+                    max(1.0, vals["hours"] * 3600.0),
+                    prio,
+                )
+            )
+    if errors:
+        raise ScenarioError(f"invalid trace {path}:\n  " + "\n  ".join(errors[:50]))
+    return sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
+
+
+def _demand(s: Scenario, rng: random.Random) -> dict[str, tuple[float, ...]]:
+    step_s = s.serving.demand_step_s
+    steps = int(math.ceil(s.horizon_s / step_s)) + 1
+    out: dict[str, tuple[float, ...]] = {}
+    for m in s.serving.models:
+        values = []
+        for k in range(steps):
+            hour = (k * step_s / 3600.0) % 24.0
+            shape = (1 + math.cos(2 * math.pi * (hour - m.peak_hour) / 24.0)) / 2
+            base = m.peak_rps * (m.trough_fraction + (1 - m.trough_fraction) * shape)
+            noise = max(0.0, 1 + rng.gauss(0.0, s.serving.noise)) if s.serving.noise else 1.0
+            values.append(base * noise)
+        out[m.name] = tuple(values)
+    return out
+
+
+def make_trace(s: Scenario) -> Trace:
+    """Everything random about the run, drawn once from the seed (see the module doc)."""
+    rng = random.Random(s.seed)
+    jobs = read_trace(s.training.trace, s) if s.training.trace else _generate_jobs(s, rng)
+    f = s.failures
+    horizon = s.horizon_s
+    node_rate = s.gpus_per_node / (f.gpu_mttf_hours * 3600.0)
+    fail_rng = random.Random(rng.random())
+    failures = tuple(
+        (at, fail_rng.randrange(s.nodes))
+        for at in _poisson_times(fail_rng, node_rate * s.nodes, horizon)
+    )
+    faults: list[Fault] = []
+    year_s = 365 * 86400.0
+    for kind, per_year in (
+        ("hot", f.hot_faults_per_node_year),
+        ("fabric", f.fabric_faults_per_node_year),
+    ):
+        fr = random.Random(rng.random())
+        for at in _poisson_times(fr, per_year * s.nodes / year_s, horizon):
+            faults.append(
+                Fault(at, fr.randrange(s.nodes), kind, fr.random() < f.fault_escalation_probability)
+            )
+    faults.sort(key=lambda x: (x.at_s, x.node, x.kind))
+    return Trace(tuple(jobs), failures, tuple(faults), _demand(s, random.Random(rng.random())))

@@ -1,0 +1,388 @@
+"""The simulated fleet: nodes, training jobs and the external pool, with GPU bookkeeping.
+
+Owns: `World` (every node's GPUs and who holds them, every job's life: queued, running,
+checkpointing out, done), the training model (`JobRun`: a job restores, then trains in
+cycles of ``interval_s`` of work and one checkpoint stall; a failure loses the work since the
+last commit; a checkpoint-first preemption loses none but costs a stall), the external pool
+(nodes requested, billed from the request, up after ``provision_s``, released once idle for
+the control plane's ``pools.external.idle_timeout_s``), and the accounting of GPU-seconds
+the report turns into figures (`Tally`). The serving plane lives in
+`controlplane.simulate.serving`, over the same nodes.
+
+GPUs are never double-booked: every grab goes through `World.take`, which raises if a node
+has fewer free GPUs than asked (a scheme bug, never a silent overlap).
+
+Must not: decide (schemes do), or draw random numbers (the trace holds them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+from controlplane.simulate.engine import EventKind, EventQueue
+from controlplane.simulate.trace import JobSpec
+from policies.snapshot import NodeView, Pool
+
+__all__ = ["JobPhase", "JobRun", "Node", "Tally", "World"]
+
+
+@dataclass
+class Node:
+    node_id: str
+    pool: Pool
+    gpus: int
+    used: int = 0
+    up: bool = True
+    out: bool = False
+    """Taken out of service by a scheme (health drain) until repaired."""
+    fault: str | None = None
+    version: int = 0
+    billed_since_s: float = 0.0
+    ready_s: float = 0.0
+    _view: NodeView | None = None
+
+    @property
+    def free(self) -> int:
+        return self.gpus - self.used if self.up and not self.out else 0
+
+    def view(self) -> NodeView:
+        """The snapshot's row (cached until the node changes)."""
+        if self._view is None:
+            self._view = NodeView(
+                self.node_id, self.pool, self.gpus, max(0, self.gpus - self.used), self.up
+            )
+        return self._view
+
+    def touch(self) -> None:
+        self._view = None
+        self.version += 1
+
+
+class JobPhase(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    CHECKPOINTING_OUT = "checkpointing_out"
+    DONE = "done"
+    REJECTED = "rejected"
+
+
+@dataclass
+class JobRun:
+    spec: JobSpec
+    interval_s: float
+    stall_s: float
+    restore_s: float
+    phase: JobPhase = JobPhase.QUEUED
+    placement: dict[str, int] = field(default_factory=dict)
+    queued_s: float = 0.0
+    not_before_s: float | None = None
+    admitted_s: float = 0.0
+    committed_s: float = 0.0
+    """Work (seconds) safely in a checkpoint."""
+    base_s: float = 0.0
+    """Work committed when this run started."""
+    compute_start_s: float = 0.0
+    first_admit_s: float | None = None
+    finish_s: float | None = None
+    version: int = 0
+    preemptions: int = 0
+    failures: int = 0
+    lost_failure_s: float = 0.0
+    lost_preempt_s: float = 0.0
+    stall_total_s: float = 0.0
+    restore_total_s: float = 0.0
+
+    @property
+    def gpus(self) -> int:
+        return self.spec.gpus
+
+    def at(self, now_s: float) -> tuple[float, float, float]:
+        """(work done, work committed, stall seconds) of the current run at `now_s`."""
+        e = now_s - self.compute_start_s
+        if e <= 0:
+            return self.base_s, self.base_s, 0.0
+        cycle = self.interval_s + self.stall_s
+        n = math.floor(e / cycle)
+        r = e - n * cycle
+        done = self.base_s + n * self.interval_s + min(r, self.interval_s)
+        committed = (
+            self.base_s + n * self.interval_s + (self.interval_s if r >= self.interval_s else 0.0)
+        )
+        stalls = n * self.stall_s + max(0.0, r - self.interval_s)
+        work = self.spec.work_s
+        return min(done, work), min(committed, work), stalls
+
+    def last_commit_s(self, now_s: float) -> float | None:
+        """When the newest checkpoint of this run committed (None: none yet this run and
+        nothing before)."""
+        e = now_s - self.compute_start_s
+        cycle = self.interval_s + self.stall_s
+        n = math.floor(e / cycle) if e > 0 else 0
+        r = e - n * cycle if e > 0 else 0.0
+        if r >= self.interval_s:
+            return self.compute_start_s + n * cycle + self.interval_s
+        if n > 0:
+            return self.compute_start_s + (n - 1) * cycle + self.interval_s
+        return self.admitted_s if self.base_s > 0 else None
+
+    def end_s(self) -> float:
+        """When the current run finishes if nothing stops it."""
+        left = max(0.0, self.spec.work_s - self.base_s)
+        checkpoints = max(0, math.ceil(left / self.interval_s) - 1)
+        return self.compute_start_s + left + checkpoints * self.stall_s
+
+
+@dataclass
+class Tally:
+    """GPU-seconds and counts the report turns into figures."""
+
+    owned_gpu_s: float = 0.0
+    used_gpu_s: float = 0.0
+    training_gpu_s: float = 0.0
+    external_gpu_s: float = 0.0
+    external_serving_gpu_s: float = 0.0
+    idle_with_queue_gpu_s: float = 0.0
+    """Owned GPUs idle while a training job waited (what better packing could win)."""
+
+
+class World:
+    def __init__(
+        self,
+        num_nodes: int,
+        gpus_per_node: int,
+        external_gpus_per_node: int,
+        external_max_nodes: int,
+        provision_s: float,
+        idle_timeout_s: float,
+        queue: EventQueue,
+    ) -> None:
+        self.events = queue
+        self.nodes: dict[str, Node] = {
+            f"n{i:05d}": Node(f"n{i:05d}", Pool.CLUSTER, gpus_per_node) for i in range(num_nodes)
+        }
+        self.cluster_ids = list(self.nodes)
+        self.cluster_gpus = num_nodes * gpus_per_node
+        self.ext_gpn = external_gpus_per_node
+        self.ext_max = external_max_nodes
+        self.provision_s = provision_s
+        self.idle_timeout_s = idle_timeout_s
+        self.external: dict[str, Node] = {}
+        self._ext_seq = 0
+        self.jobs: dict[str, JobRun] = {}
+        self.queued: dict[str, JobRun] = {}
+        self.running: dict[str, JobRun] = {}
+        self.cluster_used = 0
+        self.training_used = 0
+        self.tally = Tally()
+        self.now_s = 0.0
+        self.queue_since_change = 0
+
+    # -- GPUs ----------------------------------------------------------------------------------
+
+    def node(self, node_id: str) -> Node:
+        return self.nodes.get(node_id) or self.external[node_id]
+
+    def take(self, node_id: str, gpus: int, training: bool) -> None:
+        n = self.node(node_id)
+        if gpus > n.free:
+            raise AssertionError(
+                f"double-booked: {gpus} GPU(s) asked of {node_id}, {n.free} free "
+                f"(up={n.up}, out={n.out}, used={n.used}/{n.gpus})"
+            )
+        n.used += gpus
+        n.touch()
+        if n.pool is Pool.CLUSTER:
+            self.cluster_used += gpus
+            if training:
+                self.training_used += gpus
+
+    def give(self, node_id: str, gpus: int, training: bool) -> None:
+        n = self.node(node_id)
+        assert 0 <= gpus <= n.used, f"{node_id}: giving back {gpus} of {n.used}"
+        n.used -= gpus
+        n.touch()
+        if n.pool is Pool.CLUSTER:
+            self.cluster_used -= gpus
+            if training:
+                self.training_used -= gpus
+
+    # -- time ----------------------------------------------------------------------------------
+
+    def advance(self, now_s: float) -> None:
+        dt = now_s - self.now_s
+        if dt > 0:
+            t = self.tally
+            t.owned_gpu_s += self.cluster_gpus * dt
+            t.used_gpu_s += self.cluster_used * dt
+            t.training_gpu_s += self.training_used * dt
+            t.external_gpu_s += len(self.external) * self.ext_gpn * dt
+            t.external_serving_gpu_s += sum(n.used for n in self.external.values()) * dt
+            if self.queued:
+                t.idle_with_queue_gpu_s += (self.cluster_gpus - self.cluster_used) * dt
+        self.now_s = now_s
+
+    # -- jobs ----------------------------------------------------------------------------------
+
+    def submit(self, run: JobRun) -> None:
+        run.queued_s = run.spec.submit_s
+        self.jobs[run.spec.job_id] = run
+        self.queued[run.spec.job_id] = run
+        self.queue_since_change += 1
+
+    def admit(self, job_id: str, placement: dict[str, int]) -> None:
+        run = self.queued.pop(job_id)
+        assert sum(placement.values()) == run.gpus, f"{job_id}: placement {placement}"
+        for node_id, gpus in placement.items():
+            self.take(node_id, gpus, training=True)
+        now = self.now_s
+        run.phase = JobPhase.RUNNING
+        run.placement = dict(placement)
+        run.admitted_s = now
+        run.base_s = run.committed_s
+        restore = run.restore_s if run.committed_s > 0 else 0.0
+        run.restore_total_s += restore
+        run.compute_start_s = now + restore
+        if run.first_admit_s is None:
+            run.first_admit_s = now
+        run.version += 1
+        self.running[job_id] = run
+        self.events.push(run.end_s(), EventKind.JOB_END, job_id, run.version)
+
+    def _settle(self, run: JobRun, keep_all: bool) -> None:
+        """Close the current run at now: bank stalls, commit (all of it when `keep_all`)."""
+        done, committed, stalls = run.at(self.now_s)
+        run.stall_total_s += stalls
+        lost = 0.0 if keep_all else done - committed
+        run.committed_s = done if keep_all else committed
+        if not keep_all:
+            run.lost_failure_s += lost
+
+    def preempt(self, job_id: str, checkpoint_first: bool, requeue_after_s: float = 0.0) -> None:
+        """Stop a running gang: checkpoint first (its GPUs free after one stall, nothing
+        lost) or kill it (work since the last commit lost, counted as lost to preemption)."""
+        run = self.running.get(job_id)
+        if run is None or run.phase is not JobPhase.RUNNING:
+            return
+        run.preemptions += 1
+        run.version += 1
+        if checkpoint_first:
+            self._settle(run, keep_all=True)
+            run.stall_total_s += run.stall_s
+            run.phase = JobPhase.CHECKPOINTING_OUT
+            self.events.push(self.now_s + run.stall_s, EventKind.JOB_RELEASED, job_id, run.version)
+            return
+        done, committed, _ = run.at(self.now_s)
+        self._settle(run, keep_all=False)
+        run.lost_failure_s -= done - committed
+        run.lost_preempt_s += done - committed
+        self._requeue(run, requeue_after_s)
+
+    def released(self, job_id: str, version: int) -> None:
+        run = self.running.get(job_id)
+        if run is not None and run.version == version and run.phase is JobPhase.CHECKPOINTING_OUT:
+            self._requeue(run, 0.0)
+
+    def _requeue(self, run: JobRun, backoff_s: float) -> None:
+        for node_id, gpus in run.placement.items():
+            self.give(node_id, gpus, training=True)
+        run.placement = {}
+        del self.running[run.spec.job_id]
+        run.phase = JobPhase.QUEUED
+        run.queued_s = self.now_s
+        run.not_before_s = self.now_s + backoff_s if backoff_s > 0 else None
+        run.version += 1
+        self.queued[run.spec.job_id] = run
+        self.queue_since_change += 1
+
+    def finish(self, job_id: str, version: int) -> bool:
+        run = self.running.get(job_id)
+        if run is None or run.version != version or run.phase is not JobPhase.RUNNING:
+            return False
+        self._settle(run, keep_all=True)
+        run.committed_s = run.spec.work_s
+        for node_id, gpus in run.placement.items():
+            self.give(node_id, gpus, training=True)
+        run.placement = {}
+        del self.running[job_id]
+        run.phase = JobPhase.DONE
+        run.finish_s = self.now_s
+        run.version += 1
+        return True
+
+    def reject(self, job_id: str) -> None:
+        run = self.queued.pop(job_id, None)
+        if run is not None:
+            run.phase = JobPhase.REJECTED
+
+    def useful_s(self, run: JobRun) -> float:
+        """Work kept so far (done work of a running job counts: it is not lost yet)."""
+        if run.phase is JobPhase.RUNNING:
+            return run.at(self.now_s)[0]
+        return run.committed_s
+
+    # -- failures ------------------------------------------------------------------------------
+
+    def gangs_on(self, node_id: str) -> list[JobRun]:
+        return sorted(
+            (r for r in self.running.values() if node_id in r.placement),
+            key=lambda r: r.spec.job_id,
+        )
+
+    def fail_node(self, node_id: str, backoff_s: float) -> None:
+        """A hard failure: every gang there loses its work since the last commit and is
+        re-queued (after the restart backoff); the node is down until `node_back`."""
+        n = self.nodes[node_id]
+        for run in self.gangs_on(node_id):
+            run.failures += 1
+            run.version += 1
+            if run.phase is JobPhase.RUNNING:
+                self._settle(run, keep_all=False)
+            self._requeue(run, backoff_s)
+        n.up = False
+        n.touch()
+
+    def node_back(self, node_id: str) -> None:
+        n = self.nodes[node_id]
+        n.up = True
+        n.out = False
+        n.fault = None
+        n.touch()
+
+    # -- the external pool ---------------------------------------------------------------------
+
+    def want_external_gpus(self, gpus: int) -> None:
+        """Have ``ceil(gpus / gpus_per_node)`` external nodes (at most the pool's maximum):
+        new ones are billed now and up after ``provision_s``; idle ones beyond that go after
+        the idle timeout."""
+        want = min(self.ext_max, -(-max(0, gpus) // self.ext_gpn))
+        for _ in range(want - len(self.external)):
+            self._ext_seq += 1
+            node_id = f"x{self._ext_seq:05d}"
+            n = Node(node_id, Pool.EXTERNAL, self.ext_gpn, up=False)
+            n.billed_since_s = self.now_s
+            n.ready_s = self.now_s + self.provision_s
+            self.external[node_id] = n
+            self.events.push(n.ready_s, EventKind.EXTERNAL_NODE_UP, node_id)
+        self.external_wanted = want
+        if len(self.external) > want:
+            self.events.push(self.now_s + self.idle_timeout_s, EventKind.EXTERNAL_IDLE)
+
+    external_wanted = 0
+
+    def external_up(self, node_id: str) -> None:
+        n = self.external.get(node_id)
+        if n is not None:
+            n.up = True
+            n.touch()
+
+    def release_idle_external(self) -> None:
+        surplus = len(self.external) - self.external_wanted
+        for node_id in sorted(self.external, reverse=True):
+            if surplus <= 0:
+                break
+            n = self.external[node_id]
+            if n.used == 0:
+                del self.external[node_id]
+                surplus -= 1

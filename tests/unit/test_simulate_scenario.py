@@ -1,0 +1,177 @@
+"""Scenario and trace files: bad input gets a clear error naming the field; the CLI runs
+one small scenario end to end and loads without matplotlib, Ray or torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from controlplane.cli import cli
+from controlplane.simulate.scenario import (
+    MAX_SCENARIO_BYTES,
+    ScenarioError,
+    control_config,
+    load_scenario,
+    scenario_from_dict,
+)
+from controlplane.simulate.trace import make_trace
+
+
+@pytest.mark.parametrize(
+    "raw, field",
+    [
+        ({"nodes": "many"}, "nodes: must be a number"),
+        ({"nodes": 0}, "nodes: must be in [1, 100000]"),
+        ({"days": float("nan")}, "days: must be a finite number"),
+        ({"seed": 1.5}, "seed: must be a whole number"),
+        ({"bogus": 1}, "bogus: unknown key"),
+        (
+            {"training": {"offered_load": float("inf")}},
+            "training.offered_load: must be a finite number",
+        ),
+        (
+            {"training": {"gang_gpus": {"12": 1.0}}},
+            "training.gang_gpus.12: a gang bigger than a node",
+        ),
+        ({"training": {"priorities": {}}}, "training.priorities: at least one entry"),
+        (
+            {"serving": {"models": [{"name": "a", "gpus_per_replica": 16}]}},
+            "serving.models[0].gpus_per_replica",
+        ),
+        (
+            {"serving": {"models": [{"name": "a"}, {"name": "a"}]}},
+            "serving.models[1].name: must be a unique",
+        ),
+        (
+            {"serving": {"models": [{"name": "a", "min_replicas": 5, "max_replicas": 2}]}},
+            "serving.models[0].max_replicas",
+        ),
+        ({"serving": {"models": [{"nmae": "a"}]}}, "serving.models[0].nmae: unknown key"),
+        (
+            {"failures": {"fault_escalation_probability": 2}},
+            "failures.fault_escalation_probability: must be in [0, 1]",
+        ),
+        (
+            {"schemes": {"static_serving_share": "half"}},
+            "schemes.static_serving_share: must be a number",
+        ),
+        (
+            {"config": {"pools.external.max_nodes": [1]}},
+            "config.pools.external.max_nodes: must be a plain value",
+        ),
+        ([1, 2], "scenario: must be a mapping"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_a_bad_scenario_names_the_field(raw: object, field: str) -> None:
+    with pytest.raises(ScenarioError) as info:
+        scenario_from_dict(raw)
+    assert field in str(info.value)
+
+
+def test_a_bad_control_plane_override_names_its_key() -> None:
+    s = scenario_from_dict({"config": {"pools.external.max_nodes": -1}})
+    with pytest.raises(ScenarioError) as info:
+        control_config(s)
+    assert "pools.external.max_nodes" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text, suffix, field",
+    [
+        ('{"days": NaN}', ".json", "not a finite number"),
+        ("days: [\n", ".yaml", "not valid YAML"),
+        ("days: .inf\n", ".yaml", "days: must be a finite number"),
+    ],
+    ids=["json-nan", "broken-yaml", "yaml-inf"],
+)
+def test_a_bad_file_is_refused_with_its_problem(
+    tmp_path: Path, text: str, suffix: str, field: str
+) -> None:
+    path = tmp_path / f"scenario{suffix}"
+    path.write_text(text)
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    assert field in str(info.value)
+
+
+def test_a_file_too_big_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text("#" * (MAX_SCENARIO_BYTES + 1))
+    with pytest.raises(ScenarioError, match="more than"):
+        load_scenario(path)
+
+
+def test_a_bad_trace_names_the_entry_and_field(tmp_path: Path) -> None:
+    (tmp_path / "jobs.json").write_text(
+        json.dumps([{"submit_h": 1, "num_workers": 0, "gpus_per_worker": 8, "hours": 2}])
+    )
+    (tmp_path / "s.yaml").write_text("training:\n  trace: jobs.json\n")
+    with pytest.raises(ScenarioError, match=r"training.trace\[0\].num_workers"):
+        make_trace(load_scenario(tmp_path / "s.yaml"))
+
+
+def test_a_trace_file_replaces_the_generator(tmp_path: Path) -> None:
+    jobs = [
+        {"submit_h": 0.5, "num_workers": 2, "gpus_per_worker": 8, "hours": 3, "priority": "high"}
+    ]
+    (tmp_path / "jobs.yaml").write_text(json.dumps(jobs))
+    (tmp_path / "s.yaml").write_text("nodes: 4\ntraining:\n  trace: jobs.yaml\n")
+    trace = make_trace(load_scenario(tmp_path / "s.yaml"))
+    assert [(j.submit_s, j.gpus, j.work_s, j.priority) for j in trace.jobs] == [
+        (1800.0, 16, 10800.0, "high")
+    ]
+
+
+SMALL = """
+nodes: 8
+days: 0.5
+training: {jobs: 20, gang_gpus: {"8": 1.0}, median_hours: 1, max_hours: 3}
+serving:
+  models:
+    - {name: m, gpus_per_replica: 1, replica_rps: 10, peak_rps: 50, min_replicas: 1, max_replicas: 20}
+config: {pools.external.max_nodes: 1}
+"""
+
+
+def test_rcp_simulate_prints_the_table_and_one_json_object(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text(SMALL)
+    result = CliRunner().invoke(
+        cli,
+        [
+            "simulate",
+            "--scenario",
+            str(tmp_path / "s.yaml"),
+            "-o",
+            str(tmp_path / "out"),
+            "--no-png",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(summary["schemes"]) == {"ours", "static-split", "evict-first", "time-of-day"}
+    assert {g["goal"].split(" ")[0] for g in summary["goals"]} >= {"training", "zero", "external"}
+    assert summary["decision_cost"]["decisions"] > 0
+    assert (tmp_path / "out" / "report.md").read_text().startswith("# Fleet simulation")
+
+
+def test_rcp_simulate_exits_2_naming_the_field(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text("nodes: -3\n")
+    result = CliRunner().invoke(cli, ["simulate", "--scenario", str(tmp_path / "s.yaml")])
+    assert result.exit_code == 2
+    assert "nodes: must be in" in result.output
+
+
+def test_the_cli_loads_without_matplotlib_ray_or_torch() -> None:
+    code = (
+        "import sys, controlplane.cli, controlplane.simulate.report; "
+        "print(sorted(m for m in ('matplotlib', 'ray', 'torch') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
