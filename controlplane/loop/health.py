@@ -90,6 +90,8 @@ class HealthKeeper:
         self.verdicts: dict[str, NodeVerdict] = {}
         """The verdicts the last tick acted on, by node id."""
         self.agent_nodes: set[str] = set()
+        self.latest: dict[str, Mapping[str, object]] = {}
+        """The newest telemetry sample of each node (for `rcp nodes` and `rcp health`)."""
         self.draining: set[str] = set()
         """Nodes Ray drains, as of this tick's observe phase."""
         self.drained_by_others: frozenset[str] = frozenset()
@@ -142,6 +144,11 @@ class HealthKeeper:
                 self._agent_ids,
             )
             verdicts, new_state = judge(samples, self.cfg.health, state, snapshot.now_s)
+            for node_id, node_samples in samples.items():
+                if node_samples:
+                    self.latest[node_id] = node_samples[-1]
+            live = {n.node_id for n in snapshot.nodes}
+            self.latest = {n: s for n, s in self.latest.items() if n in live}
             new_state = keep_nodes(new_state, (n.node_id for n in snapshot.nodes))
             self.store.put(HEALTH_STATE_KEY, new_state.to_dict())
         verdicts, self.drained_by_others = acting_verdicts(
@@ -263,7 +270,7 @@ class HealthKeeper:
 
     # -- the operator's requests ---------------------------------------------------------------
 
-    def clear_node(self, node: str) -> tuple[str, bool]:
+    def clear_node(self, node: str, by: str = "operator") -> tuple[str, bool]:
         """Forget `node`'s lemon record (id, prefix or suffix); (node id, cordoned)."""
         with self._lock:
             state = HealthState.from_dict(self.store.get_value(HEALTH_STATE_KEY, {}) or {})
@@ -278,19 +285,22 @@ class HealthKeeper:
                 )
             (node_id,) = matches
             self.store.put(HEALTH_STATE_KEY, clear_lemon(state, [node_id]).to_dict())
-        self._record(EventKind.HEALTH_CLEAR, f"node {node_id}: lemon record cleared by operator")
+        self._record(EventKind.HEALTH_CLEAR, f"node {node_id}: lemon record cleared by {by}")
         return node_id, node_id in self.remediator.cordoned
 
     def breaker_state(self) -> BreakerState:
         with self._breaker_lock:
             return self.breaker.state
 
-    def reset_breaker(self) -> BreakerState:
+    def reset_breaker(self, by: str = "operator", reason: str = "") -> BreakerState:
         """Close the breaker, store it at once; the state before."""
         with self._breaker_lock:
-            before = self.breaker.reset()
+            before = self.breaker.reset(f"{by} ({reason})" if reason else by)
             self.store.put(BREAKER_KEY, self.breaker.state.to_dict())
         return before
 
     def cordoned(self) -> Mapping[str, float]:
         return dict(self.remediator.cordoned)
+
+    def replaced(self) -> dict[str, float]:
+        return dict(self.remediator.replaced)

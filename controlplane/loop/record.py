@@ -81,6 +81,7 @@ class EventKind(str, Enum):
     SERVE_UNPIN = "serve.unpin"
     NODE_CORDON = "node.cordon"
     NODE_UNCORDON = "node.uncordon"
+    FAULT_INJECT = "fault.inject"
 
 
 _POLICY_KINDS: dict[type, EventKind] = {
