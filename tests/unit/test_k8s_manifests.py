@@ -586,11 +586,89 @@ def test_head_ports_match_the_config_and_services(tmp_path: Path) -> None:
     controller = head_container(raycluster(), CONTROLLER_CONTAINER)
     api_ports = {p["name"]: p["containerPort"] for p in controller["ports"]}
     assert api_ports == {"rcp-api": cfg.api.port}
-    for svc_name, port_name in (("rcp-serve", "serve"), ("rcp-api", "rcp-api")):
-        svc = one("Service", svc_name).body
-        assert svc["spec"]["selector"] == {"ray.io/cluster": "rcp", "ray.io/node-type": "head"}
-        assert [p["targetPort"] for p in svc["spec"]["ports"]] == [port_name]
+    api = one("Service", "rcp-api").body
+    assert api["spec"]["selector"] == {"ray.io/cluster": "rcp", "ray.io/node-type": "head"}
+    assert [p["targetPort"] for p in api["spec"]["ports"]] == ["rcp-api"]
+    serve = one("Service", "rcp-serve").body
+    assert [p["targetPort"] for p in serve["spec"]["ports"]] == ["serve"]
     assert one("RayCluster").name == "rcp"
+
+
+def _serving_templates() -> list[tuple[str, str, dict[str, Any]]]:
+    """(node type, group, pod template) of every pod that can run a Serve proxy: the head
+    and every worker group (each can hold replicas)."""
+    spec = raycluster()["spec"]
+    found = [("head", "headgroup", spec["headGroupSpec"]["template"])]
+    found += [("worker", g["groupName"], g["template"]) for g in spec["workerGroupSpecs"]]
+    return found
+
+
+def test_serve_service_selects_every_serving_pod(tmp_path: Path) -> None:
+    """Serve runs a proxy on the head and on every node with a replica (EveryNode); the
+    rcp-serve Service must reach all of them, so traffic goes on while the head is down."""
+    port = rcp_config(tmp_path).serve.http_port
+    selector = one("Service", "rcp-serve").body["spec"]["selector"]
+    assert selector.get("ray.io/cluster") == "rcp"
+    assert "ray.io/node-type" not in selector, "selects the head only"
+    for node_type, group, template in _serving_templates():
+        # The labels KubeRay adds to every pod of the RayCluster, over the template's own.
+        labels = {
+            **template["metadata"]["labels"],
+            "ray.io/cluster": "rcp",
+            "ray.io/node-type": node_type,
+            "ray.io/group": group,
+        }
+        missing = {k: v for k, v in selector.items() if labels.get(k) != v}
+        assert not missing, f"{group}: rcp-serve does not select it ({missing})"
+        container = template["spec"]["containers"][0]
+        ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+        assert ports.get("serve") == port, f"{group}: no container port `serve` = {port}"
+
+
+@pytest.mark.parametrize("group_name", list(GROUP_POOLS))
+def test_a_worker_is_a_serve_endpoint_only_while_its_proxy_is_healthy(
+    group_name: str, tmp_path: Path
+) -> None:
+    """A worker without replicas has no proxy, and a draining node's proxy answers 503 on
+    /-/healthz: the readiness probe takes the pod out of rcp-serve's endpoints (new
+    connections go elsewhere before the node goes), and still checks the raylet as KubeRay's
+    own probe would."""
+    port = rcp_config(tmp_path).serve.http_port
+    probe = ray_container(worker_group(raycluster(), group_name))["readinessProbe"]
+    command = " ".join(probe["exec"]["command"])
+    assert f"http://localhost:{port}/-/healthz" in command
+    assert "/api/local_raylet_healthz" in command
+    assert " && " in command  # both must pass
+    assert probe["failureThreshold"] == 1
+
+
+REDIS_SECRET = "rcp-redis"
+
+
+def test_gcs_fault_tolerance_uses_the_installs_redis_with_a_password_from_a_secret() -> None:
+    ft = raycluster()["spec"]["gcsFaultToleranceOptions"]
+    host, _, port = ft["redisAddress"].rpartition(":")
+    svc = one("Service", "rcp-redis").body
+    assert host.split(".")[:2] == ["rcp-redis", svc["metadata"]["namespace"]]
+    assert int(port) == svc["spec"]["ports"][0]["port"]
+    password = ft["redisPassword"]
+    assert "value" not in password, "the Redis password is a literal in the RayCluster"
+    assert password["valueFrom"] == {"secretKeyRef": {"name": REDIS_SECRET, "key": "password"}}
+    # The server requires the same Secret's key, and never takes it on its command line.
+    redis = one("Deployment", "rcp-redis").body["spec"]["template"]["spec"]["containers"][0]
+    env = _env(redis)
+    assert (
+        env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == password["valueFrom"]["secretKeyRef"]
+    )
+    script = " ".join(redis["args"])
+    assert "requirepass %s" in script and "/run/redis/auth.conf" in script
+    assert script.rstrip().endswith("exec redis-server /etc/redis/redis.conf")
+    conf = one("ConfigMap", "rcp-redis").body["data"]["redis.conf"].splitlines()
+    assert "protected-mode yes" in conf and "appendonly yes" in conf
+    assert "include /run/redis/auth.conf" in conf
+    assert not any(line.startswith("requirepass") for line in conf)
+    example = one("Secret", REDIS_SECRET, manifests()).body
+    assert set(example["stringData"]) == {"password"}
 
 
 def test_every_ray_pod_declares_the_telemetry_exporter_port(tmp_path: Path) -> None:

@@ -236,6 +236,7 @@ GPU = "RayCluster/rcp worker gpu-cluster"
 EXT = "RayCluster/rcp worker gpu-external"
 PROM = "Deployment/prometheus"
 GRAFANA = "Deployment/grafana"
+REDIS = "Deployment/rcp-redis"
 
 # Sources from outside the install's pods.
 OUTSIDERS = {
@@ -278,6 +279,8 @@ SERVICE_SOURCES: dict[tuple[str, str], tuple[str, ...]] = {
     # The controller on the head calls the Kubernetes actuator service; no one else may
     # (networkpolicy-kube-actuator.yaml; test_k8s_security.py checks the refusals).
     ("rcp-kube-actuator", "http"): (HEAD,),
+    # The head's GCS keeps its tables in Redis (GCS fault tolerance); no one else may connect.
+    ("rcp-redis", "redis"): (HEAD,),
 }
 
 
@@ -536,6 +539,7 @@ PORTS: dict[str, Callable[[Any], int]] = {
     "nccl": lambda c: 29500,
     "object-manager": lambda c: 43125,
     "worker-process": lambda c: 10123,
+    "redis": lambda c: 6379,
 }
 
 FLOWS = [
@@ -566,6 +570,19 @@ FLOWS = [
     ("ingress controller", HEAD, "api", True),
     ("api-client namespace", HEAD, "api", True),
     ("serve-client namespace", HEAD, "serve", True),
+    # Serve's proxies on the workers take traffic too (the head may be down).
+    ("ingress controller", GPU, "serve", True),
+    ("ingress controller", EXT, "serve", True),
+    ("serve-client namespace", GPU, "serve", True),
+    ("other namespace", GPU, "serve", False),
+    ("api-client namespace", EXT, "serve", False),
+    # The GCS store: the head only.
+    (HEAD, REDIS, "redis", True),
+    (GPU, REDIS, "redis", False),
+    (EXT, REDIS, "redis", False),
+    ("stranger in rcp", REDIS, "redis", False),
+    ("other RayCluster in rcp", REDIS, "redis", False),
+    ("ingress controller", REDIS, "redis", False),
     # The head's Ray ports: only the cluster's own pods.
     ("other namespace", HEAD, "gcs", False),
     ("stranger in rcp", HEAD, "gcs", False),
@@ -702,7 +719,7 @@ def _set(path: list[Any], value: Any) -> Callable[[dict[str, Any]], None]:
             id="api-port-typo",
         ),
         pytest.param(
-            _drop("rcp-head-serve"),
+            _drop("rcp-serve"),
             "Service/rcp-serve port serve -> RayCluster/rcp head: refused from ingress controller",
             id="serve-port-unadmitted",
         ),

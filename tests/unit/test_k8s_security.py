@@ -78,6 +78,7 @@ EXPECTED_PODS = {
     "RayCluster/rcp worker gpu-external",
     "Deployment/prometheus",
     "Deployment/grafana",
+    "Deployment/rcp-redis",
     ACTUATOR_POD,
 }
 # Containers whose root filesystem may stay writable, and why (docs/operations.md).
