@@ -42,6 +42,7 @@ __all__ = [
     "Cordon",
     "GuardStore",
     "Guards",
+    "Note",
     "Pause",
     "Pin",
     "hold",
@@ -54,13 +55,19 @@ CORDONS_KEY = "nodes.cordoned"
 
 
 @dataclass(frozen=True)
-class Pause:
+class Note:
+    """Who set a guard, why, and since when: a pause, or a hand cordon of one node."""
+
     by: str
     reason: str
     since_s: float
 
     def to_json(self) -> dict[str, JsonValue]:
         return {"by": self.by, "reason": self.reason, "since_s": self.since_s}
+
+
+Pause = Note
+Cordon = Note
 
 
 @dataclass(frozen=True)
@@ -71,16 +78,6 @@ class Pin:
 
     def to_json(self) -> dict[str, JsonValue]:
         return {"pool": self.pool.value, "by": self.by, "since_s": self.since_s}
-
-
-@dataclass(frozen=True)
-class Cordon:
-    by: str
-    reason: str
-    since_s: float
-
-    def to_json(self) -> dict[str, JsonValue]:
-        return {"by": self.by, "reason": self.reason, "since_s": self.since_s}
 
 
 @dataclass(frozen=True)
