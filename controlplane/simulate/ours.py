@@ -71,7 +71,7 @@ from policies.plan import (
     ScaleServePool,
     SetRouteWeights,
 )
-from policies.snapshot import ClusterSnapshot, QueuedJob, RunningGang
+from policies.snapshot import ClusterSnapshot, NodeView, QueuedJob, RunningGang
 
 __all__ = ["OurScheme", "policies_of"]
 
@@ -128,6 +128,8 @@ class OurScheme:
         self._gang_views: dict[str, tuple[int, float | None, RunningGang]] = {}
         self.failures_seen = 0
         self.unknown_items = 0
+        self._nodes: tuple[NodeView, ...] = ()
+        self._nodes_at = -1
 
     def _record(self, kind: LoopEvent, message: str, job_id: str | None) -> None:
         self.recorded.append((kind.value, message))
@@ -185,8 +187,11 @@ class OurScheme:
 
     def _snapshot(self, now: float) -> Observation:
         w = self.world
-        nodes = [w.nodes[i].view() for i in w.cluster_ids]
-        nodes += [n.view() for n in w.external.values() if n.up]
+        if self._nodes_at != w.node_generation:
+            views = [w.nodes[i].view() for i in w.cluster_ids]
+            views += [n.view() for n in w.external.values() if n.up]
+            self._nodes = tuple(views)
+            self._nodes_at = w.node_generation
         queued = []
         for run in w.queued.values():
             cached = self._queued_views.get(run.spec.job_id)
@@ -216,13 +221,15 @@ class OurScheme:
         view = self.serve.view()
         snapshot = ClusterSnapshot(
             now_s=now,
-            nodes=tuple(nodes),
+            nodes=self._nodes,
             serve_replicas=view.replicas,
             queued=tuple(queued),
             running=tuple(running),
         )
         loads = {m: self.serve.sized(m) * self.targets_ongoing[m] for m in self.serve.rps}
         observed = Observation(snapshot=snapshot, serve=view, loads=loads)
+        if not self.verdicts:
+            return observed  # what `with_health` returns when no node has a verdict
         return with_health(observed, self.verdicts)
 
     # -- one tick ------------------------------------------------------------------------------
@@ -276,14 +283,14 @@ class OurScheme:
                 n = w.node(a.node_id)
                 if not n.out and n.up:
                     n.out = True
-                    n.touch()
+                    w.touch(n)
             elif isinstance(a, PreemptJob):
                 w.preempt(a.job_id, checkpoint_first=True)
             elif isinstance(a, DrainNode):
                 n = w.node(a.node_id)
                 if n.up and n.used == 0 and n.pool.value == "cluster":
                     n.up = False
-                    n.touch()
+                    w.touch(n)
                     self.events.push(
                         w.now_s + self.repair_s, EventKind.NODE_BACK, a.node_id, n.version
                     )

@@ -36,6 +36,14 @@ __all__ = ["SCHEME_NAMES", "SchemeResult", "run_all", "simulate"]
 
 SCHEME_NAMES = ("ours", *SCHEMES)
 SAMPLE_S = 3600.0
+QUIET = frozenset({EventKind.SAMPLE, EventKind.EXTERNAL_IDLE, EventKind.REPLICA_READY})
+"""Events after which no scheme decides anything new: the report's sample, an idle external
+node going, and a replica turning RUNNING (which changes only route weights, unless a
+make-before-break move waits for it: then the loop's next tick advances the move)."""
+
+
+def moving(scheme: object) -> bool:
+    return bool(getattr(scheme, "ops", ()))
 
 
 class Scheme(Protocol):
@@ -144,7 +152,9 @@ def simulate(
         decide = False
         for ev in batch:
             kind = ev.kind
-            decide = decide or kind is not EventKind.SAMPLE
+            decide = (
+                decide or kind not in QUIET or (kind is EventKind.REPLICA_READY and moving(scheme))
+            )
             if kind is EventKind.JOB_ARRIVAL:
                 spec = jobs[ev.subject]
                 t = s.training

@@ -86,6 +86,9 @@ class SimServe:
         """Which cluster nodes serving may use (a static split's partition)."""
         self._seq = 0
         self.stopped_by_scheme = 0
+        self._changes = 0
+        self._view: ServeView | None = None
+        self._view_at = (-1, -1)
 
     # -- figures -------------------------------------------------------------------------------
 
@@ -188,11 +191,13 @@ class SimServe:
                 self.world.take(node.node_id, r.gpus, training=False)
                 self.replicas[r.replica_id] = r
                 self.by_model[model].append(r)
+                self._changes += 1
                 self.events.push(
                     now + self.start_s, EventKind.REPLICA_READY, r.replica_id, r.version
                 )
 
     def _stop(self, r: SimReplica, now: float) -> None:
+        self._changes += 1
         r.state = ReplicaState.STOPPING
         r.version += 1
         self.stopped_by_scheme += 1
@@ -203,6 +208,7 @@ class SimServe:
         if r is not None and r.version == version and r.state is ReplicaState.STARTING:
             r.state = ReplicaState.RUNNING
             r.version += 1
+            self._changes += 1
             self._settle_cause(r.model)
 
     def gone(self, replica_id: str, version: int) -> None:
@@ -211,6 +217,7 @@ class SimServe:
             self._remove(r)
 
     def _remove(self, r: SimReplica) -> None:
+        self._changes += 1
         del self.replicas[r.replica_id]
         self.by_model[r.model].remove(r)
         node = self.world.node(r.node_id)
@@ -248,6 +255,14 @@ class SimServe:
     # -- ServePlane (the loop's protocol) ------------------------------------------------------
 
     def view(self) -> ServeView:
+        """What Serve runs now (cached until a replica, target or route changes)."""
+        key = (self._changes, self.generation)
+        if self._view is None or self._view_at != key:
+            self._view = self._build_view()
+            self._view_at = key
+        return self._view
+
+    def _build_view(self) -> ServeView:
         pools: dict[tuple[str, Pool], PoolView] = {}
         rows: list[ServeReplica] = []
         for model in sorted(self.by_model):
@@ -285,6 +300,7 @@ class SimServe:
             planned[pool] = num_replicas
             self.route_for_targets(model, planned)
         self.targets[(model, pool)] = num_replicas
+        self._changes += 1
         self.reconcile()
 
     def set_route_weights(self, model: str, weights: Mapping[Pool, float]) -> None:
@@ -294,6 +310,7 @@ class SimServe:
     def set_pool_target(self, model: str, pool: Pool, num_replicas: int) -> None:
         if self.targets.get((model, pool)) != num_replicas:
             self.targets[(model, pool)] = num_replicas
+            self._changes += 1
             self.reconcile()
 
     def pool_running(self, model: str, pool: Pool, target: int) -> bool:

@@ -181,6 +181,14 @@ class World:
 
     # -- GPUs ----------------------------------------------------------------------------------
 
+    def touch(self, n: Node) -> None:
+        """`n` changed: its snapshot row, and the world's node generation, are new."""
+        n.touch()
+        self.node_generation += 1
+
+    node_generation = 0
+    """Bumped whenever any node changes (what the observe stand-in caches by)."""
+
     def node(self, node_id: str) -> Node:
         return self.nodes.get(node_id) or self.external[node_id]
 
@@ -192,7 +200,7 @@ class World:
                 f"(up={n.up}, out={n.out}, used={n.used}/{n.gpus})"
             )
         n.used += gpus
-        n.touch()
+        self.touch(n)
         if n.pool is Pool.CLUSTER:
             self.cluster_used += gpus
             if training:
@@ -202,7 +210,7 @@ class World:
         n = self.node(node_id)
         assert 0 <= gpus <= n.used, f"{node_id}: giving back {gpus} of {n.used}"
         n.used -= gpus
-        n.touch()
+        self.touch(n)
         if n.pool is Pool.CLUSTER:
             self.cluster_used -= gpus
             if training:
@@ -341,14 +349,14 @@ class World:
                 self._settle(run, keep_all=False)
             self._requeue(run, backoff_s)
         n.up = False
-        n.touch()
+        self.touch(n)
 
     def node_back(self, node_id: str) -> None:
         n = self.nodes[node_id]
         n.up = True
         n.out = False
         n.fault = None
-        n.touch()
+        self.touch(n)
 
     # -- the external pool ---------------------------------------------------------------------
 
@@ -364,6 +372,7 @@ class World:
             n.billed_since_s = self.now_s
             n.ready_s = self.now_s + self.provision_s
             self.external[node_id] = n
+            self.node_generation += 1
             self.events.push(n.ready_s, EventKind.EXTERNAL_NODE_UP, node_id)
         self.external_wanted = want
         if len(self.external) > want:
@@ -375,7 +384,7 @@ class World:
         n = self.external.get(node_id)
         if n is not None:
             n.up = True
-            n.touch()
+            self.touch(n)
 
     def release_idle_external(self) -> None:
         surplus = len(self.external) - self.external_wanted
@@ -385,4 +394,5 @@ class World:
             n = self.external[node_id]
             if n.used == 0:
                 del self.external[node_id]
+                self.node_generation += 1
                 surplus -= 1
