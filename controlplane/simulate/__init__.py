@@ -1,7 +1,8 @@
 """The fleet simulator (`rcp simulate`, bench/bench_fleet.py): the real policies at fleet
 scale, over simulated days, against the schemes teams run today.
 
-The rooms: `scenario` (what is simulated, its defaults and validation), `trace` (everything
+The rooms: `scenario` (what is simulated, its defaults and validation), `checks` (reading
+scenario and trace files: size, types, finite numbers, by field path), `trace` (everything
 random, drawn once from the seed), `engine` (the event queue), `world` (nodes, jobs, the
 external pool, GPU bookkeeping), `serving` (Serve's replicas and the loop's `ServePlane` on
 them), `ours` (our scheme: the loop's decide phase and its act stand-in), `baselines` (static

@@ -3,8 +3,9 @@
 Owns: `Scenario` and its sections (every field documented, every default the default
 scenario's), `load_scenario` (a YAML or JSON file, at most `MAX_SCENARIO_BYTES`) and
 `scenario_from_dict`, which reject unknown keys, wrong types, non-finite numbers and
-impossible values with one message per problem naming the field's full path (as
-`controlplane.config.validation` does for the control plane's config), and `control_config`,
+impossible values with one message per problem naming the field's full path (the typed
+reading is `controlplane.simulate.checks`; the checks across fields are here), `resized`
+(the CLI's --days/--nodes/--seed), and `control_config`,
 the control plane's own `Config` (packaged defaults, then the scenario's ``config``
 overrides, validated by `controlplane.config.load_config`) whose policy configs the
 simulator hands to the real policies.
@@ -19,14 +20,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
-
-import yaml
+from typing import Any
 
 from controlplane.config import Config, ConfigError, load_config
+from controlplane.simulate.checks import (
+    MAX_SCENARIO_BYTES,
+    ScenarioError,
+    read_bounded,
+    read_section,
+    read_value,
+)
 from serve.config import ModelConfig
 
 __all__ = [
@@ -44,16 +49,10 @@ __all__ = [
     "scenario_from_dict",
 ]
 
-MAX_SCENARIO_BYTES = 1_048_576
-"""A scenario (or trace) file larger than this is refused before it is parsed."""
 
 META_GPU_MTTF_HOURS = 7.9 * 1024
 """Meta's Llama 3 report: one interruption every 7.9 h for a 1,024-GPU job, i.e. a mean time
 to failure of 7.9 x 1,024 = 8,090 h per GPU (1,011 h per 8-GPU node)."""
-
-
-class ScenarioError(ValueError):
-    """A scenario that cannot be simulated; the message names every offending field."""
 
 
 @dataclass
@@ -225,10 +224,10 @@ class Scenario:
         raw_days = self.days if days is None else days
         raw_nodes = self.nodes if nodes is None else nodes
         errors: list[str] = []
-        _value(float, raw_days, "days", errors)
-        _value(int, raw_nodes, "nodes", errors)
+        read_value(float, raw_days, "days", errors)
+        read_value(int, raw_nodes, "nodes", errors)
         if seed is not None:
-            _value(int, seed, "seed", errors)
+            read_value(int, seed, "seed", errors)
         if errors:
             raise ScenarioError("invalid option: " + "; ".join(errors))
         out = dataclasses.replace(self, days=float(raw_days), nodes=int(raw_nodes))
@@ -241,124 +240,6 @@ class Scenario:
         if seed is not None:
             out.seed = seed
         return out
-
-
-_LIMITS: dict[str, tuple[float, float]] = {
-    "nodes": (1, 100_000),
-    "gpus_per_node": (1, 64),
-    "days": (0.001, 366),
-    "seed": (0, 2**32 - 1),
-    "external.provision_s": (0, 86400),
-    "external.price_per_gpu_hour": (0, 1000),
-    "failures.gpu_mttf_hours": (1, 1e9),
-    "failures.repair_hours": (0, 8760),
-    "failures.hot_faults_per_node_year": (0, 365),
-    "failures.fabric_faults_per_node_year": (0, 365),
-    "failures.fault_escalation_probability": (0, 1),
-    "failures.fault_escalation_s": (0, 86400),
-    "failures.fault_clear_s": (0, 86400),
-    "training.jobs": (0, 1_000_000),
-    "training.offered_load": (0, 100),
-    "training.median_hours": (0.01, 8760),
-    "training.sigma": (0, 5),
-    "training.max_hours": (0.01, 8760),
-    "training.runtime_limit_factor": (1, 100),
-    "training.checkpoint_stall_s": (0, 86400),
-    "training.checkpoint_persist_s": (0, 86400),
-    "training.restore_s": (0, 86400),
-    "training.baseline_checkpoint_interval_s": (1, 1e7),
-    "serving.demand_step_s": (10, 86400),
-    "serving.noise": (0, 1),
-    "serving.replica_start_s": (0, 86400),
-    "serving.replica_stop_s": (0, 86400),
-    "schemes.static_serving_share": (0, 1),
-    "schemes.night_serving_share": (0, 1),
-    "schemes.night_start_hour": (0, 24),
-    "schemes.night_end_hour": (0, 24),
-    "gpus_per_replica": (1, 64),
-    "replica_rps": (1e-9, 1e9),
-    "peak_rps": (0, 1e12),
-    "trough_fraction": (0, 1),
-    "peak_hour": (0, 24),
-    "min_replicas": (0, 100_000),
-    "max_replicas": (0, 100_000),
-    "target_utilisation": (0.05, 1),
-}
-
-
-def _hint_args(hint: Any) -> tuple[Any, bool]:
-    """(the type, whether None is allowed) of a field hint such as ``float | None``."""
-    if get_origin(hint) in (Union, types.UnionType):
-        args = [a for a in get_args(hint) if a is not type(None)]
-        return args[0], True
-    return hint, False
-
-
-def _value(hint: Any, raw: Any, path: str, errors: list[str]) -> Any:
-    kind, optional = _hint_args(hint)
-    if raw is None:
-        if not optional:
-            errors.append(f"{path}: must be set, got null")
-        return None
-    if dataclasses.is_dataclass(kind):
-        return _section(kind, raw, path, errors)
-    if get_origin(kind) is list:
-        (item,) = get_args(kind)
-        if not isinstance(raw, list):
-            errors.append(f"{path}: must be a list, got {type(raw).__name__}")
-            return []
-        return [_value(item, v, f"{path}[{i}]", errors) for i, v in enumerate(raw)]
-    if get_origin(kind) is dict:
-        _, vtype = get_args(kind)
-        if not isinstance(raw, dict):
-            errors.append(f"{path}: must be a mapping, got {type(raw).__name__}")
-            return {}
-        return {str(k): _value(vtype, v, f"{path}.{k}", errors) for k, v in raw.items()}
-    if kind is Any:
-        if isinstance(raw, float) and not math.isfinite(raw):
-            errors.append(f"{path}: must be a finite number, got {raw!r}")
-        if isinstance(raw, dict | list):
-            errors.append(f"{path}: must be a plain value, got {type(raw).__name__}")
-        return raw
-    if kind is bool:
-        if not isinstance(raw, bool):
-            errors.append(f"{path}: must be true or false, got {raw!r}")
-        return raw
-    if kind is str:
-        if not isinstance(raw, str):
-            errors.append(f"{path}: must be a string, got {raw!r}")
-        return str(raw)
-    if kind in (int, float):
-        if isinstance(raw, bool) or not isinstance(raw, int | float):
-            errors.append(f"{path}: must be a number, got {raw!r}")
-            return 0
-        if not math.isfinite(raw):
-            errors.append(f"{path}: must be a finite number, got {raw!r}")
-            return 0
-        if kind is int and raw != int(raw):
-            errors.append(f"{path}: must be a whole number, got {raw!r}")
-        value = int(raw) if kind is int else float(raw)
-        limits = _LIMITS.get(path) or _LIMITS.get(path.rsplit(".", 1)[-1])
-        if limits is not None and not limits[0] <= value <= limits[1]:
-            errors.append(f"{path}: must be in [{limits[0]:g}, {limits[1]:g}], got {raw!r}")
-        return value
-    raise AssertionError(f"unhandled field type {kind!r} at {path}")
-
-
-def _section(cls: Any, raw: Any, path: str, errors: list[str]) -> Any:
-    if not isinstance(raw, dict):
-        errors.append(f"{path or 'scenario'}: must be a mapping, got {type(raw).__name__}")
-        return cls()
-    hints = get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.name != "source"}
-    for key in sorted(set(raw) - names, key=str):
-        where = f"{path}.{key}" if path else str(key)
-        errors.append(f"{where}: unknown key (known: {', '.join(sorted(names))})")
-    values = {}
-    for name in names & set(raw):
-        where = f"{path}.{name}" if path else name
-        values[name] = _value(hints[name], raw[name], where, errors)
-    return cls(**values)
 
 
 def _check(s: Scenario, errors: list[str]) -> None:
@@ -400,7 +281,7 @@ def _check(s: Scenario, errors: list[str]) -> None:
 def scenario_from_dict(raw: Any, source: str = "") -> Scenario:
     """A validated `Scenario` from parsed YAML/JSON; `ScenarioError` names every bad field."""
     errors: list[str] = []
-    scenario = _section(Scenario, raw, "", errors)
+    scenario = read_section(Scenario, raw, "", errors)
     assert isinstance(scenario, Scenario)
     if not errors:
         _check(scenario, errors)
@@ -413,27 +294,6 @@ def scenario_from_dict(raw: Any, source: str = "") -> Scenario:
         if not trace.is_absolute():
             scenario.training.trace = str(Path(source).parent / trace)
     return scenario
-
-
-def read_bounded(path: str | Path, what: str) -> Any:
-    """Parse a YAML or JSON file of at most `MAX_SCENARIO_BYTES` (JSON is YAML)."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise ScenarioError(f"{what} {str(p)!r}: no such file")
-    size = p.stat().st_size
-    if size > MAX_SCENARIO_BYTES:
-        raise ScenarioError(f"{what} {str(p)!r}: {size} bytes, more than {MAX_SCENARIO_BYTES}")
-    text = p.read_text(encoding="utf-8", errors="replace")
-    try:
-        if p.suffix == ".json":
-            return json.loads(text, parse_constant=_no_constant)
-        return yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError, ValueError) as exc:
-        raise ScenarioError(f"{what} {str(p)!r}: not valid YAML/JSON: {exc}") from exc
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a finite number")
 
 
 def load_scenario(path: str | Path | None) -> Scenario:

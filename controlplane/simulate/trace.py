@@ -22,7 +22,8 @@ import math
 import random
 from dataclasses import dataclass
 
-from controlplane.simulate.scenario import Scenario, ScenarioError, read_bounded
+from controlplane.simulate.checks import ScenarioError, read_bounded
+from controlplane.simulate.scenario import Scenario
 
 __all__ = ["Fault", "JobSpec", "Trace", "make_trace", "read_trace"]
 
