@@ -482,7 +482,7 @@ def test_a_preempted_job_commits_before_its_gang_stops_and_resumes_on_another_no
         "--gpus-per-worker=2",
         "--priority=medium",
         "--name=filler",
-        command=["python", str(sleeper), "70"],
+        command=["python", str(sleeper), "600"],
     )
     wait_state(client, filler, {"RUNNING"})
     high = submit_command(
@@ -509,7 +509,9 @@ def test_a_preempted_job_commits_before_its_gang_stops_and_resumes_on_another_no
         manifest = manifest_in_storage(cfg, f"{job.checkpoint_uri}/step-{step:012d}")
         assert float(manifest["created_unix_s"]) < ray_job_end_s(cfg, f"{low}-1")
         assert max(int(s["step"]) for s in steps_of(out) if s["attempt"] == 1) == step
-        # It runs again once the filler's node is free: from that step, on the other node.
+        # It runs again once the filler's node is free (cancelled now, rather than waited
+        # out): from that step, on the other node.
+        client.cancel(filler)
         wait_for("low attempt 2", lambda: any(s["attempt"] == 2 for s in steps_of(out)), 300)
         second = [s for s in steps_of(out) if s["attempt"] == 2]
         assert second[0]["start"] == step + 1 and second[0]["step"] == step + 1
