@@ -66,10 +66,12 @@ class ModelConfig:
 
 @dataclass
 class IngressConfig:
-    """The CPU-only HTTP ingress on the head node that routes requests to pool backends."""
+    """The CPU-only HTTP ingress that routes requests to pool backends: replicas spread over
+    the owned cluster nodes (not the head, not rented external nodes)."""
 
     num_replicas: int = 2
-    """Ingress replicas (all on the head); each applies the same route weights."""
+    """Ingress replicas, spread over the cluster nodes; each applies the same route weights.
+    Two or more keep an ingress running while a node is lost."""
     num_cpus: float = 0.25
     """Logical CPUs per ingress replica."""
     max_ongoing_requests: int = 1000

@@ -54,12 +54,20 @@ def _client() -> ServeControllerClient:
     return client
 
 
-def start_serve(host: str, port: int) -> None:
-    """Start Serve's controller and one HTTP proxy, on the head, bound to `host`:`port`.
+def start_serve(host: str, port: int, proxy_location: str = "EveryNode") -> None:
+    """Start Serve's controller and its HTTP proxies, bound to `host`:`port`. No-op when
+    Serve is up.
 
-    A proxy only on the head keeps external nodes free of Serve system actors, so the
-    autoscaler can remove them when their replicas are gone. No-op when Serve is up."""
-    serve.start(http_options={"host": host, "port": port}, proxy_location="HeadOnly")
+    ``EveryNode``: Serve runs a proxy on the head and on every node that holds a replica
+    (of either pool), and stops a node's proxy once the node is draining and its requests
+    are done (Serve's own ``DRAINING`` -> ``DRAINED``), so an external node leaves no Serve
+    actor behind for the autoscaler to wait on. Every proxy routes the same way: each one
+    sends a request to an ingress replica, which picks the pool by route weight and retries.
+    When several nodes share one host (local mode) their proxies bind the same port with
+    ``SO_REUSEPORT`` (Serve's default) and the kernel spreads connections over them; docs/
+    serving.md, "Proxies on every node". ``HeadOnly`` (one proxy, on the head) is the
+    behaviour before that, kept as the head-loss benchmark's baseline."""
+    serve.start(http_options={"host": host, "port": port}, proxy_location=proxy_location)
 
 
 def read_details() -> dict[str, Any]:

@@ -26,13 +26,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from policies.snapshot import pool_resource
+from policies.snapshot import POOL_LABEL, Pool, pool_resource
 from serve.config import POOLS, ModelConfig, ServingConfig, serving_from_dict
 
 __all__ = [
     "BACKEND_DEPLOYMENT",
     "INGRESS_APP",
     "INGRESS_DEPLOYMENT",
+    "INGRESS_POOLS",
+    "INGRESS_POOLS_SELECTOR",
     "APP_PREFIX",
     "AppConfig",
     "BackendArgs",
@@ -51,6 +53,12 @@ __all__ = [
 APP_PREFIX = "rcp"
 INGRESS_APP = f"{APP_PREFIX}-ingress"
 INGRESS_DEPLOYMENT = "Ingress"
+INGRESS_POOLS = (Pool.CLUSTER,)
+"""Where ingress replicas run: the owned cluster nodes, spread over them. Not the head, so a
+request in flight never dies with it; not a rented node, which the autoscaler must be free to
+remove."""
+INGRESS_POOLS_SELECTOR = f"in({','.join(p.value for p in INGRESS_POOLS)})"
+"""Ray's label selector for `INGRESS_POOLS` (on the ``pool`` label)."""
 BACKEND_DEPLOYMENT = "Backend"
 _BACKEND_IMPORT = "serve.app:build_backend"
 _INGRESS_IMPORT = "serve.app:build_ingress"
@@ -62,11 +70,12 @@ class LoggingOptions(TypedDict):
 
 class _ActorOptionsRequired(TypedDict):
     num_cpus: float
-    resources: dict[str, float]
 
 
 class ActorOptions(_ActorOptionsRequired, total=False):
     num_gpus: float
+    resources: dict[str, float]
+    label_selector: dict[str, str]
 
 
 class IngressUserConfig(TypedDict):
@@ -251,9 +260,12 @@ def build_app_configs(state: DesiredState) -> list[AppConfig]:
                     "name": INGRESS_DEPLOYMENT,
                     "num_replicas": ing.num_replicas,
                     "max_ongoing_requests": ing.max_ongoing_requests,
+                    # On the owned cluster nodes (INGRESS_POOLS), spread over them by Serve's
+                    # default SPREAD scheduling: no request is in flight on the head when it
+                    # dies, and every node's proxy reaches them (docs/serving.md).
                     "ray_actor_options": {
                         "num_cpus": ing.num_cpus,
-                        "resources": {pool_resource("head"): 1},
+                        "label_selector": {POOL_LABEL: INGRESS_POOLS_SELECTOR},
                     },
                     "user_config": ingress_user_config(state),
                 }

@@ -91,6 +91,16 @@ class RayConfig:
     """How often the autoscaler reconciles (local mode)."""
     ready_timeout_s: float = 180.0
     """How long `rcp up` waits for the head and the cluster pool before giving up."""
+    gcs_fault_tolerance: bool = True
+    """Keep the head's GCS tables in a Redis server `rcp up` starts on loopback
+    (``controlplane.local.redis``), so a head that dies and comes back finds the cluster
+    where it was: worker nodes, Serve replicas and proxies, running gangs. Off: the GCS keeps
+    them in memory and a head restart is a new cluster (docs/operations.md)."""
+    redis_port: int = 6380
+    """Port of that Redis server (bound to node_ip, password in ``<state_dir>/redis-password``)."""
+    gcs_reconnect_timeout_s: float = 60.0
+    """How long a worker node's raylet waits for a lost GCS before it exits (Ray's
+    ``gcs_rpc_server_reconnect_timeout_s``): the window for the head to come back."""
 
 
 @dataclass
@@ -118,6 +128,10 @@ class ServeConfig:
     """Port of the Serve HTTP proxy (bound to ray.node_ip)."""
     deploy_app: bool = True
     """Deploy the production Serve application (the `serving` section) with `rcp up`."""
+    proxy_location: str = "EveryNode"
+    """Where Serve runs HTTP proxies: ``EveryNode`` (the head and every node that holds a
+    replica, so traffic outlives the head; docs/serving.md) or ``HeadOnly`` (one proxy, on
+    the head: the behaviour before issue 18, kept for the head-loss benchmark's baseline)."""
 
 
 @dataclass

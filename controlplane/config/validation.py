@@ -79,6 +79,10 @@ def _non_finite(value: Any, path: str = "") -> list[str]:
     return []
 
 
+PROXY_LOCATIONS = ("EveryNode", "HeadOnly")
+"""Serve's proxy locations `rcp up` offers (Serve's ``Disabled`` would leave no endpoint)."""
+
+
 def validate(cfg: Config) -> list[str]:
     """Every impossible value in `cfg`, one message each, naming the key's full path."""
     errors: list[str] = _non_finite(cfg)
@@ -103,6 +107,11 @@ def validate(cfg: Config) -> list[str]:
     for name in ("gcs_port", "dashboard_port", "client_port", "metrics_export_port"):
         errors += tcp_port(f"ray.{name}", getattr(cfg.ray, name))
     errors += tcp_port("serve.http_port", cfg.serve.http_port)
+    if cfg.serve.proxy_location not in PROXY_LOCATIONS:
+        errors.append(
+            f"serve.proxy_location: must be one of {', '.join(PROXY_LOCATIONS)}, "
+            f"got {cfg.serve.proxy_location!r}"
+        )
     errors += tcp_port("api.port", cfg.api.port)
     errors += at_least(1024, "api.max_body_bytes", cfg.api.max_body_bytes)
     errors += at_most(
@@ -125,6 +134,11 @@ def validate(cfg: Config) -> list[str]:
         MAX_WAIT_S, "ray.autoscaler_update_interval_s", cfg.ray.autoscaler_update_interval_s
     )
     errors += at_least(1, "ray.ready_timeout_s", cfg.ray.ready_timeout_s)
+    errors += tcp_port("ray.redis_port", cfg.ray.redis_port)
+    errors += at_least(5, "ray.gcs_reconnect_timeout_s", cfg.ray.gcs_reconnect_timeout_s)
+    errors += wait_at_most(
+        MAX_WAIT_S, "ray.gcs_reconnect_timeout_s", cfg.ray.gcs_reconnect_timeout_s
+    )
     errors += wait_at_most(MAX_WAIT_S, "ray.ready_timeout_s", cfg.ray.ready_timeout_s)
     errors += at_least(0.05, "policy.tick_s", cfg.policy.tick_s)
     errors += wait_at_most(MAX_WAIT_S, "policy.tick_s", cfg.policy.tick_s)
@@ -153,6 +167,8 @@ def validate(cfg: Config) -> list[str]:
     }
     if cfg.storage.embedded:
         ports["storage.embedded_port"] = cfg.storage.embedded_port
+    if cfg.ray.gcs_fault_tolerance:
+        ports["ray.redis_port"] = cfg.ray.redis_port
     seen: dict[int, str] = {}
     for key, port in ports.items():
         if port in seen:

@@ -24,6 +24,7 @@ types are the RayCluster's worker groups; `cluster` has min = max replicas, `ext
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import shutil
@@ -36,10 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 from controlplane.config import Config, from_dict, to_dict
 from controlplane.local.autoscaler import (
+    FAKE_HEAD_NODE_ID,
     HEAD_NODE_TYPE,
     JOB_DRIVER_SLOTS_PER_NODE,
     autoscaler_config,
@@ -51,8 +54,16 @@ from controlplane.local.ports import (
     isolated_overrides,
     port_in_use,
 )
-from controlplane.local.processes import stop_cluster_processes
+from controlplane.local.processes import (
+    CLUSTER_ID_ENV,
+    NODE_ID_ENV,
+    find_cluster_processes,
+    node_processes,
+    stop_cluster_processes,
+    terminate,
+)
 from controlplane.local.prometheus import LocalPrometheus, PrometheusError
+from controlplane.local.redis import LocalRedis, gcs_redis_env
 from controlplane.pools import POOL_LABEL, Pool
 from controlplane.ray_connection import (
     ClusterError,
@@ -161,6 +172,10 @@ class LocalCluster:
                 echo(f"{ep.name}: {ep.url}")
             echo(f"ray token: {self.ray_token_file}")
             return known
+        if state and self._head_lost(state):
+            echo(f"the head of cluster {state['cluster_id']} is down and its workers live on")
+            LocalCluster(from_dict(state["config"])).restart_head(echo)
+            return [Endpoint(**e) for e in state["endpoints"]]
         if state:
             echo(f"cleaning up a cluster that is no longer running ({state['cluster_id']})")
             self._stop(state, echo=lambda _m: None)
@@ -195,7 +210,9 @@ class LocalCluster:
         try:
             if self.cfg.storage.embedded:
                 announce(self._start_object_store(env))
-            self._start_head(env)
+            if self.cfg.ray.gcs_fault_tolerance:
+                announce(self._start_redis(env, fresh=True))
+            self._start_head(env, self.state_dir / "autoscaler.yaml")
             announce(
                 Endpoint(
                     "dashboard", f"http://{self.cfg.ray.node_ip}:{self.cfg.ray.dashboard_port}"
@@ -227,6 +244,87 @@ class LocalCluster:
         state["status"] = "running"
         self._write_state(state)
         return endpoints
+
+    # -- the head coming back -------------------------------------------------------------
+    @staticmethod
+    def head_node_id(state: dict[str, Any]) -> str:
+        """The Ray node id of the cluster's head now: the fake provider's fixed one until a
+        restart gives the head a new one (recorded in the state file)."""
+        return str(state.get("head_node_id", FAKE_HEAD_NODE_ID))
+
+    def _head_lost(self, state: dict[str, Any]) -> bool:
+        """The recorded cluster runs with GCS fault tolerance, its GCS does not answer, and a
+        worker node's raylet of it is still alive: the head can come back to it."""
+        if state.get("status") != "running" or not self.cfg.ray.gcs_fault_tolerance:
+            return False
+        if not from_dict(state["config"]).ray.gcs_fault_tolerance:
+            return False
+        procs = find_cluster_processes(state["cluster_id"], [state["temp_dir"]])
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                if proc.name() == "raylet" and proc.environ().get(NODE_ID_ENV) not in (
+                    None,
+                    self.head_node_id(state),
+                ):
+                    return True
+        return False
+
+    def restart_head(self, echo: Echo = print) -> str:
+        """Start the head again after its processes died while the worker nodes live on
+        (``ray.gcs_fault_tolerance``); returns the API URL once it answers.
+
+        What is left of the old head is stopped, and the new head gets a new node id (as a
+        new head pod does). The new GCS reads the cluster back from Redis: the worker nodes'
+        raylets reconnect (within ``ray.gcs_reconnect_timeout_s`` of the loss), their actors
+        (Serve replicas and proxies, gang workers) were never stopped, and detached actors
+        that lived on the head (Serve's controller, the control plane's controller, which
+        resumes from its store) are restarted on the new head by Ray. Two local-mode steps that KubeRay does not need:
+        ``<temp_dir>/ray_current_cluster`` is removed first (`ray start --head` refuses to
+        start while a raylet on this host names the old GCS address and that file says it is
+        this cluster's), and the head starts without the autoscaler: Ray's fake multi-node
+        provider keeps its node table in the dead monitor's memory, so a new one would launch
+        the fixed pool a second time under the node ids of the live nodes. Until the next
+        `rcp down`/`rcp up` the external pool does not scale (docs/operations.md).
+        """
+        state = self.read_state()
+        if state is None or state.get("status") != "running":
+            raise ClusterError(f"no running local cluster recorded in {self.state_dir}")
+        if not self.cfg.ray.gcs_fault_tolerance:
+            raise ClusterError(
+                "restart_head needs ray.gcs_fault_tolerance: without it a new head is a new "
+                "cluster (rcp down, then rcp up)"
+            )
+        if port_in_use(self.cfg.ray.node_ip, self.cfg.ray.gcs_port):
+            raise ClusterError(f"the head's GCS still answers on {gcs_address(self.cfg)}")
+        # A head whose GCS died is gone as a whole (KubeRay restarts its container): what is
+        # left of it (its raylet waiting for the GCS, the dashboard) goes first.
+        leftovers = node_processes(
+            state["cluster_id"], [state["temp_dir"]], self.head_node_id(state)
+        )
+        if leftovers:
+            echo(f"stopping what is left of the old head ({len(leftovers)} processes)")
+            terminate(leftovers)
+        with private_umask():
+            env = self._env(state["cluster_id"])
+            if self.cfg.observability.prometheus:
+                env["RAY_PROMETHEUS_HOST"] = self.prometheus_url
+            redis = LocalRedis(self.cfg)
+            if not redis.ping():
+                echo("gcs store: not answering; starting it on its data")
+                redis.start(env, fresh=False)
+            (self.temp_dir / "ray_current_cluster").unlink(missing_ok=True)
+            # A new node id, as a new head pod has: the GCS marks the old head dead and
+            # restarts the detached actors that lived there on this one.
+            node_id = secrets.token_hex(28)
+            env.update({NODE_ID_ENV: node_id, "RAY_CLOUD_INSTANCE_ID": node_id})
+            state["head_node_id"] = node_id
+            self._write_state(state)
+            self._start_head(env, autoscaler_yaml=None)
+            echo(f"ray: {gcs_address(self.cfg)} (head restarted)")
+            connect(self.cfg)
+            url = deploy(self.cfg)
+        echo(f"api: {url}")
+        return url
 
     def _make_state_dir_private(self, echo: Echo) -> None:
         """Create the state dir 0700; one that an older version left readable by others (and
@@ -291,19 +389,30 @@ class LocalCluster:
         ensure_bucket(self.cfg, endpoint_url=endpoint_url)
         return Endpoint("storage", endpoint_url)
 
-    def head_command(self, autoscaler_yaml: Path) -> list[str]:
-        return ray_head_command(self.cfg, autoscaler_yaml)
+    def head_command(self, autoscaler_yaml: Path | None) -> list[str]:
+        redis = LocalRedis(self.cfg).password() if self.cfg.ray.gcs_fault_tolerance else None
+        return ray_head_command(self.cfg, autoscaler_yaml, redis_password=redis)
 
-    def _start_head(self, env: dict[str, str]) -> None:
-        as_path = self.state_dir / "autoscaler.yaml"
-        write_private(as_path, yaml.safe_dump(autoscaler_config(self.cfg), sort_keys=False))
+    def _start_redis(self, env: dict[str, str], fresh: bool) -> Endpoint:
+        redis = LocalRedis(self.cfg)
+        redis.start(env, fresh=fresh)
+        return Endpoint("gcs store", f"redis://{redis.host}:{redis.port}")
+
+    def _start_head(self, env: dict[str, str], autoscaler_yaml: Path | None) -> None:
+        """`ray start --head`; with `autoscaler_yaml`, the autoscaler config is written there
+        first (a restarted head runs without one, see `restart_head`)."""
+        if autoscaler_yaml is not None:
+            write_private(
+                autoscaler_yaml, yaml.safe_dump(autoscaler_config(self.cfg), sort_keys=False)
+            )
         r = self.cfg.ray
-        cmd = self.head_command(as_path)
+        cmd = self.head_command(autoscaler_yaml)
+        head_env = {**env, **gcs_redis_env(self.cfg, env[CLUSTER_ID_ENV])}
         with open(self.log_dir / "ray-start.log", "ab") as log:
             try:
                 proc = subprocess.run(
                     cmd,
-                    env=env,
+                    env=head_env,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -335,15 +444,11 @@ class LocalCluster:
         _wait_until(ready, self.cfg.ray.ready_timeout_s, f"{want} `cluster` pool node(s) to join")
 
     def _start_serve(self) -> None:
-        from ray import serve  # deferred: ray is heavy and optional here
+        # Proxies on every node that holds a replica and on the head; on one host they share
+        # serve.http_port through SO_REUSEPORT, so the `serve` endpoint reaches all of them.
+        from serve.control import start_serve  # deferred: it imports ray and ray.serve (heavy)
 
-        serve.start(
-            # The proxy runs on the head only: every simulated node shares 127.0.0.1, so
-            # per-node proxies would fight over one port. In production it is the same choice:
-            # traffic enters through the head's (or an ingress's) proxy.
-            proxy_location="HeadOnly",
-            http_options={"host": self.cfg.ray.node_ip, "port": self.cfg.serve.http_port},
-        )
+        start_serve(self.cfg.ray.node_ip, self.cfg.serve.http_port, self.cfg.serve.proxy_location)
 
     def _deploy_serving(self, echo: Echo) -> None:
         """Deploy (or update) the production Serve app; keeps deployed targets and weights."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from controlplane.config import Config
 from controlplane.local.autoscaler import FAKE_HEAD_NODE_ID, POOL_RESOURCE_UNITS
-from controlplane.local.processes import CLUSTER_ID_ENV
+from controlplane.local.processes import CLUSTER_ID_ENV, NODE_ID_ENV
 from controlplane.pools import POOL_LABEL, Pool, pool_resource
 from controlplane.ray_connection import (
     RAY_AUTH_TOKEN_ENV,
@@ -53,11 +53,13 @@ def node_env(cfg: Config, cluster_id: str) -> dict[str, str]:
             # one the fake provider reserves for it.
             "RAY_enable_autoscaler_v2": "1",
             "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID,
-            "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID,
+            NODE_ID_ENV: FAKE_HEAD_NODE_ID,
             # The hang watchdog asks the dashboard for a hung worker's stacks
             # (``/worker/traceback``): Ray answers 403 unless profiling is on. It runs
             # py-spy, found on PATH: this interpreter's bin directory goes first.
             "RAY_DASHBOARD_ENABLE_PROFILING": "1",
+            # How long a worker's raylet waits for a lost GCS (the head coming back).
+            "RAY_gcs_rpc_server_reconnect_timeout_s": f"{cfg.ray.gcs_reconnect_timeout_s:g}",
             "PATH": os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", os.defpath)]),
         }
     )
@@ -70,11 +72,19 @@ def node_env(cfg: Config, cluster_id: str) -> dict[str, str]:
     return env
 
 
-def ray_head_command(cfg: Config, autoscaler_yaml: Path) -> list[str]:
+def ray_head_command(
+    cfg: Config, autoscaler_yaml: Path | None, redis_password: str | None = None
+) -> list[str]:
     """`ray start --head`: no GPUs, the head pool's resource only (never the job-driver
-    resource), every listener on ray.node_ip."""
+    resource), every listener on ray.node_ip. With `redis_password`, the GCS keeps its tables
+    in the local Redis (its address comes from ``controlplane.local.redis.gcs_redis_env``).
+    Without `autoscaler_yaml` no autoscaler config is given (a restarted head: see
+    ``LocalCluster.restart_head``)."""
     r = cfg.ray
     ray_bin = str(Path(sys.executable).with_name("ray"))
+    extra = [f"--autoscaling-config={autoscaler_yaml}"] if autoscaler_yaml is not None else []
+    if redis_password is not None:
+        extra.append(f"--redis-password={redis_password}")
     return [
         ray_bin if os.path.exists(ray_bin) else "ray",
         "start",
@@ -91,7 +101,7 @@ def ray_head_command(cfg: Config, autoscaler_yaml: Path) -> list[str]:
         "--dashboard-agent-listen-port=0",
         f"--ray-client-server-port={r.client_port}",
         f"--metrics-export-port={r.metrics_export_port}",
-        f"--autoscaling-config={autoscaler_yaml}",
         f"--temp-dir={ray_temp_dir(cfg)}",
         "--disable-usage-stats",
+        *extra,
     ]

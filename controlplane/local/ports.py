@@ -42,7 +42,7 @@ def isolated_overrides(state_dir: Path, *extra: str) -> list[str]:
     """Config overrides for a cluster of one's own beside others on this machine (tests,
     benchmarks): its state dir, free loopback ports for every listener, no Serve app and no
     Prometheus (callers that need them turn them on in `extra`)."""
-    gcs, dash, client, metrics, serve, s3, api = free_loopback_ports(7)
+    gcs, dash, client, metrics, serve, s3, api, redis = free_loopback_ports(8)
     return [
         f"state_dir={state_dir}",
         f"ray.gcs_port={gcs}",
@@ -52,6 +52,7 @@ def isolated_overrides(state_dir: Path, *extra: str) -> list[str]:
         f"serve.http_port={serve}",
         f"storage.embedded_port={s3}",
         f"api.port={api}",
+        f"ray.redis_port={redis}",
         # Modules that test serving turn it on; the others get the whole cluster pool.
         "serve.deploy_app=false",
         # One Prometheus per module would fight over its port; test_observability turns it on.
@@ -73,6 +74,8 @@ def check_ports_free(cfg: Config) -> None:
     }
     if cfg.storage.embedded:
         ports["storage.embedded_port"] = cfg.storage.embedded_port
+    if r.gcs_fault_tolerance:
+        ports["ray.redis_port"] = r.redis_port
     busy = [f"{k}={p}" for k, p in ports.items() if port_in_use(r.node_ip, p)]
     if busy:
         raise ClusterError(

@@ -1,7 +1,8 @@
 """Finding and stopping the processes of one embedded local cluster, and only those.
 
 Owns: the rule that decides whether a process on this machine belongs to a given local
-cluster, and the TERM-then-KILL sequence that stops them.
+cluster, and the TERM-then-KILL sequence that stops them; for fault injection, which of them
+are one simulated node's Ray processes (`node_processes`) and killing them at once.
 
 Must not: stop anything it cannot attribute to the cluster (it never runs ``ray stop``, which
 stops every Ray process on the machine).
@@ -66,6 +67,56 @@ def find_cluster_processes(cluster_id: str, roots: Iterable[str]) -> list[psutil
         except psutil.Error:
             pass
     return list(members.values())
+
+
+# Every Ray process of one simulated node carries its node id here (the head's from
+# `controlplane.local.head.node_env`, each worker's from the fake provider).
+NODE_ID_ENV = "RAY_OVERRIDE_NODE_ID_FOR_TESTING"
+# Processes `up` starts beside Ray that are not part of any node (they stand for services
+# production runs elsewhere: the GCS store, object storage, Prometheus).
+_NOT_A_NODE = ("redis-server", "moto.server", "prometheus")
+
+
+def node_processes(cluster_id: str, roots: Iterable[str], node_id: str) -> list[psutil.Process]:
+    """The Ray processes of one simulated node of the cluster (for fault injection: tests and
+    benchmarks kill a node, or the head, as a machine failure would): those whose environment
+    names `node_id`, and, for Ray's agents whose environment setproctitle overwrote, those
+    whose parent is one of them. A worker node's raylet descends from the head's autoscaler
+    but carries its own id, so it is not the head's."""
+    members = find_cluster_processes(cluster_id, roots)
+    node: dict[int, psutil.Process] = {}
+    unknown: list[psutil.Process] = []
+    for proc in members:
+        try:
+            cmdline = " ".join(proc.cmdline())
+            if any(name in cmdline for name in _NOT_A_NODE):
+                continue
+            env_id = proc.environ().get(NODE_ID_ENV)
+        except (psutil.Error, OSError):
+            continue
+        if env_id == node_id:
+            node[proc.pid] = proc
+        elif env_id is None:
+            unknown.append(proc)
+    grew = True
+    while grew:
+        grew = False
+        for proc in unknown:
+            with contextlib.suppress(psutil.Error):
+                if proc.pid not in node and proc.ppid() in node:
+                    node[proc.pid] = proc
+                    grew = True
+    return list(node.values())
+
+
+def kill_now(procs: list[psutil.Process]) -> int:
+    """SIGKILL every process at once (a machine failure, not a shutdown); returns how many."""
+    killed = 0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+            killed += 1
+    return killed
 
 
 def terminate(procs: list[psutil.Process], grace_s: float = 5.0) -> None:

@@ -24,22 +24,26 @@ if [ "${RCP_KEEP_TORCH:-0}" != "1" ] && ! .venv/bin/python -c "import torch" >/d
   echo "installing torch (CPU build)"
   .venv/bin/pip install -q "torch==2.13.0+cpu" || .venv/bin/pip install -q "torch==2.13.0"
 fi
-# A real Prometheus server for the tests that scrape the cluster (Debian's package; only the
-# binary is used, started by the tests on loopback, never as a service).
-if ! command -v prometheus >/dev/null 2>&1; then
+# Debian packages, only their binaries used, started on loopback by `rcp up` and the tests,
+# never as services: prometheus (the local Prometheus and the tests that scrape the cluster)
+# and redis-server (the store of the head's GCS with ray.gcs_fault_tolerance, the default).
+missing=()
+command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+if [ "${#missing[@]}" -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
-    echo "installing prometheus (Debian package; its service is not started)"
-    # policy-rc.d 101 keeps the package from starting its service (which would listen on
-    # every interface); the tests start the binary themselves on loopback.
+    echo "installing ${missing[*]} (Debian packages; their services are not started)"
+    # policy-rc.d 101 keeps the packages from starting their services (Prometheus's would
+    # listen on every interface); rcp up and the tests start the binaries on loopback.
     deny_start=0
     if [ ! -e /usr/sbin/policy-rc.d ]; then
       printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && deny_start=1
     fi
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) \
-      || echo "warning: could not install prometheus; the Prometheus tests will say so and skip"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null) \
+      || echo "warning: could not install ${missing[*]}; without prometheus its tests skip, without redis-server rcp up needs ray.gcs_fault_tolerance=false"
     if [ "$deny_start" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
   else
-    echo "warning: prometheus is not installed and apt-get is not available as root; the Prometheus tests will skip"
+    echo "warning: ${missing[*]} not installed and apt-get is not available as root; without prometheus its tests skip, without redis-server rcp up needs ray.gcs_fault_tolerance=false"
   fi
 fi
 echo "installing the project and its dependencies"
