@@ -201,6 +201,7 @@ WAITS = [
     ("jobs.submit_timeout_s", 600),
     ("policy.tick_s", 3600),
     ("ray.ready_timeout_s", 3600),
+    ("ray.gcs_reconnect_timeout_s", 3600),
     ("telemetry.interval_s", 3600),
     ("telemetry.dcgm_timeout_s", 60),
     ("kubernetes.request_timeout_s", 300),
