@@ -24,7 +24,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,12 +37,14 @@ __all__ = [
     "AuthError",
     "Client",
     "ConflictError",
+    "Forbidden",
     "Job",
     "JobList",
     "JobNotFound",
     "NotConfigured",
     "SpecRejected",
     "TERMINAL_STATES",
+    "User",
     "WaitTimeout",
 ]
 
@@ -67,7 +69,12 @@ class NotConfigured(ApiError):
 
 
 class AuthError(ApiError):
-    """401: missing or wrong token."""
+    """401: missing, wrong, expired, rotated or removed token (and, as `Forbidden`, 403)."""
+
+
+class Forbidden(AuthError):
+    """403: the token is fine but its user may not do this (the message says what is missing:
+    a role, a queue binding, or ownership of the job)."""
 
 
 class SpecRejected(ApiError):
@@ -89,7 +96,7 @@ class WaitTimeout(ApiError):
 _BY_STATUS: dict[int, type[ApiError]] = {
     400: SpecRejected,
     401: AuthError,
-    403: AuthError,
+    403: Forbidden,
     404: JobNotFound,
     409: ConflictError,
     422: SpecRejected,
@@ -147,6 +154,8 @@ class Job:
     num_workers: int
     gpus_per_worker: int
     submitted_s: float
+    owner: str | None = None
+    """The user who submitted it (None: a job from before users)."""
     num_preemptions: int = 0
     attempt: int = 0
     ray_job_id: str | None = None
@@ -187,6 +196,7 @@ class Job:
             num_workers=data["num_workers"],
             gpus_per_worker=data["gpus_per_worker"],
             submitted_s=data["submitted_s"],
+            owner=data.get("owner"),
             num_preemptions=data.get("num_preemptions", 0),
             attempt=data.get("attempt", 0),
             ray_job_id=data.get("ray_job_id"),
@@ -206,6 +216,39 @@ class Job:
 
 LIST_PAGE = 1000
 """Jobs asked for per request when `Client.list` follows the API's pages."""
+OPERATIONS_PAGE = 500
+"""Nodes (or health rows) asked for per request when the SDK follows the API's pages."""
+
+
+def _segment(name: str) -> str:
+    """`name` as one URL path segment (a ``/`` in it cannot reach another route)."""
+    return urllib.parse.quote(name, safe="")
+
+
+@dataclass(frozen=True)
+class User:
+    """A user of the API (`Client.users_list`). `token` is set only in the answer of
+    `Client.users_add` and `Client.users_rotate_token`: the one time it is shown."""
+
+    name: str
+    role: str
+    queues: tuple[str, ...]
+    created_s: float
+    rotated_s: float
+    expires_s: float | None = None
+    token: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> User:
+        return cls(
+            name=str(data["name"]),
+            role=str(data["role"]),
+            queues=tuple(data.get("queues") or ()),
+            created_s=float(data["created_s"]),
+            rotated_s=float(data["rotated_s"]),
+            expires_s=data.get("expires_s"),
+            token=data.get("token"),
+        )
 
 
 class JobList(list[Job]):
@@ -410,6 +453,130 @@ class Client:
             "GET", "/v1/events", query={"after": after, "job_id": job_id, "limit": limit}
         )
         return list(data["events"])
+
+    # -- users ------------------------------------------------------------------------------
+
+    def whoami(self) -> dict[str, Any]:
+        """``{"name", "role", "queues"}`` of the token this client sends."""
+        return dict(self._call("GET", "/v1/whoami"))
+
+    def users_list(self) -> builtins.list[User]:
+        """Every user, by name (follows the API's pages). Admins only."""
+        users: builtins.list[User] = []
+        after: str | None = None
+        while True:
+            data = self._call("GET", "/v1/users", query={"limit": 1000, "after": after})
+            users += (User.from_json(u) for u in data["users"])
+            after = data.get("next")
+            if not after:
+                return users
+
+    def users_add(
+        self,
+        name: str,
+        role: str,
+        queues: Iterable[str] = (),
+        *,
+        expires_in_s: float | None = None,
+    ) -> User:
+        """A new user bound to `queues`; the answer's `token` is shown this once. Admins only."""
+        body: dict[str, Any] = {"name": name, "role": role, "queues": list(queues)}
+        if expires_in_s is not None:
+            body["expires_in_s"] = expires_in_s
+        return User.from_json(self._call("POST", "/v1/users", body=body))
+
+    def users_remove(self, name: str) -> User:
+        """Remove the user: their token stops at once. Admins only; not the last admin."""
+        return User.from_json(self._call("DELETE", f"/v1/users/{urllib.parse.quote(name)}"))
+
+    def users_rotate_token(self, name: str, *, expires_in_s: float | None = None) -> User:
+        """A new token for the user (in the answer's `token`); the old one stops at once."""
+        body = {} if expires_in_s is None else {"expires_in_s": expires_in_s}
+        path = f"/v1/users/{urllib.parse.quote(name)}/rotate-token"
+        return User.from_json(self._call("POST", path, body=body))
+
+    # -- operations: nodes, health, serving, the policy actor ------------------------------
+    # Reads need READ; everything that changes something needs an operator (403 otherwise).
+
+    def _pages(self, path: str, key: str, limit: int | None) -> builtins.list[dict[str, Any]]:
+        """Rows of a paged listing (``?limit=&after=`` -> ``next``), following the pages."""
+        rows: builtins.list[dict[str, Any]] = []
+        after: str | None = None
+        while limit is None or len(rows) < limit:
+            page = OPERATIONS_PAGE if limit is None else min(OPERATIONS_PAGE, limit - len(rows))
+            data = self._call("GET", path, query={"limit": page, "after": after})
+            rows += data[key]
+            after = data.get("next")
+            if not after:
+                break
+        return rows
+
+    def nodes(self, limit: int | None = None) -> builtins.list[dict[str, Any]]:
+        """Every node: pool, state, GPUs, labels, health, and whether an operator cordoned it
+        (``cordon``) or health took it out (``taken_out_s``)."""
+        return self._pages("/v1/nodes", "nodes", limit)
+
+    def health(self) -> dict[str, Any]:
+        """``{"nodes": [verdict rows], "taken_out": {...}, "replaced": {...}}``."""
+        data = dict(self._call("GET", "/v1/health", query={"limit": OPERATIONS_PAGE}))
+        rows = list(data["nodes"])
+        after = data.get("next")
+        while after:
+            more = self._call("GET", "/v1/health", query={"limit": OPERATIONS_PAGE, "after": after})
+            rows += more["nodes"]
+            after = more.get("next")
+        data["nodes"], data["next"] = rows, None
+        return data
+
+    def clear_node(self, node: str) -> dict[str, Any]:
+        """Forget NODE's lemon record (id, or a unique prefix or suffix)."""
+        return dict(self._call("POST", f"/v1/health/{_segment(node)}/clear"))
+
+    def cordon(self, node: str, reason: str) -> dict[str, Any]:
+        """Cordon NODE by hand: nothing new lands there; serving moves off it."""
+        path = f"/v1/nodes/{_segment(node)}/cordon"
+        return dict(self._call("POST", path, body={"reason": reason}))
+
+    def uncordon(self, node: str, reason: str | None = None) -> dict[str, Any]:
+        body = {} if not reason else {"reason": reason}
+        return dict(self._call("POST", f"/v1/nodes/{_segment(node)}/uncordon", body=body))
+
+    def breaker(self) -> dict[str, Any]:
+        """The removal breaker: open, since, window, removals in it, held nodes, budget."""
+        return dict(self._call("GET", "/v1/health/breaker"))
+
+    def reset_breaker(self, reason: str | None = None) -> dict[str, Any]:
+        """Close the breaker; ``was`` is its state before."""
+        body = {} if not reason else {"reason": reason}
+        return dict(self._call("POST", "/v1/health/breaker/reset", body=body))
+
+    def serve_status(self) -> dict[str, Any]:
+        """The serving plane per model and pool, with the policy actor's pause and pins."""
+        return dict(self._call("GET", "/v1/serve"))
+
+    def inject_fault(self, node: str, kind: str) -> dict[str, Any]:
+        """Simulated telemetry only: NODE reports KIND from its next sample on."""
+        return dict(self._call("POST", "/v1/faults", body={"node": node, "kind": kind}))
+
+    def policy(self) -> dict[str, Any]:
+        """``{"paused", "pause", "pins", "cordons"}``."""
+        return dict(self._call("GET", "/v1/policy"))
+
+    def pause(self, reason: str) -> dict[str, Any]:
+        """Pause the policy actor: no new moves, admissions or removals until `resume`."""
+        return dict(self._call("POST", "/v1/policy/pause", body={"reason": reason}))
+
+    def resume(self, reason: str | None = None) -> dict[str, Any]:
+        body = {} if not reason else {"reason": reason}
+        return dict(self._call("POST", "/v1/policy/resume", body=body))
+
+    def pin(self, model: str, pool: str) -> dict[str, Any]:
+        """Keep MODEL's replicas in POOL (``cluster`` or ``external``) until `unpin`."""
+        path = f"/v1/serve/models/{_segment(model)}/pin"
+        return dict(self._call("POST", path, body={"pool": pool}))
+
+    def unpin(self, model: str) -> dict[str, Any]:
+        return dict(self._call("DELETE", f"/v1/serve/models/{_segment(model)}/pin"))
 
     def healthy(self) -> bool:
         """One quick look at /healthz (no retries)."""

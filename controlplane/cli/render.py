@@ -1,6 +1,6 @@
 """How `rcp status` and `rcp queue` print jobs: the job table and one job's recovery block.
 
-Owns: a job's row (`job_row`, `JOB_HEADER`), plain-text tables (`text_table`), durations and
+Owns: a job's row (`job_row`, `JOB_HEADER`: its owner, the user who submitted it, included), plain-text tables (`text_table`), durations and
 times a person reads at a glance, and the checkpoint/restart block of `rcp status ID`
 (`recovery_lines`). Must not: call the API or print (the job commands do).
 """
@@ -21,6 +21,7 @@ def job_row(job: Any) -> tuple[str, ...]:
         job.state,
         job.priority_class,
         job.queue,
+        job.owner or "-",
         f"{job.num_workers}x{job.gpus_per_worker}",
         str(job.num_preemptions),
         f"{job.restarts}/{'-' if job.max_restarts is None else job.max_restarts}",
@@ -97,5 +98,6 @@ def text_table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
 
 
 JOB_HEADER = (
-    "ID", "NAME", "STATE", "PRIORITY", "QUEUE", "GANG", "PREEMPTED", "RESTARTS", "CHECKPOINT"
+    "ID", "NAME", "STATE", "PRIORITY", "QUEUE", "OWNER", "GANG", "PREEMPTED", "RESTARTS",
+    "CHECKPOINT",
 )  # fmt: skip

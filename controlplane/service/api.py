@@ -1,6 +1,12 @@
 """The control plane's HTTP API (JSON, bearer-token auth), served by aiohttp.
 
-Owns: routes, authentication, request parsing and the JSON error shape. Every error body is
+Owns: routes, authentication (each request's token looked up by its hash:
+`controlplane.service.identity`), authorization (every route registered with the action it
+needs, `access.add_route`; a role without it is 403 before the handler runs), per-user rate
+limits (429 with ``Retry-After``, `controlplane.service.ratelimit`), the audit (every
+authenticated request that is not GET/HEAD on a named route records one ``audit.<route>``
+event with the user, role, route, path parameters, status and request id, whatever the
+outcome), request parsing and the JSON error shape. Every error body is
 ``{"error": "<what to fix>", "field": "<the field or header at fault, or null>",
 "request_id": "<id>"}``; every response carries the id in ``X-Request-Id`` too. A handler that
 raises anything else answers 500 with the same shape, a message of its own (never the
@@ -10,25 +16,45 @@ Bodies are untrusted: larger than ``api.max_body_bytes`` is 413; they are read w
 endpoint's strict reader (`serve.inputs.loads_json`), so NaN/Infinity, nesting deeper than
 `serve.inputs.MAX_JSON_DEPTH` and integers past Python's digit limit are 400, never 500.
 
-Routes (all but /healthz need ``Authorization: Bearer <token>``):
+Routes (all but /healthz need ``Authorization: Bearer <token>``; the action each needs in
+brackets, `access.ROLE_ACTIONS` says which roles have it):
 
 =======  ===========================  ===========================================================
-POST     /v1/jobs                     submit a job spec (JSON); ``Idempotency-Key`` header
+POST     /v1/jobs                     [submit] a job spec (JSON), owned by the caller, to a queue
+                                      they are bound to (else 403); ``Idempotency-Key`` header
                                       optional. 201 new, 200 when the key matched an earlier one.
-GET      /v1/jobs                     list; ``?state=QUEUED,RUNNING&queue=q&limit=n&after=c``:
+GET      /v1/jobs                     [read] list; ``?state=QUEUED,RUNNING&queue=q&limit=n&after=c``:
                                       a page of at most n (default 1000) jobs, ``next`` the
                                       cursor of the next page (``after``), null at the end
-GET      /v1/jobs/{id}                one job with its state history
-POST     /v1/jobs/{id}/cancel         cancel
-GET      /v1/jobs/{id}/logs           driver logs: ``?offset=n&limit=m`` returns at most m
+GET      /v1/jobs/{id}                [read] one job with its state history
+POST     /v1/jobs/{id}/cancel         [cancel] a researcher only their own job (else 403 naming
+                                      the owner); operators and admins any job
+GET      /v1/jobs/{id}/logs           [read] driver logs: ``?offset=n&limit=m`` returns at most m
                                       (and 1 MiB) characters from n, ``next_offset``, ``size``.
                                       At most `MAX_CONCURRENT_LOG_READS` at once, on their own
                                       threads; past that 429 with ``Retry-After``.
-GET      /v1/events                   events; ``?after=seq&job_id=id&limit=n``
+GET      /v1/events                   [read] events; ``?after=seq&job_id=id&limit=n``
+GET      /v1/whoami                   [read] ``{"name", "role", "queues"}`` of the caller
+GET      /v1/users                    [manage-users] ``?limit=n&after=name``: a page of users
+                                      by name (default 100), ``next``; never a token or hash
+POST     /v1/users                    [manage-users] ``{"name", "role", "queues",
+                                      "expires_in_s"?}``: 201 with the user and its ``token``,
+                                      shown this once; 409 if the name is taken
+DELETE   /v1/users/{name}             [manage-users] remove; the token stops at once. 409 for
+                                      the last admin
+POST     /v1/users/{name}/rotate-token
+                                      [manage-users] ``{"expires_in_s"?}`` or no body: a new
+                                      ``token``, shown this once; the old one stops at once
 GET      /healthz                     liveness, no auth: 200 ``{"ok": true}``, or 503
                                       ``{"ok": false, "reason": ...}`` when the liveness
                                       callable names a problem (a stalled control loop)
 =======  ===========================  ===========================================================
+
+With `make_app(..., operations=...)` (the controller always passes them) the operator routes
+are registered too: ``/v1/nodes``, ``/v1/nodes/{node}/cordon|uncordon``, ``/v1/health``,
+``/v1/health/{node}/clear``, ``/v1/health/breaker[/reset]``, ``/v1/serve``,
+``/v1/serve/models/{model}/pin``, ``/v1/faults``, ``/v1/policy[/pause|/resume]``; their
+table, bodies and permissions are in `controlplane.service.api_operations`.
 
 Must not: hold job logic (that is `JobService`) or touch Ray.
 """
@@ -37,6 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -47,11 +74,13 @@ from controlplane.background_http import BackgroundHttpServer
 from controlplane.service.access import (
     PRINCIPAL,
     Action,
-    Principal,
-    Role,
     add_route,
+    principal_of,
     route_action,
 )
+from controlplane.service.api_operations import add_operations_routes
+from controlplane.service.identity import Identity, user_to_json
+from controlplane.service.operations import Operations
 from controlplane.service.queueing import (
     ApiError,
     JobService,
@@ -59,7 +88,7 @@ from controlplane.service.queueing import (
     invalid_to_json,
     job_to_json,
 )
-from controlplane.service.tokens import bearer_matches
+from controlplane.service.ratelimit import TokenBuckets
 from serve.inputs import JsonBodyError, loads_json, request_id
 
 __all__ = ["ApiServer", "make_app"]
@@ -71,7 +100,9 @@ MAX_CONCURRENT_LOG_READS = 4
 is refused with 429 rather than queued, so followers cannot pile up memory or threads."""
 LOG_RETRY_AFTER_S = 2
 _SERVICE = web.AppKey("service", JobService)
-_TOKEN = web.AppKey("token", str)
+_IDENTITY = web.AppKey("identity", Identity)
+_USER_LIMITS = web.AppKey("user_limits", TokenBuckets)
+_FAILED_AUTH_LIMITS = web.AppKey("failed_auth_limits", TokenBuckets)
 _MAX_BODY = web.AppKey("max_body_bytes", int)
 _REQUEST_ID = web.RequestKey("request_id", str)
 _LOG_SLOTS = web.AppKey("log_slots", asyncio.Semaphore)
@@ -101,16 +132,35 @@ async def _request_ids(request: web.Request, handler: Handler) -> web.StreamResp
     return response
 
 
+_READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_NO_AUDIT = object()
+
+
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Auth first, then the handler; every failure becomes a JSON error, never a crash (the
-    auth check too: a header of any bytes is a 401, not a 500)."""
+    """Auth, the rate limit and the role check first, then the handler; every failure becomes
+    a JSON error, never a crash (the auth check too: a header of any bytes is a 401, not a
+    500). Then the audit: every authenticated state-changing request on a named route is one
+    ``audit.<route>`` event, whatever its outcome (403s included)."""
+    response = await _guarded(request, handler)
+    if (
+        request.method not in _READ_METHODS
+        and PRINCIPAL in request
+        and request.get(_AUDITED, True)
+        and request.match_info.route.name is not None
+    ):
+        _audit(request, response.status)
+    return response
+
+
+_AUDITED = web.RequestKey("audited", bool)
+
+
+async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         action = route_action(request)
         if action is not Action.PUBLIC:
-            refused = _refuse_auth(request)
-            if refused is not None:
-                return refused
+            _authenticate(request)
             principal = request[PRINCIPAL]
             if action is not None and not principal.may(action):
                 return _error(
@@ -140,27 +190,62 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(request, 500, "internal error; quote the request id when you report it")
 
 
-def _refuse_auth(request: web.Request) -> web.Response | None:
-    """A 401 unless the request carries the bearer token. Header values are any bytes the
-    client sent (aiohttp keeps invalid UTF-8 as surrogates), compared as bytes as received."""
-    header = request.headers.get("Authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not given.strip():
-        return _error(
-            request,
-            401,
-            "missing token: send 'Authorization: Bearer <token>'",
-            "Authorization",
+def _authenticate(request: web.Request) -> None:
+    """Set the request's Principal, or raise a 401 (`Identity.authenticate`), or a 429.
+
+    Rate limits: a request that fails authentication spends a token of its client address's
+    bucket (past it, 429 instead of 401: guessing tokens is slowed); an authenticated one
+    spends its user's (past it, 429, not audited: a flood would flood the log). Other users'
+    buckets are untouched, so they keep being served."""
+    try:
+        principal = request.app[_IDENTITY].authenticate(request.headers.get("Authorization"))
+    except ApiError:
+        wait_s = request.app[_FAILED_AUTH_LIMITS].take(request.remote or "-")
+        if wait_s is not None:
+            raise _too_many(wait_s, "requests that fail authentication from this address") from None
+        raise
+    request[PRINCIPAL] = principal
+    wait_s = request.app[_USER_LIMITS].take(principal.name)
+    if wait_s is not None:
+        request[_AUDITED] = False
+        raise _too_many(wait_s, f"requests from {principal.name}")
+
+
+def _too_many(wait_s: int, what: str) -> ApiError:
+    return ApiError(429, f"too many {what}; retry in {wait_s}s", None, retry_after_s=wait_s)
+
+
+def _audit(request: web.Request, status: int) -> None:
+    """One ``audit.<route name>`` event: who, what, on which path parameters, and the status.
+    A failed write is logged, never the request's failure (its change is already made)."""
+    principal = request[PRINCIPAL]
+    route = str(request.match_info.route.name)
+    params = {k: v[:200] for k, v in request.match_info.items()}
+    rid = request.get(_REQUEST_ID)
+    shown = " ".join(f"{k}={v}" for k, v in params.items())
+    try:
+        request.app[_SERVICE].store.record_event(
+            f"audit.{route}",
+            f"{principal.name} ({principal.role}) {route} {shown} -> {status}".replace("  ", " "),
+            data={
+                "user": principal.name,
+                "role": principal.role.value,
+                "route": route,
+                "method": request.method,
+                "params": params,
+                "status": status,
+                "request_id": rid,
+            },
         )
-    if not bearer_matches(header, request.app[_TOKEN]):
-        return _error(request, 401, "wrong token", "Authorization")
-    # One shared token for now: its holder is the admin.
-    request[PRINCIPAL] = Principal(name="admin", role=Role.ADMIN)
-    return None
+    except Exception:  # the audit must not turn a made change into an error
+        log.exception("request %s: recording the audit event of %s failed", rid, route)
 
 
-async def _json_body(request: web.Request) -> Any:
+async def _json_body(request: web.Request, *, allow_empty: bool = False) -> Any:
+    """The body's JSON (None for an empty body where `allow_empty`), else 400 naming it."""
     raw = await request.read()  # aiohttp stops at client_max_size (413 above)
+    if allow_empty and not raw.strip():
+        return None
     if not raw:
         raise ApiError(400, "the request body is empty; send a JSON job spec", "<body>")
     try:
@@ -173,7 +258,9 @@ async def _json_body(request: web.Request) -> Any:
 async def _submit(request: web.Request) -> web.Response:
     payload = await _json_body(request)
     key = request.headers.get("Idempotency-Key")
-    job, created = request.app[_SERVICE].submit(payload, idempotency_key=key)
+    job, created = request.app[_SERVICE].submit(
+        payload, idempotency_key=key, principal=principal_of(request)
+    )
     return web.json_response(job_to_json(job), status=201 if created else 200)
 
 
@@ -200,7 +287,8 @@ async def _get(request: web.Request) -> web.Response:
 
 
 async def _cancel(request: web.Request) -> web.Response:
-    return web.json_response(request.app[_SERVICE].cancel(request.match_info["id"]))
+    service = request.app[_SERVICE]
+    return web.json_response(service.cancel(request.match_info["id"], principal_of(request)))
 
 
 async def _logs(request: web.Request) -> web.Response:
@@ -232,6 +320,33 @@ async def _events(request: web.Request) -> web.Response:
     return web.json_response({"events": [event_to_json(e) for e in events]})
 
 
+async def _whoami(request: web.Request) -> web.Response:
+    p = principal_of(request)
+    return web.json_response({"name": p.name, "role": p.role.value, "queues": sorted(p.queues)})
+
+
+async def _users_list(request: web.Request) -> web.Response:
+    q = request.query
+    users, next_after = request.app[_IDENTITY].list_users(q.get("limit"), q.get("after"))
+    return web.json_response({"users": [user_to_json(u) for u in users], "next": next_after})
+
+
+async def _users_add(request: web.Request) -> web.Response:
+    user, token = request.app[_IDENTITY].add(await _json_body(request))
+    return web.json_response({**user_to_json(user), "token": token}, status=201)
+
+
+async def _users_remove(request: web.Request) -> web.Response:
+    user = request.app[_IDENTITY].remove(request.match_info["name"])
+    return web.json_response({**user_to_json(user), "removed": True})
+
+
+async def _users_rotate(request: web.Request) -> web.Response:
+    payload = await _json_body(request, allow_empty=True)
+    user, token = request.app[_IDENTITY].rotate(request.match_info["name"], payload)
+    return web.json_response({**user_to_json(user), "token": token})
+
+
 async def _healthz(request: web.Request) -> web.Response:
     try:
         problem = request.app[_LIVENESS]()
@@ -244,7 +359,7 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 async def _not_found(_request: web.Request) -> web.Response:
-    raise ApiError(404, "no such route; see /v1/jobs, /v1/events, /healthz", None)
+    raise ApiError(404, "no such route; see /v1/jobs, /v1/events, /v1/users, /healthz", None)
 
 
 def make_app(
@@ -252,16 +367,25 @@ def make_app(
     token: str,
     max_body_bytes: int | None = None,
     liveness: Liveness | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    operations: Operations | None = None,
 ) -> web.Application:
-    """The aiohttp application; `token` is what clients must send as the bearer token.
+    """The aiohttp application. `token` becomes the first admin's (``admin``) when the store
+    has no user yet (`Identity.bootstrap`); after that, users' tokens authenticate.
     `max_body_bytes` defaults to the service's ``api.max_body_bytes``. /healthz answers 503
-    while `liveness` (called on the event loop: keep it cheap) names a problem."""
+    while `liveness` (called on the event loop: keep it cheap) names a problem. `clock`
+    (monotonic seconds) paces the rate limits; only tests pass another."""
     if not token:
         raise ValueError("token: the API needs a non-empty token")
     limit = service.cfg.api.max_body_bytes if max_body_bytes is None else max_body_bytes
     app = web.Application(middlewares=[_request_ids, _guard], client_max_size=limit)
     app[_SERVICE] = service
-    app[_TOKEN] = token
+    identity = Identity(service.store, lambda: list(service.cfg.jobs.queues))
+    identity.bootstrap(token)
+    app[_IDENTITY] = identity
+    rate, burst = service.cfg.api.rate_limit_per_s, service.cfg.api.rate_burst
+    app[_USER_LIMITS] = TokenBuckets(rate, burst, clock=clock)
+    app[_FAILED_AUTH_LIMITS] = TokenBuckets(rate, burst, clock=clock)
     app[_MAX_BODY] = limit
     app[_LIVENESS] = liveness if liveness is not None else lambda: None
     app[_LOG_SLOTS] = asyncio.Semaphore(MAX_CONCURRENT_LOG_READS)
@@ -279,7 +403,28 @@ def make_app(
     )
     add_route(app, "GET", "/v1/jobs/{id}/logs", _logs, name="jobs.logs", action=Action.READ)
     add_route(app, "GET", "/v1/events", _events, name="events.list", action=Action.READ)
+    add_route(app, "GET", "/v1/whoami", _whoami, name="whoami", action=Action.READ)
+    add_route(app, "GET", "/v1/users", _users_list, name="users.list", action=Action.MANAGE_USERS)
+    add_route(app, "POST", "/v1/users", _users_add, name="users.add", action=Action.MANAGE_USERS)
+    add_route(
+        app,
+        "DELETE",
+        "/v1/users/{name}",
+        _users_remove,
+        name="users.remove",
+        action=Action.MANAGE_USERS,
+    )
+    add_route(
+        app,
+        "POST",
+        "/v1/users/{name}/rotate-token",
+        _users_rotate,
+        name="users.rotate-token",
+        action=Action.MANAGE_USERS,
+    )
     add_route(app, "GET", "/healthz", _healthz, name="healthz", action=Action.PUBLIC)
+    if operations is not None:  # the operator routes: controlplane.service.api_operations
+        add_operations_routes(app, operations)
     app.router.add_route("*", "/{tail:.*}", _not_found)
     return app
 
@@ -294,9 +439,14 @@ class ApiServer(BackgroundHttpServer):
         host: str,
         port: int,
         liveness: Liveness | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        operations: Operations | None = None,
     ) -> None:
         super().__init__(
-            make_app(service, token, liveness=liveness), host, port, thread_name="rcp-api"
+            make_app(service, token, liveness=liveness, clock=clock, operations=operations),
+            host,
+            port,
+            thread_name="rcp-api",
         )
 
     def start(self, timeout_s: float = 30.0) -> ApiServer:

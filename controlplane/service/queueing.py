@@ -3,8 +3,9 @@
 Owns: turning requests into store calls with every check a user should hear about before a job
 is queued: the spec's own validation (`JobSpec.from_dict`), the control plane's view
 (`JobSpec.check_against`: configured priority classes and queues, and whether the `cluster`
-pool as configured could ever hold the gang), idempotent submission, cancellation, listing,
-events and logs. Every refusal is an `ApiError` carrying the HTTP status, a message and the
+pool as configured could ever hold the gang), who may (given the API's caller, a
+`Principal`: a queue they are bound to; a researcher cancels only jobs they own, the job's
+``owner`` being its submitter), idempotent submission, cancellation, listing, events and logs. Every refusal is an `ApiError` carrying the HTTP status, a message and the
 offending field, so the API answers 4xx with ``{"error": ..., "field": ...}``.
 
 Must not: talk to Ray (logs come through the `log_window` callable the controller passes in) or

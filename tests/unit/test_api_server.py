@@ -53,7 +53,8 @@ def whole_log(logs: Callable[[Any], str]) -> Callable[[Any, int, int], tuple[str
 
 class Server:
     def __init__(self, tmp: Path) -> None:
-        self.cfg: Config = load_config(None, [f"state_dir={tmp}"])
+        # No rate limit to speak of: the fuzz tests send hundreds of requests a second.
+        self.cfg: Config = load_config(None, [f"state_dir={tmp}", "api.rate_burst=100000"])
         self.store = Store(tmp / "controlplane.db")
         self.service = JobService(
             self.store, self.cfg, log_window=whole_log(lambda job: "line 1\nline 2\n")

@@ -1,0 +1,128 @@
+"""`rcp whoami` and `rcp users add | list | remove | rotate-token`: who may use the API.
+
+Owns: printing what the API's user routes answer (through the SDK). A new or rotated token is
+printed once, to stdout, and nowhere else (give it to its user; the control plane keeps only
+its hash). Must not: reach the store directly; every command is one SDK call.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from controlplane.cli.common import api_call, client_options, sdk_client
+from controlplane.cli.render import text_table
+
+__all__ = ["users_group", "whoami"]
+
+ROLES = ("researcher", "operator", "admin")
+
+
+@click.command()
+@client_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def whoami(url: str | None, state_dir: str | None, as_json: bool) -> None:
+    """The user, role and queues of the token in use."""
+    client = sdk_client(url, state_dir)
+    me = api_call(lambda: client.whoami())
+    if as_json:
+        click.echo(json.dumps(me))
+    else:
+        click.echo(f"{me['name']} ({me['role']}), queues: {', '.join(me['queues']) or '-'}")
+
+
+@click.group("users")
+def users_group() -> None:
+    """Users of the API, their roles and tokens (admins only)."""
+
+
+def _when(t_s: float | None) -> str:
+    return "never" if t_s is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_s))
+
+
+@users_group.command("add")
+@client_options
+@click.argument("name")
+@click.option("--role", type=click.Choice(ROLES), required=True, help="What the user may do.")
+@click.option(
+    "--queue",
+    "queues",
+    multiple=True,
+    help="A queue the user may submit to (repeat for several; '*' for every queue).",
+)
+@click.option("--expires-in-s", type=float, help="The token stops working after this long.")
+@click.option("--json", "as_json", is_flag=True, help="Print the user and token as JSON.")
+def users_add(
+    url: str | None,
+    state_dir: str | None,
+    name: str,
+    role: str,
+    queues: tuple[str, ...],
+    expires_in_s: float | None,
+    as_json: bool,
+) -> None:
+    """Add a user; prints their token, this once."""
+    client = sdk_client(url, state_dir)
+    user = api_call(lambda: client.users_add(name, role, queues, expires_in_s=expires_in_s))
+    _print_token(user, as_json)
+
+
+@users_group.command("list")
+@client_options
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+def users_list(url: str | None, state_dir: str | None, as_json: bool) -> None:
+    """Every user: role, queues, when their token was issued and when it expires."""
+    client = sdk_client(url, state_dir)
+    users = api_call(lambda: client.users_list())
+    if as_json:
+        click.echo(json.dumps([_user_json(u) for u in users], indent=2))
+        return
+    rows: list[tuple[str, ...]] = [
+        (u.name, u.role, ",".join(u.queues) or "-", _when(u.rotated_s), _when(u.expires_s))
+        for u in users
+    ]
+    click.echo(text_table(rows, ("NAME", "ROLE", "QUEUES", "TOKEN ISSUED", "EXPIRES")))
+
+
+@users_group.command("remove")
+@client_options
+@click.argument("name")
+def users_remove(url: str | None, state_dir: str | None, name: str) -> None:
+    """Remove a user; their token stops working at once (not the last admin)."""
+    client = sdk_client(url, state_dir)
+    user = api_call(lambda: client.users_remove(name))
+    click.echo(f"removed {user.name} ({user.role})")
+
+
+@users_group.command("rotate-token")
+@client_options
+@click.argument("name")
+@click.option("--expires-in-s", type=float, help="The new token stops working after this long.")
+@click.option("--json", "as_json", is_flag=True, help="Print the user and token as JSON.")
+def users_rotate_token(
+    url: str | None, state_dir: str | None, name: str, expires_in_s: float | None, as_json: bool
+) -> None:
+    """Give a user a new token (printed this once); the old one stops working at once."""
+    client = sdk_client(url, state_dir)
+    user = api_call(lambda: client.users_rotate_token(name, expires_in_s=expires_in_s))
+    _print_token(user, as_json)
+
+
+def _user_json(user: object) -> dict[str, object]:
+    keys = ("name", "role", "queues", "created_s", "rotated_s", "expires_s")
+    return {k: list(v) if isinstance(v := getattr(user, k), tuple) else v for k in keys}
+
+
+def _print_token(user: object, as_json: bool) -> None:
+    token = getattr(user, "token", None)
+    if as_json:
+        click.echo(json.dumps({**_user_json(user), "token": token}))
+        return
+    click.echo(token)
+    click.echo(
+        f"(the token of {getattr(user, 'name', '?')}, {getattr(user, 'role', '?')}: shown "
+        "this once; hand it over privately)",
+        err=True,
+    )
