@@ -19,12 +19,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from controlplane.cli import cli
 from controlplane.config import Config
 from controlplane.ray_connection import connect
 from controlplane.sdk import Client
+from controlplane.timeline.collect import TimelineInputs
+from controlplane.timeline.draw import PNG_SIGNATURE
 from tests.integration.conftest import (
     Load,
+    free_ports,
     pools_of,
     start_local_cluster,
     two_replica_sample_config,
@@ -53,6 +58,9 @@ def loop_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Con
         f"placement.migrate_back_interval_s={MIGRATE_BACK_INTERVAL_S}",
         "jobs.gang_start_timeout_s=300",
         "jobs.job_signal_poll_s=0.2",
+        # Prometheus for `rcp timeline` (the last test), on a port of the module's own.
+        "observability.prometheus=true",
+        f"observability.prometheus_port={free_ports(1)[0]}",
         config_file=conf,
     )
     try:
@@ -241,3 +249,33 @@ def test_loop_metrics_reach_the_heads_prometheus_endpoint(
         return all(name in text for name in wanted) and cluster_running(text) == 2.0
 
     wait_for(f"{wanted} on {url} with 2 running cluster replicas", exported, 90)
+
+
+def test_rcp_timeline_draws_the_claim_from_events_and_prometheus(
+    loop_cluster: tuple[Config, Client], tmp_path: Path
+) -> None:
+    """`rcp timeline` after the claims above (through the API and the cluster's Prometheus):
+    a PNG whose panels hold the replicas leaving for the external pool and coming back, the
+    gang's GPUs, the traffic, and the admission and the moves as markers."""
+    cfg, _ = loop_cluster
+    png, inputs = tmp_path / "timeline.png", tmp_path / "inputs.json"
+    prometheus = f"http://{cfg.ray.node_ip}:{cfg.observability.prometheus_port}"
+    args = [
+        "timeline", "--since", "1h", "-o", str(png), "--json", "--prometheus", prometheus,
+        "--state-dir", str(cfg.state_path), "--save-inputs", str(inputs),
+    ]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    summary = json.loads(result.output)
+    assert summary["notes"] == []  # Prometheus answered
+    assert {"policy.AdmitJob", "serve.move.start", "serve.move.done", "job.state"} <= set(
+        summary["marker_kinds"]
+    )
+    drawn = TimelineInputs.from_json(json.loads(inputs.read_text())).timeline()
+    most = {s.label: max((v for _, v in s.points), default=0.0) for s in drawn.replicas}
+    assert most.get("sample/external") == 2.0 and most.get("sample/cluster") == 2.0, most
+    gpus = {s.label: max((v for _, v in s.points), default=0.0) for s in drawn.gpus}
+    assert gpus["training"] == 2.0 and gpus["external"] >= 2.0, gpus
+    rate = {s.label: max((v for _, v in s.points), default=0.0) for s in drawn.requests}
+    assert rate["requests/s"] > 0 and rate["failed/s"] == 0.0, rate

@@ -15,12 +15,14 @@ from typing import Any
 import pytest
 
 from controlplane.cli.timeline import parse_since
-from controlplane.timeline.collect import EVENTS_PAGE, collect, read_events
+from controlplane.timeline.collect import EVENTS_PAGE, TimelineInputs, collect, read_events
 from controlplane.timeline.draw import PNG_SIGNATURE
 from controlplane.timeline.metrics import MetricsUnavailable, read_metrics, step_for
 from controlplane.timeline.series import QUERIES, Series, build_timeline
 from tests.unit.test_api_cli import rcp
 from tests.unit.test_api_server import Server
+
+DATA = Path(__file__).parent / "data"
 
 
 def event(
@@ -137,6 +139,33 @@ def test_without_metrics_only_the_markers_and_the_note() -> None:
 def test_a_window_that_ends_before_it_starts_is_refused() -> None:
     with pytest.raises(ValueError, match="end_s"):
         build_timeline([], None, 10, 5)
+
+
+def test_a_recorded_claim_gives_the_expected_series() -> None:
+    """The inputs `rcp timeline --save-inputs` saved after the policy-loop integration test's
+    claim (replicas 2 -> external -> back, a 2-GPU gang, steady traffic; trimmed)."""
+    inputs = TimelineInputs.from_json(json.loads((DATA / "timeline_claim.json").read_text()))
+    t = inputs.timeline()
+    most = {s.label: max(v for _, v in s.points) for s in t.replicas}
+    least = {s.label: min(v for _, v in s.points) for s in t.replicas}
+    assert most == {"sample/cluster": 2.0, "sample/external": 2.0}
+    assert least == {"sample/cluster": 0.0, "sample/external": 0.0}
+    gpus = {s.label: max(v for _, v in s.points) for s in t.gpus}
+    assert gpus["training"] == 2.0 and gpus["external"] >= 2.0
+    rates = {s.label: s.points for s in t.requests}
+    assert max(v for _, v in rates["requests/s"]) > 0
+    assert all(v == 0.0 for _, v in rates["failed/s"])
+    kinds = [m.kind for m in t.markers]
+    assert kinds.index("serve.move.start") < kinds.index("policy.AdmitJob")  # make room first
+    assert {"serve.move.done", "job.state"} <= set(kinds)
+    # Make-before-break, as the series show it: both external replicas ran no later than the
+    # cluster pool emptied, and within the metrics' lag (report + scrape, 10 s) of admission.
+    series = {s.label: s.points for s in t.replicas}
+    external_full_s = next(at for at, v in series["sample/external"] if v == 2.0)
+    cluster_empty_s = next(at for at, v in series["sample/cluster"] if v == 0.0)
+    assert external_full_s <= cluster_empty_s
+    admit_s = next(m.at_s for m in t.markers if m.kind == "policy.AdmitJob")
+    assert external_full_s <= admit_s + 10
 
 
 # -- reading Prometheus -------------------------------------------------------------------------
