@@ -1,5 +1,6 @@
 """Users, roles, ownership, audit and rate limits of the API, against a real loopback server
-(`ApiServer` on port 0, the real `JobService`, a real SQLite store). No Ray.
+(`ApiServer` on port 0, the real `JobService`, a real SQLite store, and the operator routes
+over the control loop on fake adapters, `tests.unit.loop_fakes`). No Ray.
 
 The role matrix walks every route the app registers (`ROUTE_ACTIONS`), so a route added later
 is covered as soon as it exists, and fails the test until `EXPECTED_ACTIONS` names it.
@@ -27,10 +28,12 @@ from controlplane.config import Config, load_config
 from controlplane.sdk import AuthError, Client, Forbidden
 from controlplane.service.access import ROLE_ACTIONS, ROUTE_ACTIONS, Action, Role
 from controlplane.service.api import ApiServer
+from controlplane.service.operations import Operations
 from controlplane.service.queueing import JobService
 from controlplane.service.tokens import token_hash
 from controlplane.store import ADMIN_ROLE, JobState, Store
 from jobs.spec import JobSpec
+from tests.unit.test_loop_claim import world
 
 ADMIN_TOKEN = "admin-token-" + "x" * 32
 QUEUES = ("default", "team-a", "team-b")
@@ -48,6 +51,20 @@ EXPECTED_ACTIONS: dict[str, Action] = {
     "users.remove": Action.MANAGE_USERS,
     "users.rotate-token": Action.MANAGE_USERS,
     "healthz": Action.PUBLIC,
+    "nodes.list": Action.READ,
+    "nodes.cordon": Action.OPERATE,
+    "nodes.uncordon": Action.OPERATE,
+    "health.get": Action.READ,
+    "health.clear": Action.OPERATE,
+    "health.breaker": Action.READ,
+    "health.breaker_reset": Action.OPERATE,
+    "serve.status": Action.READ,
+    "serve.pin": Action.OPERATE,
+    "serve.unpin": Action.OPERATE,
+    "faults.inject": Action.OPERATE,
+    "policy.get": Action.READ,
+    "policy.pause": Action.OPERATE,
+    "policy.resume": Action.OPERATE,
 }
 """Every route and the action it needs: what the role matrix holds each route to."""
 
@@ -67,11 +84,20 @@ class Api:
 
     def __init__(self, tmp: Path, *overrides: str) -> None:
         queues = [f"jobs.queues.{q}.share=0.3" for q in QUEUES]
-        self.cfg: Config = load_config(None, [f"state_dir={tmp}", *queues, *overrides])
-        self.store = Store(tmp / "controlplane.db")
+        self.world = world(tmp, *queues, *overrides)
+        self.cfg: Config = self.world.cfg
+        self.store: Store = self.world.store
         self.service = JobService(self.store, self.cfg)
+        operations = Operations(
+            self.cfg,
+            self.world.loop,
+            serve_status=lambda: {"deployed": True, "models": {}},
+            inject_fault=lambda node_id, kind: {"node_id": node_id, "faults": [kind]},
+        )
         self.clock = FakeClock()
-        self.server = ApiServer(self.service, ADMIN_TOKEN, "127.0.0.1", 0, clock=self.clock).start()
+        self.server = ApiServer(
+            self.service, ADMIN_TOKEN, "127.0.0.1", 0, clock=self.clock, operations=operations
+        ).start()
         self.url = self.server.url
         self.app = self.server.app
 
