@@ -128,6 +128,8 @@ class OurScheme:
         self._gang_views: dict[str, tuple[int, float | None, RunningGang]] = {}
         self.failures_seen = 0
         self.unknown_items = 0
+        self.breaks_short = 0
+        """Moves whose BREAK step left their model short of demand."""
         self._nodes: tuple[NodeView, ...] = ()
         self._nodes_at = -1
 
@@ -300,6 +302,12 @@ class OurScheme:
         for op in self.ops:
             self.serve.prefer_stop = set(op.node_ids)
             new, outcome = operations.advance(op, self.serve, now, self.timeout_s)
+            if (
+                op.phase is MovePhase.SHIFT
+                and new.phase is MovePhase.BREAK
+                and self.serve.short(op.model)
+            ):
+                self.breaks_short += 1  # demand rose while the move (and the policies) waited
             if outcome is MoveOutcome.DONE:
                 self._record(LoopEvent.SERVE_MOVE_DONE, f"{op.describe()}", op.for_job_id)
             elif outcome is MoveOutcome.UNWOUND:

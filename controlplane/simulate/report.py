@@ -34,7 +34,8 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("shortfall_min", "serving shortfall (model-minutes)", "{:,.1f}"),
     ("shortfall_moves_min", "  caused by moves", "{:,.1f}"),
     ("shortfall_failures_min", "  caused by failures", "{:,.1f}"),
-    ("shortfall_scaling_min", "  scaling lag / no room", "{:,.1f}"),
+    ("shortfall_scaling_min", "  no room or scaling lag", "{:,.1f}"),
+    ("moves_leaving_serving_short", "  moves whose BREAK left a model short", "{:,.0f}"),
     ("served_fraction", "requests served", "{:.4f}"),
     ("external_gpu_h", "external GPU-hours", "{:,.0f}"),
     ("external_cost", "external cost ($)", "{:,.0f}"),
@@ -91,12 +92,16 @@ def _fault(ours: dict[str, float], other: dict[str, float], name: str) -> str:
         * ours["owned_gpu_h"],
     }
     worst, hours = max(gap.items(), key=lambda kv: kv[1])
-    if hours <= 0:
-        return (
-            f"no policy loses GPU-hours against {name}: {name} gives training as much of the "
-            "cluster as ours does, so the ratio is bounded by what both can use"
+    bound = ""
+    if other["training_share"] * GOODPUT_GOAL > 1.0:
+        bound = (
+            f"out of reach for any scheduler: {name} already trains on "
+            f"{other['training_share']:.1%} of the owned GPUs (ours {ours['training_share']:.1%}), "
+            f"{GOODPUT_GOAL}x would need {other['training_share'] * GOODPUT_GOAL:.0%}; "
         )
-    return f"{worst}: {hours:,.0f} GPU-h more than {name}"
+    if hours <= 0:
+        return bound + f"no policy of ours loses GPU-hours against {name}"
+    return bound + f"the gap left is {worst}: {hours:,.0f} GPU-h more than {name}"
 
 
 def summarise(s: Scenario, results: dict[str, SchemeResult], wall_s: float) -> dict[str, Any]:
@@ -129,16 +134,25 @@ def summarise(s: Scenario, results: dict[str, SchemeResult], wall_s: float) -> d
             }
         )
     moves = ours["shortfall_moves_min"]
+    breaks = int(ours.get("moves_leaving_serving_short", 0))
+    if breaks:
+        why = (
+            "the decide phase (controlplane/loop/decide.py, serving_busy): demand and placement "
+            f"wait while a move is in flight, so demand that rose during a move is not met when "
+            f"its BREAK step lowers the source pool to the target planned at its start ({breaks} "
+            "such moves)"
+        )
+    else:
+        why = (
+            "placement (policies/placement): it stopped replicas demand still needed (a training "
+            "claim with the external pool full shrinks serving toward min_replicas: external_full)"
+        )
     goals.append(
         {
             "goal": "zero minutes of serving shortfall caused by moves (ours)",
             "value": round(moves, 2),
             "met": moves == 0,
-            "at_fault": None
-            if moves == 0
-            else "placement (policies/placement): it stopped replicas demand still needed "
-            "(a training claim with the external pool full shrinks serving toward "
-            "min_replicas: external_full)",
+            "at_fault": None if moves == 0 else why,
         }
     )
     goals.append(
@@ -149,6 +163,25 @@ def summarise(s: Scenario, results: dict[str, SchemeResult], wall_s: float) -> d
             "at_fault": None,
         }
     )
+    findings: list[str] = []
+    served = ours.get("served_fraction", 1.0)
+    if served < 0.99:
+        ext_gpus = s.config.get("pools.external.max_nodes", 0)
+        peak = sum(
+            max(
+                m.min_replicas,
+                min(m.max_replicas, math.ceil(m.peak_rps / (m.replica_rps * m.target_utilisation))),
+            )
+            * m.gpus_per_replica
+            for m in s.serving.models
+        )
+        findings.append(
+            f"ours serves {served:.1%} of requests ({ours['shortfall_scaling_min']:,.0f} model-minutes "
+            "short with no room): placement grows serving on the cluster only when no training "
+            "job is queued, else on the external pool, whose maximum "
+            f"({ext_gpus} nodes in the scenario's config) holds less than serving's peak need "
+            f"({peak:,} GPUs at the models' target utilisation)"
+        )
     days_per_min = s.days * len(results) / (wall_s / 60.0) if wall_s > 0 else 0.0
     return {
         "bench": "fleet",
@@ -173,6 +206,7 @@ def summarise(s: Scenario, results: dict[str, SchemeResult], wall_s: float) -> d
         if results["ours"].wall_s
         else 0.0,
         "goals": goals,
+        "findings": findings,
         "all_goals_met": all(g["met"] for g in goals),
     }
 
@@ -199,6 +233,8 @@ def table(summary: dict[str, Any]) -> str:
         f"days per wall-clock minute (ours alone: {summary['sim_days_per_wall_min_ours']:.1f})"
     )
     lines.append("")
+    for text in summary.get("findings", []):
+        lines.append(f"finding: {text}")
     for g in summary["goals"]:
         mark = "MET" if g["met"] else "NOT MET"
         lines.append(f"[{mark}] {g['goal']}: {g['value']}")

@@ -236,6 +236,7 @@ def simulate(
         result.decide_s = scheme.cost.decide_s
         result.observe_s = scheme.cost.observe_s
         result.plan_events = scheme.recorded
+        result.figures["moves_leaving_serving_short"] = float(scheme.breaks_short)
     return result
 
 
