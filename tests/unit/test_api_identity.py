@@ -592,3 +592,37 @@ def test_concurrent_removals_leave_one_admin(tmp_path: Path) -> None:
         check_store(api.store)
     finally:
         api.close()
+
+
+# -- the CLI -----------------------------------------------------------------------------------
+
+
+def test_rcp_users_and_whoami_over_the_url(api: Api) -> None:
+    """`rcp users add | list | rotate-token | remove` and `rcp whoami`, with only a URL and a
+    token; a new token is printed once, on stdout alone."""
+    from click.testing import CliRunner
+
+    from controlplane.cli.users import users_group, whoami
+
+    runner = CliRunner()
+    admin = {"RCP_API_URL": api.url, "RCP_API_TOKEN": ADMIN_TOKEN}
+    added = runner.invoke(
+        users_group, ["add", "olga", "--role", "operator", "--queue", "team-a", "--json"], env=admin
+    )
+    assert added.exit_code == 0, added.output
+    token = json.loads(added.stdout)["token"]
+    mine = {"RCP_API_URL": api.url, "RCP_API_TOKEN": token}
+    assert runner.invoke(whoami, [], env=mine).stdout == "olga (operator), queues: team-a\n"
+    listed = runner.invoke(users_group, ["list", "--json"], env=admin)
+    olga = next(u for u in json.loads(listed.stdout) if u["name"] == "olga")
+    assert olga["role"] == "operator" and "token" not in olga
+    table = runner.invoke(users_group, ["list"], env=admin).stdout
+    assert any(line.split()[:2] == ["olga", "operator"] for line in table.splitlines())
+    refused = runner.invoke(users_group, ["list"], env=mine)
+    assert refused.exit_code == 2 and "manage-users" in refused.stderr
+    rotated = runner.invoke(users_group, ["rotate-token", "olga"], env=admin)
+    assert rotated.exit_code == 0 and rotated.stdout.strip() not in ("", token)
+    assert "shown this once" in rotated.stderr and rotated.stdout.strip() not in rotated.stderr
+    assert runner.invoke(whoami, [], env=mine).exit_code == 1  # the old token: 401
+    removed = runner.invoke(users_group, ["remove", "olga"], env=admin)
+    assert removed.exit_code == 0 and removed.stdout == "removed olga (operator)\n"
