@@ -3,7 +3,9 @@
 Owns: reading node inventory from Ray (the caller is connected as a driver) and turning it
 into plain rows for the CLI, the API and the policy actor's snapshot. When telemetry agents
 run, rows also carry health (verdict, reasons), the hottest GPU, mean tensor-core activity and
-the IB error rate (`attach_telemetry`); without agents those fields stay None. Verdicts are the
+the IB error rate (`attach_telemetry`); without agents those fields stay None. The tables
+`rcp nodes` and `rcp health` print (`format_table`, `format_health_table`) live here too:
+the CLI reads the rows over the API and must not load Ray to print them. Verdicts are the
 controller's (what it acts on, with lemon records and cordons) when it runs, else judged here
 from the agents' recent samples.
 Must not: change anything (it never starts agents).
@@ -11,7 +13,8 @@ Must not: change anything (it never starts agents).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from controlplane.pools import Pool, pool_of
@@ -40,6 +43,12 @@ class NodeRow:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> NodeRow:
+        """A row as the API sends it (`to_json`; fields it does not know are ignored)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def _mean(values: list[float]) -> float | None:
@@ -111,3 +120,75 @@ def list_nodes(include_dead: bool = False) -> list[NodeRow]:
     order = {Pool.HEAD.value: 0, Pool.CLUSTER.value: 1, Pool.EXTERNAL.value: 2}
     rows.sort(key=lambda r: (order.get(r.pool, 3), r.state != "ALIVE", r.node_id))
     return rows
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(rows: list[NodeRow]) -> str:
+    """`rcp nodes`' table: one line per node, health columns when any row has health."""
+    header: tuple[str, ...] = (
+        "NODE",
+        "POOL",
+        "STATE",
+        "GPU FREE/TOTAL",
+        "CPU FREE/TOTAL",
+        "ADDRESS",
+        "LABELS",
+    )
+    with_health = any(r.health is not None for r in rows)
+    if with_health:
+        header = header[:3] + ("HEALTH", "MAX TEMP C", "TENSOR", "IB ERR/S") + header[3:]
+    lines = [header]
+    for r in rows:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(r.labels.items()))
+        row: tuple[str, ...] = (
+            r.node_id[-12:],
+            r.pool,
+            r.state,
+            f"{r.gpus_free:g}/{r.gpus_total:g}",
+            f"{r.cpus_free:g}/{r.cpus_total:g}",
+            r.address,
+            labels,
+        )
+        if with_health:
+            health = r.health or "-"
+            if r.health_reasons:
+                health += f" ({','.join(r.health_reasons)})"
+            row = (
+                row[:3]
+                + (
+                    health,
+                    _fmt(r.gpu_temp_max_c, ".1f"),
+                    _fmt(r.tensor_active_ratio, ".0%"),
+                    _fmt(r.ib_errors_per_s, ".3g"),
+                )
+                + row[3:]
+            )
+        lines.append(row)
+    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in lines
+    )
+
+
+def format_health_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """`rcp health`'s table: node, pool, verdict, hottest GPU, reasons, details."""
+    lines = [("NODE", "POOL", "HEALTH", "MAX TEMP C", "REASONS", "DETAILS")]
+    for r in rows:
+        temp = "-" if r["gpu_temp_max_c"] is None else f"{r['gpu_temp_max_c']:.1f}"
+        lines.append(
+            (
+                r["node_id"][-12:],
+                r["pool"],
+                r["verdict"],
+                temp,
+                ",".join(r["reasons"]) or "-",
+                "; ".join(r["details"]),
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines
+    )

@@ -2,11 +2,13 @@
 
 Owns: parsing arguments, loading config, printing tables or JSON, and exit codes. This module
 holds the `rcp` group and names its commands; they live by concern: ``cli.cluster`` (config,
-up, down, nodes, demo, serve status), ``cli.health`` (fault inject, health, health-clear,
-health-breaker, uncordon), ``cli.jobs`` (submit, status, queue, cancel, logs, events),
-``cli.timeline`` (timeline: a PNG of events and metrics), ``cli.simulate`` (simulate: the
-fleet simulator), with the shared options and exits in ``cli.common`` and the job tables in
-``cli.render``.
+up, down, demo locally; nodes, serve status/pin/unpin over the API), ``cli.health`` (health,
+health clear, health breaker [reset], cordon, uncordon, fault inject), ``cli.policy``
+(policy pause/resume/status), ``cli.jobs`` (submit, status, queue, cancel, logs, events),
+``cli.users`` (whoami, users add/list/remove/rotate-token),
+``cli.timeline`` (timeline: a PNG of events and metrics), ``cli.simulate``
+(simulate: the fleet simulator), with the shared options and exits in ``cli.common`` and the
+job tables in ``cli.render``.
 Must not: hold logic of its own; every command calls a function that tests can call too.
 Errors a user can fix print one clear message to stderr and exit 2 (bad input) or 1 (the
 cluster is not in a state to do it).
@@ -17,10 +19,19 @@ from __future__ import annotations
 import click
 
 from controlplane.cli.cluster import config_group, demo, down, nodes, serve_group, up
-from controlplane.cli.health import fault_group, health_breaker, health_clear, health_cmd, uncordon
+from controlplane.cli.health import (
+    cordon,
+    fault_group,
+    health_breaker_alias,
+    health_clear_alias,
+    health_group,
+    uncordon,
+)
 from controlplane.cli.jobs import cancel, events, logs, queue_cmd, status, submit
+from controlplane.cli.policy import policy_group
 from controlplane.cli.simulate import simulate
 from controlplane.cli.timeline import timeline
+from controlplane.cli.users import users_group, whoami
 
 __all__ = ["cli", "main"]
 
@@ -35,9 +46,9 @@ def cli() -> None:
 
 
 for command in (
-    config_group, up, down, nodes, demo, fault_group, health_cmd, health_clear, health_breaker,
-    uncordon, serve_group, submit, status, queue_cmd, cancel, logs, events, timeline,
-    simulate,
+    config_group, up, down, nodes, demo, fault_group, health_group, health_clear_alias,
+    health_breaker_alias, cordon, uncordon, policy_group, serve_group, submit, status, queue_cmd,
+    cancel, logs, events, whoami, users_group, timeline, simulate,
 ):  # fmt: skip
     cli.add_command(command)
 

@@ -1,25 +1,37 @@
-"""`rcp config show | up | down | nodes | demo | serve status`: the local cluster and its views.
+"""`rcp config show | up | down | demo` (local) and `rcp nodes | serve status|pin|unpin` (API).
 
-Owns: printing the merged config, starting and stopping the embedded local cluster, the node
-inventory, the end-to-end demo and the Serve application's status. Must not: hold logic of
-its own: `controlplane.local.cluster`, `controlplane.views`, `controlplane.demo` and
-`serve.status` do the work.
+Owns: printing the merged config, starting and stopping the embedded local cluster and the
+end-to-end demo (these run where the cluster is: they need Ray and the state dir), and, over
+the control plane's API through the SDK (any cluster, given its URL and a token), the node
+inventory, the Serve application's status with the policy actor's guards, and pinning a
+model's replicas to a pool. Must not: hold logic of its own: `controlplane.local.cluster`,
+`controlplane.demo` and the API do the work.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 import click
 
-from controlplane.cli.common import config_options, connect_running, fail, load_cfg
+from controlplane.cli.common import (
+    api_call,
+    client_options,
+    config_options,
+    fail,
+    load_cfg,
+    sdk_client,
+)
 from controlplane.config import to_dict, to_yaml
+from controlplane.inventory import NodeRow, format_table
 from controlplane.ray_connection import ClusterError
 from controlplane.store import StoreError
-from serve.status import format_status_table, serve_status
+from serve.status import format_status_table
 
-__all__ = ["config_group", "demo", "down", "nodes", "serve_group", "up"]
+__all__ = ["config_group", "demo", "down", "guard_lines", "nodes", "serve_group", "up"]
 
 
 @click.group("config")
@@ -68,22 +80,21 @@ def down(config_file: str | None, overrides: tuple[str, ...]) -> None:
 
 
 @click.command()
-@config_options
+@client_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
-@click.option("--all", "include_dead", is_flag=True, help="Include nodes that have gone away.")
-def nodes(
-    config_file: str | None, overrides: tuple[str, ...], as_json: bool, include_dead: bool
-) -> None:
-    """List nodes: pool (head, cluster, external), GPUs free/total, labels, state."""
-    # Deferred: the node views load Ray (seconds); the job commands never need it.
-    from controlplane.views import format_table, node_rows
-
-    connect_running(load_cfg(config_file, overrides))
-    rows = node_rows(include_dead=include_dead)
+def nodes(url: str | None, state_dir: str | None, as_json: bool) -> None:
+    """List nodes: pool (head, cluster, external), state, health, GPUs free/total, labels;
+    a node an operator cordoned shows it (``cordoned``)."""
+    api = sdk_client(url, state_dir)
+    rows = api_call(api.nodes)
     if as_json:
-        click.echo(json.dumps([r.to_json() for r in rows], indent=2))
-    else:
-        click.echo(format_table(rows))
+        click.echo(json.dumps(rows, indent=2))
+        return
+    shown = []
+    for row in rows:
+        state = f"{row['state']},cordoned" if row.get("cordon") else row["state"]
+        shown.append(NodeRow.from_json({**row, "state": state}))
+    click.echo(format_table(shown))
 
 
 @click.command()
@@ -140,13 +151,64 @@ def serve_group() -> None:
 
 
 @serve_group.command("status")
-@config_options
+@client_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def serve_status_cmd(config_file: str | None, overrides: tuple[str, ...], as_json: bool) -> None:
-    """Per model and pool: target, running, starting, stopping replicas, route weights, nodes."""
-    connect_running(load_cfg(config_file, overrides))
-    data = serve_status()
+def serve_status_cmd(url: str | None, state_dir: str | None, as_json: bool) -> None:
+    """Per model and pool: target, running, starting, stopping replicas, route weights, nodes;
+    then whether the policy actor is paused (who, why, since) and the pinned models."""
+    api = sdk_client(url, state_dir)
+    data = api_call(api.serve_status)
     if as_json:
         click.echo(json.dumps(data, indent=2))
+        return
+    click.echo(format_status_table(data))
+    for line in guard_lines(data.get("policy") or {}):
+        click.echo(line)
+
+
+def _when(t_s: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_s))
+
+
+def guard_lines(policy: dict[str, Any]) -> list[str]:
+    """The policy actor's guards as `rcp serve status` and `rcp policy status` print them."""
+    pause = policy.get("pause")
+    if pause:
+        lines = [
+            f"policy actor: PAUSED by {pause['by']} since {_when(pause['since_s'])}: "
+            f"{pause['reason']} (no new moves, admissions or removals; `rcp policy resume`)"
+        ]
     else:
-        click.echo(format_status_table(data))
+        lines = ["policy actor: running"]
+    for model, pin in (policy.get("pins") or {}).items():
+        lines.append(
+            f"pinned:       {model} -> {pin['pool']} (by {pin['by']}, {_when(pin['since_s'])})"
+        )
+    for node, c in (policy.get("cordons") or {}).items():
+        lines.append(f"cordoned:     {node[-12:]} by {c['by']}: {c['reason']}")
+    return lines
+
+
+@serve_group.command("pin")
+@client_options
+@click.argument("model")
+@click.option(
+    "--pool", required=True, type=click.Choice(["cluster", "external"]), help="Where it stays."
+)
+def serve_pin(url: str | None, state_dir: str | None, model: str, pool: str) -> None:
+    """Keep MODEL's replicas in POOL until `rcp serve unpin MODEL` (operator): placement never
+    moves them out of it, and training's claim never takes their cluster GPUs (a gang that
+    then cannot be admitted waits, its reason naming the model)."""
+    api = sdk_client(url, state_dir)
+    result = api_call(lambda: api.pin(model, pool))
+    click.echo(f"{result['model']}: pinned to {result['pin']['pool']}")
+
+
+@serve_group.command("unpin")
+@client_options
+@click.argument("model")
+def serve_unpin(url: str | None, state_dir: str | None, model: str) -> None:
+    """Let the policies place MODEL's replicas again (operator)."""
+    api = sdk_client(url, state_dir)
+    result = api_call(lambda: api.unpin(model))
+    click.echo(f"{result['model']}: unpinned (was pinned to {result['was']['pool']})")

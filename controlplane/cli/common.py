@@ -2,9 +2,9 @@
 
 Owns: the `--config FILE KEY=VALUE...` options of commands that read config (`config_options`,
 `load_cfg`), the `--url/--state-dir/--config` options of commands that talk to the API
-(`client_options`, `sdk_client`, `api_call`), connecting to the running local cluster
-(`connect_running`), and `fail`: one clear message on stderr, exit 2 (bad input) or 1 (the
-cluster is not in a state to do it). Must not: define a command (the command modules do).
+(`client_options`, `sdk_client`, `api_call`), and `fail`: one clear message on stderr, exit
+2 (bad input) or 1 (the cluster is not in a state to do it). Must not: define a command (the
+command modules do) or load Ray: every command but `up`, `down` and `demo` talks to the API.
 """
 
 from __future__ import annotations
@@ -16,14 +16,12 @@ from typing import Any, TypeVar
 import click
 
 from controlplane.config import Config, ConfigError, load_config
-from controlplane.ray_connection import ClusterError, connect
 from controlplane.sdk import ApiError, Client
 
 __all__ = [
     "api_call",
     "client_options",
     "config_options",
-    "connect_running",
     "fail",
     "load_cfg",
     "sdk_client",
@@ -55,21 +53,6 @@ def load_cfg(config_file: str | None, overrides: tuple[str, ...]) -> Config:
 def fail(message: str, code: int = 1) -> None:
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
-
-
-def connect_running(cfg: Config) -> Config:
-    # Deferred: the local cluster loads Ray (seconds); the job commands never need it.
-    from controlplane.local.cluster import LocalCluster
-
-    running = LocalCluster(cfg).running_config()
-    if running is None:
-        fail(f"no local cluster is running for state dir {cfg.state_path}; start one with `rcp up`")
-    assert running is not None
-    try:
-        connect(running)
-    except ClusterError as exc:  # e.g. no Ray token: a cluster an older `rcp up` started
-        fail(str(exc))
-    return running
 
 
 def _remember_config(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:

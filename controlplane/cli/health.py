@@ -1,194 +1,270 @@
-"""`rcp fault inject | health | health-clear | health-breaker | uncordon`: node health.
+"""`rcp health [clear | breaker] | cordon | uncordon | fault inject`: nodes, by hand.
 
-Owns: injecting simulated faults, printing node health (telemetry joined with the controller's
-verdicts), the operator's commands on the controller actor (forget a lemon, the removal
-breaker) and on Kubernetes (uncordon). Must not: judge health itself beyond what
-`controlplane.telemetry.manager` reports, or call the controller actor where none runs
-(Kubernetes runs it in-process; the message says so).
+Owns: printing node health (the verdicts the policy actor acts on), the operator's commands
+on nodes (forget a lemon record, cordon and uncordon, the removal breaker) and simulated fault
+injection, each one SDK call to the control plane's API: they work against any cluster given
+its URL and a token (`--url`/``RCP_API_URL``, ``RCP_API_TOKEN``), no Ray and no state dir
+needed. Changing anything needs an operator's token (the API answers 403 otherwise).
+``rcp health-clear`` and ``rcp health-breaker`` are the older spellings, kept hidden.
+Must not: judge health (the controller does) or reach Ray.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from typing import Any
 
 import click
 
-from controlplane.cli.common import config_options, connect_running, fail, load_cfg
-from controlplane.config import Config
-from controlplane.telemetry.readings import TelemetryError
+from controlplane.cli.common import api_call, client_options, fail, load_cfg, sdk_client
+from controlplane.inventory import format_health_table
 
-__all__ = ["fault_group", "health_breaker", "health_clear", "health_cmd", "uncordon"]
+__all__ = [
+    "cordon",
+    "fault_group",
+    "health_breaker_alias",
+    "health_clear_alias",
+    "health_group",
+    "uncordon",
+]
+
+FAULT_KINDS = ("hot-gpu", "xid", "nvlink-errors", "ib-errors", "ib-link-down", "clear")
+
+
+def client(url: str | None, state_dir: str | None) -> Any:
+    """The SDK client; `--url`/`--state-dir` given to a group (``rcp health --url U clear``)
+    count for its subcommands too."""
+    meta = click.get_current_context().meta
+    return sdk_client(url or meta.get("rcp.url"), state_dir or meta.get("rcp.state_dir"))
+
+
+def _when(t_s: float | None) -> str:
+    return "-" if t_s is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_s))
 
 
 @click.group("fault")
 def fault_group() -> None:
-    """Inject simulated hardware faults (local mode: telemetry.source=simulated)."""
+    """Inject simulated hardware faults (telemetry.source=simulated only)."""
 
 
 @fault_group.command("inject")
+@client_options
 @click.argument("node")
-@click.argument(
-    "kind",
-    type=click.Choice(["hot-gpu", "xid", "nvlink-errors", "ib-errors", "ib-link-down", "clear"]),
-)
-@config_options
-def fault_inject(node: str, kind: str, config_file: str | None, overrides: tuple[str, ...]) -> None:
+@click.argument("kind", type=click.Choice(FAULT_KINDS))
+def fault_inject(url: str | None, state_dir: str | None, node: str, kind: str) -> None:
     """Make NODE's telemetry report KIND from its next sample on (`clear` ends all faults).
 
     NODE is a node id or a unique prefix or suffix of one (as `rcp nodes` shows it).
     """
-    # Deferred: the telemetry manager loads Ray (seconds); the job commands never need it.
-    from controlplane.telemetry.manager import ensure_agents, inject_fault
+    api = client(url, state_dir)
+    result = api_call(lambda: api.inject_fault(node, kind))
+    faults = ", ".join(result.get("faults") or []) or "none"
+    click.echo(f"node {result.get('node_id', node)}: injected {kind}; active faults: {faults}")
 
-    cfg = connect_running(load_cfg(config_file, overrides))
-    ensure_agents(cfg)
-    try:
-        result = _retry_until_agent_up(lambda: inject_fault(node, kind))
-    except TelemetryError as exc:
-        fail(str(exc), code=2)
+
+@click.group("health", invoke_without_command=True)
+@client_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def health_group(ctx: click.Context, url: str | None, state_dir: str | None, as_json: bool) -> None:
+    """Node health: the verdicts the policy actor acts on (healthy, degraded, unhealthy),
+    lemon records included; "taken out" marks nodes health drained, "cordoned" nodes an
+    operator cordoned. `rcp health clear NODE`, `rcp health breaker [--reset]`."""
+    if ctx.invoked_subcommand is not None:
+        ctx.meta["rcp.url"], ctx.meta["rcp.state_dir"] = url, state_dir
         return
-    faults = ", ".join(result["faults"]) or "none"
-    click.echo(f"node {result['node_id']}: injected {kind}; active faults: {faults}")
-
-
-def _retry_until_agent_up(call: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    """`call()`, retried while agents just started by this command are still coming up."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return call()
-        except TelemetryError as exc:
-            if "no telemetry agent" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(1.0)
-
-
-@click.command("health")
-@config_options
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
-def health_cmd(config_file: str | None, overrides: tuple[str, ...], as_json: bool) -> None:
-    """Node health from telemetry: verdict (healthy, degraded, unhealthy) and reasons.
-
-    Starts a telemetry agent on every node that lacks one. The verdicts are the controller's
-    (the ones it acts on, lemon records included; "cordoned" marks nodes it took out) when it
-    runs, else each node is judged here on the samples its agent keeps.
-    """
-    # Deferred: the telemetry manager and the views load Ray (seconds); the job commands never
-    # need it.
-    from controlplane.telemetry.manager import ensure_agents, health_report
-    from controlplane.views import format_health_table, health_rows
-
-    cfg = connect_running(load_cfg(config_file, overrides))
-    refs = ensure_agents(cfg)
-    judged, _state, latest = health_report(cfg.health)
-    rows = health_rows(refs, judged, latest)
+    api = client(url, state_dir)
+    data = api_call(api.health)
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps(data["nodes"], indent=2))
         return
-    click.echo(format_health_table(rows))
+    rows = []
+    for row in data["nodes"]:
+        marks = [*(["taken out"] if row.get("taken_out") else [])]
+        if row.get("cordon"):
+            marks.append(f"cordoned by {row['cordon']['by']}: {row['cordon']['reason']}")
+        rows.append({**row, "details": [*row.get("details", []), *marks]})
+    click.echo(format_health_table(rows) if rows else "no verdicts yet (no telemetry)")
 
 
-def _no_controller_actor(cfg: Config) -> str:
-    """Why a command that calls the controller actor cannot run, and what to do instead."""
-    if cfg.kubernetes.enabled:
-        return (
-            "this command calls the rcp-controller actor, which exists in local mode only: on "
-            "Kubernetes the controller runs in-process in the head pod's rcp-controller "
-            "container (no actor), so health-clear and health-breaker are not available there"
-        )
-    return "no controller runs on this cluster (start it with `rcp up`)"
-
-
-def _ask_controller(cfg: Config, method: str, *args: Any) -> Any:
-    """Call `method` on the running local cluster's controller actor; exits with a clear
-    message when there is none (Kubernetes runs it in-process) or when the call raised."""
-    # Deferred: asking the controller actor loads Ray (seconds); the job commands never need it.
-    from controlplane.controller_client import (
-        ControllerCallError,
-        NoControllerError,
-        ask_controller,
-    )
-
-    connect_running(cfg)
-    try:
-        return ask_controller(method, *args)
-    except NoControllerError:
-        fail(_no_controller_actor(cfg))
-    except ControllerCallError as exc:
-        fail(str(exc), code=2)
-
-
-@click.command("health-clear")
-@click.argument("node")
-@config_options
-def health_clear(node: str, config_file: str | None, overrides: tuple[str, ...]) -> None:
-    """Let a lemon node back in: forget NODE's lemon record and held verdict (operator only).
-
-    NODE is a node id or a unique prefix or suffix. A node the controller already drained is
-    not brought back (Ray cannot undo a drain); on Kubernetes, let its host take pods again
-    with `rcp uncordon`.
-    """
-    result = _ask_controller(load_cfg(config_file, overrides), "clear_node", node)
-    note = " (already drained: its replacement starts clean)" if result["cordoned"] else ""
+def _clear(url: str | None, state_dir: str | None, node: str) -> None:
+    api = client(url, state_dir)
+    result = api_call(lambda: api.clear_node(node))
+    note = " (already drained: its replacement starts clean)" if result["taken_out"] else ""
     click.echo(f"node {result['node_id']}: lemon record cleared{note}")
 
 
-@click.command("health-breaker")
-@click.option("--reset", is_flag=True, help="Close the breaker (operator only); logs an event.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@config_options
-def health_breaker(
-    reset: bool, as_json: bool, config_file: str | None, overrides: tuple[str, ...]
-) -> None:
-    """The removal breaker: open?, its budget, recent removals, held nodes; --reset closes it.
+CLEAR_HELP = """Let a lemon node back in: forget NODE's lemon record and held verdict (operator).
 
-    Once a removal is held because health.breaker's budget is spent, the breaker stays open:
-    no node is taken out until an operator resets it. Find the cause first (rcp health, rcp
-    events): many nodes failing at once is more often an exporter or driver rollout than
-    hardware. A reset lifts the latch, not the rate limit: removals in the window still count.
-    """
-    cfg = load_cfg(config_file, overrides)
-    state = _ask_controller(cfg, "reset_breaker" if reset else "breaker_status")
-    if as_json:
-        click.echo(json.dumps({**state, "reset": reset}, indent=2))
-        return
+NODE is a node id or a unique prefix or suffix. A node health already drained is not
+brought back (Ray cannot undo a drain); on Kubernetes, let its host take pods again with
+`rcp uncordon`."""
 
-    def when(t_s: float) -> str:
-        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_s))
 
-    if reset:
-        click.echo(
-            "breaker reset: closed (it was open since " + when(state["opened_s"]) + ")"
-            if state["open"]
-            else "breaker reset: it was closed already"
-        )
-        return
-    status = f"open since {when(state['opened_s'])}" if state["open"] else "closed"
+@health_group.command("clear", help=CLEAR_HELP)
+@client_options
+@click.argument("node")
+def health_clear(url: str | None, state_dir: str | None, node: str) -> None:
+    _clear(url, state_dir, node)
+
+
+@click.command("health-clear", hidden=True, help=CLEAR_HELP)
+@client_options
+@click.argument("node")
+def health_clear_alias(url: str | None, state_dir: str | None, node: str) -> None:
+    _clear(url, state_dir, node)
+
+
+def print_breaker(state: dict[str, Any]) -> None:
+    """The breaker's window, what it let health take out in it, whether it tripped."""
+    status = f"open since {_when(state['opened_s'])}" if state["open"] else "closed"
     click.echo(f"breaker:  {status}{'' if state['act'] else ' (health.act is false)'}")
     click.echo(
         f"budget:   {state['max_nodes']} node(s), {state['max_pool_fraction']:.0%} of a pool "
-        f"(at least 1), per {state['window_s']:g} s"
+        f"(at least 1), per {state['window_s']:g} s window"
     )
-    removals = [f"{r['node_id'][-12:]} ({r['pool']}, {when(r['at_s'])})" for r in state["removals"]]
+    removals = [
+        f"{r['node_id'][-12:]} ({r['pool']}, {_when(r['at_s'])})" for r in state["removals"]
+    ]
     click.echo(f"removals: {', '.join(removals) or 'none'} in the window")
     click.echo(f"held:     {', '.join(n[-12:] for n in state['held']) or 'none'}")
     if state["open"]:
-        click.echo("no node is taken out until `rcp health-breaker --reset`")
+        click.echo("no node is taken out until `rcp health breaker reset` (an operator)")
+
+
+def _breaker(
+    url: str | None, state_dir: str | None, reset: bool, reason: str | None, as_json: bool
+) -> None:
+    api = client(url, state_dir)
+    if not reset:
+        state = api_call(api.breaker)
+        if as_json:
+            click.echo(json.dumps(state, indent=2))
+        else:
+            print_breaker(state)
+        return
+    result = api_call(lambda: api.reset_breaker(reason))
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    was = result["was"]
+    click.echo(
+        f"breaker reset: closed (it was open since {_when(was['opened_s'])})"
+        if was["open"]
+        else "breaker reset: it was closed already"
+    )
+
+
+BREAKER_HELP = """The removal breaker: open?, its window and budget, the removals in the
+window, held nodes; --reset (or `rcp health breaker reset`) closes it (operator).
+
+Once a removal is held because health.breaker's budget is spent, the breaker stays open: no
+node is taken out until an operator resets it. Find the cause first (rcp health, rcp events):
+many nodes failing at once is more often an exporter or driver rollout than hardware. A reset
+lifts the latch, not the rate limit: removals in the window still count. The reset is an
+audited event naming who did it."""
+_RESET = click.option("--reset", is_flag=True, help="Close the breaker (operator).")
+_REASON = click.option("--reason", help="Why (kept in the event log).")
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+@health_group.group("breaker", invoke_without_command=True, help=BREAKER_HELP)
+@client_options
+@_RESET
+@_REASON
+@_JSON
+@click.pass_context
+def health_breaker(
+    ctx: click.Context,
+    url: str | None,
+    state_dir: str | None,
+    reset: bool,
+    reason: str | None,
+    as_json: bool,
+) -> None:
+    if ctx.invoked_subcommand is None:
+        _breaker(url, state_dir, reset, reason, as_json)
+    else:
+        ctx.meta["rcp.url"] = url or ctx.meta.get("rcp.url")
+        ctx.meta["rcp.state_dir"] = state_dir or ctx.meta.get("rcp.state_dir")
+
+
+@health_breaker.command("reset")
+@client_options
+@_REASON
+@_JSON
+def health_breaker_reset(
+    url: str | None, state_dir: str | None, reason: str | None, as_json: bool
+) -> None:
+    """Close the breaker (operator); prints what it was."""
+    _breaker(url, state_dir, True, reason, as_json)
+
+
+@click.command("health-breaker", hidden=True, help=BREAKER_HELP)
+@client_options
+@_RESET
+@_REASON
+@_JSON
+def health_breaker_alias(
+    url: str | None, state_dir: str | None, reset: bool, reason: str | None, as_json: bool
+) -> None:
+    _breaker(url, state_dir, reset, reason, as_json)
+
+
+@click.command("cordon")
+@client_options
+@click.argument("node")
+@click.option("--reason", required=True, help="Why (shown with the node and in the event log).")
+def cordon(url: str | None, state_dir: str | None, node: str, reason: str) -> None:
+    """Drain NODE by hand (operator): it counts for no capacity, so no new gang lands there
+    and serving replicas move off it make-before-break; gangs on it keep running. Until
+    `rcp uncordon NODE`; survives a controller restart."""
+    api = client(url, state_dir)
+    result = api_call(lambda: api.cordon(node, reason))
+    c = result["cordon"]
+    already = "" if result["changed"] else " (already)"
+    click.echo(f"node {result['node_id']}: cordoned{already} by {c['by']}: {c['reason']}")
 
 
 @click.command("uncordon")
-@click.argument("kube_node")
-@config_options
-def uncordon(kube_node: str, config_file: str | None, overrides: tuple[str, ...]) -> None:
-    """Kubernetes: let KUBE_NODE (a Kubernetes node name) take Ray pods again.
+@client_options
+@click.argument("node")
+@click.option("--reason", help="Why (kept in the event log).")
+@click.option(
+    "--kube",
+    is_flag=True,
+    help="Kubernetes, with your own kubeconfig: remove the taint and cordon health put on "
+    "the Kubernetes node NODE (reads --config's kubernetes section and KEY=VALUE overrides, "
+    "not the API).",
+)
+@click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
+def uncordon(
+    url: str | None,
+    state_dir: str | None,
+    node: str,
+    reason: str | None,
+    kube: bool,
+    overrides: tuple[str, ...],
+) -> None:
+    """Give NODE back (operator): undo `rcp cordon NODE`. On Kubernetes, a NODE no Ray node
+    has is taken as a Kubernetes node: the controller removes the taint and cordon health put
+    there (other taints stay); --kube does that here, with your own kubeconfig."""
+    if kube:
+        config_file = click.get_current_context().meta.get("rcp.config_file")
+        _uncordon_kube(node, config_file, overrides)
+        return
+    if overrides:
+        fail("KEY=VALUE overrides go with --kube only", code=2)
+    api = client(url, state_dir)
+    result = api_call(lambda: api.uncordon(node, reason))
+    if result.get("kubernetes"):
+        click.echo(str(result["kubernetes"]))
+    else:
+        click.echo(f"node {result['node_id']}: uncordoned")
 
-    Removes the taint and the cordon the control plane put there when health removed the
-    node; other taints stay. Needs `kubernetes.enabled=true` and API access (kubeconfig or
-    in-cluster).
-    """
+
+def _uncordon_kube(kube_node: str, config_file: str | None, overrides: tuple[str, ...]) -> None:
     # Deferred: controlplane.kube imports the kubernetes client (heavy, production only).
     from controlplane.kube import KubernetesActuatorError, from_config
 

@@ -4,8 +4,9 @@ Owns: the shell around the control loop: the job store (SQLite, WAL, at
 ``Config.jobs_db_path``), the HTTP API (on ``ray.node_ip:api.port``), the job runner and
 retention it hands the loop, the real adapters (`controlplane.adapters`) and the
 `controlplane.loop.Loop` itself, which runs every tick, in one thread, observe -> decide ->
-act -> record (see `controlplane.loop.tick`). The operator's health requests (clear a node's
-record, show or reset the breaker) and the stats are answered from the loop's state.
+act -> record (see `controlplane.loop.tick`), and the operator's side of the API
+(`controlplane.service.operations.Operations`: nodes, health, cordons, the breaker, serve
+status, faults, pause, pins), answered from the loop's state and its guards.
 
 The actor lives on the head (``resources={"pool_head": 1}``, ``num_cpus=0``), is detached and
 restarts forever (``max_restarts=-1``); a restarted actor reads everything from the store and
@@ -26,6 +27,7 @@ from __future__ import annotations
 import logging
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from controlplane.adapters.nodes import RayNodes
@@ -42,14 +44,15 @@ from controlplane.ray_connection import connect, ray_connection_env
 from controlplane.service import reliability
 from controlplane.service.api import ApiServer
 from controlplane.service.job_metrics import GpuHoursMeter, JobMetrics
+from controlplane.service.operations import OperationRefused, Operations
 from controlplane.service.queueing import JobService
 from controlplane.service.retention import Retention
 from controlplane.service.runner import JobRunner, RayJobs
 from controlplane.service.tokens import ensure_token, write_url
 from controlplane.store import JobRecord, Store, StoreError
-from controlplane.telemetry.manager import verdict_json
-from policies.health import BreakerState, RemovalBudget
+from controlplane.telemetry.manager import inject_fault, verdict_json
 from policies.snapshot import ClusterSnapshot
+from serve.status import serve_status
 
 __all__ = ["ACTOR_NAME", "NAMESPACE", "Controller", "deploy", "get_controller", "policies"]
 
@@ -97,8 +100,20 @@ class Controller:
             policies(self.cfg),
             hooks=Hooks(retention=self.retention.run, job_metrics=self._export_job_metrics),
         )
+        self.operations = Operations(
+            self.cfg,
+            self.loop,
+            serve_status=lambda: dict(serve_status()),
+            inject_fault=inject_fault,
+            uncordon_kube=_kube_uncordon(self.cfg),
+        )
         self.api = ApiServer(
-            self.service, token, self.cfg.ray.node_ip, self.cfg.api.port, liveness=self.liveness
+            self.service,
+            token,
+            self.cfg.ray.node_ip,
+            self.cfg.api.port,
+            liveness=self.liveness,
+            operations=self.operations,
         )
         if start:
             self.api.start()
@@ -164,25 +179,9 @@ class Controller:
             "replaced": dict(keeper.remediator.replaced),
         }
 
-    def clear_node(self, node: str) -> dict[str, Any]:
-        """The operator's clear: forget `node`'s lemon record and held verdict (id, prefix or
-        suffix). A node already drained is not brought back (Ray cannot undo a drain); its
-        replacement starts with a clean record anyway."""
-        node_id, cordoned = self.loop.health.clear_node(node)
-        return {"node_id": node_id, "cordoned": cordoned}
-
     def breaker_status(self) -> dict[str, Any]:
-        """The removal breaker: open (latched) and since when, its budget, the removals it
-        admitted within the window (node, pool, time) and the nodes it holds."""
-        state = self.loop.health.breaker_state()
-        return _breaker_json(state, self.cfg.health.breaker, act=self.cfg.health.act)
-
-    def reset_breaker(self) -> dict[str, Any]:
-        """The operator's reset: close the breaker so that health may take nodes out again
-        (within the budget; removals in the window still count). Stored at once and logged
-        (`health.breaker_reset`). Returns the state before the reset."""
-        before = self.loop.health.reset_breaker()
-        return _breaker_json(before, self.cfg.health.breaker, act=self.cfg.health.act)
+        """The removal breaker (`Operations.breaker`)."""
+        return self.operations.breaker()
 
     def _export_job_metrics(self, snapshot: ClusterSnapshot, jobs: tuple[JobRecord, ...]) -> None:
         """The fleet record's GPU-hours (summed here, written once a minute) and the recovery
@@ -219,6 +218,28 @@ def _kube_scale_external(cfg: Config) -> Any:
     return None if actuator is None else actuator.scale_external
 
 
+def _kube_uncordon(cfg: Config) -> Callable[[str], str] | None:
+    """On Kubernetes, the operator's uncordon of a Kubernetes node (its detail), else None."""
+    if not cfg.kubernetes.enabled:
+        return None
+
+    def uncordon(kube_node: str) -> str:
+        # Deferred: controlplane.kube imports the Kubernetes client (heavy; production only).
+        from controlplane.kube import KubernetesActuatorError, from_config
+
+        try:
+            actuator = from_config(cfg)
+            if actuator is None:
+                raise OperationRefused(409, "kubernetes.enabled is false", "kubernetes.enabled")
+            with actuator:
+                result = actuator.uncordon(kube_node)
+        except KubernetesActuatorError as exc:
+            raise OperationRefused(409, str(exc), "node") from None
+        return str(result.detail or f"node {kube_node}: uncordoned")
+
+    return uncordon
+
+
 def _kube_remove(cfg: Config) -> Any:
     """The Kubernetes actuator's node removal when one is configured, else None (local)."""
     if not cfg.kubernetes.enabled:
@@ -252,19 +273,6 @@ def get_controller() -> Any:
         return ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
     except ValueError:
         return None
-
-
-def _breaker_json(state: BreakerState, budget: RemovalBudget, *, act: bool) -> dict[str, Any]:
-    return {
-        "open": state.open,
-        "opened_s": state.opened_s,
-        "held": list(state.held),
-        "removals": [{"node_id": n, "pool": p, "at_s": t} for n, p, t in state.removals],
-        "max_nodes": budget.max_nodes,
-        "max_pool_fraction": budget.max_pool_fraction,
-        "window_s": budget.window_s,
-        "act": act,
-    }
 
 
 def _healthy(url: str) -> bool:

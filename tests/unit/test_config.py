@@ -118,7 +118,7 @@ def test_config_show_prints_the_merged_result() -> None:
     assert "num_nodes: 7" in result.output
 
 
-@pytest.mark.parametrize("command", ["up", "down", "nodes", "config show"])
+@pytest.mark.parametrize("command", ["up", "down", "config show"])
 def test_bad_config_exits_2_with_one_clear_error_and_starts_nothing(
     tmp_path: Path, command: str
 ) -> None:

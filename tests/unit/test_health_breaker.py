@@ -11,12 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import ray
-from click.testing import CliRunner
 
-from controlplane import controller_client
-from controlplane.cli import cli
-from controlplane.cli import health as cli_health
 from controlplane.config import HealthConfig, load_config, to_dict
 from controlplane.loop.health import BREAKER_KEY
 from controlplane.loop.remediation import Breaker, Remediator
@@ -275,7 +270,8 @@ def test_the_breaker_survives_a_controller_restart_and_the_reset_is_stored(
     shown = second.breaker_status()
     assert shown["open"] and shown["opened_s"] == 0.0 and shown["window_s"] == 600.0
     assert [r["node_id"] for r in shown["removals"]] == ["n00", "n01"]
-    assert second.reset_breaker()["open"] is True  # the state before the reset
+    reset = second.operations.reset_breaker("oncall", "exporter rollout")
+    assert reset["was"]["open"] is True  # the state before the reset
     assert [e.kind for e in second.store.events(kind_prefix="health.breaker_reset")] == [
         "health.breaker_reset"
     ]
@@ -284,47 +280,6 @@ def test_the_breaker_survives_a_controller_restart_and_the_reset_is_stored(
     assert third.breaker_status()["open"] is False
     assert len(third.breaker_status()["removals"]) == 2  # the window still counts
     third.shutdown()
-
-
-@pytest.mark.parametrize(
-    ("args", "method", "expected"),
-    [
-        pytest.param([], "breaker_status", "breaker:  open since", id="show"),
-        pytest.param(["--reset"], "reset_breaker", "breaker reset: closed", id="reset"),
-    ],
-)
-def test_rcp_health_breaker(
-    args: list[str], method: str, expected: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    called: list[str] = []
-
-    class Method:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-        def remote(self) -> dict[str, object]:
-            called.append(self.name)
-            return {
-                "open": True,
-                "opened_s": 0.0,
-                "held": ["n05"],
-                "removals": [{"node_id": "n00", "pool": "cluster", "at_s": 0.0}],
-                "max_nodes": 2,
-                "max_pool_fraction": 0.1,
-                "window_s": 600.0,
-                "act": True,
-            }
-
-    class Handle:
-        breaker_status = Method("breaker_status")
-        reset_breaker = Method("reset_breaker")
-
-    monkeypatch.setattr(cli_health, "connect_running", lambda cfg: cfg)
-    monkeypatch.setattr(controller_client, "get_controller", lambda: Handle())
-    monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
-    result = CliRunner().invoke(cli, ["health-breaker", *args])
-    assert result.exit_code == 0, result.output
-    assert called == [method] and result.output.startswith(expected)
 
 
 # -- a fleet-wide bad scrape, end to end -------------------------------------------------------

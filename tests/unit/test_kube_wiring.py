@@ -154,13 +154,13 @@ def test_rcp_uncordon_lets_the_host_take_pods_again(api: FakeKubeApi, tmp_path: 
         "kubernetes.in_cluster=false",
         f"kubernetes.kubeconfig={kubeconfig}",
     ]
-    result = CliRunner().invoke(cli, ["uncordon", NODE, *args])
+    result = CliRunner().invoke(cli, ["uncordon", NODE, "--kube", *args])
     assert result.exit_code == 0, result.output
     node = api.get(NODE_PATH)
     assert node is not None and not node["spec"].get("unschedulable")
     assert node["spec"]["taints"] == [foreign]  # only our taint went
 
-    missing = CliRunner().invoke(cli, ["uncordon", "no-such-node", *args])
+    missing = CliRunner().invoke(cli, ["uncordon", "no-such-node", "--kube", *args])
     assert missing.exit_code == 1 and "no-such-node" in missing.output
 
 
@@ -169,7 +169,7 @@ def test_rcp_uncordon_in_local_mode_says_there_is_nothing_to_uncordon() -> None:
 
     from controlplane.cli import cli
 
-    result = CliRunner().invoke(cli, ["uncordon", "some-node"])
+    result = CliRunner().invoke(cli, ["uncordon", "some-node", "--kube"])
     assert result.exit_code == 2
     assert "kubernetes.enabled is false" in result.output
 

@@ -285,19 +285,3 @@ def test_a_non_loopback_bind_address_needs_allow_remote(overrides: list[str], ok
         load_config(None, overrides)
     assert "ray.node_ip" in str(err.value)
     assert "ray.allow_remote=true" in str(err.value)
-
-
-def test_a_cli_command_on_a_cluster_without_a_token_says_what_to_do(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A cluster an older `rcp up` started (auth off, no token file): a clear error, exit 1."""
-    from click.testing import CliRunner
-
-    from controlplane.cli import cli
-    from controlplane.local import cluster as local_cluster
-
-    cfg = load_config(None, [f"state_dir={tmp_path}"])
-    monkeypatch.setattr(local_cluster.LocalCluster, "running_config", lambda self: cfg)
-    out = CliRunner().invoke(cli, ["nodes", f"state_dir={tmp_path}"])
-    assert out.exit_code == 1
-    assert "no Ray token at" in out.output and "rcp up" in out.output
