@@ -259,7 +259,7 @@ class LocalCluster:
             return False
         if not from_dict(state["config"]).ray.gcs_fault_tolerance:
             return False
-        procs = find_cluster_processes(state["cluster_id"], [state["temp_dir"]])
+        procs = find_cluster_processes(state["cluster_id"], self.process_roots(state))
         for proc in procs:
             with contextlib.suppress(psutil.Error):
                 if proc.name() == "raylet" and proc.environ().get(NODE_ID_ENV) not in (
@@ -299,7 +299,7 @@ class LocalCluster:
         # A head whose GCS died is gone as a whole (KubeRay restarts its container): what is
         # left of it (its raylet waiting for the GCS, the dashboard) goes first.
         leftovers = node_processes(
-            state["cluster_id"], [state["temp_dir"]], self.head_node_id(state)
+            state["cluster_id"], self.process_roots(state), self.head_node_id(state)
         )
         if leftovers:
             echo(f"stopping what is left of the old head ({len(leftovers)} processes)")
@@ -470,6 +470,12 @@ class LocalCluster:
             return 0
         return self._stop(state, echo)
 
+    def process_roots(self, state: dict[str, Any]) -> list[str]:
+        """The directories whose processes are the cluster's (`processes.find_cluster_processes`):
+        Ray's temp dir, and Redis's own dir (redis-server rewrites its process title over its
+        environment, so only its open files there name the cluster)."""
+        return [state["temp_dir"], str(LocalRedis(self.cfg).work_dir)]
+
     def _stop(self, state: dict[str, Any], echo: Echo) -> int:
         try:
             import ray  # deferred: ray is heavy and optional here
@@ -480,7 +486,7 @@ class LocalCluster:
             pass
         n = stop_cluster_processes(
             state["cluster_id"],
-            roots=[state["temp_dir"]],
+            roots=self.process_roots(state),
             first=("autoscaler/_private/monitor.py",),
         )
         self.state_file.unlink(missing_ok=True)

@@ -151,3 +151,31 @@ def test_other_proxy_locations_are_refused_naming_the_key(location: str) -> None
     with pytest.raises(ConfigError) as err:
         load_config(None, [f"serve.proxy_location={location}"])
     assert "serve.proxy_location: must be one of EveryNode, HeadOnly" in str(err.value)
+
+
+def test_rcp_down_finds_redis_by_its_directory_though_its_environment_is_overwritten(
+    tmp_path: Path,
+) -> None:
+    """redis-server rewrites its process title over its environment block, so the cluster id
+    there is gone; it runs in <state_dir>/redis/data, which `down`'s roots name."""
+    import subprocess
+    import sys
+
+    from controlplane.local.processes import find_cluster_processes
+
+    cluster = LocalCluster(load_config(None, [f"state_dir={tmp_path}"]))
+    data = LocalRedis(cluster.cfg).work_dir / "data"
+    data.mkdir(parents=True)
+    stand_in = subprocess.Popen(  # a process like redis: no cluster id in its environment
+        [sys.executable, "-c", "import time; time.sleep(60)"], cwd=data, env={}
+    )
+    try:
+        state = {"temp_dir": str(tmp_path / "ray-tmp")}
+        found = {p.pid for p in find_cluster_processes("c1", cluster.process_roots(state))}
+        assert stand_in.pid in found
+        assert stand_in.pid not in {
+            p.pid for p in find_cluster_processes("c1", [state["temp_dir"]])
+        }
+    finally:
+        stand_in.kill()
+        stand_in.wait()
