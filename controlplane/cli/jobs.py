@@ -148,6 +148,8 @@ def status(url: str | None, state_dir: str | None, job_id: str | None, as_json: 
         click.echo(json.dumps(dict(job.raw), indent=2))
         return
     click.echo(text_table([job_row(job)], JOB_HEADER))
+    if job.state == "QUEUED" and job.message:
+        click.echo(f"waiting:     {job.message}")
     for line in recovery_lines(job):
         click.echo(line)
     if job.history:
@@ -161,14 +163,20 @@ def status(url: str | None, state_dir: str | None, job_id: str | None, as_json: 
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 @click.option("--all", "show_all", is_flag=True, help="Include finished jobs.")
 def queue_cmd(url: str | None, state_dir: str | None, as_json: bool, show_all: bool) -> None:
-    """Jobs waiting or holding GPUs (QUEUED, ADMITTED, RUNNING), oldest in the queue first."""
+    """Jobs waiting or holding GPUs (QUEUED, ADMITTED, RUNNING), oldest in the queue first;
+    then why each waiting job that has a reason waits (e.g. a pinned model holds its GPUs)."""
     client = sdk_client(url, state_dir)
     state = None if show_all else "QUEUED,ADMITTED,RUNNING,PREEMPTED"
     jobs = api_call(lambda: client.list(state=state))
     if as_json:
         click.echo(json.dumps([dict(j.raw) for j in jobs], indent=2))
-    else:
-        click.echo(text_table([job_row(j) for j in jobs], JOB_HEADER))
+        return
+    click.echo(text_table([job_row(j) for j in jobs], JOB_HEADER))
+    waiting = [j for j in jobs if j.state == "QUEUED" and j.message]
+    if waiting:
+        click.echo("waiting:")
+    for j in waiting:
+        click.echo(f"  {j.id}  {j.message}")
 
 
 @click.command()

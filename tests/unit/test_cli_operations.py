@@ -110,3 +110,21 @@ def test_without_a_token_the_command_says_where_to_put_one(
     monkeypatch.delenv("RCP_API_TOKEN")
     result = rcp(ops, "nodes", code=1)
     assert "RCP_API_TOKEN" in result.output
+
+
+def test_a_gang_a_pinned_model_keeps_out_says_why_in_status_and_queue(ops: Ops) -> None:
+    rcp(ops, "serve", "pin", MODEL, "--pool", "cluster")
+    # 1 worker x 2 GPUs fits only on c1, whose 2 GPUs the pinned replicas hold.
+    job_id = ops.world.jobs.submit("needs-c1", workers=1, gpus=2)
+    ops.world.tick(4)
+    status = rcp(ops, "status", job_id).output
+    (line,) = [ln for ln in status.splitlines() if ln.startswith("waiting:")]
+    assert "pinned-serving:" in line and f"{MODEL} (2 GPU(s))" in line
+    queue = rcp(ops, "queue").output
+    assert f"  {job_id}  pinned-serving:" in queue
+    rcp(ops, "serve", "unpin", MODEL)
+    for _ in range(40):
+        ops.world.tick()
+        if ops.world.store.get(job_id).state.value != "QUEUED":
+            break
+    assert "waiting:" not in rcp(ops, "queue").output
