@@ -1,6 +1,7 @@
 """The decide phase: every pure policy, in one batch, on one observation.
 
-Owns: `decide(observation, policies, admission_state, serving_state)` -> `Decision`:
+Owns: `decide(observation, policies, admission_state, serving_state)` -> `Decision` (and
+`policies_of(cfg)`, every policy's config built once from the control plane's `Config`):
 
 1. admission (`policies.admission.decide`): admissions, preemptions, rejections and, for the
    head of the queue, the serve replicas it claims (`MoveServeReplicas` with the node ids);
@@ -28,7 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from controlplane.adapters.serve import ServeView
+from controlplane.config import Config
 from controlplane.loop.types import Decision, Observation, ServingPolicyState
+from controlplane.policy_config import admission_config, demand_config, placement_config
 from policies import admission, health, placement
 from policies.admission import AdmissionConfig, AdmissionState
 from policies.demand import DemandConfig, DemandLoad, DemandState, decide_replicas
@@ -36,7 +39,7 @@ from policies.placement import ModelDemand, PlacementConfig, PoolTargets
 from policies.plan import Action, MoveServeReplicas, Plan, ScaleServePool, SetRouteWeights
 from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
 
-__all__ = ["Policies", "decide", "decide_serving"]
+__all__ = ["Policies", "decide", "decide_serving", "policies_of"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,19 @@ class Policies:
     """Per served model."""
     gpus_per_replica: Mapping[str, float]
     act_on_health: bool = True
+
+
+def policies_of(cfg: Config) -> Policies:
+    """Every policy's config from `cfg` (`controlplane.policy_config`): what the controller
+    hands its loop, and the fleet simulator its decide calls."""
+    models = cfg.serving.models if cfg.serve.deploy_app else []
+    return Policies(
+        admission=admission_config(cfg),
+        placement=placement_config(cfg),
+        demand={m.name: demand_config(m) for m in models},
+        gpus_per_replica={m.name: m.num_gpus for m in models},
+        act_on_health=cfg.health.act,
+    )
 
 
 def decide(

@@ -36,9 +36,8 @@ from controlplane.adapters.serve import RayServe
 from controlplane.adapters.telemetry import RayTelemetry
 from controlplane.config import Config, from_dict, to_dict
 from controlplane.loop import Adapters, Hooks, Loop
-from controlplane.loop.decide import Policies
+from controlplane.loop.decide import Policies, policies_of
 from controlplane.loop.record import EventKind, RayMetrics
-from controlplane.policy_config import admission_config, demand_config, placement_config
 from controlplane.pools import Pool, pool_resource
 from controlplane.ray_connection import connect, ray_connection_env
 from controlplane.service import reliability
@@ -199,15 +198,8 @@ class Controller:
 
 
 def policies(cfg: Config) -> Policies:
-    """Every policy's config from `cfg` (`controlplane.policy_config`)."""
-    models = cfg.serving.models if cfg.serve.deploy_app else []
-    return Policies(
-        admission=admission_config(cfg),
-        placement=placement_config(cfg),
-        demand={m.name: demand_config(m) for m in models},
-        gpus_per_replica={m.name: m.num_gpus for m in models},
-        act_on_health=cfg.health.act,
-    )
+    """Every policy's config from `cfg` (`controlplane.loop.decide.policies_of`)."""
+    return policies_of(cfg)
 
 
 def _kube_scale_external(cfg: Config) -> Any:

@@ -41,12 +41,11 @@ from dataclasses import dataclass, field
 from controlplane.config import Config
 from controlplane.loop.act import operations
 from controlplane.loop.act.operations import MoveOperation, MoveOutcome, MovePhase
-from controlplane.loop.decide import Policies, decide
+from controlplane.loop.decide import decide, policies_of
 from controlplane.loop.observe import with_health
 from controlplane.loop.record import EventKind as LoopEvent
 from controlplane.loop.record import PlanEvents
 from controlplane.loop.types import Observation, ServingPolicyState
-from controlplane.policy_config import admission_config, demand_config, placement_config
 from controlplane.simulate.engine import EventKind, EventQueue
 from controlplane.simulate.serving import SimServe
 from controlplane.simulate.world import JobPhase, JobRun, World
@@ -73,19 +72,7 @@ from policies.plan import (
 )
 from policies.snapshot import ClusterSnapshot, NodeView, QueuedJob, RunningGang
 
-__all__ = ["OurScheme", "policies_of"]
-
-
-def policies_of(cfg: Config) -> Policies:
-    """Every policy's config from `cfg`, as the controller builds them."""
-    models = cfg.serving.models
-    return Policies(
-        admission=admission_config(cfg),
-        placement=placement_config(cfg),
-        demand={m.name: demand_config(m) for m in models},
-        gpus_per_replica={m.name: m.num_gpus for m in models},
-        act_on_health=cfg.health.act,
-    )
+__all__ = ["OurScheme"]
 
 
 @dataclass
