@@ -40,6 +40,7 @@ __all__ = [
     "DemandReason",
     "DemandState",
     "decide_replicas",
+    "ingress_replicas",
     "wanted_replicas",
 ]
 
@@ -200,3 +201,35 @@ def decide_replicas(
         ),
         DemandState(direction=direction, since_s=since_s, highest_wanted=highest),
     )
+
+
+def ingress_replicas(
+    request_rate_rps: float,
+    cpu_ms_per_request: float,
+    *,
+    target_utilization: float = 0.5,
+    min_replicas: int = 1,
+    max_replicas: int = 16,
+) -> int:
+    """Ingress replicas for a request rate, so that the ingress is never the bottleneck.
+
+    An ingress replica is one Python process: it can use at most one core. The load needs
+    ``request_rate_rps * cpu_ms_per_request / 1000`` cores; each replica is given
+    `target_utilization` of a core (headroom for bursts and for the moments it waits on the
+    GIL), so ``ceil(cores / target_utilization)`` replicas, clamped to [min, max].
+
+    Example: 300 requests/s at 2.0 ms of CPU each need 0.6 cores; at 50% per replica that is
+    ceil(1.2) = 2 replicas. At 1.0 ms the same rate needs ceil(0.6) = 1.
+    """
+    if cpu_ms_per_request < 0 or request_rate_rps < 0:
+        raise ValueError("request_rate_rps and cpu_ms_per_request must be >= 0")
+    if not 0 < target_utilization <= 1:
+        raise ValueError(f"target_utilization must be in (0, 1], got {target_utilization}")
+    if not 1 <= min_replicas <= max_replicas:
+        raise ValueError(
+            f"need 1 <= min_replicas ({min_replicas}) <= max_replicas ({max_replicas})"
+        )
+    cores = request_rate_rps * cpu_ms_per_request / 1000.0
+    # round first so 0.6 / 0.5 = 1.2000000000000002 stays 2, and 1.0 / 0.5 stays 2
+    raw = math.ceil(round(cores / target_utilization, 9))
+    return max(min_replicas, min(max_replicas, raw))

@@ -1,6 +1,9 @@
-"""The demand policy: wanted replicas from load, clamping, and the up/down delay timers."""
+"""The demand policy: wanted replicas from load, clamping, and the up/down delay timers; ingress
+replicas from the request rate."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
@@ -11,6 +14,7 @@ from policies.demand import (
     DemandState,
     Direction,
     decide_replicas,
+    ingress_replicas,
     wanted_replicas,
 )
 
@@ -151,3 +155,40 @@ def test_state_carries_the_timer_and_is_cleared_after_acting() -> None:
 def test_config_rejects_impossible_values(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make_config(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("rate_rps", "cpu_ms", "kwargs", "expected"),
+    [
+        pytest.param(300, 2.0, {}, 2, id="docstring-0.6-cores-at-half-a-core-each"),
+        pytest.param(300, 1.0, {}, 1, id="docstring-cheaper-requests-one-replica"),
+        pytest.param(250, 2.0, {}, 1, id="exactly-half-a-core-fits-one"),
+        pytest.param(0, 3.7, {}, 1, id="idle-keeps-the-floor"),
+        pytest.param(0, 3.7, {"min_replicas": 2}, 2, id="configured-floor"),
+        pytest.param(5000, 3.7, {}, 16, id="capped-at-max"),
+        pytest.param(400, 1.0, {"target_utilization": 0.8}, 1, id="hotter-target-fewer"),
+        pytest.param(1000, 1.0, {"target_utilization": 0.8}, 2, id="one-core-at-80pct-is-two"),
+    ],
+)
+def test_ingress_replicas_follow_the_request_rate(
+    rate_rps: float, cpu_ms: float, kwargs: dict[str, Any], expected: int
+) -> None:
+    assert ingress_replicas(rate_rps, cpu_ms, **kwargs) == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "says"),
+    [
+        pytest.param((-1, 1.0), {}, "must be >= 0", id="negative-rate"),
+        pytest.param((1, 1.0), {"target_utilization": 0}, "target_utilization", id="zero-util"),
+        pytest.param((1, 1.0), {"min_replicas": 0}, "min_replicas", id="no-floor"),
+        pytest.param(
+            (1, 1.0), {"min_replicas": 3, "max_replicas": 2}, "max_replicas", id="max<min"
+        ),
+    ],
+)
+def test_ingress_replicas_refuse_impossible_inputs(
+    args: tuple[float, float], kwargs: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(ValueError, match=says):
+        ingress_replicas(*args, **kwargs)
