@@ -30,7 +30,11 @@ __all__ = ["simulate"]
     help="Scenario YAML/JSON (default: the default scenario).",
 )
 @click.option("--days", type=float, help="Simulated days (the job count scales with it).")
-@click.option("--nodes", type=int, help="Owned cluster nodes (the job count scales with it).")
+@click.option(
+    "--nodes",
+    type=int,
+    help="Owned cluster nodes (jobs, serving demand and the external pool scale with it).",
+)
 @click.option("--seed", type=int, help="Seed of the trace.")
 @click.option(
     "-o",

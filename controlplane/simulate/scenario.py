@@ -219,8 +219,11 @@ class Scenario:
         return self.days * 86400.0
 
     def resized(self, days: float | None, nodes: int | None, seed: int | None) -> Scenario:
-        """This scenario over `days` on `nodes` (the job count scaled with both, so jobs
-        arrive at the same rate per GPU), with `seed`; errors name the option."""
+        """This scenario over `days` on `nodes`, with `seed`; errors name the option.
+
+        The fleet keeps its proportions: the job count scales with days and nodes (jobs
+        arrive at the same rate per GPU); with nodes, each model's peak demand and
+        ``max_replicas`` and the external pool's ``max_nodes`` scale too."""
         raw_days = self.days if days is None else days
         raw_nodes = self.nodes if nodes is None else nodes
         errors: list[str] = []
@@ -237,6 +240,22 @@ class Scenario:
                 1, round(self.training.jobs * (raw_days / self.days) * (raw_nodes / self.nodes))
             ),
         )
+        factor = raw_nodes / self.nodes
+        if factor != 1:
+            out.serving = dataclasses.replace(
+                self.serving,
+                models=[
+                    dataclasses.replace(
+                        m,
+                        peak_rps=m.peak_rps * factor,
+                        max_replicas=max(m.min_replicas, math.ceil(m.max_replicas * factor)),
+                    )
+                    for m in self.serving.models
+                ],
+            )
+            key = "pools.external.max_nodes"
+            if isinstance(self.config.get(key), int):
+                out.config = {**self.config, key: max(1, math.ceil(self.config[key] * factor))}
         if seed is not None:
             out.seed = seed
         return out

@@ -175,3 +175,14 @@ def test_the_cli_loads_without_matplotlib_ray_or_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_days_and_nodes_keep_the_fleets_proportions() -> None:
+    base = load_scenario(None)
+    big = base.resized(1.0, base.nodes * 8, 5)
+    assert big.training.jobs == round(base.training.jobs / 30 * 8)
+    assert [m.peak_rps for m in big.serving.models] == [m.peak_rps * 8 for m in base.serving.models]
+    assert big.config["pools.external.max_nodes"] == base.config["pools.external.max_nodes"] * 8
+    assert (big.seed, big.days) == (5, 1.0)
+    with pytest.raises(ScenarioError, match="nodes: must be in"):
+        base.resized(None, 0, None)

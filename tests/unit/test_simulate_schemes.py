@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from controlplane.simulate.report import summarise, table
+from controlplane.simulate.report import simulate_and_report, summarise, table
 from controlplane.simulate.run import SCHEME_NAMES, SchemeResult, run_all, simulate
 from controlplane.simulate.scenario import control_config, scenario_from_dict
 from controlplane.simulate.serving import SimServe
@@ -131,3 +132,21 @@ def test_each_goal_says_whether_it_is_met_and_who_is_at_fault(
         assert "placement" in summary["goals"][2]["at_fault"]
     text = table(summary)
     assert text.count("NOT MET") == met.count(False)
+
+
+def test_the_report_writes_markdown_and_a_png(tmp_path: Path) -> None:
+    s = scenario_from_dict(
+        {
+            "nodes": 8,
+            "days": 0.5,
+            "failures": QUIET,
+            "training": {"jobs": 10, "gang_gpus": {"8": 1.0}},
+            "serving": {"models": MODELS},
+        }
+    )
+    summary, _ = simulate_and_report(s, tmp_path, ("ours", "static-split"))
+    png = tmp_path / "fleet.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (tmp_path / "report.md").read_text()
+    assert "static-split" in md and "fleet.png" in md
+    assert summary["files"] == [str(png), str(tmp_path / "report.md")]
