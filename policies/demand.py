@@ -1,14 +1,22 @@
-"""Demand autoscaling: how many replicas a model needs in total, from its ongoing requests.
+"""Demand autoscaling: how many replicas a model needs in total, from its ongoing requests and,
+when it has a latency target, its measured p99.
 
 Owns: the pure decision `decide_replicas(load, config, state) -> (decision, state)`. The
 control loop splits the total it returns between the ``cluster`` and ``external`` pools; this
 module knows nothing about pools, Ray or Serve, and reads no clock: `now_s` arrives in the
 input and the delay timers live in `DemandState`, which the caller stores and hands back.
+The control loop does not measure a model's p99 yet, so it passes none (`DemandLoad.p99_ms`
+None) and ongoing requests alone decide; the latency rule is ready for when it does.
 
 Rule:
 
 1. ``wanted = ceil(ongoing_requests / target_ongoing_requests_per_replica)``, clamped to
-   ``[min_replicas, max_replicas]``.
+   ``[min_replicas, max_replicas]``. With a latency target (``target_p99_ms``) and a measured
+   p99, the latency asks for ``ceil(current * p99 / target)`` replicas when p99 is above the
+   target (at least one more), holds the current count while p99 is between
+   ``p99_low_fraction * target`` and the target (the hysteresis band: no scale-down on
+   ongoing requests alone while latency is that close), and asks for nothing below the band;
+   ``wanted`` is the larger of the two asks, clamped.
 2. If the current count is outside ``[min, max]`` it is corrected at once (config changed).
 3. Otherwise a change is made only after demand has pointed the same way (up or down)
    without a break for ``upscale_delay_s`` / ``downscale_delay_s``. While waiting, the count
@@ -25,6 +33,10 @@ downscale delay 30 s, currently 2 replicas):
 * t=6 s, 1 ongoing: wanted = 1 < 5 -> start downscale timer, stay at 5.
 * t=20 s, 3 ongoing: wanted = 2 -> keep waiting (14 s < 30 s); highest wanted 2.
 * t=36 s, 1 ongoing: wanted = 1, timer ran 30 s -> scale to 2.
+
+With a latency target of 100 ms (band from 50 ms), 2 replicas, 1 ongoing request: p99 250 ms
+asks for ceil(2 * 2.5) = 5 (after the upscale delay); p99 80 ms holds 2 however few requests
+are ongoing; p99 30 ms lets the ongoing requests decide (1, after the downscale delay).
 """
 
 from __future__ import annotations
@@ -41,6 +53,7 @@ __all__ = [
     "DemandState",
     "decide_replicas",
     "ingress_replicas",
+    "latency_replicas",
     "wanted_replicas",
 ]
 
@@ -70,6 +83,10 @@ class DemandConfig:
     max_replicas: int
     upscale_delay_s: float
     downscale_delay_s: float
+    target_p99_ms: float | None = None
+    """The model's latency goal; None: scale on ongoing requests alone."""
+    p99_low_fraction: float = 0.5
+    """Below ``p99_low_fraction * target_p99_ms`` latency no longer holds replicas."""
 
     def __post_init__(self) -> None:
         if self.target_ongoing_requests_per_replica <= 0:
@@ -85,6 +102,10 @@ class DemandConfig:
             )
         if self.upscale_delay_s < 0 or self.downscale_delay_s < 0:
             raise ValueError("upscale_delay_s and downscale_delay_s must be >= 0")
+        if self.target_p99_ms is not None and self.target_p99_ms <= 0:
+            raise ValueError(f"target_p99_ms must be > 0, got {self.target_p99_ms}")
+        if not 0 <= self.p99_low_fraction < 1:
+            raise ValueError(f"p99_low_fraction must be in [0, 1), got {self.p99_low_fraction}")
 
 
 @dataclass(frozen=True)
@@ -97,6 +118,9 @@ class DemandLoad:
     """The model's current total replica target across pools."""
     now_s: float
     """The tick's clock, seconds (any monotonic origin)."""
+    p99_ms: float | None = None
+    """The model's measured p99 latency over the last window; None when unknown (no
+    traffic, or no measurement): then ongoing requests alone decide."""
 
 
 @dataclass(frozen=True)
@@ -120,12 +144,32 @@ class DemandDecision:
     message: str
 
 
-def wanted_replicas(ongoing_requests: float, config: DemandConfig) -> int:
-    """``ceil(ongoing / target)`` clamped to [min, max]; 9 ongoing at target 2 -> 5."""
+def wanted_replicas(
+    ongoing_requests: float,
+    config: DemandConfig,
+    p99_ms: float | None = None,
+    current_replicas: int = 0,
+) -> int:
+    """``ceil(ongoing / target)``, or what the latency asks if more (the module doc), clamped
+    to [min, max]; 9 ongoing at target 2 -> 5."""
     ratio = max(0.0, ongoing_requests) / config.target_ongoing_requests_per_replica
     # round first so 1.1 / 0.1 = 11.000000000000002 counts as 11, not 12
-    raw = math.ceil(round(ratio, 9))
+    raw = max(math.ceil(round(ratio, 9)), latency_replicas(p99_ms, current_replicas, config))
     return max(config.min_replicas, min(config.max_replicas, raw))
+
+
+def latency_replicas(p99_ms: float | None, current_replicas: int, config: DemandConfig) -> int:
+    """What the latency alone asks for (0: nothing). 250 ms at a 100 ms target with 2 replicas
+    -> 5; 80 ms -> 2 (held); 30 ms -> 0."""
+    target = config.target_p99_ms
+    if target is None or p99_ms is None or p99_ms < 0:
+        return 0
+    current = max(1, current_replicas)
+    if p99_ms > target:
+        return max(current + 1, math.ceil(round(current * p99_ms / target, 9)))
+    if p99_ms >= config.p99_low_fraction * target:
+        return current
+    return 0
 
 
 def decide_replicas(
@@ -133,7 +177,7 @@ def decide_replicas(
 ) -> tuple[DemandDecision, DemandState]:
     """The total replicas `load` calls for now, and the state to hand back next tick."""
     current = load.current_replicas
-    wanted = wanted_replicas(load.ongoing_requests, config)
+    wanted = wanted_replicas(load.ongoing_requests, config, load.p99_ms, current)
     if current < config.min_replicas:
         return (
             DemandDecision(
@@ -154,13 +198,16 @@ def decide_replicas(
             ),
             DemandState(),
         )
+    seen = f"{load.ongoing_requests:g} ongoing requests"
+    if config.target_p99_ms is not None and load.p99_ms is not None:
+        seen += f" and p99 {load.p99_ms:g} ms (target {config.target_p99_ms:g} ms)"
     if wanted == current:
         return (
             DemandDecision(
                 current,
                 wanted,
                 DemandReason.STEADY,
-                f"{load.ongoing_requests:g} ongoing requests fit {current} replicas",
+                f"{seen} fit {current} replicas",
             ),
             DemandState(),
         )
@@ -180,8 +227,8 @@ def decide_replicas(
                 highest,
                 wanted,
                 reason,
-                f"{load.ongoing_requests:g} ongoing requests at "
-                f"{config.target_ongoing_requests_per_replica:g} per replica asked for "
+                f"{seen}, at {config.target_ongoing_requests_per_replica:g} requests per "
+                f"replica, asked for "
                 f"{highest} replicas for {waited_s:g}s (delay {delay_s:g}s): "
                 f"{current} -> {highest}",
             ),

@@ -15,6 +15,7 @@ from policies.demand import (
     Direction,
     decide_replicas,
     ingress_replicas,
+    latency_replicas,
     wanted_replicas,
 )
 
@@ -192,3 +193,146 @@ def test_ingress_replicas_refuse_impossible_inputs(
 ) -> None:
     with pytest.raises(ValueError, match=says):
         ingress_replicas(*args, **kwargs)
+
+
+def latency_config(**kwargs: Any) -> DemandConfig:
+    return DemandConfig(
+        target_ongoing_requests_per_replica=2.0,
+        min_replicas=kwargs.pop("min_replicas", 1),
+        max_replicas=kwargs.pop("max_replicas", 8),
+        upscale_delay_s=kwargs.pop("up_s", 5.0),
+        downscale_delay_s=kwargs.pop("down_s", 30.0),
+        target_p99_ms=kwargs.pop("target_p99_ms", 100.0),
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize(
+    ("p99_ms", "current", "config", "expected"),
+    [
+        pytest.param(250, 2, latency_config(), 5, id="docstring-2.5x-over-target"),
+        pytest.param(101, 2, latency_config(), 3, id="just-over-at-least-one-more"),
+        pytest.param(100, 2, latency_config(), 2, id="at-target-holds"),
+        pytest.param(80, 2, latency_config(), 2, id="docstring-in-band-holds"),
+        pytest.param(50, 2, latency_config(), 2, id="band-edge-holds"),
+        pytest.param(30, 2, latency_config(), 0, id="docstring-below-band-asks-nothing"),
+        pytest.param(30, 2, latency_config(p99_low_fraction=0.2), 2, id="wider-band"),
+        pytest.param(250, 0, latency_config(), 3, id="no-replicas-counts-as-one"),
+        pytest.param(None, 2, latency_config(), 0, id="no-measurement"),
+        pytest.param(250, 2, make_config(), 0, id="no-latency-target"),
+    ],
+)
+def test_latency_replicas(
+    p99_ms: float | None, current: int, config: DemandConfig, expected: int
+) -> None:
+    assert latency_replicas(p99_ms, current, config) == expected
+
+
+def run_latency_ticks(
+    ticks: list[tuple[float, float, float | None]], current: int, config: DemandConfig
+) -> list[tuple[int, DemandReason]]:
+    """Feed (now_s, ongoing, p99_ms) ticks, applying each decision as the new current count."""
+    state = DemandState()
+    out = []
+    for now_s, ongoing, p99 in ticks:
+        load = DemandLoad(ongoing, current, now_s, p99_ms=p99)
+        decision, state = decide_replicas(load, config, state)
+        current = decision.num_replicas
+        out.append((decision.num_replicas, decision.reason))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("ticks", "start", "config", "expected"),
+    [
+        pytest.param(
+            # A slow backend: few requests, but p99 at 2.5x the target.
+            [(0, 1, 250), (3, 1, 250), (5, 1, 250), (6, 1, 90)],
+            2,
+            latency_config(),
+            [
+                (2, R.WAITING_UPSCALE_DELAY),
+                (2, R.WAITING_UPSCALE_DELAY),
+                (5, R.UPSCALE),
+                (5, R.STEADY),  # in the band: latency holds 5 though 1 request needs 1
+            ],
+            id="slow-backend-scales-up-after-the-delay-then-holds-in-band",
+        ),
+        pytest.param(
+            # Latency falls well below the band: the requests decide, after the downscale delay.
+            [(0, 1, 20), (10, 1, 20), (30, 1, 20)],
+            4,
+            latency_config(),
+            [
+                (4, R.WAITING_DOWNSCALE_DELAY),
+                (4, R.WAITING_DOWNSCALE_DELAY),
+                (1, R.DOWNSCALE),
+            ],
+            id="fast-again-scales-down-after-the-delay",
+        ),
+        pytest.param(
+            # p99 flickers around the target: over, in band, over, in band... never 5 s over
+            # without a break, so the count never moves.
+            [(0, 1, 120), (2, 1, 90), (4, 1, 120), (6, 1, 90), (8, 1, 120), (10, 1, 90)],
+            3,
+            latency_config(),
+            [
+                (3, R.WAITING_UPSCALE_DELAY),
+                (3, R.STEADY),
+                (3, R.WAITING_UPSCALE_DELAY),
+                (3, R.STEADY),
+                (3, R.WAITING_UPSCALE_DELAY),
+                (3, R.STEADY),
+            ],
+            id="no-flapping-around-the-target",
+        ),
+        pytest.param(
+            [(0, 1, 1000), (5, 1, 1000)],
+            3,
+            latency_config(max_replicas=4),
+            [(3, R.WAITING_UPSCALE_DELAY), (4, R.UPSCALE)],
+            id="never-above-max",
+        ),
+        pytest.param(
+            [(0, 0, 5), (30, 0, 5)],
+            3,
+            latency_config(min_replicas=2),
+            [(3, R.WAITING_DOWNSCALE_DELAY), (2, R.DOWNSCALE)],
+            id="never-below-the-floor",
+        ),
+        pytest.param(
+            [(0, 9, 20), (5, 9, 20)],
+            2,
+            latency_config(),
+            [(2, R.WAITING_UPSCALE_DELAY), (5, R.UPSCALE)],
+            id="requests-still-scale-when-latency-is-fine",
+        ),
+    ],
+)
+def test_latency_aware_scaling(
+    ticks: list[tuple[float, float, float | None]],
+    start: int,
+    config: DemandConfig,
+    expected: list[tuple[int, DemandReason]],
+) -> None:
+    assert run_latency_ticks(ticks, start, config) == expected
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        pytest.param({"target_p99_ms": 0}, "target_p99_ms", id="zero-target"),
+        pytest.param({"p99_low_fraction": 1.0}, "p99_low_fraction", id="band-up-to-target"),
+    ],
+)
+def test_latency_settings_are_checked(kwargs: dict[str, Any], says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        latency_config(**kwargs)
+
+
+def test_a_latency_decision_says_what_it_measured() -> None:
+    decision, _ = decide_replicas(
+        DemandLoad(1, 2, now_s=10.0, p99_ms=250), latency_config(up_s=0), DemandState()
+    )
+    assert decision.num_replicas == 5
+    assert "p99 250 ms (target 100 ms)" in decision.message
