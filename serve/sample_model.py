@@ -8,12 +8,17 @@ Request body: ``{"inputs": [[x_0, ..., x_{n-1}], ...]}`` with 1..`max_batch` row
 `num_features` numbers. Response: ``{"outputs": [[p_0, ..., p_{k-1}], ...], "labels": [...]}``
 (class probabilities per row and the most likely class).
 
+A slow backend, for latency tests: ``init_kwargs: {extra_latency_ms: 200}`` makes every valid
+request take that much longer (a sleep after the answer is computed; a bad request is refused
+at once).
+
 Must not: touch Ray or Serve; it is a plain class the backend deployment wraps.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import torch
@@ -32,7 +37,13 @@ class SampleModel:
         max_batch: int = 64,
         seed: int = 0,
         torch_threads: int = 1,
+        extra_latency_ms: float = 0.0,
     ) -> None:
+        if not 0 <= extra_latency_ms <= 60_000:
+            raise ValueError(
+                f"init_kwargs.extra_latency_ms: must be between 0 and 60000, got {extra_latency_ms}"
+            )
+        self.extra_latency_s = extra_latency_ms / 1000.0
         torch.set_num_threads(max(1, int(torch_threads)))
         gen = torch.Generator().manual_seed(seed)
         self.num_features = num_features
@@ -67,6 +78,8 @@ class SampleModel:
         x = self._tensor(payload)
         with torch.inference_mode():
             probs = torch.softmax(self.net(x), dim=-1)
+        if self.extra_latency_s:
+            time.sleep(self.extra_latency_s)  # the slow backend (module doc)
         return {
             "outputs": [[round(float(p), 6) for p in row] for row in probs],
             "labels": [int(i) for i in probs.argmax(dim=-1)],

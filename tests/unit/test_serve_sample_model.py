@@ -46,3 +46,29 @@ def test_bad_input_raises_value_error(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         model.predict(payload)
+
+
+@pytest.mark.parametrize(
+    ("extra_latency_ms", "slept"),
+    [
+        pytest.param(250, [0.25], id="slow-backend-sleeps"),
+        pytest.param(0, [], id="default-no-sleep"),
+    ],
+)
+def test_the_slow_backend_knob(
+    monkeypatch: pytest.MonkeyPatch, extra_latency_ms: float, slept: list[float]
+) -> None:
+    calls: list[float] = []
+    monkeypatch.setattr("serve.sample_model.time.sleep", calls.append)
+    slow = SampleModel(num_features=4, hidden=8, num_classes=3, extra_latency_ms=extra_latency_ms)
+    assert len(slow.predict({"inputs": [[1, 2, 3, 4]]})["labels"]) == 1
+    assert calls == slept
+    with pytest.raises(ValueError, match="non-empty list"):
+        slow.predict({"inputs": []})
+    assert calls == slept  # a bad request is refused at once
+
+
+@pytest.mark.parametrize("extra_latency_ms", [-1, 60_001])
+def test_the_slow_backend_knob_is_bounded(extra_latency_ms: float) -> None:
+    with pytest.raises(ValueError, match="init_kwargs.extra_latency_ms"):
+        SampleModel(num_features=4, extra_latency_ms=extra_latency_ms)
