@@ -1,5 +1,5 @@
 """The controller actor as a driver sees it: ask it something and get the answer or a clear
-error. Used by the CLI's health, health-clear and health-breaker commands and by the node views.
+error. Used by the node views the demo prints (the CLI reaches the controller through the API).
 
 Owns: calling a method of the running local cluster's controller actor (`ask_controller`) and
 its health view (`controller_health`); the caller is a connected Ray driver

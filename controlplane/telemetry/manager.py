@@ -378,7 +378,7 @@ def resolve_node_id(node: str, node_ids: Iterable[str]) -> str:
     if not matches:
         raise TelemetryError(
             f"no telemetry agent on a node matching {node!r}; nodes with agents: "
-            + (", ".join(sorted(ids)) or "none (start them with `rcp health`)")
+            + (", ".join(sorted(ids)) or "none (the controller starts one on every node each tick)")
         )
     raise TelemetryError(f"{node!r} matches several nodes: {', '.join(sorted(matches))}")
 
