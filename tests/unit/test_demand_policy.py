@@ -3,6 +3,7 @@ replicas from the request rate."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -55,13 +56,16 @@ def test_wanted_replicas(ongoing: float, config: DemandConfig, expected: int) ->
 
 
 def run_ticks(
-    ticks: list[tuple[float, float]], current: int, config: DemandConfig
+    ticks: Sequence[tuple[float, float] | tuple[float, float, float | None]],
+    current: int,
+    config: DemandConfig,
 ) -> list[tuple[int, DemandReason]]:
-    """Feed (now_s, ongoing) ticks, applying each decision as the new current count."""
+    """Feed (now_s, ongoing[, p99_ms]) ticks, applying each decision as the new current count."""
     state = DemandState()
     out = []
-    for now_s, ongoing in ticks:
-        decision, state = decide_replicas(DemandLoad(ongoing, current, now_s), config, state)
+    for now_s, ongoing, *p99 in ticks:
+        load = DemandLoad(ongoing, current, now_s, p99_ms=p99[0] if p99 else None)
+        decision, state = decide_replicas(load, config, state)
         current = decision.num_replicas
         out.append((decision.num_replicas, decision.reason))
     return out
@@ -228,20 +232,6 @@ def test_latency_replicas(
     assert latency_replicas(p99_ms, current, config) == expected
 
 
-def run_latency_ticks(
-    ticks: list[tuple[float, float, float | None]], current: int, config: DemandConfig
-) -> list[tuple[int, DemandReason]]:
-    """Feed (now_s, ongoing, p99_ms) ticks, applying each decision as the new current count."""
-    state = DemandState()
-    out = []
-    for now_s, ongoing, p99 in ticks:
-        load = DemandLoad(ongoing, current, now_s, p99_ms=p99)
-        decision, state = decide_replicas(load, config, state)
-        current = decision.num_replicas
-        out.append((decision.num_replicas, decision.reason))
-    return out
-
-
 @pytest.mark.parametrize(
     ("ticks", "start", "config", "expected"),
     [
@@ -315,7 +305,7 @@ def test_latency_aware_scaling(
     config: DemandConfig,
     expected: list[tuple[int, DemandReason]],
 ) -> None:
-    assert run_latency_ticks(ticks, start, config) == expected
+    assert run_ticks(ticks, start, config) == expected
 
 
 @pytest.mark.parametrize(
