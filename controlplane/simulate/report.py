@@ -67,6 +67,9 @@ def decision_cost(result: SchemeResult) -> dict[str, float]:
         "decide_p95_ms": _ms(d, 0.95),
         "decide_max_ms": _ms(d, 1.0),
         "observe_mean_ms": 1000.0 * result.observe_s / n if n else 0.0,
+        "decide_cpu_mean_ms": 1000.0 * sum(result.decide_cpu_s) / n if n else 0.0,
+        "decide_cpu_p95_ms": _ms(result.decide_cpu_s, 0.95),
+        "decide_cpu_max_ms": _ms(result.decide_cpu_s, 1.0),
     }
 
 
@@ -200,6 +203,7 @@ def summarise(s: Scenario, results: dict[str, SchemeResult], wall_s: float) -> d
         "ratios": {k: round(v, 4) for k, v in ratios.items()},
         "decision_cost": decision_cost(results["ours"]),
         "wall_s": {name: round(r.wall_s, 2) for name, r in results.items()},
+        "cpu_s": {name: round(r.cpu_s, 2) for name, r in results.items()},
         "wall_total_s": round(wall_s, 2),
         "sim_days_per_wall_min": round(days_per_min, 2),
         "sim_days_per_wall_min_ours": round(s.days / (results["ours"].wall_s / 60.0), 2)
@@ -225,8 +229,16 @@ def table(summary: dict[str, Any]) -> str:
     lines.append(
         f"per decision (real policies): decide {c['decide_mean_ms']:.2f} ms mean, "
         f"{c['decide_p95_ms']:.2f} ms p95, {c['decide_max_ms']:.1f} ms max over "
-        f"{c['decisions']:,.0f} decisions; observe {c['observe_mean_ms']:.2f} ms"
+        f"{c['decisions']:,.0f} decisions; observe {c['observe_mean_ms']:.2f} ms (process CPU: "
+        f"{c['decide_cpu_mean_ms']:.2f} ms mean, {c['decide_cpu_p95_ms']:.2f} ms p95, "
+        f"{c['decide_cpu_max_ms']:.1f} ms max)"
     )
+    cpu = summary.get("cpu_s", {})
+    if cpu:
+        lines.append(
+            "process CPU seconds per scheme: "
+            + ", ".join(f"{name} {sec:.0f}" for name, sec in cpu.items())
+        )
     lines.append(
         f"simulated {summary['scenario']['days']:g} days x {len(names)} schemes in "
         f"{summary['wall_total_s']:.0f} s: {summary['sim_days_per_wall_min']:.1f} simulated "
