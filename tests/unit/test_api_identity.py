@@ -33,6 +33,7 @@ from controlplane.service.queueing import JobService
 from controlplane.service.tokens import token_hash
 from controlplane.store import ADMIN_ROLE, JobState, Store
 from jobs.spec import JobSpec
+from tests.unit.test_api_operations import EXPECTED_ACTIONS as OPERATOR_ACTIONS
 from tests.unit.test_loop_claim import world
 
 ADMIN_TOKEN = "admin-token-" + "x" * 32
@@ -51,22 +52,10 @@ EXPECTED_ACTIONS: dict[str, Action] = {
     "users.remove": Action.MANAGE_USERS,
     "users.rotate-token": Action.MANAGE_USERS,
     "healthz": Action.PUBLIC,
-    "nodes.list": Action.READ,
-    "nodes.cordon": Action.OPERATE,
-    "nodes.uncordon": Action.OPERATE,
-    "health.get": Action.READ,
-    "health.clear": Action.OPERATE,
-    "health.breaker": Action.READ,
-    "health.breaker_reset": Action.OPERATE,
-    "serve.status": Action.READ,
-    "serve.pin": Action.OPERATE,
-    "serve.unpin": Action.OPERATE,
-    "faults.inject": Action.OPERATE,
-    "policy.get": Action.READ,
-    "policy.pause": Action.OPERATE,
-    "policy.resume": Action.OPERATE,
+    **OPERATOR_ACTIONS,
 }
-"""Every route and the action it needs: what the role matrix holds each route to."""
+"""Every route and the action it needs: what the role matrix holds each route to (the
+operator routes' table is test_api_operations')."""
 
 
 class FakeClock:
