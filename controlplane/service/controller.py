@@ -13,7 +13,8 @@ restarts forever (``max_restarts=-1``); a restarted actor reads everything from 
 acts idempotently (see `runner`), and resumes a move that was in flight
 (`controlplane.loop.act.serving`). `deploy(cfg)` creates it or finds the running one, waits
 for the API and returns its URL; the API token is created once at ``<state_dir>/api-token``
-(0600) and the URL written to ``<state_dir>/api-url`` for the SDK and CLI. That is local
+(0600; the first admin's token, `controlplane.service.identity`) and the URL written to
+``<state_dir>/api-url`` for the SDK and CLI. That is local
 mode. On Kubernetes the same class runs in-process in a Ray driver instead
 (`controlplane.service.run`), in a container where Ray starts no worker: no actor exists
 there, so `get_controller` is None and the actor methods below are plain methods.

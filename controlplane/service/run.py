@@ -12,7 +12,8 @@ runs in the ``ray-head`` container and cannot read them.
 
 1. stops an ``rcp-controller`` actor left by an older install (one controller per store:
    two would admit the same queue twice), and waits until it is gone;
-2. creates the API token once (`tokens.ensure_token`), builds ``Controller(cfg, token)``,
+2. creates the API token once (`tokens.ensure_token`; the first admin's, made a user when
+   the store has none), builds ``Controller(cfg, token)``,
    which starts the API and the control loop (one thread) in this process;
 3. writes the API URL (`tokens.write_url`), then blocks, checking every `check_interval_s`
    that the tick thread lives and the API answers ``/healthz`` (3 misses in a row end it).
