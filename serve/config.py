@@ -67,11 +67,12 @@ class ModelConfig:
 @dataclass
 class IngressConfig:
     """The CPU-only HTTP ingress that routes requests to pool backends: replicas spread over
-    the owned cluster nodes (not the head, not rented external nodes)."""
+    the head and the owned cluster nodes (never rented external nodes)."""
 
     num_replicas: int = 2
-    """Ingress replicas, spread over the cluster nodes; each applies the same route weights.
-    Two or more keep an ingress running while a node is lost."""
+    """Ingress replicas, spread over the head and the cluster nodes; each applies the same
+    route weights. Two or more keep an ingress running while a node is lost; one per such
+    node keeps every request on the node whose proxy it entered (docs/serving.md)."""
     num_cpus: float = 0.25
     """Logical CPUs per ingress replica."""
     max_ongoing_requests: int = 1000

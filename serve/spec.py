@@ -53,10 +53,12 @@ __all__ = [
 APP_PREFIX = "rcp"
 INGRESS_APP = f"{APP_PREFIX}-ingress"
 INGRESS_DEPLOYMENT = "Ingress"
-INGRESS_POOLS = (Pool.CLUSTER,)
-"""Where ingress replicas run: the owned cluster nodes, spread over them. Not the head, so a
-request in flight never dies with it; not a rented node, which the autoscaler must be free to
-remove."""
+INGRESS_POOLS = (Pool.HEAD, Pool.CLUSTER)
+"""Where ingress replicas run: the head and the owned cluster nodes, spread over them, where
+the proxies that take most traffic are. Serve's proxy prefers the ingress replica on its own
+node, so a node that dies takes with it the requests that entered its own proxy (connections
+a client retries), not requests that entered elsewhere. Never a rented node, which the
+autoscaler must be free to remove."""
 INGRESS_POOLS_SELECTOR = f"in({','.join(p.value for p in INGRESS_POOLS)})"
 """Ray's label selector for `INGRESS_POOLS` (on the ``pool`` label)."""
 BACKEND_DEPLOYMENT = "Backend"
@@ -260,9 +262,8 @@ def build_app_configs(state: DesiredState) -> list[AppConfig]:
                     "name": INGRESS_DEPLOYMENT,
                     "num_replicas": ing.num_replicas,
                     "max_ongoing_requests": ing.max_ongoing_requests,
-                    # On the owned cluster nodes (INGRESS_POOLS), spread over them by Serve's
-                    # default SPREAD scheduling: no request is in flight on the head when it
-                    # dies, and every node's proxy reaches them (docs/serving.md).
+                    # On the head and the owned cluster nodes (INGRESS_POOLS), spread over
+                    # them by Serve's default SPREAD scheduling (docs/serving.md).
                     "ray_actor_options": {
                         "num_cpus": ing.num_cpus,
                         "label_selector": {POOL_LABEL: INGRESS_POOLS_SELECTOR},

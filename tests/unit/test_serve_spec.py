@@ -74,10 +74,9 @@ def test_backend_app_pins_pool_and_carries_target() -> None:
     assert "autoscaling_config" not in dep
 
 
-def test_ingress_runs_on_cluster_nodes_only() -> None:
-    """Not on the head (a request in flight there would die with it; the proxies on the other
-    nodes reach the ingress without it), not on a rented node (the autoscaler must be free to
-    remove it). Ray's own schema accepts the selector."""
+def test_ingress_runs_on_the_head_and_cluster_nodes_never_external() -> None:
+    """Beside the proxies of the head and the cluster nodes, never on a rented node (the
+    autoscaler must be free to remove it). Ray's own schema accepts the selector."""
     from ray._private.label_utils import validate_label_selector  # deferred: ray is heavy
     from ray.serve.schema import ServeDeploySchema  # deferred: ray is heavy
 
@@ -85,7 +84,7 @@ def test_ingress_runs_on_cluster_nodes_only() -> None:
     dep = by_name(apps)[INGRESS_APP]["deployments"][0]
     assert "resources" not in dep["ray_actor_options"]  # not pinned to the head any more
     selector = dep["ray_actor_options"]["label_selector"]
-    assert selector == {"pool": "in(cluster)"}
+    assert selector == {"pool": "in(head,cluster)"}
     assert validate_label_selector(selector) is None
     ServeDeploySchema.model_validate({"applications": apps})
 
