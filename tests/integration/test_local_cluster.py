@@ -25,6 +25,7 @@ from controlplane.config import load_config
 from controlplane.local.cluster import JOB_DRIVER_SLOTS_PER_NODE
 from controlplane.local.processes import find_cluster_processes
 from controlplane.pools import JOB_DRIVER_RESOURCE
+from controlplane.sdk import Client, Forbidden
 from tests.integration.conftest import local_overrides, ray_auth_headers
 
 pytestmark = pytest.mark.integration
@@ -66,7 +67,7 @@ def endpoint_lines(stdout: str) -> dict[str, str]:
 
 
 def nodes_json(overrides: list[str]) -> list[dict[str, object]]:
-    result = rcp("nodes", "--json", *overrides, timeout_s=120)
+    result = rcp("nodes", "--json", "--state-dir", str(state_dir_of(overrides)), timeout_s=120)
     assert result.returncode == 0, result.stderr
     rows: list[dict[str, object]] = json.loads(result.stdout)
     return rows
@@ -242,6 +243,124 @@ def test_second_up_is_a_no_op(cluster: tuple[list[str], str]) -> None:
     assert {r["node_id"] for r in nodes_json(overrides)} == before
 
 
+def test_an_admin_adds_a_researcher_who_submits_and_cancels_over_the_url_audited(
+    cluster: tuple[list[str], str], tmp_path: Path
+) -> None:
+    """The admin's token is the one `rcp up` wrote; the researcher's `rcp` knows only the URL
+    and their own token (an empty state dir), and every change names who made it."""
+    overrides, stdout = cluster
+    url = endpoint_lines(stdout)["api"]
+    state = state_dir_of(overrides)
+    admin = Client(url, (state / "api-token").read_text().strip())
+    assert admin.whoami()["role"] == "admin"
+    token = admin.users_add("res-one", "researcher", ["default"]).token
+    assert token is not None
+    env = {
+        **os.environ,
+        "RCP_API_URL": url,
+        "RCP_API_TOKEN": token,
+        "RCP_STATE_DIR": str(tmp_path / "nothing-here"),
+    }
+
+    def as_researcher(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "controlplane", *args],
+            capture_output=True, text=True, timeout=120, env=env, check=False,
+        )  # fmt: skip
+
+    sleeper = ("python", "-c", "import time; time.sleep(600)")  # still running at the cancel
+    submitted = as_researcher("submit", "--json", "--name", "audited", "--", *sleeper)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = json.loads(submitted.stdout)["id"]
+    with pytest.raises(Forbidden, match="manage-users"):
+        Client(url, token).users_add("sneaky", "admin")
+    cancelled = as_researcher("cancel", job_id)
+    assert cancelled.returncode == 0 and "CANCELLED" in cancelled.stdout, cancelled.stderr
+    queue = rcp("queue", "--all", "--json", "--state-dir", str(state))
+    assert {j["id"]: j["owner"] for j in json.loads(queue.stdout)}[job_id] == "res-one"
+    events = json.loads(
+        rcp("events", "--json", "--limit", "10000", "--state-dir", str(state)).stdout
+    )
+    audit = [
+        (e["kind"], e["data"]["status"])
+        for e in events
+        if e["kind"].startswith("audit.") and e["data"].get("user") == "res-one"
+    ]
+    assert audit == [
+        ("audit.jobs.submit", 201),
+        ("audit.users.add", 403),
+        ("audit.jobs.cancel", 200),
+    ]
+
+
+def test_every_operator_command_works_given_only_the_url_and_a_token(
+    cluster: tuple[list[str], str], tmp_path: Path
+) -> None:
+    """Issue 15's front door: from a process whose HOME and state dir hold nothing (no
+    local-cluster.json, no Ray token), each operator command reaches the cluster through the
+    API alone (`--url` and RCP_API_TOKEN, here the admin's: the role matrix is the users
+    tests'), and what it changes shows in the next listing and the event log."""
+    overrides, stdout = cluster
+    url = endpoint_lines(stdout)["api"]
+    token = (state_dir_of(overrides) / "api-token").read_text().strip()
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RCP_", "RAY_"))}
+    env.update(HOME=str(home), RCP_STATE_DIR=str(home / "no-state"), RCP_API_TOKEN=token)
+
+    def remote(*args: str, code: int | None = 0) -> str:
+        """The command's output; its exit status must be `code` (None: any)."""
+        result = subprocess.run(
+            [sys.executable, "-m", "controlplane", *args, "--url", url],
+            capture_output=True, text=True, timeout=120, env=env, check=False,
+        )  # fmt: skip
+        assert code is None or result.returncode == code, (args, result.stdout, result.stderr)
+        return result.stdout + result.stderr
+
+    rows = json.loads(remote("nodes", "--json"))
+    assert sorted(r["pool"] for r in rows) == ["cluster", "cluster", "head"]
+    node = next(r["node_id"] for r in rows if r["pool"] == "cluster")
+    assert node[-12:] in remote("nodes")
+    health = remote("health")
+    assert health.startswith("NODE") or "no verdicts yet" in health, health
+    assert isinstance(json.loads(remote("health", "--json")), list)
+    assert "breaker:  closed" in remote("health", "breaker")
+    assert json.loads(remote("health", "breaker", "--json"))["window_s"] > 0
+
+    try:  # the later tests share this cluster's store: never leave it paused or cordoned
+        assert "paused by admin: sweep" in remote("policy", "pause", "--reason", "sweep")
+        assert "PAUSED by admin" in remote("serve", "status")
+        served = json.loads(remote("serve", "status", "--json"))
+        assert served["policy"]["paused"] is True
+        assert "cordoned by admin: sweep" in remote("cordon", node[-12:], "--reason", "sweep")
+        cordoned = {r["node_id"]: r["cordon"] for r in json.loads(remote("nodes", "--json"))}
+        assert cordoned[node]["reason"] == "sweep"
+        assert f"node {node}: uncordoned" in remote("uncordon", node[-12:])
+        assert "is not cordoned by hand" in remote("uncordon", node[-12:], code=2)
+    finally:
+        remote("uncordon", node[-12:], code=None)
+        resumed = remote("policy", "resume", "--reason", "sweep done", code=None)
+    assert "resumed (paused by admin: sweep)" in resumed
+    assert json.loads(remote("policy", "status", "--json"))["paused"] is False
+    # This module serves no model (serve.deploy_app=false): a pin names what is served.
+    assert served["deployed"] is False
+    refused = remote("serve", "pin", "sample", "--pool", "cluster", code=2)
+    assert "no served model 'sample'; models: none" in refused
+
+    assert "injected clear" in remote("fault", "inject", node[-12:], "clear")
+    assert "no node matches" in remote("fault", "inject", "no-such-node", "xid", code=2)
+    clear = remote("health", "clear", node[-12:], code=None)
+    assert "lemon record cleared" in clear or "no node with a health record" in clear, clear
+    assert "breaker reset" in remote("health", "breaker", "reset", "--reason", "sweep")
+
+    kinds = {e["kind"] for e in json.loads(remote("events", "--json", "--limit", "10000"))}
+    assert {
+        "policy.pause", "policy.resume", "node.cordon", "node.uncordon", "fault.inject",
+        "health.breaker_reset",
+    } <= kinds  # fmt: skip
+    assert not (home / ".rcp").exists()  # nothing looked for or wrote a state dir
+
+
 def test_external_demand_adds_a_node_within_60s_which_leaves_when_idle(
     cluster: tuple[list[str], str],
 ) -> None:
@@ -384,8 +503,8 @@ def test_down_stops_everything_up_started_and_nothing_else(
         again = rcp("down", *overrides)
         assert again.returncode == 0
         assert "nothing to stop" in again.stdout
-        nodes = rcp("nodes", *overrides)
+        nodes = rcp("nodes", "--state-dir", str(state_dir))
         assert nodes.returncode == 1
-        assert "no local cluster is running" in nodes.stderr
+        assert "rcp up" in nodes.stderr  # no API answers (or none is named) after down
     finally:
         decoy.kill()
