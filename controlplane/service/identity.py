@@ -145,7 +145,9 @@ class Identity:
             raise ApiError(409, str(exc), "name") from exc
         return user, token
 
-    def list_users(self, limit: str | None, after: str | None) -> tuple[list[UserRecord], str | None]:
+    def list_users(
+        self, limit: str | None, after: str | None
+    ) -> tuple[list[UserRecord], str | None]:
         n = DEFAULT_USERS_PAGE if limit is None else int_param("limit", limit, 1, MAX_USERS_PAGE)
         if after is not None and len(after) > 64:
             raise ApiError(400, "after must be a user name from the previous page", "after")
