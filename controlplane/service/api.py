@@ -5,8 +5,8 @@ Owns: routes, authentication (each request's token looked up by its hash:
 needs, `access.add_route`; a role without it is 403 before the handler runs), per-user rate
 limits (429 with ``Retry-After``, `controlplane.service.ratelimit`), the audit (every
 authenticated request that is not GET/HEAD on a named route records one ``audit.<route>``
-event with the user, role, route, path parameters, status and request id, whatever the
-outcome), request parsing and the JSON error shape. Every error body is
+event with the user, role, route, path parameters, what it made (a job's or user's name),
+status and request id, whatever the outcome), request parsing and the JSON error shape. Every error body is
 ``{"error": "<what to fix>", "field": "<the field or header at fault, or null>",
 "request_id": "<id>"}``; every response carries the id in ``X-Request-Id`` too. A handler that
 raises anything else answers 500 with the same shape, a message of its own (never the
@@ -154,6 +154,13 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 _AUDITED = web.RequestKey("audited", bool)
+_AUDIT_SUBJECT = web.RequestKey("audit_subject", dict)
+"""What a handler adds to its audit event: what it made or changed (a new job's id, a new
+user's name), which the path parameters do not name."""
+
+
+def _audit_subject(request: web.Request, **subject: str) -> None:
+    request[_AUDIT_SUBJECT] = {**request.get(_AUDIT_SUBJECT, {}), **subject}
 
 
 async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -216,13 +223,16 @@ def _too_many(wait_s: int, what: str) -> ApiError:
 
 
 def _audit(request: web.Request, status: int) -> None:
-    """One ``audit.<route name>`` event: who, what, on which path parameters, and the status.
-    A failed write is logged, never the request's failure (its change is already made)."""
+    """One ``audit.<route name>`` event: who, what, on which path parameters (and what the
+    handler made: `_audit_subject`), and the status; a job's id also goes in the event's
+    ``job_id``, so ``rcp events --job ID`` shows who submitted and cancelled it. A failed
+    write is logged, never the request's failure (its change is already made)."""
     principal = request[PRINCIPAL]
     route = str(request.match_info.route.name)
     params = {k: v[:200] for k, v in request.match_info.items()}
+    subject = {str(k): str(v) for k, v in request.get(_AUDIT_SUBJECT, {}).items()}
     rid = request.get(_REQUEST_ID)
-    shown = " ".join(f"{k}={v}" for k, v in params.items())
+    shown = " ".join(f"{k}={v}" for k, v in {**params, **subject}.items())
     try:
         request.app[_SERVICE].store.record_event(
             f"audit.{route}",
@@ -233,9 +243,11 @@ def _audit(request: web.Request, status: int) -> None:
                 "route": route,
                 "method": request.method,
                 "params": params,
+                "subject": subject,
                 "status": status,
                 "request_id": rid,
             },
+            job_id=subject.get("job_id"),
         )
     except Exception:  # the audit must not turn a made change into an error
         log.exception("request %s: recording the audit event of %s failed", rid, route)
@@ -261,6 +273,7 @@ async def _submit(request: web.Request) -> web.Response:
     job, created = request.app[_SERVICE].submit(
         payload, idempotency_key=key, principal=principal_of(request)
     )
+    _audit_subject(request, job_id=job.job_id, queue=job.spec.queue)
     return web.json_response(job_to_json(job), status=201 if created else 200)
 
 
@@ -288,7 +301,9 @@ async def _get(request: web.Request) -> web.Response:
 
 async def _cancel(request: web.Request) -> web.Response:
     service = request.app[_SERVICE]
-    return web.json_response(service.cancel(request.match_info["id"], principal_of(request)))
+    job = service.cancel(request.match_info["id"], principal_of(request))
+    _audit_subject(request, job_id=str(job["id"]))
+    return web.json_response(job)
 
 
 async def _logs(request: web.Request) -> web.Response:
@@ -333,6 +348,7 @@ async def _users_list(request: web.Request) -> web.Response:
 
 async def _users_add(request: web.Request) -> web.Response:
     user, token = request.app[_IDENTITY].add(await _json_body(request))
+    _audit_subject(request, name=user.name, role=user.role)
     return web.json_response({**user_to_json(user), "token": token}, status=201)
 
 

@@ -388,6 +388,18 @@ def test_state_changing_calls_are_audited_with_the_user_including_refusals(api: 
     assert all(e.data["user"] == "mona" and e.data["role"] == "researcher" for e in audit)
     assert audit[2].data["params"] == {"id": submitted.id}
     assert audit[2].data["request_id"] == "r-1"
+    assert audit[0].data["subject"] == {"job_id": submitted.id, "queue": "default"}
+    assert audit[1].data["subject"] == {}  # refused before its body was read
+    assert [e.job_id for e in audit] == [submitted.id, None, submitted.id]
+    mine = Client(api.url, token).events(job_id=submitted.id)
+    assert {e["kind"] for e in mine} >= {"audit.jobs.submit", "audit.jobs.cancel"}
+    status, added, _ = api.call(
+        "POST", "/v1/users", ADMIN_TOKEN, {"name": "nora", "role": "operator", "queues": []}
+    )
+    assert status == 201
+    (event,) = [e for e in api.store.events(kind_prefix="audit.users.add")][-1:]
+    assert event.data["subject"] == {"name": "nora", "role": "operator"}
+    assert "nora" in event.message and added["token"] not in json.dumps(dict(event.data))
     shown = Client(api.url, token).events(after=after)
     assert {e["kind"] for e in shown} >= {"audit.jobs.submit", "audit.users.add"}
 
