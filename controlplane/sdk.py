@@ -62,6 +62,8 @@ class ApiError(Exception):
         self.status = status
         self.message = message
         self.field = field
+        self.retry_after_s: float | None = None
+        """A 429's ``Retry-After``: how long the server asked the client to wait."""
 
 
 class NotConfigured(ApiError):
@@ -271,6 +273,12 @@ def _read(path: Path) -> str | None:
         return None
 
 
+def _seconds(header: str | None) -> float | None:
+    """A ``Retry-After`` of whole seconds (an HTTP date or anything odd: None)."""
+    value = (header or "").strip()
+    return float(value) if value.isascii() and value.isdigit() else None
+
+
 class Client:
     """A client of the control plane's HTTP API (see the module doc for where it looks)."""
 
@@ -326,15 +334,18 @@ class Client:
                 url += "?" + urllib.parse.urlencode(clean)
         data = None if body is None else json.dumps(body).encode()
         safe = method == "GET" or bool(headers and headers.get("Idempotency-Key"))
-        attempts = 1 + (self.retries if safe else 0)
-        for attempt in range(attempts):
+        for attempt in range(1 + self.retries):
             try:
                 return self._once(method, url, data, headers)
             except ApiError as exc:
-                if exc.status not in (0, 429) or attempt == attempts - 1:
+                # 429 (the user's rate limit, too many log reads at once) is refused before
+                # anything happens, so any request may be sent again, after Retry-After; 0
+                # (unreachable: the server may be restarting) only a request that is safe to.
+                retry = exc.status == 429 or (exc.status == 0 and safe)
+                if not retry or attempt == self.retries:
                     raise
-                # 0: the server may be restarting; 429: too many log reads at once.
-                time.sleep(min(4.0, 0.25 * 2**attempt))
+                wait_s = exc.retry_after_s if exc.retry_after_s is not None else 0.25 * 2**attempt
+                time.sleep(min(4.0, wait_s))
         raise AssertionError("unreachable")
 
     def _once(
@@ -357,7 +368,9 @@ class Client:
                 message, fld = str(payload.get("error", raw)), payload.get("field")
             except (ValueError, AttributeError):
                 message, fld = raw.decode(errors="replace") or str(exc), None
-            raise _BY_STATUS.get(exc.code, ApiError)(exc.code, message, fld) from None
+            error = _BY_STATUS.get(exc.code, ApiError)(exc.code, message, fld)
+            error.retry_after_s = _seconds(exc.headers.get("Retry-After"))
+            raise error from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise ApiError(

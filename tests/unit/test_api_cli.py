@@ -88,7 +88,13 @@ def test_status_queue_cancel_and_events(srv: Server) -> None:
     code, out = rcp(srv, "cancel", job_id)
     assert code == 0 and "CANCELLED" in out
     code, out = rcp(srv, "events", "--job", job_id, "--json")
-    assert [e["data"]["to"] for e in json.loads(out)] == ["QUEUED", "CANCELLED"]
+    kinds = [(e["kind"], e["data"].get("to")) for e in json.loads(out)]
+    assert kinds == [
+        ("job.state", "QUEUED"),
+        ("audit.jobs.submit", None),
+        ("job.state", "CANCELLED"),
+        ("audit.jobs.cancel", None),
+    ]
 
 
 def test_wrong_token_exits_1(srv: Server) -> None:

@@ -627,3 +627,29 @@ def test_rcp_users_and_whoami_over_the_url(api: Api) -> None:
     assert runner.invoke(whoami, [], env=mine).exit_code == 1  # the old token: 401
     removed = runner.invoke(users_group, ["remove", "olga"], env=admin)
     assert removed.exit_code == 0 and removed.stdout == "removed olga (operator)\n"
+
+
+def test_the_sdk_waits_out_retry_after_and_its_submit_then_goes_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 429 is refused before anything happens, so the SDK sends even a submit again, after
+    the server's Retry-After (the sleep advances the API's clock here: no real waiting)."""
+    import controlplane.sdk
+
+    api = Api(tmp_path, "api.rate_limit_per_s=0.5", "api.rate_burst=1")
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        api.clock.now_s += seconds
+
+    monkeypatch.setattr(controlplane.sdk.time, "sleep", sleep)
+    try:
+        client = Client(api.url, api.add_user("paced", "researcher", ["default"]))
+        first = client.submit(job(name="one"))
+        second = client.submit(job(name="two"))
+        assert slept == [2.0] and second.id != first.id
+        assert {j.name for j in client.list(state="QUEUED")} == {"one", "two"}
+        assert len(slept) == 2  # the listing waited its turn too
+    finally:
+        api.close()
