@@ -432,6 +432,37 @@ def test_a_flooding_client_gets_429_while_another_user_submits(tmp_path: Path) -
         api.close()
 
 
+def test_a_flood_from_many_threads_leaves_another_users_submits_alone(tmp_path: Path) -> None:
+    """Four threads hammer the API with one user's token while another user submits: the
+    flood gets its burst and then 429s (the clock stands still: no refill), every submit of
+    the other user is 201, and nothing answers 500."""
+    api = Api(tmp_path, "api.rate_limit_per_s=1", "api.rate_burst=10")
+    try:
+        flooder = api.add_user("flood2", "researcher", ["default"])
+        other = api.add_user("calm2", "researcher", ["default"])
+        flood: list[int] = []
+        lock = threading.Lock()
+
+        def hammer() -> None:
+            for _ in range(40):
+                status = api.call("POST", "/v1/jobs", flooder, job(name="flood"))[0]
+                with lock:
+                    flood.append(status)
+
+        threads = [threading.Thread(target=hammer) for _ in range(4)]
+        for t in threads:
+            t.start()
+        mine = [api.call("POST", "/v1/jobs", other, job(name="calm"))[0] for _ in range(8)]
+        for t in threads:
+            t.join()
+        assert mine == [201] * 8
+        assert flood.count(201) == 10 and flood.count(429) == 150 and len(flood) == 160
+        owners = [j.owner for j in api.store.list_jobs()]
+        assert owners.count("flood2") == 10 and owners.count("calm2") == 8
+    finally:
+        api.close()
+
+
 def test_wrong_tokens_are_slowed_per_address_without_blocking_real_users(tmp_path: Path) -> None:
     api = Api(tmp_path, "api.rate_limit_per_s=1", "api.rate_burst=3")
     try:
