@@ -239,6 +239,8 @@ def _wait(check: Callable[[], bool], timeout_s: float, what: str) -> None:
 
 DEFAULT_TIMELINE = Path("rcp-demo-timeline.png")
 """Where the demo draws its timeline unless told otherwise (relative: the current directory)."""
+METRICS_EXPORT_S = 10.0
+"""About how often Ray's metrics agent exports the control plane's gauges (Ray's default)."""
 
 
 def draw_timeline(
@@ -343,6 +345,10 @@ def run_demo(
         echo(traffic.summary())
         _section(echo, "the timeline")
         prometheus = cluster.prometheus_url if running.observability.prometheus else None
+        if prometheus is not None:
+            # The replicas' return reaches Prometheus one export and a scrape after it happened:
+            # draw once it is there, or the picture ends before the story does.
+            time.sleep(METRICS_EXPORT_S + 2 * running.observability.scrape_interval_s)
         draw_timeline(client, prometheus, started_s, timeline_path, echo)
         served, failed = traffic.counts()
         return DemoResult(served, failed, final.state, len(committed_steps(objects)))
