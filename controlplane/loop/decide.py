@@ -15,9 +15,17 @@ Owns: `decide(observation, policies, admission_state, serving_state)` -> `Decisi
 Placement's memory of route weights is replaced by what Serve has deployed (`ServeView`), so
 its `SetRouteWeights` is level-triggered: repeated until the deployed table matches.
 
-The serving policies are skipped while a move is in flight (``serving_busy``): the tracked
-operation owns the model's replicas and routes until it ends (as the serving thread, blocked
-in a move, once did).
+5. ``wanted``, every tick, a move in flight or not: per model, the replicas the load asks
+   for now (`policies.demand.wanted_replicas`, clamped to min and max). A move's operation
+   reads it before it stops any source replica, and keeps those demand still needs
+   (`controlplane.loop.act.operations`): a move never takes serving below demand.
+
+Demand's decisions and placement are skipped while a move is in flight (``serving_busy``):
+the tracked operation is the single writer of the model's targets and routes until it ends.
+Placement plans moves and the external capacity over the whole fleet, and mid-move it sees
+half-moved replicas: run then, its plan flaps (tried on the unit fakes' claim and return,
+tests/unit/test_simulate_replay.py: the external request went 1 -> 0 -> 1 GPUs during one
+migrate-back step, which on Kubernetes resizes the external group under a live replica).
 
 Must not: read a clock, call Ray or the store, or hold state (it comes in and goes out).
 """
@@ -34,12 +42,18 @@ from controlplane.loop.types import Decision, Observation, ServingPolicyState
 from controlplane.policy_config import admission_config, demand_config, placement_config
 from policies import admission, health, placement
 from policies.admission import AdmissionConfig, AdmissionState
-from policies.demand import DemandConfig, DemandLoad, DemandState, decide_replicas
+from policies.demand import (
+    DemandConfig,
+    DemandLoad,
+    DemandState,
+    decide_replicas,
+    wanted_replicas,
+)
 from policies.placement import ModelDemand, PlacementConfig, PoolTargets
 from policies.plan import Action, MoveServeReplicas, Plan, ScaleServePool, SetRouteWeights
 from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
 
-__all__ = ["Policies", "decide", "decide_serving", "policies_of"]
+__all__ = ["Policies", "decide", "decide_serving", "policies_of", "wanted_now"]
 
 
 @dataclass(frozen=True)
@@ -83,12 +97,25 @@ def decide(
     decision = Decision(
         admission=plan, admission_state=new_admission, remediation=remediation, claims=claims
     )
-    if not observation.serve.deployed or serving_busy or not policies.demand:
+    if not observation.serve.deployed or not policies.demand:
+        return decision
+    decision = replace(decision, wanted=wanted_now(observation.loads, policies))
+    if serving_busy:
         return decision
     serving, targets, new_serving = decide_serving(
         snapshot, observation.serve, observation.loads, policies, serving_state, claims
     )
     return replace(decision, serving=serving, serving_state=new_serving, targets=targets)
+
+
+def wanted_now(loads: Mapping[str, float], policies: Policies) -> tuple[tuple[str, int], ...]:
+    """Per served model, the replicas the load on the board asks for now (``Decision.wanted``;
+    no delays: what a move must leave RUNNING). The loop measures no p99 yet: once it does,
+    the same p99 demand gets goes here too."""
+    return tuple(
+        (name, wanted_replicas(float(loads.get(name, 0.0)), config))
+        for name, config in sorted(policies.demand.items())
+    )
 
 
 def decide_serving(

@@ -15,8 +15,8 @@ catch, log and count their own failure, so the loop never dies:
    still advance in act);
 3. act - admission's plan through the job runner (`act.jobs`), remediation through
    `health.HealthKeeper.act`, the serving plan through `act.serving.ServeActuator` (moves in
-   flight advanced one step first: a make-before-break move is a tracked operation, never a
-   wait), the external group on Kubernetes;
+   flight advanced one step first, with what demand wants now: a make-before-break move is
+   a tracked operation, never a wait), the external group on Kubernetes;
 4. record - policy state to the store (``admission.state``, ``serving.state``), new plan
    actions to the event log (`record.PlanEvents`; held ones as ``policy.held``), metrics (`record.METRICS`), local
    Prometheus targets, per-job gauges (the shell's hook).
@@ -271,7 +271,7 @@ class Loop:
         self._phase("3-act-health", self._act_health, decided, now)
         self._phase("3-act-health-save", self.health.save_cordons)
         if self.serve is not None:
-            self._phase("3-act-serve-moves", self.serve.advance, now)
+            self._phase("3-act-serve-moves", self.serve.advance, now, dict(decided.wanted))
             self._phase("3-act-serve", self._act_serve, decided, observed)
         if self.external_group is not None and decided.serving_state is not None:
             requested = decided.serving_state.placement.requested_external_gpus

@@ -112,7 +112,8 @@ class Decision:
     placement in the same decide phase; ``serving`` is placement's and demand's plan
     (`RequestExternalCapacity`, `MoveServeReplicas`, `ScaleServePool`, `SetRouteWeights`),
     None when the serving policies did not run this tick (no serving plane, or a move is
-    still in flight: the operation owns the model's replicas and routes until it ends).
+    still in flight: the operation owns the model's replicas and routes until it ends, and
+    reads ``wanted`` before it stops any replica).
     """
 
     admission: Plan
@@ -122,6 +123,10 @@ class Decision:
     serving: Plan | None = None
     serving_state: ServingPolicyState | None = None
     targets: tuple[PoolTargets, ...] = ()
+    wanted: tuple[tuple[str, int], ...] = ()
+    """Per served model, the replicas the load asks for this tick, clamped to the model's
+    min and max (`policies.demand.wanted_replicas`, no delays): what a move must leave
+    RUNNING. Set whenever a serving plane is deployed, a move in flight or not."""
     held: tuple[Action | RemediationAction, ...] = ()
     """What the policies wanted but the loop held back while paused (`guards.hold`)."""
 

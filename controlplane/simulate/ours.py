@@ -119,7 +119,7 @@ class OurScheme:
         self.failures_seen = 0
         self.unknown_items = 0
         self.breaks_short = 0
-        """Moves whose BREAK step left their model short of demand."""
+        """Moves whose BREAK step stopped replicas and left their model short of demand."""
         self._nodes: tuple[NodeView, ...] = ()
         self._nodes_at = -1
 
@@ -242,7 +242,7 @@ class OurScheme:
         self.admission = decided.admission_state
         self._act_jobs(decided.admission)
         self._act_health(decided.remediation)
-        self._advance_moves(now)
+        self._advance_moves(now, dict(decided.wanted))
         if decided.serving is not None and decided.serving_state is not None:
             self.serving = decided.serving_state
             self._act_serve(decided.serving, decided.targets, observed, now)
@@ -289,17 +289,21 @@ class OurScheme:
                         w.now_s + self.repair_s, EventKind.NODE_BACK, a.node_id, n.version
                     )
 
-    def _advance_moves(self, now: float) -> None:
+    def _advance_moves(self, now: float, wanted: dict[str, int]) -> None:
         left = []
         for op in self.ops:
             self.serve.prefer_stop = set(op.node_ids)
-            new, outcome = operations.advance(op, self.serve, now, self.timeout_s)
+            source = self.serve.targets.get((op.model, op.from_pool), 0)
+            new, outcome = operations.advance(
+                op, self.serve, now, self.timeout_s, wanted.get(op.model)
+            )
             if (
                 op.phase is MovePhase.SHIFT
                 and new.phase is MovePhase.BREAK
+                and self.serve.targets.get((op.model, op.from_pool), 0) < source
                 and self.serve.short(op.model)
             ):
-                self.breaks_short += 1  # demand rose while the move (and the policies) waited
+                self.breaks_short += 1  # the BREAK stopped replicas and left serving short
             if outcome is MoveOutcome.DONE:
                 self._record(LoopEvent.SERVE_MOVE_DONE, f"{op.describe()}", op.for_job_id)
             elif outcome is MoveOutcome.UNWOUND:

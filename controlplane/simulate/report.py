@@ -140,10 +140,8 @@ def summarise(s: Scenario, results: dict[str, SchemeResult], wall_s: float) -> d
     breaks = int(ours.get("moves_leaving_serving_short", 0))
     if breaks:
         why = (
-            "the decide phase (controlplane/loop/decide.py, serving_busy): demand and placement "
-            f"wait while a move is in flight, so demand that rose during a move is not met when "
-            f"its BREAK step lowers the source pool to the target planned at its start ({breaks} "
-            "such moves)"
+            "the move's BREAK step (controlplane/loop/act/operations.py, kept): it stopped "
+            f"replicas and left serving short of demand ({breaks} such moves)"
         )
     else:
         why = (

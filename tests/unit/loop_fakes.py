@@ -60,6 +60,8 @@ class FakeServe:
         self.requests_external: list[list[dict[str, float]]] = []
         self.writes: list[tuple[str, str, Pool, int]] = []
         self.failed_requests = 0
+        self.load: dict[str, float] = {}
+        """Requests in flight per model, as the load board reports them (the test sets it)."""
         self._ids = 0
 
     # -- the test's side -----------------------------------------------------------------------
@@ -140,7 +142,7 @@ class FakeServe:
         return ServeView(deployed=True, pools=pools, replicas=rows)
 
     def loads(self) -> Mapping[str, float]:
-        return {}
+        return dict(self.load)
 
     def request_external(self, bundles: list[dict[str, float]]) -> None:
         self.requests_external.append(bundles)

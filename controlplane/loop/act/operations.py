@@ -9,9 +9,21 @@ waiting for anything:
    step is done once that many replicas there are RUNNING. Then the route table is set by
    readiness with the source's planned target (``from_target``), and
 2. SHIFT: done once every ingress replica applied that route table (no new request goes to a
-   replica about to stop). Then the source pool's target is lowered to ``from_target``, and
+   replica about to stop). Then what the source keeps is worked out again, now (`kept`): the
+   source's target at this time less the moved count, but never below what demand wants
+   now less what RUNS in the target pool (``wanted``: the decide phase reads the load every
+   tick, a move in flight or not, so demand that rose while the replacements started is
+   known). If that differs
+   from ``from_target``, the route table is set again by readiness with it and the step
+   waits for that one; else the source pool's target is lowered to ``from_target``, and
 3. BREAK: done once the source pool settled there (Serve drained the stopping replicas,
    finishing their in-flight requests). The operation ends (`MoveOutcome.DONE`).
+
+So a move never takes serving capacity below what demand needs: a replica stops only after
+its replacement is RUNNING and routed to, and only while the replicas left RUNNING cover
+demand. The source keeps the rest; the policies move or scale them after the move ends (a
+claim that was not fully freed is claimed again next tick). The operation stays the only
+writer of the model's pool targets and routes while it runs (`act.serving`).
 
 Each step re-asserts its own write (level-triggered), so a controller that died between a
 write and the record of it repeats the write harmlessly. A step that does not finish within
@@ -22,7 +34,9 @@ next tick (a plain scale change, which re-routes before it stops anything).
 Worked example: 2 replicas of ``m`` on cluster, 0 external, move 2 cluster -> external.
 Tick 1: external target 0 -> 2 (MAKE). Ticks 2-5: external replicas start. Tick 6: both
 RUNNING -> route weights cluster 0, external 1 (SHIFT). Tick 7: the ingress applied them ->
-cluster target 2 -> 0 (BREAK). Tick 9: cluster settled at 0 -> DONE.
+cluster target 2 -> 0 (BREAK). Tick 9: cluster settled at 0 -> DONE. Had demand risen to 3
+meanwhile, tick 7 would keep 1 on cluster (3 wanted - 2 running on external): route weights
+by readiness with cluster 1, external 2; tick 8: applied -> cluster target 2 -> 1 (BREAK).
 
 Must not: decide what to move (the policies do), or block: every call returns at once.
 """
@@ -38,7 +52,7 @@ from controlplane.loop.types import JsonValue
 from policies.plan import MoveServeReplicas
 from policies.snapshot import Pool
 
-__all__ = ["MoveOperation", "MoveOutcome", "MovePhase", "advance", "start"]
+__all__ = ["MoveOperation", "MoveOutcome", "MovePhase", "advance", "kept", "start"]
 
 
 class MovePhase(str, Enum):
@@ -146,10 +160,26 @@ def start(action: MoveServeReplicas, view: ServeView, now_s: float) -> MoveOpera
     return op
 
 
+def kept(op: MoveOperation, view: ServeView, wanted: int | None) -> int:
+    """How many replicas the source pool keeps when the move breaks (see the module doc):
+    its target now less the moved count, raised to ``wanted`` less what RUNS in the target
+    pool (never above the source's target now). ``wanted`` None: demand is not known."""
+    source = view.target(op.model, op.from_pool)
+    keep = max(0, source - op.num_replicas)
+    if wanted is None:
+        return keep
+    return max(keep, min(source, wanted - view.pool(op.model, op.to_pool).running))
+
+
 def advance(
-    op: MoveOperation, serve: ServePlane, now_s: float, timeout_s: float
+    op: MoveOperation,
+    serve: ServePlane,
+    now_s: float,
+    timeout_s: float,
+    wanted: int | None = None,
 ) -> tuple[MoveOperation, MoveOutcome]:
-    """Take `op` one step further if its current step is done (see the module doc)."""
+    """Take `op` one step further if its current step is done (see the module doc);
+    ``wanted`` is what demand wants of the model now (None: not known)."""
     timed_out = now_s - op.phase_since_s > timeout_s
     if op.phase is MovePhase.MAKE:
         serve.set_pool_target(op.model, op.to_pool, op.to_target)
@@ -165,6 +195,13 @@ def advance(
         return op, MoveOutcome.WAITING
     if op.phase is MovePhase.SHIFT:
         if op.generation is not None and serve.route_applied(op.generation):
+            keep = kept(op, serve.view(), wanted)
+            if keep != op.from_target:  # demand moved meanwhile: route for what stays first
+                planned = {op.to_pool: op.to_target, op.from_pool: keep}
+                generation = serve.route_for_targets(op.model, planned)
+                return replace(
+                    op, from_target=keep, generation=generation, phase_since_s=now_s
+                ), MoveOutcome.WAITING
             serve.set_pool_target(op.model, op.from_pool, op.from_target)
             return replace(op, phase=MovePhase.BREAK, phase_since_s=now_s), MoveOutcome.STEPPED
         if timed_out:

@@ -16,7 +16,10 @@ Owns: carrying out, item by item, what the serving policies returned:
   (`ExternalGroup`, level-triggered, re-asserted every `EXTERNAL_GROUP_RECHECK_S`).
 
 While a model has a move in flight, the operation owns its replicas and routes: scale and
-route items for it are left for the policies to decide again once the move ends.
+route items for it are left for the policies to decide again once the move ends (the single
+writer). The operation gets what the load asks of its model each tick (`advance`'s
+``wanted``, `Decision.wanted`), so its break step keeps the source replicas demand still
+needs.
 
 A restarted controller reads the operations back (`load`), says so once
 (``serve.resume``) and resumes them where they were.
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from controlplane.adapters.serve import ServePlane, ServeView
@@ -109,8 +112,10 @@ class ServeActuator:
 
     # -- each tick -----------------------------------------------------------------------------
 
-    def advance(self, now_s: float) -> None:
-        """Take every move in flight one step further (see `operations`)."""
+    def advance(self, now_s: float, wanted: Mapping[str, int] | None = None) -> None:
+        """Take every move in flight one step further (see `operations`); ``wanted``: what
+        demand wants of each model this tick (`Decision.wanted`)."""
+        wanted = wanted or {}
         if not self._resumed:
             self._resumed = True
             self.store.delete(LEGACY_INFLIGHT_KEY)
@@ -126,7 +131,9 @@ class ServeActuator:
         left: list[MoveOperation] = []
         changed = False
         for op in self.operations:
-            new, outcome = operations.advance(op, self.serve, now_s, self.timeout_s)
+            new, outcome = operations.advance(
+                op, self.serve, now_s, self.timeout_s, wanted.get(op.model)
+            )
             if outcome is MoveOutcome.DONE:
                 changed = True
                 self._record(
