@@ -1,10 +1,11 @@
 """`rcp simulate`: the fleet simulator from the command line.
 
-Owns: parsing the options (a scenario file, days, nodes, seed, output directory, JSON) and
+Owns: parsing the options (a scenario file, days, nodes, seed, output directory, JSON, the
+events file that calibrates the move times: `controlplane.simulate.calibrate`) and
 printing the table (or, with ``--json``, one JSON object as the last line). The simulation,
 the goals and the report files are `controlplane.simulate.report.simulate_and_report`.
-Must not: simulate or judge anything itself. A bad scenario file exits 2 with the message
-naming the field.
+Must not: simulate or judge anything itself. A bad scenario or events file exits 2 with the
+message naming the field.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import click
 
 from controlplane.cli.common import fail
+from controlplane.simulate.calibrate import CalibrationError, calibrate, calibrated, load_events
 from controlplane.simulate.report import simulate_and_report, table
 from controlplane.simulate.run import SCHEME_NAMES
 from controlplane.simulate.scenario import ScenarioError, load_scenario
@@ -51,6 +53,13 @@ __all__ = ["simulate"]
     show_default=True,
     help="Comma-separated schemes to run (ours is always run).",
 )
+@click.option(
+    "--calibrate-from",
+    "events_file",
+    type=click.Path(dir_okay=False),
+    help="Take replica start and external node start from a cluster's events (a JSON list, "
+    "as `rcp events --json` prints them).",
+)
 @click.option("--no-png", is_flag=True, help="Skip the PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line.")
 def simulate(
@@ -60,6 +69,7 @@ def simulate(
     seed: int | None,
     outdir: str,
     schemes: str,
+    events_file: str | None,
     no_png: bool,
     as_json: bool,
 ) -> None:
@@ -71,10 +81,16 @@ def simulate(
         fail(f"--schemes: unknown {', '.join(unknown)} (known: {', '.join(SCHEME_NAMES)})", 2)
     try:
         scenario = load_scenario(scenario_file).resized(days, nodes, seed)
+        measured = calibrate(load_events(events_file)) if events_file else None
+        if measured is not None:
+            scenario = calibrated(scenario, measured)
+            click.echo(f"move times from {events_file}: {measured.describe()}", err=as_json)
         summary, _ = simulate_and_report(scenario, Path(outdir), names, png=not no_png)
-    except ScenarioError as exc:
+    except (ScenarioError, CalibrationError) as exc:
         fail(str(exc), 2)
         return
+    if measured is not None:
+        summary["calibration"] = measured.describe()
     if as_json:
         click.echo(table(summary), err=True)
         click.echo(json.dumps(summary, sort_keys=True))

@@ -5,21 +5,18 @@ test_loop_claim.py and of the integration module test_policy_loop.py: one 2-GPU 
 with two 1-GPU replicas, a 2-GPU gang that claims it, then replicas coming back one per
 interval) and the simulator's `OurScheme` on the same world must write the same sequence of
 events: the admission plan items (``policy.*``) and the Serve actuator's (external capacity,
-move start and done, scales), each with the same reason code.
+move start and done), each with the same reason code (`controlplane.simulate.replay`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from controlplane.simulate.run import simulate
-from controlplane.simulate.scenario import control_config, scenario_from_dict
-from controlplane.simulate.trace import JobSpec, Trace
+from controlplane.simulate.replay import MODEL, claim_and_return, plan_codes
 from controlplane.store import JobState
 from policies.snapshot import Pool
 from tests.unit.loop_fakes import make_world
 
-MODEL = "sample"
 OVERRIDES = {
     "pools.external.max_nodes": 1,
     "pools.external.gpus_per_node": 2,
@@ -27,16 +24,6 @@ OVERRIDES = {
     "placement.migrate_back_step": 1,
     "placement.migrate_back_interval_s": 4,
 }
-KINDS = ("policy.", "serve.move.start", "serve.move.done", "serve.external_capacity")
-
-
-def _code(kind: str, message: str) -> tuple[str, str]:
-    """The event's kind and its reason code (``yield_to_training``, ``fits``...); a move's
-    end by its kind alone (its message carries the measured duration)."""
-    if kind == "serve.move.done":
-        return kind, ""
-    reason = message.split(": ", 1)[-1] if kind.startswith("serve.move") else message
-    return kind, reason.split(":", 1)[0].strip()
 
 
 def real_loop(tmp_path: Path) -> list[tuple[str, str]]:
@@ -62,42 +49,11 @@ def real_loop(tmp_path: Path) -> list[tuple[str, str]]:
         ):
             break
     w.tick(3)
-    events = w.store.events(limit=10_000)
-    return [_code(e.kind, e.message) for e in events if e.kind.startswith(KINDS)]
+    return plan_codes((e.kind, e.message) for e in w.store.events(limit=10_000))
 
 
 def simulated() -> list[tuple[str, str]]:
-    s = scenario_from_dict(
-        {
-            "nodes": 1,
-            "gpus_per_node": 2,
-            "days": 0.01,
-            "external": {"provision_s": 0},
-            "failures": {"hot_faults_per_node_year": 0, "fabric_faults_per_node_year": 0},
-            "training": {"gang_gpus": {"2": 1.0}},
-            "serving": {
-                "models": [
-                    {
-                        "name": MODEL,
-                        "gpus_per_replica": 1,
-                        "replica_rps": 10,
-                        "peak_rps": 1,
-                        "min_replicas": 2,
-                        "max_replicas": 2,
-                    }
-                ],
-                "noise": 0,
-                "replica_start_s": 2,
-                "replica_stop_s": 1,
-            },
-            "config": OVERRIDES,
-        }
-    )
-    job = JobSpec("job", 1.0, 2, 1, 5.0, "high")
-    steps = int(s.horizon_s / s.serving.demand_step_s) + 2
-    trace = Trace((job,), (), (), {MODEL: (1.0,) * steps})
-    result = simulate(s, "ours", trace, control_config(s))
-    return [_code(k, m) for k, m in result.plan_events if k.startswith(KINDS)]
+    return claim_and_return(OVERRIDES)
 
 
 def test_the_simulator_writes_the_events_the_real_loop_wrote(tmp_path: Path) -> None:
@@ -107,3 +63,19 @@ def test_the_simulator_writes_the_events_the_real_loop_wrote(tmp_path: Path) -> 
     assert ("policy.AdmitJob", "fits") in real
     assert sum(1 for k, _ in real if k == "serve.move.start") == 3  # out once, back twice
     assert sim == real
+
+
+def test_plan_codes_leave_out_the_guard_rails_and_other_kinds() -> None:
+    events = [
+        ("policy.pause", "paused by admin: integration"),
+        ("policy.held", "MoveServeReplicas held, the policy actor is paused: ..."),
+        ("serve.move.start", "sample: 2 cluster -> external: yield_to_training: 2 replica(s)"),
+        ("job.state", "job j: QUEUED -> ADMITTED"),
+        ("policy.AdmitJob", "fits: all 2 workers x 1 GPUs fit now"),
+        ("serve.move.done", "sample: moved 2 in 6.0s"),
+    ]
+    assert plan_codes(events) == [
+        ("serve.move.start", "2 cluster -> external"),
+        ("policy.AdmitJob", "fits"),
+        ("serve.move.done", ""),
+    ]
