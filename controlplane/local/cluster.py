@@ -315,7 +315,11 @@ class LocalCluster:
             (self.temp_dir / "ray_current_cluster").unlink(missing_ok=True)
             # A new node id, as a new head pod has: the GCS marks the old head dead and
             # restarts the detached actors that lived there on this one.
+            # `ray start --head` forces the fake provider's fixed head id while
+            # RAY_FAKE_CLUSTER is set; only the fake provider (in the autoscaler, which this
+            # head runs without) needs that switch.
             node_id = secrets.token_hex(28)
+            env.pop("RAY_FAKE_CLUSTER", None)
             env.update({NODE_ID_ENV: node_id, "RAY_CLOUD_INSTANCE_ID": node_id})
             state["head_node_id"] = node_id
             self._write_state(state)
