@@ -298,14 +298,14 @@ def test_a_node_ray_drains_for_someone_else_has_its_gang_checkpointed_and_is_lef
 
     from controlplane.cli import cli
 
-    runner, args = CliRunner(), [f"state_dir={cfg.state_dir}"]
-    gone = runner.invoke(cli, ["health-clear", node_b[-12:], *args])
+    runner, args = CliRunner(), ["--state-dir", str(cfg.state_dir)]
+    gone = runner.invoke(cli, ["health", "clear", node_b[-12:], *args])
     assert gone.exit_code == 2 and "no node with a health record" in gone.output, gone.output
     (node_c,) = alive_cluster_nodes()
     cleared = wait_for(  # once the controller has judged the new node
         "a health record for the new node",
         lambda: (
-            (r := runner.invoke(cli, ["health-clear", node_c[-12:], *args])).exit_code == 0 and r
+            (r := runner.invoke(cli, ["health", "clear", node_c[-12:], *args])).exit_code == 0 and r
         ),
         60,
     )
