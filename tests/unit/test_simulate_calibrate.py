@@ -102,3 +102,14 @@ def test_rcp_simulate_calibrate_from_a_bad_file_exits_2_naming_it(tmp_path: Path
     )
     assert result.exit_code == 2
     assert "no finished move into the cluster pool" in result.output
+
+
+def test_the_committed_local_measurement_gives_the_documented_figures() -> None:
+    """bench/local-move-events.json (a real claim and return on the local cluster) calibrates
+    to what docs/simulator.md says: 12.7 s replica start, 8.3 s external node start."""
+    root = Path(__file__).resolve().parents[2]
+    c = calibrate(load_events(root / "bench" / "local-move-events.json"))
+    assert (round(c.replica_start_s, 1), round(c.node_start_s, 1)) == (12.7, 8.3)
+    assert round(c.cold_move_s, 1) == 21.0
+    doc = " ".join((root / "docs" / "simulator.md").read_text().split())
+    assert "a replica start of 12.7 s and an external node start of 8.3 s" in doc
