@@ -6,6 +6,7 @@ share or stop each other's processes.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -164,6 +165,145 @@ class Load:
         self._stop.set()
         for t in self._workers:
             t.join(timeout=60)
+
+
+HEAD_LOSS_CLUSTER = (
+    "serve.deploy_app=true",
+    "pools.cluster.num_nodes=2",
+    "pools.cluster.gpus_per_node=2",
+    # No GPUs to move replicas to: admission never claims the serving GPU.
+    "pools.external.gpus_per_node=0",
+    # An ingress replica beside every proxy (the head and both cluster nodes): a request
+    # stays on the node whose proxy it entered (docs/serving.md).
+    "serving.ingress.num_replicas=3",
+    "policy.tick_s=0.5",
+    "jobs.gang_start_timeout_s=300",
+    "jobs.job_signal_poll_s=0.2",
+    "ray.gcs_reconnect_timeout_s=120",
+)
+"""The cluster test_head_loss.py and bench/bench_head_loss.py kill parts of: a 2-GPU gang
+fits one cluster node, the sample model's replica holds a GPU of the other."""
+
+MNISTLIKE = "jobs.examples.train_mnistlike:train_loop"
+"""The example training loop the job modules submit."""
+
+
+def mnistlike_job(
+    name: str, *, steps: int, gpus_per_worker: int, log: Path | None = None, sleep_s: float = 0.5
+) -> dict[str, Any]:
+    """A one-worker job spec running the example loop for `steps` steps of `sleep_s`, rank 0
+    appending a line per step to `log` (if given)."""
+    train_config: dict[str, Any] = {
+        "num_steps": steps,
+        "checkpoint_every": 1000,
+        "step_sleep_s": sleep_s,
+    }
+    if log is not None:
+        train_config["log_path"] = str(log)
+    return {
+        "name": name,
+        "entrypoint": MNISTLIKE,
+        "num_workers": 1,
+        "gpus_per_worker": gpus_per_worker,
+        "runtime_env": {"env_vars": {"RCP_TRAIN_CONFIG": json.dumps(train_config)}},
+    }
+
+
+@dataclass
+class RetryOnceLoad:
+    """Steady clients, a new connection per request (so the kernel spreads them over every
+    proxy), retrying once a request whose connection was refused or reset before an answer.
+    Counts first tries that failed (`unretried_failed`), requests that still failed after the
+    retry (`failed`), and answers that differ from the first one (`wrong`)."""
+
+    url: str
+    threads: int = 3
+    answered: int = 0
+    unretried_failed: int = 0
+    failed: int = 0
+    wrong: int = 0
+    statuses: Counter[int] = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+    expected: Any = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _workers: list[threading.Thread] = field(default_factory=list)
+
+    def _once(self) -> requests.Response:
+        return requests.post(
+            predict_url(self.url), json=GOOD, timeout=30, headers={"Connection": "close"}
+        )
+
+    def _note(self, error: str) -> None:
+        """Keep the first 200 errors (caller holds the lock, or is the only writer)."""
+        if len(self.errors) < 200:
+            self.errors.append(error[:300])
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            time.sleep(0.01)  # also paces a client whose every try is refused at once
+            first_failed = False
+            try:
+                try:
+                    r = self._once()
+                except requests.ConnectionError as exc:  # refused, or reset before an answer
+                    first_failed = True
+                    with self._lock:
+                        self._note(f"first try: {exc!r}")
+                    r = self._once()
+            except requests.RequestException as exc:
+                with self._lock:
+                    self.unretried_failed += 1
+                    self.failed += 1
+                    self._note(f"after retry: {exc!r}")
+                continue
+            with self._lock:
+                self.unretried_failed += int(first_failed or r.status_code != 200)
+                self.statuses[r.status_code] += 1
+                if r.status_code != 200:
+                    self.failed += 1
+                    self._note(f"{r.status_code}: {r.text[:200]}")
+                    continue
+                self.answered += 1
+                body = r.json()
+                outputs = body.get("outputs", body)
+                if self.expected is None:
+                    self.expected = outputs
+                elif outputs != self.expected:
+                    self.wrong += 1
+                    self._note(f"wrong answer: {str(outputs)[:200]}")
+
+    def __enter__(self) -> RetryOnceLoad:
+        self._workers = [
+            threading.Thread(target=self._run, daemon=True) for _ in range(self.threads)
+        ]
+        for t in self._workers:
+            t.start()
+        return self
+
+    def answered_since(self, before: int, at_least: int, timeout_s: float = 60.0) -> int:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self.answered - before >= at_least:
+                    return self.answered - before
+            time.sleep(0.1)
+        return self.answered - before
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._workers:
+            t.join(timeout=60)
+
+    def check(self, what: str, note: str = "") -> None:
+        """Print the counts under `what` (the test's figures), then fail on any wrong answer
+        or any request that failed after its one retry."""
+        print(
+            f"\n{what}: {self.answered} answered, {self.failed} failed after one retry, "
+            f"{self.unretried_failed} failed without a retry{note}"
+        )
+        assert self.wrong == 0, self.errors[:5]
+        assert self.failed == 0, self.errors[:10]
 
 
 class MotoS3:
