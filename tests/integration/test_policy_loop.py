@@ -1,6 +1,10 @@
 """The policy loop end to end (issue 6): training claims the cluster, serving moves to the
 external pool make-before-break with zero failed requests, the gang is admitted, and after
-the job the replicas come back a step at a time and the external pool scales to zero.
+the job the replicas come back a step at a time and the external pool scales to zero; the
+simulator's replay of that claim and return writes the same plan items as the loop recorded
+(issue 17), with the move times measured from the same events. The
+claim starts while an operator has paused the policy actor (issue 15): it waits, with the
+replicas in place and no request failing, until the resume.
 
 Real parts: the embedded cluster (`rcp up`: Ray, the autoscaler with its fake multi-node
 provider, Serve with the production app), the controller actor (API, admission, serving
@@ -24,7 +28,9 @@ from click.testing import CliRunner
 from controlplane.cli import cli
 from controlplane.config import Config
 from controlplane.ray_connection import connect
-from controlplane.sdk import Client
+from controlplane.sdk import Client, Job
+from controlplane.simulate.calibrate import calibrate
+from controlplane.simulate.replay import claim_and_return, plan_codes
 from controlplane.timeline.collect import TimelineInputs
 from controlplane.timeline.draw import PNG_SIGNATURE
 from tests.integration.conftest import (
@@ -69,6 +75,20 @@ def loop_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Con
         cluster.down(echo=lambda _line: None)
 
 
+def submit_gang(client: Client, name: str, train_config: dict[str, object]) -> Job:
+    """The example gang, 2 workers x 1 GPU at high priority: the whole cluster pool."""
+    return client.submit(
+        {
+            "name": name,
+            "entrypoint": EXAMPLE,
+            "num_workers": 2,
+            "gpus_per_worker": 1,
+            "priority_class": "high",
+            "runtime_env": {"env_vars": {"RCP_TRAIN_CONFIG": json.dumps(train_config)}},
+        }
+    )
+
+
 def test_training_claims_the_cluster_and_serving_comes_back(
     loop_cluster: tuple[Config, Client], tmp_path: Path
 ) -> None:
@@ -86,16 +106,28 @@ def test_training_claims_the_cluster_and_serving_comes_back(
     }
     with Load(serve_url, threads=2, max_duration_s=280) as load:
         load.wait_for(20)
-        job = client.submit(
-            {
-                "name": "claims-the-cluster",
-                "entrypoint": EXAMPLE,
-                "num_workers": 2,
-                "gpus_per_worker": 1,
-                "priority_class": "high",
-                "runtime_env": {"env_vars": {"RCP_TRAIN_CONFIG": json.dumps(train_config)}},
-            }
-        )
+        # Issue 15: an operator pauses the policy actor before the gang arrives. The claim it
+        # would make is held (a policy.held event says so), the gang waits, the replicas stay.
+        assert client.pause("integration: hold the claim")["changed"]
+        try:  # the module's later tests need the actor running: resume whatever happens
+            job = submit_gang(client, "claims-the-cluster", train_config)
+            wait_for(
+                "the claim held while paused",
+                lambda: [
+                    e
+                    for e in client.events(limit=2000)
+                    if e["kind"] == "policy.held"
+                    and e["message"].startswith("MoveServeReplicas held")
+                ],
+                60,
+            )
+            assert client.status(job.id).state == "QUEUED"
+            assert pools_of()["cluster"]["running"] == 2
+            assert pools_of()["external"]["target"] == 0
+            assert client.serve_status()["policy"]["paused"] is True
+        finally:
+            resumed = client.resume("integration: let it go")
+        assert resumed["was"]["reason"] == "integration: hold the claim"
         # The replicas leave for the external pool (an external node is added for them)...
         wait_for("replicas on external", lambda: pools_of()["external"]["running"] == 2, 180)
         # ...and only then does the gang get the cluster pool.
@@ -117,6 +149,12 @@ def test_training_claims_the_cluster_and_serving_comes_back(
     served_by = set(load.pools)
     assert {"cluster", "external"} <= served_by  # traffic followed the replicas both ways
 
+    def moves_ended() -> bool:  # the last move back drains its external replica last
+        kinds = [e["kind"] for e in client.events(limit=1000)]
+        ends = kinds.count("serve.move.done") + kinds.count("serve.move.unwound")
+        return kinds.count("serve.move.start") == ends >= 3
+
+    wait_for("every move ended", moves_ended, 60)
     events = client.events(limit=1000)
     kinds = [e["kind"] for e in events]
     assert "serve.move.done" in kinds
@@ -134,6 +172,28 @@ def test_training_claims_the_cluster_and_serving_comes_back(
     assert len(back) == 2, back  # one replica per step
     gap_s = back[1]["at_s"] - back[0]["at_s"]
     assert gap_s >= MIGRATE_BACK_INTERVAL_S - 0.5, gap_s
+
+    # Issue 17: this run's moves measure the local move times, and the simulator's replay of
+    # the same claim and return, with them, writes the plan items the loop recorded here.
+    saved = tmp_path / "local-move-events.json"
+    saved.write_text(json.dumps(events, indent=1))  # bench/local-move-events.json came so
+    measured = calibrate(events)
+    assert measured.replica_start_s > 0, measured
+    placement = cfg.placement
+    replay = claim_and_return(
+        {
+            "pools.external.max_nodes": cfg.pools.external.max_nodes,
+            "pools.external.gpus_per_node": cfg.pools.external.gpus_per_node,
+            "placement.migrate_back_idle_s": placement.migrate_back_idle_s,
+            "placement.migrate_back_step": placement.migrate_back_step,
+            "placement.migrate_back_interval_s": placement.migrate_back_interval_s,
+        },
+        replica_start_s=measured.replica_start_s,
+        provision_s=measured.node_start_s,
+    )
+    real = plan_codes((e["kind"], e["message"]) for e in events)
+    assert ("policy.AdmitJob", "fits") in real
+    assert replay == real, f"{measured.describe()}; events in {saved}"
 
     # No rented GPU stays: the external node goes after its idle timeout.
     from controlplane.inventory import list_nodes
@@ -181,16 +241,7 @@ def test_controller_killed_mid_move_resumes_without_double_scaling_or_errors(
     try:
         with Load(serve_url, threads=2, max_duration_s=280) as load:
             load.wait_for(20)
-            job = client.submit(
-                {
-                    "name": "claims-again",
-                    "entrypoint": EXAMPLE,
-                    "num_workers": 2,
-                    "gpus_per_worker": 1,
-                    "priority_class": "high",
-                    "runtime_env": {"env_vars": {"RCP_TRAIN_CONFIG": json.dumps(train_config)}},
-                }
-            )
+            job = submit_gang(client, "claims-again", train_config)
             wait_for(
                 "a move to start",
                 lambda: any(
