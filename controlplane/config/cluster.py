@@ -147,6 +147,10 @@ class ApiConfig:
     client address limits requests that fail authentication). Past it: 429 with Retry-After."""
     rate_burst: int = 100
     """Requests a user may make at once before `rate_limit_per_s` paces them (bucket size)."""
+    admin_token_file: str = ""
+    """A file that holds the first admin's API token: on KubeRay, Secret ``rcp-api-admin``
+    mounted into the controller's container only. Empty: ``<state_dir>/api-token``, created
+    on first use (``rcp up``)."""
 
 
 @dataclass

@@ -121,6 +121,11 @@ def validate(cfg: Config) -> list[str]:
     errors += at_most(1e6, "api.rate_limit_per_s", cfg.api.rate_limit_per_s, "no limit at all")
     errors += at_least(1, "api.rate_burst", cfg.api.rate_burst, "no request could pass")
     errors += at_most(MAX_BATCH, "api.rate_burst", cfg.api.rate_burst, "no limit at all")
+    if cfg.api.admin_token_file and not cfg.api.admin_token_file.startswith("/"):
+        errors.append(
+            f"api.admin_token_file: must be an absolute path (a mounted Secret), got "
+            f"{cfg.api.admin_token_file!r}"
+        )
     errors += tcp_port("storage.embedded_port", cfg.storage.embedded_port)
     errors += tcp_port("observability.prometheus_port", cfg.observability.prometheus_port)
     errors += at_least(0.5, "observability.scrape_interval_s", cfg.observability.scrape_interval_s)

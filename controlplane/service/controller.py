@@ -48,7 +48,7 @@ from controlplane.service.operations import OperationRefused, Operations
 from controlplane.service.queueing import JobService
 from controlplane.service.retention import Retention
 from controlplane.service.runner import JobRunner, RayJobs
-from controlplane.service.tokens import ensure_token, write_url
+from controlplane.service.tokens import admin_token, write_url
 from controlplane.store import JobRecord, Store, StoreError
 from controlplane.telemetry.manager import inject_fault, verdict_json
 from policies.snapshot import ClusterSnapshot
@@ -287,7 +287,7 @@ def deploy(cfg: Config, timeout_s: float = 120.0) -> str:
 
     if not ray.is_initialized():
         connect(cfg)
-    token = ensure_token(cfg.state_path)
+    token = admin_token(cfg)
     actor_cls: Any = ray.remote(Controller)
     handle: Any = actor_cls.options(
         name=ACTOR_NAME,

@@ -12,8 +12,9 @@ runs in the ``ray-head`` container and cannot read them.
 
 1. stops an ``rcp-controller`` actor left by an older install (one controller per store:
    two would admit the same queue twice), and waits until it is gone;
-2. creates the API token once (`tokens.ensure_token`; the first admin's, made a user when
-   the store has none), builds ``Controller(cfg, token)``,
+2. reads the first admin's API token (`tokens.admin_token`: the file ``api.admin_token_file``
+   names, on KubeRay Secret ``rcp-api-admin``; else ``<state_dir>/api-token``, created once),
+   made a user when the store has none; builds ``Controller(cfg, token)``,
    which starts the API and the control loop (one thread) in this process;
 3. writes the API URL (`tokens.write_url`), then blocks, checking every `check_interval_s`
    that the tick thread lives and the API answers ``/healthz`` (3 misses in a row end it).
@@ -38,7 +39,7 @@ from typing import Any
 
 from controlplane.config import Config, to_dict
 from controlplane.service.controller import Controller, _healthy, get_controller
-from controlplane.service.tokens import ensure_token, write_url
+from controlplane.service.tokens import TokenFileError, admin_token, write_url
 
 __all__ = ["ExitCode", "run_in_process", "stop_leftover_actor"]
 
@@ -60,6 +61,8 @@ class ExitCode(enum.IntEnum):
     """The tick thread or the API thread is gone: restart to rebuild everything."""
     LEFTOVER_ACTOR = 5
     """An ``rcp-controller`` actor would not go away: two controllers must never share a store."""
+    TOKEN = 6
+    """``api.admin_token_file`` is configured but missing, unreadable or too short."""
 
 
 def stop_leftover_actor(
@@ -112,7 +115,11 @@ def run_in_process(
             LEFTOVER_ACTOR_WAIT_S,
         )
         return ExitCode.LEFTOVER_ACTOR
-    token = ensure_token(cfg.state_path)
+    try:
+        token = admin_token(cfg)
+    except TokenFileError as exc:
+        print(f"rcp-controller: cannot start: {exc}", flush=True)
+        return ExitCode.TOKEN
     controller = Controller(to_dict(cfg), token, start=True)
     if controller.store_problem is not None:
         # The message names the file and what to do (StoreError); it holds no credential.

@@ -1,7 +1,8 @@
 """The API's token and URL files under the state dir, and what a token is.
 
 Owns: ``<state_dir>/api-token`` (created once, mode 0600, never logged: the first admin's
-token, see `controlplane.service.identity`) and ``<state_dir>/api-url`` (where the API
+token, see `controlplane.service.identity`; `admin_token` reads ``api.admin_token_file``
+instead where that is set, a mounted Secret on KubeRay) and ``<state_dir>/api-url`` (where the API
 listens), which the SDK and CLI read when no ``RCP_API_TOKEN``/``RCP_API_URL`` is set; making
 a token (`new_token`: 32 random bytes) and the hash the store keeps instead of it
 (`token_hash`: SHA-256, a sound lookup key for 32 random bytes); `bearer_matches`, the
@@ -15,6 +16,7 @@ import hmac
 import secrets
 from pathlib import Path
 
+from controlplane.config import Config
 from controlplane.statefiles import narrow_private, write_private
 
 TOKEN_FILE = "api-token"
@@ -49,6 +51,41 @@ def token_hash(token: str | bytes) -> str:
     the bytes received (aiohttp hands invalid UTF-8 over as surrogate escapes)."""
     raw = token if isinstance(token, bytes) else token.encode("utf-8", "surrogateescape")
     return hashlib.sha256(raw).hexdigest()
+
+
+MIN_TOKEN_CHARS = 32
+"""A token given in a file (`read_token_file`) shorter than this is refused: guessable."""
+
+
+class TokenFileError(Exception):
+    """A configured token file that is missing, unreadable, empty or too short; the message
+    names the file and the fix, never the token."""
+
+
+def read_token_file(path: str | Path) -> str:
+    """The token in `path` (e.g. a mounted Secret), stripped; `TokenFileError` when it cannot
+    be read or is shorter than `MIN_TOKEN_CHARS`."""
+    try:
+        token = Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TokenFileError(
+            f"api.admin_token_file: cannot read {path} ({type(exc).__name__}); mount the "
+            f"Secret that holds the admin's token there (docs/operations.md)"
+        ) from None
+    if len(token) < MIN_TOKEN_CHARS:
+        raise TokenFileError(
+            f"api.admin_token_file: {path} holds {len(token)} characters, fewer than "
+            f"{MIN_TOKEN_CHARS}; put a random token there (e.g. openssl rand -hex 32)"
+        )
+    return token
+
+
+def admin_token(cfg: Config) -> str:
+    """The first admin's API token: from ``api.admin_token_file`` when set (KubeRay: a mounted
+    Secret, `read_token_file`), else ``<state_dir>/api-token``, created on first use."""
+    if cfg.api.admin_token_file:
+        return read_token_file(cfg.api.admin_token_file)
+    return ensure_token(cfg.state_path)
 
 
 def bearer_matches(header: str | None, expected: str) -> bool:

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from controlplane.config import load_config
+from controlplane.config import ConfigError, load_config
 from controlplane.service.run import ExitCode, run_in_process, stop_leftover_actor
+from controlplane.service.tokens import TokenFileError, admin_token
 
 
 class FakeActors:
@@ -80,3 +81,31 @@ def test_a_corrupt_store_exits_non_zero_with_the_store_message(
     out = capsys.readouterr().out
     assert str(cfg.jobs_db_path) in out and "move the file aside" in out
     assert "api-token" not in out
+
+
+def test_the_admin_token_comes_from_the_configured_secret_file(tmp_path: Path) -> None:
+    """On KubeRay the first admin's token is a mounted Secret (api.admin_token_file): read as
+    it is, never written to the state dir; a missing or short file is a clear refusal that
+    names the setting and never shows the token."""
+    secret = tmp_path / "api-admin" / "token"
+    secret.parent.mkdir()
+    secret.write_text("s" * 40 + "\n")
+    cfg = load_config(
+        overrides=[f"state_dir={tmp_path / 'state'}", f"api.admin_token_file={secret}"]
+    )
+    assert admin_token(cfg) == "s" * 40
+    assert not (tmp_path / "state" / "api-token").exists()
+    secret.write_text("short")
+    with pytest.raises(TokenFileError, match=r"api.admin_token_file: .* 5 characters") as exc:
+        admin_token(cfg)
+    assert "short" not in str(exc.value)
+    secret.unlink()
+    with pytest.raises(TokenFileError, match="api.admin_token_file: cannot read"):
+        admin_token(cfg)
+    local = load_config(overrides=[f"state_dir={tmp_path / 'local'}"])
+    assert admin_token(local) == (tmp_path / "local" / "api-token").read_text().strip()
+
+
+def test_a_relative_admin_token_file_is_refused() -> None:
+    with pytest.raises(ConfigError, match="api.admin_token_file: must be an absolute path"):
+        load_config(overrides=["api.admin_token_file=token"])

@@ -449,6 +449,7 @@ def test_no_credential_reaches_a_container_where_ray_runs_code(tmp_path: Path) -
     assert held == {
         f"PVC {state_claim} (job store, API token)",
         f"Secret {ACTUATOR_SECRET}",
+        "Secret rcp-api-admin",
         "the control plane's config",
     }
     # What ray-head and rcp-controller share is Ray's session dir alone (an emptyDir).
@@ -828,23 +829,47 @@ def test_the_actuator_deployment_is_restricted_and_alone() -> None:
 
 
 def test_the_actuator_token_secret_reaches_only_the_controller_container_and_the_actuator() -> None:
+    assert _secret_holders(ACTUATOR_SECRET) == [
+        (ACTUATOR_POD, "kube-actuator"),
+        ("RayCluster/rcp head", CONTROLLER_CONTAINER),
+    ]
+
+
+def _secret_holders(secret: str) -> list[tuple[str, str]]:
+    """(pod, container) of every container that mounts `secret`."""
     holders = []
     for pod in installed_pods():
         volumes = {
             v["name"]
             for v in pod.spec.get("volumes") or []
-            if (v.get("secret") or {}).get("secretName") == ACTUATOR_SECRET
+            if (v.get("secret") or {}).get("secretName") == secret
         }
         for c in _containers(pod.spec):
             if any(m["name"] in volumes for m in c.get("volumeMounts") or []):
                 holders.append((pod.id, c["name"]))
-        assert ACTUATOR_SECRET not in str([c.get("env") for c in _containers(pod.spec)]), (
+        assert secret not in str([c.get("env") for c in _containers(pod.spec)]), (
             f"{pod.id}: the token as an env var would show in the Ray dashboard"
         )
-    assert sorted(holders) == [
-        (ACTUATOR_POD, "kube-actuator"),
-        ("RayCluster/rcp head", CONTROLLER_CONTAINER),
-    ]
+    return sorted(holders)
+
+
+def test_the_admin_api_token_is_a_secret_only_the_controller_container_mounts(
+    tmp_path: Path,
+) -> None:
+    """Issue 15: the first admin's token comes from Secret rcp-api-admin, which no container
+    that runs users' code can read; the config points the controller at its mount."""
+    assert _secret_holders("rcp-api-admin") == [("RayCluster/rcp head", CONTROLLER_CONTAINER)]
+    token_file = rcp_config(tmp_path).api.admin_token_file
+    head = _raycluster().body["spec"]["headGroupSpec"]["template"]["spec"]
+    controller = next(c for c in head["containers"] if c["name"] == CONTROLLER_CONTAINER)
+    volumes = {v["name"]: v for v in head["volumes"]}
+    mount = next(
+        m for m in controller["volumeMounts"] if m["mountPath"] == str(Path(token_file).parent)
+    )
+    assert volumes[mount["name"]]["secret"]["secretName"] == "rcp-api-admin"
+    (example,) = [d for d in load_docs() if d.path.name == "secret-api-admin.example.yaml"]
+    assert example.body["metadata"]["name"] == "rcp-api-admin"
+    assert Path(token_file).name in example.body["stringData"]
 
 
 def test_the_config_points_the_controller_at_the_actuator_service(tmp_path: Path) -> None:
