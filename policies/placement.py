@@ -44,8 +44,11 @@ pool of 8 GPUs; external pool holds 4 GPUs; a queued gang needs 6 GPUs, 2 are fr
 admission claims 4 from serving (``training_claim_gpus=4``). Budget = 6 held - 4 = 2, so the
 model keeps 2 cluster replicas
 and 4 must yield; external has room for 4 -> ``MoveServeReplicas(cluster -> external, 4)``
-and ``RequestExternalCapacity(4)``. If external held only 2 GPUs, 2 would move, and 4 would
-stay on the cluster: the gang waits (min_replicas 2 is met, but nothing else can host them).
+and ``RequestExternalCapacity(4)``. If external held only 2 GPUs, 2 would move and the other
+2 over the budget would not stay: the cluster target falls to 2 (a plain scale-down, reason
+``external_full``), the model runs 4 of the 6 wanted (2 cluster + 2 external, at least
+min_replicas 2) and the claim's 4 GPUs are freed for the gang. With no external room at all
+the model falls to min_replicas: 2 on the cluster, 0 moved.
 Later the gang finishes: the budget is 8 again, room for 4; after ``migrate_back_idle_s``
 (say 60 s) with no queued job, 1 replica per ``migrate_back_interval_s`` (say 30 s) comes
 back: at t=60, 90, 120, 150 s; the external request falls 4 -> 3 -> 2 -> 1 -> 0.

@@ -293,6 +293,7 @@ class OurScheme:
         left = []
         for op in self.ops:
             self.serve.prefer_stop = set(op.node_ids)
+            self.serve.writer = "moves"  # a stop here is the move's BREAK step
             source = self.serve.targets.get((op.model, op.from_pool), 0)
             new, outcome = operations.advance(
                 op, self.serve, now, self.timeout_s, wanted.get(op.model)
@@ -351,7 +352,11 @@ class OurScheme:
                     self._record(LoopEvent.SERVE_SCALE_WAIT, f"{a.model}/{a.pool.value}", None)
                     continue  # the other pool is not ready yet
                 self._record(LoopEvent.SERVE_SCALE, f"{a.model}/{a.pool.value}: {a.reason}", None)
-                self.serve.scale_pool(a.model, a.pool, a.num_replicas)
+                self.serve.writer = "policy"  # a stop here is placement's or demand's choice
+                try:
+                    self.serve.scale_pool(a.model, a.pool, a.num_replicas)
+                finally:
+                    self.serve.writer = "moves"
             elif isinstance(a, SetRouteWeights):
                 if a.model in started or a.model in moving:
                     continue

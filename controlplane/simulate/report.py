@@ -32,9 +32,10 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("queue_delay_mean_h", "queueing delay, mean (h)", "{:.2f}"),
     ("queue_delay_p95_h", "queueing delay, p95 (h)", "{:.2f}"),
     ("shortfall_min", "serving shortfall (model-minutes)", "{:,.1f}"),
-    ("shortfall_moves_min", "  caused by moves", "{:,.1f}"),
-    ("shortfall_failures_min", "  caused by failures", "{:,.1f}"),
-    ("shortfall_scaling_min", "  no room or scaling lag", "{:,.1f}"),
+    ("shortfall_moves_min", "  (a) caused by moves (a move's BREAK)", "{:,.1f}"),
+    ("shortfall_policy_min", "  (b) yielded to training by policy", "{:,.1f}"),
+    ("shortfall_failures_min", "  (c) caused by node failures", "{:,.1f}"),
+    ("shortfall_scaling_min", "  (d) external pool lacks capacity, or lag", "{:,.1f}"),
     ("moves_leaving_serving_short", "  moves whose BREAK left a model short", "{:,.0f}"),
     ("served_fraction", "requests served", "{:.4f}"),
     ("external_gpu_h", "external GPU-hours", "{:,.0f}"),
@@ -138,22 +139,22 @@ def summarise(s: Scenario, results: dict[str, SchemeResult], wall_s: float) -> d
         )
     moves = ours["shortfall_moves_min"]
     breaks = int(ours.get("moves_leaving_serving_short", 0))
-    if breaks:
-        why = (
-            "the move's BREAK step (controlplane/loop/act/operations.py, kept): it stopped "
-            f"replicas and left serving short of demand ({breaks} such moves)"
-        )
-    else:
-        why = (
-            "placement (policies/placement): it stopped replicas demand still needed (a training "
-            "claim with the external pool full shrinks serving toward min_replicas: external_full)"
-        )
+    why = (
+        "the move operations (controlplane/loop/act/operations.py): a move's step stopped "
+        f"replicas demand still needed ({breaks} moves whose BREAK left a model short)"
+    )
+    beside = {
+        "yielded_to_training_by_policy": round(ours.get("shortfall_policy_min", 0.0), 2),
+        "node_failures": round(ours.get("shortfall_failures_min", 0.0), 2),
+        "external_pool_lacks_capacity": round(ours.get("shortfall_scaling_min", 0.0), 2),
+    }
     goals.append(
         {
             "goal": "zero minutes of serving shortfall caused by moves (ours)",
             "value": round(moves, 2),
             "met": moves == 0,
             "at_fault": None if moves == 0 else why,
+            "beside": beside,
         }
     )
     goals.append(
@@ -248,6 +249,9 @@ def table(summary: dict[str, Any]) -> str:
     for g in summary["goals"]:
         mark = "MET" if g["met"] else "NOT MET"
         lines.append(f"[{mark}] {g['goal']}: {g['value']}")
+        if g.get("beside"):
+            other = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in g["beside"].items())
+            lines.append(f"        not moves, beside it (model-minutes): {other}")
         if g["at_fault"]:
             lines.append(f"        at fault: {g['at_fault']}")
     return "\n".join(lines)

@@ -27,7 +27,7 @@ from controlplane.simulate.baselines import SCHEMES
 from controlplane.simulate.engine import EventKind, EventQueue
 from controlplane.simulate.ours import OurScheme
 from controlplane.simulate.scenario import Scenario, control_config
-from controlplane.simulate.serving import SimServe
+from controlplane.simulate.serving import CAUSES, SimServe
 from controlplane.simulate.trace import Trace, make_trace
 from controlplane.simulate.world import JobPhase, JobRun, World
 from policies.snapshot import Pool
@@ -256,10 +256,7 @@ def _figures(s: Scenario, world: World, serve: SimServe, trace: Trace) -> dict[s
         for r in runs
     ]
     t = world.tally
-    short = {
-        c: sum(f.short_s[c] for f in serve.figures.values()) / 60.0
-        for c in ("moves", "failures", "scaling")
-    }
+    short = {c: sum(f.short_s[c] for f in serve.figures.values()) / 60.0 for c in CAUSES}
     demand = sum(f.demand_rps_s for f in serve.figures.values())
     served = sum(f.served_rps_s for f in serve.figures.values())
     ext_gpu_h = t.external_gpu_s * gpu_h
@@ -282,6 +279,7 @@ def _figures(s: Scenario, world: World, serve: SimServe, trace: Trace) -> dict[s
         "restore_gpu_h": sum(r.restore_total_s * r.gpus for r in runs) * gpu_h,
         "shortfall_min": sum(short.values()),
         "shortfall_moves_min": short["moves"],
+        "shortfall_policy_min": short["policy"],
         "shortfall_failures_min": short["failures"],
         "shortfall_scaling_min": short["scaling"],
         "served_fraction": served / demand if demand else 1.0,

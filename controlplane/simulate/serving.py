@@ -11,9 +11,14 @@ STARTING ones first, then ones on nodes a move in flight names (`prefer_stop`), 
 newest. A replica on a node that fails is gone at once, and Serve starts a replacement.
 
 It also keeps the serving figures: per model, seconds in which the RUNNING replicas' capacity
-is below the demand, split by cause: ``moves`` (a replica the scheme stopped while demand
-still needed it, until capacity is back), ``failures`` (a node failure took one), ``scaling``
-(everything else: demand rose faster than replicas start, or the scheme had no room).
+is below the demand, split by the cause of the replica stop that left the model short, read
+from the write that stopped it (`writer`, which the scheme sets before each target write):
+``moves`` (a move's BREAK step, make-before-break; also the default for a scheme's untagged
+write, the baselines' moves and evictions), ``policy`` (a placement or demand scale-down, e.g.
+a training claim shrinking serving toward its floor while the external pool is full: serving
+yielded to training by policy), ``failures`` (a node failure took one), ``scaling`` (no stop
+made it short: the external pool lacks the capacity, or demand rose faster than replicas
+start). The cause holds until capacity is back; a move's stop overrides an earlier cause.
 
 Must not: decide how many replicas a model runs or where (schemes do).
 """
@@ -32,7 +37,8 @@ from policies.snapshot import Pool, ReplicaState, ServeReplica
 __all__ = ["SimServe", "SimReplica"]
 
 POOLS = (Pool.CLUSTER, Pool.EXTERNAL)
-CAUSES = ("moves", "failures", "scaling")
+CAUSES = ("moves", "policy", "failures", "scaling")
+WRITERS = ("moves", "policy")
 
 
 @dataclass
@@ -82,6 +88,9 @@ class SimServe:
         self.figures = {m: ModelFigures() for m in self.gpus}
         self.generation = 0
         self.prefer_stop: set[str] = set()
+        self.writer = "moves"
+        """Who the target writes now come from (one of `WRITERS`): a replica they stop while
+        demand needs it is blamed on it."""
         self.cluster_ok: Callable[[Node], bool] = lambda n: True
         """Which cluster nodes serving may use (a static split's partition)."""
         self._seq = 0
@@ -173,7 +182,7 @@ class SimServe:
                 )
                 for r in order[:extra]:
                     self._stop(r, now)
-                self._mark(model, "moves")
+                self._mark(model, self.writer)
             for _ in range(max(0, -extra)):
                 node = self._place(model, pool)
                 if node is None:

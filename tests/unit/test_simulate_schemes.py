@@ -129,7 +129,7 @@ def test_each_goal_says_whether_it_is_met_and_who_is_at_fault(
     if not met[1]:
         assert "admission" in summary["goals"][1]["at_fault"]
     if not met[2]:
-        assert "placement" in summary["goals"][2]["at_fault"]
+        assert "operations" in summary["goals"][2]["at_fault"]
     text = table(summary)
     assert text.count("NOT MET") == met.count(False)
 
