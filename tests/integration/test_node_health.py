@@ -310,3 +310,65 @@ def test_a_node_ray_drains_for_someone_else_has_its_gang_checkpointed_and_is_lef
         60,
     )
     assert f"node {node_c}: lemon record cleared" in cleared.output, cleared.output
+
+
+def test_more_hot_nodes_than_the_cap_trip_the_breaker_and_an_operator_resets_it(
+    health_cluster: tuple[Config, Client],
+) -> None:
+    """Issue 15's breaker, over the API: every cluster node turns hot at once, more than the
+    cluster pool's cap (one node per window, and the first test's removal is still in it), so
+    the breaker holds them and trips. A researcher may see it but not reset it (403, nothing
+    changes); an operator resets it, and the reset is an audited event naming them."""
+    from click.testing import CliRunner
+
+    from controlplane.cli import cli
+    from controlplane.sdk import Forbidden
+
+    cfg, admin = health_cluster
+    connect(cfg)
+    hot = alive_cluster_nodes() & set(manager.collect_summaries())  # nodes with our agent
+    before = admin.breaker()
+    assert before["removals"] or len(hot) > 1, "needs more hot nodes than the cap allows"
+    operator_token = admin.users_add("oncall-op", "operator").token
+    researcher_token = admin.users_add("rita", "researcher", ["default"]).token
+    assert operator_token and researcher_token
+    operator = Client(admin.url, operator_token)
+    researcher = Client(admin.url, researcher_token)
+    after = max((e["seq"] for e in admin.events(limit=5000)), default=0)
+
+    for node in hot:
+        manager.inject_fault(node, "hot-gpu")
+    try:
+        tripped = wait_for(
+            "the breaker to hold a hot node",
+            lambda: (b := researcher.breaker())["open"] and b["held"] and b,
+            90,
+        )
+        held = set(tripped["held"])
+        assert held <= hot and len(tripped["removals"]) >= 1 and tripped["window_s"] > 0
+        shown = CliRunner().invoke(
+            cli, ["health", "breaker", "--url", admin.url], env={"RCP_API_TOKEN": operator_token}
+        )
+        assert shown.exit_code == 0 and "breaker:  open since" in shown.output, shown.output
+        assert all(n[-12:] in shown.output for n in held), shown.output
+        assert held <= alive_cluster_nodes()  # held: reported, not removed
+
+        with pytest.raises(Forbidden, match="operate"):
+            researcher.reset_breaker("not mine to reset")
+        assert admin.breaker()["open"] is True  # the refusal changed nothing
+
+        reset = operator.reset_breaker("integration: known fleet-wide fault")
+        assert reset["was"]["open"] is True and held <= set(reset["was"]["held"])
+        assert reset["by"] == "oncall-op"
+        events = admin.events(after=after, limit=5000)
+        (done,) = [e for e in events if e["kind"] == "health.breaker_reset"]
+        assert "oncall-op (integration: known fleet-wide fault)" in done["message"]
+        audit = [(e["kind"], e["data"]["user"], e["data"]["status"]) for e in events
+                 if e["kind"] == "audit.health.breaker_reset"]  # fmt: skip
+        assert audit == [
+            ("audit.health.breaker_reset", "rita", 403),
+            ("audit.health.breaker_reset", "oncall-op", 200),
+        ]
+    finally:
+        for node in hot & alive_cluster_nodes():
+            manager.inject_fault(node, "clear")
