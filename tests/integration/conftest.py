@@ -119,10 +119,27 @@ class Load:
     statuses: Counter[int] = field(default_factory=Counter)
     pools: Counter[str] = field(default_factory=Counter)
     retried: int = 0
+    retry_broken_connection: bool = False
+    """Send a request once more, on a new connection, when its connection was refused or
+    reset before an answer (what a client with a connection pool does; issue 18's bar while
+    the node whose proxy it entered goes away). Counted in `connection_retries`."""
+    connection_retries: int = 0
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _workers: list[threading.Thread] = field(default_factory=list)
+
+    def _post(self, session: requests.Session) -> requests.Response:
+        url = predict_url(self.url, self.model)
+        try:
+            return session.post(url, json=self.body, timeout=30)
+        except requests.ConnectionError:
+            if not self.retry_broken_connection:
+                raise
+            with self._lock:
+                self.connection_retries += 1
+            session.close()  # drop the pooled connection to the proxy that went away
+            return session.post(url, json=self.body, timeout=30)
 
     def _run(self) -> None:
         deadline = time.monotonic() + self.max_duration_s
@@ -131,7 +148,7 @@ class Load:
                 if self._stop.is_set() or time.monotonic() > deadline:
                     return
                 try:
-                    r = session.post(predict_url(self.url, self.model), json=self.body, timeout=30)
+                    r = self._post(session)
                 except requests.RequestException as exc:
                     with self._lock:
                         self.errors.append(repr(exc))

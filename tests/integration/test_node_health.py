@@ -12,6 +12,12 @@ the external pool make-before-break with no failed request, the gang checkpoints
 re-queued and resumes from that checkpoint, and once the node holds nothing it is drained and
 removed: the autoscaler replaces it (as KubeRay would) and the gang restarts on the new node.
 Waits are bounded; nothing asserts on wall-clock durations.
+
+Serve runs a proxy on every node (issue 18), the removed node's too, and locally all proxies
+share one port (SO_REUSEPORT): a connection that entered the removed node's proxy breaks with
+it. The load client therefore sends such a request once more on a new connection, as a client
+with a connection pool does (`Load.retry_broken_connection`, counted and printed); no request
+may fail after that one retry, and no request may fail any other way.
 """
 
 from __future__ import annotations
@@ -180,7 +186,13 @@ def test_a_hot_gpu_takes_its_node_out_without_failing_a_request_or_losing_traini
     assert set(store.get(job.id).info["placement"]) == {node_a}
     after = max((e["seq"] for e in client.events(limit=2000)), default=0)
 
-    with Load(serve_url, threads=2, max_requests_per_thread=100_000, max_duration_s=600) as load:
+    with Load(
+        serve_url,
+        threads=2,
+        max_requests_per_thread=100_000,
+        max_duration_s=600,
+        retry_broken_connection=True,  # the removed node's own proxy goes with it (issue 18)
+    ) as load:
         load.wait_for(20)
         manager.inject_fault(node_a, "hot-gpu")
 
@@ -244,6 +256,7 @@ def test_a_hot_gpu_takes_its_node_out_without_failing_a_request_or_losing_traini
                 "ticks_from_hot_streak_to_cordon": ticks_to_cordon,
                 "requests": load.total,
                 "failed_requests": len(load.errors),
+                "connection_retries": load.connection_retries,
                 "checkpoint_step": ckpt_step,
                 "resumed_at_step": resumed_at,
                 "cordon_to_drain_s": round(drained[0]["at_s"] - cordon["at_s"], 1),
@@ -276,7 +289,13 @@ def test_a_node_ray_drains_for_someone_else_has_its_gang_checkpointed_and_is_lef
     job = run_gang(client, "on-a-node-going-away", num_steps=20, log=log)
     after = max((e["seq"] for e in client.events(limit=2000)), default=0)
 
-    with Load(serve_url, threads=2, max_requests_per_thread=100_000, max_duration_s=600) as load:
+    with Load(
+        serve_url,
+        threads=2,
+        max_requests_per_thread=100_000,
+        max_duration_s=600,
+        retry_broken_connection=True,  # the removed node's own proxy goes with it (issue 18)
+    ) as load:
         load.wait_for(20)
         assert RayNodeControl().drain(node_b, "operator maintenance", 600)
         wait_for("the drained node to go", lambda: node_b not in alive_cluster_nodes(), 300)
