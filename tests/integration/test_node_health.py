@@ -166,6 +166,17 @@ def checkpointed_and_resumed(
     return ckpt_step, resumed[0]["start"]
 
 
+def steady_load(serve_url: str) -> Load:
+    """Two clients for as long as a test needs (see the module doc on broken connections)."""
+    return Load(
+        serve_url,
+        threads=2,
+        max_requests_per_thread=100_000,
+        max_duration_s=600,
+        retry_broken_connection=True,
+    )
+
+
 def events_of(client: Client, kind: str, after: int) -> list[dict[str, Any]]:
     return [e for e in client.events(after=after, limit=2000) if e["kind"] == kind]
 
@@ -192,13 +203,7 @@ def test_a_hot_gpu_takes_its_node_out_without_failing_a_request_or_losing_traini
     assert set(store.get(job.id).info["placement"]) == {node_a}
     after = max((e["seq"] for e in client.events(limit=2000)), default=0)
 
-    with Load(
-        serve_url,
-        threads=2,
-        max_requests_per_thread=100_000,
-        max_duration_s=600,
-        retry_broken_connection=True,  # the removed node's own proxy goes with it (issue 18)
-    ) as load:
+    with steady_load(serve_url) as load:
         load.wait_for(20)
         manager.inject_fault(node_a, "hot-gpu")
 
@@ -295,13 +300,7 @@ def test_a_node_ray_drains_for_someone_else_has_its_gang_checkpointed_and_is_lef
     job = run_gang(client, "on-a-node-going-away", num_steps=20, log=log)
     after = max((e["seq"] for e in client.events(limit=2000)), default=0)
 
-    with Load(
-        serve_url,
-        threads=2,
-        max_requests_per_thread=100_000,
-        max_duration_s=600,
-        retry_broken_connection=True,  # the removed node's own proxy goes with it (issue 18)
-    ) as load:
+    with steady_load(serve_url) as load:
         load.wait_for(20)
         assert RayNodeControl().drain(node_b, "operator maintenance", 600)
         wait_for("the drained node to go", lambda: node_b not in alive_cluster_nodes(), 300)
