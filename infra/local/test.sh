@@ -17,19 +17,27 @@ echo "== mypy --strict (the packages in pyproject.toml)"; .venv/bin/mypy
 set +e
 
 log=$(mktemp)
+times=$(mktemp)
 status=0
 run() {
   echo "== pytest $*"
+  local start=$SECONDS
   .venv/bin/python -m pytest -p no:cacheprovider "$@" 2>&1 | tee -a "$log"
   local rc=${PIPESTATUS[0]}
   if [ "$rc" -ne 0 ]; then status=1; fi
+  printf '%6d s  rc=%d  %s\n' "$((SECONDS - start))" "$rc" "$1" >>"$times"
 }
 run tests/unit "${@}"
 for module in tests/integration/test_*.py; do
   run "$module" "${@}"
 done
-sum() { grep -oE "[0-9]+ $1" "$log" | awk '{s+=$1} END {print s+0}'; }
+# Count from pytest's own closing lines ("==== 3 passed, 1 failed in 12.3s ===="), not from
+# whatever the tests print (a load client's "0 failed" is not a failed test).
+sum() {
+  grep -E '^=+ .* in [0-9.]+s' "$log" | grep -oE "[0-9]+ $1" | awk '{s+=$1} END {print s+0}'
+}
 passed=$(sum passed); failed=$(sum failed); errors=$(sum error); skipped=$(sum skipped)
-rm -f "$log"
+echo "== seconds per pytest run"; cat "$times"
+rm -f "$log" "$times"
 echo "tests: $passed passed, $((failed + errors)) failed, $skipped skipped"
 exit "$status"
