@@ -50,6 +50,14 @@ class ModelConfig:
     """Fewest replicas across both pools; the demand policy never goes below it."""
     max_replicas: int = 4
     """Most replicas across both pools."""
+    min_cluster_replicas: int = 0
+    """Replicas a training claim never moves off the owned ``cluster`` pool (at most
+    ``max_replicas``): a gang that would need them waits, and its reason names the model.
+    ``min_replicas`` stays the floor across both pools."""
+    priority: str | None = None
+    """Priority class, one of ``jobs.priority_classes`` (the classes training jobs use); null
+    means the lowest class. When training claims the cluster pool, replicas of the
+    lowest-priority model move out first and come back last."""
     initial_pool: str = "cluster"
     """Pool that receives the ``min_replicas`` when the app is first deployed."""
     max_ongoing_requests: int = 8
@@ -148,6 +156,12 @@ def validate_serving(cfg: ServingConfig, prefix: str = "serving") -> list[str]:
             errors.append(
                 f"{p}.max_replicas: must be >= {p}.min_replicas ({m.min_replicas}), "
                 f"got {m.max_replicas}"
+            )
+        _check_min(errors, f"{p}.min_cluster_replicas", m.min_cluster_replicas, 0)
+        if m.min_cluster_replicas > m.max_replicas:
+            errors.append(
+                f"{p}.min_cluster_replicas: must be <= {p}.max_replicas ({m.max_replicas}), "
+                f"got {m.min_cluster_replicas}"
             )
         if m.initial_pool not in POOLS:
             errors.append(f"{p}.initial_pool: must be one of {list(POOLS)}, got {m.initial_pool!r}")

@@ -151,6 +151,12 @@ def validate(cfg: Config) -> list[str]:
     errors += _validate_telemetry(cfg.telemetry)
     errors += _validate_health(cfg.health)
     errors += validate_serving(cfg.serving, prefix="serving")
+    for i, m in enumerate(cfg.serving.models):
+        if m.priority is not None and m.priority not in cfg.jobs.priority_classes:
+            errors.append(
+                f"serving.models[{i}].priority: {m.priority!r} is not one of "
+                f"jobs.priority_classes ({', '.join(cfg.jobs.priority_classes)})"
+            )
     errors += at_least(0, "placement.migrate_back_idle_s", cfg.placement.migrate_back_idle_s)
     errors += at_least(1, "placement.migrate_back_step", cfg.placement.migrate_back_step)
     errors += at_least(

@@ -86,6 +86,15 @@ def test_bad_values_name_the_key_and_reason(overrides: list[str], key: str, reas
     assert reason in str(err.value)
 
 
+def test_a_model_priority_must_be_a_job_priority_class(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("serving:\n  models:\n    - name: ranker\n      priority: urgent\n")
+    with pytest.raises(ConfigError, match=r"serving\.models\[0\]\.priority: 'urgent' is not one"):
+        load_config(f)
+    f.write_text("serving:\n  models:\n    - name: ranker\n      priority: high\n")
+    assert load_config(f).serving.models[0].priority == "high"
+
+
 def test_bad_values_in_a_file_name_the_key(tmp_path: Path) -> None:
     f = tmp_path / "c.yaml"
     f.write_text("pools:\n  external:\n    max_nodes: -1\n")

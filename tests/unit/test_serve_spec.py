@@ -179,6 +179,16 @@ def test_desired_state_rejects_bad_changes(change: Any, error: str) -> None:
             id="max-below-min",
         ),
         pytest.param(
+            lambda c: setattr(c.models[0], "min_cluster_replicas", 5),
+            "serving.models[0].min_cluster_replicas: must be <= serving.models[0].max_replicas",
+            id="cluster-floor-above-max",
+        ),
+        pytest.param(
+            lambda c: setattr(c.models[0], "min_cluster_replicas", -1),
+            "serving.models[0].min_cluster_replicas: must be >= 0",
+            id="negative-cluster-floor",
+        ),
+        pytest.param(
             lambda c: setattr(c.models[0], "name", "Bad-Name"),
             "serving.models[0].name",
             id="bad-name",
