@@ -12,7 +12,7 @@ section cannot hold as is:
 - `placement_config`: ``placement`` plus ``external_max_gpus``, derived from the external
   pool (``max_nodes x gpus_per_node``);
 - `demand_config`: one ``serving.models[]`` entry, whose keys are the serving plane's
-  (``target_ongoing_requests``), as the demand policy's `DemandConfig`;
+  (``target_ongoing_requests``, ``slo_p99_ms``), as the demand policy's `DemandConfig`;
 - `restart_limits`: a job's ``max_restarts`` (its spec) with the ``jobs`` section's restart
   backoff, as the restart policy's `RestartLimits`.
 
@@ -66,6 +66,7 @@ def demand_config(model: ModelConfig) -> DemandConfig:
         max_replicas=model.max_replicas,
         upscale_delay_s=model.upscale_delay_s,
         downscale_delay_s=model.downscale_delay_s,
+        target_p99_ms=model.slo_p99_ms,
     )
 
 

@@ -92,6 +92,19 @@ class BackendReplica:
         self.pool = pool
         self._model: Model = load_model_class(import_path)(**dict(init_kwargs))
 
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Serve calls this at start and on every change of `ModelConfig.user_config`; the
+        model's own ``reconfigure`` gets it (a model without one accepts only ``{}``)."""
+        settings = dict(user_config or {})
+        reconfigure = getattr(self._model, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(settings)
+        elif settings:
+            raise ValueError(
+                f"model {self.name!r}: user_config {sorted(settings)} given, but its class has "
+                "no reconfigure(user_config) method"
+            )
+
     def predict(self, payload: dict[str, Any], request_id: str = "") -> PredictEnvelope:
         rid = request_id or "unknown"
         try:

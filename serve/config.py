@@ -12,6 +12,7 @@ forbids it). The control plane loads and merges the YAML; this module only descr
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -68,6 +69,16 @@ class ModelConfig:
     """Demand must ask for more replicas this long before the policy adds them."""
     downscale_delay_s: float = 60.0
     """Demand must ask for fewer replicas this long before the policy removes them."""
+    slo_p99_ms: float | None = None
+    """Latency goal: the model's p99 over both pools' backends, in ms, measured from Serve's
+    own processing-latency histogram. Above it the demand policy adds replicas (after
+    ``upscale_delay_s``); between half of it and it, latency holds the count; null: replicas
+    follow ongoing requests alone (docs/serving.md, "Latency-aware scaling")."""
+    user_config: dict[str, Any] = field(default_factory=dict)
+    """Settings handed to the model's ``reconfigure(user_config)`` when a replica starts and
+    whenever they change, without restarting it (Serve's ``user_config``); the model class
+    must have ``reconfigure`` when this is not empty. The sample model takes
+    ``{"extra_latency_ms": N}`` (a slow backend, for latency tests)."""
     graceful_shutdown_timeout_s: float = 20.0
     """A stopping replica gets this long to finish in-flight requests."""
 
@@ -78,9 +89,18 @@ class IngressConfig:
     the head and the owned cluster nodes (never rented external nodes)."""
 
     num_replicas: int = 2
-    """Ingress replicas, spread over the head and the cluster nodes; each applies the same
-    route weights. Two or more keep an ingress running while a node is lost; one per such
-    node keeps every request on the node whose proxy it entered (docs/serving.md)."""
+    """The fewest ingress replicas, spread over the head and the cluster nodes; each applies
+    the same route weights. Two or more keep an ingress running while a node is lost; one per
+    such node keeps every request on the node whose proxy it entered (docs/serving.md). The
+    control loop adds replicas as the request rate asks (`policies.ingress`)."""
+    max_replicas: int = 8
+    """The most ingress replicas the control loop scales to."""
+    target_utilization: float = 0.5
+    """Share of one core each ingress replica is sized for: the loop runs
+    ``ceil(cores the ingress uses / target_utilization)`` replicas (headroom for bursts)."""
+    downscale_delay_s: float = 60.0
+    """The request rate must ask for fewer ingress replicas this long before one is removed
+    (a scale-up is at once)."""
     num_cpus: float = 0.25
     """Logical CPUs per ingress replica."""
     max_ongoing_requests: int = 1000
@@ -118,6 +138,19 @@ def _check_min(errors: list[str], path: str, value: float, minimum: float) -> No
         errors.append(f"{path}: must be >= {minimum:g}, got {value!r}")
 
 
+MAX_SLO_P99_MS = 600_000.0
+"""The largest latency goal accepted (10 minutes): anything longer is a typo."""
+
+
+def _check_slo(errors: list[str], path: str, value: float | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        errors.append(f"{path}: must be a number of milliseconds or null, got {value!r}")
+    elif not math.isfinite(value) or not 0 < value <= MAX_SLO_P99_MS:
+        errors.append(f"{path}: must be > 0 and <= {MAX_SLO_P99_MS:g} ms, got {value!r}")
+
+
 def validate_serving(cfg: ServingConfig, prefix: str = "serving") -> list[str]:
     """Every impossible value in `cfg`, one message each, naming the key's full path."""
     errors: list[str] = []
@@ -126,6 +159,13 @@ def validate_serving(cfg: ServingConfig, prefix: str = "serving") -> list[str]:
     _check_min(errors, f"{prefix}.ready_timeout_s", cfg.ready_timeout_s, 1)
     ing = cfg.ingress
     _check_min(errors, f"{prefix}.ingress.num_replicas", ing.num_replicas, 1)
+    _check_min(errors, f"{prefix}.ingress.max_replicas", ing.max_replicas, ing.num_replicas)
+    if not 0 < ing.target_utilization <= 1:
+        errors.append(
+            f"{prefix}.ingress.target_utilization: must be > 0 and <= 1, "
+            f"got {ing.target_utilization!r}"
+        )
+    _check_min(errors, f"{prefix}.ingress.downscale_delay_s", ing.downscale_delay_s, 0)
     _check_min(errors, f"{prefix}.ingress.num_cpus", ing.num_cpus, 0)
     _check_min(errors, f"{prefix}.ingress.max_ongoing_requests", ing.max_ongoing_requests, 1)
     _check_min(errors, f"{prefix}.ingress.max_body_bytes", ing.max_body_bytes, 1)
@@ -169,6 +209,7 @@ def validate_serving(cfg: ServingConfig, prefix: str = "serving") -> list[str]:
         _check_min(errors, f"{p}.target_ongoing_requests", m.target_ongoing_requests, 0.01)
         _check_min(errors, f"{p}.upscale_delay_s", m.upscale_delay_s, 0)
         _check_min(errors, f"{p}.downscale_delay_s", m.downscale_delay_s, 0)
+        _check_slo(errors, f"{p}.slo_p99_ms", m.slo_p99_ms)
         _check_min(errors, f"{p}.graceful_shutdown_timeout_s", m.graceful_shutdown_timeout_s, 0)
     return errors
 

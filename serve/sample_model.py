@@ -10,7 +10,8 @@ Request body: ``{"inputs": [[x_0, ..., x_{n-1}], ...]}`` with 1..`max_batch` row
 
 A slow backend, for latency tests: ``init_kwargs: {extra_latency_ms: 200}`` makes every valid
 request take that much longer (a sleep after the answer is computed; a bad request is refused
-at once).
+at once). ``user_config: {extra_latency_ms: 200}`` sets the same on running replicas
+(`reconfigure`, no restart): how a test slows the backend down and speeds it up again.
 
 Must not: touch Ray or Serve; it is a plain class the backend deployment wraps.
 """
@@ -39,11 +40,7 @@ class SampleModel:
         torch_threads: int = 1,
         extra_latency_ms: float = 0.0,
     ) -> None:
-        if not 0 <= extra_latency_ms <= 60_000:
-            raise ValueError(
-                f"init_kwargs.extra_latency_ms: must be between 0 and 60000, got {extra_latency_ms}"
-            )
-        self.extra_latency_s = extra_latency_ms / 1000.0
+        self.extra_latency_s = _latency_s("init_kwargs.extra_latency_ms", extra_latency_ms)
         torch.set_num_threads(max(1, int(torch_threads)))
         gen = torch.Generator().manual_seed(seed)
         self.num_features = num_features
@@ -59,6 +56,15 @@ class SampleModel:
         with torch.no_grad():
             for p in self.net.parameters():
                 p.copy_(torch.randn(p.shape, generator=gen) * (1.0 / math.sqrt(p.shape[-1])))
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Apply ``user_config`` (only ``extra_latency_ms``; {} changes nothing)."""
+        unknown = sorted(set(user_config) - {"extra_latency_ms"})
+        if unknown:
+            raise ValueError(f"user_config.{unknown[0]}: unknown key (known: extra_latency_ms)")
+        if "extra_latency_ms" in user_config:
+            value = user_config["extra_latency_ms"]
+            self.extra_latency_s = _latency_s("user_config.extra_latency_ms", value)
 
     def _tensor(self, payload: dict[str, Any]) -> torch.Tensor:
         rows = payload.get("inputs")
@@ -84,3 +90,15 @@ class SampleModel:
             "outputs": [[round(float(p), 6) for p in row] for row in probs],
             "labels": [int(i) for i in probs.argmax(dim=-1)],
         }
+
+
+def _latency_s(key: str, value: object) -> float:
+    """`value` ms as seconds; ValueError naming `key` unless a finite number in 0..60000."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not 0 <= value <= 60_000
+    ):
+        raise ValueError(f"{key}: must be a number between 0 and 60000, got {value!r}")
+    return float(value) / 1000.0

@@ -4,7 +4,8 @@ Owns: `DesiredState` (replica target per (model, pool), route weights per model,
 generation of the route table, the serving config) and the two pure translations between it
 and Serve's declarative application configs:
 
-* `build_app_configs(state)`: one ingress app (route weights in its ``user_config``) and one
+* `build_app_configs(state)`: one ingress app (route weights in its ``user_config``, its
+  replica count the one the control loop scaled it to) and one
   backend app per (model, pool) whose target is above zero. A pool at zero has no app: Serve
   refuses ``num_replicas=0`` for a static deployment, so that pool's app is removed and
   re-created later; the other pool's app keeps its config, so its replicas are untouched.
@@ -103,7 +104,8 @@ class DeploymentConfig(_DeploymentConfigRequired, total=False):
     """One deployment of an `AppConfig` (Serve's ``DeploymentSchema`` fields we set)."""
 
     graceful_shutdown_timeout_s: float
-    user_config: IngressUserConfig
+    user_config: IngressUserConfig | dict[str, Any]
+    """The ingress's route table, or a backend's `ModelConfig.user_config`."""
 
 
 class BackendArgs(TypedDict):
@@ -158,6 +160,20 @@ class DesiredState:
     generation: int = 0
     """Increases with every route-table change, so a caller can see that ingress replicas
     applied it."""
+    ingress_replicas: int | None = None
+    """The ingress deployment's replica count, as the control loop scaled it with the
+    request rate; None: ``serving.ingress.num_replicas``."""
+
+    @property
+    def ingress_target(self) -> int:
+        """The ingress replicas to run: the scaled count, never below the configured floor."""
+        floor = self.serving.ingress.num_replicas
+        return max(floor, self.ingress_replicas if self.ingress_replicas is not None else floor)
+
+    def with_ingress_replicas(self, num_replicas: int) -> DesiredState:
+        if num_replicas < 1:
+            raise ValueError(f"the ingress needs at least 1 replica, got {num_replicas}")
+        return dataclasses.replace(self, ingress_replicas=num_replicas)
 
     def target(self, model: str, pool: str) -> int:
         return int(self.targets.get((model, pool), 0))
@@ -237,6 +253,8 @@ def _backend_app(
                 "num_replicas": num_replicas,
                 "max_ongoing_requests": model.max_ongoing_requests,
                 "graceful_shutdown_timeout_s": model.graceful_shutdown_timeout_s,
+                # Not in args: a change reconfigures the running replicas, no restart.
+                "user_config": dict(model.user_config),
                 "ray_actor_options": {
                     "num_cpus": model.num_cpus,
                     "num_gpus": model.num_gpus,
@@ -260,7 +278,7 @@ def build_app_configs(state: DesiredState) -> list[AppConfig]:
             "deployments": [
                 {
                     "name": INGRESS_DEPLOYMENT,
-                    "num_replicas": ing.num_replicas,
+                    "num_replicas": state.ingress_target,
                     "max_ongoing_requests": ing.max_ongoing_requests,
                     # On the head and the owned cluster nodes (INGRESS_POOLS), spread over
                     # them by Serve's default SPREAD scheduling (docs/serving.md).
@@ -291,9 +309,12 @@ def desired_from_app_configs(configs: Mapping[str, Mapping[str, Any]]) -> Desire
         return None
     deployments = ingress.get("deployments") or []
     user_config: Mapping[str, Any] = {}
+    ingress_replicas: int | None = None
     for d in deployments:
         if d.get("name") == INGRESS_DEPLOYMENT:
             user_config = d.get("user_config") or {}
+            if "num_replicas" in d:
+                ingress_replicas = int(d["num_replicas"])
     if "serving" not in user_config:
         return None
     serving = serving_from_dict(dict(user_config["serving"]))
@@ -314,6 +335,7 @@ def desired_from_app_configs(configs: Mapping[str, Mapping[str, Any]]) -> Desire
         targets=targets,
         weights=weights,
         generation=int(user_config.get("generation", 0)),
+        ingress_replicas=ingress_replicas,
     )
 
 

@@ -136,6 +136,9 @@ def test_the_adapters_rebuild_the_policy_defaults_unchanged() -> None:
     demand = demand_config(model)
     assert (demand.min_replicas, demand.max_replicas) == (model.min_replicas, model.max_replicas)
     assert demand.target_ongoing_requests_per_replica == model.target_ongoing_requests
+    assert demand.target_p99_ms is None and model.slo_p99_ms is None
+    model.slo_p99_ms = 250.0
+    assert demand_config(model).target_p99_ms == 250.0
     j = cfg.jobs
     assert restart_limits(cfg, 3) == RestartLimits(
         3, j.restart_backoff_initial_s, j.restart_backoff_max_s

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from serve.backend import BackendReplica
 from serve.sample_model import SampleModel
 
 
@@ -72,3 +73,53 @@ def test_the_slow_backend_knob(
 def test_the_slow_backend_knob_is_bounded(extra_latency_ms: float) -> None:
     with pytest.raises(ValueError, match="init_kwargs.extra_latency_ms"):
         SampleModel(num_features=4, extra_latency_ms=extra_latency_ms)
+
+
+def test_the_slow_backend_knob_changes_at_run_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``user_config`` (Serve's reconfigure) slows a running model down and speeds it up."""
+    calls: list[float] = []
+    monkeypatch.setattr("serve.sample_model.time.sleep", calls.append)
+    m = SampleModel(num_features=4, hidden=8, num_classes=3)
+    m.reconfigure({"extra_latency_ms": 120})
+    m.predict({"inputs": [[1, 2, 3, 4]]})
+    m.reconfigure({})  # nothing said: unchanged
+    m.predict({"inputs": [[1, 2, 3, 4]]})
+    m.reconfigure({"extra_latency_ms": 0})
+    m.predict({"inputs": [[1, 2, 3, 4]]})
+    assert calls == [0.12, 0.12]
+
+
+@pytest.mark.parametrize(
+    ("user_config", "message"),
+    [
+        pytest.param({"extra_latency_ms": -5}, "user_config.extra_latency_ms", id="negative"),
+        pytest.param({"extra_latency_ms": float("nan")}, "user_config.extra_latency_ms", id="nan"),
+        pytest.param({"extra_latency_ms": "slow"}, "user_config.extra_latency_ms", id="string"),
+        pytest.param({"latency": 5}, "user_config.latency: unknown key", id="unknown-key"),
+    ],
+)
+def test_the_run_time_knob_rejects_bad_values(
+    model: SampleModel, user_config: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        model.reconfigure(user_config)
+
+
+class PlainModel:
+    """A model class without ``reconfigure``."""
+
+    def predict(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+
+def test_the_backend_hands_user_config_to_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[float] = []
+    monkeypatch.setattr("serve.sample_model.time.sleep", calls.append)
+    backend = BackendReplica("sample", "serve.sample_model:SampleModel", {}, "cluster")
+    backend.reconfigure({"extra_latency_ms": 50})
+    assert backend.predict({"inputs": [[0.0] * 16]})["status"] == 200
+    assert calls == [0.05]
+    plain = BackendReplica("plain", f"{__name__}:PlainModel", {}, "cluster")
+    plain.reconfigure({})  # what Serve hands a model with no user_config: accepted
+    with pytest.raises(ValueError, match="'plain': user_config \\['k'\\] given, but its class"):
+        plain.reconfigure({"k": 1})

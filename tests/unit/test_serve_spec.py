@@ -72,6 +72,21 @@ def test_backend_app_pins_pool_and_carries_target() -> None:
     }
     assert app["route_prefix"] is None
     assert "autoscaling_config" not in dep
+    assert dep["user_config"] == {}
+
+
+def test_a_models_user_config_is_a_lightweight_update() -> None:
+    """`ModelConfig.user_config` reaches the backend as Serve's user_config, never its args:
+    changing it reconfigures the running replicas instead of restarting them."""
+    slow = make_serving()
+    slow.models[0].user_config = {"extra_latency_ms": 200}
+    targets = {("sample", "cluster"): 2}
+    before = by_name(build_app_configs(DesiredState(serving=make_serving(), targets=targets)))
+    after = by_name(build_app_configs(DesiredState(serving=slow, targets=targets)))
+    app = "rcp-sample-cluster"
+    assert after[app]["args"] == before[app]["args"]
+    assert after[app]["deployments"][0]["user_config"] == {"extra_latency_ms": 200}
+    assert validate_serving(slow) == []
 
 
 def test_ingress_runs_on_the_head_and_cluster_nodes_never_external() -> None:
@@ -212,6 +227,31 @@ def test_desired_state_rejects_bad_changes(change: Any, error: str) -> None:
             id="zero-body-limit",
         ),
         pytest.param(lambda c: setattr(c, "models", []), "serving.models", id="no-models"),
+        pytest.param(
+            lambda c: setattr(c.models[0], "slo_p99_ms", 0.0),
+            "serving.models[0].slo_p99_ms: must be > 0",
+            id="zero-slo",
+        ),
+        pytest.param(
+            lambda c: setattr(c.models[0], "slo_p99_ms", float("nan")),
+            "serving.models[0].slo_p99_ms: must be > 0",
+            id="nan-slo",
+        ),
+        pytest.param(
+            lambda c: setattr(c.models[0], "slo_p99_ms", float("inf")),
+            "serving.models[0].slo_p99_ms: must be > 0",
+            id="infinite-slo",
+        ),
+        pytest.param(
+            lambda c: setattr(c.models[0], "slo_p99_ms", 600_001.0),
+            "serving.models[0].slo_p99_ms: must be > 0 and <= 600000 ms",
+            id="slo-above-bound",
+        ),
+        pytest.param(
+            lambda c: setattr(c.models[0], "slo_p99_ms", "fast"),
+            "serving.models[0].slo_p99_ms: must be a number",
+            id="slo-not-a-number",
+        ),
     ],
 )
 def test_validate_serving_names_the_key(mutate: Any, key: str) -> None:
