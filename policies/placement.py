@@ -11,8 +11,16 @@ Rules, in order:
 1. **Serving budget on the cluster pool** = GPUs of healthy ``cluster`` nodes minus GPUs held
    by running training gangs; while the admission policy claims ``training_claim_gpus`` for
    an admissible gang (GPUs serving must hand back), it is instead what serving's replicas
-   hold there now minus the claim.
-2. **Keep**: models in name order keep as many of their cluster replicas as the budget holds.
+   hold there now minus the claim. Serving-only nodes (health found their fabric bad, not
+   their GPUs) are serving's: admission never claims their replicas, which always count.
+2. **Keep**: first each model's floor, ``min_cluster_replicas`` of the replicas it runs there
+   (whatever a claim asks: admission never claims them; only capacity health takes out
+   can); then models in keep order, the reverse of `policies.model_classes.yield_key`
+   (highest priority first; within a priority, a model whose SLO is at risk first; then by
+   name), keep as many of their cluster replicas as the rest of the budget holds. So the
+   lowest-priority model yields first, and only as many replicas as the claim needs (a
+   partial yield across models). A model a claim names (admission's `MoveServeReplicas`,
+   chosen in the same order, by node) yields at least what the claim takes of it.
 3. **Yield to training**: replicas over the budget move to ``external`` (one
    `MoveServeReplicas` per model, make-before-break in the actuator) as far as the external
    pool's capacity allows. The budget also shrinks when health takes a cluster node out; a
@@ -22,11 +30,16 @@ Rules, in order:
    stay at ``min_replicas`` — serving never drops below its guaranteed minimum — and the
    plan says so in the move's reason.
 4. **Grow**: new replicas (total wanted above what runs) go to the cluster pool when it has
-   room and no queued training waits; otherwise to ``external``.
+   room and no queued training waits; otherwise to ``external``. Training that waits only
+   counts while a node it may use has a free GPU: when the cluster pool's free GPUs are all
+   on serving-only nodes (fabric faults, ``NodeView.serving_only``), new replicas can land
+   only there, and go there before the external pool is rented.
 5. **Come back gradually**: external replicas return to the cluster pool only after it has had
-   room for at least one replica, with no queued training, for ``migrate_back_idle_s``
+   room for at least one replica, with no queued training (as in rule 4: none that a free
+   GPU could serve; so replicas come back onto serving-only nodes while a gang waits), for
+   ``migrate_back_idle_s``
    without a break; then at most ``migrate_back_step`` replicas per
-   ``migrate_back_interval_s``. A job arriving resets the timer (hysteresis: a job finishing
+   ``migrate_back_interval_s``, in keep order (highest priority back first). A job arriving resets the timer (hysteresis: a job finishing
    and another arriving does not make replicas flap).
 6. **External capacity** asked of the autoscaler = GPUs of the external replicas wanted;
    emitted only when it changes. Asking for 0 lets the autoscaler remove idle nodes.
@@ -52,6 +65,14 @@ the model falls to min_replicas: 2 on the cluster, 0 moved.
 Later the gang finishes: the budget is 8 again, room for 4; after ``migrate_back_idle_s``
 (say 60 s) with no queued job, 1 replica per ``migrate_back_interval_s`` (say 30 s) comes
 back: at t=60, 90, 120, 150 s; the external request falls 4 -> 3 -> 2 -> 1 -> 0.
+
+Two models: ``ranker`` (priority high = 100, ``min_cluster_replicas`` 2) and ``batch`` (low
+= 0), 4 replicas each on the cluster pool of 8 GPUs, and a claim of 5 GPUs. Floors: ranker
+keeps 2; the budget beyond them is 8 - 5 - 2 = 1: ranker (first in keep order) keeps 1 more,
+batch none. So batch moves 4 and ranker 1 (3 stay). A claim of 7 would need ranker's floor:
+admission does not make it; the gang waits, "serving-floor: ... model 'ranker' keeps 2
+replica(s) on the cluster pool (min_cluster_replicas)". When the gang ends, ranker's
+replica comes back first, then batch's, one per step.
 """
 
 from __future__ import annotations
@@ -60,6 +81,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
+from policies.model_classes import ModelClass, yield_key
 from policies.plan import Action, MoveServeReplicas, RequestExternalCapacity, SetRouteWeights
 from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
 
@@ -95,12 +117,23 @@ class ModelDemand:
     num_replicas: int
     min_replicas: int
     gpus_per_replica: int
+    priority: int = 0
+    """The value of the model's priority class (`policies.model_classes`)."""
+    min_cluster_replicas: int = 0
+    """Cluster-pool replicas a training claim never moves (rule 2)."""
+    slo_at_risk: bool = False
+    """The model's measured p99 is over its SLO: it yields last within its class. The caller
+    sets it from the p99 it measures (``False`` while it measures none)."""
 
     def __post_init__(self) -> None:
-        if self.num_replicas < 0 or self.min_replicas < 0:
+        if self.num_replicas < 0 or self.min_replicas < 0 or self.min_cluster_replicas < 0:
             raise ValueError(f"{self.model}: replica counts must be >= 0")
         if self.gpus_per_replica < 1:
             raise ValueError(f"{self.model}: gpus_per_replica must be >= 1")
+
+    @property
+    def model_class(self) -> ModelClass:
+        return ModelClass(self.priority, self.min_cluster_replicas, self.slo_at_risk)
 
 
 @dataclass(kw_only=True)
@@ -170,7 +203,9 @@ def _serving_budget_gpus(snapshot: ClusterSnapshot, training_claim_gpus: int) ->
 
     Without a claim: every healthy cluster GPU no training gang holds. With a claim (the
     admission policy asks serving to hand back `training_claim_gpus` of the GPUs its
-    replicas hold): what serving holds there now, less the claim.
+    replicas hold on the nodes gangs may use): what serving holds there now, less the
+    claim, plus what its replicas hold on serving-only nodes (``NodeView.serving_only``),
+    which are serving's whatever training claims: those replicas stay.
     """
     live = {n.node_id for n in snapshot.live_nodes(Pool.CLUSTER)}
     held = sum(
@@ -182,12 +217,26 @@ def _serving_budget_gpus(snapshot: ClusterSnapshot, training_claim_gpus: int) ->
     available = max(0, snapshot.live_gpus_total(Pool.CLUSTER) - held)
     if training_claim_gpus <= 0:
         return available
-    serving_held = sum(
-        r.gpus
-        for r in snapshot.serve_replicas
-        if r.node_id in live and r.state in (ReplicaState.RUNNING, ReplicaState.STARTING)
+    gang_ids = {n.node_id for n in snapshot.gang_nodes(Pool.CLUSTER)}
+    serving_held = {True: 0, False: 0}  # on a gang node?
+    for r in snapshot.serve_replicas:
+        if r.node_id in live and r.state in (ReplicaState.RUNNING, ReplicaState.STARTING):
+            serving_held[r.node_id in gang_ids] += r.gpus
+    on_gang_nodes = max(0, min(available, serving_held[True]) - training_claim_gpus)
+    return min(available, on_gang_nodes + serving_held[False])
+
+
+def _training_could_use_room(snapshot: ClusterSnapshot) -> bool:
+    """Whether queued training waits (not backing off) and a node it may use has a free GPU.
+
+    When every free cluster GPU is on serving-only nodes, a replica started on the cluster
+    pool can only land there, on GPUs no gang may use: growth and the way back (rules 4
+    and 5) then go on while training waits.
+    """
+    waiting = any(
+        job.not_before_s is None or job.not_before_s <= snapshot.now_s for job in snapshot.queued
     )
-    return max(0, min(available, serving_held) - training_claim_gpus)
+    return waiting and any(n.gpus_free > 0 for n in snapshot.gang_nodes(Pool.CLUSTER))
 
 
 def _weights(running: dict[Pool, int]) -> tuple[tuple[Pool, float], ...]:
@@ -213,9 +262,7 @@ def decide(
     """
     now = snapshot.now_s
     active = {ReplicaState.RUNNING, ReplicaState.STARTING}
-    training_waiting = any(
-        job.not_before_s is None or job.not_before_s <= now for job in snapshot.queued
-    )
+    training_waiting = _training_could_use_room(snapshot)
     gpus_of = {d.model: d.gpus_per_replica for d in demands}
     training_claim_gpus += sum(c.num_replicas * gpus_of.get(c.model, 1) for c in claims)
     claimed = {c.model: c for c in claims}
@@ -224,10 +271,15 @@ def decide(
     actions: list[Action] = []
     targets: list[PoolTargets] = []
 
-    # Models pinned to the cluster pool take their share of the budget first.
-    ordered = sorted(
-        demands, key=lambda d: (snapshot.pinned.get(d.model) is not Pool.CLUSTER, d.model)
-    )
+    # Rule 2: models pinned to the cluster pool take their share of the budget first, then
+    # the others in keep order (the reverse of `yield_key`: highest priority first).
+    classes = {d.model: d.model_class for d in demands}
+
+    def keep_order(d: ModelDemand) -> tuple[bool, int, bool, str]:
+        priority, at_risk, name = yield_key(d.model, classes)
+        return (snapshot.pinned.get(d.model) is not Pool.CLUSTER, -priority, not at_risk, name)
+
+    ordered = sorted(demands, key=keep_order)
     current = {
         d.model: (
             _count(snapshot, d.model, Pool.CLUSTER, active),
@@ -235,6 +287,16 @@ def decide(
         )
         for d in ordered
     }
+    # Floors first: each model's min_cluster_replicas (of those it runs there) before any
+    # model keeps more, whatever a claim asks (admission never claims them; only capacity
+    # health takes out can); `budget` is then what is left beyond the floors.
+    floor_room = _serving_budget_gpus(snapshot, 0)
+    floors: dict[str, int] = {}
+    for d in ordered:
+        wanted = min(current[d.model][0], max(d.num_replicas, d.min_replicas))
+        floors[d.model] = min(wanted, d.min_cluster_replicas, floor_room // d.gpus_per_replica)
+        floor_room -= floors[d.model] * d.gpus_per_replica
+        budget = max(0, budget - floors[d.model] * d.gpus_per_replica)
 
     unhealthy = {n.node_id for n in snapshot.nodes if not n.healthy}
     on_unhealthy = {
@@ -258,8 +320,16 @@ def decide(
         cur_c, cur_e = current[d.model]
         total = max(d.num_replicas, d.min_replicas)
         pin = snapshot.pinned.get(d.model)
+        floor = floors[d.model]
+        claim = claimed.get(d.model)
+        # A model a claim names yields (at least) what the claim takes of it.
+        most = min(cur_c, total, cur_c - claim.num_replicas if claim is not None else cur_c)
         # Pinned to the cluster pool: its replicas there stay whatever the budget.
-        keep_c = min(cur_c, total) if pin is Pool.CLUSTER else min(cur_c, total, budget // g)
+        if pin is Pool.CLUSTER:
+            keep_c = min(cur_c, total)
+        else:
+            keep_c = floor + min(max(0, most - floor), budget // g)
+        budget = max(0, budget - (keep_c - floor) * g)
         keep_e = min(cur_e, total - keep_c)
         external_left -= keep_e * g
         need = total - keep_c - keep_e
@@ -268,7 +338,7 @@ def decide(
         grow = need - relocate
         new_c = 0
         if grow > 0 and not training_waiting and pin is not Pool.EXTERNAL:
-            new_c = min(grow, max(0, budget - keep_c * g) // g)
+            new_c = min(grow, budget // g)
         to_external = relocate + grow - new_c
         if pin is Pool.CLUSTER and to_external:
             notes[d.model] = (
@@ -286,7 +356,7 @@ def decide(
         stay_c = min(relocate - moved, max(0, d.min_replicas - placed))
         c = keep_c + new_c + stay_c
         e = keep_e + ext_ok
-        budget = max(0, budget - c * g)
+        budget = max(0, budget - (new_c + stay_c) * g)
         plan_c[d.model], plan_e[d.model] = c, e
         if to_external > ext_ok:
             notes[d.model] = (
@@ -295,7 +365,6 @@ def decide(
                 f"(wanted {total}, min {d.min_replicas})"
             )
         if moved:
-            claim = claimed.get(d.model)
             reason = (
                 f"{PlacementReason.YIELD_TO_TRAINING.value}: {moved} replica(s) of {d.model} "
                 "make room on the cluster pool for training"

@@ -16,12 +16,14 @@ from the snapshot (time is ``snapshot.now_s``); everything it wants is in the re
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from policies.admission.config import AdmissionConfig
 from policies.admission.reasons import Why
 from policies.admission.reservation import try_reserve
 from policies.admission.shares import EPS, Ledger, queue_order
 from policies.admission.state import AdmissionState, Reservation
+from policies.model_classes import ModelClass
 from policies.plan import Action, AdmitJob, Plan, WaitJob, WorkerPlacement
 from policies.snapshot import ClusterSnapshot, QueuedJob
 
@@ -33,9 +35,13 @@ class _Decision(Ledger):
     mutable scratch for the batch; never escapes."""
 
     def __init__(
-        self, snapshot: ClusterSnapshot, config: AdmissionConfig, state: AdmissionState
+        self,
+        snapshot: ClusterSnapshot,
+        config: AdmissionConfig,
+        state: AdmissionState,
+        models: Mapping[str, ModelClass] | None,
     ) -> None:
-        super().__init__(snapshot, config, state)
+        super().__init__(snapshot, config, state, models)
         self.snap = snapshot
         self.plan: list[Action] = []
         self.reservation: Reservation | None = None
@@ -59,8 +65,8 @@ class _Decision(Ledger):
                 continue  # its queue may not borrow this much: waits, blocks no one
             if self.try_admit(job, within):
                 continue
-            if not head_decided and self.pinned:
-                self.say_if_pinned(job)
+            if not head_decided and (self.pinned or self.floors):
+                self.say_if_held(job)
             if (
                 not head_decided
                 and need <= self.nominal_gpus(job.queue) + EPS
@@ -77,10 +83,10 @@ class _Decision(Ledger):
                         job.num_workers, self.never_fits.get(job.gpus_per_worker, math.inf)
                     )
 
-    def say_if_pinned(self, job: QueuedJob) -> None:
-        """A `WaitJob` naming the pinned models when only their GPUs keep `job` out now: it
-        fits on the free, releasing and claimable Serve GPUs plus the pinned replicas', not
-        without the pinned ones."""
+    def say_if_held(self, job: QueuedJob) -> None:
+        """A `WaitJob` naming the pinned models and the models' floors when only their GPUs
+        keep `job` out now: it fits on the free, releasing and claimable Serve GPUs plus the
+        pinned and floor replicas', not without them."""
         room = self.free.copy()
         for node_id, gpus in self.releasing.items():
             room.add(node_id, gpus)
@@ -93,19 +99,26 @@ class _Decision(Ledger):
         for r in self.pinned:
             room.add(r.node_id, r.gpus)
             held[r.model] = held.get(r.model, 0) + r.gpus
+        floors: dict[str, int] = {}
+        for r in self.floors:
+            room.add(r.node_id, r.gpus)
+            floors[r.model] = floors.get(r.model, 0) + 1
         if not room.fits(job.gpus_per_worker, job.num_workers):
             return
-        models = ", ".join(f"{m} ({k} GPU(s))" for m, k in sorted(held.items()))
-        self.plan.append(
-            WaitJob(
-                job_id=job.job_id,
-                reason=(
-                    f"{Why.PINNED_SERVING.value}: waits for GPUs that serving models pinned "
-                    f"to the cluster pool hold: {models}; `rcp serve unpin MODEL` lets "
-                    "training claim them"
-                ),
-            )
+        kept = "; ".join(
+            f"model {m!r} keeps {k} replica(s) on the cluster pool (min_cluster_replicas)"
+            for m, k in sorted(floors.items())
         )
+        if not held:
+            reason = f"{Why.SERVING_FLOOR.value}: waits for GPUs that serving's floors hold: {kept}"
+        else:
+            models = ", ".join(f"{m} ({k} GPU(s))" for m, k in sorted(held.items()))
+            reason = (
+                f"{Why.PINNED_SERVING.value}: waits for GPUs that serving models pinned "
+                f"to the cluster pool hold: {models}; `rcp serve unpin MODEL` lets "
+                "training claim them" + (f"; {kept}" if kept else "")
+            )
+        self.plan.append(WaitJob(job_id=job.job_id, reason=reason))
 
     def try_admit(self, job: QueuedJob, within_share: bool) -> bool:
         """Admit `job` if its whole gang fits on the GPUs it may use; False if not."""
@@ -162,14 +175,21 @@ class _Decision(Ledger):
 
 
 def decide(
-    snapshot: ClusterSnapshot, config: AdmissionConfig, state: AdmissionState
+    snapshot: ClusterSnapshot,
+    config: AdmissionConfig,
+    state: AdmissionState,
+    models: Mapping[str, ModelClass] | None = None,
 ) -> tuple[Plan, AdmissionState]:
     """Decide admissions, replica moves and preemptions for one tick (see the package doc).
+
+    `models` are the served models' classes (`policies.model_classes`): the order in which
+    their cluster replicas are claimed, and the floors a claim never takes; a model without
+    one is the lowest class with no floor.
 
     Returns the plan (rejections, then in queue order: admissions, and for the head any
     `MoveServeReplicas` and `PreemptJob` actions) and the new state.
     """
-    d = _Decision(snapshot, config, state)
+    d = _Decision(snapshot, config, state, models)
     d.run()
     new_state = AdmissionState(preemptions=tuple(d.preemptions), reservation=d.reservation)
     return tuple(d.plan), new_state

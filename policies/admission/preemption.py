@@ -6,7 +6,10 @@ head fit now, and `room_actions`, the plan items that ask for them. The rules:
 - Only for an entitled head (`Ledger.entitled`), and only when free and releasing GPUs are
   not enough (the caller, `policies.admission.reservation`, checks both first).
 - In-cluster Serve replicas yield first (training outranks serving): one
-  `MoveServeReplicas` per model, to the external pool, with the node ids chosen here.
+  `MoveServeReplicas` per model, to the external pool, with the node ids chosen here. They
+  are taken in `policies.model_classes.yield_key` order (lowest model priority first; a
+  model whose SLO is at risk last in its class), within a model from the node with most free
+  GPUs; a model's ``min_cluster_replicas`` and pinned models are never candidates.
 - Then training victims: lower-priority gangs of the head's queue, and (reclaim) gangs of
   other queues while those are over their share. Victims are taken lowest priority value
   first, then least work at risk (most recently checkpointed), then most recently started,
@@ -34,6 +37,7 @@ from policies.admission.fit import FreeGpus
 from policies.admission.reasons import Why
 from policies.admission.shares import Ledger, live_gpus
 from policies.admission.state import PreemptionRecord
+from policies.model_classes import yield_key
 from policies.plan import Action, MoveServeReplicas, PreemptJob
 from policies.snapshot import Pool, QueuedJob, ReplicaState, RunningGang, ServeReplica
 
@@ -94,6 +98,7 @@ def _serve_candidates(ledger: Ledger, future: FreeGpus) -> list[Candidate]:
     ordered = sorted(
         ledger.replicas,
         key=lambda r: (
+            yield_key(r.model, ledger.models)[:2],
             -future.free.get(r.node_id, 0),
             r.state is ReplicaState.RUNNING,
             r.replica_id,

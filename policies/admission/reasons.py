@@ -19,5 +19,6 @@ class Why(str, Enum):
     RECLAIM_SHARE = "reclaim-share"
     SERVE_YIELDS = "serve-yields-to-training"
     PINNED_SERVING = "pinned-serving"
+    SERVING_FLOOR = "serving-floor"
     UNKNOWN_QUEUE = "unknown-queue"
     UNKNOWN_PRIORITY_CLASS = "unknown-priority-class"

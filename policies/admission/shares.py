@@ -3,7 +3,8 @@
 Owns: `queue_order` (rejections for unknown queues and priority classes; the rest by priority
 value, high first, then FIFO by ``submitted_s``, then ``job_id``; jobs backing off skipped)
 and the `Ledger`, one tick's accounting of the `cluster` pool: live capacity, free GPUs,
-GPUs coming back (releasing), holding gangs, Serve replicas that could yield, and each
+GPUs coming back (releasing), holding gangs, Serve replicas that could yield (all but pinned
+models' and each model's ``min_cluster_replicas`` floor, `policies.model_classes`), and each
 queue's use, with the share rules: a queue's nominal GPUs (``share x capacity``), whether a
 job stays within its share, is entitled (within share once lower-priority gangs of its own
 queue are set aside), may borrow, or whether a queue is over its share.
@@ -27,6 +28,7 @@ from policies.admission.config import AdmissionConfig
 from policies.admission.fit import FreeGpus
 from policies.admission.reasons import Why
 from policies.admission.state import PREEMPTION_WINDOW_S, AdmissionState
+from policies.model_classes import ModelClass
 from policies.plan import RejectJob
 from policies.snapshot import (
     ClusterSnapshot,
@@ -92,9 +94,14 @@ class Ledger:
     doc). Local, mutable scratch for one `decide` call."""
 
     def __init__(
-        self, snapshot: ClusterSnapshot, config: AdmissionConfig, state: AdmissionState
+        self,
+        snapshot: ClusterSnapshot,
+        config: AdmissionConfig,
+        state: AdmissionState,
+        models: Mapping[str, ModelClass] | None = None,
     ) -> None:
         self.cfg = config
+        self.models: Mapping[str, ModelClass] = models or {}
         self.queue_cfg = {q.name: q for q in config.queues}
         self.now_s = snapshot.now_s
         horizon = self.now_s - PREEMPTION_WINDOW_S
@@ -107,7 +114,8 @@ class Ledger:
         self.admitted: list[tuple[float | None, str, str, Mapping[str, int]]] = []
         """Gangs admitted this tick: (expected end, job_id, queue, GPUs by node)."""
 
-        live = [n for n in snapshot.nodes if n.pool is Pool.CLUSTER and n.healthy]
+        # Serving-only nodes (fabric faults) are no gang's: their GPUs are not capacity here.
+        live = snapshot.gang_nodes(Pool.CLUSTER)
         self.live_ids = {n.node_id for n in live}
         self.capacity = sum(n.gpus_total for n in live)
         self.free = FreeGpus({n.node_id: n.gpus_free for n in live})
@@ -136,6 +144,10 @@ class Ledger:
         self.replicas: list[ServeReplica] = []
         self.pinned: list[ServeReplica] = []
         """Replicas of models pinned to the cluster pool: never claimable."""
+        self.floors: list[ServeReplica] = []
+        """Each model's ``min_cluster_replicas`` of its cluster replicas: never claimable.
+        They are the ones a claim would take last: running, on the nodes with least free."""
+        by_model: dict[str, list[ServeReplica]] = {}
         for r in snapshot.serve_replicas:
             if r.pool is not Pool.CLUSTER or r.node_id not in self.live_ids or r.gpus <= 0:
                 continue
@@ -144,7 +156,18 @@ class Ledger:
             elif snapshot.pinned.get(r.model) is Pool.CLUSTER:
                 self.pinned.append(r)
             else:
-                self.replicas.append(r)
+                by_model.setdefault(r.model, []).append(r)
+        for model, replicas in sorted(by_model.items()):
+            replicas.sort(key=self.claim_order)
+            floor = self.models[model].min_cluster_replicas if model in self.models else 0
+            keep = min(floor, len(replicas))
+            self.replicas += replicas[: len(replicas) - keep]
+            self.floors += replicas[len(replicas) - keep :]
+
+    def claim_order(self, r: ServeReplica) -> tuple[int, bool, str]:
+        """Within one model, the replica a claim takes first: on the node with most free
+        GPUs, starting before running, then by id."""
+        return (-self.free.free.get(r.node_id, 0), r.state is ReplicaState.RUNNING, r.replica_id)
 
     def nominal_gpus(self, queue: str) -> float:
         q = self.queue_cfg.get(queue)
