@@ -128,6 +128,9 @@ class ServingConfig:
     access_log: bool = False
     """Per-request access log lines in ingress and backend replicas (costs CPU on the hot
     path; the HTTP proxy logs every request either way)."""
+    latency_window_s: float = 30.0
+    """Each model's p99 (for ``slo_p99_ms``) is over the requests of this many last seconds;
+    at least four of Prometheus's scrape intervals, so the window holds enough scrapes."""
     ingress: IngressConfig = field(default_factory=IngressConfig)
     models: list[ModelConfig] = field(default_factory=lambda: [ModelConfig()])
     """Models to serve; `rcp up` serves the sample model by default."""
@@ -157,6 +160,10 @@ def validate_serving(cfg: ServingConfig, prefix: str = "serving") -> list[str]:
     if not cfg.route_prefix.startswith("/"):
         errors.append(f"{prefix}.route_prefix: must start with '/', got {cfg.route_prefix!r}")
     _check_min(errors, f"{prefix}.ready_timeout_s", cfg.ready_timeout_s, 1)
+    if not 1 <= cfg.latency_window_s <= 3600:  # NaN fails too
+        errors.append(
+            f"{prefix}.latency_window_s: must be between 1 and 3600 s, got {cfg.latency_window_s!r}"
+        )
     ing = cfg.ingress
     _check_min(errors, f"{prefix}.ingress.num_replicas", ing.num_replicas, 1)
     _check_min(errors, f"{prefix}.ingress.max_replicas", ing.max_replicas, ing.num_replicas)

@@ -228,6 +228,11 @@ def test_desired_state_rejects_bad_changes(change: Any, error: str) -> None:
         ),
         pytest.param(lambda c: setattr(c, "models", []), "serving.models", id="no-models"),
         pytest.param(
+            lambda c: setattr(c, "latency_window_s", float("nan")),
+            "serving.latency_window_s: must be between 1 and 3600",
+            id="nan-latency-window",
+        ),
+        pytest.param(
             lambda c: setattr(c.models[0], "slo_p99_ms", 0.0),
             "serving.models[0].slo_p99_ms: must be > 0",
             id="zero-slo",
