@@ -312,6 +312,7 @@ def decide(
     }
 
     # Pass 1 (rules 2-4): keep, yield, grow.
+    yields: list[MoveServeReplicas] = []
     plan_c: dict[str, int] = {}
     plan_e: dict[str, int] = {}
     notes: dict[str, str] = {}
@@ -386,7 +387,7 @@ def decide(
                         and r.state in active
                     )
                 )[:moved]
-            actions.append(
+            yields.append(
                 MoveServeReplicas(
                     model=d.model,
                     from_pool=Pool.CLUSTER,
@@ -397,6 +398,9 @@ def decide(
                     for_job_id=claim.for_job_id if claim is not None else None,
                 )
             )
+    # Moves out in yield order (the lowest priority first), the reverse of the keep order.
+    yields.sort(key=lambda a: yield_key(a.model, classes))
+    actions.extend(yields)
 
     # Pass 2 (rule 5): gradual migration back.
     room_gpus = budget

@@ -100,9 +100,10 @@ YIELD = [
 @pytest.mark.parametrize("case", YIELD, ids=[c.id for c in YIELD])
 def test_claim_yields_lowest_priority_first(case: YieldCase) -> None:
     snap = snapshot([C1, C2, *EXTERNAL], replicas=[r for m in case.models for r in m.replicas()])
+    demands = tuple(m.demand() for m in case.models)
     (targets, actions), _ = place(
         snap,
-        tuple(m.demand() for m in case.models),
+        demands,
         PlacementConfig(external_max_gpus=8),
         PlacementState(),
         training_claim_gpus=case.claim,
@@ -114,6 +115,10 @@ def test_claim_yields_lowest_priority_first(case: YieldCase) -> None:
         if isinstance(a, MoveServeReplicas) and a.to_pool is Pool.EXTERNAL
     }
     assert moved == case.moved
+    order = [a.model for a in actions if isinstance(a, MoveServeReplicas)]
+    assert order == sorted(
+        order, key=lambda m: yield_key(m, {d.model: d.model_class for d in demands})
+    )
     for m in case.models:
         assert dict((t.model, t.cluster) for t in targets)[m.name] >= min(m.floor, m.cur[0])
 
