@@ -96,6 +96,9 @@ class NodeView:
     healthy: bool = True
     """False once telemetry or Ray marks the node bad; its GPUs then count for nothing."""
     labels: Mapping[str, str] = field(default_factory=dict)
+    serving_only: bool = False
+    """Health found its fabric (InfiniBand, NVLink) bad and its GPUs fine: a live node whose
+    GPUs serve replicas but never a gang (`policies.health.Verdict.SERVING_ONLY`)."""
 
     def __post_init__(self) -> None:
         if self.gpus_total < 0 or not 0 <= self.gpus_free <= self.gpus_total:
@@ -239,6 +242,10 @@ class ClusterSnapshot:
 
     def live_gpus_total(self, pool: Pool) -> int:
         return sum(n.gpus_total for n in self.live_nodes(pool))
+
+    def gang_nodes(self, pool: Pool) -> tuple[NodeView, ...]:
+        """Live nodes of `pool` a gang may use: the live ones that are not serving-only."""
+        return tuple(n for n in self.live_nodes(pool) if not n.serving_only)
 
     def serve_groups(self) -> dict[tuple[str, Pool], ServeGroup]:
         """Replicas grouped per (model, pool), in first-seen order."""

@@ -26,7 +26,10 @@ The rules
 ---------
 Capacity
     The healthy nodes of the `cluster` pool in this snapshot, nothing else. A node that turns
-    unhealthy shrinks capacity, the queue shares and every fit check on the next tick.
+    unhealthy shrinks capacity, the queue shares and every fit check on the next tick. A
+    serving-only node (``NodeView.serving_only``: fabric faults, GPUs fine) is left out the
+    same way: no gang worker is placed there and its replicas are never claimed (moving them
+    frees nothing a gang may use); its GPUs are usable by replicas only.
 Order
     Queued jobs are considered by priority class value (high first), then FIFO by
     ``submitted_s``, then ``job_id``; a job backing off (``not_before_s`` in the future) is

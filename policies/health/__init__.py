@@ -11,8 +11,9 @@ A package of pure steps, called in this order each tick:
 - `limit_removals` (`policies.health.breaker`): at most `RemovalBudget` new nodes out per
   window; past it, verdicts are shown but held, not acted on.
 - `with_verdicts` and `remediate` (`policies.health.remediation`): the snapshot with unhealthy
-  nodes marked, so capacity shrinks at once; then cordon, checkpoint-and-requeue gangs, move
-  replicas make-before-break, drain once empty.
+  nodes marked, so capacity shrinks at once, and serving-only nodes marked so admission
+  leaves them out; then cordon, checkpoint-and-requeue gangs, move replicas
+  make-before-break, drain once empty (serving-only nodes: only their gangs go).
 
 The rooms: `thresholds` (what counts as bad, `HealthThresholds`: the ``health`` config
 section embeds it), `samples` (the input types), `verdicts` (the output types), `state`
@@ -41,11 +42,12 @@ from policies.health.remediation import (
 from policies.health.samples import GpuSample, NodeSample, PortSample
 from policies.health.state import HealthState, NodeHealthState, clear_lemon, keep_nodes
 from policies.health.thresholds import DEFAULT_FATAL_XIDS, HealthThresholds
-from policies.health.verdicts import HealthReason, NodeVerdict, Verdict
+from policies.health.verdicts import FABRIC_REASONS, HealthReason, NodeVerdict, Verdict
 
 __all__ = [
     "DEFAULT_FATAL_XIDS",
     "DRAINED_BY_OTHERS",
+    "FABRIC_REASONS",
     "BreakerState",
     "CordonNode",
     "GpuSample",

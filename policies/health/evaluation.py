@@ -1,4 +1,5 @@
-"""Node health: a verdict per node (healthy, degraded, unhealthy) from its telemetry history.
+"""Node health: a verdict per node (healthy, degraded, serving_only, unhealthy) from its
+telemetry history.
 
 Owns: the pure decision `evaluate(samples, thresholds, state, now_s) -> (verdicts, state)`.
 Must not: read telemetry, a clock or the network, or act. Time arrives as `now_s` (the
@@ -18,6 +19,11 @@ Rules, per node, for every sample newer than the last one seen:
      (NVLINK_ERRORS);
    - an InfiniBand port not ACTIVE/LinkUp or a ``link_downed`` increase (IB_LINK_DOWN), or IB
      error counters above ``ib_errors_per_s`` (IB_ERRORS).
+
+   What the node is still fit for: when every reason it is unhealthy for is a fabric one
+   (NVLink, InfiniBand: `FABRIC_REASONS`) its GPUs are fine, so the verdict is SERVING_ONLY
+   (no gang, replicas yes); any GPU reason (heat, XID, ECC, row remap, a missing GPU), alone
+   or beside a fabric one, makes it UNHEALTHY (out of everything).
 2. Degraded causes (shown, the node keeps working): a GPU above ``gpu_temp_c`` fewer than
    ``hot_samples`` times in a row (GPU_TEMP_HIGH), a hardware thermal slowdown
    (GPU_THERMAL_THROTTLE), a new XID not in the fatal class (XID_NONFATAL), a row remap
@@ -28,7 +34,8 @@ Rules, per node, for every sample newer than the last one seen:
    until ``recover_after_samples`` clean samples in a row.
 4. Lemons: every turn into unhealthy is recorded at `now_s`; a node that turned unhealthy
    ``lemon_count`` times within ``lemon_window_s`` is a lemon and stays unhealthy (LEMON)
-   whatever its samples say, until `clear_lemon` is called for it.
+   whatever its samples say, until `clear_lemon` is called for it. Turns into SERVING_ONLY
+   count too: a node whose fabric keeps failing ends up out of everything.
 
 Worked example (gpu_temp_c 78, hot_samples 2, recover_after_samples 3, lemon_count 2,
 lemon_window_s 3600), node ``n1``, one sample per tick:
@@ -40,6 +47,11 @@ lemon_window_s 3600), node ``n1``, one sample per tick:
 * t=100 s, new XID 79 (fatal): UNHEALTHY (xid_fatal); turn #2 within 3600 s of t=11 s ->
   2 >= lemon_count -> lemon: UNHEALTHY (lemon, xid_fatal) from now on, even at t=200 s with
   clean samples, until `clear_lemon(state, "n1")`.
+
+Fabric only (same thresholds, ib_errors_per_s 1), node ``n2``: t=10 s, port mlx5_0/1 at
+5 errors/s -> SERVING_ONLY (ib_errors). t=11 s, GPU 1 at 85 C (streak 1), IB still bad ->
+SERVING_ONLY, degraded details shown. t=12 s, GPU 1 at 86 C: streak 2 -> UNHEALTHY
+(ib_errors, gpu_overheated): a hot GPU takes a serving-only node out of everything.
 """
 
 from __future__ import annotations
@@ -49,7 +61,7 @@ from collections.abc import Mapping, Sequence
 from policies.health.samples import NodeSample
 from policies.health.state import HealthState, NodeHealthState
 from policies.health.thresholds import HealthThresholds
-from policies.health.verdicts import HealthReason, NodeVerdict, Verdict
+from policies.health.verdicts import FABRIC_REASONS, HealthReason, NodeVerdict, Verdict
 
 __all__ = [
     "evaluate",
@@ -231,7 +243,9 @@ def _verdict(node_id: str, node: NodeHealthState, t: HealthThresholds, now_s: fl
             node_id, Verdict.UNHEALTHY, reasons, (lemon_detail, *details), lemon=True
         )
     if node.unhealthy:
-        return NodeVerdict(node_id, Verdict.UNHEALTHY, node.held_reasons, details)
+        fabric_only = bool(node.held_reasons) and set(node.held_reasons) <= FABRIC_REASONS
+        verdict = Verdict.SERVING_ONLY if fabric_only else Verdict.UNHEALTHY
+        return NodeVerdict(node_id, verdict, node.held_reasons, details)
     if degraded:
         return NodeVerdict(node_id, Verdict.DEGRADED, tuple(degraded), details)
     return NodeVerdict(node_id, Verdict.HEALTHY)

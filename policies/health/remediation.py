@@ -1,7 +1,7 @@
 """From verdicts to a plan: take unhealthy GPU nodes out of service without breaking anything.
 
 Owns: `with_verdicts` (the snapshot with unhealthy nodes marked, so capacity shrinks at
-once), `acting_verdicts` (a node the controller cordoned stays unhealthy; a node Ray drains
+once, and serving-only nodes marked, so admission leaves them out), `acting_verdicts` (a node the controller cordoned stays unhealthy; a node Ray drains
 for someone else while a gang holds GPUs there turns unhealthy) and `remediate` (cordon,
 checkpoint-and-requeue gangs, move replicas make-before-break, drain once empty), with the
 `CordonNode` action. Verdicts the breaker holds (`NodeVerdict.held`) are left alone.
@@ -45,18 +45,23 @@ RemediationAction = CordonNode | PreemptJob | DrainNode
 def with_verdicts(
     snapshot: ClusterSnapshot, verdicts: Mapping[str, NodeVerdict]
 ) -> ClusterSnapshot:
-    """`snapshot` with every UNHEALTHY node marked ``healthy=False``; degraded nodes stay in,
-    and so do nodes whose verdict the breaker holds (`NodeVerdict.held`).
+    """`snapshot` with every UNHEALTHY node marked ``healthy=False`` and every SERVING_ONLY
+    node ``serving_only=True``; degraded nodes stay in, and so do nodes whose verdict the
+    breaker holds (`NodeVerdict.held`).
 
-    Every policy that counts live capacity then leaves the node out on this very tick.
+    Every policy that counts live capacity then leaves the node out on this very tick;
+    admission leaves a serving-only node out of every gang fit, while placement still
+    counts its GPUs as serving's.
     """
-    nodes = tuple(
-        replace(n, healthy=False)
-        if n.healthy and _acts(verdicts.get(n.node_id, _NO_VERDICT))
-        else n
-        for n in snapshot.nodes
-    )
-    return replace(snapshot, nodes=nodes)
+    nodes = []
+    for n in snapshot.nodes:
+        v = verdicts.get(n.node_id, _NO_VERDICT)
+        if n.healthy and _acts(v):
+            n = replace(n, healthy=False)
+        elif n.healthy and _serving_only(v):
+            n = replace(n, serving_only=True)
+        nodes.append(n)
+    return replace(snapshot, nodes=tuple(nodes))
 
 
 _NO_VERDICT = NodeVerdict("", Verdict.HEALTHY)
@@ -64,6 +69,10 @@ _NO_VERDICT = NodeVerdict("", Verdict.HEALTHY)
 
 def _acts(v: NodeVerdict) -> bool:
     return v.verdict is Verdict.UNHEALTHY and not v.held
+
+
+def _serving_only(v: NodeVerdict) -> bool:
+    return v.verdict is Verdict.SERVING_ONLY and not v.held
 
 
 DRAINED_BY_OTHERS = "Ray is draining it"
@@ -124,6 +133,10 @@ def remediate(
        being preempted: it checkpoints, is re-queued and restarts on healthy nodes.
     3. `DrainNode` only once no gang holds GPUs there and no replica of ours is left on it.
 
+    A SERVING_ONLY node (fabric faults only) is not cordoned or drained: its replicas stay
+    and more may start there. Only its gangs go: `PreemptJob(checkpoint_first=True)` for each
+    one there not already being preempted, so it restarts on nodes whose fabric works.
+
     Serve replicas on the node are not moved here: the node, unhealthy in the snapshot, leaves
     the cluster pool's serving budget, and the placement policy (`policies.placement`, the one
     owner of where replicas run) moves them make-before-break in a move that names the node.
@@ -132,9 +145,20 @@ def remediate(
     of model ``m``) and ``b`` (healthy, 0 GPUs free). Plan: CordonNode(a), PreemptJob(j1).
     Next ticks, while ``j1`` checkpoints and placement moves the replica: the same cordon, no
     second preemption (``j1`` is now preempting). Once ``a`` holds nothing: CordonNode(a),
-    DrainNode(a).
+    DrainNode(a). Had ``a`` been SERVING_ONLY (ib_errors): PreemptJob(j1) alone, and the
+    replica stays.
     """
     actions: list[RemediationAction] = []
+    asked: set[str] = set()
+    for n in sorted(snapshot.nodes, key=lambda n: n.node_id):
+        v = verdicts.get(n.node_id, _NO_VERDICT)
+        if n.pool is Pool.HEAD or not _serving_only(v):
+            continue
+        for g in sorted(snapshot.running, key=lambda g: g.job_id):
+            if g.gpus_by_node.get(n.node_id, 0) > 0 and not g.preempting and g.job_id not in asked:
+                asked.add(g.job_id)
+                why = f"checkpoint and restart elsewhere: node {n.node_id} {v.reason}"
+                actions.append(PreemptJob(g.job_id, why))
     unhealthy = {
         n.node_id: verdicts[n.node_id]
         for n in snapshot.nodes
@@ -145,7 +169,8 @@ def remediate(
         actions.append(CordonNode(node_id, why))
         gangs = [g for g in snapshot.running if g.gpus_by_node.get(node_id, 0) > 0]
         for g in sorted(gangs, key=lambda g: g.job_id):
-            if not g.preempting:
+            if not g.preempting and g.job_id not in asked:
+                asked.add(g.job_id)
                 actions.append(PreemptJob(g.job_id, f"checkpoint and restart elsewhere: {why}"))
         replicas = [r for r in snapshot.serve_replicas if r.node_id == node_id]
         if not gangs and not replicas:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 __all__ = [
+    "FABRIC_REASONS",
     "HealthReason",
     "NodeVerdict",
     "Verdict",
@@ -22,6 +23,10 @@ class Verdict(str, Enum):
     HEALTHY = "healthy"
     DEGRADED = "degraded"
     """Keeps working; an operator should look. Placement may prefer other nodes."""
+    SERVING_ONLY = "serving_only"
+    """Its fabric (InfiniBand, NVLink) is bad, its GPUs are not: no gang is admitted there
+    and gangs on it checkpoint and restart elsewhere, but Serve replicas keep running there
+    and may start there. Nothing is drained; it is fit for gangs again once it recovers."""
     UNHEALTHY = "unhealthy"
     """Out of service: nothing new lands, work moves away, the node is drained."""
 
@@ -43,6 +48,19 @@ class HealthReason(str, Enum):
     IB_ERRORS = "ib_errors"
     NO_TELEMETRY = "no_telemetry"
     LEMON = "lemon"
+
+
+FABRIC_REASONS: frozenset[HealthReason] = frozenset(
+    {
+        HealthReason.NVLINK_DOWN,
+        HealthReason.NVLINK_ERRORS,
+        HealthReason.IB_LINK_DOWN,
+        HealthReason.IB_ERRORS,
+    }
+)
+"""Unhealthy reasons that concern the fabric between GPUs, not a GPU: a gang's collectives
+need it, a replica serving on its own GPUs does not. A node unhealthy for these alone is
+`Verdict.SERVING_ONLY`."""
 
 
 @dataclass(frozen=True)

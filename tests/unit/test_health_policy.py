@@ -164,11 +164,12 @@ CASES = [
         Verdict.DEGRADED,
         (R.GPU_MISSING,),
     ),
-    ("nvlink-down", [sample(1, gpu(0, nvlink_links_up=3))], Verdict.UNHEALTHY, (R.NVLINK_DOWN,)),
+    # Fabric faults alone: the GPUs still serve, no gang may use the node.
+    ("nvlink-down", [sample(1, gpu(0, nvlink_links_up=3))], Verdict.SERVING_ONLY, (R.NVLINK_DOWN,)),
     (
         "nvlink-errors-above",
         [sample(1, gpu(0, nvlink_errors_per_s=5.0))],
-        Verdict.UNHEALTHY,
+        Verdict.SERVING_ONLY,
         (R.NVLINK_ERRORS,),
     ),
     (
@@ -177,18 +178,31 @@ CASES = [
         Verdict.HEALTHY,
         (),
     ),
-    ("ib-down", [sample(1, ports=(port(up=False),))], Verdict.UNHEALTHY, (R.IB_LINK_DOWN,)),
+    ("ib-down", [sample(1, ports=(port(up=False),))], Verdict.SERVING_ONLY, (R.IB_LINK_DOWN,)),
     (
         "ib-flapped",
         [sample(1, ports=(port(link_downed_delta=1),))],
-        Verdict.UNHEALTHY,
+        Verdict.SERVING_ONLY,
         (R.IB_LINK_DOWN,),
     ),
     (
         "ib-errors-above",
         [sample(1, ports=(port(errors_per_s=200.0),))],
-        Verdict.UNHEALTHY,
+        Verdict.SERVING_ONLY,
         (R.IB_ERRORS,),
+    ),
+    # A GPU fault beside a fabric one: out of everything.
+    (
+        "ib-errors-and-fatal-xid",
+        [sample(1, gpu(0, new_xids=(79,)), ports=(port(errors_per_s=200.0),))],
+        Verdict.UNHEALTHY,
+        (R.XID_FATAL, R.IB_ERRORS),
+    ),
+    (
+        "nvlink-errors-and-ecc",
+        [sample(1, gpu(0, nvlink_errors_per_s=5.0, ecc_uncorrectable_total=1))],
+        Verdict.UNHEALTHY,
+        (R.ECC_UNCORRECTABLE, R.NVLINK_ERRORS),
     ),
     (
         "ib-width-1x-degraded",
@@ -252,6 +266,50 @@ def test_worked_example_from_docstring_ends_in_a_lemon_until_cleared() -> None:
     assert verdicts["n1"].verdict is Verdict.UNHEALTHY and verdicts["n1"].reasons[0] is R.LEMON
     verdicts, state = evaluate({"n1": [sample(206)]}, T, clear_lemon(state, ["n1"]), 206.0)
     assert verdicts["n1"].verdict is Verdict.HEALTHY
+
+
+@pytest.mark.parametrize(
+    ("later", "verdict", "reasons"),
+    [
+        pytest.param(
+            [sample(11, gpu(0, temp_c=85.0), ports=(port(errors_per_s=5.0),))],
+            Verdict.SERVING_ONLY,
+            (R.IB_ERRORS,),
+            id="one-hot-sample-still-serving-only",
+        ),
+        pytest.param(
+            [
+                sample(11, gpu(0, temp_c=85.0), ports=(port(errors_per_s=5.0),)),
+                sample(12, gpu(0, temp_c=86.0), ports=(port(errors_per_s=5.0),)),
+            ],
+            Verdict.UNHEALTHY,
+            (R.IB_ERRORS, R.GPU_OVERHEATED),
+            id="hot-streak-takes-it-out",
+        ),
+        pytest.param(
+            [sample(11 + i) for i in range(3)], Verdict.HEALTHY, (), id="3-clean-fit-for-gangs"
+        ),
+    ],
+)
+def test_fabric_worked_example_serving_only_until_a_gpu_fault(
+    later: list[NodeSample], verdict: Verdict, reasons: tuple[HealthReason, ...]
+) -> None:
+    first = sample(10, gpu(0), ports=(port(errors_per_s=5.0),))
+    assert run(first)[0].verdict is Verdict.SERVING_ONLY
+    got, _ = run(first, *later)
+    assert got.verdict is verdict, got.reason
+    assert got.reasons == reasons, got.reason
+
+
+def test_a_node_whose_fabric_keeps_failing_is_a_lemon_out_of_everything() -> None:
+    state = HealthState()
+    ib_bad = (port(errors_per_s=5.0),)
+    verdicts, state = evaluate({"n1": [sample(0, ports=ib_bad)]}, T, state, 0.0)
+    assert verdicts["n1"].verdict is Verdict.SERVING_ONLY
+    _, state = evaluate({"n1": [sample(i) for i in (1, 2, 3)]}, T, state, 3.0)
+    # The second turn within the window (lemon_count 2): a lemon, out of everything.
+    verdicts, _ = evaluate({"n1": [sample(10, ports=ib_bad)]}, T, state, 10.0)
+    assert verdicts["n1"].lemon and verdicts["n1"].verdict is Verdict.UNHEALTHY
 
 
 def test_turns_outside_the_lemon_window_do_not_count() -> None:

@@ -30,21 +30,26 @@ def sampled(faults: list[str], samples_after: int = 2, num_gpus: int = 4):
 
 
 @pytest.mark.parametrize(
-    ("fault", "reason"),
+    ("fault", "reason", "verdict"),
     [
-        pytest.param("hot-gpu", HealthReason.GPU_OVERHEATED, id="hot-gpu"),
-        pytest.param("xid", HealthReason.XID_FATAL, id="xid"),
-        pytest.param("nvlink-errors", HealthReason.NVLINK_ERRORS, id="nvlink-errors"),
-        pytest.param("ib-errors", HealthReason.IB_ERRORS, id="ib-errors"),
-        pytest.param("ib-link-down", HealthReason.IB_LINK_DOWN, id="ib-link-down"),
+        pytest.param("hot-gpu", HealthReason.GPU_OVERHEATED, Verdict.UNHEALTHY, id="hot-gpu"),
+        pytest.param("xid", HealthReason.XID_FATAL, Verdict.UNHEALTHY, id="xid"),
+        # Fabric faults: the GPUs still serve replicas, no gang may use the node.
+        pytest.param(
+            "nvlink-errors", HealthReason.NVLINK_ERRORS, Verdict.SERVING_ONLY, id="nvlink-errors"
+        ),
+        pytest.param("ib-errors", HealthReason.IB_ERRORS, Verdict.SERVING_ONLY, id="ib-errors"),
+        pytest.param(
+            "ib-link-down", HealthReason.IB_LINK_DOWN, Verdict.SERVING_ONLY, id="ib-link-down"
+        ),
     ],
 )
-def test_each_fault_makes_the_node_unhealthy_within_two_samples(
-    fault: str, reason: HealthReason
+def test_each_fault_takes_the_node_out_within_two_samples(
+    fault: str, reason: HealthReason, verdict: Verdict
 ) -> None:
     _, sampler = sampled([fault], samples_after=2)
     verdicts, _ = judge({"node-a": sampler.recent()}, HealthConfig(), None, 10.0)
-    assert verdicts["node-a"].verdict is Verdict.UNHEALTHY, verdicts["node-a"].reason
+    assert verdicts["node-a"].verdict is verdict, verdicts["node-a"].reason
     assert reason in verdicts["node-a"].reasons
 
 
