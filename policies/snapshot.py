@@ -18,6 +18,7 @@ Conventions the observe phase must keep, because policies rely on them:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -141,12 +142,18 @@ class ServeGroup:
 
 @dataclass(frozen=True)
 class ServeLoad:
-    """Traffic one model's deployment in one pool is seeing (summarised by the observe phase)."""
+    """What one served model's backends see, both pools together (the observe phase)."""
 
     model: str
-    pool: Pool
-    ongoing_requests: float
-    requests_per_s: float
+    ongoing_requests: float = 0.0
+    """Requests in flight or queued (the ingress's load board)."""
+    p99_ms: float | None = None
+    """The p99 latency over the last ``serving.latency_window_s`` (Serve's own histogram via
+    Prometheus); None when there is no reading: then nothing acts on latency."""
+
+    def __post_init__(self) -> None:
+        if self.p99_ms is not None and not (math.isfinite(self.p99_ms) and self.p99_ms >= 0):
+            raise ValueError(f"{self.model}: p99_ms must be finite and >= 0, got {self.p99_ms}")
 
 
 @dataclass(frozen=True)
@@ -223,6 +230,7 @@ class ClusterSnapshot:
     queued: tuple[QueuedJob, ...] = ()
     running: tuple[RunningGang, ...] = ()
     serve_load: tuple[ServeLoad, ...] = ()
+    """Per served model, its ongoing requests and measured p99 (`load_of`)."""
     pinned: Mapping[str, Pool] = field(default_factory=dict)
     """Models an operator pinned to a pool (model -> pool): placement never moves their
     replicas out of it, and admission's claim never takes their cluster GPUs."""
@@ -235,6 +243,13 @@ class ClusterSnapshot:
             if n.node_id == node_id:
                 return n
         return None
+
+    def load_of(self, model: str) -> ServeLoad:
+        """`model`'s row of ``serve_load`` (no traffic, no reading when it has none)."""
+        for load in self.serve_load:
+            if load.model == model:
+                return load
+        return ServeLoad(model)
 
     def live_nodes(self, pool: Pool) -> tuple[NodeView, ...]:
         """Healthy nodes of `pool`: the only capacity any policy may count on."""
