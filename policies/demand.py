@@ -5,8 +5,10 @@ Owns: the pure decision `decide_replicas(load, config, state) -> (decision, stat
 control loop splits the total it returns between the ``cluster`` and ``external`` pools; this
 module knows nothing about pools, Ray or Serve, and reads no clock: `now_s` arrives in the
 input and the delay timers live in `DemandState`, which the caller stores and hands back.
-The control loop does not measure a model's p99 yet, so it passes none (`DemandLoad.p99_ms`
-None) and ongoing requests alone decide; the latency rule is ready for when it does.
+The control loop passes each model's p99 as it measured it (`DemandLoad.p99_ms`, from the
+snapshot's `ServeLoad`: Serve's own latency histogram over ``serving.latency_window_s``,
+`controlplane.adapters.latency`), None when it has no reading: then ongoing requests alone
+decide. The latency goal is the model's ``slo_p99_ms`` (``target_p99_ms`` here).
 
 Rule:
 

@@ -59,6 +59,17 @@ CASES = [
     Case(
         "training-claim-moves-replicas-out", want=6, cur=(6, 0), claim=4, expect=(2, 4), moved_out=4
     ),
+    # Demand (ongoing requests or p99) asks for 2 more while training claims 4 GPUs: the 2
+    # free cluster GPUs are the gang's, so the new replicas land on the external pool.
+    Case(
+        "scale-up-during-a-claim-lands-on-external",
+        want=8,
+        cur=(6, 0),
+        claim=4,
+        queued=True,
+        expect=(2, 6),
+        moved_out=4,
+    ),
     Case(
         "claim-of-whole-pool-moves-everything",
         want=4,
