@@ -13,6 +13,8 @@ section cannot hold as is:
   pool (``max_nodes x gpus_per_node``);
 - `demand_config`: one ``serving.models[]`` entry, whose keys are the serving plane's
   (``target_ongoing_requests``, ``slo_p99_ms``), as the demand policy's `DemandConfig`;
+- `ingress_scaling`: ``serving.ingress``'s count and scaling keys (``num_replicas`` is the
+  floor) as the ingress policy's `IngressScaling`;
 - `restart_limits`: a job's ``max_restarts`` (its spec) with the ``jobs`` section's restart
   backoff, as the restart policy's `RestartLimits`.
 
@@ -28,11 +30,18 @@ from typing import Any
 from controlplane.config import Config
 from policies.admission import AdmissionConfig, PreemptionConfig, QueueConfig
 from policies.demand import DemandConfig
+from policies.ingress import IngressScaling
 from policies.placement import MigrateBackConfig, PlacementConfig
 from policies.restarts import RestartLimits
-from serve.config import ModelConfig
+from serve.config import IngressConfig, ModelConfig
 
-__all__ = ["admission_config", "demand_config", "placement_config", "restart_limits"]
+__all__ = [
+    "admission_config",
+    "demand_config",
+    "ingress_scaling",
+    "placement_config",
+    "restart_limits",
+]
 
 
 def _fields_of(section: Any, policy_class: type[Any]) -> dict[str, Any]:
@@ -74,3 +83,13 @@ def restart_limits(cfg: Config, max_restarts: int) -> RestartLimits:
     """The restart policy's limits for a job that allows `max_restarts` restarts."""
     j = cfg.jobs
     return RestartLimits(max_restarts, j.restart_backoff_initial_s, j.restart_backoff_max_s)
+
+
+def ingress_scaling(ingress: IngressConfig) -> IngressScaling:
+    """The ingress scaling policy's config: ``num_replicas`` is its floor."""
+    return IngressScaling(
+        min_replicas=ingress.num_replicas,
+        max_replicas=ingress.max_replicas,
+        target_utilization=ingress.target_utilization,
+        downscale_delay_s=ingress.downscale_delay_s,
+    )

@@ -29,6 +29,7 @@ __all__ = [
     "PreemptJob",
     "RejectJob",
     "RequestExternalCapacity",
+    "ScaleIngress",
     "ScaleServePool",
     "SetRouteWeights",
     "WaitJob",
@@ -103,6 +104,14 @@ class ScaleServePool:
 
 
 @dataclass(frozen=True)
+class ScaleIngress:
+    """Set the ingress deployment's replica count (`policies.ingress`)."""
+
+    num_replicas: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class SetRouteWeights:
     """Split `model`'s traffic across pools; weights are non-negative and sum to 1."""
 
@@ -142,6 +151,7 @@ Action = (
     | RejectJob
     | MoveServeReplicas
     | ScaleServePool
+    | ScaleIngress
     | SetRouteWeights
     | RequestExternalCapacity
     | DrainNode

@@ -7,7 +7,10 @@ a request whose replica died or is stopping on another ready replica within a bo
 (`serve.routing.retry_decision`), and the 503 + Retry-After answer when no pool can serve.
 Every request has an id (the Serve proxy's ``x-request-id``, or a fresh one): error bodies
 carry it with a message of their own, never exception text; details go to the replica's log
-under the same id, and the backend gets it with the payload.
+under the same id, and the backend gets it with the payload. Each replica reports to the load
+board (`serve.load`) about once a second: its in-flight requests per model (the demand
+policy), and the requests it answered and its process's CPU time since the last report (the
+ingress scaling policy, `policies.ingress`).
 
 Must not: change Serve's state (the control plane does that through `serve.operations`).
 """
@@ -92,6 +95,8 @@ class IngressReplica:
         self._rng = random.Random()
         # In-flight requests per model, reported to the load board for the demand policy.
         self._inflight: dict[str, int] = {}
+        self._answered = 0
+        """Predict requests answered (any status), for the ingress's request rate."""
         self._reporter: asyncio.Task[None] | None = None
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
@@ -181,15 +186,26 @@ class IngressReplica:
         return True
 
     async def _report_load(self) -> None:
+        """Every `REPORT_INTERVAL_S`: in-flight requests per model, and the requests answered
+        and the CPU this process spent since the last report (the ingress scaling policy)."""
         me = serve.get_replica_context().replica_id.unique_id
         handle = None
+        last_s, last_cpu_s, last_answered = time.monotonic(), time.process_time(), 0
         while True:
+            now_s, cpu_s, answered = time.monotonic(), time.process_time(), self._answered
             try:
                 handle = handle or board()
-                handle.report.remote(me, dict(self._inflight))
+                handle.report.remote(
+                    me,
+                    dict(self._inflight),
+                    answered - last_answered,
+                    cpu_s - last_cpu_s,
+                    now_s - last_s,
+                )
             except Exception as exc:  # the board restarting must not hurt serving
                 logger.debug("load report failed: %r", exc)
                 handle = None
+            last_s, last_cpu_s, last_answered = now_s, cpu_s, answered
             await asyncio.sleep(REPORT_INTERVAL_S)
 
     async def _predict(self, model: str, payload: dict[str, Any], rid: str) -> Response:
@@ -200,6 +216,7 @@ class IngressReplica:
             return await self._predict_once(model, payload, rid)
         finally:
             self._inflight[model] -= 1
+            self._answered += 1
 
     async def _predict_once(self, model: str, payload: dict[str, Any], rid: str) -> Response:
         started = time.monotonic()

@@ -1,8 +1,11 @@
-"""Ongoing requests per model, as the ingress replicas see them, for the demand policy.
+"""Ongoing requests per model, and the ingress's own traffic, as the ingress replicas see them,
+for the demand and ingress scaling policies.
 
 Owns: `LoadBoard`, a small detached actor (``rcp-serve-load`` in namespace ``rcp``) that every
-ingress replica reports its in-flight request counts to about once a second, and `read_load`,
-which sums the fresh reports. The control plane's serving loop reads it each tick; Serve's own
+ingress replica reports to about once a second (its in-flight request counts per model, and
+how many requests it answered and how much CPU its process spent since its last report),
+`read_load`, which sums the fresh in-flight counts, and `read_ingress_traffic`, the requests
+per second and CPU milliseconds per request over all fresh reports. The control plane's serving loop reads it each tick; Serve's own
 autoscaling metrics are not used because no ``autoscaling_config`` is set (the control plane
 owns replica targets).
 
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import ray
 
@@ -22,23 +25,53 @@ NAMESPACE = "rcp"
 REPORT_INTERVAL_S = 1.0
 
 
+class _Report(NamedTuple):
+    at_s: float
+    counts: dict[str, int]
+    answered: int
+    """Requests answered during `interval_s`."""
+    cpu_s: float
+    """CPU seconds the reporter's process spent during `interval_s`."""
+    interval_s: float
+
+
 class _LoadBoard:
     def __init__(self) -> None:
-        self._reports: dict[str, tuple[float, dict[str, int]]] = {}
+        self._reports: dict[str, _Report] = {}
 
-    def report(self, reporter: str, counts: Mapping[str, int]) -> None:
-        self._reports[reporter] = (time.time(), dict(counts))
+    def report(
+        self,
+        reporter: str,
+        counts: Mapping[str, int],
+        answered: int = 0,
+        cpu_s: float = 0.0,
+        interval_s: float = 0.0,
+    ) -> None:
+        self._reports[reporter] = _Report(
+            time.time(), dict(counts), int(answered), float(cpu_s), float(interval_s)
+        )
+
+    def _fresh(self, max_age_s: float) -> list[_Report]:
+        now = time.time()
+        for reporter, r in list(self._reports.items()):
+            if now - r.at_s > max_age_s:
+                del self._reports[reporter]
+        return list(self._reports.values())
 
     def totals(self, max_age_s: float = 5.0) -> dict[str, float]:
-        now = time.time()
         out: dict[str, float] = {}
-        for reporter, (ts, counts) in list(self._reports.items()):
-            if now - ts > max_age_s:
-                del self._reports[reporter]
-                continue
-            for model, n in counts.items():
+        for r in self._fresh(max_age_s):
+            for model, n in r.counts.items():
                 out[model] = out.get(model, 0.0) + n
         return out
+
+    def ingress_traffic(self, max_age_s: float = 5.0) -> tuple[float, float]:
+        """(requests per second, CPU ms per request) over the fresh reports; (0, 0) if none."""
+        timed = [r for r in self._fresh(max_age_s) if r.interval_s > 0]
+        rate_rps = sum(r.answered / r.interval_s for r in timed)
+        answered = sum(r.answered for r in timed)
+        cpu_ms = 1000.0 * sum(r.cpu_s for r in timed) / answered if answered else 0.0
+        return rate_rps, cpu_ms
 
 
 LoadBoard = ray.remote(num_cpus=0, max_restarts=-1)(_LoadBoard)
@@ -60,3 +93,9 @@ def board() -> Any:
 def read_load(timeout_s: float = 5.0) -> dict[str, float]:
     """Ongoing requests per model summed over fresh ingress reports ({} if none)."""
     return dict(ray.get(board().totals.remote(), timeout=timeout_s))
+
+
+def read_ingress_traffic(timeout_s: float = 5.0) -> tuple[float, float]:
+    """(requests per second, CPU ms per request) of the ingress replicas ((0, 0) if none)."""
+    rate_rps, cpu_ms = ray.get(board().ingress_traffic.remote(), timeout=timeout_s)
+    return float(rate_rps), float(cpu_ms)

@@ -1,7 +1,7 @@
 """The primitives the control plane calls to change the serving plane.
 
-Owns: `deploy` (first deploy or config update, keeping the targets and weights already
-deployed), `scale_pool`, `set_route_weights`, `set_route_weights_from_readiness` and the
+Owns: `deploy` (first deploy or config update, keeping the targets, weights and ingress
+replica count already deployed), `scale_pool`, `scale_ingress`, `set_route_weights`, `set_route_weights_from_readiness` and the
 make-before-break `move`. Each reads the desired state from Serve (where it is stored, see
 `serve.spec`), changes it, writes it back with one declarative apply, and optionally waits
 until Serve shows the effect. Writes inside one process are serialized by a lock; the
@@ -60,6 +60,7 @@ __all__ = [
     "route_applied",
     "route_for_targets",
     "running_replicas",
+    "scale_ingress",
     "scale_pool",
     "set_pool_target",
     "set_route_weights",
@@ -252,7 +253,11 @@ def deploy(
                     targets[(name, pool)] = current.target(name, pool)
                 weights[name] = {p: current.weight(name, p) for p in POOLS}
             state = DesiredState(
-                serving=serving, targets=targets, weights=weights, generation=current.generation
+                serving=serving,
+                targets=targets,
+                weights=weights,
+                generation=current.generation,
+                ingress_replicas=current.ingress_replicas,
             )
         _apply(state)
         if not wait:
@@ -318,6 +323,19 @@ def scale_pool(
             limit_s,
         )
         return set_route_weights_from_readiness(model, timeout_s=limit_s)
+
+
+def scale_ingress(num_replicas: int) -> DesiredState:
+    """Run `num_replicas` ingress replicas (never fewer than ``serving.ingress.num_replicas``)
+    and return at once: a lightweight update of the ingress's ``num_replicas``, its route
+    table untouched. Serve starts new replicas with the deployed table and drains a stopping
+    one; until the count settles, `route_applied` waits for every replica to run the table."""
+    with _lock:
+        state = _require_state()
+        new = state.with_ingress_replicas(num_replicas)
+        if new.ingress_target != state.ingress_target:
+            _apply(new)
+        return new
 
 
 def set_route_weights(

@@ -1,11 +1,13 @@
 """The Serve adapter: the control loop's only way to read and change the serving plane.
 
 Owns: `ServeView` (what Serve runs, read once per tick: targets, RUNNING/STARTING/STOPPING
-counts and route weights per model and pool, and the replica rows of the snapshot), the load
-board read, the Ray autoscaler's `request_resources` for the external pool, and the writes the
-act phase makes: a pool's target, its route weights, and the non-blocking steps of a
-make-before-break move (`serve.operations.set_pool_target`, `route_for_targets`,
-`pool_running`, `route_applied`, `pool_settled`).
+counts and route weights per model and pool, the ingress's replica target, and the replica
+rows of the snapshot), the load board reads (ongoing requests per model; the ingress's request
+rate and CPU per request), the Ray autoscaler's `request_resources` for the external pool, and
+the writes the act phase makes: a pool's target, its route weights, the ingress's replica
+count (`serve.operations.scale_ingress`), and the non-blocking steps of a make-before-break
+move (`serve.operations.set_pool_target`, `route_for_targets`, `pool_running`,
+`route_applied`, `pool_settled`).
 
 Must not: decide (the policies do), or wait for a replica: every method here returns at once
 (a scale-down's re-route waits only for the ingress to apply its route table).
@@ -19,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from policies.ingress import IngressTraffic
 from policies.snapshot import Pool, ReplicaState, ServeReplica
 from serve.status import serve_status
 
@@ -54,6 +57,8 @@ class ServeView:
     deployed: bool = False
     pools: Mapping[tuple[str, Pool], PoolView] = field(default_factory=dict)
     replicas: tuple[ServeReplica, ...] = ()
+    ingress_target: int = 0
+    """The ingress deployment's replica target (0: not known; the loop then leaves it)."""
 
     def pool(self, model: str, pool: Pool) -> PoolView:
         return self.pools.get((model, pool), PoolView())
@@ -103,7 +108,13 @@ def view_from_status(status: Mapping[str, Any], gpus_per_replica: Mapping[str, f
                         state=state,
                     )
                 )
-    return ServeView(deployed=True, pools=pools, replicas=tuple(rows))
+    ingress = status.get("ingress") or {}
+    return ServeView(
+        deployed=True,
+        pools=pools,
+        replicas=tuple(rows),
+        ingress_target=int(ingress.get("target") or 0),
+    )
 
 
 class ServePlane(Protocol):
@@ -115,8 +126,16 @@ class ServePlane(Protocol):
         """Ongoing requests per model (the ingress's load board); {} when none reported."""
         ...
 
+    def ingress_traffic(self) -> IngressTraffic:
+        """The ingress replicas' request rate and CPU per request (the load board)."""
+        ...
+
     def request_external(self, bundles: list[dict[str, float]]) -> None:
         """Ask the Ray autoscaler for these resource bundles ([] lets it scale down)."""
+        ...
+
+    def scale_ingress(self, num_replicas: int) -> None:
+        """Set the ingress deployment's replica count."""
         ...
 
     def scale_pool(self, model: str, pool: Pool, num_replicas: int) -> None:
@@ -165,6 +184,15 @@ class RayServe:
             log.debug("load board unavailable: %r", exc)
             return {}
 
+    def ingress_traffic(self) -> IngressTraffic:
+        from serve.load import read_ingress_traffic  # deferred: imports ray (heavy)
+
+        try:
+            return IngressTraffic(*read_ingress_traffic())
+        except Exception as exc:  # no reports yet: the ingress keeps its count
+            log.debug("load board unavailable: %r", exc)
+            return IngressTraffic()
+
     def request_external(self, bundles: list[dict[str, float]]) -> None:
         from ray.autoscaler.sdk import request_resources  # deferred: ray is heavy
 
@@ -172,6 +200,9 @@ class RayServe:
 
     def scale_pool(self, model: str, pool: Pool, num_replicas: int) -> None:
         _operations().scale_pool(model, pool.value, num_replicas, wait=False)
+
+    def scale_ingress(self, num_replicas: int) -> None:
+        _operations().scale_ingress(num_replicas)
 
     def set_route_weights(self, model: str, weights: Mapping[Pool, float]) -> None:
         by_name = {p.value: w for p, w in weights.items()}

@@ -10,7 +10,9 @@ Owns: `decide(observation, policies, admission_state, serving_state)` -> `Decisi
    (`policies.placement.decide`) with admission's claims handed over in-process, as data:
    placement's yield move carries the claim's node ids and job;
 4. the serving plan: placement's actions, and a `ScaleServePool` for every pool whose new
-   target differs from what Serve has once the moves are counted in.
+   target differs from what Serve has once the moves are counted in; last, a `ScaleIngress`
+   when the ingress's replica count for its traffic (`policies.ingress.decide_ingress`: up at
+   once, down after ``serving.ingress.downscale_delay_s``) differs from Serve's.
 
 Placement's memory of route weights is replaced by what Serve has deployed (`ServeView`), so
 its `SetRouteWeights` is level-triggered: repeated until the deployed table matches.
@@ -39,7 +41,12 @@ from dataclasses import dataclass, replace
 from controlplane.adapters.serve import ServeView
 from controlplane.config import Config
 from controlplane.loop.types import Decision, Observation, ServingPolicyState
-from controlplane.policy_config import admission_config, demand_config, placement_config
+from controlplane.policy_config import (
+    admission_config,
+    demand_config,
+    ingress_scaling,
+    placement_config,
+)
 from policies import admission, health, placement
 from policies.admission import AdmissionConfig, AdmissionState
 from policies.demand import (
@@ -49,8 +56,16 @@ from policies.demand import (
     decide_replicas,
     wanted_replicas,
 )
+from policies.ingress import IngressLoad, IngressScaling, IngressTraffic, decide_ingress
 from policies.placement import ModelDemand, PlacementConfig, PoolTargets
-from policies.plan import Action, MoveServeReplicas, Plan, ScaleServePool, SetRouteWeights
+from policies.plan import (
+    Action,
+    MoveServeReplicas,
+    Plan,
+    ScaleIngress,
+    ScaleServePool,
+    SetRouteWeights,
+)
 from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
 
 __all__ = ["Policies", "decide", "decide_serving", "policies_of", "wanted_now"]
@@ -66,6 +81,8 @@ class Policies:
     """Per served model."""
     gpus_per_replica: Mapping[str, float]
     act_on_health: bool = True
+    ingress: IngressScaling | None = None
+    """The ingress's scaling (None: the loop leaves the ingress's replica count alone)."""
 
 
 def policies_of(cfg: Config) -> Policies:
@@ -78,6 +95,7 @@ def policies_of(cfg: Config) -> Policies:
         demand={m.name: demand_config(m) for m in models},
         gpus_per_replica={m.name: m.num_gpus for m in models},
         act_on_health=cfg.health.act,
+        ingress=ingress_scaling(cfg.serving.ingress) if cfg.serve.deploy_app else None,
     )
 
 
@@ -103,7 +121,13 @@ def decide(
     if serving_busy:
         return decision
     serving, targets, new_serving = decide_serving(
-        snapshot, observation.serve, observation.loads, policies, serving_state, claims
+        snapshot,
+        observation.serve,
+        observation.loads,
+        policies,
+        serving_state,
+        claims,
+        observation.ingress,
     )
     return replace(decision, serving=serving, serving_state=new_serving, targets=targets)
 
@@ -125,8 +149,10 @@ def decide_serving(
     policies: Policies,
     state: ServingPolicyState,
     claims: tuple[MoveServeReplicas, ...] = (),
+    ingress: IngressTraffic | None = None,
 ) -> tuple[Plan, tuple[PoolTargets, ...], ServingPolicyState]:
-    """Demand then placement for every model; the serving plan, targets and new state."""
+    """Demand then placement for every model, then the ingress's count; the serving plan,
+    targets and new state."""
     demands: list[ModelDemand] = []
     new_demand = dict(state.demand)
     for name, config in sorted(policies.demand.items()):
@@ -154,7 +180,13 @@ def decide_serving(
         snapshot, tuple(demands), policies.placement, placement_state, claims=claims
     )
     plan = _with_scales(actions, targets, serve)
-    return plan, targets, ServingPolicyState(new_demand, new_placement)
+    new_ingress = state.ingress
+    if policies.ingress is not None and serve.ingress_target > 0:
+        load = IngressLoad(ingress or IngressTraffic(), serve.ingress_target, snapshot.now_s)
+        decided, new_ingress = decide_ingress(load, policies.ingress, state.ingress)
+        if decided.num_replicas != serve.ingress_target:
+            plan = (*plan, ScaleIngress(decided.num_replicas, decided.message))
+    return plan, targets, ServingPolicyState(new_demand, new_placement, new_ingress)
 
 
 def _with_scales(

@@ -3,8 +3,9 @@
 Owns: `observe`, which moves jobs along first (`JobActions.reconcile`: Ray Job states and
 the job signals: RUNNING, SUCCEEDED, preemption done...), then reads the active jobs from the
 store (by index: never the finished jobs of the past), the node inventory, the nodes Ray
-drains (they count as capacity no more: ``healthy=False``) and the serving plane (`ServeView`
-and the load board), into one `Observation`. Node health (telemetry verdicts) is applied on
+drains (they count as capacity no more: ``healthy=False``) and the serving plane (`ServeView`,
+the load board, and each model's p99 from the latency reader: the snapshot's `ServeLoad`
+rows, `serve_loads`), into one `Observation`. Node health (telemetry verdicts) is applied on
 top by `controlplane.loop.health` in the same phase (`with_health`).
 
 The snapshot's rules (`build_snapshot`, pure given its inputs, so tests can feed rows):
@@ -22,7 +23,8 @@ Must not: change anything (reconcile is the job runner's own bookkeeping).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
 from controlplane.adapters.serve import ServePlane, ServeView
@@ -30,9 +32,17 @@ from controlplane.inventory import NodeRow
 from controlplane.loop.types import JobActions, NodeInventory, Observation
 from controlplane.store import JobRecord, JobState, Store
 from policies.health import NodeVerdict, with_verdicts
-from policies.snapshot import ClusterSnapshot, NodeView, Pool, QueuedJob, RunningGang
+from policies.ingress import IngressTraffic
+from policies.snapshot import ClusterSnapshot, NodeView, Pool, QueuedJob, RunningGang, ServeLoad
 
-__all__ = ["ACTIVE_STATES", "HOLDING_STATES", "build_snapshot", "observe", "with_health"]
+__all__ = [
+    "ACTIVE_STATES",
+    "HOLDING_STATES",
+    "build_snapshot",
+    "observe",
+    "serve_loads",
+    "with_health",
+]
 
 ACTIVE_STATES = (JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING)
 
@@ -44,20 +54,40 @@ def observe(
     nodes: NodeInventory,
     draining: frozenset[str],
     serve: ServePlane | None,
+    latency: Callable[[], Mapping[str, float]] | None = None,
 ) -> Observation:
     jobs.reconcile()
     records = tuple(store.list_jobs(states=list(ACTIVE_STATES)))
     snapshot = build_snapshot(now_s, nodes.list_nodes(), records)
     view = serve.view() if serve is not None else ServeView()
     loads: Mapping[str, float] = dict(serve.loads()) if serve is not None and view.deployed else {}
+    ingress = (
+        serve.ingress_traffic()
+        if serve is not None and view.deployed and view.ingress_target
+        else IngressTraffic()
+    )
     snapshot = replace(
         snapshot,
         nodes=tuple(
             replace(n, healthy=False) if n.node_id in draining else n for n in snapshot.nodes
         ),
         serve_replicas=view.replicas,
+        serve_load=serve_loads(loads, latency() if latency is not None and view.deployed else {}),
     )
-    return Observation(snapshot=snapshot, jobs=records, draining=draining, serve=view, loads=loads)
+    return Observation(
+        snapshot=snapshot, jobs=records, draining=draining, serve=view, loads=loads, ingress=ingress
+    )
+
+
+def serve_loads(ongoing: Mapping[str, float], p99_ms: Mapping[str, float]) -> tuple[ServeLoad, ...]:
+    """The snapshot's per-model `ServeLoad` rows: ongoing requests (the load board) and p99
+    (`controlplane.adapters.latency`); a non-finite or negative p99 is no reading."""
+    rows = []
+    for model in sorted(set(ongoing) | set(p99_ms)):
+        p99 = p99_ms.get(model)
+        ok = p99 is not None and math.isfinite(p99) and p99 >= 0
+        rows.append(ServeLoad(model, float(ongoing.get(model, 0.0)), p99 if ok else None))
+    return tuple(rows)
 
 
 def with_health(observation: Observation, verdicts: Mapping[str, NodeVerdict]) -> Observation:

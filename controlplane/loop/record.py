@@ -27,6 +27,7 @@ from policies.plan import (
     PreemptJob,
     RejectJob,
     RequestExternalCapacity,
+    ScaleIngress,
     ScaleServePool,
     SetRouteWeights,
     WaitJob,
@@ -54,6 +55,7 @@ class EventKind(str, Enum):
     SERVE_RESUME = "serve.resume"
     SERVE_SCALE = "serve.scale"
     SERVE_SCALE_WAIT = "serve.scale.wait"
+    SERVE_INGRESS_SCALE = "serve.ingress.scale"
     SERVE_EXTERNAL_CAPACITY = "serve.external_capacity"
     SERVE_EXTERNAL_GROUP = "serve.external_group"
     HEALTH_CORDON = "health.cordon"
@@ -63,6 +65,8 @@ class EventKind(str, Enum):
     HEALTH_AGENT_IMPOSTOR = "health.agent_impostor"
     HEALTH_BREAKER = "health.breaker"
     HEALTH_BREAKER_RESET = "health.breaker_reset"
+    HEALTH_SERVING_ONLY = "health.serving_only"
+    HEALTH_SERVING_ONLY_END = "health.serving_only_end"
     POLICY_ADMIT = "policy.AdmitJob"
     POLICY_PREEMPT = "policy.PreemptJob"
     POLICY_REJECT = "policy.RejectJob"
@@ -70,6 +74,7 @@ class EventKind(str, Enum):
     POLICY_CORDON = "policy.CordonNode"
     POLICY_DRAIN = "policy.DrainNode"
     POLICY_SCALE = "policy.ScaleServePool"
+    POLICY_SCALE_INGRESS = "policy.ScaleIngress"
     POLICY_ROUTE = "policy.SetRouteWeights"
     POLICY_EXTERNAL = "policy.RequestExternalCapacity"
     POLICY_WAIT = "policy.WaitJob"
@@ -92,6 +97,7 @@ _POLICY_KINDS: dict[type, EventKind] = {
     CordonNode: EventKind.POLICY_CORDON,
     DrainNode: EventKind.POLICY_DRAIN,
     ScaleServePool: EventKind.POLICY_SCALE,
+    ScaleIngress: EventKind.POLICY_SCALE_INGRESS,
     SetRouteWeights: EventKind.POLICY_ROUTE,
     RequestExternalCapacity: EventKind.POLICY_EXTERNAL,
     WaitJob: EventKind.POLICY_WAIT,
@@ -157,10 +163,15 @@ METRICS: dict[str, MetricDef] = {
     ),
     "rcp_node_verdict": MetricDef(
         "gauge",
-        "1 for the node's current health verdict (healthy, degraded, unhealthy).",
+        "1 for the node's current health verdict (healthy, degraded, serving_only, unhealthy).",
         ("node", "pool", "verdict"),
     ),
     "rcp_nodes_cordoned": MetricDef("gauge", "Nodes this controller has taken out of service."),
+    "rcp_node_serving_only": MetricDef(
+        "gauge",
+        "1 while health keeps the node for serving only (fabric faults: no gang, replicas yes).",
+        ("node", "pool"),
+    ),
     "rcp_health_breaker_open": MetricDef(
         "gauge", "1 while the health breaker holds removals (health.breaker budget spent)."
     ),

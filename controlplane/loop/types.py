@@ -1,7 +1,8 @@
 """The loop's data: what a tick observed, what it decided, and the policies' memory.
 
 Owns: `Observation` (observe's output: the frozen `ClusterSnapshot` with health applied, the
-job records it was built from, the nodes Ray drains, the Serve view and load), `Decision`
+job records it was built from, the nodes Ray drains, the Serve view, its load and the
+ingress's traffic), `Decision`
 (decide's output: each policy's plan and new state, one batch), `ServingPolicyState` (the
 serving policies' memory, stored as ``serving.state``) and the adapters' protocols the loop
 is built from (`JobActions`, `NodeInventory`, `Telemetry`, `MetricSink`). No field is `Any`.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from controlplane.adapters.serve import ServeView
 from controlplane.inventory import NodeRow
@@ -21,6 +22,7 @@ from controlplane.store import JobRecord
 from policies.admission import AdmissionState
 from policies.demand import DemandState, Direction
 from policies.health import NodeVerdict, RemediationAction
+from policies.ingress import IngressTraffic
 from policies.placement import PlacementState, PoolTargets
 from policies.plan import Action, AdmitJob, MoveServeReplicas, Plan, PreemptJob
 from policies.snapshot import ClusterSnapshot, Pool
@@ -50,6 +52,8 @@ class Observation:
     draining: frozenset[str] = frozenset()
     serve: ServeView = field(default_factory=ServeView)
     loads: Mapping[str, float] = field(default_factory=dict)
+    ingress: IngressTraffic = field(default_factory=IngressTraffic)
+    """The ingress replicas' request rate and CPU per request (the load board)."""
     verdicts: Mapping[str, NodeVerdict] = field(default_factory=dict)
 
 
@@ -59,18 +63,14 @@ class ServingPolicyState:
 
     demand: Mapping[str, DemandState] = field(default_factory=dict)
     placement: PlacementState = field(default_factory=PlacementState)
+    ingress: DemandState = field(default_factory=DemandState)
+    """The ingress scaling policy's downscale timer (`policies.ingress`)."""
 
     def to_dict(self) -> dict[str, JsonValue]:
         p = self.placement
         return {
-            "demand": {
-                m: {
-                    "direction": s.direction.value,
-                    "since_s": s.since_s,
-                    "highest_wanted": s.highest_wanted,
-                }
-                for m, s in self.demand.items()
-            },
+            "demand": {m: _demand_dict(s) for m, s in self.demand.items()},
+            "ingress": _demand_dict(self.ingress),
             "placement": {
                 "room_since_s": p.room_since_s,
                 "last_step_back_s": p.last_step_back_s,
@@ -85,12 +85,8 @@ class ServingPolicyState:
     def from_dict(cls, data: object) -> ServingPolicyState:
         if not isinstance(data, Mapping) or not data:
             return cls()
-        demand = {
-            str(m): DemandState(
-                Direction(s["direction"]), float(s["since_s"]), int(s["highest_wanted"])
-            )
-            for m, s in (data.get("demand") or {}).items()
-        }
+        demand = {str(m): _demand_state(s) for m, s in (data.get("demand") or {}).items()}
+        ingress = _demand_state(data["ingress"]) if data.get("ingress") else DemandState()
         p = data.get("placement") or {}
         placement = PlacementState(
             room_since_s=p.get("room_since_s"),
@@ -101,7 +97,19 @@ class ServingPolicyState:
                 for m, ws in (p.get("route_weights") or {}).items()
             },
         )
-        return cls(demand=demand, placement=placement)
+        return cls(demand=demand, placement=placement, ingress=ingress)
+
+
+def _demand_dict(s: DemandState) -> dict[str, JsonValue]:
+    return {
+        "direction": s.direction.value,
+        "since_s": s.since_s,
+        "highest_wanted": s.highest_wanted,
+    }
+
+
+def _demand_state(s: Mapping[str, Any]) -> DemandState:
+    return DemandState(Direction(s["direction"]), float(s["since_s"]), int(s["highest_wanted"]))
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from controlplane.adapters.serve import PoolView, ServeView
 from controlplane.simulate.engine import EventKind, EventQueue
 from controlplane.simulate.world import Node, World
+from policies.ingress import IngressTraffic
 from policies.snapshot import Pool, ReplicaState, ServeReplica
 
 __all__ = ["SimServe", "SimReplica"]
@@ -299,6 +300,13 @@ class SimServe:
 
     def loads(self) -> Mapping[str, float]:
         return {}
+
+    def ingress_traffic(self) -> IngressTraffic:
+        """Not simulated: the view's ``ingress_target`` is 0, so the loop never scales it."""
+        return IngressTraffic()
+
+    def scale_ingress(self, num_replicas: int) -> None:
+        raise NotImplementedError("the simulator does not model the ingress")
 
     def request_external(self, bundles: list[dict[str, float]]) -> None:
         self.world.want_external_gpus(int(sum(b.get("GPU", 0.0) for b in bundles)))

@@ -23,6 +23,7 @@ from controlplane.loop import Adapters, Loop
 from controlplane.service.controller import policies
 from controlplane.store import JobState, Store
 from jobs.spec import JobSpec
+from policies.ingress import IngressTraffic
 from policies.plan import AdmitJob, PreemptJob
 from policies.snapshot import Pool, ReplicaState, ServeReplica
 
@@ -62,6 +63,11 @@ class FakeServe:
         self.failed_requests = 0
         self.load: dict[str, float] = {}
         """Requests in flight per model, as the load board reports them (the test sets it)."""
+        self.ingress = IngressTraffic()
+        """The ingress's traffic as the load board reports it (the test sets it)."""
+        self.ingress_target = 0
+        """The ingress's replica target (0: not deployed, the loop leaves it)."""
+        self.ingress_scales: list[int] = []
         self._ids = 0
 
     # -- the test's side -----------------------------------------------------------------------
@@ -139,10 +145,19 @@ class FakeServe:
             for r in self.replicas
             if r.node_id
         )
-        return ServeView(deployed=True, pools=pools, replicas=rows)
+        return ServeView(
+            deployed=True, pools=pools, replicas=rows, ingress_target=self.ingress_target
+        )
 
     def loads(self) -> Mapping[str, float]:
         return dict(self.load)
+
+    def ingress_traffic(self) -> IngressTraffic:
+        return self.ingress
+
+    def scale_ingress(self, num_replicas: int) -> None:
+        self.ingress_scales.append(num_replicas)
+        self.ingress_target = num_replicas
 
     def request_external(self, bundles: list[dict[str, float]]) -> None:
         self.requests_external.append(bundles)

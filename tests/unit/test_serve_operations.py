@@ -147,6 +147,29 @@ def test_redeploy_keeps_targets_and_weights(fake: FakeServe) -> None:
     assert (after.targets, after.weights) == (before.targets, before.weights)
 
 
+def ingress_count(apps: dict[str, dict[str, Any]]) -> int:
+    return int(apps[INGRESS_APP]["deployments"][0]["num_replicas"])
+
+
+def test_scale_ingress_changes_only_its_count_and_a_redeploy_keeps_it(fake: FakeServe) -> None:
+    before = ops.read_state()
+    ops.scale_ingress(5)
+    (apps,) = fake.applied
+    assert ingress_count(apps) == 5
+    assert (targets(apps), weights(apps)) == (targets(fake.apps), weights(fake.apps))
+    state = ops.read_state()
+    assert before is not None and state is not None
+    assert (state.ingress_replicas, state.generation) == (5, before.generation)
+    ops.scale_ingress(5)  # unchanged: no write
+    ops.scale_ingress(1)  # below the configured floor of 2: runs the floor
+    assert [ingress_count(a) for a in fake.applied] == [5, 2]
+    ops.scale_ingress(4)
+    ops.deploy(ServingConfig(ready_timeout_s=5, models=[ModelConfig(name="sample")]))
+    assert ingress_count(fake.apps) == 4
+    with pytest.raises(ValueError, match="at least 1"):
+        ops.scale_ingress(0)
+
+
 @pytest.mark.parametrize(
     ("call", "error"),
     [

@@ -12,6 +12,9 @@ Owns: carrying out, item by item, what the serving policies returned:
   (``serve.scale.wait``, retried next tick) until every other pool of the model runs all of
   its target, then routes away from the leaving replicas before it lowers the target;
 * `SetRouteWeights` -> the route table, when it differs from what is deployed;
+* `ScaleIngress` -> the ingress deployment's replica count (``serve.ingress.scale``), at
+  once: a starting ingress replica serves with the deployed route table, and Serve drains a
+  stopping one (a move's route step waits until the count settled);
 * on Kubernetes with the in-tree autoscaler off, the external worker group's size
   (`ExternalGroup`, level-triggered, re-asserted every `EXTERNAL_GROUP_RECHECK_S`).
 
@@ -45,6 +48,7 @@ from policies.plan import (
     Action,
     MoveServeReplicas,
     RequestExternalCapacity,
+    ScaleIngress,
     ScaleServePool,
     SetRouteWeights,
 )
@@ -196,6 +200,12 @@ class ServeActuator:
             elif isinstance(a, MoveServeReplicas):
                 if self._start(a, view, now_s):
                     started.add(a.model)
+            elif isinstance(a, ScaleIngress):
+                self._record(
+                    EventKind.SERVE_INGRESS_SCALE,
+                    f"ingress: {view.ingress_target} -> {a.num_replicas} replicas: {a.reason}",
+                )
+                self.serve.scale_ingress(a.num_replicas)
             elif isinstance(a, ScaleServePool | SetRouteWeights):
                 if a.model in started or a.model in self.moving():
                     continue  # the move owns this model's replicas and routes until it ends
