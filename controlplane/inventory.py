@@ -32,7 +32,8 @@ class NodeRow:
     cpus_free: float
     labels: dict[str, str] = field(default_factory=dict)
     health: str | None = None
-    """healthy, degraded or unhealthy (from telemetry); None when no agent reports."""
+    """healthy, degraded, serving_only or unhealthy (from telemetry); None when no agent
+    reports."""
     health_reasons: list[str] = field(default_factory=list)
     gpu_temp_max_c: float | None = None
     """The hottest GPU in the newest telemetry sample."""

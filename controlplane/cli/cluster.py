@@ -84,7 +84,8 @@ def down(config_file: str | None, overrides: tuple[str, ...]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 def nodes(url: str | None, state_dir: str | None, as_json: bool) -> None:
     """List nodes: pool (head, cluster, external), state, health, GPUs free/total, labels;
-    a node an operator cordoned shows it (``cordoned``)."""
+    a node an operator cordoned shows it (``cordoned``), and so does one health keeps for
+    serving only (``serving-only``: fabric faults; replicas run there, no gang)."""
     api = sdk_client(url, state_dir)
     rows = api_call(api.nodes)
     if as_json:
@@ -93,6 +94,8 @@ def nodes(url: str | None, state_dir: str | None, as_json: bool) -> None:
     shown = []
     for row in rows:
         state = f"{row['state']},cordoned" if row.get("cordon") else row["state"]
+        if row.get("serving_only"):
+            state += ",serving-only"
         shown.append(NodeRow.from_json({**row, "state": state}))
     click.echo(format_table(shown))
 

@@ -11,6 +11,13 @@ Owns: the health half of a tick and its memory, `HealthKeeper`:
 * act (`act`): `CordonNode` -> Ray drain, `PreemptJob` -> the job runner (checkpoint first,
   re-queue), `DrainNode` -> the node is replaced (`remediation.Remediator`); the drains this
   controller asked for are stored under ``health.cordoned`` (Ray does not say who asked);
+* serving-only nodes (`note_serving_only`): a node whose verdict is SERVING_ONLY (fabric
+  faults, GPUs fine) is not drained: admission leaves it out of every gang (its gangs are
+  preempted with a checkpoint) while Serve replicas keep running and starting there. Which
+  nodes are serving-only, since when and why, is kept under ``health.serving_only``, so a
+  restarted controller neither forgets them nor says it twice; events
+  ``health.serving_only`` and ``health.serving_only_end`` name the node and the fault, and
+  the gauge ``rcp_node_serving_only{node,pool}`` shows it;
 * the operator's requests (`clear_node`, `breaker_status`, `reset_breaker`), which may come
   from the API thread while a tick runs: each holds its lock.
 
@@ -55,6 +62,7 @@ __all__ = [
     "CORDONED_KEY",
     "HEALTH_SAMPLES",
     "HEALTH_STATE_KEY",
+    "SERVING_ONLY_KEY",
     "HealthKeeper",
 ]
 
@@ -62,6 +70,8 @@ log = logging.getLogger(__name__)
 
 HEALTH_STATE_KEY = "health.state"
 CORDONED_KEY = "health.cordoned"
+SERVING_ONLY_KEY = "health.serving_only"
+"""Node id -> ``{"since_s", "reason"}`` of every node kept for serving only."""
 BREAKER_KEY = "health.breaker"
 AGENTS_KEY = "health.agents"
 """Node id -> actor id of the telemetry agent this controller created (the only ones trusted)."""
@@ -120,6 +130,12 @@ class HealthKeeper:
             state=BreakerState.from_dict(store.get_value(BREAKER_KEY, {}) or {}),
         )
         self._agent_ids: dict[str, str] = dict(store.get_value(AGENTS_KEY, {}) or {})
+        self.serving_only: dict[str, dict[str, object]] = {
+            str(n): dict(v)
+            for n, v in (store.get_value(SERVING_ONLY_KEY, {}) or {}).items()
+            if isinstance(v, Mapping)
+        }
+        """Node id -> since when (``since_s``) and why (``reason``) it serves only."""
 
     # -- observe -------------------------------------------------------------------------------
 
@@ -162,7 +178,48 @@ class HealthKeeper:
                 verdicts = self.breaker.step(verdicts, snapshot, out, snapshot.now_s)
                 if self.breaker.state != before:
                     self.store.put(BREAKER_KEY, self.breaker.state.to_dict())
+        self.note_serving_only(verdicts, snapshot)
         return verdicts
+
+    def note_serving_only(
+        self, verdicts: Mapping[str, NodeVerdict], snapshot: ClusterSnapshot
+    ) -> None:
+        """Keep ``health.serving_only`` in step with the verdicts, and say each change once.
+
+        A node stops being serving-only when its verdict says otherwise (it recovered, or a
+        GPU fault took it out of everything) or it is gone; a node with no verdict this tick
+        (its agent did not answer) keeps its record.
+        """
+        now = {
+            n: v for n, v in verdicts.items() if v.verdict is Verdict.SERVING_ONLY and not v.held
+        }
+        live = {n.node_id for n in snapshot.nodes}
+        kept = dict(self.serving_only)  # replaced whole: the API thread reads it
+        for node_id, v in sorted(now.items()):
+            if node_id not in kept:
+                kept[node_id] = {"since_s": snapshot.now_s, "reason": v.reason}
+                self._record(
+                    EventKind.HEALTH_SERVING_ONLY,
+                    f"node {node_id}: serving only (no gang is admitted there, its gangs "
+                    f"checkpoint and restart elsewhere, Serve replicas stay); {v.reason}",
+                )
+        for node_id in sorted(set(kept) - set(now)):
+            after = verdicts.get(node_id)
+            if node_id in live and after is None:
+                continue
+            del kept[node_id]
+            if after is None:
+                why = "the node is gone"
+            elif after.verdict is Verdict.UNHEALTHY:
+                why = f"out of everything now: {after.reason}"
+            else:
+                why = f"fit for gangs again ({after.verdict.value})"
+            self._record(
+                EventKind.HEALTH_SERVING_ONLY_END, f"node {node_id}: serving only ends; {why}"
+            )
+        if kept != self.serving_only:
+            self.store.put(SERVING_ONLY_KEY, kept)
+            self.serving_only = kept
 
     def _trust_agents(self, refs: Sequence[AgentRefLike]) -> None:
         """Record the actor id of every agent this controller created; an actor under an
@@ -264,6 +321,11 @@ class HealthKeeper:
                     1.0 if v is current else 0.0,
                     {"node": node.node_id, "pool": node.pool.value, "verdict": v.value},
                 )
+            metrics.set(
+                "rcp_node_serving_only",
+                1.0 if node.node_id in self.serving_only else 0.0,
+                {"node": node.node_id, "pool": node.pool.value},
+            )
         metrics.set("rcp_nodes_cordoned", float(len(self.remediator.cordoned)))
         metrics.set("rcp_health_breaker_open", 1.0 if self.breaker.state.open else 0.0)
         metrics.set("rcp_health_removals_held", float(len(self.breaker.state.held)))

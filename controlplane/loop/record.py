@@ -187,6 +187,15 @@ METRICS: dict[str, MetricDef] = {
     "rcp_serve_route_weight": MetricDef(
         "gauge", "Route weight per model and pool.", ("model", "pool")
     ),
+    "rcp_model_p99_ms": MetricDef(
+        "gauge",
+        "Each served model's p99 latency (ms) over serving.latency_window_s, both pools' "
+        "backends (NaN: no reading).",
+        ("model",),
+    ),
+    "rcp_model_slo_p99_ms": MetricDef(
+        "gauge", "Each served model's latency goal, slo_p99_ms (models with one).", ("model",)
+    ),
     "rcp_external_gpus_requested": MetricDef("gauge", "GPUs requested from the external pool."),
     "rcp_external_gpus_max": MetricDef(
         "gauge", "Most GPUs the external pool may have (max_nodes x gpus_per_node)."

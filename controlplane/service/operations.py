@@ -96,15 +96,18 @@ class Operations:
 
     def nodes(self) -> list[dict[str, Any]]:
         """Every node (by id): pool, state, GPUs and CPUs, labels, health, and who took it
-        out: ``taken_out_s`` (health drained it), ``cordon`` (an operator cordoned it)."""
+        out: ``taken_out_s`` (health drained it), ``cordon`` (an operator cordoned it),
+        ``serving_only`` (health keeps it for replicas only: ``since_s`` and ``reason``)."""
         guards = self.loop.guard_store.load()
         taken_out = self.loop.health.cordoned()
+        serving_only = dict(self.loop.health.serving_only)
         out = []
         for row in self._rows():
             data = row.to_json()
             cordon = guards.cordons.get(row.node_id)
             data["cordon"] = None if cordon is None else cordon.to_json()
             data["taken_out_s"] = taken_out.get(row.node_id)
+            data["serving_only"] = serving_only.get(row.node_id)
             out.append(data)
         return out
 

@@ -71,6 +71,8 @@ _ROW_OF_KIND: dict[str, str] = {
     "health.release": "health",
     "health.breaker": "health",
     "health.breaker_reset": "health",
+    "health.serving_only": "health",
+    "health.serving_only_end": "health",
     "job.state": "job",
 }
 """Which event kinds are markers, and on which row. Other kinds (``controller.start``, ...)

@@ -150,6 +150,7 @@ def test_verdict_series_follow_the_live_nodes() -> None:
         verdicts={"n0": NodeVerdict("n0", Verdict.UNHEALTHY)},
         remediator=SimpleNamespace(cordoned={}),
         breaker=SimpleNamespace(state=BreakerState(held=("n0",), opened_s=0.0)),
+        serving_only={},
     )
     # An autoscaler adds and removes nodes: 50 come and go, 2 at a time.
     for i in range(0, 50, 2):
