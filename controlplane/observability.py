@@ -90,6 +90,8 @@ KNOWN_METRICS: dict[str, str] = {
     "ray_rcp_fleet_gpu_mtbf_hours": _CONTROLLER,
     "ray_rcp_serve_replicas": _SERVING,
     "ray_rcp_serve_route_weight": _SERVING,
+    "ray_rcp_model_p99_ms": _SERVING,
+    "ray_rcp_model_slo_p99_ms": _SERVING,
     "ray_rcp_external_gpus_requested": _SERVING,
     "ray_rcp_external_gpus_max": _SERVING,
     "ray_rcp_training_claim_gpus": _SERVING,

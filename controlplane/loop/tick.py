@@ -5,7 +5,8 @@ catch, log and count their own failure, so the loop never dies:
 
 0. retention - at most every ``jobs.prune_interval_s`` one bounded batch of finished jobs and
    old events leaves the store (the shell's `retention.Retention`);
-1. observe - `observe.observe` (jobs reconciled, active jobs, nodes, Ray's drains, Serve) and
+1. observe - `observe.observe` (jobs reconciled, active jobs, nodes, Ray's drains, Serve,
+   each model's p99 through ``Adapters.latency``) and
    `health.HealthKeeper.judge` (telemetry -> verdicts, breaker); unhealthy nodes leave the
    snapshot's capacity at once (`observe.with_health`); the operators' guards are read
    (`guards.GuardStore.load`): pins go into the snapshot, hand-cordoned nodes out of capacity;
@@ -35,7 +36,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -111,6 +112,9 @@ class Adapters:
     metrics: MetricSink
     serve: ServePlane | None = None
     """None when the control plane runs no serving plane (``serve.deploy_app`` false)."""
+    latency: Callable[[], Mapping[str, float]] | None = None
+    """p99 ms per served model (`controlplane.adapters.latency.PrometheusLatency.read`); None:
+    no latency source, so models scale on ongoing requests alone."""
     prometheus_targets: Callable[[set[str]], None] | None = None
     kube_remove: Callable[[str, str], object] | None = None
     kube_scale_external: Callable[[], Callable[[int], ScaleOutcome] | None] | None = None
@@ -290,7 +294,7 @@ class Loop:
     def _observe(self, now_s: float) -> Observation:
         draining = self.health.observe_draining()
         a = self.adapters
-        return observe(now_s, a.jobs, self.store, a.nodes, draining, a.serve)
+        return observe(now_s, a.jobs, self.store, a.nodes, draining, a.serve, a.latency)
 
     def _decide(self, observed: Observation) -> Decision:
         admission = AdmissionState.from_dict(self.store.get_value(ADMISSION_STATE_KEY, {}) or {})
@@ -347,7 +351,8 @@ class Loop:
 
     def _export_metrics(self, observed: Observation, decided: Decision) -> None:
         """Queue depth, GPUs by owner per pool, admission wait, phase durations and errors,
-        the serving plane per model and pool, the external request and the training claim."""
+        the serving plane per model and pool, each model's p99 and SLO, the external request
+        and the training claim."""
         m = self.metrics
         snapshot = observed.snapshot
         m.set("rcp_queue_depth", float(len(snapshot.queued)))
@@ -394,6 +399,11 @@ class Loop:
                     {"model": model, "pool": pool.value, "state": state},
                 )
             m.set("rcp_serve_route_weight", v.weight, {"model": model, "pool": pool.value})
+        for model, demand in self.policies.demand.items():
+            p99 = snapshot.load_of(model).p99_ms
+            m.set("rcp_model_p99_ms", math.nan if p99 is None else p99, {"model": model})
+            if demand.target_p99_ms is not None:
+                m.set("rcp_model_slo_p99_ms", demand.target_p99_ms, {"model": model})
         per_replica = self.policies.gpus_per_replica
         claim = sum(
             c.num_replicas * max(1, math.ceil(per_replica.get(c.model, 1.0)))

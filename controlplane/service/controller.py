@@ -26,11 +26,13 @@ adapters and deploying itself.
 from __future__ import annotations
 
 import logging
+import os
 import time
 import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from controlplane.adapters.latency import PrometheusLatency, latency_source_url
 from controlplane.adapters.nodes import RayNodes
 from controlplane.adapters.prometheus import PrometheusTargets
 from controlplane.adapters.serve import RayServe
@@ -131,6 +133,12 @@ class Controller:
             else None
         )
         prometheus = PrometheusTargets(cfg)
+        latency_url = latency_source_url(cfg, os.environ) if serve is not None else None
+        if serve is not None and latency_url is None:
+            log.warning(
+                "no Prometheus to read Serve's latency from (RAY_PROMETHEUS_HOST unset, "
+                "observability.prometheus off): serving.models[].slo_p99_ms does nothing"
+            )
         return Adapters(
             jobs=self.runner,
             nodes=nodes,
@@ -138,6 +146,11 @@ class Controller:
             telemetry=RayTelemetry(cfg),
             metrics=RayMetrics(),
             serve=serve,
+            latency=(
+                PrometheusLatency(latency_url, cfg.serving.latency_window_s).read
+                if latency_url is not None
+                else None
+            ),
             prometheus_targets=prometheus.refresh,
             kube_remove=_kube_remove(cfg),
             kube_scale_external=lambda: _kube_scale_external(cfg),
