@@ -13,6 +13,8 @@ section cannot hold as is:
   pool (``max_nodes x gpus_per_node``);
 - `demand_config`: one ``serving.models[]`` entry, whose keys are the serving plane's
   (``target_ongoing_requests``, ``slo_p99_ms``), as the demand policy's `DemandConfig`;
+- `model_class`: one ``serving.models[]`` entry's ``priority`` (a ``jobs`` priority class
+  name, null: the lowest) and ``min_cluster_replicas`` as a `policies.model_classes.ModelClass`;
 - `ingress_scaling`: ``serving.ingress``'s count and scaling keys (``num_replicas`` is the
   floor) as the ingress policy's `IngressScaling`;
 - `restart_limits`: a job's ``max_restarts`` (its spec) with the ``jobs`` section's restart
@@ -31,6 +33,7 @@ from controlplane.config import Config
 from policies.admission import AdmissionConfig, PreemptionConfig, QueueConfig
 from policies.demand import DemandConfig
 from policies.ingress import IngressScaling
+from policies.model_classes import ModelClass
 from policies.placement import MigrateBackConfig, PlacementConfig
 from policies.restarts import RestartLimits
 from serve.config import IngressConfig, ModelConfig
@@ -39,6 +42,7 @@ __all__ = [
     "admission_config",
     "demand_config",
     "ingress_scaling",
+    "model_class",
     "placement_config",
     "restart_limits",
 ]
@@ -77,6 +81,14 @@ def demand_config(model: ModelConfig) -> DemandConfig:
         downscale_delay_s=model.downscale_delay_s,
         target_p99_ms=model.slo_p99_ms,
     )
+
+
+def model_class(cfg: Config, model: ModelConfig) -> ModelClass:
+    """A served model's class: its priority class's value (the ``jobs`` classes; none named:
+    the lowest) and its cluster floor. Whether its SLO is at risk is the loop's, per tick."""
+    classes = cfg.jobs.priority_classes
+    value = classes[model.priority] if model.priority is not None else min(classes.values())
+    return ModelClass(priority=value, min_cluster_replicas=model.min_cluster_replicas)
 
 
 def restart_limits(cfg: Config, max_restarts: int) -> RestartLimits:

@@ -4,7 +4,11 @@ Owns: `decide(observation, policies, admission_state, serving_state)` -> `Decisi
 `policies_of(cfg)`, every policy's config built once from the control plane's `Config`):
 
 1. admission (`policies.admission.decide`): admissions, preemptions, rejections and, for the
-   head of the queue, the serve replicas it claims (`MoveServeReplicas` with the node ids);
+   head of the queue, the serve replicas it claims (`MoveServeReplicas` with the node ids),
+   in the served models' class order and never below a model's ``min_cluster_replicas``
+   (`model_classes_now`: each model's priority value and floor from its config, and whether
+   its SLO is at risk: its measured p99, the snapshot's `ServeLoad.p99_ms`, over its
+   ``slo_p99_ms``);
 2. health remediation (`policies.health.remediate`) when ``health.act``;
 3. demand (`policies.demand.decide_replicas`) per served model, then placement
    (`policies.placement.decide`) with admission's claims handed over in-process, as data:
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from controlplane.adapters.serve import ServeView
 from controlplane.config import Config
@@ -45,6 +49,7 @@ from controlplane.policy_config import (
     admission_config,
     demand_config,
     ingress_scaling,
+    model_class,
     placement_config,
 )
 from policies import admission, health, placement
@@ -57,6 +62,7 @@ from policies.demand import (
     wanted_replicas,
 )
 from policies.ingress import IngressLoad, IngressScaling, IngressTraffic, decide_ingress
+from policies.model_classes import ModelClass
 from policies.placement import ModelDemand, PlacementConfig, PoolTargets
 from policies.plan import (
     Action,
@@ -68,7 +74,14 @@ from policies.plan import (
 )
 from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
 
-__all__ = ["Policies", "decide", "decide_serving", "policies_of", "wanted_now"]
+__all__ = [
+    "Policies",
+    "decide",
+    "decide_serving",
+    "model_classes_now",
+    "policies_of",
+    "wanted_now",
+]
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,8 @@ class Policies:
     act_on_health: bool = True
     ingress: IngressScaling | None = None
     """The ingress's scaling (None: the loop leaves the ingress's replica count alone)."""
+    model_classes: Mapping[str, ModelClass] = field(default_factory=dict)
+    """Per served model: its priority value and cluster floor (`policies.model_classes`)."""
 
 
 def policies_of(cfg: Config) -> Policies:
@@ -96,6 +111,7 @@ def policies_of(cfg: Config) -> Policies:
         gpus_per_replica={m.name: m.num_gpus for m in models},
         act_on_health=cfg.health.act,
         ingress=ingress_scaling(cfg.serving.ingress) if cfg.serve.deploy_app else None,
+        model_classes={m.name: model_class(cfg, m) for m in models},
     )
 
 
@@ -109,7 +125,11 @@ def decide(
 ) -> Decision:
     """One tick's plans (see the module doc)."""
     snapshot = observation.snapshot
-    plan, new_admission = admission.decide(snapshot, policies.admission, admission_state)
+    measured = {m.model: m.p99_ms for m in snapshot.serve_load if m.p99_ms is not None}
+    classes = model_classes_now(policies, measured)
+    plan, new_admission = admission.decide(
+        snapshot, policies.admission, admission_state, models=classes
+    )
     remediation = health.remediate(snapshot, observation.verdicts) if policies.act_on_health else ()
     claims = tuple(a for a in plan if isinstance(a, MoveServeReplicas))
     decision = Decision(
@@ -128,14 +148,30 @@ def decide(
         serving_state,
         claims,
         observation.ingress,
+        classes,
     )
     return replace(decision, serving=serving, serving_state=new_serving, targets=targets)
 
 
+def model_classes_now(policies: Policies, p99_ms: Mapping[str, float]) -> dict[str, ModelClass]:
+    """Each served model's class this tick: its configured priority and floor, at risk when
+    its measured p99 (`p99_ms`, by model) is over its SLO (the demand policy's
+    ``target_p99_ms``, from ``serving.models[].slo_p99_ms``)."""
+    out: dict[str, ModelClass] = {}
+    for name, cls in policies.model_classes.items():
+        target = policies.demand[name].target_p99_ms if name in policies.demand else None
+        p99 = p99_ms.get(name)
+        at_risk = target is not None and p99 is not None and p99 > target
+        out[name] = replace(cls, slo_at_risk=at_risk)
+    return out
+
+
 def wanted_now(loads: Mapping[str, float], policies: Policies) -> tuple[tuple[str, int], ...]:
     """Per served model, the replicas the load on the board asks for now (``Decision.wanted``;
-    no delays: what a move must leave RUNNING). The loop measures no p99 yet: once it does,
-    the same p99 demand gets goes here too."""
+    no delays: what a move must leave RUNNING). Ongoing requests only, the p99 left out on
+    purpose: mid-move both pools run the model's replicas, and a latency ask relative to that
+    doubled count would keep the move's source replicas (a training claim would never get its
+    GPUs); the demand policy acts on the p99 once the move ends, through its delays."""
     return tuple(
         (name, wanted_replicas(float(loads.get(name, 0.0)), config))
         for name, config in sorted(policies.demand.items())
@@ -150,6 +186,7 @@ def decide_serving(
     state: ServingPolicyState,
     claims: tuple[MoveServeReplicas, ...] = (),
     ingress: IngressTraffic | None = None,
+    classes: Mapping[str, ModelClass] | None = None,
 ) -> tuple[Plan, tuple[PoolTargets, ...], ServingPolicyState]:
     """Demand then placement for every model, then the ingress's count; the serving plan,
     targets and new state."""
@@ -166,12 +203,24 @@ def decide_serving(
                 ongoing_requests=float(loads.get(name, 0.0)),
                 current_replicas=current,
                 now_s=snapshot.now_s,
+                p99_ms=snapshot.load_of(name).p99_ms,
             ),
             config,
             state.demand.get(name, DemandState()),
         )
         gpus = max(1, math.ceil(policies.gpus_per_replica.get(name, 1.0)))
-        demands.append(ModelDemand(name, wanted.num_replicas, config.min_replicas, gpus))
+        cls = (policies.model_classes if classes is None else classes).get(name, ModelClass())
+        demands.append(
+            ModelDemand(
+                name,
+                wanted.num_replicas,
+                config.min_replicas,
+                gpus,
+                priority=cls.priority,
+                min_cluster_replicas=cls.min_cluster_replicas,
+                slo_at_risk=cls.slo_at_risk,
+            )
+        )
     deployed = {d.model: serve.weights(d.model) for d in demands}
     placement_state = replace(
         state.placement, route_weights={m: w for m, w in deployed.items() if w}

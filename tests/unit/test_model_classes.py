@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from controlplane.config import Config
+from controlplane.loop.decide import model_classes_now, policies_of
 from policies.admission import AdmissionConfig, AdmissionState
 from policies.admission import decide as admit
 from policies.model_classes import ModelClass, yield_key
@@ -17,6 +19,7 @@ from policies.placement import ModelDemand, PlacementConfig, PlacementState
 from policies.placement import decide as place
 from policies.plan import AdmitJob, MoveServeReplicas, WaitJob
 from policies.snapshot import Pool
+from serve.config import ModelConfig
 from tests.unit.builders import job, node, replica, snapshot
 
 C1, C2 = node("c1", gpus_total=4), node("c2", gpus_total=4)
@@ -226,3 +229,19 @@ def test_admission_takes_the_low_model_when_it_alone_frees_a_node() -> None:
     assert [(a.model, a.num_replicas) for a in plan if isinstance(a, MoveServeReplicas)] == [
         ("lo", 4)
     ]
+
+
+def test_the_loop_builds_each_models_class_from_its_config() -> None:
+    """`policies_of` maps a model's priority class name to its value (none: the lowest) and
+    its floor; `model_classes_now` marks a model at risk when its p99 is over its SLO."""
+    cfg = Config()
+    cfg.serve.deploy_app = True
+    cfg.serving.models = [
+        ModelConfig(name="ranker", priority="high", min_cluster_replicas=2, slo_p99_ms=100.0),
+        ModelConfig(name="batch"),
+    ]
+    policies = policies_of(cfg)
+    assert policies.model_classes == {"ranker": ModelClass(HIGH, 2), "batch": ModelClass(LOW)}
+    now = model_classes_now(policies, {"ranker": 150.0, "batch": 900.0})
+    assert now == {"ranker": ModelClass(HIGH, 2, slo_at_risk=True), "batch": ModelClass(LOW)}
+    assert not model_classes_now(policies, {"ranker": 80.0})["ranker"].slo_at_risk
