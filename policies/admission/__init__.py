@@ -71,7 +71,9 @@ Reservation and backfill
     has ended (capacity shrank) gets no reservation and blocks no one.
 Preemption
     Only for the head, only if it is entitled, and only when free and releasing GPUs are not
-    enough. In-cluster Serve replicas yield first (one `MoveServeReplicas` per model); then
+    enough. In-cluster Serve replicas yield first (one `MoveServeReplicas` per model), the
+    lowest-priority model's first (`decide`'s ``models``: `policies.model_classes`), never a
+    model's ``min_cluster_replicas``; then
     training victims: lower-priority gangs of the head's queue, and (reclaim) gangs of queues
     over their share. Victims are taken in order (lowest priority value, then least work at
     risk, i.e. most recently checkpointed, then most recently started, then job_id) until the
@@ -86,7 +88,9 @@ Pins
     Replicas of a model an operator pinned to the `cluster` pool (``snapshot.pinned``) are
     never claimable: their GPUs count as held. When only they keep the first job that does
     not fit out (it would fit on the free, releasing and claimable GPUs plus theirs), the
-    plan says so with a `WaitJob` naming the pinned models and their GPUs.
+    plan says so with a `WaitJob` naming the pinned models and their GPUs. The same for
+    models' floors (``min_cluster_replicas``): a ``serving-floor`` `WaitJob` names each model
+    and the replicas it keeps on the cluster pool; no replica moves for that gang.
 Not considered
     CPUs and memory (the gang fit is on GPUs only), fractional GPUs, more than one reservation,
     topology beyond "one worker on one node". Jobs of an unknown queue or priority class get a
