@@ -10,9 +10,10 @@ identical settings on the cluster node:
 
 First a calibration round on each path (one ingress replica) measures the bare backend's
 throughput and the ingress replica's CPU per request; `policies.demand.ingress_replicas` turns
-those into the ingress replica count the control plane would run at that rate, and the ingress
-is redeployed with it (``--ingress-replicas`` overrides). Then the same load (``--concurrency``
-keep-alive clients, ``--requests`` per round) is run against both paths in interleaved rounds
+those into the ingress replica count the control loop would run at that rate (the rule and
+``serving.ingress`` defaults `policies.ingress.decide_ingress` scales the ingress by), and the
+ingress is redeployed with it (``--ingress-replicas`` overrides). Then the same load
+(``--concurrency`` keep-alive clients, ``--requests`` per round) is run against both paths in interleaved rounds
 (bare, ingress, bare, ingress, ...) so drift on a shared machine hits both alike. Reported:
 p50/p99 latency and throughput for each path and their ratios, and the CPU time per request of
 each replica process (psutil; unlike latency it does not depend on what else the machine runs).
@@ -241,7 +242,15 @@ def main(argv: list[str] | None = None) -> int:
         calib_cpu_ms = (
             1000.0 * calib_cpu_s["ingress_replica"] / len(calib["ingress"]["latencies_ms"])
         )
-        chosen = ingress_replicas(bare_rps, calib_cpu_ms)
+        # The same rule and settings the control loop scales the ingress by
+        # (`policies.ingress`, serving.ingress's defaults), at the bare backend's rate.
+        ing = IngressConfig()
+        chosen = ingress_replicas(
+            bare_rps,
+            calib_cpu_ms,
+            target_utilization=ing.target_utilization,
+            max_replicas=ing.max_replicas,
+        )
         n_ingress = args.ingress_replicas or chosen
         if n_ingress != 1:
             ops.deploy(serving_config(n_ingress))
@@ -300,6 +309,32 @@ def main(argv: list[str] | None = None) -> int:
         "p50_added_ms_reported": p50_added_ms,
     }
     goals["met"] = bool(goals["ingress_cpu_met"] and goals["throughput_met"])
+    # Why a goal is missed, from this run's own figures: what an HTTP request into a Serve
+    # replica costs over a handle call (the backend measured both ways), and the CPU per
+    # request of each path (on a machine with no spare core, throughput follows it).
+    http_extra_ms = bare["backend_cpu_ms_per_request"] - ingress["backend_cpu_ms_per_request"]
+    path_cpu_ms = {
+        "bare": bare["backend_cpu_ms_per_request"],
+        "ingress": ingress_cpu_ms + ingress["backend_cpu_ms_per_request"],
+    }
+    why = []
+    if not goals["ingress_cpu_met"]:
+        why.append(
+            f"an HTTP request into a Serve replica costs {http_extra_ms:.2f} CPU ms more than a "
+            f"handle call here (the backend: {bare['backend_cpu_ms_per_request']:.2f} over HTTP, "
+            f"{ingress['backend_cpu_ms_per_request']:.2f} on a handle call), and the ingress "
+            "pays one HTTP request in and one handle call out"
+        )
+    if not goals["throughput_met"]:
+        why.append(
+            f"the replicas spend {path_cpu_ms['ingress']:.2f} CPU ms per request through the "
+            f"ingress against {path_cpu_ms['bare']:.2f} bare "
+            f"(x{path_cpu_ms['bare'] / path_cpu_ms['ingress']:.2f}) on {os.cpu_count()} cores "
+            f"at load average {load_1m:.1f}: with no core to spare, throughput follows CPU"
+        )
+    goals["why_missed"] = why
+    ratios["http_extra_cpu_ms"] = http_extra_ms
+    ratios["bare_over_ingress_path_cpu"] = path_cpu_ms["bare"] / path_cpu_ms["ingress"]
 
     print(
         f"serve ingress benchmark: concurrency {args.concurrency}, {args.rounds} rounds x "
@@ -331,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         f"throughput with {n_ingress} ingress replica(s) -> "
         f"{'met' if goals['throughput_met'] else 'MISSED'}; p50 added {p50_added_ms:+.2f} ms"
     )
+    for reason in why:
+        print(f"why missed: {reason}")
     if args.json:
         print(
             json.dumps(
