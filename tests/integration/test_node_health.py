@@ -1,16 +1,20 @@
-"""A node that runs hot is taken out of service end to end (issue 7).
+"""A node that runs hot is taken out of service end to end (issue 7); one with InfiniBand
+errors serves only (issue 16).
 
 Real parts: the embedded cluster (`rcp up`: Ray with the autoscaler's fake multi-node
 provider, Serve with the production app, the controller actor with its admission tick and
 serving loop), a telemetry agent per node with the simulated source, a Ray Train gang from the
 example script, HTTP load on the Serve endpoint.
 
-The cluster pool is ONE node with 4 logical GPUs, so the gang (2 x 1 GPU) and both 1-GPU
-replicas share it. A hot GPU injected there must make the node unhealthy within two ticks of
-the sample that completes the hot streak; then nothing new lands on it, the replicas move to
-the external pool make-before-break with no failed request, the gang checkpoints, is
-re-queued and resumes from that checkpoint, and once the node holds nothing it is drained and
-removed: the autoscaler replaces it (as KubeRay would) and the gang restarts on the new node.
+The cluster pool is ONE node with 4 logical GPUs. The first test's gang (2 x 2 GPUs) claims
+all of it, so both 1-GPU replicas yield to the external pool. InfiniBand errors injected there
+make the node serving-only: the gang checkpoints and is re-queued, no gang is admitted there
+again, the node is not drained, and the replicas come back onto it while the gang waits. Then
+a hot GPU on the same node must make it unhealthy within two ticks of the sample that
+completes the hot streak; then nothing new lands on it, the replicas move to the external
+pool make-before-break with no failed request, and once the node holds nothing it is drained
+and removed: the autoscaler replaces it (as KubeRay would) and the gang resumes from its
+checkpoint on the new node.
 Waits are bounded; nothing asserts on wall-clock durations.
 
 This module runs Serve's proxy on the head only (``serve.proxy_location=HeadOnly``), not on
@@ -120,9 +124,9 @@ def streak_completed_s(node_id: str, temp_c: float) -> float:
     return float(hot[HOT_SAMPLES - 1])
 
 
-def run_gang(client: Client, name: str, num_steps: int, log: Path) -> Any:
-    """Submit the example gang (2 workers x 1 GPU, 0.5 s a step, checkpoints only when asked
-    or at the end) and wait until it runs and has logged 3 steps."""
+def run_gang(client: Client, name: str, num_steps: int, log: Path, gpus_per_worker: int = 1) -> Any:
+    """Submit the example gang (2 workers x `gpus_per_worker` GPUs, 0.5 s a step, checkpoints
+    only when asked or at the end) and wait until it runs and has logged 3 steps."""
     train_config = {
         "num_steps": num_steps,
         "checkpoint_every": 1000,
@@ -134,7 +138,7 @@ def run_gang(client: Client, name: str, num_steps: int, log: Path) -> Any:
             "name": name,
             "entrypoint": EXAMPLE,
             "num_workers": 2,
-            "gpus_per_worker": 1,
+            "gpus_per_worker": gpus_per_worker,
             "runtime_env": {"env_vars": {"RCP_TRAIN_CONFIG": json.dumps(train_config)}},
         }
     )
@@ -198,13 +202,35 @@ def test_a_hot_gpu_takes_its_node_out_without_failing_a_request_or_losing_traini
     wait_for("the agent on the cluster node", lambda: node_a in manager.collect_summaries(), 60)
 
     log = tmp_path / "steps.jsonl"
-    job = run_gang(client, "on-the-hot-node", num_steps=24, log=log)
+    # The whole node: the claim moves both replicas to the external pool first.
+    job = run_gang(client, "on-the-hot-node", num_steps=24, log=log, gpus_per_worker=2)
     store = Store(cfg.jobs_db_path)
     assert set(store.get(job.id).info["placement"]) == {node_a}
     after = max((e["seq"] for e in client.events(limit=2000)), default=0)
 
     with steady_load(serve_url) as load:
         load.wait_for(20)
+        # InfiniBand errors, GPUs fine: serving-only. The gang checkpoints and waits (no gang
+        # lands there), the node is not drained, and the replicas come back onto it while
+        # the gang waits for the cluster.
+        manager.inject_fault(node_a, "ib-errors")
+        wait_for("serving-only", lambda: events_of(client, "health.serving_only", after), 60)
+        said = events_of(client, "health.serving_only", after)[0]["message"]
+        assert node_a in said and "ib_errors" in said, said
+        wait_for("the gang to wait", lambda: client.status(job.id).state == "QUEUED", 120)
+        wait_for(
+            "replicas back onto the serving-only node",
+            lambda: (
+                replica_nodes()["cluster"] == {node_a} and pools_of()["cluster"]["running"] == 2
+            ),
+            180,
+        )
+        assert client.status(job.id).state == "QUEUED"
+        assert not events_of(client, "health.cordon", after)
+        (row,) = [n for n in client.nodes() if n["node_id"] == node_a]
+        assert row["serving_only"] and "ib_errors" in row["serving_only"]["reason"], row
+
+        # A hot GPU on the serving-only node takes it out of everything.
         manager.inject_fault(node_a, "hot-gpu")
 
         # Unhealthy within two ticks of the sample that completed the hot streak.
@@ -250,8 +276,13 @@ def test_a_hot_gpu_takes_its_node_out_without_failing_a_request_or_losing_traini
     assert not load.errors, load.errors[:5]
     assert set(load.statuses) == {200}
 
-    # The gang checkpointed for the preemption, was re-queued and resumed on the new node.
-    ckpt_step, resumed_at = checkpointed_and_resumed(final, log, last_step=23)
+    # The gang checkpointed for the preemption (the IB errors), was re-queued, never
+    # admitted on the serving-only node, and resumed on the new node.
+    ckpt_step, resumed_at = checkpointed_and_resumed(
+        final, log, last_step=23, because="serving_only: ib_errors"
+    )
+    ended = events_of(client, "health.serving_only_end", after)
+    assert ended and node_a in ended[0]["message"] and "gpu_overheated" in ended[0]["message"]
     drained = events_of(client, "health.drain", after)
     assert drained and node_a in drained[0]["message"]
     # Nothing new landed on the cordoned node: every placement after the cordon is elsewhere,

@@ -128,3 +128,15 @@ def test_a_gang_a_pinned_model_keeps_out_says_why_in_status_and_queue(ops: Ops) 
         if ops.world.store.get(job_id).state.value != "QUEUED":
             break
     assert "waiting:" not in rcp(ops, "queue").output
+
+
+def test_nodes_shows_a_node_health_keeps_for_serving_only(ops: Ops) -> None:
+    ops.world.loop.health.serving_only = {
+        "node-03": {"since_s": 1.0, "reason": "serving_only: ib_errors (mlx5_0/1 5 errors/s)"}
+    }
+    (line,) = [row for row in rcp(ops, "nodes").output.splitlines() if "node-03" in row]
+    assert "ALIVE,serving-only" in line, line
+    rows = json.loads(rcp(ops, "nodes", "--json").output)
+    (row,) = [r for r in rows if r["node_id"] == "node-03"]
+    assert "ib_errors" in row["serving_only"]["reason"]
+    assert all(r["serving_only"] is None for r in rows if r["node_id"] != "node-03")
