@@ -440,7 +440,7 @@ def decide(
                     node_ids=(),
                     reason=(
                         f"{PlacementReason.MIGRATE_BACK.value}: cluster pool had room for "
-                        f"{now - room_since:.0f}s with no queued training"
+                        f"{now - room_since:.0f}s with no queued training that could use it"
                     ),
                 )
             )
