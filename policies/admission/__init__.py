@@ -29,7 +29,9 @@ Capacity
     unhealthy shrinks capacity, the queue shares and every fit check on the next tick. A
     serving-only node (``NodeView.serving_only``: fabric faults, GPUs fine) is left out the
     same way: no gang worker is placed there and its replicas are never claimed (moving them
-    frees nothing a gang may use); its GPUs are usable by replicas only.
+    frees nothing a gang may use); its GPUs are usable by replicas only. A job that could
+    never fit on the other nodes but would with the serving-only ones gets a `WaitJob`
+    naming them (``serving-only-nodes``).
 Order
     Queued jobs are considered by priority class value (high first), then FIFO by
     ``submitted_s``, then ``job_id``; a job backing off (``not_before_s`` in the future) is

@@ -19,13 +19,14 @@ import math
 from collections.abc import Mapping
 
 from policies.admission.config import AdmissionConfig
+from policies.admission.fit import FreeGpus
 from policies.admission.reasons import Why
 from policies.admission.reservation import try_reserve
 from policies.admission.shares import EPS, Ledger, queue_order
 from policies.admission.state import AdmissionState, Reservation
 from policies.model_classes import ModelClass
 from policies.plan import Action, AdmitJob, Plan, WaitJob, WorkerPlacement
-from policies.snapshot import ClusterSnapshot, QueuedJob
+from policies.snapshot import ClusterSnapshot, Pool, QueuedJob
 
 __all__ = ["decide"]
 
@@ -48,6 +49,8 @@ class _Decision(Ledger):
         self.unprotected = self.free  # becomes a separate copy once a reservation exists
         self.never_fits: dict[int, float] = {}
         """gpus_per_worker -> fewest workers that cannot fit even once everything ends."""
+        self.serving_only = [n for n in snapshot.live_nodes(Pool.CLUSTER) if n.serving_only]
+        """Live cluster nodes no gang may use (fabric faults); named in a `WaitJob` only."""
 
     def run(self) -> None:
         rejections, ordered = queue_order(self.snap.queued, self.cfg, self.now_s)
@@ -67,6 +70,8 @@ class _Decision(Ledger):
                 continue
             if not head_decided and (self.pinned or self.floors):
                 self.say_if_held(job)
+            if not head_decided and self.serving_only:
+                self.say_if_serving_only(job)
             if (
                 not head_decided
                 and need <= self.nominal_gpus(job.queue) + EPS
@@ -119,6 +124,31 @@ class _Decision(Ledger):
                 "training claim them" + (f"; {kept}" if kept else "")
             )
         self.plan.append(WaitJob(job_id=job.job_id, reason=reason))
+
+    def say_if_serving_only(self, job: QueuedJob) -> None:
+        """A `WaitJob` naming the serving-only nodes when only they keep `job` out for good: it
+        could not fit on the gang nodes even once everything there ends, but would with the
+        serving-only nodes' GPUs (it waits until their fabric recovers)."""
+        if any(isinstance(a, WaitJob) and a.job_id == job.job_id for a in self.plan):
+            return
+        room = FreeGpus({n.node_id: n.gpus_total for n in self.snap.gang_nodes(Pool.CLUSTER)})
+        if room.fits(job.gpus_per_worker, job.num_workers):
+            return
+        for n in self.serving_only:
+            room.add(n.node_id, n.gpus_total)
+        if not room.fits(job.gpus_per_worker, job.num_workers):
+            return
+        names = ", ".join(n.node_id for n in self.serving_only)
+        self.plan.append(
+            WaitJob(
+                job_id=job.job_id,
+                reason=(
+                    f"{Why.SERVING_ONLY_NODES.value}: fits only with serving-only node(s) "
+                    f"{names} (fabric faults: replicas only); waits until they are fit for "
+                    "gangs again"
+                ),
+            )
+        )
 
     def try_admit(self, job: QueuedJob, within_share: bool) -> bool:
         """Admit `job` if its whole gang fits on the GPUs it may use; False if not."""

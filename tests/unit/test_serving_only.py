@@ -16,7 +16,7 @@ from policies.admission import AdmissionConfig, AdmissionState
 from policies.health import HealthReason, NodeVerdict, Verdict, remediate, with_verdicts
 from policies.placement import ModelDemand, PlacementConfig, PlacementState
 from policies.placement import decide as place
-from policies.plan import AdmitJob, MoveServeReplicas, PreemptJob
+from policies.plan import AdmitJob, MoveServeReplicas, PreemptJob, WaitJob
 from policies.snapshot import ClusterSnapshot, NodeView, Pool
 from tests.unit.builders import gang, job, node, replica, snapshot
 
@@ -153,6 +153,49 @@ def test_admission_never_uses_a_serving_only_node(
     got, moves = admit(snapshot(nodes, replicas=replicas, queued=queued))
     assert got == admitted
     assert tuple(n for m in moves for n in m.node_ids) == claimed
+
+
+@pytest.mark.parametrize(
+    ("nodes", "running", "queued", "waits"),
+    [
+        pytest.param(
+            [serving_only(node("so", gpus_total=4)), node("ok", gpus_total=4)],
+            [],
+            [job("j", 2, 4)],
+            "serving-only-nodes: fits only with serving-only node(s) so",
+            id="fits-only-with-the-serving-only-node-says-so",
+        ),
+        pytest.param(
+            [serving_only(node("so", gpus_total=4)), node("ok", gpus_total=4)],
+            [gang("g", {"ok": 4})],
+            [job("j", 1, 4)],
+            None,
+            id="waits-for-a-gang-node-to-free-says-nothing-of-serving-only",
+        ),
+        pytest.param(
+            [serving_only(node("so", gpus_total=4)), node("ok", gpus_total=4)],
+            [],
+            [job("j", 3, 4)],
+            None,
+            id="too-big-even-with-it-says-nothing-of-serving-only",
+        ),
+    ],
+)
+def test_a_gang_only_serving_only_nodes_keep_out_waits_naming_them(
+    nodes: list[NodeView],
+    running: list,  # type: ignore[type-arg]
+    queued: list,  # type: ignore[type-arg]
+    waits: str | None,
+) -> None:
+    plan, _ = admission.decide(
+        snapshot(nodes, running=running, queued=queued), AdmissionConfig(), AdmissionState()
+    )
+    reasons = [a.reason for a in plan if isinstance(a, WaitJob)]
+    if waits is None:
+        assert not reasons
+    else:
+        (reason,) = reasons
+        assert reason.startswith(waits), reason
 
 
 # -- placement: serving-only GPUs are serving's -----------------------------------------------
