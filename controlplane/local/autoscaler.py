@@ -1,14 +1,17 @@
 """The local cluster's autoscaler config: Ray's fake multi-node provider plays the node groups.
 
-Owns: the cluster config `rcp up` hands the autoscaler (`autoscaler_config`): one node type per
-pool (the head, `cluster` with min = max = num_nodes, `external` from min_nodes to max_nodes),
-the resources and labels each advertises, and the fake provider's fixed names for the head.
+Owns: the cluster config `rcp up` hands the autoscaler (`autoscaler_config`): its provider (Ray's
+fake multi-node provider with a Serve proxy port per node, ``controlplane.local.provider``),
+one node type per pool (the head, `cluster` with min = max = num_nodes, `external` from
+min_nodes to max_nodes), the resources and labels each advertises, and the fake provider's
+fixed names for the head.
 Production maps each node type to a KubeRay worker group (docs/architecture.md).
 Must not: start anything (``controlplane.local.cluster`` does) or read files.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from controlplane.config import Config
@@ -33,11 +36,13 @@ POOL_RESOURCE_UNITS = 1000
 JOB_DRIVER_SLOTS_PER_NODE = 16
 
 
-def autoscaler_config(cfg: Config) -> dict[str, Any]:
+def autoscaler_config(cfg: Config, serve_proxy_ports: Sequence[int] = ()) -> dict[str, Any]:
     """The Ray cluster config that the autoscaler (fake multi-node provider) runs.
 
     Node types: the head, `cluster` (min = max = num_nodes: a fixed group that the autoscaler
     only replaces when a node dies) and `external` (min_nodes..max_nodes, scaled on demand).
+    `serve_proxy_ports`: the ports the provider gives the worker nodes' Serve proxies, one
+    each (``controlplane.local.provider``).
     """
     c, e = cfg.pools.cluster, cfg.pools.external
     return {
@@ -46,10 +51,12 @@ def autoscaler_config(cfg: Config) -> dict[str, Any]:
         "upscaling_speed": 1.0 + e.max_nodes,
         "idle_timeout_minutes": e.idle_timeout_s / 60.0,
         "provider": {
-            # Ray's own fake multi-node provider, loaded as an "external" provider: the
-            # `fake_multinode` type needs a defaults file (example.yaml) the wheel lacks.
+            # Ray's own fake multi-node provider, loaded as an "external" provider (the
+            # `fake_multinode` type needs a defaults file, example.yaml, the wheel lacks), with
+            # a Serve proxy port per node (ours: controlplane.local.provider).
             "type": "external",
-            "module": "ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider",
+            "module": "controlplane.local.provider.ProxyPortNodeProvider",
+            "serve_proxy_ports": [int(p) for p in serve_proxy_ports],
             "gcs_address": gcs_address(cfg),
             "launch_multiple": True,
             "head_node_id": FAKE_HEAD_NODE_ID,

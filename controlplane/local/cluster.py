@@ -4,8 +4,11 @@ Owns: the lifecycle of the Ray head (no GPUs), the fixed `cluster` pool and the 
 `external` pool (both launched by Ray's own autoscaler with its fake multi-node provider, from
 the cluster config ``controlplane.local.autoscaler`` builds; the processes' environment and the
 head's command line are ``controlplane.local.head``'s; ports are ``controlplane.local.ports``'),
-the S3-protocol object store on loopback, the Serve HTTP proxy, and the state file that lets a
-second `up` report what runs and `down` stop exactly that.
+the S3-protocol object store on loopback, Serve (a proxy on the head and on every node that
+holds a replica, each on a loopback port of its own) and the loopback load balancer in front of
+them on ``serve.http_port`` (``controlplane.local.balancer``, outside Ray), and the state file
+that lets a second `up` report what runs and `down` stop exactly that (the Serve proxies' ports
+are recorded there, ``serve_proxies``; the balancer reads them from it).
 
 Must not: touch Ray processes it did not start (no ``ray stop``), bind anything but
 ``ray.node_ip`` (127.0.0.1 by default), or log storage credentials or the Ray token.
@@ -26,13 +29,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import secrets
 import shutil
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +57,7 @@ from controlplane.local.ports import (
     free_loopback_ports,
     isolated_overrides,
     port_in_use,
+    serve_proxy_ports,
 )
 from controlplane.local.processes import (
     CLUSTER_ID_ENV,
@@ -197,6 +202,7 @@ class LocalCluster:
             "temp_dir": str(self.temp_dir),
             "config": to_dict(self.cfg),
             "endpoints": [],
+            "serve_proxies": serve_proxy_ports(self.cfg),
         }
         self._write_state(state)
         endpoints: list[Endpoint] = []
@@ -212,7 +218,9 @@ class LocalCluster:
                 announce(self._start_object_store(env))
             if self.cfg.ray.gcs_fault_tolerance:
                 announce(self._start_redis(env, fresh=True))
-            self._start_head(env, self.state_dir / "autoscaler.yaml")
+            self._start_head(
+                env, self.state_dir / "autoscaler.yaml", state["serve_proxies"]["nodes"]
+            )
             announce(
                 Endpoint(
                     "dashboard", f"http://{self.cfg.ray.node_ip}:{self.cfg.ray.dashboard_port}"
@@ -228,7 +236,8 @@ class LocalCluster:
                     f"http://{self.cfg.ray.node_ip}:{self.cfg.ray.metrics_export_port}/metrics",
                 )
             )
-            self._start_serve()
+            self._start_serve(state["serve_proxies"]["head"])
+            self._start_balancer(cluster_id)
             announce(Endpoint("serve", f"http://{self.cfg.ray.node_ip}:{self.cfg.serve.http_port}"))
             if self.cfg.serve.deploy_app:
                 self._deploy_serving(echo)
@@ -325,6 +334,11 @@ class LocalCluster:
             self._write_state(state)
             self._start_head(env, autoscaler_yaml=None)
             echo(f"ray: {gcs_address(self.cfg)} (head restarted)")
+            if "serve_proxies" in state and not port_in_use(
+                self.cfg.ray.node_ip, self.cfg.serve.http_port
+            ):
+                # It runs outside Ray and outlives the head; if it went anyway, it comes back.
+                self._start_balancer(state["cluster_id"])
             connect(self.cfg)
             url = deploy(self.cfg)
         echo(f"api: {url}")
@@ -402,13 +416,15 @@ class LocalCluster:
         redis.start(env, fresh=fresh)
         return Endpoint("gcs store", f"redis://{redis.host}:{redis.port}")
 
-    def _start_head(self, env: dict[str, str], autoscaler_yaml: Path | None) -> None:
-        """`ray start --head`; with `autoscaler_yaml`, the autoscaler config is written there
-        first (a restarted head runs without one, see `restart_head`)."""
+    def _start_head(
+        self, env: dict[str, str], autoscaler_yaml: Path | None, proxy_ports: Sequence[int] = ()
+    ) -> None:
+        """`ray start --head`; with `autoscaler_yaml`, the autoscaler config (its provider
+        gives each node one of `proxy_ports` for its Serve proxy) is written there first (a
+        restarted head runs without one, see `restart_head`)."""
         if autoscaler_yaml is not None:
-            write_private(
-                autoscaler_yaml, yaml.safe_dump(autoscaler_config(self.cfg), sort_keys=False)
-            )
+            conf = autoscaler_config(self.cfg, proxy_ports)
+            write_private(autoscaler_yaml, yaml.safe_dump(conf, sort_keys=False))
         r = self.cfg.ray
         cmd = self.head_command(autoscaler_yaml)
         head_env = {**env, **gcs_redis_env(self.cfg, env[CLUSTER_ID_ENV])}
@@ -447,12 +463,39 @@ class LocalCluster:
 
         _wait_until(ready, self.cfg.ray.ready_timeout_s, f"{want} `cluster` pool node(s) to join")
 
-    def _start_serve(self) -> None:
-        # Proxies on every node that holds a replica and on the head; on one host they share
-        # serve.http_port through SO_REUSEPORT, so the `serve` endpoint reaches all of them.
+    def _start_serve(self, head_proxy_port: int) -> None:
+        """Serve, its head's proxy on `head_proxy_port` (each worker node's proxy binds the
+        port its node was given, ``controlplane.local.provider``)."""
         from serve.control import start_serve  # deferred: it imports ray and ray.serve (heavy)
 
-        start_serve(self.cfg.ray.node_ip, self.cfg.serve.http_port, self.cfg.serve.proxy_location)
+        start_serve(self.cfg.ray.node_ip, head_proxy_port, self.cfg.serve.proxy_location)
+
+    def _start_balancer(self, cluster_id: str) -> None:
+        """The loopback load balancer on ``serve.http_port`` over the nodes' Serve proxies
+        (``controlplane.local.balancer``): outside Ray, so it outlives the head. Its
+        environment is the cluster's id (so `down` finds and stops it) and PATH, nothing
+        else: no Ray token path, no storage keys."""
+        host, port = self.cfg.ray.node_ip, self.cfg.serve.http_port
+        env = {CLUSTER_ID_ENV: cluster_id, "PATH": os.environ.get("PATH", os.defpath)}
+        cmd = [
+            sys.executable,
+            "-m",
+            "controlplane.local.balancer",
+            f"--state-file={self.state_file}",
+            f"--host={host}",
+            f"--port={port}",
+            f"--log={self.log_dir / 'serve-balancer.log'}",
+        ]
+        with open(self.log_dir / "serve-balancer.out", "ab") as out:
+            subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        _wait_until(lambda: port_in_use(host, port), 30, f"the serve balancer on {host}:{port}")
 
     def _deploy_serving(self, echo: Echo) -> None:
         """Deploy (or update) the production Serve app; keeps deployed targets and weights."""

@@ -3,19 +3,29 @@ of one's own.
 
 Owns: `port_in_use`, `check_ports_free` (every listener the config names, refused with the
 busy ones named before anything starts), `free_loopback_ports` and `isolated_overrides` (a
-cluster beside others on one machine: tests, benchmarks).
+cluster beside others on one machine: tests, benchmarks), and `serve_proxy_ports` (a port for
+the head's Serve proxy and one per node slot, behind the loopback balancer on
+``serve.http_port``: ``controlplane.local.balancer``).
 Must not: bind anything but 127.0.0.1 (and ``ray.node_ip`` to probe), or start anything.
 """
 
 from __future__ import annotations
 
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 
 from controlplane.config import Config
 from controlplane.ray_connection import ClusterError
 
-__all__ = ["check_ports_free", "free_loopback_ports", "isolated_overrides", "port_in_use"]
+__all__ = [
+    "check_ports_free",
+    "free_loopback_ports",
+    "isolated_overrides",
+    "pick_proxy_port",
+    "port_in_use",
+    "serve_proxy_ports",
+]
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -82,3 +92,36 @@ def check_ports_free(cfg: Config) -> None:
             f"ports already in use on {r.node_ip}: {', '.join(busy)}; stop what uses them "
             "or choose other ports (e.g. `rcp up ray.gcs_port=6391`)"
         )
+
+
+def serve_proxy_ports(cfg: Config) -> dict[str, object]:
+    """Free loopback ports for the cluster's Serve proxies, as the state file records them:
+    ``{"head": port, "nodes": [port, ...]}``. The head's proxy binds the first (Serve is
+    started on it); every worker node gets one of ``nodes`` (``controlplane.local.provider``),
+    twice as many as the pools can hold at once, so a replacement node finds one free while
+    the node it replaces is not yet gone. Chosen when `rcp up` starts, never from the config:
+    nobody but the balancer connects to them."""
+    slots = 2 * (cfg.pools.cluster.num_nodes + cfg.pools.external.max_nodes)
+    head, *nodes = free_loopback_ports(1 + max(slots, 2))
+    return {"head": head, "nodes": nodes}
+
+
+def pick_proxy_port(
+    ports: Sequence[int], held: set[int], listening: set[int] | None = None
+) -> int | None:
+    """The first port of `ports` that no live node holds (`held`); else the first held one
+    that nothing listens on (`listening`: its node died before it was terminated here); None
+    when every port is held and answering.
+
+    >>> pick_proxy_port([41001, 41002], held={41001})
+    41002
+    >>> pick_proxy_port([41001, 41002], held={41001, 41002}, listening={41001})
+    41002
+    """
+    for port in ports:
+        if port not in held:
+            return port
+    for port in ports:
+        if listening is not None and port not in listening:
+            return port
+    return None

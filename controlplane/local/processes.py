@@ -73,8 +73,8 @@ def find_cluster_processes(cluster_id: str, roots: Iterable[str]) -> list[psutil
 # `controlplane.local.head.node_env`, each worker's from the fake provider).
 NODE_ID_ENV = "RAY_OVERRIDE_NODE_ID_FOR_TESTING"
 # Processes `up` starts beside Ray that are not part of any node (they stand for services
-# production runs elsewhere: the GCS store, object storage, Prometheus).
-_NOT_A_NODE = ("redis-server", "moto.server", "prometheus")
+# production runs elsewhere: the GCS store, object storage, Prometheus, the load balancer).
+_NOT_A_NODE = ("redis-server", "moto.server", "prometheus", "controlplane.local.balancer")
 
 
 def node_processes(cluster_id: str, roots: Iterable[str], node_id: str) -> list[psutil.Process]:
