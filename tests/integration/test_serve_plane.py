@@ -26,8 +26,9 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from serve import operations as ops  # noqa: E402
 from serve.config import IngressConfig, ModelConfig, ServingConfig  # noqa: E402
+from serve.load import read_ingress_traffic  # noqa: E402
 from serve.status import format_status_table, serve_status  # noqa: E402
-from tests.integration.conftest import GOOD, MODEL, Load, predict_url  # noqa: E402
+from tests.integration.conftest import GOOD, MODEL, Load, predict_url, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -262,6 +263,39 @@ def test_killed_replica_mid_load_clients_see_no_error(url: str) -> None:
     assert set(load.statuses) == {200}
     # requests that were inside a killed replica were answered by a retry elsewhere
     assert load.retried > 0
+
+
+def ingress_running(n: int) -> bool:
+    ing = serve_status()["ingress"]
+    return bool(ing["target"] == n and ing["running"] == n and ing["status"] == "HEALTHY")
+
+
+def test_the_ingress_reports_its_traffic_and_scales_under_load_without_a_failed_request(
+    url: str,
+) -> None:
+    """The ingress scaling policy's inputs (requests/s and CPU ms per request from every
+    ingress replica's reports) and its write (`scale_ingress`, up and back down) on the real
+    ingress, under load."""
+    with Load(url) as load:
+        load.wait_for(30)
+        rate_rps, cpu_ms = wait_for(
+            "the ingress replicas to report their traffic",
+            lambda: t if (t := read_ingress_traffic())[0] > 0 else None,
+            timeout_s=10,
+        )
+        assert cpu_ms > 0, (rate_rps, cpu_ms)
+        ops.scale_ingress(3)
+        wait_for("3 ingress replicas RUNNING", lambda: ingress_running(3) or None)
+        seen = load.total
+        load.wait_for(seen + 20)
+        ops.scale_ingress(2)
+        wait_for("the ingress back at 2 replicas", lambda: ingress_running(2) or None)
+        seen = load.total
+        load.wait_for(seen + 20)
+    assert load.errors == []
+    assert set(load.statuses) == {200}
+    state = ops.read_state()
+    assert state is not None and state.ingress_target == 2
 
 
 def test_pool_to_zero_and_back_keeps_other_pool_replicas(url: str) -> None:
