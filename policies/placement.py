@@ -30,7 +30,9 @@ Rules, in order:
    stay at ``min_replicas`` — serving never drops below its guaranteed minimum — and the
    plan says so in the move's reason.
 4. **Grow**: new replicas (total wanted above what runs) go to the cluster pool when it has
-   room and no queued training waits; otherwise to ``external``. Training that waits only
+   room once every model kept its replicas there (rule 2 runs for all models first, so one
+   model's growth never pushes another's running replicas out) and no queued training
+   waits; otherwise to ``external``. Training that waits only
    counts while a node it may use has a free GPU: when the cluster pool's free GPUs are all
    on serving-only nodes (fabric faults, ``NodeView.serving_only``), new replicas can land
    only there, and go there before the external pool is rented.
@@ -311,7 +313,24 @@ def decide(
         for d in ordered
     }
 
-    # Pass 1 (rules 2-4): keep, yield, grow.
+    # Rule 2, keep: every model's kept cluster replicas, in keep order, before any model
+    # grows (rule 4), so one model's growth never pushes another's running replicas out.
+    keeps: dict[str, int] = {}
+    for d in ordered:
+        cur_c = current[d.model][0]
+        total = max(d.num_replicas, d.min_replicas)
+        floor = floors[d.model]
+        claim = claimed.get(d.model)
+        # A model a claim names yields (at least) what the claim takes of it.
+        most = min(cur_c, total, cur_c - claim.num_replicas if claim is not None else cur_c)
+        # Pinned to the cluster pool: its replicas there stay whatever the budget.
+        if snapshot.pinned.get(d.model) is Pool.CLUSTER:
+            keeps[d.model] = min(cur_c, total)
+        else:
+            keeps[d.model] = floor + min(max(0, most - floor), budget // d.gpus_per_replica)
+        budget = max(0, budget - (keeps[d.model] - floor) * d.gpus_per_replica)
+
+    # Pass 1 (rules 3-4): yield, grow.
     yields: list[MoveServeReplicas] = []
     plan_c: dict[str, int] = {}
     plan_e: dict[str, int] = {}
@@ -321,16 +340,8 @@ def decide(
         cur_c, cur_e = current[d.model]
         total = max(d.num_replicas, d.min_replicas)
         pin = snapshot.pinned.get(d.model)
-        floor = floors[d.model]
         claim = claimed.get(d.model)
-        # A model a claim names yields (at least) what the claim takes of it.
-        most = min(cur_c, total, cur_c - claim.num_replicas if claim is not None else cur_c)
-        # Pinned to the cluster pool: its replicas there stay whatever the budget.
-        if pin is Pool.CLUSTER:
-            keep_c = min(cur_c, total)
-        else:
-            keep_c = floor + min(max(0, most - floor), budget // g)
-        budget = max(0, budget - (keep_c - floor) * g)
+        keep_c = keeps[d.model]
         keep_e = min(cur_e, total - keep_c)
         external_left -= keep_e * g
         need = total - keep_c - keep_e

@@ -155,6 +155,24 @@ def test_cluster_budget_is_shared_between_models_in_name_order() -> None:
     assert by_model == {"a": (4, 0), "b": (0, 4)}
 
 
+@pytest.mark.parametrize("at_risk", [False, True], ids=["in-name-order", "slo-at-risk-first"])
+def test_one_models_growth_never_pushes_anothers_replicas_out(at_risk: bool) -> None:
+    """The cluster pool is full (a: 4, b: 4) and `a` wants 2 more (its p99 is over its SLO,
+    or its ongoing requests ask): the 2 new replicas go to the external pool; `b`, later in
+    keep order, keeps all of its cluster replicas and nothing moves (no training claims)."""
+    reps = [replica(f"a{i}", "c1", model="a") for i in range(4)]
+    reps += [replica(f"b{i}", "c2", model="b") for i in range(4)]
+    snap = snapshot(CLUSTER + EXTERNAL, replicas=reps)
+    (targets, actions), _ = decide(
+        snap,
+        (ModelDemand("a", 6, 1, 1, slo_at_risk=at_risk), ModelDemand("b", 4, 1, 1)),
+        PlacementConfig(external_max_gpus=4),
+        PlacementState(),
+    )
+    assert {t.model: (t.cluster, t.external) for t in targets} == {"a": (4, 2), "b": (4, 0)}
+    assert not [a for a in actions if isinstance(a, MoveServeReplicas)]
+
+
 def test_multi_gpu_replicas_count_gpus_not_replicas() -> None:
     snap = snapshot(CLUSTER + EXTERNAL, replicas=[replica("r", "c1", gpus=2)])
     # Serving holds 2 GPUs and must hand back 2: budget 0, so all 3 two-GPU replicas go
