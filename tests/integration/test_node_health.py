@@ -219,6 +219,12 @@ def test_a_hot_gpu_takes_its_node_out_without_failing_a_request_or_losing_traini
         assert node_a in said and "ib_errors" in said, said
         wait_for("the gang to wait", lambda: client.status(job.id).state == "QUEUED", 120)
         wait_for(
+            "the reason it waits",
+            lambda: "serving-only-nodes" in (client.status(job.id).message or ""),
+            30,
+        )
+        assert node_a in client.status(job.id).message
+        wait_for(
             "replicas back onto the serving-only node",
             lambda: (
                 replica_nodes()["cluster"] == {node_a} and pools_of()["cluster"]["running"] == 2
