@@ -95,6 +95,16 @@ def local_cluster(
         cluster.down(echo=lambda _line: None)
 
 
+def node_proxy_port(state: dict[str, Any], node_id: str) -> int:
+    """The loopback port of node `node_id`'s Serve proxy, in the cluster whose state file is
+    `state`: its raylet's environment names it (``controlplane.local.provider``)."""
+    from controlplane.local.processes import node_processes
+
+    procs = node_processes(state["cluster_id"], [state["temp_dir"]], node_id)
+    (raylet,) = [p for p in procs if p.name() == "raylet"]
+    return int(raylet.environ()["RAY_SERVE_WORKER_PROXY_HTTP_PORT"])
+
+
 def pools_of(model: str = MODEL) -> dict[str, dict[str, Any]]:
     """Serve's view of `model` by pool (running, target, weight...), as `rcp serve status` reads it."""
     from serve.status import serve_status
@@ -228,7 +238,7 @@ def mnistlike_job(
 
 @dataclass
 class RetryOnceLoad:
-    """Steady clients, a new connection per request (so the kernel spreads them over every
+    """Steady clients, a new connection per request (so the balancer spreads them over every
     proxy), retrying once a request whose connection was refused or reset before an answer.
     Counts first tries that failed (`unretried_failed`), requests that still failed after the
     retry (`failed`), and answers that differ from the first one (`wrong`)."""
