@@ -1,9 +1,10 @@
 """Production traffic survives the loss of the head (issue 18), on a real local cluster.
 
 One cluster (GCS fault tolerance on: a real Redis on loopback; Serve proxies on every node
-that holds a replica, sharing serve.http_port through SO_REUSEPORT; ingress replicas spread
-over the head and the cluster nodes, one on each here). A client that retries a refused or
-reset connection once sends steady traffic to the `serve` endpoint `rcp up` printed while:
+that holds a replica, each on a loopback port of its own, behind the loopback balancer on
+serve.http_port, ``controlplane.local.balancer``; ingress replicas spread over the head and the
+cluster nodes, one on each here). A client that retries a refused or reset connection once
+sends steady traffic to the `serve` endpoint `rcp up` printed (the balancer) while:
 
 - every Ray process of the head (GCS, raylet, dashboard, autoscaler, Serve's controller, the
   head's proxy and ingress replica, the control plane's controller) is SIGKILLed; requests
@@ -11,7 +12,8 @@ reset connection once sends steady traffic to the `serve` endpoint `rcp up` prin
   (`LocalCluster.restart_head`), the controller resumes from its store: the running gang is
   still running, not restarted, and a queued job is admitted once the gang is cancelled;
 - a cluster node whose proxy takes requests (but that holds no model replica) is killed:
-  every request is answered, at worst after one retry, and never wrongly;
+  every request is answered, at worst after one retry, and never wrongly; that proxy listened
+  on its node's own port, and the balancer took it out;
 - Redis is killed and restarted while the head is healthy: serving goes on.
 
 The external pool has no GPUs here, so no admission can move a replica there (a move needs
@@ -40,6 +42,7 @@ from tests.integration.conftest import (
     HEAD_LOSS_CLUSTER,
     RetryOnceLoad,
     mnistlike_job,
+    node_proxy_port,
     start_local_cluster,
     wait_for,
 )
@@ -149,6 +152,11 @@ def test_killing_the_node_whose_proxy_requests_entered_never_gives_a_wrong_answe
     state = cluster.read_state()
     procs = node_processes(state["cluster_id"], [state["temp_dir"]], victim)
     assert "raylet" in {p.name() for p in procs}
+    # The victim's proxy listens on a port of its own, one `rcp up` allocated for a node.
+    port = node_proxy_port(state, victim)
+    assert port in state["serve_proxies"]["nodes"]
+    assert requests.get(f"http://127.0.0.1:{port}/-/healthz", timeout=5).status_code == 200
+    balancer_log = cluster.log_dir / "serve-balancer.log"
     try:
         with RetryOnceLoad(serve_url, threads=6) as load:
             assert load.answered_since(0, 50) >= 50
@@ -157,6 +165,8 @@ def test_killing_the_node_whose_proxy_requests_entered_never_gives_a_wrong_answe
             before = load.answered
             assert load.answered_since(before, 50, timeout_s=60) >= 50
         load.check("node with a proxy killed")
+        # The balancer took the dead proxy out (a refusal, a broken connection or a check).
+        assert f"proxy 127.0.0.1:{port} out" in balancer_log.read_text()
     finally:
         # Ray marks the node dead (missed heartbeats) and the autoscaler replaces it, before
         # the next test admits a gang: a node that is dead but not yet marked so looks free.
