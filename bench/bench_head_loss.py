@@ -20,6 +20,12 @@ kill until the API answers, and seconds from the kill until the queued job is ad
 gang is cancelled as soon as the API answers, freeing its GPUs), and the ratios
 baseline / ha. No goal is asserted (benchmarks are not tests).
 
+Before the kill, the ``ha`` cluster also measures what the loopback balancer in front of the
+proxies costs (``controlplane.local.balancer``): the same sequential requests, each on a new
+connection, sent straight to the head's proxy and through the balancer; reported are the
+median latency of each and the CPU seconds the balancer's process and the head proxy's
+process spend per request (``balancer_*``; the proxy's is the baseline).
+
     flock /tmp/rcp-integration.lock .venv/bin/python bench/bench_head_loss.py [--json]
 
 Starts Ray, so it holds the integration lock like the integration tests.
@@ -69,7 +75,63 @@ def _until(what: str, check: Any, timeout_s: float) -> Any:
     raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
-def _scenario(name: str, overrides: tuple[str, ...], traffic_s: float) -> dict[str, float]:
+def _cpu_s(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return float(t.user + t.system)
+
+
+def _listener(port: int) -> psutil.Process:
+    """The process listening on 127.0.0.1:`port`."""
+    for c in psutil.net_connections(kind="tcp"):
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid:
+            return psutil.Process(c.pid)
+    raise RuntimeError(f"nothing listens on port {port}")
+
+
+def _balancer_cost(cluster: LocalCluster, num_requests: int) -> dict[str, float]:
+    """Median latency straight to the head's proxy and through the balancer, and CPU seconds
+    per request of the balancer and of that proxy (sequential, a new connection each)."""
+    import requests  # deferred: only this measurement needs it
+
+    state = cluster.read_state()
+    assert state is not None
+    host = cluster.cfg.ray.node_ip
+    head_port = int(state["serve_proxies"]["head"])
+    balancer, proxy = _listener(cluster.cfg.serve.http_port), _listener(head_port)
+    body = {"inputs": [[0.1 * i for i in range(16)]]}
+
+    def run(port: int) -> tuple[float, float, float]:
+        url = f"http://{host}:{port}/v1/models/sample/predict"
+        cpu_b, cpu_p = _cpu_s(balancer), _cpu_s(proxy)
+        lat = []
+        for _ in range(num_requests):
+            t = time.perf_counter()
+            r = requests.post(url, json=body, timeout=30, headers={"Connection": "close"})
+            lat.append(time.perf_counter() - t)
+            assert r.status_code == 200, r.text[:200]
+        lat.sort()
+        return (
+            lat[len(lat) // 2],
+            (_cpu_s(balancer) - cpu_b) / num_requests,
+            (_cpu_s(proxy) - cpu_p) / num_requests,
+        )
+
+    run(head_port)  # warm up
+    direct_s, idle_b_s, proxy_s = run(head_port)
+    via_s, balancer_s, via_proxy_s = run(cluster.cfg.serve.http_port)
+    return {
+        "balancer_direct_median_ms": round(direct_s * 1e3, 2),
+        "balancer_via_median_ms": round(via_s * 1e3, 2),
+        # What the balancer spends per request beyond its health checks (measured while
+        # requests went straight to the proxy).
+        "balancer_cpu_us_per_request": round((balancer_s - idle_b_s) * 1e6, 1),
+        "balancer_proxy_cpu_us_per_request": round(proxy_s * 1e6, 1),
+    }
+
+
+def _scenario(
+    name: str, overrides: tuple[str, ...], traffic_s: float, cost_requests: int
+) -> dict[str, float]:
     import ray  # deferred: ray is heavy
 
     state_dir = Path(tempfile.mkdtemp(prefix=f"rcp-bench-head-{name}-"))
@@ -81,6 +143,7 @@ def _scenario(name: str, overrides: tuple[str, ...], traffic_s: float) -> dict[s
         serve_url = next(
             e["url"] for e in cluster.read_state()["endpoints"] if e["name"] == "serve"
         )
+        cost = _balancer_cost(cluster, cost_requests) if name == "ha" and cost_requests else {}
         gang = client.submit(mnistlike_job("gang", steps=100_000, gpus_per_worker=2)).id
         _until("the gang running", lambda: client.status(gang).state == "RUNNING", 300)
         queued = client.submit(mnistlike_job("queued", steps=2, gpus_per_worker=2)).id
@@ -118,6 +181,7 @@ def _scenario(name: str, overrides: tuple[str, ...], traffic_s: float) -> dict[s
             "wrong_answers": float(load.wrong),
             "api_answers_after_s": round(api_s, 1),
             "queued_job_admitted_after_s": round(admitted_s, 1),
+            **cost,
         }
     finally:
         cluster.down(echo=lambda _line: None)
@@ -126,20 +190,26 @@ def _scenario(name: str, overrides: tuple[str, ...], traffic_s: float) -> dict[s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--down-s", type=float, default=10.0, help="traffic while the head is down")
+    parser.add_argument(
+        "--cost-requests", type=int, default=300, help="requests per balancer-cost run (0: skip)"
+    )
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     args = parser.parse_args(argv)
     # A timeout's SIGTERM still runs each scenario's `finally` (rcp down): no cluster is left.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    results = {name: _scenario(name, o, args.down_s) for name, o in SCENARIOS.items()}
+    results = {
+        name: _scenario(name, o, args.down_s, args.cost_requests) for name, o in SCENARIOS.items()
+    }
     ratios = {
         k: round(results["baseline"][k] / results["ha"][k], 2)
         for k in ("api_answers_after_s", "queued_job_admitted_after_s")
         if results["ha"][k]
     }
     keys = list(results["ha"])
-    print(f"{'figure':32} {'ha':>10} {'baseline':>10}")
+    print(f"{'figure':36} {'ha':>10} {'baseline':>10}")
     for k in keys:
-        print(f"{k:32} {results['ha'][k]:>10g} {results['baseline'][k]:>10g}")
+        base = results["baseline"].get(k)
+        print(f"{k:36} {results['ha'][k]:>10g} {'' if base is None else f'{base:g}':>10}")
     for k, r in ratios.items():
         print(f"baseline / ha, {k}: {r:g}x")
     if args.json:
