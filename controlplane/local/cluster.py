@@ -172,6 +172,7 @@ class LocalCluster:
         state = self.read_state()
         if state and self.is_running(state):
             echo(f"already running (cluster {state['cluster_id']}, started {state['started_at']})")
+            self._ensure_balancer(state, echo)
             known = [Endpoint(**e) for e in state["endpoints"]]
             for ep in known:
                 echo(f"{ep.name}: {ep.url}")
@@ -334,11 +335,7 @@ class LocalCluster:
             self._write_state(state)
             self._start_head(env, autoscaler_yaml=None)
             echo(f"ray: {gcs_address(self.cfg)} (head restarted)")
-            if "serve_proxies" in state and not port_in_use(
-                self.cfg.ray.node_ip, self.cfg.serve.http_port
-            ):
-                # It runs outside Ray and outlives the head; if it went anyway, it comes back.
-                self._start_balancer(state["cluster_id"])
+            self._ensure_balancer(state, echo)
             connect(self.cfg)
             url = deploy(self.cfg)
         echo(f"api: {url}")
@@ -469,6 +466,15 @@ class LocalCluster:
         from serve.control import start_serve  # deferred: it imports ray and ray.serve (heavy)
 
         start_serve(self.cfg.ray.node_ip, head_proxy_port, self.cfg.serve.proxy_location)
+
+    def _ensure_balancer(self, state: dict[str, Any], echo: Echo) -> None:
+        """Start the serve balancer again if the running cluster has one and it is gone (it
+        runs outside Ray and outlives the head, but a process can still die)."""
+        if "serve_proxies" not in state or state.get("status") != "running":
+            return
+        if not port_in_use(self.cfg.ray.node_ip, self.cfg.serve.http_port):
+            echo("serve balancer: not answering; starting it again")
+            self._start_balancer(state["cluster_id"])
 
     def _start_balancer(self, cluster_id: str) -> None:
         """The loopback load balancer on ``serve.http_port`` over the nodes' Serve proxies
