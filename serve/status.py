@@ -198,4 +198,16 @@ def format_status_table(data: Mapping[str, Any]) -> str:
         f"ingress: {ing.get('running', 0)}/{ing.get('target')} running, status "
         f"{ing.get('status')}, route table generation {data.get('generation')}"
     )
+    for model, lat in sorted((data.get("latency") or {}).items()):
+        lines.append(f"latency: {model} {_latency_text(lat)}")
     return "\n".join(lines)
+
+
+def _latency_text(lat: Mapping[str, Any]) -> str:
+    """``p99 250 ms, SLO 100 ms (over)``: the control loop's last reading of a model."""
+    p99, slo = lat.get("p99_ms"), lat.get("slo_p99_ms")
+    text = "p99 -" if p99 is None else f"p99 {p99:.0f} ms"
+    if slo is None:
+        return text + ", no SLO"
+    over = p99 is not None and p99 > slo
+    return text + f", SLO {slo:g} ms" + (" (over)" if over else "")

@@ -62,7 +62,7 @@ from controlplane.loop.types import (
 from controlplane.store import JobRecord, Store
 from policies.admission import AdmissionState
 from policies.plan import AdmitJob
-from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
+from policies.snapshot import ClusterSnapshot, Pool, ReplicaState, ServeLoad
 
 __all__ = [
     "ADMISSION_STATE_KEY",
@@ -196,6 +196,8 @@ class Loop:
         """The guards the last tick obeyed (kept when a read fails)."""
         self.last: Decision | None = None
         """The last tick's decision (tests and debugging)."""
+        self.serve_load: tuple[ServeLoad, ...] = ()
+        """The last tick's per-model load and p99 (`rcp serve status` shows them)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -257,6 +259,7 @@ class Loop:
         observed = self._phase("1-observe", self._observe, now_s)
         if observed is None:
             return
+        self.serve_load = observed.snapshot.serve_load
         verdicts = self._phase("1-observe-health", self.health.judge, observed.snapshot)
         if verdicts is None:  # telemetry failed this tick: act on the last verdicts
             verdicts = self.health.verdicts

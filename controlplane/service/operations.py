@@ -238,8 +238,17 @@ class Operations:
         }
 
     def serve_status(self) -> dict[str, Any]:
-        """The serving plane per model and pool, with the policy actor's guards."""
-        return {**self._serve_status(), "policy": self.policy()}
+        """The serving plane per model and pool, with the policy actor's guards and each
+        model's p99 and latency goal as the loop last measured them (``latency``)."""
+        loads = {load.model: load for load in self.loop.serve_load}
+        latency = {
+            model: {
+                "p99_ms": loads[model].p99_ms if model in loads else None,
+                "slo_p99_ms": demand.target_p99_ms,
+            }
+            for model, demand in sorted(self.loop.policies.demand.items())
+        }
+        return {**self._serve_status(), "policy": self.policy(), "latency": latency}
 
     def pause(self, by: str, reason: str) -> dict[str, Any]:
         pause, changed = self.loop.guard_store.pause(by, reason)

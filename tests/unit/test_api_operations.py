@@ -138,6 +138,10 @@ def test_pause_and_resume_carry_who_and_why_and_the_next_tick_obeys(ops: Ops) ->
     status = ops.client.policy()
     assert status["paused"] and status["pause"]["reason"] == "incident 42: bad rollout"
     assert ops.client.serve_status()["policy"]["paused"] is True
+    # Each served model's p99 and goal as the loop last saw them (none measured here).
+    assert ops.client.serve_status()["latency"] == {
+        m.name: {"p99_ms": None, "slo_p99_ms": None} for m in ops.world.cfg.serving.models
+    }
     ops.world.tick()
     assert ops.world.loop.guards.paused
     assert ops.world.metrics.gauges[("rcp_policy_paused", ())] == 1.0

@@ -45,6 +45,7 @@ def test_the_p99_reaches_the_snapshot_and_the_gauges(tmp_path: Path) -> None:
     p99s = {"sample": 250.0}
     w = world(tmp_path, p99s)
     w.tick()
+    assert w.loop.serve_load == (ServeLoad("sample", 0.0, 250.0),)  # what `rcp serve status` shows
     assert gauge(w, "rcp_model_p99_ms", "sample") == 250.0
     assert gauge(w, "rcp_model_slo_p99_ms", "sample") == 100.0
     plain = gauge(w, "rcp_model_p99_ms", "plain")
@@ -83,3 +84,56 @@ def test_serve_loads(
 def test_a_serve_load_refuses_a_non_finite_p99() -> None:
     with pytest.raises(ValueError, match="p99_ms must be finite"):
         ServeLoad("a", 0.0, math.nan)
+
+
+def total(w: World, model: str = "sample") -> int:
+    return sum(n for (m, _), n in w.serve.targets.items() if m == model)
+
+
+def test_demand_scales_on_the_p99_with_its_delays_and_does_not_flap(tmp_path: Path) -> None:
+    """sample: 1 replica, SLO 100 ms, upscale delay 2 s, downscale delay 5 s, max 3; few
+    requests (the load alone asks for min_replicas), one tick per second."""
+    p99s = {"sample": 250.0}
+    w = world(tmp_path, p99s)
+    totals: list[int] = []
+
+    def run(ticks: int) -> None:
+        for _ in range(ticks):
+            w.tick()
+            totals.append(total(w))
+
+    run(2)  # over the SLO for 1 s of the 2 s delay: nothing yet
+    assert totals == [1, 1]
+    run(1)  # 2 s over: ceil(1 x 2.5) = 3 (max 3)
+    assert totals[-1] == 3
+    run(3)  # still slow: held at max
+    p99s["sample"] = 80.0  # in the band (50..100 ms): latency holds the 3 replicas
+    run(8)
+    assert set(totals[3:]) == {3}
+    p99s["sample"] = 120.0  # over again, already at max: nothing to do
+    run(2)
+    p99s["sample"] = 20.0  # under half the SLO: ongoing requests decide, after 5 s
+    run(5)
+    assert totals[-1] == 3
+    run(2)
+    assert totals[-1] == 1
+    p99s.clear()  # no reading: nothing acts on latency, the count stays
+    run(4)
+    assert totals[-1] == 1
+    changes = [n for i, n in enumerate(totals) if i == 0 or totals[i - 1] != n]
+    assert changes == [1, 3, 1]  # up once, down once
+    assert total(w, "plain") == 1  # a model without a goal never moved
+
+
+def test_a_missing_or_flickering_reading_never_scales(tmp_path: Path) -> None:
+    """The p99 comes and goes (Prometheus slow to answer): a reading over the SLO never lasts
+    the 2 s upscale delay, so the count stays."""
+    p99s: dict[str, float] = {}
+    w = world(tmp_path, p99s)
+    for i in range(12):
+        if i % 2:
+            p99s["sample"] = 400.0
+        else:
+            p99s.clear()
+        w.tick()
+        assert total(w) == 1

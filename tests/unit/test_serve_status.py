@@ -122,3 +122,32 @@ def test_table_lists_rows(needle: str) -> None:
     rows = [line.split() for line in table.splitlines()[1:3]]
     assert rows[0][:7] == ["sample", "cluster", "1", "1", "0", "0", "1"]
     assert rows[1][:7] == ["sample", "external", "0", "0", "0", "0", "0"]
+
+
+@pytest.mark.parametrize(
+    ("latency", "line"),
+    [
+        pytest.param(
+            {"p99_ms": 251.4, "slo_p99_ms": 100.0},
+            "latency: sample p99 251 ms, SLO 100 ms (over)",
+            id="over",
+        ),
+        pytest.param(
+            {"p99_ms": 12.0, "slo_p99_ms": 100.0}, "latency: sample p99 12 ms, SLO 100 ms", id="ok"
+        ),
+        pytest.param(
+            {"p99_ms": None, "slo_p99_ms": 100.0}, "latency: sample p99 -, SLO 100 ms", id="none"
+        ),
+        pytest.param(
+            {"p99_ms": 8.0, "slo_p99_ms": None}, "latency: sample p99 8 ms, no SLO", id="x"
+        ),
+    ],
+)
+def test_table_shows_each_models_p99_and_slo(latency: dict[str, float | None], line: str) -> None:
+    details = make_details(
+        targets={("sample", "cluster"): 1},
+        weights={"cluster": 1},
+        replicas={"rcp-sample-cluster": [replica("c1", "RUNNING", "n-cluster-1")]},
+    )
+    data = {**summarize(details, NODE_POOLS), "latency": {"sample": latency}}
+    assert format_status_table(data).splitlines()[-1] == line
