@@ -72,7 +72,7 @@ from policies.plan import (
     ScaleServePool,
     SetRouteWeights,
 )
-from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
+from policies.snapshot import ClusterSnapshot, Pool
 
 __all__ = [
     "Policies",
@@ -193,11 +193,10 @@ def decide_serving(
     demands: list[ModelDemand] = []
     new_demand = dict(state.demand)
     for name, config in sorted(policies.demand.items()):
-        current = sum(
-            1
-            for r in snapshot.serve_replicas
-            if r.model == name and r.state in (ReplicaState.RUNNING, ReplicaState.STARTING)
-        )
+        # The model's total target in Serve (what the last scale asked for), not the replicas
+        # it already shows: a new pool's replicas appear a few ticks after its app is
+        # deployed, and counting only those would undo the scale-up the next tick.
+        current = sum(serve.target(name, p) for p in (Pool.CLUSTER, Pool.EXTERNAL))
         wanted, new_demand[name] = decide_replicas(
             DemandLoad(
                 ongoing_requests=float(loads.get(name, 0.0)),

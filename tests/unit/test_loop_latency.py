@@ -137,3 +137,21 @@ def test_a_missing_or_flickering_reading_never_scales(tmp_path: Path) -> None:
             p99s.clear()
         w.tick()
         assert total(w) == 1
+
+
+def test_a_scale_up_stays_while_its_replicas_are_not_up_yet(tmp_path: Path) -> None:
+    """The cluster pool is full, so the p99's 2 new replicas go to the external pool, where no
+    node is up yet (the autoscaler's lag; Serve shows no replica for them). Demand counts the
+    model's target, not the replicas it sees: the scale-up stays and nothing flaps."""
+    w = make_world(tmp_path, "serve.deploy_app=true", config_text=CONFIG)
+    w.cluster.add("c1", Pool.CLUSTER, gpus=2)
+    w.serve.deploy("sample", cluster=1)
+    w.serve.deploy("plain", cluster=1)
+    w.loop.adapters.latency = lambda: {"sample": 250.0}
+    w.tick(3)
+    assert w.serve.targets[("sample", Pool.EXTERNAL)] == 2
+    assert not [r for r in w.serve.replicas if r.pool is Pool.EXTERNAL and r.node_id]
+    w.tick(6)
+    assert w.serve.targets[("sample", Pool.EXTERNAL)] == 2
+    external = [(m, n) for _, m, pool, n in w.serve.writes if pool is Pool.EXTERNAL]
+    assert external == [("sample", 2)]  # once, never undone
