@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
 import pytest
 import requests
 
@@ -100,9 +101,13 @@ def node_proxy_port(state: dict[str, Any], node_id: str) -> int:
     `state`: its raylet's environment names it (``controlplane.local.provider``)."""
     from controlplane.local.processes import node_processes
 
-    procs = node_processes(state["cluster_id"], [state["temp_dir"]], node_id)
-    (raylet,) = [p for p in procs if p.name() == "raylet"]
-    return int(raylet.environ()["RAY_SERVE_WORKER_PROXY_HTTP_PORT"])
+    for proc in node_processes(state["cluster_id"], [state["temp_dir"]], node_id):
+        try:
+            if proc.name() == "raylet":
+                return int(proc.environ()["RAY_SERVE_WORKER_PROXY_HTTP_PORT"])
+        except psutil.NoSuchProcess:  # a worker of the node that exited meanwhile
+            continue
+    raise AssertionError(f"no raylet of node {node_id} is alive")
 
 
 def pools_of(model: str = MODEL) -> dict[str, dict[str, Any]]:
