@@ -17,16 +17,15 @@ and removed: the autoscaler replaces it (as KubeRay would) and the gang resumes 
 checkpoint on the new node.
 Waits are bounded; nothing asserts on wall-clock durations.
 
-This module runs Serve's proxy on the head only (``serve.proxy_location=HeadOnly``), not on
-every node as the default does (issue 18): locally every node's proxy shares one port
-(SO_REUSEPORT), so a draining node's proxy keeps being handed new connections while traffic
-flows, and a node Ray drains for someone else never becomes idle enough to go (seen: the
-drain test timing out after 300 s), while a removed node breaks the connections that entered
-its proxy. Until a local balancer stops sending to a draining node's proxy (issue 18, open),
-the removal behaviour this module checks is tested where requests do not enter through the
-node that goes. The load client would still send a request once more on a new connection if
-its connection broke (`Load.retry_broken_connection`, counted and printed); no request may
-fail after that, and no request may fail any other way.
+Serve runs a proxy on every node that holds a replica (the default, issue 18), each on its
+own loopback port behind the loopback balancer on ``serve.http_port``
+(``controlplane.local.balancer``), so requests also enter through the node that goes: its
+proxy answers 503 on ``/-/healthz`` once the node drains, and the balancer sends it no new
+connection from then on (the drain test checks the balancer's log for it). A keep-alive
+connection that entered that proxy stays on it until the proxy goes; the load client then
+sends its request once more on a new connection (`Load.retry_broken_connection`, counted and
+printed, what a client with a connection pool does); no request may fail after that, and no
+request may fail any other way.
 """
 
 from __future__ import annotations
@@ -39,12 +38,14 @@ from typing import Any
 import pytest
 
 from controlplane.config import Config
+from controlplane.local.cluster import LocalCluster
 from controlplane.ray_connection import connect
 from controlplane.sdk import Client
 from controlplane.store import Store
 from controlplane.telemetry import manager
 from tests.integration.conftest import (
     Load,
+    node_proxy_port,
     pools_of,
     start_local_cluster,
     two_replica_sample_config,
@@ -67,7 +68,6 @@ def health_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[C
         "pools.external.max_nodes=2",
         "pools.external.idle_timeout_s=8",
         "serve.deploy_app=true",
-        "serve.proxy_location=HeadOnly",  # see the module doc: local proxies cannot drain yet
         "policy.tick_s=0.5",
         "telemetry.interval_s=0.5",
         f"health.hot_samples={HOT_SAMPLES}",
@@ -336,11 +336,18 @@ def test_a_node_ray_drains_for_someone_else_has_its_gang_checkpointed_and_is_lef
     log = tmp_path / "steps.jsonl"
     job = run_gang(client, "on-a-node-going-away", num_steps=20, log=log)
     after = max((e["seq"] for e in client.events(limit=2000)), default=0)
+    state = LocalCluster(cfg).read_state()
+    assert state is not None
+    port = node_proxy_port(state, node_b)
+    balancer_log = cfg.state_path / "logs" / "serve-balancer.log"
+    seen = len(balancer_log.read_text())
 
     with steady_load(serve_url) as load:
         load.wait_for(20)
         assert RayNodeControl().drain(node_b, "operator maintenance", 600)
         wait_for("the drained node to go", lambda: node_b not in alive_cluster_nodes(), 300)
+        # Its proxy answered 503 while the node drained: the balancer took it out then.
+        assert f"proxy 127.0.0.1:{port} out (Probe.UNHEALTHY)" in balancer_log.read_text()[seen:]
         wait_for("a replacement cluster node", lambda: len(alive_cluster_nodes()) == 1, 120)
         final = client.wait(job.id, timeout_s=400, poll_s=1.0)
         assert final.state == "SUCCEEDED", final.message
