@@ -27,6 +27,8 @@ median latency of each and the CPU seconds the balancer's process and the head p
 process spend per request (``balancer_*``; the proxy's is the baseline).
 
     flock /tmp/rcp-integration.lock .venv/bin/python bench/bench_head_loss.py [--json]
+    # the balancer's cost alone (one cluster, no kill):
+    flock /tmp/rcp-integration.lock .venv/bin/python bench/bench_head_loss.py --cost-only
 
 Starts Ray, so it holds the integration lock like the integration tests.
 """
@@ -187,16 +189,48 @@ def _scenario(
         cluster.down(echo=lambda _line: None)
 
 
+def _cost_only(num_requests: int, as_json: bool) -> int:
+    """The ``ha`` cluster up, the balancer's cost measured, down: no kill."""
+    state_dir = Path(tempfile.mkdtemp(prefix="rcp-bench-head-cost-"))
+    overrides = isolated_overrides(state_dir, *HEAD_LOSS_CLUSTER, *SCENARIOS["ha"])
+    cluster = LocalCluster(load_config(None, overrides))
+    cluster.up(echo=lambda _line: None)
+    try:
+        cost = _balancer_cost(cluster, num_requests)
+    finally:
+        cluster.down(echo=lambda _line: None)
+    for k, v in cost.items():
+        print(f"{k:36} {v:>10g}")
+    ratios = {
+        "latency_via_over_direct": round(
+            cost["balancer_via_median_ms"] / cost["balancer_direct_median_ms"], 2
+        ),
+        "balancer_cpu_over_proxy_cpu": round(
+            cost["balancer_cpu_us_per_request"] / cost["balancer_proxy_cpu_us_per_request"], 3
+        ),
+    }
+    for k, r in ratios.items():
+        print(f"{k}: {r:g}")
+    if as_json:
+        print(json.dumps({"results": cost, "ratios": ratios}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--down-s", type=float, default=10.0, help="traffic while the head is down")
     parser.add_argument(
         "--cost-requests", type=int, default=300, help="requests per balancer-cost run (0: skip)"
     )
+    parser.add_argument(
+        "--cost-only", action="store_true", help="only the balancer's cost, on the ha cluster"
+    )
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     args = parser.parse_args(argv)
     # A timeout's SIGTERM still runs each scenario's `finally` (rcp down): no cluster is left.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.cost_only:
+        return _cost_only(max(args.cost_requests, 1), args.json)
     results = {
         name: _scenario(name, o, args.down_s, args.cost_requests) for name, o in SCENARIOS.items()
     }
