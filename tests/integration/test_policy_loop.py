@@ -4,14 +4,20 @@ the job the replicas come back a step at a time and the external pool scales to 
 simulator's replay of that claim and return writes the same plan items as the loop recorded
 (issue 17), with the move times measured from the same events. The
 claim starts while an operator has paused the policy actor (issue 15): it waits, with the
-replicas in place and no request failing, until the resume.
+replicas in place and no request failing, until the resume. Model classes (issue 16): a gang
+that needs most of the pool moves the low-priority model out first and the high-priority one
+only down to its floor, and they come back in the reverse order; a gang that would need the
+floor waits with a reason naming the model.
 
 Real parts: the embedded cluster (`rcp up`: Ray, the autoscaler with its fake multi-node
 provider, Serve with the production app), the controller actor (API, admission, serving
 loop), a Ray Train gang from the example script, HTTP load on the Serve endpoint.
 
-The cluster pool is one node with 2 logical GPUs; the sample model runs 2 one-GPU replicas
-there, so a 2-GPU gang can only run once both replicas have moved out.
+The cluster pool is one node with 4 logical GPUs. The sample model (the lowest priority
+class) runs 2 one-GPU replicas there, and ``ranker`` (priority high, ``min_cluster_replicas``
+1) 2 more, so a 2-GPU gang can only run once both sample replicas have moved out (ranker's
+stay: it outranks sample), a 3-GPU gang moves sample's 2 and one of ranker's, and a 4-GPU
+gang would need ranker's floor.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -28,7 +35,7 @@ from click.testing import CliRunner
 from controlplane.cli import cli
 from controlplane.config import Config
 from controlplane.ray_connection import connect
-from controlplane.sdk import Client, Job
+from controlplane.sdk import ApiError, Client, Job
 from controlplane.simulate.calibrate import calibrate
 from controlplane.simulate.replay import claim_and_return, plan_codes
 from controlplane.timeline.collect import TimelineInputs
@@ -38,7 +45,6 @@ from tests.integration.conftest import (
     free_ports,
     pools_of,
     start_local_cluster,
-    two_replica_sample_config,
     wait_for,
 )
 
@@ -46,15 +52,35 @@ pytestmark = pytest.mark.integration
 
 EXAMPLE = "jobs.examples.train_mnistlike:train_loop"
 MIGRATE_BACK_INTERVAL_S = 4.0
+RANKER = "ranker"
+"""The high-priority model beside the sample model, with a floor of 1 cluster replica."""
+
+
+def two_model_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sample model (lowest class) and ranker (high, floor 1), 2 one-GPU replicas each."""
+    conf = tmp_path_factory.mktemp("serving-conf") / "rcp.yaml"
+    model = (
+        "      min_replicas: 2\n"
+        "      max_replicas: 2\n"
+        "      num_gpus: 1\n"
+        "      num_cpus: 0.5\n"
+        "      graceful_shutdown_timeout_s: 5\n"
+    )
+    conf.write_text(
+        "serving:\n  models:\n"
+        f"    - name: sample\n{model}"
+        f"    - name: {RANKER}\n      priority: high\n      min_cluster_replicas: 1\n{model}"
+    )
+    return conf
 
 
 @pytest.fixture(scope="module")
 def loop_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Config, Client]]:
-    conf = two_replica_sample_config(tmp_path_factory)
+    conf = two_model_config(tmp_path_factory)
     cfg, cluster = start_local_cluster(
         tmp_path_factory,
         "pools.cluster.num_nodes=1",
-        "pools.cluster.gpus_per_node=2",
+        "pools.cluster.gpus_per_node=4",
         "pools.external.max_nodes=2",
         "pools.external.idle_timeout_s=8",
         "serve.deploy_app=true",
@@ -75,13 +101,15 @@ def loop_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Con
         cluster.down(echo=lambda _line: None)
 
 
-def submit_gang(client: Client, name: str, train_config: dict[str, object]) -> Job:
-    """The example gang, 2 workers x 1 GPU at high priority: the whole cluster pool."""
+def submit_gang(
+    client: Client, name: str, train_config: dict[str, object], num_workers: int = 2
+) -> Job:
+    """The example gang, `num_workers` x 1 GPU at high priority (2: the GPUs sample holds)."""
     return client.submit(
         {
             "name": name,
             "entrypoint": EXAMPLE,
-            "num_workers": 2,
+            "num_workers": num_workers,
             "gpus_per_worker": 1,
             "priority_class": "high",
             "runtime_env": {"env_vars": {"RCP_TRAIN_CONFIG": json.dumps(train_config)}},
@@ -191,7 +219,9 @@ def test_training_claims_the_cluster_and_serving_comes_back(
         replica_start_s=measured.replica_start_s,
         provision_s=measured.node_start_s,
     )
-    real = plan_codes((e["kind"], e["message"]) for e in events)
+    # The replay's world has the sample model only; ranker (it outranks sample) never moved.
+    assert not [e for e in events if e["kind"].startswith("serve.move") and RANKER in e["message"]]
+    real = plan_codes((e["kind"], e["message"]) for e in events if RANKER not in e["message"])
     assert ("policy.AdmitJob", "fits") in real
     assert replay == real, f"{measured.describe()}; events in {saved}"
 
@@ -201,6 +231,128 @@ def test_training_claims_the_cluster_and_serving_comes_back(
     wait_for(
         "external pool at zero", lambda: not any(n.pool == "external" for n in list_nodes()), 90
     )
+
+
+def events_after(client: Client, after: int = 0) -> list[dict[str, Any]]:
+    """Every event with a seq past `after`, oldest first (the API pages oldest first)."""
+    out: list[dict[str, Any]] = []
+    while page := client.events(after=out[-1]["seq"] if out else after, limit=1000):
+        out += page
+    return out
+
+
+def last_seq(client: Client) -> int:
+    return max((e["seq"] for e in events_after(client)), default=0)
+
+
+def move_starts(client: Client, after: int, direction: str) -> list[str]:
+    """The models of the ``serve.move.start`` events after `after` in `direction`
+    (``cluster -> external``), oldest first."""
+    return [
+        e["message"].split(":", 1)[0]
+        for e in events_after(client, after)
+        if e["kind"] == "serve.move.start" and direction in e["message"]
+    ]
+
+
+def settled(client: Client) -> bool:
+    """No job waits or runs, and both models run all their replicas on the cluster pool."""
+    if client.list(state="QUEUED,ADMITTED,RUNNING,PREEMPTED"):
+        return False
+    return all(
+        pools_of(m)["cluster"]["running"] == 2 and pools_of(m)["external"]["target"] == 0
+        for m in ("sample", RANKER)
+    )
+
+
+def test_a_claim_moves_the_low_priority_model_first_and_keeps_the_floor(
+    loop_cluster: tuple[Config, Client], tmp_path: Path
+) -> None:
+    """Issue 16: a 3-GPU gang on the 4-GPU pool, both models under load. Sample (lowest class)
+    yields both replicas first, ranker one (its floor of 1 stays on the cluster pool); no
+    request fails; after the gang ranker comes back first, then sample."""
+    cfg, client = loop_cluster
+    connect(cfg)
+    serve_url = f"http://{cfg.ray.node_ip}:{cfg.serve.http_port}"
+    wait_for("both models settled on the cluster pool", lambda: settled(client), 300)
+    after = last_seq(client)
+    train_config = {
+        "num_steps": 4,
+        "checkpoint_every": 1000,
+        "step_sleep_s": 1.0,
+        "log_path": str(tmp_path / "steps.log"),
+    }
+    loads = [Load(serve_url, model=m, threads=2, max_duration_s=280) for m in ("sample", RANKER)]
+    with loads[0] as low, loads[1] as high:
+        low.wait_for(10)
+        high.wait_for(10)
+        job = submit_gang(client, "claims-most", train_config, num_workers=3)
+        wait_for(
+            "the gang to run", lambda: client.status(job.id).state in {"RUNNING", "SUCCEEDED"}, 240
+        )
+        # While the gang holds 3 GPUs: sample is all external, ranker keeps its floor.
+        assert pools_of()["cluster"]["running"] == 0
+        assert pools_of(RANKER)["cluster"]["running"] == 1
+        assert pools_of(RANKER)["external"]["running"] == 1
+        final = client.wait(job.id, timeout_s=300, poll_s=1.0)
+        assert final.state == "SUCCEEDED", final.message
+        wait_for(
+            "both models back on the cluster pool",
+            lambda: all(
+                pools_of(m)["cluster"]["running"] == 2 and pools_of(m)["external"]["target"] == 0
+                for m in ("sample", RANKER)
+            ),
+            150,
+        )
+    out = move_starts(client, after, "cluster -> external")
+    back = move_starts(client, after, "external -> cluster")
+    moves = [e["message"] for e in events_after(client, after) if e["kind"].startswith("serve.")]
+    assert out == ["sample", RANKER], moves  # the low-priority model yields first
+    assert back[0] == RANKER and back.count("sample") == 2, back  # back in the reverse order
+    for load in (low, high):
+        assert load.total > 20
+        assert not load.errors, load.errors[:5]
+        assert set(load.statuses) == {200}
+    assert {"cluster", "external"} <= set(low.pools) and {"cluster", "external"} <= set(high.pools)
+
+
+def test_a_claim_that_would_cross_a_floor_waits_naming_the_model(
+    loop_cluster: tuple[Config, Client],
+) -> None:
+    """Issue 16: a 4-GPU gang needs ranker's floor replica: nothing moves, the gang waits, and
+    its reason (`rcp queue`, the job, the event log) names ranker and the floor."""
+    cfg, client = loop_cluster
+    connect(cfg)
+    wait_for("both models settled on the cluster pool", lambda: settled(client), 300)
+    after = last_seq(client)
+    job = submit_gang(client, "needs-the-floor", {"num_steps": 1}, num_workers=4)
+    try:
+        floor = f"model '{RANKER}' keeps 1 replica(s) on the cluster pool (min_cluster_replicas)"
+
+        def waits_for_the_floor() -> str | None:
+            message = client.status(job.id).message or ""
+            return message if floor in message else None
+
+        message = wait_for("the floor reason", waits_for_the_floor, 60)
+        assert message.startswith("serving-floor:"), message
+        assert client.status(job.id).state == "QUEUED"
+        shown = CliRunner().invoke(cli, ["queue", "--state-dir", str(cfg.state_path)])
+        assert shown.exit_code == 0 and floor in shown.output, shown.output
+        waits = [e for e in events_after(client, after) if e["kind"] == "policy.WaitJob"]
+        assert waits and floor in waits[-1]["message"], waits
+        assert not move_starts(client, after, "cluster -> external")  # nothing was claimed
+        assert pools_of(RANKER)["cluster"]["running"] == 2
+    finally:
+        client.cancel(job.id)
+
+
+def resumed(client: Client, after: int) -> bool:
+    """The restarted controller answers and has said it resumed the move (``serve.resume``);
+    the killed one may still answer for a moment after `ray.kill` returns."""
+    try:
+        return any(e["kind"] == "serve.resume" for e in events_after(client, after))
+    except ApiError:
+        return False
 
 
 def test_controller_killed_mid_move_resumes_without_double_scaling_or_errors(
@@ -216,7 +368,7 @@ def test_controller_killed_mid_move_resumes_without_double_scaling_or_errors(
     connect(cfg)
     serve_url = f"http://{cfg.ray.node_ip}:{cfg.serve.http_port}"
     wait_for("replicas on the cluster pool", lambda: pools_of()["cluster"]["running"] == 2, 120)
-    after = max((e["seq"] for e in client.events(limit=1000)), default=0)
+    after = last_seq(client)  # the API pages oldest first: not the first 1000's last
 
     most_external_target = 0
     stop = threading.Event()
@@ -244,12 +396,13 @@ def test_controller_killed_mid_move_resumes_without_double_scaling_or_errors(
             job = submit_gang(client, "claims-again", train_config)
             wait_for(
                 "a move to start",
-                lambda: any(
-                    e["kind"] == "serve.move.start" for e in client.events(after=after, limit=1000)
-                ),
+                lambda: any(e["kind"] == "serve.move.start" for e in events_after(client, after)),
                 120,
             )
             ray.kill(get_controller(), no_restart=False)  # the actor restarts (max_restarts=-1)
+            # The SDK retries an unreachable API for ~8 s; on a busy machine the restarted
+            # actor may take longer to open its port.
+            wait_for("the restarted controller", lambda: resumed(client, after), 180)
             final = client.wait(job.id, timeout_s=400, poll_s=1.0)
             assert final.state == "SUCCEEDED", final.message
             wait_for(
@@ -265,7 +418,7 @@ def test_controller_killed_mid_move_resumes_without_double_scaling_or_errors(
     assert not load.errors, load.errors[:5]
     assert set(load.statuses) == {200}
     assert most_external_target <= 2, "the restarted controller scaled the external pool twice"
-    kinds = [e["kind"] for e in client.events(after=after, limit=1000)]
+    kinds = [e["kind"] for e in events_after(client, after)]
     assert "serve.resume" in kinds
 
 
@@ -327,6 +480,7 @@ def test_rcp_timeline_draws_the_claim_from_events_and_prometheus(
     most = {s.label: max((v for _, v in s.points), default=0.0) for s in drawn.replicas}
     assert most.get("sample/external") == 2.0 and most.get("sample/cluster") == 2.0, most
     gpus = {s.label: max((v for _, v in s.points), default=0.0) for s in drawn.gpus}
-    assert gpus["training"] == 2.0 and gpus["external"] >= 2.0, gpus
+    # The module's largest gang: 3 GPUs (the model-class test's claim).
+    assert gpus["training"] == 3.0 and gpus["external"] >= 3.0, gpus
     rate = {s.label: max((v for _, v in s.points), default=0.0) for s in drawn.requests}
     assert rate["requests/s"] > 0 and rate["failed/s"] == 0.0, rate
