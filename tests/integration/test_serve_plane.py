@@ -3,17 +3,25 @@
 One cluster for the module: a head (pool_head), one `cluster` node (4 GPUs) and one
 `external` node (2 GPUs), all logical. Load is a few client threads, bounded in count and
 time, only to 127.0.0.1.
+
+The last test (issue 16, latency-aware scaling) runs the control loop on this cluster with a
+real Prometheus on loopback scraping Ray's metrics agents: a slow backend (the sample model's
+``extra_latency_ms``, set at run time through ``user_config``) puts its p99 over
+``slo_p99_ms`` and the model scales up; once the latency falls it scales down only after the
+downscale delay, and never flaps in between.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Self
 
 import pytest
 
@@ -24,6 +32,15 @@ import requests  # noqa: E402
 from ray import serve  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from controlplane.adapters.latency import PrometheusLatency  # noqa: E402
+from controlplane.adapters.nodes import RayNodes  # noqa: E402
+from controlplane.adapters.serve import RayServe  # noqa: E402
+from controlplane.config import load_config  # noqa: E402
+from controlplane.local.prometheus import LocalPrometheus  # noqa: E402
+from controlplane.loop.decide import policies_of  # noqa: E402
+from controlplane.loop.tick import Adapters, Loop  # noqa: E402
+from controlplane.observability import write_file_sd  # noqa: E402
+from controlplane.store import Store  # noqa: E402
 from serve import operations as ops  # noqa: E402
 from serve.config import IngressConfig, ModelConfig, ServingConfig  # noqa: E402
 from serve.load import read_ingress_traffic  # noqa: E402
@@ -79,6 +96,8 @@ def url() -> Iterator[str]:
         resources={"pool_head": 1000},
         labels={"pool": "head"},
         include_dashboard=False,
+        # Metrics reach each node's agent every second (default 10 s): the latency test's p99.
+        _system_config={"metrics_report_interval_ms": 1000},
     )
     cluster.add_node(
         num_cpus=4, num_gpus=4, resources={"pool_cluster": 1000}, labels={"pool": "cluster"}
@@ -99,21 +118,16 @@ def url() -> Iterator[str]:
 
 
 @dataclass
-class Timeline:
-    """`serve_status()` sampled in the background: (running, weight) per pool per sample."""
+class InBackground:
+    """Runs `_run` in a daemon thread for the length of a ``with`` block (`_stop` ends it)."""
 
-    period_s: float = 0.2
-    samples: list[dict[str, tuple[int, float]]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    _stop: threading.Event = field(default_factory=threading.Event, kw_only=True)
+    _thread: threading.Thread | None = field(default=None, kw_only=True)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            pools = serve_status()["models"][MODEL]["pools"]
-            self.samples.append({p: (v["running"], v["weight"]) for p, v in pools.items()})
-            time.sleep(self.period_s)
+        raise NotImplementedError
 
-    def __enter__(self) -> Timeline:
+    def __enter__(self) -> Self:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
@@ -121,7 +135,21 @@ class Timeline:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         assert self._thread is not None
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=60)
+
+
+@dataclass
+class Timeline(InBackground):
+    """`serve_status()` sampled in the background: (running, weight) per pool per sample."""
+
+    period_s: float = 0.2
+    samples: list[dict[str, tuple[int, float]]] = field(default_factory=list)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            pools = serve_status()["models"][MODEL]["pools"]
+            self.samples.append({p: (v["running"], v["weight"]) for p, v in pools.items()})
+            time.sleep(self.period_s)
 
 
 def backend_replicas(pool: str, model: str = MODEL) -> list[dict[str, Any]]:
@@ -336,3 +364,184 @@ def test_no_ready_pool_answers_503_with_retry_after(url: str) -> None:
     finally:
         ops.set_route_weights_from_readiness(MODEL)
     assert requests.post(predict_url(url), json=GOOD, timeout=30).status_code == 200
+
+
+SLO_P99_MS = 100.0
+SLOW_MS = 250
+UPSCALE_DELAY_S = 2.0
+DOWNSCALE_DELAY_S = 8.0
+TICK_S = 0.5
+
+
+def latency_config(extra_latency_ms: int) -> ServingConfig:
+    """The module's models, the sample one with a p99 goal, short delays and a backend that
+    takes `extra_latency_ms` longer per request (set on the running replicas)."""
+    serving = serving_config()
+    serving.latency_window_s = 5.0
+    m = serving.models[0]
+    m.slo_p99_ms = SLO_P99_MS
+    m.upscale_delay_s = UPSCALE_DELAY_S
+    m.downscale_delay_s = DOWNSCALE_DELAY_S
+    m.user_config = {"extra_latency_ms": extra_latency_ms}
+    return serving
+
+
+class Gauges:
+    """The loop's metric sink: the last value of every gauge (the loop's `MetricSink`)."""
+
+    def __init__(self) -> None:
+        self.values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+
+    def set(self, name: str, value: float, tags: Mapping[str, str] | None = None) -> None:
+        self.values[(name, tuple(sorted((tags or {}).items())))] = value
+
+    def inc(self, name: str, tags: Mapping[str, str] | None = None) -> None:
+        pass
+
+    def get(self, name: str, **tags: str) -> float | None:
+        return self.values.get((name, tuple(sorted(tags.items()))))
+
+
+class NoJobs:
+    """No training in this module: the job runner has nothing to do."""
+
+    def reconcile(self) -> None:
+        pass
+
+    def admit(self, action: object) -> None:
+        raise AssertionError(f"no job is submitted here: {action}")
+
+    preempt = admit
+
+
+class NoTelemetry:
+    """No telemetry agents in this module (``health.act`` is off)."""
+
+    def ensure_agents(self, exclude: object, trusted: object) -> list[Any]:
+        return []
+
+    def collect_samples(self, *args: object) -> dict[str, list[Any]]:
+        return {}
+
+    def stop_agent(self, node_id: str) -> bool:
+        return True
+
+
+def p99_now(gauges: Gauges) -> float | None:
+    """The sample model's p99 gauge this tick; None while it has no reading (NaN)."""
+    p99 = gauges.get("rcp_model_p99_ms", model=MODEL)
+    return None if p99 is None or math.isnan(p99) else p99
+
+
+@dataclass
+class Tick:
+    now_s: float
+    p99_ms: float | None
+    total: int | None
+    """The sample model's replica target over both pools this tick (None: no serving plan)."""
+
+
+@dataclass
+class Ticking(InBackground):
+    """Drives `loop` one tick every `TICK_S` (as `Loop.start` does) and records every tick."""
+
+    loop: Loop
+    gauges: Gauges
+    ticks: list[Tick] = field(default_factory=list)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.loop.tick()
+            last = self.loop.last
+            mine = [t for t in (last.targets if last else ()) if t.model == MODEL]
+            total = mine[0].cluster + mine[0].external if mine else None
+            now = self.loop.tick_starts[-1]
+            self.ticks.append(Tick(now, p99_now(self.gauges), total))
+            self._stop.wait(TICK_S)
+
+    def totals(self) -> list[int]:
+        """The targets the loop planned, each change once (2, 4, 2: up once, down once)."""
+        out: list[int] = []
+        for t in self.ticks:
+            if t.total is not None and (not out or out[-1] != t.total):
+                out.append(t.total)
+        return out
+
+    def first(self, since_s: float, check: Any) -> Tick:
+        return next(t for t in self.ticks if t.now_s >= since_s and check(t))
+
+
+def metrics_agents() -> list[str]:
+    """Every live node's Ray metrics agent, host:port (what Prometheus scrapes)."""
+    return [
+        f"{n['NodeManagerAddress']}:{n['MetricsExportPort']}" for n in ray.nodes() if n["Alive"]
+    ]
+
+
+def test_slow_backend_scales_up_on_p99_then_down_after_the_delay_without_flapping(
+    url: str, tmp_path: Path
+) -> None:
+    """Issue 16 part 2 end to end: Serve's latency histogram -> Prometheus -> the loop's
+    observe (p99 per model) -> demand (p99 over ``slo_p99_ms``) -> placement (the cluster
+    pool is full: the new replicas go to the external pool) -> Serve."""
+    assert backend_replicas("external") == [] and len(backend_replicas("cluster")) == TARGET
+    ops.deploy(latency_config(SLOW_MS))  # user_config: the running replicas slow down
+    cfg = load_config(
+        overrides=[
+            f"state_dir={tmp_path}",
+            "serve.deploy_app=true",
+            "health.act=false",
+            f"policy.tick_s={TICK_S}",
+            "observability.prometheus=false",
+        ]
+    )
+    cfg.serving = latency_config(SLOW_MS)
+    ray_sd = tmp_path / "ray-targets.json"
+    write_file_sd(ray_sd, [{"targets": metrics_agents(), "labels": {}}])
+    prom = LocalPrometheus(
+        work_dir=tmp_path / "prometheus",
+        ray_sd_file=ray_sd,
+        port=free_port(),
+        scrape_interval_s=1.0,
+        rule_files=(),
+    )
+    gauges = Gauges()
+    nodes = RayNodes()
+    adapters = Adapters(
+        jobs=NoJobs(),
+        nodes=nodes,
+        node_actions=nodes,
+        telemetry=NoTelemetry(),
+        metrics=gauges,
+        serve=RayServe({m.name: m.num_gpus for m in cfg.serving.models}),
+        latency=PrometheusLatency(prom.url, cfg.serving.latency_window_s).read,
+    )
+    loop = Loop(cfg, Store(cfg.jobs_db_path), adapters, policies_of(cfg))
+    with prom, Load(url, threads=2, max_duration_s=200) as load, Ticking(loop, gauges) as ticks:
+        wait_for("the p99 of the slow backend", lambda: p99_now(gauges))
+        assert gauges.get("rcp_model_slo_p99_ms", model=MODEL) == SLO_P99_MS
+        wait_for("the scale-up on p99", lambda: max(ticks.totals()) == 4, timeout_s=90)
+        wait_for(
+            "the new replicas RUNNING on the external pool",
+            lambda: sum(r["state"] == "RUNNING" for r in backend_replicas("external")) == 2,
+            timeout_s=90,
+        )
+        slow_seen = ticks.first(0, lambda t: (t.p99_ms or 0) > SLO_P99_MS)
+        up = ticks.first(0, lambda t: (t.total or 0) > TARGET)
+        # Demand waited for the upscale delay on the loop's own clock, not a tick less.
+        assert up.now_s - slow_seen.now_s >= UPSCALE_DELAY_S, (slow_seen, up)
+        fast_from_s = loop.clock()
+        ops.deploy(latency_config(0))  # the backend is fast again
+        wait_for("the scale-down", lambda: ticks.totals()[-1] == TARGET, timeout_s=90)
+        down = ticks.first(fast_from_s, lambda t: t.total == TARGET)
+        steady = len(ticks.ticks)
+        wait_for("a few more ticks", lambda: len(ticks.ticks) >= steady + 4, timeout_s=30)
+    # Up once, down once: no flapping while the latency fell or after.
+    assert ticks.totals() == [TARGET, 4, TARGET], ticks.totals()
+    # Down only after the p99 left the band and ongoing requests alone asked for fewer for the
+    # whole downscale delay (the first tick that let go of the replicas starts the timer).
+    fast = ticks.first(fast_from_s, lambda t: t.p99_ms is None or t.p99_ms < SLO_P99_MS / 2)
+    assert down.now_s - fast.now_s >= DOWNSCALE_DELAY_S, (fast, down)
+    assert load.errors == [] and set(load.statuses) == {200}
+    assert load.pools["external"] > 0, "no request reached the replicas the p99 added"
+    ops.deploy(serving_config())
