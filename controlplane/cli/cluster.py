@@ -158,7 +158,8 @@ def serve_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def serve_status_cmd(url: str | None, state_dir: str | None, as_json: bool) -> None:
     """Per model and pool: target, running, starting, stopping replicas, route weights, nodes;
-    then whether the policy actor is paused (who, why, since) and the pinned models."""
+    each model's last measured p99 and its SLO; then whether the policy actor is paused (who,
+    why, since) and the pinned models."""
     api = sdk_client(url, state_dir)
     data = api_call(api.serve_status)
     if as_json:
