@@ -82,13 +82,15 @@ are not decisions and are left out."""
 def queries(rate_window_s: float) -> dict[str, str]:
     """The PromQL per metric name; `rate_window_s` is the window of the request rates (at
     least two scrapes). ``max by``: a restarted controller's last value may still be exported
-    next to the new one's for a while; both say the same thing."""
+    next to the new one's for a while; both say the same thing. ``application!=""``: requests
+    that reached an app; the balancer's and readiness probes' health checks of each proxy
+    (a draining one answers 503) carry an empty application and are not traffic."""
     w = f"{max(1, round(rate_window_s))}s"
     return {
         "replicas": 'max by (model, pool) (ray_rcp_serve_replicas{state="running"})',
         "gpus": "max by (pool, owner) (ray_rcp_gpus)",
-        "requests": f"sum(rate(ray_serve_num_http_requests_total[{w}]))",
-        "failed": f"sum(rate(ray_serve_num_http_error_requests_total[{w}]))",
+        "requests": f'sum(rate(ray_serve_num_http_requests_total{{application!=""}}[{w}]))',
+        "failed": f'sum(rate(ray_serve_num_http_error_requests_total{{application!=""}}[{w}]))',
     }
 
 
