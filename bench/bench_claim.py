@@ -159,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = sum(r["requests_failed"] for r in results.values())
     print(f"failed requests, both runs: {failed:g} (goal 0)")
     if args.json:
-        print(json.dumps({"results": results, "ratios_two_over_one": ratios}))
+        goals = {"requests_failed": {"value": failed, "goal": 0, "met": failed == 0}}
+        print(json.dumps({"results": results, "ratios_two_over_one": ratios, "goals": goals}))
     return 0
 
 
