@@ -139,6 +139,9 @@ class Load:
     reset before an answer (what a client with a connection pool does; issue 18's bar while
     the node whose proxy it entered goes away). Counted in `connection_retries`."""
     connection_retries: int = 0
+    keep_alive: bool = True
+    """False: every request asks for ``Connection: close``, so each one opens a new
+    connection through the balancer (which picks a proxy per connection, not per request)."""
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -146,15 +149,16 @@ class Load:
 
     def _post(self, session: requests.Session) -> requests.Response:
         url = predict_url(self.url, self.model)
+        headers = None if self.keep_alive else {"Connection": "close"}
         try:
-            return session.post(url, json=self.body, timeout=30)
+            return session.post(url, json=self.body, headers=headers, timeout=30)
         except requests.ConnectionError:
             if not self.retry_broken_connection:
                 raise
             with self._lock:
                 self.connection_retries += 1
             session.close()  # drop the pooled connection to the proxy that went away
-            return session.post(url, json=self.body, timeout=30)
+            return session.post(url, json=self.body, headers=headers, timeout=30)
 
     def _run(self) -> None:
         deadline = time.monotonic() + self.max_duration_s
