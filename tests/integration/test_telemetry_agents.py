@@ -148,24 +148,25 @@ def test_cli_fault_inject_health_and_nodes(
     bad = runner.invoke(cli, ["fault", "inject", "no-such-node", "xid", *args])
     assert bad.exit_code == 2 and "no node matches 'no-such-node'" in bad.output
 
-    def unhealthy_row() -> dict[str, Any] | None:
+    def serving_only_row() -> dict[str, Any] | None:
         res = runner.invoke(cli, ["health", "--json", *args])
         assert res.exit_code == 0, res.output
         rows = {r["node_id"]: r for r in json.loads(res.output)}
         row = rows[target]
-        return row if row["verdict"] == "unhealthy" else None
+        # A link down is a fabric fault alone: the node is kept for serving (issue 16).
+        return row if row["verdict"] == "serving_only" else None
 
-    row = wait_for("rcp health to report the link down", unhealthy_row, timeout_s=60)
+    row = wait_for("rcp health to report the link down", serving_only_row, timeout_s=60)
     assert "ib_link_down" in row["reasons"] and "ib-link-down" in row["faults"]
     text = runner.invoke(cli, ["health", *args])
     assert text.exit_code == 0, text.output
     (line,) = [ln for ln in text.output.splitlines() if ln.startswith(target[-12:])]
-    assert "unhealthy" in line and "ib_link_down" in line and "mlx5_0/1 down" in line
+    assert "serving_only" in line and "ib_link_down" in line and "mlx5_0/1 down" in line
 
     res = runner.invoke(cli, ["nodes", "--json", *args])
     assert res.exit_code == 0, res.output
     nodes = {r["node_id"]: r for r in json.loads(res.output)}
-    assert nodes[target]["health"] == "unhealthy"
+    assert nodes[target]["health"] == "serving_only"
     assert nodes[target]["gpu_temp_max_c"] is not None
     assert nodes[target]["tensor_active_ratio"] is not None
     table = runner.invoke(cli, ["nodes", *args]).output
