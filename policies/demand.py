@@ -52,8 +52,10 @@ __all__ = [
     "DemandDecision",
     "DemandLoad",
     "DemandReason",
+    "DelayedStep",
     "DemandState",
     "decide_replicas",
+    "delayed_step",
     "ingress_replicas",
     "latency_replicas",
     "wanted_replicas",
@@ -213,43 +215,75 @@ def decide_replicas(
             ),
             DemandState(),
         )
-    direction = Direction.UP if wanted > current else Direction.DOWN
-    if state.direction == direction:
-        since_s = state.since_s
-        highest = max(state.highest_wanted, wanted)
-    else:
-        since_s = load.now_s
-        highest = wanted
-    delay_s = config.upscale_delay_s if direction is Direction.UP else config.downscale_delay_s
-    waited_s = load.now_s - since_s
-    if waited_s >= delay_s:
-        reason = DemandReason.UPSCALE if direction is Direction.UP else DemandReason.DOWNSCALE
+    step = delayed_step(
+        current, wanted, load.now_s, state, config.upscale_delay_s, config.downscale_delay_s
+    )
+    up = wanted > current
+    if step.taken:
+        reason = DemandReason.UPSCALE if up else DemandReason.DOWNSCALE
         return (
             DemandDecision(
-                highest,
+                step.num_replicas,
                 wanted,
                 reason,
                 f"{seen}, at {config.target_ongoing_requests_per_replica:g} requests per "
                 f"replica, asked for "
-                f"{highest} replicas for {waited_s:g}s (delay {delay_s:g}s): "
-                f"{current} -> {highest}",
+                f"{step.num_replicas} replicas for {step.waited_s:g}s (delay {step.delay_s:g}s): "
+                f"{current} -> {step.num_replicas}",
             ),
-            DemandState(),
+            step.state,
         )
-    waiting = (
-        DemandReason.WAITING_UPSCALE_DELAY
-        if direction is Direction.UP
-        else DemandReason.WAITING_DOWNSCALE_DELAY
-    )
+    waiting = DemandReason.WAITING_UPSCALE_DELAY if up else DemandReason.WAITING_DOWNSCALE_DELAY
     return (
         DemandDecision(
             current,
             wanted,
             waiting,
-            f"load asks for {wanted} replicas; waited {waited_s:g}s of {delay_s:g}s",
+            f"load asks for {wanted} replicas; waited {step.waited_s:g}s of {step.delay_s:g}s",
         ),
-        DemandState(direction=direction, since_s=since_s, highest_wanted=highest),
+        step.state,
     )
+
+
+@dataclass(frozen=True)
+class DelayedStep:
+    """One tick of a replica count that follows what is asked only once it has been asked for
+    a delay without a break (`delayed_step`)."""
+
+    num_replicas: int
+    """The count after this tick: the step's target once `taken`, else the current count."""
+    taken: bool
+    waited_s: float
+    """How long the count has pointed this way without a break."""
+    delay_s: float
+    """The delay for this direction."""
+    state: DemandState
+    """What to hand back next tick (reset once the step is taken)."""
+
+
+def delayed_step(
+    current: int,
+    wanted: int,
+    now_s: float,
+    state: DemandState,
+    upscale_delay_s: float,
+    downscale_delay_s: float,
+) -> DelayedStep:
+    """The hysteresis both the models' demand and the ingress's scaling use: a count moves
+    toward `wanted` (which differs from `current`) only after it has pointed the same way for
+    the direction's delay; it then moves to the highest count asked for during the wait (a
+    scale-down keeps the most any tick asked for). A change of direction restarts the wait."""
+    direction = Direction.UP if wanted > current else Direction.DOWN
+    if state.direction == direction:
+        since_s, highest = state.since_s, max(state.highest_wanted, wanted)
+    else:
+        since_s, highest = now_s, wanted
+    delay_s = upscale_delay_s if direction is Direction.UP else downscale_delay_s
+    waited_s = now_s - since_s
+    if waited_s >= delay_s:
+        return DelayedStep(highest, True, waited_s, delay_s, DemandState())
+    waiting = DemandState(direction=direction, since_s=since_s, highest_wanted=highest)
+    return DelayedStep(current, False, waited_s, delay_s, waiting)
 
 
 def ingress_replicas(

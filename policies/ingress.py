@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from policies.demand import DemandState, Direction, ingress_replicas
+from policies.demand import DemandState, delayed_step, ingress_replicas
 
 __all__ = [
     "IngressDecision",
@@ -121,28 +121,19 @@ def decide_ingress(
     )
     if wanted == current:
         return IngressDecision(current, wanted, f"{seen} fit {current} replicas"), DemandState()
-    if wanted > current:
-        return (
-            IngressDecision(wanted, wanted, f"{seen} ask for {wanted}: {current} -> {wanted}"),
-            DemandState(),
-        )
     if current > config.max_replicas:
         top = config.max_replicas
         message = f"{current} replicas is above max_replicas {top}: {current} -> {top}"
         return IngressDecision(top, wanted, message), DemandState()
-    if state.direction is Direction.DOWN:
-        since_s, highest = state.since_s, max(state.highest_wanted, wanted)
-    else:
-        since_s, highest = load.now_s, wanted
-    waited_s = load.now_s - since_s
-    if waited_s >= config.downscale_delay_s:
+    # Up at once (the ingress must never be the bottleneck), down after the delay.
+    step = delayed_step(current, wanted, load.now_s, state, 0.0, config.downscale_delay_s)
+    if step.taken and wanted > current:
+        message = f"{seen} ask for {wanted}: {current} -> {wanted}"
+    elif step.taken:
         message = (
-            f"{seen} asked for at most {highest} for {waited_s:g}s "
-            f"(delay {config.downscale_delay_s:g}s): {current} -> {highest}"
+            f"{seen} asked for at most {step.num_replicas} for {step.waited_s:g}s "
+            f"(delay {step.delay_s:g}s): {current} -> {step.num_replicas}"
         )
-        return IngressDecision(highest, wanted, message), DemandState()
-    message = f"{seen} ask for {wanted}; waited {waited_s:g}s of {config.downscale_delay_s:g}s"
-    return (
-        IngressDecision(current, wanted, message),
-        DemandState(direction=Direction.DOWN, since_s=since_s, highest_wanted=highest),
-    )
+    else:
+        message = f"{seen} ask for {wanted}; waited {step.waited_s:g}s of {step.delay_s:g}s"
+    return IngressDecision(step.num_replicas, wanted, message), step.state
