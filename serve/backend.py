@@ -13,8 +13,18 @@ the request id the ingress passes in; a 500 says only that the model failed (the
 and its traceback go to the replica's log under that id). A 422 carries the ValueError's
 message: by the model contract that message is written for the client.
 
-It also answers plain HTTP (``POST`` with a JSON body) when deployed with a route prefix;
-the benchmark uses that to measure the bare backend against the ingress.
+It also answers HTTP on its app's internal route prefix (`serve.spec.backend_route_prefix`):
+``POST /_rcp/<model>/<pool>/v1/models/<model>/predict``, the edge router's path around the
+ingress. That route validates exactly as the ingress does (`serve.inputs.parse_request`, the
+default ``max_body_bytes``), answers the same status and JSON body (the envelope's), and puts
+``X-Rcp-Pool: <pool>`` on every answer, errors included: an answer with it is the model's own
+and is never retried, one without it is Serve's (app gone, replica dead) and the edge retries
+it elsewhere. Any other path under the prefix (``healthz``, ``v1/models``) is 404 not_found.
+
+Each replica counts its requests in flight (both routes) and reports ``{model: count}`` to
+the load board (`serve.load`) about once a second, from a daemon thread started on its first
+request inside a Serve replica: the demand policy's input, counted where the work is, so a
+request through the edge is counted like one through the ingress.
 
 Must not: choose pools or weights; its placement comes from ``ray_actor_options`` set by
 `serve.spec`.
@@ -22,9 +32,12 @@ Must not: choose pools or weights; its placement comes from ``ray_actor_options`
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import logging
+import threading
+import time
 from typing import Any, Protocol, TypedDict
 
 from ray import serve
@@ -34,16 +47,25 @@ from starlette.responses import Response
 from serve.config import IngressConfig
 from serve.inputs import (
     ErrorCode,
-    JsonBodyError,
+    Predict,
+    RequestError,
     error_body,
     error_dict,
-    loads_json,
+    parse_request,
     read_body,
     request_id,
 )
+from serve.load import REPORT_INTERVAL_S, InFlight, board, in_replica
 from serve.spec import BACKEND_DEPLOYMENT
 
-__all__ = ["Backend", "BackendReplica", "Model", "PredictEnvelope", "load_model_class"]
+__all__ = [
+    "POOL_HEADER",
+    "Backend",
+    "BackendReplica",
+    "Model",
+    "PredictEnvelope",
+    "load_model_class",
+]
 
 logger = logging.getLogger("ray.serve")
 
@@ -81,7 +103,9 @@ def load_model_class(import_path: str) -> Any:
 
 
 _MAX_BODY_BYTES = IngressConfig().max_body_bytes
-"""The plain-HTTP route's body limit: the ingress's default (this route has no config)."""
+"""The HTTP route's body limit: the ingress's default (this route has no config)."""
+POOL_HEADER = "X-Rcp-Pool"
+"""On every answer of the HTTP route: the pool whose replica answered (see the module doc)."""
 
 
 class BackendReplica:
@@ -91,6 +115,9 @@ class BackendReplica:
         self.name = name
         self.pool = pool
         self._model: Model = load_model_class(import_path)(**dict(init_kwargs))
+        self._inflight = InFlight()
+        self._reporter_lock = threading.Lock()
+        self._reporter_started = False
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Serve calls this at start and on every change of `ModelConfig.user_config`; the
@@ -106,6 +133,12 @@ class BackendReplica:
             )
 
     def predict(self, payload: dict[str, Any], request_id: str = "") -> PredictEnvelope:
+        """The ingress's handle call: one request's payload, answered as an envelope."""
+        self._start_reporter()
+        with self._inflight.track(self.name):
+            return self._predict(payload, request_id)
+
+    def _predict(self, payload: dict[str, Any], request_id: str) -> PredictEnvelope:
         rid = request_id or "unknown"
         try:
             body = self._model.predict(payload)
@@ -124,42 +157,97 @@ class BackendReplica:
         return {"status": 200, "body": body}
 
     async def __call__(self, request: Request) -> Response:
-        """Plain HTTP (benchmarks): the same strict JSON and size limit as the ingress."""
+        """The HTTP route (the edge router's, see the module doc): validated as the ingress
+        validates, answered with the ingress's status and body, always with `POOL_HEADER`."""
+        self._start_reporter()
         given = request.headers.get("x-request-id")
         rid = request_id(given)
-        headers = {"X-Rcp-Pool": self.pool}
+        with self._inflight.track(self.name):
+            try:
+                response = await self._answer(request, rid)
+            except Exception:  # a bug here must answer like any error: id, no internals
+                logger.exception("request %s: the backend's HTTP route failed", rid)
+                message = "internal error in the backend; quote the id"
+                response = _error(500, ErrorCode.INTERNAL, message, rid)
+        response.headers[POOL_HEADER] = self.pool
         if given != rid:
-            headers["X-Request-Id"] = rid
+            # The Serve proxy adds X-Request-Id to the response itself when it sent one.
+            response.headers["X-Request-Id"] = rid
+        return response
+
+    async def _answer(self, request: Request, rid: str) -> Response:
+        parse = functools.partial(
+            parse_request,
+            method=request.method,
+            path=request.url.path,
+            root_path=str(request.scope.get("root_path", "")),
+            content_type=request.headers.get("content-type"),
+            content_length=request.headers.get("content-length"),
+            max_body_bytes=_MAX_BODY_BYTES,
+            known_models=(self.name,),
+        )
+        head = parse(body=None)
+        if isinstance(head, RequestError):
+            return _error(head.status, head.code, head.message, rid)
+        if not isinstance(head, Predict):  # healthz, v1/models: the ingress's routes only
+            message = f"a backend route answers only POST .../v1/models/{self.name}/predict"
+            return _error(404, ErrorCode.NOT_FOUND, message, rid)
         raw = await read_body(request, _MAX_BODY_BYTES)
         if raw is None:
-            message = f"body exceeds {_MAX_BODY_BYTES} bytes"
-            return _error(413, ErrorCode.BODY_TOO_LARGE, message, rid, headers)
-        try:
-            payload = loads_json(raw)
-        except JsonBodyError as exc:
-            code = ErrorCode.MALFORMED_JSON if exc.malformed else ErrorCode.INVALID_BODY
-            return _error(400, code, exc.message, rid, headers)
-        if not isinstance(payload, dict):
-            return _error(400, ErrorCode.INVALID_BODY, "body must be a JSON object", rid, headers)
-        env = self.predict(payload, rid)
+            message = f"body exceeds the limit of {_MAX_BODY_BYTES} bytes"
+            return _error(413, ErrorCode.BODY_TOO_LARGE, message, rid)
+        parsed = parse(body=raw)
+        if isinstance(parsed, RequestError):
+            return _error(parsed.status, parsed.code, parsed.message, rid)
+        assert isinstance(parsed, Predict)
+        env = self._predict(parsed.payload, rid)
         return Response(
             json.dumps(env["body"]).encode(),
             status_code=int(env["status"]),
             media_type="application/json",
-            headers=headers,
         )
+
+    # --- the demand signal ------------------------------------------------------------------
+
+    def _start_reporter(self) -> None:
+        """Start the load reporter once, and only inside a Serve replica (a test that builds
+        the class directly reports nothing)."""
+        if self._reporter_started:
+            return
+        with self._reporter_lock:
+            if self._reporter_started:
+                return
+            self._reporter_started = True
+            if in_replica():
+                me = serve.get_replica_context().replica_id.unique_id
+                threading.Thread(
+                    target=self._report_forever, args=(me,), name="rcp-load-report", daemon=True
+                ).start()
+
+    def _report_forever(self, me: str) -> None:
+        handle: Any = None
+        while True:
+            handle = self.report_load(me, handle)
+            time.sleep(REPORT_INTERVAL_S)
+
+    def report_load(self, me: str, handle: Any) -> Any:
+        """Send one report (``{model: in flight}``, no traffic figures) to the load board;
+        return the handle to reuse, or None after a failure (the board restarting must not
+        hurt serving: the next report looks it up again). Any: Ray's actor handle."""
+        try:
+            handle = handle if handle is not None else board()
+            handle.report.remote(me, self._inflight.counts())
+        except Exception as exc:
+            logger.debug("load report failed: %r", exc)
+            return None
+        return handle
 
 
 Backend = serve.deployment(name=BACKEND_DEPLOYMENT)(BackendReplica)
 """The deployment (`serve.app.build_backend` binds it per model and pool)."""
 
 
-def _error(
-    status: int, code: ErrorCode, message: str, rid: str, headers: dict[str, str]
-) -> Response:
+def _error(status: int, code: ErrorCode, message: str, rid: str) -> Response:
     return Response(
-        error_body(code, message, rid),
-        status_code=status,
-        media_type="application/json",
-        headers=headers,
+        error_body(code, message, rid), status_code=status, media_type="application/json"
     )

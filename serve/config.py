@@ -115,6 +115,11 @@ class IngressConfig:
     """Longest a request may take in total, retries included; then 503 with Retry-After."""
     retry_after_s: int = 1
     """Value of the Retry-After header on a 503."""
+    edge_table_max_age_s: float = 1.0
+    """Longest an edge router routes predicts by a route table it fetched from the ingress
+    (``GET v1/models``); an older table sends them through the ingress. Make-before-break
+    waits this long after every ingress replica applied a new table before it lowers a
+    pool's target (`serve.operations.route_applied`). Between 0.1 and 30 s."""
 
 
 @dataclass
@@ -180,6 +185,11 @@ def validate_serving(cfg: ServingConfig, prefix: str = "serving") -> list[str]:
     _check_min(errors, f"{prefix}.ingress.attempt_timeout_s", ing.attempt_timeout_s, 0.01)
     _check_min(errors, f"{prefix}.ingress.request_timeout_s", ing.request_timeout_s, 0.01)
     _check_min(errors, f"{prefix}.ingress.retry_after_s", ing.retry_after_s, 0)
+    if not 0.1 <= ing.edge_table_max_age_s <= 30:  # NaN fails too
+        errors.append(
+            f"{prefix}.ingress.edge_table_max_age_s: must be between 0.1 and 30 s, "
+            f"got {ing.edge_table_max_age_s!r}"
+        )
     if not cfg.models:
         errors.append(f"{prefix}.models: at least one model must be declared")
     seen: set[str] = set()

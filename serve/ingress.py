@@ -8,9 +8,15 @@ a request whose replica died or is stopping on another ready replica within a bo
 Every request has an id (the Serve proxy's ``x-request-id``, or a fresh one): error bodies
 carry it with a message of their own, never exception text; details go to the replica's log
 under the same id, and the backend gets it with the payload. Each replica reports to the load
-board (`serve.load`) about once a second: its in-flight requests per model (the demand
-policy), and the requests it answered and its process's CPU time since the last report (the
-ingress scaling policy, `policies.ingress`).
+board (`serve.load`) about once a second the requests it answered and its process's CPU time
+since the last report (the ingress scaling policy, `policies.ingress`), with no per-model
+counts: the backend replicas report those (the demand policy), so a request is counted once,
+where it is worked on, whether it came through the ingress or straight from the edge router.
+
+``GET <prefix>v1/models`` is also the edge router's route table: the models with their
+weights, the table's ``generation``, and a ``routing`` block (the retry and timeout settings
+the edge applies, how long it may use the table, ``table_max_age_s``, and the backends' route
+root, ``backend_root``; docs/serving.md, "HTTP API").
 
 Must not: change Serve's state (the control plane does that through `serve.operations`).
 """
@@ -44,14 +50,14 @@ from serve.inputs import (
     read_body,
     request_id,
 )
-from serve.load import REPORT_INTERVAL_S, board
+from serve.load import REPORT_INTERVAL_S, board, in_replica
 from serve.routing import choose_pool, retry_decision
-from serve.spec import BACKEND_DEPLOYMENT, INGRESS_DEPLOYMENT, app_name
+from serve.spec import BACKEND_DEPLOYMENT, BACKEND_ROUTE_ROOT, INGRESS_DEPLOYMENT, app_name
 
 if TYPE_CHECKING:
     from serve.backend import BackendReplica, PredictEnvelope
 
-__all__ = ["Ingress", "IngressReplica", "RouteTable"]
+__all__ = ["Ingress", "IngressReplica", "RouteTable", "list_models"]
 
 logger = logging.getLogger("ray.serve")
 
@@ -93,8 +99,6 @@ class IngressReplica:
         self._table = RouteTable()
         self._handles: dict[tuple[str, str], DeploymentHandle[BackendReplica]] = {}
         self._rng = random.Random()
-        # In-flight requests per model, reported to the load board for the demand policy.
-        self._inflight: dict[str, int] = {}
         self._answered = 0
         """Predict requests answered (any status), for the ingress's request rate."""
         self._reporter: asyncio.Task[None] | None = None
@@ -153,10 +157,7 @@ class IngressReplica:
         if isinstance(head, Health):
             return _json(200, json.dumps({"status": "ok", "generation": table.generation}).encode())
         if isinstance(head, ListModels):
-            models = [{"name": m, "weights": dict(ws)} for m, ws in table.weights.items()]
-            return _json(
-                200, json.dumps({"models": models, "generation": table.generation}).encode()
-            )
+            return _json(200, json.dumps(list_models(table)).encode())
         if head_declares_length(content_length):
             body: bytes | None = await request.body()  # length already checked
         else:
@@ -176,18 +177,10 @@ class IngressReplica:
         assert isinstance(parsed, Predict)
         return await self._predict(parsed.model, parsed.payload, rid)
 
-    @staticmethod
-    def _in_replica() -> bool:
-        """True inside a Serve replica (not when a test builds the class directly)."""
-        try:
-            serve.get_replica_context()
-        except Exception:
-            return False
-        return True
-
     async def _report_load(self) -> None:
-        """Every `REPORT_INTERVAL_S`: in-flight requests per model, and the requests answered
-        and the CPU this process spent since the last report (the ingress scaling policy)."""
+        """Every `REPORT_INTERVAL_S`: the requests answered and the CPU this process spent
+        since the last report (the ingress scaling policy); no per-model counts (`{}`): the
+        backends report those."""
         me = serve.get_replica_context().replica_id.unique_id
         handle = None
         last_s, last_cpu_s, last_answered = time.monotonic(), time.process_time(), 0
@@ -197,7 +190,7 @@ class IngressReplica:
                 handle = handle or board()
                 handle.report.remote(
                     me,
-                    dict(self._inflight),
+                    {},
                     answered - last_answered,
                     cpu_s - last_cpu_s,
                     now_s - last_s,
@@ -209,13 +202,11 @@ class IngressReplica:
             await asyncio.sleep(REPORT_INTERVAL_S)
 
     async def _predict(self, model: str, payload: dict[str, Any], rid: str) -> Response:
-        if self._reporter is None and self._in_replica():
+        if self._reporter is None and in_replica():
             self._reporter = asyncio.get_running_loop().create_task(self._report_load())
-        self._inflight[model] = self._inflight.get(model, 0) + 1
         try:
             return await self._predict_once(model, payload, rid)
         finally:
-            self._inflight[model] -= 1
             self._answered += 1
 
     async def _predict_once(self, model: str, payload: dict[str, Any], rid: str) -> Response:
@@ -276,6 +267,25 @@ class IngressReplica:
 
 Ingress = serve.deployment(name=INGRESS_DEPLOYMENT)(IngressReplica)
 """The deployment (`serve.app.build_ingress` binds it)."""
+
+
+def list_models(table: RouteTable) -> dict[str, Any]:
+    """The ``GET v1/models`` answer: each model's weights per pool, the table's generation,
+    and the ``routing`` block the edge router routes by (see the module doc)."""
+    s = table.settings
+    return {
+        "models": [{"name": m, "weights": dict(ws)} for m, ws in table.weights.items()],
+        "generation": table.generation,
+        "routing": {
+            "max_attempts": s.max_attempts,
+            "attempt_timeout_s": s.attempt_timeout_s,
+            "request_timeout_s": s.request_timeout_s,
+            "retry_after_s": s.retry_after_s,
+            "max_body_bytes": s.max_body_bytes,
+            "table_max_age_s": s.edge_table_max_age_s,
+            "backend_root": BACKEND_ROUTE_ROOT,
+        },
+    }
 
 
 def head_declares_length(content_length: str | None) -> bool:

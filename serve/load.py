@@ -1,24 +1,35 @@
-"""Ongoing requests per model, and the ingress's own traffic, as the ingress replicas see them,
-for the demand and ingress scaling policies.
+"""Ongoing requests per model, as the replicas working on them see them, and the ingress's own
+traffic, for the demand and ingress scaling policies.
 
 Owns: `LoadBoard`, a small detached actor (``rcp-serve-load`` in namespace ``rcp``) that every
-ingress replica reports to about once a second (its in-flight request counts per model, and
-how many requests it answered and how much CPU its process spent since its last report),
-`read_load`, which sums the fresh in-flight counts, and `read_ingress_traffic`, the requests
-per second and CPU milliseconds per request over all fresh reports. The control plane's serving loop reads it each tick; Serve's own
-autoscaling metrics are not used because no ``autoscaling_config`` is set (the control plane
-owns replica targets).
+serving replica reports to about once a second, `InFlight`, the thread-safe counter a replica
+keeps, `read_load`, which sums the fresh in-flight counts, and `read_ingress_traffic`, the
+requests per second and CPU milliseconds per request over the ingress's fresh reports. Two
+kinds of report share the one ``report`` call:
+
+* a backend replica's (`serve.backend`): ``{model: requests in flight}`` and nothing else
+  (``interval_s`` 0). Every request is counted once, by the replica working on it, whether it
+  came through the ingress (a handle call) or straight from the edge router (HTTP);
+* an ingress replica's (`serve.ingress`): ``{}`` counts, and how many requests it answered
+  and how much CPU its process spent during ``interval_s`` (> 0), the ingress scaling policy's
+  input. `ingress_traffic` reads only reports with ``interval_s > 0``.
+
+The control plane's serving loop reads it each tick; Serve's own autoscaling metrics are not
+used because no ``autoscaling_config`` is set (the control plane owns replica targets).
 
 Must not: decide anything. A report older than `max_age_s` is ignored (its replica is gone).
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import ray
+from ray import serve
 
 LOAD_ACTOR = "rcp-serve-load"
 NAMESPACE = "rcp"
@@ -28,11 +39,38 @@ REPORT_INTERVAL_S = 1.0
 class _Report(NamedTuple):
     at_s: float
     counts: dict[str, int]
+    """Requests in flight per model: a backend replica's; an ingress replica reports {}."""
     answered: int
-    """Requests answered during `interval_s`."""
+    """Requests answered during `interval_s` (an ingress replica's; 0 from a backend)."""
     cpu_s: float
-    """CPU seconds the reporter's process spent during `interval_s`."""
+    """CPU seconds the reporter's process spent during `interval_s` (an ingress replica's)."""
     interval_s: float
+    """Seconds since the reporter's previous report; 0: a backend's report (counts only)."""
+
+
+class InFlight:
+    """Requests in flight per model in one replica, safe to count from several threads (Serve
+    may run a replica's sync methods in a thread pool)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+
+    @contextmanager
+    def track(self, model: str) -> Iterator[None]:
+        """Count one request of `model` for the length of the ``with`` block."""
+        with self._lock:
+            self._counts[model] = self._counts.get(model, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._counts[model] -= 1
+
+    def counts(self) -> dict[str, int]:
+        """A copy of the counts (a model seen once stays, at 0 when idle)."""
+        with self._lock:
+            return dict(self._counts)
 
 
 class _LoadBoard:
@@ -47,6 +85,8 @@ class _LoadBoard:
         cpu_s: float = 0.0,
         interval_s: float = 0.0,
     ) -> None:
+        """Replace `reporter`'s report: a backend sends `counts` alone, an ingress ``{}`` and
+        its traffic (see the module doc)."""
         self._reports[reporter] = _Report(
             time.time(), dict(counts), int(answered), float(cpu_s), float(interval_s)
         )
@@ -59,6 +99,7 @@ class _LoadBoard:
         return list(self._reports.values())
 
     def totals(self, max_age_s: float = 5.0) -> dict[str, float]:
+        """Requests in flight per model over the fresh reports."""
         out: dict[str, float] = {}
         for r in self._fresh(max_age_s):
             for model, n in r.counts.items():
@@ -66,12 +107,23 @@ class _LoadBoard:
         return out
 
     def ingress_traffic(self, max_age_s: float = 5.0) -> tuple[float, float]:
-        """(requests per second, CPU ms per request) over the fresh reports; (0, 0) if none."""
+        """(requests per second, CPU ms per request) over the fresh ingress reports (those
+        with ``interval_s > 0``); (0, 0) if none."""
         timed = [r for r in self._fresh(max_age_s) if r.interval_s > 0]
         rate_rps = sum(r.answered / r.interval_s for r in timed)
         answered = sum(r.answered for r in timed)
         cpu_ms = 1000.0 * sum(r.cpu_s for r in timed) / answered if answered else 0.0
         return rate_rps, cpu_ms
+
+
+def in_replica() -> bool:
+    """True inside a Serve replica, where a reporter may start (not when a test builds a
+    replica's class directly)."""
+    try:
+        serve.get_replica_context()
+    except Exception:
+        return False
+    return True
 
 
 LoadBoard = ray.remote(num_cpus=0, max_restarts=-1)(_LoadBoard)
@@ -91,7 +143,7 @@ def board() -> Any:
 
 
 def read_load(timeout_s: float = 5.0) -> dict[str, float]:
-    """Ongoing requests per model summed over fresh ingress reports ({} if none)."""
+    """Ongoing requests per model summed over the backends' fresh reports ({} if none)."""
     return dict(ray.get(board().totals.remote(), timeout=timeout_s))
 
 

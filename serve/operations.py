@@ -9,9 +9,17 @@ policy actor is meant to be the only writer.
 
 Make-before-break, as `move` does it: (1) raise the target pool by n and wait until its
 replicas are RUNNING; (2) set route weights from readiness with the source's planned
-target, and wait until every ingress replica applied that route table; (3) lower the
-source pool by n; Serve stops those replicas gracefully, finishing in-flight requests, and a
-request that still lands on a stopping replica is retried by the ingress elsewhere.
+target, and wait until every ingress replica applied that route table and then another
+``serving.ingress.edge_table_max_age_s`` (the settle wait); (3) lower the source pool by n;
+Serve stops those replicas gracefully, finishing in-flight requests, and a request that still
+lands on a stopping replica is retried (by the ingress, or by the edge router) elsewhere.
+
+Why the settle wait: an edge router routes by the table it last fetched from the ingress
+(``GET v1/models``) and uses it for at most ``edge_table_max_age_s``. A table fetched after
+every ingress replica applied generation N has N (or later); one fetched before is out of use
+once that much time has passed since N was applied. This process notes when it first saw N
+applied (`route_applied`, and `_route` with ``wait``), so it cannot know the moment Serve
+finished; it errs late, never early.
 
 A pool at zero has no Serve application (Serve refuses ``num_replicas=0`` on a static
 deployment); reaching zero deletes that pool's app and leaving zero re-creates it. The other
@@ -24,6 +32,7 @@ actor); it only carries out what it is told.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -32,7 +41,7 @@ from enum import Enum
 from typing import Any
 
 from serve import control
-from serve.config import POOLS, ServingConfig, validate_serving
+from serve.config import POOLS, IngressConfig, ServingConfig, validate_serving
 from serve.routing import weights_from_readiness
 from serve.spec import (
     BACKEND_DEPLOYMENT,
@@ -69,6 +78,20 @@ __all__ = [
 
 _POLL_S = 0.1
 _lock = threading.RLock()
+_SEEN_KEPT = 64
+"""Route table generations `_first_applied_s` remembers (the oldest is forgotten first)."""
+_first_applied_s: dict[int, float] = {}
+"""Generation -> `_now_s` when this process first saw every ingress replica run it or a later
+one (the settle wait's start, see the module doc)."""
+
+
+def _now_s() -> float:
+    """The clock of every wait here (monotonic; tests swap it with `_sleep`)."""
+    return time.monotonic()
+
+
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
 
 
 class ServingNotDeployedError(RuntimeError):
@@ -140,14 +163,14 @@ def _apply(state: DesiredState) -> None:
 
 
 def _wait(what: str, done: Callable[[Mapping[str, Any]], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = _now_s() + timeout_s
     while True:
         details = control.read_details()
         if done(details):
             return
-        if time.monotonic() >= deadline:
+        if _now_s() >= deadline:
             raise ServingTimeoutError(f"timed out after {timeout_s:g}s waiting for {what}")
-        time.sleep(_POLL_S)
+        _sleep(_POLL_S)
 
 
 def _pool_settled(model: str, pool: str, target: int) -> Callable[[Mapping[str, Any]], bool]:
@@ -178,21 +201,49 @@ def _pool_running(model: str, pool: str, target: int) -> Callable[[Mapping[str, 
     return done
 
 
-def _ingress_applied(generation: int) -> Callable[[Mapping[str, Any]], bool]:
-    """Every ingress replica runs with route table `generation` (reconfigure finished)."""
+def _ingress(details: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """The ingress deployment's details and its deployed ``user_config``."""
+    app = (details.get("applications") or {}).get(INGRESS_APP) or {}
+    dep: Mapping[str, Any] = (app.get("deployments") or {}).get(INGRESS_DEPLOYMENT) or {}
+    user_config: Mapping[str, Any] = (dep.get("deployment_config") or {}).get("user_config") or {}
+    return dep, user_config
+
+
+def _ingress_applied(details: Mapping[str, Any], generation: int) -> bool:
+    """Every ingress replica runs with route table `generation` or a later one (reconfigure
+    finished)."""
+    dep, user_config = _ingress(details)
+    seen = user_config.get("generation")
+    if not isinstance(seen, int) or seen < generation:
+        return False
+    states = _states(dep)
+    return (
+        str(dep.get("status", "")).rsplit(".", 1)[-1].upper() == "HEALTHY"
+        and len(states) == int(dep.get("target_num_replicas", -1))
+        and all(s == "RUNNING" for s in states)
+    )
+
+
+def _edge_table_max_age_s(user_config: Mapping[str, Any]) -> float:
+    value = (user_config.get("settings") or {}).get("edge_table_max_age_s")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return IngressConfig().edge_table_max_age_s
+
+
+def _route_settled(generation: int) -> Callable[[Mapping[str, Any]], bool]:
+    """Every ingress replica runs route table `generation` (or later), and this process first
+    saw that at least ``edge_table_max_age_s`` ago: no edge router routes by an older table
+    any more (see the module doc)."""
 
     def done(details: Mapping[str, Any]) -> bool:
-        app = (details.get("applications") or {}).get(INGRESS_APP) or {}
-        dep = (app.get("deployments") or {}).get(INGRESS_DEPLOYMENT) or {}
-        user_config = (dep.get("deployment_config") or {}).get("user_config") or {}
-        if user_config.get("generation") != generation:
+        if not _ingress_applied(details, generation):
             return False
-        states = _states(dep)
-        return (
-            str(dep.get("status", "")).rsplit(".", 1)[-1].upper() == "HEALTHY"
-            and len(states) == int(dep.get("target_num_replicas", -1))
-            and all(s == "RUNNING" for s in states)
-        )
+        now_s = _now_s()
+        first_s = _first_applied_s.setdefault(generation, now_s)
+        while len(_first_applied_s) > _SEEN_KEPT:
+            del _first_applied_s[min(_first_applied_s)]
+        return now_s - first_s >= _edge_table_max_age_s(_ingress(details)[1])
 
     return done
 
@@ -204,12 +255,15 @@ def _timeout(state: DesiredState, timeout_s: float | None) -> float:
 def _route(
     state: DesiredState, model: str, weights: Mapping[str, float], timeout_s: float, wait: bool
 ) -> DesiredState:
+    """Write `model`'s route weights; with `wait`, return once the new table settled
+    (`_route_settled`: applied by every ingress replica, then the edges' table age)."""
     new = state.with_weights(model, weights)
     _apply(new)
     if wait:
         _wait(
-            f"every ingress replica to apply route table generation {new.generation}",
-            _ingress_applied(new.generation),
+            f"every ingress replica to apply route table generation {new.generation} "
+            "and the edge routers' table age to pass",
+            _route_settled(new.generation),
             timeout_s,
         )
     return new
@@ -382,7 +436,7 @@ def move(
         raise ValueError(f"from_pool and to_pool are both {from_pool!r}")
     if num_replicas < 0:
         raise ValueError(f"num_replicas must be >= 0, got {num_replicas}")
-    started = time.monotonic()
+    started = _now_s()
     steps: list[str] = []
     with _lock:
         state = _require_state()
@@ -441,7 +495,7 @@ def move(
         num_replicas=n,
         reason=reason or f"move {n} replica(s) of {model} from {from_pool} to {to_pool}",
         steps=tuple(steps),
-        duration_s=time.monotonic() - started,
+        duration_s=_now_s() - started,
     )
 
 
@@ -485,12 +539,9 @@ def route_for_targets(model: str, planned: Mapping[str, int]) -> int:
 
 
 def route_applied(generation: int) -> bool:
-    """Whether every ingress replica runs with route table `generation` (or a later one)."""
-    details = control.read_details()
-    app = (details.get("applications") or {}).get(INGRESS_APP) or {}
-    dep = (app.get("deployments") or {}).get(INGRESS_DEPLOYMENT) or {}
-    user_config = (dep.get("deployment_config") or {}).get("user_config") or {}
-    seen = user_config.get("generation")
-    if not isinstance(seen, int) or seen < generation:
-        return False
-    return _ingress_applied(seen)(details)
+    """Whether route table `generation` settled: every ingress replica runs it (or a later
+    one), and ``serving.ingress.edge_table_max_age_s`` passed since this process first saw
+    that, so no edge router still routes by an older table (see the module doc). A caller
+    polls it each tick; the first True call is at least that long after the first call that
+    saw the table applied."""
+    return _route_settled(generation)(control.read_details())

@@ -6,7 +6,9 @@ and Serve's declarative application configs:
 
 * `build_app_configs(state)`: one ingress app (route weights in its ``user_config``, its
   replica count the one the control loop scaled it to) and one
-  backend app per (model, pool) whose target is above zero. A pool at zero has no app: Serve
+  backend app per (model, pool) whose target is above zero, on its own internal route prefix
+  `backend_route_prefix` (``/_rcp/<model>/<pool>``), where the edge router sends predicts
+  straight to it (docs/serving.md, "Backend routes"). A pool at zero has no app: Serve
   refuses ``num_replicas=0`` for a static deployment, so that pool's app is removed and
   re-created later; the other pool's app keeps its config, so its replicas are untouched.
 * `desired_from_app_configs(configs)`: the inverse, used to read the current desired state
@@ -32,6 +34,7 @@ from serve.config import POOLS, ModelConfig, ServingConfig, serving_from_dict
 
 __all__ = [
     "BACKEND_DEPLOYMENT",
+    "BACKEND_ROUTE_ROOT",
     "INGRESS_APP",
     "INGRESS_DEPLOYMENT",
     "INGRESS_POOLS",
@@ -43,6 +46,7 @@ __all__ = [
     "IngressArgs",
     "IngressUserConfig",
     "app_name",
+    "backend_route_prefix",
     "build_app_configs",
     "declarative_configs",
     "desired_from_app_configs",
@@ -63,6 +67,9 @@ autoscaler must be free to remove."""
 INGRESS_POOLS_SELECTOR = f"in({','.join(p.value for p in INGRESS_POOLS)})"
 """Ray's label selector for `INGRESS_POOLS` (on the ``pool`` label)."""
 BACKEND_DEPLOYMENT = "Backend"
+BACKEND_ROUTE_ROOT = "/_rcp"
+"""Root of the backend apps' internal route prefixes on the Serve proxies (`backend_route_prefix`);
+the ingress's route table answer names it (``routing.backend_root``)."""
 _BACKEND_IMPORT = "serve.app:build_backend"
 _INGRESS_IMPORT = "serve.app:build_ingress"
 
@@ -135,6 +142,13 @@ class AppConfig(TypedDict):
 def app_name(model: str, pool: str) -> str:
     """Serve application name of the backend of `model` in `pool`, e.g. ``rcp-sample-cluster``."""
     return f"{APP_PREFIX}-{model}-{pool}"
+
+
+def backend_route_prefix(model: str, pool: str) -> str:
+    """Serve route prefix of the backend app of `model` in `pool`, e.g. ``/_rcp/sample/cluster``:
+    ``POST <it>/v1/models/<model>/predict`` reaches that app's replicas without the ingress.
+    Fixed by (model, pool), so a target or weight change never changes an app's config."""
+    return f"{BACKEND_ROUTE_ROOT}/{model}/{pool}"
 
 
 def parse_app_name(name: str) -> tuple[str, str] | None:
@@ -237,7 +251,7 @@ def _backend_app(
 ) -> AppConfig:
     return {
         "name": app_name(model.name, pool),
-        "route_prefix": None,
+        "route_prefix": backend_route_prefix(model.name, pool),
         "logging_config": _logging(serving),
         "import_path": _BACKEND_IMPORT,
         # Only what the replica's code depends on: a change here is a real code change.

@@ -1,18 +1,26 @@
 """The ingress's request path with fake backend handles: retry on a dead or hung replica,
 503 + Retry-After when nothing can serve, 4xx for bad input (never 5xx), and error bodies with
-a request id and no exception text; the backend's envelopes likewise. No Ray is started."""
+a request id and no exception text; the backend's envelopes likewise, and its HTTP route (the
+edge router's) answering as the ingress does, with ``X-Rcp-Pool`` on every answer. The load
+reports: backends count their requests in flight, the ingress only its traffic. No Ray is
+started."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from ray.exceptions import ActorDiedError
 from starlette.requests import Request
 
+import serve.backend
+import serve.ingress
 from serve.backend import Backend
 from serve.ingress import Ingress
 
@@ -82,6 +90,7 @@ def http_request(
     content_type: str = "application/json",
     chunked: bool = False,
     request_id: str | None = None,
+    root_path: str = "",
 ) -> Request:
     headers = [(b"content-type", content_type.encode())]
     if not chunked:
@@ -100,7 +109,7 @@ def http_request(
         "type": "http",
         "method": method,
         "path": path,
-        "root_path": "",
+        "root_path": root_path,
         "query_string": b"",
         "headers": headers,
     }
@@ -329,8 +338,262 @@ def test_backend_500_carries_the_request_id_not_the_exception(
     ],
 )
 def test_backend_plain_http_applies_the_same_limits(body: bytes, status: int, code: str) -> None:
-    backend = BackendImpl("m", f"{__name__}:ExplodingModel", {}, "cluster")
-    resp = asyncio.run(backend(http_request(body, chunked=True)))
+    backend = BackendImpl("sample", f"{__name__}:ExplodingModel", {}, "cluster")
+    resp = asyncio.run(backend(backend_request(body, chunked=True, request_id=None)))
     out = json.loads(resp.body)
     assert (resp.status_code, out["error"]["code"]) == (status, code)
     assert out["error"]["request_id"] == resp.headers["x-request-id"]
+    assert resp.headers["x-rcp-pool"] == "cluster"
+
+
+# --- the backend's HTTP route (the edge router's path) ------------------------------------
+
+PREFIX = "/_rcp/sample/external"
+"""`serve.spec.backend_route_prefix("sample", "external")`: Serve's proxy puts it in
+``root_path`` and leaves the full path in ``path``."""
+
+
+def backend_request(body: bytes, rel: str = "v1/models/sample/predict", **kwargs: Any) -> Request:
+    kwargs.setdefault("request_id", "rid-1")
+    return http_request(body, path=f"{PREFIX}/{rel}", root_path=PREFIX, **kwargs)
+
+
+class EchoModel:
+    """Echoes the payload as the fake handle does; ``bad`` -> ValueError, ``boom`` -> a bug."""
+
+    def predict(self, payload: dict[str, Any]) -> dict[str, Any]:
+        if payload.get("bad"):
+            raise ValueError("inputs must be 16 numbers")
+        if payload.get("boom"):
+            raise RuntimeError("password=hunter2")
+        return {"echo": payload}
+
+
+def make_backend(model: str = "EchoModel", pool: str = "external") -> Any:
+    return BackendImpl("sample", f"{__name__}:{model}", {}, pool)
+
+
+BIG = 1_048_576 + 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "status", "code"),
+    [
+        pytest.param({"body": b'{"inputs": [1]}'}, 200, None, id="ok"),
+        pytest.param({"body": b"{oops"}, 400, "malformed_json", id="malformed-json"),
+        pytest.param({"body": b"[1]"}, 400, "invalid_body", id="not-an-object"),
+        pytest.param(
+            {"body": b"{}", "content_type": "text/plain"},
+            415,
+            "unsupported_media_type",
+            id="content-type",
+        ),
+        pytest.param({"body": b"x" * BIG}, 413, "body_too_large", id="declared-too-large"),
+        pytest.param(
+            {"body": b"x" * BIG, "chunked": True}, 413, "body_too_large", id="streamed-too-large"
+        ),
+        pytest.param(
+            {"body": b"{}", "rel": "v1/models/other/predict"},
+            404,
+            "unknown_model",
+            id="other-model",
+        ),
+        pytest.param({"body": b"", "method": "GET"}, 405, "method_not_allowed", id="get-predict"),
+        pytest.param({"body": b"", "rel": "nope"}, 404, "not_found", id="no-route"),
+    ],
+)
+def test_the_backend_route_answers_as_the_ingress_does(
+    kwargs: dict[str, Any], status: int, code: str | None
+) -> None:
+    """Same status, same body (the request id included) as the ingress on the same request;
+    the backend's carries ``X-Rcp-Pool`` whatever the answer, the edge's sign that the
+    model's replica answered."""
+    rel = kwargs.pop("rel", "v1/models/sample/predict")
+    ing = make_ingress({"external": 1}, {"external": FakeHandle("ok")}, max_body_bytes=BIG - 1)
+    want_status, _, want = call(ing, http_request(path=f"/{rel}", request_id="rid-1", **kwargs))
+    got = asyncio.run(make_backend()(backend_request(rel=rel, **kwargs)))
+    assert (got.status_code, want_status) == (status, status)
+    assert json.loads(got.body) == want
+    assert got.headers["x-rcp-pool"] == "external"
+    assert "x-rcp-attempts" not in got.headers
+    if code is not None:
+        assert want["error"]["code"] == code
+
+
+@pytest.mark.parametrize(
+    ("rel", "method"),
+    [
+        pytest.param("healthz", "GET", id="healthz"),
+        pytest.param("v1/models", "GET", id="list-models"),
+    ],
+)
+def test_the_ingress_only_routes_are_not_found_on_a_backend(rel: str, method: str) -> None:
+    got = asyncio.run(make_backend()(backend_request(b"", rel=rel, method=method)))
+    out = json.loads(got.body)
+    assert (got.status_code, out["error"]["code"]) == (404, "not_found")
+    assert got.headers["x-rcp-pool"] == "external"
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "code"),
+    [
+        pytest.param({"bad": True}, 422, "invalid_input", id="model-value-error"),
+        pytest.param({"boom": True}, 500, "model_error", id="model-bug"),
+    ],
+)
+def test_model_errors_on_the_backend_route_carry_the_pool_and_no_internals(
+    payload: dict[str, Any], status: int, code: str
+) -> None:
+    got = asyncio.run(make_backend()(backend_request(json.dumps(payload).encode())))
+    out = json.loads(got.body)
+    assert (got.status_code, out["error"]["code"], out["error"]["request_id"]) == (
+        status,
+        code,
+        "rid-1",
+    )
+    assert got.headers["x-rcp-pool"] == "external"
+    assert "hunter2" not in got.body.decode()
+
+
+def test_the_backend_route_request_id_is_the_clients_if_safe_else_fresh() -> None:
+    backend = make_backend()
+    got = asyncio.run(backend(backend_request(b"{}", request_id="client-7")))
+    assert "x-request-id" not in got.headers  # the proxy echoes the id it sent
+    got = asyncio.run(backend(backend_request(b"{oops", request_id="bad id; drop table")))
+    out = json.loads(got.body)
+    assert out["error"]["request_id"] == got.headers["x-request-id"] != "bad id; drop table"
+
+
+def test_a_failing_backend_route_answers_500_with_the_pool(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = make_backend()
+
+    async def broken(*_args: Any) -> Any:
+        raise KeyError("secret-internal-detail")
+
+    backend._answer = broken
+    with caplog.at_level("ERROR", logger="ray.serve"):
+        got = asyncio.run(backend(backend_request(b"{}")))
+    out = json.loads(got.body)
+    assert (got.status_code, out["error"]["code"]) == (500, "internal_error")
+    assert got.headers["x-rcp-pool"] == "external"
+    assert "secret-internal-detail" not in got.body.decode()
+
+
+# --- the load reports -----------------------------------------------------------------------
+
+
+class Probe:
+    """A model that waits until `parties` requests are inside the replica at once and notes
+    the replica's in-flight counts at that moment."""
+
+    def __init__(self, backend: Any, parties: int) -> None:
+        self.seen: dict[str, int] = {}
+        self.barrier = threading.Barrier(
+            parties, action=lambda: self.seen.update(backend._inflight.counts()), timeout=10
+        )
+
+    def predict(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self.barrier.wait()
+        return {}
+
+
+def test_a_backend_counts_its_requests_in_flight_on_both_routes_and_threads() -> None:
+    backend = make_backend()
+    backend._model = probe = Probe(backend, parties=4)
+    with ThreadPoolExecutor(4) as pool:
+        handle_calls = [pool.submit(backend.predict, {}, f"r{i}") for i in range(3)]
+        http_call = pool.submit(lambda: asyncio.run(backend(backend_request(b"{}"))))
+        statuses = [f.result()["status"] for f in handle_calls] + [http_call.result().status_code]
+    assert statuses == [200] * 4
+    # All four were inside at once (the barrier let them through together), each counted once.
+    assert probe.seen == {"sample": 4}
+    assert backend._inflight.counts() == {"sample": 0}
+    backend._model = EchoModel()
+    env = backend.predict({"boom": True}, "r9")  # a model that raises is uncounted too
+    assert env["status"] == 500 and backend._inflight.counts() == {"sample": 0}
+
+
+class FakeBoard:
+    def __init__(self) -> None:
+        self.reports: list[tuple[Any, ...]] = []
+        self.report = self
+
+    def remote(self, *args: Any) -> None:
+        self.reports.append(args)
+
+
+def test_a_backend_reports_its_counts_alone_and_survives_a_lost_board(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend = make_backend()
+    board = FakeBoard()
+    monkeypatch.setattr(serve.backend, "board", lambda: board)
+    assert backend.report_load("replica-1", None) is board
+    backend.predict({}, "r1")
+    assert backend.report_load("replica-1", board) is board
+    # No answered/cpu/interval: those are the ingress's (`serve.load`: interval 0 = a backend).
+    assert board.reports == [("replica-1", {}), ("replica-1", {"sample": 0})]
+
+    def restarting() -> Any:
+        raise ActorDiedError()
+
+    monkeypatch.setattr(serve.backend, "board", restarting)
+    assert backend.report_load("replica-1", None) is None  # logged, looked up again next time
+    assert backend.predict({}, "r2")["status"] == 200
+
+
+def test_outside_a_replica_no_reporter_starts() -> None:
+    backend = make_backend()
+    before = {t.name for t in threading.enumerate()}
+    assert backend.predict({}, "r1")["status"] == 200
+    assert backend._reporter_started
+    assert "rcp-load-report" not in {t.name for t in threading.enumerate()} - before
+
+
+def test_the_ingress_reports_its_traffic_without_per_model_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    board = FakeBoard()
+    monkeypatch.setattr(serve.ingress, "board", lambda: board)
+    context = SimpleNamespace(replica_id=SimpleNamespace(unique_id="ingress-1"))
+    monkeypatch.setattr("ray.serve.get_replica_context", lambda: context)
+    ing = make_ingress({"cluster": 1}, {"cluster": FakeHandle("ok")})
+
+    async def one_report() -> None:
+        await ing(http_request(b'{"inputs": [1]}'))  # the first predict starts the reporter
+        await asyncio.sleep(0.05)
+        ing._reporter.cancel()
+
+    asyncio.run(one_report())
+    (me, counts, answered, cpu_s, interval_s), *_ = board.reports
+    assert (me, counts) == ("ingress-1", {})
+    assert answered >= 0 and cpu_s >= 0 and interval_s >= 0
+
+
+def test_list_models_is_the_edges_route_table() -> None:
+    ing = make_ingress(
+        {"cluster": 2, "external": 1},
+        {},
+        max_attempts=4,
+        attempt_timeout_s=2.5,
+        request_timeout_s=9.0,
+        retry_after_s=3,
+        edge_table_max_age_s=0.5,
+    )
+    status, _, body = call(ing, http_request(b"", path="/v1/models", method="GET"))
+    assert status == 200
+    assert body == {
+        "models": [{"name": "sample", "weights": {"cluster": 2.0, "external": 1.0}}],
+        "generation": 3,
+        "routing": {
+            "max_attempts": 4,
+            "attempt_timeout_s": 2.5,
+            "request_timeout_s": 9.0,
+            "retry_after_s": 3,
+            "max_body_bytes": 64,
+            "table_max_age_s": 0.5,
+            "backend_root": "/_rcp",
+        },
+    }

@@ -1,8 +1,10 @@
 """The primitives' order of writes (make-before-break), against a fake of Serve's controller.
 
 `FakeServe` stands in for `serve.control`: it keeps the applied application configs and
-reports every replica RUNNING at once (or STARTING for pools listed in `stuck`), and every
-ingress replica as having applied the latest route table. No Ray is started.
+reports every replica RUNNING at once (or STARTING for apps listed in `stuck`), and every
+ingress replica as having applied the latest route table. `FakeClock` stands in for the
+waits' clock: a wait's sleep moves it on, so the edge routers' table age (the settle wait
+before a source pool is lowered) passes without sleeping. No Ray is started.
 """
 
 from __future__ import annotations
@@ -18,15 +20,27 @@ from serve.spec import INGRESS_APP, app_name, parse_app_name
 
 
 @dataclass
+class FakeClock:
+    now_s: float = 1000.0
+
+    def sleep(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+@dataclass
 class FakeServe:
+    clock: FakeClock = field(default_factory=FakeClock)
     stuck: set[str] = field(default_factory=set)
     """App names whose replicas never leave STARTING."""
     apps: dict[str, dict[str, Any]] = field(default_factory=dict)
     applied: list[dict[str, dict[str, Any]]] = field(default_factory=list)
+    applied_at_s: list[float] = field(default_factory=list)
+    """The clock at each apply (`applied`'s times)."""
 
     def apply_app_configs(self, apps: list[dict[str, Any]]) -> None:
         self.apps = {a["name"]: a for a in apps}
         self.applied.append(dict(self.apps))
+        self.applied_at_s.append(self.clock.now_s)
 
     def read_details(self) -> dict[str, Any]:
         applications = {}
@@ -71,6 +85,9 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeServe:
     monkeypatch.setattr(ops.control, "apply_app_configs", f.apply_app_configs)
     monkeypatch.setattr(ops.control, "read_details", f.read_details)
     monkeypatch.setattr(ops, "_POLL_S", 0.01)
+    monkeypatch.setattr(ops, "_now_s", lambda: f.clock.now_s)
+    monkeypatch.setattr(ops, "_sleep", f.clock.sleep)
+    monkeypatch.setattr(ops, "_first_applied_s", {})
     cfg = ServingConfig(
         ready_timeout_s=5,
         ingress=IngressConfig(num_replicas=2),
@@ -78,6 +95,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeServe:
     )
     ops.deploy(cfg)
     f.applied.clear()
+    f.applied_at_s.clear()
     return f
 
 
@@ -95,6 +113,61 @@ def test_move_is_make_before_break(fake: FakeServe) -> None:
         ({"external": 2}, {"cluster": 0.0, "external": 2.0}),  # break: pool at zero, no app
     ]
     assert result.num_replicas == 2 and len(result.steps) == 3 and result.reason
+
+
+def test_move_lowers_the_source_only_after_the_edges_table_age(fake: FakeServe) -> None:
+    """An edge router may route by a table up to ``edge_table_max_age_s`` old: the break
+    comes at least that long after the shift was applied (the fake applies it at once)."""
+    ops.move("sample", "cluster", "external", 2)
+    _make_s, shift_s, break_s = fake.applied_at_s
+    assert break_s - shift_s >= IngressConfig().edge_table_max_age_s == 1.0
+
+
+def test_route_applied_waits_for_the_edges_table_age(fake: FakeServe) -> None:
+    generation = ops.route_for_targets("sample", {"cluster": 1})  # written, not yet awaited
+    assert not ops.route_applied(generation)  # applied: first seen now
+    fake.clock.now_s += 0.99
+    assert not ops.route_applied(generation)
+    fake.clock.now_s += 0.01
+    assert ops.route_applied(generation)
+    assert not ops.route_applied(generation + 1)  # not written yet
+    later = ops.route_for_targets("sample", {"cluster": 2})
+    fake.stuck.add(INGRESS_APP)  # an ingress replica has not applied it: the clock waits
+    fake.clock.now_s += 60
+    assert not ops.route_applied(later)
+    fake.stuck.clear()
+    assert not ops.route_applied(later)
+    fake.clock.now_s += 1.0
+    assert ops.route_applied(later) and ops.route_applied(generation)
+
+
+def test_the_settle_wait_follows_the_configured_table_age(fake: FakeServe) -> None:
+    ops.deploy(
+        ServingConfig(
+            ready_timeout_s=5,
+            ingress=IngressConfig(num_replicas=2, edge_table_max_age_s=5.0),
+            models=[ModelConfig(name="sample", min_replicas=2)],
+        )
+    )
+    generation = ops.route_for_targets("sample", {"cluster": 1})
+    assert not ops.route_applied(generation)
+    fake.clock.now_s += 4.9
+    assert not ops.route_applied(generation)
+    fake.clock.now_s += 0.1
+    assert ops.route_applied(generation)
+
+
+def test_the_first_seen_times_are_bounded(fake: FakeServe) -> None:
+    state = ops.read_state()
+    assert state is not None
+    ops._first_applied_s.clear()
+    for generation in range(state.generation + 1, state.generation + 200):
+        ops.route_applied(generation)  # generations never written: not applied, not kept
+    assert ops._first_applied_s == {}
+    for generation in range(state.generation - 99, state.generation + 1):
+        ops.route_applied(generation)  # all applied (a later one is): each noted
+    assert len(ops._first_applied_s) == ops._SEEN_KEPT
+    assert min(ops._first_applied_s) == state.generation - ops._SEEN_KEPT + 1
 
 
 def test_partial_move_splits_weights_by_ready_replicas(fake: FakeServe) -> None:

@@ -13,6 +13,7 @@ from serve.spec import (
     INGRESS_APP,
     DesiredState,
     app_name,
+    backend_route_prefix,
     build_app_configs,
     declarative_configs,
     desired_from_app_configs,
@@ -70,7 +71,9 @@ def test_backend_app_pins_pool_and_carries_target() -> None:
         "num_gpus": 1.0,
         "resources": {"pool_external": 1},
     }
-    assert app["route_prefix"] is None
+    assert (
+        app["route_prefix"] == "/_rcp/sample/external" == backend_route_prefix("sample", "external")
+    )
     assert "autoscaling_config" not in dep
     assert dep["user_config"] == {}
 
@@ -115,6 +118,10 @@ def test_target_and_weight_changes_keep_code_version_inputs() -> None:
             after[name]["import_path"],
             after[name]["args"],
         )
+        assert before[name]["route_prefix"] == after[name]["route_prefix"]
+        if name != INGRESS_APP:  # a backend: only its replica count changed
+            before_dep, after_dep = before[name]["deployments"][0], after[name]["deployments"][0]
+            assert {**before_dep, "num_replicas": 0} == {**after_dep, "num_replicas": 0}
     ingress_before = before[INGRESS_APP]["deployments"][0]["user_config"]
     ingress_after = after[INGRESS_APP]["deployments"][0]["user_config"]
     assert ingress_after["generation"] == ingress_before["generation"] + 1
@@ -227,6 +234,21 @@ def test_desired_state_rejects_bad_changes(change: Any, error: str) -> None:
             id="zero-body-limit",
         ),
         pytest.param(lambda c: setattr(c, "models", []), "serving.models", id="no-models"),
+        pytest.param(
+            lambda c: setattr(c.ingress, "edge_table_max_age_s", 0.05),
+            "serving.ingress.edge_table_max_age_s: must be between 0.1 and 30",
+            id="edge-table-age-too-short",
+        ),
+        pytest.param(
+            lambda c: setattr(c.ingress, "edge_table_max_age_s", 31.0),
+            "serving.ingress.edge_table_max_age_s: must be between 0.1 and 30",
+            id="edge-table-age-too-long",
+        ),
+        pytest.param(
+            lambda c: setattr(c.ingress, "edge_table_max_age_s", float("nan")),
+            "serving.ingress.edge_table_max_age_s: must be between 0.1 and 30",
+            id="nan-edge-table-age",
+        ),
         pytest.param(
             lambda c: setattr(c, "latency_window_s", float("nan")),
             "serving.latency_window_s: must be between 1 and 3600",
