@@ -63,6 +63,8 @@ class ErrorCode(str, Enum):
     NO_CAPACITY = "no_capacity"
     MODEL_ERROR = "model_error"
     INTERNAL = "internal_error"
+    BAD_REQUEST = "bad_request"
+    """Not an HTTP request the endpoint can read (the edge router's answer)."""
 
 
 @dataclass(frozen=True)

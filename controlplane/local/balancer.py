@@ -1,4 +1,4 @@
-"""The local `serve` endpoint: a loopback TCP load balancer over the nodes' Serve proxies.
+"""The local `serve` endpoint: an HTTP/1.1 edge router over the nodes' Serve proxies.
 
 Locally every simulated node shares 127.0.0.1, so each node's Serve proxy listens on a port of
 its own (the head's on the port Serve was started with, each worker node's on the one
@@ -9,22 +9,33 @@ proxies (the ``rcp-serve`` Service): it runs outside Ray, started by `rcp up` an
 so it outlives the head; it holds no credentials (its environment is the cluster id and PATH
 only) and never talks to Ray.
 
-What it does:
-- each new client connection goes to one healthy proxy, round robin, and is spliced to it
-  byte for byte (no HTTP parsing: a keep-alive connection stays on the proxy it entered); a
-  connect that is refused or times out tries the next proxy at once, healthy ones first, then
-  the others (a draining proxy still answers; better than no answer);
+What it does with each request (it reads HTTP: `controlplane.local.http1`):
+- **a predict it may route goes straight to the model's backend app** (`serve.edge`): for
+  ``POST <route_prefix>v1/models/<m>/predict`` it picks the pool by the route weights of the
+  ingress's own table (``GET v1/models``, fetched every ``interval_s`` through a proxy, used
+  only while younger than its ``table_max_age_s``) and sends the request through a proxy to
+  ``/_rcp/<m>/<pool>/...``, the backend app's route prefix: one Serve HTTP hop, not the
+  ingress replica's two. An answer without ``X-Rcp-Pool`` is Serve's own (the app was just
+  deleted, the replica died): the request is tried again, preferring the other pool, within
+  the table's budget, then answered 503 with ``Retry-After``. The model's own answers, errors
+  included, go back as they are. Without a fresh table, or for a model it does not know,
+  the request goes to the ingress like anything else;
+- **everything else is passed to the ingress unchanged** through a proxy;
+- **each request picks its proxy**, round robin over the healthy ones, so a keep-alive
+  connection leaves a draining proxy at its next request. A connect that is refused or times
+  out, or a new connection a proxy closes without answering a byte (every request here is
+  idempotent), moves on to the next proxy at once, healthy ones first, then the others;
 - every proxy's ``/-/healthz`` is asked every ``interval_s`` (4 times a second by default).
   Serve answers 503 there while the node drains (Serve stops counting a node Ray drains as a
-  proxy node) or before the proxy knows a replica: such a proxy gets no new connection until
-  it answers 200 again. A refusal or a non-200 answer takes a proxy out at once; a timeout
-  only after `fall` in a row (a busy proxy is slow, not gone); `rise` answers in a row bring
-  it back (`next_health`). A proxy that closes a connection it was sent bytes on without
-  answering a byte is taken out at once too (a passive check: a dying proxy), so a client's
-  retry goes elsewhere even before the next health check;
+  proxy node) or before the proxy knows a replica: such a proxy gets no request until it
+  answers 200 again. A refusal or a non-200 answer takes a proxy out at once; a timeout only
+  after `fall` in a row (a busy proxy is slow, not gone); `rise` answers in a row bring it
+  back (`next_health`). A broken connection takes it out at once too (a passive check);
 - everything is bounded: ``max_connections`` client connections (more are closed at once),
-  ``buffer_bytes`` buffered per direction of a connection (reading pauses beyond it), an idle
-  connection is closed after ``idle_timeout_s``, a health answer's first line at most 1 KiB.
+  a request's head and body (`controlplane.local.http1`; the body limit is the table's
+  ``max_body_bytes``, refused with 413 before it is read), an answer's size
+  (``max_answer_bytes``), ``buffer_bytes`` written ahead to a slow client, an idle client
+  connection closed after ``idle_timeout_s``, 32 idle keep-alive connections per proxy.
 
 Backends: the proxy ports `rcp up` allocated (``serve_proxies`` in the local cluster's state
 file: the head's and one per node slot), re-read whenever the state file changes. Discovery
@@ -35,7 +46,8 @@ external nodes) is healthy as soon as its proxy answers.
 Must not: bind anything but the given loopback address, import Ray, or read the Ray token.
 
 Run by `rcp up` as ``python -m controlplane.local.balancer --state-file <state_dir>/local-
-cluster.json --host 127.0.0.1 --port <serve.http_port> --log <state_dir>/logs/...``.
+cluster.json --host 127.0.0.1 --port <serve.http_port> --route-prefix <serving.route_prefix>
+--log <state_dir>/logs/...``.
 """
 
 from __future__ import annotations
@@ -46,13 +58,40 @@ import contextlib
 import json
 import logging
 import os
+import random
 import signal
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import cast
+
+from controlplane.local.http1 import (
+    ConnectFailed,
+    HttpError,
+    Request,
+    RequestReader,
+    Response,
+    UpstreamBroken,
+    Upstreams,
+    UpstreamTimeout,
+    encode_request,
+    encode_response,
+)
+from serve.edge import (
+    EdgeRouting,
+    EdgeTable,
+    EdgeTableError,
+    PredictTarget,
+    Refuse,
+    choose_backend,
+    classify,
+    is_model_answer,
+    table_from_answer,
+)
+from serve.inputs import ErrorCode, error_body, request_id
+from serve.routing import retry_decision
 
 __all__ = [
     "BackendHealth",
@@ -154,105 +193,15 @@ class BalancerLimits:
     fall: int = 2
     max_connections: int = 1024
     buffer_bytes: int = 256 * 1024
+    """Bytes buffered for a slow client before the edge waits for it to read."""
     idle_timeout_s: float = 300.0
-
-
-class _Side(asyncio.Protocol):
-    """One end of a spliced connection: what it reads, it writes to its peer."""
-
-    def __init__(self, conn: _Connection) -> None:
-        self.conn = conn
-        self.transport: asyncio.Transport | None = None
-        self.peer: _Side | None = None
-        self.bytes_in = 0
-        self.eof = False
-        self.closed = False
-        self.early: list[bytes] = []
-        """What a client sent before its backend was connected (reading pauses at once, but
-        a loop may deliver a first read): bounded by `buffer_bytes`."""
-
-    def itself(self) -> _Side:
-        """The protocol factory that hands this side to `create_connection`."""
-        return self
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport (uvloop's is not an asyncio.Transport subclass, but is one).
-        self.transport = cast(asyncio.Transport, transport)
-        self.transport.set_write_buffer_limits(high=self.conn.balancer.limits.buffer_bytes)
-        if self is self.conn.client:
-            self.conn.balancer.arrived(self.conn)
-
-    def data_received(self, data: bytes) -> None:
-        self.bytes_in += len(data)
-        self.conn.last_active = self.conn.balancer.loop.time()
-        peer = self.peer
-        if peer is None:
-            self.early.append(data)
-            if self.bytes_in > self.conn.balancer.limits.buffer_bytes and self.transport:
-                self.transport.pause_reading()
-        elif peer.transport is not None and not peer.closed:
-            peer.transport.write(data)
-
-    def eof_received(self) -> bool:
-        self.eof = True
-        self.conn.ended(self)
-        peer = self.peer
-        if peer is None or peer.transport is None or peer.closed or peer.eof:
-            self.conn.close()
-            return False
-        if peer.transport.can_write_eof():
-            peer.transport.write_eof()  # after what is buffered; the answer may still come
-        return True
-
-    def pause_writing(self) -> None:
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.resume_reading()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.conn.ended(self)
-        self.conn.close()
-
-
-class _Connection:
-    """A client connection and the backend connection it is spliced to."""
-
-    def __init__(self, balancer: Balancer) -> None:
-        self.balancer = balancer
-        self.client = _Side(self)
-        self.backend: _Side | None = None
-        self.port: int | None = None
-        self.last_active = balancer.loop.time()
-        self.done = False
-
-    def ended(self, side: _Side) -> None:
-        """`side` sent EOF or went away: a backend that does so after the client sent bytes,
-        without answering one, is taken out at once (a proxy that is dying)."""
-        if (
-            side is self.backend
-            and self.port is not None
-            and side.bytes_in == 0
-            and self.client.bytes_in > 0
-            and not self.client.closed
-        ):
-            self.balancer.observe(self.port, Probe.BROKEN)
-
-    def close(self) -> None:
-        if self.done:
-            return
-        self.done = True
-        self.balancer.connections.discard(self)
-        for side in (self.client, self.backend):
-            if side is not None and side.transport is not None and not side.closed:
-                side.transport.close()  # after what is buffered is written
+    """A client connection with no request for this long is closed."""
+    max_answer_bytes: int = 16 * 1024 * 1024
+    """Largest answer a proxy may send (a 502 beyond it)."""
 
 
 class Balancer:
-    """The listening socket, the health table and the health-check loop."""
+    """The listening socket, the health table, the route table and the requests."""
 
     def __init__(
         self,
@@ -261,15 +210,23 @@ class Balancer:
         state_file: Path,
         loop: asyncio.AbstractEventLoop,
         limits: BalancerLimits | None = None,
+        route_prefix: str = "/",
     ) -> None:
         self.host, self.port, self.state_file, self.loop = host, port, state_file, loop
         self.limits = limits or BalancerLimits()
+        self.route_prefix = route_prefix
         self.backends: list[int] = []
         self.health: dict[int, BackendHealth] = {}
-        self.connections: set[_Connection] = set()
+        self.connections: set[asyncio.StreamWriter] = set()
+        self.upstreams = Upstreams(host, self.limits.connect_timeout_s)
+        self.table: EdgeTable | None = None
+        self.rng = random.Random()
         self.turn = 0
-        self.spliced = 0
         self.rejected = 0
+        self.counts: Counter[str] = Counter()
+        """Requests by what the edge did: routed (straight to a backend), passed (to the
+        ingress), refused (answered here), retried (tries after a request's first),
+        unavailable (503 after every try)."""
         self._state_mtime_ns = -1
 
     # -- health ---------------------------------------------------------------------------
@@ -338,84 +295,300 @@ class Balancer:
             results = await asyncio.gather(*(self.check(p) for p in ports))
             for port, probe in zip(ports, results, strict=True):
                 self.observe(port, probe)
-            self._close_idle()
             await asyncio.sleep(max(0.0, self.limits.interval_s - (self.loop.time() - started)))
 
-    def _close_idle(self) -> None:
-        cutoff = self.loop.time() - self.limits.idle_timeout_s
-        for conn in [c for c in self.connections if c.last_active < cutoff]:
-            conn.close()
+    # -- the route table ------------------------------------------------------------------
+    async def fetch_table(self) -> None:
+        """Ask the ingress (through a proxy) for its route table, ``GET <prefix>v1/models``;
+        keep the last good one (it ages out, `EdgeTable.fresh`)."""
+        sent_s = self.loop.time()
+        target = self.route_prefix.rstrip("/") + "/v1/models"
+        data = encode_request("GET", target, [(b"host", self.host.encode())], b"")
+        answer = await self._send_any(data, self.limits.check_timeout_s, head_only=False)
+        if not isinstance(answer, Response) or answer.status != 200:
+            return
+        try:
+            table = table_from_answer(answer.body, sent_s)
+        except EdgeTableError as exc:
+            log.warning("%s", exc)
+            return
+        old = self.table
+        self.table = table
+        if old is None or old.generation != table.generation:
+            log.info("route table generation %d: %s", table.generation, dict(table.weights))
 
-    # -- connections ----------------------------------------------------------------------
-    def accept(self) -> asyncio.Protocol:
-        return _Connection(self).client
+    async def fetch_table_forever(self) -> None:
+        while True:
+            started = self.loop.time()
+            try:
+                await self.fetch_table()
+            except Exception:  # never let one bad answer stop the edge from routing
+                log.exception("route table fetch failed")
+            await asyncio.sleep(max(0.0, self.limits.interval_s - (self.loop.time() - started)))
 
-    def arrived(self, conn: _Connection) -> None:
-        """A client connected: over the cap it is closed at once; else it waits (reading
-        paused) until a backend accepts."""
-        transport = conn.client.transport
-        assert transport is not None
+    def fresh_table(self) -> EdgeTable | None:
+        table = self.table
+        return table if table is not None and table.fresh(self.loop.time()) else None
+
+    # -- requests -------------------------------------------------------------------------
+    async def client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One client connection: its requests one at a time, each sent on its own."""
         if len(self.connections) >= self.limits.max_connections:
             self.rejected += 1
-            conn.close()
+            writer.close()
             return
-        self.connections.add(conn)
-        transport.pause_reading()
-        self.loop.create_task(self._connect(conn))
-
-    async def _connect(self, conn: _Connection) -> None:
-        """Splice `conn`'s client to the first backend that accepts, in `backend_order`."""
-        self.turn += 1
-        for port in backend_order(self.backends, self.healthy(), self.turn):
-            if conn.done:
-                return
-            backend = _Side(conn)
-            try:
-                await asyncio.wait_for(
-                    self.loop.create_connection(backend.itself, self.host, port),
-                    self.limits.connect_timeout_s,
+        self.connections.add(writer)
+        transport = writer.transport
+        transport.set_write_buffer_limits(high=self.limits.buffer_bytes)
+        table = self.table
+        requests = RequestReader(
+            reader, writer, table.routing.max_body_bytes if table else EdgeRouting().max_body_bytes
+        )
+        try:
+            while True:
+                try:
+                    request = await requests.next(self.limits.idle_timeout_s)
+                except HttpError as exc:
+                    self.counts["refused"] += 1
+                    code = ErrorCode.BODY_TOO_LARGE if exc.status == 413 else ErrorCode.BAD_REQUEST
+                    writer.write(_error(exc.status, code, exc.message, False))
+                    await _linger(reader, writer)
+                    break
+                if request is None:
+                    break
+                head_only = request.method == "HEAD"
+                answer = await self.answer(request)
+                keep = request.keep_alive and answer.keep_alive
+                writer.write(
+                    encode_response(
+                        answer.status, answer.headers, answer.body, keep, head_only=head_only
+                    )
                 )
-            except TimeoutError:
-                self.observe(port, Probe.TIMEOUT)
-                continue
-            except OSError:
-                self.observe(port, Probe.REFUSED)
-                continue
-            client = conn.client.transport
-            if conn.done or client is None:  # the client went away meanwhile
-                if backend.transport is not None:
-                    backend.transport.close()
-                return
-            conn.backend, conn.port = backend, port
-            backend.peer, conn.client.peer = conn.client, backend
-            self.spliced += 1
-            if backend.transport is not None:
-                backend.transport.writelines(conn.client.early)
-            conn.client.early = []
-            client.resume_reading()
-            return
-        log.warning("no proxy accepted a connection (%d known)", len(self.backends))
-        conn.close()
+                await writer.drain()
+                if not keep:
+                    break
+        except (ConnectionError, OSError):
+            pass  # the client went away
+        finally:
+            self.connections.discard(writer)
+            writer.close()
+
+    async def answer(self, request: Request) -> Response:
+        """Route a predict straight to a backend when the table allows; pass anything else to
+        the ingress; refuse a backend path."""
+        table = self.fresh_table()
+        backend_root = table.routing.backend_root if table else EdgeRouting().backend_root
+        target = classify(request.method, request.target, self.route_prefix, backend_root)
+        if isinstance(target, Refuse):
+            self.counts["refused"] += 1
+            rid = request_id(_text(request.header(_REQUEST_ID)))
+            return Response(
+                target.status,
+                [(b"content-type", _JSON), (b"x-request-id", rid.encode())],
+                error_body(target.code, target.message, rid),
+                True,
+            )
+        if target is not None and table is not None:
+            routed = await self.route(request, target, table)
+            if routed is not None:
+                return routed
+        return await self.pass_through(request)
+
+    async def route(
+        self, request: Request, target: PredictTarget, table: EdgeTable
+    ) -> Response | None:
+        """Send a predict to a backend chosen by `table`, trying again on another pool when
+        the answer did not come from the model; None when the table names no pool for it
+        (the ingress then answers)."""
+        rid = request_id(_text(request.header(_REQUEST_ID)))
+        headers = [(n, v) for n, v in request.headers if n.lower() != _REQUEST_ID]
+        headers.append((_REQUEST_ID, rid.encode()))
+        started = self.loop.time()
+        tried: set[str] = set()
+        attempts = 0
+        why = "no pool has ready replicas"
+        while True:
+            forward = choose_backend(target, table, self.loop.time(), self.rng.random(), tried)
+            if forward is None:
+                if attempts == 0:
+                    return None
+                break
+            attempts += 1
+            tried.add(forward.pool)
+            r = table.routing
+            remaining_s = r.request_timeout_s - (self.loop.time() - started)
+            data = encode_request(request.method, forward.path, headers, request.body)
+            answer = await self._send_any(
+                data, max(0.001, min(r.attempt_timeout_s, remaining_s)), head_only=False
+            )
+            if isinstance(answer, Response) and is_model_answer(answer.headers):
+                self.counts["routed"] += 1
+                kept = [(n, v) for n, v in answer.headers if n.lower() not in _EDGE_HEADERS]
+                answer.headers = [
+                    *kept,
+                    (_REQUEST_ID, rid.encode()),
+                    (_ATTEMPTS, str(attempts).encode()),
+                ]
+                return answer
+            why = (
+                f"the {forward.pool} pool answered {answer.status} without the model"
+                if isinstance(answer, Response)
+                else f"the {forward.pool} pool: {answer}"
+            )
+            log.warning("request %s: %s try %d: %s", rid, target.model, attempts, why)
+            decision = retry_decision(
+                attempts, r.max_attempts, self.loop.time() - started, r.request_timeout_s
+            )
+            if not decision.retry:
+                why = f"{why}; {decision.reason}"
+                break
+            self.counts["retried"] += 1
+            await asyncio.sleep(_RETRY_BACKOFF_S * attempts)
+            table = self.fresh_table() or table  # weights may have changed meanwhile
+        self.counts["unavailable"] += 1
+        retry_after = table.routing.retry_after_s
+        message = (
+            f"model {target.model!r} cannot be served right now ({why}); retry after {retry_after}s"
+        )
+        return Response(
+            503,
+            [
+                (b"content-type", _JSON),
+                (b"retry-after", str(retry_after).encode()),
+                (b"x-request-id", rid.encode()),
+                (_ATTEMPTS, str(attempts).encode()),
+            ],
+            error_body(ErrorCode.NO_CAPACITY, message, rid),
+            True,
+        )
+
+    async def pass_through(self, request: Request) -> Response:
+        """Send a request unchanged to a proxy (the ingress answers it)."""
+        self.counts["passed"] += 1
+        table = self.fresh_table()
+        routing = table.routing if table is not None else EdgeRouting()
+        data = encode_request(request.method, request.target, request.headers, request.body)
+        answer = await self._send_any(
+            data, routing.request_timeout_s + _PASS_MARGIN_S, head_only=request.method == "HEAD"
+        )
+        if isinstance(answer, Response):
+            return answer
+        self.counts["unavailable"] += 1
+        rid = request_id(_text(request.header(_REQUEST_ID)))
+        return Response(
+            503,
+            [
+                (b"content-type", _JSON),
+                (b"retry-after", str(routing.retry_after_s).encode()),
+                (b"x-request-id", rid.encode()),
+            ],
+            error_body(ErrorCode.NO_CAPACITY, f"no Serve proxy answered ({answer})", rid),
+            True,
+        )
+
+    async def _send_any(self, data: bytes, timeout_s: float, *, head_only: bool) -> Response | str:
+        """Send one request to the first proxy that takes it, in `backend_order`: a refused
+        or timed-out connect, or a new connection the proxy closed without answering a byte
+        (the request is idempotent: it reached no model), moves on to the next proxy at once.
+        The answer, or why none came."""
+        self.turn += 1
+        why = f"none of {len(self.backends)} proxies accepted"
+        for port in backend_order(self.backends, self.healthy(), self.turn):
+            try:
+                return await self.upstreams.exchange(
+                    port,
+                    data,
+                    head_only=head_only,
+                    timeout_s=timeout_s,
+                    max_bytes=self.limits.max_answer_bytes,
+                )
+            except ConnectFailed as exc:
+                self.observe(port, Probe.REFUSED if exc.refused else Probe.TIMEOUT)
+            except UpstreamBroken as exc:
+                if exc.answered:
+                    return f"the proxy on port {port} broke off its answer"
+                self.observe(port, Probe.BROKEN)
+                why = f"the proxy on port {port} closed the connection"
+            except UpstreamTimeout:
+                return f"no answer within {timeout_s:g}s"
+            except HttpError as exc:
+                return exc.message
+        return why
 
     async def serve(self, stop: asyncio.Event) -> None:
         self.reload_backends()
-        server = await self.loop.create_server(
-            self.accept, self.host, self.port, backlog=min(self.limits.max_connections, 4096)
+        server = await asyncio.start_server(
+            self.client,
+            self.host,
+            self.port,
+            backlog=min(self.limits.max_connections, 4096),
+            limit=_READ_LIMIT,
         )
-        checker = self.loop.create_task(self.check_forever())
+        tasks = [
+            self.loop.create_task(self.check_forever()),
+            self.loop.create_task(self.fetch_table_forever()),
+        ]
         log.info("listening on %s:%d", self.host, self.port)
         try:
             await stop.wait()
         finally:
-            checker.cancel()
+            for task in tasks:
+                task.cancel()
             server.close()
-            for conn in list(self.connections):
-                conn.close()
+            for writer in list(self.connections):
+                writer.close()
+            self.upstreams.close()
             log.info(
-                "stopped: %d connections spliced, %d refused over max_connections",
-                self.spliced,
+                "stopped: requests %s, %d connections refused over max_connections",
+                dict(self.counts),
                 self.rejected,
             )
+
+
+_JSON = b"application/json"
+_REQUEST_ID = b"x-request-id"
+_ATTEMPTS = b"x-rcp-attempts"
+_EDGE_HEADERS = frozenset({_REQUEST_ID, _ATTEMPTS})
+"""Headers of a routed answer the edge writes itself (the request's id, its tries)."""
+_RETRY_BACKOFF_S = 0.02
+_PASS_MARGIN_S = 5.0
+"""A passed request waits the ingress's own request timeout and this much more."""
+_READ_LIMIT = 64 * 1024
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """After refusing a request, let the client finish sending (up to `_LINGER_BYTES` or
+    `_LINGER_S`) before closing: closing with unread bytes resets the connection, and the
+    client would lose the answer that says what was wrong."""
+    with contextlib.suppress(Exception):
+        await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+        loop = asyncio.get_running_loop()
+        deadline, left = loop.time() + _LINGER_S, _LINGER_BYTES
+        while left > 0 and loop.time() < deadline:
+            data = await asyncio.wait_for(reader.read(_READ_LIMIT), deadline - loop.time())
+            if not data:
+                return
+            left -= len(data)
+
+
+_LINGER_S = 2.0
+_LINGER_BYTES = 8 * 1024 * 1024
+
+
+def _text(value: bytes | None) -> str | None:
+    return value.decode("latin-1") if value is not None else None
+
+
+def _error(status: int, code: ErrorCode, message: str, keep_alive: bool) -> bytes:
+    rid = request_id(None)
+    return encode_response(
+        status,
+        [(b"content-type", _JSON), (b"x-request-id", rid.encode())],
+        error_body(code, message, rid),
+        keep_alive,
+    )
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -425,6 +598,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--log", type=Path, default=None, help="log file (default: stderr)")
+    p.add_argument(
+        "--route-prefix", default="/", help="the ingress's route prefix (serving.route_prefix)"
+    )
     p.add_argument("--interval-s", type=float, default=d.interval_s)
     p.add_argument("--max-connections", type=int, default=d.max_connections)
     return p.parse_args(argv)
@@ -455,7 +631,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     limits = replace(
         BalancerLimits(), interval_s=args.interval_s, max_connections=args.max_connections
     )
-    balancer = Balancer(args.host, args.port, args.state_file, loop, limits)
+    balancer = Balancer(args.host, args.port, args.state_file, loop, limits, args.route_prefix)
     log.info("pid %d, state file %s", os.getpid(), args.state_file)
     try:
         loop.run_until_complete(balancer.serve(stop))

@@ -490,6 +490,7 @@ class LocalCluster:
             f"--state-file={self.state_file}",
             f"--host={host}",
             f"--port={port}",
+            f"--route-prefix={self.cfg.serving.route_prefix}",
             f"--log={self.log_dir / 'serve-balancer.log'}",
         ]
         with open(self.log_dir / "serve-balancer.out", "ab") as out:

@@ -1,6 +1,9 @@
-"""The local serve balancer (controlplane.local.balancer): health transitions, backend order,
-the state file's proxy ports, the provider's port choice; then the balancer itself in this
-process, on loopback, in front of small HTTP servers standing in for Serve's proxies (no Ray).
+"""The local serve edge (controlplane.local.balancer): health transitions, backend order,
+the state file's proxy ports, the provider's port choice; then the edge itself in this
+process, on loopback, in front of small HTTP/1.1 servers standing in for Serve's proxies (no
+Ray): each answers its health, the ingress's route table, a backend app's predict (with
+``X-Rcp-Pool``, as every backend answer has) or Serve's own 404 for a deleted app, and
+anything else as the ingress would.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -138,24 +142,54 @@ def test_pick_proxy_port(held: set[int], listening: set[int] | None, port: int |
 
 
 class FakeProxy:
-    """A tiny HTTP server standing in for a Serve proxy: ``/-/healthz`` answers `health`,
-    anything else answers its own port."""
+    """A small keep-alive HTTP/1.1 server standing in for a Serve proxy. Shared by every
+    proxy of one test: `table` (the ingress's ``v1/models`` answer) and `deleted` (pools whose
+    backend app is gone: Serve's own 404, no ``X-Rcp-Pool``)."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, table: dict[str, Any], deleted: set[str]) -> None:
         self.port = port
         self.health = 200
+        self.table = table
+        self.deleted = deleted
+        self.model_status = 200
+        self.seen: list[str] = []
         self.server: asyncio.Server | None = None
 
+    def answer(self, method: str, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        if path == "/-/healthz":
+            return self.health, {}, b"ok"
+        self.seen.append(f"{method} {path}")
+        if path == "/v1/models":
+            return 200, {"content-type": "application/json"}, json.dumps(self.table).encode()
+        parts = path.split("/")
+        if path.startswith("/_rcp/"):  # /_rcp/<model>/<pool>/v1/models/<model>/predict
+            pool = parts[3]
+            if pool in self.deleted:
+                return 404, {"content-type": "text/plain"}, b"Path '/_rcp' not found."
+            body_out = json.dumps({"pool": pool, "proxy": self.port, "echo": body.decode()})
+            return self.model_status, {"X-Rcp-Pool": pool}, body_out.encode()
+        return 200, {"X-Rcp-Pool": "ingress"}, json.dumps({"via": "ingress", "path": path}).encode()
+
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        code = self.health if b"/-/healthz" in head.split(b"\r\n")[0] else 200
-        body = str(self.port).encode()
-        writer.write(
-            b"HTTP/1.1 %d X\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-            % (code, len(body), body)
-        )
-        await writer.drain()
-        writer.close()
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode().split("\r\n")
+                method, path, _ = lines[0].split(" ")
+                fields = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+                length = int({k.lower(): v for k, v in fields.items()}.get("content-length", 0))
+                body = await reader.readexactly(length) if length else b""
+                status, headers, out = self.answer(method, path, body)
+                extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+                writer.write(
+                    f"HTTP/1.1 {status} X\r\n{extra}content-length: {len(out)}\r\n\r\n".encode()
+                    + out
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self.handle, "127.0.0.1", self.port)
@@ -165,13 +199,34 @@ class FakeProxy:
         self.server.close()
 
 
-async def get(port: int) -> str:
-    """One request on a new connection; the answer's body."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-    data = await asyncio.wait_for(reader.read(), 5)
-    writer.close()
-    return data.split(b"\r\n\r\n", 1)[1].decode()
+class Client:
+    """One keep-alive client connection to the edge."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, port: int) -> Client:
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    async def send(
+        self, method: str, path: str, body: bytes = b"", headers: str = ""
+    ) -> tuple[int, dict[str, str], bytes]:
+        length = f"content-length: {len(body)}\r\n" if body or method == "POST" else ""
+        self.writer.write(
+            f"{method} {path} HTTP/1.1\r\nhost: x\r\n{headers}{length}\r\n".encode() + body
+        )
+        return await self.read()
+
+    async def read(self) -> tuple[int, dict[str, str], bytes]:
+        head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), 5)
+        lines = head.decode().split("\r\n")
+        fields = {k.lower(): v for k, v in (ln.split(": ", 1) for ln in lines[1:] if ": " in ln)}
+        body = await self.reader.readexactly(int(fields.get("content-length", 0)))
+        return int(lines[0].split(" ")[1]), fields, body
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 async def until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
@@ -182,12 +237,25 @@ async def until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
     raise AssertionError("timed out")
 
 
+def table(weights: dict[str, float], generation: int = 1, **routing: Any) -> dict[str, Any]:
+    return {
+        "models": [{"name": "sample", "weights": weights}],
+        "generation": generation,
+        "routing": {"table_max_age_s": 1.0, **routing},
+    }
+
+
 @asynccontextmanager
-async def balancer_over(
-    tmp_path: Path, n: int, max_connections: int = 64
+async def edge_over(
+    tmp_path: Path,
+    n: int,
+    max_connections: int = 64,
+    route_table: dict[str, Any] | None = None,
 ) -> AsyncIterator[tuple[Balancer, list[FakeProxy], int]]:
     lb_port, *ports = free_loopback_ports(n + 2)  # the last port: a node slot nobody holds
-    proxies = [FakeProxy(p) for p in ports[:n]]
+    shared = route_table if route_table is not None else table({"cluster": 1.0})
+    deleted: set[str] = set()
+    proxies = [FakeProxy(p, shared, deleted) for p in ports[:n]]
     for proxy in proxies:
         await proxy.start()
     state = tmp_path / "local-cluster.json"
@@ -197,7 +265,7 @@ async def balancer_over(
     lb = Balancer("127.0.0.1", lb_port, state, asyncio.get_running_loop(), limits)
     task = asyncio.create_task(lb.serve(stop))
     try:
-        await until(lambda: len(lb.healthy()) == n)
+        await until(lambda: len(lb.healthy()) == n and lb.fresh_table() is not None)
         yield lb, proxies, lb_port
     finally:
         stop.set()
@@ -206,31 +274,52 @@ async def balancer_over(
             proxy.stop()
 
 
-def test_new_connections_spread_over_healthy_proxies_and_skip_a_draining_one(
+PREDICT = "/v1/models/sample/predict"
+JSON_HEADER = "content-type: application/json\r\n"
+
+
+def test_requests_on_one_connection_spread_over_healthy_proxies_and_skip_a_draining_one(
     tmp_path: Path,
 ) -> None:
+    """Each request picks its proxy, so a keep-alive connection leaves a draining proxy at
+    its next request (the splicing balancer kept it there until the client closed)."""
+
     async def scenario() -> None:
-        async with balancer_over(tmp_path, 2) as (lb, (a, b), port):
-            spread = Counter([await get(port) for _ in range(10)])
-            assert spread == {str(a.port): 5, str(b.port): 5}
+        async with edge_over(tmp_path, 2) as (lb, (a, b), port):
+            client = await Client.open(port)
+            proxies = [json.loads((await client.send("GET", "/x"))[2])["path"] for _ in range(2)]
+            assert proxies == ["/x", "/x"]
+            a.seen.clear(), b.seen.clear()
+            for _ in range(10):
+                await client.send("GET", "/x")
+            assert (a.seen.count("GET /x"), b.seen.count("GET /x")) == (5, 5)
             b.health = 503  # Serve drains b's node
             await until(lambda: b.port not in lb.healthy())
-            assert {await get(port) for _ in range(6)} == {str(a.port)}
+            b.seen.clear()
+            for _ in range(6):
+                assert (await client.send("GET", "/x"))[0] == 200
+            assert "GET /x" not in b.seen  # the same connection, no request to b
             b.health = 200
             await until(lambda: b.port in lb.healthy())
-            assert str(b.port) in {await get(port) for _ in range(4)}
+            for _ in range(4):
+                await client.send("GET", "/x")
+            assert "GET /x" in b.seen
+            client.close()
 
     asyncio.run(scenario())
 
 
 def test_a_proxy_that_went_away_is_skipped_at_once(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with balancer_over(tmp_path, 2) as (lb, (a, b), port):
+        async with edge_over(tmp_path, 2) as (lb, (a, b), port):
             lb.limits = BalancerLimits(interval_s=60.0)  # no health check will notice
             a.stop()
             await asyncio.sleep(0.1)  # (the check loop is sleeping its last interval out)
-            # Every connection is answered by b: a's refusal moves each on at once.
-            assert {await get(port) for _ in range(6)} == {str(b.port)}
+            for _ in range(6):  # each on a new connection: a's refusal moves each on at once
+                client = await Client.open(port)
+                status, _h, body = await client.send("GET", "/x")
+                client.close()
+                assert status == 200, body
             assert a.port not in lb.healthy()
 
     asyncio.run(scenario())
@@ -238,7 +327,7 @@ def test_a_proxy_that_went_away_is_skipped_at_once(tmp_path: Path) -> None:
 
 def test_connections_over_the_cap_are_closed(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with balancer_over(tmp_path, 1, max_connections=2) as (lb, _proxies, port):
+        async with edge_over(tmp_path, 1, max_connections=2) as (lb, _proxies, port):
             idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
             await until(lambda: len(lb.connections) == 2)
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -247,5 +336,130 @@ def test_connections_over_the_cap_are_closed(tmp_path: Path) -> None:
             assert lb.rejected == 1
             for _r, w in idle:
                 w.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_predict_goes_straight_to_the_backend_of_a_pool_the_weights_pick(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        routes = table({"cluster": 1.0, "external": 3.0})
+        async with edge_over(tmp_path, 2, route_table=routes) as (lb, proxies, port):
+            client = await Client.open(port)
+            pools = Counter()
+            for i in range(200):
+                status, headers, body = await client.send(
+                    "POST", PREDICT, b'{"x": %d}' % i, JSON_HEADER
+                )
+                assert status == 200, body
+                answer = json.loads(body)
+                assert answer["echo"] == f'{{"x": {i}}}'  # the body reached the backend as sent
+                assert headers["x-rcp-attempts"] == "1"
+                assert len(headers["x-request-id"]) == 32  # one was given to the request
+                pools[answer["pool"]] += 1
+            assert 25 <= pools["cluster"] <= 75 and pools["cluster"] + pools["external"] == 200
+            backend_paths = {s for p in proxies for s in p.seen if s.startswith("POST")}
+            assert backend_paths == {
+                "POST /_rcp/sample/cluster/v1/models/sample/predict",
+                "POST /_rcp/sample/external/v1/models/sample/predict",
+            }
+            # Everything else goes to the ingress unchanged; so does an unknown model.
+            listed = json.loads((await client.send("GET", "/v1/models?x=1"))[2])
+            assert listed == {"via": "ingress", "path": "/v1/models?x=1"}
+            unknown = await client.send("POST", "/v1/models/other/predict", b"{}", JSON_HEADER)
+            assert json.loads(unknown[2])["path"] == "/v1/models/other/predict"
+            assert lb.counts["routed"] == 200
+            client.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_answer_serve_gave_itself_is_tried_on_the_other_pool(tmp_path: Path) -> None:
+    """A pool's app deleted while the edge still routes to it: Serve's 404 carries no
+    X-Rcp-Pool, so the request is tried again on the other pool; the model's own error is
+    returned as it is."""
+
+    async def scenario() -> None:
+        routes = table({"cluster": 1.0, "external": 1.0})
+        async with edge_over(tmp_path, 1, route_table=routes) as (lb, (proxy,), port):
+            proxy.deleted.add("cluster")
+            client = await Client.open(port)
+            attempts = Counter()
+            for _ in range(40):
+                status, headers, body = await client.send("POST", PREDICT, b"{}", JSON_HEADER)
+                assert status == 200 and json.loads(body)["pool"] == "external"
+                attempts[headers["x-rcp-attempts"]] += 1
+            assert set(attempts) == {"1", "2"} and attempts["2"] == lb.counts["retried"] > 0
+            proxy.deleted.clear()
+            proxy.model_status = 500  # the model failed in both pools: its answer, not retried
+            retried = lb.counts["retried"]
+            for _ in range(10):
+                status, headers, _ = await client.send("POST", PREDICT, b"{}", JSON_HEADER)
+                assert (status, headers["x-rcp-attempts"]) == (500, "1")
+            assert lb.counts["retried"] == retried
+            # Nothing serves: 503 with Retry-After once the budget is spent.
+            proxy.deleted.update({"cluster", "external"})
+            status, headers, body = await client.send("POST", PREDICT, b"{}", JSON_HEADER)
+            error = json.loads(body)["error"]
+            assert (status, error["code"], headers["retry-after"]) == (503, "no_capacity", "1")
+            assert headers["x-rcp-attempts"] == "3" and error["request_id"]
+            client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_stale_table_sends_predicts_through_the_ingress(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        routes = table({"cluster": 1.0}, table_max_age_s=0.2)
+        async with edge_over(tmp_path, 1, route_table=routes) as (lb, (proxy,), port):
+            client = await Client.open(port)
+            status, headers, _ = await client.send("POST", PREDICT, b"{}", JSON_HEADER)
+            assert headers["x-rcp-pool"] == "cluster"
+            routes["generation"] = "no longer a table"  # every fetch is refused from now on
+            await until(lambda: lb.fresh_table() is None)
+            status, headers, body = await client.send("POST", PREDICT, b"{}", JSON_HEADER)
+            assert (status, json.loads(body)["via"]) == (200, "ingress")
+            client.close()
+
+    asyncio.run(scenario())
+
+
+def test_what_the_edge_refuses_itself(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with edge_over(tmp_path, 1) as (lb, (proxy,), port):
+            client = await Client.open(port)
+            path = "/_rcp/sample/cluster/v1/models/sample/predict"
+            status, _h, body = await client.send("POST", path, b"{}", JSON_HEADER)
+            assert (status, json.loads(body)["error"]["code"]) == (404, "not_found")
+            big = b"x" * (1_048_576 + 1)
+            status, headers, body = await client.send("POST", PREDICT, big, JSON_HEADER)
+            assert (status, json.loads(body)["error"]["code"]) == (413, "body_too_large")
+            assert headers["connection"] == "close"
+            client.close()
+            client = await Client.open(port)
+            client.writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+            status, _h, body = await client.read()
+            assert (status, json.loads(body)["error"]["code"]) == (400, "bad_request")
+            client.close()
+            assert not any(s.startswith("POST /_rcp") for s in proxy.seen)
+
+    asyncio.run(scenario())
+
+
+def test_a_client_waiting_for_100_continue_gets_it(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with edge_over(tmp_path, 1) as (_lb, _proxies, port):
+            client = await Client.open(port)
+            client.writer.write(
+                f"POST {PREDICT} HTTP/1.1\r\nhost: x\r\n{JSON_HEADER}content-length: 2\r\n"
+                "expect: 100-continue\r\n\r\n".encode()
+            )
+            line = await asyncio.wait_for(client.reader.readuntil(b"\r\n\r\n"), 5)
+            assert line.startswith(b"HTTP/1.1 100")
+            client.writer.write(b"{}")
+            status, headers, _ = await client.read()
+            assert (status, headers["x-rcp-pool"]) == (200, "cluster")
+            client.close()
 
     asyncio.run(scenario())
