@@ -2,7 +2,7 @@
 whether an answer came from the model, and the route table it reads from the ingress.
 
 An edge is an HTTP router in front of the Serve proxies (locally
-``controlplane.local.balancer``). For ``POST <route_prefix>v1/models/<model>/predict`` it
+``serve.edge_router``). For ``POST <route_prefix>v1/models/<model>/predict`` it
 picks the pool by the model's route weights, the same way the ingress does
 (`serve.routing.choose_pool`), and sends the request through a proxy straight to that
 (model, pool)'s backend app at ``<backend_root>/<model>/<pool>/v1/models/<model>/predict``:

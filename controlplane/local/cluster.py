@@ -6,7 +6,7 @@ the cluster config ``controlplane.local.autoscaler`` builds; the processes' envi
 head's command line are ``controlplane.local.head``'s; ports are ``controlplane.local.ports``'),
 the S3-protocol object store on loopback, Serve (a proxy on the head and on every node that
 holds a replica, each on a loopback port of its own) and the loopback load balancer in front of
-them on ``serve.http_port`` (``controlplane.local.balancer``, outside Ray), and the state file
+them on ``serve.http_port`` (``serve.edge_router``, outside Ray), and the state file
 that lets a second `up` report what runs and `down` stop exactly that (the Serve proxies' ports
 are recorded there, ``serve_proxies``; the balancer reads them from it).
 
@@ -478,7 +478,7 @@ class LocalCluster:
 
     def _start_balancer(self, cluster_id: str) -> None:
         """The loopback load balancer on ``serve.http_port`` over the nodes' Serve proxies
-        (``controlplane.local.balancer``): outside Ray, so it outlives the head. Its
+        (``serve.edge_router``): outside Ray, so it outlives the head. Its
         environment is the cluster's id (so `down` finds and stops it) and PATH, nothing
         else: no Ray token path, no storage keys."""
         host, port = self.cfg.ray.node_ip, self.cfg.serve.http_port
@@ -486,7 +486,7 @@ class LocalCluster:
         cmd = [
             sys.executable,
             "-m",
-            "controlplane.local.balancer",
+            "serve.edge_router",
             f"--state-file={self.state_file}",
             f"--host={host}",
             f"--port={port}",

@@ -5,7 +5,7 @@ Owns: `port_in_use`, `check_ports_free` (every listener the config names, refuse
 busy ones named before anything starts), `free_loopback_ports` and `isolated_overrides` (a
 cluster beside others on one machine: tests, benchmarks), and `serve_proxy_ports` (a port for
 the head's Serve proxy and one per node slot, behind the loopback balancer on
-``serve.http_port``: ``controlplane.local.balancer``).
+``serve.http_port``: ``serve.edge_router``).
 Must not: bind anything but 127.0.0.1 (and ``ray.node_ip`` to probe), or start anything.
 """
 

@@ -2,7 +2,7 @@
 
 One cluster (GCS fault tolerance on: a real Redis on loopback; Serve proxies on every node
 that holds a replica, each on a loopback port of its own, behind the loopback balancer on
-serve.http_port, ``controlplane.local.balancer``; ingress replicas spread over the head and the
+serve.http_port, ``serve.edge_router``; ingress replicas spread over the head and the
 cluster nodes, one on each here). A client that retries a refused or reset connection once
 sends steady traffic to the `serve` endpoint `rcp up` printed (the balancer) while:
 

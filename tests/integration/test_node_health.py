@@ -19,7 +19,7 @@ Waits are bounded; nothing asserts on wall-clock durations.
 
 Serve runs a proxy on every node that holds a replica (the default, issue 18), each on its
 own loopback port behind the loopback balancer on ``serve.http_port``
-(``controlplane.local.balancer``), so requests also enter through the node that goes: its
+(``serve.edge_router``), so requests also enter through the node that goes: its
 proxy answers 503 on ``/-/healthz`` once the node drains, and the balancer sends it no new
 connection from then on (the drain test checks the balancer's log for it). A keep-alive
 connection that entered that proxy stays on it until the proxy goes; the load client then

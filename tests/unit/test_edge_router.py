@@ -1,9 +1,8 @@
-"""The local serve edge (controlplane.local.balancer): health transitions, backend order,
-the state file's proxy ports, the provider's port choice; then the edge itself in this
-process, on loopback, in front of small HTTP/1.1 servers standing in for Serve's proxies (no
-Ray): each answers its health, the ingress's route table, a backend app's predict (with
-``X-Rcp-Pool``, as every backend answer has) or Serve's own 404 for a deleted app, and
-anything else as the ingress would.
+"""The edge router (serve.edge_router): health transitions, backend order, the state file's
+proxy ports; then the edge itself in this process, on loopback, in front of small HTTP/1.1
+servers standing in for Serve's proxies (no Ray): each answers its health, the ingress's route
+table, a backend app's predict (with ``X-Rcp-Pool``, as every backend answer has) or Serve's
+own 404 for a deleted app, and anything else as the ingress would.
 """
 
 from __future__ import annotations
@@ -18,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from controlplane.local.balancer import (
+from controlplane.local.ports import free_loopback_ports
+from serve.edge_router import (
     BackendHealth,
     Balancer,
     BalancerLimits,
@@ -27,7 +27,6 @@ from controlplane.local.balancer import (
     backends_from_state,
     next_health,
 )
-from controlplane.local.ports import free_loopback_ports, pick_proxy_port
 
 UP = BackendHealth(healthy=True)
 DOWN = BackendHealth()
@@ -115,27 +114,6 @@ def test_backend_order(backends: list[int], healthy: set[int], turn: int, order:
 )
 def test_backends_from_state(state: dict[str, object], ports: list[int]) -> None:
     assert backends_from_state(state) == ports
-
-
-@pytest.mark.parametrize(
-    ("held", "listening", "port"),
-    [
-        (set(), None, 7001),
-        ({7001}, None, 7002),
-        ({7001, 7002}, {7001, 7002}, None),
-        ({7001, 7002}, {7002}, 7001),
-        ({7001, 7002}, None, None),
-    ],
-    ids=[
-        "the first free",
-        "skips a held one",
-        "all held and answering: none",
-        "a held port nothing listens on (its node died) is reused",
-        "all held, nothing known about listeners: none",
-    ],
-)
-def test_pick_proxy_port(held: set[int], listening: set[int] | None, port: int | None) -> None:
-    assert pick_proxy_port([7001, 7002], held, listening) == port
 
 
 # -- the balancer on loopback ---------------------------------------------------------------

@@ -9,7 +9,7 @@ proxies (the ``rcp-serve`` Service): it runs outside Ray, started by `rcp up` an
 so it outlives the head; it holds no credentials (its environment is the cluster id and PATH
 only) and never talks to Ray.
 
-What it does with each request (it reads HTTP: `controlplane.local.http1`):
+What it does with each request (it reads HTTP: `serve.http1`):
 - **a predict it may route goes straight to the model's backend app** (`serve.edge`): for
   ``POST <route_prefix>v1/models/<m>/predict`` it picks the pool by the route weights of the
   ingress's own table (``GET v1/models``, fetched every ``interval_s`` through a proxy, used
@@ -32,7 +32,7 @@ What it does with each request (it reads HTTP: `controlplane.local.http1`):
   after `fall` in a row (a busy proxy is slow, not gone); `rise` answers in a row bring it
   back (`next_health`). A broken connection takes it out at once too (a passive check);
 - everything is bounded: ``max_connections`` client connections (more are closed at once),
-  a request's head and body (`controlplane.local.http1`; the body limit is the table's
+  a request's head and body (`serve.http1`; the body limit is the table's
   ``max_body_bytes``, refused with 413 before it is read), an answer's size
   (``max_answer_bytes``), ``buffer_bytes`` written ahead to a slow client, an idle client
   connection closed after ``idle_timeout_s``, 32 idle keep-alive connections per proxy.
@@ -45,7 +45,7 @@ external nodes) is healthy as soon as its proxy answers.
 
 Must not: bind anything but the given loopback address, import Ray, or read the Ray token.
 
-Run by `rcp up` as ``python -m controlplane.local.balancer --state-file <state_dir>/local-
+Run by `rcp up` as ``python -m serve.edge_router --state-file <state_dir>/local-
 cluster.json --host 127.0.0.1 --port <serve.http_port> --route-prefix <serving.route_prefix>
 --log <state_dir>/logs/...``.
 """
@@ -67,18 +67,6 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
-from controlplane.local.http1 import (
-    ConnectFailed,
-    HttpError,
-    Request,
-    RequestReader,
-    Response,
-    UpstreamBroken,
-    Upstreams,
-    UpstreamTimeout,
-    encode_request,
-    encode_response,
-)
 from serve.edge import (
     EdgeRouting,
     EdgeTable,
@@ -89,6 +77,18 @@ from serve.edge import (
     classify,
     is_model_answer,
     table_from_answer,
+)
+from serve.http1 import (
+    ConnectFailed,
+    HttpError,
+    Request,
+    RequestReader,
+    Response,
+    UpstreamBroken,
+    Upstreams,
+    UpstreamTimeout,
+    encode_request,
+    encode_response,
 )
 from serve.inputs import ErrorCode, error_body, request_id
 from serve.routing import retry_decision

@@ -1,4 +1,4 @@
-"""HTTP/1.1 on asyncio streams for the local edge (``controlplane.local.balancer``).
+"""HTTP/1.1 on asyncio streams for the edge router (``serve.edge_router``).
 
 Owns: reading a client's requests one at a time (keep-alive and pipelined, a
 ``100 Continue`` when a client waits for one), sending a request to a Serve proxy over a
@@ -8,7 +8,7 @@ uvicorn and so Serve's proxies use). Everything is bounded: a request's head
 (`MAX_HEAD_BYTES`), its body (the caller's limit, a declared length refused before it is
 read), an answer's size, idle connections per proxy.
 
-Must not: decide where a request goes (`serve.edge` and the balancer do), import Ray.
+Must not: decide where a request goes (`serve.edge` and `serve.edge_router` do), import Ray.
 """
 
 from __future__ import annotations
