@@ -2,7 +2,9 @@
 
 One cluster for the module: a head (pool_head), one `cluster` node (4 GPUs) and one
 `external` node (2 GPUs), all logical. Load is a few client threads, bounded in count and
-time, only to 127.0.0.1.
+time, only to 127.0.0.1. Besides the ingress's endpoint, the backends' own route (the edge
+router's path, ``/_rcp/<model>/<pool>/v1/models/<model>/predict``) is called directly: it
+answers as the ingress does, with ``X-Rcp-Pool``, and its requests reach the demand signal.
 
 The last test (issue 16, latency-aware scaling) runs the control loop on this cluster with a
 real Prometheus on loopback scraping Ray's metrics agents: a slow backend (the sample model's
@@ -43,7 +45,8 @@ from controlplane.observability import write_file_sd  # noqa: E402
 from controlplane.store import Store  # noqa: E402
 from serve import operations as ops  # noqa: E402
 from serve.config import IngressConfig, ModelConfig, ServingConfig  # noqa: E402
-from serve.load import read_ingress_traffic  # noqa: E402
+from serve.load import read_ingress_traffic, read_load  # noqa: E402
+from serve.spec import backend_route_prefix  # noqa: E402
 from serve.status import format_status_table, serve_status  # noqa: E402
 from tests.integration.conftest import GOOD, MODEL, Load, predict_url, wait_for  # noqa: E402
 
@@ -227,6 +230,44 @@ def test_bad_input_gets_4xx_and_serving_continues(
     assert r.json()["error"]["request_id"] == r.headers["X-Request-Id"]
     ok = requests.post(predict_url(url), json=GOOD, timeout=30)
     assert ok.status_code == 200 and len(ok.json()["outputs"][0]) == 4
+
+
+def test_the_backend_route_answers_as_the_ingress_with_its_pool(url: str) -> None:
+    """The edge router's path around the ingress: the model's own answers (success or error)
+    carry X-Rcp-Pool and the ingress's codes; Serve's own (no app for that pool) do not.
+    Load on that path alone reaches the demand signal (the backends report it)."""
+    backend = f"{url}{backend_route_prefix(MODEL, 'cluster')}"
+    ok = requests.post(predict_url(backend), json=GOOD, timeout=30)
+    assert (ok.status_code, ok.headers["X-Rcp-Pool"]) == (200, "cluster"), ok.text
+    assert ok.json() == requests.post(predict_url(url), json=GOOD, timeout=30).json()
+    for data, content_type, status, code in [
+        (b'{"inputs": []}', "text/plain", 415, "unsupported_media_type"),
+        (b"{not json", "application/json", 400, "malformed_json"),
+    ]:
+        r = requests.post(
+            predict_url(backend), data=data, headers={"Content-Type": content_type}, timeout=30
+        )
+        assert (r.status_code, r.headers.get("X-Rcp-Pool")) == (status, "cluster"), r.text
+        assert r.json()["error"]["code"] == code
+        assert r.json()["error"]["request_id"] == r.headers["X-Request-Id"]
+    r = requests.get(f"{backend}/v1/models", timeout=30)
+    assert (r.status_code, r.json()["error"]["code"]) == (404, "not_found")
+    # No external replicas yet, so no app on that prefix: Serve's 404, without the header.
+    external = f"{url}{backend_route_prefix(MODEL, 'external')}"
+    gone = requests.post(predict_url(external), json=GOOD, timeout=30)
+    assert gone.status_code == 404 and "X-Rcp-Pool" not in gone.headers
+    # The ingress's table tells an edge where the backends are and how long to trust it.
+    routing = requests.get(f"{url}/v1/models", timeout=30).json()["routing"]
+    assert routing["backend_root"] == "/_rcp" and routing["table_max_age_s"] == 1.0
+    heavy = f"{url}{backend_route_prefix(HEAVY, 'cluster')}"
+    with Load(heavy, model=HEAVY, body=HEAVY_BODY, threads=6) as load:
+        load.wait_for(20)
+        wait_for(
+            "the backends to report the heavy model's requests in flight",
+            lambda: read_load().get(HEAVY, 0) > 0 or None,
+            timeout_s=30,
+        )
+    assert load.errors == [] and set(load.pools) == {"cluster"}
 
 
 def test_move_all_to_external_and_back_under_load(url: str) -> None:
