@@ -1,15 +1,15 @@
 """The edge router's decisions: which requests an edge routes itself, to which backend path,
 whether an answer came from the model, and the route table it reads from the ingress.
 
-An edge is an HTTP router in front of the Serve proxies (locally
-``serve.edge_router``). For ``POST <route_prefix>v1/models/<model>/predict`` it
-picks the pool by the model's route weights, the same way the ingress does
-(`serve.routing.choose_pool`), and sends the request through a proxy straight to that
-(model, pool)'s backend app at ``<backend_root>/<model>/<pool>/v1/models/<model>/predict``:
-one Serve HTTP hop instead of two (proxy -> ingress replica -> handle call -> backend). Every
-other request, and every predict while the edge has no fresh table, goes through unchanged
-to the ingress deployment, which stays the complete path (it validates, routes and retries
-by the same table).
+An edge is an HTTP router in front of the Serve proxies (``serve.edge_router``: locally one
+process on loopback, on Kubernetes the ``rcp-edge`` Deployment). For ``POST
+<route_prefix>v1/models/<model>/predict`` it picks the pool by the model's route weights, the
+same way the ingress does (`serve.routing.choose_pool`), and sends the request through a proxy
+straight to that (model, pool)'s backend app at
+``<backend_root>/<model>/<pool>/v1/models/<model>/predict``: one Serve HTTP hop instead of two
+(proxy -> ingress replica -> handle call -> backend). Every other request, and every predict
+while the edge has no fresh table, goes through unchanged to the ingress deployment, which
+stays the complete path (it validates, routes and retries by the same table). ``GET /-/edge/healthz`` is the edge's own (`EdgeHealth`), never forwarded.
 
 The table is the ingress's own ``GET <route_prefix>v1/models`` answer: the route weights, the
 generation and a ``routing`` block with the retry budget and the longest a table may be used
@@ -41,8 +41,10 @@ from serve.routing import choose_pool
 from serve.spec import BACKEND_ROUTE_ROOT
 
 __all__ = [
+    "EDGE_HEALTH_PATH",
     "MAX_TABLE_BYTES",
     "MODEL_HEADER",
+    "EdgeHealth",
     "EdgeRouting",
     "EdgeTable",
     "EdgeTableError",
@@ -61,6 +63,10 @@ MAX_TABLE_BYTES = 1_048_576
 
 MODEL_HEADER = b"x-rcp-pool"
 """The header every backend answer carries (its pool): the model answered."""
+
+EDGE_HEALTH_PATH = "/-/edge/healthz"
+"""The edge's own health, answered by the edge itself and never forwarded (a kubelet probe
+that does not depend on Serve). Outside any route prefix, like Serve's ``/-/healthz``."""
 
 _MODEL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_]{0,47}$")
 _DEFAULTS = IngressConfig()
@@ -200,6 +206,12 @@ class Refuse:
 
 
 @dataclass(frozen=True)
+class EdgeHealth:
+    """A probe of the edge's own health (`EDGE_HEALTH_PATH`): the edge answers it from what
+    it knows (its healthy proxies, its route table), never a proxy."""
+
+
+@dataclass(frozen=True)
 class Forward:
     """Send the request to `model`'s backend app in `pool`, at `path`."""
 
@@ -210,17 +222,27 @@ class Forward:
 
 def classify(
     method: str, target: str, route_prefix: str, backend_root: str
-) -> PredictTarget | Refuse | None:
+) -> PredictTarget | EdgeHealth | Refuse | None:
     """What the edge does with a request for `target` (path and query, as sent): a predict
-    it may route (`PredictTarget`), one it refuses (`Refuse`: a client may not address a
-    backend app, ``backend_root``, through the edge), or None: pass it to the ingress.
+    it may route (`PredictTarget`), a probe of the edge itself (`EdgeHealth`, GET or HEAD
+    `EDGE_HEALTH_PATH`), one it refuses (`Refuse`: a client may not address a backend app,
+    ``backend_root``, through the edge, nor send anything but GET or HEAD to the edge's
+    health), or None: pass it to the ingress.
 
     >>> classify("POST", "/v1/models/sample/predict", "/", "/_rcp")
     PredictTarget(model='sample', query='')
+    >>> classify("GET", "/-/edge/healthz", "/api", "/_rcp")
+    EdgeHealth()
     >>> classify("GET", "/v1/models", "/", "/_rcp") is None
     True
     """
     path, _, query = target.partition("?")
+    if path == EDGE_HEALTH_PATH:
+        if method in ("GET", "HEAD"):
+            return EdgeHealth()
+        return Refuse(
+            405, ErrorCode.METHOD_NOT_ALLOWED, f"{EDGE_HEALTH_PATH} takes GET or HEAD, not {method}"
+        )
     if path == backend_root or path.startswith(backend_root + "/"):
         return Refuse(
             404,

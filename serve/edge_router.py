@@ -1,13 +1,18 @@
-"""The local `serve` endpoint: an HTTP/1.1 edge router over the nodes' Serve proxies.
+"""The `serve` endpoint: an HTTP/1.1 edge router over the nodes' Serve proxies.
 
-Locally every simulated node shares 127.0.0.1, so each node's Serve proxy listens on a port of
-its own (the head's on the port Serve was started with, each worker node's on the one
-``controlplane.local.provider`` gave it), and this process listens on ``serve.http_port``, the
-endpoint `rcp up` prints. It plays the cloud load balancer in front of a KubeRay cluster's
-proxies (the ``rcp-serve`` Service): it runs outside Ray, started by `rcp up` and stopped by
-`rcp down` (it carries the cluster's id in its environment, ``controlplane.local.processes``),
-so it outlives the head; it holds no credentials (its environment is the cluster id and PATH
-only) and never talks to Ray.
+It runs outside Ray, holds no credentials and never talks to Ray, so it outlives the head:
+
+- **locally** every simulated node shares 127.0.0.1, so each node's Serve proxy listens on a
+  port of its own (the head's on the port Serve was started with, each worker node's on the
+  one ``controlplane.local.provider`` gave it), and one edge process listens on loopback on
+  ``serve.http_port``, the endpoint `rcp up` prints; `rcp up` starts it and `rcp down` stops
+  it (it carries the cluster's id in its environment, ``controlplane.local.processes``; that
+  and PATH are its whole environment);
+- **on Kubernetes** it is the ``rcp-edge`` Deployment (infra/k8s/edge.yaml; replicas scaled by
+  a HorizontalPodAutoscaler on CPU, since its cost per request is CPU), in front of the Serve
+  proxies of every head and worker pod, found by DNS (the headless ``rcp-serve-proxies``
+  Service: one address per ready pod). ``--listen-any`` is the only way it binds anything but
+  loopback.
 
 What it does with each request (it reads HTTP: `serve.http1`):
 - **a predict it may route goes straight to the model's backend app** (`serve.edge`): for
@@ -37,17 +42,29 @@ What it does with each request (it reads HTTP: `serve.http1`):
   (``max_answer_bytes``), ``buffer_bytes`` written ahead to a slow client, an idle client
   connection closed after ``idle_timeout_s``, 32 idle keep-alive connections per proxy.
 
-Backends: the proxy ports `rcp up` allocated (``serve_proxies`` in the local cluster's state
-file: the head's and one per node slot), re-read whenever the state file changes. Discovery
-needs neither the GCS (down with the head) nor the Ray token: a port where no node's proxy
-listens yet simply refuses the health check, and a node that joins (the autoscaler adds
-external nodes) is healthy as soon as its proxy answers.
+And it answers ``GET /-/edge/healthz`` itself (`serve.edge.EdgeHealth`, never forwarded):
+200 while at least one proxy is healthy, else 503, with the count and the generation of the
+fresh route table (null without one), for a kubelet's probes.
 
-Must not: bind anything but the given loopback address, import Ray, or read the Ray token.
+Backends (`ProxySource`), each a (host, port); every ``interval_s`` the edge asks its source
+again and health-checks what it lists. Discovery needs neither the GCS (down with the head)
+nor the Ray token: an address where no proxy listens yet simply refuses the health check, and
+a node that joins is healthy as soon as its proxy answers.
+
+- `StateFileProxies` (``--state-file``, local): the proxy ports `rcp up` allocated
+  (``serve_proxies`` in the local cluster's state file: the head's and one per node slot) on
+  the edge's own loopback host, re-read whenever the file changes;
+- `DnsProxies` (``--proxies-dns NAME:PORT``, Kubernetes): NAME's addresses (at most
+  `MAX_PROXIES`, resolved off the event loop), each on PORT. A failed or empty lookup keeps
+  the last list.
+
+Must not: bind anything but the given loopback address unless told ``--listen-any``, import
+Ray, or read the Ray token.
 
 Run by `rcp up` as ``python -m serve.edge_router --state-file <state_dir>/local-
 cluster.json --host 127.0.0.1 --port <serve.http_port> --route-prefix <serving.route_prefix>
---log <state_dir>/logs/...``.
+--log <state_dir>/logs/...``; on Kubernetes as ``python -m serve.edge_router
+--proxies-dns=rcp-serve-proxies.rcp.svc.cluster.local:8000 --listen-any --port=8000``.
 """
 
 from __future__ import annotations
@@ -55,19 +72,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import os
 import random
+import re
 import signal
+import socket
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
+from typing import Any, Protocol
 
 from serve.edge import (
+    EdgeHealth,
     EdgeRouting,
     EdgeTable,
     EdgeTableError,
@@ -79,6 +101,7 @@ from serve.edge import (
     table_from_answer,
 )
 from serve.http1 import (
+    Backend,
     ConnectFailed,
     HttpError,
     Request,
@@ -94,20 +117,28 @@ from serve.inputs import ErrorCode, error_body, request_id
 from serve.routing import retry_decision
 
 __all__ = [
+    "MAX_PROXIES",
     "BackendHealth",
     "Balancer",
     "BalancerLimits",
+    "DnsProxies",
     "Probe",
+    "ProxySource",
+    "StateFileProxies",
     "backend_order",
+    "backends_from_addresses",
     "backends_from_state",
     "main",
     "next_health",
+    "parse_dns_target",
 ]
 
 log = logging.getLogger("rcp.balancer")
 
 HEALTH_PATH = "/-/healthz"
 MAX_STATUS_LINE_BYTES = 1024
+MAX_PROXIES = 256
+"""Most proxies the edge takes from one DNS answer (the rest are left out, with a warning)."""
 
 
 class Probe(str, Enum):
@@ -151,13 +182,14 @@ def next_health(health: BackendHealth, probe: Probe, rise: int = 1, fall: int = 
     return BackendHealth(False, 0, 0, probe)
 
 
-def backend_order(backends: Sequence[int], healthy: set[int], turn: int) -> list[int]:
-    """The order to try backends for the `turn`-th connection: the healthy ones round robin
+def backend_order(backends: Sequence[Backend], healthy: set[Backend], turn: int) -> list[Backend]:
+    """The order to try backends for the `turn`-th request: the healthy ones round robin
     (starting at ``turn mod len(healthy)``), then the others in their order, tried only when
     every healthy one refused.
 
-    >>> backend_order([7001, 7002, 7003], {7001, 7003}, turn=1)
-    [7003, 7001, 7002]
+    >>> a, b, c = ("10.0.0.1", 8000), ("10.0.0.2", 8000), ("10.0.0.3", 8000)
+    >>> backend_order([a, b, c], {a, c}, turn=1) == [c, a, b]
+    True
     """
     up = [b for b in backends if b in healthy]
     down = [b for b in backends if b not in healthy]
@@ -179,6 +211,156 @@ def backends_from_state(state: dict[str, object]) -> list[int]:
         if isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536 and p not in seen:
             seen.append(p)
     return seen
+
+
+AddrInfo = tuple[Any, ...]
+"""One entry of ``getaddrinfo``'s answer: (family, type, proto, canonname, sockaddr)."""
+
+
+def backends_from_addresses(
+    infos: Iterable[AddrInfo], port: int, limit: int = MAX_PROXIES
+) -> list[Backend]:
+    """The proxies in a DNS answer: each distinct IP address on `port`, in address order (so
+    the round robin keeps its place when a server shuffles its records), at most `limit`.
+    Anything that is not an IP address is left out.
+
+    >>> infos = [(2, 1, 6, "", ("10.0.0.9", 8000)), (2, 1, 6, "", ("10.0.0.10", 8000)),
+    ...          (2, 1, 6, "", ("10.0.0.9", 8000))]
+    >>> backends_from_addresses(infos, 8000)
+    [('10.0.0.9', 8000), ('10.0.0.10', 8000)]
+    """
+    found: dict[str, ipaddress.IPv4Address | ipaddress.IPv6Address] = {}
+    for info in infos:
+        sockaddr = info[4] if len(info) >= 5 else None
+        host = sockaddr[0] if isinstance(sockaddr, tuple) and sockaddr else None
+        if not isinstance(host, str) or host in found:
+            continue
+        try:
+            found[host] = ipaddress.ip_address(host)
+        except ValueError:
+            continue
+    ordered = sorted(found, key=lambda h: (found[h].version, found[h]))
+    return [(host, port) for host in ordered[:limit]]
+
+
+_DNS_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_DNS_NAME_RE = re.compile(rf"^(?=.{{1,253}}$){_DNS_LABEL}(\.{_DNS_LABEL})*\.?$")
+
+
+def parse_dns_target(text: str) -> tuple[str, int]:
+    """``NAME:PORT`` (``--proxies-dns``) as (name, port); ValueError says what is wrong.
+
+    >>> parse_dns_target("rcp-serve-proxies.rcp.svc.cluster.local:8000")
+    ('rcp-serve-proxies.rcp.svc.cluster.local', 8000)
+    """
+    name, sep, port_text = text.rpartition(":")
+    if not sep or not _DNS_NAME_RE.match(name):
+        raise ValueError(f"--proxies-dns must be NAME:PORT with NAME a DNS name, got {text!r}")
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"--proxies-dns: the port must be in 1-65535, got {port_text!r}")
+    return name, int(port_text)
+
+
+class ProxySource(Protocol):
+    """Where the edge's proxies come from."""
+
+    def describe(self) -> str:
+        """For the log."""
+        ...
+
+    async def poll(self) -> list[Backend] | None:
+        """The proxies now, or None to keep the last list (nothing changed, or the source
+        could not be read)."""
+        ...
+
+
+class StateFileProxies:
+    """The proxy ports the local state file records, on the edge's own loopback host (every
+    simulated node shares it). Read again only when the file changed."""
+
+    def __init__(self, state_file: Path, host: str) -> None:
+        self.state_file, self.host = state_file, host
+        self._mtime_ns = -1
+
+    def describe(self) -> str:
+        return f"state file {self.state_file}"
+
+    async def poll(self) -> list[Backend] | None:
+        try:
+            mtime = self.state_file.stat().st_mtime_ns
+        except OSError:
+            return None  # `rcp down` removes it before stopping us: keep the last list
+        if mtime == self._mtime_ns:
+            return None
+        self._mtime_ns = mtime
+        try:
+            state = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return None
+        ports = backends_from_state(state if isinstance(state, dict) else {})
+        return [(self.host, p) for p in ports] or None
+
+
+Resolver = Callable[[str, int], Awaitable[Sequence[AddrInfo]]]
+"""Looks a name up: (name, port) -> getaddrinfo's answer."""
+
+
+class DnsProxies:
+    """The addresses of `name` (a headless Service: one A record per ready pod), each on
+    `port`. Resolved off the event loop (``loop.getaddrinfo`` runs in a thread) within
+    `timeout_s`; a failed, slow or empty lookup keeps the last list (logged once until a
+    lookup succeeds again). `resolve` is for tests (no real DNS)."""
+
+    def __init__(
+        self,
+        name: str,
+        port: int,
+        timeout_s: float = 1.0,
+        resolve: Resolver | None = None,
+        limit: int = MAX_PROXIES,
+    ) -> None:
+        self.name, self.port, self.timeout_s, self.limit = name, port, timeout_s, limit
+        self.resolve = resolve or _getaddrinfo
+        self.failing = False
+        self.truncated = False
+
+    def describe(self) -> str:
+        return f"DNS {self.name}:{self.port}"
+
+    async def poll(self) -> list[Backend] | None:
+        try:
+            infos = await asyncio.wait_for(self.resolve(self.name, self.port), self.timeout_s)
+        except (TimeoutError, OSError) as exc:  # socket.gaierror is an OSError
+            self._failed(f"{exc!r}")
+            return None
+        infos = list(infos)
+        found = backends_from_addresses(infos, self.port, self.limit)
+        if not found:
+            self._failed("no IP addresses in the answer")
+            return None
+        if self.failing:
+            self.failing = False
+            log.info("DNS %s resolves again", self.name)
+        truncated = len({i[4][0] for i in infos if len(i) >= 5 and i[4]}) > self.limit
+        if truncated and not self.truncated:
+            log.warning("DNS %s: more than %d addresses, the rest left out", self.name, self.limit)
+        self.truncated = truncated
+        return found
+
+    def _failed(self, why: str) -> None:
+        if not self.failing:
+            self.failing = True
+            log.warning("DNS %s failed (%s); keeping the last proxies", self.name, why)
+
+
+async def _getaddrinfo(name: str, port: int) -> Sequence[AddrInfo]:
+    loop = asyncio.get_running_loop()
+    return await loop.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+
+
+def _addr(backend: Backend) -> str:
+    host, port = backend
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @dataclass(frozen=True)
@@ -207,18 +389,18 @@ class Balancer:
         self,
         host: str,
         port: int,
-        state_file: Path,
+        proxies: ProxySource,
         loop: asyncio.AbstractEventLoop,
         limits: BalancerLimits | None = None,
         route_prefix: str = "/",
     ) -> None:
-        self.host, self.port, self.state_file, self.loop = host, port, state_file, loop
+        self.host, self.port, self.proxies, self.loop = host, port, proxies, loop
         self.limits = limits or BalancerLimits()
         self.route_prefix = route_prefix
-        self.backends: list[int] = []
-        self.health: dict[int, BackendHealth] = {}
+        self.backends: list[Backend] = []
+        self.health: dict[Backend, BackendHealth] = {}
         self.connections: set[asyncio.StreamWriter] = set()
-        self.upstreams = Upstreams(host, self.limits.connect_timeout_s)
+        self.upstreams = Upstreams(self.limits.connect_timeout_s)
         self.table: EdgeTable | None = None
         self.rng = random.Random()
         self.turn = 0
@@ -227,51 +409,42 @@ class Balancer:
         """Requests by what the edge did: routed (straight to a backend), passed (to the
         ingress), refused (answered here), retried (tries after a request's first),
         unavailable (503 after every try)."""
-        self._state_mtime_ns = -1
 
     # -- health ---------------------------------------------------------------------------
-    def observe(self, port: int, probe: Probe) -> None:
-        """Apply one probe's result to `port`'s health; log a change."""
-        old = self.health.get(port)
+    def observe(self, backend: Backend, probe: Probe) -> None:
+        """Apply one probe's result to `backend`'s health; log a change."""
+        old = self.health.get(backend)
         if old is None:
             return
         new = next_health(old, probe, self.limits.rise, self.limits.fall)
-        self.health[port] = new
+        self.health[backend] = new
         if new.healthy != old.healthy:
-            log.info("proxy %s:%d %s (%s)", self.host, port, "in" if new.healthy else "out", probe)
+            log.info("proxy %s %s (%s)", _addr(backend), "in" if new.healthy else "out", probe)
 
-    def healthy(self) -> set[int]:
-        return {p for p, h in self.health.items() if h.healthy}
+    def healthy(self) -> set[Backend]:
+        return {b for b, h in self.health.items() if h.healthy}
 
-    def reload_backends(self) -> None:
-        """Re-read the state file's proxy ports when the file changed."""
-        try:
-            mtime = self.state_file.stat().st_mtime_ns
-        except OSError:
-            return  # `rcp down` removes it before stopping us: keep the last list
-        if mtime == self._state_mtime_ns:
-            return
-        self._state_mtime_ns = mtime
-        try:
-            state = json.loads(self.state_file.read_text())
-        except (OSError, ValueError):
-            return
-        ports = backends_from_state(state if isinstance(state, dict) else {})
-        if ports and ports != self.backends:
-            self.backends = ports
-            self.health = {p: self.health.get(p, BackendHealth()) for p in ports}
-            log.info("proxies: %s", ", ".join(str(p) for p in ports))
+    async def discover(self) -> None:
+        """Ask the source for the proxies; take a new, non-empty list (a new proxy starts
+        unhealthy, a known one keeps its health; idle connections to a gone one close)."""
+        found = await self.proxies.poll()
+        if found and found != self.backends:
+            self.backends = found
+            self.health = {b: self.health.get(b, BackendHealth()) for b in found}
+            self.upstreams.forget(set(found))
+            log.info("proxies: %s", ", ".join(_addr(b) for b in found))
 
-    async def check(self, port: int) -> Probe:
-        """One ``GET /-/healthz`` on `port`."""
+    async def check(self, backend: Backend) -> Probe:
+        """One ``GET /-/healthz`` on `backend`."""
+        host, port = backend
         writer: asyncio.StreamWriter | None = None
         try:
             reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, port), self.limits.check_timeout_s
+                asyncio.open_connection(host, port), self.limits.check_timeout_s
             )
             assert writer is not None
             writer.write(
-                f"GET {HEALTH_PATH} HTTP/1.1\r\nHost: {self.host}:{port}\r\n"
+                f"GET {HEALTH_PATH} HTTP/1.1\r\nHost: {_addr(backend)}\r\n"
                 "Connection: close\r\n\r\n".encode()
             )
             line = await asyncio.wait_for(
@@ -287,14 +460,22 @@ class Balancer:
         parts = line.split(b"\r\n", 1)[0].split()
         return Probe.OK if len(parts) >= 2 and parts[1] == b"200" else Probe.UNHEALTHY
 
-    async def check_forever(self) -> None:
+    async def check_all(self) -> None:
+        """Check every proxy at once."""
+        backends = list(self.backends)
+        results = await asyncio.gather(*(self.check(b) for b in backends))
+        for backend, probe in zip(backends, results, strict=True):
+            self.observe(backend, probe)
+
+    async def every_interval(self, step: Callable[[], Awaitable[None]], what: str) -> None:
+        """Run `step` every ``interval_s`` (its own time included), for good: an exception is
+        logged, never the end of the edge's discovery, checks or routing."""
         while True:
             started = self.loop.time()
-            self.reload_backends()
-            ports = list(self.backends)
-            results = await asyncio.gather(*(self.check(p) for p in ports))
-            for port, probe in zip(ports, results, strict=True):
-                self.observe(port, probe)
+            try:
+                await step()
+            except Exception:
+                log.exception("%s failed", what)
             await asyncio.sleep(max(0.0, self.limits.interval_s - (self.loop.time() - started)))
 
     # -- the route table ------------------------------------------------------------------
@@ -316,15 +497,6 @@ class Balancer:
         self.table = table
         if old is None or old.generation != table.generation:
             log.info("route table generation %d: %s", table.generation, dict(table.weights))
-
-    async def fetch_table_forever(self) -> None:
-        while True:
-            started = self.loop.time()
-            try:
-                await self.fetch_table()
-            except Exception:  # never let one bad answer stop the edge from routing
-                log.exception("route table fetch failed")
-            await asyncio.sleep(max(0.0, self.limits.interval_s - (self.loop.time() - started)))
 
     def fresh_table(self) -> EdgeTable | None:
         table = self.table
@@ -379,6 +551,8 @@ class Balancer:
         table = self.fresh_table()
         backend_root = table.routing.backend_root if table else EdgeRouting().backend_root
         target = classify(request.method, request.target, self.route_prefix, backend_root)
+        if isinstance(target, EdgeHealth):
+            return self.health_answer(table)
         if isinstance(target, Refuse):
             self.counts["refused"] += 1
             rid = request_id(_text(request.header(_REQUEST_ID)))
@@ -393,6 +567,22 @@ class Balancer:
             if routed is not None:
                 return routed
         return await self.pass_through(request)
+
+    def health_answer(self, table: EdgeTable | None) -> Response:
+        """The edge's own health (`serve.edge.EdgeHealth`): 200 while a proxy is healthy,
+        else 503; the healthy proxies and the fresh route table's generation (null: none)."""
+        healthy = len(self.healthy())
+        doc = {
+            "status": "ok" if healthy else "unavailable",
+            "proxies_healthy": healthy,
+            "table_generation": table.generation if table is not None else None,
+        }
+        return Response(
+            200 if healthy else 503,
+            [(b"content-type", _JSON), (b"cache-control", b"no-store")],
+            json.dumps(doc).encode(),
+            True,
+        )
 
     async def route(
         self, request: Request, target: PredictTarget, table: EdgeTable
@@ -493,22 +683,22 @@ class Balancer:
         The answer, or why none came."""
         self.turn += 1
         why = f"none of {len(self.backends)} proxies accepted"
-        for port in backend_order(self.backends, self.healthy(), self.turn):
+        for backend in backend_order(self.backends, self.healthy(), self.turn):
             try:
                 return await self.upstreams.exchange(
-                    port,
+                    backend,
                     data,
                     head_only=head_only,
                     timeout_s=timeout_s,
                     max_bytes=self.limits.max_answer_bytes,
                 )
             except ConnectFailed as exc:
-                self.observe(port, Probe.REFUSED if exc.refused else Probe.TIMEOUT)
+                self.observe(backend, Probe.REFUSED if exc.refused else Probe.TIMEOUT)
             except UpstreamBroken as exc:
                 if exc.answered:
-                    return f"the proxy on port {port} broke off its answer"
-                self.observe(port, Probe.BROKEN)
-                why = f"the proxy on port {port} closed the connection"
+                    return f"the proxy {_addr(backend)} broke off its answer"
+                self.observe(backend, Probe.BROKEN)
+                why = f"the proxy {_addr(backend)} closed the connection"
             except UpstreamTimeout:
                 return f"no answer within {timeout_s:g}s"
             except HttpError as exc:
@@ -516,7 +706,7 @@ class Balancer:
         return why
 
     async def serve(self, stop: asyncio.Event) -> None:
-        self.reload_backends()
+        await self.discover()
         server = await asyncio.start_server(
             self.client,
             self.host,
@@ -525,8 +715,9 @@ class Balancer:
             limit=_READ_LIMIT,
         )
         tasks = [
-            self.loop.create_task(self.check_forever()),
-            self.loop.create_task(self.fetch_table_forever()),
+            self.loop.create_task(self.every_interval(self.discover, "proxy discovery")),
+            self.loop.create_task(self.every_interval(self.check_all, "health check")),
+            self.loop.create_task(self.every_interval(self.fetch_table, "route table fetch")),
         ]
         log.info("listening on %s:%d", self.host, self.port)
         try:
@@ -594,8 +785,21 @@ def _error(status: int, code: ErrorCode, message: str, keep_alive: bool) -> byte
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     d = BalancerLimits()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--state-file", type=Path, required=True)
-    p.add_argument("--host", default="127.0.0.1")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--state-file", type=Path, help="the local cluster's state file (proxy ports, loopback)"
+    )
+    source.add_argument(
+        "--proxies-dns",
+        metavar="NAME:PORT",
+        help="a headless Service's name (one address per ready proxy) and the proxies' port",
+    )
+    p.add_argument("--host", default=None, help="the loopback address to listen on (127.0.0.1)")
+    p.add_argument(
+        "--listen-any",
+        action="store_true",
+        help="listen on 0.0.0.0, for a pod (with --proxies-dns): the only way off loopback",
+    )
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--log", type=Path, default=None, help="log file (default: stderr)")
     p.add_argument(
@@ -606,13 +810,40 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _listen_and_source(args: argparse.Namespace, timeout_s: float) -> tuple[str, ProxySource]:
+    """Where to listen and where the proxies come from; ValueError says which flag is wrong.
+    Loopback unless ``--listen-any`` (a pod, whose proxies are found by DNS)."""
+    if args.listen_any:
+        if args.proxies_dns is None or args.host is not None:
+            raise ValueError(
+                "--listen-any (0.0.0.0, for a pod) needs --proxies-dns and no --host; "
+                "the local edge listens on loopback only"
+            )
+        host = "0.0.0.0"
+    else:
+        host = args.host or "127.0.0.1"
+        if not host.startswith("127."):
+            raise ValueError(f"--host must be a loopback address, got {host!r}")
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1-65535, got {args.port}")
+    if args.proxies_dns is not None:
+        name, port = parse_dns_target(args.proxies_dns)
+        return host, DnsProxies(name, port, timeout_s)
+    return host, StateFileProxies(args.state_file, host)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    if not args.host.startswith("127."):
-        print(f"--host must be a loopback address, got {args.host!r}", file=sys.stderr)
-        return 2
     if not (0 < args.interval_s <= 60) or not (0 < args.max_connections <= 65536):
         print("--interval-s must be in (0, 60], --max-connections in (0, 65536]", file=sys.stderr)
+        return 2
+    limits = replace(
+        BalancerLimits(), interval_s=args.interval_s, max_connections=args.max_connections
+    )
+    try:
+        host, proxies = _listen_and_source(args, limits.check_timeout_s)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
         return 2
     logging.basicConfig(
         filename=args.log,
@@ -628,15 +859,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    limits = replace(
-        BalancerLimits(), interval_s=args.interval_s, max_connections=args.max_connections
-    )
-    balancer = Balancer(args.host, args.port, args.state_file, loop, limits, args.route_prefix)
-    log.info("pid %d, state file %s", os.getpid(), args.state_file)
+    balancer = Balancer(host, args.port, proxies, loop, limits, args.route_prefix)
+    log.info("pid %d, proxies from %s", os.getpid(), proxies.describe())
     try:
         loop.run_until_complete(balancer.serve(stop))
     except OSError as exc:
-        log.error("cannot listen on %s:%d: %s", args.host, args.port, exc)
+        log.error("cannot listen on %s:%d: %s", host, args.port, exc)
         return 1
     finally:
         loop.close()

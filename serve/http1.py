@@ -22,6 +22,7 @@ import httptools
 
 __all__ = [
     "HOP_BY_HOP",
+    "Backend",
     "MAX_HEAD_BYTES",
     "ConnectFailed",
     "HttpError",
@@ -57,6 +58,8 @@ HOP_BY_HOP = frozenset(
 its own ``content-length`` and ``connection``)."""
 
 Headers = list[tuple[bytes, bytes]]
+Backend = tuple[str, int]
+"""A Serve proxy: its (host, port)."""
 
 
 @dataclass
@@ -297,36 +300,38 @@ _Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 class Upstreams:
-    """Keep-alive connections to the proxies, at most `max_idle` idle ones per port."""
+    """Keep-alive connections to the proxies, at most `max_idle` idle ones per proxy."""
 
-    def __init__(self, host: str, connect_timeout_s: float, max_idle: int = 32) -> None:
-        self.host = host
+    def __init__(self, connect_timeout_s: float, max_idle: int = 32) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.max_idle = max_idle
-        self.idle: dict[int, list[_Conn]] = {}
+        self.idle: dict[Backend, list[_Conn]] = {}
+        self.kept: set[Backend] | None = None
+        """The proxies whose connections are pooled (None: all); `forget` sets it."""
 
     async def exchange(
-        self, port: int, data: bytes, *, head_only: bool, timeout_s: float, max_bytes: int
+        self, backend: Backend, data: bytes, *, head_only: bool, timeout_s: float, max_bytes: int
     ) -> Response:
-        """Send `data` (a whole request) to the proxy on `port` and return its answer. A
+        """Send `data` (a whole request) to the proxy `backend` and return its answer. A
         pooled connection the proxy closed while idle is replaced by a new one at once (the
         request never reached it). Raises `ConnectFailed`, `UpstreamBroken`,
         `UpstreamTimeout`, or `HttpError` (502) for an answer too large."""
-        pool = self.idle.get(port)
+        pool = self.idle.get(backend)
         while pool:
             conn = pool.pop()
             try:
-                return await self._send(port, conn, data, head_only, timeout_s, max_bytes, False)
+                return await self._send(backend, conn, data, head_only, timeout_s, max_bytes, False)
             except UpstreamBroken as exc:
                 if exc.answered:
                     raise
-        conn = await self._connect(port)
-        return await self._send(port, conn, data, head_only, timeout_s, max_bytes, True)
+        conn = await self._connect(backend)
+        return await self._send(backend, conn, data, head_only, timeout_s, max_bytes, True)
 
-    async def _connect(self, port: int) -> _Conn:
+    async def _connect(self, backend: Backend) -> _Conn:
+        host, port = backend
         try:
             return await asyncio.wait_for(
-                asyncio.open_connection(self.host, port, limit=_READ_BYTES),
+                asyncio.open_connection(host, port, limit=_READ_BYTES),
                 self.connect_timeout_s,
             )
         except TimeoutError:
@@ -336,7 +341,7 @@ class Upstreams:
 
     async def _send(
         self,
-        port: int,
+        backend: Backend,
         conn: _Conn,
         data: bytes,
         head_only: bool,
@@ -358,17 +363,23 @@ class Upstreams:
         except (ConnectionError, OSError):
             raise UpstreamBroken(False, fresh) from None
         finally:
-            pool = self.idle.setdefault(port, [])
-            if keep and len(pool) < self.max_idle:
+            kept = self.kept is None or backend in self.kept
+            pool = self.idle.setdefault(backend, []) if kept else []
+            if keep and kept and len(pool) < self.max_idle:
                 pool.append(conn)
             else:
                 writer.close()
 
-    def close(self) -> None:
-        for pool in self.idle.values():
-            for _reader, writer in pool:
+    def forget(self, keep: set[Backend]) -> None:
+        """Close the idle connections to every proxy not in `keep` (it left the list), and
+        pool none to them from now on (an exchange in flight closes its connection)."""
+        self.kept = set(keep)
+        for backend in [b for b in self.idle if b not in keep]:
+            for _reader, writer in self.idle.pop(backend):
                 writer.close()
-        self.idle.clear()
+
+    def close(self) -> None:
+        self.forget(set())
 
 
 def encode_request(method: str, target: str, headers: Headers, body: bytes) -> bytes:

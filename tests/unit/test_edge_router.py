@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -19,14 +20,21 @@ import pytest
 
 from controlplane.local.ports import free_loopback_ports
 from serve.edge_router import (
+    MAX_PROXIES,
     BackendHealth,
     Balancer,
     BalancerLimits,
+    DnsProxies,
     Probe,
+    StateFileProxies,
     backend_order,
+    backends_from_addresses,
     backends_from_state,
+    main,
     next_health,
+    parse_dns_target,
 )
+from serve.http1 import Backend
 
 UP = BackendHealth(healthy=True)
 DOWN = BackendHealth()
@@ -98,7 +106,12 @@ def test_health_transitions(
     ],
 )
 def test_backend_order(backends: list[int], healthy: set[int], turn: int, order: list[int]) -> None:
-    assert backend_order(backends, healthy, turn) == order
+    def key(i: int) -> Backend:  # a proxy per address, all on one port (as on Kubernetes)
+        return (f"10.0.0.{i}", 8000)
+
+    assert backend_order([key(b) for b in backends], {key(b) for b in healthy}, turn) == [
+        key(b) for b in order
+    ]
 
 
 @pytest.mark.parametrize(
@@ -124,8 +137,11 @@ class FakeProxy:
     proxy of one test: `table` (the ingress's ``v1/models`` answer) and `deleted` (pools whose
     backend app is gone: Serve's own 404, no ``X-Rcp-Pool``)."""
 
-    def __init__(self, port: int, table: dict[str, Any], deleted: set[str]) -> None:
-        self.port = port
+    def __init__(
+        self, port: int, table: dict[str, Any], deleted: set[str], host: str = "127.0.0.1"
+    ) -> None:
+        self.host, self.port = host, port
+        self.backend: Backend = (host, port)
         self.health = 200
         self.table = table
         self.deleted = deleted
@@ -144,7 +160,7 @@ class FakeProxy:
             pool = parts[3]
             if pool in self.deleted:
                 return 404, {"content-type": "text/plain"}, b"Path '/_rcp' not found."
-            body_out = json.dumps({"pool": pool, "proxy": self.port, "echo": body.decode()})
+            body_out = json.dumps({"pool": pool, "proxy": self.host, "echo": body.decode()})
             return self.model_status, {"X-Rcp-Pool": pool}, body_out.encode()
         return 200, {"X-Rcp-Pool": "ingress"}, json.dumps({"via": "ingress", "path": path}).encode()
 
@@ -170,7 +186,9 @@ class FakeProxy:
             writer.close()
 
     async def start(self) -> None:
-        self.server = await asyncio.start_server(self.handle, "127.0.0.1", self.port)
+        self.server = await asyncio.start_server(self.handle, self.host, self.port)
+        self.port = self.server.sockets[0].getsockname()[1]  # port 0: the one it got
+        self.backend = (self.host, self.port)
 
     def stop(self) -> None:
         assert self.server is not None
@@ -240,7 +258,8 @@ async def edge_over(
     state.write_text(json.dumps({"serve_proxies": {"head": ports[0], "nodes": ports[1:]}}))
     stop = asyncio.Event()
     limits = BalancerLimits(interval_s=0.05, max_connections=max_connections)
-    lb = Balancer("127.0.0.1", lb_port, state, asyncio.get_running_loop(), limits)
+    source = StateFileProxies(state, "127.0.0.1")
+    lb = Balancer("127.0.0.1", lb_port, source, asyncio.get_running_loop(), limits)
     task = asyncio.create_task(lb.serve(stop))
     try:
         await until(lambda: len(lb.healthy()) == n and lb.fresh_table() is not None)
@@ -272,13 +291,13 @@ def test_requests_on_one_connection_spread_over_healthy_proxies_and_skip_a_drain
                 await client.send("GET", "/x")
             assert (a.seen.count("GET /x"), b.seen.count("GET /x")) == (5, 5)
             b.health = 503  # Serve drains b's node
-            await until(lambda: b.port not in lb.healthy())
+            await until(lambda: b.backend not in lb.healthy())
             b.seen.clear()
             for _ in range(6):
                 assert (await client.send("GET", "/x"))[0] == 200
             assert "GET /x" not in b.seen  # the same connection, no request to b
             b.health = 200
-            await until(lambda: b.port in lb.healthy())
+            await until(lambda: b.backend in lb.healthy())
             for _ in range(4):
                 await client.send("GET", "/x")
             assert "GET /x" in b.seen
@@ -298,7 +317,7 @@ def test_a_proxy_that_went_away_is_skipped_at_once(tmp_path: Path) -> None:
                 status, _h, body = await client.send("GET", "/x")
                 client.close()
                 assert status == 200, body
-            assert a.port not in lb.healthy()
+            assert a.backend not in lb.healthy()
 
     asyncio.run(scenario())
 
@@ -441,3 +460,222 @@ def test_a_client_waiting_for_100_continue_gets_it(tmp_path: Path) -> None:
             client.close()
 
     asyncio.run(scenario())
+
+
+# -- proxies found by DNS (Kubernetes: the headless rcp-serve-proxies Service) -------------
+
+
+def info(host: str, port: int = 8000) -> tuple[Any, ...]:
+    """One getaddrinfo entry, as the resolver answers."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return (family, socket.SOCK_STREAM, 6, "", (host, port))
+
+
+@pytest.mark.parametrize(
+    ("infos", "limit", "expected"),
+    [
+        ([info("10.0.0.2"), info("10.0.0.1")], 256, ["10.0.0.1", "10.0.0.2"]),
+        ([info("10.0.0.10"), info("10.0.0.9")], 256, ["10.0.0.9", "10.0.0.10"]),
+        ([info("10.0.0.1"), info("10.0.0.1")], 256, ["10.0.0.1"]),
+        ([info("fd00::1"), info("10.0.0.1")], 256, ["10.0.0.1", "fd00::1"]),
+        ([info("not-an-ip"), (2, 1, 6, "", ()), (2,), info("10.0.0.1")], 256, ["10.0.0.1"]),
+        ([info(f"10.0.1.{i}") for i in range(10)], 3, ["10.0.1.0", "10.0.1.1", "10.0.1.2"]),
+        ([], 256, []),
+    ],
+    ids=[
+        "in address order",
+        "numeric order, not text order",
+        "no repeats",
+        "IPv4 before IPv6",
+        "anything but an IP address is left out",
+        "at most the limit",
+        "no answer",
+    ],
+)
+def test_backends_from_addresses(infos: list[Any], limit: int, expected: list[str]) -> None:
+    assert backends_from_addresses(infos, 8000, limit) == [(h, 8000) for h in expected]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("proxies.rcp.svc.cluster.local:8000", ("proxies.rcp.svc.cluster.local", 8000)),
+        ("proxies.:1", ("proxies.", 1)),
+        ("proxies", "NAME:PORT"),
+        (":8000", "NAME:PORT"),
+        ("bad_name:8000", "NAME:PORT"),
+        ("-bad.local:8000", "NAME:PORT"),
+        ("a" * 64 + ".local:8000", "NAME:PORT"),
+        ("proxies:0", "1-65535"),
+        ("proxies:65536", "1-65535"),
+        ("proxies:http", "1-65535"),
+    ],
+)  # fmt: skip
+def test_parse_dns_target(text: str, expected: tuple[str, int] | str) -> None:
+    if isinstance(expected, tuple):
+        assert parse_dns_target(text) == expected
+    else:
+        with pytest.raises(ValueError, match=expected):
+            parse_dns_target(text)
+
+
+class FakeResolver:
+    """Answers lookups from `answer`: a list of addresses, an exception to raise, or None to
+    hang (a DNS server that does not answer)."""
+
+    def __init__(self, answer: list[str] | Exception | None) -> None:
+        self.answer = answer
+        self.asked: list[tuple[str, int]] = []
+
+    async def __call__(self, name: str, port: int) -> list[tuple[Any, ...]]:
+        self.asked.append((name, port))
+        if self.answer is None:
+            await asyncio.sleep(60)
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return [info(h, port) for h in self.answer or []]
+
+
+def test_dns_lookups_and_failures_keep_the_last_list(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        resolver = FakeResolver(["10.0.0.2", "10.0.0.1"])
+        dns = DnsProxies("proxies.rcp", 8000, timeout_s=0.05, resolve=resolver)
+        assert await dns.poll() == [("10.0.0.1", 8000), ("10.0.0.2", 8000)]
+        assert resolver.asked == [("proxies.rcp", 8000)]
+        for failure in [socket.gaierror(-2, "Name or service not known"), [], None]:
+            resolver.answer = failure
+            assert await dns.poll() is None  # the edge keeps what it has
+        assert caplog.text.count("keeping the last proxies") == 1  # logged once, not per try
+        resolver.answer = ["10.0.0.3"]
+        assert await dns.poll() == [("10.0.0.3", 8000)]
+        assert "resolves again" in caplog.text
+        resolver.answer = [f"10.0.2.{i}" for i in range(MAX_PROXIES + 5)]
+        assert len(await dns.poll() or []) == MAX_PROXIES
+        assert "the rest left out" in caplog.text
+
+    caplog.set_level("INFO", logger="rcp.balancer")
+    asyncio.run(scenario())
+
+
+def test_the_state_file_is_read_again_only_when_it_changed(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        state = tmp_path / "local-cluster.json"
+        source = StateFileProxies(state, "127.0.0.1")
+        assert await source.poll() is None  # no file yet
+        state.write_text(json.dumps({"serve_proxies": {"head": 7000, "nodes": [7001]}}))
+        assert await source.poll() == [("127.0.0.1", 7000), ("127.0.0.1", 7001)]
+        assert await source.poll() is None  # unchanged
+        state.unlink()
+        assert await source.poll() is None  # `rcp down` removed it: keep the last list
+
+    asyncio.run(scenario())
+
+
+def test_an_edge_over_proxies_found_by_dns(tmp_path: Path) -> None:
+    """Two proxies on one port at two loopback addresses (as pods on one Service port): the
+    edge finds them by (fake) DNS, spreads requests over both, answers its own health, drops
+    a proxy the DNS answer no longer names, and keeps its list while DNS fails."""
+
+    async def scenario() -> None:
+        routes = table({"cluster": 1.0}, generation=4)
+        a = FakeProxy(0, routes, set(), host="127.0.0.2")
+        await a.start()
+        b = FakeProxy(a.port, routes, set(), host="127.0.0.3")
+        await b.start()
+        resolver = FakeResolver(["127.0.0.3", "127.0.0.2"])
+        dns = DnsProxies("proxies.rcp", a.port, timeout_s=1.0, resolve=resolver)
+        (edge_port,) = free_loopback_ports(1)
+        limits = BalancerLimits(interval_s=0.05)
+        lb = Balancer("127.0.0.1", edge_port, dns, asyncio.get_running_loop(), limits)
+        stop = asyncio.Event()
+        task = asyncio.create_task(lb.serve(stop))
+        try:
+            await until(lambda: len(lb.healthy()) == 2 and lb.fresh_table() is not None)
+            assert lb.backends == [a.backend, b.backend]
+            client = await Client.open(edge_port)
+            hosts = Counter()
+            for _ in range(10):
+                status, _h, body = await client.send("POST", PREDICT, b"{}", JSON_HEADER)
+                assert status == 200, body
+                hosts[json.loads(body)["proxy"]] += 1
+            assert hosts == {"127.0.0.2": 5, "127.0.0.3": 5}
+            status, headers, body = await client.send("GET", "/-/edge/healthz")
+            assert (status, headers["content-type"]) == (200, "application/json")
+            assert json.loads(body) == {
+                "status": "ok",
+                "proxies_healthy": 2,
+                "table_generation": 4,
+            }
+            resolver.answer = socket.gaierror(-2, "Name or service not known")
+            await asyncio.sleep(0.2)  # several lookups fail meanwhile
+            assert lb.backends == [a.backend, b.backend]
+            resolver.answer = ["127.0.0.3"]  # a's pod is no longer ready
+            await until(lambda: lb.backends == [b.backend])
+            assert a.backend not in lb.health and a.backend not in lb.upstreams.idle
+            a.seen.clear()
+            for _ in range(4):
+                assert (await client.send("POST", PREDICT, b"{}", JSON_HEADER))[0] == 200
+            assert a.seen == []
+            b.health = 503  # the last proxy drains: the edge is not ready
+            await until(lambda: not lb.healthy())
+            status, _h, body = await client.send("GET", "/-/edge/healthz")
+            assert status == 503
+            assert json.loads(body)["status"] == "unavailable"
+            assert json.loads(body)["proxies_healthy"] == 0
+            assert not [s for p in (a, b) for s in p.seen if "/-/edge" in s]  # never forwarded
+            client.close()
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 5)
+            a.stop()
+            b.stop()
+
+    asyncio.run(scenario())
+
+
+def test_the_edge_health_takes_only_get_and_head(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with edge_over(tmp_path, 1) as (_lb, (proxy,), port):
+            client = await Client.open(port)
+            status, headers, body = await client.send("HEAD", "/-/edge/healthz")
+            assert (status, body) == (200, b"")
+            status, _h, body = await client.send("POST", "/-/edge/healthz", b"{}", JSON_HEADER)
+            assert (status, json.loads(body)["error"]["code"]) == (405, "method_not_allowed")
+            assert not [s for s in proxy.seen if "/-/edge" in s]
+            client.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--state-file=s.json", "--listen-any"], "--listen-any"),
+        (["--proxies-dns=p.rcp:8000", "--listen-any", "--host=127.0.0.1"], "--listen-any"),
+        (["--state-file=s.json", "--host=0.0.0.0"], "--host must be a loopback address"),
+        (["--proxies-dns=p.rcp:8000", "--host=10.0.0.1"], "--host must be a loopback address"),
+        (["--proxies-dns=p.rcp"], "--proxies-dns must be NAME:PORT"),
+        (["--state-file=s.json", "--port=70000"], "--port must be in 1-65535"),
+    ],
+    ids=[
+        "0.0.0.0 only for a pod, never over the local state file",
+        "--listen-any with a --host is ambiguous",
+        "the local edge binds loopback only",
+        "no other address either",
+        "a DNS target without a port",
+        "a port out of range",
+    ],
+)
+def test_main_refuses_to_listen_off_loopback_unless_told(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = [] if any(a.startswith("--port") for a in argv) else ["--port=8000"]
+    assert main([*argv, *port]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_state_file_and_dns_together_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--state-file=s.json", "--proxies-dns=p.rcp:8000", "--port=8000"])
+    assert exit_.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from serve.edge import (
+    EdgeHealth,
     EdgeRouting,
     EdgeTable,
     EdgeTableError,
@@ -144,3 +145,28 @@ def test_whose_answer_it_is() -> None:
     assert is_model_answer([(b"Content-Type", b"x"), (b"X-Rcp-Pool", b"cluster")])
     assert is_model_answer([(b"x-rcp-pool", b"external")])
     assert not is_model_answer([(b"content-type", b"text/plain")])  # Serve's own 404/500
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "prefix", "expected"),
+    [
+        ("GET", "/-/edge/healthz", "/", EdgeHealth()),
+        ("HEAD", "/-/edge/healthz", "/", EdgeHealth()),
+        ("GET", "/-/edge/healthz?probe=1", "/", EdgeHealth()),
+        ("GET", "/-/edge/healthz", "/api", EdgeHealth()),  # outside the route prefix
+        ("GET", "/api/-/edge/healthz", "/api", None),
+        ("GET", "/-/healthz", "/", None),  # Serve's own: the ingress's proxy answers it
+        ("GET", "/-/edge/healthz/", "/", None),
+    ],
+)
+def test_the_edge_answers_its_own_health(
+    method: str, target: str, prefix: str, expected: EdgeHealth | None
+) -> None:
+    assert classify(method, target, prefix, "/_rcp") == expected
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE"])
+def test_the_edge_health_takes_no_other_method(method: str) -> None:
+    refused = classify(method, "/-/edge/healthz", "/", "/_rcp")
+    assert isinstance(refused, Refuse)
+    assert (refused.status, refused.code) == (405, ErrorCode.METHOD_NOT_ALLOWED)
