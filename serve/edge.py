@@ -34,6 +34,7 @@ import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
+from urllib.parse import parse_qs
 
 from serve.config import POOLS, IngressConfig
 from serve.inputs import ErrorCode, JsonBodyError, loads_json
@@ -208,7 +209,11 @@ class Refuse:
 @dataclass(frozen=True)
 class EdgeHealth:
     """A probe of the edge's own health (`EDGE_HEALTH_PATH`): the edge answers it from what
-    it knows (its healthy proxies, its route table), never a proxy."""
+    it knows (its healthy proxies, its route table), never a proxy. `live` (the query
+    ``probe=live``, a liveness probe) asks only whether the edge answers at all: 200 even
+    while no proxy is healthy, so a Serve outage does not restart every edge."""
+
+    live: bool = False
 
 
 @dataclass(frozen=True)
@@ -232,14 +237,14 @@ def classify(
     >>> classify("POST", "/v1/models/sample/predict", "/", "/_rcp")
     PredictTarget(model='sample', query='')
     >>> classify("GET", "/-/edge/healthz", "/api", "/_rcp")
-    EdgeHealth()
+    EdgeHealth(live=False)
     >>> classify("GET", "/v1/models", "/", "/_rcp") is None
     True
     """
     path, _, query = target.partition("?")
     if path == EDGE_HEALTH_PATH:
         if method in ("GET", "HEAD"):
-            return EdgeHealth()
+            return EdgeHealth(live="live" in parse_qs(query).get("probe", ()))
         return Refuse(
             405, ErrorCode.METHOD_NOT_ALLOWED, f"{EDGE_HEALTH_PATH} takes GET or HEAD, not {method}"
         )

@@ -44,7 +44,8 @@ What it does with each request (it reads HTTP: `serve.http1`):
 
 And it answers ``GET /-/edge/healthz`` itself (`serve.edge.EdgeHealth`, never forwarded):
 200 while at least one proxy is healthy, else 503, with the count and the generation of the
-fresh route table (null without one), for a kubelet's probes.
+fresh route table (null without one), for a kubelet's readiness probe; with
+``?probe=live`` (the liveness probe) 200 whenever it answers at all.
 
 Backends (`ProxySource`), each a (host, port); every ``interval_s`` the edge asks its source
 again and health-checks what it lists. Discovery needs neither the GCS (down with the head)
@@ -552,7 +553,7 @@ class Balancer:
         backend_root = table.routing.backend_root if table else EdgeRouting().backend_root
         target = classify(request.method, request.target, self.route_prefix, backend_root)
         if isinstance(target, EdgeHealth):
-            return self.health_answer(table)
+            return self.health_answer(table, target.live)
         if isinstance(target, Refuse):
             self.counts["refused"] += 1
             rid = request_id(_text(request.header(_REQUEST_ID)))
@@ -568,9 +569,10 @@ class Balancer:
                 return routed
         return await self.pass_through(request)
 
-    def health_answer(self, table: EdgeTable | None) -> Response:
+    def health_answer(self, table: EdgeTable | None, live: bool = False) -> Response:
         """The edge's own health (`serve.edge.EdgeHealth`): 200 while a proxy is healthy,
-        else 503; the healthy proxies and the fresh route table's generation (null: none)."""
+        else 503 (`live`: 200 anyway, the edge answers); the healthy proxies and the fresh
+        route table's generation (null: none)."""
         healthy = len(self.healthy())
         doc = {
             "status": "ok" if healthy else "unavailable",
@@ -578,7 +580,7 @@ class Balancer:
             "table_generation": table.generation if table is not None else None,
         }
         return Response(
-            200 if healthy else 503,
+            200 if healthy or live else 503,
             [(b"content-type", _JSON), (b"cache-control", b"no-store")],
             json.dumps(doc).encode(),
             True,

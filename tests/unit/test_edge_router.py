@@ -622,6 +622,9 @@ def test_an_edge_over_proxies_found_by_dns(tmp_path: Path) -> None:
             assert status == 503
             assert json.loads(body)["status"] == "unavailable"
             assert json.loads(body)["proxies_healthy"] == 0
+            live = await client.send("GET", "/-/edge/healthz?probe=live")
+            assert live[0] == 200  # alive all the same: no restart for a Serve outage
+            assert json.loads(live[2])["status"] == "unavailable"
             assert not [s for p in (a, b) for s in p.seen if "/-/edge" in s]  # never forwarded
             client.close()
         finally:

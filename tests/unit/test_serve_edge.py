@@ -153,6 +153,8 @@ def test_whose_answer_it_is() -> None:
         ("GET", "/-/edge/healthz", "/", EdgeHealth()),
         ("HEAD", "/-/edge/healthz", "/", EdgeHealth()),
         ("GET", "/-/edge/healthz?probe=1", "/", EdgeHealth()),
+        ("GET", "/-/edge/healthz?probe=live", "/", EdgeHealth(live=True)),  # liveness
+        ("HEAD", "/-/edge/healthz?x=1&probe=live", "/", EdgeHealth(live=True)),
         ("GET", "/-/edge/healthz", "/api", EdgeHealth()),  # outside the route prefix
         ("GET", "/api/-/edge/healthz", "/api", None),
         ("GET", "/-/healthz", "/", None),  # Serve's own: the ingress's proxy answers it
