@@ -129,8 +129,10 @@ __all__ = [
     "backend_order",
     "backends_from_addresses",
     "backends_from_state",
+    "listen_and_source",
     "main",
     "next_health",
+    "parse_args",
     "parse_dns_target",
 ]
 
@@ -784,7 +786,8 @@ def _error(status: int, code: ErrorCode, message: str, keep_alive: bool) -> byte
     )
 
 
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line (`rcp up`'s locally, infra/k8s/edge.yaml's on Kubernetes)."""
     d = BalancerLimits()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     source = p.add_mutually_exclusive_group(required=True)
@@ -812,7 +815,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _listen_and_source(args: argparse.Namespace, timeout_s: float) -> tuple[str, ProxySource]:
+def listen_and_source(args: argparse.Namespace, timeout_s: float) -> tuple[str, ProxySource]:
     """Where to listen and where the proxies come from; ValueError says which flag is wrong.
     Loopback unless ``--listen-any`` (a pod, whose proxies are found by DNS)."""
     if args.listen_any:
@@ -835,7 +838,7 @@ def _listen_and_source(args: argparse.Namespace, timeout_s: float) -> tuple[str,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parse(argv)
+    args = parse_args(argv)
     if not (0 < args.interval_s <= 60) or not (0 < args.max_connections <= 65536):
         print("--interval-s must be in (0, 60], --max-connections in (0, 65536]", file=sys.stderr)
         return 2
@@ -843,7 +846,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         BalancerLimits(), interval_s=args.interval_s, max_connections=args.max_connections
     )
     try:
-        host, proxies = _listen_and_source(args, limits.check_timeout_s)
+        host, proxies = listen_and_source(args, limits.check_timeout_s)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -6,8 +6,11 @@ that lists its properties rejects any other key, so a misspelled field fails); v
 core kinds through the ``kubernetes`` client's models (a round trip must keep every key,
 because the client silently drops unknown ones); and the invariants the control plane needs:
 pool labels and ``pool_<name>`` resources as ``policies.snapshot`` names them, the external
-group scaling from 0, worker grace periods longer than the drain deadline, and the ConfigMap's
-config loading through ``controlplane.config.load_config`` and agreeing with the RayCluster.
+group scaling from 0, worker grace periods longer than the drain deadline, the ConfigMap's
+config loading through ``controlplane.config.load_config`` and agreeing with the RayCluster,
+and the edge router's Deployment (edge.yaml) running a command line ``serve.edge_router``
+accepts, finding the proxies through the headless Service, probing its own health, holding no
+credentials and scaling on CPU.
 Security (securityContext, Pod Security, where job drivers run, RBAC) is
 ``test_k8s_security.py``'s.
 
@@ -33,6 +36,8 @@ from kubernetes import client as k8s
 
 from controlplane.config import ConfigError, HealthConfig, load_config
 from policies.snapshot import POOL_LABEL, Pool, pool_resource
+from serve import edge_router
+from serve.edge import EDGE_HEALTH_PATH, EdgeHealth, classify
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_DIR = ROOT / "infra" / "k8s"
@@ -729,6 +734,101 @@ def test_no_worker_tolerates_the_unhealthy_taint(tmp_path: Path) -> None:
         for t in group["template"]["spec"].get("tolerations", []):
             assert t.get("key"), f"{group['groupName']}: a toleration without a key tolerates all"
             assert t["key"] != taint_key, f"{group['groupName']} tolerates {taint_key}"
+
+
+# --- tests: the edge router (edge.yaml) --------------------------------------------------------
+
+
+EDGE = "rcp-edge"
+
+
+def edge_pod() -> dict[str, Any]:
+    spec: dict[str, Any] = one("Deployment", EDGE).body["spec"]["template"]
+    return spec
+
+
+def edge_container() -> dict[str, Any]:
+    (container,) = edge_pod()["spec"]["containers"]
+    return container
+
+
+def edge_args() -> Any:
+    """The edge's command line, read by the edge's own parser."""
+    command = edge_container()["command"]
+    assert command[:3] == ["python", "-m", "serve.edge_router"], command
+    assert importlib.util.find_spec("serve.edge_router") is not None
+    return edge_router.parse_args(command[3:])
+
+
+def test_the_edge_runs_the_module_that_exists_and_finds_proxies_by_dns(tmp_path: Path) -> None:
+    """The command line the pod runs is one the edge accepts: off loopback (a pod), its
+    proxies from the headless Service's DNS name on the Serve proxies' port, routing with the
+    config's route prefix."""
+    cfg = rcp_config(tmp_path)
+    host, source = edge_router.listen_and_source(edge_args(), 1.0)
+    assert host == "0.0.0.0"  # --listen-any
+    assert isinstance(source, edge_router.DnsProxies)
+    headless = one("Service", "rcp-serve-proxies").body
+    meta, spec = headless["metadata"], headless["spec"]
+    assert spec["clusterIP"] == "None", "a headless Service: one address per pod"
+    assert source.name == f"{meta['name']}.{meta['namespace']}.svc.cluster.local"
+    (port,) = spec["ports"]
+    assert source.port == port["port"] == cfg.serve.http_port
+    assert edge_args().route_prefix == cfg.serving.route_prefix
+
+
+def test_the_headless_service_selects_exactly_the_serve_proxies() -> None:
+    serve, headless = one("Service", "rcp-serve").body, one("Service", "rcp-serve-proxies").body
+    assert headless["spec"]["selector"] == serve["spec"]["selector"]
+    assert headless["spec"]["ports"] == serve["spec"]["ports"]
+    assert not headless["spec"].get("publishNotReadyAddresses"), "a draining proxy must leave"
+
+
+def test_the_edge_probes_its_own_health_on_its_port() -> None:
+    container = edge_container()
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["http"] == edge_args().port
+    ready, live = container["readinessProbe"]["httpGet"], container["livenessProbe"]["httpGet"]
+    assert (ready["path"], ready["port"]) == (EDGE_HEALTH_PATH, "http")
+    assert (live["path"], live["port"]) == (f"{EDGE_HEALTH_PATH}?probe=live", "http")
+    assert classify("GET", live["path"], "/", "/_rcp") == EdgeHealth(live=True)
+    service = one("Service", EDGE).body["spec"]
+    labels = edge_pod()["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in service["selector"].items())
+    assert [p["targetPort"] for p in service["ports"]] == ["http"]
+
+
+def test_the_edge_holds_no_credentials() -> None:
+    pod = edge_pod()["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod.get("serviceAccountName") in (None, "default")
+    assert not any("secret" in v or "projected" in v for v in pod.get("volumes") or [])
+    container = edge_container()
+    assert not container.get("volumeMounts")
+    assert not [e for e in container.get("env") or [] if "valueFrom" in e]
+    assert not container.get("envFrom")
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    labels = pod.get("nodeSelector") or {}
+    assert (
+        labels
+        == one("Deployment", "rcp-kube-actuator").body["spec"]["template"]["spec"]["nodeSelector"]
+    ), "on the system nodes, like the actuator"
+
+
+def test_the_edge_scales_on_cpu_and_keeps_one_through_a_disruption() -> None:
+    deployment = one("Deployment", EDGE).body
+    hpa = one("HorizontalPodAutoscaler", EDGE).body["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": EDGE}
+    assert hpa["minReplicas"] == deployment["spec"]["replicas"] >= 2
+    assert hpa["maxReplicas"] > hpa["minReplicas"]
+    (metric,) = hpa["metrics"]
+    assert metric["resource"]["name"] == "cpu"
+    assert metric["resource"]["target"]["type"] == "Utilization"
+    # Utilization is of the request: without one the HPA cannot scale.
+    assert edge_container()["resources"]["requests"]["cpu"]
+    pdb = one("PodDisruptionBudget", EDGE).body["spec"]
+    assert pdb["minAvailable"] == 1
+    assert pdb["selector"] == deployment["spec"]["selector"]
 
 
 # --- tests: RBAC (the rules themselves: test_k8s_security.py) ------------------------------

@@ -237,6 +237,7 @@ EXT = "RayCluster/rcp worker gpu-external"
 PROM = "Deployment/prometheus"
 GRAFANA = "Deployment/grafana"
 REDIS = "Deployment/rcp-redis"
+EDGE = "Deployment/rcp-edge"
 
 # Sources from outside the install's pods.
 OUTSIDERS = {
@@ -268,7 +269,11 @@ OUTSIDERS = {
 # Who each Service port is for: the sources that must reach every pod behind it. A Service
 # port missing here is a port nobody decided about, and fails.
 SERVICE_SOURCES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("rcp-serve", "serve"): ("ingress controller", "serve-client namespace"),
+    # Model traffic enters at the edge router, which reaches every proxy (found through the
+    # headless rcp-serve-proxies); rcp-serve stays open to the direct path's sources.
+    ("rcp-edge", "http"): ("ingress controller", "serve-client namespace"),
+    ("rcp-serve-proxies", "serve"): (EDGE,),
+    ("rcp-serve", "serve"): (EDGE, "ingress controller", "serve-client namespace"),
     ("rcp-api", "rcp-api"): ("ingress controller", "api-client namespace"),
     ("prometheus", "web"): (GRAFANA, HEAD),
     ("grafana", "http"): ("ingress controller", HEAD),
@@ -576,6 +581,19 @@ FLOWS = [
     ("serve-client namespace", GPU, "serve", True),
     ("other namespace", GPU, "serve", False),
     ("api-client namespace", EXT, "serve", False),
+    # The edge router: clients in, and it out to every proxy, nothing else of the cluster.
+    ("ingress controller", EDGE, "serve", True),
+    ("serve-client namespace", EDGE, "serve", True),
+    ("other namespace", EDGE, "serve", False),
+    ("api-client namespace", EDGE, "serve", False),
+    ("stranger in rcp", EDGE, "serve", False),
+    (EDGE, HEAD, "serve", True),
+    (EDGE, GPU, "serve", True),
+    (EDGE, EXT, "serve", True),
+    (EDGE, HEAD, "gcs", False),
+    (EDGE, HEAD, "api", False),
+    (EDGE, GPU, "nccl", False),
+    (EDGE, REDIS, "redis", False),
     # The GCS store: the head only.
     (HEAD, REDIS, "redis", True),
     (GPU, REDIS, "redis", False),
@@ -727,6 +745,17 @@ def _set(path: list[Any], value: Any) -> Callable[[dict[str, Any]], None]:
             _drop("rcp-ray-intra-cluster"),
             "Service/rcp-head-svc (KubeRay) port gcs-server",
             id="gcs-unadmitted",
+        ),
+        pytest.param(
+            _drop("rcp-edge"),
+            "Service/rcp-edge port http -> Deployment/rcp-edge: refused from ingress controller",
+            id="edge-unadmitted",
+        ),
+        pytest.param(
+            _edit("rcp-serve", lambda b: b["spec"]["ingress"][0]["from"].pop(0)),
+            "Service/rcp-serve-proxies port serve -> RayCluster/rcp head: refused from "
+            "Deployment/rcp-edge",
+            id="edge-cannot-reach-the-proxies",
         ),
         pytest.param(
             _edit(

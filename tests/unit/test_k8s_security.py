@@ -80,6 +80,7 @@ EXPECTED_PODS = {
     "Deployment/grafana",
     "Deployment/rcp-redis",
     ACTUATOR_POD,
+    "Deployment/rcp-edge",
 }
 # Containers whose root filesystem may stay writable, and why (docs/operations.md).
 WRITABLE_ROOT = {

@@ -120,6 +120,14 @@ def run_upgrade(
     return done, json.loads(state_file.read_text())
 
 
+def _edge_container() -> str:
+    """The edge Deployment's one container (infra/k8s/edge.yaml): `set image` names it."""
+    docs = yaml.safe_load_all((ROOT / "infra" / "k8s" / "edge.yaml").read_text())
+    edge = next(d for d in docs if d["kind"] == "Deployment")
+    (container,) = edge["spec"]["template"]["spec"]["containers"]
+    return str(container["name"])
+
+
 def _deletes(calls: list[list[str]]) -> list[tuple[int, list[str]]]:
     return [(i, c[2:]) for i, c in enumerate(calls) if c[2:4] == ["delete", "pod"]]
 
@@ -140,9 +148,12 @@ def test_upgrade_sets_every_image_then_replaces_cluster_pods_one_by_one_and_the_
     deletes = _deletes(calls)
     first_delete = deletes[0][0]
     patch_at = next(i for i, c in enumerate(calls) if c[2:4] == ["patch", "raycluster"])
-    actuator_at = next(i for i, c in enumerate(calls) if c[2:4] == ["set", "image"])
-    assert patch_at < first_delete and actuator_at < first_delete
-    assert calls[actuator_at][4:] == ["deployment/rcp-kube-actuator", f"kube-actuator={IMAGE}"]
+    set_images = [i for i, c in enumerate(calls) if c[2:4] == ["set", "image"]]
+    assert patch_at < first_delete and all(i < first_delete for i in set_images)
+    assert [calls[i][4:] for i in set_images] == [
+        ["deployment/rcp-kube-actuator", f"kube-actuator={IMAGE}"],
+        ["deployment/rcp-edge", f"{_edge_container()}={IMAGE}"],
+    ]
     # The cluster pods one at a time, the head last; the external pod is left alone.
     assert [d[2] for _, d in deletes[:2]] == ["rcp-gpu-cluster-a", "rcp-gpu-cluster-b"]
     assert "ray.io/node-type=head" in deletes[2][1][deletes[2][1].index("-l") + 1]
