@@ -32,7 +32,6 @@ Must not: choose pools or weights; its placement comes from ``ray_actor_options`
 
 from __future__ import annotations
 
-import functools
 import importlib
 import json
 import logging
@@ -51,9 +50,9 @@ from serve.inputs import (
     RequestError,
     error_body,
     error_dict,
-    parse_request,
     read_body,
     request_id,
+    request_parser,
 )
 from serve.load import REPORT_INTERVAL_S, InFlight, board, in_replica
 from serve.spec import BACKEND_DEPLOYMENT
@@ -176,17 +175,8 @@ class BackendReplica:
         return response
 
     async def _answer(self, request: Request, rid: str) -> Response:
-        parse = functools.partial(
-            parse_request,
-            method=request.method,
-            path=request.url.path,
-            root_path=str(request.scope.get("root_path", "")),
-            content_type=request.headers.get("content-type"),
-            content_length=request.headers.get("content-length"),
-            max_body_bytes=_MAX_BODY_BYTES,
-            known_models=(self.name,),
-        )
-        head = parse(body=None)
+        parse = request_parser(request, max_body_bytes=_MAX_BODY_BYTES, known_models=(self.name,))
+        head = parse(None)
         if isinstance(head, RequestError):
             return _error(head.status, head.code, head.message, rid)
         if not isinstance(head, Predict):  # healthz, v1/models: the ingress's routes only
@@ -196,7 +186,7 @@ class BackendReplica:
         if raw is None:
             message = f"body exceeds the limit of {_MAX_BODY_BYTES} bytes"
             return _error(413, ErrorCode.BODY_TOO_LARGE, message, rid)
-        parsed = parse(body=raw)
+        parsed = parse(raw)
         if isinstance(parsed, RequestError):
             return _error(parsed.status, parsed.code, parsed.message, rid)
         assert isinstance(parsed, Predict)

@@ -24,7 +24,6 @@ Must not: change Serve's state (the control plane does that through `serve.opera
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import random
@@ -46,9 +45,9 @@ from serve.inputs import (
     Predict,
     RequestError,
     error_body,
-    parse_request,
     read_body,
     request_id,
+    request_parser,
 )
 from serve.load import REPORT_INTERVAL_S, board, in_replica
 from serve.routing import choose_pool, retry_decision
@@ -141,17 +140,10 @@ class IngressReplica:
         table = self._table
         s = table.settings
         content_length = request.headers.get("content-length")
-        parse = functools.partial(
-            parse_request,
-            method=request.method,
-            path=request.url.path,
-            root_path=str(request.scope.get("root_path", "")),
-            content_type=request.headers.get("content-type"),
-            content_length=content_length,
-            max_body_bytes=s.max_body_bytes,
-            known_models=table.weights.keys(),
+        parse = request_parser(
+            request, max_body_bytes=s.max_body_bytes, known_models=table.weights.keys()
         )
-        head = parse(body=None)
+        head = parse(None)
         if isinstance(head, RequestError):
             return _json(head.status, error_body(head.code, head.message, rid))
         if isinstance(head, Health):
@@ -171,7 +163,7 @@ class IngressReplica:
                     rid,
                 ),
             )
-        parsed = parse(body=body)
+        parsed = parse(body)
         if isinstance(parsed, RequestError):
             return _json(parsed.status, error_body(parsed.code, parsed.message, rid))
         assert isinstance(parsed, Predict)

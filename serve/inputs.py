@@ -22,7 +22,7 @@ import re
 import sys
 import uuid
 from array import array
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from itertools import accumulate
@@ -37,6 +37,7 @@ __all__ = [
     "Health",
     "JsonBodyError",
     "ListModels",
+    "RequestHead",
     "Predict",
     "RequestError",
     "error_body",
@@ -45,6 +46,7 @@ __all__ = [
     "parse_request",
     "read_body",
     "request_id",
+    "request_parser",
 ]
 
 MAX_JSON_DEPTH = 64
@@ -322,3 +324,46 @@ def parse_request(
             f"body must be a JSON object, got {type(payload).__name__}",
         )
     return Predict(model=model, payload=payload)
+
+
+class _Url(Protocol):
+    @property
+    def path(self) -> str: ...
+
+
+class RequestHead(Protocol):
+    """What `request_parser` reads of a request: a Starlette ``Request`` has it."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def url(self) -> _Url: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def scope(self) -> Mapping[str, Any]: ...
+
+
+def request_parser(
+    request: RequestHead, *, max_body_bytes: int, known_models: Collection[str]
+) -> Callable[[bytes | None], Parsed]:
+    """`parse_request` bound to one HTTP request's method, path (relative to the ``root_path``
+    Serve's proxy sets to the app's route prefix) and headers: call it with None for the head
+    alone, then with the body."""
+
+    def parse(body: bytes | None) -> Parsed:
+        return parse_request(
+            method=request.method,
+            path=request.url.path,
+            root_path=str(request.scope.get("root_path", "")),
+            content_type=request.headers.get("content-type"),
+            content_length=request.headers.get("content-length"),
+            body=body,
+            max_body_bytes=max_body_bytes,
+            known_models=known_models,
+        )
+
+    return parse

@@ -8,8 +8,9 @@ waiting for anything:
 1. MAKE: the target pool's target is ``to_target`` (raised by n when the move started); the
    step is done once that many replicas there are RUNNING. Then the route table is set by
    readiness with the source's planned target (``from_target``), and
-2. SHIFT: done once every ingress replica applied that route table (no new request goes to a
-   replica about to stop). Then what the source keeps is worked out again, now (`kept`): the
+2. SHIFT: done once every ingress replica applied that route table and the edge routers'
+   table age passed (`serve.operations.route_applied`; no new request goes to a replica
+   about to stop, through the ingress or an edge). Then what the source keeps is worked out again, now (`kept`): the
    source's target at this time less the moved count, but never below what demand wants
    now less what RUNS in the target pool (``wanted``: the decide phase reads the load every
    tick, a move in flight or not, so demand that rose while the replacements started is
