@@ -9,7 +9,8 @@ straight to that (model, pool)'s backend app at
 ``<backend_root>/<model>/<pool>/v1/models/<model>/predict``: one Serve HTTP hop instead of two
 (proxy -> ingress replica -> handle call -> backend). Every other request, and every predict
 while the edge has no fresh table, goes through unchanged to the ingress deployment, which
-stays the complete path (it validates, routes and retries by the same table). ``GET /-/edge/healthz`` is the edge's own (`EdgeHealth`), never forwarded.
+stays the complete path (it validates, routes and retries by the same table). ``GET /-/edge/healthz`` and ``GET /-/edge/metrics`` are the edge's own (`EdgeHealth`,
+`EdgeScrape`), never forwarded.
 
 The table is the ingress's own ``GET <route_prefix>v1/models`` answer: the route weights, the
 generation and a ``routing`` block with the retry budget and the longest a table may be used
@@ -43,9 +44,11 @@ from serve.spec import BACKEND_ROUTE_ROOT
 
 __all__ = [
     "EDGE_HEALTH_PATH",
+    "EDGE_METRICS_PATH",
     "MAX_TABLE_BYTES",
     "MODEL_HEADER",
     "EdgeHealth",
+    "EdgeScrape",
     "EdgeRouting",
     "EdgeTable",
     "EdgeTableError",
@@ -65,6 +68,9 @@ MAX_TABLE_BYTES = 1_048_576
 MODEL_HEADER = b"x-rcp-pool"
 """The header every backend answer carries (its pool): the model answered."""
 
+EDGE_METRICS_PATH = "/-/edge/metrics"
+"""The edge's own metrics in Prometheus's text format (`serve.edge_metrics`), answered by the
+edge itself; Prometheus scrapes it."""
 EDGE_HEALTH_PATH = "/-/edge/healthz"
 """The edge's own health, answered by the edge itself and never forwarded (a kubelet probe
 that does not depend on Serve). Outside any route prefix, like Serve's ``/-/healthz``."""
@@ -217,6 +223,12 @@ class EdgeHealth:
 
 
 @dataclass(frozen=True)
+class EdgeScrape:
+    """A scrape of the edge's own metrics (`EDGE_METRICS_PATH`, `serve.edge_metrics`),
+    answered by the edge itself."""
+
+
+@dataclass(frozen=True)
 class Forward:
     """Send the request to `model`'s backend app in `pool`, at `path`."""
 
@@ -227,10 +239,11 @@ class Forward:
 
 def classify(
     method: str, target: str, route_prefix: str, backend_root: str
-) -> PredictTarget | EdgeHealth | Refuse | None:
+) -> PredictTarget | EdgeHealth | EdgeScrape | Refuse | None:
     """What the edge does with a request for `target` (path and query, as sent): a predict
     it may route (`PredictTarget`), a probe of the edge itself (`EdgeHealth`, GET or HEAD
-    `EDGE_HEALTH_PATH`), one it refuses (`Refuse`: a client may not address a backend app,
+    `EDGE_HEALTH_PATH`), a scrape of its metrics (`EdgeScrape`, GET `EDGE_METRICS_PATH`),
+    one it refuses (`Refuse`: a client may not address a backend app,
     ``backend_root``, through the edge, nor send anything but GET or HEAD to the edge's
     health), or None: pass it to the ingress.
 
@@ -247,6 +260,12 @@ def classify(
             return EdgeHealth(live="live" in parse_qs(query).get("probe", ()))
         return Refuse(
             405, ErrorCode.METHOD_NOT_ALLOWED, f"{EDGE_HEALTH_PATH} takes GET or HEAD, not {method}"
+        )
+    if path == EDGE_METRICS_PATH:
+        if method in ("GET", "HEAD"):
+            return EdgeScrape()
+        return Refuse(
+            405, ErrorCode.METHOD_NOT_ALLOWED, f"{EDGE_METRICS_PATH} takes GET, not {method}"
         )
     if path == backend_root or path.startswith(backend_root + "/"):
         return Refuse(

@@ -45,7 +45,10 @@ What it does with each request (it reads HTTP: `serve.http1`):
 And it answers ``GET /-/edge/healthz`` itself (`serve.edge.EdgeHealth`, never forwarded):
 200 while at least one proxy is healthy, else 503, with the count and the generation of the
 fresh route table (null without one), for a kubelet's readiness probe; with
-``?probe=live`` (the liveness probe) 200 whenever it answers at all.
+``?probe=live`` (the liveness probe) 200 whenever it answers at all. ``GET /-/edge/metrics``
+is its metrics in Prometheus's text format (`serve.edge_metrics`: what clients got by outcome
+and status class, what each routed try found, the route table's generation and age, the
+proxies by health), which the production alert counts failed requests from.
 
 Backends (`ProxySource`), each a (host, port); every ``interval_s`` the edge asks its source
 again and health-checks what it lists. Discovery needs neither the GCS (down with the head)
@@ -92,6 +95,7 @@ from typing import Any, Protocol
 from serve.edge import (
     EdgeHealth,
     EdgeRouting,
+    EdgeScrape,
     EdgeTable,
     EdgeTableError,
     PredictTarget,
@@ -101,6 +105,8 @@ from serve.edge import (
     is_model_answer,
     table_from_answer,
 )
+from serve.edge_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from serve.edge_metrics import EdgeMetrics, Outcome, TryResult
 from serve.http1 import (
     Backend,
     ConnectFailed,
@@ -409,9 +415,10 @@ class Balancer:
         self.turn = 0
         self.rejected = 0
         self.counts: Counter[str] = Counter()
-        """Requests by what the edge did: routed (straight to a backend), passed (to the
-        ingress), refused (answered here), retried (tries after a request's first),
-        unavailable (503 after every try)."""
+        """Requests by what the edge did (`serve.edge_metrics.Outcome`: routed straight to a
+        backend, passed to the ingress, refused, unavailable, local), and retried (tries
+        after a request's first); logged when the edge stops."""
+        self.metrics = EdgeMetrics()
 
     # -- health ---------------------------------------------------------------------------
     def observe(self, backend: Backend, probe: Probe) -> None:
@@ -524,7 +531,7 @@ class Balancer:
                 try:
                     request = await requests.next(self.limits.idle_timeout_s)
                 except HttpError as exc:
-                    self.counts["refused"] += 1
+                    self.answered(Outcome.REFUSED, exc.status)
                     code = ErrorCode.BODY_TOO_LARGE if exc.status == 413 else ErrorCode.BAD_REQUEST
                     writer.write(_error(exc.status, code, exc.message, False))
                     await _linger(reader, writer)
@@ -550,16 +557,27 @@ class Balancer:
 
     async def answer(self, request: Request) -> Response:
         """Route a predict straight to a backend when the table allows; pass anything else to
-        the ingress; refuse a backend path."""
+        the ingress; refuse a backend path; answer the edge's own endpoints. Counted by what
+        was done and the status answered (`counts`, `metrics`)."""
+        outcome, response = await self._answer(request)
+        self.answered(outcome, response.status)
+        return response
+
+    def answered(self, outcome: Outcome, status: int) -> None:
+        self.counts[outcome.value] += 1
+        self.metrics.answered(outcome, status)
+
+    async def _answer(self, request: Request) -> tuple[Outcome, Response]:
         table = self.fresh_table()
         backend_root = table.routing.backend_root if table else EdgeRouting().backend_root
         target = classify(request.method, request.target, self.route_prefix, backend_root)
         if isinstance(target, EdgeHealth):
-            return self.health_answer(table, target.live)
+            return Outcome.LOCAL, self.health_answer(table, target.live)
+        if isinstance(target, EdgeScrape):
+            return Outcome.LOCAL, self.metrics_answer()
         if isinstance(target, Refuse):
-            self.counts["refused"] += 1
             rid = request_id(_text(request.header(_REQUEST_ID)))
-            return Response(
+            return Outcome.REFUSED, Response(
                 target.status,
                 [(b"content-type", _JSON), (b"x-request-id", rid.encode())],
                 error_body(target.code, target.message, rid),
@@ -570,6 +588,18 @@ class Balancer:
             if routed is not None:
                 return routed
         return await self.pass_through(request)
+
+    def metrics_answer(self) -> Response:
+        """The edge's metrics (`serve.edge_metrics`), as a scrape gets them."""
+        table = self.table
+        body = self.metrics.render(
+            table_generation=table.generation if table is not None else None,
+            table_age_s=self.loop.time() - table.fetched_s if table is not None else None,
+            healthy=len(self.healthy()),
+            known=len(self.backends),
+            connections=len(self.connections),
+        )
+        return Response(200, [(b"content-type", METRICS_CONTENT_TYPE)], body, True)
 
     def health_answer(self, table: EdgeTable | None, live: bool = False) -> Response:
         """The edge's own health (`serve.edge.EdgeHealth`): 200 while a proxy is healthy,
@@ -590,7 +620,7 @@ class Balancer:
 
     async def route(
         self, request: Request, target: PredictTarget, table: EdgeTable
-    ) -> Response | None:
+    ) -> tuple[Outcome, Response] | None:
         """Send a predict to a backend chosen by `table`, trying again on another pool when
         the answer did not come from the model; None when the table names no pool for it
         (the ingress then answers)."""
@@ -616,14 +646,17 @@ class Balancer:
                 data, max(0.001, min(r.attempt_timeout_s, remaining_s)), head_only=False
             )
             if isinstance(answer, Response) and is_model_answer(answer.headers):
-                self.counts["routed"] += 1
+                self.metrics.tried(forward.pool, TryResult.MODEL)
                 kept = [(n, v) for n, v in answer.headers if n.lower() not in _EDGE_HEADERS]
                 answer.headers = [
                     *kept,
                     (_REQUEST_ID, rid.encode()),
                     (_ATTEMPTS, str(attempts).encode()),
                 ]
-                return answer
+                return Outcome.ROUTED, answer
+            self.metrics.tried(
+                forward.pool, TryResult.SERVE if isinstance(answer, Response) else TryResult.FAILED
+            )
             why = (
                 f"the {forward.pool} pool answered {answer.status} without the model"
                 if isinstance(answer, Response)
@@ -639,12 +672,11 @@ class Balancer:
             self.counts["retried"] += 1
             await asyncio.sleep(_RETRY_BACKOFF_S * attempts)
             table = self.fresh_table() or table  # weights may have changed meanwhile
-        self.counts["unavailable"] += 1
         retry_after = table.routing.retry_after_s
         message = (
             f"model {target.model!r} cannot be served right now ({why}); retry after {retry_after}s"
         )
-        return Response(
+        return Outcome.UNAVAILABLE, Response(
             503,
             [
                 (b"content-type", _JSON),
@@ -656,9 +688,8 @@ class Balancer:
             True,
         )
 
-    async def pass_through(self, request: Request) -> Response:
+    async def pass_through(self, request: Request) -> tuple[Outcome, Response]:
         """Send a request unchanged to a proxy (the ingress answers it)."""
-        self.counts["passed"] += 1
         table = self.fresh_table()
         routing = table.routing if table is not None else EdgeRouting()
         data = encode_request(request.method, request.target, request.headers, request.body)
@@ -666,10 +697,9 @@ class Balancer:
             data, routing.request_timeout_s + _PASS_MARGIN_S, head_only=request.method == "HEAD"
         )
         if isinstance(answer, Response):
-            return answer
-        self.counts["unavailable"] += 1
+            return Outcome.PASSED, answer
         rid = request_id(_text(request.header(_REQUEST_ID)))
-        return Response(
+        return Outcome.UNAVAILABLE, Response(
             503,
             [
                 (b"content-type", _JSON),

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.local.ports import free_loopback_ports
 from serve.edge_router import (
@@ -682,3 +683,49 @@ def test_a_state_file_and_dns_together_are_refused(capsys: pytest.CaptureFixture
         main(["--state-file=s.json", "--proxies-dns=p.rcp:8000", "--port=8000"])
     assert exit_.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Samples of a Prometheus text exposition, parsed by prometheus_client's own parser."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_the_edge_counts_what_clients_got_and_what_each_try_found(tmp_path: Path) -> None:
+    """GET /-/edge/metrics: a predict the edge tried again after Serve's own 404 is one 2xx
+    answer (what the production alert counts), with one 'serve' try and one 'model' try."""
+
+    async def scenario() -> None:
+        routes = table({"cluster": 1.0, "external": 1.0}, generation=5)
+        async with edge_over(tmp_path, 1, route_table=routes) as (lb, (proxy,), port):
+            proxy.deleted.add("cluster")
+            client = await Client.open(port)
+            for _ in range(20):
+                assert (await client.send("POST", PREDICT, b"{}", JSON_HEADER))[0] == 200
+            assert (await client.send("POST", "/_rcp/x", b"{}", JSON_HEADER))[0] == 404
+            status, headers, body = await client.send("GET", "/-/edge/metrics")
+            assert status == 200 and headers["content-type"].startswith("text/plain")
+            got = scrape(body.decode())
+            routed_2xx = (("code", "2xx"), ("outcome", "routed"))
+            assert got[("rcp_edge_requests_total", routed_2xx)] == 20
+            assert got[("rcp_edge_requests_total", (("code", "4xx"), ("outcome", "refused")))] == 1
+            retried = lb.counts["retried"]
+            assert retried > 0
+            serve_tries = (("pool", "cluster"), ("result", "serve"))
+            assert got[("rcp_edge_tries_total", serve_tries)] == retried
+            model_tries = (("pool", "external"), ("result", "model"))
+            assert got[("rcp_edge_tries_total", model_tries)] == 20
+            assert ("rcp_edge_requests_total", (("code", "5xx"), ("outcome", "routed"))) not in got
+            assert got[("rcp_edge_route_table_generation", ())] == 5
+            assert 0 <= got[("rcp_edge_route_table_age_seconds", ())] < 1.0
+            assert got[("rcp_edge_proxies", (("state", "healthy"),))] == 1
+            # The scrape itself is counted as the edge's own.
+            again = scrape((await client.send("GET", "/-/edge/metrics"))[2].decode())
+            assert again[("rcp_edge_requests_total", (("code", "2xx"), ("outcome", "local")))] == 1
+            assert (await client.send("POST", "/-/edge/metrics", b"{}", JSON_HEADER))[0] == 405
+            client.close()
+
+    asyncio.run(scenario())

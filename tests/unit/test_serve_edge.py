@@ -11,6 +11,7 @@ import pytest
 from serve.edge import (
     EdgeHealth,
     EdgeRouting,
+    EdgeScrape,
     EdgeTable,
     EdgeTableError,
     Forward,
@@ -159,16 +160,20 @@ def test_whose_answer_it_is() -> None:
         ("GET", "/api/-/edge/healthz", "/api", None),
         ("GET", "/-/healthz", "/", None),  # Serve's own: the ingress's proxy answers it
         ("GET", "/-/edge/healthz/", "/", None),
+        ("GET", "/-/edge/metrics", "/", EdgeScrape()),
+        ("HEAD", "/-/edge/metrics", "/api", EdgeScrape()),
+        ("GET", "/api/-/edge/metrics", "/api", None),
     ],
 )
-def test_the_edge_answers_its_own_health(
-    method: str, target: str, prefix: str, expected: EdgeHealth | None
+def test_the_edge_answers_its_own_health_and_metrics(
+    method: str, target: str, prefix: str, expected: EdgeHealth | EdgeScrape | None
 ) -> None:
     assert classify(method, target, prefix, "/_rcp") == expected
 
 
+@pytest.mark.parametrize("path", ["/-/edge/healthz", "/-/edge/metrics"])
 @pytest.mark.parametrize("method", ["POST", "PUT", "DELETE"])
-def test_the_edge_health_takes_no_other_method(method: str) -> None:
-    refused = classify(method, "/-/edge/healthz", "/", "/_rcp")
+def test_the_edge_health_and_metrics_take_no_other_method(method: str, path: str) -> None:
+    refused = classify(method, path, "/", "/_rcp")
     assert isinstance(refused, Refuse)
     assert (refused.status, refused.code) == (405, ErrorCode.METHOD_NOT_ALLOWED)
