@@ -10,7 +10,9 @@ Owns:
 * file_sd target lists: Ray writes its own (`ray_metrics_sd_file`: every node's metrics
   agent); `write_telemetry_targets` writes the telemetry agents' exporters (the controller
   keeps `telemetry_targets_file` current);
-* `local_prometheus_config`: the scrape config of the local cluster's Prometheus, whose process
+* `local_prometheus_config`: the scrape config of the local cluster's Prometheus (Ray's
+  metrics agents, the telemetry agents, the edge router: jobs ``ray``, ``rcp-telemetry``,
+  ``rcp-edge``, named as in ``infra/prometheus/prometheus.yml``), whose process
   `controlplane.local.prometheus.LocalPrometheus` manages.
 
 Must not: change the cluster (it only reads what Ray and the agents publish) or start a process.
@@ -28,8 +30,10 @@ from typing import Any
 from controlplane.config import Config
 from controlplane.ray_connection import ray_temp_dir
 from controlplane.telemetry import manager
+from serve.edge import EDGE_METRICS_PATH
 
 __all__ = [
+    "EDGE_JOB",
     "GRAFANA_DIR",
     "KNOWN_METRICS",
     "PROMETHEUS_DIR",
@@ -54,6 +58,8 @@ RAY_SD_FILE = "prom_metrics_service_discovery.json"
 """The file_sd target list Ray's head keeps in its temp dir: every alive node's metrics agent."""
 TELEMETRY_SD_FILE = "telemetry-targets.json"
 """The file_sd target list of the telemetry agents' exporters, in the local Prometheus's dir."""
+EDGE_JOB = "rcp-edge"
+"""The scrape job of the edge routers (`serve.edge_router`), locally and on Kubernetes."""
 
 
 def _histogram(name: str) -> tuple[str, ...]:
@@ -66,6 +72,7 @@ _CHECKPOINT = "checkpoint engine (jobs/checkpoint/metrics.py) mirrored into ray.
 _SERVE = "Ray Serve (proxy and replicas)"
 _RAY_NODE = "Ray's metrics agent (per node)"
 _TELEMETRY = "telemetry agents' exporters (controlplane/telemetry/exporter.py)"
+_EDGE = "the edge router's own metrics (serve/edge_metrics.py), job rcp-edge"
 
 KNOWN_METRICS: dict[str, str] = {
     # the control plane (Ray adds the ray_ prefix; counters get _total)
@@ -110,6 +117,13 @@ KNOWN_METRICS: dict[str, str] = {
     "ray_serve_deployment_request_counter_total": _SERVE,
     **{n: _SERVE for n in _histogram("ray_serve_deployment_processing_latency_ms")},
     **{n: _SERVE for n in _histogram("ray_serve_http_request_latency_ms")},
+    # the edge router in front of the Serve proxies: what clients got
+    "rcp_edge_requests_total": _EDGE,
+    "rcp_edge_tries_total": _EDGE,
+    "rcp_edge_route_table_generation": _EDGE,
+    "rcp_edge_route_table_age_seconds": _EDGE,
+    "rcp_edge_proxies": _EDGE,
+    "rcp_edge_client_connections": _EDGE,
     # Ray nodes
     "ray_node_cpu_utilization": _RAY_NODE,
     "ray_node_mem_used": _RAY_NODE,
@@ -245,24 +259,36 @@ def local_prometheus_config(
     telemetry_sd_file: Path,
     rule_files: Iterable[Path] = (PROMETHEUS_DIR / "rules.yml",),
     scrape_interval_s: float = 5.0,
+    edge_target: str | None = None,
 ) -> dict[str, Any]:
-    """Prometheus config for the local cluster: Ray's metrics agents and the telemetry agents.
+    """Prometheus config for the local cluster: Ray's metrics agents, the telemetry agents and,
+    given `edge_target` (``host:port`` of the edge router, ``serve.http_port``), the edge's
+    own metrics (``GET /-/edge/metrics``, `serve.edge_metrics`).
 
-    The job names match ``infra/prometheus/prometheus.yml`` (``ray``, ``rcp-telemetry``), so
-    the same dashboards and rules work locally and on Kubernetes.
+    The job names match ``infra/prometheus/prometheus.yml`` (``ray``, ``rcp-telemetry``,
+    ``rcp-edge``), so the same dashboards and rules work locally and on Kubernetes.
     """
     interval = f"{scrape_interval_s:g}s"
+    jobs: list[dict[str, Any]] = [
+        {
+            "job_name": "ray",
+            "file_sd_configs": [{"files": [str(ray_sd_file)], "refresh_interval": "5s"}],
+        },
+        {
+            "job_name": "rcp-telemetry",
+            "file_sd_configs": [{"files": [str(telemetry_sd_file)], "refresh_interval": "5s"}],
+        },
+    ]
+    if edge_target is not None:
+        jobs.append(
+            {
+                "job_name": EDGE_JOB,
+                "metrics_path": EDGE_METRICS_PATH,
+                "static_configs": [{"targets": [edge_target]}],
+            }
+        )
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "rule_files": [str(p) for p in rule_files],
-        "scrape_configs": [
-            {
-                "job_name": "ray",
-                "file_sd_configs": [{"files": [str(ray_sd_file)], "refresh_interval": "5s"}],
-            },
-            {
-                "job_name": "rcp-telemetry",
-                "file_sd_configs": [{"files": [str(telemetry_sd_file)], "refresh_interval": "5s"}],
-            },
-        ],
+        "scrape_configs": jobs,
     }

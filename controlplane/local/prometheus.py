@@ -1,5 +1,6 @@
 """The local cluster's Prometheus server: the ``prometheus`` binary on 127.0.0.1 scraping Ray's
-per-node metrics agents and the telemetry agents' exporters, with the alert rules of
+per-node metrics agents, the telemetry agents' exporters and the edge router (the serve
+endpoint `rcp up` runs on ``serve.http_port``), with the alert rules of
 ``infra/prometheus/rules.yml`` loaded. Opt-in (``observability.prometheus``), for `rcp up` users
 and tests::
 
@@ -58,6 +59,9 @@ class LocalPrometheus:
     rule_files: tuple[Path, ...] = (PROMETHEUS_DIR / "rules.yml",)
     binary: str | None = None
     host: str = "127.0.0.1"
+    edge_target: str | None = None
+    """``host:port`` of the edge router (`serve.edge_router`, on ``serve.http_port``), scraped
+    as the ``rcp-edge`` job; None: not scraped."""
     env: Mapping[str, str] | None = None
     """The server's environment (default: this process's); `rcp up` adds its cluster marker
     so `rcp down` stops the server with the rest."""
@@ -71,6 +75,7 @@ class LocalPrometheus:
             ray_sd_file=ray_metrics_sd_file(cfg),
             port=port,
             host=cfg.ray.node_ip,
+            edge_target=f"{cfg.ray.node_ip}:{cfg.serve.http_port}",
             **kwargs,
         )
 
@@ -100,6 +105,7 @@ class LocalPrometheus:
             telemetry_sd_file=self.telemetry_sd_file,
             rule_files=self.rule_files,
             scrape_interval_s=self.scrape_interval_s,
+            edge_target=self.edge_target,
         )
         path = self.work_dir / "prometheus.yml"
         path.write_text(json.dumps(config, indent=2))  # JSON is YAML

@@ -21,11 +21,16 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane import observability as obs
+from controlplane.config import load_config
+from controlplane.local.prometheus import LocalPrometheus
 from controlplane.service.job_metrics import JobMetrics
 from controlplane.store import JobState
 from jobs.checkpoint import metrics as ckpt_metrics
+from serve.edge import EDGE_METRICS_PATH
+from serve.edge_metrics import EdgeMetrics, Outcome, TryResult
 from tests.unit.test_job_recovery_view import record
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,6 +51,7 @@ REQUIRED_ALERTS = {
     "RcpTrainingNeverCheckpointed",
     "RcpTrainingJobHung",
     "RcpTrainingRestartsExhausted",
+    "RcpEdgeRoutesWithoutTable",
 }
 
 
@@ -123,6 +129,62 @@ def test_scrape_jobs_cover_ray_telemetry_and_dcgm() -> None:
     assert kept_ports(jobs["ray"]) == "metrics"  # KubeRay's name for the 8080 metrics port
     assert kept_ports(jobs["rcp-telemetry"]) == "rcp-telemetry"
     assert "gpu-metrics" in kept_ports(jobs["dcgm-exporter"])
+    # the edge routers: their pods (edge.yaml's label), their serving port, their own path
+    edge = jobs[obs.EDGE_JOB]
+    assert kept_ports(edge) == _edge_port_name()
+    assert edge["metrics_path"] == EDGE_METRICS_PATH
+    (keep_pods,) = [
+        r
+        for r in edge["relabel_configs"]
+        if r["source_labels"] == ["__meta_kubernetes_pod_label_app_kubernetes_io_name"]
+    ]
+    assert (keep_pods["action"], keep_pods["regex"]) == ("keep", _edge_pod_label())
+
+
+def _edge_pod_template() -> dict[str, Any]:
+    docs = yaml.safe_load_all((REPO / "infra" / "k8s" / "edge.yaml").read_text())
+    (deployment,) = [d for d in docs if d and d["kind"] == "Deployment"]
+    template: dict[str, Any] = deployment["spec"]["template"]
+    return template
+
+
+def _edge_pod_label() -> str:
+    return str(_edge_pod_template()["metadata"]["labels"]["app.kubernetes.io/name"])
+
+
+def _edge_port_name() -> str:
+    ports = [p for c in _edge_pod_template()["spec"]["containers"] for p in c.get("ports", ())]
+    (port,) = [p for p in ports if p["containerPort"] == 8000]
+    return str(port["name"])
+
+
+def test_the_local_prometheus_scrapes_the_edge_on_the_serve_port_under_the_same_job(
+    tmp_path: Path,
+) -> None:
+    cfg = load_config(overrides=[f"state_dir={tmp_path}", "serve.http_port=18123"])
+    prom = LocalPrometheus.for_cluster(cfg, port=19090)
+    config = json.loads(prom.write_config().read_text())
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    kubernetes = {
+        j["job_name"]
+        for j in yaml.safe_load((PROM / "prometheus.yml").read_text())["scrape_configs"]
+    }
+    assert set(jobs) == {"ray", "rcp-telemetry", obs.EDGE_JOB} and set(jobs) <= kubernetes
+    assert jobs[obs.EDGE_JOB]["metrics_path"] == EDGE_METRICS_PATH
+    assert jobs[obs.EDGE_JOB]["static_configs"] == [{"targets": [f"{cfg.ray.node_ip}:18123"]}]
+    # without an edge (a Prometheus a test starts over Ray's agents alone) there is no such job
+    bare = obs.local_prometheus_config(
+        ray_sd_file=tmp_path / "ray.json", telemetry_sd_file=tmp_path / "t.json"
+    )
+    assert [j["job_name"] for j in bare["scrape_configs"]] == ["ray", "rcp-telemetry"]
+
+
+@needs_promtool
+def test_promtool_accepts_the_local_config_with_the_edge(tmp_path: Path) -> None:
+    cfg = load_config(overrides=[f"state_dir={tmp_path}"])
+    path = LocalPrometheus.for_cluster(cfg, rule_files=(PROM / "rules.yml",)).write_config()
+    res = promtool("check", "config", str(path))
+    assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_operator_monitors_scrape_the_same_ports() -> None:
@@ -135,6 +197,15 @@ def test_operator_monitors_scrape_the_same_ports() -> None:
         "rcp-telemetry"
     ]
     assert by_name["rcp-dcgm-exporter"]["kind"] == "ServiceMonitor"
+    edge = by_name[obs.EDGE_JOB]
+    assert edge["kind"] == "PodMonitor"
+    assert edge["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": _edge_pod_label()}
+    # the job label is taken from that pod label: job="rcp-edge", as prometheus.yml names it
+    assert edge["spec"]["jobLabel"] == "app.kubernetes.io/name"
+    assert _edge_pod_label() == obs.EDGE_JOB
+    assert [(e["port"], e["path"]) for e in edge["spec"]["podMetricsEndpoints"]] == [
+        (_edge_port_name(), EDGE_METRICS_PATH)
+    ]
 
 
 @needs_promtool
@@ -297,9 +368,20 @@ def test_known_control_plane_and_telemetry_metrics_are_defined_in_the_code() -> 
         "controlplane/service", "controlplane/loop", "controlplane/telemetry", "jobs/checkpoint"
     )
     exported = {n for m in ckpt_metrics.ALL for n in m.exported_names}
+    edge = EdgeMetrics()
+    edge.answered(Outcome.ROUTED, 200)
+    edge.tried("cluster", TryResult.MODEL)
+    scrape = edge.render(table_generation=1, table_age_s=0.1, healthy=1, known=1, connections=1)
+    edge_names = {
+        sample.name
+        for family in text_string_to_metric_families(scrape.decode())
+        for sample in family.samples
+    }
     for name, source in obs.KNOWN_METRICS.items():
         if name.startswith("ray_rcp_checkpoint_"):
             assert name in exported, name
+        elif name.startswith("rcp_edge_"):
+            assert name in edge_names, f"{name} ({source})"
         elif name.startswith("ray_rcp_"):
             assert f'"{name.removeprefix("ray_")}"' in code, f"{name} ({source})"
         elif name.startswith(("DCGM_", "rcp_")):
