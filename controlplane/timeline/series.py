@@ -10,7 +10,8 @@ Panels:
 * ``replicas``: RUNNING Serve replicas per model and pool (``sample/cluster``);
 * ``gpus``: GPUs by owner: ``training``, ``serving`` and ``idle`` on the owned cluster pool,
   and ``external``: every GPU of the rented external pool (what is being paid for);
-* ``requests``: HTTP requests per second through Serve, and failed (error) requests per second;
+* ``requests``: production requests per second and failed (5xx) ones, as clients got them
+  (from the edge router; from Serve where the edge's metrics are missing, `queries`);
 * ``decisions``: one marker per event of a decision (a policy action, a serving move or
   scale, a health step) or of a job's state change, on the row of what it is about
   (`ROWS`).
@@ -82,15 +83,31 @@ are not decisions and are left out."""
 def queries(rate_window_s: float) -> dict[str, str]:
     """The PromQL per metric name; `rate_window_s` is the window of the request rates (at
     least two scrapes). ``max by``: a restarted controller's last value may still be exported
-    next to the new one's for a while; both say the same thing. ``application!=""``: requests
-    that reached an app; the balancer's and readiness probes' health checks of each proxy
-    (a draining one answers 503) carry an empty application and are not traffic."""
+    next to the new one's for a while; both say the same thing.
+
+    ``requests`` and ``failed`` are what clients got: the edge router's answers
+    (``rcp_edge_requests_total``; its own endpoints, outcome ``local``, are not traffic: its
+    readiness answers 503 while no proxy is healthy) and those of them with a 5xx. A try
+    Serve answered with 500 that the edge then served from another pool is one request and
+    no failure here, while Serve counts an error on the backend app's route. Without the edge's metrics (a cluster without the edge, an older
+    recording's time range) each falls back, with PromQL ``or``, to Serve's own counts:
+    requests that reached an app (``application!=""``: each proxy's health checks, a
+    draining one answering 503, carry an empty application and are not traffic) and those
+    with a 5xx. The edge's 5xx series appears only after its first 5xx, so ``failed`` is 0
+    per second, not Serve's count, while the edge answers anything."""
     w = f"{max(1, round(rate_window_s))}s"
+    edge = f'sum(rate(rcp_edge_requests_total{{outcome!="local"}}[{w}]))'
+    edge_5xx = f'sum(rate(rcp_edge_requests_total{{outcome!="local",code="5xx"}}[{w}]))'
+    serve = f'sum(rate(ray_serve_num_http_requests_total{{application!=""}}[{w}]))'
+    serve_5xx = (
+        "sum(rate(ray_serve_num_http_error_requests_total"
+        f'{{application!="",error_code=~"5.."}}[{w}]))'
+    )
     return {
         "replicas": 'max by (model, pool) (ray_rcp_serve_replicas{state="running"})',
         "gpus": "max by (pool, owner) (ray_rcp_gpus)",
-        "requests": f'sum(rate(ray_serve_num_http_requests_total{{application!=""}}[{w}]))',
-        "failed": f'sum(rate(ray_serve_num_http_error_requests_total{{application!=""}}[{w}]))',
+        "requests": f"{edge} or {serve}",
+        "failed": f"{edge_5xx} or 0 * {edge} or {serve_5xx}",
     }
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import http.server
 import json
+import shutil
 import socket
+import subprocess
 import threading
 import urllib.parse
 from collections.abc import Iterator, Mapping
@@ -166,6 +168,71 @@ def test_a_recorded_claim_gives_the_expected_series() -> None:
     assert external_full_s <= cluster_empty_s
     admit_s = next(m.at_s for m in t.markers if m.kind == "policy.AdmitJob")
     assert external_full_s <= admit_s + 10
+
+
+# Counters sampled every 10 s for 2 minutes, growing linearly (so rates are exact): the edge's
+# answers, the tries Serve saw behind it, and Serve's counts on a cluster without the edge.
+_EDGE_OK = 'rcp_edge_requests_total{outcome="routed",code="2xx"}'
+_EDGE_5XX = 'rcp_edge_requests_total{outcome="unavailable",code="5xx"}'
+_EDGE_PROBE_503 = 'rcp_edge_requests_total{outcome="local",code="5xx"}'
+_SERVE_OK = 'ray_serve_num_http_requests_total{application="rcp-sample-cluster",status_code="200"}'
+_SERVE_500 = (
+    'ray_serve_num_http_error_requests_total{application="rcp-sample-cluster",error_code="500"}'
+)
+_SERVE_422 = 'ray_serve_num_http_error_requests_total{application="rcp-ingress",error_code="422"}'
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None,
+    reason="promtool is not installed (Debian: apt-get install prometheus)",
+)
+@pytest.mark.parametrize(
+    ("per_10s", "requests", "failed"),
+    [
+        pytest.param(
+            # Serve answered 2 tries per 10 s itself (a dead replica); the edge served them
+            # from the other pool: 6 requests/s, none failed
+            {_EDGE_OK: 60, _SERVE_OK: 58, _SERVE_500: 2, _EDGE_PROBE_503: 1},
+            6.0,
+            0.0,
+            id="edge-retried-serve-500",
+        ),
+        pytest.param(
+            {_EDGE_OK: 50, _EDGE_5XX: 10, _SERVE_OK: 50, _EDGE_PROBE_503: 1},
+            6.0,
+            1.0,
+            id="edge-answered-503",
+        ),
+        pytest.param(
+            {_SERVE_OK: 40, _SERVE_500: 10, _SERVE_422: 10},
+            4.0,
+            1.0,
+            id="no-edge-serves-counts",
+        ),
+    ],
+)
+def test_requests_and_failed_are_what_clients_got(
+    tmp_path: Path, per_10s: dict[str, int], requests: float, failed: float
+) -> None:
+    """The `requests` and `failed` queries, run by promtool over synthetic series."""
+    (tmp_path / "none.yml").write_text("groups: []\n")
+    series = [{"series": name, "values": f"0+{n}x12"} for name, n in per_10s.items()]
+    checks = [
+        {"expr": QUERIES[name], "eval_time": "2m", "exp_samples": [{"labels": "{}", "value": v}]}
+        for name, v in (("requests", requests), ("failed", failed))
+    ]
+    test = {"interval": "10s", "input_series": series, "promql_expr_test": checks}
+    spec = {"rule_files": ["none.yml"], "tests": [test]}
+    (tmp_path / "test.yml").write_text(json.dumps(spec))
+    res = subprocess.run(
+        ["promtool", "test", "rules", "test.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
 
 
 # -- reading Prometheus -------------------------------------------------------------------------
