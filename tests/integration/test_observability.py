@@ -5,10 +5,10 @@ the telemetry agents, a checkpoint engine saving inside a Ray actor on a `cluste
 metrics reach Prometheus through Ray's metrics pipeline), a training job submitted through
 the SDK (so the admission gauges move; it checkpoints through the helper every job uses, so
 the controller's recovery gauges for it reach Prometheus and the checkpoint alerts' expressions
-see it, and `rcp status` shows the step it committed; when it ends, its series go), HTTP traffic on the Serve endpoint (good requests and
+see it, and `rcp status` shows the step it committed; when it ends, its series go), HTTP traffic on the Serve endpoint (the edge router; good requests and
 client errors), and the Debian ``prometheus`` binary on 127.0.0.1 scraping every node's Ray
-metrics agent (Ray's own file_sd list) and every telemetry agent, with infra/prometheus's
-alert rules loaded.
+metrics agent (Ray's own file_sd list), every telemetry agent and the edge router, with
+infra/prometheus's alert rules loaded.
 
 Waits are bounded by deadlines; nothing asserts how long anything took.
 """
@@ -244,6 +244,9 @@ def test_prometheus_scrapes_every_ray_node_and_telemetry_agent_on_loopback(
         ),
         60,
     )
+    # the edge router on the serve endpoint, at its own metrics path
+    edge = f"{cluster.ray.node_ip}:{cluster.serve.http_port}"
+    wait_for("the edge router scraped", lambda: ups("rcp-edge") == {edge: 1.0}, 60)
     # the alert rules load and evaluate against live data without errors
     groups = prometheus.api("rules")["groups"]
     assert {g["name"] for g in groups} == {"rcp-alerts"}
@@ -325,6 +328,24 @@ def test_client_errors_are_counted_but_no_request_failed_on_the_server(
     assert any(c.startswith("4") for c in seen), seen
     assert not any(c.startswith("5") for c in seen), seen
     assert not any(k.startswith("5") for k in traffic), traffic
+
+    # What clients got, as the edge router answered it (the alert counts its 5xx): predicts
+    # routed straight to the backend app by the route table, the malformed ones answered
+    # 4xx by the model, none 5xx.
+    def edge_answers() -> dict[tuple[str, str], float]:
+        rows = prometheus.query("sum by (outcome, code) (rcp_edge_requests_total)")
+        return {(r["metric"]["outcome"], r["metric"]["code"]): float(r["value"][1]) for r in rows}
+
+    answers = wait_for(
+        "routed predicts counted by the edge",
+        lambda: (
+            (a := edge_answers()).get(("routed", "2xx"), 0) > 0
+            and a.get(("routed", "4xx"), 0) > 0
+            and a
+        ),
+        60,
+    )
+    assert not any(code == "5xx" for _, code in answers), answers
 
 
 def test_ray_dashboard_metrics_tab_reaches_the_prometheus(
