@@ -46,6 +46,11 @@ CLUSTER_OVERRIDES = (
     "policy.tick_s=0.5",
     f"jobs.gang_start_timeout_s={GANG_START_TIMEOUT_S:g}",
     "jobs.job_signal_poll_s=0.2",
+    # Test-only speed: a crashed or hung gang restarts after 1 s (default 10 s), and rank 0
+    # reports its step every second, so the hang test's short stall timeout leaves a healthy
+    # gang as much margin as the default 5 s reports left a 15 s one.
+    "jobs.restart_backoff_initial_s=1",
+    "jobs.step_report_interval_s=1",
 )
 
 
@@ -531,7 +536,7 @@ def test_a_hung_worker_is_detected_its_stack_logged_and_the_job_resumes(
 ) -> None:
     cfg, _cluster, client = durability_cluster
     script, out = recovery_script(tmp_path)
-    stall_s = 15.0
+    stall_s = 8.0
     job_id = submit_command(
         cfg,
         "--workers=2",
