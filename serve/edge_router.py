@@ -422,7 +422,11 @@ class Balancer:
 
     # -- health ---------------------------------------------------------------------------
     def observe(self, backend: Backend, probe: Probe) -> None:
-        """Apply one probe's result to `backend`'s health; log a change."""
+        """Apply one probe's result to `backend`'s health; log a change. A proxy that is gone
+        (its port refuses, or it closed a connection unanswered) has its connections broken
+        at once, so the requests in flight there go on to another proxy instead of waiting
+        out their timeout (`Upstreams.abort`); a draining one (503) keeps them: it finishes
+        what it has."""
         old = self.health.get(backend)
         if old is None:
             return
@@ -430,6 +434,15 @@ class Balancer:
         self.health[backend] = new
         if new.healthy != old.healthy:
             log.info("proxy %s %s (%s)", _addr(backend), "in" if new.healthy else "out", probe)
+        if probe in (Probe.REFUSED, Probe.BROKEN):
+            moved = self.upstreams.abort(backend)
+            if moved:
+                log.warning(
+                    "proxy %s gone (%s): %d request(s) in flight there go to another proxy",
+                    _addr(backend),
+                    probe.value,
+                    moved,
+                )
 
     def healthy(self) -> set[Backend]:
         return {b for b, h in self.health.items() if h.healthy}

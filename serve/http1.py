@@ -308,6 +308,8 @@ class Upstreams:
         self.idle: dict[Backend, list[_Conn]] = {}
         self.kept: set[Backend] | None = None
         """The proxies whose connections are pooled (None: all); `forget` sets it."""
+        self.busy: dict[Backend, set[asyncio.StreamWriter]] = {}
+        """Connections with a request in flight, per proxy (`abort` breaks them)."""
 
     async def exchange(
         self, backend: Backend, data: bytes, *, head_only: bool, timeout_s: float, max_bytes: int
@@ -351,6 +353,8 @@ class Upstreams:
     ) -> Response:
         reader, writer = conn
         keep = False
+        busy = self.busy.setdefault(backend, set())
+        busy.add(writer)
         try:
             writer.write(data)
             response = await asyncio.wait_for(
@@ -363,12 +367,27 @@ class Upstreams:
         except (ConnectionError, OSError):
             raise UpstreamBroken(False, fresh) from None
         finally:
+            busy.discard(writer)
             kept = self.kept is None or backend in self.kept
             pool = self.idle.setdefault(backend, []) if kept else []
             if keep and kept and len(pool) < self.max_idle:
                 pool.append(conn)
             else:
                 writer.close()
+
+    def abort(self, backend: Backend) -> int:
+        """Break every connection to `backend`, idle or with a request in flight, and return
+        how many had a request in flight: the proxy is gone (its port refuses, or it closed a
+        connection unanswered), and a request in flight there would otherwise wait out its
+        whole timeout, since a proxy whose node dies does not always close its connections
+        at once. Each such request sees its connection broken (`UpstreamBroken`) and goes on
+        to another proxy."""
+        for _reader, writer in self.idle.pop(backend, []):
+            writer.close()
+        in_flight = list(self.busy.get(backend, ()))
+        for writer in in_flight:
+            writer.transport.abort()
+        return len(in_flight)
 
     def forget(self, keep: set[Backend]) -> None:
         """Close the idle connections to every proxy not in `keep` (it left the list), and

@@ -147,6 +147,8 @@ class FakeProxy:
         self.table = table
         self.deleted = deleted
         self.model_status = 200
+        self.hang = False
+        """Take predicts and never answer them (a proxy whose node is dying)."""
         self.seen: list[str] = []
         self.server: asyncio.Server | None = None
 
@@ -174,6 +176,9 @@ class FakeProxy:
                 fields = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
                 length = int({k.lower(): v for k, v in fields.items()}.get("content-length", 0))
                 body = await reader.readexactly(length) if length else b""
+                if self.hang and path.startswith("/_rcp/"):
+                    self.seen.append(f"{method} {path} (hung)")
+                    await asyncio.Event().wait()  # until the connection is broken
                 status, headers, out = self.answer(method, path, body)
                 extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
                 writer.write(
@@ -727,5 +732,33 @@ def test_the_edge_counts_what_clients_got_and_what_each_try_found(tmp_path: Path
             assert again[("rcp_edge_requests_total", (("code", "2xx"), ("outcome", "local")))] == 1
             assert (await client.send("POST", "/-/edge/metrics", b"{}", JSON_HEADER))[0] == 405
             client.close()
+
+    asyncio.run(scenario())
+
+
+def test_requests_in_flight_on_a_proxy_that_is_gone_go_to_another_at_once(
+    tmp_path: Path,
+) -> None:
+    """A proxy whose node dies may keep its connections open while it no longer answers; once
+    its port refuses, the edge breaks them and sends their requests through another proxy,
+    long before the try's timeout (30 s here)."""
+
+    async def scenario() -> None:
+        routes = table({"cluster": 1.0}, attempt_timeout_s=30.0)
+        async with edge_over(tmp_path, 2, route_table=routes) as (lb, (a, b), port):
+            a.hang = True
+            clients = [await Client.open(port) for _ in range(4)]
+            sent = [
+                asyncio.create_task(c.send("POST", PREDICT, b"{}", JSON_HEADER)) for c in clients
+            ]
+            await until(lambda: any("(hung)" in s for s in a.seen))
+            a.stop()  # its port refuses from now on; the hung connections stay open
+            answers = await asyncio.wait_for(asyncio.gather(*sent), 10)
+            assert [(status, h["x-rcp-attempts"]) for status, h, _ in answers] == [(200, "1")] * 4
+            hung = sum("(hung)" in s for s in a.seen)
+            assert hung >= 1 and sum(s.startswith("POST /_rcp") for s in b.seen) == 4
+            assert a.backend not in lb.healthy()
+            for c in clients:
+                c.close()
 
     asyncio.run(scenario())
