@@ -26,6 +26,10 @@ __all__ = [
     "validate_serving",
 ]
 
+BACKEND_ROUTE_ROOT = "/_rcp"
+"""Root of the backend apps' internal route prefixes on the Serve proxies
+(`serve.spec.backend_route_prefix`); the ingress's route table answer names it
+(``routing.backend_root``), and ``serving.route_prefix`` may not be under it."""
 POOLS: tuple[str, ...] = ("cluster", "external")
 """The pools a model can have replicas in, in routing-table order."""
 
@@ -164,6 +168,12 @@ def validate_serving(cfg: ServingConfig, prefix: str = "serving") -> list[str]:
     errors: list[str] = []
     if not cfg.route_prefix.startswith("/"):
         errors.append(f"{prefix}.route_prefix: must start with '/', got {cfg.route_prefix!r}")
+    for taken in (BACKEND_ROUTE_ROOT, "/-"):
+        if cfg.route_prefix.rstrip("/") == taken or cfg.route_prefix.startswith(taken + "/"):
+            errors.append(
+                f"{prefix}.route_prefix: {taken}/ is taken (the backends' own routes, Serve's "
+                f"and the edge's endpoints), got {cfg.route_prefix!r}"
+            )
     _check_min(errors, f"{prefix}.ready_timeout_s", cfg.ready_timeout_s, 1)
     if not 1 <= cfg.latency_window_s <= 3600:  # NaN fails too
         errors.append(

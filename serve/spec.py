@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from policies.snapshot import POOL_LABEL, Pool, pool_resource
-from serve.config import POOLS, ModelConfig, ServingConfig, serving_from_dict
+from serve.config import BACKEND_ROUTE_ROOT, POOLS, ModelConfig, ServingConfig, serving_from_dict
 
 __all__ = [
     "BACKEND_DEPLOYMENT",
@@ -67,9 +67,6 @@ autoscaler must be free to remove."""
 INGRESS_POOLS_SELECTOR = f"in({','.join(p.value for p in INGRESS_POOLS)})"
 """Ray's label selector for `INGRESS_POOLS` (on the ``pool`` label)."""
 BACKEND_DEPLOYMENT = "Backend"
-BACKEND_ROUTE_ROOT = "/_rcp"
-"""Root of the backend apps' internal route prefixes on the Serve proxies (`backend_route_prefix`);
-the ingress's route table answer names it (``routing.backend_root``)."""
 _BACKEND_IMPORT = "serve.app:build_backend"
 _INGRESS_IMPORT = "serve.app:build_ingress"
 

@@ -279,6 +279,16 @@ def test_desired_state_rejects_bad_changes(change: Any, error: str) -> None:
             "serving.models[0].slo_p99_ms: must be a number",
             id="slo-not-a-number",
         ),
+        pytest.param(
+            lambda c: setattr(c, "route_prefix", "/_rcp/api"),
+            "serving.route_prefix: /_rcp/ is taken",
+            id="prefix-under-the-backends",
+        ),
+        pytest.param(
+            lambda c: setattr(c, "route_prefix", "/-/"),
+            "serving.route_prefix: /-/ is taken",
+            id="prefix-under-serve-and-edge",
+        ),
     ],
 )
 def test_validate_serving_names_the_key(mutate: Any, key: str) -> None:
