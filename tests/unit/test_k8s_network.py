@@ -271,7 +271,8 @@ OUTSIDERS = {
 SERVICE_SOURCES: dict[tuple[str, str], tuple[str, ...]] = {
     # Model traffic enters at the edge router, which reaches every proxy (found through the
     # headless rcp-serve-proxies); rcp-serve stays open to the direct path's sources.
-    ("rcp-edge", "http"): ("ingress controller", "serve-client namespace"),
+    # Prometheus scrapes the edge's /-/edge/metrics on that port (infra/prometheus).
+    ("rcp-edge", "http"): ("ingress controller", "serve-client namespace", PROM, "kube-prometheus"),
     ("rcp-serve-proxies", "serve"): (EDGE,),
     ("rcp-serve", "serve"): (EDGE, "ingress controller", "serve-client namespace"),
     ("rcp-api", "rcp-api"): ("ingress controller", "api-client namespace"),
@@ -587,6 +588,11 @@ FLOWS = [
     ("other namespace", EDGE, "serve", False),
     ("api-client namespace", EDGE, "serve", False),
     ("stranger in rcp", EDGE, "serve", False),
+    (PROM, EDGE, "serve", True),  # the scrape of /-/edge/metrics
+    ("kube-prometheus", EDGE, "serve", True),
+    ("monitoring other pod", EDGE, "serve", False),
+    ("prometheus elsewhere", EDGE, "serve", False),
+    (GPU, EDGE, "serve", False),  # user code on a worker does not get in
     (EDGE, HEAD, "serve", True),
     (EDGE, GPU, "serve", True),
     (EDGE, EXT, "serve", True),
