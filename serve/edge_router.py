@@ -86,7 +86,7 @@ import signal
 import socket
 import sys
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
@@ -191,21 +191,30 @@ def next_health(health: BackendHealth, probe: Probe, rise: int = 1, fall: int = 
     return BackendHealth(False, 0, 0, probe)
 
 
-def backend_order(backends: Sequence[Backend], healthy: set[Backend], turn: int) -> list[Backend]:
+def backend_order(
+    backends: Sequence[Backend],
+    healthy: set[Backend],
+    turn: int,
+    reserve: Collection[Backend] = (),
+) -> list[Backend]:
     """The order to try backends for the `turn`-th request: the healthy ones round robin
-    (starting at ``turn mod len(healthy)``), then the others in their order, tried only when
-    every healthy one refused.
+    (starting at ``turn mod len(healthy)``), then the healthy `reserve` ones (the head's
+    proxy: used only while no other proxy is healthy), then the others in their order, tried
+    only when every healthy one refused.
 
     >>> a, b, c = ("10.0.0.1", 8000), ("10.0.0.2", 8000), ("10.0.0.3", 8000)
     >>> backend_order([a, b, c], {a, c}, turn=1) == [c, a, b]
     True
+    >>> backend_order([a, b, c], {a, b, c}, turn=1, reserve={a}) == [c, b, a]
+    True
     """
-    up = [b for b in backends if b in healthy]
+    up = [b for b in backends if b in healthy and b not in reserve]
+    spare = [b for b in backends if b in healthy and b in reserve]
     down = [b for b in backends if b not in healthy]
     if up:
         k = turn % len(up)
         up = up[k:] + up[:k]
-    return up + down
+    return up + spare + down
 
 
 def backends_from_state(state: dict[str, object]) -> list[int]:
@@ -282,6 +291,11 @@ class ProxySource(Protocol):
         could not be read)."""
         ...
 
+    @property
+    def reserve(self) -> set[Backend]:
+        """Proxies used only while no other is healthy (`backend_order`)."""
+        ...
+
 
 class StateFileProxies:
     """The proxy ports the local state file records, on the edge's own loopback host (every
@@ -290,6 +304,17 @@ class StateFileProxies:
     def __init__(self, state_file: Path, host: str) -> None:
         self.state_file, self.host = state_file, host
         self._mtime_ns = -1
+        self._reserve: set[Backend] = set()
+
+    @property
+    def reserve(self) -> set[Backend]:
+        """The head's proxy. The head is the one node whose loss takes the GCS with it, and a
+        Serve replica answering an HTTP request looks up the proxy that took it by name (a
+        synchronous GCS call, per request, in Ray 2.60's ``receive_asgi_messages``): a
+        request the head's proxy still had in flight when the head died would freeze the
+        replica until the GCS is back. So no request enters through the head's proxy while a
+        worker node's proxy is healthy."""
+        return self._reserve
 
     def describe(self) -> str:
         return f"state file {self.state_file}"
@@ -306,7 +331,10 @@ class StateFileProxies:
             state = json.loads(self.state_file.read_text())
         except (OSError, ValueError):
             return None
-        ports = backends_from_state(state if isinstance(state, dict) else {})
+        state = state if isinstance(state, dict) else {}
+        ports = backends_from_state(state)
+        head = state.get("serve_proxies", {}).get("head") if ports else None
+        self._reserve = {(self.host, head)} if isinstance(head, int) and head in ports else set()
         return [(self.host, p) for p in ports] or None
 
 
@@ -335,6 +363,12 @@ class DnsProxies:
 
     def describe(self) -> str:
         return f"DNS {self.name}:{self.port}"
+
+    @property
+    def reserve(self) -> set[Backend]:
+        """None: the headless Service the edge resolves selects the worker pods' proxies
+        only (infra/k8s/services.yaml), never the head's (`StateFileProxies.reserve`)."""
+        return set()
 
     async def poll(self) -> list[Backend] | None:
         try:
@@ -730,7 +764,8 @@ class Balancer:
         The answer, or why none came."""
         self.turn += 1
         why = f"none of {len(self.backends)} proxies accepted"
-        for backend in backend_order(self.backends, self.healthy(), self.turn):
+        reserve = self.proxies.reserve
+        for backend in backend_order(self.backends, self.healthy(), self.turn, reserve):
             try:
                 return await self.upstreams.exchange(
                     backend,

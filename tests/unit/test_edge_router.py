@@ -253,6 +253,7 @@ async def edge_over(
     n: int,
     max_connections: int = 64,
     route_table: dict[str, Any] | None = None,
+    head_live: bool = False,
 ) -> AsyncIterator[tuple[Balancer, list[FakeProxy], int]]:
     lb_port, *ports = free_loopback_ports(n + 2)  # the last port: a node slot nobody holds
     shared = route_table if route_table is not None else table({"cluster": 1.0})
@@ -261,7 +262,17 @@ async def edge_over(
     for proxy in proxies:
         await proxy.start()
     state = tmp_path / "local-cluster.json"
-    state.write_text(json.dumps({"serve_proxies": {"head": ports[0], "nodes": ports[1:]}}))
+    # The head's slot is the port nobody holds: the head's proxy is only a reserve
+    # (test_the_heads_proxy_takes_requests_only_while_no_other_is_healthy).
+    nodes = (
+        {"head": ports[n], "nodes": ports[:n]}
+        if not head_live
+        else {
+            "head": ports[0],
+            "nodes": ports[1:],
+        }
+    )
+    state.write_text(json.dumps({"serve_proxies": nodes}))
     stop = asyncio.Event()
     limits = BalancerLimits(interval_s=0.05, max_connections=max_connections)
     source = StateFileProxies(state, "127.0.0.1")
@@ -760,5 +771,54 @@ def test_requests_in_flight_on_a_proxy_that_is_gone_go_to_another_at_once(
             assert a.backend not in lb.healthy()
             for c in clients:
                 c.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("healthy", "reserve", "order"),
+    [
+        ({1, 2, 3}, {1}, [3, 2, 1]),
+        ({1, 3}, {1}, [3, 1, 2]),
+        ({1}, {1}, [1, 2, 3]),
+        ({2, 3}, {1}, [3, 2, 1]),
+    ],
+    ids=[
+        "the reserve comes after every healthy proxy",
+        "the round robin skips it",
+        "alone healthy, it takes the requests",
+        "an unhealthy reserve is one of the last resorts",
+    ],
+)
+def test_backend_order_with_a_reserve(
+    healthy: set[int], reserve: set[int], order: list[int]
+) -> None:
+    def key(i: int) -> Backend:
+        return (f"10.0.0.{i}", 8000)
+
+    got = backend_order(
+        [key(b) for b in (1, 2, 3)], {key(b) for b in healthy}, 1, {key(b) for b in reserve}
+    )
+    assert got == [key(b) for b in order]
+
+
+def test_the_heads_proxy_takes_requests_only_while_no_other_is_healthy(tmp_path: Path) -> None:
+    """Locally the state file names the head's proxy: a request the head's proxy has in
+    flight when the head dies would freeze the replica answering it (it looks the proxy up
+    in the GCS, gone with the head), so the edge uses it only while no node's proxy is."""
+
+    async def scenario() -> None:
+        async with edge_over(tmp_path, 2, head_live=True) as (lb, (head, node), port):
+            assert lb.proxies.reserve == {head.backend}
+            client = await Client.open(port)
+            head.seen.clear()
+            for _ in range(6):
+                assert (await client.send("POST", PREDICT, b"{}", JSON_HEADER))[0] == 200
+            assert not any(s.startswith("POST") for s in head.seen)
+            node.health = 503  # the only node's proxy drains: the head's is all there is
+            await until(lambda: node.backend not in lb.healthy())
+            assert (await client.send("POST", PREDICT, b"{}", JSON_HEADER))[0] == 200
+            assert any(s.startswith("POST /_rcp") for s in head.seen)
+            client.close()
 
     asyncio.run(scenario())

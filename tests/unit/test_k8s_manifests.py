@@ -777,9 +777,14 @@ def test_the_edge_runs_the_module_that_exists_and_finds_proxies_by_dns(tmp_path:
     assert edge_args().route_prefix == cfg.serving.route_prefix
 
 
-def test_the_headless_service_selects_exactly_the_serve_proxies() -> None:
+def test_the_headless_service_selects_exactly_the_workers_serve_proxies() -> None:
+    """The edge's proxies: rcp-serve's pods but the head (edge_router.StateFileProxies.reserve
+    says why)."""
     serve, headless = one("Service", "rcp-serve").body, one("Service", "rcp-serve-proxies").body
-    assert headless["spec"]["selector"] == serve["spec"]["selector"]
+    assert headless["spec"]["selector"] == {
+        **serve["spec"]["selector"],
+        "ray.io/node-type": "worker",
+    }
     assert headless["spec"]["ports"] == serve["spec"]["ports"]
     assert not headless["spec"].get("publishNotReadyAddresses"), "a draining proxy must leave"
 

@@ -759,8 +759,8 @@ def _set(path: list[Any], value: Any) -> Callable[[dict[str, Any]], None]:
         ),
         pytest.param(
             _edit("rcp-serve", lambda b: b["spec"]["ingress"][0]["from"].pop(0)),
-            "Service/rcp-serve-proxies port serve -> RayCluster/rcp head: refused from "
-            "Deployment/rcp-edge",
+            "Service/rcp-serve-proxies port serve -> RayCluster/rcp worker gpu-cluster: "
+            "refused from Deployment/rcp-edge",
             id="edge-cannot-reach-the-proxies",
         ),
         pytest.param(
