@@ -59,6 +59,7 @@ __all__ = [
     "choose_backend",
     "classify",
     "is_model_answer",
+    "newer_table",
     "table_from_answer",
 ]
 
@@ -319,6 +320,22 @@ def choose_backend(
         return None
     path = backend_path(table.routing.backend_root, target.model, pool, target.query)
     return Forward(target.model, pool, path)
+
+
+def newer_table(current: EdgeTable | None, fetched: EdgeTable, now_s: float) -> EdgeTable:
+    """The table to route by after a fetch: the fetched one, unless the current one is still
+    fresh and newer. Ingress replicas apply a new table one after another, so two fetches a
+    quarter second apart may answer generation N and then N-1; routing goes forward only.
+    The current table keeps its own fetch time, so it still ages out on time (and a
+    generation that really went back, a fresh deploy, is taken once it has).
+
+    >>> old, new = EdgeTable(4, {}, fetched_s=0.0), EdgeTable(3, {}, fetched_s=0.5)
+    >>> newer_table(old, new, now_s=0.5).generation, newer_table(old, new, now_s=2.0).generation
+    (4, 3)
+    """
+    if current is not None and current.fresh(now_s) and current.generation > fetched.generation:
+        return current
+    return fetched
 
 
 def is_model_answer(headers: Iterable[tuple[bytes, bytes]]) -> bool:

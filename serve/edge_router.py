@@ -103,6 +103,7 @@ from serve.edge import (
     choose_backend,
     classify,
     is_model_answer,
+    newer_table,
     table_from_answer,
 )
 from serve.edge_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -551,7 +552,7 @@ class Balancer:
             log.warning("%s", exc)
             return
         old = self.table
-        self.table = table
+        self.table = table = newer_table(old, table, self.loop.time())
         if old is None or old.generation != table.generation:
             log.info("route table generation %d: %s", table.generation, dict(table.weights))
 

@@ -20,6 +20,7 @@ from serve.edge import (
     choose_backend,
     classify,
     is_model_answer,
+    newer_table,
     table_from_answer,
 )
 from serve.inputs import ErrorCode
@@ -177,3 +178,26 @@ def test_the_edge_health_and_metrics_take_no_other_method(method: str, path: str
     refused = classify(method, path, "/", "/_rcp")
     assert isinstance(refused, Refuse)
     assert (refused.status, refused.code) == (405, ErrorCode.METHOD_NOT_ALLOWED)
+
+
+@pytest.mark.parametrize(
+    ("current", "fetched", "now_s", "kept"),
+    [
+        (None, 3, 1.0, 3),
+        (4, 3, 0.5, 4),  # a replica that has not applied 4 yet: routing does not go back
+        (4, 5, 0.5, 5),
+        (4, 4, 0.5, 4),
+        (4, 3, 1.0, 3),  # 4 aged out: take what the ingress says now (a fresh deploy)
+    ],
+)
+def test_routing_goes_forward_only_while_the_newer_table_is_fresh(
+    current: int | None, fetched: int, now_s: float, kept: int
+) -> None:
+    routing = EdgeRouting(table_max_age_s=1.0)
+    now_table = None if current is None else EdgeTable(current, {}, routing, fetched_s=0.0)
+    got = newer_table(now_table, EdgeTable(fetched, {}, routing, fetched_s=now_s), now_s)
+    assert got.generation == kept
+    if kept == current != fetched:
+        assert got.fetched_s == 0.0  # the kept table ages from its own fetch
+    else:
+        assert got.fetched_s == now_s  # the same generation again: fresh from this fetch
