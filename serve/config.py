@@ -119,11 +119,13 @@ class IngressConfig:
     """Longest a request may take in total, retries included; then 503 with Retry-After."""
     retry_after_s: int = 1
     """Value of the Retry-After header on a 503."""
-    edge_table_max_age_s: float = 1.0
+    edge_table_max_age_s: float = 5.0
     """Longest an edge router routes predicts by a route table it fetched from the ingress
-    (``GET v1/models``); an older table sends them through the ingress. Make-before-break
-    waits this long after every ingress replica applied a new table before it lowers a
-    pool's target (`serve.operations.route_applied`). Between 0.1 and 30 s."""
+    (``GET v1/models``, asked 4 times a second); an older table sends them through the
+    ingress. Make-before-break waits this long after every ingress replica applied a new
+    table before it lowers a pool's target (`serve.operations.route_applied`). Between 0.1
+    and 30 s. 5 s: a table fetch may take over a second while a node or the head is lost on a
+    loaded machine, and predicts that fall back to the ingress then meet the same trouble."""
 
 
 @dataclass

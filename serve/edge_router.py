@@ -414,6 +414,8 @@ class BalancerLimits:
     interval_s: float = 0.25
     """Seconds between two health checks of a proxy."""
     check_timeout_s: float = 1.0
+    table_timeout_s: float = 2.0
+    """Longest a route table fetch may take (its age counts from when it was sent)."""
     connect_timeout_s: float = 1.0
     rise: int = 1
     fall: int = 2
@@ -543,7 +545,7 @@ class Balancer:
         sent_s = self.loop.time()
         target = self.route_prefix.rstrip("/") + "/v1/models"
         data = encode_request("GET", target, [(b"host", self.host.encode())], b"")
-        answer = await self._send_any(data, self.limits.check_timeout_s, head_only=False)
+        answer = await self._send_any(data, self.limits.table_timeout_s, head_only=False)
         if not isinstance(answer, Response) or answer.status != 200:
             return
         try:

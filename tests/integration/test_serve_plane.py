@@ -258,7 +258,10 @@ def test_the_backend_route_answers_as_the_ingress_with_its_pool(url: str) -> Non
     assert gone.status_code == 404 and "X-Rcp-Pool" not in gone.headers
     # The ingress's table tells an edge where the backends are and how long to trust it.
     routing = requests.get(f"{url}/v1/models", timeout=30).json()["routing"]
-    assert routing["backend_root"] == "/_rcp" and routing["table_max_age_s"] == 1.0
+    assert (
+        routing["backend_root"] == "/_rcp"
+        and routing["table_max_age_s"] == IngressConfig().edge_table_max_age_s
+    )
     heavy = f"{url}{backend_route_prefix(HEAVY, 'cluster')}"
     with Load(heavy, model=HEAVY, body=HEAVY_BODY, threads=6) as load:
         load.wait_for(20)

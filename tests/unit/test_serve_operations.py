@@ -120,13 +120,13 @@ def test_move_lowers_the_source_only_after_the_edges_table_age(fake: FakeServe) 
     comes at least that long after the shift was applied (the fake applies it at once)."""
     ops.move("sample", "cluster", "external", 2)
     _make_s, shift_s, break_s = fake.applied_at_s
-    assert break_s - shift_s >= IngressConfig().edge_table_max_age_s == 1.0
+    assert break_s - shift_s >= IngressConfig().edge_table_max_age_s == 5.0
 
 
 def test_route_applied_waits_for_the_edges_table_age(fake: FakeServe) -> None:
     generation = ops.route_for_targets("sample", {"cluster": 1})  # written, not yet awaited
     assert not ops.route_applied(generation)  # applied: first seen now
-    fake.clock.now_s += 0.99
+    fake.clock.now_s += 4.99
     assert not ops.route_applied(generation)
     fake.clock.now_s += 0.01
     assert ops.route_applied(generation)
@@ -137,7 +137,7 @@ def test_route_applied_waits_for_the_edges_table_age(fake: FakeServe) -> None:
     assert not ops.route_applied(later)
     fake.stuck.clear()
     assert not ops.route_applied(later)
-    fake.clock.now_s += 1.0
+    fake.clock.now_s += 5.0
     assert ops.route_applied(later) and ops.route_applied(generation)
 
 
@@ -145,13 +145,13 @@ def test_the_settle_wait_follows_the_configured_table_age(fake: FakeServe) -> No
     ops.deploy(
         ServingConfig(
             ready_timeout_s=5,
-            ingress=IngressConfig(num_replicas=2, edge_table_max_age_s=5.0),
+            ingress=IngressConfig(num_replicas=2, edge_table_max_age_s=2.0),
             models=[ModelConfig(name="sample", min_replicas=2)],
         )
     )
     generation = ops.route_for_targets("sample", {"cluster": 1})
     assert not ops.route_applied(generation)
-    fake.clock.now_s += 4.9
+    fake.clock.now_s += 1.9
     assert not ops.route_applied(generation)
     fake.clock.now_s += 0.1
     assert ops.route_applied(generation)
