@@ -627,12 +627,7 @@ class Balancer:
             return Outcome.LOCAL, self.metrics_answer()
         if isinstance(target, Refuse):
             rid = request_id(_text(request.header(_REQUEST_ID)))
-            return Outcome.REFUSED, Response(
-                target.status,
-                [(b"content-type", _JSON), (b"x-request-id", rid.encode())],
-                error_body(target.code, target.message, rid),
-                True,
-            )
+            return Outcome.REFUSED, _error_answer(target.status, target.code, target.message, rid)
         if target is not None and table is not None:
             routed = await self.route(request, target, table)
             if routed is not None:
@@ -726,17 +721,8 @@ class Balancer:
         message = (
             f"model {target.model!r} cannot be served right now ({why}); retry after {retry_after}s"
         )
-        return Outcome.UNAVAILABLE, Response(
-            503,
-            [
-                (b"content-type", _JSON),
-                (b"retry-after", str(retry_after).encode()),
-                (b"x-request-id", rid.encode()),
-                (_ATTEMPTS, str(attempts).encode()),
-            ],
-            error_body(ErrorCode.NO_CAPACITY, message, rid),
-            True,
-        )
+        extra = [(b"retry-after", str(retry_after).encode()), (_ATTEMPTS, str(attempts).encode())]
+        return Outcome.UNAVAILABLE, _error_answer(503, ErrorCode.NO_CAPACITY, message, rid, extra)
 
     async def pass_through(self, request: Request) -> tuple[Outcome, Response]:
         """Send a request unchanged to a proxy (the ingress answers it)."""
@@ -749,16 +735,9 @@ class Balancer:
         if isinstance(answer, Response):
             return Outcome.PASSED, answer
         rid = request_id(_text(request.header(_REQUEST_ID)))
-        return Outcome.UNAVAILABLE, Response(
-            503,
-            [
-                (b"content-type", _JSON),
-                (b"retry-after", str(routing.retry_after_s).encode()),
-                (b"x-request-id", rid.encode()),
-            ],
-            error_body(ErrorCode.NO_CAPACITY, f"no Serve proxy answered ({answer})", rid),
-            True,
-        )
+        message = f"no Serve proxy answered ({answer})"
+        extra = [(b"retry-after", str(routing.retry_after_s).encode())]
+        return Outcome.UNAVAILABLE, _error_answer(503, ErrorCode.NO_CAPACITY, message, rid, extra)
 
     async def _send_any(self, data: bytes, timeout_s: float, *, head_only: bool) -> Response | str:
         """Send one request to the first proxy that takes it, in `backend_order`: a refused
@@ -857,14 +836,23 @@ def _text(value: bytes | None) -> str | None:
     return value.decode("latin-1") if value is not None else None
 
 
+def _error_answer(
+    status: int,
+    code: ErrorCode,
+    message: str,
+    rid: str,
+    extra: Sequence[tuple[bytes, bytes]] = (),
+) -> Response:
+    """An answer the edge gives itself: the endpoint's JSON error body with the request's
+    id (`serve.inputs.error_body`), and `extra` headers."""
+    headers = [(b"content-type", _JSON), (b"x-request-id", rid.encode()), *extra]
+    return Response(status, headers, error_body(code, message, rid), True)
+
+
 def _error(status: int, code: ErrorCode, message: str, keep_alive: bool) -> bytes:
-    rid = request_id(None)
-    return encode_response(
-        status,
-        [(b"content-type", _JSON), (b"x-request-id", rid.encode())],
-        error_body(code, message, rid),
-        keep_alive,
-    )
+    """`_error_answer`'s bytes, for a request that could not be read (a fresh id)."""
+    answer = _error_answer(status, code, message, request_id(None))
+    return encode_response(answer.status, answer.headers, answer.body, keep_alive)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
