@@ -33,7 +33,9 @@ What it does with each request (it reads HTTP: `serve.http1`):
 - every proxy's ``/-/healthz`` is asked every ``interval_s`` (4 times a second by default).
   Serve answers 503 there while the node drains (Serve stops counting a node Ray drains as a
   proxy node) or before the proxy knows a replica: such a proxy gets no request until it
-  answers 200 again. A refusal or a non-200 answer takes a proxy out at once; a timeout only
+  answers 200 again. Only Serve's own 200 counts (its body is ``success``): a port a dead
+  node's proxy left may be taken by another server, which answers 200 to any GET
+  (`health_probe`). A refusal or any other answer takes a proxy out at once; a timeout only
   after `fall` in a row (a busy proxy is slow, not gone); `rise` answers in a row bring it
   back (`next_health`). A broken connection takes it out at once too (a passive check);
 - everything is bounded: ``max_connections`` client connections (more are closed at once),
@@ -120,6 +122,7 @@ from serve.http1 import (
     UpstreamTimeout,
     encode_request,
     encode_response,
+    read_response,
 )
 from serve.inputs import ErrorCode, error_body, request_id
 from serve.routing import retry_decision
@@ -136,6 +139,7 @@ __all__ = [
     "backend_order",
     "backends_from_addresses",
     "backends_from_state",
+    "health_probe",
     "listen_and_source",
     "main",
     "next_health",
@@ -146,7 +150,9 @@ __all__ = [
 log = logging.getLogger("rcp.balancer")
 
 HEALTH_PATH = "/-/healthz"
-MAX_STATUS_LINE_BYTES = 1024
+HEALTHY_BODY = b"success"
+"""What a Serve proxy's ``/-/healthz`` answers with its 200 (Ray Serve's ``HEALTHY_MESSAGE``)."""
+MAX_HEALTH_ANSWER_BYTES = 4096
 MAX_PROXIES = 256
 """Most proxies the edge takes from one DNS answer (the rest are left out, with a warning)."""
 
@@ -154,8 +160,9 @@ MAX_PROXIES = 256
 class Probe(str, Enum):
     """What one health check (or a spliced connection) said about a proxy."""
 
-    OK = "ok"  # /-/healthz answered 200
+    OK = "ok"  # /-/healthz answered 200 "success"
     UNHEALTHY = "unhealthy"  # answered, not 200 (503 while draining or without replicas)
+    FOREIGN = "foreign"  # answered, but not as a Serve proxy: something else has the port
     REFUSED = "refused"  # nothing listens on the port
     TIMEOUT = "timeout"  # no answer in time
     BROKEN = "broken"  # closed a client's connection without answering a byte
@@ -190,6 +197,23 @@ def next_health(health: BackendHealth, probe: Probe, rise: int = 1, fall: int = 
         timeouts = health.timeouts + 1
         return BackendHealth(health.healthy and timeouts < fall, 0, timeouts, probe)
     return BackendHealth(False, 0, 0, probe)
+
+
+def health_probe(answer: Response) -> Probe:
+    """What a proxy's answer to ``GET /-/healthz`` says. Only Serve's own healthy answer is
+    OK: a port a proxy left may be taken by another server (a Ray node's metrics server,
+    seen in a clean-clone run) that answers 200 to any GET and 405 to a predict.
+
+    >>> health_probe(Response(200, [], b"success", False))
+    <Probe.OK: 'ok'>
+    >>> health_probe(Response(503, [], b"This node is being drained.", False))
+    <Probe.UNHEALTHY: 'unhealthy'>
+    >>> health_probe(Response(200, [], b"# HELP python_info ...", False))
+    <Probe.FOREIGN: 'foreign'>
+    """
+    if answer.status != 200:
+        return Probe.UNHEALTHY
+    return Probe.OK if answer.body.strip() == HEALTHY_BODY else Probe.FOREIGN
 
 
 def backend_order(
@@ -471,7 +495,7 @@ class Balancer:
         self.health[backend] = new
         if new.healthy != old.healthy:
             log.info("proxy %s %s (%s)", _addr(backend), "in" if new.healthy else "out", probe)
-        if probe in (Probe.REFUSED, Probe.BROKEN):
+        if probe in (Probe.REFUSED, Probe.BROKEN, Probe.FOREIGN):
             moved = self.upstreams.abort(backend)
             if moved:
                 log.warning(
@@ -498,27 +522,27 @@ class Balancer:
         """One ``GET /-/healthz`` on `backend`."""
         host, port = backend
         writer: asyncio.StreamWriter | None = None
+        timeout_s = self.limits.check_timeout_s
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port), self.limits.check_timeout_s
-            )
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
             assert writer is not None
             writer.write(
                 f"GET {HEALTH_PATH} HTTP/1.1\r\nHost: {_addr(backend)}\r\n"
                 "Connection: close\r\n\r\n".encode()
             )
-            line = await asyncio.wait_for(
-                reader.read(MAX_STATUS_LINE_BYTES), self.limits.check_timeout_s
+            answer = await asyncio.wait_for(
+                read_response(reader, False, MAX_HEALTH_ANSWER_BYTES, fresh=True), timeout_s
             )
         except TimeoutError:
             return Probe.TIMEOUT
         except OSError:
             return Probe.REFUSED
+        except (UpstreamBroken, HttpError):
+            return Probe.FOREIGN
         finally:
             if writer is not None:
                 writer.close()
-        parts = line.split(b"\r\n", 1)[0].split()
-        return Probe.OK if len(parts) >= 2 and parts[1] == b"200" else Probe.UNHEALTHY
+        return health_probe(answer)
 
     async def check_all(self) -> None:
         """Check every proxy at once."""

@@ -271,9 +271,11 @@ class _ResponseParts:
         self.complete = True
 
 
-async def _read_response(
+async def read_response(
     reader: asyncio.StreamReader, head_only: bool, max_bytes: int, fresh: bool
 ) -> Response:
+    """Read one answer (`HttpError` 502 past `max_bytes`; `UpstreamBroken` when the
+    connection ends first or the bytes are not HTTP)."""
     parts = _ResponseParts(head_only, max_bytes)
     answered = False
     while not parts.complete:
@@ -358,7 +360,7 @@ class Upstreams:
         try:
             writer.write(data)
             response = await asyncio.wait_for(
-                _read_response(reader, head_only, max_bytes, fresh), timeout_s
+                read_response(reader, head_only, max_bytes, fresh), timeout_s
             )
             keep = response.keep_alive
             return response

@@ -3,7 +3,8 @@ of one's own.
 
 Owns: `port_in_use`, `check_ports_free` (every listener the config names, refused with the
 busy ones named before anything starts), `free_loopback_ports` and `isolated_overrides` (a
-cluster beside others on one machine: tests, benchmarks), and `serve_proxy_ports` (a port for
+cluster beside others on one machine: tests, benchmarks), `quiet_loopback_ports` (ports the
+kernel and Ray's workers never take by themselves) and `serve_proxy_ports` (a port for
 the head's Serve proxy and one per node slot, behind the loopback balancer on
 ``serve.http_port``: ``serve.edge_router``).
 Must not: bind anything but 127.0.0.1 (and ``ray.node_ip`` to probe), or start anything.
@@ -11,6 +12,7 @@ Must not: bind anything but 127.0.0.1 (and ``ray.node_ip`` to probe), or start a
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,8 +26,17 @@ __all__ = [
     "isolated_overrides",
     "pick_proxy_port",
     "port_in_use",
+    "quiet_loopback_ports",
+    "quiet_port_ranges",
     "serve_proxy_ports",
 ]
+
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LINUX_EPHEMERAL_RANGE = (32768, 60999)
+"""Linux's default, used where `EPHEMERAL_RANGE_FILE` cannot be read."""
+RAY_WORKER_PORT_RANGE = (10002, 19999)
+"""Ray's default ``min_worker_port``..``max_worker_port`` (its workers' gRPC servers)."""
+LOWEST_QUIET_PORT = 20000
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -94,15 +105,72 @@ def check_ports_free(cfg: Config) -> None:
         )
 
 
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for ports it picks itself (a bind to port 0, an outgoing connection)."""
+    try:
+        low, high = (int(x) for x in EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return LINUX_EPHEMERAL_RANGE
+    return low, high
+
+
+def quiet_port_ranges(
+    ephemeral: tuple[int, int], ray_workers: tuple[int, int] = RAY_WORKER_PORT_RANGE
+) -> list[range]:
+    """Ports from `LOWEST_QUIET_PORT` up that neither the kernel hands out by itself
+    (`ephemeral`) nor Ray gives its workers (`ray_workers`): a port chosen there stays free
+    while nothing listens on it, unless someone names it.
+
+    >>> quiet_port_ranges((32768, 60999))
+    [range(20000, 32768), range(61000, 65536)]
+    >>> quiet_port_ranges((1024, 65535))
+    []
+    """
+    taken = sorted([ephemeral, ray_workers])
+    ranges: list[range] = []
+    start = LOWEST_QUIET_PORT
+    for low, high in taken:
+        if low > start:
+            ranges.append(range(start, low))
+        start = max(start, high + 1)
+    if start <= 65535:
+        ranges.append(range(start, 65536))
+    return ranges
+
+
+def quiet_loopback_ports(n: int, rng: random.Random | None = None) -> list[int]:
+    """`n` distinct ports free on 127.0.0.1 now, chosen at random in `quiet_port_ranges`
+    (the ephemeral ones of `free_loopback_ports` where those ranges are too small): for a
+    listener that starts later, or again after its process died. A port the kernel may hand
+    out was once taken, in between, by the metrics server of a Ray node that started after
+    the node whose proxy had it: health checks answered 200 and predicts 405."""
+    pick = rng or random.Random()
+    pool = [p for r in quiet_port_ranges(ephemeral_port_range()) for p in r]
+    chosen: list[int] = []
+    for port in pick.sample(pool, min(len(pool), 64 * n)):
+        if len(chosen) == n:
+            break
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        chosen.append(port)
+    if len(chosen) < n:
+        return chosen + [p for p in free_loopback_ports(n) if p not in chosen][: n - len(chosen)]
+    return chosen
+
+
 def serve_proxy_ports(cfg: Config) -> dict[str, object]:
     """Free loopback ports for the cluster's Serve proxies, as the state file records them:
     ``{"head": port, "nodes": [port, ...]}``. The head's proxy binds the first (Serve is
     started on it); every worker node gets one of ``nodes`` (``controlplane.local.provider``),
     twice as many as the pools can hold at once, so a replacement node finds one free while
     the node it replaces is not yet gone. Chosen when `rcp up` starts, never from the config:
-    nobody but the balancer connects to them."""
+    nobody but the balancer connects to them. From `quiet_loopback_ports`: a node slot's port
+    sits unused until a node takes it."""
     slots = 2 * (cfg.pools.cluster.num_nodes + cfg.pools.external.max_nodes)
-    head, *nodes = free_loopback_ports(1 + max(slots, 2))
+    head, *nodes = quiet_loopback_ports(1 + max(slots, 2))
     return {"head": head, "nodes": nodes}
 
 

@@ -154,7 +154,7 @@ class FakeProxy:
 
     def answer(self, method: str, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
         if path == "/-/healthz":
-            return self.health, {}, b"ok"
+            return self.health, {}, b"success" if self.health == 200 else b"draining"
         self.seen.append(f"{method} {path}")
         if path == "/v1/models":
             return 200, {"content-type": "application/json"}, json.dumps(self.table).encode()
@@ -335,6 +335,45 @@ def test_a_proxy_that_went_away_is_skipped_at_once(tmp_path: Path) -> None:
                 client.close()
                 assert status == 200, body
             assert a.backend not in lb.healthy()
+
+    asyncio.run(scenario())
+
+
+class MetricsServer(FakeProxy):
+    """Not a Serve proxy: 200 with other text to any GET, 405 to anything else (what
+    prometheus_client's exposition server, a Ray node's metrics, answers)."""
+
+    def answer(self, method: str, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        self.seen.append(f"{method} {path}")
+        if method == "GET":
+            return 200, {"content-type": "text/plain"}, b"# HELP up 1\nup 1\n"
+        return 405, {"allow": "OPTIONS,GET"}, b"# HTTP 405 Method Not Allowed"
+
+
+def test_a_port_another_server_took_over_from_a_proxy_gets_no_request(tmp_path: Path) -> None:
+    """A proxy's node dies and another server binds its port: the health check sees it is
+    not a Serve proxy, and no predict goes there (in a clean-clone run, predicts met a Ray
+    node's metrics server on a dead node's proxy port: 405 three times, a 503 to the client)."""
+
+    async def scenario() -> None:
+        async with edge_over(tmp_path, 2) as (lb, (a, b), port):
+            b.stop()
+            await until(lambda: b.backend not in lb.healthy())
+            squatter = MetricsServer(b.port, a.table, a.deleted)
+            await squatter.start()
+            try:
+                await until(lambda: "GET /-/healthz" in squatter.seen)
+                await until(lambda: squatter.seen.count("GET /-/healthz") >= 3)
+                assert b.backend not in lb.healthy()
+                assert lb.health[b.backend].last is Probe.FOREIGN
+                client = await Client.open(port)
+                for _ in range(10):
+                    status, _h, body = await client.send("POST", PREDICT, b"{}", JSON_HEADER)
+                    assert status == 200, body
+                client.close()
+                assert [s for s in squatter.seen if "healthz" not in s] == []
+            finally:
+                squatter.stop()
 
     asyncio.run(scenario())
 
