@@ -9,10 +9,12 @@ stops every Ray process on the machine).
 
 A process belongs to the cluster when any of these holds:
 - its environment carries ``RCP_CLUSTER_ID=<id>`` (every process `up` starts inherits it);
-- its command line or working directory or an open file lies under the cluster's own
-  directories (Ray's temp dir, the state dir). Ray's agents rename themselves with
-  setproctitle, which overwrites their environment block, but they keep their log files
-  open under the cluster's temp dir;
+- its environment cannot be read (it reads empty) and its command line or working directory
+  or an open file lies under the cluster's own directories (Ray's temp dir, the state dir).
+  Ray's agents rename themselves with setproctitle, which overwrites their environment
+  block, but they keep their log files open under the cluster's temp dir. A process whose
+  environment reads and lacks the id is never the cluster's: a user's own Python connected
+  to it keeps its driver logs open there too, and a user's shell may sit in the state dir;
 - it descends from a process that belongs.
 """
 
@@ -34,10 +36,14 @@ def _under(path: str, roots: tuple[str, ...]) -> bool:
 
 def _belongs(proc: psutil.Process, cluster_id: str, roots: tuple[str, ...]) -> bool:
     try:
-        if proc.environ().get(CLUSTER_ID_ENV) == cluster_id:
-            return True
+        env = proc.environ()
     except (psutil.Error, OSError):
-        pass
+        env = {}
+    if env:
+        # A readable environment decides: a user's own Python connected to the cluster
+        # (its driver logs lie under Ray's temp dir) or a shell whose working directory is
+        # the state dir is not the cluster's, whatever files it has open.
+        return bool(env.get(CLUSTER_ID_ENV) == cluster_id)
     try:
         cmdline = " ".join(proc.cmdline())
         if any(r in cmdline for r in roots):

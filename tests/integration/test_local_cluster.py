@@ -767,6 +767,13 @@ print("actor" if get_controller() is not None else "no-actor")
     assert code == 0, f"exit {code} on SIGTERM: {log_path.read_text()[-3000:]}"
 
 
+def _open_files(pid: int) -> list[str]:
+    try:
+        return [f.path for f in psutil.Process(pid).open_files()]
+    except psutil.Error:
+        return []
+
+
 def test_down_stops_everything_up_started_and_nothing_else(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
@@ -776,11 +783,23 @@ def test_down_stops_everything_up_started_and_nothing_else(
     decoy = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(300)", "raylet", "gcs_server"],
     )
+    started: subprocess.Popen[bytes] | None = None
     try:
         result = rcp("up", *overrides)
         assert result.returncode == 0, result.stderr
         state = json.loads((state_dir / "local-cluster.json").read_text())
         assert find_cluster_processes(state["cluster_id"], [state["temp_dir"]])
+        # A user's own Python, run from the state dir, holding a log open under Ray's temp
+        # dir (as a driver connected to the cluster does), is not the cluster's either.
+        user_log = Path(state["temp_dir"]) / "user-driver.log"
+        hold = "import sys, time; f = open(sys.argv[1], 'a'); time.sleep(300)"
+        user = subprocess.Popen(
+            [sys.executable, "-c", hold, str(user_log)],
+            cwd=state_dir,
+            env={k: v for k, v in os.environ.items() if k != "RCP_CLUSTER_ID"},
+        )
+        started = user
+        wait_for("the user's process holds its log", lambda: bool(_open_files(user.pid)), 30)
 
         result = rcp("down", *overrides)
         assert result.returncode == 0, result.stderr
@@ -788,6 +807,7 @@ def test_down_stops_everything_up_started_and_nothing_else(
         assert find_cluster_processes(state["cluster_id"], [state["temp_dir"]]) == []
         assert not (state_dir / "local-cluster.json").exists()
         assert decoy.poll() is None, "down stopped a process it did not start"
+        assert user.poll() is None, "down stopped a user's process that held a file of Ray's"
 
         again = rcp("down", *overrides)
         assert again.returncode == 0
@@ -797,3 +817,5 @@ def test_down_stops_everything_up_started_and_nothing_else(
         assert "rcp up" in nodes.stderr  # no API answers (or none is named) after down
     finally:
         decoy.kill()
+        if started is not None:
+            started.kill()
