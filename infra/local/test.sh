@@ -5,7 +5,8 @@
 # its own: every module brings up its own local Ray cluster, and a Ray driver is process-wide
 # state (as are the fake provider's node ids, which repeat from cluster to cluster), so one
 # process per module keeps modules from seeing each other's clusters. Extra arguments go to
-# every pytest run. The last line totals all runs.
+# every pytest run; each names its slowest tests (over 5 s), where the suite's time goes.
+# The last line totals all runs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 bash infra/local/install.sh || exit 1
@@ -22,7 +23,7 @@ status=0
 run() {
   echo "== pytest $*"
   local start=$SECONDS
-  .venv/bin/python -m pytest -p no:cacheprovider "$@" 2>&1 | tee -a "$log"
+  .venv/bin/python -m pytest -p no:cacheprovider --durations=8 --durations-min=5 "$@" 2>&1 | tee -a "$log"
   local rc=${PIPESTATUS[0]}
   if [ "$rc" -ne 0 ]; then status=1; fi
   printf '%6d s  rc=%d  %s\n' "$((SECONDS - start))" "$rc" "$1" >>"$times"
