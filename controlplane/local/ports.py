@@ -61,9 +61,10 @@ def free_loopback_ports(n: int) -> list[int]:
 
 def isolated_overrides(state_dir: Path, *extra: str) -> list[str]:
     """Config overrides for a cluster of one's own beside others on this machine (tests,
-    benchmarks): its state dir, free loopback ports for every listener, no Serve app and no
+    benchmarks): its state dir, a free loopback port for every listener (`quiet_loopback_ports`:
+    nothing takes one by chance while a restarted head is down), no Serve app and no
     Prometheus (callers that need them turn them on in `extra`)."""
-    gcs, dash, client, metrics, serve, s3, api, redis = free_loopback_ports(8)
+    gcs, dash, client, metrics, serve, s3, api, redis = quiet_loopback_ports(8)
     return [
         f"state_dir={state_dir}",
         f"ray.gcs_port={gcs}",

@@ -21,7 +21,8 @@ import pytest
 import requests
 
 from controlplane.config import Config, load_config
-from controlplane.local.cluster import LocalCluster, free_loopback_ports, isolated_overrides
+from controlplane.local.cluster import LocalCluster, isolated_overrides
+from controlplane.local.ports import quiet_loopback_ports
 from controlplane.ray_connection import ray_token_path
 
 T = TypeVar("T")
@@ -53,7 +54,7 @@ def ray_auth_headers(cfg: Config) -> dict[str, str]:
     return {"Authorization": "Bearer " + ray_token_path(cfg).read_text().strip()}
 
 
-free_ports = free_loopback_ports
+free_ports = quiet_loopback_ports
 local_overrides = isolated_overrides
 
 
@@ -121,6 +122,19 @@ def predict_url(url: str, model: str = MODEL) -> str:
     return f"{url}/v1/models/{model}/predict"
 
 
+LOAD_PACE_S = 0.025
+"""A test client sends at most 40 requests a second: enough to see any failure during a move
+or a kill, while a client sending back to back took most of the 2 cores the cluster under
+test needs (its node starts, moves and training all ran slower)."""
+
+
+def pace(stop: threading.Event, started: float, pace_s: float) -> None:
+    """Wait until `pace_s` after `started` (monotonic), or until `stop` is set."""
+    left = started + pace_s - time.monotonic()
+    if left > 0:
+        stop.wait(left)
+
+
 @dataclass
 class Load:
     """Steady concurrent clients; every answer's status and serving pool is recorded."""
@@ -142,6 +156,8 @@ class Load:
     keep_alive: bool = True
     """False: every request asks for ``Connection: close``, so each one opens a new
     connection through the balancer (which picks a proxy per connection, not per request)."""
+    pace_s: float = LOAD_PACE_S
+    """Least time from one request's start to the next one's, per client (0: none)."""
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -164,13 +180,15 @@ class Load:
         deadline = time.monotonic() + self.max_duration_s
         with requests.Session() as session:
             for _ in range(self.max_requests_per_thread):
-                if self._stop.is_set() or time.monotonic() > deadline:
+                started = time.monotonic()
+                if self._stop.is_set() or started > deadline:
                     return
                 try:
                     r = self._post(session)
                 except requests.RequestException as exc:
                     with self._lock:
                         self.errors.append(repr(exc))
+                    pace(self._stop, started, self.pace_s)
                     continue
                 with self._lock:
                     self.statuses[r.status_code] += 1
@@ -178,6 +196,7 @@ class Load:
                     self.retried += int(r.headers.get("x-rcp-attempts", "1")) > 1
                     if r.status_code >= 300:
                         self.errors.append(f"{r.status_code}: {r.text[:200]}")
+                pace(self._stop, started, self.pace_s)
 
     def __enter__(self) -> Load:
         self._workers = [
@@ -261,6 +280,8 @@ class RetryOnceLoad:
     statuses: Counter[int] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
     expected: Any = None
+    pace_s: float = LOAD_PACE_S
+    """Least time from one request's start to the next one's, per client."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _workers: list[threading.Thread] = field(default_factory=list)
@@ -276,8 +297,13 @@ class RetryOnceLoad:
             self.errors.append(error[:300])
 
     def _run(self) -> None:
+        started = time.monotonic() - self.pace_s
         while not self._stop.is_set():
-            time.sleep(0.01)  # also paces a client whose every try is refused at once
+            # (also paces a client whose every try is refused at once)
+            pace(self._stop, started, max(self.pace_s, 0.01))
+            if self._stop.is_set():
+                return
+            started = time.monotonic()
             first_failed = False
             try:
                 try:

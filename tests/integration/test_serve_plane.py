@@ -263,7 +263,8 @@ def test_the_backend_route_answers_as_the_ingress_with_its_pool(url: str) -> Non
         and routing["table_max_age_s"] == IngressConfig().edge_table_max_age_s
     )
     heavy = f"{url}{backend_route_prefix(HEAVY, 'cluster')}"
-    with Load(heavy, model=HEAVY, body=HEAVY_BODY, threads=6) as load:
+    # Back to back (no pace): the backends must have requests in flight when they report.
+    with Load(heavy, model=HEAVY, body=HEAVY_BODY, threads=6, pace_s=0) as load:
         load.wait_for(20)
         wait_for(
             "the backends to report the heavy model's requests in flight",
@@ -321,7 +322,7 @@ def test_killed_replica_mid_load_clients_see_no_error(url: str) -> None:
     killed: list[str] = []
     # 8 clients keep both replicas busy, so a killed replica has requests inside it; the
     # kill is repeated (at most 3 times) until the ingress has had to retry at least once.
-    with Load(url, model=HEAVY, body=HEAVY_BODY, threads=8) as load:
+    with Load(url, model=HEAVY, body=HEAVY_BODY, threads=8, pace_s=0) as load:
         load.wait_for(30)
         for _ in range(3):
             killed.append(kill_and_wait_for_replacement(HEAVY))
