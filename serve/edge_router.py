@@ -162,7 +162,7 @@ class Probe(str, Enum):
 
     OK = "ok"  # /-/healthz answered 200 "success"
     UNHEALTHY = "unhealthy"  # answered, not 200 (503 while draining or without replicas)
-    FOREIGN = "foreign"  # answered, but not as a Serve proxy: something else has the port
+    FOREIGN = "foreign"  # answered, but not as a Serve proxy would: something else has the port
     REFUSED = "refused"  # nothing listens on the port
     TIMEOUT = "timeout"  # no answer in time
     BROKEN = "broken"  # closed a client's connection without answering a byte
@@ -537,7 +537,9 @@ class Balancer:
             return Probe.TIMEOUT
         except OSError:
             return Probe.REFUSED
-        except (UpstreamBroken, HttpError):
+        except UpstreamBroken as exc:  # closed unanswered: gone; a cut or garbled answer
+            return Probe.FOREIGN if exc.answered else Probe.BROKEN
+        except HttpError:  # an answer over MAX_HEALTH_ANSWER_BYTES: not Serve's
             return Probe.FOREIGN
         finally:
             if writer is not None:

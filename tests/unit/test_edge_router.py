@@ -378,6 +378,57 @@ def test_a_port_another_server_took_over_from_a_proxy_gets_no_request(tmp_path: 
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize(
+    ("answer", "probe"),
+    [
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\nsuccess", Probe.OK),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n7\r\nsuccess\r\n0\r\n\r\n",
+            Probe.OK,
+        ),
+        (b"HTTP/1.1 503 X\r\ncontent-length: 8\r\n\r\ndraining", Probe.UNHEALTHY),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nup 1\n", Probe.FOREIGN),
+        (b"SSH-2.0-OpenSSH_9.6\r\n", Probe.FOREIGN),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 9000\r\n\r\n" + b"x" * 9000, Probe.FOREIGN),
+        (b"", Probe.BROKEN),
+        (None, Probe.REFUSED),
+    ],
+    ids=[
+        "Serve's 200",
+        "Serve's 200, chunked (as Ray 2.60 sends it)",
+        "a draining proxy's 503",
+        "another server's 200",
+        "not HTTP",
+        "an answer too long for a health check",
+        "closed without a byte",
+        "nothing listens",
+    ],
+)
+def test_what_a_health_check_makes_of_an_answer(
+    tmp_path: Path, answer: bytes | None, probe: Probe
+) -> None:
+    async def scenario() -> None:
+        async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(answer or b"")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(reply, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        if answer is None:
+            server.close()
+            await server.wait_closed()
+        source = StateFileProxies(tmp_path / "none.json", "127.0.0.1")
+        lb = Balancer("127.0.0.1", 0, source, asyncio.get_running_loop(), BalancerLimits())
+        try:
+            assert await lb.check(("127.0.0.1", port)) is probe
+        finally:
+            server.close()
+
+    asyncio.run(scenario())
+
+
 def test_connections_over_the_cap_are_closed(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with edge_over(tmp_path, 1, max_connections=2) as (lb, _proxies, port):
