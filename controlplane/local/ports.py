@@ -141,10 +141,9 @@ def quiet_port_ranges(
 
 def quiet_loopback_ports(n: int, rng: random.Random | None = None) -> list[int]:
     """`n` distinct ports free on 127.0.0.1 now, chosen at random in `quiet_port_ranges`
-    (the ephemeral ones of `free_loopback_ports` where those ranges are too small): for a
-    listener that starts later, or again after its process died. A port the kernel may hand
-    out was once taken, in between, by the metrics server of a Ray node that started after
-    the node whose proxy had it: health checks answered 200 and predicts 405."""
+    (ephemeral ones from `free_loopback_ports` for the rest where those ranges run short):
+    for a listener that starts later, or again after its process died, so that no process
+    the kernel gives "any free port" takes it in between (docs/serving.md)."""
     pick = rng or random.Random()
     pool = [p for r in quiet_port_ranges(ephemeral_port_range()) for p in r]
     chosen: list[int] = []
@@ -157,9 +156,8 @@ def quiet_loopback_ports(n: int, rng: random.Random | None = None) -> list[int]:
             except OSError:
                 continue
         chosen.append(port)
-    if len(chosen) < n:
-        return chosen + [p for p in free_loopback_ports(n) if p not in chosen][: n - len(chosen)]
-    return chosen
+    # Ephemeral ports lie outside the quiet ranges, so they cannot repeat a chosen one.
+    return chosen + free_loopback_ports(n - len(chosen))
 
 
 def serve_proxy_ports(cfg: Config) -> dict[str, object]:

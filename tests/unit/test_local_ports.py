@@ -8,6 +8,7 @@ import socket
 
 import pytest
 
+from controlplane.local import ports
 from controlplane.local.ports import (
     ephemeral_port_range,
     pick_proxy_port,
@@ -72,3 +73,16 @@ def test_quiet_loopback_ports_are_free_and_outside_what_the_kernel_hands_out() -
         assert not low <= port <= high and not 10002 <= port <= 19999, port
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))  # free: raises if not
+
+
+def test_without_quiet_ranges_the_ports_are_the_kernels_free_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the kernel's range covers every port from 20000 up, the listeners still get
+    ports: free ephemeral ones, as before quiet ports existed."""
+    monkeypatch.setattr(ports, "ephemeral_port_range", lambda: (1024, 65535))
+    chosen = ports.quiet_loopback_ports(3)
+    assert len(set(chosen)) == 3
+    for port in chosen:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
