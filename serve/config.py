@@ -33,7 +33,7 @@ BACKEND_ROUTE_ROOT = "/_rcp"
 POOLS: tuple[str, ...] = ("cluster", "external")
 """The pools a model can have replicas in, in routing-table order."""
 
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_]{0,47}$")
+_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_]{0,47}")
 
 
 @dataclass
@@ -207,7 +207,7 @@ def validate_serving(cfg: ServingConfig, prefix: str = "serving") -> list[str]:
     seen: set[str] = set()
     for i, m in enumerate(cfg.models):
         p = f"{prefix}.models[{i}]"
-        if not _NAME_RE.match(m.name):
+        if not _NAME_RE.fullmatch(m.name):
             errors.append(
                 f"{p}.name: must be 1-48 of lowercase letters, digits and '_', "
                 f"starting with a letter or digit, got {m.name!r}"

@@ -76,7 +76,7 @@ EDGE_HEALTH_PATH = "/-/edge/healthz"
 """The edge's own health, answered by the edge itself and never forwarded (a kubelet probe
 that does not depend on Serve). Outside any route prefix, like Serve's ``/-/healthz``."""
 
-_MODEL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_]{0,47}$")
+_MODEL_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_]{0,47}")
 _DEFAULTS = IngressConfig()
 
 
@@ -151,7 +151,7 @@ def table_from_answer(raw: bytes, fetched_s: float) -> EdgeTable:
 def _weights(models: list[Any]) -> Iterable[tuple[str, dict[str, float]]]:
     for i, entry in enumerate(models):
         name = entry.get("name") if isinstance(entry, dict) else None
-        if not isinstance(name, str) or not _MODEL_NAME_RE.match(name):
+        if not isinstance(name, str) or not _MODEL_NAME_RE.fullmatch(name):
             raise EdgeTableError(f"route table: models[{i}].name is not a model name: {name!r}")
         weights = entry.get("weights")
         if not isinstance(weights, dict):
@@ -283,7 +283,7 @@ def classify(
     # "/v1/models/<m>/predict" -> ["", "v1", "models", m, "predict"]; nothing else is ours.
     if len(parts) != 5 or parts[0] or parts[1:3] != ["v1", "models"] or parts[4] != "predict":
         return None
-    if not _MODEL_NAME_RE.match(parts[3]):
+    if not _MODEL_NAME_RE.fullmatch(parts[3]):
         return None  # the ingress answers with the message a client needs
     return PredictTarget(parts[3], query)
 

@@ -287,7 +287,7 @@ def backends_from_addresses(
 
 
 _DNS_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_DNS_NAME_RE = re.compile(rf"^(?=.{{1,253}}$){_DNS_LABEL}(\.{_DNS_LABEL})*\.?$")
+_DNS_NAME_RE = re.compile(rf"(?=.{{1,253}}\Z){_DNS_LABEL}(\.{_DNS_LABEL})*\.?")
 
 
 def parse_dns_target(text: str) -> tuple[str, int]:
@@ -297,7 +297,7 @@ def parse_dns_target(text: str) -> tuple[str, int]:
     ('rcp-serve-proxies.rcp.svc.cluster.local', 8000)
     """
     name, sep, port_text = text.rpartition(":")
-    if not sep or not _DNS_NAME_RE.match(name):
+    if not sep or not _DNS_NAME_RE.fullmatch(name):
         raise ValueError(f"--proxies-dns must be NAME:PORT with NAME a DNS name, got {text!r}")
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ValueError(f"--proxies-dns: the port must be in 1-65535, got {port_text!r}")

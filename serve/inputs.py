@@ -137,13 +137,13 @@ async def read_body(request: BodyStream, limit_bytes: int) -> bytes | None:
     return b"".join(chunks)
 
 
-_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 def request_id(given: str | None) -> str:
     """The id of one request: the proxy's (``x-request-id``) when it is a safe token, else a
     fresh one (a client-chosen id goes into log lines, so nothing else is echoed)."""
-    if given and _REQUEST_ID_RE.match(given):
+    if given and _REQUEST_ID_RE.fullmatch(given):
         return given
     return uuid.uuid4().hex
 

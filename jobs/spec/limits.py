@@ -41,7 +41,7 @@ DEFAULT_PRIORITY_CLASSES = ("low", "medium", "high")
 MAX_RESTARTS_LIMIT = 1000
 MAX_INTERVAL_S = 7 * 86400.0
 """The longest checkpoint.interval_s: a week between checkpoints is already no checkpointing."""
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 
 REMOTE_URI_SCHEMES = ("s3", "gs", "azure", "abfss", "https")
 """Where a job's code may come from: Ray's remote runtime_env protocols
@@ -62,15 +62,15 @@ USER_ENV_VARS = frozenset({"RCP_TRAIN_CONFIG", "RCP_TORCH_BACKEND"})
 """The only ``RCP_*`` variables a job sets itself (read by `jobs.launcher`); every other
 ``RCP_*`` and every ``RAY_*`` name belongs to the control plane and Ray."""
 RESERVED_ENV_PREFIXES = ("RCP_", "RAY_")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-CONDA_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+CONDA_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 PIP_DICT_KEYS = ("packages", "pip_check", "pip_version")
 UV_DICT_KEYS = ("packages", "uv_version", "uv_check")
 CONDA_DICT_KEYS = ("name", "channels", "dependencies")
 """An environment mapping's keys. Refused: ``prefix`` (a path on the node), ``variables``
 (environment variables around the ``env_vars`` rules)."""
 CONDA_SPEC_RE = re.compile(
-    r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*(::[A-Za-z0-9_][A-Za-z0-9_.\-]*)?[^:/\\]*$"
+    r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*(::[A-Za-z0-9_][A-Za-z0-9_.\-]*)?[^:/\\]*\Z"
 )
 """A conda match spec: ``numpy``, ``numpy>=1.26``, ``conda-forge::numpy 1.26.* py311*``;
 no URL, path or ``file:``."""
