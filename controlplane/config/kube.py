@@ -25,9 +25,11 @@ class KubeActuatorServiceConfig:
     only the Ray head)."""
     port: int = 8080
     max_node_actions: int = 2
-    """Distinct Kubernetes nodes the service cordons (alone or in a node removal) per
-    `window_s`; past it a request is 429. Defence in depth beside ``health.breaker``: keep it
-    >= ``health.breaker.max_nodes``. 0 refuses every node action."""
+    """Node actions the service takes per `window_s`: a cordon, or a node removal (deleting a
+    worker pod, scheduled or not, with the cordon of its node); repeating one already taken
+    in the window is free. Past it a request is 429. Defence in depth beside
+    ``health.breaker``: keep it >= ``health.breaker.max_nodes`` (one removal per node).
+    0 refuses every node action."""
     window_s: float = 600.0
     max_body_bytes: int = 4096
     """Larger request bodies are 413."""

@@ -10,8 +10,10 @@ Owns, through the official ``kubernetes`` client (``CoreV1Api``, ``CustomObjects
   operator's command and removes only our taint.
 * `KubernetesActuator.scale_external`: the external worker group's ``replicas`` in the
   RayCluster, clamped to the group's bounds, unless the KubeRay autoscaler owns that group.
-* `worker_pods_on_node` / `node_of_worker`: the read-only checks the ``rcp-kube-actuator``
-  service (``controlplane.kube.service``) makes before it lets a caller touch a node or pod.
+* `worker_pods_on_node` / `read_worker`: the read-only checks the ``rcp-kube-actuator``
+  service (``controlplane.kube.service``) makes before it lets a caller touch a node or pod;
+  `remove_worker` then acts on that same read of the pod (the service counts its actions
+  from it, so a pod bound to a node after the read is not cordoned outside its cap).
 
 The class is put together here from its parts: ``kube.client`` (the API client, bounded
 calls, retry pacing), ``kube.pods`` (which pods are ours; deleting one), ``kube.nodes``
@@ -60,6 +62,7 @@ from controlplane.kube.results import (
     RemoveNodeResult,
     ScaleResult,
     UncordonResult,
+    WorkerPod,
     reason_slug,
 )
 
@@ -76,6 +79,7 @@ __all__ = [
     "RemoveNodeResult",
     "ScaleResult",
     "UncordonResult",
+    "WorkerPod",
     "reason_slug",
 ]
 

@@ -2,9 +2,10 @@
 
 Owns: `cordon` (``spec.unschedulable``, a ``NoSchedule`` taint ``<taint_key>=<reason slug>``,
 annotations ``<taint_key>-reason`` / ``<taint_key>-since``), `uncordon` (our taint and
-annotations only) and `remove_node` (cordon the pod's node, then delete the pod so KubeRay
-starts a replacement elsewhere). Each node write is a strategic-merge patch carrying
-``metadata.resourceVersion`` and the whole taint list, retried on 409 Conflict (see
+annotations only) and `remove_node` / `remove_worker` (cordon the pod's node, then delete the
+pod so KubeRay starts a replacement elsewhere, both as one read of the pod saw them). Each
+node write is a strategic-merge patch carrying ``metadata.resourceVersion`` and the whole
+taint list, retried on 409 Conflict (see
 ``controlplane.kube.actuator``). Must not: touch the RayCluster (``controlplane.kube.raycluster``),
 or remove a taint that is not ours.
 """
@@ -28,6 +29,7 @@ from controlplane.kube.results import (
     CordonResult,
     RemoveNodeResult,
     UncordonResult,
+    WorkerPod,
     reason_slug,
     taint_text,
 )
@@ -151,26 +153,35 @@ class NodeRemoval(PodAccess):
         )
 
     def remove_node(self, pod_name: str, reason: str) -> RemoveNodeResult:
-        """Take the Ray node running in pod `pod_name` out of service, for good.
+        """Take the Ray node running in pod `pod_name` out of service, for good:
+        `remove_worker` on `read_worker`'s read of the pod (a Ray node's hostname is its pod
+        name in KubeRay; it must be a worker of our RayCluster, never the head:
+        KubeRefusedError otherwise). Call it once the Ray node holds nothing (after the Ray
+        drain). Calling again changes nothing."""
+        return self.remove_worker(pod_name, self.read_worker(pod_name), reason)
 
-        1. Read the pod (a Ray node's hostname is its pod name in KubeRay); it must be a worker
-           of our RayCluster, never the head (KubernetesActuatorError otherwise).
-        2. `cordon` its Kubernetes node with `reason` (KubeNotFoundError if the node is gone).
-        3. Delete the pod (``kubernetes.pod_grace_period_s``, else the pod's own), guarded by
-           its uid, so KubeRay creates a replacement, which the taint keeps off this node.
+    def remove_worker(
+        self, pod_name: str, worker: WorkerPod | None, reason: str
+    ) -> RemoveNodeResult:
+        """Remove the worker pod as `worker` (one `read_worker`) saw it; None: already gone.
 
-        Call it once the Ray node holds nothing (after the Ray drain). A pod already gone at
-        step 1 or 3 is success (``pod_deleted=False``); calling again changes nothing.
+        1. `cordon` the pod's Kubernetes node *as read* with `reason` (KubeNotFoundError if
+           the node is gone). A pod that was not scheduled when read cordons nothing, even if
+           it was bound since: the service counted the actions on this read
+           (``controlplane.kube.service``), so nothing is done that the read did not show.
+        2. Delete the pod (``kubernetes.pod_grace_period_s``, else the pod's own), guarded by
+           the uid read, so KubeRay creates a replacement, which the taint keeps off this node.
+
+        A pod gone at the read or at step 2 is success (``pod_deleted=False``).
         """
         ns = self.config.namespace
-        pod = self._read_pod(pod_name)
-        if pod is None:
+        if worker is None:
             detail = f"pod {ns}/{pod_name} already gone; its node is unknown, nothing cordoned"
             log.info("%s", detail)
             return RemoveNodeResult(pod_name, None, None, False, detail)
-        node_name = (pod.get("spec") or {}).get("nodeName")
+        node_name = worker.node_name
         cordon = self.cordon(node_name, reason) if node_name else None
-        deleted = self._delete_pod(pod_name, pod["metadata"].get("uid"))
+        deleted = self._delete_pod(pod_name, worker.uid)
         where = (
             f"node {node_name} {'cordoned' if cordon and cordon.changed else 'already cordoned'}"
         )

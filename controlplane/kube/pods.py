@@ -16,6 +16,7 @@ from kubernetes.client.exceptions import ApiException
 
 from controlplane.kube.client import KubeClient, log
 from controlplane.kube.errors import KubeRefusedError, KubernetesActuatorError, api_message
+from controlplane.kube.results import WorkerPod
 
 __all__ = ["CLUSTER_LABEL", "NODE_TYPE_LABEL", "PodAccess"]
 
@@ -59,14 +60,16 @@ class PodAccess(KubeClient):
             and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
         ]
 
-    def node_of_worker(self, pod_name: str) -> str | None:
-        """The Kubernetes node of our worker pod `pod_name`; None when the pod is gone or not
-        scheduled. Raises KubeRefusedError for any pod that is not our RayCluster's worker."""
+    def read_worker(self, pod_name: str) -> WorkerPod | None:
+        """Our worker pod `pod_name` as read now (its uid and node; the node None when not
+        scheduled), or None when it is gone. Raises KubeRefusedError for any pod that is not
+        our RayCluster's worker. `remove_worker` acts on this read, not on a later one."""
         pod = self._read_pod(pod_name)
         if pod is None:
             return None
         node = (pod.get("spec") or {}).get("nodeName")
-        return str(node) if node else None
+        uid = pod["metadata"].get("uid")
+        return WorkerPod(pod_name, str(uid) if uid else None, str(node) if node else None)
 
     def _read_pod(self, pod_name: str) -> dict[str, Any] | None:
         ns = self.config.namespace

@@ -1,7 +1,8 @@
 """What each Kubernetes actuator call reports: frozen results, and the taint text they carry.
 
 Owns: `CordonResult`, `RemoveNodeResult`, `UncordonResult`, `ScaleResult` (the same shapes
-whether the actuator runs in-process or behind the ``rcp-kube-actuator`` service), and how a
+whether the actuator runs in-process or behind the ``rcp-kube-actuator`` service),
+`WorkerPod` (one read of a worker pod, which a removal then acts on), and how a
 free-text reason becomes a taint value (`reason_slug`). Must not: call the Kubernetes API or
 import its client: the controller's HTTP client (``controlplane.kube.remote``) builds these
 from JSON.
@@ -18,9 +19,22 @@ __all__ = [
     "RemoveNodeResult",
     "ScaleResult",
     "UncordonResult",
+    "WorkerPod",
     "reason_slug",
     "taint_text",
 ]
+
+
+@dataclass(frozen=True)
+class WorkerPod:
+    """A worker pod of our RayCluster as one read saw it. A removal acts on exactly this:
+    it cordons `node_name` as read (never a node the pod was bound to later) and deletes
+    the pod only while it still has `uid`."""
+
+    name: str
+    uid: str | None
+    node_name: str | None
+    """None: the pod was not scheduled when read."""
 
 
 @dataclass(frozen=True)

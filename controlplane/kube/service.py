@@ -24,9 +24,12 @@ Checks, in order: bearer token (``Authorization: Bearer``, compared in constant 
 at most ``kubernetes.service.max_body_bytes`` (413), JSON object with exactly the route's keys
 (400), names as DNS-1123 subdomains, a reason of printable text up to `MAX_REASON_CHARS`,
 replicas in 0..`MAX_REPLICAS`; then the ownership checks above (403) and the rate cap: at most
-``kubernetes.service.max_node_actions`` distinct nodes per ``window_s`` (429), beside the
-health breaker. Every request is logged with its id, caller, route and outcome. Actions run
-one at a time.
+``kubernetes.service.max_node_actions`` node actions per ``window_s`` (429; `NodeActionCap`),
+beside the health breaker. Every action counts (a cordon; a removal, with the cordon of its
+node, of a pod scheduled or not), and the check, the count and the action use one read of
+the pod under one lock, so nothing happens between them. Every request is logged with its
+id, caller, route (control characters escaped: a path is decoded, so ``%0A`` would otherwise
+start a forged log line) and outcome. Actions run one at a time.
 
 Status codes: 400 bad input, 401 token, 403 not ours, 404 not found, 409 conflicts outlasted the
 retries, 413 too large, 415 not JSON, 429 rate cap, 502 the Kubernetes API failed, 500 a bug
@@ -80,6 +83,7 @@ __all__ = [
     "ActuatorServer",
     "ActuatorService",
     "NodeActionCap",
+    "loggable",
     "main",
     "make_app",
 ]
@@ -89,6 +93,8 @@ log = logging.getLogger(__name__)
 MAX_REASON_CHARS = 1024
 MAX_REPLICAS = 1000
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""What `loggable` escapes: C0 and C1 controls and the Unicode line separators."""
 _REQUEST_ID = web.RequestKey("request_id", str)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -104,30 +110,46 @@ class Refusal(Exception):
 
 @dataclass
 class NodeActionCap:
-    """At most `max_nodes` distinct Kubernetes nodes acted on per `window_s`.
+    """At most `max_actions` node actions per `window_s`, each checked and recorded in one call.
 
-    Example (max_nodes 2, window_s 600): node a at t=0, node b at t=10 are admitted; node c at
-    t=20 is refused; a again at t=30 is admitted (already counted); c at t=601 is admitted
-    (a's slot left the window). The memory is this process's: a restarted service starts with
-    an empty window, so the health breaker stays the first limit.
+    An action is the set of Kubernetes objects it changes: a cordon is ``{"node <name>"}``; a
+    removal is ``{"pod <uid>"}`` plus ``"node <name>"`` when the pod was scheduled when read
+    (a pod not yet scheduled counts too: deleting it is an action). An action whose objects
+    were all acted on within the window is a repeat (a retry, or a cordon of a node a removal
+    already cordoned) and free; any other action takes one slot, or is refused.
+
+    Example (max_actions 2, window_s 600): cordon a at t=0 and remove pod p (uid 1, on node b)
+    at t=10 are admitted; cordon b at t=15 is free (b was cordoned by the removal); remove
+    unscheduled pod q (uid 2) at t=20 is refused; remove p again at t=30 is free; cordon c at
+    t=601 is admitted (a's slot left the window). The memory is this process's: a restarted
+    service starts with an empty window, so the health breaker stays the first limit.
     """
 
-    max_nodes: int
+    max_actions: int
     window_s: float
-    admitted: dict[str, float] = field(default_factory=dict)
-    """Node name -> when it was first admitted within the window."""
+    admitted: list[tuple[float, frozenset[str]]] = field(default_factory=list)
+    """(when, the objects it changes) of each action that took a slot within the window."""
 
-    def admit(self, node: str, now_s: float) -> bool:
-        self.admitted = {n: t for n, t in self.admitted.items() if now_s - t < self.window_s}
-        if node in self.admitted:
+    def admit(self, objects: frozenset[str], now_s: float) -> bool:
+        """Check and record in one step: True (recorded, or a repeat) or False (refused)."""
+        self.admitted = [(t, o) for t, o in self.admitted if now_s - t < self.window_s]
+        if objects <= frozenset[str]().union(*(o for _t, o in self.admitted)):
             return True
-        if len(self.admitted) >= self.max_nodes:
+        if len(self.admitted) >= self.max_actions:
             return False
-        self.admitted[node] = now_s
+        self.admitted.append((now_s, objects))
         return True
 
 
 # --- input checks ---------------------------------------------------------------------------
+
+
+def loggable(text: str, limit: int = 256) -> str:
+    """`text` safe for one log line: control characters as Python escapes (``\\n``,
+    ``\\x1b``; a decoded path holds whatever ``%0A`` or ``%1B`` the caller sent), at most
+    `limit` characters."""
+    cut = text[:limit] + ("..." if len(text) > limit else "")
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), cut)
 
 
 def _fields(body: object, *names: str) -> dict[str, object]:
@@ -201,24 +223,29 @@ class ActuatorService:
         """Whether `header` is ``Bearer <the token>`` (`bearer_matches`)."""
         return bearer_matches(header, self.token())
 
-    def _admit(self, node: str) -> None:
-        if not self.cap.admit(node, self._clock()):
+    def _admit(self, what: str, objects: frozenset[str]) -> None:
+        if not self.cap.admit(objects, self._clock()):
             s = self.config.service
             raise Refusal(
                 429,
-                f"node {node}: the actuator service acted on {len(self.cap.admitted)} "
-                f"nodes in the last {s.window_s:g} s, its cap "
-                "(kubernetes.service.max_node_actions); try again later",
+                f"{what}: the actuator service took {len(self.cap.admitted)} node actions "
+                f"in the last {s.window_s:g} s, its cap (kubernetes.service.max_node_actions); "
+                "try again later",
             )
 
     def remove_node(self, body: object) -> dict[str, Any]:
         b = _fields(body, "pod_name", "reason")
         pod, reason = _name("pod_name", b["pod_name"]), _reason(b["reason"])
         with self._lock:
-            node = self.actuator.node_of_worker(pod)  # KubeRefusedError: not our worker
-            if node is not None:
-                self._admit(node)
-            return dataclasses.asdict(self.actuator.remove_node(pod, reason))
+            # One read of the pod: the check, the cap and the action all use it, so a pod
+            # bound to a node after this read cannot get that node cordoned uncounted.
+            worker = self.actuator.read_worker(pod)  # KubeRefusedError: not our worker
+            if worker is not None:
+                objects = {f"pod {worker.uid or worker.name}"}
+                if worker.node_name is not None:
+                    objects.add(f"node {worker.node_name}")
+                self._admit(f"pod {pod}", frozenset(objects))
+            return dataclasses.asdict(self.actuator.remove_worker(pod, worker, reason))
 
     def cordon(self, body: object) -> dict[str, Any]:
         b = _fields(body, "node_name", "reason")
@@ -230,7 +257,7 @@ class ActuatorService:
                     f"node {node} hosts no running worker pod of {self._cluster}; "
                     "the actuator only cordons nodes of its own Ray workers",
                 )
-            self._admit(node)
+            self._admit(f"node {node}", frozenset({f"node {node}"}))
             return dataclasses.asdict(self.actuator.cordon(node, reason))
 
     def scale_external(self, body: object) -> dict[str, Any]:
@@ -285,7 +312,7 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         else:
             raise
     except Exception:  # the service keeps serving whatever one request does
-        log.exception("request %s: %s %s failed", rid, request.method, request.path)
+        log.exception("request %s: %s %s failed", rid, request.method, loggable(request.path))
         response = _error(request, 500, "internal error; see the service's log for the request id")
     response.headers["X-Request-Id"] = rid
     level = logging.INFO if response.status < 400 else logging.WARNING
@@ -293,10 +320,10 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         log.log(
             level,
             "request %s from %s: %s %s -> %d",
-            rid,
+            loggable(rid),
             request.remote,
-            request.method,
-            request.path,
+            loggable(request.method),
+            loggable(request.path),
             response.status,
         )
     return response

@@ -285,6 +285,22 @@ def test_an_unscheduled_pod_is_deleted_without_a_cordon(
     assert [r.method for r in api.writes()] == ["DELETE"]
 
 
+def test_remove_worker_acts_on_its_read_not_on_a_later_binding(
+    api: FakeKubeApi, act: KubernetesActuator
+) -> None:
+    """The service counts the actions one read shows; a pod bound to a node after that read
+    must not get the node cordoned (issue 26, finding 4)."""
+    api.add_node(NODE)
+    api.add_pod(POD, namespace=NS, node_name=None, labels=worker_labels())
+    worker = act.read_worker(POD)
+    assert worker is not None and worker.node_name is None
+    api.objects[POD_PATH]["spec"]["nodeName"] = NODE  # the scheduler binds it now
+    result = act.remove_worker(POD, worker, "xid_fatal")
+    assert (result.node_name, result.cordon, result.pod_deleted) == (None, None, True)
+    assert [r.method for r in api.writes()] == ["DELETE"]
+    assert not node(api)["spec"].get("unschedulable")
+
+
 def test_a_concurrent_taint_writer_is_not_overwritten(
     api: FakeKubeApi, act: KubernetesActuator
 ) -> None:

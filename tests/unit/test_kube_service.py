@@ -8,6 +8,7 @@ Kubernetes. No Kubernetes API server runs here, so this fake is the protocol bou
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import urllib.error
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from kubernetes import client as k8s
@@ -35,6 +37,7 @@ from controlplane.kube.service import (
     ActuatorServer,
     ActuatorService,
     NodeActionCap,
+    loggable,
     main,
 )
 from controlplane.loop.remediation import Remediator
@@ -451,25 +454,116 @@ def test_past_the_rate_cap_node_actions_are_429_until_the_window_moves(rig: Rig)
         rig.client.cordon("n2", "x")
     with pytest.raises(KubeRateLimitedError):
         rig.client.remove_node("w3", "x")
+    with pytest.raises(KubeRateLimitedError):  # n0 is counted, deleting w0 is a new action
+        rig.client.remove_node("w0", "x")
     assert rig.api.get(f"/api/v1/namespaces/{NS}/pods/w3") is not None
+    assert rig.api.get(f"/api/v1/namespaces/{NS}/pods/w0") is not None
     n2 = rig.api.get("/api/v1/nodes/n2")
     assert n2 is not None and not n2["spec"].get("unschedulable")
-    assert rig.client.remove_node("w0", "x").pod_deleted  # n0 is already counted: free
+    assert not rig.client.cordon("n0", "x").changed  # a repeat: free
     rig.clock[0] += 600
     assert rig.client.cordon("n2", "x").changed
 
 
+def test_unscheduled_worker_pods_count_against_the_cap(rig: Rig) -> None:
+    """Finding 4 of issue 26: with the cap full, 10 unscheduled worker pods were deleted."""
+    for node in ("n0", "n1"):
+        rig.api.add_node(node)
+        add_worker(rig.api, f"w-{node}", node)
+        rig.client.cordon(node, "x")
+    pods = [f"pending-{i}" for i in range(10)]
+    for pod in pods:
+        add_worker(rig.api, pod, None)
+    for pod in pods:
+        with pytest.raises(KubeRateLimitedError):
+            rig.client.remove_node(pod, "x")
+    assert [p for p in pods if rig.api.get(f"/api/v1/namespaces/{NS}/pods/{p}") is None] == []
+    assert [r.path for r in rig.api.writes() if r.method == "DELETE"] == []
+
+
+def _bind_on_second_read(node: str) -> Any:
+    """A scheduler that binds the pod to `node` after the first read of it."""
+    reads = [0]
+
+    def bind(pod: dict[str, Any]) -> None:
+        reads[0] += 1
+        if reads[0] == 2:
+            pod["spec"]["nodeName"] = node
+
+    return bind
+
+
 @pytest.mark.parametrize(
-    ("events", "admitted"),
+    ("filled", "outcomes"),
     [
-        pytest.param([("a", 0), ("b", 10), ("c", 20)], [True, True, False], id="third-refused"),
-        pytest.param([("a", 0), ("a", 5), ("b", 10)], [True, True, True], id="repeat-is-free"),
-        pytest.param([("a", 0), ("b", 10), ("c", 601)], [True, True, True], id="window-moves"),
+        pytest.param(2, ["429", "429", "429"], id="cap-full"),
+        pytest.param(0, ["deleted", "deleted", "429"], id="cap-free"),
     ],
 )
-def test_node_action_cap(events: list[tuple[str, float]], admitted: list[bool]) -> None:
-    cap = NodeActionCap(max_nodes=2, window_s=600)
-    assert [cap.admit(n, t) for n, t in events] == admitted
+def test_a_pod_bound_after_the_check_gets_no_node_cordoned_outside_the_cap(
+    rig: Rig, filled: int, outcomes: list[str]
+) -> None:
+    """Finding 4 of issue 26: a pod bound between the service's check and the actuator's
+    re-read let three more nodes be cordoned outside the cap. One read now serves the check,
+    the count and the action, so the node it was bound to later is never cordoned."""
+    for i in range(filled):
+        rig.api.add_node(f"full-{i}")
+        add_worker(rig.api, f"w-full-{i}", f"full-{i}")
+        rig.client.cordon(f"full-{i}", "x")
+    for i in range(3):
+        rig.api.add_node(f"x{i}")
+        add_worker(rig.api, f"p{i}", None)
+        path = f"/api/v1/namespaces/{NS}/pods/p{i}"
+        rig.api.interfere("GET", path, _bind_on_second_read(f"x{i}"), times=2)
+    got = []
+    for i in range(3):
+        try:
+            got.append("deleted" if rig.client.remove_node(f"p{i}", "x").pod_deleted else "no")
+        except KubeRateLimitedError:
+            got.append("429")
+    assert got == outcomes
+    node_patches = [r.path for r in rig.api.writes() if r.path.startswith("/api/v1/nodes/x")]
+    assert node_patches == []
+
+
+@pytest.mark.parametrize(
+    ("actions", "admitted"),
+    [
+        pytest.param(
+            [({"node a"}, 0), ({"node b"}, 10), ({"node c"}, 20)],
+            [True, True, False],
+            id="third-refused",
+        ),
+        pytest.param(
+            [({"node a"}, 0), ({"node a"}, 5), ({"node b"}, 10)],
+            [True, True, True],
+            id="repeat-is-free",
+        ),
+        pytest.param(
+            [({"node a"}, 0), ({"node b"}, 10), ({"node c"}, 601)],
+            [True, True, True],
+            id="window-moves",
+        ),
+        pytest.param(
+            [({"pod 1", "node a"}, 0), ({"node a"}, 5), ({"pod 1", "node a"}, 6)],
+            [True, True, True],
+            id="cordon-of-a-removed-pods-node-is-free",
+        ),
+        pytest.param(
+            [({"node a"}, 0), ({"pod 1", "node a"}, 5), ({"pod 2"}, 6)],
+            [True, True, False],
+            id="a-new-pod-on-a-counted-node-takes-a-slot",
+        ),
+        pytest.param(
+            [({"pod 1"}, 0), ({"pod 2"}, 1), ({"pod 3"}, 2)],
+            [True, True, False],
+            id="unscheduled-pods-count",
+        ),
+    ],
+)
+def test_node_action_cap(actions: list[tuple[set[str], float]], admitted: list[bool]) -> None:
+    cap = NodeActionCap(max_actions=2, window_s=600)
+    assert [cap.admit(frozenset(o), t) for o, t in actions] == admitted
 
 
 def test_a_zero_cap_refuses_every_node_action(api: FakeKubeApi, tmp_path: Path) -> None:
@@ -514,6 +608,46 @@ def test_every_request_is_logged(rig: Rig, caplog: pytest.LogCaptureFixture) -> 
     text = caplog.text
     assert "POST /v1/cordon -> 200" in text and '"changed": true' in text
     assert "POST /v1/cordon -> 401" in text
+
+
+FORGED = "request abc from 10.0.0.1: POST /v1/remove-node -> 200"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param("/v1/cordon%0A" + quote(FORGED), id="newline"),
+        pytest.param("/v1/cordon%0D%0A" + quote(FORGED), id="crlf"),
+        pytest.param("/v1/cordon%E2%80%A8" + quote(FORGED), id="unicode-line-separator"),
+    ],
+)
+def test_a_decoded_path_cannot_forge_a_log_line(
+    rig: Rig, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Low item of issue 26: an unauthenticated ``%0A`` wrote a forged line into the log."""
+    host, port = rig.server.url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    with caplog.at_level(logging.INFO, logger="controlplane.kube.service"):
+        conn.request("POST", path, body=b"{}", headers={"Content-Type": "application/json"})
+        assert conn.getresponse().status == 401
+    conn.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert [m for m in lines if "\n" in m or "\r" in m or "\u2028" in m] == []
+    assert any(FORGED in m and "-> 401" in m for m in lines), lines
+
+
+@pytest.mark.parametrize(
+    ("text", "logged"),
+    [
+        pytest.param("/v1/cordon", "/v1/cordon", id="plain"),
+        pytest.param("/a\nb", "/a\\nb", id="newline"),
+        pytest.param("/a\x1b[31mb", "/a\\x1b[31mb", id="escape-sequence"),
+        pytest.param("/a\x85b", "/a\\x85b", id="next-line"),
+        pytest.param("/" + "a" * 300, "/" + "a" * 255 + "...", id="long"),
+    ],
+)
+def test_loggable(text: str, logged: str) -> None:
+    assert loggable(text) == logged
 
 
 def test_from_config_gives_the_controller_the_client_and_the_service_the_api(
