@@ -5,7 +5,9 @@ The rules: keep the newest `keep_last` committed steps and every step marked kee
 older committed steps (manifest first, so a step stops being visible before its data
 goes); delete uncommitted steps older than the newest committed one (their writers have
 provably moved on: ranks persist in order and the newest commit needed every rank);
-leave newer uncommitted steps alone (they may still be uploading).
+leave newer uncommitted steps alone (they may still be uploading). Keys outside the layout
+(not ``step-<S>/...`` right below the root: another job's prefix nested below it) are never
+deleted or aborted.
 """
 
 from __future__ import annotations
@@ -66,8 +68,14 @@ def plan_retention(keys: Iterable[str], *, keep_last: int) -> RetentionPlan:
 def should_abort_upload(
     key: str, age_s: float, *, newest_committed_step: int | None, max_upload_age_s: float
 ) -> bool:
-    """An unfinished upload is abandoned if its step predates the newest commit or it is old."""
+    """An unfinished upload is abandoned if its step predates the newest commit or it is old.
+
+    Only uploads of this job's own layout (``step-<S>/...`` right below the storage root) are
+    ever abandoned: anything else under the root (another job's prefix below it, a user's own
+    files) belongs to someone else, however old."""
     step = step_of_key(key)
-    if step is not None and newest_committed_step is not None and step < newest_committed_step:
+    if step is None:
+        return False
+    if newest_committed_step is not None and step < newest_committed_step:
         return True
     return age_s > max_upload_age_s

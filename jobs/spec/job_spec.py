@@ -37,6 +37,7 @@ from jobs.spec.values import (
     int_at_least,
     is_number,
 )
+from jobs.storage_uri import StorageUriError, parse_storage_uri
 
 __all__ = ["CheckpointSpec", "JobSpec", "check_checkpoint_uri", "validate"]
 
@@ -318,19 +319,29 @@ def validate(spec: JobSpec) -> list[FieldError]:
 
 
 def check_checkpoint_uri(spec: JobSpec, storage_uri: str) -> list[FieldError]:
-    """At submission: `spec`'s checkpoint.uri, if set, must not lie in the cluster's per-job
-    area (``<storage_uri>/jobs/``), where it could name another job's checkpoints. Job ids are
-    assigned after this check, so no job may name even its own default there."""
+    """At submission: `spec`'s checkpoint.uri, if set, must not overlap the cluster's per-job
+    area (``<storage_uri>/jobs/``): neither lie in it, where it could name another job's
+    checkpoints, nor contain it, where the job's retention would reach theirs. Both URIs are
+    parsed by `jobs.storage_uri.parse_storage_uri` (the parser the storages open them with)
+    and compared segment by segment, so ``s3://b//x``, ``S3://b/x`` and ``%2F`` tricks are
+    refused or resolve as storage resolves them. Job ids are assigned after this check, so no
+    job may name even its own default there."""
     uri = spec.checkpoint.uri
     if uri is None:
         return []
-    area = storage_uri.rstrip("/") + f"/{JOBS_AREA}"
-    if uri.rstrip("/") == area or uri.startswith(area + "/"):
-        return [
-            FieldError(
-                "checkpoint.uri",
-                f"{uri!r} is inside {area}/, where the control plane keeps each job's own "
-                "checkpoints; leave checkpoint.uri unset for that, or use a prefix elsewhere",
-            )
-        ]
-    return []
+    area = parse_storage_uri(storage_uri).child(JOBS_AREA)
+    try:
+        parsed = parse_storage_uri(uri)
+    except StorageUriError as exc:
+        return [FieldError("checkpoint.uri", f"{exc}; expected s3://bucket/prefix")]
+    if not parsed.overlaps(area):
+        return []
+    where = "is inside" if area.contains(parsed) else "contains"
+    return [
+        FieldError(
+            "checkpoint.uri",
+            f"{uri!r} {where} {area}/, where the control plane keeps each job's own "
+            f"checkpoints (a job's default prefix is {area}/<job id>/); leave checkpoint.uri "
+            f"unset for that, or use a prefix that neither lies in {area}/ nor contains it",
+        )
+    ]

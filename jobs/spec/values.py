@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from jobs.spec.errors import FieldError, kind
 from jobs.spec.limits import MAX_ENTRYPOINT_CHARS, REMOTE_URI_SCHEMES
+from jobs.storage_uri import StorageUriError, parse_storage_uri
 
 __all__ = [
     "check_checkpoint_uri_form",
@@ -79,10 +80,10 @@ def check_remote_code_uri(path: str, value: object, suffixes: tuple[str, ...]) -
 
 def check_checkpoint_uri_form(uri: str) -> list[FieldError]:
     """A job's own checkpoint location: ``s3://bucket/prefix``, never a path or file:// (a
-    node's disk). Whether the bucket exists, and that the URI is outside the cluster's per-job
-    area, is checked at submission (`check_checkpoint_uri`)."""
-    parts = urlsplit(uri)
-    scheme = parts.scheme.lower()
+    node's disk), parsed by `jobs.storage_uri.parse_storage_uri`, the parser the checkpoint
+    storages open it with. Whether the bucket exists, and that the URI is outside the
+    cluster's per-job area, is checked at submission (`check_checkpoint_uri`)."""
+    scheme = urlsplit(uri).scheme.lower() if isinstance(uri, str) else ""
     if scheme != "s3":
         what = f"the scheme {scheme}:// is not supported" if scheme else "it has no scheme"
         return [
@@ -92,10 +93,10 @@ def check_checkpoint_uri_form(uri: str) -> list[FieldError]:
                 "refused: a node's disk does not survive the node, see docs/checkpointing.md)",
             )
         ]
-    if not parts.netloc or any(c.isspace() for c in uri) or parts.query or parts.fragment:
-        return [FieldError("checkpoint.uri", f"{uri!r}: expected s3://bucket/prefix")]
-    if any(seg in (".", "..") for seg in parts.path.split("/")):
-        return [FieldError("checkpoint.uri", f"{uri!r}: no . or .. segments")]
+    try:
+        parse_storage_uri(uri)
+    except StorageUriError as exc:
+        return [FieldError("checkpoint.uri", f"{exc}; expected s3://bucket/prefix")]
     return []
 
 

@@ -9,7 +9,8 @@ failures through `retrying`. It knows nothing about steps, manifests or ranks.
 
 Owns: the scheme registry (`STORAGES`, `open_storage`) and the package's public names. The
 interface and shared tuning are in `interface`, the backends in `local` (``file://``) and
-`s3` (``s3://``).
+`s3` (``s3://``). URIs are parsed by `jobs.storage_uri.parse_storage_uri`, the parser the job
+spec's checks use too, so a URI names here exactly the place those checks compared.
 
 Must not: know steps, manifests or ranks.
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlparse
 
 from jobs.checkpoint.storages.interface import (
     DEFAULT_MAX_CONCURRENCY,
@@ -31,6 +31,7 @@ from jobs.checkpoint.storages.interface import (
 )
 from jobs.checkpoint.storages.local import LocalStorage
 from jobs.checkpoint.storages.s3 import S3Storage
+from jobs.storage_uri import StorageUri, parse_storage_uri
 
 __all__ = [
     "DEFAULT_MAX_CONCURRENCY",
@@ -48,27 +49,26 @@ __all__ = [
 ]
 
 
-StorageFactory = Callable[[str, "str | None", "str | None", StorageOptions], Storage]
+StorageFactory = Callable[[StorageUri, "str | None", "str | None", StorageOptions], Storage]
 
 
 def _open_file(
-    uri: str, _endpoint: str | None, _region: str | None, opts: StorageOptions
+    uri: StorageUri, _endpoint: str | None, _region: str | None, opts: StorageOptions
 ) -> Storage:
-    parsed = urlparse(uri)
-    if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
-        raise ValueError(f"file URI must be file:///absolute/path, got {uri!r}")
-    return LocalStorage(Path(parsed.path), opts)
+    return LocalStorage(Path(uri.key_prefix), opts)
 
 
-def _open_s3(uri: str, endpoint: str | None, region: str | None, opts: StorageOptions) -> Storage:
-    parsed = urlparse(uri)
-    if not parsed.netloc:
-        raise ValueError(f"s3 URI must name a bucket, s3://bucket/prefix; got {uri!r}")
-    return S3Storage(parsed.netloc, parsed.path, endpoint_url=endpoint, region=region, options=opts)
+def _open_s3(
+    uri: StorageUri, endpoint: str | None, region: str | None, opts: StorageOptions
+) -> Storage:
+    return S3Storage(
+        uri.bucket, uri.key_prefix, endpoint_url=endpoint, region=region, options=opts
+    )
 
 
 STORAGES: dict[str, StorageFactory] = {"file": _open_file, "s3": _open_s3}
-"""Backends by URI scheme. Add one here to support another store."""
+"""Backends by URI scheme (`jobs.storage_uri.SCHEMES`). Add one here, and there, to support
+another store."""
 
 
 def open_storage(
@@ -78,15 +78,10 @@ def open_storage(
     region: str | None = None,
     options: StorageOptions | None = None,
 ) -> Storage:
-    """The backend for `uri` (``s3://bucket/prefix`` or ``file:///path``)."""
-    if not isinstance(uri, str) or "://" not in uri:
-        raise ValueError(
-            f"checkpoint uri must look like s3://bucket/prefix or file:///path, got {uri!r}"
-        )
-    scheme = uri.split("://", 1)[0].lower()
-    factory = STORAGES.get(scheme)
-    if factory is None:
-        raise ValueError(
-            f"checkpoint uri scheme {scheme!r} is not supported; use one of {sorted(STORAGES)}"
-        )
-    return factory(uri, endpoint_url, region, options or StorageOptions())
+    """The backend for `uri` (``s3://bucket/prefix`` or ``file:///path``); a URI that
+    `parse_storage_uri` refuses is a ValueError saying why."""
+    try:
+        parsed = parse_storage_uri(uri)
+    except ValueError as exc:
+        raise ValueError(f"checkpoint uri: {exc}") from exc
+    return STORAGES[parsed.scheme](parsed, endpoint_url, region, options or StorageOptions())
