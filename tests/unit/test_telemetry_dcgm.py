@@ -1,11 +1,12 @@
-"""dcgm-exporter scrapes: the default counters' names (read from the shared CSV), DCGM's blank
+"""dcgm-exporter scrapes: the default counters' names (read from dcgm-exporter's own CSV, found
+through tests.reference_data; a test that needs it skips where it is missing), DCGM's blank
 sentinels, absent fields, garbage lines, answers with no DCGM sample, negative values, the pod's
 GPUs only, and counter resets across scrapes."""
 
 from __future__ import annotations
 
 import csv
-from pathlib import Path
+from collections.abc import Mapping
 
 import pytest
 
@@ -21,14 +22,7 @@ from controlplane.telemetry.dcgm import (
 from controlplane.telemetry.exporter import GPU_METRICS
 from controlplane.telemetry.readings import SourceReading, TelemetryError
 from controlplane.telemetry.sampling import NodeSampler
-
-CSV = (
-    Path(__file__).resolve().parents[2].parent
-    / "shared"
-    / "data"
-    / "dcgm-exporter"
-    / "default-counters.csv"
-)
+from tests.reference_data import dcgm_counters
 
 # Fields we read that DCGM has but the default CSV does not list.
 NOT_IN_CSV = {
@@ -41,11 +35,10 @@ NOT_IN_CSV = {
 
 
 def csv_fields() -> dict[str, tuple[str, bool]]:
-    """name -> (type, enabled by default), commented-out rows included."""
-    if not CSV.is_file():
-        pytest.fail(f"reference data missing: {CSV}")
+    """name -> (type, enabled by default), commented-out rows included. Skips the calling
+    test where the CSV is not at hand (tests.reference_data)."""
     fields: dict[str, tuple[str, bool]] = {}
-    for row in csv.reader(CSV.read_text().splitlines()):
+    for row in csv.reader(dcgm_counters().read_text().splitlines()):
         if not row or not row[0].strip():
             continue
         name = row[0].strip()
@@ -62,17 +55,27 @@ LABELS = (
 )
 
 
-def scrape(values: dict[str, dict[int, object]], help_types: bool = True) -> str:
-    """Exposition text as dcgm-exporter writes it: HELP/TYPE, then one line per GPU."""
-    fields = csv_fields()
+def exposition(values: dict[str, dict[int, object]], types: Mapping[str, str]) -> str:
+    """Exposition text as dcgm-exporter writes it: HELP/TYPE (a field not in `types` is a
+    gauge), then one line per GPU."""
     lines = []
     for name, per_gpu in values.items():
-        if help_types:
-            lines.append(f"# HELP {name} {name} help.")
-            lines.append(f"# TYPE {name} {fields.get(name, ('gauge', True))[0]}")
+        lines.append(f"# HELP {name} {name} help.")
+        lines.append(f"# TYPE {name} {types.get(name, 'gauge')}")
         for gpu, value in per_gpu.items():
             lines.append(f'{name}{{gpu="{gpu}",{LABELS.format(i=gpu)}}} {value}')
     return "\n".join(lines) + "\n"
+
+
+def scrape(values: dict[str, dict[int, object]]) -> str:
+    """`exposition` with each field's type from the reference CSV."""
+    return exposition(values, {name: kind for name, (kind, _on) in csv_fields().items()})
+
+
+def temps_scrape(gpus: range) -> str:
+    """GPU temperatures only, with uuid labels: needs no reference data (the tests built from
+    it run in a clone without it, and it may be called while the module is collected)."""
+    return exposition({"DCGM_FI_DEV_GPU_TEMP": {i: 40 + i for i in gpus}}, {})
 
 
 def defaults_scrape(**overrides: dict[int, object]) -> str:
@@ -341,7 +344,7 @@ def test_visible_gpus_parse(
 
 
 def test_only_the_pods_gpus_are_counted() -> None:
-    host = scrape({"DCGM_FI_DEV_GPU_TEMP": {i: 40 + i for i in range(8)}})
+    host = temps_scrape(range(8))
     assert len(readings_from_scrape(host).gpus) == 8
     by_uuid = readings_from_scrape(host, VisibleGpus.parse("GPU-0002-aaaa,GPU-0005-aaaa"))
     assert [(g.gpu, g.temp_c) for g in by_uuid.gpus] == [(2, 42.0), (5, 45.0)]
@@ -359,14 +362,14 @@ def _no_uuid_scrape(gpus: range) -> str:
     ("text", "visible", "gpus", "problems"),
     [
         pytest.param(
-            scrape({"DCGM_FI_DEV_GPU_TEMP": {i: 40 for i in range(8)}}),
+            temps_scrape(range(8)),
             "GPU-0002-aaaa,GPU-0009-aaaa",
             [2],
             ["pod GPU GPU-0009-aaaa: not in the dcgm scrape"],
             id="partial-uuid-match-keeps-matched-names-unmatched",
         ),
         pytest.param(
-            scrape({"DCGM_FI_DEV_GPU_TEMP": {i: 40 for i in range(4)}}),
+            temps_scrape(range(4)),
             "1,6",
             [1],
             ["pod GPU 6: not in the dcgm scrape"],
@@ -389,7 +392,7 @@ def test_the_pods_gpus_the_scrape_lacks_are_problems(
     [
         pytest.param(_no_uuid_scrape(range(8)), "GPU-aaaa,GPU-bbbb", id="exporter-without-uuid"),
         pytest.param(
-            scrape({"DCGM_FI_DEV_GPU_TEMP": {i: 40 for i in range(8)}}),
+            temps_scrape(range(8)),
             "GPU-ffff-0000",
             id="uuid-of-another-host",
         ),
