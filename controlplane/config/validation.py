@@ -40,6 +40,7 @@ from controlplane.config.health import TELEMETRY_SOURCES, HealthConfig, Telemetr
 from controlplane.config.jobs import JobsConfig
 from controlplane.config.kube import KubernetesConfig
 from controlplane.config.schema import Config
+from jobs.storage_uri import StorageUriError, parse_storage_uri
 from serve.config import validate_serving
 
 __all__ = ["validate"]
@@ -166,8 +167,10 @@ def validate(cfg: Config) -> list[str]:
         MAX_WAIT_S, "placement.migrate_back_interval_s", cfg.placement.migrate_back_interval_s
     )
     errors += _validate_kubernetes(cfg.kubernetes)
-    if not (cfg.storage.uri.startswith("s3://") or cfg.storage.uri.startswith("file://")):
-        errors.append(f"storage.uri: must start with s3:// or file://, got {cfg.storage.uri!r}")
+    try:
+        parse_storage_uri(cfg.storage.uri)
+    except StorageUriError as exc:
+        errors.append(f"storage.uri: {exc}")
     ports = {
         "ray.gcs_port": cfg.ray.gcs_port,
         "ray.dashboard_port": cfg.ray.dashboard_port,

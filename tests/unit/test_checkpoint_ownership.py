@@ -10,6 +10,9 @@ from typing import Any
 
 import pytest
 
+from controlplane.config import Config
+from controlplane.service.runner.info import checkpoint_uri
+from controlplane.store import JobRecord, JobState
 from jobs.checkpoint import CheckpointEngine
 from jobs.checkpoint.layout import manifest_key, shard_key
 from jobs.checkpoint.retention import should_abort_upload
@@ -268,3 +271,16 @@ def test_job_storage_policy_allows_the_prefix_only(
 def test_job_storage_policy_refuses_what_is_not_a_key_prefix(uri: str) -> None:
     with pytest.raises(StorageUriError):
         job_storage_policy(parse_storage_uri(uri))
+
+
+@pytest.mark.parametrize(
+    ("uri", "recorded"),
+    [
+        pytest.param(None, "s3://rcp-checkpoints/jobs/j-1", id="default"),
+        pytest.param("S3://team-a/run-7/", "s3://team-a/run-7", id="explicit-canonical"),
+    ],
+)
+def test_the_runner_records_the_prefix_as_parsed(uri: str | None, recorded: str) -> None:
+    spec = JobSpec.from_dict({"name": "t", "entrypoint": "python t.py", "checkpoint": {"uri": uri}})
+    job = JobRecord("j-1", spec, JobState.QUEUED, submitted_s=0.0, queued_s=0.0, updated_s=0.0)
+    assert checkpoint_uri(Config(), job) == recorded

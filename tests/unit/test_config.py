@@ -75,6 +75,9 @@ def test_file_then_overrides_merge_in_order(tmp_path: Path) -> None:
         pytest.param(["serve.http_port=8265"], "serve.http_port", "already used", id="port-clash"),
         pytest.param(["storage.uri=gs://bucket"], "storage.uri", "s3://", id="unsupported-storage"),
         pytest.param(
+            ["storage.uri=s3://rcp//cluster1"], "storage.uri", "empty path", id="ambiguous-storage"
+        ),
+        pytest.param(
             ["pools.cluster.num_nodes"], "pools.cluster.num_nodes", "key=value", id="not-key-value"
         ),
     ],

@@ -26,6 +26,7 @@ from controlplane.service.runner import limits
 from controlplane.store import JobRecord
 from jobs import signals
 from jobs.spec import JOBS_AREA
+from jobs.storage_uri import parse_storage_uri
 
 __all__ = [
     "PROGRESS_INFO_KEYS",
@@ -90,10 +91,11 @@ class AttemptEnd(str, Enum):
 
 def checkpoint_uri(cfg: Config, job: JobRecord) -> str:
     """The job's checkpoint prefix: ``checkpoint.uri``, else ``<storage.uri>/jobs/<job
-    id>``. The signals actor refuses checkpoint hints outside it; the controller reads
-    committed steps there; the job writes and restores only there."""
+    id>``, in the canonical form `jobs.storage_uri` gives it (the spec's URI passed that
+    parser at submission). The signals actor refuses checkpoint hints outside it; the
+    controller reads committed steps there; the job writes and restores only there."""
     if job.spec.checkpoint.uri:
-        return job.spec.checkpoint.uri.rstrip("/")
+        return str(parse_storage_uri(job.spec.checkpoint.uri))
     area = f"{cfg.storage.uri.rstrip('/')}/{JOBS_AREA}"
     return signals.checkpoint_prefix(area, job.job_id)
 
