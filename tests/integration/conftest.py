@@ -2,12 +2,17 @@
 
 One cluster per test module (module scope); each gets its own state dir, so modules never
 share or stop each other's processes.
+
+Test speed: the settings in which a test cluster differs from production for speed alone are
+named here, once (`TEST_SPEED`, and Ray's metrics report interval below); a module that tests
+one of those values sets it back in its own overrides, which come later and win.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -26,6 +31,22 @@ from controlplane.local.ports import quiet_loopback_ports
 from controlplane.ray_connection import ray_token_path
 
 T = TypeVar("T")
+
+os.environ.setdefault("RAY_metrics_report_interval_ms", "2000")
+"""Every Ray process of a test cluster (they inherit this process's environment) reports its
+metrics every 2 s rather than 10 s: each check of a ``ray_*`` series waits that long at most."""
+
+TEST_SPEED = (
+    # The control loop ticks twice a second (production: 1 s).
+    "policy.tick_s=0.5",
+    # The runner reads gangs' signals (started ranks, steps, checkpoints) every 0.2 s (1 s).
+    "jobs.job_signal_poll_s=0.2",
+    # A move waits this long after every ingress replica applied a new route table before it
+    # lowers the pool it leaves (an edge may route by a table this old): 2 s rather than 5 s.
+    # test_head_loss keeps 5 s: it loads the machine so much that fetches take over a second.
+    "serving.ingress.edge_table_max_age_s=2",
+)
+"""Overrides every `start_local_cluster` cluster gets before the module's own."""
 
 MODEL = "sample"
 """The sample model every serving module deploys."""
@@ -62,7 +83,7 @@ def start_local_cluster(
     tmp_path_factory: pytest.TempPathFactory, *extra: str, config_file: Path | None = None
 ) -> tuple[Config, LocalCluster]:
     state_dir = tmp_path_factory.mktemp("rcp-state")
-    cfg = load_config(config_file, local_overrides(state_dir, *extra))
+    cfg = load_config(config_file, local_overrides(state_dir, *TEST_SPEED, *extra))
     cluster = LocalCluster(cfg)
     cluster.up(echo=lambda _line: None)
     return cfg, cluster
@@ -207,8 +228,18 @@ class Load:
         return self
 
     def wait_for(self, num_responses: int, timeout_s: float = 60.0) -> None:
+        """Until the clients have `num_responses` answers and errors in all; after `timeout_s`
+        it fails with what they got (the clients stop at `max_duration_s`, so a wait past that
+        fails too)."""
         deadline = time.monotonic() + timeout_s
-        while self.total < num_responses and time.monotonic() < deadline:
+        while self.total < num_responses:
+            if time.monotonic() >= deadline:
+                with self._lock:
+                    seen = f"statuses {dict(self.statuses)}, errors {self.errors[:5]}"
+                raise AssertionError(
+                    f"timed out after {timeout_s:.0f}s waiting for {num_responses} responses; "
+                    f"{self.total} so far: {seen}"
+                )
             time.sleep(0.05)
 
     @property
@@ -231,6 +262,9 @@ HEAD_LOSS_CLUSTER = (
     # An ingress replica beside every proxy (the head and both cluster nodes): a request
     # stays on the node whose proxy it entered (docs/serving.md).
     "serving.ingress.num_replicas=3",
+    # The production value: the Redis kill loads the 2 cores so much that route table fetches
+    # take over a second (`TEST_SPEED`'s 2 s would let tables go stale under it).
+    "serving.ingress.edge_table_max_age_s=5",
     "policy.tick_s=0.5",
     "jobs.gang_start_timeout_s=300",
     "jobs.job_signal_poll_s=0.2",

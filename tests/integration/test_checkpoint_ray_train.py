@@ -15,6 +15,11 @@ only by the ``RCP_*`` environment the runner gives a job, against a loopback S3 
 
 The cluster: a head (pool=head, no CPU for workers) and two pool=cluster nodes, as Ray's
 `cluster_utils` builds them in this process.
+
+Marked ``full`` (``bash infra/local/test.sh --full``): the default run resumes a killed
+worker, a hung one and a preempted gang bit-exact from object storage in
+test_job_durability, a Train loop from its checkpoint after a hot node in test_node_health,
+and a copy from the memory tier's peer in test_memory_tier_peer.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from jobs.signals import (
 from tests.integration.conftest import REGION, MotoS3
 from tests.unit.test_checkpoint_engine import assert_state_equal
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]
 
 # moto accepts any key pair; the cluster's workers inherit these from this process.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")

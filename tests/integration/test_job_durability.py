@@ -3,9 +3,7 @@
 `rcp`, or the SDK `Client`).
 
 The module shares one cluster (`durability_cluster`): 2 `cluster` nodes x 2 logical GPUs, no
-Serve app, a 0.5 s tick, and a short `jobs.gang_start_timeout_s` (`GANG_START_TIMEOUT_S`), so
-a job that runs past it shows that a running gang is not mistaken for one that never started.
-Every job of this module must fit the 4 GPUs; jobs run one at a time unless a test says so.
+Serve app, a 0.5 s tick. Every job of this module must fit the 4 GPUs; jobs run one at a time unless a test says so.
 A test that needs more overrides adds them to `CLUSTER_OVERRIDES` (they hold for the whole
 module). Scripts a job runs are written under the test's `tmp_path`: in local mode every node
 is this machine, so an absolute path is readable by every worker (a job's code otherwise
@@ -37,15 +35,10 @@ from tests.integration.conftest import ray_auth_headers, start_local_cluster, wa
 
 pytestmark = pytest.mark.integration
 
-GANG_START_TIMEOUT_S = 40.0
-"""Short, so a job can run past it; long enough for a 4-worker gang to start on 2 cores."""
 CLUSTER_OVERRIDES = (
     "pools.cluster.num_nodes=2",
     "pools.cluster.gpus_per_node=2",
     "serve.deploy_app=false",
-    "policy.tick_s=0.5",
-    f"jobs.gang_start_timeout_s={GANG_START_TIMEOUT_S:g}",
-    "jobs.job_signal_poll_s=0.2",
     # Test-only speed: a crashed or hung gang restarts after 1 s (default 10 s), and rank 0
     # reports its step every second, so the hang test's short stall timeout leaves a healthy
     # gang as much margin as the default 5 s reports left a 15 s one.
@@ -128,7 +121,7 @@ import json, os, sys, time
 import torch
 import torch.distributed as dist
 
-out_dir, sleep_s = sys.argv[1], float(sys.argv[2])
+out_dir, release = sys.argv[1], sys.argv[2]
 dist.init_process_group("gloo")  # env:// from MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
 rank, world = dist.get_rank(), dist.get_world_size()
 t = torch.tensor([float(rank)])
@@ -141,40 +134,43 @@ record["sum"] = t.item()
 with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
     json.dump(record, f)
 print(f"allreduce-ok rank={rank} world={world} sum={t.item():g}", flush=True)
-time.sleep(sleep_s)
+deadline = time.monotonic() + 600
+while not os.path.exists(release):  # the test says when every rank may finish
+    assert time.monotonic() < deadline, "never released"
+    time.sleep(0.2)
 dist.barrier()
 dist.destroy_process_group()
 """
 
 
-def test_an_unmodified_torch_distributed_script_runs_on_every_rank_past_the_start_timeout(
+def test_an_unmodified_torch_distributed_script_runs_on_every_rank(
     durability_cluster: tuple[Config, LocalCluster, Client], tmp_path: Path
 ) -> None:
+    """A running gang is never taken for one that did not start however long it runs past
+    ``jobs.gang_start_timeout_s``: test_runner's unit table (the real timeout, a fake clock)."""
     cfg, _cluster, client = durability_cluster
     script = tmp_path / "allreduce.py"
     script.write_text(ALL_REDUCE_SCRIPT)
     out = tmp_path / "ranks"
     out.mkdir()
-    run_s = GANG_START_TIMEOUT_S + 5  # each rank sleeps past the timeout after it started
+    release = tmp_path / "release"
     job_id = submit_command(
         cfg,
         "--workers=4",
         "--gpus-per-worker=1",
         "--name=allreduce",
-        command=["python", str(script), str(out), f"{run_s:g}"],
+        command=["python", str(script), str(out), str(release)],
     )
 
     wait_state(client, job_id, {"RUNNING"})
-    # RUNNING while it runs: every rank got through the all-reduce and is still sleeping.
-    wait_for("4 rank files", lambda: len(list(out.glob("rank-*.json"))) == 4, 60)
+    # RUNNING while it runs: every rank got through the all-reduce and waits to be released.
+    wait_for("4 rank files", lambda: len(list(out.glob("rank-*.json"))) == 4, 120)
     assert client.status(job_id).state == "RUNNING"
-    done = wait_state(client, job_id, {"SUCCEEDED"}, timeout_s=run_s + 180)
+    release.touch()
+    done = wait_state(client, job_id, {"SUCCEEDED"}, timeout_s=240)
 
     assert [t["to"] for t in done.history] == ["QUEUED", "ADMITTED", "RUNNING", "SUCCEEDED"]
     assert done.attempt == 1
-    admitted = next(t["at_s"] for t in done.history if t["to"] == "ADMITTED")
-    succeeded = next(t["at_s"] for t in done.history if t["to"] == "SUCCEEDED")
-    assert succeeded - admitted > GANG_START_TIMEOUT_S  # ran past it, and was never stopped
 
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
     assert sorted(int(r["RANK"]) for r in ranks) == [0, 1, 2, 3]
@@ -242,12 +238,9 @@ def test_a_rank_that_exits_non_zero_fails_the_gang_and_leaves_no_process(
         240,
     )
     assert ray_job_status(cfg, sid) == "FAILED"
-    # The control plane saw it end (FAILED here; a restart policy may re-queue it instead).
-    wait_for(
-        f"{job_id} to leave attempt 1",
-        lambda: (j := client.status(job_id)).done or j.state == "QUEUED" or j.attempt > 1,
-        60,
-    )
+    # The control plane saw it end: FAILED, with no restart left to spend (--max-restarts=0).
+    failed = wait_state(client, job_id, {"FAILED"}, timeout_s=60)
+    assert failed.attempt == 1 and failed.attempts[0].kind == "failed", failed.attempts
     # The others were asked to stop (SIGTERM) before they were killed.
     assert sorted(p.name for p in out.glob("terminated-*")) == [
         "terminated-0",
@@ -550,11 +543,12 @@ def test_a_hung_worker_is_detected_its_stack_logged_and_the_job_resumes(
     (event,) = [e for e in client.events(job_id=job_id) if e["kind"] == "job.hung"]
     last_step = max(float(s["at_s"]) for s in steps_of(out) if s["attempt"] == 1)
     latency_s = float(event["at_s"]) - last_step
+    # How soon after the stall it was found is the watchdog's unit tests' (a fake clock);
+    # here it is printed, not bounded against this machine's load.
     print(
         f"hang detected {latency_s:.1f}s after the last step, {event['data']['stalled_s']:.1f}s "
         f"after the step last grew as reported (stall_timeout_s={stall_s:g})"
     )
-    assert latency_s <= stall_s + cfg.policy.tick_s + 2.0  # + the watchdog's stack fetch
     assert event["data"]["stalled_s"] > stall_s
     logs = rcp(cfg, "logs", job_id).stdout
     header = "=== attempt 1: hang: stacks of the workers (py-spy via Ray) ==="
@@ -571,10 +565,13 @@ def test_a_hung_worker_is_detected_its_stack_logged_and_the_job_resumes(
     assert second[0]["step"] == restored + 1
 
 
+@pytest.mark.full
 def test_a_job_on_a_node_removed_by_health_restores_from_the_peer_memory_copy(
     durability_cluster: tuple[Config, LocalCluster, Client], tmp_path: Path
 ) -> None:
-    """Last in the module: it takes a node out (the autoscaler replaces it)."""
+    """Last in the module: it takes a node out (the autoscaler replaces it). ``full``: the
+    default run takes a hot node out under a gang in test_node_health and restores from a
+    peer's memory copy in test_memory_tier_peer."""
     from controlplane.ray_connection import connect
     from controlplane.telemetry import manager
 

@@ -26,6 +26,13 @@ connection that entered that proxy stays on it until the proxy goes; the load cl
 sends its request once more on a new connection (`Load.retry_broken_connection`, counted and
 printed, what a client with a connection pool does); no request may fail after that, and no
 request may fail any other way.
+
+The first test is the default run's one real-cluster play of a claim and a return under load
+(zero failed requests), a hot GPU (the node drained and replaced) and a gang resuming from its
+checkpoint. The other two are marked ``full`` (``bash infra/local/test.sh --full``): a node
+drained by someone else (its decisions are test_health_actuation's and test_loop_health's
+unit tables) and the breaker over the API (test_health_breaker's tables; the API's role check
+is test_api_operations').
 """
 
 from __future__ import annotations
@@ -68,14 +75,12 @@ def health_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[C
         "pools.external.max_nodes=2",
         "pools.external.idle_timeout_s=8",
         "serve.deploy_app=true",
-        "policy.tick_s=0.5",
         "telemetry.interval_s=0.5",
         f"health.hot_samples={HOT_SAMPLES}",
         "placement.migrate_back_idle_s=2",
         "placement.migrate_back_step=1",
         "placement.migrate_back_interval_s=3",
         "jobs.gang_start_timeout_s=300",
-        "jobs.job_signal_poll_s=0.2",
         config_file=conf,
     )
     try:
@@ -314,6 +319,7 @@ def test_a_hot_gpu_takes_its_node_out_without_failing_a_request_or_losing_traini
     )
 
 
+@pytest.mark.full
 def test_a_node_ray_drains_for_someone_else_has_its_gang_checkpointed_and_is_left_to_go(
     health_cluster: tuple[Config, Client], tmp_path: Path
 ) -> None:
@@ -387,6 +393,7 @@ def test_a_node_ray_drains_for_someone_else_has_its_gang_checkpointed_and_is_lef
     assert f"node {node_c}: lemon record cleared" in cleared.output, cleared.output
 
 
+@pytest.mark.full
 def test_more_hot_nodes_than_the_cap_trip_the_breaker_and_an_operator_resets_it(
     health_cluster: tuple[Config, Client],
 ) -> None:

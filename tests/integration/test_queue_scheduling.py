@@ -5,6 +5,11 @@ The cluster pool is shrunk to one node with 2 logical GPUs and every job is a 2-
 gang of the example script (`jobs.examples.train_mnistlike`), so each job fills the pool and
 jobs run strictly one at a time. Steps are tiny; `step_sleep_s` only makes a job last long
 enough for the next thing to happen to it.
+
+Marked ``full`` (``bash infra/local/test.sh --full``): the default run plays checkpoint,
+preempt and resume in test_job_durability (bit-exact, on another node) and a controller that
+comes back in test_head_loss; priority order and the queue's restart are unit-tested
+(test_admission_policy, test_runner_restarts, test_loop_restart).
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from controlplane.config import Config
 from controlplane.local.cluster import LocalCluster
 from controlplane.sdk import Client, Job
 from tests.integration.conftest import start_local_cluster
+from tests.integration.conftest import wait_for as wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]
 
 EXAMPLE = "jobs.examples.train_mnistlike:train_loop"
 
@@ -36,10 +42,8 @@ def queue_cluster(
         "pools.cluster.num_nodes=1",
         "pools.cluster.gpus_per_node=2",
         "serve.deploy_app=false",
-        "policy.tick_s=0.5",
         # Gang start on two shared cores can take a minute; the timeout is not under test here.
         "jobs.gang_start_timeout_s=300",
-        "jobs.job_signal_poll_s=0.2",
     )
     try:
         yield cfg, cluster, Client(state_dir=cfg.state_path)
@@ -125,7 +129,16 @@ def test_priorities_run_in_order_and_a_controller_restart_loses_and_duplicates_n
         client.submit(spec(p, p, steps=2, log=tmp_path / f"{p}.jsonl"), idempotency_key=f"k-{p}")
         for p in ("low", "medium", "high")
     ]
-    assert {client.status(j.id).state for j in queued} == {"QUEUED"}
+    # They wait behind the filler: the admission has looked at each (a waiting job's message
+    # says why) and left it queued while the filler runs.
+    for j in queued:
+        waiting = wait_until(
+            f"{j.id} to be given a reason to wait",
+            lambda j=j: (s := client.status(j.id)).message and s,
+            60,
+        )
+        assert waiting.state == "QUEUED", (waiting.state, waiting.message)
+    assert client.status(filler.id).state == "RUNNING"
 
     # Kill the controller mid-queue; Ray restarts it and it resumes from the store.
     ray.kill(get_controller(), no_restart=False)
