@@ -1,19 +1,28 @@
-"""`rcp whoami` and `rcp users add | list | remove | rotate-token`: who may use the API.
+"""`rcp whoami` and `rcp users add | list | remove | rotate-token | recover-admin`: who may
+use the API.
 
-Owns: printing what the API's user routes answer (through the SDK). A new or rotated token is
-printed once, to stdout, and nowhere else (give it to its user; the control plane keeps only
-its hash). Must not: reach the store directly; every command is one SDK call.
+Owns: printing what the API's user routes answer (through the SDK), and `recover-admin`, the
+break-glass way back when no admin can sign in: it runs on the controller's host, opens the
+job store under the state dir itself (`controlplane.service.identity.recover_admin`) and needs
+no API and no token. A new or rotated token is printed once, to stdout, and nowhere else
+(give it to its user; the control plane keeps only its hash). Must not: reach the store
+directly in any other command; each of those is one SDK call.
 """
 
 from __future__ import annotations
 
+import getpass
 import json
+import socket
 import time
+from pathlib import Path
 
 import click
 
-from controlplane.cli.common import api_call, client_options, sdk_client
+from controlplane.cli.common import api_call, client_options, fail, load_cfg, sdk_client
 from controlplane.cli.render import text_table
+from controlplane.service.identity import BOOTSTRAP_ADMIN, recover_admin
+from controlplane.store import Store, StoreError
 
 __all__ = ["users_group", "whoami"]
 
@@ -108,6 +117,69 @@ def users_rotate_token(
     client = sdk_client(url, state_dir)
     user = api_call(lambda: client.users_rotate_token(name, expires_in_s=expires_in_s))
     _print_token(user, as_json)
+
+
+@users_group.command("recover-admin")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    envvar="RCP_CONFIG",
+    help="The YAML config the controller runs with: its job store is opened (env: "
+    "RCP_CONFIG).",
+)
+@click.option(
+    "--state-dir",
+    envvar="RCP_STATE_DIR",
+    default=None,
+    help="The controller's state dir, holding controlplane.db (env: RCP_STATE_DIR; default: "
+    "the state_dir of --config, else ~/.rcp).",
+)
+@click.option(
+    "--name",
+    default=BOOTSTRAP_ADMIN,
+    show_default=True,
+    help="The admin to restore (or create): an admin, or a name no user has.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the admin and token as JSON.")
+def users_recover_admin(
+    config_file: str | None, state_dir: str | None, name: str, as_json: bool
+) -> None:
+    """Restore an admin when no admin can sign in; prints its new token, this once.
+
+    Run it on the controller's host (on KubeRay: in the head pod's rcp-controller container),
+    where the job store is: it opens the store itself and needs neither the API nor a token.
+    The admin gets a token that never expires (its old one stops at once); a running
+    controller accepts it on the next request. The audit event audit.users.recover-admin
+    names the admin, and who ran this where."""
+    cfg = load_cfg(config_file, (f"state_dir={state_dir}",) if state_dir else ())
+    path = Path(cfg.jobs_db_path)
+    if not path.is_file():
+        fail(
+            f"no job store at {path}: run this on the controller's host, with the --config "
+            "or --state-dir the controller runs with",
+            2,
+        )
+    actor = f"{getpass.getuser()}@{socket.gethostname()} (rcp users recover-admin)"
+    try:
+        with Store(path) as store:
+            user, token, created = recover_admin(store, name, actor)
+    except ValueError as exc:
+        fail(str(exc), 2)
+        return
+    except StoreError as exc:
+        fail(str(exc))
+        return
+    if as_json:
+        click.echo(json.dumps({**_user_json(user), "token": token, "created": created}))
+        return
+    click.echo(token)
+    what = "created" if created else "restored: its old token no longer works"
+    click.echo(
+        f"(the token of admin {user.name}, {what}; it never expires. Shown this once: keep "
+        "it private, or hand it to the admin who will add the others)",
+        err=True,
+    )
 
 
 def _user_json(user: object) -> dict[str, object]:

@@ -82,6 +82,9 @@ class Principal:
     name: str
     role: Role
     queues: frozenset[str] = frozenset({ALL_QUEUES})
+    user_id: str | None = None
+    """The user's stable id (`UserRecord.user_id`): what owns jobs, idempotency keys and
+    audit events, so a name removed and added again starts with none of them."""
 
     def may(self, action: Action) -> bool:
         return action in ROLE_ACTIONS[self.role]
@@ -89,9 +92,18 @@ class Principal:
     def may_submit_to(self, queue: str) -> bool:
         return ALL_QUEUES in self.queues or queue in self.queues
 
-    def may_cancel(self, owner: str | None) -> bool:
-        """Operators and admins cancel any job; a researcher only jobs they own."""
-        return self.role is not Role.RESEARCHER or (owner is not None and owner == self.name)
+    def may_cancel(self, owner_id: str | None) -> bool:
+        """Operators and admins cancel any job; a researcher only jobs they own (by user id,
+        not name)."""
+        return self.role is not Role.RESEARCHER or (
+            owner_id is not None and owner_id == self.user_id
+        )
+
+    @property
+    def sees_every_audit_event(self) -> bool:
+        """Operators and admins read every audit event; a researcher only their own (the
+        others name users and roles, which `manage-users` alone may list)."""
+        return self.role is not Role.RESEARCHER
 
 
 PRINCIPAL = web.RequestKey("principal", Principal)

@@ -22,7 +22,8 @@ brackets, `access.ROLE_ACTIONS` says which roles have it):
 =======  ===========================  ===========================================================
 POST     /v1/jobs                     [submit] a job spec (JSON), owned by the caller, to a queue
                                       they are bound to (else 403); ``Idempotency-Key`` header
-                                      optional. 201 new, 200 when the key matched an earlier one.
+                                      optional, one caller's own. 201 new, 200 when the key
+                                      matched an earlier job of the caller's.
 GET      /v1/jobs                     [read] list; ``?state=QUEUED,RUNNING&queue=q&limit=n&after=c``:
                                       a page of at most n (default 1000) jobs, ``next`` the
                                       cursor of the next page (``after``), null at the end
@@ -33,7 +34,8 @@ GET      /v1/jobs/{id}/logs           [read] driver logs: ``?offset=n&limit=m`` 
                                       (and 1 MiB) characters from n, ``next_offset``, ``size``.
                                       At most `MAX_CONCURRENT_LOG_READS` at once, on their own
                                       threads; past that 429 with ``Retry-After``.
-GET      /v1/events                   [read] events; ``?after=seq&job_id=id&limit=n``
+GET      /v1/events                   [read] events; ``?after=seq&job_id=id&limit=n``; of
+                                      the ``audit.*`` events a researcher gets only their own
 GET      /v1/whoami                   [read] ``{"name", "role", "queues"}`` of the caller
 GET      /v1/users                    [manage-users] ``?limit=n&after=name``: a page of users
                                       by name (default 100), ``next``; never a token or hash
@@ -239,6 +241,7 @@ def _audit(request: web.Request, status: int) -> None:
             f"{principal.name} ({principal.role}) {route} {shown} -> {status}".replace("  ", " "),
             data={
                 "user": principal.name,
+                "user_id": principal.user_id,
                 "role": principal.role.value,
                 "route": route,
                 "method": request.method,
@@ -330,7 +333,10 @@ async def _logs(request: web.Request) -> web.Response:
 async def _events(request: web.Request) -> web.Response:
     q = request.query
     events = request.app[_SERVICE].events(
-        after=q.get("after"), job_id=q.get("job_id"), limit=q.get("limit")
+        after=q.get("after"),
+        job_id=q.get("job_id"),
+        limit=q.get("limit"),
+        principal=principal_of(request),
     )
     return web.json_response({"events": [event_to_json(e) for e in events]})
 

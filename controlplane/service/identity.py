@@ -3,7 +3,9 @@
 Owns: `Identity` over the store's users table: the first admin (`bootstrap`, from the token
 `rcp up` and the KubeRay bootstrap write to ``<state_dir>/api-token``), adding, listing,
 removing users and rotating their tokens with every check a caller should hear about (an
-`ApiError` naming the field), and `authenticate`: an ``Authorization`` header to a
+`ApiError` naming the field; the last admin who can sign in, or whose token never expires,
+is a 409: `controlplane.store.users`), `recover_admin` (the break-glass way back, run beside
+the store, not through the API), and `authenticate`: an ``Authorization`` header to a
 `Principal`, or a 401 naming the problem (missing, wrong, expired, rotated, removed) without
 saying whose a token might be. Each request looks the token's hash up in the store (one
 indexed read, no cache), so a rotated or removed token stops on the very next request, with
@@ -40,6 +42,7 @@ __all__ = [
     "BOOTSTRAP_ADMIN",
     "MAX_EXPIRES_IN_S",
     "Identity",
+    "recover_admin",
     "user_to_json",
 ]
 
@@ -117,7 +120,12 @@ class Identity:
                 "this token has expired; ask an admin to rotate it (rcp users rotate-token)",
                 "Authorization",
             )
-        return Principal(name=user.name, role=Role(user.role), queues=frozenset(user.queues))
+        return Principal(
+            name=user.name,
+            role=Role(user.role),
+            queues=frozenset(user.queues),
+            user_id=user.user_id,
+        )
 
     # -- management ----------------------------------------------------------------------------
 
@@ -177,6 +185,8 @@ class Identity:
             user = self.store.rotate_token(_name(name), token_hash(token), expires_s=expires_s)
         except UnknownUser as exc:
             raise ApiError(404, str(exc), "name") from exc
+        except LastAdmin as exc:
+            raise ApiError(409, str(exc), "expires_in_s") from exc
         return user, token
 
     def _queue_list(self, value: Any) -> list[str]:
@@ -212,6 +222,25 @@ class Identity:
                 "expires_in_s",
             )
         return self._clock() + float(value)
+
+
+def recover_admin(store: Store, name: str, actor: str) -> tuple[UserRecord, str, bool]:
+    """The break-glass way back when no admin can sign in: admin `name` (created if no user
+    has it) gets a fresh token that never expires; (the admin, the token, whether it was
+    created). Run on the host that holds the store (`rcp users recover-admin`), never through
+    the API; `actor` (who ran it, and where) goes into the one audit event it records. A
+    running controller honours the new token on its next request (tokens are looked up per
+    request). ValueError for a name that is not a user name or names a non-admin user."""
+    try:
+        checked = _name(name)
+    except ApiError as exc:
+        raise ValueError(exc.message) from None
+    token = new_token()
+    try:
+        user, created = store.recover_admin(checked, token_hash(token), actor=actor)
+    except UserExists as exc:
+        raise ValueError(str(exc)) from exc
+    return user, token, created
 
 
 def _name(value: Any) -> str:

@@ -5,7 +5,8 @@ is queued: the spec's own validation (`JobSpec.from_dict`), the control plane's 
 (`JobSpec.check_against`: configured priority classes and queues, and whether the `cluster`
 pool as configured could ever hold the gang), who may (given the API's caller, a
 `Principal`: a queue they are bound to; a researcher cancels only jobs they own, the job's
-``owner`` being its submitter), idempotent submission, cancellation, listing, events and logs. Every refusal is an `ApiError` carrying the HTTP status, a message and the
+``owner_id`` being its submitter's user id; a researcher reads only their own audit events),
+idempotent submission (keys are per user), cancellation, listing, events and logs. Every refusal is an `ApiError` carrying the HTTP status, a message and the
 offending field, so the API answers 4xx with ``{"error": ..., "field": ...}``.
 
 Must not: talk to Ray (logs come through the `log_window` callable the controller passes in) or
@@ -305,8 +306,11 @@ class JobService:
                 "queue",
             )
         owner = None if principal is None else principal.name
+        owner_id = None if principal is None else principal.user_id
         try:
-            result = self.store.submit(spec, idempotency_key=idempotency_key, owner=owner)
+            result = self.store.submit(
+                spec, idempotency_key=idempotency_key, owner=owner, owner_id=owner_id
+            )
         except IdempotencyConflict as exc:
             raise ApiError(409, str(exc), "Idempotency-Key") from exc
         return result.job, result.created
@@ -360,13 +364,26 @@ class JobService:
             raise ApiError(400, str(exc), "after") from exc
 
     def events(
-        self, *, after: str | None = None, job_id: str | None = None, limit: str | None = None
+        self,
+        *,
+        after: str | None = None,
+        job_id: str | None = None,
+        limit: str | None = None,
+        principal: Principal | None = None,
     ) -> list[Event]:
+        """Events after seq `after`. A `principal` who may not see every audit event (a
+        researcher: `Principal.sees_every_audit_event`) gets only the audit events of their
+        own requests; every other event is shown to all."""
         after_seq = 0 if after is None else int_param("after", after, 0, 2**62)
         n = 1000 if limit is None else int_param("limit", limit, 1, MAX_LIST_LIMIT)
         if job_id:
             self.get(job_id)
-        return self.store.events(after_seq=after_seq, job_id=job_id or None, limit=n)
+        only_audit_of = None
+        if principal is not None and not principal.sees_every_audit_event:
+            only_audit_of = principal.user_id or ""
+        return self.store.events(
+            after_seq=after_seq, job_id=job_id or None, limit=n, only_audit_of=only_audit_of
+        )
 
     def logs(
         self, job_id: str, offset: str | None = None, limit: str | None = None
@@ -409,11 +426,16 @@ class JobService:
         gets a 403 naming the owner, and nothing changes."""
         if principal is not None:
             try:
-                owner = self.store.owner_of(job_id)
+                owner, owner_id = self.store.owner_of(job_id)
             except UnknownJob as exc:
                 raise ApiError(404, str(exc), "id") from exc
-            if not principal.may_cancel(owner):
-                whose = f"{owner}'s" if owner else "a job from before users, with no owner"
+            if not principal.may_cancel(owner_id):
+                if not owner:
+                    whose = "a job from before users, with no owner"
+                elif owner_id is None or owner == principal.name:
+                    whose = f"{owner}'s, a user since removed (a name added again is a new user)"
+                else:
+                    whose = f"{owner}'s"
                 raise ApiError(
                     403,
                     f"{principal.name} ({principal.role}) may cancel only their own jobs; job "

@@ -7,10 +7,11 @@ by default), its schema, and the rules of a job's life:
   transitions between them are allowed (`ALLOWED_TRANSITIONS`); every transition is recorded
   with its time and reason, and emits an event;
 - idempotent submission: a client-supplied idempotency key makes a retried submit return the
-  job it already created instead of a second one;
+  job it already created instead of a second one (keys are per owner);
 - attempt notes: text the control plane adds to one attempt's log (a hung gang's stacks);
-- the API's users: role, the queues each may submit to, the SHA-256 of their token (never the
-  token), and which job each submitted (``owner``);
+- the API's users: a stable id, role, the queues each may submit to, the SHA-256 of their
+  token (never the token), and which job each submitted (``owner``, ``owner_id``); at least
+  one admin who can sign in, and the break-glass recovery when none can (`recover_admin`);
 - an event log (what ``rcp events`` shows) and a key-value table for the policy actor's
   desired state and policy state (JSON values);
 - which jobs are *active*: QUEUED, ADMITTED, RUNNING, PREEMPTED, and finished jobs whose Ray
@@ -83,13 +84,14 @@ from controlplane.store.states import (
     JobState,
 )
 from controlplane.store.transitions import Lifecycle
-from controlplane.store.users import ADMIN_ROLE, UserTable
+from controlplane.store.users import ADMIN_ROLE, RECOVER_ADMIN_EVENT, UserTable
 from controlplane.store.values import Values
 
 __all__ = [
     "ACTIVE_STATES",
     "ADMIN_ROLE",
     "ALLOWED_TRANSITIONS",
+    "RECOVER_ADMIN_EVENT",
     "SCHEMA_VERSION",
     "TERMINAL_STATES",
     "CorruptStore",

@@ -1,7 +1,8 @@
 """One SQLite connection in WAL mode and its transactions: the base every table builds on.
 
 Owns: opening the file (0600, quick_check, WAL, ``synchronous=FULL``, the schema, its
-version and the column migrations of an older file), the one lock that makes the connection safe to share between threads, write
+version and the migrations of an older file: columns, the jobs table's rebuild, backfills),
+the one lock that makes the connection safe to share between threads, write
 transactions (`_tx`, taken ``BEGIN IMMEDIATE``) and reads (`_read`), turning a corrupt file's
 errors into `CorruptStore` with what to do, and the two writes every table shares: an event
 (`_insert_event`) and a job's history entry with its ``job.state`` event
@@ -24,7 +25,17 @@ from typing import Any, Self
 
 from controlplane.statefiles import create_private, narrow_private
 from controlplane.store.errors import CorruptStore, StoreError
-from controlplane.store.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION, dumps, is_corruption
+from controlplane.store.schema import (
+    BACKFILLS,
+    JOBS_COLUMNS_ALL,
+    JOBS_TABLE,
+    MIGRATED_INDEXES,
+    MIGRATIONS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    dumps,
+    is_corruption,
+)
 from controlplane.store.states import JobState
 
 __all__ = ["Database"]
@@ -32,6 +43,33 @@ __all__ = ["Database"]
 
 def _new_job_id() -> str:
     return f"job-{uuid.uuid4().hex[:12]}"
+
+
+def _run(db: sqlite3.Connection, script: str) -> None:
+    for statement in script.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+def _rebuild_jobs(db: sqlite3.Connection) -> None:
+    """Copy the jobs table into one without a UNIQUE constraint on ``idempotency_key`` alone
+    (versions 1 and 2 had one: a key was global across users), when it has that constraint.
+    SQLite cannot drop a column constraint, so this is its documented rebuild: new table,
+    copy, drop, rename; the caller recreates the indexes and checks foreign keys."""
+    unique_key = False
+    for index in db.execute("PRAGMA index_list(jobs)").fetchall():
+        if index["unique"] and index["origin"] == "u":
+            columns = [r["name"] for r in db.execute(f"PRAGMA index_info({index['name']!r})")]
+            unique_key = unique_key or columns == ["idempotency_key"]
+    if not unique_key:
+        return
+    db.execute(JOBS_TABLE.format(name="jobs_rebuilt"))
+    db.execute(
+        f"INSERT INTO jobs_rebuilt ({JOBS_COLUMNS_ALL}) SELECT {JOBS_COLUMNS_ALL} FROM jobs"
+    )
+    db.execute("DROP TABLE jobs")
+    db.execute("ALTER TABLE jobs_rebuilt RENAME TO jobs")
+    _run(db, SCHEMA)  # the jobs indexes went with the old table
 
 
 class Database:
@@ -91,22 +129,36 @@ class Database:
                     f"(got {mode!r}); put state_dir on a local file system"
                 )
             self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("PRAGMA foreign_keys=ON")
             version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
             if version > SCHEMA_VERSION:
                 raise StoreError(
                     f"the job store at {str(self.path)!r} has schema version {version}, newer "
                     f"than this control plane's {SCHEMA_VERSION}; upgrade the control plane"
                 )
+            # Foreign keys stay off until the schema is settled: rebuilding the jobs table
+            # (`_rebuild_jobs`) drops the table transitions refer to, SQLite's own procedure.
+            self._db.execute("PRAGMA foreign_keys=OFF")
             with self._tx():
-                for statement in SCHEMA.split(";"):
-                    if statement.strip():
-                        self._db.execute(statement)
+                _run(self._db, SCHEMA)
                 for table, column, statement in MIGRATIONS:
                     columns = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
                     if column not in columns:
                         self._db.execute(statement)
+                if version < 3:
+                    _rebuild_jobs(self._db)
+                    for statement in BACKFILLS:
+                        self._db.execute(statement)
+                _run(self._db, MIGRATED_INDEXES)
+                broken = self._db.execute("PRAGMA foreign_key_check").fetchall()
+                if broken:
+                    raise StoreError(
+                        f"the job store at {str(self.path)!r}: {len(broken)} rows refer to "
+                        "rows that do not exist (first: table "
+                        f"{broken[0][0]!r}); restore a backup (docs/operations.md, 'The job "
+                        "store')"
+                    )
                 self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._db.execute("PRAGMA foreign_keys=ON")
 
     # -- plumbing --------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """The event log: what ``rcp events`` shows.
 
-Owns: `EventLog`: `record_event` and `events` (following by seq, filtered by job or kind
-prefix). Job state changes add their own events (`Database._record_transition`); old events
+Owns: `EventLog`: `record_event` and `events` (following by seq, filtered by job, kind
+prefix, or to one user's audit events). Job state changes add their own events (`Database._record_transition`); old events
 are deleted by `controlplane.store.retention`.
 
 Must not: interpret an event's kind or data.
@@ -46,10 +46,18 @@ class EventLog(Database):
         job_id: str | None = None,
         kind_prefix: str | None = None,
         limit: int | None = None,
+        only_audit_of: str | None = None,
     ) -> list[Event]:
-        """Events with ``seq > after_seq``, oldest first (pass the last seq seen to follow)."""
+        """Events with ``seq > after_seq``, oldest first (pass the last seq seen to follow).
+        With `only_audit_of` (a user id), of the ``audit.*`` events only those whose
+        ``data.user_id`` is that id; other kinds are all kept."""
         sql = "SELECT * FROM events WHERE seq > ?"
         params: list[Any] = [after_seq]
+        if only_audit_of is not None:
+            sql += (
+                " AND (kind NOT LIKE 'audit.%' OR json_extract(data_json, '$.user_id') = ?)"
+            )
+            params.append(only_audit_of)
         if job_id is not None:
             sql += " AND job_id = ?"
             params.append(job_id)

@@ -4,7 +4,9 @@ Owns: `JobTable`: `submit`, `get`, `list_jobs` and `scan_jobs` (active reads thr
 indexes, never parsing a finished job; paging by `JobScan.next_after`), `update_info`; rows
 that no longer validate: every read skips them, logs them and records a ``job.invalid``
 event once, and `cancel_invalid`, `owner_of`, `raw_info` and `merge_raw_info` manage them by
-id without parsing their spec. A job's ``owner`` is the user who submitted it.
+id without parsing their spec. A job's ``owner`` is the name of the user who submitted it,
+its ``owner_id`` that user's id: ownership follows the id, so a user removed and added again
+under the same name does not get the old user's jobs (nor their idempotency keys).
 
 Must not: change a job's state except through `cancel_invalid` (the rest is
 `controlplane.store.transitions`).
@@ -52,35 +54,41 @@ class JobTable(Database):
         idempotency_key: str | None = None,
         reason: str = "submitted",
         owner: str | None = None,
+        owner_id: str | None = None,
     ) -> SubmitResult:
-        """Queue a new job owned by `owner`, or return the one already created with this
-        idempotency key.
+        """Queue a new job owned by user `owner` (their name) with id `owner_id` (both or
+        neither), or return the one this owner already created with this idempotency key.
 
-        Raises IdempotencyConflict if the key was used for a different spec or by another owner.
+        Keys are the owner's own: another user's job under the same key is not seen, and a
+        new job is made. Raises IdempotencyConflict if the owner used the key for a different
+        spec.
         """
         if idempotency_key is not None and not idempotency_key.strip():
             raise ValueError("idempotency_key: must be a non-empty string or None")
+        if (owner is None) != (owner_id is None):
+            raise ValueError("owner and owner_id: give both (a user's name and id) or neither")
         spec_json = json.dumps(spec.to_dict(), sort_keys=True, allow_nan=False)
         with self._tx() as db:
             if idempotency_key is not None:
                 row = db.execute(
-                    f"SELECT {JOB_COLUMNS} FROM jobs WHERE idempotency_key = ?",
-                    (idempotency_key,),
+                    f"SELECT {JOB_COLUMNS} FROM jobs WHERE IFNULL(owner_id, '') = ? "
+                    "AND idempotency_key = ?",
+                    (owner_id or "", idempotency_key),
                 ).fetchone()
                 if row is not None:
-                    if row["spec_json"] != spec_json or row["owner"] != owner:
+                    if row["spec_json"] != spec_json:
                         raise IdempotencyConflict(
                             f"idempotency key {idempotency_key!r} was already used for job "
-                            f"{row['job_id']} with a different spec or by another user; use a "
-                            "new key for a new job"
+                            f"{row['job_id']} with a different spec; use a new key for a new "
+                            "job"
                         )
                     return SubmitResult(_job(row), created=False)
             now = self._clock()
             job_id = self._new_job_id()
             db.execute(
                 "INSERT INTO jobs (job_id, name, spec_json, queue, priority_class, state, "
-                "idempotency_key, submitted_s, queued_s, updated_s, owner) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "idempotency_key, submitted_s, queued_s, updated_s, owner, owner_id) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     job_id,
                     spec.name,
@@ -93,6 +101,7 @@ class JobTable(Database):
                     now,
                     now,
                     owner,
+                    owner_id,
                 ),
             )
             self._record_transition(db, job_id, None, JobState.QUEUED, now, reason)
@@ -279,13 +288,17 @@ class JobTable(Database):
             out["info"] = plain_info(row["info_json"])
             return out
 
-    def owner_of(self, job_id: str) -> str | None:
-        """Who submitted the job, without validating its row (None: from before users)."""
-        rows = self._read("SELECT owner FROM jobs WHERE job_id = ?", (job_id,))
+    def owner_of(self, job_id: str) -> tuple[str | None, str | None]:
+        """Who submitted the job, without validating its row: (their name, their user id).
+        (None, None): from before users; (name, None): a user removed before version 3 whose
+        name now belongs to someone else, or no longer exists."""
+        rows = self._read("SELECT owner, owner_id FROM jobs WHERE job_id = ?", (job_id,))
         if not rows:
             raise UnknownJob(job_id)
-        owner = rows[0]["owner"]
-        return None if owner is None else str(owner)
+        owner, owner_id = rows[0]["owner"], rows[0]["owner_id"]
+        return (None if owner is None else str(owner)), (
+            None if owner_id is None else str(owner_id)
+        )
 
     def raw_info(self, job_id: str) -> dict[str, Any]:
         """A job's info without validating its row ({} when the info itself is unreadable)."""
@@ -325,6 +338,7 @@ def _job(row: sqlite3.Row) -> JobRecord:
         idempotency_key=row["idempotency_key"],
         info=json.loads(row["info_json"]),
         owner=row["owner"],
+        owner_id=row["owner_id"],
     )
 
 

@@ -53,8 +53,12 @@ class JobRecord:
     """Free-form facts the runner records (Ray job id, last checkpoint, attempt, ...). Left
     out of the repr: it holds the attempt's signal token (``signal_token``)."""
     owner: str | None = None
-    """The user who submitted it; None for a job from before users (schema version 1) or one
-    submitted straight to the store."""
+    """The name of the user who submitted it; None for a job from before users (schema
+    version 1) or one submitted straight to the store."""
+    owner_id: str | None = None
+    """That user's id (`UserRecord.user_id`): what ownership compares, so a name removed and
+    added again does not own the old user's jobs. None where `owner` is, and for a job whose
+    named owner was gone when version 3 first opened the store."""
 
     @property
     def is_terminal(self) -> bool:
@@ -114,3 +118,6 @@ class UserRecord:
     expires_s: float | None = None
     """When the current token stops working; None: never."""
     token_hash: str = field(default="", repr=False)
+    user_id: str = ""
+    """Stable and never reused (``u-`` and 16 hex digits): jobs are owned by it, not by the
+    name, which may be removed and given to someone else."""

@@ -31,7 +31,7 @@ from controlplane.service.api import ApiServer
 from controlplane.service.operations import Operations
 from controlplane.service.queueing import JobService
 from controlplane.service.tokens import token_hash
-from controlplane.store import ADMIN_ROLE, JobState, Store
+from controlplane.store import ADMIN_ROLE, SCHEMA_VERSION, JobState, Store
 from jobs.spec import JobSpec
 from tests.unit.test_api_operations import EXPECTED_ACTIONS as OPERATOR_ACTIONS
 from tests.unit.test_loop_claim import world
@@ -183,7 +183,9 @@ def test_role_matrix_over_every_route(api: Api, role: Role) -> None:
     401 or 500. Path parameters name the caller's own job and a throwaway user."""
     caller = f"matrix-{role.value}"
     token = api.add_user(caller, role.value, ["default"])
-    own = api.store.submit(JobSpec.from_dict(job()), owner=caller).job.job_id
+    own = api.store.submit(
+        JobSpec.from_dict(job()), owner=caller, owner_id=api.store.get_user(caller).user_id
+    ).job.job_id
     for name, action in api.app[ROUTE_ACTIONS].items():
         method, canonical = _route(api, name)
         victim = f"victim-{role.value}-{name.replace('.', '-')}"
@@ -232,6 +234,39 @@ def test_a_job_from_before_users_is_cancelled_by_operators_only(api: Api) -> Non
     with pytest.raises(Forbidden, match="before users"):
         dave.cancel(old)
     assert Client(api.url, ADMIN_TOKEN).cancel(old).state == JobState.CANCELLED.value
+
+
+def test_a_name_removed_and_added_again_does_not_inherit_the_old_users_jobs(api: Api) -> None:
+    """Jobs belong to the user's id, not the name: the second "quinn" may not cancel the
+    first one's job (403 saying why), and her own idempotency key is not the first's."""
+    admin = Client(api.url, ADMIN_TOKEN)
+    first = Client(api.url, api.add_user("quinn", "researcher", ["default"]))
+    old_job = first.submit(job(name="old"), idempotency_key="nightly")
+    admin.users_remove("quinn")
+    second = Client(api.url, api.add_user("quinn", "researcher", ["default"]))
+    with pytest.raises(Forbidden, match="since removed") as refused:
+        second.cancel(old_job.id)
+    assert refused.value.status == 403
+    assert second.status(old_job.id).state == JobState.QUEUED.value
+    mine = second.submit(job(name="old"), idempotency_key="nightly")
+    assert mine.id != old_job.id and mine.owner == "quinn"
+    assert second.cancel(mine.id).state == JobState.CANCELLED.value
+    assert admin.cancel(old_job.id).state == JobState.CANCELLED.value
+
+
+def test_idempotency_keys_are_each_users_own(api: Api) -> None:
+    """The same key from two users is two jobs; a retry by one user is their one job."""
+    rita = Client(api.url, api.add_user("rita", "researcher", ["default"]))
+    sam = Client(api.url, api.add_user("sam", "researcher", ["default"]))
+    ritas = rita.submit(job(name="k"), idempotency_key="shared-key")
+    sams = sam.submit(job(name="k"), idempotency_key="shared-key")
+    assert ritas.id != sams.id and (ritas.owner, sams.owner) == ("rita", "sam")
+    assert rita.submit(job(name="k"), idempotency_key="shared-key").id == ritas.id
+    status, body, _ = api.call(
+        "POST", "/v1/jobs", api.add_user("tess", "researcher", ["default"]), job(name="other"),
+        headers={"Idempotency-Key": "shared-key"},
+    )  # fmt: skip
+    assert status == 201 and body["id"] not in (ritas.id, sams.id)
 
 
 def test_submit_to_an_unbound_queue_is_403_naming_both_and_stores_nothing(api: Api) -> None:
@@ -314,6 +349,55 @@ def test_the_last_admin_cannot_be_removed(tmp_path: Path) -> None:
         assert status == 409 and "last admin" in body["error"]
         assert [u.name for u in Client(api.url, second).users_list()] == ["kate"]
         check_store(api.store)
+    finally:
+        api.close()
+
+
+def test_the_only_working_admin_is_kept_while_another_admins_token_has_expired(
+    tmp_path: Path,
+) -> None:
+    """The review's finding: with a second admin whose token expired, removing the one admin
+    who can sign in was 200, and then nobody could manage users. Now 409, and giving that
+    admin an expiring token is 409 too (it would leave none once it expires)."""
+    api = Api(tmp_path)
+    try:
+        api.add_user("kept", "admin", [])
+        api.store.rotate_token("kept", token_hash("x" * 43), expires_s=1.0)  # long past
+        status, body, _ = api.call("DELETE", "/v1/users/admin", ADMIN_TOKEN)
+        assert status == 409 and "last admin who can sign in" in body["error"], body
+        status, body, _ = api.call(
+            "POST", "/v1/users/admin/rotate-token", ADMIN_TOKEN, {"expires_in_s": 3600}
+        )
+        assert status == 409 and body["field"] == "expires_in_s", body
+        assert "never expires" in body["error"]
+        assert api.call("GET", "/v1/whoami", ADMIN_TOKEN)[0] == 200  # nothing changed
+        assert api.call("DELETE", "/v1/users/kept", ADMIN_TOKEN)[0] == 200
+    finally:
+        api.close()
+
+
+def test_recover_admin_beside_a_running_api_works_on_the_next_request(tmp_path: Path) -> None:
+    """Every admin lost (an older version let it happen: here the only admin's token is
+    made to expire in the store); `rcp users recover-admin` with the controller's state dir
+    gives a token the running API accepts at once, no restart."""
+    from click.testing import CliRunner
+
+    from controlplane.cli.users import users_group
+
+    api = Api(tmp_path)
+    try:
+        with sqlite3.connect(api.store.path) as db:
+            db.execute("UPDATE users SET expires_s = 1.0 WHERE name = 'admin'")
+        assert api.call("GET", "/v1/users", ADMIN_TOKEN)[0] == 401
+        out = CliRunner().invoke(
+            users_group, ["recover-admin", "--state-dir", str(api.cfg.state_path)], env={}
+        )
+        assert out.exit_code == 0, out.stderr
+        token = out.stdout.strip()
+        status, body, _ = api.call("GET", "/v1/users", token)
+        assert status == 200 and "admin" in [u["name"] for u in body["users"]]
+        kinds = [e["kind"] for e in Client(api.url, token).events()]
+        assert "audit.users.recover-admin" in kinds
     finally:
         api.close()
 
@@ -402,6 +486,35 @@ def test_state_changing_calls_are_audited_with_the_user_including_refusals(api: 
     assert "nora" in event.message and added["token"] not in json.dumps(dict(event.data))
     shown = Client(api.url, token).events(after=after)
     assert {e["kind"] for e in shown} >= {"audit.jobs.submit", "audit.users.add"}
+
+
+def test_a_researcher_reads_only_their_own_audit_events(api: Api) -> None:
+    """Audit events name users and roles, which only manage-users may list: a researcher's
+    GET /v1/events keeps every other event but only the audit events of their own requests;
+    an operator and an admin see all of them."""
+    after = api.store.events()[-1].seq
+    uma = api.add_user("uma", "researcher", ["default"])
+    vic = api.add_user("vic", "researcher", ["default"])
+    uma_job = Client(api.url, uma).submit(job(name="uma"))
+    Client(api.url, vic).submit(job(name="vic"))
+    api.call("POST", "/v1/users", vic, {"name": "x", "role": "admin", "queues": []})  # 403
+    everyone = api.store.events(after_seq=after)
+    audit_users = {str(e.data["user"]) for e in everyone if e.kind.startswith("audit.")}
+    assert audit_users == {"admin", "uma", "vic"}  # what there is to hide
+    seen = Client(api.url, uma).events(after=after)
+    audited = [e for e in seen if e["kind"].startswith("audit.")]
+    assert [(e["kind"], e["data"]["user"]) for e in audited] == [("audit.jobs.submit", "uma")]
+    assert "vic" not in json.dumps(audited) and "admin" not in json.dumps(audited)
+    assert {e["seq"] for e in seen} == {
+        e.seq for e in everyone if not e.kind.startswith("audit.")
+    } | {audited[0]["seq"]}
+    assert [e["kind"] for e in Client(api.url, uma).events(job_id=uma_job.id)] == [
+        "job.state",
+        "audit.jobs.submit",
+    ]
+    oscar = api.add_user("oscar-events", "operator", [])
+    assert len(Client(api.url, oscar).events(after=after)) >= len(everyone)
+    assert len(Client(api.url, ADMIN_TOKEN).events(after=after)) >= len(everyone)
 
 
 def test_unauthenticated_requests_are_not_audited(api: Api) -> None:
@@ -584,7 +697,7 @@ def test_a_store_from_before_users_keeps_its_token_as_the_admins(tmp_path: Path)
         listed = Client(api.url, ADMIN_TOKEN).list()
         assert [(j.id, j.owner) for j in listed] == [("job-old", None)]
         with sqlite3.connect(db_path) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     finally:
         api.close()
 

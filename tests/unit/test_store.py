@@ -485,14 +485,25 @@ def test_a_cursor_the_store_did_not_hand_out_is_refused(store: Store, cursor: st
 # -- users and job owners ------------------------------------------------------------------------
 
 
-def test_a_job_keeps_its_owner_and_a_retry_by_another_user_is_refused(store: Store) -> None:
-    first = store.submit(spec(), idempotency_key="k", owner="alice")
-    assert first.job.owner == "alice" and store.get(first.job.job_id).owner == "alice"
-    assert store.submit(spec(), idempotency_key="k", owner="alice").created is False
-    with pytest.raises(IdempotencyConflict, match="another user"):
-        store.submit(spec(), idempotency_key="k", owner="bob")
-    assert store.owner_of(first.job.job_id) == "alice"
+def test_a_job_keeps_its_owner_and_idempotency_keys_are_per_owner(store: Store) -> None:
+    """The same key from two users is two jobs; from one user, one job (a different spec
+    under it is a conflict). Fails on a store whose keys are global (schema version 2)."""
+    first = store.submit(spec(), idempotency_key="k", owner="alice", owner_id="u-a")
+    assert (first.job.owner, first.job.owner_id) == ("alice", "u-a")
+    assert store.get(first.job.job_id).owner == "alice"
+    again = store.submit(spec(), idempotency_key="k", owner="alice", owner_id="u-a")
+    assert (again.created, again.job.job_id) == (False, first.job.job_id)
+    with pytest.raises(IdempotencyConflict, match="different spec"):
+        store.submit(spec("other"), idempotency_key="k", owner="alice", owner_id="u-a")
+    bobs = store.submit(spec(), idempotency_key="k", owner="bob", owner_id="u-b")
+    assert bobs.created and bobs.job.job_id != first.job.job_id
+    assert store.submit(spec(), idempotency_key="k", owner="bob", owner_id="u-b").job == bobs.job
+    unowned = store.submit(spec(), idempotency_key="k")
+    assert unowned.created and store.submit(spec(), idempotency_key="k").job == unowned.job
+    assert store.owner_of(first.job.job_id) == ("alice", "u-a")
     assert store.submit(spec()).job.owner is None
+    with pytest.raises(ValueError, match="both"):
+        store.submit(spec(), owner="alice")
 
 
 def test_a_version_1_file_gains_the_owner_column_and_keeps_its_jobs(db_path: Path) -> None:
@@ -514,10 +525,73 @@ def test_a_version_1_file_gains_the_owner_column_and_keeps_its_jobs(db_path: Pat
     with Store(db_path) as s:
         (old,) = s.list_jobs()
         assert (old.job_id, old.owner) == ("job-1", None)
-        assert s.submit(spec(), owner="alice").job.owner == "alice"
+        assert s.submit(spec(), owner="alice", owner_id="u-a").job.owner == "alice"
         assert s.count_users() == 0
     with Store(db_path) as s:  # opening again migrates nothing twice
         assert [j.owner for j in s.list_jobs()] == [None, "alice"]
+
+
+def test_a_version_2_file_is_rebuilt_with_keys_per_owner_and_ids_for_users(
+    db_path: Path,
+) -> None:
+    """A version-2 file: idempotency keys UNIQUE across users, users without ids, and jobs
+    of a removed "alice" whose name was added again later. Opening it rebuilds the jobs table
+    (history and all kept), gives every user an id, and gives each job its owner's id only
+    where that user existed when the job was submitted."""
+    db_path.parent.mkdir(parents=True)
+    with sqlite3.connect(db_path) as raw:
+        raw.executescript(
+            "CREATE TABLE jobs (job_id TEXT PRIMARY KEY, name TEXT NOT NULL, spec_json TEXT "
+            "NOT NULL, queue TEXT NOT NULL, priority_class TEXT NOT NULL, state TEXT NOT NULL, "
+            "idempotency_key TEXT UNIQUE, submitted_s REAL NOT NULL, queued_s REAL NOT NULL, "
+            "updated_s REAL NOT NULL, num_preemptions INTEGER NOT NULL DEFAULT 0, info_json "
+            "TEXT NOT NULL DEFAULT '{}', owner TEXT);"
+            "CREATE TABLE transitions (seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT "
+            "NULL REFERENCES jobs (job_id), from_state TEXT, to_state TEXT NOT NULL, at_s REAL "
+            "NOT NULL, reason TEXT NOT NULL);"
+            "CREATE TABLE users (name TEXT PRIMARY KEY, role TEXT NOT NULL, queues_json TEXT "
+            "NOT NULL, token_hash TEXT NOT NULL UNIQUE, created_s REAL NOT NULL, rotated_s "
+            "REAL NOT NULL, expires_s REAL);"
+            "PRAGMA user_version=2;"
+        )
+        spec_json = json.dumps(spec().to_dict(), sort_keys=True)
+        for job_id, key, owner, at_s in (
+            ("job-old-alice", "k", "alice", 10.0),  # the first alice, since removed
+            ("job-bob", "k2", "bob", 30.0),
+            ("job-new-alice", "k3", "alice", 60.0),
+        ):
+            raw.execute(
+                "INSERT INTO jobs (job_id, name, spec_json, queue, priority_class, state, "
+                "idempotency_key, submitted_s, queued_s, updated_s, owner) VALUES "
+                "(?, 'train', ?, 'default', 'medium', 'QUEUED', ?, ?, ?, ?, ?)",
+                (job_id, spec_json, key, at_s, at_s, at_s, owner),
+            )
+            raw.execute(
+                "INSERT INTO transitions (job_id, to_state, at_s, reason) VALUES "
+                "(?, 'QUEUED', ?, 'submitted')",
+                (job_id, at_s),
+            )
+        for name, created_s in (("bob", 20.0), ("alice", 50.0)):
+            raw.execute(
+                "INSERT INTO users VALUES (?, 'researcher', '[]', ?, ?, ?, NULL)",
+                (name, name * 8, created_s, created_s),
+            )
+    with Store(db_path) as s:
+        ids = {u.name: u.user_id for u in s.list_users(limit=10)[0]}
+        assert all(i.startswith("u-") for i in ids.values()) and len(set(ids.values())) == 2
+        assert {j.job_id: j.owner_id for j in s.list_jobs()} == {
+            "job-old-alice": None,
+            "job-bob": ids["bob"],
+            "job-new-alice": ids["alice"],
+        }
+        assert [t.reason for t in s.history("job-bob")] == ["submitted"]
+        reused = s.submit(spec(), idempotency_key="k", owner="alice", owner_id=ids["alice"])
+        assert reused.created  # the old alice's key is not the new alice's
+    with sqlite3.connect(db_path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
+    with Store(db_path) as s:  # opening again changes nothing
+        assert len(s.list_jobs()) == 4
 
 
 def test_the_first_admin_is_made_once(store: Store) -> None:
