@@ -24,16 +24,18 @@ Must not: read a cluster itself (the caller fetches the events).
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from controlplane.simulate.checks import MAX_SCENARIO_DEPTH
 from controlplane.simulate.scenario import Scenario
+from serve.inputs import JsonBodyError, loads_json
 
 __all__ = [
+    "MAX_EVENTS_FILE_BYTES",
     "Calibration",
     "CalibrationError",
     "Move",
@@ -82,12 +84,28 @@ class Calibration:
         )
 
 
+MAX_EVENTS_FILE_BYTES = 64 * 1024 * 1024
+"""An events file larger than this is refused unread (10,000 events are a few MB)."""
+
+
 def load_events(path: str | Path) -> list[Mapping[str, Any]]:
-    """The events in `path` (a JSON list, or an object with an ``events`` list)."""
+    """The events in `path` (a JSON list, or an object with an ``events`` list): at most
+    `MAX_EVENTS_FILE_BYTES`, nested at most ``MAX_SCENARIO_DEPTH`` levels (the strict JSON
+    reader checks the depth before it parses, so a deep file is an error, not a crash)."""
     try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
+        with open(path, "rb") as f:
+            data = f.read(MAX_EVENTS_FILE_BYTES + 1)
+    except OSError as exc:
         raise CalibrationError(f"{path}: not a readable JSON file: {exc}") from exc
+    if len(data) > MAX_EVENTS_FILE_BYTES:
+        raise CalibrationError(
+            f"{path}: more than {MAX_EVENTS_FILE_BYTES} bytes; save fewer events "
+            "(`rcp events --json --limit 10000`)"
+        )
+    try:
+        raw = loads_json(data, max_depth=MAX_SCENARIO_DEPTH)
+    except JsonBodyError as exc:
+        raise CalibrationError(f"{path}: not a readable JSON file: {exc.message}") from None
     if isinstance(raw, Mapping):
         raw = raw.get("events")
     if not isinstance(raw, list):

@@ -1,7 +1,9 @@
 """Reading scenario and trace files: size-bounded, typed, finite, by full field path.
 
 Owns: `ScenarioError`, `read_bounded` (a YAML or JSON file of at most `MAX_SCENARIO_BYTES`,
-JSON's NaN and Infinity refused), and the typed reading of a dataclass section from parsed
+nesting at most `MAX_SCENARIO_DEPTH` levels, JSON's NaN and Infinity refused; the depth is
+checked before anything recursive runs: JSON by `serve.inputs.loads_json`'s scan of the
+bytes, YAML as each node is composed), and the typed reading of a dataclass section from parsed
 data (`read_section`, `read_value`): unknown keys, wrong types, non-finite numbers and values
 outside `LIMITS` each give one message naming the field's full path, as
 `controlplane.config.validation` does for the control plane's config.
@@ -12,25 +14,32 @@ Must not: know what a scenario means (`controlplane.simulate.scenario` does).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
+import reprlib
 import types
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from serve.inputs import JsonBodyError, loads_json
+
 __all__ = [
     "LIMITS",
     "MAX_SCENARIO_BYTES",
+    "MAX_SCENARIO_DEPTH",
     "ScenarioError",
     "read_bounded",
     "read_section",
     "read_value",
+    "shown",
 ]
 
 MAX_SCENARIO_BYTES = 1_048_576
 """A scenario (or trace) file larger than this is refused before it is parsed."""
+MAX_SCENARIO_DEPTH = 32
+"""Mappings and lists nested deeper than this are refused while parsing (a scenario needs 4:
+``serving.models[i].name``); Python's parsers recurse and would end in RecursionError."""
 
 
 class ScenarioError(ValueError):
@@ -80,6 +89,18 @@ LIMITS: dict[str, tuple[float, float]] = {
 }
 
 
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict = 3, 4, 4
+_SHOWN.maxstring = _SHOWN.maxother = _SHOWN.maxlong = 60
+
+
+def shown(raw: Any) -> str:
+    """`raw` for an error message, bounded: a YAML file can alias one list into another level
+    after level (a few hundred bytes that mean billions of items), and ``repr`` would walk
+    them all."""
+    return _SHOWN.repr(raw)
+
+
 def _hint_args(hint: Any) -> tuple[Any, bool]:
     """(the type, whether None is allowed) of a field hint such as ``float | None``."""
     if get_origin(hint) in (Union, types.UnionType):
@@ -110,31 +131,32 @@ def read_value(hint: Any, raw: Any, path: str, errors: list[str]) -> Any:
         return {str(k): read_value(vtype, v, f"{path}.{k}", errors) for k, v in raw.items()}
     if kind is Any:
         if isinstance(raw, float) and not math.isfinite(raw):
-            errors.append(f"{path}: must be a finite number, got {raw!r}")
+            errors.append(f"{path}: must be a finite number, got {shown(raw)}")
         if isinstance(raw, dict | list):
             errors.append(f"{path}: must be a plain value, got {type(raw).__name__}")
         return raw
     if kind is bool:
         if not isinstance(raw, bool):
-            errors.append(f"{path}: must be true or false, got {raw!r}")
+            errors.append(f"{path}: must be true or false, got {shown(raw)}")
         return raw
     if kind is str:
         if not isinstance(raw, str):
-            errors.append(f"{path}: must be a string, got {raw!r}")
-        return str(raw)
+            errors.append(f"{path}: must be a string, got {shown(raw)}")
+            return ""
+        return raw
     if kind in (int, float):
         if isinstance(raw, bool) or not isinstance(raw, int | float):
-            errors.append(f"{path}: must be a number, got {raw!r}")
+            errors.append(f"{path}: must be a number, got {shown(raw)}")
             return 0
         if not math.isfinite(raw):
-            errors.append(f"{path}: must be a finite number, got {raw!r}")
+            errors.append(f"{path}: must be a finite number, got {shown(raw)}")
             return 0
         if kind is int and raw != int(raw):
-            errors.append(f"{path}: must be a whole number, got {raw!r}")
+            errors.append(f"{path}: must be a whole number, got {shown(raw)}")
         value = int(raw) if kind is int else float(raw)
         limits = LIMITS.get(path) or LIMITS.get(path.rsplit(".", 1)[-1])
         if limits is not None and not limits[0] <= value <= limits[1]:
-            errors.append(f"{path}: must be in [{limits[0]:g}, {limits[1]:g}], got {raw!r}")
+            errors.append(f"{path}: must be in [{limits[0]:g}, {limits[1]:g}], got {shown(raw)}")
         return value
     raise AssertionError(f"unhandled field type {kind!r} at {path}")
 
@@ -155,22 +177,48 @@ def read_section(cls: Any, raw: Any, path: str, errors: list[str]) -> Any:
     return cls(**values)
 
 
+class _DepthBoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing nodes nested deeper than `MAX_SCENARIO_DEPTH`. Its
+    scanner and parser are iterative; composing is the recursive step, so it counts there,
+    before the recursion goes deeper (and the constructor then only sees bounded trees)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_SCENARIO_DEPTH:
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise ScenarioError(
+                    f"nests mappings/lists deeper than {MAX_SCENARIO_DEPTH} levels (line "
+                    f"{mark.line + 1}, column {mark.column + 1})"
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
 def read_bounded(path: str | Path, what: str) -> Any:
-    """Parse a YAML or JSON file of at most `MAX_SCENARIO_BYTES` (JSON is YAML)."""
+    """Parse a YAML or JSON file of at most `MAX_SCENARIO_BYTES` and `MAX_SCENARIO_DEPTH`
+    levels (JSON is YAML; a ``.json`` file is read by the strict JSON reader)."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise ScenarioError(f"{what} {str(p)!r}: no such file")
     size = p.stat().st_size
     if size > MAX_SCENARIO_BYTES:
         raise ScenarioError(f"{what} {str(p)!r}: {size} bytes, more than {MAX_SCENARIO_BYTES}")
-    text = p.read_text(encoding="utf-8", errors="replace")
+    raw = p.read_bytes()[: MAX_SCENARIO_BYTES + 1]
+    if len(raw) > MAX_SCENARIO_BYTES:  # grew since the stat
+        raise ScenarioError(f"{what} {str(p)!r}: more than {MAX_SCENARIO_BYTES} bytes")
     try:
         if p.suffix == ".json":
-            return json.loads(text, parse_constant=_no_constant)
-        return yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError, ValueError) as exc:
+            return loads_json(raw, max_depth=MAX_SCENARIO_DEPTH)
+        return yaml.load(raw.decode("utf-8", errors="replace"), Loader=_DepthBoundedLoader)
+    except JsonBodyError as exc:
+        raise ScenarioError(f"{what} {str(p)!r}: not acceptable JSON: {exc.message}") from None
+    except ScenarioError as exc:
+        raise ScenarioError(f"{what} {str(p)!r}: {exc}") from None
+    except (yaml.YAMLError, ValueError) as exc:
         raise ScenarioError(f"{what} {str(p)!r}: not valid YAML/JSON: {exc}") from exc
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a finite number")

@@ -4,8 +4,10 @@ Owns: `Scenario` and its sections (every field documented, every default the def
 scenario's), `load_scenario` (a YAML or JSON file, at most `MAX_SCENARIO_BYTES`) and
 `scenario_from_dict`, which reject unknown keys, wrong types, non-finite numbers and
 impossible values with one message per problem naming the field's full path (the typed
-reading is `controlplane.simulate.checks`; the checks across fields are here), `resized`
-(the CLI's --days/--nodes/--seed), and `control_config`,
+reading is `controlplane.simulate.checks`; the checks across fields are here), the bound on
+the work a scenario implies (`implied_events` against `MAX_SIM_EVENTS`: each field can be
+within its limit while their product is billions of events), `resized` (the CLI's
+--days/--nodes/--seed), and `control_config`,
 the control plane's own `Config` (packaged defaults, then the scenario's ``config``
 overrides, validated by `controlplane.config.load_config`) whose policy configs the
 simulator hands to the real policies.
@@ -36,6 +38,7 @@ from serve.config import ModelConfig
 
 __all__ = [
     "MAX_SCENARIO_BYTES",
+    "MAX_SIM_EVENTS",
     "ExternalSpec",
     "FailureSpec",
     "ModelSpec",
@@ -44,11 +47,20 @@ __all__ = [
     "SchemeSpec",
     "ServingSpec",
     "TrainingSpec",
+    "check_events",
     "control_config",
+    "implied_events",
     "load_scenario",
     "scenario_from_dict",
 ]
 
+
+MAX_SIM_EVENTS = 2_000_000
+"""The most events a scenario may imply (`implied_events`). Each is drawn and queued before
+the first instant (about 350 bytes apiece in the trace and the queue: 0.7 GB at the limit),
+and every scheme replays them all. The default scenario implies about 41,000; resized
+(`--days`, `--nodes`, jobs scaled) to 366 days about 500,000, to 100,000 nodes over 30 days
+about 1.1 million."""
 
 META_GPU_MTTF_HOURS = 7.9 * 1024
 """Meta's Llama 3 report: one interruption every 7.9 h for a 1,024-GPU job, i.e. a mean time
@@ -258,7 +270,67 @@ class Scenario:
                 out.config = {**self.config, key: max(1, math.ceil(self.config[key] * factor))}
         if seed is not None:
             out.seed = seed
+        check_events(out)
         return out
+
+
+def implied_events(s: Scenario, jobs: int | None = None) -> dict[str, float]:
+    """The events `s` implies, by source (expected counts; the trace draws them all up
+    front): `jobs` when known (a trace file's), else the generated ``training.jobs`` (0 with
+    a trace not read yet).
+
+    Example: the default scenario (512 nodes x 8 GPUs, 30 days, MTTF 8,090 h, 4 faults per
+    node-year, 5,000 jobs, 3 models stepping every 300 s) implies 365 failures, 168 faults,
+    5,000 jobs, 34,560 demand steps (8,640 steps x 4: one per model in the trace, one queued)
+    and 721 samples: about 40,814 events.
+    """
+    f = s.failures
+    hours = s.days * 24.0
+    steps = math.ceil(s.days * 86400.0 / s.serving.demand_step_s)
+    if jobs is None:
+        jobs = 0 if s.training.trace else s.training.jobs
+    return {
+        "node failures": s.nodes * s.gpus_per_node * hours / f.gpu_mttf_hours,
+        "faults": s.nodes
+        * (f.hot_faults_per_node_year + f.fabric_faults_per_node_year)
+        * s.days
+        / 365.0,
+        "jobs": float(jobs),
+        "demand steps": float(steps * (len(s.serving.models) + 1)),
+        "samples": math.floor(hours) + 1.0,
+    }
+
+
+def check_events(s: Scenario, jobs: int | None = None) -> None:
+    """Refuse (ScenarioError naming the fields) a scenario implying more than
+    `MAX_SIM_EVENTS` events; arithmetic only, before anything is drawn or allocated."""
+    parts = implied_events(s, jobs)
+    total = sum(parts.values())
+    if total <= MAX_SIM_EVENTS:
+        return
+    f = s.failures
+    why = {
+        "node failures": f"nodes {s.nodes} x gpus_per_node {s.gpus_per_node} x days {s.days:g}"
+        f" x 24 / failures.gpu_mttf_hours {f.gpu_mttf_hours:g}",
+        "faults": f"nodes {s.nodes} x (failures.hot_faults_per_node_year "
+        f"{f.hot_faults_per_node_year:g} + failures.fabric_faults_per_node_year "
+        f"{f.fabric_faults_per_node_year:g}) x days {s.days:g} / 365",
+        "jobs": "training.jobs" if jobs is None else "the trace's jobs",
+        "demand steps": f"days {s.days:g} x 86400 / serving.demand_step_s "
+        f"{s.serving.demand_step_s:g} x (serving.models {len(s.serving.models)} + 1)",
+        "samples": f"days {s.days:g} x 24 + 1",
+    }
+    terms = "; ".join(
+        f"{name} {count:,.0f} ({why[name]})"
+        for name, count in sorted(parts.items(), key=lambda kv: -kv[1])
+        if count >= 1
+    )
+    raise ScenarioError(
+        f"invalid scenario{f' {s.source}' if s.source else ''}: it implies about "
+        f"{total:,.0f} events, more than the simulator's limit of {MAX_SIM_EVENTS:,} "
+        f"(MAX_SIM_EVENTS): {terms}. Lower the largest term's fields (fewer nodes or days, a "
+        "longer gpu_mttf_hours, fewer faults, jobs or models, a longer demand step)"
+    )
 
 
 def _check(s: Scenario, errors: list[str]) -> None:
@@ -308,6 +380,7 @@ def scenario_from_dict(raw: Any, source: str = "") -> Scenario:
         where = f" {source}" if source else ""
         raise ScenarioError(f"invalid scenario{where}:\n  " + "\n  ".join(errors))
     scenario.source = source
+    check_events(scenario)
     if scenario.training.trace and source:
         trace = Path(scenario.training.trace)
         if not trace.is_absolute():

@@ -22,8 +22,8 @@ import math
 import random
 from dataclasses import dataclass
 
-from controlplane.simulate.checks import ScenarioError, read_bounded
-from controlplane.simulate.scenario import Scenario
+from controlplane.simulate.checks import ScenarioError, read_bounded, shown
+from controlplane.simulate.scenario import Scenario, check_events
 
 __all__ = ["Fault", "JobSpec", "Trace", "make_trace", "read_trace"]
 
@@ -133,15 +133,15 @@ def read_trace(path: str, s: Scenario) -> list[JobSpec]:
         for name, kind in fields.items():
             v = item.get(name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-                errors.append(f"{where}.{name}: must be a finite number, got {v!r}")
+                errors.append(f"{where}.{name}: must be a finite number, got {shown(v)}")
                 continue
             if v < 0 or (kind is int and (v != int(v) or v < 1)):
-                errors.append(f"{where}.{name}: out of range, got {v!r}")
+                errors.append(f"{where}.{name}: out of range, got {shown(v)}")
                 continue
             vals[name] = v
         prio = item.get("priority", "medium")
         if not isinstance(prio, str):
-            errors.append(f"{where}.priority: must be a string, got {prio!r}")
+            errors.append(f"{where}.priority: must be a string, got {shown(prio)}")
         if len(vals) == len(fields) and isinstance(prio, str):
             if vals["gpus_per_worker"] > s.gpus_per_node:
                 errors.append(f"{where}.gpus_per_worker: more than one node has")
@@ -179,8 +179,10 @@ def _demand(s: Scenario, rng: random.Random) -> dict[str, tuple[float, ...]]:
 
 def make_trace(s: Scenario) -> Trace:
     """Everything random about the run, drawn once from the seed (see the module doc)."""
+    check_events(s)  # before anything is drawn: a Scenario built in code is bounded too
     rng = random.Random(s.seed)
     jobs = read_trace(s.training.trace, s) if s.training.trace else _generate_jobs(s, rng)
+    check_events(s, len(jobs))
     f = s.failures
     horizon = s.horizon_s
     node_rate = s.gpus_per_node / (f.gpu_mttf_hours * 3600.0)

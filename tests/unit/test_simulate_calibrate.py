@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from controlplane.cli import cli
+from controlplane.simulate import calibrate as calibrate_module
 from controlplane.simulate.calibrate import (
     CalibrationError,
     calibrate,
@@ -91,6 +92,32 @@ def test_load_events_takes_a_list_or_the_apis_object(tmp_path: Path) -> None:
         load_events(f)
     f.write_text("{not json")
     with pytest.raises(CalibrationError, match="not a readable JSON file"):
+        load_events(f)
+
+
+@pytest.mark.parametrize(
+    ("write", "error"),
+    [
+        pytest.param(
+            lambda f: f.write_text("[" * 100_000 + "]" * 100_000),
+            "deeper than 32 levels",
+            id="deep",
+        ),
+        pytest.param(
+            lambda f: f.write_bytes(b"[" + b" " * 300_000 + b"]"),
+            "more than 250000 bytes",
+            id="too-big",
+        ),
+        pytest.param(lambda f: f.write_bytes(b"[\xff]"), "not UTF-8", id="not-utf8"),
+    ],
+)
+def test_a_hostile_events_file_is_a_calibration_error(
+    tmp_path: Path, write: Any, error: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(calibrate_module, "MAX_EVENTS_FILE_BYTES", 250_000)
+    f = tmp_path / "events.json"
+    write(f)
+    with pytest.raises(CalibrationError, match=error):
         load_events(f)
 
 

@@ -12,10 +12,16 @@ import pytest
 from click.testing import CliRunner
 
 from controlplane.cli import cli
+from controlplane.simulate import trace as trace_module
+from controlplane.simulate.checks import MAX_SCENARIO_DEPTH
 from controlplane.simulate.scenario import (
     MAX_SCENARIO_BYTES,
+    MAX_SIM_EVENTS,
+    FailureSpec,
+    Scenario,
     ScenarioError,
     control_config,
+    implied_events,
     load_scenario,
     scenario_from_dict,
 )
@@ -84,7 +90,7 @@ def test_a_bad_control_plane_override_names_its_key() -> None:
 @pytest.mark.parametrize(
     "text, suffix, field",
     [
-        ('{"days": NaN}', ".json", "not a finite number"),
+        ('{"days": NaN}', ".json", "NaN is not a JSON number"),
         ("days: [\n", ".yaml", "not valid YAML"),
         ("days: .inf\n", ".yaml", "days: must be a finite number"),
     ],
@@ -186,3 +192,149 @@ def test_days_and_nodes_keep_the_fleets_proportions() -> None:
     assert (big.seed, big.days) == (5, 1.0)
     with pytest.raises(ScenarioError, match="nodes: must be in"):
         base.resized(None, 0, None)
+
+
+# --- bounds on what a scenario implies (issue 26, finding 5) -----------------------------------
+
+ISSUE_EXAMPLE = "nodes: 100000\ndays: 366\nfailures:\n  gpu_mttf_hours: 1\n"
+
+
+@pytest.mark.parametrize(
+    ("raw", "needles"),
+    [
+        pytest.param(
+            {"nodes": 100000, "days": 366, "failures": {"gpu_mttf_hours": 1}},
+            ["node failures 7,027,200,000", "nodes 100000", "days 366", "gpu_mttf_hours 1"],
+            id="failures",
+        ),
+        pytest.param(
+            {"nodes": 100000, "days": 366, "failures": {"hot_faults_per_node_year": 365}},
+            ["faults 36,800,548", "nodes 100000", "hot_faults_per_node_year 365", "days 366"],
+            id="faults",
+        ),
+        pytest.param(
+            {"days": 366, "serving": {"demand_step_s": 10}},
+            ["demand steps 12,648,960", "days 366", "demand_step_s 10", "serving.models 3"],
+            id="demand-steps",
+        ),
+        pytest.param(
+            {"days": 366, "training": {"jobs": 1000000}, "serving": {"demand_step_s": 60}},
+            ["jobs 1,000,000 (training.jobs)", "demand steps 2,108,160"],
+            id="jobs-and-steps",
+        ),
+    ],
+)
+def test_a_scenario_implying_too_many_events_is_refused_naming_its_fields(
+    raw: dict[str, object], needles: list[str]
+) -> None:
+    with pytest.raises(ScenarioError) as info:
+        scenario_from_dict(raw)
+    message = str(info.value)
+    assert f"more than the simulator's limit of {MAX_SIM_EVENTS:,}" in message
+    for needle in needles:
+        assert needle in message
+
+
+@pytest.mark.parametrize(
+    ("days", "nodes"),
+    [
+        pytest.param(None, None, id="default-4096-gpus-30-days"),
+        pytest.param(1.0, 4096, id="bench-fleet-large-1-day"),
+        pytest.param(3.0, 64, id="bench-fleet-quick"),
+        pytest.param(366.0, 512, id="default-for-a-year"),
+        pytest.param(30.0, 100_000, id="100000-nodes-30-days"),
+    ],
+)
+def test_the_documented_scenarios_stay_within_the_bound(
+    days: float | None, nodes: int | None
+) -> None:
+    scenario = load_scenario(None).resized(days, nodes, None)
+    assert sum(implied_events(scenario).values()) <= MAX_SIM_EVENTS
+
+
+def test_implied_events_of_the_default_scenario() -> None:
+    """The worked example in `implied_events`' docstring."""
+    got = {k: round(v) for k, v in implied_events(Scenario()).items()}
+    assert got == {
+        "node failures": 365,
+        "faults": 168,
+        "jobs": 5000,
+        "demand steps": 34560,
+        "samples": 721,
+    }
+
+
+def test_the_issues_75_byte_file_is_refused_before_the_trace_is_drawn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(*_args: object) -> None:
+        raise AssertionError("the trace was drawn")
+
+    monkeypatch.setattr(trace_module, "_poisson_times", never)
+    path = tmp_path / "huge.yaml"
+    path.write_text(ISSUE_EXAMPLE)
+    result = CliRunner().invoke(cli, ["simulate", "--scenario", str(path), "--no-png"])
+    assert result.exit_code == 2, result.output
+    assert "node failures 7,027,200,000" in result.output
+    with pytest.raises(ScenarioError, match="more than the simulator's limit"):
+        make_trace(Scenario(nodes=100000, days=366, failures=FailureSpec(gpu_mttf_hours=1)))
+
+
+def test_days_and_nodes_options_are_bounded_too() -> None:
+    with pytest.raises(ScenarioError, match=r"jobs 11,914,062 \(training.jobs\)"):
+        load_scenario(None).resized(366.0, 100_000, None)
+
+
+def _deep(kind: str, depth: int) -> str:
+    if kind == "json-lists":
+        return '{"config": ' + "[" * depth + "]" * depth + "}"
+    if kind == "json-objects":
+        return '{"config": ' + '{"a": ' * depth + "1" + "}" * depth + "}"
+    if kind == "yaml-flow":
+        return "config: " + "[" * depth + "]" * depth + "\n"
+    if kind == "yaml-compact-lists":
+        return "config:\n  " + "- " * depth + "1\n"
+    assert kind == "yaml-block-mappings"
+    keys = "".join(" " * i + "a:\n" for i in range(1, depth + 1))
+    return "config:\n" + keys + " " * depth + " 1\n"
+
+
+@pytest.mark.parametrize(
+    ("kind", "suffix"),
+    [
+        pytest.param("json-lists", ".json", id="json-lists"),
+        pytest.param("json-objects", ".json", id="json-objects"),
+        pytest.param("yaml-flow", ".yaml", id="yaml-flow"),
+        pytest.param("yaml-compact-lists", ".yaml", id="yaml-compact-lists"),
+        pytest.param("yaml-block-mappings", ".yaml", id="yaml-block-mappings"),
+    ],
+)
+def test_deep_nesting_is_a_clear_error_not_a_recursion_error(
+    tmp_path: Path, kind: str, suffix: str
+) -> None:
+    depth = 1000 if kind == "yaml-block-mappings" else 100_000
+    path = tmp_path / f"deep{suffix}"
+    path.write_text(_deep(kind, depth))
+    with pytest.raises(ScenarioError, match=f"deeper than {MAX_SCENARIO_DEPTH} levels"):
+        load_scenario(path)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_nesting_within_the_bound_reaches_the_field_check(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / f"ok{suffix}"
+    path.write_text(_deep("json-lists", MAX_SCENARIO_DEPTH - 1))
+    with pytest.raises(ScenarioError, match="config: must be a mapping"):
+        load_scenario(path)
+
+
+def test_an_alias_bomb_gets_a_short_message(tmp_path: Path) -> None:
+    """Six levels of ten aliases: a million items behind 300 bytes; the error shows a few."""
+    lines = ["x:", "  a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    for i in range(1, 7):
+        lines.append(f"  a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]")
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join([*lines, "nodes: *a6", ""]))
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    assert "nodes: must be a number" in str(info.value)
+    assert len(str(info.value)) < 2000
