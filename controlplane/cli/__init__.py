@@ -5,7 +5,8 @@ holds the `rcp` group and names its commands; they live by concern: ``cli.cluste
 up, down, demo locally; nodes, serve status/pin/unpin over the API), ``cli.health`` (health,
 health clear, health breaker [reset], cordon, uncordon, fault inject), ``cli.policy``
 (policy pause/resume/status), ``cli.jobs`` (submit, status, queue, cancel, logs, events),
-``cli.users`` (whoami, users add/list/remove/rotate-token),
+``cli.users`` (whoami, users add/list/remove/rotate-token over the API, users
+recover-admin beside the store),
 ``cli.timeline`` (timeline: a PNG of events and metrics), ``cli.simulate``
 (simulate: the fleet simulator), with the shared options and exits in ``cli.common`` and the
 job tables in ``cli.render``.

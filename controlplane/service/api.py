@@ -43,10 +43,13 @@ POST     /v1/users                    [manage-users] ``{"name", "role", "queues"
                                       "expires_in_s"?}``: 201 with the user and its ``token``,
                                       shown this once; 409 if the name is taken
 DELETE   /v1/users/{name}             [manage-users] remove; the token stops at once. 409 for
-                                      the last admin
+                                      the last admin who can sign in, or whose token never
+                                      expires (`controlplane.store.users`)
 POST     /v1/users/{name}/rotate-token
                                       [manage-users] ``{"expires_in_s"?}`` or no body: a new
-                                      ``token``, shown this once; the old one stops at once
+                                      ``token``, shown this once; the old one stops at once.
+                                      409 for an expiry on the last admin whose token never
+                                      expires
 GET      /healthz                     liveness, no auth: 200 ``{"ok": true}``, or 503
                                       ``{"ok": false, "reason": ...}`` when the liveness
                                       callable names a problem (a stalled control loop)
