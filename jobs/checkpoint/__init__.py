@@ -28,6 +28,7 @@ from jobs.checkpoint.memory_tiers import (
     RayMemoryTier,
     clear_job_memory_tier,
 )
+from jobs.checkpoint.restoring import NoVerifiedCheckpointError
 from jobs.checkpoint.retrying import RetryPolicy
 from jobs.checkpoint.storages import LocalStorage, S3Storage, Storage, open_storage
 
@@ -40,6 +41,7 @@ __all__ = [
     "LocalStorage",
     "MemoryTier",
     "MemoryTierUnavailableError",
+    "NoVerifiedCheckpointError",
     "RayMemoryTier",
     "RestoredCheckpoint",
     "RetryPolicy",

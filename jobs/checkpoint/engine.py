@@ -16,10 +16,11 @@ protocols it runs (the storage steps of a save are in `saving`, loading one step
   after that rank's shards were durable) is present, so a manifest implies complete data.
 * `restore()` walks committed steps newest first, verifies the index and every shard
   checksum (from the memory tier when it holds exactly that step, else from storage), and
-  loads the first one that verifies; corrupt or torn steps, and steps whose skeleton names a
-  global the restricted unpickler refuses (`UnsafeCheckpointError`), are skipped with a
-  warning. Where the state came from ("memory" or "storage") is in the result, in `stats()`
-  and in the restores metric.
+  loads the first one that verifies; corrupt or torn steps, and steps whose index or
+  skeleton fails a check (`UnsafeCheckpointError` for a global the restricted unpickler
+  refuses), are skipped with a warning; if every committed step fails, it raises
+  `NoVerifiedCheckpointError` naming each. Where the state came from ("memory" or
+  "storage") is in the result, in `stats()` and in the restores metric.
 
 Must not: decide when to checkpoint (see `policies.checkpointing`) or know Ray Train (see
 `jobs.checkpointing`).
@@ -349,9 +350,11 @@ class CheckpointEngine:
     ) -> RestoredCheckpoint | None:
         """Load the newest committed checkpoint (at most `max_step`) that fully verifies.
 
-        Corrupt or torn steps are skipped with a warning. Returns None when no committed
-        checkpoint verifies. Storage that stays unreachable raises instead of returning
-        None, so a job never silently restarts from scratch because of an outage.
+        Corrupt, torn or crafted steps are skipped with a warning (and listed in the
+        result's `skipped`). Returns None when there is no committed checkpoint; raises
+        `NoVerifiedCheckpointError`, naming each step and why, when there are some and none
+        verifies. Storage that stays unreachable raises too, so a job never silently
+        restarts from scratch because of an outage or damage.
         """
         restored = restore_newest(
             self.storage,

@@ -141,7 +141,7 @@ class RankIndex:
                 ),
                 skeleton=base64.b64decode(doc["skeleton_b64"], validate=True),
             )
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
             raise CorruptCheckpointError(f"rank index is not valid: {exc}") from exc
         covered = sum(s.size_bytes for s in index.shards)
         if covered != index.payload_bytes:
@@ -217,9 +217,11 @@ class Manifest:
                     for r in doc["ranks"]
                 ),
             )
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
             raise CorruptCheckpointError(f"manifest is not valid: {exc}") from exc
-        if sorted(r.rank for r in manifest.ranks) != list(range(manifest.world_size)):
+        ranks = sorted(r.rank for r in manifest.ranks)
+        # Compared by count first: a crafted world_size must not size a list.
+        if len(ranks) != manifest.world_size or ranks != list(range(len(ranks))):
             raise CorruptCheckpointError(
                 f"manifest lists ranks {[r.rank for r in manifest.ranks]}, "
                 f"expected 0..{manifest.world_size - 1}"

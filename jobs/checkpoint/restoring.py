@@ -1,22 +1,30 @@
 """The restore path of the checkpoint engine: the newest committed step that verifies.
 
 Owns: `restore_newest`, which walks committed steps newest first (`committed_steps`) and
-skips, with a warning and a count, a step that is corrupt or torn (`CorruptCheckpointError`,
-`ObjectNotFoundError`, `ObjectSizeError`, `UnsafeCheckpointError`); `RestoredCheckpoint`;
-and `load_step`: read a step's manifest, check it names this
-step and this job's number of ranks, then take this rank's data from the memory tier when it
-holds exactly that step (and its index and shards match their checksums), else from storage
-(index checked against the manifest, every shard against the index, a shard that fails read
-again up to `REREAD_ATTEMPTS` times), and rebuild the state through the restricted
-unpickler.
+skips, with a warning, a count and a `SkippedStep` naming the step and why, a step that is
+corrupt, torn or crafted (`CorruptCheckpointError`, `UnsafeCheckpointError`,
+`ObjectNotFoundError`, `ObjectSizeError`), and raises `NoVerifiedCheckpointError` naming
+every step it tried when committed steps exist but none verifies; `RestoredCheckpoint`; and
+`load_step`: read a step's manifest, check it names this step and this job's number of
+ranks, then check this rank's index before reading a payload byte (`check_index`: it names
+this step and rank, its payload is the manifest's and fits in this host's memory, its shards
+are this rank's keys and tile the payload, every tensor's dtype, shape and offset fit the
+payload, its skeleton passes `skeleton_bounds` and the restricted unpickler), then take the
+data from the memory tier when it holds exactly that step (and its index and shards match
+their checksums), else from storage (index checked against the manifest, every shard against
+the index, a shard that fails read again up to `REREAD_ATTEMPTS` times), and rebuild the
+state.
 
 Must not: write to storage, or swallow a storage outage (an unreachable store raises, so a
-job never silently restarts from scratch).
+job never silently restarts from scratch), or let bytes from storage reach a recursive walk,
+an allocation or a tensor view before they were checked.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,21 +36,33 @@ from jobs.checkpoint.layout import (
     CorruptCheckpointError,
     Manifest,
     RankIndex,
+    RankRecord,
     ShardEntry,
     UnsafeCheckpointError,
     checksum,
+    index_key,
     manifest_key,
+    shard_key,
     step_of_key,
 )
 from jobs.checkpoint.memory_tiers import MemoryTier
 from jobs.checkpoint.saving import as_view
-from jobs.checkpoint.snapshot import rebuild_state
+from jobs.checkpoint.snapshot import (
+    check_tensor_layout,
+    copy_tensors,
+    load_skeleton,
+    unflatten_state,
+)
 from jobs.checkpoint.storages import ObjectNotFoundError, ObjectSizeError, Storage
 
 __all__ = [
     "REREAD_ATTEMPTS",
+    "NoVerifiedCheckpointError",
     "RestoredCheckpoint",
+    "SkippedStep",
+    "check_index",
     "committed_steps",
+    "host_memory_bytes",
     "load_step",
     "restore_newest",
 ]
@@ -54,6 +74,28 @@ REREAD_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
+class SkippedStep:
+    """A committed step restore did not load, and why (the error's message)."""
+
+    step: int
+    reason: str
+
+
+class NoVerifiedCheckpointError(CorruptCheckpointError):
+    """Committed steps exist, but none verifies; the message names each and why. Raised
+    rather than returning None, which would restart the job from scratch."""
+
+    def __init__(self, uri: str, skipped: tuple[SkippedStep, ...]) -> None:
+        tried = "; ".join(f"step {s.step}: {s.reason}" for s in skipped)
+        super().__init__(
+            f"no committed checkpoint in {uri} verifies, so none is restored ({tried}); "
+            "restore an older copy of the checkpoints, or start the job afresh under a new "
+            "checkpoint.uri"
+        )
+        self.skipped = skipped
+
+
+@dataclass(frozen=True)
 class RestoredCheckpoint:
     """A verified checkpoint: its step, the state as saved, and where it was read from."""
 
@@ -62,6 +104,11 @@ class RestoredCheckpoint:
     source: str
     """"memory" (the memory tier) or "storage"."""
     metadata: Mapping[str, Any]
+    skipped: tuple[SkippedStep, ...] = ()
+    """Newer committed steps that failed to verify, newest first."""
+    check_s: float = 0.0
+    """Seconds this step's structural checks took (`check_index`: the index's bounds, the
+    skeleton's scan and unpickling), apart from the checksums."""
 
 
 def committed_steps(storage: Storage) -> list[int]:
@@ -84,7 +131,10 @@ def restore_newest(
     max_step: int | None,
     map_location: str | torch.device,
 ) -> RestoredCheckpoint | None:
-    """The newest committed step (at most `max_step`) that fully verifies, or None."""
+    """The newest committed step (at most `max_step`) that fully verifies; None when there
+    is no committed step; `NoVerifiedCheckpointError` when there are some and none
+    verifies."""
+    skipped: list[SkippedStep] = []
     for step in committed_steps(storage):
         if max_step is not None and step > max_step:
             continue
@@ -100,10 +150,28 @@ def restore_newest(
         except (CorruptCheckpointError, ObjectNotFoundError, ObjectSizeError) as exc:
             metrics.SKIPPED_ON_RESTORE.labels(run_name).inc()
             logger.warning("skipping checkpoint step %d in %s: %s", step, storage.uri, exc)
+            skipped.append(SkippedStep(step, str(exc)))
             continue
         metrics.RESTORES.labels(run_name, restored.source).inc()
-        return restored
+        return RestoredCheckpoint(
+            restored.step,
+            restored.state,
+            restored.source,
+            restored.metadata,
+            skipped=tuple(skipped),
+            check_s=restored.check_s,
+        )
+    if skipped:
+        raise NoVerifiedCheckpointError(storage.uri, tuple(skipped))
     return None
+
+
+def host_memory_bytes() -> int | None:
+    """This host's physical memory, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def load_step(
@@ -126,23 +194,34 @@ def load_step(
             "restoring onto a different number of ranks is not supported"
         )
     record = next(r for r in manifest.ranks if r.rank == rank)
+    if record.index_key != index_key(step, rank):
+        raise CorruptCheckpointError(
+            f"manifest names {record.index_key[:200]!r} as rank {rank}'s index, "
+            f"not {index_key(step, rank)!r}"
+        )
     held = memory_tier.get(rank) if memory_tier is not None else None
     if held is not None and held.step == step and checksum(held.index) == record.index_checksum:
-        index = _parse_index(held.index, step, rank, world_size)
-        payload = (
-            torch.frombuffer(bytearray(held.payload), dtype=torch.uint8)
-            if len(held.payload)
-            else torch.empty(0, dtype=torch.uint8)
-        )
-        bad = _bad_shards(index, payload)
-        if not bad:
-            state = _rebuild(step, rank, index, payload, map_location)
-            return RestoredCheckpoint(step, state, "memory", manifest.metadata)
+        began = time.perf_counter()
+        index, structure = check_index(held.index, record, step, rank, world_size)
+        check_s = time.perf_counter() - began
+        if len(held.payload) == index.payload_bytes:
+            payload = (
+                torch.frombuffer(bytearray(held.payload), dtype=torch.uint8)
+                if len(held.payload)
+                else torch.empty(0, dtype=torch.uint8)
+            )
+            if not _bad_shards(index, payload):
+                state = _rebuild(structure, index, payload, map_location)
+                return RestoredCheckpoint(
+                    step, state, "memory", manifest.metadata, check_s=check_s
+                )
         logger.warning("memory tier copy of step %d fails checksums; reading storage", step)
     index_bytes = storage.get_bytes(record.index_key)
     if checksum(index_bytes) != record.index_checksum:
         raise CorruptCheckpointError(f"index {record.index_key} does not match its checksum")
-    index = _parse_index(index_bytes, step, rank, world_size)
+    began = time.perf_counter()
+    index, structure = check_index(index_bytes, record, step, rank, world_size)
+    check_s = time.perf_counter() - began
     payload = torch.empty(index.payload_bytes, dtype=torch.uint8)
     view = as_view(payload)
     todo = list(index.shards)
@@ -156,27 +235,59 @@ def load_step(
         logger.info("step %d: %d shard(s) failed checksum, reading again", step, len(todo))
     if todo:
         raise CorruptCheckpointError(f"shards {[s.key for s in todo]} do not match their checksums")
-    state = _rebuild(step, rank, index, payload, map_location)
-    return RestoredCheckpoint(step, state, "storage", manifest.metadata)
+    state = _rebuild(structure, index, payload, map_location)
+    return RestoredCheckpoint(step, state, "storage", manifest.metadata, check_s=check_s)
 
 
-def _rebuild(
-    step: int, rank: int, index: RankIndex, payload: torch.Tensor, map_location: str | torch.device
-) -> Any:
-    try:
-        return rebuild_state(index.skeleton, index.tensors, payload, map_location=map_location)
-    except UnsafeCheckpointError as exc:
-        raise UnsafeCheckpointError(f"checkpoint step {step} rank {rank}: {exc}") from exc
-
-
-def _parse_index(data: bytes, step: int, rank: int, world_size: int) -> RankIndex:
+def check_index(
+    data: bytes, record: RankRecord, step: int, rank: int, world_size: int
+) -> tuple[RankIndex, Any]:
+    """Parse rank `rank`'s index of `step` and check everything in it that restore will
+    act on, before a payload byte is allocated or read; return it with its skeleton
+    unpickled (tensors still slots). Raises `CorruptCheckpointError` (or its
+    `UnsafeCheckpointError`) naming the first thing that does not hold."""
     index = RankIndex.from_json_bytes(data)
     if (index.step, index.rank, index.world_size) != (step, rank, world_size):
         raise CorruptCheckpointError(
             f"index names step {index.step} rank {index.rank}/{index.world_size}, "
             f"expected step {step} rank {rank}/{world_size}"
         )
-    return index
+    if index.payload_bytes != record.payload_bytes:
+        raise CorruptCheckpointError(
+            f"index says the payload is {index.payload_bytes} bytes, the manifest "
+            f"{record.payload_bytes}"
+        )
+    memory_bytes = host_memory_bytes()
+    if memory_bytes is not None and index.payload_bytes > memory_bytes:
+        raise CorruptCheckpointError(
+            f"index says the payload is {index.payload_bytes} bytes, more than this host's "
+            f"{memory_bytes} bytes of memory"
+        )
+    offset = 0
+    for number, shard in enumerate(index.shards):
+        expected_key = shard_key(step, rank, number)
+        if shard.key != expected_key:
+            raise CorruptCheckpointError(
+                f"shard {number} is {shard.key[:200]!r}, not {expected_key!r}"
+            )
+        if shard.offset_bytes != offset or shard.size_bytes <= 0:
+            raise CorruptCheckpointError(
+                f"shard {number} covers bytes {shard.offset_bytes}+{shard.size_bytes}; "
+                f"shards must tile the payload in order (next byte {offset})"
+            )
+        offset += shard.size_bytes
+    check_tensor_layout(index.tensors, index.payload_bytes)
+    try:
+        structure = load_skeleton(index.skeleton)
+    except UnsafeCheckpointError as exc:
+        raise UnsafeCheckpointError(f"checkpoint step {step} rank {rank}: {exc}") from exc
+    return index, structure
+
+
+def _rebuild(
+    structure: Any, index: RankIndex, payload: torch.Tensor, map_location: str | torch.device
+) -> Any:
+    return unflatten_state(structure, copy_tensors(payload, index.tensors, map_location))
 
 
 def _bad_shards(

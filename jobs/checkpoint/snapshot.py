@@ -13,9 +13,12 @@ work through together.
 It also owns what restore trusts: the skeleton is loaded by `load_skeleton`, an unpickler
 that resolves only the globals in `_ALLOWED_GLOBALS` (builtin containers and scalars,
 `OrderedDict`, `defaultdict` with a builtin factory, torch dtypes, devices and sizes, and
-`TensorSlot`). Anything else is `UnsafeCheckpointError`, before it can run. `take_snapshot`
-applies the same rule at save time (`check_skeleton`), so a state restore would refuse is a
-`TypeError` naming its key at the first save.
+`TensorSlot`). Anything else is `UnsafeCheckpointError`, before it can run. Before the
+unpickler sees a byte, `skeleton_bounds.scan_skeleton` bounds the skeleton's size, nesting
+depth, number of values and dict key types without recursing. `take_snapshot` applies the
+same rules at save time (`check_skeleton`), so a state restore would refuse is a `TypeError`
+naming its key at the first save. `check_tensor_layout` checks each tensor's dtype, shape,
+size and offset against the payload before any view of it is made.
 
 It must not do I/O or start threads; the engine does both.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import io
+import math
 import os
 import pickle
 import queue
@@ -36,6 +40,13 @@ from typing import Any
 import torch
 
 from jobs.checkpoint.layout import CorruptCheckpointError, TensorEntry, UnsafeCheckpointError
+from jobs.checkpoint.skeleton_bounds import (
+    MAX_KEY_DEPTH,
+    MAX_SKELETON_BYTES,
+    MAX_SKELETON_DEPTH,
+    MAX_SKELETON_ELEMENTS,
+    scan_skeleton,
+)
 
 ALIGN_BYTES = 64
 MIB = 1024 * 1024
@@ -89,22 +100,31 @@ def flatten_state(state: Any) -> tuple[Any, list[torch.Tensor]]:
     tensors: list[torch.Tensor] = []
     seen: dict[int, int] = {}
 
-    def walk(value: Any) -> Any:
+    def walk(value: Any, depth: int) -> Any:
         if _is_dense(value):
             key = id(value)
             if key not in seen:
                 seen[key] = len(tensors)
                 tensors.append(value.detach())
             return TensorSlot(seen[key])
+        if depth >= MAX_SKELETON_DEPTH and isinstance(value, dict | list | tuple):
+            raise TypeError(_too_deep_message("state"))
         if isinstance(value, dict):
-            return _same_mapping(value, [(k, walk(v)) for k, v in value.items()])
+            return _same_mapping(value, [(k, walk(v, depth + 1)) for k, v in value.items()])
         if isinstance(value, list):
-            return [walk(v) for v in value]
+            return [walk(v, depth + 1) for v in value]
         if type(value) is tuple:
-            return tuple(walk(v) for v in value)
+            return tuple(walk(v, depth + 1) for v in value)
         return value
 
-    return walk(state), tensors
+    return walk(state, 0), tensors
+
+
+def _too_deep_message(path: str) -> str:
+    return (
+        f"checkpoint state at {path} is nested more than {MAX_SKELETON_DEPTH} containers deep "
+        "(or holds itself), which restore does not load; flatten it, or save it as a tensor"
+    )
 
 
 def unflatten_state(skeleton: Any, tensors: Sequence[torch.Tensor]) -> Any:
@@ -112,7 +132,7 @@ def unflatten_state(skeleton: Any, tensors: Sequence[torch.Tensor]) -> Any:
 
     def walk(value: Any) -> Any:
         if isinstance(value, TensorSlot):
-            index = value.index
+            index = vars(value).get("index")  # a crafted slot may lack it
             if type(index) is not int or not 0 <= index < len(tensors):
                 raise CorruptCheckpointError(
                     f"skeleton names tensor slot {index!r}; the index lists {len(tensors)}"
@@ -184,11 +204,13 @@ class _SkeletonUnpickler(pickle.Unpickler):
 
 
 def load_skeleton(data: bytes) -> Any:
-    """Unpickle a skeleton, resolving only `_ALLOWED_GLOBALS`.
+    """Unpickle a skeleton, resolving only `_ALLOWED_GLOBALS`, once `scan_skeleton` passed.
 
     Raises `UnsafeCheckpointError` for any other global (nothing it names is imported or
-    called) and `CorruptCheckpointError` for bytes that do not unpickle.
+    called) and `CorruptCheckpointError` for bytes that do not unpickle or exceed the
+    skeleton's bounds (size, depth, values, key types).
     """
+    scan_skeleton(data)
     try:
         return _SkeletonUnpickler(io.BytesIO(data)).load()
     except UnsafeCheckpointError:
@@ -204,47 +226,85 @@ def check_skeleton(skeleton: Any, path: str = "state") -> None:
 
     Mirrors `_ALLOWED_GLOBALS` on live objects: exact types only, so subclasses (numpy
     scalars are float subclasses, namedtuples tuple ones) are refused like any custom class.
+    Mirrors `skeleton_bounds` too: at most `MAX_SKELETON_DEPTH` containers deep, at most
+    `MAX_SKELETON_ELEMENTS` values, dict keys and set elements only scalars, dtypes,
+    devices, sizes and tuples and frozensets of them, at most `MAX_KEY_DEPTH` deep.
     """
-    kind = type(skeleton)
-    if kind in _SCALAR_TYPES or kind is TensorSlot or kind is torch.device:
-        return
-    if isinstance(skeleton, torch.dtype):
-        return
-    if kind in (dict, collections.OrderedDict, collections.defaultdict):
-        if kind is collections.defaultdict and skeleton.default_factory not in (
-            _DEFAULTDICT_FACTORIES
-        ):
+    elements = 0
+
+    def check(value: Any, path: str, depth: int, key_depth: int | None) -> None:
+        """`depth`: containers above `value`; `key_depth`: the same within the dict key or
+        set element it is part of, None outside keys."""
+        nonlocal elements
+        elements += 1
+        if elements > MAX_SKELETON_ELEMENTS:
             raise TypeError(
-                f"checkpoint state at {path} is a defaultdict with factory "
-                f"{skeleton.default_factory!r}, which restore does not call; use a factory "
-                "such as list, dict or int, or convert it with dict(...)"
+                f"checkpoint state holds more than {MAX_SKELETON_ELEMENTS} values (at {path}), "
+                "which restore does not load; save long sequences as tensors"
             )
-        for key, value in skeleton.items():
-            check_skeleton(key, f"{path} (key {key!r})")
-            check_skeleton(value, f"{path}[{key!r}]")
-        return
-    if kind in (list, tuple, torch.Size):
-        for i, value in enumerate(skeleton):
-            check_skeleton(value, f"{path}[{i}]")
-        return
-    if kind in (set, frozenset):
-        for value in skeleton:
-            check_skeleton(value, f"{path} (element {value!r})")
-        return
-    if kind is slice:
-        for part in (skeleton.start, skeleton.stop, skeleton.step):
-            check_skeleton(part, path)
-        return
-    hint = (
-        "; sparse, quantized and nested tensors are not supported, save a dense copy"
-        if isinstance(skeleton, torch.Tensor)
-        else " (numpy: torch.from_numpy(a) or a.tolist())"
-        if kind.__module__.startswith("numpy")
-        else ""
-    )
-    raise TypeError(
-        f"checkpoint state at {path} is a {kind.__module__}.{kind.__qualname__}, which "
-        f"restore does not load; {_SAFE_HINT}{hint}"
+        kind = type(value)
+        in_key = key_depth is not None
+        if kind in _SCALAR_TYPES or kind is TensorSlot or kind is torch.device:
+            if in_key and kind is bytearray:
+                raise TypeError(_key_message(path, value))
+            return
+        if isinstance(value, torch.dtype):
+            return
+        if in_key and kind not in (tuple, frozenset, torch.Size):
+            raise TypeError(_key_message(path, value))
+        if depth >= MAX_SKELETON_DEPTH:
+            raise TypeError(_too_deep_message(path))
+        if key_depth is not None and key_depth >= MAX_KEY_DEPTH:
+            raise TypeError(
+                f"checkpoint state at {path} is a key nested more than {MAX_KEY_DEPTH} "
+                "deep, which restore does not load"
+            )
+        inner = None if key_depth is None else key_depth + 1
+        if kind in (dict, collections.OrderedDict, collections.defaultdict):
+            if kind is collections.defaultdict and value.default_factory not in (
+                _DEFAULTDICT_FACTORIES
+            ):
+                raise TypeError(
+                    f"checkpoint state at {path} is a defaultdict with factory "
+                    f"{value.default_factory!r}, which restore does not call; use a factory "
+                    "such as list, dict or int, or convert it with dict(...)"
+                )
+            for k, v in value.items():
+                check(k, f"{path} (key {k!r})", depth + 1, 0)
+                check(v, f"{path}[{k!r}]", depth + 1, None)
+            return
+        if kind in (list, tuple, torch.Size):
+            for i, v in enumerate(value):
+                check(v, f"{path}[{i}]", depth + 1, inner)
+            return
+        if kind in (set, frozenset):
+            for v in value:
+                check(v, f"{path} (element {v!r})", depth + 1, inner or 0)
+            return
+        if kind is slice:
+            for part in (value.start, value.stop, value.step):
+                check(part, path, depth + 1, None)
+            return
+        hint = (
+            "; sparse, quantized and nested tensors are not supported, save a dense copy"
+            if isinstance(value, torch.Tensor)
+            else " (numpy: torch.from_numpy(a) or a.tolist())"
+            if kind.__module__.startswith("numpy")
+            else ""
+        )
+        raise TypeError(
+            f"checkpoint state at {path} is a {kind.__module__}.{kind.__qualname__}, which "
+            f"restore does not load; {_SAFE_HINT}{hint}"
+        )
+
+    check(skeleton, path, 0, None)
+
+
+def _key_message(path: str, value: object) -> str:
+    return (
+        f"checkpoint state at {path} is a {type(value).__qualname__} used as a dict key or set "
+        "element, which restore does not load; keys are numbers, strings, bytes, None, "
+        "dtypes, devices, sizes, and tuples and frozensets of them"
     )
 
 
@@ -256,10 +316,53 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def dtype_from_name(name: str) -> torch.dtype:
-    dtype = _TORCH_DTYPES.get(name)
+    dtype = _PAYLOAD_DTYPES.get(name)
     if dtype is None:
         raise ValueError(f"unknown tensor dtype {name!r} in checkpoint index")
     return dtype
+
+
+_SHELL_DTYPES = frozenset(
+    {"bit", *(f"{sign}int{bits}" for sign in ("", "u") for bits in range(1, 8))}
+)
+"""Sub-byte dtypes torch names but no dense tensor has."""
+_PAYLOAD_DTYPES: dict[str, torch.dtype] = {
+    name: dtype
+    for name, dtype in _TORCH_DTYPES.items()
+    if not name.startswith("q") and name not in _SHELL_DTYPES  # q...: quantized
+}
+"""The dtypes a payload holds: every dtype a dense tensor can have."""
+
+
+def check_tensor_layout(entries: Sequence[TensorEntry], payload_bytes: int) -> None:
+    """Raise `CorruptCheckpointError` unless every entry is a tensor `tensor_views` can cut
+    out of a payload of `payload_bytes`: a known dtype, a shape whose size is its byte count,
+    an offset aligned to its element size, and its bytes inside the payload."""
+    for number, entry in enumerate(entries):
+        dtype = _PAYLOAD_DTYPES.get(entry.dtype)
+        if dtype is None:
+            raise CorruptCheckpointError(
+                f"tensor {number} has dtype {entry.dtype[:40]!r}, which restore does not read"
+            )
+        if any(dim < 0 for dim in entry.shape):
+            raise CorruptCheckpointError(f"tensor {number} has a negative dimension")
+        expected = math.prod(entry.shape) * dtype.itemsize
+        if entry.nbytes != expected:
+            raise CorruptCheckpointError(
+                f"tensor {number} ({len(entry.shape)}-d {entry.dtype}) takes {expected} bytes, "
+                f"the index says {entry.nbytes}"
+            )
+        offset = entry.offset_bytes
+        if offset < 0 or offset % dtype.itemsize:
+            raise CorruptCheckpointError(
+                f"tensor {number} starts at byte {offset}, not a multiple of its "
+                f"{dtype.itemsize}-byte elements"
+            )
+        if offset + entry.nbytes > payload_bytes:
+            raise CorruptCheckpointError(
+                f"tensor {number} ends at byte {offset + entry.nbytes}, past the payload's "
+                f"{payload_bytes}"
+            )
 
 
 def plan_layout(tensors: Sequence[torch.Tensor]) -> tuple[tuple[TensorEntry, ...], int]:
@@ -467,6 +570,11 @@ def take_snapshot(
         skeleton_bytes = pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
         raise TypeError(f"checkpoint state cannot be pickled: {exc}") from exc
+    if len(skeleton_bytes) > MAX_SKELETON_BYTES:
+        raise TypeError(
+            f"checkpoint state's non-tensor part pickles to {len(skeleton_bytes)} bytes, more "
+            f"than the {MAX_SKELETON_BYTES} restore loads; save large values as tensors"
+        )
     entries, payload_bytes = plan_layout(tensors)
     payload = buffer.reserve(payload_bytes)
     destinations = tensor_views(payload, entries)
@@ -490,9 +598,17 @@ def rebuild_state(
     """The state a snapshot captured, with every tensor an independent copy.
 
     The skeleton is loaded with `load_skeleton` first (UnsafeCheckpointError or
-    CorruptCheckpointError), before any tensor is copied.
+    CorruptCheckpointError), and the entries checked against the payload
+    (`check_tensor_layout`), before any tensor is copied.
     """
     structure = load_skeleton(skeleton)
-    views = tensor_views(payload, entries)
-    tensors = [v.to(map_location, copy=True) for v in views]
-    return unflatten_state(structure, tensors)
+    check_tensor_layout(entries, payload.numel())
+    return unflatten_state(structure, copy_tensors(payload, entries, map_location))
+
+
+def copy_tensors(
+    payload: torch.Tensor, entries: Sequence[TensorEntry], map_location: str | torch.device
+) -> list[torch.Tensor]:
+    """Each entry's tensor, copied out of `payload` to `map_location` (entries checked by
+    `check_tensor_layout` first)."""
+    return [v.to(map_location, copy=True) for v in tensor_views(payload, entries)]
