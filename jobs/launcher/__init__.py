@@ -58,6 +58,8 @@ Where each part lives (this module is the public face: every name below is impor
   failed gang's last log line;
 * `jobs.launcher.child_process`: one rank's command as a child process, `torchrun_env`;
 * `jobs.launcher.worker_started`: telling the control plane a worker started;
+* `jobs.launcher.driver_node`: the driver attached to the Ray node it runs on (so the gang's
+  Ray Train controller runs there, beside it, and never on the head);
 * ``python -m jobs.launcher`` runs `jobs.launcher.__main__`, the Ray Job's driver.
 
 Must not: import `controlplane`; everything comes from ``RCP_*`` environment variables.
@@ -86,6 +88,7 @@ from jobs.launcher.command import (
     gang_failure_summary,
     run_command,
 )
+from jobs.launcher.driver_node import connect_driver
 from jobs.launcher.gang import (
     ENV_BACKEND,
     ENV_CPUS_PER_WORKER,
@@ -125,6 +128,7 @@ __all__ = [
     "CommandProcess",
     "command_backend_config",
     "command_failure",
+    "connect_driver",
     "free_port",
     "gang_failure_summary",
     "gang_label_selector",
@@ -169,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         if not command:
             print(_USAGE, file=sys.stderr)
             return 2
+        connect_driver()
         try:
             run_command(command)
         except Exception as exc:
@@ -182,5 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_USAGE, file=sys.stderr)
         return 2
     sys.path.insert(0, os.getcwd())
-    run_gang(load_function(args[0]))
+    fn = load_function(args[0])
+    connect_driver()
+    run_gang(fn)
     return 0
