@@ -1,8 +1,9 @@
 """Telling the control plane a gang's worker started, with its pid and node.
 
 Owns: `report_started` (the call to the job's signals actor, with the attempt's
-``RCP_SIGNAL_TOKEN``, looked up by name again while the actor is being replaced, for at most
-`WORKER_STARTED_DEADLINE_S`), `report_this_worker` (this Ray Train worker's pid and node id,
+``RCP_SIGNAL_TOKEN``, looked up by name again while the actor is being replaced, and asked
+again while it refuses (restarted with the head, it knows no attempt until the controller
+registers it again), for at most `WORKER_STARTED_DEADLINE_S`), `report_this_worker` (this Ray Train worker's pid and node id,
 only under the control plane) and `started_then` (a function gang's per-worker loop that
 reports before it calls the user's function). The controller uses the pid and node to tell a
 running gang from one stuck waiting for resources, and to ask Ray for a hung worker's stacks.
@@ -28,8 +29,9 @@ __all__ = ["WORKER_STARTED_DEADLINE_S", "report_started", "report_this_worker", 
 
 WORKER_STARTED_DEADLINE_S = 60.0
 """How long a worker keeps trying to report that it started while the signals actor is dead
-(the controller replaces it on its next tick). Past that it trains anyway; the gang then
-counts as not started (``jobs.gang_start_timeout_s``)."""
+(the controller replaces it on its next tick) or refuses it (restarted with the head, it
+knows the attempt again once the controller registers it). Past that it trains anyway; the
+gang then counts as not started (``jobs.gang_start_timeout_s``)."""
 
 
 def report_started(
@@ -47,7 +49,9 @@ def report_started(
     actor under the name. `pid` and `node_id` (hex), when given, name the worker's process
     (the controller asks Ray for its stacks, and its children's, when the job hangs). An
     actor found dead (the controller replaces it) is looked up by name again
-    (`jobs.signals.SignalsHandle`) until `deadline_s` has passed."""
+    (`jobs.signals.SignalsHandle`), and a refusal asked again (an actor restarted with the
+    head knows no attempt until the controller registers them again), until `deadline_s`
+    has passed; then a refusal returns False."""
     import ray
 
     from jobs.signals import SignalsHandle
@@ -60,7 +64,11 @@ def report_started(
     lost = False
     while True:
         try:
-            return bool(signals.call("worker_started", *args, timeout_s=30))
+            accepted = bool(signals.call("worker_started", *args, timeout_s=30))
+            if accepted or time.monotonic() >= give_up_s:
+                return accepted
+            # Refused. After a head restart Ray restarts the actor with an empty mailbox, and
+            # the controller registers this attempt again on its next tick: ask again.
         except LookupError:
             if not lost:
                 return None  # no actor under the name at all: not under the control plane

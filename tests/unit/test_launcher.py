@@ -358,6 +358,39 @@ def test_report_started_carries_the_workers_pid_and_node() -> None:
     assert handle.calls == [("worker_started", ("j-1", 2, 3, "tok", 4321, "ab12"))]
 
 
+class _Answers(_Handle):
+    """Answers each call with the next of `answers` (the last one from then on)."""
+
+    def __init__(self, *answers: bool) -> None:
+        super().__init__()
+        self.answers = list(answers)
+
+    def call(self, method: str, *args: Any, timeout_s: float) -> Any:
+        super().call(method, *args, timeout_s=timeout_s)
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+@pytest.mark.parametrize(
+    "answers, deadline_s, reported, calls",
+    [
+        ((True,), 5.0, True, 1),
+        ((False, False, True), 5.0, True, 3),
+        ((False,), 0.0, False, 1),
+    ],
+    ids=[
+        "accepted at once",
+        "refused until the controller registers the attempt again (head restarted)",
+        "refused past the deadline (a wrong token): False",
+    ],
+)
+def test_report_started_asks_again_while_the_actor_refuses(
+    answers: tuple[bool, ...], deadline_s: float, reported: bool, calls: int
+) -> None:
+    handle = _Answers(*answers)
+    got = report_started("j-1", 2, 3, "tok", deadline_s=deadline_s, handle=handle)
+    assert (got, len(handle.calls)) == (reported, calls)
+
+
 def test_report_started_without_a_pid_calls_as_before() -> None:
     handle = _Handle()
     report_started("j-1", 2, 3, "tok", handle=handle)
