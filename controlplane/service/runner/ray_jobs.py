@@ -282,7 +282,10 @@ class RayJobs:
         try:
             return RayJobStatus(str(self.client.get_job_status(submission_id)).split(".")[-1])
         except RuntimeError as exc:
-            if "does not exist" in str(exc) or "404" in str(exc):
+            # Only Ray's own answer for a job it does not hold ("Job <id> does not exist",
+            # 404). Any other 404 (a dashboard coming back with the head, a proxy in front)
+            # says nothing about the job: taking it for MISSING would re-queue a live gang.
+            if "does not exist" in str(exc):
                 return RayJobStatus.MISSING
             raise
 
