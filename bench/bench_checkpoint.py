@@ -11,7 +11,11 @@ model plus its Adam moments) against the same loopback S3 server (moto, in a chi
   floor-threads  the same bytes copied as N equal ranges by N threads (N = our copy_threads)
 
 and the background upload throughput of ours against boto3's transfer manager uploading
-the same bytes to the same endpoint. Stalls are medians over --repeats after two warm-up
+the same bytes to the same endpoint. Then restore: the saved state read back by a fresh
+engine (from the S3 server, and from a local directory), timed whole, and the part of it
+the restore's bounds checks took (`RestoredCheckpoint.check_s`: payload, shard and tensor
+bounds and the skeleton's scan, what issue 26 added), as a share of the restore in the same
+run; for this state and for the same bytes in 4,096 tensors (a skeleton 30 times larger). Stalls are medians over --repeats after two warm-up
 saves (the first one's stall, including the one-time buffer allocation, is reported
 separately).
 
@@ -23,7 +27,7 @@ This is a benchmark, not a test: it asserts nothing; it prints the figures, the 
 whether each goal was met: issue 4's (at most 0.05x sync, no worse than Ray Train ASYNC,
 within 2x of the one-thread memcpy floor, upload at least boto3's transfer manager) and
 issue 13's (stall no worse than DCP async_save, whose staging copies with torch's intra-op
-threads). Ours copies with several threads too, so its stall is also set against the
+threads) and issue 26's (restore checks at most 5 % of the restore). Ours copies with several threads too, so its stall is also set against the
 threaded floor (within 2x of it), the tighter of the two floors when copies scale.
 """
 
@@ -238,6 +242,65 @@ def bench_ours(
     }
 
 
+def many_tensor_state(size_mb: int, tensors: int = 4096) -> dict[str, Any]:
+    """`size_mb` MiB in `tensors` tensors: a model's parameters and, per parameter, Adam's
+    step and two moments. The skeleton a restore checks grows with the tensor count."""
+    params = tensors // 4
+    elems = max(1, size_mb * MIB // 4 // (3 * params))
+    model = {f"layers.{i}.weight": torch.full((elems,), float(i)) for i in range(params)}
+    optim = {
+        "state": {
+            i: {"step": torch.tensor(100.0), "exp_avg": t.clone(), "exp_avg_sq": t.clone()}
+            for i, t in enumerate(model.values())
+        },
+        "param_groups": [{"lr": 1e-4, "betas": (0.9, 0.999), "params": list(range(params))}],
+    }
+    return {"model": model, "optim": optim, "step": 100}
+
+
+def bench_restore(
+    states: dict[str, Any], s3: MotoChild, repeats: int, tmp: Path
+) -> dict[str, dict[str, float]]:
+    """Per state and store (the S3 server, a local directory): median seconds of a restore
+    by a fresh engine (no memory tier), of its bounds checks, and their share, after one
+    untimed restore."""
+    from jobs.checkpoint import CheckpointEngine
+
+    bucket = s3.bucket("bench-restore")
+    stores = {
+        "s3": lambda: CheckpointEngine(
+            f"s3://{bucket}/run", endpoint_url=s3.endpoint_url, region=REGION
+        ),
+        "file": lambda: CheckpointEngine((tmp / "restore").as_uri()),
+    }
+    figures: dict[str, dict[str, float]] = {}
+    for state_name, state in states.items():
+        for store, engine_of in stores.items():
+            with engine_of() as engine:
+                engine.save(state, 1)
+            restore_s, check_s, shares = [], [], []
+            for i in range(1 + repeats):
+                with engine_of() as engine:
+                    started = time.perf_counter()
+                    restored = engine.restore()
+                    seconds = time.perf_counter() - started
+                assert restored is not None and restored.step == 1 and not restored.skipped
+                checks_took_s = restored.check_s
+                del restored  # the restored tensors go before the next restore
+                if i:
+                    restore_s.append(seconds)
+                    check_s.append(checks_took_s)
+                    shares.append(checks_took_s / seconds)
+            figures[f"{state_name}/{store}"] = {
+                "restore_s": statistics.median(restore_s),
+                "check_s": statistics.median(check_s),
+                "check_share": statistics.median(shares),
+            }
+            s3.empty(bucket)
+            shutil.rmtree(tmp / "restore", ignore_errors=True)
+    return figures
+
+
 def bench_sync(
     state: Any, s3: MotoChild, repeats: int, tmp: Path, settle_s: float
 ) -> dict[str, float]:
@@ -397,6 +460,13 @@ def main(argv: list[str] | None = None) -> int:
             f"ours {ours['stall_s']:.4f} s, floor {ours['floor_s']:.4f} s, "
             f"{ours['copy_threads']:.0f}-thread floor {ours['floor_threads_s']:.4f} s"
         )
+        restore = bench_restore(
+            {"model": state, "4096-tensors": many_tensor_state(args.size_mb)},
+            s3,
+            args.repeats,
+            tmp,
+        )
+        progress(f"restore {restore}")
         sync = attempt("sync", lambda: bench_sync(state, s3, args.repeats, tmp, args.settle_s))
         stalls["sync_torch_save_upload"] = None if sync is None else sync["stall_s"]
         progress(f"sync {stalls['sync_torch_save_upload']}")
@@ -434,6 +504,10 @@ def main(argv: list[str] | None = None) -> int:
         "upload_ours_over_transfer_manager": (
             None if not tm_bytes_per_s else ours["upload_bytes_per_s"] / tm_bytes_per_s
         ),
+        **{
+            f"restore_checks_over_restore_{where.replace('/', '_')}": figures["check_share"]
+            for where, figures in restore.items()
+        },
     }
 
     def goal(value: float | None, limit: float, at_most: bool = True) -> dict[str, Any]:
@@ -449,6 +523,12 @@ def main(argv: list[str] | None = None) -> int:
         "upload_at_least_transfer_manager": goal(
             ratios["upload_ours_over_transfer_manager"], 1.0, at_most=False
         ),
+        **{
+            f"restore_checks_at_most_5pct_{where.replace('/', '_')}": goal(
+                figures["check_share"], 0.05
+            )
+            for where, figures in restore.items()
+        },
     }
     report = {
         "size_mb": args.size_mb,
@@ -463,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
             "boto3_transfer_manager": tm_bytes_per_s,
         },
         "sync_torch_save_s": None if sync is None else sync["torch_save_s"],
+        "restore": restore,
         "errors": errors,
         "ratios": ratios,
         "goals": goals,
@@ -481,6 +562,11 @@ def main(argv: list[str] | None = None) -> int:
         f"upload MB/s: ours {ours['upload_bytes_per_s'] / 1e6:.1f}, "
         f"boto3 transfer manager {tm_shown}"
     )
+    for where, figures in restore.items():
+        print(
+            f"restore {where:<20} {figures['restore_s']:.4f} s, of which bounds checks "
+            f"{figures['check_s'] * 1e3:.3f} ms ({figures['check_share'] * 100:.3f} %)"
+        )
     for name, error in errors.items():
         print(f"baseline {name} failed: {error}")
     for name, result in goals.items():

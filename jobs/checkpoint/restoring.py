@@ -47,11 +47,12 @@ from jobs.checkpoint.layout import (
 )
 from jobs.checkpoint.memory_tiers import MemoryTier
 from jobs.checkpoint.saving import as_view
+from jobs.checkpoint.skeleton_bounds import scan_skeleton
 from jobs.checkpoint.snapshot import (
     check_tensor_layout,
     copy_tensors,
-    load_skeleton,
     unflatten_state,
+    unpickle_scanned_skeleton,
 )
 from jobs.checkpoint.storages import ObjectNotFoundError, ObjectSizeError, Storage
 
@@ -107,8 +108,9 @@ class RestoredCheckpoint:
     skipped: tuple[SkippedStep, ...] = ()
     """Newer committed steps that failed to verify, newest first."""
     check_s: float = 0.0
-    """Seconds this step's structural checks took (`check_index`: the index's bounds, the
-    skeleton's scan and unpickling), apart from the checksums."""
+    """Seconds this step's bounds checks took (`check_index` but for parsing the index and
+    unpickling the skeleton: the payload, shard and tensor bounds and the skeleton's scan);
+    what issue 26 added to a restore."""
 
 
 def committed_steps(storage: Storage) -> list[int]:
@@ -201,9 +203,7 @@ def load_step(
         )
     held = memory_tier.get(rank) if memory_tier is not None else None
     if held is not None and held.step == step and checksum(held.index) == record.index_checksum:
-        began = time.perf_counter()
-        index, structure = check_index(held.index, record, step, rank, world_size)
-        check_s = time.perf_counter() - began
+        index, structure, check_s = check_index(held.index, record, step, rank, world_size)
         if len(held.payload) == index.payload_bytes:
             payload = (
                 torch.frombuffer(bytearray(held.payload), dtype=torch.uint8)
@@ -219,9 +219,7 @@ def load_step(
     index_bytes = storage.get_bytes(record.index_key)
     if checksum(index_bytes) != record.index_checksum:
         raise CorruptCheckpointError(f"index {record.index_key} does not match its checksum")
-    began = time.perf_counter()
-    index, structure = check_index(index_bytes, record, step, rank, world_size)
-    check_s = time.perf_counter() - began
+    index, structure, check_s = check_index(index_bytes, record, step, rank, world_size)
     payload = torch.empty(index.payload_bytes, dtype=torch.uint8)
     view = as_view(payload)
     todo = list(index.shards)
@@ -241,10 +239,11 @@ def load_step(
 
 def check_index(
     data: bytes, record: RankRecord, step: int, rank: int, world_size: int
-) -> tuple[RankIndex, Any]:
+) -> tuple[RankIndex, Any, float]:
     """Parse rank `rank`'s index of `step` and check everything in it that restore will
-    act on, before a payload byte is allocated or read; return it with its skeleton
-    unpickled (tensors still slots). Raises `CorruptCheckpointError` (or its
+    act on, before a payload byte is allocated or read. Returns the index, its skeleton
+    unpickled (tensors still slots), and the seconds the bounds checks took (the scan
+    included, the parsing and unpickling not). Raises `CorruptCheckpointError` (or its
     `UnsafeCheckpointError`) naming the first thing that does not hold."""
     index = RankIndex.from_json_bytes(data)
     if (index.step, index.rank, index.world_size) != (step, rank, world_size):
@@ -252,6 +251,20 @@ def check_index(
             f"index names step {index.step} rank {index.rank}/{index.world_size}, "
             f"expected step {step} rank {rank}/{world_size}"
         )
+    began = time.perf_counter()
+    _check_bounds(index, record)
+    try:
+        scan_skeleton(index.skeleton)
+        check_s = time.perf_counter() - began
+        structure = unpickle_scanned_skeleton(index.skeleton)
+    except UnsafeCheckpointError as exc:
+        raise UnsafeCheckpointError(f"checkpoint step {step} rank {rank}: {exc}") from exc
+    return index, structure, check_s
+
+
+def _check_bounds(index: RankIndex, record: RankRecord) -> None:
+    """The payload is the manifest's and fits in memory, the shards are this rank's and
+    tile it, and every tensor lies inside it."""
     if index.payload_bytes != record.payload_bytes:
         raise CorruptCheckpointError(
             f"index says the payload is {index.payload_bytes} bytes, the manifest "
@@ -265,7 +278,7 @@ def check_index(
         )
     offset = 0
     for number, shard in enumerate(index.shards):
-        expected_key = shard_key(step, rank, number)
+        expected_key = shard_key(index.step, index.rank, number)
         if shard.key != expected_key:
             raise CorruptCheckpointError(
                 f"shard {number} is {shard.key[:200]!r}, not {expected_key!r}"
@@ -277,11 +290,6 @@ def check_index(
             )
         offset += shard.size_bytes
     check_tensor_layout(index.tensors, index.payload_bytes)
-    try:
-        structure = load_skeleton(index.skeleton)
-    except UnsafeCheckpointError as exc:
-        raise UnsafeCheckpointError(f"checkpoint step {step} rank {rank}: {exc}") from exc
-    return index, structure
 
 
 def _rebuild(

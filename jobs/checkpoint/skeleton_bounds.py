@@ -85,6 +85,8 @@ class _Value:
 
 _SCALAR = _Value(0, 1, keyable=True, mutable=False)
 _UNHASHABLE_SCALAR = _Value(0, 1, keyable=False, mutable=False)  # a bytearray
+_SCALAR_TUPLES = {n: _Value(1, 1 + n, keyable=True, mutable=False) for n in (1, 2, 3)}
+"""Tuples of 1 to 3 scalars, shared: immutable values are never changed, only counted."""
 
 
 def _refuse(what: str) -> CorruptCheckpointError:
@@ -166,6 +168,28 @@ class _Scan:
             if op == 0x68 and pos < size and data[pos] in memo:  # BINGET
                 stack.append(memo[data[pos]])
                 pos += 1
+                continue
+            if op == 0x6A:  # LONG_BINGET
+                found = memo.get(int.from_bytes(data[pos : pos + 4], "little"))
+                if found is not None and pos + 4 <= size:
+                    stack.append(found)
+                    pos += 4
+                    continue
+            if 0x85 <= op <= 0x87:  # TUPLE1..3 of scalars: a slot's (index,), betas, ...
+                n = op - 0x84
+                if (
+                    len(stack) - n >= (self.marks[-1] if self.marks else 0)
+                    and stack[-n:].count(_SCALAR) == n
+                ):
+                    del stack[-n:]
+                    stack.append(_SCALAR_TUPLES[n])
+                    continue
+            if op == 0x52 and len(stack) - 2 >= (self.marks[-1] if self.marks else 0):
+                args = stack.pop()  # REDUCE; see `reduce`
+                made = _Value(args.depth, args.elements + stack.pop().elements, keyable=True,
+                              mutable=True)  # fmt: skip
+                _check(made)
+                stack.append(made)
                 continue
             handler = _HANDLERS.get(op)
             if handler is None:

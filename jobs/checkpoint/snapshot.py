@@ -70,6 +70,12 @@ class TensorSlot:
 
     index: int
 
+    def __reduce__(self) -> tuple[type[TensorSlot], tuple[int]]:
+        # TensorSlot(index): half the opcodes of the default (an object, then its __dict__),
+        # so a skeleton of many tensors scans and unpickles in half the time. Skeletons
+        # saved before still load: the unpickler builds those with NEWOBJ and BUILD.
+        return TensorSlot, (self.index,)
+
 
 def _is_dense(value: object) -> bool:
     return (
@@ -211,6 +217,12 @@ def load_skeleton(data: bytes) -> Any:
     skeleton's bounds (size, depth, values, key types).
     """
     scan_skeleton(data)
+    return unpickle_scanned_skeleton(data)
+
+
+def unpickle_scanned_skeleton(data: bytes) -> Any:
+    """`load_skeleton` after its scan: only for bytes `scan_skeleton` has passed (restore
+    times the scan apart from the unpickling)."""
     try:
         return _SkeletonUnpickler(io.BytesIO(data)).load()
     except UnsafeCheckpointError:

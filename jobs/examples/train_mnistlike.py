@@ -24,8 +24,9 @@ Config (``RCP_TRAIN_CONFIG`` JSON, all optional; an unknown key is an error):
 * ``state_mb`` (0): extra MiB of state per rank, saved and restored with the model, to try
   checkpoints of a realistic size (drop it in a real job);
 * ``log_path``: a file rank 0 appends one JSON line per step to: the step, the loss, the
-  step it started from, and the step and tier (``memory`` or ``storage``) it restored and
-  how long the restore took (``restore_s``).
+  step it started from, and the step and tier (``memory`` or ``storage``) it restored,
+  how long the restore took (``restore_s``) and how much of it the restore's bounds checks
+  (``restore_check_s``, `RestoredCheckpoint.check_s`).
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ def train(config: ExampleConfig, model: torch.nn.Module) -> None:
                 "restored_step": restored.step if restored else None,
                 "source": restored.source if restored else None,
                 "restore_s": round(restore_s, 4),
+                "restore_check_s": round(restored.check_s, 6) if restored else None,
             }
             with open(config.log_path, "a") as f:
                 f.write(json.dumps(line) + "\n")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import collections
+import copyreg
+import io
 import json
 import logging
 import pickle
@@ -41,7 +43,13 @@ from jobs.checkpoint.skeleton_bounds import (
     MAX_SKELETON_ELEMENTS,
     scan_skeleton,
 )
-from jobs.checkpoint.snapshot import HostBuffer, load_skeleton, rebuild_state, take_snapshot
+from jobs.checkpoint.snapshot import (
+    HostBuffer,
+    TensorSlot,
+    load_skeleton,
+    rebuild_state,
+    take_snapshot,
+)
 from jobs.checkpoint.storages import ObjectNotFoundError, ObjectSizeError
 from tests.unit.test_checkpoint_engine import assert_state_equal, engine_at, make_state
 from tests.unit.test_checkpoint_restore_safety import assert_state_equal_loose
@@ -441,12 +449,19 @@ class DictStorage:
         return sorted(k for k in self.objects if k.startswith(prefix))
 
 
+class SavedObjects(dict[str, bytes]):
+    """The objects of a saved store, by key; shown by count (a failing example prints it)."""
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} objects of steps 1 and 2>"
+
+
 @pytest.fixture(scope="module")
-def saved_objects(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+def saved_objects(tmp_path_factory: pytest.TempPathFactory) -> SavedObjects:
     root = tmp_path_factory.mktemp("fuzz-store")
     two_steps(root)
     files = [p for p in sorted(root.rglob("*")) if p.is_file()]
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in files}
+    return SavedObjects({p.relative_to(root).as_posix(): p.read_bytes() for p in files})
 
 
 PICKLE_OPCODES = st.sampled_from(
@@ -562,7 +577,7 @@ def tensors_in(state: Any) -> list[torch.Tensor]:
 @settings(max_examples=200, deadline=None, derandomize=True, database=None)
 @given(mutation=mutations())
 def test_fuzz_restore_returns_a_committed_step_or_the_products_error(
-    saved_objects: dict[str, bytes], mutation: Mutation
+    saved_objects: SavedObjects, mutation: Mutation
 ) -> None:
     """Whatever is done to the newest step, restore returns step 1 bit-exact, or step 2 as
     stored (bit-exact when its index is untouched; built only of its payload's bytes when
@@ -595,16 +610,35 @@ def test_fuzz_restore_returns_a_committed_step_or_the_products_error(
             assert tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes() in payload
 
 
+class SlotsAsBefore(pickle.Pickler):
+    """Pickles a `TensorSlot` as skeletons saved before it had `__reduce__` hold it: an
+    object (NEWOBJ) and then its __dict__ (BUILD)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is TensorSlot:
+            return copyreg.__newobj__, (TensorSlot,), {"index": obj.index}, None, None
+        return NotImplemented
+
+
 def test_the_scan_accepts_every_opcode_a_real_state_pickles_to() -> None:
     from tests.unit.test_checkpoint_restore_safety import trained_states
 
     odd = (b"b", bytearray(b"ba"), 2**100, -(2**70), {1, 2}, frozenset({3}), [], {})
     snapshot = take_snapshot({**trained_states(), "odd": odd}, HostBuffer(pin_memory=False))
     ops = {op.name for op, _arg, _pos in pickletools.genops(snapshot.skeleton)}
-    assert {"LONG1", "BYTEARRAY8", "FROZENSET", "ADDITEMS", "NEWOBJ", "BUILD", "REDUCE"} <= ops
+    assert {"LONG1", "BYTEARRAY8", "FROZENSET", "ADDITEMS", "REDUCE", "STACK_GLOBAL"} <= ops
     restored = rebuild_state(snapshot.skeleton, snapshot.tensors, snapshot.payload)
     assert restored["odd"] == odd
     plain = {"a": [1, 2.5, "s", None, True, (1, (2,))], 3: {4, 5}, (6,): frozenset({7})}
     for protocol in (0, 1, 2, 3, 4):  # text opcodes, PUT/GET, MARK-built containers
         data = pickle.dumps(plain, protocol=protocol, fix_imports=False)
         assert load_skeleton(data) == plain
+
+
+def test_skeletons_saved_before_slots_had_reduce_still_load() -> None:
+    skeleton = {"model": {"w": TensorSlot(0)}, "optim": [TensorSlot(1), (TensorSlot(2),)]}
+    out = io.BytesIO()
+    SlotsAsBefore(out, protocol=pickle.HIGHEST_PROTOCOL).dump(skeleton)
+    ops = {op.name for op, _arg, _pos in pickletools.genops(out.getvalue())}
+    assert {"NEWOBJ", "BUILD"} <= ops
+    assert load_skeleton(out.getvalue()) == skeleton

@@ -18,23 +18,22 @@ from controlplane.inventory import NodeRow
 from controlplane.loop.observe import build_snapshot
 from controlplane.service.queueing import ApiError, JobService, job_to_json
 from controlplane.service.runner import (
-    LIVE_LOG_CACHE_S,
     ORPHAN_SWEEP_INTERVAL_S,
     JobRunner,
     RayJobs,
     RayJobStatus,
     entrypoint_command,
 )
-from controlplane.service.runner import limits as runner_module
 from controlplane.store import JobState, Store
 from jobs.signals import token_sha256
 from jobs.spec import JobSpec
 from policies.plan import AdmitJob, PreemptJob, WorkerPlacement
+from tests.unit.fake_logs import LogsFromText
 from tests.unit.test_api_server import make_invalid
 
 
-class FakeRay:
-    """Ray Jobs and the signals actor, in memory."""
+class FakeRay(LogsFromText):
+    """Ray Jobs and the signals actor, in memory (driver logs: `logs`, read by range)."""
 
     def __init__(self) -> None:
         self.jobs: dict[str, RayJobStatus] = {}
@@ -629,84 +628,6 @@ def test_every_entrypoint_asks_for_the_job_driver_resource(env: Any) -> None:
     jobs.submit("j-1", "python -m x", {"env_vars": {}})
     assert client.calls[0]["entrypoint_resources"] == {"rcp_job_driver": 1}
     assert client.calls[0]["submission_id"] == "j-1"
-
-
-# -- log reads: one fetch per live attempt per interval, a size cap (issue 12) -----------------
-
-
-class CountingLogsRay(FakeRay):
-    def __init__(self, text: str = "line\n") -> None:
-        super().__init__()
-        self.text = text
-        self.fetches: list[str] = []
-
-    def logs(self, sid: str) -> str:
-        self.fetches.append(sid)
-        return self.text
-
-
-def test_followers_of_a_live_attempt_cost_one_fetch_per_interval(env: Any) -> None:
-    store, cfg, _fake, clock, _runner = env
-    ray = CountingLogsRay()
-    runner = JobRunner(store, cfg, ray, clock=clock)
-    job_id = submit(store)
-    admit(runner, job_id)
-    job = store.get(job_id)
-    for _ in range(20):  # twenty followers polling within the interval
-        assert "line" in runner.read_logs(job, 0, 1 << 40)[0]
-    assert ray.fetches == [f"{job_id}-1"]
-    ray.text = "line\nmore\n"
-    clock.now += LIVE_LOG_CACHE_S + 0.1
-    assert runner.read_logs(job, 0, 1 << 40)[0].endswith("more\n")
-    assert len(ray.fetches) == 2
-
-
-def test_concurrent_readers_of_a_live_attempt_wait_for_one_fetch(env: Any) -> None:
-    store, cfg, _fake, clock, _runner = env
-    release = threading.Event()
-
-    class SlowLogs(CountingLogsRay):
-        def logs(self, sid: str) -> str:
-            release.wait(10)
-            return super().logs(sid)
-
-    ray = SlowLogs()
-    runner = JobRunner(store, cfg, ray, clock=clock)
-    job_id = submit(store)
-    admit(runner, job_id)
-    job = store.get(job_id)
-    out: list[str] = []
-    threads = [
-        threading.Thread(target=lambda: out.append(runner.read_logs(job, 0, 1 << 40)[0]))
-        for _ in range(8)
-    ]
-    for t in threads:
-        t.start()
-    time.sleep(0.1)
-    release.set()
-    for t in threads:
-        t.join(10)
-    assert len(out) == 8 and len(ray.fetches) == 1
-
-
-def test_an_attempts_log_past_the_cap_keeps_its_head_and_says_it_was_cut(
-    env: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store, cfg, _fake, clock, _runner = env
-    monkeypatch.setattr(runner_module, "MAX_ATTEMPT_LOG_CHARS", 1000)
-    ray = CountingLogsRay("x" * 999 + "HEAD-END" + "y" * 5000)
-    runner = JobRunner(store, cfg, ray, clock=clock)
-    job_id = submit(store)
-    admit(runner, job_id)
-    text = runner.read_logs(store.get(job_id), 0, 1 << 40)[0]
-    body = text.split("\n", 1)[1]  # after the attempt's header line
-    assert body.startswith("x" * 999 + "H") and "yy" not in body
-    assert "log truncated" in body and "1000 characters" in body and f"{job_id}-1" in body
-    assert len(body) < 1000 + 300
-
-
-def test_the_default_cap_is_32_mib() -> None:
-    assert runner_module.MAX_ATTEMPT_LOG_CHARS == 32 << 20
 
 
 # -- a row that no longer validates can still be cancelled and stopped (issue 12) -------------

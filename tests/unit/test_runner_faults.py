@@ -25,7 +25,6 @@ from controlplane.service.api import ApiServer
 from controlplane.service.queueing import JobService
 from controlplane.service.retention import DAY_S, Retention
 from controlplane.service.runner import JobRunner, RayJobs
-from controlplane.service.runner import limits as runner_module
 from controlplane.store import JobState, Store
 from jobs import launcher, signals
 from jobs.checkpointing import Checkpointing
@@ -102,7 +101,8 @@ def _returns_within(fn: Callable[[], Any], limit_s: float) -> tuple[bool, BaseEx
     [
         pytest.param(lambda j: j.status("job-1"), id="status"),
         pytest.param(lambda j: j.stop("job-1"), id="stop"),
-        pytest.param(lambda j: j.logs("job-1"), id="logs"),
+        pytest.param(lambda j: j.log_tail("job-1", 1024), id="log_tail"),
+        pytest.param(lambda j: j.log_slice("job-1", 0, 1024), id="log_slice"),
         pytest.param(lambda j: j.rcp_submissions(), id="list_jobs"),
         pytest.param(lambda j: j.submit("job-1", "python x.py", {}), id="submit"),
     ],
@@ -391,6 +391,8 @@ def test_the_runner_forgets_many_in_one_call_and_never_raises(tmp_path: Path) ->
 
 
 class _CountingRay(FakeRay):
+    """Each attempt's log is `chars` of its digit; every ranged read of it is counted."""
+
     def __init__(self, chars: int) -> None:
         super().__init__()
         self.chars = chars
@@ -422,10 +424,7 @@ def test_read_logs_is_the_window_of_the_whole_log(tmp_path: Path, offset: int, l
     assert runner.read_logs(job, offset, limit) == (whole[offset : offset + limit], len(whole))
 
 
-def test_a_log_read_fetches_only_the_attempts_its_window_touches(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(runner_module, "ENDED_LOGS_CACHE_CHARS", 1)  # nothing stays cached
+def test_a_log_read_fetches_only_the_attempts_its_window_touches(tmp_path: Path) -> None:
     runner, fake, job = _job_with_attempts(tmp_path, 6, 1000)
     size = runner.read_logs(job, 0, 10)[1]  # the first read learns each attempt's size
     assert len(fake.fetched) == 6

@@ -14,6 +14,7 @@ from controlplane.config import load_config, to_dict
 from controlplane.service.controller import Controller
 from controlplane.service.retention import DAY_S, Retention
 from controlplane.service.runner import JobRunner, RayJobStatus
+from controlplane.service.runner.driver_logs import LogSlice
 from controlplane.store import JobState, Store
 from policies.plan import PreemptJob
 from tests.unit.test_runner import Clock, FakeRay, admit, submit
@@ -32,9 +33,13 @@ class RecordingRay(FakeRay):
     def forget_signals(self, job_id: str) -> None:
         self.forgotten.append(job_id)
 
-    def logs(self, sid: str) -> str:
-        self.log_fetches.append(sid)
-        return super().logs(sid)
+    def log_tail(self, sid: str, max_bytes: int) -> LogSlice:
+        self.log_fetches.append(f"tail {sid}")
+        return super().log_tail(sid, max_bytes)
+
+    def log_slice(self, sid: str, start: int, max_bytes: int) -> LogSlice:
+        self.log_fetches.append(f"slice {sid}")
+        return super().log_slice(sid, start, max_bytes)
 
 
 @pytest.fixture()
@@ -183,7 +188,9 @@ def test_the_memory_tier_sweep_runs_with_the_orphan_sweep(env: Any) -> None:
     assert fake.killed_holders == ["job-gone/rank-00000"]
 
 
-def test_an_ended_attempts_log_is_fetched_once(env: Any) -> None:
+def test_an_ended_attempts_size_is_asked_once_and_the_live_ones_once_per_interval(
+    env: Any,
+) -> None:
     store, fake, clock, runner = env
     job_id = running(store, fake, runner)
     fake.jobs.clear()  # gang lost: attempt 1 ended, re-queued
@@ -193,8 +200,10 @@ def test_an_ended_attempts_log_is_fetched_once(env: Any) -> None:
         text = runner.read_logs(store.get(job_id), 0, 1 << 40)[0]
         clock.now += 5  # past the live attempt's cache (LIVE_LOG_CACHE_S)
     assert "logs of " + f"{job_id}-1" in text and f"logs of {job_id}-2" in text
-    assert fake.log_fetches.count(f"{job_id}-1") == 1
-    assert fake.log_fetches.count(f"{job_id}-2") == 3  # the live attempt, once per interval
+    assert fake.log_fetches.count(f"tail {job_id}-1") == 1  # its size never changes
+    assert fake.log_fetches.count(f"tail {job_id}-2") == 3  # the live attempt, once per interval
+    # Each read asks for the bytes its window covers, and only those.
+    assert fake.log_fetches.count(f"slice {job_id}-1") == 3
 
 
 def test_retention_prunes_in_bounded_batches_and_forgets_pruned_jobs(tmp_path: Path) -> None:

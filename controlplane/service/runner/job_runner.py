@@ -116,8 +116,9 @@ class JobRunner:
         return checkpoint_uri(self.cfg, job)
 
     def read_logs(self, job: JobRecord, offset: int, limit: int) -> tuple[str, int]:
-        """``(text, size)``: `limit` characters from `offset` of the driver logs of every
-        attempt, oldest first, and their length (`logs.AttemptLogs.read`). Thread-safe."""
+        """``(text, size)``: about `limit` bytes from byte `offset` of the driver logs of
+        every attempt, oldest first, and their length in bytes (`logs.AttemptLogs.read`,
+        which asks Ray for those bytes only). Thread-safe."""
         return self._logs.read(job, offset, limit)
 
     def forget(self, job_id: str) -> None:
@@ -368,7 +369,10 @@ class JobRunner:
             self.store.merge_raw_info(job_id, {"stop_sent": self.clock()})
 
     def _log_text(self, sid: str) -> str:
+        """The end of the attempt's driver log (`limits.FAILED_LOG_TAIL_BYTES`), never the
+        whole: the launcher's gang-failed line is its last line. "" when Ray cannot say."""
         try:
-            return str(self.ray.logs(sid))
+            tail = self.ray.log_tail(sid, limits.FAILED_LOG_TAIL_BYTES)
         except Exception:
             return ""
+        return tail.data.decode("utf-8", errors="replace")

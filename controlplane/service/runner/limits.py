@@ -10,24 +10,29 @@ Must not: hold anything but constants.
 
 from __future__ import annotations
 
-MAX_ATTEMPT_LOG_CHARS = 32 << 20
-"""The most of one attempt's log the runner keeps (and serves): the rest is dropped, and a
-marker line (`logs.LOG_TRUNCATED_MARKER`) says so. The head is kept, so read offsets stay
-valid."""
-ENDED_LOGS_CACHE_CHARS = 64 << 20
-"""Characters of ended attempts' logs the runner keeps, all jobs together."""
+MAX_ATTEMPT_LOG_BYTES = 32 << 20
+"""The most of one attempt's log the runner serves: its first bytes; a marker line
+(`logs.LOG_TRUNCATED_MARKER`) says the rest was left in Ray. Applied at the source: nothing
+past it is ever asked of Ray (`logs.AttemptLogs`). The head is kept, so offsets stay valid."""
+FAILED_LOG_TAIL_BYTES = 64 << 10
+"""The end of a failed attempt's log the runner reads for its reason and signature (the
+launcher's gang-failed line is the log's last line), however long the log is."""
 LOG_SIZE_INDEX_ENTRIES = 100_000
 """Ended attempts whose log size `JobRunner.read_logs` remembers (least recently used out)."""
+DRIVER_AGENTS_KEPT = 10_000
+"""Attempts whose driver's dashboard agent `ray_jobs.RayJobs` remembers (oldest out)."""
 ORPHAN_SWEEP_INTERVAL_S = 300.0
 """How often `JobRunner.sweep_orphans` lists Ray's jobs (and once at start)."""
 LIVE_LOG_CACHE_S = 2.0
-"""How long a live attempt's fetched log is served again before Ray is asked anew: N clients
-following one job cost one fetch per this many seconds, not N per poll."""
+"""How long a live attempt's log size is used again before Ray is asked anew: reading an
+older attempt's window needs the sizes before it, and N clients following one job cost one
+size probe per this many seconds; each then reads only its own window's bytes."""
 DASHBOARD_CONNECT_TIMEOUT_S = 5.0
 DASHBOARD_READ_TIMEOUT_S = 30.0
-"""Every HTTP request to the Ray dashboard (submit, status, stop, logs, list) gives up after
-this long without a byte (`ray_jobs.dashboard_client`): a dashboard that accepts a connection
-and never answers raises instead of hanging the tick thread, or a submission thread, forever."""
+"""Every HTTP request to the Ray dashboard (submit, status, stop, list) and to a driver
+node's dashboard agent (a log range) gives up after this long without a byte
+(`ray_jobs.dashboard_client`): a dashboard that accepts a connection and never answers
+raises instead of hanging the tick thread, or a submission thread, forever."""
 
 TICK_WAIT_S = 2.0
 """The most one `JobRunner.reconcile` waits for checkpoint reads and stack fetches, all jobs

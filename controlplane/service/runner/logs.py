@@ -1,15 +1,18 @@
-"""Attempts' logs: what `rcp logs` and the API read, fetched from Ray as little as possible.
+"""Attempts' logs: what `rcp logs` and the API read, fetched from Ray by byte range, never whole.
 
 Owns `AttemptLogs` (`JobRunner.read_logs`): a window of the driver logs of every attempt of a
 job, oldest first, each under a header line, with what the control plane kept with the
-attempt (a hung gang's stacks, `Store.put_attempt_note`). An ended attempt's log never changes
-and is fetched once (`limits.ENDED_LOGS_CACHE_CHARS` kept in all); the live attempt's at most
-once per `limits.LIVE_LOG_CACHE_S` however many clients follow it; each is cut at
-`limits.MAX_ATTEMPT_LOG_CHARS` with a marker line (`LOG_TRUNCATED_MARKER`). Also the tail of
-a failed attempt's log that becomes its reason (`_tail_of`).
+attempt (a hung gang's stacks, `Store.put_attempt_note`). Offsets and sizes are bytes of the
+UTF-8 text. Only the bytes the window covers are asked of Ray (`RayJobsApi.log_slice`), and
+nothing past an attempt's first `limits.MAX_ATTEMPT_LOG_BYTES` (a marker line,
+`LOG_TRUNCATED_MARKER`, stands for the rest), so a multi-GB log costs a follower what it
+reads. Where each attempt starts needs the sizes of those before it: an ended attempt's never
+changes and is kept once learned; the live attempt's is asked again at most once per
+`limits.LIVE_LOG_CACHE_S`, however many clients follow it. Also the tail of a failed
+attempt's log that becomes its reason (`_tail_of`).
 
-Must not: call Ray but through the Ray Jobs adapter (`ray_jobs.RayJobs.logs`), or write the
-store.
+Must not: call Ray but through the Ray Jobs adapter (`ray_jobs.RayJobs.log_slice`,
+`log_tail`), or write the store.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from controlplane.service.runner import limits
 from controlplane.service.runner.ray_jobs import RayJobsApi
@@ -25,130 +29,175 @@ from jobs import launcher
 
 __all__ = ["LOG_TRUNCATED_MARKER", "AttemptLogs"]
 
-LOG_TRUNCATED_MARKER = "\n[rcp: log truncated here: the control plane keeps the first {n} characters of an attempt's log; read the rest with `ray job logs {sid}`]\n"
+LOG_TRUNCATED_MARKER = "\n[rcp: log truncated here: the control plane serves the first {n} bytes of an attempt's log; read the rest with `ray job logs {sid}`]\n"
+
+_UTF8_MAX_TAIL = 3
+"""Continuation bytes a UTF-8 character can have after its first byte."""
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One attempt's part of the log, as regions of bytes: header, the first `log_bytes` of
+    Ray's log, the marker (when Ray's log is longer), the kept note."""
+
+    sid: str
+    header: bytes
+    log_bytes: int
+    marker: bytes
+    note: bytes
+
+    @property
+    def size(self) -> int:
+        return len(self.header) + self.log_bytes + len(self.marker) + len(self.note)
 
 
 class AttemptLogs:
-    """Reads and caches attempts' logs (see the module doc). Thread-safe."""
+    """Reads attempts' logs by byte range (see the module doc). Thread-safe."""
 
     def __init__(self, store: Store, ray_jobs: RayJobsApi, clock: Callable[[], float]) -> None:
         self.store = store
         self.ray = ray_jobs
         self.clock = clock
-        self._ended_logs: collections.OrderedDict[str, str] = collections.OrderedDict()
-        """Logs of attempts whose Ray Job ended, by submission id (see `read`)."""
-        self._live_logs: dict[str, tuple[float, str]] = {}
-        """(fetched at, log) of live attempts, by submission id (see `limits.LIVE_LOG_CACHE_S`)."""
-        self._logs_lock = threading.Lock()
-        self._fetch_locks: dict[str, threading.Lock] = {}
-        self._log_sizes: collections.OrderedDict[str, int] = collections.OrderedDict()
-        """Lengths of ended attempts' parts of the log, by submission id (see `read`)."""
+        self._lock = threading.Lock()
+        self._ended_sizes: collections.OrderedDict[str, tuple[int, int]] = (
+            collections.OrderedDict()
+        )
+        """(size of the part, size of Ray's log) of ended attempts, by submission id (least
+        recently used out past `limits.LOG_SIZE_INDEX_ENTRIES`)."""
+        self._live_sizes: dict[str, tuple[float, int]] = {}
+        """(asked at, size of Ray's log) of live attempts, by submission id."""
+        self._probe_locks: dict[str, threading.Lock] = {}
 
     def read(self, job: JobRecord, offset: int, limit: int) -> tuple[str, int]:
-        """``(text, size)``: `limit` characters from `offset` of the driver logs of every
-        attempt, oldest first, each under a header line, and their length, fetching only the
-        attempts that window touches.
+        """``(text, size)``: the bytes `offset` .. `offset + limit` of the driver logs of every
+        attempt, oldest first, each under a header line, decoded, and their length in bytes.
 
-        An attempt whose Ray Job has ended never changes: its log is fetched from Ray once and
-        kept (`limits.ENDED_LOGS_CACHE_CHARS` in all, least recently used out first). The live
-        attempt's log is fetched at most once per `limits.LIVE_LOG_CACHE_S` however many clients
-        follow it (concurrent readers wait for one fetch). Each attempt's log is cut at
-        `limits.MAX_ATTEMPT_LOG_CHARS` with a marker line. Thread-safe (the API calls it from its
-        log-read threads).
-
-        Where each attempt starts needs the sizes of those before it: an ended attempt's size
-        never changes and is kept (`_log_sizes`, a few bytes per attempt) once it was fetched;
-        the live attempt is the last, so it is fetched (within `limits.LIVE_LOG_CACHE_S`) for its
-        size. A read thus holds at most the window's attempts and the live one; only the first
-        read of a job after a controller start fetches its older attempts, one at a time, to
-        learn their sizes.
+        A character cut by either end of the window belongs to the earlier window: the text
+        starts after the continuation bytes at `offset` and ends with the character `offset +
+        limit` cuts, so consecutive windows (a follower's reads from each ``next_offset``)
+        join into the whole text. Thread-safe (the API calls it from its log-read threads).
         """
         attempts = int(job.info.get("attempt", 0))
         end = offset + max(0, limit)
-        pieces: list[str] = []
+        want = end + _UTF8_MAX_TAIL if limit > 0 else end
+        pieces: list[bytes] = []
         pos = 0
         for a in range(1, attempts + 1):
-            sep = "\n" if a < attempts else ""
-            size = self._known_size(job, a)
+            sep = b"\n" if a < attempts else b""
             part = None
+            size = self._known_size(job, a)
             if size is None:
                 part = self._part(job, a)
-                size = len(part)
-            lo, hi = max(offset, pos), min(end, pos + size + len(sep))
+                size = part.size
+            lo, hi = max(offset, pos), min(want, pos + size + len(sep))
             if lo < hi:
-                if part is None:
-                    part = self._part(job, a)
-                    size = len(part)
-                    hi = min(end, pos + size + len(sep))
-                pieces.append((part + sep)[lo - pos : hi - pos])
+                part = part or self._part(job, a)
+                pieces.append(self._bytes(part, sep, lo - pos, hi - pos))
             pos += size + len(sep)
-        return "".join(pieces), pos
+        if limit <= 0:
+            return "", pos
+        return _whole_characters(b"".join(pieces), offset > 0, end - offset), pos
 
     def _ended(self, job: JobRecord, attempt: int) -> bool:
         return attempt < int(job.info.get("attempt", 0)) or bool(job.info.get("ray_done"))
 
     def _known_size(self, job: JobRecord, attempt: int) -> int | None:
-        """The length of an ended attempt's part of the log, if known (None: fetch it)."""
+        """The size of an ended attempt's part, if known (None: build the part)."""
         if not self._ended(job, attempt):
             return None
-        with self._logs_lock:
-            return self._log_sizes.get(f"{job.job_id}-{attempt}")
+        with self._lock:
+            known = self._ended_sizes.get(f"{job.job_id}-{attempt}")
+        return None if known is None else known[0]
 
-    def _part(self, job: JobRecord, attempt: int) -> str:
-        """One attempt's part of the log: a header line, then its (capped) log, then what the
-        control plane kept with the attempt (a hung gang's stacks, `Store.put_attempt_note`,
-        written before the attempt ends, so an ended attempt's part never changes)."""
+    def _part(self, job: JobRecord, attempt: int) -> _Part:
+        """One attempt's part: a header line, then the first `limits.MAX_ATTEMPT_LOG_BYTES`
+        of its log (the marker when Ray holds more), then what the control plane kept with
+        the attempt (written before the attempt ends, so an ended attempt's part never
+        changes). Asks Ray for the log's size only."""
         sid = f"{job.job_id}-{attempt}"
         ended = self._ended(job, attempt)
-        part = f"=== attempt {attempt} (Ray job {sid}) ===\n{self._attempt_log(sid, ended)}"
+        with self._lock:
+            known = self._ended_sizes.get(sid) if ended else None
+        ray_size = known[1] if known is not None else self._ray_size(sid, ended)
+        cap = limits.MAX_ATTEMPT_LOG_BYTES
+        marker = LOG_TRUNCATED_MARKER.format(n=cap, sid=sid) if ray_size > cap else ""
         note = self.store.attempt_note(job.job_id, attempt)
-        if note:
-            part += ("" if part.endswith("\n") else "\n") + note
+        part = _Part(
+            sid,
+            f"=== attempt {attempt} (Ray job {sid}) ===\n".encode(),
+            min(ray_size, cap),
+            marker.encode(),
+            f"\n{note}".encode() if note else b"",
+        )
         if ended:
-            with self._logs_lock:
-                self._log_sizes[sid] = len(part)
-                self._log_sizes.move_to_end(sid)
-                while len(self._log_sizes) > limits.LOG_SIZE_INDEX_ENTRIES:
-                    self._log_sizes.popitem(last=False)
+            with self._lock:
+                self._ended_sizes[sid] = (part.size, ray_size)
+                self._ended_sizes.move_to_end(sid)
+                while len(self._ended_sizes) > limits.LOG_SIZE_INDEX_ENTRIES:
+                    self._ended_sizes.popitem(last=False)
         return part
 
-    def _cached_log(self, sid: str, ended: bool) -> str | None:
-        with self._logs_lock:
-            if sid in self._ended_logs:
-                self._ended_logs.move_to_end(sid)
-                return self._ended_logs[sid]
-            live = self._live_logs.get(sid)
-            if not ended and live is not None and self.clock() - live[0] < limits.LIVE_LOG_CACHE_S:
-                return live[1]
-            return None
-
-    def _attempt_log(self, sid: str, ended: bool) -> str:
-        text = self._cached_log(sid, ended)
-        if text is not None:
-            return text
-        with self._logs_lock:
-            fetching = self._fetch_locks.setdefault(sid, threading.Lock())
-        with fetching:  # one fetch per attempt at a time; the others then read the cache
-            text = self._cached_log(sid, ended)
-            if text is not None:
-                return text
-            text = _cap_log(str(self.ray.logs(sid)), sid)
+    def _ray_size(self, sid: str, ended: bool) -> int:
+        """The length of Ray's log of `sid`: a one-byte tail read. A live attempt's is used
+        again for `limits.LIVE_LOG_CACHE_S` (concurrent readers wait for one probe)."""
+        if ended:
+            return self.ray.log_tail(sid, 1).size
+        with self._lock:
+            fresh = self._fresh_size(sid)
+            if fresh is not None:
+                return fresh
+            probing = self._probe_locks.setdefault(sid, threading.Lock())
+        with probing:
+            with self._lock:
+                fresh = self._fresh_size(sid)
+            if fresh is not None:
+                return fresh
+            size = self.ray.log_tail(sid, 1).size
             now = self.clock()
-            with self._logs_lock:
-                self._live_logs = {
-                    k: v for k, v in self._live_logs.items() if now - v[0] < limits.LIVE_LOG_CACHE_S
+            with self._lock:
+                fresh_s = limits.LIVE_LOG_CACHE_S
+                self._live_sizes = {
+                    k: v for k, v in self._live_sizes.items() if now - v[0] < fresh_s
                 }
-                if ended:
-                    self._live_logs.pop(sid, None)
-                    if len(text) <= limits.ENDED_LOGS_CACHE_CHARS:
-                        cache = self._ended_logs
-                        cache[sid] = text
-                        while sum(len(t) for t in cache.values()) > limits.ENDED_LOGS_CACHE_CHARS:
-                            cache.popitem(last=False)
+                self._live_sizes[sid] = (now, size)
+                self._probe_locks.pop(sid, None)
+            return size
+
+    def _fresh_size(self, sid: str) -> int | None:
+        known = self._live_sizes.get(sid)
+        if known is not None and self.clock() - known[0] < limits.LIVE_LOG_CACHE_S:
+            return known[1]
+        return None
+
+    def _bytes(self, part: _Part, sep: bytes, lo: int, hi: int) -> bytes:
+        """Bytes `lo` .. `hi` of `part` and its separator; of Ray's log, only those."""
+        out: list[bytes] = []
+        at = 0
+        for region in (part.header, None, part.marker, part.note, sep):
+            length = part.log_bytes if region is None else len(region)
+            a, b = max(lo, at), min(hi, at + length)
+            if a < b:
+                if region is None:
+                    got = self.ray.log_slice(part.sid, a - at, b - a)
+                    out.append(got.data[: b - a])
                 else:
-                    self._live_logs[sid] = (now, text)
-                self._fetch_locks.pop(sid, None)
-        return text
+                    out.append(region[a - at : b - at])
+            at += length
+        return b"".join(out)
+
+
+def _whole_characters(data: bytes, skip_head: bool, cut: int) -> str:
+    """`data` (read from a window's start, `cut` bytes wanted, up to 3 more) decoded: the
+    continuation bytes it starts with skipped when `skip_head` (they end the character the
+    window before completed), and the character at `cut` completed."""
+    start = 0
+    if skip_head:
+        while start < min(_UTF8_MAX_TAIL, len(data)) and 0x80 <= data[start] < 0xC0:
+            start += 1
+    stop = min(cut, len(data))
+    while stop < len(data) and stop - cut < _UTF8_MAX_TAIL and 0x80 <= data[stop] < 0xC0:
+        stop += 1
+    return data[start:stop].decode("utf-8", errors="replace")
 
 
 def _tail_of(text: str, chars: int) -> str:
@@ -164,12 +213,3 @@ def _tail_of(text: str, chars: int) -> str:
         if line:
             return line[-chars:]
     return text[-chars:]
-
-
-def _cap_log(text: str, sid: str) -> str:
-    """`text` cut at `limits.MAX_ATTEMPT_LOG_CHARS`, with the marker line when anything was cut."""
-    if len(text) <= limits.MAX_ATTEMPT_LOG_CHARS:
-        return text
-    return text[: limits.MAX_ATTEMPT_LOG_CHARS] + LOG_TRUNCATED_MARKER.format(
-        n=limits.MAX_ATTEMPT_LOG_CHARS, sid=sid
-    )

@@ -2,9 +2,11 @@
 
 Owns `RayJobs`, the Ray side of a job's life:
 
-* Ray Job submission, status, stop and logs through the dashboard (``JobSubmissionClient``,
+* Ray Job submission, status and stop through the dashboard (``JobSubmissionClient``,
   so every gang shows in the dashboard's Jobs tab), every request with a timeout
   (`dashboard_client`);
+* a job driver's log by byte range, from the dashboard agent of the node that writes it
+  (`log_slice`, `log_tail`; `driver_logs`): never the whole log;
 * a worker's Python stacks through the dashboard (py-spy, `fetch_worker_stack`);
 * the memory-tier holder actors of a job (``<job id>/...`` in `MEMORY_TIER_NAMESPACE`);
 * the ``rcp-job-signals`` actor (`jobs.signals.JobSignals`) that training loops talk to,
@@ -31,6 +33,7 @@ from ray.actor import ActorHandle
 from controlplane.config import Config
 from controlplane.pools import JOB_DRIVER_RESOURCE, Pool, pool_resource
 from controlplane.service.runner import limits
+from controlplane.service.runner.driver_logs import LogSlice, read_driver_log
 from controlplane.service.tokens import ensure_token
 from controlplane.store import Store
 from jobs import signals
@@ -40,6 +43,7 @@ __all__ = [
     "MEMORY_TIER_NAMESPACE",
     "SIGNALS_ACTOR_KEY",
     "SIGNALS_KEY_FILE",
+    "LogSlice",
     "RayJobStatus",
     "RayJobs",
     "RayJobsApi",
@@ -80,7 +84,8 @@ class RayJobsApi(Protocol):
     ) -> None: ...
     def status(self, submission_id: str) -> RayJobStatus: ...
     def stop(self, submission_id: str) -> None: ...
-    def logs(self, submission_id: str) -> str: ...
+    def log_slice(self, submission_id: str, start: int, max_bytes: int) -> LogSlice: ...
+    def log_tail(self, submission_id: str, max_bytes: int) -> LogSlice: ...
     def rcp_submissions(self) -> dict[str, RayJobStatus]: ...
     def register_signals(self, job_id: str, attempt: int, token_hash: str, prefix: str) -> None: ...
     def signal_status(self, job_id: str) -> dict[str, Any]: ...
@@ -145,6 +150,9 @@ class RayJobs:
         self._secret: str | None = None
         self._call_lock = threading.Lock()
         self._last_nonce = 0
+        self._agents_lock = threading.Lock()
+        self._driver_agents: dict[str, str] = {}
+        """Submission id -> its driver's dashboard agent (`_driver_agent`), oldest first."""
 
     @property
     def client(self) -> JobSubmissionClient:
@@ -296,11 +304,49 @@ class RayJobs:
             if "does not exist" not in str(exc):
                 raise
 
-    def logs(self, submission_id: str) -> str:
+    def log_slice(self, submission_id: str, start: int, max_bytes: int) -> LogSlice:
+        """At most `max_bytes` of the job driver's log from byte `start` (`read_driver_log`),
+        with the log's size. No such job, or no driver yet: an empty slice of size 0."""
+        return self._read_log(submission_id, start, max_bytes)
+
+    def log_tail(self, submission_id: str, max_bytes: int) -> LogSlice:
+        """The last `max_bytes` of the job driver's log, with its size (as `log_slice`)."""
+        return self._read_log(submission_id, None, max_bytes)
+
+    def _read_log(self, submission_id: str, start: int | None, max_bytes: int) -> LogSlice:
+        agent = self._driver_agent(submission_id)
+        if agent is None:
+            return LogSlice(b"", start or 0, 0)
+        headers = dict(getattr(self.client, "_headers", None) or {})
+        return read_driver_log(
+            agent,
+            submission_id,
+            start=start,
+            max_bytes=max_bytes,
+            headers=headers,
+            timeout_s=self.http_timeout_s,
+        )
+
+    def _driver_agent(self, submission_id: str) -> str | None:
+        """The dashboard agent (``http://ip:port``) of the node whose job supervisor writes
+        the driver's log: Ray records it once the driver starts, and it never changes, so it
+        is asked once per attempt (kept for `limits.DRIVER_AGENTS_KEPT` attempts)."""
+        with self._agents_lock:
+            known = self._driver_agents.get(submission_id)
+        if known is not None:
+            return known
         try:
-            return str(self.client.get_job_logs(submission_id))
-        except RuntimeError:
-            return ""
+            info = self.client.get_job_info(submission_id)
+        except RuntimeError:  # no such job
+            return None
+        agent = getattr(info, "driver_agent_http_address", None)
+        if not agent:
+            return None
+        with self._agents_lock:
+            self._driver_agents[submission_id] = str(agent)
+            while len(self._driver_agents) > limits.DRIVER_AGENTS_KEPT:
+                self._driver_agents.pop(next(iter(self._driver_agents)))
+        return str(agent)
 
     def rcp_submissions(self) -> dict[str, RayJobStatus]:
         """Every Ray Job this control plane submitted (metadata ``rcp_job``) that has not
