@@ -19,7 +19,7 @@ retention `forget_many`); `RayJobs` is the Ray side it drives. The modules, one 
   (`policies.restarts`), what the signals actor and the memory tier are told at an end;
 * `checkpoint_reads` - committed checkpoints read from object storage, never from the loop's
   word;
-* `logs` - attempts' logs for `rcp logs`, fetched from Ray as little as possible;
+* `logs` - attempts' logs for `rcp logs`, read from Ray by byte range, never whole (`driver_logs`);
 * `background` - submissions and slow reads on threads, so the tick waits a bounded time;
 * `info` - the reason codes, attempt-end kinds and job-info keys the runner writes, and the
   checked readers of them; `limits` - the runner's bounds.
