@@ -6,8 +6,10 @@ read by `jobs.launcher` and `jobs.checkpointing`), `SignalsHandle` (a job's hand
 actor, found again after the controller replaced it) and the prefix and trust checks. The
 actor holds, per job and attempt, which workers have started (rank, pid, node), the job's
 progress (step, when it last grew, checkpoint stall and wall seconds, saves, committed step),
-the latest checkpoint the job reported (step, path, time) and whether the control plane asked
-for a checkpoint now. It is a mailbox, not a source of truth: the control plane copies what it
+the latest checkpoint the job reported (step, path, time), whether the control plane asked
+for a checkpoint now and, with ``storage.job_credentials=scoped``, the attempt's storage
+credentials (scoped to its prefix: `put_credentials`, fetched by the job with its token:
+`credentials`; `status` shows only when they expire). It is a mailbox, not a source of truth: the control plane copies what it
 reads into its durable store every tick, and reads committed steps from object storage.
 
 The job's side is `jobs.checkpointing.Checkpointing`: rank 0 polls `poll` every
@@ -26,7 +28,7 @@ only grow and must be recent (`ADMIN_NONCE_WINDOW_S`). The controller talks only
 actor whose id it pinned when it created it (`controlplane.service.runner.RayJobs`).
 
 Must not: import `controlplane` (the runner passes everything through the ``RCP_*``
-environment variables named here); log or print the token.
+environment variables named here); log or print the token or a job's credentials.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ from urllib.parse import urlsplit
 import ray
 from ray.actor import ActorHandle
 
+from jobs.storage_credentials import StorageCredentials, check_credentials
+
 __all__ = [
     "ADMIN_NONCE_WINDOW_S",
     "ENV_ATTEMPT",
@@ -55,6 +59,7 @@ __all__ = [
     "ENV_CHECKPOINT_URI",
     "ENV_MTBF_S",
     "ENV_STEP_REPORT_S",
+    "ENV_STORAGE_CREDENTIALS",
     "ENV_STORAGE_ENDPOINT_URL",
     "ENV_STORAGE_REGION",
     "MAX_RANKS",
@@ -65,6 +70,7 @@ __all__ = [
     "SIGNALS_ACTOR_NAME",
     "SIGNALS_RESOLVE_INTERVAL_S",
     "SIGNALS_NAMESPACE",
+    "STORAGE_CREDENTIALS_FROM_SIGNALS",
     "AdminAuth",
     "CheckpointReport",
     "JobSignals",
@@ -96,6 +102,10 @@ ENV_CHECKPOINT_URI = "RCP_CHECKPOINT_URI"
 ENV_STORAGE_ENDPOINT_URL = "RCP_STORAGE_ENDPOINT_URL"
 """The S3 endpoint (unset: AWS's own). Credentials come from the node's usual AWS sources."""
 ENV_STORAGE_REGION = "RCP_STORAGE_REGION"
+ENV_STORAGE_CREDENTIALS = "RCP_STORAGE_CREDENTIALS"
+"""`STORAGE_CREDENTIALS_FROM_SIGNALS` when the job's S3 credentials come from this actor
+(``storage.job_credentials=scoped``: `_JobSignals.credentials`); unset: the node's own."""
+STORAGE_CREDENTIALS_FROM_SIGNALS = "signals"
 ENV_CHECKPOINT_ENABLED = "RCP_CHECKPOINT_ENABLED"
 """``"0"`` when the spec's checkpoint.enabled is false."""
 ENV_CHECKPOINT_INTERVAL_S = "RCP_CHECKPOINT_INTERVAL_S"
@@ -261,6 +271,8 @@ class JobStatus(TypedDict):
     checkpoint: CheckpointReport | None
     requested_at_s: float | None
     rejected_calls: int
+    credentials_expire_unix_s: float | None
+    """When the storage credentials the actor holds for this attempt expire (None: none)."""
 
 
 class NotRegistered(TypedDict):
@@ -268,9 +280,11 @@ class NotRegistered(TypedDict):
 
 
 class _JobRecord(JobStatus):
-    """What the actor keeps per job: `JobStatus` plus the token's hash."""
+    """What the actor keeps per job: `JobStatus` plus the token's hash and the attempt's
+    storage credentials."""
 
     token_sha256: str
+    credentials: StorageCredentials | None
 
 
 class _JobSignals:
@@ -278,14 +292,16 @@ class _JobSignals:
 
     Two kinds of callers, both checked:
 
-    * the control plane (`register`, `status`, `request_checkpoint`, `clear_request`,
-      `forget`, `forget_many`, `rejections`) presents ``auth=admin_auth(secret, nonce, method, args)``; a
-      wrong MAC, or a nonce not larger than the last accepted one or outside
-      `ADMIN_NONCE_WINDOW_S` of the actor's clock, raises `PermissionError`;
-    * a job (`worker_started`, `checkpointed`, `poll`) presents its attempt's signal token
-      (``RCP_SIGNAL_TOKEN``); a call for a job that is not registered, for another attempt,
-      with a wrong token, or (`checkpointed`) with a path outside the job's checkpoint prefix
-      is refused: it changes nothing, returns False and is counted.
+    * the control plane (`register`, `put_credentials`, `status`, `request_checkpoint`,
+      `clear_request`, `forget`, `forget_many`, `rejections`) presents
+      ``auth=admin_auth(secret, nonce, method, args)``; a wrong MAC, or a nonce not larger
+      than the last accepted one or outside `ADMIN_NONCE_WINDOW_S` of the actor's clock,
+      raises `PermissionError`;
+    * a job (`worker_started`, `progress`, `checkpointed`, `poll`, `credentials`) presents
+      its attempt's signal token (``RCP_SIGNAL_TOKEN``); a call for a job that is not
+      registered, for another attempt, with a wrong token, or (`checkpointed`) with a path
+      outside the job's checkpoint prefix is refused: it changes nothing, returns False (or
+      None) and is counted.
 
     Nothing is kept for a job the control plane did not register, so calls naming made-up
     jobs cannot grow the actor.
@@ -359,7 +375,27 @@ class _JobSignals:
             checkpoint=old["checkpoint"] if old else None,
             requested_at_s=None,
             rejected_calls=old["rejected_calls"] if old else 0,
+            credentials=None,
+            credentials_expire_unix_s=None,
         )
+
+    def put_credentials(
+        self, job_id: str, attempt: int, credentials: StorageCredentials, *, auth: AdminAuth
+    ) -> bool:
+        """Hold `credentials` (scoped to the job's prefix) for `attempt` of `job_id`, replacing
+        the ones held; the job fetches them with its token (`credentials`). False (nothing
+        kept) for a job not registered, another attempt or malformed credentials."""
+        self._admin("put_credentials", (job_id, attempt, credentials), auth)
+        job = self._jobs.get(job_id)
+        if job is None or job["attempt"] != attempt:
+            return False
+        try:
+            checked = check_credentials(credentials)
+        except ValueError:
+            return self._reject(job, Rejection.BAD_VALUE)
+        job["credentials"] = checked
+        job["credentials_expire_unix_s"] = checked["expires_unix_s"]
+        return True
 
     def request_checkpoint(self, job_id: str, at_s: float, *, auth: AdminAuth) -> bool:
         self._admin("request_checkpoint", (job_id, at_s), auth)
@@ -390,6 +426,7 @@ class _JobSignals:
             checkpoint=job["checkpoint"],
             requested_at_s=job["requested_at_s"],
             rejected_calls=job["rejected_calls"],
+            credentials_expire_unix_s=job["credentials_expire_unix_s"],
         )
 
     def rejections(self, *, auth: AdminAuth) -> dict[str, int]:
@@ -479,6 +516,14 @@ class _JobSignals:
         """True while a checkpoint-now request is pending for this attempt of `job_id`."""
         job, ok = self._caller(job_id, attempt, token)
         return bool(ok and job is not None and job["requested_at_s"] is not None)
+
+    def credentials(self, job_id: str, attempt: int, token: str) -> StorageCredentials | None:
+        """This attempt's storage credentials (scoped to its prefix), or None: refused (wrong
+        token, another attempt, an unknown job) or none held yet."""
+        job, ok = self._caller(job_id, attempt, token)
+        if not ok or job is None or job["credentials"] is None:
+            return None
+        return StorageCredentials(**job["credentials"])
 
 
 JobSignals = ray.remote(num_cpus=0, max_restarts=-1)(_JobSignals)

@@ -118,6 +118,27 @@ class StorageConfig:
     """Start an S3-protocol server on loopback with `rcp up` (local mode)."""
     embedded_port: int = 9000
     """Port of the embedded S3-protocol server."""
+    job_credentials: str = "scoped"
+    """How a job's checkpoint code reaches S3 (`jobs.storage_credentials.JobCredentialsMode`).
+    ``scoped``: per job and attempt the controller calls STS ``AssumeRole`` on `job_role_arn`
+    with a session policy that allows only the job's checkpoint prefix
+    (`jobs.storage_uri.job_storage_policy`), hands the credentials to the job through the
+    signals actor and mints new ones before they expire; the nodes carry no storage key.
+    ``shared``: jobs use the node's own AWS credentials (bucket-wide). See
+    docs/operations.md, "Checkpoint ownership and storage credentials"."""
+    job_role_arn: str = ""
+    """The IAM role scoped credentials are minted from (``arn:aws:iam::<account>:role/<name>``):
+    read, write and list on the checkpoint buckets; the controller's own credentials must be
+    allowed ``sts:AssumeRole`` on it. Empty with the embedded store: a fixed local ARN (its
+    STS accepts any and enforces no policy)."""
+    job_credentials_duration_s: int = 3600
+    """Lifetime of each job's minted credentials (STS ``DurationSeconds``), 1800-43200 and at
+    most the role's maximum session (3600 when the controller's own credentials are a role's:
+    role chaining). The controller mints anew when half is left (at least 20 min:
+    `policies.credentials`)."""
+    sts_endpoint_url: str | None = None
+    """STS endpoint for minting job credentials; None: the S3 endpoint when one is set (the
+    embedded store and MinIO answer STS there), else AWS's own."""
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any
 
 from controlplane.config.checks import (
@@ -40,6 +41,7 @@ from controlplane.config.health import TELEMETRY_SOURCES, HealthConfig, Telemetr
 from controlplane.config.jobs import JobsConfig
 from controlplane.config.kube import KubernetesConfig
 from controlplane.config.schema import Config
+from jobs.storage_credentials import JobCredentialsMode
 from jobs.storage_uri import StorageUriError, parse_storage_uri
 from serve.config import validate_serving
 
@@ -171,6 +173,7 @@ def validate(cfg: Config) -> list[str]:
         parse_storage_uri(cfg.storage.uri)
     except StorageUriError as exc:
         errors.append(f"storage.uri: {exc}")
+    errors += _validate_job_credentials(cfg)
     ports = {
         "ray.gcs_port": cfg.ray.gcs_port,
         "ray.dashboard_port": cfg.ray.dashboard_port,
@@ -188,6 +191,50 @@ def validate(cfg: Config) -> list[str]:
         if port in seen:
             errors.append(f"{key}: port {port} is already used by {seen[port]}")
         seen.setdefault(port, key)
+    return errors
+
+
+JOB_CREDENTIALS_DURATION_S = (1800, 43200)
+"""Bounds of ``storage.job_credentials_duration_s``: STS allows 900-43200 s; below 1800 s a
+job's boto (refreshing from 15 min before expiry) would find due credentials at the actor."""
+_ROLE_ARN_RE = re.compile(r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/[\w+=,.@/-]{1,512}$")
+
+
+def _validate_job_credentials(cfg: Config) -> list[str]:
+    """``storage.job_credentials`` and what ``scoped`` needs: a role to mint from (unless the
+    store is the embedded one) and no Ray Train storage on S3, which jobs would reach with the
+    node's credentials that ``scoped`` takes away."""
+    s = cfg.storage
+    modes = [m.value for m in JobCredentialsMode]
+    if s.job_credentials not in modes:
+        return [
+            f"storage.job_credentials: must be one of {', '.join(modes)}, "
+            f"got {s.job_credentials!r}"
+        ]
+    low, high = JOB_CREDENTIALS_DURATION_S
+    errors = at_least(low, "storage.job_credentials_duration_s", s.job_credentials_duration_s)
+    errors += at_most(
+        high, "storage.job_credentials_duration_s", s.job_credentials_duration_s, "STS's maximum"
+    )
+    if s.job_role_arn and not _ROLE_ARN_RE.match(s.job_role_arn):
+        errors.append(
+            f"storage.job_role_arn: must be an IAM role ARN (arn:aws:iam::<12-digit account>:"
+            f"role/<name>), got {s.job_role_arn!r}"
+        )
+    if s.job_credentials != JobCredentialsMode.SCOPED.value:
+        return errors
+    if not s.embedded and not s.job_role_arn and cfg.storage.uri.lower().startswith("s3://"):
+        errors.append(
+            "storage.job_role_arn: storage.job_credentials=scoped mints each job's credentials "
+            "from an IAM role; name it, or set storage.job_credentials=shared to give jobs the "
+            "nodes' own (bucket-wide) credentials"
+        )
+    if (cfg.jobs.storage_path or "").lower().startswith("s3://"):
+        errors.append(
+            f"jobs.storage_path: {cfg.jobs.storage_path!r} is on S3, which Ray Train reaches "
+            "with the nodes' own credentials, and storage.job_credentials=scoped gives nodes "
+            "none; use a shared volume, or storage.job_credentials=shared"
+        )
     return errors
 
 

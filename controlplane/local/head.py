@@ -2,7 +2,8 @@
 
 Owns: the environment every process `rcp up` starts inherits (`node_env`: the Ray token's
 path, never its value; the fake provider's and autoscaler v2's switches; loopback addresses;
-dashboard profiling for the hang watchdog; the embedded object store's fixed keys) and the
+dashboard profiling for the hang watchdog; with ``storage.job_credentials=shared``, the
+embedded object store's fixed keys) and the
 `ray start --head` command (`ray_head_command`: no GPUs, every listener on ``ray.node_ip``).
 Must not: run anything (``controlplane.local.cluster`` does), or put a secret's value in an
 environment variable.
@@ -26,6 +27,7 @@ from controlplane.ray_connection import (
     ray_token_path,
 )
 from controlplane.storage import EMBEDDED_ACCESS_KEY, EMBEDDED_SECRET_KEY
+from jobs.storage_credentials import JobCredentialsMode
 
 __all__ = ["node_env", "ray_head_command"]
 
@@ -33,7 +35,8 @@ __all__ = ["node_env", "ray_head_command"]
 def node_env(cfg: Config, cluster_id: str) -> dict[str, str]:
     """The environment of every process of cluster `cluster_id`: this process's own, with the
     Ray token's path (its value never), the switches the fake provider needs, and, with the
-    embedded object store, its fixed local keys."""
+    embedded object store and ``storage.job_credentials=shared``, its fixed local keys
+    (``scoped``: jobs get theirs from the signals actor, and the nodes carry none)."""
     env = dict(os.environ)
     env.pop(RAY_AUTH_TOKEN_ENV, None)
     env.update(ray_auth_env(ray_token_path(cfg)))
@@ -63,9 +66,9 @@ def node_env(cfg: Config, cluster_id: str) -> dict[str, str]:
             "PATH": os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", os.defpath)]),
         }
     )
-    if cfg.storage.embedded:
-        # Jobs reach the embedded store with boto3's usual credential chain, like on a
-        # real cluster: the nodes' own environment carries its fixed local keys (it
+    if cfg.storage.embedded and cfg.storage.job_credentials == JobCredentialsMode.SHARED.value:
+        # Shared: jobs reach the embedded store with boto3's usual credential chain, like on
+        # a real cluster: the nodes' own environment carries its fixed local keys (it
         # accepts any), never the job's runtime env, which the dashboard shows.
         env["AWS_ACCESS_KEY_ID"] = EMBEDDED_ACCESS_KEY
         env["AWS_SECRET_ACCESS_KEY"] = EMBEDDED_SECRET_KEY

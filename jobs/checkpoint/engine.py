@@ -58,6 +58,7 @@ from jobs.checkpoint.saving import (
 )
 from jobs.checkpoint.snapshot import HostBuffer, Snapshot, take_snapshot
 from jobs.checkpoint.storages import Storage, StorageOptions, open_storage
+from jobs.storage_credentials import CredentialSource
 
 __all__ = [
     "DEFAULT_SHARD_SIZE_BYTES",
@@ -111,6 +112,7 @@ class CheckpointEngine:
         memory_tier: MemoryTier | None = None,
         storage: Storage | None = None,
         before_commit: Callable[[int], None] | None = None,
+        credentials: CredentialSource | None = None,
     ) -> None:
         self.in_flight_policy, copy_threads = check_settings(
             rank=rank,
@@ -142,7 +144,7 @@ class CheckpointEngine:
             on_retry=self._on_retry,
         )
         self.storage = storage or open_storage(
-            uri, endpoint_url=endpoint_url, region=region, options=options
+            uri, endpoint_url=endpoint_url, region=region, options=options, credentials=credentials
         )
         pin = torch.cuda.is_available() if pin_memory is None else pin_memory
         self._free_buffers: queue.Queue[HostBuffer] = queue.Queue()

@@ -42,6 +42,7 @@ from jobs.checkpointing.agreement import (
     agree_on_restore,
 )
 from jobs.checkpointing.cadence import check_cadence, is_due, young_daly_s
+from jobs.checkpointing.credentials import SignalsCredentials
 from jobs.checkpointing.reporting import (
     INTERVAL_SECONDS,
     RAY_TRAIN_REPORT_INTERVAL_S,
@@ -173,6 +174,14 @@ class Checkpointing:
         keep = keep_last if keep_last is not None else settings.keep_last
         if keep is not None:
             options["keep_last"] = keep
+        if settings.credentials_from_signals and settings.job_id and "credentials" not in options:
+            # Scoped: every rank fetches the job's credentials from the signals actor.
+            options["credentials"] = SignalsCredentials(
+                signals if signals is not None else SignalsHandle(),
+                settings.job_id,
+                settings.attempt,
+                settings.token,
+            )
         self.engine = CheckpointEngine(
             self.uri,
             endpoint_url=endpoint_url or settings.endpoint_url,

@@ -33,9 +33,11 @@ from jobs.signals import (
     ENV_SIGNAL_POLL_S,
     ENV_SIGNAL_TOKEN,
     ENV_STEP_REPORT_S,
+    ENV_STORAGE_CREDENTIALS,
     ENV_STORAGE_ENDPOINT_URL,
     ENV_STORAGE_REGION,
     MAX_RANKS,
+    STORAGE_CREDENTIALS_FROM_SIGNALS,
 )
 
 __all__ = [
@@ -143,6 +145,9 @@ class Settings:
     uri: str | None = None
     endpoint_url: str | None = None
     region: str | None = None
+    credentials_from_signals: bool = False
+    """The job's S3 credentials come from the signals actor (scoped to its prefix), not the
+    node's AWS sources (``RCP_STORAGE_CREDENTIALS``)."""
     interval_s: float | None = None
     keep_last: int | None = None
     mtbf_s: float = DEFAULT_MTBF_S
@@ -157,6 +162,12 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
     if enabled not in ("0", "1"):
         raise ValueError(f"{ENV_CHECKPOINT_ENABLED} must be 0 or 1, got {enabled!r}")
     keep_last = env.get(ENV_CHECKPOINT_KEEP_LAST)
+    credentials = env.get(ENV_STORAGE_CREDENTIALS, "")
+    if credentials not in ("", STORAGE_CREDENTIALS_FROM_SIGNALS):
+        raise ValueError(
+            f"{ENV_STORAGE_CREDENTIALS} must be {STORAGE_CREDENTIALS_FROM_SIGNALS!r} or unset, "
+            f"got {credentials!r}"
+        )
     return Settings(
         job_id=env.get(ENV_JOB_ID) or None,
         attempt=_env_int(env, ENV_ATTEMPT, 0, 0, 2**31 - 1),
@@ -165,6 +176,7 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
         uri=env.get(ENV_CHECKPOINT_URI) or None,
         endpoint_url=env.get(ENV_STORAGE_ENDPOINT_URL) or None,
         region=env.get(ENV_STORAGE_REGION) or None,
+        credentials_from_signals=credentials == STORAGE_CREDENTIALS_FROM_SIGNALS,
         interval_s=_env_seconds(env, ENV_CHECKPOINT_INTERVAL_S),
         keep_last=(
             _env_int(env, ENV_CHECKPOINT_KEEP_LAST, 1, 1, MAX_KEEP_LAST) if keep_last else None

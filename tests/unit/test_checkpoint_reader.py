@@ -63,7 +63,8 @@ class Place:
 
 @pytest.fixture(params=["s3", "file"])
 def place(request: Any, tmp_path: Path) -> Place:
-    cfg = load_config(None, [f"state_dir={tmp_path}", "storage.embedded=false"])
+    shared = "storage.job_credentials=shared"  # the controller's own reads: no job credentials
+    cfg = load_config(None, [f"state_dir={tmp_path}", "storage.embedded=false", shared])
     if request.param == "s3":
         url = request.getfixturevalue("s3_url")
         s3 = client(url)

@@ -1,6 +1,7 @@
 """What a job's processes find in their environment: the runner's runtime env (shown in the
 dashboard: no credentials) and, in local mode, the Ray nodes' own environment (the embedded
-store's keys, py-spy for hang stacks). No Ray is started.
+store's keys only with storage.job_credentials=shared, py-spy for hang stacks). No Ray is
+started.
 """
 
 from __future__ import annotations
@@ -19,7 +20,20 @@ from controlplane.service.runner import JobRunner
 from controlplane.storage import EMBEDDED_ACCESS_KEY, EMBEDDED_SECRET_KEY
 from controlplane.store import Store
 from jobs.spec import CheckpointSpec
+from jobs.storage_credentials import StorageCredentials
+from jobs.storage_uri import StorageUri
 from tests.unit.test_runner import Clock, FakeRay, admit, submit
+
+MINTED = StorageCredentials(
+    access_key_id="ASIAMINTEDFORTHEJOB",
+    secret_access_key="minted-secret",
+    session_token="minted-session-token",
+    expires_unix_s=1e10,
+)
+
+
+def mint(_job_id: str, _prefix: StorageUri) -> StorageCredentials:
+    return MINTED
 
 
 def job_env(tmp_path: Path, overrides: list[str], **spec: Any) -> dict[str, str]:
@@ -30,7 +44,7 @@ def job_env(tmp_path: Path, overrides: list[str], **spec: Any) -> dict[str, str]
         reliability.record_failure(store, "gang-crash", clock.now)
     fake = FakeRay()
     job_id = submit(store, **spec)
-    admit(JobRunner(store, cfg, fake, clock=clock), job_id)
+    admit(JobRunner(store, cfg, fake, clock=clock, mint=mint), job_id)
     env = dict(fake.submitted[0][2]["env_vars"])
     env["_job_id"] = job_id
     env["_mtbf_s"] = str(reliability.job_mtbf_s(store, cfg, 2, clock.now))
@@ -52,14 +66,16 @@ def test_the_job_gets_its_checkpoint_settings_and_no_credentials(tmp_path: Path)
     assert env["RCP_NUM_WORKERS"] == "2" and env["RCP_NODE_IDS"] == "n1"
     for gone in ("RCP_CHECKPOINT_PREFIX", "RCP_RESUME_FROM"):
         assert gone not in env
+    assert env["RCP_STORAGE_CREDENTIALS"] == "signals"  # scoped: from the signals actor
     shown = " ".join(f"{k}={v}" for k, v in env.items())
     assert "AWS_" not in shown and EMBEDDED_SECRET_KEY not in shown
+    assert not [v for v in MINTED.values() if str(v) in shown]
 
 
 def test_the_spec_checkpoint_settings_reach_the_job(tmp_path: Path) -> None:
     env = job_env(
         tmp_path,
-        ["storage.embedded=false"],
+        ["storage.embedded=false", "storage.job_role_arn=arn:aws:iam::123456789012:role/jobs"],
         checkpoint=CheckpointSpec(
             enabled=False, interval_s=90.0, keep_last=5, uri="s3://team-ckpt/llama/run-7/"
         ),
@@ -70,16 +86,20 @@ def test_the_spec_checkpoint_settings_reach_the_job(tmp_path: Path) -> None:
     assert "RCP_STORAGE_ENDPOINT_URL" not in env  # AWS's own endpoint
 
 
-def test_local_nodes_carry_the_embedded_keys_and_profiling(
+def test_local_nodes_carry_the_embedded_keys_only_when_jobs_share_them_and_profiling(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PATH", "/usr/bin")
-    env = LocalCluster(load_config(None, [f"state_dir={tmp_path}"]))._env("cid")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    scoped = LocalCluster(load_config(None, [f"state_dir={tmp_path}"]))._env("cid")
+    assert "AWS_ACCESS_KEY_ID" not in scoped and "AWS_SECRET_ACCESS_KEY" not in scoped
+    shared = [f"state_dir={tmp_path}", "storage.job_credentials=shared"]
+    env = LocalCluster(load_config(None, shared))._env("cid")
     assert env["AWS_ACCESS_KEY_ID"] == EMBEDDED_ACCESS_KEY
     assert env["AWS_SECRET_ACCESS_KEY"] == EMBEDDED_SECRET_KEY
     assert env["RAY_DASHBOARD_ENABLE_PROFILING"] == "1"
     assert env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
     assert os.path.exists(os.path.join(os.path.dirname(sys.executable), "py-spy"))
-    real = load_config(None, [f"state_dir={tmp_path}", "storage.embedded=false"])
-    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    real = load_config(None, [*shared, "storage.embedded=false"])
     assert "AWS_ACCESS_KEY_ID" not in LocalCluster(real)._env("cid")

@@ -687,20 +687,27 @@ def test_dashboard_metrics_env_points_at_prometheus_and_grafana() -> None:
         assert env[name]["value"].startswith(("http://", "https://")), name
 
 
-def test_s3_credentials_come_from_the_secret() -> None:
-    """Workers save checkpoints to S3; the head holds no S3 key (test_k8s_security.py)."""
+def test_s3_credentials_come_from_the_secret_into_the_controller_only(tmp_path: Path) -> None:
+    """The controller mints jobs' scoped credentials and reads their manifests with the key
+    of Secret rcp-s3; no Ray container holds an S3 key (test_k8s_security.py): jobs fetch
+    credentials for their own prefix from the signals actor (storage.job_credentials)."""
+    cfg = rcp_config(tmp_path)
+    assert cfg.storage.job_credentials == "scoped" and cfg.storage.job_role_arn
+    env = _env(head_container(raycluster(), CONTROLLER_CONTAINER))
+    for name, key in (
+        ("AWS_ACCESS_KEY_ID", "access-key-id"),
+        ("AWS_SECRET_ACCESS_KEY", "secret-access-key"),
+    ):
+        assert "value" not in env[name], f"{CONTROLLER_CONTAINER}: {name} is a literal"
+        ref = env[name]["valueFrom"]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == (S3_SECRET, key)
     spec = raycluster()["spec"]
-    templates = [g["template"] for g in spec["workerGroupSpecs"]]
+    templates = [spec["headGroupSpec"]["template"]] + [
+        g["template"] for g in spec["workerGroupSpecs"]
+    ]
     for template in templates:
-        for container in template["spec"]["containers"]:
-            env = _env(container)
-            for name, key in (
-                ("AWS_ACCESS_KEY_ID", "access-key-id"),
-                ("AWS_SECRET_ACCESS_KEY", "secret-access-key"),
-            ):
-                assert "value" not in env[name], f"{container['name']}: {name} is a literal"
-                ref = env[name]["valueFrom"]["secretKeyRef"]
-                assert (ref["name"], ref["key"]) == (S3_SECRET, key)
+        ray = template["spec"]["containers"][0]
+        assert not [n for n in _env(ray) if n.startswith("AWS_")], ray["name"]
     example = one("Secret", S3_SECRET, manifests()).body
     assert set(example["stringData"]) == {"access-key-id", "secret-access-key"}
 

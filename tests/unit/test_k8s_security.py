@@ -417,9 +417,10 @@ def _credential_volumes(spec: dict[str, Any], state_claim: str) -> dict[str, str
 def test_no_credential_reaches_a_container_where_ray_runs_code(tmp_path: Path) -> None:
     """Every Ray worker process (Serve's, the telemetry agent's, a job's that asks for the
     head) runs in ray-head or a ray-worker container: none of them may mount a credential
-    of the control plane, nor get a Secret in its env other than the Ray token (KubeRay's)
-    and, on workers, the S3 keys jobs need. rcp-controller, where Ray starts no worker, has
-    them all, and the head pod shares no process namespace."""
+    of the control plane, nor get a Secret in its env other than the Ray token (KubeRay's):
+    no S3 key either (jobs fetch credentials scoped to their prefix from the signals actor).
+    rcp-controller, where Ray starts no worker, has them all, and the head pod shares no
+    process namespace."""
     rc = _raycluster().body
     state_claim = "rcp-state"
     assert rcp_config(tmp_path).state_dir == "/var/lib/rcp"
@@ -438,8 +439,7 @@ def test_no_credential_reaches_a_container_where_ray_runs_code(tmp_path: Path) -
                 f"{group}/{ray['name']} mounts {credentials[m['name']]}: any code Ray runs "
                 "there could read it"
             )
-        allowed = {S3_SECRET} if group != "head" else set()
-        assert _secret_refs({"containers": [ray]}) <= allowed, f"{group}/{ray['name']}"
+        assert _secret_refs({"containers": [ray]}) == set(), f"{group}/{ray['name']}"
     head = rc["spec"]["headGroupSpec"]["template"]["spec"]
     controller = head_container(rc, CONTROLLER_CONTAINER)
     held = {
@@ -461,8 +461,9 @@ def test_no_credential_reaches_a_container_where_ray_runs_code(tmp_path: Path) -
     assert shared == {"ray-logs": "/tmp/ray"}, shared
     assert ray_mounts["ray-logs"] == "/tmp/ray"
     assert "emptyDir" in next(v for v in head["volumes"] if v["name"] == "ray-logs")
-    # The controller's only Secret in env is the Ray token, as ray-head gets it from KubeRay.
-    assert _secret_refs({"containers": [controller]}) == {rc["metadata"]["name"]}
+    # The controller's Secrets in env: the Ray token, as ray-head gets it from KubeRay, and
+    # its own object-storage key (it mints jobs' scoped credentials).
+    assert _secret_refs({"containers": [controller]}) == {rc["metadata"]["name"], S3_SECRET}
     assert _env_names(controller) >= {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RCP_NODE_IP"}
 
 
@@ -476,7 +477,13 @@ def test_head_shares_no_volume_or_s3_key_with_user_code() -> None:
     for group in rc["workerGroupSpecs"]:
         shared = _claims(head) & _claims(group["template"]["spec"])
         assert not shared, f"head and {group['groupName']} both mount {sorted(shared)}"
-    assert S3_SECRET not in _secret_refs(head), "the control plane uses no S3 on Kubernetes"
+    workers = [c for g in rc["workerGroupSpecs"] for c in g["template"]["spec"]["containers"]]
+    holders = [
+        c["name"]
+        for c in head["containers"] + workers
+        if S3_SECRET in _secret_refs({"containers": [c]})
+    ]
+    assert holders == [CONTROLLER_CONTAINER], "only the controller holds the S3 key"
 
 
 # --- RBAC: derived from the actuator's calls ----------------------------------------------------

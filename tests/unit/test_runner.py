@@ -27,6 +27,8 @@ from controlplane.service.runner import (
 from controlplane.store import JobState, Store
 from jobs.signals import token_sha256
 from jobs.spec import JobSpec
+from jobs.storage_credentials import StorageCredentials
+from jobs.storage_uri import StorageUri
 from policies.plan import AdmitJob, PreemptJob, WorkerPlacement
 from tests.unit.fake_logs import LogsFromText
 from tests.unit.test_api_server import make_invalid
@@ -47,6 +49,8 @@ class FakeRay(LogsFromText):
         self.holders: set[str] = set()
         """Memory-tier actor names (``<job id>/rank-<r>``) alive."""
         self.killed_holders: list[str] = []
+        self.credentials: dict[str, tuple[int, dict[str, Any]]] = {}
+        """Per job: the attempt and the storage credentials the actor holds for it."""
 
     def register_signals(self, job_id: str, attempt: int, token_hash: str, prefix: str) -> None:
         if self.signals_down:
@@ -56,6 +60,21 @@ class FakeRay(LogsFromText):
         sig = self.signals.setdefault(job_id, {})
         if sig.get("attempt") != attempt:
             sig.update({"attempt": attempt, "started_ranks": []})
+            sig.pop("credentials_expire_unix_s", None)
+            self.credentials.pop(job_id, None)
+
+    def put_storage_credentials(
+        self, job_id: str, attempt: int, credentials: dict[str, Any]
+    ) -> bool:
+        if self.signals_down:
+            raise RuntimeError("rcp-job-signals is unreachable")
+        self.calls.append(f"put-credentials {job_id}-{attempt}")
+        sig = self.signals.get(job_id)
+        if not sig or sig.get("attempt") != attempt:
+            return False
+        self.credentials[job_id] = (attempt, dict(credentials))
+        sig["credentials_expire_unix_s"] = credentials["expires_unix_s"]
+        return True
 
     def submit(self, sid: str, entrypoint: str, runtime_env: dict[str, Any]) -> None:
         self.calls.append(f"submit {sid}")
@@ -119,6 +138,17 @@ class FakeRay(LogsFromText):
         self.holders -= set(mine)
         self.killed_holders += mine
         return len(mine)
+
+
+def fake_mint(_job_id: str, _prefix: StorageUri) -> StorageCredentials:
+    """Scoped storage credentials without STS (for configs on the embedded store, whose STS
+    is not running in unit tests)."""
+    return StorageCredentials(
+        access_key_id="ASIAFAKE",
+        secret_access_key="fake-secret",
+        session_token="fake-token",
+        expires_unix_s=1e10,
+    )
 
 
 class Clock:

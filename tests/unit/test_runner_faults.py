@@ -37,7 +37,7 @@ from jobs.signals import (
     ENV_SIGNAL_TOKEN,
 )
 from tests.unit.test_job_signals import admin, make_signals, status
-from tests.unit.test_runner import Clock, FakeRay, admit, submit
+from tests.unit.test_runner import Clock, FakeRay, admit, fake_mint, submit
 
 # -- a dashboard that accepts connections and never answers ------------------------------------
 
@@ -145,7 +145,7 @@ def test_a_hung_submission_defers_later_jobs_without_charging_them(tmp_path: Pat
         real(sid, ep, env)
 
     fake.submit = submit_hangs  # type: ignore[method-assign]
-    runner = JobRunner(store, cfg, fake, clock=clock)
+    runner = JobRunner(store, cfg, fake, clock=clock, mint=fake_mint)
     admit(runner, first)
     assert store.get(first).state is JobState.QUEUED  # its own timeout: a start failure
     other = submit(store)

@@ -6,6 +6,8 @@ storage say, idempotently, so a restarted controller carries on where the last o
 
 * `admit` and `preempt` hand the plan's items to `launching.Launcher` and
   `preemption.Preemption`;
+* scoped storage credentials are minted at admission and kept fresh every tick
+  (`credentials.JobCredentials`);
 * `reconcile` reads the active jobs (by index: ADMITTED, RUNNING, PREEMPTED, and ended jobs
   whose Ray Job may still run), their signals and their committed steps
   (`checkpoint_reads`), then per job (`_reconcile_one`): ADMITTED -> RUNNING once every
@@ -36,6 +38,7 @@ from controlplane.service.checkpoints import CheckpointReader
 from controlplane.service.runner import limits
 from controlplane.service.runner.background import _Background, _Submissions, io_pool
 from controlplane.service.runner.checkpoint_reads import CommittedReads, ReadResult
+from controlplane.service.runner.credentials import JobCredentials, Mint
 from controlplane.service.runner.ends import AttemptEnds
 from controlplane.service.runner.info import (
     _REQUEUE_INFO,
@@ -81,7 +84,10 @@ class JobRunner:
         ray_jobs: RayJobsApi,
         clock: Callable[[], float] = time.time,
         checkpoints: CheckpointReader | None = None,
+        mint: Mint | None = None,
     ) -> None:
+        """`mint` makes a job's scoped storage credentials (default: STS,
+        `controlplane.storage.JobCredentialMinter`; tests pass their own)."""
         self.store = store
         self.cfg = cfg
         self.ray = ray_jobs
@@ -94,7 +100,10 @@ class JobRunner:
         self._stacks_work: _Background[str] = _Background(pool)
         self._reads_work: _Background[ReadResult] = _Background(pool)
         self._ends = AttemptEnds(store, cfg, ray_jobs, clock)
-        self._launcher = Launcher(store, cfg, ray_jobs, clock, self._submissions, self._ends)
+        self._credentials = JobCredentials(cfg, ray_jobs, clock, _Background(pool), mint)
+        self._launcher = Launcher(
+            store, cfg, ray_jobs, clock, self._submissions, self._ends, self._credentials
+        )
         self._preemption = Preemption(store, ray_jobs, clock, self._ends)
         self._watchdog = Watchdog(store, cfg, ray_jobs, self._stacks_work, self._ends)
         self._reads = CommittedReads(store, cfg, clock, self.checkpoints, self._reads_work)
@@ -143,6 +152,7 @@ class JobRunner:
         deadline_s = time.monotonic() + limits.TICK_WAIT_S
         jobs = self.store.list_jobs(states=[JobState.ADMITTED, JobState.RUNNING])
         sigs = {job.job_id: self._signals(job) for job in jobs}
+        self._credentials.refresh(jobs, sigs, deadline_s)
         jobs = self._reads.read(jobs, sigs, deadline_s)
         for job in jobs:
             try:
@@ -155,6 +165,7 @@ class JobRunner:
         for work in (self._reads_work, self._stacks_work):
             work.drop(lambda key: key[1] in live)
         self._reads.forget_others(live)
+        self._credentials.forget_others(live)
         for job in self.store.list_jobs(states=[JobState.PREEMPTED]):
             try:
                 self._preemption.requeue_stranded(job)

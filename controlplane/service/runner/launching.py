@@ -5,7 +5,9 @@ Owns:
 * `Launcher.admit` (AdmitJob): QUEUED -> ADMITTED, record the attempt and its Ray submission
   id ``<job_id>-<attempt>`` *before* submitting (Ray refuses a second submission with the
   same id, so a crash between the two never runs a gang twice), register the attempt's signal
-  token with the signals actor, then submit the launcher;
+  token with the signals actor, hand it the attempt's scoped storage credentials
+  (`credentials.JobCredentials.issue`, ``storage.job_credentials=scoped``), then submit the
+  launcher;
 * `Launcher.submit`: the submission, on a worker thread (`background._Submissions`): the tick
   waits at most ``jobs.submit_timeout_s``; past that the start counts as failed, and a
   submission Ray accepts late is stopped; while an earlier one still hangs the job stays
@@ -31,6 +33,7 @@ from controlplane.config import Config
 from controlplane.ray_connection import ray_connection_env
 from controlplane.service import reliability
 from controlplane.service.runner.background import SubmitBusy, _Submissions
+from controlplane.service.runner.credentials import JobCredentials
 from controlplane.service.runner.ends import AttemptEnds
 from controlplane.service.runner.info import (
     SIGNAL_TOKEN_INFO,
@@ -89,6 +92,7 @@ class Launcher:
         clock: Callable[[], float],
         submissions: _Submissions,
         ends: AttemptEnds,
+        credentials: JobCredentials,
     ) -> None:
         self.store = store
         self.cfg = cfg
@@ -96,6 +100,7 @@ class Launcher:
         self.clock = clock
         self._submissions = submissions
         self._ends = ends
+        self._credentials = credentials
 
     def admit(self, action: AdmitJob) -> None:
         job = self.store.get(action.job_id)
@@ -151,6 +156,14 @@ class Launcher:
         except Exception as exc:
             log.warning("registering %s with the job signals actor failed: %s", job.job_id, exc)
             self._ends.start_failed(job, f"{Reason.START_FAILED.value}: job signals unavailable")
+            return
+        try:
+            self._credentials.issue(job)
+        except Exception as exc:
+            log.warning("scoped storage credentials for %s: %s", job.job_id, exc)
+            self._ends.start_failed(
+                job, f"{Reason.START_FAILED.value}: storage credentials unavailable: {exc}"
+            )
             return
         self.submit(job)
 
@@ -246,6 +259,8 @@ class Launcher:
             env[signals.ENV_STORAGE_ENDPOINT_URL] = endpoint
         if c.interval_s is not None:
             env[signals.ENV_CHECKPOINT_INTERVAL_S] = f"{c.interval_s:g}"
+        if self._credentials.wanted(job):  # the credentials themselves never go in here
+            env[signals.ENV_STORAGE_CREDENTIALS] = signals.STORAGE_CREDENTIALS_FROM_SIGNALS
         if job.info.get(SIGNAL_TOKEN_INFO):
             env[signals.ENV_SIGNAL_TOKEN] = str(job.info[SIGNAL_TOKEN_INFO])
         runtime_env = {k: v for k, v in s.runtime_env.items() if k != "env_vars"}

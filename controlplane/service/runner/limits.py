@@ -54,3 +54,6 @@ STACK_REQUEST_TIMEOUT_S = (2.0, 15.0)
 """(connect, read) timeout of one ``/worker/traceback`` request (py-spy runs in between)."""
 MEMORY_TIER_SWEEP_JOBS = 100
 """Jobs whose leftover holder actors one sweep checks (`JobRunner.sweep_memory_tiers`)."""
+CREDENTIALS_MINT_RETRY_S = 30.0
+"""After a failed mint of a job's scoped storage credentials (STS unreachable or refusing),
+how long before the runner tries that job again (`credentials.JobCredentials.refresh`)."""

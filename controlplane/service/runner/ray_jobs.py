@@ -38,6 +38,7 @@ from controlplane.service.tokens import ensure_token
 from controlplane.store import Store
 from jobs import signals
 from jobs.checkpoint.memory_tiers import DEFAULT_NAMESPACE, clear_job_memory_tier
+from jobs.storage_credentials import StorageCredentials
 
 __all__ = [
     "MEMORY_TIER_NAMESPACE",
@@ -88,6 +89,9 @@ class RayJobsApi(Protocol):
     def log_tail(self, submission_id: str, max_bytes: int) -> LogSlice: ...
     def rcp_submissions(self) -> dict[str, RayJobStatus]: ...
     def register_signals(self, job_id: str, attempt: int, token_hash: str, prefix: str) -> None: ...
+    def put_storage_credentials(
+        self, job_id: str, attempt: int, credentials: StorageCredentials
+    ) -> bool: ...
     def signal_status(self, job_id: str) -> dict[str, Any]: ...
     def request_checkpoint(self, job_id: str, at_s: float) -> None: ...
     def clear_request(self, job_id: str) -> None: ...
@@ -251,6 +255,13 @@ class RayJobs:
 
     def register_signals(self, job_id: str, attempt: int, token_hash: str, prefix: str) -> None:
         self._signals_call("register", job_id, attempt, token_hash, prefix)
+
+    def put_storage_credentials(
+        self, job_id: str, attempt: int, credentials: StorageCredentials
+    ) -> bool:
+        """Hand the signals actor `attempt`'s scoped storage credentials (signed like every
+        admin call); False: the actor holds another attempt or none."""
+        return bool(self._signals_call("put_credentials", job_id, attempt, credentials))
 
     def signal_status(self, job_id: str) -> dict[str, Any]:
         return dict(self._signals_call("status", job_id))

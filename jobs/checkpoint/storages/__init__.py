@@ -31,6 +31,7 @@ from jobs.checkpoint.storages.interface import (
 )
 from jobs.checkpoint.storages.local import LocalStorage
 from jobs.checkpoint.storages.s3 import S3Storage
+from jobs.storage_credentials import CredentialSource
 from jobs.storage_uri import StorageUri, parse_storage_uri
 
 __all__ = [
@@ -49,20 +50,35 @@ __all__ = [
 ]
 
 
-StorageFactory = Callable[[StorageUri, "str | None", "str | None", StorageOptions], Storage]
+StorageFactory = Callable[
+    [StorageUri, "str | None", "str | None", StorageOptions, "CredentialSource | None"], Storage
+]
 
 
 def _open_file(
-    uri: StorageUri, _endpoint: str | None, _region: str | None, opts: StorageOptions
+    uri: StorageUri,
+    _endpoint: str | None,
+    _region: str | None,
+    opts: StorageOptions,
+    _credentials: CredentialSource | None,
 ) -> Storage:
     return LocalStorage(Path(uri.key_prefix), opts)
 
 
 def _open_s3(
-    uri: StorageUri, endpoint: str | None, region: str | None, opts: StorageOptions
+    uri: StorageUri,
+    endpoint: str | None,
+    region: str | None,
+    opts: StorageOptions,
+    credentials: CredentialSource | None,
 ) -> Storage:
     return S3Storage(
-        uri.bucket, uri.key_prefix, endpoint_url=endpoint, region=region, options=opts
+        uri.bucket,
+        uri.key_prefix,
+        endpoint_url=endpoint,
+        region=region,
+        options=opts,
+        credentials=credentials,
     )
 
 
@@ -77,11 +93,15 @@ def open_storage(
     endpoint_url: str | None = None,
     region: str | None = None,
     options: StorageOptions | None = None,
+    credentials: CredentialSource | None = None,
 ) -> Storage:
     """The backend for `uri` (``s3://bucket/prefix`` or ``file:///path``); a URI that
-    `parse_storage_uri` refuses is a ValueError saying why."""
+    `parse_storage_uri` refuses is a ValueError saying why. `credentials`: where an S3
+    backend gets its credentials (a job's scoped ones), instead of boto3's usual chain."""
     try:
         parsed = parse_storage_uri(uri)
     except ValueError as exc:
         raise ValueError(f"checkpoint uri: {exc}") from exc
-    return STORAGES[parsed.scheme](parsed, endpoint_url, region, options or StorageOptions())
+    return STORAGES[parsed.scheme](
+        parsed, endpoint_url, region, options or StorageOptions(), credentials
+    )

@@ -3,16 +3,20 @@
 Owns: `S3Storage`, the ``s3`` backend: atomic single PUTs for small objects, multipart
 uploads whose parts run concurrently (each with a CRC-32 the server checks), ranged parallel
 GETs into caller-owned buffers, paged listing, batched deletes and aborting abandoned
-multipart uploads. Every request retries transient failures through `retrying`.
+multipart uploads. Every request retries transient failures through `retrying`. Its
+credentials are boto3's usual chain, or only a `CredentialSource` (a job's scoped
+credentials: `jobs.storage_credentials`), which botocore calls again before they expire
+(`_SourceProvider`).
 
 Must not: know steps, manifests or ranks, or let botocore retry on its own (every retry is
-ours: counted, backed off, bounded).
+ours: counted, backed off, bounded); fall back to the node's credentials when given a source.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import datetime
 import functools
 import threading
 import time
@@ -21,6 +25,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypedDict, TypeVar
 
+import botocore.session
+from botocore.credentials import (
+    CredentialProvider,
+    CredentialResolver,
+    DeferredRefreshableCredentials,
+)
+
 from jobs.checkpoint.retrying import TransientError, call_with_retries
 from jobs.checkpoint.storages.interface import (
     ObjectNotFoundError,
@@ -28,6 +39,7 @@ from jobs.checkpoint.storages.interface import (
     StorageOptions,
     wait_all,
 )
+from jobs.storage_credentials import CredentialSource, check_credentials
 
 __all__ = ["S3Storage"]
 
@@ -36,6 +48,46 @@ T = TypeVar("T")
 
 def _crc32_b64(data: bytes | memoryview) -> str:
     return base64.b64encode((zlib.crc32(data) & 0xFFFFFFFF).to_bytes(4, "big")).decode("ascii")
+
+
+def _session(credentials: CredentialSource | None) -> Any:
+    """A boto3 session: boto3's usual credential chain, or `credentials` and nothing else."""
+    import boto3  # deferred: a heavy dependency that only S3 checkpoints need
+
+    if credentials is None:
+        return boto3.session.Session()
+    core = botocore.session.get_session()
+    resolver = CredentialResolver([_SourceProvider(credentials)])
+    core.register_component("credential_provider", resolver)
+    return boto3.session.Session(botocore_session=core)
+
+
+class _SourceProvider(CredentialProvider):  # type: ignore[misc]  # botocore is untyped
+    """botocore's only credential provider when a source is given: refreshable credentials
+    fetched from the source on first use and again from 15 minutes before they expire
+    (botocore's advisory window, where a failed fetch keeps the current ones; in the last 10
+    minutes a failed fetch fails the request, which `retrying` retries when the source said
+    the failure is transient)."""
+
+    METHOD = "rcp-job-credentials"
+    CANONICAL_NAME = "rcp-job-credentials"
+
+    def __init__(self, source: CredentialSource) -> None:
+        super().__init__()
+        self._source = source
+
+    def _fetch(self) -> dict[str, str]:
+        c = check_credentials(self._source())
+        expiry = datetime.datetime.fromtimestamp(c["expires_unix_s"], datetime.timezone.utc)
+        return {
+            "access_key": c["access_key_id"],
+            "secret_key": c["secret_access_key"],
+            "token": c["session_token"],
+            "expiry_time": expiry.isoformat(),
+        }
+
+    def load(self) -> Any:
+        return DeferredRefreshableCredentials(self._fetch, self.METHOD)
 
 
 class _UploadedPart(TypedDict):
@@ -65,9 +117,9 @@ class S3Storage:
         region: str | None = None,
         options: StorageOptions | None = None,
         client: Any | None = None,
+        credentials: CredentialSource | None = None,
     ) -> None:
-        # Deferred: boto3 is a heavy dependency that only S3 checkpoints need.
-        import boto3
+        # Deferred: botocore is a heavy dependency that only S3 checkpoints need.
         from botocore.config import Config
 
         self.bucket = bucket
@@ -87,7 +139,7 @@ class S3Storage:
                 response_checksum_validation="when_required",
                 s3={"addressing_style": "path"} if endpoint_url else {},
             )
-            client = boto3.session.Session().client(
+            client = _session(credentials).client(
                 "s3", endpoint_url=endpoint_url, region_name=region, config=config
             )
         self.client = client
