@@ -77,6 +77,9 @@ def cluster_config(state_dir: Path) -> Config:
             "jobs.step_report_interval_s=1",
             # Restart at once: the recovery time is the tiers', not a backoff we chose.
             "jobs.restart_backoff_initial_s=0",
+            # The baselines (a plain boto3 upload, Ray Train's own storage on the embedded S3
+            # server) reach storage with the nodes' keys, as they would without us: shared.
+            "storage.job_credentials=shared",
             # Ray Train's own storage on the embedded S3 server (the ray-async baseline).
             f"jobs.storage_path=s3://rcp-checkpoints/ray-train?endpoint_override="
             f"127.0.0.1:{s3_port}&scheme=http",

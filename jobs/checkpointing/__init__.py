@@ -31,8 +31,10 @@ It works in both ways a job runs:
 
 Behind it is `jobs.checkpoint.CheckpointEngine`: a snapshot into host memory on the training
 thread, the upload to object storage in the background, the manifest last. The engine writes
-straight to ``RCP_CHECKPOINT_URI`` (the job's own prefix) with boto3's usual credential chain
-on the node; `restore` reads only that prefix. When Ray is up the newest snapshot is also held
+straight to ``RCP_CHECKPOINT_URI`` (the job's own prefix) with the credentials the control
+plane minted for that prefix, fetched from the signals actor (``RCP_STORAGE_CREDENTIALS=signals``,
+`credentials`), else boto3's usual credential chain on the node; `restore` reads only that
+prefix. When Ray is up the newest snapshot is also held
 by a `RayMemoryTier` named after the job id, which the control plane cleans up.
 
 When to checkpoint (`should_checkpoint`), first match wins:

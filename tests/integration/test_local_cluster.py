@@ -787,7 +787,12 @@ def test_down_stops_everything_up_started_and_nothing_else(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     state_dir = tmp_path_factory.mktemp("rcp-down")
-    overrides = local_overrides(state_dir, "pools.cluster.num_nodes=1", "storage.embedded=false")
+    overrides = local_overrides(
+        state_dir,
+        "pools.cluster.num_nodes=1",
+        "storage.embedded=false",
+        "storage.job_credentials=shared",  # no role to mint jobs' credentials from here
+    )
     # A process that looks like Ray but is not ours must survive `down`.
     decoy = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(300)", "raylet", "gcs_server"],

@@ -12,6 +12,8 @@ retention `forget_many`); `RayJobs` is the Ray side it drives. The modules, one 
   Submission API, the dashboard (stacks via py-spy) and the job signals actor;
 * `launching` - admission and launch: QUEUED -> ADMITTED, the attempt recorded before the
   submission, the Ray Job's entrypoint (`entrypoint_command`) and runtime env;
+* `credentials` - jobs' scoped storage credentials: minted at admission, handed to the
+  signals actor, minted again before they expire;
 * `preemption` - checkpoint first, stop once storage holds that checkpoint, re-queue;
 * `watchdog` - the hang watchdog: a gang whose step stopped growing has its stacks kept with
   its log and is stopped;
@@ -56,8 +58,10 @@ never run beside the control plane's credentials. The environment carries ``RCP_
 ``RCP_SIGNAL_TOKEN``: a fresh secret per attempt, kept in the job's info (never in events,
 logs or the API's view), and registered with the signals actor (as its hash, with the
 prefix) before the gang is submitted, so signals from other jobs or older attempts are
-refused. No storage credential is in it (the Jobs tab shows it): workers find theirs in the
-node's usual AWS sources.
+refused. No storage credential is in it (the Jobs tab shows it): with
+``storage.job_credentials=scoped`` ``RCP_STORAGE_CREDENTIALS=signals`` tells the job to fetch
+the credentials minted for its prefix from the signals actor (`credentials`); with ``shared``
+workers find theirs in the node's usual AWS sources.
 
 Must not: decide who runs (that is `policies.admission`).
 """
