@@ -215,9 +215,13 @@ time.sleep(600)
 """
 
 
+@pytest.mark.full
 def test_a_rank_that_exits_non_zero_fails_the_gang_and_leaves_no_process(
     durability_cluster: tuple[Config, LocalCluster, Client], tmp_path: Path
 ) -> None:
+    """``full``: the launcher's unit tests run real processes through the same rule (a
+    failed rank's exit status and summary, SIGTERM then SIGKILL to the others, the command
+    dying with its worker: test_launcher)."""
     cfg, _cluster, client = durability_cluster
     marker = f"rcp-fail-{uuid.uuid4().hex[:12]}"
     script = tmp_path / f"{marker}.py"
@@ -255,9 +259,12 @@ def test_a_rank_that_exits_non_zero_fails_the_gang_and_leaves_no_process(
     assert "rank 1 gives up" in logs
 
 
+@pytest.mark.full
 def test_a_cancelled_command_job_leaves_no_process_even_one_ignoring_sigterm(
     durability_cluster: tuple[Config, LocalCluster, Client], tmp_path: Path
 ) -> None:
+    """``full``: test_launcher's stop tests kill a real command that ignores SIGTERM after
+    the grace, and what it left behind."""
     cfg, _cluster, client = durability_cluster
     marker = f"rcp-stop-{uuid.uuid4().hex[:12]}"
     script = tmp_path / f"{marker}.py"

@@ -783,9 +783,13 @@ def _open_files(pid: int) -> list[str]:
         return []
 
 
+@pytest.mark.full
 def test_down_stops_everything_up_started_and_nothing_else(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
+    """``full``: a cluster of its own. Which processes `down` takes as the cluster's is
+    test_local_processes' table with real processes (a user's process holding the cluster's
+    logs, one with another cluster's id, one known only by its open files)."""
     state_dir = tmp_path_factory.mktemp("rcp-down")
     overrides = local_overrides(
         state_dir,
