@@ -212,10 +212,11 @@ def load_step(
             )
             if not _bad_shards(index, payload):
                 state = _rebuild(structure, index, payload, map_location)
-                return RestoredCheckpoint(
-                    step, state, "memory", manifest.metadata, check_s=check_s
-                )
-        logger.warning("memory tier copy of step %d fails checksums; reading storage", step)
+                return RestoredCheckpoint(step, state, "memory", manifest.metadata, check_s=check_s)
+        logger.warning(
+            "memory tier copy of step %d does not match its index or checksums; reading storage",
+            step,
+        )
     index_bytes = storage.get_bytes(record.index_key)
     if checksum(index_bytes) != record.index_checksum:
         raise CorruptCheckpointError(f"index {record.index_key} does not match its checksum")

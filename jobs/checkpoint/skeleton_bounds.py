@@ -27,10 +27,10 @@ one restore accepts:
   10,000.
 
 Pickle spells a few values with more structure than they have: a `torch.Size` is
-``Size((2, 3))`` (one level more), a device ``device(("cuda", 1))``, a `TensorSlot` an
-object plus a state dict. So the scan allows `_DEPTH_MARGIN` more levels and
-`_ELEMENT_FACTOR` times the values of the save's limits (a slot is 5 values where the save
-counts 1).
+``Size((2, 3))`` (one level more), a device ``device(("cuda", 1))`` (4 values where the save
+counts 1), and a `TensorSlot` saved before it had `__reduce__` an object plus a state dict
+(5). So the scan allows `_DEPTH_MARGIN` more levels and `_ELEMENT_FACTOR` times the values of
+the save's limits; its messages name the save's.
 
 Must not: unpickle, import or call anything the bytes name; recurse.
 """
