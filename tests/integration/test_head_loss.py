@@ -7,14 +7,16 @@ cluster nodes, one on each here). A client that retries a refused or reset conne
 sends steady traffic to the `serve` endpoint `rcp up` printed (the balancer) while:
 
 - every Ray process of the head (GCS, raylet, dashboard, autoscaler, Serve's controller, the
-  head's proxy and ingress replica, the control plane's controller) is SIGKILLed; requests
-  go on through the cluster nodes' proxies; the head is started again
-  (`LocalCluster.restart_head`), the controller resumes from its store: the running gang is
-  still running, not restarted, and a queued job is admitted once the gang is cancelled;
-- a cluster node whose proxy takes requests (but that holds no model replica) is killed:
-  every request is answered, at worst after one retry, and never wrongly; that proxy listened
-  on its node's own port, and the balancer took it out;
-- Redis is killed and restarted while the head is healthy: serving goes on.
+  head's proxy and ingress replica, the control plane's controller, the job signals actor)
+  is SIGKILLed while a gang of each kind runs (a Ray Train loop and a plain command);
+  requests go on through the cluster nodes' proxies; the head is started again
+  (`LocalCluster.restart_head`), the controller resumes from its store and reconciles: both
+  gangs run on in their first attempt and succeed (issue 26), and a queued job is admitted
+  once their GPUs are free;
+- (``full`` only) a cluster node whose proxy takes requests (but that holds no model
+  replica) is killed: every request is answered, at worst after one retry, and never
+  wrongly; that proxy listened on its node's own port, and the balancer took it out;
+- (``full`` only) Redis is killed and restarted while the head is healthy: serving goes on.
 
 The external pool has no GPUs here, so no admission can move a replica there (a move needs
 the autoscaler, which a restarted local head runs without: docs/operations.md).
@@ -23,6 +25,7 @@ the autoscaler, which a restarted local head runs without: docs/operations.md).
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +42,7 @@ from controlplane.local.ports import port_in_use
 from controlplane.local.processes import find_cluster_processes, kill_now, node_processes
 from controlplane.local.redis import LocalRedis
 from controlplane.sdk import Client, Job
+from controlplane.service.controller import get_controller
 from tests.integration.conftest import (
     HEAD_LOSS_CLUSTER,
     RetryOnceLoad,
@@ -133,10 +137,60 @@ def named(procs: list[psutil.Process], name: str) -> list[psutil.Process]:
     return found
 
 
-def lines(path: Path) -> int:
-    return len(path.read_text().splitlines()) if path.exists() else 0
+HELD_GANGS = {"function": 2, "command": 0}
+"""The two kinds of gang, by the GPUs of their one worker: a Ray Train loop
+(``module:function``) fills the cluster node without the sample model's replica, as a gang
+did before issue 26; a plain command beside it needs no GPU, so the two never wait for one
+another's GPUs (admission counts a gang Ray does not see yet only against the store's
+record, not against Ray's free GPUs: two gangs admitted in one tick may be placed on one
+node's single free GPU)."""
+GANGS_DIR = Path(__file__).with_name("gangs")
 
 
+def held_gang(kind: str, log: Path, release: Path) -> dict[str, Any]:
+    """A one-worker job spec stepping until `release` exists (`gangs/held_gang.py`), each
+    step a line in `log`; `kind` is ``function`` or ``command`` (`HELD_GANGS`)."""
+    entrypoint = {
+        "function": "held_gang:train_loop",
+        "command": f"python {GANGS_DIR / 'held_gang.py'}",
+    }[kind]
+    config = {"log": str(log), "release": str(release)}
+    return {
+        "name": f"held-{kind}",
+        "entrypoint": entrypoint,
+        "num_workers": 1,
+        "gpus_per_worker": HELD_GANGS[kind],
+        "runtime_env": {
+            "env_vars": {"PYTHONPATH": str(GANGS_DIR), "RCP_TRAIN_CONFIG": json.dumps(config)}
+        },
+    }
+
+
+def steps(log: Path) -> int:
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def gang_pids(log: Path) -> set[str]:
+    """The processes that wrote `log`'s steps (``<step> <pid>`` lines)."""
+    return {line.split()[1] for line in log.read_text().splitlines()}
+
+
+def ticks_since(t0: float) -> int:
+    """Ticks the controller started after `t0` (wall clock), from the start times it records
+    itself (`get_stats()["tick_starts_s"]`); 0 while it does not answer."""
+    import ray  # deferred: ray is heavy
+
+    controller = get_controller()
+    if controller is None:
+        return 0
+    try:
+        starts = ray.get(controller.get_stats.remote(), timeout=10)["tick_starts_s"]
+    except ray.exceptions.GetTimeoutError:  # a slow answer on 2 busy cores: ask again
+        return 0
+    return sum(1 for t in starts if t > t0)
+
+
+@pytest.mark.full
 def test_killing_the_node_whose_proxy_requests_entered_never_gives_a_wrong_answer(
     ha_cluster: tuple[Config, LocalCluster, Client],
 ) -> None:
@@ -188,9 +242,17 @@ def test_killing_the_node_whose_proxy_requests_entered_never_gives_a_wrong_answe
         )
 
 
-def test_traffic_survives_the_head_and_the_control_plane_comes_back(
+def test_traffic_and_running_gangs_survive_the_head_and_the_control_plane_comes_back(
     ha_cluster: tuple[Config, LocalCluster, Client], tmp_path: Path
 ) -> None:
+    """Every process of the head is SIGKILLed under steady traffic while a gang of each kind
+    runs (a Ray Train loop, ``module:function``, and a plain ``python`` command); `rcp up`
+    restarts the head. Traffic is answered throughout; once the restarted controller has
+    reconciled (ticks after it came back, not merely `rcp up` returning), both gangs are
+    still in their first attempt, in the same processes, and succeed when released; the
+    queued job is admitted once their GPUs are free. Before issue 26 both drivers were
+    attached to the head's raylet, their Ray Train controllers ran on the head, and the kill
+    ended each attempt (``crash: The actor ... is unavailable``)."""
     import ray  # deferred: ray is heavy
 
     cfg, cluster, client = ha_cluster
@@ -198,14 +260,15 @@ def test_traffic_survives_the_head_and_the_control_plane_comes_back(
     head_id = LocalCluster.head_node_id(cluster.read_state())
     wait_for("proxies and an ingress off the head", lambda: serving_proxies_ready(head_id, 1), 120)
 
-    gang_log = tmp_path / "gang.log"
-    gang = client.submit(
-        mnistlike_job("long-gang", steps=100_000, gpus_per_worker=2, log=gang_log)
-    ).id
-    job_in(client, gang, {"RUNNING"})
-    wait_for("the gang's first steps", lambda: lines(gang_log) >= 2, 300)
+    release = tmp_path / "release"
+    logs = {kind: tmp_path / f"{kind}.log" for kind in HELD_GANGS}
+    gangs = {kind: client.submit(held_gang(kind, logs[kind], release)).id for kind in HELD_GANGS}
+    for gang in gangs.values():
+        job_in(client, gang, {"RUNNING"})
+    wait_for("both gangs' first steps", lambda: all(steps(log) >= 2 for log in logs.values()), 300)
+    # The function gang holds a node's 2 GPUs, the sample model's replica one of the other's.
     queued = client.submit(mnistlike_job("queued", steps=2, gpus_per_worker=2)).id
-    assert job_in(client, queued, {"QUEUED"}).state == "QUEUED"  # the gang holds the node
+    assert job_in(client, queued, {"QUEUED"}).state == "QUEUED"
     time.sleep(3 * cfg.policy.tick_s)
     assert client.status(queued).state == "QUEUED"
 
@@ -214,6 +277,8 @@ def test_traffic_survives_the_head_and_the_control_plane_comes_back(
         state["cluster_id"], [state["temp_dir"]], LocalCluster.head_node_id(state)
     )
     assert named(head, "gcs_server") and named(head, "raylet"), head
+    pids = {kind: gang_pids(log) for kind, log in logs.items()}
+    assert all(len(p) == 1 for p in pids.values()), pids
 
     with RetryOnceLoad(serve_url) as load:
         assert load.answered_since(0, 30) >= 30
@@ -228,6 +293,7 @@ def test_traffic_survives_the_head_and_the_control_plane_comes_back(
         said: list[str] = []
         cluster.up(echo=said.append)  # finds the head gone, the workers alive: restart_head
         api_after_s = time.monotonic() - killed_at
+        api_back = time.time()
         assert any("head restarted" in line for line in said), said
         before = load.answered
         assert load.answered_since(before, 30) >= 30
@@ -237,17 +303,34 @@ def test_traffic_survives_the_head_and_the_control_plane_comes_back(
         f"{api_after_s:.1f}s",
     )
 
-    # The control plane resumed from its store: the gang ran on, in its first attempt.
-    job = client.status(gang)
-    assert job.state == "RUNNING", job.message
-    assert job.restarts == 0 and not job.attempts, job.attempts  # no attempt ended
-    grown = lines(gang_log)
-    wait_for("the gang's steps after the head came back", lambda: lines(gang_log) > grown, 120)
-    # The queued job is admitted once the gang's GPUs are free.
-    client.cancel(gang)
+    # The restarted controller reconciled both gangs: they run on in their first attempt.
+    wait_for("3 ticks of the restarted controller", lambda: ticks_since(api_back) >= 3, 120)
+    grown = {kind: steps(log) for kind, log in logs.items()}
+    for kind, gang in gangs.items():
+        job = client.status(gang)
+        assert (job.state, job.attempt, job.restarts, job.attempts) == ("RUNNING", 1, 0, ()), (
+            kind,
+            job.state,
+            job.attempt,
+            job.attempts,
+            job.message,
+        )
+    wait_for(
+        "both gangs' steps after the controller reconciled",
+        lambda: all(steps(logs[kind]) > grown[kind] for kind in logs),
+        120,
+    )
+    assert {kind: gang_pids(log) for kind, log in logs.items()} == pids  # the same processes
+    release.touch()
+    for kind, gang in gangs.items():
+        job = job_in(client, gang, {"SUCCEEDED"}, timeout_s=120)
+        assert (job.attempt, job.restarts) == (1, 0), (kind, job.attempts)
+        assert [(a.attempt, a.kind) for a in job.attempts] == [(1, "succeeded")], job.attempts
+    # The queued job is admitted once the gangs' GPUs are free.
     job_in(client, queued, {"RUNNING", "SUCCEEDED"}, timeout_s=300)
 
 
+@pytest.mark.full
 def test_serving_goes_on_while_redis_is_killed_and_restarted(
     ha_cluster: tuple[Config, LocalCluster, Client],
 ) -> None:
