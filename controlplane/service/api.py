@@ -31,7 +31,7 @@ GET      /v1/jobs/{id}                [read] one job with its state history
 POST     /v1/jobs/{id}/cancel         [cancel] a researcher only their own job (else 403 naming
                                       the owner); operators and admins any job
 GET      /v1/jobs/{id}/logs           [read] driver logs: ``?offset=n&limit=m`` returns at most m
-                                      (and 1 MiB) characters from n, ``next_offset``, ``size``.
+                                      (and 1 MiB) bytes from n, ``next_offset``, ``size``.
                                       At most `MAX_CONCURRENT_LOG_READS` at once, on their own
                                       threads; past that 429 with ``Retry-After``.
 GET      /v1/events                   [read] events; ``?after=seq&job_id=id&limit=n``; of
@@ -101,7 +101,7 @@ __all__ = ["ApiServer", "make_app"]
 log = logging.getLogger(__name__)
 
 MAX_CONCURRENT_LOG_READS = 4
-"""Log reads in flight at once (each may fetch a live attempt's whole log from Ray); one more
+"""Log reads in flight at once (each reads at most its window from Ray, by byte range); one more
 is refused with 429 rather than queued, so followers cannot pile up memory or threads."""
 LOG_RETRY_AFTER_S = 2
 _SERVICE = web.AppKey("service", JobService)

@@ -57,8 +57,8 @@ __all__ = [
 MAX_LIST_LIMIT = 10_000
 DEFAULT_LIST_LIMIT = 1000
 """A listing's page when the caller names no ``limit``: never every job ever retained."""
-MAX_LOG_CHUNK_CHARS = 1 << 20
-"""The most log text one ``GET /v1/jobs/{id}/logs`` returns; clients read on from
+MAX_LOG_CHUNK_BYTES = 1 << 20
+"""The most log bytes one ``GET /v1/jobs/{id}/logs`` returns; clients read on from
 ``next_offset`` (the SDK does, following or not)."""
 
 
@@ -388,16 +388,17 @@ class JobService:
     def logs(
         self, job_id: str, offset: str | None = None, limit: str | None = None
     ) -> dict[str, Any]:
-        """At most `limit` (`MAX_LOG_CHUNK_CHARS`) characters of the job's driver log from
-        `offset` on. ``next_offset`` is where the next read starts, ``size`` how long the log
+        """At most `limit` (`MAX_LOG_CHUNK_BYTES`) bytes of the job's driver log from
+        `offset` on (byte offsets; a character a window's edge would cut comes whole in the
+        earlier window). ``next_offset`` is where the next read starts, ``size`` how long the log
         is now, and ``done`` says the job has ended and this read reached the end: a follower
         stops then (the log of every attempt only grows, so offsets stay valid)."""
         job = self.get(job_id)
         start = 0 if offset is None else int_param("offset", offset, 0, 2**62)
         n = (
-            MAX_LOG_CHUNK_CHARS
+            MAX_LOG_CHUNK_BYTES
             if limit is None
-            else int_param("limit", limit, 1, MAX_LOG_CHUNK_CHARS)
+            else int_param("limit", limit, 1, MAX_LOG_CHUNK_BYTES)
         )
         chunk, size = "", 0
         if not job.info.get("submission_id"):

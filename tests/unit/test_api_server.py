@@ -32,7 +32,7 @@ from controlplane.sdk import (
     SpecRejected,
 )
 from controlplane.service.api import LOG_RETRY_AFTER_S, MAX_CONCURRENT_LOG_READS, ApiServer
-from controlplane.service.queueing import MAX_LOG_CHUNK_CHARS, JobService
+from controlplane.service.queueing import MAX_LOG_CHUNK_BYTES, JobService
 from controlplane.service.tokens import ensure_token, read_token
 from controlplane.store import JobState, Store
 from jobs.spec import JobSpec
@@ -434,7 +434,7 @@ def test_rows_that_no_longer_validate_are_listed_apart_never_fatal(tmp_path: Pat
 
 def test_log_reads_are_bounded_chunks_from_an_offset(tmp_path: Path) -> None:
     big = "".join(f"line {i}\n" for i in range(250_000))  # about 3 MiB
-    assert len(big) > 2 * MAX_LOG_CHUNK_CHARS
+    assert len(big) > 2 * MAX_LOG_CHUNK_BYTES
     fetches: list[int] = []
 
     def logs(_job: Any) -> str:
@@ -448,7 +448,7 @@ def test_log_reads_are_bounded_chunks_from_an_offset(tmp_path: Path) -> None:
     job_id = store.submit(JobSpec.from_dict(spec(name="big"))).job.job_id
     store.update_info(job_id, {"submission_id": f"{job_id}-1"})
     first = service.logs(job_id)
-    assert len(first["logs"]) == MAX_LOG_CHUNK_CHARS == first["next_offset"]
+    assert len(first["logs"]) == MAX_LOG_CHUNK_BYTES == first["next_offset"]
     assert first["size"] == len(big) and not first["done"]
     assert service.logs(job_id, "5", "10")["logs"] == big[5:15]
     assert service.logs(job_id, str(len(big) + 9))["next_offset"] == len(big) + 9
