@@ -698,13 +698,16 @@ def test_busy_external_node_gets_an_agent_and_idle_one_still_scales_to_zero(
     )
 
 
+@pytest.mark.full
 def test_the_controller_runs_in_process_as_on_kubernetes(
     cluster: tuple[list[str], str], tmp_path: Path
 ) -> None:
     """The bootstrap in its Kubernetes default mode: a Ray driver that stops the
     rcp-controller actor (one controller per store), runs the controller in its own process,
     serves the API and runs a job to SUCCEEDED, with no controller actor. Runs after every
-    other test that uses the module's cluster: it takes the actor's store over."""
+    other test that uses the module's cluster: it takes the actor's store over. ``full``: the
+    bootstrap's choices are test_controller_in_process's unit tables; the default run's jobs go
+    through the same controller code as an actor."""
     from controlplane.config import to_yaml
     from controlplane.ray_connection import ray_auth_env, ray_token_path
 

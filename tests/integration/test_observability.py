@@ -11,6 +11,10 @@ metrics agent (Ray's own file_sd list), every telemetry agent and the edge route
 infra/prometheus's alert rules loaded.
 
 Waits are bounded by deadlines; nothing asserts how long anything took.
+
+Marked ``full`` (``bash infra/local/test.sh --full``): the default run has a real Prometheus
+scrape the telemetry agents and answer PromQL (test_local_cluster), and the dashboards'
+expressions are checked against the metrics the code exports by test_observability_config.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from controlplane.sdk import Client
 from controlplane.telemetry import manager
 from tests.integration.conftest import free_ports, ray_auth_headers, start_local_cluster, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]
 
 RUN = "observability"
 JOB_NAME = "watched"
