@@ -30,6 +30,7 @@ from controlplane.service.job_info import job_facts
 from controlplane.storage import bucket_of, check_bucket, s3_client
 from controlplane.store import (
     TERMINAL_STATES,
+    CheckpointClaimConflict,
     Event,
     IdempotencyConflict,
     IllegalTransition,
@@ -313,6 +314,8 @@ class JobService:
             )
         except IdempotencyConflict as exc:
             raise ApiError(409, str(exc), "Idempotency-Key") from exc
+        except CheckpointClaimConflict as exc:
+            raise ApiError(409, str(exc), "checkpoint.uri") from exc
         return result.job, result.created
 
     # -- read -------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ Where each part lives (every name below is importable from ``controlplane.store`
 from __future__ import annotations
 
 from controlplane.store.errors import (
+    CheckpointClaimConflict,
     CorruptStore,
     IdempotencyConflict,
     IllegalTransition,
@@ -94,6 +95,7 @@ __all__ = [
     "RECOVER_ADMIN_EVENT",
     "SCHEMA_VERSION",
     "TERMINAL_STATES",
+    "CheckpointClaimConflict",
     "CorruptStore",
     "Event",
     "IdempotencyConflict",

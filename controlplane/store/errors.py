@@ -11,6 +11,7 @@ from __future__ import annotations
 
 __all__ = [
     "CorruptStore",
+    "CheckpointClaimConflict",
     "IdempotencyConflict",
     "IllegalTransition",
     "InvalidJob",
@@ -46,6 +47,11 @@ class StaleState(StoreError, ValueError):
 
 class IdempotencyConflict(StoreError, ValueError):
     """The idempotency key was already used for a different spec."""
+
+
+class CheckpointClaimConflict(StoreError, ValueError):
+    """The job's explicit ``checkpoint.uri`` overlaps one another user's job named first: an
+    explicit checkpoint prefix belongs to the user whose job named it first."""
 
 
 class CorruptStore(StoreError):

@@ -23,6 +23,7 @@ from typing import Any
 
 from controlplane.store.database import Database
 from controlplane.store.errors import (
+    CheckpointClaimConflict,
     IdempotencyConflict,
     IllegalTransition,
     InvalidJob,
@@ -38,6 +39,7 @@ from controlplane.store.schema import (
 )
 from controlplane.store.states import TERMINAL_STATES, JobState, check_reason
 from jobs.spec import JobSpec
+from jobs.storage_uri import StorageUriError, parse_storage_uri
 
 __all__ = ["JobTable"]
 
@@ -83,6 +85,8 @@ class JobTable(Database):
                             "job"
                         )
                     return SubmitResult(_job(row), created=False)
+            if spec.checkpoint.uri and owner_id is not None:
+                _check_checkpoint_claim(db, spec.checkpoint.uri, owner_id)
             now = self._clock()
             job_id = self._new_job_id()
             db.execute(
@@ -345,3 +349,30 @@ def _job(row: sqlite3.Row) -> JobRecord:
 def _describe(exc: Exception) -> str:
     text = str(exc) or type(exc).__name__
     return text if len(text) <= 500 else text[:497] + "..."
+
+
+def _check_checkpoint_claim(db: sqlite3.Connection, uri: str, owner_id: str) -> None:
+    """Refuse an explicit ``checkpoint.uri`` that overlaps (is, lies in, or contains) one a job
+    of another user named: the prefix belongs to the user whose job named it first, so two
+    jobs share one only when one user submits both. Checked in the submission's transaction,
+    so two users naming one prefix at once cannot both get it. Jobs of no user (submitted to
+    the store directly, not through the API) neither claim nor are checked."""
+    mine = parse_storage_uri(uri)
+    rows = db.execute(
+        "SELECT job_id, json_extract(spec_json, '$.checkpoint.uri') AS uri FROM jobs "
+        "WHERE owner_id IS NOT NULL AND owner_id != ? "
+        "AND json_extract(spec_json, '$.checkpoint.uri') IS NOT NULL",
+        (owner_id,),
+    )
+    for row in rows:
+        try:
+            theirs = parse_storage_uri(row["uri"])
+        except StorageUriError:
+            continue  # stored before URIs were parsed; names nothing a job can open now
+        if mine.overlaps(theirs):
+            raise CheckpointClaimConflict(
+                f"checkpoint.uri {mine} overlaps {theirs}, the checkpoint prefix of another "
+                f"user's job ({row['job_id']}); a prefix belongs to the user whose job named it "
+                "first: choose one of your own, or leave checkpoint.uri out for the job's own "
+                "area"
+            )
