@@ -23,7 +23,6 @@ import sys
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -438,55 +437,19 @@ def assert_restored_bit_exact(out: Path, attempt: int, world: int) -> int:
     return steps.pop()
 
 
-@dataclass(frozen=True)
-class Trainer:
-    """A job of the recovery script and the directory its ranks write to."""
-
-    job_id: str
-    out: Path
-
-
-@pytest.fixture(scope="module")
-def crash_and_hang(
-    durability_cluster: tuple[Config, LocalCluster, Client],
-    tmp_path_factory: pytest.TempPathFactory,
-) -> dict[str, Trainer]:
-    """The crash test's job and the hang test's, submitted together when the first of the two
-    tests starts, so they run side by side on the 4 GPUs (2 workers x 1 GPU each) and the
-    module waits for their gang starts and restarts once rather than twice. Each test then
-    plays and checks its own job; the hang test reads what its job went through from the
-    job's record, its events and its log, not from timing."""
-    cfg, _cluster, _client = durability_cluster
-    sigkill_script, sigkill_out = recovery_script(tmp_path_factory.mktemp("sigkill"))
-    hang_script, hang_out = recovery_script(tmp_path_factory.mktemp("hang"))
-    sigkill = submit_command(
+def test_a_worker_killed_mid_run_resumes_at_the_last_committed_step_bit_exact(
+    durability_cluster: tuple[Config, LocalCluster, Client], tmp_path: Path
+) -> None:
+    cfg, _cluster, client = durability_cluster
+    script, out = recovery_script(tmp_path)
+    job_id = submit_command(
         cfg,
         "--workers=2",
         "--gpus-per-worker=1",
         "--max-restarts=2",
         "--name=sigkill",
-        command=["python", str(sigkill_script), str(sigkill_out), "120", "5", "0.25"],
+        command=["python", str(script), str(out), "120", "5", "0.25"],
     )
-    hang = submit_command(
-        cfg,
-        "--workers=2",
-        "--gpus-per-worker=1",
-        f"--stall-timeout-s={HANG_STALL_S:g}",
-        "--name=hang",
-        command=["python", str(hang_script), str(hang_out), "60", "5", "0.2", "30"],
-    )
-    return {"sigkill": Trainer(sigkill, sigkill_out), "hang": Trainer(hang, hang_out)}
-
-
-HANG_STALL_S = 8.0
-"""The hang test job's ``--stall-timeout-s``."""
-
-
-def test_a_worker_killed_mid_run_resumes_at_the_last_committed_step_bit_exact(
-    durability_cluster: tuple[Config, LocalCluster, Client], crash_and_hang: dict[str, Trainer]
-) -> None:
-    cfg, _cluster, client = durability_cluster
-    job_id, out = crash_and_hang["sigkill"].job_id, crash_and_hang["sigkill"].out
     wait_state(client, job_id, {"RUNNING"})
     wait_for(
         "a committed step the controller read from storage",
@@ -505,38 +468,6 @@ def test_a_worker_killed_mid_run_resumes_at_the_last_committed_step_bit_exact(
     assert second[0]["step"] == restored + 1 and second[0]["start"] == restored + 1
     first = [s["step"] for s in steps_of(out) if s["attempt"] == 1]
     assert max(first) >= restored  # it ran past the commit it resumed from
-
-
-def test_a_hung_worker_is_detected_its_stack_logged_and_the_job_resumes(
-    durability_cluster: tuple[Config, LocalCluster, Client], crash_and_hang: dict[str, Trainer]
-) -> None:
-    cfg, _cluster, client = durability_cluster
-    job_id, out = crash_and_hang["hang"].job_id, crash_and_hang["hang"].out
-    stall_s = HANG_STALL_S
-    wait_job(cfg, client, job_id, "the hang to be detected", lambda j: j.hangs >= 1, 300)
-    (event,) = [e for e in client.events(job_id=job_id) if e["kind"] == "job.hung"]
-    last_step = max(float(s["at_s"]) for s in steps_of(out) if s["attempt"] == 1)
-    latency_s = float(event["at_s"]) - last_step
-    # How soon after the stall it was found is the watchdog's unit tests' (a fake clock);
-    # here it is printed, not bounded against this machine's load.
-    print(
-        f"hang detected {latency_s:.1f}s after the last step, {event['data']['stalled_s']:.1f}s "
-        f"after the step last grew as reported (stall_timeout_s={stall_s:g})"
-    )
-    assert event["data"]["stalled_s"] > stall_s
-    logs = rcp(cfg, "logs", job_id).stdout
-    header = "=== attempt 1: hang: stacks of the workers (py-spy via Ray) ==="
-    assert header in logs, logs[-3000:]
-    stacks = logs.split(header, 1)[1]
-    assert "--- rank 0 (pid" in stacks and "--- rank 1 (pid" in stacks
-    assert "recovering.py" in stacks, stacks[:3000]  # the user's own frames
-    done = wait_state(client, job_id, {"SUCCEEDED"}, timeout_s=600)
-    assert done.attempt == 2 and done.restarts == 1 and done.hangs == 1
-    assert done.attempts[0].kind == "hang"
-    restored = assert_restored_bit_exact(out, 2, 2)
-    assert restored >= 25  # the commit of step 25 (every 5 steps) came before the hang at 30
-    second = [s for s in steps_of(out) if s["attempt"] == 2]
-    assert second[0]["step"] == restored + 1
 
 
 def test_a_preempted_job_commits_before_its_gang_stops_and_resumes_on_another_node(
@@ -598,6 +529,47 @@ def test_a_preempted_job_commits_before_its_gang_stops_and_resumes_on_another_no
                 client.cancel(job_id)
     for job_id in (low, filler, high):
         wait_for(f"{job_id} settled", lambda j=job_id: client.status(j).done, 120)
+
+
+def test_a_hung_worker_is_detected_its_stack_logged_and_the_job_resumes(
+    durability_cluster: tuple[Config, LocalCluster, Client], tmp_path: Path
+) -> None:
+    cfg, _cluster, client = durability_cluster
+    script, out = recovery_script(tmp_path)
+    stall_s = 8.0
+    job_id = submit_command(
+        cfg,
+        "--workers=2",
+        "--gpus-per-worker=1",
+        f"--stall-timeout-s={stall_s:g}",
+        "--name=hang",
+        command=["python", str(script), str(out), "60", "5", "0.2", "30"],
+    )
+    wait_state(client, job_id, {"RUNNING"})
+    hung = wait_job(cfg, client, job_id, "the hang to be detected", lambda j: j.hangs >= 1, 300)
+    (event,) = [e for e in client.events(job_id=job_id) if e["kind"] == "job.hung"]
+    last_step = max(float(s["at_s"]) for s in steps_of(out) if s["attempt"] == 1)
+    latency_s = float(event["at_s"]) - last_step
+    # How soon after the stall it was found is the watchdog's unit tests' (a fake clock);
+    # here it is printed, not bounded against this machine's load.
+    print(
+        f"hang detected {latency_s:.1f}s after the last step, {event['data']['stalled_s']:.1f}s "
+        f"after the step last grew as reported (stall_timeout_s={stall_s:g})"
+    )
+    assert event["data"]["stalled_s"] > stall_s
+    logs = rcp(cfg, "logs", job_id).stdout
+    header = "=== attempt 1: hang: stacks of the workers (py-spy via Ray) ==="
+    assert header in logs, logs[-3000:]
+    stacks = logs.split(header, 1)[1]
+    assert "--- rank 0 (pid" in stacks and "--- rank 1 (pid" in stacks
+    assert "recovering.py" in stacks, stacks[:3000]  # the user's own frames
+    done = wait_state(client, job_id, {"SUCCEEDED"}, timeout_s=600)
+    assert done.attempt == 2 and done.restarts == 1 and done.hangs == 1
+    assert done.attempts[0].kind == "hang" and hung.attempt == 1
+    restored = assert_restored_bit_exact(out, 2, 2)
+    assert restored >= 25  # the commit of step 25 (every 5 steps) came before the hang at 30
+    second = [s for s in steps_of(out) if s["attempt"] == 2]
+    assert second[0]["step"] == restored + 1
 
 
 @pytest.mark.full
