@@ -20,8 +20,8 @@ kill until the API answers, and seconds from the kill until the queued job is ad
 gang is cancelled as soon as the API answers, freeing its GPUs), and the ratios
 baseline / ha. No goal is asserted (benchmarks are not tests).
 
-Before the kill, the ``ha`` cluster also measures what the loopback balancer in front of the
-proxies costs (``serve.edge_router``): the same sequential requests, each on a new
+Before the kill, the ``ha`` cluster also measures what the edge in front of the proxies
+costs (HAProxy configured by ``serve.edge``): the same sequential requests, each on a new
 connection, sent straight to the head's proxy and through the balancer; reported are the
 median latency of each and the CPU seconds the balancer's process and the head proxy's
 process spend per request (``balancer_*``; the proxy's is the baseline).

@@ -5,9 +5,9 @@ free loopback port, the sample model with one backend replica on the cluster nod
 paths to that same replica:
 
 - ``bare``: HTTP proxy -> backend (its app's own route prefix, ``/_rcp/sample/cluster``);
-- ``edge``: the edge router (``serve.edge_router``, the process `rcp up` runs on the
-  serve port) -> HTTP proxy -> backend, i.e. the production path: the edge picks the pool by
-  the ingress's route table and sends the predict straight to that pool's backend app;
+- ``edge``: the edge (HAProxy configured by ``serve.edge``, as `rcp up` runs it on the serve
+  port) -> HTTP proxy -> backend, i.e. the production path: the edge picks the pool by the
+  ingress's route table and sends the predict straight to that pool's backend app;
 - ``ingress``: HTTP proxy -> the ingress deployment (validation, weighted pool choice, retry
   wrapper) -> handle call -> backend: the path a predict takes when the edge has no fresh
   table, and every predict took before the edge routed them (for comparison).
@@ -16,18 +16,20 @@ The same load (``--concurrency`` keep-alive clients, ``--requests`` per round) r
 paths in interleaved rounds (bare, edge, ingress, bare, ...) so drift on a shared machine hits
 all alike. Reported: p50/p99 latency and throughput per path and their ratios to bare, and the
 CPU time per request of each process (psutil; unlike latency it does not depend on what else
-the machine runs). The edge's cost is its own process's CPU plus what the ingress replicas
-spent meanwhile (the edge fetches the route table from them 4 times a second).
+the machine runs). The edge's cost is its processes' CPU (HAProxy's master and worker) plus
+what the ingress replicas spent meanwhile (the edge fetches the route table from them once a second).
 
-Goals, checked in the same run against the bare backend:
+Goals (issue 27), checked in the same run against the bare backend:
 
-* the ingress (the edge, and the ingress replicas while the edge runs) spends at most 1.0 ms
-  of CPU per request;
-* throughput through the edge is at least 0.9x the bare backend's, with the ingress replica
+* the ingress spends at most 0.2 ms of CPU per request: all of the edge's CPU plus what it
+  made the ingress replicas spend beyond their idle cost (measured for 10 s with no traffic
+  before the rounds: Serve's timers and the load reports, theirs whatever the traffic;
+  reported apart, with the raw total);
+* throughput through the edge is at least 0.95x the bare backend's, with the ingress replica
   count the policy chooses for the rate the ingress replicas see (`policies.demand.
   ingress_replicas`, ``serving.ingress`` defaults);
-* the p50 latency the edge adds is reported (not a goal: on a loaded 2-core machine it is
-  mostly queueing for a core).
+* the p99 latency the edge adds is at most 2 ms (the p50 is reported);
+* HAProxy's own counts show every predict routed straight to the backend.
 
 Usage::
 
@@ -41,7 +43,6 @@ goal. Loopback only.
 from __future__ import annotations
 
 import argparse
-import ast
 import asyncio
 import json
 import os
@@ -52,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +71,21 @@ from policies.demand import ingress_replicas  # noqa: E402
 from serve import control  # noqa: E402
 from serve import operations as ops  # noqa: E402
 from serve.config import IngressConfig, ModelConfig, ServingConfig  # noqa: E402
+from serve.edge.config import (  # noqa: E402
+    EDGE_METRICS_PATH,
+    HAPROXY_METRICS_PATH,
+    EdgeSettings,
+    StaticProxies,
+)
+from serve.edge.process import check as check_edge  # noqa: E402
+from serve.edge.process import command as edge_command  # noqa: E402
+from serve.edge.process import write as write_edge  # noqa: E402
 from serve.spec import backend_route_prefix  # noqa: E402
 
-GOAL_INGRESS_CPU_MS = 1.0
-GOAL_THROUGHPUT_RATIO = 0.9
+GOAL_INGRESS_CPU_MS = 0.2
+GOAL_THROUGHPUT_RATIO = 0.95
+GOAL_P99_ADDED_MS = 2.0
+IDLE_WINDOW_S = 10.0
 PREDICT = "/v1/models/sample/predict"
 BODY = {"inputs": [[0.05 * i for i in range(16)]]}
 
@@ -90,47 +103,72 @@ def serving_config(ingress_replicas: int = 1) -> ServingConfig:
     )
 
 
-def start_edge(serve_port: int, state_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """The edge router as `rcp up` runs it, over the one proxy (the state file names it)."""
-    state = state_dir / "local-cluster.json"
-    state.write_text(json.dumps({"serve_proxies": {"head": serve_port, "nodes": []}}))
-    port = free_port()
-    edge = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "serve.edge_router",
-            f"--state-file={state}",
-            "--host=127.0.0.1",
-            f"--port={port}",
-            f"--log={state_dir / 'edge.log'}",
-        ],
-        env={"PATH": os.environ.get("PATH", os.defpath)},
-        cwd=Path(__file__).resolve().parents[1],
+def start_edge(serve_port: int, work_dir: Path) -> tuple[subprocess.Popen[bytes], int, int]:
+    """The edge as `rcp up` runs it (HAProxy, `serve.edge`), over the one proxy; returns the
+    process and its public and admin ports."""
+    port, admin = free_port(), free_port()
+    settings = EdgeSettings(
+        listen_host="127.0.0.1",
+        listen_port=port,
+        admin_host="127.0.0.1",
+        admin_port=admin,
+        work_dir=str(work_dir),
+        proxies=StaticProxies(nodes=(("127.0.0.1", serve_port),)),
+        threads=1,  # as `rcp up` runs it
     )
-    return edge, port
+    config = write_edge(settings)
+    check_edge(config)
+    log = open(work_dir / "edge.log", "ab")  # noqa: SIM115 - the child holds it
+    edge = subprocess.Popen(
+        edge_command(config), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+    )
+    return edge, port, admin
 
 
-def edge_request_counts(log: Path) -> dict[str, int]:
-    """What the edge did with its requests, from its last log line (``stopped: requests
-    {'routed': N, ...}``): routed straight to a backend, passed to the ingress, ..."""
-    for line in reversed(log.read_text().splitlines()):
-        if "stopped: requests " in line:
-            counts = ast.literal_eval(line.split("stopped: requests ", 1)[1].split("}", 1)[0] + "}")
-            return {str(k): int(v) for k, v in counts.items()}
-    return {}
+def edge_counts(admin_port: int) -> dict[str, int]:
+    """HAProxy's own counts (its Prometheus exporter on the admin listener): requests each
+    backend got (``routed``: straight to a backend app by the route table; ``ingress``: passed
+    to the ingress), and the tries it sent again."""
+    text = (
+        urllib.request.urlopen(f"http://127.0.0.1:{admin_port}{HAPROXY_METRICS_PATH}", timeout=10)
+        .read()
+        .decode()
+    )
+    counts: dict[str, int] = {}
+    for line in text.splitlines():
+        for family, key in (
+            ("haproxy_backend_http_requests_total", "{}"),
+            ("haproxy_backend_retry_warnings_total", "{}_retries"),
+        ):
+            for backend in ("routed", "ingress"):
+                if line.startswith(f'{family}{{proxy="{backend}"}} '):
+                    counts[key.format(backend)] = int(float(line.split()[-1]))
+    return counts
 
 
-def wait_for_table(edge: subprocess.Popen[bytes], log: Path, timeout_s: float = 60.0) -> None:
-    """Until the edge has the ingress's route table (it logs each new generation)."""
+def wait_for_table(edge: subprocess.Popen[bytes], admin_port: int, timeout_s: float = 60.0) -> None:
+    """Until the edge has the ingress's route table (its generation gauge is set)."""
     deadline = time.monotonic() + timeout_s
+    url = f"http://127.0.0.1:{admin_port}{EDGE_METRICS_PATH}"
     while time.monotonic() < deadline:
-        if log.exists() and "route table generation" in log.read_text():
-            return
         if edge.poll() is not None:
-            raise RuntimeError(f"the edge exited with {edge.returncode} (log: {log})")
+            raise RuntimeError(f"the edge exited with {edge.returncode}")
+        try:
+            text = urllib.request.urlopen(url, timeout=2).read().decode()
+        except OSError:
+            text = ""
+        if "rcp_edge_route_table_generation " in text and (
+            "rcp_edge_route_table_generation -1" not in text
+        ):
+            return
         time.sleep(0.2)
-    raise TimeoutError(f"the edge logged no route table within {timeout_s:g}s ({log})")
+    raise TimeoutError(f"the edge had no route table within {timeout_s:g}s")
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its children (HAProxy's master and its worker)."""
+    proc = psutil.Process(pid)
+    return [pid, *(c.pid for c in proc.children(recursive=True))]
 
 
 async def run_load(url: str, concurrency: int, num_requests: int) -> dict[str, Any]:
@@ -241,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
         ops.deploy(serving_config())
-        edge, edge_port = start_edge(port, state_dir)
-        wait_for_table(edge, state_dir / "edge.log")
+        edge, edge_port, admin_port = start_edge(port, state_dir)
+        wait_for_table(edge, admin_port)
         base = f"http://127.0.0.1:{port}"
         urls = {
             "bare": f"{base}{backend_route_prefix('sample', 'cluster')}{PREDICT}",
@@ -259,19 +297,27 @@ def main(argv: list[str] | None = None) -> int:
         ingress_replicas_pids = replica_pids("rcp-ingress")
         pids = {
             "bare_backend": backend,
-            "edge_process": [edge.pid],
+            "edge_process": process_tree(edge.pid),
             "edge_ingress_replicas": ingress_replicas_pids,
             "edge_backend": backend,
             "ingress_replicas": ingress_replicas_pids,
             "ingress_backend": backend,
         }
+        # What the edge and the ingress replicas spend with no request at all (health checks,
+        # the table fetches, Serve's own timers): a cost per second, reported apart.
+        idle_before = {k: cpu_s(pids[k]) for k in ("edge_process", "edge_ingress_replicas")}
+        time.sleep(IDLE_WINDOW_S)
+        idle_per_s = {k: (cpu_s(pids[k]) - v) / IDLE_WINDOW_S for k, v in idle_before.items()}
+        edge_elapsed_s = 0.0
         cpu_used_s = dict.fromkeys(pids, 0.0)
         for _ in range(args.rounds):
             got, used = measure(urls, pids, args.concurrency, args.requests)
+            edge_elapsed_s += got["edge"]["elapsed_s"]
             for name, r in got.items():
                 results[name].append(r)
             for k, v in used.items():
                 cpu_used_s[k] += v
+        counts = edge_counts(admin_port)
     finally:
         if edge is not None:
             edge.terminate()
@@ -281,14 +327,25 @@ def main(argv: list[str] | None = None) -> int:
         cluster.shutdown()
 
     load_1m = os.getloadavg()[0]
-    edge_counts = edge_request_counts(state_dir / "edge.log")
     paths = {name: summarize(rounds) for name, rounds in results.items()}
     bare, via_edge, via_ingress = paths["bare"], paths["edge"], paths["ingress"]
     for name, s in paths.items():
         s["backend_cpu_ms_per_request"] = 1000.0 * cpu_used_s[f"{name}_backend"] / s["requests"]
     edge_process_ms = 1000.0 * cpu_used_s["edge_process"] / via_edge["requests"]
     edge_replicas_ms = 1000.0 * cpu_used_s["edge_ingress_replicas"] / via_edge["requests"]
-    edge_cpu_ms = edge_process_ms + edge_replicas_ms
+    # What they spend per second with no traffic (measured before the rounds), per request.
+    idle_ms = {k: 1000.0 * v * edge_elapsed_s / via_edge["requests"] for k, v in idle_per_s.items()}
+    edge_process_marginal_ms = edge_process_ms - idle_ms["edge_process"]
+    # The ingress's cost on the production path: all of the edge's CPU (its idle cost too)
+    # plus what it made the ingress replicas spend beyond their own idle cost (its table
+    # fetches); the replicas' idle cost (Serve's timers, the load reports) is theirs whatever
+    # the traffic, and is reported apart.
+    replicas_caused_ms = max(0.0, edge_replicas_ms - idle_ms["edge_ingress_replicas"])
+    edge_cpu_ms = edge_process_ms + replicas_caused_ms
+    via_edge["ingress_replicas_caused_cpu_ms_per_request"] = replicas_caused_ms
+    via_edge["edge_process_idle_cpu_ms_per_s"] = 1000.0 * idle_per_s["edge_process"]
+    via_edge["ingress_replicas_idle_cpu_ms_per_s"] = 1000.0 * idle_per_s["edge_ingress_replicas"]
+    via_edge["edge_process_marginal_cpu_ms_per_request"] = edge_process_marginal_ms
     via_edge["edge_process_cpu_ms_per_request"] = edge_process_ms
     via_edge["ingress_replicas_cpu_ms_per_request"] = edge_replicas_ms
     via_edge["ingress_cpu_ms_per_request"] = edge_cpu_ms
@@ -297,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     # The ingress replica count the policy runs for what the ingress replicas see while the
     # edge routes (the table fetches): the same rule and settings the control loop uses.
     ing = IngressConfig()
-    replica_rps = 4.0  # the edge's table fetches per second (BalancerLimits.interval_s)
+    replica_rps = 1.0  # the edge's table fetches per second (rcp_edge.lua's INTERVAL_MS)
     chosen = ingress_replicas(
         replica_rps,
         ingress_cpu_ms,
@@ -314,18 +371,26 @@ def main(argv: list[str] | None = None) -> int:
     ratios["edge_p50_added_ms"] = via_edge["p50_ms"] - bare["p50_ms"]
     ratios["ingress_p50_added_ms"] = via_ingress["p50_ms"] - bare["p50_ms"]
     ratios["edge_cpu_over_ingress_cpu"] = edge_cpu_ms / ingress_cpu_ms
+    ratios["edge_p99_added_ms"] = via_edge["p99_ms"] - bare["p99_ms"]
     goals = {
         "ingress_cpu_ms_max": GOAL_INGRESS_CPU_MS,
         "throughput_ratio_min": GOAL_THROUGHPUT_RATIO,
+        "p99_added_ms_max": GOAL_P99_ADDED_MS,
         "ingress_cpu_met": edge_cpu_ms <= GOAL_INGRESS_CPU_MS,
         "throughput_met": ratios["edge_throughput_ratio"] >= GOAL_THROUGHPUT_RATIO,
+        "p99_added_met": ratios["edge_p99_added_ms"] <= GOAL_P99_ADDED_MS,
         "p50_added_ms_reported": ratios["edge_p50_added_ms"],
         "policy_ingress_replicas": chosen,
-        "edge_requests": edge_counts,
-        "edge_routed_every_predict": edge_counts.get("routed", 0)
+        "edge_requests": counts,
+        "edge_routed_every_predict": counts.get("routed", 0)
         == args.warmup + args.rounds * args.requests,
     }
-    goals["met"] = bool(goals["ingress_cpu_met"] and goals["throughput_met"])
+    goals["met"] = bool(
+        goals["ingress_cpu_met"]
+        and goals["throughput_met"]
+        and goals["p99_added_met"]
+        and goals["edge_routed_every_predict"]
+    )
 
     print(
         f"serve ingress benchmark: concurrency {args.concurrency}, {args.rounds} rounds x "
@@ -345,17 +410,25 @@ def main(argv: list[str] | None = None) -> int:
         f"CPU ms per request: backend {bare['backend_cpu_ms_per_request']:.2f} (bare), "
         f"{via_edge['backend_cpu_ms_per_request']:.2f} (edge), "
         f"{via_ingress['backend_cpu_ms_per_request']:.2f} (ingress, handle call); "
-        f"edge {edge_process_ms:.3f} + ingress replicas {edge_replicas_ms:.3f} = "
-        f"{edge_cpu_ms:.3f}; ingress replicas on the ingress path {ingress_cpu_ms:.2f} "
+        f"edge {edge_process_ms:.3f} + what it cost the ingress replicas "
+        f"{replicas_caused_ms:.3f} = {edge_cpu_ms:.3f} (the replicas spent {edge_replicas_ms:.3f} "
+        f"in all); ingress replicas on the ingress path {ingress_cpu_ms:.2f} "
         f"(x{ratios['edge_cpu_over_ingress_cpu']:.3f})"
     )
-    print(f"the edge's requests: {edge_counts}")
+    print(
+        f"with no traffic: edge {1000 * idle_per_s['edge_process']:.1f} CPU ms/s, ingress "
+        f"replicas {1000 * idle_per_s['edge_ingress_replicas']:.1f} CPU ms/s; the edge's "
+        f"own cost per request beyond that: {edge_process_marginal_ms:.3f} ms"
+    )
+    print(f"the edge's requests (HAProxy's counts): {counts}")
     print(
         f"goal: ingress <= {GOAL_INGRESS_CPU_MS:g} CPU ms/request -> "
         f"{'met' if goals['ingress_cpu_met'] else 'MISSED'} ({edge_cpu_ms:.3f}); "
         f">= {GOAL_THROUGHPUT_RATIO:g}x throughput with {chosen} ingress replica(s) -> "
         f"{'met' if goals['throughput_met'] else 'MISSED'} "
-        f"(x{ratios['edge_throughput_ratio']:.2f}); p50 added {ratios['edge_p50_added_ms']:+.2f} ms"
+        f"(x{ratios['edge_throughput_ratio']:.2f}); p99 added <= {GOAL_P99_ADDED_MS:g} ms -> "
+        f"{'met' if goals['p99_added_met'] else 'MISSED'} ({ratios['edge_p99_added_ms']:+.2f}); "
+        f"p50 added {ratios['edge_p50_added_ms']:+.2f} ms"
     )
     if args.json:
         print(

@@ -3,17 +3,18 @@
 Owns:
 
 * `KNOWN_METRICS`: every metric name, as Prometheus stores it, that the Grafana dashboards
-  in ``infra/grafana`` may reference, with where it comes from (the unit test checks every
-  panel against it; the integration test proves each panel returns data on a live cluster);
+  in ``infra/grafana``, the alert rules and `rcp timeline`'s queries may reference, with where
+  it comes from (the unit test checks every panel, rule and query against it; the integration
+  test proves each panel returns data on a live cluster);
 * PromQL helpers for dashboards: `panel_expressions`, `for_query` (Grafana's ``$__`` variables
   replaced so Prometheus can run the expression), `metric_names`;
 * file_sd target lists: Ray writes its own (`ray_metrics_sd_file`: every node's metrics
   agent); `write_telemetry_targets` writes the telemetry agents' exporters (the controller
   keeps `telemetry_targets_file` current);
 * `local_prometheus_config`: the scrape config of the local cluster's Prometheus (Ray's
-  metrics agents, the telemetry agents, the edge router: jobs ``ray``, ``rcp-telemetry``,
-  ``rcp-edge``, named as in ``infra/prometheus/prometheus.yml``), whose process
-  `controlplane.local.prometheus.LocalPrometheus` manages.
+  metrics agents, the telemetry agents, the edge's admin listener: jobs ``ray``,
+  ``rcp-telemetry`` and ``rcp-edge``, named as in ``infra/prometheus/prometheus.yml``), whose
+  process `controlplane.local.prometheus.LocalPrometheus` manages.
 
 Must not: change the cluster (it only reads what Ray and the agents publish) or start a process.
 """
@@ -30,10 +31,11 @@ from typing import Any
 from controlplane.config import Config
 from controlplane.ray_connection import ray_temp_dir
 from controlplane.telemetry import manager
-from serve.edge import EDGE_METRICS_PATH
+from serve.edge.config import EDGE_METRICS_PATH, HAPROXY_METRICS_PATH
 
 __all__ = [
     "EDGE_JOB",
+    "EDGE_PATH_LABEL",
     "GRAFANA_DIR",
     "KNOWN_METRICS",
     "PROMETHEUS_DIR",
@@ -59,7 +61,14 @@ RAY_SD_FILE = "prom_metrics_service_discovery.json"
 TELEMETRY_SD_FILE = "telemetry-targets.json"
 """The file_sd target list of the telemetry agents' exporters, in the local Prometheus's dir."""
 EDGE_JOB = "rcp-edge"
-"""The scrape job of the edge routers (`serve.edge_router`), locally and on Kubernetes."""
+"""The ``job`` label of the edge's series, locally and on Kubernetes: two scrapes of its admin
+listener, HAProxy's exporter (``haproxy_*``: what clients got, retries, the Serve proxies'
+state) and the route-table gauges (``rcp_edge_route_table_*``, its Lua). Both carry the same
+``instance`` (the admin address), so rules join them on it."""
+EDGE_PATH_LABEL = "metrics_path"
+"""The label that keeps the edge's two scrapes apart (its value: the path scraped), as
+``infra/prometheus/prometheus.yml`` and ``podmonitors.yaml`` set it: without it both scrapes'
+own series (``up``, ``scrape_duration_seconds``) would be one."""
 
 
 def _histogram(name: str) -> tuple[str, ...]:
@@ -72,7 +81,8 @@ _CHECKPOINT = "checkpoint engine (jobs/checkpoint/metrics.py) mirrored into ray.
 _SERVE = "Ray Serve (proxy and replicas)"
 _RAY_NODE = "Ray's metrics agent (per node)"
 _TELEMETRY = "telemetry agents' exporters (controlplane/telemetry/exporter.py)"
-_EDGE = "the edge router's own metrics (serve/edge_metrics.py), job rcp-edge"
+_EDGE_HAPROXY = "the edge: HAProxy's own exporter (serve/edge/config.py), job rcp-edge, /metrics"
+_EDGE_TABLE = "the edge's route-table task (serve/edge/rcp_edge.lua), job rcp-edge, /rcp/metrics"
 
 KNOWN_METRICS: dict[str, str] = {
     # the control plane (Ray adds the ray_ prefix; counters get _total)
@@ -80,10 +90,13 @@ KNOWN_METRICS: dict[str, str] = {
     "ray_rcp_gpus": _CONTROLLER,
     "ray_rcp_admission_wait_seconds": _CONTROLLER,
     "ray_rcp_tick_phase_seconds": _CONTROLLER,
+    "ray_rcp_tick_phase_errors": _CONTROLLER,
     "ray_rcp_node_verdict": _CONTROLLER,
     "ray_rcp_nodes_cordoned": _CONTROLLER,
+    "ray_rcp_node_serving_only": _CONTROLLER,
     "ray_rcp_health_breaker_open": _CONTROLLER,
     "ray_rcp_health_removals_held": _CONTROLLER,
+    "ray_rcp_policy_paused": _CONTROLLER,
     # each active job's recovery, from what the controller recorded (controlplane/service/
     # job_metrics.py): present while a job runs (restarts and hangs: while it is active)
     "ray_rcp_job_running_since_timestamp_seconds": _CONTROLLER,
@@ -103,6 +116,7 @@ KNOWN_METRICS: dict[str, str] = {
     "ray_rcp_external_gpus_max": _SERVING,
     "ray_rcp_training_claim_gpus": _SERVING,
     "ray_rcp_serving_phase_seconds": _SERVING,
+    "ray_rcp_serving_errors_total": _SERVING,
     # the checkpoint engine inside training workers
     **{n: _CHECKPOINT for n in _histogram("ray_rcp_checkpoint_stall_seconds")},
     **{n: _CHECKPOINT for n in _histogram("ray_rcp_checkpoint_upload_seconds")},
@@ -117,13 +131,22 @@ KNOWN_METRICS: dict[str, str] = {
     "ray_serve_deployment_request_counter_total": _SERVE,
     **{n: _SERVE for n in _histogram("ray_serve_deployment_processing_latency_ms")},
     **{n: _SERVE for n in _histogram("ray_serve_http_request_latency_ms")},
-    # the edge router in front of the Serve proxies: what clients got
-    "rcp_edge_requests_total": _EDGE,
-    "rcp_edge_tries_total": _EDGE,
-    "rcp_edge_route_table_generation": _EDGE,
-    "rcp_edge_route_table_age_seconds": _EDGE,
-    "rcp_edge_proxies": _EDGE,
-    "rcp_edge_client_connections": _EDGE,
+    # the edge (HAProxy) in front of the Serve proxies. Its proxies, the ``proxy`` label:
+    # frontend ``public`` (what clients got, the edge's own refusals included), backends
+    # ``routed`` (predicts sent straight to a pool's backend app by the route table) and
+    # ``ingress`` (everything else, to the ingress deployment); servers: the Serve proxies.
+    "haproxy_frontend_http_requests_total": _EDGE_HAPROXY,
+    "haproxy_frontend_http_responses_total": _EDGE_HAPROXY,
+    "haproxy_frontend_current_sessions": _EDGE_HAPROXY,
+    "haproxy_backend_http_requests_total": _EDGE_HAPROXY,
+    "haproxy_backend_http_responses_total": _EDGE_HAPROXY,
+    "haproxy_backend_retry_warnings_total": _EDGE_HAPROXY,
+    "haproxy_backend_redispatch_warnings_total": _EDGE_HAPROXY,
+    "haproxy_backend_active_servers": _EDGE_HAPROXY,
+    "haproxy_backend_backup_servers": _EDGE_HAPROXY,
+    "haproxy_server_status": _EDGE_HAPROXY,
+    "rcp_edge_route_table_generation": _EDGE_TABLE,
+    "rcp_edge_route_table_age_seconds": _EDGE_TABLE,
     # Ray nodes
     "ray_node_cpu_utilization": _RAY_NODE,
     "ray_node_mem_used": _RAY_NODE,
@@ -138,7 +161,8 @@ KNOWN_METRICS: dict[str, str] = {
     "rcp_ib_port_up": _TELEMETRY,
     "rcp_ib_port_errors_per_second": _TELEMETRY,
 }
-"""Metric name (as stored in Prometheus) -> who exports it. Dashboards may use only these."""
+"""Metric name (as stored in Prometheus) -> who exports it. Dashboards, alert rules and the
+timeline's queries may use only these."""
 
 
 # -- dashboards and PromQL -----------------------------------------------------------------
@@ -262,11 +286,14 @@ def local_prometheus_config(
     edge_target: str | None = None,
 ) -> dict[str, Any]:
     """Prometheus config for the local cluster: Ray's metrics agents, the telemetry agents and,
-    given `edge_target` (``host:port`` of the edge router, ``serve.http_port``), the edge's
-    own metrics (``GET /-/edge/metrics``, `serve.edge_metrics`).
+    given `edge_target` (``host:port`` of the edge's admin listener, ``serve.edge_admin_port``;
+    never the public port), the edge's metrics: job `EDGE_JOB` scrapes that one address twice,
+    at ``HAPROXY_METRICS_PATH`` (HAProxy's exporter) and at ``EDGE_METRICS_PATH`` (the
+    route-table gauges), each scrape's path copied into the label `EDGE_PATH_LABEL`.
 
-    The job names match ``infra/prometheus/prometheus.yml`` (``ray``, ``rcp-telemetry``,
-    ``rcp-edge``), so the same dashboards and rules work locally and on Kubernetes.
+    The job names and labels match ``infra/prometheus/prometheus.yml`` (``ray``,
+    ``rcp-telemetry``, ``rcp-edge``), so the same dashboards and rules work locally and on
+    Kubernetes.
     """
     interval = f"{scrape_interval_s:g}s"
     jobs: list[dict[str, Any]] = [
@@ -283,8 +310,14 @@ def local_prometheus_config(
         jobs.append(
             {
                 "job_name": EDGE_JOB,
-                "metrics_path": EDGE_METRICS_PATH,
-                "static_configs": [{"targets": [edge_target]}],
+                # one target per path: a target's own __metrics_path__ wins over the job's
+                "static_configs": [
+                    {"targets": [edge_target], "labels": {"__metrics_path__": path}}
+                    for path in (HAPROXY_METRICS_PATH, EDGE_METRICS_PATH)
+                ],
+                "relabel_configs": [
+                    {"source_labels": ["__metrics_path__"], "target_label": EDGE_PATH_LABEL}
+                ],
             }
         )
     return {

@@ -14,7 +14,7 @@ and its traceback go to the replica's log under that id). A 422 carries the Valu
 message: by the model contract that message is written for the client.
 
 It also answers HTTP on its app's internal route prefix (`serve.spec.backend_route_prefix`):
-``POST /_rcp/<model>/<pool>/v1/models/<model>/predict``, the edge router's path around the
+``POST /_rcp/<model>/<pool>/v1/models/<model>/predict``, the edge's path around the
 ingress. That route validates exactly as the ingress does (`serve.inputs.parse_request`, the
 default ``max_body_bytes``), answers the same status and JSON body (the envelope's), and puts
 ``X-Rcp-Pool: <pool>`` on every answer, errors included: an answer with it is the model's own
@@ -156,7 +156,7 @@ class BackendReplica:
         return {"status": 200, "body": body}
 
     async def __call__(self, request: Request) -> Response:
-        """The HTTP route (the edge router's, see the module doc): validated as the ingress
+        """The HTTP route (the edge's, see the module doc): validated as the ingress
         validates, answered with the ingress's status and body, always with `POOL_HEADER`."""
         self._start_reporter()
         given = request.headers.get("x-request-id")

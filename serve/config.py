@@ -120,10 +120,11 @@ class IngressConfig:
     retry_after_s: int = 1
     """Value of the Retry-After header on a 503."""
     edge_table_max_age_s: float = 5.0
-    """Longest an edge router routes predicts by a route table it fetched from the ingress
-    (``GET v1/models``, asked 4 times a second); an older table sends them through the
+    """Longest the edge routes predicts by a route table it fetched from the ingress
+    (``GET v1/models?format=edge``, asked once a second: at least 2 s, so one missed fetch
+    does not drop it); an older table sends them through the
     ingress. Make-before-break waits this long after every ingress replica applied a new
-    table before it lowers a pool's target (`serve.operations.route_applied`). Between 0.1
+    table before it lowers a pool's target (`serve.operations.route_applied`). Between 2
     and 30 s. 5 s: a table fetch may take over a second while a node or the head is lost on a
     loaded machine, and predicts that fall back to the ingress then meet the same trouble."""
 
@@ -197,9 +198,9 @@ def validate_serving(cfg: ServingConfig, prefix: str = "serving") -> list[str]:
     _check_min(errors, f"{prefix}.ingress.attempt_timeout_s", ing.attempt_timeout_s, 0.01)
     _check_min(errors, f"{prefix}.ingress.request_timeout_s", ing.request_timeout_s, 0.01)
     _check_min(errors, f"{prefix}.ingress.retry_after_s", ing.retry_after_s, 0)
-    if not 0.1 <= ing.edge_table_max_age_s <= 30:  # NaN fails too
+    if not 2 <= ing.edge_table_max_age_s <= 30:  # NaN fails too
         errors.append(
-            f"{prefix}.ingress.edge_table_max_age_s: must be between 0.1 and 30 s, "
+            f"{prefix}.ingress.edge_table_max_age_s: must be between 2 and 30 s, "
             f"got {ing.edge_table_max_age_s!r}"
         )
     if not cfg.models:

@@ -65,8 +65,8 @@ def start_serve(host: str, port: int, proxy_location: str = "EveryNode") -> None
     sends a request to an ingress replica, which picks the pool by route weight and retries.
     `port` is the head's proxy's: a worker node's proxy binds the same port unless its node's
     environment names another (``RAY_SERVE_WORKER_PROXY_HTTP_PORT``). Local mode gives every
-    simulated node its own (they share one host) and puts a loopback load balancer in front
-    (``serve.edge_router``); docs/serving.md, "Proxies on every node". ``HeadOnly``
+    simulated node its own (they share one host) and puts the edge in front (HAProxy,
+    ``serve.edge``); docs/serving.md, "Proxies on every node". ``HeadOnly``
     (one proxy, on the head) is the behaviour before issue 18, kept as the head-loss
     benchmark's baseline."""
     serve.start(http_options={"host": host, "port": port}, proxy_location=proxy_location)

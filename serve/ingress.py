@@ -11,9 +11,9 @@ under the same id, and the backend gets it with the payload. Each replica report
 board (`serve.load`) about once a second the requests it answered and its process's CPU time
 since the last report (the ingress scaling policy, `policies.ingress`), with no per-model
 counts: the backend replicas report those (the demand policy), so a request is counted once,
-where it is worked on, whether it came through the ingress or straight from the edge router.
+where it is worked on, whether it came through the ingress or straight from the edge.
 
-``GET <prefix>v1/models`` is also the edge router's route table: the models with their
+``GET <prefix>v1/models`` is also the edge's route table: the models with their
 weights, the table's ``generation``, and a ``routing`` block (the retry and timeout settings
 the edge applies, how long it may use the table, ``table_max_age_s``, and the backends' route
 root, ``backend_root``; docs/serving.md, "HTTP API").
@@ -149,6 +149,8 @@ class IngressReplica:
         if isinstance(head, Health):
             return _json(200, json.dumps({"status": "ok", "generation": table.generation}).encode())
         if isinstance(head, ListModels):
+            if request.query_params.get("format") == "edge":
+                return Response(edge_table_text(table), 200, media_type="text/plain")
             return _json(200, json.dumps(list_models(table)).encode())
         if head_declares_length(content_length):
             body: bytes | None = await request.body()  # length already checked
@@ -263,7 +265,7 @@ Ingress = serve.deployment(name=INGRESS_DEPLOYMENT)(IngressReplica)
 
 def list_models(table: RouteTable) -> dict[str, Any]:
     """The ``GET v1/models`` answer: each model's weights per pool, the table's generation,
-    and the ``routing`` block the edge router routes by (see the module doc)."""
+    and the ``routing`` block the edge routes by (see the module doc)."""
     s = table.settings
     return {
         "models": [{"name": m, "weights": dict(ws)} for m, ws in table.weights.items()],
@@ -278,6 +280,30 @@ def list_models(table: RouteTable) -> dict[str, Any]:
             "backend_root": BACKEND_ROUTE_ROOT,
         },
     }
+
+
+def edge_table_text(table: RouteTable) -> str:
+    """``GET v1/models?format=edge``: the route table as the edge's Lua task reads it
+    (`serve/edge/rcp_edge.lua`): each model whose weights are not all zero with its
+    `cluster` pool's share in thousandths, which the edge compares a draw of 0-999 with.
+
+    >>> t = RouteTable(3, {"sample": {"cluster": 2.0, "external": 1.0}, "idle": {}})
+    >>> print(edge_table_text(t), end="")
+    rcp-edge-table 1
+    generation 3
+    max_age_s 5
+    model sample 667
+    """
+    lines = [
+        "rcp-edge-table 1",
+        f"generation {table.generation}",
+        f"max_age_s {table.settings.edge_table_max_age_s:g}",
+    ]
+    for model, weights in table.weights.items():
+        cluster, external = weights.get("cluster", 0.0), weights.get("external", 0.0)
+        if cluster + external > 0:
+            lines.append(f"model {model} {round(1000 * cluster / (cluster + external))}")
+    return "\n".join(lines) + "\n"
 
 
 def head_declares_length(content_length: str | None) -> bool:

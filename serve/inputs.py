@@ -66,7 +66,11 @@ class ErrorCode(str, Enum):
     MODEL_ERROR = "model_error"
     INTERNAL = "internal_error"
     BAD_REQUEST = "bad_request"
-    """Not an HTTP request the endpoint can read (the edge router's answer)."""
+    """Not an HTTP request the endpoint can read (the edge's answer)."""
+    REQUEST_TIMEOUT = "request_timeout"
+    """The request's head did not arrive within the edge's deadline (the edge's answer)."""
+    LENGTH_REQUIRED = "length_required"
+    """A body sent without a Content-Length (the edge's answer)."""
 
 
 @dataclass(frozen=True)

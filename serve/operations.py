@@ -12,9 +12,9 @@ replicas are RUNNING; (2) set route weights from readiness with the source's pla
 target, and wait until every ingress replica applied that route table and then another
 ``serving.ingress.edge_table_max_age_s`` (the settle wait); (3) lower the source pool by n;
 Serve stops those replicas gracefully, finishing in-flight requests, and a request that still
-lands on a stopping replica is retried (by the ingress, or by the edge router) elsewhere.
+lands on a stopping replica is retried (by the ingress, or by the edge) elsewhere.
 
-Why the settle wait: an edge router routes by the table it last fetched from the ingress
+Why the settle wait: the edge routes by the table it last fetched from the ingress
 (``GET v1/models``) and uses it for at most ``edge_table_max_age_s``. A table fetched after
 every ingress replica applied generation N has N (or later); one fetched before is out of use
 once that much time has passed since N was applied. This process notes when it first saw N
@@ -233,7 +233,7 @@ def _edge_table_max_age_s(user_config: Mapping[str, Any]) -> float:
 
 def _route_settled(generation: int) -> Callable[[Mapping[str, Any]], bool]:
     """Every ingress replica runs route table `generation` (or later), and this process first
-    saw that at least ``edge_table_max_age_s`` ago: no edge router routes by an older table
+    saw that at least ``edge_table_max_age_s`` ago: no edge routes by an older table
     any more (see the module doc)."""
 
     def done(details: Mapping[str, Any]) -> bool:
@@ -262,7 +262,7 @@ def _route(
     if wait:
         _wait(
             f"every ingress replica to apply route table generation {new.generation} "
-            "and the edge routers' table age to pass",
+            "and the edges' table age to pass",
             _route_settled(new.generation),
             timeout_s,
         )
@@ -541,7 +541,7 @@ def route_for_targets(model: str, planned: Mapping[str, int]) -> int:
 def route_applied(generation: int) -> bool:
     """Whether route table `generation` settled: every ingress replica runs it (or a later
     one), and ``serving.ingress.edge_table_max_age_s`` passed since this process first saw
-    that, so no edge router still routes by an older table (see the module doc). A caller
+    that, so no edge still routes by an older table (see the module doc). A caller
     polls it each tick; the first True call is at least that long after the first call that
     saw the table applied."""
     return _route_settled(generation)(control.read_details())

@@ -7,7 +7,7 @@ and Serve's declarative application configs:
 * `build_app_configs(state)`: one ingress app (route weights in its ``user_config``, its
   replica count the one the control loop scaled it to) and one
   backend app per (model, pool) whose target is above zero, on its own internal route prefix
-  `backend_route_prefix` (``/_rcp/<model>/<pool>``), where the edge router sends predicts
+  `backend_route_prefix` (``/_rcp/<model>/<pool>``), where the edge sends predicts
   straight to it (docs/serving.md, "Backend routes"). A pool at zero has no app: Serve
   refuses ``num_replicas=0`` for a static deployment, so that pool's app is removed and
   re-created later; the other pool's app keeps its config, so its replicas are untouched.

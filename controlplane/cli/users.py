@@ -125,8 +125,7 @@ def users_rotate_token(
     "config_file",
     type=click.Path(dir_okay=False),
     envvar="RCP_CONFIG",
-    help="The YAML config the controller runs with: its job store is opened (env: "
-    "RCP_CONFIG).",
+    help="The YAML config the controller runs with: its job store is opened (env: RCP_CONFIG).",
 )
 @click.option(
     "--state-dir",

@@ -146,7 +146,10 @@ class ServeConfig:
     """The production Serve HTTP endpoint."""
 
     http_port: int = 8000
-    """Port of the Serve HTTP proxy (bound to ray.node_ip)."""
+    """The serve endpoint: the edge (HAProxy, `serve.edge`) listens here, on ray.node_ip."""
+    edge_admin_port: int = 8404
+    """The edge's admin listener (its Prometheus metrics and health), on ray.node_ip; never
+    answered on the serve endpoint."""
     deploy_app: bool = True
     """Deploy the production Serve application (the `serving` section) with `rcp up`."""
     proxy_location: str = "EveryNode"

@@ -110,6 +110,7 @@ def validate(cfg: Config) -> list[str]:
     for name in ("gcs_port", "dashboard_port", "client_port", "metrics_export_port"):
         errors += tcp_port(f"ray.{name}", getattr(cfg.ray, name))
     errors += tcp_port("serve.http_port", cfg.serve.http_port)
+    errors += tcp_port("serve.edge_admin_port", cfg.serve.edge_admin_port)
     if cfg.serve.proxy_location not in PROXY_LOCATIONS:
         errors.append(
             f"serve.proxy_location: must be one of {', '.join(PROXY_LOCATIONS)}, "
@@ -180,6 +181,7 @@ def validate(cfg: Config) -> list[str]:
         "ray.client_port": cfg.ray.client_port,
         "ray.metrics_export_port": cfg.ray.metrics_export_port,
         "serve.http_port": cfg.serve.http_port,
+        "serve.edge_admin_port": cfg.serve.edge_admin_port,
         "api.port": cfg.api.port,
     }
     if cfg.storage.embedded:
@@ -208,8 +210,7 @@ def _validate_job_credentials(cfg: Config) -> list[str]:
     modes = [m.value for m in JobCredentialsMode]
     if s.job_credentials not in modes:
         return [
-            f"storage.job_credentials: must be one of {', '.join(modes)}, "
-            f"got {s.job_credentials!r}"
+            f"storage.job_credentials: must be one of {', '.join(modes)}, got {s.job_credentials!r}"
         ]
     low, high = JOB_CREDENTIALS_DURATION_S
     errors = at_least(low, "storage.job_credentials_duration_s", s.job_credentials_duration_s)

@@ -5,10 +5,10 @@ Owns: the lifecycle of the Ray head (no GPUs), the fixed `cluster` pool and the 
 the cluster config ``controlplane.local.autoscaler`` builds; the processes' environment and the
 head's command line are ``controlplane.local.head``'s; ports are ``controlplane.local.ports``'),
 the S3-protocol object store on loopback, Serve (a proxy on the head and on every node that
-holds a replica, each on a loopback port of its own) and the loopback load balancer in front of
-them on ``serve.http_port`` (``serve.edge_router``, outside Ray), and the state file
+holds a replica, each on a loopback port of its own) and the edge in front of them on
+``serve.http_port`` (HAProxy, configured by `serve.edge`, outside Ray), and the state file
 that lets a second `up` report what runs and `down` stop exactly that (the Serve proxies' ports
-are recorded there, ``serve_proxies``; the balancer reads them from it).
+are recorded there, ``serve_proxies``; the edge's configuration lists them).
 
 Must not: touch Ray processes it did not start (no ``ray stop``), bind anything but
 ``ray.node_ip`` (127.0.0.1 by default), or log storage credentials or the Ray token.
@@ -32,6 +32,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -80,6 +81,10 @@ from controlplane.ray_connection import (
 from controlplane.service.controller import deploy
 from controlplane.statefiles import narrow_private, private_dir, private_umask, write_private
 from controlplane.storage import ensure_bucket
+from serve.edge.config import CONFIG_FILE, EdgeSettings, StaticProxies
+from serve.edge.process import check as check_edge
+from serve.edge.process import command as edge_command
+from serve.edge.process import write as write_edge
 
 # Re-exported: callers (tests, benchmarks) import these from here.
 __all__ = [
@@ -238,7 +243,7 @@ class LocalCluster:
                 )
             )
             self._start_serve(state["serve_proxies"]["head"])
-            self._start_balancer(cluster_id)
+            self._start_balancer(state)
             announce(Endpoint("serve", f"http://{self.cfg.ray.node_ip}:{self.cfg.serve.http_port}"))
             if self.cfg.serve.deploy_app:
                 self._deploy_serving(echo)
@@ -468,41 +473,68 @@ class LocalCluster:
         start_serve(self.cfg.ray.node_ip, head_proxy_port, self.cfg.serve.proxy_location)
 
     def _ensure_balancer(self, state: dict[str, Any], echo: Echo) -> None:
-        """Start the serve balancer again if the running cluster has one and it is gone (it
-        runs outside Ray and outlives the head, but a process can still die)."""
+        """The edge again, for a running cluster that has one: started if it is gone (it runs
+        outside Ray and outlives the head, but a process can still die), reloaded when its
+        rendered configuration changed (a new ``serving.ingress`` limit, say)."""
         if "serve_proxies" not in state or state.get("status") != "running":
             return
         if not port_in_use(self.cfg.ray.node_ip, self.cfg.serve.http_port):
-            echo("serve balancer: not answering; starting it again")
-            self._start_balancer(state["cluster_id"])
+            echo("serve edge: not answering; starting it again")
+            self._start_balancer(state)
+            return
+        config = self._edge_dir / CONFIG_FILE
+        before = config.read_text() if config.exists() else None
+        written = write_edge(self._edge_settings(state))
+        pid = state.get("edge_pid")
+        if before != written.read_text() and isinstance(pid, int):
+            check_edge(written)
+            os.kill(pid, signal.SIGUSR2)  # HAProxy's master reloads without dropping a request
+            echo("serve edge: configuration changed; reloaded")
 
-    def _start_balancer(self, cluster_id: str) -> None:
-        """The loopback load balancer on ``serve.http_port`` over the nodes' Serve proxies
-        (``serve.edge_router``): outside Ray, so it outlives the head. Its
-        environment is the cluster's id (so `down` finds and stops it) and PATH, nothing
-        else: no Ray token path, no storage keys."""
+    @property
+    def _edge_dir(self) -> Path:
+        return self.state_dir / "edge"
+
+    def _edge_settings(self, state: dict[str, Any]) -> EdgeSettings:
+        host = self.cfg.ray.node_ip
+        ports = state["serve_proxies"]
+        return EdgeSettings(
+            listen_host=host,
+            listen_port=self.cfg.serve.http_port,
+            admin_host=host,
+            admin_port=self.cfg.serve.edge_admin_port,
+            work_dir=str(self._edge_dir),
+            proxies=StaticProxies(
+                nodes=tuple((host, int(p)) for p in ports["nodes"]), head=(host, ports["head"])
+            ),
+            route_prefix=self.cfg.serving.route_prefix,
+            ingress=self.cfg.serving.ingress,
+            stats_socket=str(self._edge_dir / "admin.sock"),
+            threads=1,  # one core carries thousands of requests a second; the machine is shared
+        )
+
+    def _start_balancer(self, state: dict[str, Any]) -> None:
+        """The edge on ``serve.http_port``: HAProxy over the nodes' Serve proxies
+        (`serve.edge`), outside Ray, so it outlives the head. Its environment is the cluster's
+        id (so `down` finds and stops it) and PATH, nothing else: no Ray token path, no
+        storage keys. A configuration HAProxy refuses raises before anything starts."""
         host, port = self.cfg.ray.node_ip, self.cfg.serve.http_port
-        env = {CLUSTER_ID_ENV: cluster_id, "PATH": os.environ.get("PATH", os.defpath)}
-        cmd = [
-            sys.executable,
-            "-m",
-            "serve.edge_router",
-            f"--state-file={self.state_file}",
-            f"--host={host}",
-            f"--port={port}",
-            f"--route-prefix={self.cfg.serving.route_prefix}",
-            f"--log={self.log_dir / 'serve-balancer.log'}",
-        ]
-        with open(self.log_dir / "serve-balancer.out", "ab") as out:
-            subprocess.Popen(
-                cmd,
+        private_dir(self._edge_dir)
+        config = write_edge(self._edge_settings(state))
+        check_edge(config)
+        env = {CLUSTER_ID_ENV: state["cluster_id"], "PATH": os.environ.get("PATH", os.defpath)}
+        with open(self.log_dir / "serve-edge.log", "ab") as out:
+            proc = subprocess.Popen(
+                edge_command(config),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,
             )
-        _wait_until(lambda: port_in_use(host, port), 30, f"the serve balancer on {host}:{port}")
+        state["edge_pid"] = proc.pid
+        self._write_state(state)
+        _wait_until(lambda: port_in_use(host, port), 30, f"the serve edge on {host}:{port}")
 
     def _deploy_serving(self, echo: Echo) -> None:
         """Deploy (or update) the production Serve app; keeps deployed targets and weights."""

@@ -5,8 +5,8 @@ Owns: `port_in_use`, `check_ports_free` (every listener the config names, refuse
 busy ones named before anything starts), `free_loopback_ports` and `isolated_overrides` (a
 cluster beside others on one machine: tests, benchmarks), `quiet_loopback_ports` (ports the
 kernel and Ray's workers never take by themselves) and `serve_proxy_ports` (a port for
-the head's Serve proxy and one per node slot, behind the loopback balancer on
-``serve.http_port``: ``serve.edge_router``).
+the head's Serve proxy and one per node slot, behind the edge on ``serve.http_port``:
+HAProxy, ``serve.edge``).
 Must not: bind anything but 127.0.0.1 (and ``ray.node_ip`` to probe), or start anything.
 """
 
@@ -92,6 +92,7 @@ def check_ports_free(cfg: Config) -> None:
         "ray.client_port": r.client_port,
         "ray.metrics_export_port": r.metrics_export_port,
         "serve.http_port": cfg.serve.http_port,
+        "serve.edge_admin_port": cfg.serve.edge_admin_port,
         "api.port": cfg.api.port,
     }
     if cfg.storage.embedded:

@@ -80,7 +80,7 @@ def find_cluster_processes(cluster_id: str, roots: Iterable[str]) -> list[psutil
 NODE_ID_ENV = "RAY_OVERRIDE_NODE_ID_FOR_TESTING"
 # Processes `up` starts beside Ray that are not part of any node (they stand for services
 # production runs elsewhere: the GCS store, object storage, Prometheus, the load balancer).
-_NOT_A_NODE = ("redis-server", "moto.server", "prometheus", "serve.edge_router")
+_NOT_A_NODE = ("redis-server", "moto.server", "prometheus", "haproxy")
 
 
 def node_processes(cluster_id: str, roots: Iterable[str], node_id: str) -> list[psutil.Process]:

@@ -1,6 +1,6 @@
 """The local cluster's Prometheus server: the ``prometheus`` binary on 127.0.0.1 scraping Ray's
-per-node metrics agents, the telemetry agents' exporters and the edge router (the serve
-endpoint `rcp up` runs on ``serve.http_port``), with the alert rules of
+per-node metrics agents, the telemetry agents' exporters and the edge (the HAProxy serve
+endpoint `rcp up` runs: its admin listener on ``serve.edge_admin_port``), with the alert rules of
 ``infra/prometheus/rules.yml`` loaded. Opt-in (``observability.prometheus``), for `rcp up` users
 and tests::
 
@@ -60,8 +60,9 @@ class LocalPrometheus:
     binary: str | None = None
     host: str = "127.0.0.1"
     edge_target: str | None = None
-    """``host:port`` of the edge router (`serve.edge_router`, on ``serve.http_port``), scraped
-    as the ``rcp-edge`` job; None: not scraped."""
+    """``host:port`` of the edge's admin listener (``serve.edge_admin_port``), scraped as the
+    ``rcp-edge`` job at two paths (HAProxy's exporter, the route-table gauges); None: not
+    scraped."""
     env: Mapping[str, str] | None = None
     """The server's environment (default: this process's); `rcp up` adds its cluster marker
     so `rcp down` stops the server with the rest."""
@@ -75,7 +76,7 @@ class LocalPrometheus:
             ray_sd_file=ray_metrics_sd_file(cfg),
             port=port,
             host=cfg.ray.node_ip,
-            edge_target=f"{cfg.ray.node_ip}:{cfg.serve.http_port}",
+            edge_target=f"{cfg.ray.node_ip}:{cfg.serve.edge_admin_port}",
             **kwargs,
         )
 

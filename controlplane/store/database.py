@@ -64,9 +64,7 @@ def _rebuild_jobs(db: sqlite3.Connection) -> None:
     if not unique_key:
         return
     db.execute(JOBS_TABLE.format(name="jobs_rebuilt"))
-    db.execute(
-        f"INSERT INTO jobs_rebuilt ({JOBS_COLUMNS_ALL}) SELECT {JOBS_COLUMNS_ALL} FROM jobs"
-    )
+    db.execute(f"INSERT INTO jobs_rebuilt ({JOBS_COLUMNS_ALL}) SELECT {JOBS_COLUMNS_ALL} FROM jobs")
     db.execute("DROP TABLE jobs")
     db.execute("ALTER TABLE jobs_rebuilt RENAME TO jobs")
     _run(db, SCHEMA)  # the jobs indexes went with the old table

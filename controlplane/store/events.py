@@ -54,9 +54,7 @@ class EventLog(Database):
         sql = "SELECT * FROM events WHERE seq > ?"
         params: list[Any] = [after_seq]
         if only_audit_of is not None:
-            sql += (
-                " AND (kind NOT LIKE 'audit.%' OR json_extract(data_json, '$.user_id') = ?)"
-            )
+            sql += " AND (kind NOT LIKE 'audit.%' OR json_extract(data_json, '$.user_id') = ?)"
             params.append(only_audit_of)
         if job_id is not None:
             sql += " AND job_id = ?"

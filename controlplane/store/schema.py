@@ -63,7 +63,9 @@ JOBS_COLUMNS_ALL = (
     "queued_s, updated_s, num_preemptions, info_json, owner, owner_id"
 )
 
-SCHEMA = JOBS_TABLE.format(name="jobs") + """;
+SCHEMA = (
+    JOBS_TABLE.format(name="jobs")
+    + """;
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, queued_s);
 CREATE INDEX IF NOT EXISTS jobs_by_state_updated ON jobs (state, updated_s);
 CREATE INDEX IF NOT EXISTS jobs_unsettled ON jobs (state) WHERE {unsettled};
@@ -113,6 +115,7 @@ CREATE TABLE IF NOT EXISTS retired_tokens (
     at_s REAL NOT NULL
 );
 """
+)
 
 MIGRATIONS: tuple[tuple[str, str, str], ...] = (
     ("jobs", "owner", "ALTER TABLE jobs ADD COLUMN owner TEXT"),

@@ -11,7 +11,7 @@ Panels:
 * ``gpus``: GPUs by owner: ``training``, ``serving`` and ``idle`` on the owned cluster pool,
   and ``external``: every GPU of the rented external pool (what is being paid for);
 * ``requests``: production requests per second and failed (5xx) ones, as clients got them
-  (from the edge router; from Serve where the edge's metrics are missing, `queries`);
+  (from the edge; from Serve where the edge's metrics are missing, `queries`);
 * ``decisions``: one marker per event of a decision (a policy action, a serving move or
   scale, a health step) or of a job's state change, on the row of what it is about
   (`ROWS`).
@@ -85,19 +85,22 @@ def queries(rate_window_s: float) -> dict[str, str]:
     least two scrapes). ``max by``: a restarted controller's last value may still be exported
     next to the new one's for a while; both say the same thing.
 
-    ``requests`` and ``failed`` are what clients got: the edge router's answers
-    (``rcp_edge_requests_total``; its own endpoints, outcome ``local``, are not traffic: its
-    readiness answers 503 while no proxy is healthy) and those of them with a 5xx. A try
-    Serve answered with 500 that the edge then served from another pool is one request and
-    no failure here, while Serve counts an error on the backend app's route. Without the edge's metrics (a cluster without the edge, an older
-    recording's time range) each falls back, with PromQL ``or``, to Serve's own counts:
-    requests that reached an app (``application!=""``: each proxy's health checks, a
-    draining one answering 503, carry an empty application and are not traffic) and those
-    with a 5xx. The edge's 5xx series appears only after its first 5xx, so ``failed`` is 0
-    per second, not Serve's count, while the edge answers anything."""
+    ``requests`` and ``failed`` are what clients got: the responses of the edge's public
+    frontend (HAProxy's ``haproxy_frontend_http_responses_total{proxy="public"}``, its own
+    refusals included; its readiness and metrics endpoints are on another frontend, the admin
+    listener, and not counted) and those of them with a 5xx. A try Serve answered with 500
+    that the edge then sent again, and that got an answer, is one request and no failure
+    here, while Serve counts an error on the backend app's route. Without the edge's metrics
+    (a cluster without the edge, an older recording's time range) each falls back, with PromQL
+    ``or``, to Serve's own counts: requests that reached an app (``application!=""``: each
+    proxy's health checks, a draining one answering 503, carry an empty application and are
+    not traffic) and those with a 5xx. HAProxy exports the 5xx series from its start, at 0;
+    should it be missing while the edge answers, ``failed`` is still 0 per second, not
+    Serve's count."""
     w = f"{max(1, round(rate_window_s))}s"
-    edge = f'sum(rate(rcp_edge_requests_total{{outcome!="local"}}[{w}]))'
-    edge_5xx = f'sum(rate(rcp_edge_requests_total{{outcome!="local",code="5xx"}}[{w}]))'
+    responses = "haproxy_frontend_http_responses_total"
+    edge = f'sum(rate({responses}{{proxy="public"}}[{w}]))'
+    edge_5xx = f'sum(rate({responses}{{proxy="public",code="5xx"}}[{w}]))'
     serve = f'sum(rate(ray_serve_num_http_requests_total{{application!=""}}[{w}]))'
     serve_5xx = (
         "sum(rate(ray_serve_num_http_error_requests_total"

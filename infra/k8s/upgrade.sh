@@ -7,9 +7,9 @@
 # changes the images and then replaces the pods itself, in the order that keeps traffic up
 # (docs/operations.md, "Upgrade"):
 #   1. the images: every container of the RayCluster (head, rcp-controller, both worker
-#      groups), the rcp-kube-actuator Deployment (a rolling update of one pod) and the
-#      rcp-edge Deployment (a rolling update that starts a new edge before it stops an old
-#      one: maxUnavailable 0, and the PodDisruptionBudget keeps one);
+#      groups) and the rcp-kube-actuator Deployment (a rolling update of one pod); the
+#      rcp-edge Deployment runs HAProxy's own image, not this one, so it is not touched here
+#      (its configuration changes with `kubectl apply -k`: docs/operations.md);
 #   2. the gpu-cluster pods, one at a time: delete one (Ray drains it on SIGTERM: Serve moves
 #      its replicas make-before-break and its proxy leaves rcp-serve's endpoints first), wait
 #      until KubeRay's replacement is Ready and rcp-serve has as many endpoints as before,
@@ -73,8 +73,6 @@ print(json.dumps(ops))')
 k patch raycluster "$RC" --type=json -p "$patch"
 k set image deployment/rcp-kube-actuator "kube-actuator=$IMAGE"
 k rollout status deployment/rcp-kube-actuator --timeout="${TIMEOUT_S}s"
-k set image deployment/rcp-edge "edge=$IMAGE"
-k rollout status deployment/rcp-edge --timeout="${TIMEOUT_S}s"
 
 CLUSTER_PODS="ray.io/cluster=$RC,ray.io/group=gpu-cluster"
 pods=$(pod_lines "$CLUSTER_PODS" | awk '{print $1}')

@@ -26,7 +26,13 @@ from contextlib import contextmanager
 
 import psutil
 
-__all__ = ["RAYLET_NODE_ID_FLAG", "connect_driver", "only_raylet", "own_raylet_node_id", "raylet_node_id"]
+__all__ = [
+    "RAYLET_NODE_ID_FLAG",
+    "connect_driver",
+    "only_raylet",
+    "own_raylet_node_id",
+    "raylet_node_id",
+]
 
 RAYLET_NODE_ID_FLAG = "--node_id="
 """How a raylet's command line names its node (what Ray itself reads, `find_node_ids`)."""
@@ -35,8 +41,8 @@ RAYLET_NODE_ID_FLAG = "--node_id="
 def raylet_node_id(cmdline: Sequence[str]) -> str | None:
     """The node id a raylet's command line names; None for any other process::
 
-        raylet_node_id([".../ray/core/src/ray/raylet/raylet", "--node_id=ab12", ...]) -> "ab12"
-        raylet_node_id(["python", "-m", "x", "--node_id=ab12"])                      -> None
+    raylet_node_id([".../ray/core/src/ray/raylet/raylet", "--node_id=ab12", ...]) -> "ab12"
+    raylet_node_id(["python", "-m", "x", "--node_id=ab12"])                      -> None
     """
     if not cmdline or os.path.basename(cmdline[0]) != "raylet":
         return None

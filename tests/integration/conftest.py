@@ -176,7 +176,7 @@ class Load:
     connection_retries: int = 0
     keep_alive: bool = True
     """False: every request asks for ``Connection: close``, so each one opens a new
-    connection through the balancer (which picks a proxy per connection, not per request)."""
+    connection to the endpoint."""
     pace_s: float = LOAD_PACE_S
     """Least time from one request's start to the next one's, per client (0: none)."""
     errors: list[str] = field(default_factory=list)

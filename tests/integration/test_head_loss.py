@@ -1,10 +1,10 @@
 """Production traffic survives the loss of the head (issue 18), on a real local cluster.
 
 One cluster (GCS fault tolerance on: a real Redis on loopback; Serve proxies on every node
-that holds a replica, each on a loopback port of its own, behind the loopback balancer on
-serve.http_port, ``serve.edge_router``; ingress replicas spread over the head and the
+that holds a replica, each on a loopback port of its own, behind the edge on
+serve.http_port, HAProxy configured by ``serve.edge``; ingress replicas spread over the head and the
 cluster nodes, one on each here). A client that retries a refused or reset connection once
-sends steady traffic to the `serve` endpoint `rcp up` printed (the balancer) while:
+sends steady traffic to the `serve` endpoint `rcp up` printed (the edge) while:
 
 - every Ray process of the head (GCS, raylet, dashboard, autoscaler, Serve's controller, the
   head's proxy and ingress replica, the control plane's controller, the job signals actor)
@@ -15,7 +15,7 @@ sends steady traffic to the `serve` endpoint `rcp up` printed (the balancer) whi
   once their GPUs are free;
 - (``full`` only) a cluster node whose proxy takes requests (but that holds no model
   replica) is killed: every request is answered, at worst after one retry, and never
-  wrongly; that proxy listened on its node's own port, and the balancer took it out;
+  wrongly; that proxy listened on its node's own port, and the edge took it out;
 - (``full`` only) Redis is killed and restarted while the head is healthy: serving goes on.
 
 The external pool has no GPUs here, so no admission can move a replica there (a move needs
@@ -221,7 +221,8 @@ def test_killing_the_node_whose_proxy_requests_entered_never_gives_a_wrong_answe
     port = node_proxy_port(state, victim)
     assert port in state["serve_proxies"]["nodes"]
     assert requests.get(f"http://127.0.0.1:{port}/-/healthz", timeout=5).status_code == 200
-    balancer_log = cluster.log_dir / "serve-balancer.log"
+    edge_log = cluster.log_dir / "serve-edge.log"
+    server = f"node{state['serve_proxies']['nodes'].index(port)}"
     try:
         with RetryOnceLoad(serve_url, threads=6) as load:
             assert load.answered_since(0, 50) >= 50
@@ -230,8 +231,8 @@ def test_killing_the_node_whose_proxy_requests_entered_never_gives_a_wrong_answe
             before = load.answered
             assert load.answered_since(before, 50, timeout_s=60) >= 50
         load.check("node with a proxy killed")
-        # The balancer took the dead proxy out (a refusal, a broken connection or a check).
-        assert f"proxy 127.0.0.1:{port} out" in balancer_log.read_text()
+        # The edge took the dead proxy out (a refused or broken connection, or a check).
+        assert f"Server routed/{server} is DOWN" in edge_log.read_text()
     finally:
         # Ray marks the node dead (missed heartbeats) and the autoscaler replaces it, before
         # the next test admits a gang: a node that is dead but not yet marked so looks free.

@@ -18,14 +18,11 @@ checkpoint on the new node.
 Waits are bounded; nothing asserts on wall-clock durations.
 
 Serve runs a proxy on every node that holds a replica (the default, issue 18), each on its
-own loopback port behind the loopback balancer on ``serve.http_port``
-(``serve.edge_router``), so requests also enter through the node that goes: its
-proxy answers 503 on ``/-/healthz`` once the node drains, and the balancer sends it no new
-connection from then on (the drain test checks the balancer's log for it). A keep-alive
-connection that entered that proxy stays on it until the proxy goes; the load client then
-sends its request once more on a new connection (`Load.retry_broken_connection`, counted and
-printed, what a client with a connection pool does); no request may fail after that, and no
-request may fail any other way.
+own loopback port behind the edge on ``serve.http_port`` (HAProxy configured by
+``serve.edge``), so requests also enter through the node that goes: its proxy answers 503 on
+``/-/healthz`` once the node drains, and the edge sends it no new request from then on (the
+drain test checks the edge's log for it). The edge picks a proxy per request, so a client's
+keep-alive connection does not stay on a proxy; no request may fail.
 
 The first test is the default run's one real-cluster play of a claim and a return under load
 (zero failed requests), a hot GPU (the node drained and replaced) and a gang resuming from its
@@ -176,13 +173,13 @@ def checkpointed_and_resumed(
 
 
 def steady_load(serve_url: str, keep_alive: bool = True) -> Load:
-    """Two clients for as long as a test needs (see the module doc on broken connections)."""
+    """Two clients for as long as a test needs. No client retry: the edge holds the clients'
+    connections, so a node that goes breaks none of them."""
     return Load(
         serve_url,
         threads=2,
         max_requests_per_thread=100_000,
         max_duration_s=600,
-        retry_broken_connection=True,
         keep_alive=keep_alive,
     )
 
@@ -346,21 +343,19 @@ def test_a_node_ray_drains_for_someone_else_has_its_gang_checkpointed_and_is_lef
     state = LocalCluster(cfg).read_state()
     assert state is not None
     port = node_proxy_port(state, node_b)
-    balancer_log = cfg.state_path / "logs" / "serve-balancer.log"
-    seen = len(balancer_log.read_text())
+    edge_log = cfg.state_path / "logs" / "serve-edge.log"
+    seen = len(edge_log.read_text())
+    server = f"node{state['serve_proxies']['nodes'].index(port)}"
 
-    # Each request on a new connection: the balancer stops sending NEW connections to a
-    # draining proxy, but splices bytes without parsing HTTP, so a keep-alive connection stays
-    # on the proxy it entered (as an established connection stays on its pod behind a
-    # Kubernetes Service). Two such clients in a tight loop keep the drained node's proxy
-    # from ever being idle, and Ray leaves a drained node only once its proxy is (clean-clone
-    # run at 649994e: timed out after 300 s). docs/operations.md, Known gaps.
-    with steady_load(serve_url, keep_alive=False) as load:
+    # Keep-alive clients: the edge picks a proxy per request, so a client's connection does
+    # not keep the drained node's proxy busy (Ray leaves a drained node only once its proxy
+    # is idle).
+    with steady_load(serve_url, keep_alive=True) as load:
         load.wait_for(20)
         assert RayNodeControl().drain(node_b, "operator maintenance", 600)
         wait_for("the drained node to go", lambda: node_b not in alive_cluster_nodes(), 300)
-        # Its proxy answered 503 while the node drained: the balancer took it out then.
-        assert f"proxy 127.0.0.1:{port} out (Probe.UNHEALTHY)" in balancer_log.read_text()[seen:]
+        # Its proxy answered 503 while the node drained: the edge took it out then.
+        assert f"Server routed/{server} is DOWN" in edge_log.read_text()[seen:]
         wait_for("a replacement cluster node", lambda: len(alive_cluster_nodes()) == 1, 120)
         final = client.wait(job.id, timeout_s=400, poll_s=1.0)
         assert final.state == "SUCCEEDED", final.message

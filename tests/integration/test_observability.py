@@ -5,9 +5,9 @@ the telemetry agents, a checkpoint engine saving inside a Ray actor on a `cluste
 metrics reach Prometheus through Ray's metrics pipeline), a training job submitted through
 the SDK (so the admission gauges move; it checkpoints through the helper every job uses, so
 the controller's recovery gauges for it reach Prometheus and the checkpoint alerts' expressions
-see it, and `rcp status` shows the step it committed; when it ends, its series go), HTTP traffic on the Serve endpoint (the edge router; good requests and
+see it, and `rcp status` shows the step it committed; when it ends, its series go), HTTP traffic on the Serve endpoint (the edge; good requests and
 client errors), and the Debian ``prometheus`` binary on 127.0.0.1 scraping every node's Ray
-metrics agent (Ray's own file_sd list), every telemetry agent and the edge router, with
+metrics agent (Ray's own file_sd list), every telemetry agent and the edge, with
 infra/prometheus's alert rules loaded.
 
 Waits are bounded by deadlines; nothing asserts how long anything took.
@@ -36,10 +36,16 @@ from controlplane.cli import cli
 from controlplane.config import Config
 from controlplane.local.ports import port_in_use as _port_in_use
 from controlplane.local.prometheus import LocalPrometheus
-from controlplane.observability import for_query, load_dashboards, panel_expressions
+from controlplane.observability import (
+    EDGE_PATH_LABEL,
+    for_query,
+    load_dashboards,
+    panel_expressions,
+)
 from controlplane.ray_connection import connect
 from controlplane.sdk import Client
 from controlplane.telemetry import manager
+from serve.edge.config import EDGE_METRICS_PATH, HAPROXY_METRICS_PATH
 from tests.integration.conftest import free_ports, ray_auth_headers, start_local_cluster, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]
@@ -248,9 +254,17 @@ def test_prometheus_scrapes_every_ray_node_and_telemetry_agent_on_loopback(
         ),
         60,
     )
-    # the edge router on the serve endpoint, at its own metrics path
-    edge = f"{cluster.ray.node_ip}:{cluster.serve.http_port}"
-    wait_for("the edge router scraped", lambda: ups("rcp-edge") == {edge: 1.0}, 60)
+    # the edge (HAProxy) on its admin port: HAProxy's exporter and the route-table gauges
+    edge = f"{cluster.ray.node_ip}:{cluster.serve.edge_admin_port}"
+
+    def edge_ups() -> dict[tuple[str, str], float]:
+        return {
+            (r["metric"]["instance"], r["metric"].get(EDGE_PATH_LABEL, "")): float(r["value"][1])
+            for r in prometheus.query('up{job="rcp-edge"}')
+        }
+
+    both = {(edge, HAPROXY_METRICS_PATH): 1.0, (edge, EDGE_METRICS_PATH): 1.0}
+    wait_for("the edge scraped at both paths", lambda: edge_ups() == both, 60)
     # the alert rules load and evaluate against live data without errors
     groups = prometheus.api("rules")["groups"]
     assert {g["name"] for g in groups} == {"rcp-alerts"}
@@ -333,23 +347,26 @@ def test_client_errors_are_counted_but_no_request_failed_on_the_server(
     assert not any(c.startswith("5") for c in seen), seen
     assert not any(k.startswith("5") for k in traffic), traffic
 
-    # What clients got, as the edge router answered it (the alert counts its 5xx): predicts
-    # routed straight to the backend app by the route table, the malformed ones answered
-    # 4xx by the model, none 5xx.
-    def edge_answers() -> dict[tuple[str, str], float]:
-        rows = prometheus.query("sum by (outcome, code) (rcp_edge_requests_total)")
-        return {(r["metric"]["outcome"], r["metric"]["code"]): float(r["value"][1]) for r in rows}
+    # What clients got, as the edge answered it (the alert counts its 5xx): predicts routed
+    # straight to the backend app by the route table, the malformed ones answered 4xx by the
+    # model, none 5xx.
+    def edge_answers() -> dict[str, float]:
+        rows = prometheus.query(
+            'sum by (code) (haproxy_frontend_http_responses_total{proxy="public"})'
+        )
+        return {r["metric"]["code"]: float(r["value"][1]) for r in rows}
+
+    def routed() -> float:
+        rows = prometheus.query('sum(haproxy_backend_http_requests_total{proxy="routed"})')
+        return float(rows[0]["value"][1]) if rows else 0.0
 
     answers = wait_for(
-        "routed predicts counted by the edge",
-        lambda: (
-            (a := edge_answers()).get(("routed", "2xx"), 0) > 0
-            and a.get(("routed", "4xx"), 0) > 0
-            and a
-        ),
+        "client answers counted by the edge",
+        lambda: (a := edge_answers()).get("2xx", 0) > 0 and a.get("4xx", 0) > 0 and a,
         60,
     )
-    assert not any(code == "5xx" for _, code in answers), answers
+    assert answers.get("5xx", 0) == 0, answers
+    assert routed() > 0, "no predict was routed straight to a backend app"
 
 
 def test_ray_dashboard_metrics_tab_reaches_the_prometheus(

@@ -8,15 +8,13 @@ per validator, through its public entry point.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 import pytest
 
 from jobs.spec import JobSpec, SpecError
 from serve.config import ModelConfig, ServingConfig, validate_serving
-from serve.edge import EdgeTableError, PredictTarget, classify, table_from_answer
-from serve.edge_router import parse_dns_target
+from serve.edge.config import DnsProxies, EdgeSettings, render
 from serve.inputs import request_id
 
 
@@ -51,22 +49,10 @@ def _serving_model_name(value: str) -> bool:
     return validate_serving(ServingConfig(models=[ModelConfig(name=value)])) == []
 
 
-def _edge_table_model_name(value: str) -> bool:
-    answer = {"generation": 1, "models": [{"name": value, "weights": {"cluster": 1.0}}]}
-    try:
-        table_from_answer(json.dumps(answer).encode(), 0.0)
-    except EdgeTableError:
-        return False
-    return True
-
-
-def _predict_path_model(value: str) -> bool:
-    return isinstance(classify("POST", f"/v1/models/{value}/predict", "/", "/_rcp"), PredictTarget)
-
-
 def _dns_target(value: str) -> bool:
+    settings = EdgeSettings("0.0.0.0", 8000, "0.0.0.0", 8404, "/tmp/e", DnsProxies(value, 8000))
     try:
-        parse_dns_target(f"{value}:8000")
+        render(settings)
     except ValueError:
         return False
     return True
@@ -77,8 +63,6 @@ VALIDATORS: list[tuple[str, Callable[[str], bool], str]] = [
     ("job-name", _job_name, "train-1"),
     ("env-var-name", _env_var_name, "MY_VAR"),
     ("serving-model-name", _serving_model_name, "sample"),
-    ("edge-table-model-name", _edge_table_model_name, "sample"),
-    ("predict-path-model", _predict_path_model, "sample"),
     ("dns-target", _dns_target, "rcp-serve.rcp.svc"),
 ]
 

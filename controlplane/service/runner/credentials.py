@@ -168,4 +168,3 @@ class JobCredentials:
 
 def _bind(mint: Mint, job_id: str, prefix: StorageUri) -> Callable[[], StorageCredentials]:
     return lambda: mint(job_id, prefix)
-

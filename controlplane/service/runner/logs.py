@@ -59,9 +59,7 @@ class AttemptLogs:
         self.ray = ray_jobs
         self.clock = clock
         self._lock = threading.Lock()
-        self._ended_sizes: collections.OrderedDict[str, tuple[int, int]] = (
-            collections.OrderedDict()
-        )
+        self._ended_sizes: collections.OrderedDict[str, tuple[int, int]] = collections.OrderedDict()
         """(size of the part, size of Ray's log) of ended attempts, by submission id (least
         recently used out past `limits.LOG_SIZE_INDEX_ENTRIES`)."""
         self._live_sizes: dict[str, tuple[float, int]] = {}
