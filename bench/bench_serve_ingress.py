@@ -68,9 +68,9 @@ from ray import serve  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from policies.demand import ingress_replicas  # noqa: E402
-from serve import control  # noqa: E402
-from serve import operations as ops  # noqa: E402
 from serve.config import IngressConfig, ModelConfig, ServingConfig  # noqa: E402
+from serve.control import client as control  # noqa: E402
+from serve.control import operations as ops  # noqa: E402
 from serve.edge.config import (  # noqa: E402
     EDGE_METRICS_PATH,
     HAPROXY_METRICS_PATH,

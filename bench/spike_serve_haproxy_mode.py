@@ -3,7 +3,7 @@
 Serve 2.60 can run HAProxy on every proxy node with direct ingress
 (``RAY_SERVE_ENABLE_HA_PROXY=1``): HAProxy sends each request straight to a replica of an
 application's ingress deployment, on the replica's own HTTP port, from a configuration Serve
-renders. This script deploys the product's serving apps (`serve.operations.deploy`: the ingress
+renders. This script deploys the product's serving apps (`serve.control.operations.deploy`: the ingress
 app on the route prefix, one backend app per (model, pool) on ``/_rcp/<model>/<pool>``) on a
 one-node local Ray cluster in that mode and reports, for docs/serving.md "Ingress: what we
 chose":
@@ -71,8 +71,8 @@ import ray  # noqa: E402
 import requests  # noqa: E402
 from ray import serve  # noqa: E402
 
-from serve import operations as ops  # noqa: E402
 from serve.config import IngressConfig, ModelConfig, ServingConfig  # noqa: E402
+from serve.control import operations as ops  # noqa: E402
 from serve.spec import backend_route_prefix  # noqa: E402
 
 PREDICT = "/v1/models/sample/predict"
@@ -119,7 +119,7 @@ def cpu_s(pids: list[int]) -> float:
 def replica_pids(app: str) -> list[int]:
     details = serve.status().applications[app].deployments
     del details
-    from serve.control import read_details  # deferred: needs a connected Serve
+    from serve.control.client import read_details  # deferred: needs a connected Serve
 
     apps = read_details().get("applications") or {}
     return [

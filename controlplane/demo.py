@@ -43,7 +43,7 @@ from controlplane.timeline.collect import collect
 from controlplane.timeline.draw import draw_png
 from controlplane.views import format_table, node_rows
 from jobs.checkpoint.layout import MANIFEST_NAME, step_of_key
-from serve.status import serve_status
+from serve.control.status import serve_status
 
 Echo = Callable[[str], None]
 

@@ -19,7 +19,7 @@ Every change keeps each app's ``import_path`` and ``args`` identical, so Serve s
 code version and applies it as a lightweight update (``num_replicas`` or ``user_config``)
 instead of a rolling restart.
 
-Must not: import Ray or talk to Serve (that is `serve.control`).
+Must not: import Ray or talk to Serve (that is `serve.control.client`).
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ autoscaler must be free to remove."""
 INGRESS_POOLS_SELECTOR = f"in({','.join(p.value for p in INGRESS_POOLS)})"
 """Ray's label selector for `INGRESS_POOLS` (on the ``pool`` label)."""
 BACKEND_DEPLOYMENT = "Backend"
-_BACKEND_IMPORT = "serve.app:build_backend"
-_INGRESS_IMPORT = "serve.app:build_ingress"
+_BACKEND_IMPORT = "serve.app.build:build_backend"
+_INGRESS_IMPORT = "serve.app.build:build_ingress"
 
 
 class LoggingOptions(TypedDict):

@@ -5,8 +5,8 @@ counts and route weights per model and pool, the ingress's replica target, and t
 rows of the snapshot), the load board reads (ongoing requests per model; the ingress's request
 rate and CPU per request), the Ray autoscaler's `request_resources` for the external pool, and
 the writes the act phase makes: a pool's target, its route weights, the ingress's replica
-count (`serve.operations.scale_ingress`), and the non-blocking steps of a make-before-break
-move (`serve.operations.set_pool_target`, `route_for_targets`, `pool_running`,
+count (`serve.control.operations.scale_ingress`), and the non-blocking steps of a make-before-break
+move (`serve.control.operations.set_pool_target`, `route_for_targets`, `pool_running`,
 `route_applied`, `pool_settled`).
 
 Must not: decide (the policies do), or wait for a replica: every method here returns at once
@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from policies.ingress import IngressTraffic
 from policies.snapshot import Pool, ReplicaState, ServeReplica
-from serve.status import serve_status
+from serve.control.status import serve_status
 
 __all__ = ["PoolView", "RayServe", "ServePlane", "ServeView", "view_from_status"]
 
@@ -79,7 +79,7 @@ class ServeView:
 
 
 def view_from_status(status: Mapping[str, Any], gpus_per_replica: Mapping[str, float]) -> ServeView:
-    """A `ServeView` from `serve.status.serve_status()` output."""
+    """A `ServeView` from `serve.control.status.serve_status()` output."""
     if not status.get("deployed"):
         return ServeView()
     pools: dict[tuple[str, Pool], PoolView] = {}
@@ -160,14 +160,14 @@ class ServePlane(Protocol):
 
 
 def _operations() -> Any:
-    # Deferred: serve.operations imports ray.serve (heavy; the loop's unit tests never load it).
-    from serve import operations
+    # Deferred: serve.control.operations imports ray.serve (heavy; the loop's unit tests never load it).
+    from serve.control import operations
 
     return operations
 
 
 class RayServe:
-    """`ServePlane` through `serve.operations` and `serve.status` on the connected cluster."""
+    """`ServePlane` through `serve.control.operations` and `serve.control.status` on the connected cluster."""
 
     def __init__(self, gpus_per_replica: Mapping[str, float]) -> None:
         self.gpus_per_replica = dict(gpus_per_replica)
@@ -176,7 +176,7 @@ class RayServe:
         return view_from_status(serve_status(), self.gpus_per_replica)
 
     def loads(self) -> Mapping[str, float]:
-        from serve.load import read_load  # deferred: imports ray (heavy)
+        from serve.app.load import read_load  # deferred: imports ray (heavy)
 
         try:
             return dict(read_load())
@@ -185,7 +185,7 @@ class RayServe:
             return {}
 
     def ingress_traffic(self) -> IngressTraffic:
-        from serve.load import read_ingress_traffic  # deferred: imports ray (heavy)
+        from serve.app.load import read_ingress_traffic  # deferred: imports ray (heavy)
 
         try:
             return IngressTraffic(*read_ingress_traffic())

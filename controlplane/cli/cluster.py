@@ -29,7 +29,7 @@ from controlplane.config import to_dict, to_yaml
 from controlplane.inventory import NodeRow, format_table
 from controlplane.ray_connection import ClusterError
 from controlplane.store import StoreError
-from serve.status import format_status_table
+from serve.control.status import format_status_table
 
 __all__ = ["config_group", "demo", "down", "guard_lines", "nodes", "serve_group", "up"]
 

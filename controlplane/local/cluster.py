@@ -468,7 +468,9 @@ class LocalCluster:
     def _start_serve(self, head_proxy_port: int) -> None:
         """Serve, its head's proxy on `head_proxy_port` (each worker node's proxy binds the
         port its node was given, ``controlplane.local.provider``)."""
-        from serve.control import start_serve  # deferred: it imports ray and ray.serve (heavy)
+        from serve.control.client import (
+            start_serve,
+        )  # deferred: it imports ray and ray.serve (heavy)
 
         start_serve(self.cfg.ray.node_ip, head_proxy_port, self.cfg.serve.proxy_location)
 
@@ -538,7 +540,7 @@ class LocalCluster:
 
     def _deploy_serving(self, echo: Echo) -> None:
         """Deploy (or update) the production Serve app; keeps deployed targets and weights."""
-        from serve import operations  # deferred: it imports ray and ray.serve (heavy)
+        from serve.control import operations  # deferred: it imports ray and ray.serve (heavy)
 
         state = operations.deploy(self.cfg.serving, wait=True)
         for m in self.cfg.serving.models:

@@ -55,7 +55,7 @@ class EventKind(str, Enum):
     SERVE_RESUME = "serve.resume"
     SERVE_SCALE = "serve.scale"
     SERVE_SCALE_WAIT = "serve.scale.wait"
-    SERVE_INGRESS_SCALE = "serve.ingress.scale"
+    SERVE_INGRESS_SCALE = "serve.app.ingress.scale"
     SERVE_EXTERNAL_CAPACITY = "serve.external_capacity"
     SERVE_EXTERNAL_GROUP = "serve.external_group"
     HEALTH_CORDON = "health.cordon"

@@ -261,7 +261,7 @@ def add_operations_routes(app: web.Application, operations: Operations) -> None:
         ("GET", "/v1/health/breaker", _breaker, "health.breaker", read),
         ("POST", "/v1/health/breaker/reset", _breaker_reset, "health.breaker_reset", operate),
         ("POST", "/v1/health/{node}/clear", _clear, "health.clear", operate),
-        ("GET", "/v1/serve", _serve, "serve.status", read),
+        ("GET", "/v1/serve", _serve, "serve.control.status", read),
         ("POST", "/v1/serve/models/{model}/pin", _pin, "serve.pin", operate),
         ("DELETE", "/v1/serve/models/{model}/pin", _unpin, "serve.unpin", operate),
         ("POST", "/v1/faults", _fault, "faults.inject", operate),

@@ -54,7 +54,7 @@ from controlplane.service.tokens import admin_token, write_url
 from controlplane.store import JobRecord, Store, StoreError
 from controlplane.telemetry.manager import inject_fault, verdict_json
 from policies.snapshot import ClusterSnapshot
-from serve.status import serve_status
+from serve.control.status import serve_status
 
 __all__ = ["ACTOR_NAME", "NAMESPACE", "Controller", "deploy", "get_controller", "policies"]
 

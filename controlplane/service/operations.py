@@ -65,7 +65,7 @@ def breaker_json(state: BreakerState, budget: RemovalBudget, *, act: bool) -> di
 
 class Operations:
     """See the module doc. `serve_status` and `inject_fault` are the Ray-facing reads and
-    writes (`serve.status.serve_status`, `telemetry.manager.inject_fault` in the controller;
+    writes (`serve.control.status.serve_status`, `telemetry.manager.inject_fault` in the controller;
     fakes in tests)."""
 
     def __init__(

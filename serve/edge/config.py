@@ -62,7 +62,7 @@ ERROR_400_FILE = "400.http"
 ERROR_408_FILE = "408.http"
 TABLE_QUERY = "format=edge"
 """``GET <prefix>v1/models?format=edge``: the ingress's route table as the edge's Lua reads it
-(`serve.ingress.edge_table_text`)."""
+(`serve.app.ingress.edge_table_text`)."""
 HAPROXY_METRICS_PATH = "/metrics"
 """HAProxy's own Prometheus exporter, on the admin listener only."""
 EDGE_METRICS_PATH = "/rcp/metrics"

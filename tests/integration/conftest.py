@@ -134,7 +134,7 @@ def node_proxy_port(state: dict[str, Any], node_id: str) -> int:
 
 def pools_of(model: str = MODEL) -> dict[str, dict[str, Any]]:
     """Serve's view of `model` by pool (running, target, weight...), as `rcp serve status` reads it."""
-    from serve.status import serve_status
+    from serve.control.status import serve_status
 
     return dict(serve_status()["models"][model]["pools"])
 

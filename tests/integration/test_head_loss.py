@@ -82,14 +82,14 @@ def _value(v: Any) -> str:
 
 def proxy_nodes() -> dict[str, str]:
     """Serve's proxies by node id: their status."""
-    from serve.control import read_details
+    from serve.control.client import read_details
 
     return {n: _value(p["status"]) for n, p in read_details()["proxies"].items()}
 
 
 def replica_nodes(deployment: str) -> set[str]:
     """Nodes that hold a RUNNING replica of `deployment` (``Ingress`` or ``Backend``)."""
-    from serve.control import read_details
+    from serve.control.client import read_details
 
     return {
         r["node_id"]

@@ -48,11 +48,11 @@ from controlplane.loop.decide import policies_of  # noqa: E402
 from controlplane.loop.tick import Adapters, Loop  # noqa: E402
 from controlplane.observability import write_file_sd  # noqa: E402
 from controlplane.store import Store  # noqa: E402
-from serve import operations as ops  # noqa: E402
+from serve.app.load import read_ingress_traffic, read_load  # noqa: E402
 from serve.config import IngressConfig, ModelConfig, ServingConfig  # noqa: E402
-from serve.load import read_ingress_traffic, read_load  # noqa: E402
+from serve.control import operations as ops  # noqa: E402
+from serve.control.status import format_status_table, serve_status  # noqa: E402
 from serve.spec import backend_route_prefix  # noqa: E402
-from serve.status import format_status_table, serve_status  # noqa: E402
 from tests.integration.conftest import GOOD, MODEL, Load, predict_url, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.full, pytest.mark.timeout(300)]

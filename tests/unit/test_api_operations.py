@@ -83,7 +83,7 @@ EXPECTED_ACTIONS = {
     "health.clear": Action.OPERATE,
     "health.breaker": Action.READ,
     "health.breaker_reset": Action.OPERATE,
-    "serve.status": Action.READ,
+    "serve.control.status": Action.READ,
     "serve.pin": Action.OPERATE,
     "serve.unpin": Action.OPERATE,
     "faults.inject": Action.OPERATE,

@@ -44,7 +44,7 @@ def test_the_ingress_follows_the_request_rate_up_at_once_and_down_after_the_dela
     w.serve.ingress = IngressTraffic(500.0, 4.0)
     w.tick()
     assert w.serve.ingress_scales == [4]
-    assert any("2 -> 4" in m for m in w.events("serve.ingress.scale"))
+    assert any("2 -> 4" in m for m in w.events("serve.app.ingress.scale"))
     # Far more than max_replicas can carry: capped at 6.
     w.serve.ingress = IngressTraffic(5000.0, 4.0)
     w.tick()

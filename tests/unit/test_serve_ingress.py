@@ -19,10 +19,10 @@ import pytest
 from ray.exceptions import ActorDiedError
 from starlette.requests import Request
 
-import serve.backend
-import serve.ingress
-from serve.backend import Backend
-from serve.ingress import Ingress
+import serve.app.backend
+import serve.app.ingress
+from serve.app.backend import Backend
+from serve.app.ingress import Ingress
 
 IngressImpl: Any = Ingress.func_or_class
 BackendImpl: Any = Backend.func_or_class
@@ -529,17 +529,17 @@ def test_a_backend_reports_its_counts_alone_and_survives_a_lost_board(
 ) -> None:
     backend = make_backend()
     board = FakeBoard()
-    monkeypatch.setattr(serve.backend, "board", lambda: board)
+    monkeypatch.setattr(serve.app.backend, "board", lambda: board)
     assert backend.report_load("replica-1", None) is board
     backend.predict({}, "r1")
     assert backend.report_load("replica-1", board) is board
-    # No answered/cpu/interval: those are the ingress's (`serve.load`: interval 0 = a backend).
+    # No answered/cpu/interval: those are the ingress's (`serve.app.load`: interval 0 = a backend).
     assert board.reports == [("replica-1", {}), ("replica-1", {"sample": 0})]
 
     def restarting() -> Any:
         raise ActorDiedError()
 
-    monkeypatch.setattr(serve.backend, "board", restarting)
+    monkeypatch.setattr(serve.app.backend, "board", restarting)
     assert backend.report_load("replica-1", None) is None  # logged, looked up again next time
     assert backend.predict({}, "r2")["status"] == 200
 
@@ -556,7 +556,7 @@ def test_the_ingress_reports_its_traffic_without_per_model_counts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     board = FakeBoard()
-    monkeypatch.setattr(serve.ingress, "board", lambda: board)
+    monkeypatch.setattr(serve.app.ingress, "board", lambda: board)
     context = SimpleNamespace(replica_id=SimpleNamespace(unique_id="ingress-1"))
     monkeypatch.setattr("ray.serve.get_replica_context", lambda: context)
     ing = make_ingress({"cluster": 1}, {"cluster": FakeHandle("ok")})

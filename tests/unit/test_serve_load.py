@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from serve.load import InFlight, _LoadBoard
+from serve.app.load import InFlight, _LoadBoard
 
 
 def test_the_ingress_traffic_sums_rates_and_weighs_cpu_by_requests() -> None:

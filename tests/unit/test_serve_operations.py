@@ -1,6 +1,6 @@
 """The primitives' order of writes (make-before-break), against a fake of Serve's controller.
 
-`FakeServe` stands in for `serve.control`: it keeps the applied application configs and
+`FakeServe` stands in for `serve.control.client`: it keeps the applied application configs and
 reports every replica RUNNING at once (or STARTING for apps listed in `stuck`), and every
 ingress replica as having applied the latest route table. `FakeClock` stands in for the
 waits' clock: a wait's sleep moves it on, so the edge routers' table age (the settle wait
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from serve import operations as ops
 from serve.config import IngressConfig, ModelConfig, ServingConfig
+from serve.control import operations as ops
 from serve.spec import INGRESS_APP, app_name, parse_app_name
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from serve.backend import BackendReplica
+from serve.app.backend import BackendReplica
 from serve.sample_model import SampleModel
 
 

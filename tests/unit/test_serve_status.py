@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from serve.config import ModelConfig, ServingConfig
+from serve.control.status import format_status_table, summarize
 from serve.spec import BACKEND_DEPLOYMENT, build_app_configs, initial_state
-from serve.status import format_status_table, summarize
 
 NODE_POOLS = {"n-cluster-1": "cluster", "n-ext-1": "external"}
 

@@ -12,7 +12,7 @@ Owns: carrying out, item by item, what the serving policies returned:
   (``serve.scale.wait``, retried next tick) until every other pool of the model runs all of
   its target, then routes away from the leaving replicas before it lowers the target;
 * `SetRouteWeights` -> the route table, when it differs from what is deployed;
-* `ScaleIngress` -> the ingress deployment's replica count (``serve.ingress.scale``), at
+* `ScaleIngress` -> the ingress deployment's replica count (``serve.app.ingress.scale``), at
   once: a starting ingress replica serves with the deployed route table, and Serve drains a
   stopping one (a move's route step waits until the count settled);
 * on Kubernetes with the in-tree autoscaler off, the external worker group's size

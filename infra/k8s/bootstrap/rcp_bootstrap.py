@@ -3,7 +3,7 @@
 Owns: what `rcp up` does after the cluster exists, for a cluster that KubeRay made: load the
 config file (``RCP_CONFIG``) with ``ray.node_ip`` set to the head pod's IP (``RCP_NODE_IP``),
 wait for the head's GCS, connect as a Ray driver, start Serve's HTTP proxy on the head and
-deploy the production Serve app (`serve.operations.deploy`, which keeps deployed replica
+deploy the production Serve app (`serve.control.operations.deploy`, which keeps deployed replica
 targets and route weights), then run the controller.
 
 Two modes:
@@ -102,7 +102,7 @@ def wait_for_port(host: str, port: int, timeout_s: float) -> None:
 
 def deploy_serve(cfg: Config) -> None:
     """Serve's proxy on the head and the production app, if configured."""
-    from serve import operations
+    from serve.control import operations
 
     if cfg.serve.deploy_app:
         operations.deploy(

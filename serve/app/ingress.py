@@ -8,7 +8,7 @@ a request whose replica died or is stopping on another ready replica within a bo
 Every request has an id (the Serve proxy's ``x-request-id``, or a fresh one): error bodies
 carry it with a message of their own, never exception text; details go to the replica's log
 under the same id, and the backend gets it with the payload. Each replica reports to the load
-board (`serve.load`) about once a second the requests it answered and its process's CPU time
+board (`serve.app.load`) about once a second the requests it answered and its process's CPU time
 since the last report (the ingress scaling policy, `policies.ingress`), with no per-model
 counts: the backend replicas report those (the demand policy), so a request is counted once,
 where it is worked on, whether it came through the ingress or straight from the edge.
@@ -18,7 +18,7 @@ weights, the table's ``generation``, and a ``routing`` block (the retry and time
 the edge applies, how long it may use the table, ``table_max_age_s``, and the backends' route
 root, ``backend_root``; docs/serving.md, "HTTP API").
 
-Must not: change Serve's state (the control plane does that through `serve.operations`).
+Must not: change Serve's state (the control plane does that through `serve.control.operations`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import Response
 
+from serve.app.load import REPORT_INTERVAL_S, board, in_replica
 from serve.config import IngressConfig
 from serve.inputs import (
     ErrorCode,
@@ -49,12 +50,11 @@ from serve.inputs import (
     request_id,
     request_parser,
 )
-from serve.load import REPORT_INTERVAL_S, board, in_replica
 from serve.routing import choose_pool, retry_decision
 from serve.spec import BACKEND_DEPLOYMENT, BACKEND_ROUTE_ROOT, INGRESS_DEPLOYMENT, app_name
 
 if TYPE_CHECKING:
-    from serve.backend import BackendReplica, PredictEnvelope
+    from serve.app.backend import BackendReplica, PredictEnvelope
 
 __all__ = ["Ingress", "IngressReplica", "RouteTable", "list_models"]
 

@@ -154,8 +154,8 @@ def summarize(details: Mapping[str, Any], node_pools: Mapping[str, str]) -> Serv
 
 def serve_status() -> ServeStatus:
     """The serving plane's status now (JSON-able). Needs a connected Ray cluster with Serve."""
-    # Deferred: serve.control imports ray.serve (heavy); the table formatting here needs none.
-    from serve.control import ServeNotRunningError, node_pools, read_details
+    # Deferred: serve.control.client imports ray.serve (heavy); the table formatting here needs none.
+    from serve.control.client import ServeNotRunningError, node_pools, read_details
 
     try:
         details = read_details()

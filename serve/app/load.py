@@ -7,10 +7,10 @@ keeps, `read_load`, which sums the fresh in-flight counts, and `read_ingress_tra
 requests per second and CPU milliseconds per request over the ingress's fresh reports. Two
 kinds of report share the one ``report`` call:
 
-* a backend replica's (`serve.backend`): ``{model: requests in flight}`` and nothing else
+* a backend replica's (`serve.app.backend`): ``{model: requests in flight}`` and nothing else
   (``interval_s`` 0). Every request is counted once, by the replica working on it, whether it
   came through the ingress (a handle call) or straight from the edge (HTTP);
-* an ingress replica's (`serve.ingress`): ``{}`` counts, and how many requests it answered
+* an ingress replica's (`serve.app.ingress`): ``{}`` counts, and how many requests it answered
   and how much CPU its process spent during ``interval_s`` (> 0), the ingress scaling policy's
   input. `ingress_traffic` reads only reports with ``interval_s > 0``.
 

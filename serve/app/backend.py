@@ -22,7 +22,7 @@ and is never retried, one without it is Serve's (app gone, replica dead) and the
 it elsewhere. Any other path under the prefix (``healthz``, ``v1/models``) is 404 not_found.
 
 Each replica counts its requests in flight (both routes) and reports ``{model: count}`` to
-the load board (`serve.load`) about once a second, from a daemon thread started on its first
+the load board (`serve.app.load`) about once a second, from a daemon thread started on its first
 request inside a Serve replica: the demand policy's input, counted where the work is, so a
 request through the edge is counted like one through the ingress.
 
@@ -43,6 +43,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
 
+from serve.app.load import REPORT_INTERVAL_S, InFlight, board, in_replica
 from serve.config import IngressConfig
 from serve.inputs import (
     ErrorCode,
@@ -54,7 +55,6 @@ from serve.inputs import (
     request_id,
     request_parser,
 )
-from serve.load import REPORT_INTERVAL_S, InFlight, board, in_replica
 from serve.spec import BACKEND_DEPLOYMENT
 
 __all__ = [

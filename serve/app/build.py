@@ -1,6 +1,6 @@
 """Application builders that Serve's declarative config points at.
 
-Owns: ``serve.app:build_ingress`` and ``serve.app:build_backend``, the import paths written
+Owns: ``serve.app.build:build_ingress`` and ``serve.app.build:build_backend``, the import paths written
 into each application config by `serve.spec`. Serve calls them with the app's ``args``.
 
 Must not: hold state or decide anything; options come from the application config.
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from ray.serve import Application
 
-from serve.backend import Backend
-from serve.ingress import Ingress
+from serve.app.backend import Backend
+from serve.app.ingress import Ingress
 from serve.spec import BackendArgs, IngressArgs
 
 __all__ = ["build_backend", "build_ingress"]

@@ -40,8 +40,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from serve import control
 from serve.config import POOLS, IngressConfig, ServingConfig, validate_serving
+from serve.control import client as control
+from serve.control.status import STARTING_STATES
 from serve.routing import weights_from_readiness
 from serve.spec import (
     BACKEND_DEPLOYMENT,
@@ -54,7 +55,6 @@ from serve.spec import (
     desired_from_app_configs,
     initial_state,
 )
-from serve.status import STARTING_STATES
 
 __all__ = [
     "MoveResult",
@@ -135,7 +135,7 @@ def _require_state() -> DesiredState:
     if state is None:
         raise ServingNotDeployedError(
             "the serving plane is not deployed on this cluster; deploy it first "
-            "(rcp up, or serve.operations.deploy(ServingConfig()))"
+            "(rcp up, or serve.control.operations.deploy(ServingConfig()))"
         )
     return state
 
