@@ -52,6 +52,8 @@ class FakeProxy:
     generation: int = 1
     serve_table: bool = True
     fail_next: int = 0
+    model_errors: bool = False
+    """Answer every predict as a model that raised: 500 with ``X-Rcp-Pool``."""
     seen: list[dict[str, object]] = field(default_factory=list)
 
     def app(self) -> web.Application:
@@ -69,6 +71,9 @@ class FakeProxy:
         async def anything(r: web.Request) -> web.Response:
             body = await r.read()
             self.seen.append({"path": r.raw_path, "headers": dict(r.headers), "len": len(body)})
+            if self.model_errors:
+                body = {"error": {"code": "model_error", "message": "m", "request_id": "r"}}
+                return web.json_response(body, status=500, headers={"X-Rcp-Pool": "p"})
             if self.fail_next > 0:
                 self.fail_next -= 1
                 return web.Response(status=500, text="Internal Server Error")
@@ -242,6 +247,22 @@ def test_serves_own_500_is_tried_again_on_another_proxy(edge: Edge) -> None:
     answer = predict(edge)
     assert answer.status_code == 200, answer.text
     assert answer.headers["X-Rcp-Pool"] == "p"
+
+
+def test_a_models_own_500_is_tried_max_attempts_times(edge: Edge) -> None:
+    """HAProxy tells answers apart by status only: the model's 500 is tried again like Serve's
+    (docs/serving.md, "Retries"), up to max_attempts tries, then the last answer goes back."""
+    before = len(edge.proxies.seen())
+    for p in edge.proxies.proxies:
+        p.model_errors = True
+    try:
+        answer = predict(edge)
+    finally:
+        for p in edge.proxies.proxies:
+            p.model_errors = False
+    assert answer.status_code == 500
+    assert answer.json()["error"]["code"] == "model_error"
+    assert len(edge.proxies.seen()) - before == IngressConfig().max_attempts
 
 
 def test_a_stale_table_sends_predicts_through_the_ingress(edge: Edge) -> None:
