@@ -65,62 +65,27 @@ os.environ.update(
 )
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import aiohttp  # noqa: E402
 import psutil  # noqa: E402
 import ray  # noqa: E402
 import requests  # noqa: E402
 from ray import serve  # noqa: E402
 
+from bench.bench_serve_ingress import cpu_s, run_load, summarize  # noqa: E402
 from serve.config import IngressConfig, ModelConfig, ServingConfig  # noqa: E402
 from serve.control import operations as ops  # noqa: E402
+from serve.control.client import read_details  # noqa: E402
 from serve.spec import backend_route_prefix  # noqa: E402
 
 PREDICT = "/v1/models/sample/predict"
 BODY = {"inputs": [[0.05 * i for i in range(16)]]}
 
 
-async def load(url: str, n: int, concurrency: int = 4) -> dict[str, Any]:
-    lat: list[float] = []
-    failures = 0
-    left = n
-
-    async def client(session: aiohttp.ClientSession) -> None:
-        nonlocal left, failures
-        while left > 0:
-            left -= 1
-            t0 = time.perf_counter()
-            async with session.post(url, json=BODY) as r:
-                await r.read()
-                failures += r.status != 200
-            lat.append((time.perf_counter() - t0) * 1000)
-
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as s:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(client(s) for _ in range(concurrency)))
-        elapsed = time.perf_counter() - t0
-    lat.sort()
-    return {
-        "requests": len(lat),
-        "failures": failures,
-        "p50_ms": lat[len(lat) // 2],
-        "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))],
-        "throughput_rps": len(lat) / elapsed,
-    }
-
-
-def cpu_s(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        t = psutil.Process(pid).cpu_times()
-        total += t.user + t.system
-    return total
+def load(url: str, n: int, concurrency: int = 4) -> dict[str, Any]:
+    """`n` POSTs over `concurrency` keep-alive clients (the ingress benchmark's load)."""
+    return summarize([asyncio.run(run_load(url, concurrency, n))])
 
 
 def replica_pids(app: str) -> list[int]:
-    details = serve.status().applications[app].deployments
-    del details
-    from serve.control.client import read_details  # deferred: needs a connected Serve
-
     apps = read_details().get("applications") or {}
     return [
         int(r["pid"])
@@ -213,10 +178,10 @@ def main(argv: list[str] | None = None) -> int:
             "backend_replica": replica_pids("rcp-sample-cluster"),
         }
         for url in urls.values():
-            asyncio.run(load(url, 100))
+            load(url, 100)
         for name, url in urls.items():
             before = {k: cpu_s(v) for k, v in groups.items()}
-            result = asyncio.run(load(url, args.requests))
+            result = load(url, args.requests)
             for k, v in groups.items():
                 result[f"{k}_cpu_ms_per_request"] = 1000 * (cpu_s(v) - before[k]) / args.requests
             paths[name] = result

@@ -224,6 +224,35 @@ def _servers(s: EdgeSettings, track: str | None = None) -> list[str]:
     ]
 
 
+ROUTED_RETRY_ON = "conn-failure empty-response junk-response response-timeout 404 500 502 503 504"
+"""A routed predict is tried again on a failed connection or Serve's own failure (by status:
+a model's 500 too; docs/serving.md, "Retries")."""
+PASSED_RETRY_ON = "conn-failure empty-response junk-response"
+"""A request passed to the ingress is tried again only when no answer came (the ingress
+retries the rest itself)."""
+
+
+def _backend(
+    name: str, retry_on: str, check: str, s: EdgeSettings, no_capacity: str, retry_after: str
+) -> list[str]:
+    """A backend over the Serve proxies: ``routed`` checks them, ``ingress`` follows its
+    checks; when no try answers, 503 ``no_capacity`` with Retry-After."""
+    return [
+        f"backend {name}",
+        "    balance roundrobin",
+        check,
+        f"    retry-on {retry_on}",
+        f"    retries {s.ingress.max_attempts - 1}",
+        "    option redispatch 1",
+        *(
+            f"    http-error status {code} {no_capacity} hdr retry-after {retry_after}"
+            for code in (502, 503, 504)
+        ),
+        *(f"    {line}" for line in _servers(s, track=None if name == "routed" else "routed")),
+        "",
+    ]
+
+
 def _haproxy_cfg(s: EdgeSettings) -> str:
     ing = s.ingress
     work = s.work_dir.rstrip("/")
@@ -327,27 +356,7 @@ def _haproxy_cfg(s: EdgeSettings) -> str:
         f"    http-request return status 503 content-type text/plain string 'no Serve proxy is up' if {{ path {ADMIN_HEALTH_PATH} }}",
         "    http-request return status 404",
         "",
-        "backend routed",
-        "    balance roundrobin",
-        check,
-        "    retry-on conn-failure empty-response junk-response response-timeout 404 500 502 503 504",
-        f"    retries {ing.max_attempts - 1}",
-        "    option redispatch 1",
-        f"    http-error status 502 {no_capacity} hdr retry-after {retry_after}",
-        f"    http-error status 503 {no_capacity} hdr retry-after {retry_after}",
-        f"    http-error status 504 {no_capacity} hdr retry-after {retry_after}",
-        *(f"    {line}" for line in _servers(s)),
-        "",
-        "backend ingress",
-        "    balance roundrobin",
-        check,
-        "    retry-on conn-failure empty-response junk-response",
-        f"    retries {ing.max_attempts - 1}",
-        "    option redispatch 1",
-        f"    http-error status 502 {no_capacity} hdr retry-after {retry_after}",
-        f"    http-error status 503 {no_capacity} hdr retry-after {retry_after}",
-        f"    http-error status 504 {no_capacity} hdr retry-after {retry_after}",
-        *(f"    {line}" for line in _servers(s, track="routed")),
-        "",
+        *_backend("routed", ROUTED_RETRY_ON, check, s, no_capacity, retry_after),
+        *_backend("ingress", PASSED_RETRY_ON, check, s, no_capacity, retry_after),
     ]
     return "\n".join(lines)
