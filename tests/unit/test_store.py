@@ -506,16 +506,20 @@ def test_a_job_keeps_its_owner_and_idempotency_keys_are_per_owner(store: Store) 
         store.submit(spec(), owner="alice")
 
 
+V1_JOBS_TABLE = (
+    "CREATE TABLE jobs (job_id TEXT PRIMARY KEY, name TEXT NOT NULL, spec_json TEXT "
+    "NOT NULL, queue TEXT NOT NULL, priority_class TEXT NOT NULL, state TEXT NOT NULL, "
+    "idempotency_key TEXT UNIQUE, submitted_s REAL NOT NULL, queued_s REAL NOT NULL, "
+    "updated_s REAL NOT NULL, num_preemptions INTEGER NOT NULL DEFAULT 0, info_json "
+    "TEXT NOT NULL DEFAULT '{}'"
+)
+"""The jobs table of a version-1 file, less its closing parenthesis (version 2 added owner)."""
+
+
 def test_a_version_1_file_gains_the_owner_column_and_keeps_its_jobs(db_path: Path) -> None:
     db_path.parent.mkdir(parents=True)
     with sqlite3.connect(db_path) as raw:
-        raw.executescript(
-            "CREATE TABLE jobs (job_id TEXT PRIMARY KEY, name TEXT NOT NULL, spec_json TEXT "
-            "NOT NULL, queue TEXT NOT NULL, priority_class TEXT NOT NULL, state TEXT NOT NULL, "
-            "idempotency_key TEXT UNIQUE, submitted_s REAL NOT NULL, queued_s REAL NOT NULL, "
-            "updated_s REAL NOT NULL, num_preemptions INTEGER NOT NULL DEFAULT 0, info_json "
-            "TEXT NOT NULL DEFAULT '{}'); PRAGMA user_version=1;"
-        )
+        raw.executescript(V1_JOBS_TABLE + "); PRAGMA user_version=1;")
         raw.execute(
             "INSERT INTO jobs (job_id, name, spec_json, queue, priority_class, state, "
             "submitted_s, queued_s, updated_s) VALUES ('job-1', 'train', ?, 'default', "
@@ -541,11 +545,7 @@ def test_a_version_2_file_is_rebuilt_with_keys_per_owner_and_ids_for_users(
     db_path.parent.mkdir(parents=True)
     with sqlite3.connect(db_path) as raw:
         raw.executescript(
-            "CREATE TABLE jobs (job_id TEXT PRIMARY KEY, name TEXT NOT NULL, spec_json TEXT "
-            "NOT NULL, queue TEXT NOT NULL, priority_class TEXT NOT NULL, state TEXT NOT NULL, "
-            "idempotency_key TEXT UNIQUE, submitted_s REAL NOT NULL, queued_s REAL NOT NULL, "
-            "updated_s REAL NOT NULL, num_preemptions INTEGER NOT NULL DEFAULT 0, info_json "
-            "TEXT NOT NULL DEFAULT '{}', owner TEXT);"
+            V1_JOBS_TABLE + ", owner TEXT);"
             "CREATE TABLE transitions (seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT "
             "NULL REFERENCES jobs (job_id), from_state TEXT, to_state TEXT NOT NULL, at_s REAL "
             "NOT NULL, reason TEXT NOT NULL);"
