@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
+import os
+import signal
 import socket
 import subprocess
 import threading
@@ -147,29 +150,35 @@ def wait_for(what: str, cond: object, timeout_s: float = 10.0) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.fixture(scope="module")
-def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edge]:
-    public, admin, *proxy_ports = free_loopback_ports(5)
-    proxies = Proxies(proxy_ports[:2])
-    work = tmp_path_factory.mktemp("edge")
-    settings = EdgeSettings(
+def edge_settings(
+    work: Path, public: int, admin: int, proxy_ports: list[int], **kw: object
+) -> EdgeSettings:
+    return EdgeSettings(
         listen_host=HOST,
         listen_port=public,
         admin_host=HOST,
         admin_port=admin,
         work_dir=str(work),
-        # node proxies 0 and 1 answer; slot 2 has none (a node not started): it stays down.
-        proxies=StaticProxies(
-            nodes=((HOST, proxy_ports[0]), (HOST, proxy_ports[1]), (HOST, proxy_ports[2]))
-        ),
-        ingress=IngressConfig(max_body_bytes=MAX_BODY, attempt_timeout_s=2.0),
+        proxies=StaticProxies(nodes=tuple((HOST, p) for p in proxy_ports)),
         header_deadline_s=2.0,
+        **kw,  # type: ignore[arg-type]
     )
+
+
+@contextlib.contextmanager
+def running_edge(settings: EdgeSettings, proxies: Proxies) -> Iterator[Edge]:
+    """The edge's HAProxy as `rcp up` runs it, until the block ends."""
     config = write(settings)
     check(config)
-    log = open(Path(work) / "haproxy.log", "wb")  # noqa: SIM115 - closed below
+    log = open(Path(settings.work_dir) / "haproxy.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(command(config), stdout=log, stderr=subprocess.STDOUT)
-    e = Edge(f"http://{HOST}:{public}", f"http://{HOST}:{admin}", public, proc, proxies)
+    e = Edge(
+        f"http://{HOST}:{settings.listen_port}",
+        f"http://{HOST}:{settings.admin_port}",
+        settings.listen_port,
+        proc,
+        proxies,
+    )
     try:
         wait_for("the edge's route table", lambda: _generation(e) == 1)
         yield e
@@ -177,6 +186,24 @@ def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edge]:
         proc.terminate()
         proc.wait(10)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edge]:
+    public, admin, *proxy_ports = free_loopback_ports(5)
+    proxies = Proxies(proxy_ports[:2])
+    # Node proxies 0 and 1 answer; slot 2 has none (a node not started): it stays down.
+    settings = edge_settings(
+        tmp_path_factory.mktemp("edge"),
+        public,
+        admin,
+        proxy_ports[:3],
+        ingress=IngressConfig(max_body_bytes=MAX_BODY, attempt_timeout_s=2.0),
+    )
+    try:
+        with running_edge(settings, proxies) as e:
+            yield e
+    finally:
         proxies.close()
 
 
@@ -442,3 +469,46 @@ def test_slow_clients_neither_delay_others_nor_stay(edge: Edge) -> None:
     finally:
         for s in slow:
             s.close()
+
+
+def test_a_reload_applies_new_limits_without_failing_a_request(tmp_path: Path) -> None:
+    """What `rcp up` does when the rendered configuration changed: write, check, SIGUSR2 to
+    HAProxy's master. A client sending all along gets every answer."""
+    public, admin, *proxy_ports = free_loopback_ports(4)
+    proxies = Proxies(proxy_ports)
+    settings = edge_settings(tmp_path, public, admin, proxy_ports)
+    big = b'{"inputs": [[' + b"1," * 1500 + b"1]]}"
+    try:
+        with running_edge(settings, proxies) as e, requests.Session() as session:
+            url = e.url + "/v1/models/sample/predict"
+            headers = {"Content-Type": "application/json"}
+            assert session.post(url, data=big, headers=headers, timeout=5).status_code == 200
+            statuses: list[int] = []
+            stop = threading.Event()
+
+            def client() -> None:
+                with requests.Session() as own:
+                    while not stop.is_set():
+                        r = own.post(url, data=b'{"inputs": [[1]]}', headers=headers, timeout=5)
+                        statuses.append(r.status_code)
+
+            sender = threading.Thread(target=client)
+            sender.start()
+            try:
+                write(dataclasses.replace(settings, ingress=IngressConfig(max_body_bytes=1000)))
+                check(Path(settings.work_dir) / "haproxy.cfg")
+                os.kill(e.proc.pid, signal.SIGUSR2)
+
+                def refused() -> bool:
+                    r = requests.post(url, data=big, headers=headers, timeout=5)
+                    return r.status_code == 413
+
+                wait_for("the new body limit", refused)
+                time.sleep(1.0)
+            finally:
+                stop.set()
+                sender.join(10)
+            assert e.proc.poll() is None, "the master exited on reload"
+            assert statuses and set(statuses) == {200}, statuses
+    finally:
+        proxies.close()
