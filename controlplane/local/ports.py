@@ -64,7 +64,7 @@ def isolated_overrides(state_dir: Path, *extra: str) -> list[str]:
     benchmarks): its state dir, a free loopback port for every listener (`quiet_loopback_ports`:
     nothing takes one by chance while a restarted head is down), no Serve app and no
     Prometheus (callers that need them turn them on in `extra`)."""
-    gcs, dash, client, metrics, serve, s3, api, redis = quiet_loopback_ports(8)
+    gcs, dash, client, metrics, serve, edge_admin, s3, api, redis = quiet_loopback_ports(9)
     return [
         f"state_dir={state_dir}",
         f"ray.gcs_port={gcs}",
@@ -72,6 +72,7 @@ def isolated_overrides(state_dir: Path, *extra: str) -> list[str]:
         f"ray.client_port={client}",
         f"ray.metrics_export_port={metrics}",
         f"serve.http_port={serve}",
+        f"serve.edge_admin_port={edge_admin}",
         f"storage.embedded_port={s3}",
         f"api.port={api}",
         f"ray.redis_port={redis}",
