@@ -341,8 +341,18 @@ def test_a_claim_that_would_cross_a_floor_waits_naming_the_model(
         assert client.status(job.id).state == "QUEUED"
         shown = CliRunner().invoke(cli, ["queue", "--state-dir", str(cfg.state_path)])
         assert shown.exit_code == 0 and floor in shown.output, shown.output
-        waits = [e for e in events_after(client, after) if e["kind"] == "policy.WaitJob"]
-        assert waits and floor in waits[-1]["message"], waits
+
+        # The job's message is set in the act phase; the event is written in the record phase
+        # after it, so the event may come a moment later than the message.
+        def floor_event() -> list[dict[str, Any]] | None:
+            waits = [
+                e
+                for e in events_after(client, after)
+                if e["kind"] == "policy.WaitJob" and floor in e["message"]
+            ]
+            return waits or None
+
+        wait_for("the floor's policy.WaitJob event", floor_event, 30)
         assert not move_starts(client, after, "cluster -> external")  # nothing was claimed
         assert pools_of(RANKER)["cluster"]["running"] == 2
     finally:
