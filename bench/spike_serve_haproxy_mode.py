@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     port = free_port()
     ray.init(
+        _node_ip_address="127.0.0.1",
         num_cpus=4,
         num_gpus=2,
         resources={"pool_head": 1000, "pool_cluster": 1000},

@@ -50,14 +50,13 @@ def haproxy_binary() -> str:
 
 
 def write(settings: EdgeSettings) -> Path:
-    """Write the edge's files into ``settings.work_dir``; returns the config's path. The weights
-    map is created empty only when missing: a running edge's table survives a rewrite."""
+    """Write the edge's files into ``settings.work_dir`` (each replaced whole); returns the
+    config's path. The weights map is written empty: HAProxy reads it at start and on a
+    reload, and the Lua task fills it within a second."""
     work = Path(settings.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     for name, text in render(settings).items():
         path = work / name
-        if name != CONFIG_FILE and name.endswith(".map") and path.exists():
-            continue
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(text)
         tmp.replace(path)

@@ -21,7 +21,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,13 +142,16 @@ class Edge:
         return children[0]
 
 
-def wait_for(what: str, cond: object, timeout_s: float = 10.0) -> None:
+def wait_for(what: str, cond: Callable[[], object], timeout_s: float = 10.0) -> None:
+    """Until `cond()` is truthy; raises naming `what` and the last answer."""
     deadline = time.monotonic() + timeout_s
+    last: object = None
     while time.monotonic() < deadline:
-        if cond():  # type: ignore[operator]
+        last = cond()
+        if last:
             return
         time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}; last: {last!r}")
 
 
 def edge_settings(
