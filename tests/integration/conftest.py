@@ -58,12 +58,16 @@ REGION = "us-east-1"
 
 def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 120.0) -> T:
     """`check()`'s first truthy answer, polled every 0.5 s; fails naming `what` and the last
-    answer after `timeout_s`. Every integration wait goes through here: bounded, never timed."""
-    deadline = time.monotonic() + timeout_s
+    answer after `timeout_s`. Every integration wait goes through here: bounded, never timed
+    (it prints how long it waited, so ``-s`` shows where a scenario's time goes)."""
+    start = time.monotonic()
+    deadline = start + timeout_s
     last: T | None = None
     while time.monotonic() < deadline:
         last = check()
         if last:
+            # Where a scenario's time goes (shown with -s, or with a failure's captured output).
+            print(f"[{time.strftime('%H:%M:%S')}] waited {time.monotonic() - start:5.1f} s: {what}")
             return last
         time.sleep(0.5)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; last: {last!r}")

@@ -27,6 +27,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -249,17 +250,24 @@ import ray
 ray.init(address={f"{cfg.ray.node_ip}:{cfg.ray.gcs_port}"!r}, logging_level="ERROR")
 print("nodes", len(ray.nodes()))
 """
-    for env in (
-        bare,
-        bare | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64},
-    ):
-        code, out = run_python(init, env, timeout_s=45)
-        assert code != 0, f"joined without the token: {out[-1000:]}"
-    ok = bare | {
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN_PATH": str(state_dir_of(overrides) / "ray-token"),
+    # The three drivers try at once (a refused one spends most of its time waiting).
+    envs = {
+        "no token": bare,
+        "a wrong token": bare | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64},
+        "the token": bare
+        | {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(state_dir_of(overrides) / "ray-token"),
+        },
     }
-    code, out = run_python(init, ok, timeout_s=60)
+    with ThreadPoolExecutor(len(envs)) as pool:
+        runs = dict(
+            zip(envs, pool.map(lambda env: run_python(init, env, 60), envs.values()), strict=True)
+        )
+    for what in ("no token", "a wrong token"):
+        code, out = runs[what]
+        assert code != 0, f"joined with {what}: {out[-1000:]}"
+    code, out = runs["the token"]
     assert code == 0 and "nodes 3" in out, out[-2000:]
 
 

@@ -75,7 +75,9 @@ def health_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[C
         "telemetry.interval_s=0.5",
         f"health.hot_samples={HOT_SAMPLES}",
         "placement.migrate_back_idle_s=2",
-        "placement.migrate_back_step=1",
+        # Both replicas return in one move (one at a time is the placement unit tables'):
+        # a move here takes about 20 s, and the first test returns twice.
+        "placement.migrate_back_step=2",
         "placement.migrate_back_interval_s=3",
         "jobs.gang_start_timeout_s=300",
         config_file=conf,
