@@ -19,6 +19,10 @@ mode. On Kubernetes the same class runs in-process in a Ray driver instead
 (`controlplane.service.run`), in a container where Ray starts no worker: no actor exists
 there, so `get_controller` is None and the actor methods below are plain methods.
 
+At start it also puts Ray Train's autoscaling coordinator on the head, in a thread of its own
+(`controlplane.adapters.train_coordinator`): left to Train, it lands on a gang's node and
+keeps that node from ever finishing a drain.
+
 Must not: decide anything (the policies, run by the loop, do) or touch Ray beyond making the
 adapters and deploying itself.
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -37,6 +42,7 @@ from controlplane.adapters.nodes import RayNodes
 from controlplane.adapters.prometheus import PrometheusTargets
 from controlplane.adapters.serve import RayServe
 from controlplane.adapters.telemetry import RayTelemetry
+from controlplane.adapters.train_coordinator import keep_on_head
 from controlplane.config import Config, from_dict, to_dict
 from controlplane.loop import Adapters, Hooks, Loop
 from controlplane.loop.decide import Policies, policies_of
@@ -119,6 +125,10 @@ class Controller:
         )
         if start:
             self.api.start()
+            if adapters is None:  # real Ray: Train's coordinator exists there
+                threading.Thread(
+                    target=_keep_train_coordinator_on_head, name="train-coordinator", daemon=True
+                ).start()
             self.loop.start()
             self.store.record_event(
                 EventKind.CONTROLLER_START.value, f"controller serving {self.api.url}"
@@ -336,3 +346,12 @@ def deploy(cfg: Config, timeout_s: float = 120.0) -> str:
         f"the control-plane API did not answer at {url} within {timeout_s:.0f}s; see the "
         f"actor {ACTOR_NAME!r} in the dashboard's Actors tab"
     )
+
+
+def _keep_train_coordinator_on_head() -> None:
+    """Ray Train's coordinator on the head, not on a worker it would keep from draining
+    (`controlplane.adapters.train_coordinator`); a failure is logged, never fatal."""
+    try:
+        log.info("%s", keep_on_head())
+    except Exception:  # the control plane runs regardless
+        log.exception("could not place Ray Train's autoscaling coordinator on the head")

@@ -107,6 +107,15 @@ class IngressReplica:
         logger.info(
             "route table generation %d: %s", self._table.generation, dict(self._table.weights)
         )
+        # A handle to every backend the table names, made now, while Serve's controller is
+        # surely up (it is the one calling): a handle looks the controller up and its router
+        # learns the backend's replicas from it, so one made on a first predict while the head
+        # is lost would wait for the head (and block this replica's event loop meanwhile).
+        if not in_replica():
+            return  # a test building the class directly hands in its own handles
+        for model, pools in self._table.weights.items():
+            for pool in pools:
+                self._handle(model, pool)
 
     def _handle(self, model: str, pool: str) -> DeploymentHandle[BackendReplica]:
         key = (model, pool)
@@ -114,9 +123,11 @@ class IngressReplica:
         if handle is None:
             # One handle per backend, bound to `predict`, results passed by value (no object
             # store round trip for small JSON answers).
-            handle = serve.get_deployment_handle(BACKEND_DEPLOYMENT, app_name(model, pool)).options(
-                method_name="predict", _by_reference=False
-            )
+            # Not checked against the controller's deployments: a table may name a backend
+            # the same deploy is still creating, and the check is a blocking controller call.
+            handle = serve.get_deployment_handle(
+                BACKEND_DEPLOYMENT, app_name(model, pool), _check_exists=False
+            ).options(method_name="predict", _by_reference=False)
             self._handles[key] = handle
         return handle
 
@@ -181,7 +192,9 @@ class IngressReplica:
         while True:
             now_s, cpu_s, answered = time.monotonic(), time.process_time(), self._answered
             try:
-                handle = handle or board()
+                # In a thread: looking the board up is a blocking GCS call, which waits out
+                # a lost head; this replica's event loop must go on answering meanwhile.
+                handle = handle or await asyncio.to_thread(board)
                 handle.report.remote(
                     me,
                     {},

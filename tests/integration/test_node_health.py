@@ -106,6 +106,29 @@ def replica_nodes(model: str = "sample") -> dict[str, set[str]]:
     }
 
 
+def head_node_id() -> str:
+    import ray
+
+    (head,) = [
+        n["NodeID"]
+        for n in ray.nodes()
+        if n["Alive"] and "node:__internal_head__" in n["Resources"]
+    ]
+    return str(head)
+
+
+def train_coordinator_node() -> str | None:
+    """The node of Ray Train's ``AutoscalingCoordinator`` actor, if it is alive."""
+    import ray
+    from ray.util.state import get_actor
+
+    from controlplane.adapters.train_coordinator import NAME, NAMESPACE
+
+    handle = ray.get_actor(NAME, namespace=NAMESPACE)
+    row = get_actor(handle._actor_id.hex())
+    return str(row.node_id) if row is not None and row.state == "ALIVE" else None
+
+
 def ticks_started_between(t0: float, t1: float) -> int:
     """Controller ticks that started after t0 and no later than t1, from the start times the
     controller itself records (`get_stats()["tick_starts_s"]`)."""
@@ -301,6 +324,10 @@ def test_a_hot_gpu_takes_its_node_out_without_failing_a_request_or_losing_traini
     assert node_b != node_a
     assert replica_nodes()["cluster"] == {node_b}
     assert second_placement is not None and set(second_placement) == {node_b}
+    # Two gangs ran, and Ray Train's coordinator (a detached actor Train pins to the node its
+    # first run's controller is on) lives on the head, where the controller put it: on a
+    # gang's node it would keep that node from ever finishing a drain.
+    assert train_coordinator_node() == head_node_id()
     # The figures the issue note quotes (run with -s to see them).
     print(
         "node-health figures:",

@@ -65,6 +65,8 @@ class FakeHandle:
 
 def make_ingress(weights: dict[str, float], handles: dict[str, FakeHandle], **settings: Any) -> Any:
     ing = IngressImpl()
+    for pool, handle in handles.items():
+        ing._handles[("sample", pool)] = handle
     ing.reconfigure(
         {
             "generation": 3,
@@ -72,8 +74,6 @@ def make_ingress(weights: dict[str, float], handles: dict[str, FakeHandle], **se
             "settings": {"max_body_bytes": 64, **settings},
         }
     )
-    for pool, handle in handles.items():
-        ing._handles[("sample", pool)] = handle
     ing._rng = FixedDraw()  # u = 0: the first pool still to try, in pool order
     return ing
 
@@ -570,6 +570,40 @@ def test_the_ingress_reports_its_traffic_without_per_model_counts(
     (me, counts, answered, cpu_s, interval_s), *_ = board.reports
     assert (me, counts) == ("ingress-1", {})
     assert answered >= 0 and cpu_s >= 0 and interval_s >= 0
+
+
+def test_a_replica_makes_its_backend_handles_when_the_table_arrives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inside Serve, reconfigure (which Serve's controller calls, so it is up) makes a handle to
+    every backend the table names, unchecked against the controller: a first predict after
+    the head is lost finds its handle made and its router fed, instead of waiting on the
+    head. A backend the next table adds gets one too; one made before is kept."""
+    made: list[tuple[str, str, bool]] = []
+
+    class Made:
+        def options(self, **_: Any) -> str:
+            return f"handle-{len(made)}"
+
+    def get_deployment_handle(name: str, app: str, _check_exists: bool = True) -> Made:
+        made.append((name, app, _check_exists))
+        return Made()
+
+    monkeypatch.setattr(serve.app.ingress.serve, "get_deployment_handle", get_deployment_handle)
+    context = SimpleNamespace(replica_id=SimpleNamespace(unique_id="ingress-1"))
+    monkeypatch.setattr("ray.serve.get_replica_context", lambda: context)
+    ing = IngressImpl()
+    ing.reconfigure({"generation": 1, "weights": {"sample": {"cluster": 1, "external": 0}}})
+    assert made == [
+        ("Backend", "rcp-sample-cluster", False),
+        ("Backend", "rcp-sample-external", False),
+    ]
+    first = dict(ing._handles)
+    ing.reconfigure(
+        {"generation": 2, "weights": {"sample": {"cluster": 1, "external": 0}, "b": {"cluster": 1}}}
+    )
+    assert made[2:] == [("Backend", "rcp-b-cluster", False)]
+    assert all(ing._handles[k] == v for k, v in first.items())
 
 
 def test_list_models_is_the_edges_route_table() -> None:
