@@ -46,9 +46,16 @@ from controlplane.ray_connection import connect
 from controlplane.sdk import Client
 from controlplane.telemetry import manager
 from serve.edge.config import EDGE_METRICS_PATH, HAPROXY_METRICS_PATH
-from tests.integration.conftest import free_ports, ray_auth_headers, start_local_cluster, wait_for
+from tests.integration.conftest import (
+    free_ports,
+    ray_auth_headers,
+    report_ray_metrics_fast,
+    start_local_cluster,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]
+report_ray_metrics_fast()  # this module reads ray_* series
 
 RUN = "observability"
 JOB_NAME = "watched"

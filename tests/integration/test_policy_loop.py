@@ -49,11 +49,13 @@ from tests.integration.conftest import (
     Load,
     free_ports,
     pools_of,
+    report_ray_metrics_fast,
     start_local_cluster,
     wait_for,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]
+report_ray_metrics_fast()  # this module reads ray_* series
 
 EXAMPLE = "jobs.examples.train_mnistlike:train_loop"
 MIGRATE_BACK_INTERVAL_S = 4.0
