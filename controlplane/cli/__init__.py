@@ -17,41 +17,64 @@ cluster is not in a state to do it).
 
 from __future__ import annotations
 
-import click
+import importlib
 
-from controlplane.cli.cluster import config_group, demo, down, nodes, serve_group, up
-from controlplane.cli.health import (
-    cordon,
-    fault_group,
-    health_breaker_alias,
-    health_clear_alias,
-    health_group,
-    uncordon,
-)
-from controlplane.cli.jobs import cancel, events, logs, queue_cmd, status, submit
-from controlplane.cli.policy import policy_group
-from controlplane.cli.simulate import simulate
-from controlplane.cli.timeline import timeline
-from controlplane.cli.users import users_group, whoami
+import click
 
 __all__ = ["cli", "main"]
 
+COMMANDS: dict[str, tuple[str, str]] = {
+    "config": ("cluster", "config_group"),
+    "up": ("cluster", "up"),
+    "down": ("cluster", "down"),
+    "nodes": ("cluster", "nodes"),
+    "demo": ("cluster", "demo"),
+    "serve": ("cluster", "serve_group"),
+    "fault": ("health", "fault_group"),
+    "health": ("health", "health_group"),
+    "health-clear": ("health", "health_clear_alias"),
+    "health-breaker": ("health", "health_breaker_alias"),
+    "cordon": ("health", "cordon"),
+    "uncordon": ("health", "uncordon"),
+    "policy": ("policy", "policy_group"),
+    "submit": ("jobs", "submit"),
+    "status": ("jobs", "status"),
+    "queue": ("jobs", "queue_cmd"),
+    "cancel": ("jobs", "cancel"),
+    "logs": ("jobs", "logs"),
+    "events": ("jobs", "events"),
+    "whoami": ("users", "whoami"),
+    "users": ("users", "users_group"),
+    "timeline": ("timeline", "timeline"),
+    "simulate": ("simulate", "simulate"),
+}
+"""Each command's name: (its module under ``controlplane.cli``, the click object there)."""
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class _LazyGroup(click.Group):
+    """Imports a command's module only when that command runs (or help lists them all): one
+    `rcp status` need not load the simulator, the local cluster and the identity store, which
+    took about a second of every call."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        where = COMMANDS.get(cmd_name)
+        if where is None:
+            return None
+        command = getattr(importlib.import_module(f"controlplane.cli.{where[0]}"), where[1])
+        assert isinstance(command, click.Command), where
+        return command
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """Control plane for one Ray cluster that runs training and production serving.
 
     Configuration merges packaged defaults, a YAML file (--config) and KEY=VALUE
     overrides, in that order; `rcp config show` prints the result.
     """
-
-
-for command in (
-    config_group, up, down, nodes, demo, fault_group, health_group, health_clear_alias,
-    health_breaker_alias, cordon, uncordon, policy_group, serve_group, submit, status, queue_cmd,
-    cancel, logs, events, whoami, users_group, timeline, simulate,
-):  # fmt: skip
-    cli.add_command(command)
 
 
 def main() -> None:

@@ -187,7 +187,7 @@ class IngressReplica:
         since the last report (the ingress scaling policy); no per-model counts (`{}`): the
         backends report those."""
         me = serve.get_replica_context().replica_id.unique_id
-        handle = None
+        handle: Any = None  # the board's actor handle (Ray does not type its methods)
         last_s, last_cpu_s, last_answered = time.monotonic(), time.process_time(), 0
         while True:
             now_s, cpu_s, answered = time.monotonic(), time.process_time(), self._answered
