@@ -41,7 +41,7 @@ from controlplane.local.cluster import JOB_DRIVER_SLOTS_PER_NODE, LocalCluster
 from controlplane.local.processes import find_cluster_processes
 from controlplane.pools import JOB_DRIVER_RESOURCE
 from controlplane.ray_connection import connect
-from controlplane.sdk import Client, Forbidden
+from controlplane.sdk import AuthError, Client, Forbidden
 from controlplane.telemetry import manager
 from controlplane.telemetry.simulated import HOT_GPU_TEMP_C
 from controlplane.telemetry.verdicts import node_sample
@@ -312,6 +312,21 @@ def test_an_admin_adds_a_researcher_who_submits_and_cancels_over_the_url_audited
     job_id = json.loads(submitted.stdout)["id"]
     with pytest.raises(Forbidden, match="manage-users"):
         Client(url, token).users_add("sneaky", "admin")
+    # Someone else's job: the researcher may see the queue, not cancel it; a wrong token gets
+    # 401, not a guess at a role.
+    theirs = admin.submit(
+        {"name": "not-theirs", "entrypoint": 'python -c "import time; time.sleep(600)"'}
+    ).id
+    try:
+        with pytest.raises(Forbidden) as refused:
+            Client(url, token).cancel(theirs)
+        assert refused.value.status == 403, refused.value
+        assert admin.status(theirs).state != "CANCELLED"
+        with pytest.raises(AuthError) as wrong:
+            Client(url, "0" * 64).status(theirs)
+        assert wrong.value.status == 401 and not isinstance(wrong.value, Forbidden), wrong.value
+    finally:
+        admin.cancel(theirs)
     cancelled = as_researcher("cancel", job_id)
     assert cancelled.returncode == 0 and "CANCELLED" in cancelled.stdout, cancelled.stderr
     queue = rcp("queue", "--all", "--json", "--state-dir", str(state))
@@ -327,6 +342,7 @@ def test_an_admin_adds_a_researcher_who_submits_and_cancels_over_the_url_audited
     assert audit == [
         ("audit.jobs.submit", 201),
         ("audit.users.add", 403),
+        ("audit.jobs.cancel", 403),
         ("audit.jobs.cancel", 200),
     ]
 
