@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["NAME", "NAMESPACE", "keep_on_head"]
+__all__ = ["NAME", "NAMESPACE", "head_node_id", "keep_on_head"]
 
 NAME = "AutoscalingCoordinator"
 NAMESPACE = "AutoscalingCoordinator"
@@ -34,7 +34,8 @@ _SETTLING = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "RESTARTING")
 """Actor states that may still end ALIVE: waited out before the actor is judged."""
 
 
-def _head_node_id() -> str | None:
+def head_node_id() -> str | None:
+    """The live head node's id (None while there is none)."""
     import ray  # deferred: ray is heavy; imported on first call
 
     for n in ray.nodes():
@@ -77,7 +78,7 @@ def keep_on_head(timeout_s: float = 60.0) -> str:
     import ray  # deferred: ray is heavy; imported on first call
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    head = _head_node_id()
+    head = head_node_id()
     if head is None:
         return "no live head node: the Train coordinator is left as it is"
     moved = ""
