@@ -28,13 +28,15 @@ Goals (issue 27), checked in the same run against the bare backend:
 * throughput through the edge is at least 0.95x the bare backend's, with the ingress replica
   count the policy chooses for the rate the ingress replicas see (`policies.demand.
   ingress_replicas`, ``serving.ingress`` defaults);
-* the p99 latency the edge adds is at most 2 ms (the p50 is reported);
+* the p99 latency the edge adds is at most 2 ms: per round, the edge's p99 less the bare
+  path's p99 of the same round, the median over rounds (the pooled difference and the p50
+  are reported too);
 * HAProxy's own counts show every predict routed straight to the backend.
 
 Usage::
 
-    .venv/bin/python bench/bench_serve_ingress.py [--concurrency 4] [--requests 1000]
-        [--rounds 3] [--json]
+    .venv/bin/python bench/bench_serve_ingress.py [--concurrency 4] [--requests 500]
+        [--rounds 5] [--json]
 
 Prints a table; with ``--json`` the last line is one JSON object with every figure, ratio and
 goal. Loopback only.
@@ -248,6 +250,7 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "failures": sum(r["failures"] for r in rounds),
         "p50_ms": percentile(lat, 50),
         "p99_ms": percentile(lat, 99),
+        "p99_ms_per_round": [percentile(r["latencies_ms"], 99) for r in rounds],
         "mean_ms": statistics.fmean(lat),
         "throughput_rps": len(lat) / elapsed_s if elapsed_s > 0 else 0.0,
     }
@@ -256,8 +259,8 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--requests", type=int, default=1000, help="requests per round")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per path (interleaved)")
+    parser.add_argument("--requests", type=int, default=500, help="requests per round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per path (interleaved)")
     parser.add_argument("--warmup", type=int, default=200, help="requests per path first")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     args = parser.parse_args(argv)
@@ -371,7 +374,16 @@ def main(argv: list[str] | None = None) -> int:
     ratios["edge_p50_added_ms"] = via_edge["p50_ms"] - bare["p50_ms"]
     ratios["ingress_p50_added_ms"] = via_ingress["p50_ms"] - bare["p50_ms"]
     ratios["edge_cpu_over_ingress_cpu"] = edge_cpu_ms / ingress_cpu_ms
-    ratios["edge_p99_added_ms"] = via_edge["p99_ms"] - bare["p99_ms"]
+    # p99 added, paired: each round's edge p99 against the bare p99 of the same round (they
+    # ran back to back), the median over rounds. A stall of the shared machine lands in one
+    # round of one path and moves a pooled p99 by tens of ms (bare's own pooled p99 varies
+    # 37-62 ms run to run); pairing keeps it to that round. The pooled figure is reported too.
+    paired = [
+        e - b for e, b in zip(via_edge["p99_ms_per_round"], bare["p99_ms_per_round"], strict=True)
+    ]
+    ratios["edge_p99_added_ms_per_round"] = paired
+    ratios["edge_p99_added_ms"] = statistics.median(paired)
+    ratios["edge_p99_added_ms_pooled"] = via_edge["p99_ms"] - bare["p99_ms"]
     goals = {
         "ingress_cpu_ms_max": GOAL_INGRESS_CPU_MS,
         "throughput_ratio_min": GOAL_THROUGHPUT_RATIO,
@@ -427,7 +439,9 @@ def main(argv: list[str] | None = None) -> int:
         f">= {GOAL_THROUGHPUT_RATIO:g}x throughput with {chosen} ingress replica(s) -> "
         f"{'met' if goals['throughput_met'] else 'MISSED'} "
         f"(x{ratios['edge_throughput_ratio']:.2f}); p99 added <= {GOAL_P99_ADDED_MS:g} ms -> "
-        f"{'met' if goals['p99_added_met'] else 'MISSED'} ({ratios['edge_p99_added_ms']:+.2f}); "
+        f"{'met' if goals['p99_added_met'] else 'MISSED'} ({ratios['edge_p99_added_ms']:+.2f}, "
+        f"median of rounds {', '.join(f'{x:+.1f}' for x in paired)}; pooled "
+        f"{ratios['edge_p99_added_ms_pooled']:+.2f}); "
         f"p50 added {ratios['edge_p50_added_ms']:+.2f} ms"
     )
     if args.json:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import logging
 import math
 import os
 import time
@@ -88,7 +87,6 @@ __all__ = [
     "under_prefix",
 ]
 
-log = logging.getLogger(__name__)
 
 SIGNALS_ACTOR_NAME = "rcp-job-signals"
 SIGNALS_NAMESPACE = "rcp"

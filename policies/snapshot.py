@@ -34,7 +34,6 @@ __all__ = [
     "QueuedJob",
     "ReplicaState",
     "RunningGang",
-    "ServeGroup",
     "ServeLoad",
     "ServeReplica",
 ]
@@ -124,23 +123,6 @@ class ServeReplica:
 
 
 @dataclass(frozen=True)
-class ServeGroup:
-    """All replicas of one model in one pool (a derived view; see `ClusterSnapshot.serve_groups`)."""
-
-    model: str
-    pool: Pool
-    replicas: tuple[ServeReplica, ...]
-
-    @property
-    def num_running(self) -> int:
-        return sum(1 for r in self.replicas if r.state is ReplicaState.RUNNING)
-
-    @property
-    def gpus_held(self) -> int:
-        return sum(r.gpus for r in self.replicas)
-
-
-@dataclass(frozen=True)
 class ServeLoad:
     """What one served model's backends see, both pools together (the observe phase)."""
 
@@ -195,8 +177,6 @@ class RunningGang:
     max_runtime_s: float | None = None
     last_checkpoint_s: float | None = None
     """When the last complete checkpoint was taken; None if never."""
-    checkpoint_duration_s: float | None = None
-    """How long the last checkpoint snapshot took; None if unknown."""
     preempting: bool = False
     """A preemption was requested and the gang is checkpointing/stopping."""
 
@@ -261,10 +241,3 @@ class ClusterSnapshot:
     def gang_nodes(self, pool: Pool) -> tuple[NodeView, ...]:
         """Live nodes of `pool` a gang may use: the live ones that are not serving-only."""
         return tuple(n for n in self.live_nodes(pool) if not n.serving_only)
-
-    def serve_groups(self) -> dict[tuple[str, Pool], ServeGroup]:
-        """Replicas grouped per (model, pool), in first-seen order."""
-        grouped: dict[tuple[str, Pool], list[ServeReplica]] = {}
-        for r in self.serve_replicas:
-            grouped.setdefault((r.model, r.pool), []).append(r)
-        return {k: ServeGroup(k[0], k[1], tuple(v)) for k, v in grouped.items()}

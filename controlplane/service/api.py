@@ -138,7 +138,6 @@ async def _request_ids(request: web.Request, handler: Handler) -> web.StreamResp
 
 
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-_NO_AUDIT = object()
 
 
 @web.middleware

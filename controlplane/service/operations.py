@@ -15,7 +15,6 @@ Must not: decide (the policies do), or know HTTP beyond the status a refusal car
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,7 +28,6 @@ from policies.snapshot import Pool
 
 __all__ = ["OperationRefused", "Operations", "breaker_json"]
 
-log = logging.getLogger(__name__)
 
 FAULT_KINDS = ("hot-gpu", "xid", "nvlink-errors", "ib-errors", "ib-link-down", "clear")
 

@@ -109,10 +109,3 @@ def read_token(state_dir: Path) -> str | None:
 
 def write_url(state_dir: Path, url: str) -> None:
     write_private(Path(state_dir) / URL_FILE, url + "\n")
-
-
-def read_url(state_dir: Path) -> str | None:
-    try:
-        return (Path(state_dir) / URL_FILE).read_text().strip() or None
-    except FileNotFoundError:
-        return None

@@ -117,7 +117,6 @@ class OurScheme:
         self._queued_views: dict[str, tuple[int, QueuedJob]] = {}
         self._gang_views: dict[str, tuple[int, float | None, RunningGang]] = {}
         self.failures_seen = 0
-        self.unknown_items = 0
         self.breaks_short = 0
         """Moves whose BREAK step stopped replicas and left their model short of demand."""
         self._nodes: tuple[NodeView, ...] = ()
@@ -204,7 +203,7 @@ class OurScheme:
                 gang = RunningGang(
                     run.spec.job_id, "default", run.spec.priority, run.spec.num_workers,
                     run.spec.gpus_per_worker, run.placement, run.admitted_s,
-                    run.spec.work_s * 1.5, last, run.stall_s,
+                    run.spec.work_s * 1.5, last,
                     run.phase is JobPhase.CHECKPOINTING_OUT,
                 )  # fmt: skip
                 cached_g = (run.version, last, gang)
@@ -265,8 +264,6 @@ class OurScheme:
                 w.preempt(a.job_id, checkpoint_first=a.checkpoint_first)
             elif isinstance(a, RejectJob):
                 w.reject(a.job_id)
-            elif not isinstance(a, MoveServeReplicas):
-                self.unknown_items += 1
 
     _persist_s = 60.0
 

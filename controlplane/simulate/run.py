@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from controlplane.config import Config
 from controlplane.simulate.baselines import SCHEMES
@@ -44,16 +44,6 @@ make-before-break move waits for it: then the loop's next tick advances the move
 
 def moving(scheme: object) -> bool:
     return bool(getattr(scheme, "ops", ()))
-
-
-class Scheme(Protocol):
-    name: str
-
-    def step(self, now: float) -> None: ...
-
-    def on_failure(self, node_id: str) -> None: ...
-
-    def on_fault(self, node_id: str, kind: str | None) -> None: ...
 
 
 @dataclass

@@ -95,7 +95,6 @@ class SimServe:
         self.cluster_ok: Callable[[Node], bool] = lambda n: True
         """Which cluster nodes serving may use (a static split's partition)."""
         self._seq = 0
-        self.stopped_by_scheme = 0
         self._changes = 0
         self._view: ServeView | None = None
         self._view_at = (-1, -1)
@@ -210,7 +209,6 @@ class SimServe:
         self._changes += 1
         r.state = ReplicaState.STOPPING
         r.version += 1
-        self.stopped_by_scheme += 1
         self.events.push(now + self.stop_s, EventKind.REPLICA_GONE, r.replica_id, r.version)
 
     def ready(self, replica_id: str, version: int) -> None:
@@ -253,7 +251,6 @@ class SimServe:
         ][:n]
         for r in victims:
             self._remove(r)
-        self.stopped_by_scheme += len(victims)
         if victims:
             self._mark(model, "moves")
         return len(victims)

@@ -39,7 +39,6 @@ class Node:
     """Taken out of service by a scheme (health drain) until repaired."""
     fault: str | None = None
     version: int = 0
-    billed_since_s: float = 0.0
     ready_s: float = 0.0
     _view: NodeView | None = None
 
@@ -177,7 +176,6 @@ class World:
         self.training_used = 0
         self.tally = Tally()
         self.now_s = 0.0
-        self.queue_since_change = 0
 
     # -- GPUs ----------------------------------------------------------------------------------
 
@@ -237,7 +235,6 @@ class World:
         run.queued_s = run.spec.submit_s
         self.jobs[run.spec.job_id] = run
         self.queued[run.spec.job_id] = run
-        self.queue_since_change += 1
 
     def admit(self, job_id: str, placement: dict[str, int]) -> None:
         run = self.queued.pop(job_id)
@@ -302,7 +299,6 @@ class World:
         run.not_before_s = self.now_s + backoff_s if backoff_s > 0 else None
         run.version += 1
         self.queued[run.spec.job_id] = run
-        self.queue_since_change += 1
 
     def finish(self, job_id: str, version: int) -> bool:
         run = self.running.get(job_id)
@@ -369,7 +365,6 @@ class World:
             self._ext_seq += 1
             node_id = f"x{self._ext_seq:05d}"
             n = Node(node_id, Pool.EXTERNAL, self.ext_gpn, up=False)
-            n.billed_since_s = self.now_s
             n.ready_s = self.now_s + self.provision_s
             self.external[node_id] = n
             self.node_generation += 1

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controlplane.store.states import TERMINAL_STATES, JobState
+from controlplane.store.states import JobState
 from jobs.spec import JobSpec
 
 __all__ = [
@@ -59,10 +59,6 @@ class JobRecord:
     """That user's id (`UserRecord.user_id`): what ownership compares, so a name removed and
     added again does not own the old user's jobs. None where `owner` is, and for a job whose
     named owner was gone when version 3 first opened the store."""
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.state in TERMINAL_STATES
 
 
 @dataclass(frozen=True)

@@ -406,10 +406,6 @@ class HostBuffer:
         self._pin_memory = pin_memory
         self._buffer = torch.empty(0, dtype=torch.uint8)
 
-    @property
-    def capacity_bytes(self) -> int:
-        return self._buffer.numel()
-
     def reserve(self, nbytes: int) -> torch.Tensor:
         """A view of at least `nbytes` bytes; allocates and pre-faults when it must grow."""
         if nbytes > self._buffer.numel():

@@ -37,7 +37,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from serve.config import POOLS, IngressConfig, ServingConfig, validate_serving
@@ -58,7 +57,6 @@ from serve.spec import (
 
 __all__ = [
     "MoveResult",
-    "OperationReason",
     "ServingNotDeployedError",
     "ServingTimeoutError",
     "deploy",
@@ -100,13 +98,6 @@ class ServingNotDeployedError(RuntimeError):
 
 class ServingTimeoutError(TimeoutError):
     """Serve did not reach the wanted state in time; the message says what was awaited."""
-
-
-class OperationReason(str, Enum):
-    DEPLOY = "deploy"
-    SCALE = "scale"
-    ROUTE = "route"
-    MOVE = "move"
 
 
 @dataclass(frozen=True)
