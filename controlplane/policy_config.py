@@ -88,7 +88,11 @@ def model_class(cfg: Config, model: ModelConfig) -> ModelClass:
     the lowest) and its cluster floor. Whether its SLO is at risk is the loop's, per tick."""
     classes = cfg.jobs.priority_classes
     value = classes[model.priority] if model.priority is not None else min(classes.values())
-    return ModelClass(priority=value, min_cluster_replicas=model.min_cluster_replicas)
+    return ModelClass(
+        priority=value,
+        min_cluster_replicas=model.min_cluster_replicas,
+        yields_on_shortfall=model.on_shortfall == "yield",
+    )
 
 
 def restart_limits(cfg: Config, max_restarts: int) -> RestartLimits:

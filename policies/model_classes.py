@@ -35,6 +35,10 @@ class ModelClass:
     """Cluster-pool replicas a training claim never takes (a gang that needs them waits)."""
     slo_at_risk: bool = False
     """Whether the model's measured p99 is over its SLO now: it yields last in its class."""
+    yields_on_shortfall: bool = False
+    """``on_shortfall: yield``: a claim may take its cluster replicas though no rented GPU can
+    host them (it shrinks toward ``min_replicas``), and it grows only where there is room.
+    False (``reclaim``): its demand is a guarantee (`policies.placement`)."""
 
     def __post_init__(self) -> None:
         if self.min_cluster_replicas < 0:

@@ -26,13 +26,20 @@ Rules, in order:
    pool's capacity allows. The budget also shrinks when health takes a cluster node out; a
    move of a model with replicas on such a node says so (``leave_unhealthy_node``) and names
    those nodes (as a training claim's move names the nodes admission chose) unless
-   training claims GPUs too (then it is ``yield_to_training``). If it cannot hold them, the model keeps enough cluster replicas to
-   stay at ``min_replicas`` — serving never drops below its guaranteed minimum — and the
-   plan says so in the move's reason.
+   training claims GPUs too (then it is ``yield_to_training``). If it cannot hold them, the
+   model keeps them on the cluster pool: its demand is a guarantee (issue 28), so a claim
+   that needed them is not freed and its gang waits (admission claims only what the external
+   pool can host, `policies.admission`); the plan's note says ``external_full``. A model that
+   is ``on_shortfall: yield`` (`ModelDemand.yields_on_shortfall`, for batch models that can
+   wait) keeps only enough to stay at ``min_replicas``.
 4. **Grow**: new replicas (total wanted above what runs) go to the cluster pool when it has
    room once every model kept its replicas there (rule 2 runs for all models first, so one
    model's growth never pushes another's running replicas out) and no queued training
-   waits; otherwise to ``external``. Training that waits only
+   waits; otherwise to ``external``, and what the external pool cannot host then goes to the
+   cluster pool's room all the same (a yielding model's waits for room). Growth nobody can
+   host is not started; admission holds the cluster GPUs it needs and reclaims them from
+   the lowest-priority training (`controlplane.loop.decide.serving_need_gpus`), so it
+   starts once they are free. Training that waits only
    counts while a node it may use has a free GPU: when the cluster pool's free GPUs are all
    on serving-only nodes (fabric faults, ``NodeView.serving_only``), new replicas can land
    only there, and go there before the external pool is rented.
@@ -59,11 +66,11 @@ pool of 8 GPUs; external pool holds 4 GPUs; a queued gang needs 6 GPUs, 2 are fr
 admission claims 4 from serving (``training_claim_gpus=4``). Budget = 6 held - 4 = 2, so the
 model keeps 2 cluster replicas
 and 4 must yield; external has room for 4 -> ``MoveServeReplicas(cluster -> external, 4)``
-and ``RequestExternalCapacity(4)``. If external held only 2 GPUs, 2 would move and the other
-2 over the budget would not stay: the cluster target falls to 2 (a plain scale-down, reason
-``external_full``), the model runs 4 of the 6 wanted (2 cluster + 2 external, at least
-min_replicas 2) and the claim's 4 GPUs are freed for the gang. With no external room at all
-the model falls to min_replicas: 2 on the cluster, 0 moved.
+and ``RequestExternalCapacity(4)``. If external held only 2 GPUs, admission would not have
+claimed 4 (it claims what the room hosts); were such a claim made, 2 would move and the
+other 2 stay on the cluster pool (note ``external_full``): the model runs all 6 it wants.
+Only an ``on_shortfall: yield`` model would fall to 4 (2 cluster + 2 external, at least
+min_replicas 2), and with no external room at all to min_replicas: 2 on the cluster.
 Later the gang finishes: the budget is 8 again, room for 4; after ``migrate_back_idle_s``
 (say 60 s) with no queued job, 1 replica per ``migrate_back_interval_s`` (say 30 s) comes
 back: at t=60, 90, 120, 150 s; the external request falls 4 -> 3 -> 2 -> 1 -> 0.
@@ -123,6 +130,9 @@ class ModelDemand:
     slo_at_risk: bool = False
     """The model's measured p99 is over its SLO: it yields last within its class. The caller
     sets it from the p99 it measures (``False`` while it measures none)."""
+    yields_on_shortfall: bool = False
+    """``on_shortfall: yield`` (`ModelClass.yields_on_shortfall`): rules 3 and 4 as a
+    best-effort model; False: its demand is a guarantee."""
 
     def __post_init__(self) -> None:
         if self.num_replicas < 0 or self.min_replicas < 0 or self.min_cluster_replicas < 0:
@@ -132,7 +142,9 @@ class ModelDemand:
 
     @property
     def model_class(self) -> ModelClass:
-        return ModelClass(self.priority, self.min_cluster_replicas, self.slo_at_risk)
+        return ModelClass(
+            self.priority, self.min_cluster_replicas, self.slo_at_risk, self.yields_on_shortfall
+        )
 
 
 @dataclass(kw_only=True)
@@ -345,9 +357,16 @@ def decide(
         # Cluster replicas over the budget that are still needed relocate; the rest is growth.
         relocate = min(max(0, min(cur_c, total) - keep_c), need)
         grow = need - relocate
+        guaranteed = not d.yields_on_shortfall
         new_c = 0
-        if grow > 0 and not training_waiting and pin is not Pool.EXTERNAL:
-            new_c = min(grow, budget // g)
+        if grow > 0 and pin is not Pool.EXTERNAL:
+            if not training_waiting:
+                new_c = min(grow, budget // g)
+            elif guaranteed:
+                # Training waits, but what the external pool cannot host (relocations take
+                # its room first) grows on the cluster pool: demand is a guarantee.
+                room_e = max(0, external_left) // g
+                new_c = min(grow, max(0, relocate + grow - room_e), budget // g)
         to_external = relocate + grow - new_c
         if pin is Pool.CLUSTER and to_external:
             notes[d.model] = (
@@ -359,10 +378,13 @@ def decide(
         external_left -= ext_ok * g
         moved = min(relocate, ext_ok)
         # What the external pool cannot hold: relocating replicas stay on the cluster pool
-        # only as far as min_replicas needs them (serving shrinks for training, never below
-        # its guaranteed minimum); growth nobody can host is not started.
+        # (a claim that needed them is not freed: admission asks again, and its gang waits);
+        # a model that yields on shortfall keeps only what min_replicas needs. Growth nobody
+        # can host is not started.
         placed = keep_c + keep_e + new_c + ext_ok
-        stay_c = min(relocate - moved, max(0, d.min_replicas - placed))
+        stay_c = relocate - moved
+        if not guaranteed:
+            stay_c = min(stay_c, max(0, d.min_replicas - placed))
         c = keep_c + new_c + stay_c
         e = keep_e + ext_ok
         budget = max(0, budget - (new_c + stay_c) * g)

@@ -31,6 +31,7 @@ BACKEND_ROUTE_ROOT = "/_rcp"
 (`serve.spec.backend_route_prefix`); the ingress's route table answer names it
 (``routing.backend_root``), and ``serving.route_prefix`` may not be under it."""
 POOLS: tuple[str, ...] = ("cluster", "external")
+ON_SHORTFALL: tuple[str, ...] = ("reclaim", "yield")
 """The pools a model can have replicas in, in routing-table order."""
 
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9_]{0,47}")
@@ -63,6 +64,12 @@ class ModelConfig:
     """Priority class, one of ``jobs.priority_classes`` (the classes training jobs use); null
     means the lowest class. When training claims the cluster pool, replicas of the
     lowest-priority model move out first and come back last."""
+    on_shortfall: str = "reclaim"
+    """What serving does when its demand cannot be placed: ``reclaim`` (the default) keeps
+    the model's cluster replicas that no rented GPU can host (a training claim waits for
+    them) and grows on the cluster pool when nothing can be rented; ``yield``, for batch
+    models that can wait, lets a claim shrink the model to ``min_replicas`` and grows it
+    only where there is room."""
     initial_pool: str = "cluster"
     """Pool that receives the ``min_replicas`` when the app is first deployed."""
     max_ongoing_requests: int = 8
@@ -232,6 +239,10 @@ def validate_serving(cfg: ServingConfig, prefix: str = "serving") -> list[str]:
             errors.append(
                 f"{p}.min_cluster_replicas: must be <= {p}.max_replicas ({m.max_replicas}), "
                 f"got {m.min_cluster_replicas}"
+            )
+        if m.on_shortfall not in ON_SHORTFALL:
+            errors.append(
+                f"{p}.on_shortfall: must be one of {list(ON_SHORTFALL)}, got {m.on_shortfall!r}"
             )
         if m.initial_pool not in POOLS:
             errors.append(f"{p}.initial_pool: must be one of {list(POOLS)}, got {m.initial_pool!r}")

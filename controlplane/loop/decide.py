@@ -8,7 +8,12 @@ Owns: `decide(observation, policies, admission_state, serving_state)` -> `Decisi
    in the served models' class order and never below a model's ``min_cluster_replicas``
    (`model_classes_now`: each model's priority value and floor from its config, and whether
    its SLO is at risk: its measured p99, the snapshot's `ServeLoad.p99_ms`, over its
-   ``slo_p99_ms``);
+   ``slo_p99_ms``), and only as many as the external pool can still host
+   (`external_room_gpus`), unless a model is ``on_shortfall: yield``: serving's demand is a
+   guarantee, so a gang that needs the rest waits with a ``serving-demand`` reason; and
+   before any gang, the cluster GPUs serving's demand needs beyond its targets and the
+   external pool's room (`serving_need_gpus`), reclaimed from the lowest-priority training
+   (checkpoint first) when no free GPU covers them;
 2. health remediation (`policies.health.remediate`) when ``health.act``;
 3. demand (`policies.demand.decide_replicas`) per served model, then placement
    (`policies.placement.decide`) with admission's claims handed over in-process, as data:
@@ -72,7 +77,7 @@ from policies.plan import (
     ScaleServePool,
     SetRouteWeights,
 )
-from policies.snapshot import ClusterSnapshot, Pool
+from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
 
 __all__ = [
     "Policies",
@@ -127,8 +132,14 @@ def decide(
     snapshot = observation.snapshot
     measured = {m.model: m.p99_ms for m in snapshot.serve_load if m.p99_ms is not None}
     classes = model_classes_now(policies, measured)
+    room = external_room_gpus(snapshot, policies) if policies.demand else None
     plan, new_admission = admission.decide(
-        snapshot, policies.admission, admission_state, models=classes
+        snapshot,
+        policies.admission,
+        admission_state,
+        models=classes,
+        external_room_gpus=room,
+        serving_need_gpus=serving_need_gpus(observation, policies, classes, room or 0),
     )
     remediation = health.remediate(snapshot, observation.verdicts) if policies.act_on_health else ()
     claims = tuple(a for a in plan if isinstance(a, MoveServeReplicas))
@@ -151,6 +162,46 @@ def decide(
         classes,
     )
     return replace(decision, serving=serving, serving_state=new_serving, targets=targets)
+
+
+def external_room_gpus(snapshot: ClusterSnapshot, policies: Policies) -> int:
+    """GPUs the external pool can still host: its most (``pools.external``) less what the
+    external replicas there hold or are starting on. A training claim moves a model's cluster
+    replicas only as far as this holds them (`policies.admission.decide`)."""
+    held = sum(
+        r.gpus
+        for r in snapshot.serve_replicas
+        if r.pool is Pool.EXTERNAL and r.state is not ReplicaState.STOPPING
+    )
+    return max(0, policies.placement.external_max_gpus - held)
+
+
+def serving_need_gpus(
+    observation: Observation,
+    policies: Policies,
+    classes: Mapping[str, ModelClass],
+    external_room: int,
+) -> int:
+    """Cluster GPUs serving's demand needs that neither its pools' targets nor the external
+    pool's room (`external_room`) hold: per model whose demand is a guarantee (not
+    ``on_shortfall: yield``, not pinned to ``external``), the replicas the load asks for now
+    (`wanted_now`) beyond its targets, in GPUs, summed, less the room. Admission keeps that
+    many cluster GPUs for serving and reclaims them from training if it must."""
+    serve = observation.serve
+    if not serve.deployed or not policies.demand:
+        return 0
+    wanted = dict(wanted_now(observation.loads, policies))
+    short = 0
+    for name in policies.demand:
+        cls = classes.get(name)
+        if (cls is not None and cls.yields_on_shortfall) or observation.snapshot.pinned.get(
+            name
+        ) is Pool.EXTERNAL:
+            continue
+        have = serve.target(name, Pool.CLUSTER) + serve.target(name, Pool.EXTERNAL)
+        gpus = max(1, math.ceil(policies.gpus_per_replica.get(name, 1.0)))
+        short += max(0, wanted.get(name, 0) - have) * gpus
+    return max(0, short - external_room)
 
 
 def model_classes_now(policies: Policies, p99_ms: Mapping[str, float]) -> dict[str, ModelClass]:
@@ -218,6 +269,7 @@ def decide_serving(
                 priority=cls.priority,
                 min_cluster_replicas=cls.min_cluster_replicas,
                 slo_at_risk=cls.slo_at_risk,
+                yields_on_shortfall=cls.yields_on_shortfall,
             )
         )
     deployed = {d.model: serve.weights(d.model) for d in demands}

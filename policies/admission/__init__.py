@@ -35,10 +35,22 @@ Capacity
 Order
     Queued jobs are considered by priority class value (high first), then FIFO by
     ``submitted_s``, then ``job_id``; a job backing off (``not_before_s`` in the future) is
-    skipped. Every training job outranks serving: GPUs held by Serve
+    skipped. Every training job outranks serving's *placement*: GPUs held by Serve
     replicas in the `cluster` pool count as reclaimable, and taking them produces a
     `MoveServeReplicas` request (make-before-break, done by the placement policy and the Serve
-    actuator), never a preemption.
+    actuator), never a preemption. But serving's *demand* is a guarantee (issue 28): with
+    ``external_room_gpus`` given, replicas count as reclaimable only as far as the external
+    pool can host them, in yield order (a model that is ``on_shortfall: yield`` always
+    counts); a gang that needs the rest waits with a ``serving-demand`` reason naming each
+    model and the room.
+Serving first
+    ``serving_need_gpus``: cluster GPUs serving's demand needs that neither its targets nor
+    the external pool hold. They are held before any gang is considered: the free GPUs of
+    serving-only nodes, then free and releasing gang-node GPUs (most free node first); what
+    is still missing is reclaimed from training, checkpoint first: the lowest-priority gang
+    whose GPUs suffice (the smallest such), else gangs in victim order until they do, with
+    those the rest cover spared again (reason ``serving-reclaims``), within the preemption
+    caps. A reclaimed job is re-queued like any preempted one, no restart spent.
 Gang
     A job is admitted only when all ``num_workers`` fit at once, each worker's
     ``gpus_per_worker`` on a single node. Nothing is held partially, so two gangs can never each

@@ -22,11 +22,11 @@ from policies.admission.config import AdmissionConfig
 from policies.admission.fit import FreeGpus
 from policies.admission.reasons import Why
 from policies.admission.reservation import try_reserve
-from policies.admission.shares import EPS, Ledger, queue_order
-from policies.admission.state import AdmissionState, Reservation
+from policies.admission.shares import EPS, Ledger, live_gpus, queue_order
+from policies.admission.state import AdmissionState, PreemptionRecord, Reservation
 from policies.model_classes import ModelClass
-from policies.plan import Action, AdmitJob, Plan, WaitJob, WorkerPlacement
-from policies.snapshot import ClusterSnapshot, Pool, QueuedJob
+from policies.plan import Action, AdmitJob, Plan, PreemptJob, WaitJob, WorkerPlacement
+from policies.snapshot import ClusterSnapshot, Pool, QueuedJob, RunningGang
 
 __all__ = ["decide"]
 
@@ -41,8 +41,11 @@ class _Decision(Ledger):
         config: AdmissionConfig,
         state: AdmissionState,
         models: Mapping[str, ModelClass] | None,
+        external_room_gpus: int | None = None,
+        serving_need_gpus: int = 0,
     ) -> None:
-        super().__init__(snapshot, config, state, models)
+        super().__init__(snapshot, config, state, models, external_room_gpus)
+        self.serving_need_gpus = serving_need_gpus
         self.snap = snapshot
         self.plan: list[Action] = []
         self.reservation: Reservation | None = None
@@ -55,6 +58,8 @@ class _Decision(Ledger):
     def run(self) -> None:
         rejections, ordered = queue_order(self.snap.queued, self.cfg, self.now_s)
         self.plan.extend(rejections)
+        if self.serving_need_gpus > 0:
+            self.hold_for_serving(self.serving_need_gpus)
         head_decided = False
         free = self.free
         for neg_value, _, _, job in ordered:
@@ -68,7 +73,7 @@ class _Decision(Ledger):
                 continue  # its queue may not borrow this much: waits, blocks no one
             if self.try_admit(job, within):
                 continue
-            if not head_decided and (self.pinned or self.floors):
+            if not head_decided and (self.pinned or self.floors or self.unhosted):
                 self.say_if_held(job)
             if not head_decided and self.serving_only:
                 self.say_if_serving_only(job)
@@ -88,10 +93,80 @@ class _Decision(Ledger):
                         job.num_workers, self.never_fits.get(job.gpus_per_worker, math.inf)
                     )
 
+    def hold_for_serving(self, need: int) -> None:
+        """Serving's demand that no rented GPU can host (`need` GPUs) comes first: the free
+        GPUs of serving-only nodes cover it, then free and releasing gang-node GPUs (most free
+        node first), which no gang gets this tick; what is still missing is reclaimed from
+        training: the lowest-priority gang whose GPUs suffice, the smallest such (else gangs
+        in that order until they do, then those the rest cover spared again) is asked to
+        checkpoint and is preempted, within the preemption caps."""
+        need -= sum(n.gpus_free for n in self.serving_only)
+        free = self.free.free
+        for node_id in sorted(free, key=lambda n: (-free[n], n)):
+            take = max(0, min(need, free[node_id]))
+            self.free.add(node_id, -take)
+            need -= take
+        for node_id in sorted(self.releasing, key=lambda n: (-self.releasing[n], n)):
+            take = max(0, min(need, self.releasing[node_id]))
+            self.releasing[node_id] -= take
+            need -= take
+        if need <= 0:
+            return
+        cap = self.cfg.max_preemptions_per_job_per_hour
+        candidates = sorted(
+            (
+                g
+                for g in self.gangs
+                if self.preempted_count.get(g.job_id, 0) < cap and live_gpus(g, self.live_ids) > 0
+            ),
+            key=lambda g: (
+                self.cfg.priority_classes.get(g.priority_class, self.lowest_value),
+                g.work_at_risk_s(self.now_s),
+                -g.started_s,
+                g.job_id,
+            ),
+        )
+        if not self.cfg.preemption_enabled or not candidates:
+            return
+        lowest = self.cfg.priority_classes.get(candidates[0].priority_class, self.lowest_value)
+        enough = [
+            g
+            for g in candidates
+            if live_gpus(g, self.live_ids) >= need
+            and self.cfg.priority_classes.get(g.priority_class, self.lowest_value) == lowest
+        ]
+        victims: list[RunningGang] = []
+        if enough:
+            victims = [min(enough, key=lambda g: live_gpus(g, self.live_ids))]
+        else:
+            got = 0
+            for g in candidates:
+                if got >= need:
+                    break
+                victims.append(g)
+                got += live_gpus(g, self.live_ids)
+            for g in reversed(victims[:-1]):  # spare those the rest already cover
+                if got - live_gpus(g, self.live_ids) >= need:
+                    victims.remove(g)
+                    got -= live_gpus(g, self.live_ids)
+        if len(victims) > self.cfg.max_preemptions_per_hour - len(self.preemptions):
+            return  # over the cap: serving stays short, and says so (placement's note)
+        for g in victims:
+            self.plan.append(
+                PreemptJob(
+                    g.job_id,
+                    f"{Why.SERVING_RECLAIMS.value}: serving's demand needs {self.serving_need_gpus} "
+                    "cluster GPU(s) that no rented GPU can host",
+                )
+            )
+            self.preemptions.append(PreemptionRecord(g.job_id, self.now_s))
+            self.gangs.remove(g)
+            self.used_by_queue[g.queue] -= live_gpus(g, self.live_ids)
+
     def say_if_held(self, job: QueuedJob) -> None:
-        """A `WaitJob` naming the pinned models and the models' floors when only their GPUs
-        keep `job` out now: it fits on the free, releasing and claimable Serve GPUs plus the
-        pinned and floor replicas', not without them."""
+        """A `WaitJob` naming the pinned models, the models' floors and the replicas no rented
+        GPU can host when only their GPUs keep `job` out now: it fits on the free, releasing
+        and claimable Serve GPUs plus theirs, not without them."""
         room = self.free.copy()
         for node_id, gpus in self.releasing.items():
             room.add(node_id, gpus)
@@ -108,13 +183,29 @@ class _Decision(Ledger):
         for r in self.floors:
             room.add(r.node_id, r.gpus)
             floors[r.model] = floors.get(r.model, 0) + 1
+        unhosted: dict[str, int] = {}
+        for r in self.unhosted:
+            room.add(r.node_id, r.gpus)
+            unhosted[r.model] = unhosted.get(r.model, 0) + 1
         if not room.fits(job.gpus_per_worker, job.num_workers):
             return
         kept = "; ".join(
-            f"model {m!r} keeps {k} replica(s) on the cluster pool (min_cluster_replicas)"
-            for m, k in sorted(floors.items())
+            [
+                f"model {m!r} keeps {k} replica(s) on the cluster pool (min_cluster_replicas)"
+                for m, k in sorted(floors.items())
+            ]
+            + [
+                f"model {m!r} keeps {k} replica(s) on the cluster pool: its demand needs them "
+                f"and the external pool has room for {self.external_room_gpus} GPU(s)"
+                for m, k in sorted(unhosted.items())
+            ]
         )
-        if not held:
+        if not held and unhosted:
+            reason = (
+                f"{Why.SERVING_DEMAND.value}: waits for GPUs that serving's demand holds and "
+                f"no rented GPU can host: {kept}"
+            )
+        elif not held:
             reason = f"{Why.SERVING_FLOOR.value}: waits for GPUs that serving's floors hold: {kept}"
         else:
             models = ", ".join(f"{m} ({k} GPU(s))" for m, k in sorted(held.items()))
@@ -209,17 +300,24 @@ def decide(
     config: AdmissionConfig,
     state: AdmissionState,
     models: Mapping[str, ModelClass] | None = None,
+    external_room_gpus: int | None = None,
+    serving_need_gpus: int = 0,
 ) -> tuple[Plan, AdmissionState]:
     """Decide admissions, replica moves and preemptions for one tick (see the package doc).
 
     `models` are the served models' classes (`policies.model_classes`): the order in which
     their cluster replicas are claimed, and the floors a claim never takes; a model without
-    one is the lowest class with no floor.
+    one is the lowest class with no floor. `external_room_gpus` is what the external pool
+    can still host: a claim takes replicas of a model whose demand is a guarantee only as far
+    as that room holds them, in yield order (None: no bound, as before issue 28).
+    `serving_need_gpus` is serving's demand that neither its targets nor the external pool
+    hold: those cluster GPUs are serving's first (`_Decision.hold_for_serving`), reclaimed
+    from the lowest-priority training if they must be.
 
     Returns the plan (rejections, then in queue order: admissions, and for the head any
     `MoveServeReplicas` and `PreemptJob` actions) and the new state.
     """
-    d = _Decision(snapshot, config, state, models)
+    d = _Decision(snapshot, config, state, models, external_room_gpus, serving_need_gpus)
     d.run()
     new_state = AdmissionState(preemptions=tuple(d.preemptions), reservation=d.reservation)
     return tuple(d.plan), new_state

@@ -20,6 +20,8 @@ class Why(str, Enum):
     SERVE_YIELDS = "serve-yields-to-training"
     PINNED_SERVING = "pinned-serving"
     SERVING_FLOOR = "serving-floor"
+    SERVING_DEMAND = "serving-demand"
+    SERVING_RECLAIMS = "serving-reclaims"
     SERVING_ONLY_NODES = "serving-only-nodes"
     UNKNOWN_QUEUE = "unknown-queue"
     UNKNOWN_PRIORITY_CLASS = "unknown-priority-class"

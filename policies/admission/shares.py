@@ -28,7 +28,7 @@ from policies.admission.config import AdmissionConfig
 from policies.admission.fit import FreeGpus
 from policies.admission.reasons import Why
 from policies.admission.state import PREEMPTION_WINDOW_S, AdmissionState
-from policies.model_classes import ModelClass
+from policies.model_classes import ModelClass, yield_key
 from policies.plan import RejectJob
 from policies.snapshot import (
     ClusterSnapshot,
@@ -99,6 +99,7 @@ class Ledger:
         config: AdmissionConfig,
         state: AdmissionState,
         models: Mapping[str, ModelClass] | None = None,
+        external_room_gpus: int | None = None,
     ) -> None:
         self.cfg = config
         self.models: Mapping[str, ModelClass] = models or {}
@@ -163,6 +164,27 @@ class Ledger:
             keep = min(floor, len(replicas))
             self.replicas += replicas[: len(replicas) - keep]
             self.floors += replicas[len(replicas) - keep :]
+        self.unhosted: list[ServeReplica] = []
+        """Replicas a claim may not take this tick: no rented GPU can host them (beyond
+        ``external_room_gpus``, in yield order), and their model's demand is a guarantee
+        (``on_shortfall: reclaim``, the default). A gang that needs them waits."""
+        self.external_room_gpus = external_room_gpus
+        if external_room_gpus is not None:
+            room = external_room_gpus
+            by_yield = sorted(
+                self.replicas,
+                key=lambda r: (yield_key(r.model, self.models)[:2], self.claim_order(r)),
+            )
+            for r in by_yield:
+                cls = self.models.get(r.model)
+                if cls is not None and cls.yields_on_shortfall:
+                    continue  # best effort: claimable whatever the external pool holds
+                if r.gpus <= room:
+                    room -= r.gpus
+                else:
+                    self.unhosted.append(r)
+            taken = {id(r) for r in self.unhosted}
+            self.replicas = [r for r in self.replicas if id(r) not in taken]
 
     def claim_order(self, r: ServeReplica) -> tuple[int, bool, str]:
         """Within one model, the replica a claim takes first: on the node with most free

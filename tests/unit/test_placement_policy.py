@@ -1,5 +1,6 @@
 """The placement policy as tables: prefer the cluster pool, yield to training make-before-break,
-overflow to external, never below min_replicas, and come back gradually."""
+overflow to external, never below demand (``on_shortfall: yield``: never below min_replicas),
+and come back gradually."""
 
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ class Case:
     external_max: int = 8
     expect: tuple[int, int] = (0, 0)
     moved_out: int = 0
+    yields: bool = False
+    """The model is ``on_shortfall: yield`` (best effort); else its demand is a guarantee."""
 
 
 CASES = [
@@ -78,8 +81,19 @@ CASES = [
         expect=(0, 4),
         moved_out=4,
     ),
+    # The external pool holds 2 of the 6 a claim of the whole pool would move: the other 4
+    # stay on the cluster pool (the claim is not freed; admission's gang waits for them).
     Case(
-        "external-full-keeps-min-on-cluster",
+        "external-full-keeps-demand-on-cluster",
+        want=6,
+        cur=(6, 0),
+        claim=8,
+        external_max=2,
+        expect=(4, 2),
+        moved_out=2,
+    ),
+    Case(
+        "external-full-yielding-model-keeps-min-on-cluster",
         want=6,
         min_replicas=4,
         cur=(6, 0),
@@ -87,9 +101,10 @@ CASES = [
         external_max=2,
         expect=(2, 2),
         moved_out=2,
+        yields=True,
     ),
     Case(
-        "external-full-shrinks-to-what-fits-above-min",
+        "external-full-yielding-model-shrinks-to-what-fits-above-min",
         want=6,
         min_replicas=1,
         cur=(6, 0),
@@ -97,6 +112,34 @@ CASES = [
         external_max=2,
         expect=(0, 2),
         moved_out=2,
+        yields=True,
+    ),
+    # Training waits, demand asks for 6 more and the external pool has room for 2: the other
+    # 4 start on the cluster pool's free GPUs (a yielding model would wait for room).
+    Case(
+        "growth-beyond-external-room-goes-to-cluster-while-training-queued",
+        want=8,
+        cur=(2, 0),
+        queued=True,
+        external_max=2,
+        expect=(6, 2),
+    ),
+    Case(
+        "growth-of-a-yielding-model-waits-for-external-room-while-training-queued",
+        want=8,
+        cur=(2, 0),
+        queued=True,
+        external_max=2,
+        expect=(2, 2),
+        yields=True,
+    ),
+    Case(
+        "growth-nobody-can-host-is-not-started",
+        want=12,
+        cur=(0, 0),
+        running_gang={"c1": 4},
+        external_max=2,
+        expect=(4, 2),
     ),
     Case("running-gang-holds-gpus", want=6, cur=(0, 0), running_gang={"c1": 4}, expect=(4, 2)),
     Case("shrink-keeps-cluster-first", want=2, cur=(3, 2), expect=(2, 0)),
@@ -115,7 +158,7 @@ def test_targets(case: Case) -> None:
     )
     (targets, actions), _ = decide(
         snap,
-        (ModelDemand("m", case.want, case.min_replicas, 1),),
+        (ModelDemand("m", case.want, case.min_replicas, 1, yields_on_shortfall=case.yields),),
         PlacementConfig(external_max_gpus=case.external_max),
         PlacementState(),
         training_claim_gpus=case.claim,
