@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from controlplane.simulate.report import simulate_and_report, summarise, table
+from controlplane.simulate.report import (
+    serving_floor_gpu_h,
+    simulate_and_report,
+    summarise,
+    table,
+)
 from controlplane.simulate.run import SCHEME_NAMES, SchemeResult, run_all, simulate
-from controlplane.simulate.scenario import control_config, scenario_from_dict
+from controlplane.simulate.scenario import Scenario, control_config, scenario_from_dict
 from controlplane.simulate.serving import SimServe
 from controlplane.simulate.trace import make_trace
 from controlplane.simulate.world import World
@@ -94,21 +101,30 @@ def _result(name: str, **figures: float) -> SchemeResult:
         ),
         0.0,
     )  # fmt: skip
+    base["served_fraction"] = 1.0
     base.update(figures)
     return SchemeResult(name, base, {}, decide_s=[0.001], wall_s=1.0)
 
 
 @pytest.mark.parametrize(
-    "ours, static, evict, moves, met",
+    "ours, static, evict, moves, served, met",
     [
-        (130.0, 100.0, 100.0, 0.0, [True, True, True, True]),
-        (130.0, 100.0, 120.0, 0.0, [True, False, True, True]),
-        (130.0, 100.0, 100.0, 3.0, [True, True, False, True]),
+        (150.0, 100.0, 100.0, 0.0, 1.0, [True, True, True, True, True]),
+        (140.0, 100.0, 100.0, 0.0, 1.0, [False, True, True, True, True]),
+        (150.0, 100.0, 160.0, 0.0, 1.0, [True, False, True, True, True]),
+        (150.0, 100.0, 100.0, 3.0, 1.0, [True, True, True, False, True]),
+        (150.0, 100.0, 100.0, 0.0, 0.99, [True, True, False, True, True]),
     ],
-    ids=["all-met", "evict-first-too-close", "moves-cost-serving"],
+    ids=[
+        "all-met",
+        "static-split-too-close",
+        "evict-first-ahead",
+        "moves-cost-serving",
+        "serving-short",
+    ],
 )
 def test_each_goal_says_whether_it_is_met_and_who_is_at_fault(
-    ours: float, static: float, evict: float, moves: float, met: list[bool]
+    ours: float, static: float, evict: float, moves: float, served: float, met: list[bool]
 ) -> None:
     s = scenario_from_dict({"nodes": 64, "days": 1})
     results: dict[str, SchemeResult] = {
@@ -118,6 +134,8 @@ def test_each_goal_says_whether_it_is_met_and_who_is_at_fault(
             shortfall_moves_min=moves,
             external_gpu_h=5.0,
             idle_while_queued_gpu_h=30.0,
+            served_fraction=served,
+            shortfall_scaling_min=10.0 if served < 1.0 else 0.0,
         ),
         "static-split": _result("static-split", goodput_gpu_h=static),
         "evict-first": _result("evict-first", goodput_gpu_h=evict),
@@ -129,7 +147,9 @@ def test_each_goal_says_whether_it_is_met_and_who_is_at_fault(
     if not met[1]:
         assert "admission" in summary["goals"][1]["at_fault"]
     if not met[2]:
-        assert "operations" in summary["goals"][2]["at_fault"]
+        assert "serving-first reclaim" in summary["goals"][2]["at_fault"]
+    if not met[3]:
+        assert "operations" in summary["goals"][3]["at_fault"]
     text = table(summary)
     assert text.count("NOT MET") == met.count(False)
 
@@ -150,3 +170,25 @@ def test_the_report_writes_markdown_and_a_png(tmp_path: Path) -> None:
     md = (tmp_path / "report.md").read_text()
     assert "static-split" in md and "fleet.png" in md
     assert summary["files"] == [str(png), str(tmp_path / "report.md")]
+
+
+def test_the_serving_floor_is_the_demand_the_external_pool_cannot_host() -> None:
+    """The trace's own bound: with one external node (the least a config allows) nearly every
+    GPU serving needs is owned; with an external pool bigger than the peak, none is; in
+    between, less; and at least the first demand step's need beyond that one node."""
+    base = scenario_from_dict({"nodes": 64, "days": 1})
+
+    def with_external(max_nodes: int) -> Scenario:
+        return replace(base, config={**base.config, "pools.external.max_nodes": max_nodes})
+
+    trace = make_trace(base)
+    none, some, plenty = (serving_floor_gpu_h(with_external(n), trace) for n in (1, 4, 10_000))
+    assert plenty == 0.0
+    assert 0.0 < some < none
+    first = sum(
+        min(m.max_replicas, max(m.min_replicas, math.ceil(trace.rps(m.name, 0) / m.replica_rps)))
+        * m.gpus_per_replica
+        for m in base.serving.models
+    )
+    one_node = control_config(base).pools.external.gpus_per_node
+    assert none >= (first - one_node) * base.serving.demand_step_s / 3600.0 > 0
