@@ -158,33 +158,30 @@ class Ledger:
                 self.pinned.append(r)
             else:
                 by_model.setdefault(r.model, []).append(r)
-        for model, replicas in sorted(by_model.items()):
-            replicas.sort(key=self.claim_order)
-            floor = self.models[model].min_cluster_replicas if model in self.models else 0
-            keep = min(floor, len(replicas))
-            self.replicas += replicas[: len(replicas) - keep]
-            self.floors += replicas[len(replicas) - keep :]
         self.unhosted: list[ServeReplica] = []
         """Replicas a claim may not take this tick: no rented GPU can host them (beyond
         ``external_room_gpus``, in yield order), and their model's demand is a guarantee
         (``on_shortfall: reclaim``, the default). A gang that needs them waits."""
         self.external_room_gpus = external_room_gpus
-        if external_room_gpus is not None:
-            room = external_room_gpus
-            by_yield = sorted(
-                self.replicas,
-                key=lambda r: (yield_key(r.model, self.models)[:2], self.claim_order(r)),
-            )
-            for r in by_yield:
-                cls = self.models.get(r.model)
-                if cls is not None and cls.yields_on_shortfall:
-                    continue  # best effort: claimable whatever the external pool holds
-                if r.gpus <= room:
+        room = math.inf if external_room_gpus is None else external_room_gpus
+        # Models in yield order, each model's replicas in claim order: the order a claim
+        # takes them (`preemption._serve_candidates`), so the room goes to those first.
+        for model in sorted(by_model, key=lambda m: yield_key(m, self.models)):
+            replicas = by_model[model]
+            replicas.sort(key=self.claim_order)
+            cls = self.models.get(model)
+            floor = cls.min_cluster_replicas if cls is not None else 0
+            keep = min(floor, len(replicas))
+            self.floors += replicas[len(replicas) - keep :]
+            yields = cls is not None and cls.yields_on_shortfall  # claimable whatever the room
+            for r in replicas[: len(replicas) - keep]:
+                if yields:
+                    self.replicas.append(r)
+                elif r.gpus <= room:
                     room -= r.gpus
+                    self.replicas.append(r)
                 else:
                     self.unhosted.append(r)
-            taken = {id(r) for r in self.unhosted}
-            self.replicas = [r for r in self.replicas if id(r) not in taken]
 
     def claim_order(self, r: ServeReplica) -> tuple[int, bool, str]:
         """Within one model, the replica a claim takes first: on the node with most free
