@@ -67,6 +67,8 @@ def placement_config(cfg: Config) -> PlacementConfig:
     e = cfg.pools.external
     return PlacementConfig(
         external_max_gpus=e.max_nodes * e.gpus_per_node,
+        external_deadline_s=e.delivery_deadline_s,
+        external_backoff_s=e.backoff_s,
         **_fields_of(cfg.placement, MigrateBackConfig),
     )
 

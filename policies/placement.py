@@ -38,7 +38,7 @@ Rules, in order:
    waits; otherwise to ``external``, and what the external pool cannot host then goes to the
    cluster pool's room all the same (a yielding model's waits for room). Growth nobody can
    host is not started; admission holds the cluster GPUs it needs and reclaims them from
-   the lowest-priority training (`controlplane.loop.decide.serving_need_gpus`), so it
+   the lowest-priority training (`controlplane.loop.decide.unplaced_gpus`), so it
    starts once they are free. Training that waits only
    counts while a node it may use has a free GPU: when the cluster pool's free GPUs are all
    on serving-only nodes (fabric faults, ``NodeView.serving_only``), new replicas can land
@@ -51,7 +51,12 @@ Rules, in order:
    ``migrate_back_interval_s``, in keep order (highest priority back first). A job arriving resets the timer (hysteresis: a job finishing
    and another arriving does not make replicas flap).
 6. **External capacity** asked of the autoscaler = GPUs of the external replicas wanted;
-   emitted only when it changes. Asking for 0 lets the autoscaler remove idle nodes.
+   emitted only when it changes. Asking for 0 lets the autoscaler remove idle nodes. When
+   the external pool's live GPUs stay below what was asked for ``external_deadline_s`` (a
+   stock-out, a quota, a refusal), the pool is *out* for ``external_backoff_s``
+   (`PlacementState.external_out_until_s`): it counts only the GPUs of its live nodes
+   (`external_cap_gpus`), so growth goes to the cluster pool (rule 4) and admission holds
+   or reclaims the GPUs for it; then it is asked again.
 7. **Pins** (an operator's, `ClusterSnapshot.pinned`): a model pinned to ``cluster`` keeps
    every cluster replica whatever the budget (it takes its budget first), never yields or
    grows to ``external`` (growth the cluster pool cannot host is not started; the note says
@@ -102,6 +107,7 @@ __all__ = [
     "PlacementState",
     "PoolTargets",
     "decide",
+    "external_cap_gpus",
 ]
 
 
@@ -170,10 +176,16 @@ class PlacementConfig(MigrateBackConfig):
 
     external_max_gpus: int
     """GPUs the external pool can have at most (max_nodes x gpus_per_node)."""
+    external_deadline_s: float = 900.0
+    """Asked-for external GPUs not up within this long mark the pool out (rule 6)."""
+    external_backoff_s: float = 1800.0
+    """A pool marked out counts only the GPUs it has for this long (rule 6)."""
 
     def __post_init__(self) -> None:
         if self.external_max_gpus < 0:
             raise ValueError("external_max_gpus must be >= 0")
+        if not self.external_deadline_s > 0 or not self.external_backoff_s > 0:
+            raise ValueError("external_deadline_s and external_backoff_s must be > 0")
         if self.migrate_back_step < 1:
             raise ValueError("migrate_back_step must be >= 1")
         if self.migrate_back_idle_s < 0 or self.migrate_back_interval_s < 0:
@@ -188,6 +200,38 @@ class PlacementState:
     last_step_back_s: float | None = None
     requested_external_gpus: int = 0
     route_weights: Mapping[str, tuple[tuple[Pool, float], ...]] = field(default_factory=dict)
+    external_owed_since_s: float | None = None
+    """Since when the external pool's live GPUs have been below what was asked (rule 6)."""
+    external_out_until_s: float | None = None
+    """The external pool is out (it did not deliver in time) until then (rule 6)."""
+
+
+def external_cap_gpus(
+    snapshot: ClusterSnapshot, config: PlacementConfig, state: PlacementState
+) -> int:
+    """GPUs the external pool can have now: its most, or while it is out (rule 6) only the
+    GPUs of its live nodes."""
+    out = state.external_out_until_s
+    if out is not None and snapshot.now_s < out:
+        return min(config.external_max_gpus, snapshot.live_gpus_total(Pool.EXTERNAL))
+    return config.external_max_gpus
+
+
+def _external_delivery(
+    snapshot: ClusterSnapshot, config: PlacementConfig, state: PlacementState
+) -> tuple[float | None, float | None]:
+    """Rule 6's memory for this tick: (owed since, out until)."""
+    now = snapshot.now_s
+    out = state.external_out_until_s
+    if out is not None and now >= out:
+        out = None
+    owed = state.requested_external_gpus > snapshot.live_gpus_total(Pool.EXTERNAL)
+    since = state.external_owed_since_s if owed else None
+    if owed and since is None:
+        since = now
+    if since is not None and out is None and now - since >= config.external_deadline_s:
+        return None, now + config.external_backoff_s
+    return since, out
 
 
 @dataclass(frozen=True)
@@ -278,7 +322,9 @@ def decide(
     training_claim_gpus += sum(c.num_replicas * gpus_of.get(c.model, 1) for c in claims)
     claimed = {c.model: c for c in claims}
     budget = _serving_budget_gpus(snapshot, training_claim_gpus)
-    external_left = config.external_max_gpus
+    owed_since, out_until = _external_delivery(snapshot, config, state)
+    delivery = replace(state, external_owed_since_s=owed_since, external_out_until_s=out_until)
+    external_left = external_cap_gpus(snapshot, config, delivery)
     actions: list[Action] = []
     targets: list[PoolTargets] = []
 
@@ -527,5 +573,7 @@ def decide(
         last_step_back_s=last_step,
         requested_external_gpus=requested,
         route_weights=weights,
+        external_owed_since_s=owed_since,
+        external_out_until_s=out_until,
     )
     return (tuple(targets), tuple(actions)), new_state

@@ -59,6 +59,12 @@ class ExternalPoolConfig:
     """Logical CPUs per node."""
     idle_timeout_s: float = 30.0
     """An external node idle this long is removed by the autoscaler."""
+    delivery_deadline_s: float = 900.0
+    """Rented GPUs asked for and not up within this long mark the pool out (a stock-out, a
+    quota, a refusal): placement then counts only the GPUs it has, and serving's demand
+    beyond them goes to the cluster pool, reclaimed from training if it must."""
+    backoff_s: float = 1800.0
+    """How long a pool marked out stays out before placement asks it again."""
 
 
 @dataclass

@@ -107,6 +107,10 @@ def validate(cfg: Config) -> list[str]:
     errors += at_least(0, "pools.external.cpus_per_node", e.cpus_per_node)
     errors += at_least(1, "pools.external.idle_timeout_s", e.idle_timeout_s)
     errors += wait_at_most(MAX_WAIT_S, "pools.external.idle_timeout_s", e.idle_timeout_s)
+    errors += at_least(1, "pools.external.delivery_deadline_s", e.delivery_deadline_s)
+    errors += wait_at_most(MAX_WAIT_S, "pools.external.delivery_deadline_s", e.delivery_deadline_s)
+    errors += at_least(1, "pools.external.backoff_s", e.backoff_s)
+    errors += wait_at_most(MAX_WAIT_S, "pools.external.backoff_s", e.backoff_s)
     for name in ("gcs_port", "dashboard_port", "client_port", "metrics_export_port"):
         errors += tcp_port(f"ray.{name}", getattr(cfg.ray, name))
     errors += tcp_port("serve.http_port", cfg.serve.http_port)

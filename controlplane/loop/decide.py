@@ -11,9 +11,9 @@ Owns: `decide(observation, policies, admission_state, serving_state)` -> `Decisi
    ``slo_p99_ms``), and only as many as the external pool can still host
    (`external_room_gpus`), unless a model is ``on_shortfall: yield``: serving's demand is a
    guarantee, so a gang that needs the rest waits with a ``serving-demand`` reason; and
-   before any gang, the cluster GPUs serving's demand needs beyond its targets and the
-   external pool's room (`serving_need_gpus`), reclaimed from the lowest-priority training
-   (checkpoint first) when no free GPU covers them;
+   before any gang, the GPUs of the replicas placement could place nowhere last tick
+   (`unplaced_gpus`, kept in `ServingPolicyState`), reclaimed from the lowest-priority
+   training (checkpoint first) when no free GPU covers them;
 2. health remediation (`policies.health.remediate`) when ``health.act``;
 3. demand (`policies.demand.decide_replicas`) per served model, then placement
    (`policies.placement.decide`) with admission's claims handed over in-process, as data:
@@ -68,7 +68,13 @@ from policies.demand import (
 )
 from policies.ingress import IngressLoad, IngressScaling, IngressTraffic, decide_ingress
 from policies.model_classes import ModelClass
-from policies.placement import ModelDemand, PlacementConfig, PoolTargets
+from policies.placement import (
+    ModelDemand,
+    PlacementConfig,
+    PlacementState,
+    PoolTargets,
+    external_cap_gpus,
+)
 from policies.plan import (
     Action,
     MoveServeReplicas,
@@ -132,14 +138,16 @@ def decide(
     snapshot = observation.snapshot
     measured = {m.model: m.p99_ms for m in snapshot.serve_load if m.p99_ms is not None}
     classes = model_classes_now(policies, measured)
-    room = external_room_gpus(snapshot, policies) if policies.demand else None
+    room = (
+        external_room_gpus(snapshot, policies, serving_state.placement) if policies.demand else None
+    )
     plan, new_admission = admission.decide(
         snapshot,
         policies.admission,
         admission_state,
         models=classes,
         external_room_gpus=room,
-        serving_need_gpus=serving_need_gpus(observation, policies, classes, room or 0),
+        serving_need_gpus=serving_state.unplaced_gpus if policies.demand else 0,
     )
     remediation = health.remediate(snapshot, observation.verdicts) if policies.act_on_health else ()
     claims = tuple(a for a in plan if isinstance(a, MoveServeReplicas))
@@ -164,44 +172,40 @@ def decide(
     return replace(decision, serving=serving, serving_state=new_serving, targets=targets)
 
 
-def external_room_gpus(snapshot: ClusterSnapshot, policies: Policies) -> int:
-    """GPUs the external pool can still host: its most (``pools.external``) less what the
-    external replicas there hold or are starting on. A training claim moves a model's cluster
-    replicas only as far as this holds them (`policies.admission.decide`)."""
+def external_room_gpus(
+    snapshot: ClusterSnapshot, policies: Policies, state: PlacementState | None = None
+) -> int:
+    """GPUs the external pool can still host: what it can have now (its most, ``pools.
+    external``, or while it is out for not delivering only its live GPUs: `policies.placement.
+    external_cap_gpus`) less what the external replicas there hold or are starting on. A
+    training claim moves a model's cluster replicas only as far as this holds them
+    (`policies.admission.decide`)."""
     held = sum(
         r.gpus
         for r in snapshot.serve_replicas
         if r.pool is Pool.EXTERNAL and r.state is not ReplicaState.STOPPING
     )
-    return max(0, policies.placement.external_max_gpus - held)
+    cap = external_cap_gpus(snapshot, policies.placement, state or PlacementState())
+    return max(0, cap - held)
 
 
-def serving_need_gpus(
-    observation: Observation,
-    policies: Policies,
-    classes: Mapping[str, ModelClass],
-    external_room: int,
+def unplaced_gpus(
+    demands: tuple[ModelDemand, ...],
+    targets: tuple[PoolTargets, ...],
+    pinned: Mapping[str, Pool],
 ) -> int:
-    """Cluster GPUs serving's demand needs that neither its pools' targets nor the external
-    pool's room (`external_room`) hold: per model whose demand is a guarantee (not
-    ``on_shortfall: yield``, not pinned to ``external``), the replicas the load asks for now
-    (`wanted_now`) beyond its targets, in GPUs, summed, less the room. Admission keeps that
-    many cluster GPUs for serving and reclaims them from training if it must."""
-    serve = observation.serve
-    if not serve.deployed or not policies.demand:
-        return 0
-    wanted = dict(wanted_now(observation.loads, policies))
-    short = 0
-    for name in policies.demand:
-        cls = classes.get(name)
-        if (cls is not None and cls.yields_on_shortfall) or observation.snapshot.pinned.get(
-            name
-        ) is Pool.EXTERNAL:
-            continue
-        have = serve.target(name, Pool.CLUSTER) + serve.target(name, Pool.EXTERNAL)
-        gpus = max(1, math.ceil(policies.gpus_per_replica.get(name, 1.0)))
-        short += max(0, wanted.get(name, 0) - have) * gpus
-    return max(0, short - external_room)
+    """GPUs of the replicas the demand policy wants that placement could place nowhere this
+    tick (its targets in both pools fall short), summed over the models whose demand is a
+    guarantee (not ``on_shortfall: yield``, not pinned to ``external``). The next tick's
+    admission holds that many cluster GPUs for serving before any gang and reclaims them from
+    training if it must (`ServingPolicyState.unplaced_gpus`). The demand policy's delays
+    stand between one load reading and this figure."""
+    placed = {t.model: t.cluster + t.external for t in targets}
+    return sum(
+        max(0, max(d.num_replicas, d.min_replicas) - placed.get(d.model, 0)) * d.gpus_per_replica
+        for d in demands
+        if not d.yields_on_shortfall and pinned.get(d.model) is not Pool.EXTERNAL
+    )
 
 
 def model_classes_now(policies: Policies, p99_ms: Mapping[str, float]) -> dict[str, ModelClass]:
@@ -286,7 +290,8 @@ def decide_serving(
         decided, new_ingress = decide_ingress(load, policies.ingress, state.ingress)
         if decided.num_replicas != serve.ingress_target:
             plan = (*plan, ScaleIngress(decided.num_replicas, decided.message))
-    return plan, targets, ServingPolicyState(new_demand, new_placement, new_ingress)
+    unplaced = unplaced_gpus(tuple(demands), targets, snapshot.pinned)
+    return plan, targets, ServingPolicyState(new_demand, new_placement, new_ingress, unplaced)
 
 
 def _with_scales(

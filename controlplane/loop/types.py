@@ -65,16 +65,22 @@ class ServingPolicyState:
     placement: PlacementState = field(default_factory=PlacementState)
     ingress: DemandState = field(default_factory=DemandState)
     """The ingress scaling policy's downscale timer (`policies.ingress`)."""
+    unplaced_gpus: int = 0
+    """GPUs of the replicas demand wanted that placement could place nowhere
+    (`controlplane.loop.decide.unplaced_gpus`): the next tick's admission holds them."""
 
     def to_dict(self) -> dict[str, JsonValue]:
         p = self.placement
         return {
             "demand": {m: _demand_dict(s) for m, s in self.demand.items()},
             "ingress": _demand_dict(self.ingress),
+            "unplaced_gpus": self.unplaced_gpus,
             "placement": {
                 "room_since_s": p.room_since_s,
                 "last_step_back_s": p.last_step_back_s,
                 "requested_external_gpus": p.requested_external_gpus,
+                "external_owed_since_s": p.external_owed_since_s,
+                "external_out_until_s": p.external_out_until_s,
                 "route_weights": {
                     m: [[pool.value, w] for pool, w in ws] for m, ws in p.route_weights.items()
                 },
@@ -92,12 +98,15 @@ class ServingPolicyState:
             room_since_s=p.get("room_since_s"),
             last_step_back_s=p.get("last_step_back_s"),
             requested_external_gpus=int(p.get("requested_external_gpus", 0)),
+            external_owed_since_s=_float_or_none(p.get("external_owed_since_s")),
+            external_out_until_s=_float_or_none(p.get("external_out_until_s")),
             route_weights={
                 str(m): tuple((Pool(pool), float(w)) for pool, w in ws)
                 for m, ws in (p.get("route_weights") or {}).items()
             },
         )
-        return cls(demand=demand, placement=placement, ingress=ingress)
+        unplaced = int(data.get("unplaced_gpus") or 0)
+        return cls(demand=demand, placement=placement, ingress=ingress, unplaced_gpus=unplaced)
 
 
 def _demand_dict(s: DemandState) -> dict[str, JsonValue]:
@@ -106,6 +115,10 @@ def _demand_dict(s: DemandState) -> dict[str, JsonValue]:
         "since_s": s.since_s,
         "highest_wanted": s.highest_wanted,
     }
+
+
+def _float_or_none(value: object) -> float | None:
+    return None if value is None else float(str(value))
 
 
 def _demand_state(s: Mapping[str, Any]) -> DemandState:

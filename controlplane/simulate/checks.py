@@ -53,6 +53,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "seed": (0, 2**32 - 1),
     "external.provision_s": (0, 86400),
     "external.price_per_gpu_hour": (0, 1000),
+    "external.stockout_hours": (0.01, 8760),
     "failures.gpu_mttf_hours": (1, 1e9),
     "failures.repair_hours": (0, 8760),
     "failures.hot_faults_per_node_year": (0, 365),

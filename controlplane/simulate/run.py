@@ -85,6 +85,10 @@ def simulate(
         s.external.provision_s,
         e.idle_timeout_s,
         q,
+        tuple(
+            (h * 3600.0, (h + s.external.stockout_hours) * 3600.0)
+            for h in sorted(s.external.stockout_start_hours)
+        ),
     )
     models = s.serving.models
     serve = SimServe(

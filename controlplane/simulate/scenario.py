@@ -52,6 +52,7 @@ __all__ = [
     "implied_events",
     "load_scenario",
     "scenario_from_dict",
+    "with_stockouts",
 ]
 
 
@@ -76,6 +77,12 @@ class ExternalSpec:
     """Request to a node that can take a replica (cloud node start plus Ray join)."""
     price_per_gpu_hour: float = 2.5
     """On-demand price of one rented GPU-hour, billed from request to release."""
+    stockout_start_hours: list[float] = field(default_factory=list)
+    """Stock-outs: hours since the start at which the pool stops delivering nodes for
+    ``stockout_hours`` (a node due then comes up that long after the outage ends; the ones
+    already up stay). Every scheme meets the same outages."""
+    stockout_hours: float = 6.0
+    """How long each stock-out lasts."""
 
 
 @dataclass
@@ -353,6 +360,12 @@ def _check(s: Scenario, errors: list[str]) -> None:
                 f"training.gang_gpus.{key}: a gang bigger than a node must be a multiple of "
                 f"gpus_per_node ({s.gpus_per_node})"
             )
+    e = s.external
+    if len(e.stockout_start_hours) > 1000:
+        errors.append("external.stockout_start_hours: at most 1000 stock-outs")
+    for i, h in enumerate(e.stockout_start_hours):
+        if not math.isfinite(h) or h < 0:
+            errors.append(f"external.stockout_start_hours[{i}]: must be an hour >= 0, got {h!r}")
     if t.max_hours < t.median_hours:
         errors.append(f"training.max_hours: must be >= median_hours ({t.median_hours:g})")
     if not s.serving.models:
@@ -394,6 +407,18 @@ def load_scenario(path: str | Path | None) -> Scenario:
         return Scenario()
     raw = read_bounded(path, "scenario file")
     return scenario_from_dict({} if raw is None else raw, str(path))
+
+
+def with_stockouts(
+    s: Scenario, days: tuple[int, ...] = (5, 15, 25), start_hour: float = 8.0, hours: float = 6.0
+) -> Scenario:
+    """`s` with the external pool delivering nothing for `hours` from `start_hour` on each of
+    `days` that the horizon holds (the stock-out scenario of issue 28: 6 hours on 3 of 30
+    days, during the morning ramp up to serving's 14:00 peak, when the pool's nodes are
+    being rented again after the night); the trace is unchanged."""
+    starts = [d * 24.0 + start_hour for d in days if d * 24.0 + start_hour < s.days * 24.0]
+    external = dataclasses.replace(s.external, stockout_start_hours=starts, stockout_hours=hours)
+    return dataclasses.replace(s, external=external, source=f"{s.source or 'default'} + stock-outs")
 
 
 def control_config(scenario: Scenario) -> Config:

@@ -156,8 +156,11 @@ class World:
         provision_s: float,
         idle_timeout_s: float,
         queue: EventQueue,
+        stockouts_s: tuple[tuple[float, float], ...] = (),
     ) -> None:
         self.events = queue
+        self.stockouts_s = stockouts_s
+        """(start, end) seconds in which the external pool delivers no node."""
         self.nodes: dict[str, Node] = {
             f"n{i:05d}": Node(f"n{i:05d}", Pool.CLUSTER, gpus_per_node) for i in range(num_nodes)
         }
@@ -365,7 +368,7 @@ class World:
             self._ext_seq += 1
             node_id = f"x{self._ext_seq:05d}"
             n = Node(node_id, Pool.EXTERNAL, self.ext_gpn, up=False)
-            n.ready_s = self.now_s + self.provision_s
+            n.ready_s = self._delivered_s(self.now_s + self.provision_s)
             self.external[node_id] = n
             self.node_generation += 1
             self.events.push(n.ready_s, EventKind.EXTERNAL_NODE_UP, node_id)
@@ -374,6 +377,14 @@ class World:
             self.events.push(self.now_s + self.idle_timeout_s, EventKind.EXTERNAL_IDLE)
 
     external_wanted = 0
+
+    def _delivered_s(self, due_s: float) -> float:
+        """When a node due at `due_s` comes up: after ``provision_s`` past the end of a
+        stock-out it falls in (the request waits in the provider's queue)."""
+        for start, end in self.stockouts_s:
+            if start <= due_s < end:
+                return end + self.provision_s
+        return due_s
 
     def external_up(self, node_id: str) -> None:
         n = self.external.get(node_id)

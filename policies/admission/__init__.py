@@ -44,9 +44,10 @@ Order
     counts); a gang that needs the rest waits with a ``serving-demand`` reason naming each
     model and the room.
 Serving first
-    ``serving_need_gpus``: cluster GPUs serving's demand needs that neither its targets nor
-    the external pool hold. They are held before any gang is considered: the free GPUs of
-    serving-only nodes, then free and releasing gang-node GPUs (most free node first); what
+    ``serving_need_gpus``: cluster GPUs serving's demand needs that placement could place
+    nowhere (the loop passes what it could not place the tick before). They are held before
+    any gang is considered: the free GPUs of serving-only nodes, then free and releasing
+    gang-node GPUs (most free node first); what
     is still missing is reclaimed from training, checkpoint first: the lowest-priority gang
     whose GPUs suffice (the smallest such), else gangs in victim order until they do, with
     those the rest cover spared again (reason ``serving-reclaims``), within the preemption

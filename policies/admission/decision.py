@@ -310,8 +310,8 @@ def decide(
     one is the lowest class with no floor. `external_room_gpus` is what the external pool
     can still host: a claim takes replicas of a model whose demand is a guarantee only as far
     as that room holds them, in yield order (None: no bound, as before issue 28).
-    `serving_need_gpus` is serving's demand that neither its targets nor the external pool
-    hold: those cluster GPUs are serving's first (`_Decision.hold_for_serving`), reclaimed
+    `serving_need_gpus` is serving's demand that placement could place nowhere (the loop
+    passes the tick before's, `controlplane.loop.decide.unplaced_gpus`): those cluster GPUs are serving's first (`_Decision.hold_for_serving`), reclaimed
     from the lowest-priority training if they must be.
 
     Returns the plan (rejections, then in queue order: admissions, and for the head any

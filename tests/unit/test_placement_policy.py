@@ -4,7 +4,7 @@ and come back gradually."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -410,3 +410,28 @@ def test_a_training_claim_keeps_the_yield_reason_even_with_a_bad_node() -> None:
     )
     moves = [a for a in actions if isinstance(a, MoveServeReplicas)]
     assert moves and all(m.reason.startswith("yield_to_training") for m in moves)
+
+
+def test_an_external_pool_that_does_not_deliver_is_out_and_growth_goes_to_the_cluster() -> None:
+    """Rule 6: 4 external GPUs asked for and none up. Within the deadline the pool is only
+    owed; past it the pool is out for the back-off and counts only its live GPUs (none), so
+    the 4 replicas demand wants beyond the cluster's 2 go to the cluster pool's free GPUs
+    while training waits; once the back-off is over it is asked again."""
+    cfg = PlacementConfig(external_max_gpus=8, external_deadline_s=900, external_backoff_s=1800)
+    demand = (ModelDemand("m", 6, 1, 1),)
+
+    def tick(now: float, state: PlacementState):  # type: ignore[no-untyped-def]
+        snap = snapshot(CLUSTER, replicas=replicas(2, 0), queued=[job("q", 8)], now_s=now)
+        return decide(snap, demand, cfg, state)
+
+    asked = PlacementState(requested_external_gpus=4)
+    (targets, _), owed = tick(100.0, asked)
+    assert (targets[0].cluster, targets[0].external) == (2, 4)
+    assert owed.external_owed_since_s == 100.0 and owed.external_out_until_s is None
+    (targets, actions), out = tick(1000.0, owed)
+    assert out.external_out_until_s == 2800.0 and out.external_owed_since_s is None
+    assert (targets[0].cluster, targets[0].external) == (6, 0)
+    assert [a.num_gpus for a in actions if isinstance(a, RequestExternalCapacity)] == [0]
+    (targets, _), again = tick(2800.0, replace(out, requested_external_gpus=0))
+    assert again.external_out_until_s is None
+    assert (targets[0].cluster, targets[0].external) == (2, 4)

@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from controlplane.adapters.serve import PoolView, ServeView
 from controlplane.config import Config
 from controlplane.config.validation import validate
-from controlplane.loop.decide import external_room_gpus, policies_of, serving_need_gpus
-from controlplane.loop.types import Observation
+from controlplane.loop.decide import external_room_gpus, policies_of, unplaced_gpus
+from controlplane.loop.types import ServingPolicyState
 from policies.admission import AdmissionConfig, AdmissionState
 from policies.admission import decide as admit
 from policies.model_classes import ModelClass
+from policies.placement import ModelDemand, PoolTargets
 from policies.plan import AdmitJob, MoveServeReplicas, PreemptJob, WaitJob
 from policies.snapshot import Pool, ReplicaState
 from serve.config import ModelConfig
@@ -188,25 +188,27 @@ def test_releasing_gpus_cover_serving_before_another_gang_is_asked() -> None:
     assert not [a for a in plan if isinstance(a, PreemptJob | AdmitJob)]
 
 
-def test_the_loop_asks_admission_for_what_serving_lacks_beyond_the_external_room() -> None:
-    """Load asks `chat` for 4 replicas (8 ongoing requests, 2 per replica); it has 1 target:
-    3 GPUs short, 1 of which the external pool can host, so 2 cluster GPUs are serving's.
-    A model that yields on shortfall, or is pinned to the external pool, asks for none."""
-    cfg = Config()
-    cfg.serve.deploy_app = True
-    cfg.serving.models = [ModelConfig(name="chat"), ModelConfig(name="batch", on_shortfall="yield")]
-    policies = policies_of(cfg)
-    serve = ServeView(
-        deployed=True,
-        pools={("chat", Pool.CLUSTER): PoolView(target=1), ("batch", Pool.CLUSTER): PoolView(1)},
+def test_the_loop_holds_for_admission_what_placement_could_not_place() -> None:
+    """`unplaced_gpus`: demand's replicas beyond both pools' targets, in GPUs, for the models
+    whose demand is a guarantee; a yielding model, or one pinned to the external pool, asks
+    for none."""
+    demands = (
+        ModelDemand("chat", 6, 1, 2),
+        ModelDemand("batch", 5, 1, 1, yields_on_shortfall=True),
+        ModelDemand("pinned", 4, 1, 1),
+        ModelDemand("met", 2, 1, 1),
     )
-    loads = {"chat": 8.0, "batch": 8.0}
-    obs = Observation(snapshot([C1, C2]), serve=serve, loads=loads)
-    classes = policies.model_classes
-    assert serving_need_gpus(obs, policies, classes, external_room=1) == 2
-    assert serving_need_gpus(obs, policies, classes, external_room=5) == 0
-    pinned = Observation(
-        snapshot([C1, C2], pinned={"chat": Pool.EXTERNAL}), serve=serve, loads=loads
+    targets = (
+        PoolTargets("chat", 2, 1),
+        PoolTargets("batch", 0, 0),
+        PoolTargets("pinned", 0, 1),
+        PoolTargets("met", 1, 1),
     )
-    assert serving_need_gpus(pinned, policies, classes, external_room=0) == 0
-    assert serving_need_gpus(Observation(snapshot([C1, C2])), policies, classes, 0) == 0
+    assert unplaced_gpus(demands, targets, {"pinned": Pool.EXTERNAL}) == 6
+    assert unplaced_gpus(demands, targets, {}) == 9
+
+
+def test_unplaced_gpus_survive_a_controller_restart() -> None:
+    state = ServingPolicyState(unplaced_gpus=7)
+    assert ServingPolicyState.from_dict(state.to_dict()).unplaced_gpus == 7
+    assert ServingPolicyState.from_dict({"demand": {}}).unplaced_gpus == 0

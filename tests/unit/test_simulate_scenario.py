@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from controlplane.cli import cli
 from controlplane.simulate import trace as trace_module
 from controlplane.simulate.checks import MAX_SCENARIO_DEPTH
+from controlplane.simulate.engine import EventQueue
 from controlplane.simulate.scenario import (
     MAX_SCENARIO_BYTES,
     MAX_SIM_EVENTS,
@@ -24,8 +25,10 @@ from controlplane.simulate.scenario import (
     implied_events,
     load_scenario,
     scenario_from_dict,
+    with_stockouts,
 )
 from controlplane.simulate.trace import make_trace
+from controlplane.simulate.world import World
 
 
 @pytest.mark.parametrize(
@@ -71,6 +74,11 @@ from controlplane.simulate.trace import make_trace
             "config.pools.external.max_nodes: must be a plain value",
         ),
         ([1, 2], "scenario: must be a mapping"),
+        (
+            {"external": {"stockout_start_hours": [12, -1]}},
+            "external.stockout_start_hours[1]: must be an hour >= 0",
+        ),
+        ({"external": {"stockout_hours": 0}}, "external.stockout_hours"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
@@ -338,3 +346,30 @@ def test_an_alias_bomb_gets_a_short_message(tmp_path: Path) -> None:
         load_scenario(path)
     assert "nodes: must be a number" in str(info.value)
     assert len(str(info.value)) < 2000
+
+
+def test_the_stockout_scenario_keeps_the_trace_and_stops_deliveries_in_its_windows() -> None:
+    """`with_stockouts`: 6 hours from 08:00 on the days the horizon holds; the trace is the
+    same; a node due inside a window comes up `provision_s` after it ends, one due outside
+    it on time."""
+    base = scenario_from_dict({"nodes": 64, "days": 10})
+    s = with_stockouts(base)
+    assert s.external.stockout_start_hours == [5 * 24 + 8.0]
+    assert s.external.stockout_hours == 6.0
+    assert make_trace(s) == make_trace(base)
+    assert with_stockouts(load_scenario(None)).external.stockout_start_hours == [
+        128.0,
+        368.0,
+        608.0,
+    ]
+    start, end = 128 * 3600.0, 134 * 3600.0
+    world = World(4, 8, 8, 4, 300.0, 60.0, EventQueue(), ((start, end),))
+    for now, due in (
+        (start - 400.0, start - 100.0),
+        (start - 100.0, end + 300.0),
+        (end, end + 300.0),
+    ):
+        world.now_s = now
+        world.want_external_gpus(8 * (len(world.external) + 1))
+        newest = world.external[max(world.external)]
+        assert newest.ready_s == due, (now, newest.ready_s, due)
