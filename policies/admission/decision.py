@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 from policies.admission.config import AdmissionConfig
 from policies.admission.fit import FreeGpus
+from policies.admission.preemption import preemptible, value_of
 from policies.admission.reasons import Why
 from policies.admission.reservation import try_reserve
 from policies.admission.shares import EPS, Ledger, live_gpus, queue_order
@@ -112,28 +113,14 @@ class _Decision(Ledger):
             need -= take
         if need <= 0:
             return
-        cap = self.cfg.max_preemptions_per_job_per_hour
-        candidates = sorted(
-            (
-                g
-                for g in self.gangs
-                if self.preempted_count.get(g.job_id, 0) < cap and live_gpus(g, self.live_ids) > 0
-            ),
-            key=lambda g: (
-                self.cfg.priority_classes.get(g.priority_class, self.lowest_value),
-                g.work_at_risk_s(self.now_s),
-                -g.started_s,
-                g.job_id,
-            ),
-        )
+        candidates = preemptible(self)
         if not self.cfg.preemption_enabled or not candidates:
             return
-        lowest = self.cfg.priority_classes.get(candidates[0].priority_class, self.lowest_value)
+        lowest = value_of(self, candidates[0])
         enough = [
             g
             for g in candidates
-            if live_gpus(g, self.live_ids) >= need
-            and self.cfg.priority_classes.get(g.priority_class, self.lowest_value) == lowest
+            if live_gpus(g, self.live_ids) >= need and value_of(self, g) == lowest
         ]
         victims: list[RunningGang] = []
         if enough:

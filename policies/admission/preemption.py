@@ -41,7 +41,7 @@ from policies.model_classes import yield_key
 from policies.plan import Action, MoveServeReplicas, PreemptJob
 from policies.snapshot import Pool, QueuedJob, ReplicaState, RunningGang, ServeReplica
 
-__all__ = ["Candidate", "choose_room", "room_actions"]
+__all__ = ["Candidate", "choose_room", "preemptible", "room_actions", "value_of"]
 
 
 @dataclass
@@ -113,22 +113,31 @@ def _victim_candidates(ledger: Ledger, head: QueuedJob, head_value: int) -> list
         return []
     if len(ledger.preemptions) >= cfg.max_preemptions_per_hour:
         return []
-    cap = cfg.max_preemptions_per_job_per_hour
-    classes = cfg.priority_classes
-    out: list[tuple[tuple[float, float, float, str], Candidate]] = []
-    for gang in ledger.gangs:
-        if ledger.preempted_count.get(gang.job_id, 0) >= cap:
-            continue
-        if live_gpus(gang, ledger.live_ids) == 0:
-            continue
-        value = classes.get(gang.priority_class, min(classes.values()))
-        same_queue = gang.queue == head.queue
-        if same_queue and value >= head_value:
-            continue
-        key = (float(value), gang.work_at_risk_s(ledger.now_s), -gang.started_s, gang.job_id)
-        out.append((key, Candidate(gang.gpus_by_node, gang=gang)))
-    out.sort(key=lambda t: t[0])
-    return [c for _, c in out]
+    return [
+        Candidate(gang.gpus_by_node, gang=gang)
+        for gang in preemptible(ledger)
+        if gang.queue != head.queue or value_of(ledger, gang) < head_value
+    ]
+
+
+def value_of(ledger: Ledger, gang: RunningGang) -> int:
+    """The gang's priority value (an unknown class: the lowest)."""
+    return ledger.cfg.priority_classes.get(gang.priority_class, ledger.lowest_value)
+
+
+def preemptible(ledger: Ledger) -> list[RunningGang]:
+    """Holding gangs that may be asked to stop (under the per-job cap, with live GPUs), in
+    victim order: lowest priority value, then least work at risk, then most recently
+    started, then job id. The head's preemption and serving's reclaim both take from it."""
+    cap = ledger.cfg.max_preemptions_per_job_per_hour
+    return sorted(
+        (
+            g
+            for g in ledger.gangs
+            if ledger.preempted_count.get(g.job_id, 0) < cap and live_gpus(g, ledger.live_ids) > 0
+        ),
+        key=lambda g: (value_of(ledger, g), g.work_at_risk_s(ledger.now_s), -g.started_s, g.job_id),
+    )
 
 
 def _still_eligible(ledger: Ledger, head: QueuedJob, gang: RunningGang) -> bool:
