@@ -24,7 +24,8 @@ Goals (issue 27), checked in the same run against the bare backend:
 * the ingress spends at most 0.2 ms of CPU per request: all of the edge's CPU plus what it
   made the ingress replicas spend beyond their idle cost (measured for 10 s with no traffic
   before the rounds: Serve's timers and the load reports, theirs whatever the traffic;
-  reported apart, with the raw total);
+  reported apart, with the raw total); the floor path's CPU per request is reported beside
+  it, with the edge's rules' cost (edge less floor);
 * throughput through the edge is at least 0.95x the bare backend's, with the ingress replica
   count the policy chooses for the rate the ingress replicas see (`policies.demand.
   ingress_replicas`, ``serving.ingress`` defaults);
@@ -125,6 +126,37 @@ def start_edge(serve_port: int, work_dir: Path) -> tuple[subprocess.Popen[bytes]
         edge_command(config), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
     )
     return edge, port, admin
+
+
+FLOOR_CONFIG = """\
+global
+    nbthread 1
+defaults
+    mode http
+    option http-keep-alive
+    timeout connect 2s
+    timeout client 30s
+    timeout server 30s
+frontend floor
+    bind 127.0.0.1:{port}
+    default_backend proxy
+backend proxy
+    server proxy 127.0.0.1:{serve_port}
+"""
+"""The least a proxy in the edge's place can be: no bounds, no routing, no retries."""
+
+
+def start_floor(serve_port: int, work_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """HAProxy with `FLOOR_CONFIG` over the same proxy; returns the process and its port."""
+    port = free_port()
+    config = work_dir / "floor.cfg"
+    config.write_text(FLOOR_CONFIG.format(port=port, serve_port=serve_port))
+    check_edge(config)
+    log = open(work_dir / "floor.log", "ab")  # noqa: SIM115 - the child holds it
+    floor = subprocess.Popen(
+        edge_command(config), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+    )
+    return floor, port
 
 
 def edge_counts(admin_port: int) -> dict[str, int]:
@@ -279,16 +311,20 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     state_dir = Path(tempfile.mkdtemp(prefix="bench-edge-"))
     edge: subprocess.Popen[bytes] | None = None
+    floor: subprocess.Popen[bytes] | None = None
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
         ops.deploy(serving_config())
         edge, edge_port, admin_port = start_edge(port, state_dir)
+        floor, floor_port = start_floor(port, state_dir)
         wait_for_table(edge, admin_port)
         base = f"http://127.0.0.1:{port}"
+        bare_path = f"{backend_route_prefix('sample', 'cluster')}{PREDICT}"
         urls = {
-            "bare": f"{base}{backend_route_prefix('sample', 'cluster')}{PREDICT}",
+            "bare": f"{base}{bare_path}",
             "edge": f"http://127.0.0.1:{edge_port}{PREDICT}",
             "ingress": f"{base}{PREDICT}",
+            "floor": f"http://127.0.0.1:{floor_port}{bare_path}",
         }
         for url in urls.values():
             warm = asyncio.run(run_load(url, args.concurrency, args.warmup))
@@ -305,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
             "edge_backend": backend,
             "ingress_replicas": ingress_replicas_pids,
             "ingress_backend": backend,
+            "floor_process": process_tree(floor.pid),
+            "floor_backend": backend,
         }
         # What the edge and the ingress replicas spend with no request at all (health checks,
         # the table fetches, Serve's own timers): a cost per second, reported apart.
@@ -322,9 +360,10 @@ def main(argv: list[str] | None = None) -> int:
                 cpu_used_s[k] += v
         counts = edge_counts(admin_port)
     finally:
-        if edge is not None:
-            edge.terminate()
-            edge.wait(10)
+        for proc in (edge, floor):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(10)
         serve.shutdown()
         ray.shutdown()
         cluster.shutdown()
@@ -332,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     load_1m = os.getloadavg()[0]
     paths = {name: summarize(rounds) for name, rounds in results.items()}
     bare, via_edge, via_ingress = paths["bare"], paths["edge"], paths["ingress"]
+    via_floor = paths["floor"]
     for name, s in paths.items():
         s["backend_cpu_ms_per_request"] = 1000.0 * cpu_used_s[f"{name}_backend"] / s["requests"]
     edge_process_ms = 1000.0 * cpu_used_s["edge_process"] / via_edge["requests"]
@@ -354,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     via_edge["ingress_cpu_ms_per_request"] = edge_cpu_ms
     ingress_cpu_ms = 1000.0 * cpu_used_s["ingress_replicas"] / via_ingress["requests"]
     via_ingress["ingress_cpu_ms_per_request"] = ingress_cpu_ms
+    floor_cpu_ms = 1000.0 * cpu_used_s["floor_process"] / via_floor["requests"]
+    via_floor["proxy_cpu_ms_per_request"] = floor_cpu_ms
     # The ingress replica count the policy runs for what the ingress replicas see while the
     # edge routes (the table fetches): the same rule and settings the control loop uses.
     ing = IngressConfig()
@@ -374,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     ratios["edge_p50_added_ms"] = via_edge["p50_ms"] - bare["p50_ms"]
     ratios["ingress_p50_added_ms"] = via_ingress["p50_ms"] - bare["p50_ms"]
     ratios["edge_cpu_over_ingress_cpu"] = edge_cpu_ms / ingress_cpu_ms
+    ratios["edge_cpu_over_floor_cpu"] = edge_cpu_ms / floor_cpu_ms if floor_cpu_ms else 0.0
+    ratios["edge_rules_cpu_ms"] = edge_cpu_ms - floor_cpu_ms
     # p99 added, paired: each round's edge p99 against the bare p99 of the same round (they
     # ran back to back), the median over rounds. A stall of the shared machine lands in one
     # round of one path and moves a pooled p99 by tens of ms (bare's own pooled p99 varies
@@ -389,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
         "throughput_ratio_min": GOAL_THROUGHPUT_RATIO,
         "p99_added_ms_max": GOAL_P99_ADDED_MS,
         "ingress_cpu_met": edge_cpu_ms <= GOAL_INGRESS_CPU_MS,
+        "ingress_cpu_floor_ms": floor_cpu_ms,
+        "ingress_cpu_floor_met": floor_cpu_ms <= GOAL_INGRESS_CPU_MS,
         "throughput_met": ratios["edge_throughput_ratio"] >= GOAL_THROUGHPUT_RATIO,
         "p99_added_met": ratios["edge_p99_added_ms"] <= GOAL_P99_ADDED_MS,
         "p50_added_ms_reported": ratios["edge_p50_added_ms"],
@@ -425,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
         f"edge {edge_process_ms:.3f} + what it cost the ingress replicas "
         f"{replicas_caused_ms:.3f} = {edge_cpu_ms:.3f} (the replicas spent {edge_replicas_ms:.3f} "
         f"in all); ingress replicas on the ingress path {ingress_cpu_ms:.2f} "
-        f"(x{ratios['edge_cpu_over_ingress_cpu']:.3f})"
+        f"(x{ratios['edge_cpu_over_ingress_cpu']:.3f}); HAProxy with no rules (floor) "
+        f"{floor_cpu_ms:.3f}, so the edge's rules cost {ratios['edge_rules_cpu_ms']:+.3f}"
     )
     print(
         f"with no traffic: edge {1000 * idle_per_s['edge_process']:.1f} CPU ms/s, ingress "
@@ -435,7 +482,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"the edge's requests (HAProxy's counts): {counts}")
     print(
         f"goal: ingress <= {GOAL_INGRESS_CPU_MS:g} CPU ms/request -> "
-        f"{'met' if goals['ingress_cpu_met'] else 'MISSED'} ({edge_cpu_ms:.3f}); "
+        f"{'met' if goals['ingress_cpu_met'] else 'MISSED'} ({edge_cpu_ms:.3f}; a proxy with "
+        f"no rules {floor_cpu_ms:.3f}, {'within' if goals['ingress_cpu_floor_met'] else 'over'} "
+        "it); "
         f">= {GOAL_THROUGHPUT_RATIO:g}x throughput with {chosen} ingress replica(s) -> "
         f"{'met' if goals['throughput_met'] else 'MISSED'} "
         f"(x{ratios['edge_throughput_ratio']:.2f}); p99 added <= {GOAL_P99_ADDED_MS:g} ms -> "
