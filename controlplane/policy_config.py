@@ -35,6 +35,7 @@ from policies.demand import DemandConfig
 from policies.ingress import IngressScaling
 from policies.model_classes import ModelClass
 from policies.placement import MigrateBackConfig, PlacementConfig
+from policies.providers import Provider
 from policies.restarts import RestartLimits
 from serve.config import IngressConfig, ModelConfig
 
@@ -64,12 +65,24 @@ def admission_config(cfg: Config) -> AdmissionConfig:
 
 def placement_config(cfg: Config) -> PlacementConfig:
     """The placement policy's config: the ``placement`` section and the external pool's size."""
-    e = cfg.pools.external
     return PlacementConfig(
-        external_max_gpus=e.max_nodes * e.gpus_per_node,
-        external_deadline_s=e.delivery_deadline_s,
-        external_backoff_s=e.backoff_s,
+        external_max_gpus=cfg.pools.external.max_gpus,
+        providers=providers(cfg),
         **_fields_of(cfg.placement, MigrateBackConfig),
+    )
+
+
+def providers(cfg: Config) -> tuple[Provider, ...]:
+    """The external pool's providers as placement sees them (``pools.external.providers``)."""
+    return tuple(
+        Provider(
+            name=p.name,
+            max_gpus=p.max_nodes * p.gpus_per_node,
+            price_per_gpu_hour=p.price_per_gpu_hour,
+            deadline_s=p.delivery_deadline_s,
+            backoff_s=p.backoff_s,
+        )
+        for p in cfg.pools.external.providers
     )
 
 

@@ -50,13 +50,18 @@ Rules, in order:
    without a break; then at most ``migrate_back_step`` replicas per
    ``migrate_back_interval_s``, in keep order (highest priority back first). A job arriving resets the timer (hysteresis: a job finishing
    and another arriving does not make replicas flap).
-6. **External capacity** asked of the autoscaler = GPUs of the external replicas wanted;
-   emitted only when it changes. Asking for 0 lets the autoscaler remove idle nodes. When
-   the external pool's live GPUs stay below what was asked for ``external_deadline_s`` (a
-   stock-out, a quota, a refusal), the pool is *out* for ``external_backoff_s``
-   (`PlacementState.external_out_until_s`): it counts only the GPUs of its live nodes
-   (`external_cap_gpus`), so growth goes to the cluster pool (rule 4) and admission holds
-   or reclaims the GPUs for it; then it is asked again.
+6. **External capacity** asked of the autoscaler = GPUs of the external replicas wanted,
+   rented from the providers cheapest first (`policies.providers`: each provider's share
+   is ``RequestExternalCapacity.by_provider``); emitted only when it changes. Asking for 0
+   lets the autoscaler remove idle nodes. A provider whose live GPUs stay below what it was
+   asked for its deadline (a stock-out, a quota, a refusal) is *out* for its back-off
+   (`PlacementState.providers`): it counts only the GPUs of its live nodes, so its share
+   goes to the next provider, what none can host to the cluster pool (rule 4, and
+   admission holds or reclaims the GPUs for it); then it is asked again. With more than
+   one provider, a provider holding more than it is allocated has its least used node
+   drained (`DrainNode`) once the cheaper providers' live nodes have free GPUs for its
+   replicas: Serve starts them there before it stops them (make-before-break). One node at
+   a time (`PlacementState.draining_node`), at most one per ``migrate_back_interval_s``.
 7. **Pins** (an operator's, `ClusterSnapshot.pinned`): a model pinned to ``cluster`` keeps
    every cluster replica whatever the budget (it takes its budget first), never yields or
    grows to ``external`` (growth the cluster pool cannot host is not started; the note says
@@ -97,6 +102,17 @@ from enum import Enum
 
 from policies.model_classes import ModelClass, yield_key
 from policies.plan import Action, MoveServeReplicas, RequestExternalCapacity, SetRouteWeights
+from policies.providers import (
+    Provider,
+    ProviderState,
+    advance,
+    allocate,
+    ask,
+    caps,
+    is_out,
+    live_by_provider,
+    migrate_back,
+)
 from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
 
 __all__ = [
@@ -108,6 +124,7 @@ __all__ = [
     "PoolTargets",
     "decide",
     "external_cap_gpus",
+    "provider_room",
 ]
 
 
@@ -175,17 +192,33 @@ class PlacementConfig(MigrateBackConfig):
     ValueError naming the field."""
 
     external_max_gpus: int
-    """GPUs the external pool can have at most (max_nodes x gpus_per_node)."""
+    """GPUs the external pool can have at most (the sum of its providers' max_gpus)."""
     external_deadline_s: float = 900.0
-    """Asked-for external GPUs not up within this long mark the pool out (rule 6)."""
+    """With no `providers`: the one implicit provider's delivery deadline (rule 6)."""
     external_backoff_s: float = 1800.0
-    """A pool marked out counts only the GPUs it has for this long (rule 6)."""
+    """With no `providers`: the one implicit provider's back-off (rule 6)."""
+    providers: tuple[Provider, ...] = ()
+    """Who rents the external pool's GPUs (`policies.providers`); none given: one provider,
+    ``external``, of `external_max_gpus` at no price."""
 
     def __post_init__(self) -> None:
         if self.external_max_gpus < 0:
             raise ValueError("external_max_gpus must be >= 0")
-        if not self.external_deadline_s > 0 or not self.external_backoff_s > 0:
-            raise ValueError("external_deadline_s and external_backoff_s must be > 0")
+        if not self.providers:
+            self.providers = (
+                Provider(
+                    "external",
+                    self.external_max_gpus,
+                    0.0,
+                    self.external_deadline_s,
+                    self.external_backoff_s,
+                ),
+            )
+        names = [p.name for p in self.providers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"providers: names must be unique, got {names}")
+        if sum(p.max_gpus for p in self.providers) != self.external_max_gpus:
+            raise ValueError("external_max_gpus must be the sum of the providers' max_gpus")
         if self.migrate_back_step < 1:
             raise ValueError("migrate_back_step must be >= 1")
         if self.migrate_back_idle_s < 0 or self.migrate_back_interval_s < 0:
@@ -200,38 +233,31 @@ class PlacementState:
     last_step_back_s: float | None = None
     requested_external_gpus: int = 0
     route_weights: Mapping[str, tuple[tuple[Pool, float], ...]] = field(default_factory=dict)
-    external_owed_since_s: float | None = None
-    """Since when the external pool's live GPUs have been below what was asked (rule 6)."""
-    external_out_until_s: float | None = None
-    """The external pool is out (it did not deliver in time) until then (rule 6)."""
+    providers: Mapping[str, ProviderState] = field(default_factory=dict)
+    """Each provider's request and delivery record (rule 6, `policies.providers`)."""
+    draining_node: str | None = None
+    """The external node rule 7 drained last; no other is drained while it is live."""
+    last_drain_s: float | None = None
+
+    def provider_requests(self) -> tuple[tuple[str, int], ...]:
+        """What each provider was asked for, by name."""
+        return tuple(sorted((k, s.requested_gpus) for k, s in self.providers.items()))
+
+
+def provider_room(
+    snapshot: ClusterSnapshot, config: PlacementConfig, state: PlacementState
+) -> dict[str, int]:
+    """GPUs each provider can have now: its most, or while it is out (rule 6) only the GPUs
+    of its live nodes."""
+    live = live_by_provider(snapshot, config.providers)
+    return caps(config.providers, state.providers, live, snapshot.now_s)
 
 
 def external_cap_gpus(
     snapshot: ClusterSnapshot, config: PlacementConfig, state: PlacementState
 ) -> int:
-    """GPUs the external pool can have now: its most, or while it is out (rule 6) only the
-    GPUs of its live nodes."""
-    out = state.external_out_until_s
-    if out is not None and snapshot.now_s < out:
-        return min(config.external_max_gpus, snapshot.live_gpus_total(Pool.EXTERNAL))
-    return config.external_max_gpus
-
-
-def _external_delivery(
-    snapshot: ClusterSnapshot, config: PlacementConfig, state: PlacementState
-) -> tuple[float | None, float | None]:
-    """Rule 6's memory for this tick: (owed since, out until)."""
-    now = snapshot.now_s
-    out = state.external_out_until_s
-    if out is not None and now >= out:
-        out = None
-    owed = state.requested_external_gpus > snapshot.live_gpus_total(Pool.EXTERNAL)
-    since = state.external_owed_since_s if owed else None
-    if owed and since is None:
-        since = now
-    if since is not None and out is None and now - since >= config.external_deadline_s:
-        return None, now + config.external_backoff_s
-    return since, out
+    """GPUs the external pool can have now: the sum of its providers' room (rule 6)."""
+    return sum(provider_room(snapshot, config, state).values())
 
 
 @dataclass(frozen=True)
@@ -322,9 +348,10 @@ def decide(
     training_claim_gpus += sum(c.num_replicas * gpus_of.get(c.model, 1) for c in claims)
     claimed = {c.model: c for c in claims}
     budget = _serving_budget_gpus(snapshot, training_claim_gpus)
-    owed_since, out_until = _external_delivery(snapshot, config, state)
-    delivery = replace(state, external_owed_since_s=owed_since, external_out_until_s=out_until)
-    external_left = external_cap_gpus(snapshot, config, delivery)
+    live = live_by_provider(snapshot, config.providers)
+    delivered = advance(config.providers, state.providers, live, now)
+    room = provider_room(snapshot, config, replace(state, providers=delivered))
+    external_left = sum(room.values())
     actions: list[Action] = []
     targets: list[PoolTargets] = []
 
@@ -529,20 +556,44 @@ def decide(
             PoolTargets(d.model, plan_c[d.model], plan_e[d.model], notes.get(d.model, ""))
         )
 
-    # Rule 6: external capacity.
+    # Rule 6: external capacity, rented cheapest provider first (`policies.providers`).
     external_gpus = sum(plan_e[d.model] * d.gpus_per_replica for d in ordered)
     requested = state.requested_external_gpus
-    if external_gpus != requested:
+    alloc = allocate(config.providers, room, external_gpus)
+    providers = {k: ask(s, alloc[k], live.get(k, 0), now) for k, s in delivered.items()}
+    by_provider = tuple(sorted(alloc.items()))
+    if external_gpus != requested or by_provider != state.provider_requests():
+        out = [p.name for p in config.providers if is_out(delivered[p.name], now)]
         actions.append(
             RequestExternalCapacity(
                 num_gpus=external_gpus,
                 reason=(
                     f"{PlacementReason.EXTERNAL_CAPACITY.value}: external replicas need "
-                    f"{external_gpus} GPU(s) (was {requested})"
+                    f"{external_gpus} GPU(s) (was {requested}): "
+                    + ", ".join(f"{k} {v}" for k, v in alloc.items())
+                    + (f"; out: {', '.join(out)}" if out else "")
                 ),
+                by_provider=by_provider,
             )
         )
         requested = external_gpus
+
+    # Rule 6, continued: back to the cheapest provider, one drained node at a time.
+    ext_live = snapshot.live_nodes(Pool.EXTERNAL)
+    draining = state.draining_node
+    if draining is not None and draining not in {n.node_id for n in ext_live}:
+        draining = None
+    last_drain = state.last_drain_s
+    paced = last_drain is None or now - last_drain >= config.migrate_back_interval_s
+    if len(config.providers) > 1 and draining is None and paced:
+        used: dict[str, int] = {}
+        for r in snapshot.serve_replicas:
+            if r.pool is Pool.EXTERNAL and r.state in active:
+                used[r.node_id] = used.get(r.node_id, 0) + r.gpus
+        drain = migrate_back(config.providers, alloc, ext_live, used)
+        if drain is not None:
+            actions.append(drain)
+            draining, last_drain = drain.node_id, now
 
     # Rule 8: route weights from readiness, each pool's RUNNING replicas capped at its new
     # target (replicas about to stop get no new traffic).
@@ -573,7 +624,8 @@ def decide(
         last_step_back_s=last_step,
         requested_external_gpus=requested,
         route_weights=weights,
-        external_owed_since_s=owed_since,
-        external_out_until_s=out_until,
+        providers=providers,
+        draining_node=draining,
+        last_drain_s=last_drain,
     )
     return (tuple(targets), tuple(actions)), new_state

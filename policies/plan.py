@@ -122,10 +122,12 @@ class SetRouteWeights:
 
 @dataclass(frozen=True)
 class RequestExternalCapacity:
-    """Ask the external pool's autoscaler for at least `num_gpus` GPUs (0 lets it scale down)."""
+    """Ask the external pool's autoscaler for at least `num_gpus` GPUs (0 lets it scale down),
+    `by_provider` of them from each provider (name, GPUs; `policies.providers`)."""
 
     num_gpus: int
     reason: str
+    by_provider: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -166,8 +166,28 @@ def serve_status_cmd(url: str | None, state_dir: str | None, as_json: bool) -> N
         click.echo(json.dumps(data, indent=2))
         return
     click.echo(format_status_table(data))
+    for line in provider_lines(data.get("providers") or []):
+        click.echo(line)
     for line in guard_lines(data.get("policy") or {}):
         click.echo(line)
+
+
+def provider_lines(providers: list[dict[str, Any]]) -> list[str]:
+    """The external pool's providers as `rcp serve status` prints them: price, GPUs live of
+    asked (of their most), and whether each is delivering."""
+    lines = []
+    for p in providers:
+        if p.get("out"):
+            state = f"OUT for {p['out_for_s']:.0f} s more (did not deliver in time)"
+        elif p.get("owed_for_s") is not None:
+            state = f"delivering: owed for {p['owed_for_s']:.0f} s"
+        else:
+            state = "delivering"
+        lines.append(
+            f"provider:     {p['name']} ${p['price_per_gpu_hour']:g}/GPU-h, GPUs live "
+            f"{p['gpus_live']} asked {p['gpus_requested']} of {p['gpus_max']}: {state}"
+        )
+    return lines
 
 
 def _when(t_s: float) -> str:

@@ -1,6 +1,7 @@
 """The sections about the cluster itself and its endpoints.
 
-Owns: `HeadConfig`, the pools (`PoolsConfig`: `ClusterPoolConfig`, `ExternalPoolConfig`),
+Owns: `HeadConfig`, the pools (`PoolsConfig`: `ClusterPoolConfig`, `ExternalPoolConfig` and its
+`ProviderConfig`s),
 `RayConfig` (listeners and the cluster's address), `StorageConfig` (checkpoints' object
 storage), `ServeConfig`, `ApiConfig` and `PolicyConfig` (the loop's tick), each field with
 its default and documentation.
@@ -19,6 +20,7 @@ __all__ = [
     "HeadConfig",
     "PolicyConfig",
     "PoolsConfig",
+    "ProviderConfig",
     "RayConfig",
     "ServeConfig",
     "StorageConfig",
@@ -46,25 +48,60 @@ class ClusterPoolConfig:
 
 
 @dataclass
-class ExternalPoolConfig:
-    """Rented GPU nodes (`pool=external`), scaled by the Ray autoscaler from `min_nodes`."""
+class ProviderConfig:
+    """One provider of rented GPU nodes: a node group of the `external` pool (a node type of
+    the local autoscaler, a KubeRay worker group), with its price and delivery deadline."""
 
+    name: str = "rent-a"
+    """[a-z0-9-], 1-32 characters: it names the node type, the worker group
+    (``kubernetes.external_group`` + ``-`` + name) and the nodes' ``provider`` label."""
+    price_per_gpu_hour: float = 2.0
+    """What one of its GPUs costs an hour: placement rents from the cheapest provider with
+    room and empties the most expensive first."""
     min_nodes: int = 0
-    """Nodes kept even when idle; 0 means the pool scales to zero."""
-    max_nodes: int = 4
-    """Upper bound the autoscaler may launch; must be >= min_nodes and >= 1."""
+    """Nodes kept even when idle; 0 means it scales to zero."""
+    max_nodes: int = 2
+    """Upper bound the autoscaler may launch from it; must be >= min_nodes and >= 1."""
     gpus_per_node: int = 2
     """GPUs per node (logical GPUs in local mode)."""
     cpus_per_node: int = 4
     """Logical CPUs per node."""
+    delivery_deadline_s: float = 900.0
+    """Rented GPUs asked of it and not up within this long mark it out (a stock-out, a
+    quota, a refusal): its request goes to the next provider, and what none can host to the
+    cluster pool, reclaimed from training if it must."""
+    backoff_s: float = 1800.0
+    """How long a provider marked out stays out before placement asks it again."""
+
+
+def _default_providers() -> list[ProviderConfig]:
+    return [
+        ProviderConfig(name="rent-a", price_per_gpu_hour=2.0),
+        ProviderConfig(name="rent-b", price_per_gpu_hour=3.0),
+    ]
+
+
+@dataclass
+class ExternalPoolConfig:
+    """Rented GPU nodes (`pool=external`) from one or more providers, each scaled by the Ray
+    autoscaler from its `min_nodes`."""
+
+    providers: list[ProviderConfig] = field(default_factory=_default_providers)
+    """The providers, each a node group; their order breaks ties of price."""
     idle_timeout_s: float = 30.0
     """An external node idle this long is removed by the autoscaler."""
-    delivery_deadline_s: float = 900.0
-    """Rented GPUs asked for and not up within this long mark the pool out (a stock-out, a
-    quota, a refusal): placement then counts only the GPUs it has, and serving's demand
-    beyond them goes to the cluster pool, reclaimed from training if it must."""
-    backoff_s: float = 1800.0
-    """How long a pool marked out stays out before placement asks it again."""
+
+    @property
+    def max_nodes(self) -> int:
+        return sum(p.max_nodes for p in self.providers)
+
+    @property
+    def max_gpus(self) -> int:
+        return sum(p.max_nodes * p.gpus_per_node for p in self.providers)
+
+    @property
+    def min_nodes(self) -> int:
+        return sum(p.min_nodes for p in self.providers)
 
 
 @dataclass

@@ -49,7 +49,8 @@ class KubernetesConfig:
     raycluster: str = "rcp"
     """Name of the KubeRay RayCluster the control plane runs on."""
     external_group: str = "gpu-external"
-    """`groupName` of the RayCluster worker group on rented nodes (the `external` pool)."""
+    """The prefix of the RayCluster worker groups on rented nodes (the `external` pool): each
+    provider's group is ``<external_group>-<provider name>``."""
     autoscaler_owns_external: bool = True
     """The KubeRay autoscaler sizes the external group; the actuator never writes its replicas."""
     taint_key: str = "rcp.dev/unhealthy"

@@ -56,6 +56,32 @@ def _parse_overrides(overrides: list[str]) -> DictConfig:
         raise ConfigError(f"overrides: {_describe(exc)}") from exc
 
 
+MOVED_EXTERNAL_KEYS = (
+    "min_nodes",
+    "max_nodes",
+    "gpus_per_node",
+    "cpus_per_node",
+    "delivery_deadline_s",
+    "backoff_s",
+)
+"""Keys of ``pools.external`` that became each provider's (``pools.external.providers``)."""
+
+
+def _refuse_moved_keys(layer: Any) -> None:
+    """A config written for one external pool names what to write instead."""
+    external = OmegaConf.select(layer, "pools.external", default=None)
+    if not isinstance(external, DictConfig):
+        return
+    moved = [k for k in MOVED_EXTERNAL_KEYS if k in external]
+    if moved:
+        raise ConfigError(
+            "pools.external." + ", pools.external.".join(moved) + ": the external pool is "
+            "now a list of providers; set these per provider, e.g. "
+            "pools.external.providers=[{name: rent-a, price_per_gpu_hour: 2.0, max_nodes: "
+            '4, gpus_per_node: 2}] (docs/operations.md, "External providers")'
+        )
+
+
 def load_config(
     path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> Config:
@@ -80,6 +106,7 @@ def load_config(
         layers.append(_parse_overrides(list(overrides)))
     merged = schema
     for layer in layers[1:]:
+        _refuse_moved_keys(layer)
         try:
             merged = OmegaConf.merge(merged, layer)
         except OmegaConfBaseException as exc:

@@ -37,12 +37,14 @@ from controlplane.config.checks import (
     tcp_port,
     wait_at_most,
 )
+from controlplane.config.cluster import ExternalPoolConfig
 from controlplane.config.health import TELEMETRY_SOURCES, HealthConfig, TelemetryConfig
 from controlplane.config.jobs import JobsConfig
 from controlplane.config.kube import KubernetesConfig
 from controlplane.config.schema import Config
 from jobs.storage_credentials import JobCredentialsMode
 from jobs.storage_uri import StorageUriError, parse_storage_uri
+from policies.providers import PROVIDER_NAME_RE
 from serve.config import validate_serving
 
 __all__ = ["validate"]
@@ -57,6 +59,37 @@ def _bind_hosts(cfg: Config) -> list[str]:
             "are reachable from other machines. Use 127.0.0.1, or set ray.allow_remote=true "
             "to bind it on purpose (see docs/operations.md, security model)"
         )
+    return errors
+
+
+MAX_PROVIDERS = 16
+
+
+def _providers(e: ExternalPoolConfig) -> list[str]:
+    """``pools.external.providers``: 1-16, unique valid names, each a valid node group."""
+    errors: list[str] = []
+    if not 1 <= len(e.providers) <= MAX_PROVIDERS:
+        errors.append(
+            f"pools.external.providers: 1 to {MAX_PROVIDERS} providers, got {len(e.providers)}"
+        )
+    seen: set[str] = set()
+    for i, p in enumerate(e.providers):
+        at = f"pools.external.providers[{i}]"
+        if not PROVIDER_NAME_RE.fullmatch(p.name):
+            errors.append(f"{at}.name: [a-z0-9-], 1-32 characters, got {p.name!r}")
+        elif p.name in seen:
+            errors.append(f"{at}.name: {p.name!r} is named twice")
+        seen.add(p.name)
+        errors += at_least(0, f"{at}.price_per_gpu_hour", p.price_per_gpu_hour)
+        errors += at_least(0, f"{at}.min_nodes", p.min_nodes)
+        errors += at_least(1, f"{at}.max_nodes", p.max_nodes, "a provider with no nodes")
+        errors += not_below(f"{at}.max_nodes", p.max_nodes, f"{at}.min_nodes", p.min_nodes)
+        errors += at_least(0, f"{at}.gpus_per_node", p.gpus_per_node)
+        errors += at_least(0, f"{at}.cpus_per_node", p.cpus_per_node)
+        errors += at_least(1, f"{at}.delivery_deadline_s", p.delivery_deadline_s)
+        errors += wait_at_most(MAX_WAIT_S, f"{at}.delivery_deadline_s", p.delivery_deadline_s)
+        errors += at_least(1, f"{at}.backoff_s", p.backoff_s)
+        errors += wait_at_most(MAX_WAIT_S, f"{at}.backoff_s", p.backoff_s)
     return errors
 
 
@@ -98,19 +131,9 @@ def validate(cfg: Config) -> list[str]:
     errors += at_least(0, "pools.cluster.gpus_per_node", c.gpus_per_node)
     errors += at_least(0, "pools.cluster.cpus_per_node", c.cpus_per_node)
     e = cfg.pools.external
-    errors += at_least(0, "pools.external.min_nodes", e.min_nodes)
-    errors += at_least(1, "pools.external.max_nodes", e.max_nodes, "a pool with no nodes")
-    errors += not_below(
-        "pools.external.max_nodes", e.max_nodes, "pools.external.min_nodes", e.min_nodes
-    )
-    errors += at_least(0, "pools.external.gpus_per_node", e.gpus_per_node)
-    errors += at_least(0, "pools.external.cpus_per_node", e.cpus_per_node)
+    errors += _providers(e)
     errors += at_least(1, "pools.external.idle_timeout_s", e.idle_timeout_s)
     errors += wait_at_most(MAX_WAIT_S, "pools.external.idle_timeout_s", e.idle_timeout_s)
-    errors += at_least(1, "pools.external.delivery_deadline_s", e.delivery_deadline_s)
-    errors += wait_at_most(MAX_WAIT_S, "pools.external.delivery_deadline_s", e.delivery_deadline_s)
-    errors += at_least(1, "pools.external.backoff_s", e.backoff_s)
-    errors += wait_at_most(MAX_WAIT_S, "pools.external.backoff_s", e.backoff_s)
     for name in ("gcs_port", "dashboard_port", "client_port", "metrics_export_port"):
         errors += tcp_port(f"ray.{name}", getattr(cfg.ray, name))
     errors += tcp_port("serve.http_port", cfg.serve.http_port)

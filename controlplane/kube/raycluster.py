@@ -31,9 +31,11 @@ JSON_PATCH = "application/json-patch+json"
 class RayClusterScaling(KubeClient):
     """Sizes the RayCluster's external worker group."""
 
-    def scale_external(self, replicas: int) -> ScaleResult:
+    def scale_external(self, replicas: int, provider: str | None = None) -> ScaleResult:
         """Set the external worker group's ``replicas`` to `replicas`, clamped to the group's
-        [minReplicas, maxReplicas].
+        [minReplicas, maxReplicas]. The group is provider `provider`'s
+        (``<kubernetes.external_group>-<provider>``), or with None the one named
+        ``kubernetes.external_group``.
 
         Refused (nothing written, ``refused`` says why) when
         ``kubernetes.autoscaler_owns_external`` is true (then nothing is even read) or the
@@ -42,7 +44,7 @@ class RayClusterScaling(KubeClient):
         group (``kubernetes.external_group``) is missing, KubeConflictError after
         ``conflict_retries`` conflicts in a row.
         """
-        group = self.config.external_group
+        group = self.config.external_group + (f"-{provider}" if provider else "")
         if replicas < 0:
             raise ValueError(f"replicas for worker group {group!r} must be >= 0, got {replicas}")
         if self.config.autoscaler_owns_external:

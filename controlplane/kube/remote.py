@@ -175,10 +175,13 @@ class RemoteKubernetesActuator:
         result = self._post("/v1/cordon", {"node_name": node_name, "reason": reason})
         return cordon_from_json(result)
 
-    def scale_external(self, replicas: int) -> ScaleResult:
+    def scale_external(self, replicas: int, provider: str | None = None) -> ScaleResult:
         if replicas < 0:
             raise ValueError(f"replicas must be >= 0, got {replicas}")
-        return scale_from_json(self._post("/v1/scale-external", {"replicas": replicas}))
+        body: dict[str, Any] = {"replicas": replicas}
+        if provider:
+            body["provider"] = provider
+        return scale_from_json(self._post("/v1/scale-external", body))
 
     def pod_for_ip(self, pod_ip: str) -> str | None:
         result = self._post("/v1/pod-for-ip", {"pod_ip": pod_ip})

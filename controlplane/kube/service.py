@@ -53,7 +53,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -202,10 +202,13 @@ class ActuatorService:
         actuator: KubernetesActuator,
         config: KubernetesConfig,
         *,
+        providers: Collection[str] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.actuator = actuator
         self.config = config
+        self._providers = frozenset(providers)
+        """The external providers whose worker groups callers may size."""
         self.cap = NodeActionCap(config.service.max_node_actions, config.service.window_s)
         self._clock = clock
         self._lock = threading.Lock()
@@ -261,13 +264,23 @@ class ActuatorService:
             return dataclasses.asdict(self.actuator.cordon(node, reason))
 
     def scale_external(self, body: object) -> dict[str, Any]:
-        replicas = _fields(body, "replicas")["replicas"]
+        """``{"replicas": N}`` sizes ``kubernetes.external_group``; with ``"provider": P`` too,
+        provider P's group (``<external_group>-<P>``), P one of the providers this service
+        was configured with."""
+        keys = ("replicas", "provider") if isinstance(body, dict) and "provider" in body else ()
+        replicas = _fields(body, *(keys or ("replicas",)))["replicas"]
         if isinstance(replicas, bool) or not isinstance(replicas, int):
             raise Refusal(400, f"replicas must be an integer, got {type(replicas).__name__}")
         if not 0 <= replicas <= MAX_REPLICAS:
             raise Refusal(400, f"replicas must be in 0..{MAX_REPLICAS}, got {replicas}")
+        provider = body.get("provider") if isinstance(body, dict) else None
+        if provider is not None and provider not in self._providers:
+            raise Refusal(
+                400,
+                f"provider must be one of {sorted(self._providers)}, got {str(provider)[:40]!r}",
+            )
         with self._lock:
-            return dataclasses.asdict(self.actuator.scale_external(replicas))
+            return dataclasses.asdict(self.actuator.scale_external(replicas, provider))
 
     def pod_for_ip(self, body: object) -> str | None:
         ip = _fields(body, "pod_ip")["pod_ip"]
@@ -442,7 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         actuator = from_config(cfg, direct=True)
         assert isinstance(actuator, KubernetesActuator)
-        service = ActuatorService(actuator, kc)
+        service = ActuatorService(
+            actuator, kc, providers=[p.name for p in cfg.pools.external.providers]
+        )
         service.token()  # a missing or short token fails the start, not the first request
     except (KubernetesActuatorError, RuntimeError) as exc:
         log.error("%s", exc)

@@ -2,8 +2,8 @@
 
 Owns: the cluster config `rcp up` hands the autoscaler (`autoscaler_config`): its provider (Ray's
 fake multi-node provider with a Serve proxy port per node, ``controlplane.local.provider``),
-one node type per pool (the head, `cluster` with min = max = num_nodes, `external` from
-min_nodes to max_nodes), the resources and labels each advertises, and the fake provider's
+one node type per pool (the head, `cluster` with min = max = num_nodes) and one per external
+provider (``external-<name>``, from its min_nodes to max_nodes), the resources and labels each advertises, and the fake provider's
 fixed names for the head.
 Production maps each node type to a KubeRay worker group (docs/architecture.md).
 Must not: start anything (``controlplane.local.cluster`` does) or read files.
@@ -17,6 +17,7 @@ from typing import Any
 from controlplane.config import Config
 from controlplane.pools import JOB_DRIVER_RESOURCE, POOL_LABEL, Pool, pool_resource
 from controlplane.ray_connection import gcs_address
+from policies.providers import PROVIDER_LABEL, provider_resource
 
 __all__ = [
     "FAKE_HEAD_NODE_ID",
@@ -24,6 +25,7 @@ __all__ = [
     "JOB_DRIVER_SLOTS_PER_NODE",
     "POOL_RESOURCE_UNITS",
     "autoscaler_config",
+    "external_node_type",
 ]
 
 # The fake provider names the head's node type this way; the autoscaler requires it.
@@ -36,11 +38,18 @@ POOL_RESOURCE_UNITS = 1000
 JOB_DRIVER_SLOTS_PER_NODE = 16
 
 
+def external_node_type(provider: str) -> str:
+    """The node type of an external provider's nodes, e.g. ``external-rent-a``."""
+    return f"{Pool.EXTERNAL.value}-{provider}"
+
+
 def autoscaler_config(cfg: Config, serve_proxy_ports: Sequence[int] = ()) -> dict[str, Any]:
     """The Ray cluster config that the autoscaler (fake multi-node provider) runs.
 
     Node types: the head, `cluster` (min = max = num_nodes: a fixed group that the autoscaler
-    only replaces when a node dies) and `external` (min_nodes..max_nodes, scaled on demand).
+    only replaces when a node dies) and one per external provider (``external-<name>``,
+    min_nodes..max_nodes, scaled on demand; labelled with its provider and advertising
+    ``provider_<name>``, so a capacity request names the provider that rents).
     `serve_proxy_ports`: the ports the provider gives the worker nodes' Serve proxies, one
     each (``controlplane.local.provider``).
     """
@@ -87,16 +96,21 @@ def autoscaler_config(cfg: Config, serve_proxy_ports: Sequence[int] = ()) -> dic
                 "min_workers": c.num_nodes,
                 "max_workers": c.num_nodes,
             },
-            Pool.EXTERNAL.value: {
-                "resources": {
-                    "CPU": e.cpus_per_node,
-                    "GPU": e.gpus_per_node,
-                    pool_resource(Pool.EXTERNAL): POOL_RESOURCE_UNITS,
-                },
-                "labels": {POOL_LABEL: Pool.EXTERNAL.value},
-                "node_config": {},
-                "min_workers": e.min_nodes,
-                "max_workers": e.max_nodes,
+            **{
+                external_node_type(p.name): {
+                    "resources": {
+                        "CPU": p.cpus_per_node,
+                        "GPU": p.gpus_per_node,
+                        pool_resource(Pool.EXTERNAL): POOL_RESOURCE_UNITS,
+                        # A capacity request that carries it launches this provider's nodes.
+                        provider_resource(p.name): POOL_RESOURCE_UNITS,
+                    },
+                    "labels": {POOL_LABEL: Pool.EXTERNAL.value, PROVIDER_LABEL: p.name},
+                    "node_config": {},
+                    "min_workers": p.min_nodes,
+                    "max_workers": p.max_nodes,
+                }
+                for p in e.providers
             },
         },
         "file_mounts": {},

@@ -58,6 +58,7 @@ class EventKind(str, Enum):
     SERVE_INGRESS_SCALE = "serve.app.ingress.scale"
     SERVE_EXTERNAL_CAPACITY = "serve.external_capacity"
     SERVE_EXTERNAL_GROUP = "serve.external_group"
+    SERVE_PROVIDER_DRAIN = "serve.provider_drain"
     HEALTH_CORDON = "health.cordon"
     HEALTH_DRAIN = "health.drain"
     HEALTH_CLEAR = "health.clear"
@@ -199,6 +200,26 @@ METRICS: dict[str, MetricDef] = {
     "rcp_external_gpus_requested": MetricDef("gauge", "GPUs requested from the external pool."),
     "rcp_external_gpus_max": MetricDef(
         "gauge", "Most GPUs the external pool may have (max_nodes x gpus_per_node)."
+    ),
+    "rcp_external_provider_price_per_gpu_hour": MetricDef(
+        "gauge", "What one GPU-hour of each external provider costs.", ("provider",)
+    ),
+    "rcp_external_provider_gpus_max": MetricDef(
+        "gauge",
+        "Most GPUs each external provider may have (max_nodes x gpus_per_node).",
+        ("provider",),
+    ),
+    "rcp_external_provider_gpus_live": MetricDef(
+        "gauge", "GPUs of each external provider's live nodes.", ("provider",)
+    ),
+    "rcp_external_provider_gpus_requested": MetricDef(
+        "gauge", "GPUs placement asks of each external provider (cheapest first).", ("provider",)
+    ),
+    "rcp_external_provider_out": MetricDef(
+        "gauge",
+        "1 while an external provider is out: it did not deliver what it was asked within its "
+        "delivery deadline, so it gets no more requests until its back-off ends.",
+        ("provider",),
     ),
     "rcp_training_claim_gpus": MetricDef("gauge", "GPUs training asked serving to give back."),
     "rcp_serving_phase_seconds": MetricDef(

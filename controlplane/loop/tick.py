@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from controlplane.adapters.serve import ServePlane
 from controlplane.config import Config
@@ -61,7 +61,8 @@ from controlplane.loop.types import (
 )
 from controlplane.store import JobRecord, Store
 from policies.admission import AdmissionState
-from policies.plan import AdmitJob
+from policies.plan import AdmitJob, DrainNode
+from policies.providers import ProviderState, is_out, live_by_provider
 from policies.snapshot import ClusterSnapshot, Pool, ReplicaState, ServeLoad
 
 __all__ = [
@@ -117,7 +118,7 @@ class Adapters:
     no latency source, so models scale on ongoing requests alone."""
     prometheus_targets: Callable[[set[str]], None] | None = None
     kube_remove: Callable[[str, str], object] | None = None
-    kube_scale_external: Callable[[], Callable[[int], ScaleOutcome] | None] | None = None
+    kube_scale_external: Callable[[], Callable[[int, str], ScaleOutcome] | None] | None = None
     count_removal: Callable[[float], object] | None = None
 
 
@@ -182,7 +183,9 @@ class Loop:
         kube = cfg.kubernetes
         self.external_group = (
             ExternalGroup(
-                cfg.pools.external.gpus_per_node, adapters.kube_scale_external, self.record_event
+                {p.name: p.gpus_per_node for p in cfg.pools.external.providers},
+                adapters.kube_scale_external,
+                self.record_event,
             )
             if kube.enabled
             and not kube.autoscaler_owns_external
@@ -196,6 +199,8 @@ class Loop:
         """The guards the last tick obeyed (kept when a read fails)."""
         self.last: Decision | None = None
         """The last tick's decision (tests and debugging)."""
+        self.provider_rows: list[dict[str, Any]] = []
+        """Each external provider as the last tick saw it (`rcp serve status`)."""
         self.serve_load: tuple[ServeLoad, ...] = ()
         """The last tick's per-model load and p99 (`rcp serve status` shows them)."""
         self._stop = threading.Event()
@@ -281,8 +286,8 @@ class Loop:
             self._phase("3-act-serve-moves", self.serve.advance, now, dict(decided.wanted))
             self._phase("3-act-serve", self._act_serve, decided, observed)
         if self.external_group is not None and decided.serving_state is not None:
-            requested = decided.serving_state.placement.requested_external_gpus
-            self._phase("3-act-external-group", self.external_group.apply, requested)
+            asked = dict(decided.serving_state.placement.provider_requests())
+            self._phase("3-act-external-group", self.external_group.apply, asked)
         self._phase("4-record", self._record, decided)
         self._phase("4-record-metrics", self._export_metrics, observed, decided)
         if self.adapters.prometheus_targets is not None:
@@ -324,6 +329,15 @@ class Loop:
         if self.serve is None or decided.serving is None:
             return
         self.serve.apply(decided.serving, decided.targets, observed.serve, observed.snapshot.now_s)
+        for a in decided.serving:
+            if isinstance(a, DrainNode):  # placement's way back to a cheaper provider
+                accepted = self.adapters.node_actions.drain(
+                    a.node_id, a.reason, self.cfg.health.drain_deadline_s
+                )
+                self.record_event(
+                    EventKind.SERVE_PROVIDER_DRAIN,
+                    f"{a.node_id}: {a.reason}" + ("" if accepted else " (Ray refused the drain)"),
+                )
 
     def _record(self, decided: Decision) -> None:
         self.store.put(ADMISSION_STATE_KEY, decided.admission_state.to_dict())
@@ -417,3 +431,41 @@ class Loop:
             requested = decided.serving_state.placement.requested_external_gpus
             m.set("rcp_external_gpus_requested", float(requested))
         m.set("rcp_external_gpus_max", float(self.policies.placement.external_max_gpus))
+        self._export_providers(snapshot, decided)
+
+    def _export_providers(self, snapshot: ClusterSnapshot, decided: Decision) -> None:
+        """Per external provider: its price, most, live and requested GPUs, and whether it is
+        out (did not deliver within its deadline)."""
+        m = self.metrics
+        providers = self.policies.placement.providers
+        live = live_by_provider(snapshot, providers)
+        # A tick whose serving policies did not run (a move in flight) keeps the last state.
+        serving = decided.serving_state or ServingPolicyState.from_dict(
+            self.store.get_value(SERVING_STATE_KEY, None)
+        )
+        states = serving.placement.providers
+        rows: list[dict[str, Any]] = []
+        for p in providers:
+            tags = {"provider": p.name}
+            state = states.get(p.name, ProviderState())
+            out = is_out(state, snapshot.now_s)
+            rows.append(
+                {
+                    "name": p.name,
+                    "price_per_gpu_hour": p.price_per_gpu_hour,
+                    "gpus_max": p.max_gpus,
+                    "gpus_live": live.get(p.name, 0),
+                    "gpus_requested": state.requested_gpus,
+                    "out": out,
+                    "out_for_s": (state.out_until_s or 0.0) - snapshot.now_s if out else None,
+                    "owed_for_s": None
+                    if state.owed_since_s is None
+                    else snapshot.now_s - state.owed_since_s,
+                }
+            )
+            m.set("rcp_external_provider_price_per_gpu_hour", p.price_per_gpu_hour, tags)
+            m.set("rcp_external_provider_gpus_max", float(p.max_gpus), tags)
+            m.set("rcp_external_provider_gpus_live", float(live.get(p.name, 0)), tags)
+            m.set("rcp_external_provider_gpus_requested", float(state.requested_gpus), tags)
+            m.set("rcp_external_provider_out", 1.0 if out else 0.0, tags)
+        self.provider_rows = rows

@@ -25,6 +25,7 @@ from policies.health import NodeVerdict, RemediationAction
 from policies.ingress import IngressTraffic
 from policies.placement import PlacementState, PoolTargets
 from policies.plan import Action, AdmitJob, MoveServeReplicas, Plan, PreemptJob
+from policies.providers import ProviderState
 from policies.snapshot import ClusterSnapshot, Pool
 
 __all__ = [
@@ -79,8 +80,16 @@ class ServingPolicyState:
                 "room_since_s": p.room_since_s,
                 "last_step_back_s": p.last_step_back_s,
                 "requested_external_gpus": p.requested_external_gpus,
-                "external_owed_since_s": p.external_owed_since_s,
-                "external_out_until_s": p.external_out_until_s,
+                "draining_node": p.draining_node,
+                "last_drain_s": p.last_drain_s,
+                "providers": {
+                    name: {
+                        "requested_gpus": s.requested_gpus,
+                        "owed_since_s": s.owed_since_s,
+                        "out_until_s": s.out_until_s,
+                    }
+                    for name, s in p.providers.items()
+                },
                 "route_weights": {
                     m: [[pool.value, w] for pool, w in ws] for m, ws in p.route_weights.items()
                 },
@@ -98,8 +107,17 @@ class ServingPolicyState:
             room_since_s=p.get("room_since_s"),
             last_step_back_s=p.get("last_step_back_s"),
             requested_external_gpus=int(p.get("requested_external_gpus", 0)),
-            external_owed_since_s=_float_or_none(p.get("external_owed_since_s")),
-            external_out_until_s=_float_or_none(p.get("external_out_until_s")),
+            draining_node=str(p["draining_node"]) if p.get("draining_node") else None,
+            last_drain_s=_float_or_none(p.get("last_drain_s")),
+            providers={
+                str(name): ProviderState(
+                    requested_gpus=int(s.get("requested_gpus") or 0),
+                    owed_since_s=_float_or_none(s.get("owed_since_s")),
+                    out_until_s=_float_or_none(s.get("out_until_s")),
+                )
+                for name, s in (p.get("providers") or {}).items()
+                if isinstance(s, Mapping)
+            },
             route_weights={
                 str(m): tuple((Pool(pool), float(w)) for pool, w in ws)
                 for m, ws in (p.get("route_weights") or {}).items()

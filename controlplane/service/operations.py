@@ -246,7 +246,12 @@ class Operations:
             }
             for model, demand in sorted(self.loop.policies.demand.items())
         }
-        return {**self._serve_status(), "policy": self.policy(), "latency": latency}
+        return {
+            **self._serve_status(),
+            "policy": self.policy(),
+            "latency": latency,
+            "providers": list(self.loop.provider_rows),
+        }
 
     def pause(self, by: str, reason: str) -> dict[str, Any]:
         pause, changed = self.loop.guard_store.pause(by, reason)

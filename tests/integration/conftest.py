@@ -268,7 +268,7 @@ HEAD_LOSS_CLUSTER = (
     "pools.cluster.num_nodes=2",
     "pools.cluster.gpus_per_node=2",
     # No GPUs to move replicas to: admission never claims the serving GPU.
-    "pools.external.gpus_per_node=0",
+    "pools.external.providers=[{name: rent-a, gpus_per_node: 0}]",
     # An ingress replica beside every proxy (the head and both cluster nodes): a request
     # stays on the node whose proxy it entered (docs/serving.md).
     "serving.ingress.num_replicas=3",

@@ -699,7 +699,7 @@ def test_busy_external_node_gets_an_agent_and_idle_one_still_scales_to_zero(
     info = wait_for("an agent on the new external node", sampling)
     assert info["pool"] == "external"
     summary = manager.collect_summaries()[external]
-    assert len(summary["gpus"]) == cfg.pools.external.gpus_per_node
+    assert len(summary["gpus"]) == cfg.pools.external.providers[0].gpus_per_node
 
     ray.kill(holder)
 

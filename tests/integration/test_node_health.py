@@ -70,7 +70,7 @@ def health_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[C
         tmp_path_factory,
         "pools.cluster.num_nodes=1",
         "pools.cluster.gpus_per_node=4",
-        "pools.external.max_nodes=2",
+        "pools.external.providers=[{name: rent-a, max_nodes: 2}]",
         "pools.external.idle_timeout_s=8",
         "serve.deploy_app=true",
         "telemetry.interval_s=0.5",

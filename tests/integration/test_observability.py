@@ -88,7 +88,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, prometheus_port: int) -> I
         tmp_path_factory,
         "pools.cluster.num_nodes=1",
         "pools.cluster.gpus_per_node=2",
-        "pools.external.max_nodes=1",
+        "pools.external.providers=[{name: rent-a, max_nodes: 1}]",
         "serve.deploy_app=true",
         "observability.prometheus=true",
         f"observability.prometheus_port={prometheus_port}",

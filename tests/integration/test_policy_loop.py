@@ -28,6 +28,7 @@ test_loop_guards) and the simulator's replay (test_simulate_replay).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -88,7 +89,7 @@ def loop_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Con
         tmp_path_factory,
         "pools.cluster.num_nodes=1",
         "pools.cluster.gpus_per_node=4",
-        "pools.external.max_nodes=2",
+        "pools.external.providers=[{name: rent-a, max_nodes: 2}]",
         "pools.external.idle_timeout_s=8",
         "serve.deploy_app=true",
         "placement.migrate_back_idle_s=2",
@@ -215,8 +216,9 @@ def test_training_claims_the_cluster_and_serving_comes_back(
     placement = cfg.placement
     replay = claim_and_return(
         {
-            "pools.external.max_nodes": cfg.pools.external.max_nodes,
-            "pools.external.gpus_per_node": cfg.pools.external.gpus_per_node,
+            "pools.external.providers": [
+                dataclasses.asdict(p) for p in cfg.pools.external.providers
+            ],
             "placement.migrate_back_idle_s": placement.migrate_back_idle_s,
             "placement.migrate_back_step": placement.migrate_back_step,
             "placement.migrate_back_interval_s": placement.migrate_back_interval_s,

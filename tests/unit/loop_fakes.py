@@ -212,13 +212,18 @@ class FakeCluster:
     """Nodes (GPUs per node and pool), Ray's drains, and the nodes the loop stopped."""
 
     nodes: dict[str, tuple[Pool, int]] = field(default_factory=dict)
+    providers: dict[str, str] = field(default_factory=dict)
     draining_nodes: dict[str, int] = field(default_factory=dict)
     stopped: list[str] = field(default_factory=list)
     gangs: dict[str, Mapping[str, int]] = field(default_factory=dict)
     serve: FakeServe | None = None
 
-    def add(self, node_id: str, pool: Pool = Pool.CLUSTER, gpus: int = 4) -> None:
+    def add(
+        self, node_id: str, pool: Pool = Pool.CLUSTER, gpus: int = 4, provider: str | None = None
+    ) -> None:
         self.nodes[node_id] = (pool, gpus)
+        if provider is not None:
+            self.providers[node_id] = provider
 
     def _used(self, node_id: str) -> int:
         used = sum(p.get(node_id, 0) for p in self.gangs.values())
@@ -248,6 +253,7 @@ class FakeCluster:
                 gpus_free=float(max(0, gpus - self._used(n))),
                 cpus_total=8.0,
                 cpus_free=8.0,
+                labels={"provider": self.providers[n]} if n in self.providers else {},
             )
             for n, (pool, gpus) in sorted(self.nodes.items())
             if n not in self.stopped

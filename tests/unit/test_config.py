@@ -18,7 +18,10 @@ def test_defaults_describe_the_documented_cluster() -> None:
     cfg = load_config()
     assert (cfg.pools.cluster.num_nodes, cfg.pools.cluster.gpus_per_node) == (2, 4)
     assert (cfg.pools.external.min_nodes, cfg.pools.external.max_nodes) == (0, 4)
-    assert cfg.pools.external.gpus_per_node == 2
+    assert [
+        (p.name, p.price_per_gpu_hour, p.max_nodes, p.gpus_per_node)
+        for p in cfg.pools.external.providers
+    ] == [("rent-a", 2.0, 2, 2), ("rent-b", 3.0, 2, 2)]
     assert cfg.ray.node_ip == "127.0.0.1"
 
 
@@ -46,8 +49,8 @@ def test_file_then_overrides_merge_in_order(tmp_path: Path) -> None:
             id="negative-gpus",
         ),
         pytest.param(
-            ["pools.external.gpus_per_node=-2"],
-            "pools.external.gpus_per_node",
+            ["pools.external.providers=[{name: a, gpus_per_node: -2}]"],
+            "pools.external.providers[0].gpus_per_node",
             ">= 0",
             id="negative-external-gpus",
         ),
@@ -58,16 +61,52 @@ def test_file_then_overrides_merge_in_order(tmp_path: Path) -> None:
             id="empty-cluster-pool",
         ),
         pytest.param(
-            ["pools.external.max_nodes=0"],
-            "pools.external.max_nodes",
+            ["pools.external.providers=[{name: a, max_nodes: 0}]"],
+            "pools.external.providers[0].max_nodes",
             "no nodes",
             id="empty-external-pool",
         ),
         pytest.param(
-            ["pools.external.min_nodes=3", "pools.external.max_nodes=2"],
-            "pools.external.max_nodes",
+            ["pools.external.providers=[{name: a, min_nodes: 3, max_nodes: 2}]"],
+            "pools.external.providers[0].max_nodes",
             "min_nodes",
             id="max-below-min",
+        ),
+        pytest.param(
+            ["pools.external.providers=[{name: Rent_A}]"],
+            "pools.external.providers[0].name",
+            "[a-z0-9-]",
+            id="provider-name",
+        ),
+        pytest.param(
+            ["pools.external.providers=[{name: a}, {name: a}]"],
+            "pools.external.providers[1].name",
+            "named twice",
+            id="provider-twice",
+        ),
+        pytest.param(
+            ["pools.external.providers=[]"],
+            "pools.external.providers",
+            "1 to 16 providers",
+            id="no-provider",
+        ),
+        pytest.param(
+            ["pools.external.providers=[{name: a, price_per_gpu_hour: -1}]"],
+            "pools.external.providers[0].price_per_gpu_hour",
+            ">= 0",
+            id="negative-price",
+        ),
+        pytest.param(
+            ["pools.external.providers=[{name: a, delivery_deadline_s: 0}]"],
+            "pools.external.providers[0].delivery_deadline_s",
+            ">= 1",
+            id="provider-deadline",
+        ),
+        pytest.param(
+            ["pools.external.max_nodes=3"],
+            "pools.external.max_nodes",
+            "now a list of providers",
+            id="moved-key",
         ),
         pytest.param(
             ["serve.http_port=70000"], "serve.http_port", "1..65535", id="port-out-of-range"
@@ -100,8 +139,10 @@ def test_a_model_priority_must_be_a_job_priority_class(tmp_path: Path) -> None:
 
 def test_bad_values_in_a_file_name_the_key(tmp_path: Path) -> None:
     f = tmp_path / "c.yaml"
-    f.write_text("pools:\n  external:\n    max_nodes: -1\n")
-    with pytest.raises(ConfigError, match=r"pools\.external\.max_nodes: must be >= 1"):
+    f.write_text("pools:\n  external:\n    providers:\n      - name: a\n        max_nodes: -1\n")
+    with pytest.raises(
+        ConfigError, match=r"pools\.external\.providers\[0\]\.max_nodes: must be >= 1"
+    ):
         load_config(f)
 
 

@@ -35,6 +35,7 @@ import yaml
 from kubernetes import client as k8s
 
 from controlplane.config import ConfigError, HealthConfig, load_config
+from policies.providers import PROVIDER_LABEL, provider_resource
 from policies.snapshot import POOL_LABEL, Pool, pool_resource
 from serve.edge import k8s as edge_k8s
 from serve.edge.config import ADMIN_HEALTH_PATH, ADMIN_LIVE_PATH, CONFIG_FILE, render
@@ -47,7 +48,11 @@ K8S_DIR = ROOT / "infra" / "k8s"
 KUBERAY_KINDS = ("RayCluster", "RayService", "RayJob")
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-GROUP_POOLS = {"gpu-cluster": Pool.CLUSTER, "gpu-external": Pool.EXTERNAL}
+GROUP_POOLS = {
+    "gpu-cluster": Pool.CLUSTER,
+    "gpu-external-rent-a": Pool.EXTERNAL,
+    "gpu-external-rent-b": Pool.EXTERNAL,
+}
 EXTERNAL_TAINT_KEY = "rcp.dev/external"
 S3_SECRET = "rcp-s3"
 
@@ -497,8 +502,9 @@ def test_pools_use_kuberay_fields_not_ray_start_params() -> None:
         assert not (clash and group.get("resources")), f"{name}: {sorted(clash)} and resources"
 
 
-def test_external_group_scales_from_zero_on_rented_nodes() -> None:
-    group = worker_group(raycluster(), "gpu-external")
+@pytest.mark.parametrize("group_name", ["gpu-external-rent-a", "gpu-external-rent-b"])
+def test_external_group_scales_from_zero_on_rented_nodes(group_name: str) -> None:
+    group = worker_group(raycluster(), group_name)
     assert group["minReplicas"] == 0
     assert group.get("replicas", 0) == 0
     assert group["maxReplicas"] >= 1
@@ -536,7 +542,7 @@ def test_configmap_config_loads_and_validates(tmp_path: Path) -> None:
 def test_broken_configmap_config_is_named(tmp_path: Path) -> None:
     text = one("ConfigMap", "rcp-config").body["data"]["rcp.yaml"]
     with pytest.raises(ConfigError, match=r"pools\.external\.max_nodez"):
-        rcp_config(tmp_path, text.replace("max_nodes:", "max_nodez:"))
+        rcp_config(tmp_path, text.replace("idle_timeout_s:", "max_nodez:"))
 
 
 def test_pool_sizes_match_the_config(tmp_path: Path) -> None:
@@ -545,11 +551,20 @@ def test_pool_sizes_match_the_config(tmp_path: Path) -> None:
     cluster = worker_group(rc, "gpu-cluster")
     n = cfg.pools.cluster.num_nodes
     assert (cluster["replicas"], cluster["minReplicas"], cluster["maxReplicas"]) == (n, n, n)
-    external = worker_group(rc, "gpu-external")
-    assert external["minReplicas"] == cfg.pools.external.min_nodes == 0
-    assert external["maxReplicas"] == cfg.pools.external.max_nodes
-    assert external["idleTimeoutSeconds"] == cfg.pools.external.idle_timeout_s
-    for group, pool in ((cluster, cfg.pools.cluster), (external, cfg.pools.external)):
+    groups: list[tuple[dict[str, Any], Any]] = [(cluster, cfg.pools.cluster)]
+    names = {g["groupName"] for g in rc["spec"]["workerGroupSpecs"]} - {"gpu-cluster"}
+    assert names == {
+        f"{cfg.kubernetes.external_group}-{p.name}" for p in cfg.pools.external.providers
+    }
+    for p in cfg.pools.external.providers:
+        external = worker_group(rc, f"{cfg.kubernetes.external_group}-{p.name}")
+        assert external["minReplicas"] == p.min_nodes == 0
+        assert external["maxReplicas"] == p.max_nodes
+        assert external["idleTimeoutSeconds"] == cfg.pools.external.idle_timeout_s
+        assert external["labels"] == {POOL_LABEL: Pool.EXTERNAL.value, PROVIDER_LABEL: p.name}
+        assert float(external["resources"][provider_resource(p.name)]) > 0
+        groups.append((external, p))
+    for group, pool in groups:
         limits = ray_container(group)["resources"]["limits"]
         assert _quantity(limits["nvidia.com/gpu"]) == pool.gpus_per_node, group["groupName"]
         assert _quantity(limits["cpu"]) == pool.cpus_per_node, group["groupName"]
@@ -722,8 +737,9 @@ def test_kubernetes_actuator_config_names_this_raycluster(tmp_path: Path) -> Non
     assert kc.enabled and kc.in_cluster
     assert kc.raycluster == rc.name
     assert kc.namespace == rc.body["metadata"]["namespace"] == kust["namespace"]
-    external = worker_group(rc.body, kc.external_group)
-    assert external["labels"][POOL_LABEL] == Pool.EXTERNAL.value
+    for p in rcp_config(tmp_path).pools.external.providers:
+        external = worker_group(rc.body, f"{kc.external_group}-{p.name}")
+        assert external["labels"][POOL_LABEL] == Pool.EXTERNAL.value
     assert kc.autoscaler_owns_external == rc.body["spec"]["enableInTreeAutoscaling"]
     if kc.pod_grace_period_s is not None:
         assert kc.pod_grace_period_s > rcp_config(tmp_path).health.drain_deadline_s

@@ -292,7 +292,7 @@ def admitted(
 
 HEAD = "RayCluster/rcp head"
 GPU = "RayCluster/rcp worker gpu-cluster"
-EXT = "RayCluster/rcp worker gpu-external"
+EXT = "RayCluster/rcp worker gpu-external-rent-a"
 PROM = "Deployment/prometheus"
 GRAFANA = "Deployment/grafana"
 REDIS = "Deployment/rcp-redis"

@@ -75,7 +75,8 @@ EXPECTED_PODS = {
     "RayCluster/rcp head",
     "RayCluster/rcp head autoscaler",
     "RayCluster/rcp worker gpu-cluster",
-    "RayCluster/rcp worker gpu-external",
+    "RayCluster/rcp worker gpu-external-rent-a",
+    "RayCluster/rcp worker gpu-external-rent-b",
     "Deployment/prometheus",
     "Deployment/grafana",
     "Deployment/rcp-redis",
@@ -85,7 +86,14 @@ EXPECTED_PODS = {
 # Containers whose root filesystem may stay writable, and why (docs/operations.md).
 WRITABLE_ROOT = {
     ("RayCluster/rcp worker gpu-cluster", "ray-worker"): "user code writes caches under $HOME",
-    ("RayCluster/rcp worker gpu-external", "ray-worker"): "user code writes caches under $HOME",
+    (
+        "RayCluster/rcp worker gpu-external-rent-a",
+        "ray-worker",
+    ): "user code writes caches under $HOME",
+    (
+        "RayCluster/rcp worker gpu-external-rent-b",
+        "ray-worker",
+    ): "user code writes caches under $HOME",
 }
 # Pod Security `restricted` lets a container add only this capability.
 ALLOWED_ADDED_CAPABILITIES = {"NET_BIND_SERVICE"}
@@ -280,7 +288,7 @@ def _worker(b: dict[str, Any], i: int = 0) -> dict[str, Any]:
             lambda b: _worker(b, 1)["containers"][0]["securityContext"].update(
                 capabilities={"add": ["SYS_ADMIN"]}
             ),
-            "worker gpu-external: container ray-worker: capabilities.drop must include ALL",
+            "worker gpu-external-rent-a: container ray-worker: capabilities.drop must include ALL",
             id="capabilities-not-dropped",
         ),
         pytest.param(

@@ -51,6 +51,7 @@ from tests.unit.test_kube_actuator import (
     POD,
     POD_PATH,
     add_cluster,
+    group,
     kube_config,
     replicas_of,
     worker_labels,
@@ -107,7 +108,7 @@ def make_rig(api: FakeKubeApi, tmp_path: Path, **overrides: Any) -> Iterator[Rig
     conf.host = api.url
     actuator = KubernetesActuator(kc, k8s.ApiClient(conf), sleep=lambda _s: None)
     clock = [1000.0]
-    service = ActuatorService(actuator, kc, clock=lambda: clock[0])
+    service = ActuatorService(actuator, kc, providers=("rent-a", "rent-b"), clock=lambda: clock[0])
     server = ActuatorServer(service).start()
     kc_client = kube_config(actuator_url=server.url, actuator_token_file=str(token_file))
     try:
@@ -222,6 +223,20 @@ def test_scale_external_follows_the_services_own_config(
             assert not [r for r in api.requests if "rayclusters" in r.path]
 
 
+def test_scale_external_sizes_the_named_providers_group(api: FakeKubeApi, tmp_path: Path) -> None:
+    add_cluster(
+        api,
+        group("gpu-cluster", 2, 2, 2),
+        group("gpu-external-rent-a", 0, 0, 4),
+        group("gpu-external-rent-b", 0, 0, 4),
+    )
+    for rig in make_rig(api, tmp_path, autoscaler_owns_external=False):
+        result = rig.client.scale_external(3, "rent-b")
+        assert result.changed
+        assert replicas_of(api, "gpu-external-rent-b") == 3
+        assert replicas_of(api, "gpu-external-rent-a") == 0
+
+
 # --- refusals: each writes nothing --------------------------------------------------------------
 
 
@@ -330,6 +345,20 @@ LONG = "a" * 254
         pytest.param("/v1/scale-external", {"replicas": True}, 400, "integer", id="bool"),
         pytest.param("/v1/scale-external", {"replicas": -1}, 400, "0..", id="negative"),
         pytest.param("/v1/scale-external", {"replicas": 10**6}, 400, "0..", id="huge"),
+        pytest.param(
+            "/v1/scale-external",
+            {"replicas": 1, "provider": "elsewhere"},
+            400,
+            "provider must be one of ['rent-a', 'rent-b']",
+            id="unknown-provider",
+        ),
+        pytest.param(
+            "/v1/scale-external",
+            {"replicas": 1, "provider": "rent-a", "group": "gpu-cluster"},
+            400,
+            "unknown ['group']",
+            id="extra-key",
+        ),
         pytest.param("/v1/pod-for-ip", {"pod_ip": "10.0.0.1; rm"}, 400, "IPv4", id="bad-ip"),
         pytest.param("/v1/uncordon", {"node_name": NODE}, 404, "no such route", id="uncordon"),
         pytest.param("/v1/delete-pod", {"pod_name": POD}, 404, "no such route", id="other-route"),

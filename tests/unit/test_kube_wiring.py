@@ -25,6 +25,7 @@ from tests.unit.test_kube_actuator import (
     POD,
     POD_PATH,
     add_cluster,
+    group,
     kube_config,
     replicas_of,
     worker_labels,
@@ -68,18 +69,29 @@ def test_an_empty_unhealthy_node_is_cordoned_tainted_and_its_pod_deleted(api: Fa
     assert POD in dict(events)["health.drain"]
 
 
+PROVIDER_GROUPS = (
+    group("gpu-cluster", 2, 2, 2),
+    group("gpu-external-rent-a", 0, 0, 2),
+    group("gpu-external-rent-b", 0, 0, 2),
+)
+
+
 @pytest.mark.parametrize(
     ("owns", "gpus", "replicas"),
-    [(False, 5, 3), (False, 4, 2), (True, 5, 0)],  # 2 GPUs per external node (default)
+    [  # 2 GPUs per node of each default provider
+        (False, {"rent-a": 4, "rent-b": 1}, (2, 1)),
+        (False, {"rent-a": 3}, (2, 0)),
+        (True, {"rent-a": 4, "rent-b": 4}, (0, 0)),
+    ],
 )
-def test_the_loop_sizes_the_external_group_only_when_it_owns_it(
-    api: FakeKubeApi, tmp_path: Path, owns: bool, gpus: int, replicas: int
+def test_the_loop_sizes_each_providers_group_only_when_it_owns_them(
+    api: FakeKubeApi, tmp_path: Path, owns: bool, gpus: dict[str, int], replicas: tuple[int, int]
 ) -> None:
     from controlplane.loop import Adapters, Loop
     from controlplane.service.controller import policies
     from tests.unit.loop_fakes import FakeCluster, FakeMetrics, FakeTelemetry
 
-    add_cluster(api)
+    add_cluster(api, *PROVIDER_GROUPS)
     cfg = load_config(
         None,
         [
@@ -104,7 +116,8 @@ def test_the_loop_sizes_the_external_group_only_when_it_owns_it(
     loop = Loop(cfg, store, adapters, policies(cfg))
     if loop.external_group is not None:
         loop.external_group.apply(gpus)
-    assert replicas_of(api) == replicas
+    got = (replicas_of(api, "gpu-external-rent-a"), replicas_of(api, "gpu-external-rent-b"))
+    assert got == replicas
 
 
 def test_the_controllers_removal_treats_a_vanished_kubernetes_node_as_done(
@@ -180,18 +193,18 @@ def test_the_external_group_is_set_again_when_someone_changed_it(
     """Level-triggered: a scale lost to an operator's edit (or a failed call) is repaired."""
     from controlplane.loop.act import serving as act_serving
 
-    add_cluster(api)
+    add_cluster(api, *PROVIDER_GROUPS)
     act = actuator(api)
-    group = act_serving.ExternalGroup(2, lambda: act.scale_external, lambda _k, _m: None)
-    group.apply(4)
-    assert replicas_of(api) == 2
+    ext = act_serving.ExternalGroup({"rent-a": 2}, lambda: act.scale_external, lambda _k, _m: None)
+    ext.apply({"rent-a": 4})
+    assert replicas_of(api, "gpu-external-rent-a") == 2
     with api._lock:  # someone scales it down behind our back
         api.objects[f"/apis/ray.io/v1/namespaces/{NS}/rayclusters/{CLUSTER}"]["spec"][
             "workerGroupSpecs"
         ][1]["replicas"] = 0
-    group.apply(4)
-    assert replicas_of(api) == 0  # not yet: within the recheck interval nothing is read
+    ext.apply({"rent-a": 4})
+    assert replicas_of(api, "gpu-external-rent-a") == 0  # not yet: within the recheck interval
     monkeypatch.setattr(act_serving, "EXTERNAL_GROUP_RECHECK_S", 0.0)
-    group.recheck_at = 0.0
-    group.apply(4)
-    assert replicas_of(api) == 2
+    ext.recheck_at = 0.0
+    ext.apply({"rent-a": 4})
+    assert replicas_of(api, "gpu-external-rent-a") == 2

@@ -19,15 +19,28 @@ from controlplane.ray_connection import ray_temp_dir
 
 
 def test_node_types_carry_pool_as_label_and_resource() -> None:
-    cfg = load_config(None, ["pools.cluster.num_nodes=3", "pools.external.max_nodes=5"])
-    types = autoscaler_config(cfg)["available_node_types"]
-    assert set(types) == {HEAD_NODE_TYPE, "cluster", "external"}
+    cfg = load_config(
+        None,
+        [
+            "pools.cluster.num_nodes=3",
+            "pools.external.providers=[{name: a, max_nodes: 5}, "
+            "{name: b, min_nodes: 1, max_nodes: 2, gpus_per_node: 8, price_per_gpu_hour: 9}]",
+        ],
+    )
+    conf = autoscaler_config(cfg)
+    types = conf["available_node_types"]
+    assert set(types) == {HEAD_NODE_TYPE, "cluster", "external-a", "external-b"}
     assert types["cluster"]["labels"] == {"pool": "cluster"}
     assert types["cluster"]["resources"]["pool_cluster"] > 0
     assert (types["cluster"]["min_workers"], types["cluster"]["max_workers"]) == (3, 3)
-    assert types["external"]["labels"] == {"pool": "external"}
-    assert (types["external"]["min_workers"], types["external"]["max_workers"]) == (0, 5)
-    assert types["external"]["resources"]["GPU"] == 2
+    for name, lo, hi, gpus in (("a", 0, 5, 2), ("b", 1, 2, 8)):
+        t = types[f"external-{name}"]
+        assert t["labels"] == {"pool": "external", "provider": name}
+        assert (t["min_workers"], t["max_workers"]) == (lo, hi)
+        assert t["resources"]["GPU"] == gpus
+        assert t["resources"]["pool_external"] > 0 and t["resources"][f"provider_{name}"] > 0
+        assert f"provider_{name}" not in types["cluster"]["resources"]
+    assert conf["max_workers"] == 3 + 5 + 2
     assert "GPU" not in types[HEAD_NODE_TYPE]["resources"]
 
 
@@ -66,7 +79,8 @@ def test_only_cluster_pool_workers_offer_the_job_driver_resource(tmp_path) -> No
     types = autoscaler_config(cfg)["available_node_types"]
     assert types["cluster"]["resources"][JOB_DRIVER_RESOURCE] == JOB_DRIVER_SLOTS_PER_NODE
     assert JOB_DRIVER_RESOURCE not in types[HEAD_NODE_TYPE]["resources"]
-    assert JOB_DRIVER_RESOURCE not in types["external"]["resources"]
+    assert JOB_DRIVER_RESOURCE not in types["external-rent-a"]["resources"]
+    assert JOB_DRIVER_RESOURCE not in types["external-rent-b"]["resources"]
     # The head's own `ray start` (what the head really advertises) does not offer it either.
     cmd = LocalCluster(cfg).head_command(tmp_path / "autoscaler.yaml")
     head_resources = json.loads(

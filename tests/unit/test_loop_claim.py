@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.cli.cluster import provider_lines
 from controlplane.store import JobState
 from policies.snapshot import Pool
 from tests.unit.loop_fakes import World, make_world
@@ -21,8 +22,7 @@ from tests.unit.loop_fakes import World, make_world
 MODEL = "sample"
 OVERRIDES = (
     "serve.deploy_app=true",
-    "pools.external.max_nodes=1",
-    "pools.external.gpus_per_node=2",
+    "pools.external.providers=[{name: rent-a, max_nodes: 1, gpus_per_node: 2}]",
     "placement.migrate_back_idle_s=2",
     "placement.migrate_back_step=1",
     "placement.migrate_back_interval_s=4",
@@ -69,7 +69,8 @@ def test_a_claim_moves_replicas_out_make_before_break_then_admits_the_gang(
     assert "cluster -> external" in start and "yield_to_training" in start
     (done,) = w.events("serve.move.done")
     assert "c1 freed" in done  # the node admission chose is the one that was emptied
-    assert w.serve.requests_external[0] == [{"GPU": 1.0, "CPU": 1.0, "pool_external": 1.0}] * 2
+    bundle = {"GPU": 1.0, "CPU": 1.0, "pool_external": 1.0, "provider_rent-a": 1.0}
+    assert w.serve.requests_external[0] == [bundle] * 2
     # The move that ran is the one admission's claim named: its node ids and its job.
     assert w.loop.last is not None
     assert w.store.get_value("serving.operations") is None  # nothing left in flight
@@ -129,3 +130,77 @@ def test_one_thread_decides(tmp_path: Path, tick_s: float) -> None:
     finally:
         w.loop.stop()
     assert after - before == {"rcp-tick"}
+
+
+def test_a_claim_rents_from_the_cheapest_provider_first_and_the_rest_from_the_next(
+    tmp_path: Path,
+) -> None:
+    """Two providers: ``cheap`` has room for one replica's GPU, ``dear`` for two. The claim
+    moves both replicas out: one capacity bundle names ``cheap``, the other ``dear``, and the
+    event says what each provider was asked for."""
+    w = make_world(
+        tmp_path,
+        *(o for o in OVERRIDES if not o.startswith("pools.external")),
+        "pools.external.providers=[{name: dear, price_per_gpu_hour: 3, max_nodes: 1, "
+        "gpus_per_node: 2}, {name: cheap, price_per_gpu_hour: 1, max_nodes: 1, gpus_per_node: 1}]",
+        config_text=TWO_REPLICAS,
+    )
+    w.cluster.add("c1", Pool.CLUSTER, gpus=2)
+    w.cluster.add("e1", Pool.EXTERNAL, gpus=1, provider="cheap")
+    w.cluster.add("e2", Pool.EXTERNAL, gpus=2, provider="dear")
+    w.serve.deploy(MODEL, cluster=2)
+    job_id = claim_the_cluster(w)
+
+    assert w.store.get(job_id).state in (JobState.ADMITTED, JobState.RUNNING)
+    assert sorted(w.serve.nodes_of(MODEL, Pool.EXTERNAL)) == ["e1", "e2"]
+    assert w.serve.failed_requests == 0
+    bundle = {"GPU": 1.0, "CPU": 1.0, "pool_external": 1.0}
+    assert sorted(w.serve.requests_external[0], key=str) == [
+        {**bundle, "provider_cheap": 1.0},
+        {**bundle, "provider_dear": 1.0},
+    ]
+    (asked,) = w.events("serve.external_capacity")
+    assert "dear 1, cheap 1" in asked
+    # What users see: each provider's price, room, what it holds and was asked, per metric
+    # and in `rcp serve status`.
+    g = w.metrics.gauges
+    assert g[("rcp_external_provider_price_per_gpu_hour", (("provider", "cheap"),))] == 1.0
+    assert g[("rcp_external_provider_gpus_max", (("provider", "dear"),))] == 2.0
+    assert g[("rcp_external_provider_gpus_live", (("provider", "dear"),))] == 2.0
+    assert g[("rcp_external_provider_gpus_requested", (("provider", "cheap"),))] == 1.0
+    assert g[("rcp_external_provider_out", (("provider", "cheap"),))] == 0.0
+    lines = provider_lines(w.loop.provider_rows)
+    assert lines == [
+        "provider:     dear $3/GPU-h, GPUs live 2 asked 1 of 2: delivering",
+        "provider:     cheap $1/GPU-h, GPUs live 1 asked 1 of 1: delivering",
+    ]
+
+
+def test_serve_status_says_which_provider_is_out_and_which_owes() -> None:
+    rows = [
+        {
+            "name": "a",
+            "price_per_gpu_hour": 2.5,
+            "gpus_max": 8,
+            "gpus_live": 0,
+            "gpus_requested": 0,
+            "out": True,
+            "out_for_s": 1500.4,
+            "owed_for_s": None,
+        },
+        {
+            "name": "b",
+            "price_per_gpu_hour": 3.0,
+            "gpus_max": 8,
+            "gpus_live": 2,
+            "gpus_requested": 6,
+            "out": False,
+            "out_for_s": None,
+            "owed_for_s": 42.0,
+        },
+    ]
+    assert provider_lines(rows) == [
+        "provider:     a $2.5/GPU-h, GPUs live 0 asked 0 of 8: OUT for 1500 s more (did not "
+        "deliver in time)",
+        "provider:     b $3/GPU-h, GPUs live 2 asked 6 of 8: delivering: owed for 42 s",
+    ]

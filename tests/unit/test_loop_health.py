@@ -61,8 +61,7 @@ def one_node_world(tmp_path: Path) -> World:
     w = make_world(
         tmp_path,
         "serve.deploy_app=true",
-        "pools.external.max_nodes=1",
-        "pools.external.gpus_per_node=2",
+        "pools.external.providers=[{name: rent-a, max_nodes: 1, gpus_per_node: 2}]",
         "health.act=true",
         "health.replace_drained=true",
         config_text=TWO_REPLICAS,

@@ -129,8 +129,7 @@ def test_demand_unchanged_moves_everything_as_before() -> None:
 
 OVERRIDES = (
     "serve.deploy_app=true",
-    "pools.external.max_nodes=1",
-    "pools.external.gpus_per_node=4",
+    "pools.external.providers=[{name: rent-a, max_nodes: 1, gpus_per_node: 4}]",
     "placement.migrate_back_idle_s=600",
 )
 SCALING = (

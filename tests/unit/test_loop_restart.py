@@ -30,8 +30,7 @@ def world(tmp_path: Path, start_ticks: int = 3) -> World:
     w = make_world(
         tmp_path,
         "serve.deploy_app=true",
-        "pools.external.max_nodes=1",
-        "pools.external.gpus_per_node=2",
+        "pools.external.providers=[{name: rent-a, max_nodes: 1, gpus_per_node: 2}]",
         config_text=TWO_REPLICAS,
         start_ticks=start_ticks,
     )

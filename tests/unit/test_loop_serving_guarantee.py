@@ -20,8 +20,7 @@ from tests.unit.loop_fakes import World, make_world
 MODEL = "sample"
 OVERRIDES = (
     "serve.deploy_app=true",
-    "pools.external.max_nodes=1",
-    "pools.external.gpus_per_node=1",
+    "pools.external.providers=[{name: rent-a, max_nodes: 1, gpus_per_node: 1}]",
     "placement.migrate_back_idle_s=2",
     "placement.migrate_back_step=1",
     "placement.migrate_back_interval_s=4",

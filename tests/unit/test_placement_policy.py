@@ -4,12 +4,20 @@ and come back gradually."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import pytest
 
-from policies.placement import ModelDemand, PlacementConfig, PlacementState, decide
+from policies.placement import (
+    ModelDemand,
+    PlacementConfig,
+    PlacementState,
+    decide,
+    external_cap_gpus,
+    provider_room,
+)
 from policies.plan import MoveServeReplicas, RequestExternalCapacity, SetRouteWeights
+from policies.providers import Provider, ProviderState
 from policies.snapshot import Pool, ReplicaState
 from tests.unit.builders import gang, job, node, replica, snapshot
 
@@ -424,14 +432,89 @@ def test_an_external_pool_that_does_not_deliver_is_out_and_growth_goes_to_the_cl
         snap = snapshot(CLUSTER, replicas=replicas(2, 0), queued=[job("q", 8)], now_s=now)
         return decide(snap, demand, cfg, state)
 
-    asked = PlacementState(requested_external_gpus=4)
+    asked = PlacementState(
+        requested_external_gpus=4, providers={"external": ProviderState(requested_gpus=4)}
+    )
     (targets, _), owed = tick(100.0, asked)
     assert (targets[0].cluster, targets[0].external) == (2, 4)
-    assert owed.external_owed_since_s == 100.0 and owed.external_out_until_s is None
+    assert owed.providers["external"] == ProviderState(4, owed_since_s=100.0)
     (targets, actions), out = tick(1000.0, owed)
-    assert out.external_out_until_s == 2800.0 and out.external_owed_since_s is None
+    assert out.providers["external"] == ProviderState(0, out_until_s=2800.0)
     assert (targets[0].cluster, targets[0].external) == (6, 0)
     assert [a.num_gpus for a in actions if isinstance(a, RequestExternalCapacity)] == [0]
-    (targets, _), again = tick(2800.0, replace(out, requested_external_gpus=0))
-    assert again.external_out_until_s is None
+    (targets, _), again = tick(2800.0, out)
+    assert again.providers["external"] == ProviderState(4, owed_since_s=2800.0)
     assert (targets[0].cluster, targets[0].external) == (2, 4)
+
+
+TWO_PROVIDERS = PlacementConfig(
+    external_max_gpus=8,
+    providers=(
+        Provider("dear", 4, 3.5, deadline_s=900, backoff_s=1800),
+        Provider("cheap", 4, 2.0, deadline_s=900, backoff_s=1800),
+    ),
+)
+
+
+def test_external_gpus_are_rented_cheapest_first_and_a_provider_that_does_not_deliver_hands_over() -> (
+    None
+):
+    """Rule 6 over two providers: 6 external GPUs wanted go 4 to ``cheap`` (its most) and 2
+    to ``dear``. ``cheap`` delivers nothing for the deadline: it is out, and ``dear`` is asked
+    for all it has (4); the 2 no provider can host stay on the cluster pool."""
+    demand = (ModelDemand("m", 8, 1, 1),)
+
+    def tick(now: float, state: PlacementState, live: dict[str, int]):  # type: ignore[no-untyped-def]
+        ext = [
+            node(f"x-{name}{i}", gpus_total=1, pool=Pool.EXTERNAL, labels={"provider": name})
+            for name, n in live.items()
+            for i in range(n)
+        ]
+        snap = snapshot([*CLUSTER, *ext], replicas=replicas(2, 0), queued=[job("q", 8)], now_s=now)
+        return decide(snap, demand, TWO_PROVIDERS, state)
+
+    (targets, actions), first = tick(0.0, PlacementState(), {})
+    asks = [a for a in actions if isinstance(a, RequestExternalCapacity)]
+    assert [a.by_provider for a in asks] == [(("cheap", 4), ("dear", 2))]
+    assert (targets[0].cluster, targets[0].external) == (2, 6)
+    assert first.providers["cheap"].owed_since_s == 0.0
+    (_, actions), later = tick(600.0, first, {"dear": 2})
+    assert (
+        later.providers["cheap"].owed_since_s == 0.0
+        and later.providers["dear"].owed_since_s is None
+    )
+    assert not [a for a in actions if isinstance(a, RequestExternalCapacity)]
+    (targets, actions), out = tick(900.0, later, {"dear": 2})
+    assert out.providers["cheap"].out_until_s == 2700.0
+    asks = [a for a in actions if isinstance(a, RequestExternalCapacity)]
+    assert [(a.num_gpus, a.by_provider) for a in asks] == [(4, (("cheap", 0), ("dear", 4)))]
+    assert "out: cheap" in asks[0].reason
+    assert (targets[0].cluster, targets[0].external) == (4, 4)
+
+
+def test_a_provider_out_keeps_what_it_delivered() -> None:
+    """An out provider's room is its live GPUs: what it delivered keeps serving."""
+    state = PlacementState(
+        providers={"cheap": ProviderState(4, out_until_s=5000.0), "dear": ProviderState(0)}
+    )
+    ext = [
+        node(f"x-c{i}", gpus_total=1, pool=Pool.EXTERNAL, labels={"provider": "cheap"})
+        for i in range(3)
+    ]
+    snap = snapshot([*CLUSTER, *ext], replicas=replicas(2, 0), queued=[job("q", 8)], now_s=100.0)
+    assert provider_room(snap, TWO_PROVIDERS, state) == {"dear": 4, "cheap": 3}
+    assert external_cap_gpus(snap, TWO_PROVIDERS, state) == 7
+
+
+@pytest.mark.parametrize(
+    ("providers", "error"),
+    [
+        ((Provider("a", 4, 1.0), Provider("a", 4, 2.0)), "unique"),
+        ((Provider("a", 4, 1.0),), "sum of the providers"),
+    ],
+)
+def test_placement_config_refuses_inconsistent_providers(
+    providers: tuple[Provider, ...], error: str
+) -> None:
+    with pytest.raises(ValueError, match=error):
+        PlacementConfig(external_max_gpus=8, providers=providers)

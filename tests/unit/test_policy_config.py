@@ -32,6 +32,7 @@ from controlplane.policy_config import (
 from policies.admission import AdmissionConfig, PreemptionConfig, QueueShare
 from policies.health import HealthThresholds, RemovalBudget
 from policies.placement import MigrateBackConfig, PlacementConfig
+from policies.providers import Provider
 from policies.restarts import RestartLimits
 
 EMBEDDED: list[tuple[str, type[Any], type[Any]]] = [
@@ -126,8 +127,13 @@ def test_no_section_of_the_config_writes_a_policy_field_twice() -> None:
 def test_the_adapters_rebuild_the_policy_defaults_unchanged() -> None:
     cfg = Config()
     assert admission_config(cfg) == AdmissionConfig()
-    e = cfg.pools.external
-    assert placement_config(cfg) == PlacementConfig(e.max_nodes * e.gpus_per_node)
+    assert placement_config(cfg) == PlacementConfig(
+        8,
+        providers=(
+            Provider("rent-a", 4, 2.0, 900.0, 1800.0),
+            Provider("rent-b", 4, 3.0, 900.0, 1800.0),
+        ),
+    )
     assert isinstance(cfg.health, HealthThresholds)
     assert {f.name: getattr(cfg.health, f.name) for f in dataclasses.fields(HealthThresholds)} == (
         dataclasses.asdict(HealthThresholds())
@@ -154,7 +160,8 @@ def test_the_adapters_carry_overrides() -> None:
             "jobs.queues.b.share=0.25",
             "jobs.queues.b.borrowing_limit=0.1",
             "placement.migrate_back_step=3",
-            "pools.external.max_nodes=5",
+            "pools.external.providers=[{name: a, max_nodes: 5, price_per_gpu_hour: 4}, "
+            "{name: b, max_nodes: 1, gpus_per_node: 8, price_per_gpu_hour: 1.5}]",
         ]
     )
     adm = admission_config(cfg)
@@ -166,7 +173,11 @@ def test_the_adapters_carry_overrides() -> None:
     ]
     placement = placement_config(cfg)
     assert placement.migrate_back_step == 3
-    assert placement.external_max_gpus == 5 * cfg.pools.external.gpus_per_node
+    assert placement.external_max_gpus == 5 * 2 + 8
+    assert [(p.name, p.max_gpus, p.price_per_gpu_hour) for p in placement.providers] == [
+        ("a", 10, 4.0),
+        ("b", 8, 1.5),
+    ]
 
 
 # The keys users write in YAML and as key=value overrides, as they were before the sections

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from controlplane.config import Config
+from controlplane.config.cluster import ProviderConfig
 from controlplane.config.validation import validate
 from controlplane.loop.decide import external_room_gpus, policies_of, unplaced_gpus
 from controlplane.loop.types import ServingPolicyState
@@ -98,8 +99,7 @@ def test_the_head_preempts_lower_priority_training_when_serving_cannot_move() ->
 def test_the_external_room_is_its_most_less_what_its_replicas_hold() -> None:
     cfg = Config()
     cfg.serve.deploy_app = True
-    cfg.pools.external.max_nodes = 2
-    cfg.pools.external.gpus_per_node = 4
+    cfg.pools.external.providers = [ProviderConfig(name="a", max_nodes=2, gpus_per_node=4)]
     e1 = node("e1", gpus_total=4, pool=Pool.EXTERNAL)
     reps = [
         replica("a", "e1", model="m", pool=Pool.EXTERNAL),

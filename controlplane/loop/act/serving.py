@@ -52,6 +52,7 @@ from policies.plan import (
     ScaleServePool,
     SetRouteWeights,
 )
+from policies.providers import provider_resource
 from policies.snapshot import ReplicaState
 from serve.config import ServingConfig
 
@@ -195,7 +196,7 @@ class ServeActuator:
         started: set[str] = set()
         for a in plan:
             if isinstance(a, RequestExternalCapacity):
-                self.serve.request_external(self.external_bundles(targets))
+                self.serve.request_external(self.external_bundles(targets, a.by_provider))
                 self._record(EventKind.SERVE_EXTERNAL_CAPACITY, a.reason)
             elif isinstance(a, MoveServeReplicas):
                 if self._start(a, view, now_s):
@@ -240,13 +241,26 @@ class ServeActuator:
         self._record(EventKind.SERVE_SCALE, f"{a.model}/{a.pool.value}: {a.reason}")
         self.serve.scale_pool(a.model, a.pool, a.num_replicas)
 
-    def external_bundles(self, targets: tuple[PoolTargets, ...]) -> list[dict[str, float]]:
-        """One resource bundle per external replica wanted, for ``request_resources``."""
+    def external_bundles(
+        self, targets: tuple[PoolTargets, ...], by_provider: tuple[tuple[str, int], ...] = ()
+    ) -> list[dict[str, float]]:
+        """One resource bundle per external replica wanted, for ``request_resources``; each
+        carries the resource of the provider placement rents its GPUs from (`by_provider`:
+        GPUs per provider, cheapest first in the order given), so the autoscaler launches
+        that provider's nodes. A replica a provider's share cannot hold whole goes to the
+        next; with no split (or past it) the bundle names no provider."""
+        left: dict[str, float] = {name: float(g) for name, g in by_provider if g > 0}
         bundles: list[dict[str, float]] = []
         for t in targets:
             m = self.models[t.model]
-            bundle = {"GPU": float(m.num_gpus), "CPU": float(m.num_cpus), "pool_external": 1.0}
-            bundles.extend(dict(bundle) for _ in range(t.external))
+            for _ in range(t.external):
+                bundle = {"GPU": float(m.num_gpus), "CPU": float(m.num_cpus), "pool_external": 1.0}
+                need = max(1.0, float(m.num_gpus))
+                name = next((k for k, gpus in left.items() if gpus >= need), None)
+                if name is not None:
+                    left[name] -= need
+                    bundle[provider_resource(name)] = 1.0
+                bundles.append(bundle)
         return bundles
 
 
@@ -262,29 +276,33 @@ class ScaleOutcome(Protocol):
 
 
 class ExternalGroup:
-    """On Kubernetes with the in-tree autoscaler off, the external worker group's size set
-    through the RayCluster (``request_resources`` alone would reach no autoscaler).
+    """On Kubernetes with the in-tree autoscaler off, each external provider's worker group's
+    size set through the RayCluster (``request_resources`` alone would reach no autoscaler).
 
-    Level-triggered: set whenever what the policy wants differs from what was last applied,
-    and re-asserted every `EXTERNAL_GROUP_RECHECK_S` (a failed or overwritten scale is
-    repaired; an unchanged one costs one read). `scale(nodes)` is the Kubernetes adapter's
-    ``scale_external``, made on first use."""
+    Level-triggered: a group is set whenever what the policy wants of its provider differs
+    from what was last applied, and every group is re-asserted every
+    `EXTERNAL_GROUP_RECHECK_S` (a failed or overwritten scale is repaired; an unchanged one
+    costs one read). `scale(nodes, provider)` is the Kubernetes adapter's ``scale_external``,
+    made on first use; `gpus_per_node` names each provider and its node shape."""
 
     def __init__(
         self,
-        gpus_per_node: int,
-        scale: Callable[[], Callable[[int], ScaleOutcome] | None],
+        gpus_per_node: Mapping[str, int],
+        scale: Callable[[], Callable[[int, str], ScaleOutcome] | None],
         record: Recorder,
     ) -> None:
-        self.gpus_per_node = max(1, gpus_per_node)
+        self.gpus_per_node = {name: max(1, g) for name, g in gpus_per_node.items()}
         self._make = scale
-        self._scale: Callable[[int], ScaleOutcome] | None = None
+        self._scale: Callable[[int, str], ScaleOutcome] | None = None
         self._record = record
-        self.applied: int | None = None
+        self.applied: dict[str, int] = {}
         self.recheck_at = 0.0
 
-    def apply(self, requested_gpus: int) -> None:
-        nodes = -(-requested_gpus // self.gpus_per_node)
+    def apply(self, requested_gpus: Mapping[str, int]) -> None:
+        """`requested_gpus`: what placement asks of each provider (one not named: 0)."""
+        nodes = {
+            name: -(-requested_gpus.get(name, 0) // gpn) for name, gpn in self.gpus_per_node.items()
+        }
         now = time.monotonic()
         if nodes == self.applied and now < self.recheck_at:
             return
@@ -292,8 +310,13 @@ class ExternalGroup:
             self._scale = self._make()
         if self._scale is None:
             return
-        result = self._scale(nodes)
-        self.applied = nodes
-        self.recheck_at = now + EXTERNAL_GROUP_RECHECK_S
-        if result.changed or result.refused:
-            self._record(EventKind.SERVE_EXTERNAL_GROUP, result.detail)
+        recheck = now >= self.recheck_at
+        for name, count in nodes.items():
+            if not recheck and self.applied.get(name) == count:
+                continue
+            result = self._scale(count, name)
+            self.applied[name] = count
+            if result.changed or result.refused:
+                self._record(EventKind.SERVE_EXTERNAL_GROUP, result.detail)
+        if recheck:
+            self.recheck_at = now + EXTERNAL_GROUP_RECHECK_S
