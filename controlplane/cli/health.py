@@ -17,7 +17,14 @@ from typing import Any
 
 import click
 
-from controlplane.cli.common import api_call, client_options, fail, load_cfg, sdk_client
+from controlplane.cli.common import (
+    api_call,
+    client_options,
+    config_options,
+    fail,
+    load_cfg,
+    sdk_client,
+)
 from controlplane.inventory import format_health_table
 
 __all__ = [
@@ -45,7 +52,8 @@ def _when(t_s: float | None) -> str:
 
 @click.group("fault")
 def fault_group() -> None:
-    """Inject simulated hardware faults (telemetry.source=simulated only)."""
+    """Inject simulated faults: hardware (telemetry.source=simulated only) and, on the local
+    cluster, an external provider's stock-out."""
 
 
 @fault_group.command("inject")
@@ -61,6 +69,34 @@ def fault_inject(url: str | None, state_dir: str | None, node: str, kind: str) -
     result = api_call(lambda: api.inject_fault(node, kind))
     faults = ", ".join(result.get("faults") or []) or "none"
     click.echo(f"node {result.get('node_id', node)}: injected {kind}; active faults: {faults}")
+
+
+@fault_group.command("stockout")
+@click.argument("provider")
+@config_options
+@click.option("--end", is_flag=True, help="End PROVIDER's stock-out: it launches nodes again.")
+def fault_stockout(
+    config_file: str | None, overrides: tuple[str, ...], provider: str, end: bool
+) -> None:
+    """Make external PROVIDER deliver no node from now on, as a provider out of stock does
+    (the local cluster's fake provider only; nodes already up stay). Placement marks it out
+    once its delivery deadline passes and rents from the next provider. `--end` ends it."""
+    from controlplane.local.autoscaler import stockout_file  # deferred: imports Ray
+    from controlplane.local.provider import read_stockouts, write_stockouts
+
+    cfg = load_cfg(config_file, overrides)
+    names = [p.name for p in cfg.pools.external.providers]
+    if provider not in names:
+        fail(f"no external provider {provider!r}; pools.external.providers: {', '.join(names)}")
+    path = stockout_file(cfg)
+    if not path.parent.is_dir():
+        fail(f"no local cluster state in {path.parent} (run `rcp up` first)")
+    now = read_stockouts(path)
+    write_stockouts(path, now - {provider} if end else now | {provider})
+    left = ", ".join(sorted(read_stockouts(path))) or "none"
+    click.echo(
+        f"provider {provider}: stock-out {'ended' if end else 'started'}; stocked out: {left}"
+    )
 
 
 @click.group("health", invoke_without_command=True)

@@ -12,6 +12,7 @@ Must not: start anything (``controlplane.local.cluster`` does) or read files.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from controlplane.config import Config
@@ -26,6 +27,7 @@ __all__ = [
     "POOL_RESOURCE_UNITS",
     "autoscaler_config",
     "external_node_type",
+    "stockout_file",
 ]
 
 # The fake provider names the head's node type this way; the autoscaler requires it.
@@ -36,6 +38,11 @@ FAKE_HEAD_NODE_ID = "fffffffffffffffffffffffffffffffffffffffffffffffffff00000"
 POOL_RESOURCE_UNITS = 1000
 # How many job drivers one `cluster` pool worker may host (each entrypoint asks for 1).
 JOB_DRIVER_SLOTS_PER_NODE = 16
+
+
+def stockout_file(cfg: Config) -> Path:
+    """Where `rcp fault stockout` names the providers that launch nothing (local only)."""
+    return cfg.state_path / "stockouts.json"
 
 
 def external_node_type(provider: str) -> str:
@@ -69,6 +76,8 @@ def autoscaler_config(cfg: Config, serve_proxy_ports: Sequence[int] = ()) -> dic
             "gcs_address": gcs_address(cfg),
             "launch_multiple": True,
             "head_node_id": FAKE_HEAD_NODE_ID,
+            # `rcp fault stockout`: the providers that launch nothing for now.
+            "stockout_file": str(stockout_file(cfg)),
         },
         "auth": {"ssh_user": "rcp"},
         "head_node_type": HEAD_NODE_TYPE,

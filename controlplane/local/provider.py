@@ -12,24 +12,35 @@ of the list `rcp up` allocated (``provider.serve_proxy_ports`` in the autoscaler
 same list the state file records and the loopback balancer health-checks).
 
 Owns: which node gets which port (a port no live node of this provider holds, else one that
-nothing listens on: a node that died may not have been terminated here yet).
+nothing listens on: a node that died may not have been terminated here yet), and the local
+stand-in for a rented-GPU provider's stock-out: while the stock-out file
+(``provider.stockout_file``, written by `write_stockouts`, `rcp fault stockout`) names a
+node's ``provider`` label, no node of it is launched (the request is dropped, as a provider
+that has no capacity leaves it unanswered; the autoscaler asks again on its next pass).
 Must not: change anything else about how the fake provider starts or stops nodes.
 It runs inside Ray's autoscaler (``monitor.py``), which imports it by its dotted path.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from ray.autoscaler._private.fake_multi_node.node_provider import FakeMultiNodeProvider
 
 from controlplane.local.ports import pick_proxy_port, port_in_use
+from policies.providers import PROVIDER_LABEL
 
-__all__ = ["PROXY_PORT_ENV", "ProxyPortNodeProvider"]
+__all__ = ["PROXY_PORT_ENV", "ProxyPortNodeProvider", "read_stockouts", "write_stockouts"]
+
+log = logging.getLogger(__name__)
+MAX_STOCKOUT_FILE_BYTES = 65_536
 
 PROXY_PORT_ENV = "RAY_SERVE_WORKER_PROXY_HTTP_PORT"
 """Ray Serve's per-node override of a worker node's proxy port (not the head's)."""
@@ -53,6 +64,35 @@ def _environ(name: str, value: str | None) -> Iterator[None]:
                 os.environ[name] = old
 
 
+def read_stockouts(path: str | Path | None) -> frozenset[str]:
+    """The providers the stock-out file names (none when there is no file or it is unreadable:
+    a broken file must not stop the pool from scaling)."""
+    if not path:
+        return frozenset()
+    try:
+        raw = Path(path).read_bytes()[:MAX_STOCKOUT_FILE_BYTES]
+        names = json.loads(raw or b"[]")
+    except FileNotFoundError:
+        return frozenset()
+    except (OSError, ValueError) as exc:
+        log.warning("stock-out file %s unreadable, ignored: %s", path, exc)
+        return frozenset()
+    return (
+        frozenset(n for n in names if isinstance(n, str))
+        if isinstance(names, list)
+        else frozenset()
+    )
+
+
+def write_stockouts(path: str | Path, providers: frozenset[str]) -> None:
+    """Replace the stock-out file with `providers` (atomically; 0600)."""
+    target = Path(path)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps(sorted(providers)))
+    tmp.chmod(0o600)
+    tmp.replace(target)
+
+
 class ProxyPortNodeProvider(FakeMultiNodeProvider):
     """``FakeMultiNodeProvider`` whose every worker node's Serve proxy has its own port."""
 
@@ -60,6 +100,7 @@ class ProxyPortNodeProvider(FakeMultiNodeProvider):
         super().__init__(provider_config, cluster_name)
         self._proxy_ports = [int(p) for p in provider_config.get("serve_proxy_ports", [])]
         self._port_of: dict[str, int] = {}
+        self._stockout_file = provider_config.get("stockout_file")
 
     def _create_node_with_resources_and_labels(
         self,
@@ -69,6 +110,10 @@ class ProxyPortNodeProvider(FakeMultiNodeProvider):
         resources: dict[str, float],
         labels: dict[str, str],
     ) -> None:
+        provider = labels.get(PROVIDER_LABEL)
+        if provider is not None and provider in read_stockouts(self._stockout_file):
+            log.warning("provider %s is stocked out: no node launched", provider)
+            return
         with self.lock:
             held = set(self._port_of.values())
             listening = {p for p in self._proxy_ports if p in held and port_in_use("127.0.0.1", p)}

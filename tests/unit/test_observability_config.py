@@ -62,6 +62,7 @@ REQUIRED_ALERTS = {
     "RcpTrainingJobHung",
     "RcpTrainingRestartsExhausted",
     "RcpEdgeRoutesWithoutTable",
+    "RcpExternalProviderOut",
 }
 
 

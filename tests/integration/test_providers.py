@@ -1,0 +1,133 @@
+"""Several external providers on a real cluster (issue 28, item 2): the cheapest provider
+hosts serving's growth; when it stops delivering, the next one does, with no failed request.
+
+Real parts: the embedded cluster (`rcp up`: Ray, the autoscaler with the fake multi-node
+provider playing two providers, ``cheap`` and ``dear``, one node type each), the controller
+actor (demand, placement, the capacity requests that name a provider), Serve with the
+production app, HTTP load on the serve endpoint, and `rcp fault stockout` (the local
+stand-in for a provider out of stock: its node type launches nothing).
+
+The cluster pool is one node with one GPU, which the sample model's first replica holds:
+what a gang holding the cluster pool does to placement, so every replica the load adds must
+be rented. The model answers after 300 ms and wants one replica per ongoing request.
+
+Marked ``full``: the provider rules are unit tables (test_providers_policy,
+test_placement_policy, test_loop_claim); this plays them once on real parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+from click.testing import CliRunner
+
+from controlplane.cli import cli
+from controlplane.config import Config
+from controlplane.ray_connection import connect
+from controlplane.sdk import Client
+from tests.integration.conftest import Load, pools_of, start_local_cluster, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.full]
+
+DEADLINE_S = 15
+"""``cheap``'s delivery deadline: past it with a node owed, it is out."""
+
+
+@pytest.fixture(scope="module")
+def providers_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Config, Client]]:
+    conf = tmp_path_factory.mktemp("providers-conf") / "rcp.yaml"
+    conf.write_text(
+        "pools:\n"
+        "  external:\n"
+        "    idle_timeout_s: 600\n"
+        "    providers:\n"
+        "      - {name: dear, price_per_gpu_hour: 3.0, max_nodes: 2, gpus_per_node: 1,\n"
+        "         cpus_per_node: 2, delivery_deadline_s: 120}\n"
+        "      - {name: cheap, price_per_gpu_hour: 1.0, max_nodes: 2, gpus_per_node: 1,\n"
+        f"         cpus_per_node: 2, delivery_deadline_s: {DEADLINE_S}, backoff_s: 3600}}\n"
+        "serving:\n"
+        "  models:\n"
+        "    - name: sample\n"
+        "      min_replicas: 1\n"
+        "      max_replicas: 4\n"
+        "      num_gpus: 1\n"
+        "      num_cpus: 0.5\n"
+        "      target_ongoing_requests: 1\n"
+        "      upscale_delay_s: 1\n"
+        "      downscale_delay_s: 3600\n"
+        "      graceful_shutdown_timeout_s: 5\n"
+        "      init_kwargs: {extra_latency_ms: 300}\n"
+    )
+    cfg, cluster = start_local_cluster(
+        tmp_path_factory,
+        "pools.cluster.num_nodes=1",
+        "pools.cluster.gpus_per_node=1",
+        "serve.deploy_app=true",
+        config_file=conf,
+    )
+    try:
+        yield cfg, Client(state_dir=cfg.state_path)
+    finally:
+        cluster.down(echo=lambda _line: None)
+
+
+def replicas_by_provider() -> dict[str, int]:
+    """RUNNING external replicas of the sample model per provider label of their node."""
+    labels = {n["NodeID"]: n.get("Labels") or {} for n in ray.nodes() if n["Alive"]}
+    external = pools_of().get("external") or {}
+    counts: dict[str, int] = {}
+    for r in external.get("replicas") or []:
+        if r["state"] == "RUNNING":
+            name = labels.get(r["node_id"], {}).get("provider", "?")
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def events(client: Client, kind: str) -> list[str]:
+    return [str(e["message"]) for e in client.events(limit=500) if e["kind"] == kind]
+
+
+def stockout(cfg: Config, provider: str) -> None:
+    got = CliRunner().invoke(cli, ["fault", "stockout", provider, f"state_dir={cfg.state_dir}"])
+    assert got.exit_code == 0, got.output
+
+
+def test_a_provider_that_stops_delivering_hands_growth_to_the_next_with_no_failed_request(
+    providers_cluster: tuple[Config, Client], tmp_path: Path
+) -> None:
+    cfg, client = providers_cluster
+    connect(cfg)
+    url = f"http://127.0.0.1:{cfg.serve.http_port}"
+    with Load(url, threads=2, pace_s=0.0, max_duration_s=600) as first:
+        # Two requests always in flight: the second replica is rented from the cheapest.
+        wait_for(
+            "a replica running on provider cheap",
+            lambda: replicas_by_provider().get("cheap", 0) >= 1 or None,
+            timeout_s=180,
+        )
+        stockout(cfg, "cheap")
+        with Load(url, threads=2, pace_s=0.0, max_duration_s=600) as second:
+            # Four in flight: two more replicas; cheap has room for one more but delivers
+            # nothing, so past its deadline it is out and dear is asked.
+            got = wait_for(
+                "two replicas running on provider dear",
+                lambda: (lambda c: c if c.get("dear", 0) >= 2 else None)(replicas_by_provider()),
+                timeout_s=240,
+            )
+            second.wait_for(second.total + 20)
+        first.wait_for(first.total + 20)
+    assert got.get("cheap") == 1, got
+    for load in (first, second):
+        assert load.errors == [], load.errors[:5]
+        assert set(load.statuses) == {200}, load.statuses
+    asked = events(client, "serve.external_capacity")
+    assert any("out: cheap" in m for m in asked), asked
+    status = client.serve_status()
+    rows = {p["name"]: p for p in status["providers"]}
+    assert rows["cheap"]["out"] is True and rows["dear"]["out"] is False
+    assert rows["dear"]["gpus_live"] == 2 and rows["cheap"]["gpus_live"] == 1
+    print(f"requests: {sum(first.statuses.values()) + sum(second.statuses.values())}, all 200")
+    print("capacity requests:", *asked, sep="\n  ")
