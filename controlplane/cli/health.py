@@ -82,9 +82,11 @@ def fault_stockout(
     (the local cluster's fake provider only; nodes already up stay). Placement marks it out
     once its delivery deadline passes and rents from the next provider. `--end` ends it."""
     from controlplane.local.autoscaler import stockout_file  # deferred: imports Ray
+    from controlplane.local.cluster import LocalCluster
     from controlplane.local.provider import read_stockouts, write_stockouts
 
-    cfg = load_cfg(config_file, overrides)
+    given = load_cfg(config_file, overrides)
+    cfg = LocalCluster(given).running_config() or given  # the providers `rcp up` started
     names = [p.name for p in cfg.pools.external.providers]
     if provider not in names:
         fail(f"no external provider {provider!r}; pools.external.providers: {', '.join(names)}")

@@ -15,8 +15,8 @@ Owns: which node gets which port (a port no live node of this provider holds, el
 nothing listens on: a node that died may not have been terminated here yet), and the local
 stand-in for a rented-GPU provider's stock-out: while the stock-out file
 (``provider.stockout_file``, written by `write_stockouts`, `rcp fault stockout`) names a
-node's ``provider`` label, no node of it is launched (the request is dropped, as a provider
-that has no capacity leaves it unanswered; the autoscaler asks again on its next pass).
+node's ``provider`` label, a launch of its nodes is refused (`StockedOut`, as a cloud answers
+one it has no capacity for; the autoscaler marks it failed and asks again later).
 Must not: change anything else about how the fake provider starts or stops nodes.
 It runs inside Ray's autoscaler (``monitor.py``), which imports it by its dotted path.
 """
@@ -37,7 +37,13 @@ from ray.autoscaler._private.fake_multi_node.node_provider import FakeMultiNodeP
 from controlplane.local.ports import pick_proxy_port, port_in_use
 from policies.providers import PROVIDER_LABEL
 
-__all__ = ["PROXY_PORT_ENV", "ProxyPortNodeProvider", "read_stockouts", "write_stockouts"]
+__all__ = [
+    "PROXY_PORT_ENV",
+    "ProxyPortNodeProvider",
+    "StockedOut",
+    "read_stockouts",
+    "write_stockouts",
+]
 
 log = logging.getLogger(__name__)
 MAX_STOCKOUT_FILE_BYTES = 65_536
@@ -62,6 +68,10 @@ def _environ(name: str, value: str | None) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = old
+
+
+class StockedOut(RuntimeError):
+    """A launch refused: the provider is out of stock (`rcp fault stockout`)."""
 
 
 def read_stockouts(path: str | Path | None) -> frozenset[str]:
@@ -112,8 +122,10 @@ class ProxyPortNodeProvider(FakeMultiNodeProvider):
     ) -> None:
         provider = labels.get(PROVIDER_LABEL)
         if provider is not None and provider in read_stockouts(self._stockout_file):
-            log.warning("provider %s is stocked out: no node launched", provider)
-            return
+            # Refused, as a cloud answers a launch it has no capacity for: the autoscaler
+            # marks the request failed and asks again later (a request dropped in silence
+            # would wait out its 10-minute allocation timeout, even after the stock-out).
+            raise StockedOut(f"provider {provider} is out of stock: no node launched")
         with self.lock:
             held = set(self._port_of.values())
             listening = {p for p in self._proxy_ports if p in held and port_in_use("127.0.0.1", p)}

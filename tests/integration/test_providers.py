@@ -1,5 +1,6 @@
 """Several external providers on a real cluster (issue 28, item 2): the cheapest provider
-hosts serving's growth; when it stops delivering, the next one does, with no failed request.
+hosts serving's growth; when it stops delivering, the next one does; when it delivers again,
+the dearer provider's node is drained and its replica moves back, with no failed request.
 
 Real parts: the embedded cluster (`rcp up`: Ray, the autoscaler with the fake multi-node
 provider playing two providers, ``cheap`` and ``dear``, one node type each), the controller
@@ -34,6 +35,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.full]
 
 DEADLINE_S = 15
 """``cheap``'s delivery deadline: past it with a node owed, it is out."""
+BACKOFF_S = 60
+"""How long ``cheap`` stays out: then it is asked again."""
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +50,7 @@ def providers_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tupl
         "      - {name: dear, price_per_gpu_hour: 3.0, max_nodes: 2, gpus_per_node: 1,\n"
         "         cpus_per_node: 2, delivery_deadline_s: 120}\n"
         "      - {name: cheap, price_per_gpu_hour: 1.0, max_nodes: 2, gpus_per_node: 1,\n"
-        f"         cpus_per_node: 2, delivery_deadline_s: {DEADLINE_S}, backoff_s: 3600}}\n"
+        f"         cpus_per_node: 2, delivery_deadline_s: {DEADLINE_S}, backoff_s: {BACKOFF_S}}}\n"
         "serving:\n"
         "  models:\n"
         "    - name: sample\n"
@@ -74,28 +77,51 @@ def providers_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tupl
         cluster.down(echo=lambda _line: None)
 
 
+SERVING_STATES = ("RUNNING", "PENDING_MIGRATION")
+"""A replica on a draining node is PENDING_MIGRATION: it serves until its replacement runs."""
+
+
 def replicas_by_provider() -> dict[str, int]:
-    """RUNNING external replicas of the sample model per provider label of their node."""
+    """Serving external replicas of the sample model per provider label of their node."""
     labels = {n["NodeID"]: n.get("Labels") or {} for n in ray.nodes() if n["Alive"]}
     external = pools_of().get("external") or {}
     counts: dict[str, int] = {}
     for r in external.get("replicas") or []:
-        if r["state"] == "RUNNING":
+        if r["state"] in SERVING_STATES:
             name = labels.get(r["node_id"], {}).get("provider", "?")
             counts[name] = counts.get(name, 0) + 1
     return counts
+
+
+_SEEN: list[dict[str, int]] = []
+
+
+def reached(expected: dict[str, int]) -> dict[str, int] | None:
+    """The replicas per provider once they are `expected`; prints each change until then."""
+    now = replicas_by_provider()
+    if not _SEEN or _SEEN[-1] != now:
+        _SEEN.append(now)
+        print(f"replicas by provider: {now}")
+    return now if now == expected else None
 
 
 def events(client: Client, kind: str) -> list[str]:
     return [str(e["message"]) for e in client.events(limit=500) if e["kind"] == kind]
 
 
-def stockout(cfg: Config, provider: str) -> None:
-    got = CliRunner().invoke(cli, ["fault", "stockout", provider, f"state_dir={cfg.state_dir}"])
+def stockout(cfg: Config, provider: str, end: bool = False) -> None:
+    args = [
+        "fault",
+        "stockout",
+        provider,
+        *(["--end"] if end else []),
+        f"state_dir={cfg.state_dir}",
+    ]
+    got = CliRunner().invoke(cli, args)
     assert got.exit_code == 0, got.output
 
 
-def test_a_provider_that_stops_delivering_hands_growth_to_the_next_with_no_failed_request(
+def test_a_provider_out_of_stock_hands_over_to_the_next_and_gets_the_load_back(
     providers_cluster: tuple[Config, Client], tmp_path: Path
 ) -> None:
     cfg, client = providers_cluster
@@ -117,17 +143,31 @@ def test_a_provider_that_stops_delivering_hands_growth_to_the_next_with_no_faile
                 lambda: (lambda c: c if c.get("dear", 0) >= 2 else None)(replicas_by_provider()),
                 timeout_s=240,
             )
+            assert got.get("cheap") == 1, got
+            status = client.serve_status()
+            rows = {p["name"]: p for p in status["providers"]}
+            assert rows["cheap"]["out"] is True and rows["dear"]["out"] is False, rows
+            # Stock back: once its back-off ends cheap is asked again and delivers, and one of
+            # dear's nodes is drained; Serve starts its replica on cheap before it stops it.
+            stockout(cfg, "cheap", end=True)
+            back = wait_for(
+                "the load back on cheap (2 replicas) and dear down to 1",
+                lambda: reached({"cheap": 2, "dear": 1}),
+                timeout_s=BACKOFF_S + 240,
+            )
             second.wait_for(second.total + 20)
         first.wait_for(first.total + 20)
-    assert got.get("cheap") == 1, got
+    assert back == {"cheap": 2, "dear": 1}
+    # Make-before-break between providers: all the way back, the 3 external replicas the
+    # load asks for were serving (the drained one until its replacement ran).
+    assert all(sum(c.values()) >= 3 for c in _SEEN), _SEEN
     for load in (first, second):
         assert load.errors == [], load.errors[:5]
         assert set(load.statuses) == {200}, load.statuses
     asked = events(client, "serve.external_capacity")
     assert any("out: cheap" in m for m in asked), asked
-    status = client.serve_status()
-    rows = {p["name"]: p for p in status["providers"]}
-    assert rows["cheap"]["out"] is True and rows["dear"]["out"] is False
-    assert rows["dear"]["gpus_live"] == 2 and rows["cheap"]["gpus_live"] == 1
+    (drain, *_) = events(client, "serve.provider_drain")
+    assert "provider dear" in drain and "cheaper" in drain, drain
     print(f"requests: {sum(first.statuses.values()) + sum(second.statuses.values())}, all 200")
     print("capacity requests:", *asked, sep="\n  ")
+    print("drain:", drain)

@@ -14,7 +14,12 @@ from ray.autoscaler._private.fake_multi_node.node_provider import FakeMultiNodeP
 from controlplane.cli import cli
 from controlplane.config import load_config
 from controlplane.local.autoscaler import autoscaler_config, stockout_file
-from controlplane.local.provider import ProxyPortNodeProvider, read_stockouts, write_stockouts
+from controlplane.local.provider import (
+    ProxyPortNodeProvider,
+    StockedOut,
+    read_stockouts,
+    write_stockouts,
+)
 
 
 def test_the_file_round_trips_and_a_broken_one_is_no_stockout(tmp_path: Path) -> None:
@@ -56,7 +61,8 @@ def test_a_stocked_out_providers_node_is_not_launched(
         )
 
     write_stockouts(stockout_file(cfg), frozenset({"rent-a"}))
-    create("external-rent-a")
+    with pytest.raises(StockedOut, match="provider rent-a is out of stock"):
+        create("external-rent-a")
     create("external-rent-b")
     create("cluster")
     assert launched == ["rent-b", "-"]
