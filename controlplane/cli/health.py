@@ -101,6 +101,39 @@ def fault_stockout(
     )
 
 
+@fault_group.command("reclaim")
+@click.argument("node")
+@config_options
+@click.option(
+    "--notice-s",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="How long before the node is taken (a spot notice is 30 s to 2 min).",
+)
+def fault_reclaim(
+    node: str, config_file: str | None, overrides: tuple[str, ...], notice_s: float
+) -> None:
+    """Take external NODE back as its provider would (a spot reclaim or termination notice,
+    local cluster only): Ray is told to drain it with that deadline, so Serve starts its
+    replicas elsewhere first, then the node is killed when the notice ends. Waits that long.
+
+    NODE is a node id or a unique prefix or suffix of one (as `rcp nodes` shows it)."""
+    from controlplane.local.cluster import LocalCluster  # deferred: imports Ray
+    from controlplane.local.faults import ReclaimError, reclaim_node
+
+    local = LocalCluster(load_cfg(config_file, overrides))
+    state = local.read_state()
+    cfg = local.running_config()
+    if state is None or cfg is None:
+        fail(f"no local cluster runs from {local.state_dir} (run `rcp up` first)")
+        return
+    try:
+        reclaim_node(cfg, state, node, notice_s, echo=click.echo)
+    except ReclaimError as exc:
+        fail(str(exc))
+
+
 @click.group("health", invoke_without_command=True)
 @client_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")

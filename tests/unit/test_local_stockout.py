@@ -83,3 +83,55 @@ def test_rcp_fault_stockout_names_the_provider_and_ends_it(tmp_path: Path) -> No
     got = runner.invoke(cli, [*base[:2], "rent-z", base[2]])
     assert got.exit_code != 0 and "no external provider 'rent-z'" in got.output
     assert "rent-a, rent-b" in got.output
+
+
+def test_a_reclaim_drains_with_the_notice_then_kills_only_that_external_node(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`rcp fault reclaim` at the boundary to Ray: the drain's deadline is the notice, the
+    kill comes after it, and only a live external node qualifies (Ray's calls recorded)."""
+    import ray
+
+    from controlplane.local import faults
+
+    nodes = [
+        {"NodeID": "aa01", "Alive": True, "Labels": {"pool": "external", "provider": "rent-a"}},
+        {"NodeID": "bb02", "Alive": True, "Labels": {"pool": "cluster"}},
+        {"NodeID": "cc03", "Alive": False, "Labels": {"pool": "external"}},
+    ]
+    calls: list[tuple[str, ...]] = []
+
+    class Proc:
+        def kill(self) -> None:
+            calls.append(("kill",))
+
+    monkeypatch.setattr(faults, "connect", lambda _cfg: None)
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    monkeypatch.setattr(
+        faults.RayNodeControl,
+        "drain",
+        lambda _self, node, why, deadline_s: (
+            calls.append(("drain", node, why, str(deadline_s))) or True
+        ),
+    )
+    monkeypatch.setattr(faults, "node_processes", lambda *_a: [Proc(), Proc()])
+    cfg = load_config(None, [f"state_dir={tmp_path}"])
+    state = {"cluster_id": "c", "temp_dir": str(tmp_path)}
+    out: list[str] = []
+    slept: list[float] = []
+    assert faults.reclaim_node(cfg, state, "01", 45.0, out.append, slept.append) == "aa01"
+    assert calls == [
+        ("drain", "aa01", "provider rent-a reclaims the node in 45 s", "45.0"),
+        ("kill",),
+        ("kill",),
+    ]
+    assert slept == [45.0]
+    assert "notice given" in out[0] and "taken back (2 processes killed)" in out[1]
+    for node, notice, error in (
+        ("bb02", 10.0, "not an external"),
+        ("cc03", 10.0, "0 live nodes match"),
+        ("aa01", 0.0, "notice"),
+        ("aa01", float("nan"), "notice"),
+    ):
+        with pytest.raises(faults.ReclaimError, match=error):
+            faults.reclaim_node(cfg, state, node, notice, out.append, slept.append)
