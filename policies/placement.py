@@ -109,6 +109,7 @@ from policies.providers import (
     allocate,
     ask,
     caps,
+    delivered_by_provider,
     is_out,
     live_by_provider,
     migrate_back,
@@ -348,8 +349,8 @@ def decide(
     training_claim_gpus += sum(c.num_replicas * gpus_of.get(c.model, 1) for c in claims)
     claimed = {c.model: c for c in claims}
     budget = _serving_budget_gpus(snapshot, training_claim_gpus)
-    live = live_by_provider(snapshot, config.providers)
-    delivered = advance(config.providers, state.providers, live, now)
+    held = delivered_by_provider(snapshot, config.providers)
+    delivered = advance(config.providers, state.providers, held, now)
     room = provider_room(snapshot, config, replace(state, providers=delivered))
     external_left = sum(room.values())
     actions: list[Action] = []
@@ -560,7 +561,7 @@ def decide(
     external_gpus = sum(plan_e[d.model] * d.gpus_per_replica for d in ordered)
     requested = state.requested_external_gpus
     alloc = allocate(config.providers, room, external_gpus)
-    providers = {k: ask(s, alloc[k], live.get(k, 0), now) for k, s in delivered.items()}
+    providers = {k: ask(s, alloc[k], held.get(k, 0), now) for k, s in delivered.items()}
     by_provider = tuple(sorted(alloc.items()))
     if external_gpus != requested or by_provider != state.provider_requests():
         out = [p.name for p in config.providers if is_out(delivered[p.name], now)]

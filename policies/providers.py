@@ -50,6 +50,7 @@ __all__ = [
     "ask",
     "by_price",
     "caps",
+    "delivered_by_provider",
     "is_out",
     "live_by_provider",
     "migrate_back",
@@ -119,12 +120,25 @@ def provider_of(node: NodeView, providers: Sequence[Provider]) -> str:
 
 
 def live_by_provider(snapshot: ClusterSnapshot, providers: Sequence[Provider]) -> dict[str, int]:
-    """Live external GPUs per provider."""
-    live: dict[str, int] = {}
-    for n in snapshot.live_nodes(Pool.EXTERNAL):
+    """Live (healthy, not draining) external GPUs per provider: what it can host now."""
+    return _gpus_by_provider(snapshot.live_nodes(Pool.EXTERNAL), providers)
+
+
+def delivered_by_provider(
+    snapshot: ClusterSnapshot, providers: Sequence[Provider]
+) -> dict[str, int]:
+    """External GPUs per provider that it delivered and still has, draining or unhealthy ones
+    too: what rule 1 holds it to. A node it is taking back with notice (drained) was
+    delivered; its replacement can only come once it is gone."""
+    return _gpus_by_provider([n for n in snapshot.nodes if n.pool is Pool.EXTERNAL], providers)
+
+
+def _gpus_by_provider(nodes: Sequence[NodeView], providers: Sequence[Provider]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for n in nodes:
         key = provider_of(n, providers)
-        live[key] = live.get(key, 0) + n.gpus_total
-    return live
+        out[key] = out.get(key, 0) + n.gpus_total
+    return out
 
 
 def advance(

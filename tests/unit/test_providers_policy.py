@@ -15,6 +15,7 @@ from policies.providers import (
     ask,
     by_price,
     caps,
+    delivered_by_provider,
     live_by_provider,
     migrate_back,
     provider_of,
@@ -168,3 +169,14 @@ def test_a_provider_refuses_bad_values(kwargs: dict[str, object], error: str) ->
     args: dict[str, object] = {"name": "a", "max_gpus": 4, "price_per_gpu_hour": 1.0} | kwargs
     with pytest.raises(ValueError, match=error):
         Provider(**args)  # type: ignore[arg-type]
+
+
+def test_a_node_taken_back_with_notice_counts_as_delivered_not_as_room() -> None:
+    """A drained (noticed) node is out of its provider's room at once, so the capacity is
+    asked for again, but the provider is not on the clock for it: it delivered that node."""
+    snap = snapshot([ext("a1", "a"), ext("a2", "a", healthy=False), ext("b1", "b")])
+    assert live_by_provider(snap, (A, B)) == {"a": 2, "b": 2}
+    assert delivered_by_provider(snap, (A, B)) == {"a": 4, "b": 2}
+    assert advance((A, B), {"a": ProviderState(4)}, delivered_by_provider(snap, (A, B)), 9.0)[
+        "a"
+    ] == ProviderState(4)
