@@ -71,5 +71,8 @@ def reclaim_node(
     procs = node_processes(state["cluster_id"], [state["temp_dir"]], node_id)
     for proc in procs:
         proc.kill()
-    echo(f"node {node_id} ({provider}): taken back ({len(procs)} processes killed)")
+    if procs:
+        echo(f"node {node_id} ({provider}): taken back ({len(procs)} processes killed)")
+    else:
+        echo(f"node {node_id} ({provider}): taken back (already gone: Ray let it go once drained)")
     return node_id
