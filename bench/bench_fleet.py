@@ -8,8 +8,9 @@ Runs `controlplane.simulate` (what `rcp simulate` runs):
    zero minutes of serving shortfall caused by moves, external GPU-hours reported),
    simulated days per wall-clock minute, and the per-decision cost of the real policies (`controlplane.loop.decide.decide`
    on that run's snapshots); the goals are issue 28's (`controlplane.simulate.report`);
-2. the stock-out scenario (issue 28): the same trace, the external pool delivering nothing
-   for 6 hours of the morning ramp (08:00-14:00) on days 5, 15 and 25 (`with_stockouts`), every scheme;
+2. the stock-out scenario (issue 28): the same trace, the cheapest external provider
+   delivering nothing for 6 hours of the morning ramp (08:00-14:00) on days 5, 15 and 25
+   (`with_stockouts`), every scheme;
 3. the same scenario at 4,096 nodes (32,768 GPUs) for 1 day (jobs scaled with the size):
    its wall time and the per-decision cost there.
 
@@ -37,7 +38,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controlplane.simulate.report import decision_cost, simulate_and_report, table  # noqa: E402
-from controlplane.simulate.scenario import load_scenario, with_stockouts  # noqa: E402
+from controlplane.simulate.scenario import (  # noqa: E402
+    control_config,
+    load_scenario,
+    stockout_provider,
+    with_stockouts,
+)
 
 
 def main() -> None:
@@ -63,8 +69,9 @@ def main() -> None:
         stockout = with_stockouts(scenario)
         summary_s, _ = simulate_and_report(stockout, Path(args.output) / "stockout")
         out["stockout"] = summary_s
+        hit = stockout_provider(stockout, control_config(stockout))
         print(
-            f"\nthe stock-out scenario: the external pool delivers nothing for "
+            f"\nthe stock-out scenario: external provider {hit} delivers nothing for "
             f"{stockout.external.stockout_hours:g} h from hours "
             f"{', '.join(f'{h:g}' for h in stockout.external.stockout_start_hours)}"
         )

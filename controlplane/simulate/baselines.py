@@ -20,6 +20,9 @@ The schemes:
    external pool; a queued job that does not fit kills serving replicas on the nodes it takes
    (no make-before-break) and their replacements start on the external pool (Kueue priority
    preemption of serving by training). Replicas come back to the cluster only as demand falls.
+   The external GPUs are rented cheapest provider first, each up to its most
+   (`cheapest_first`); a provider in a stock-out is asked all the same and its nodes come
+   when the world delivers them (no deadline, no back-off: that rule is ours).
 3. **time-of-day lending**: serving owns ``static_serving_share`` by day and
    ``night_serving_share`` from ``night_start_hour`` to ``night_end_hour``; training uses the
    rest; at the morning switch the gangs on the returned nodes checkpoint and are re-queued,
@@ -37,10 +40,18 @@ from collections.abc import Callable
 from controlplane.simulate.engine import EventKind, EventQueue
 from controlplane.simulate.scenario import ModelSpec, Scenario
 from controlplane.simulate.serving import SimServe
-from controlplane.simulate.world import JobRun, Node, World
+from controlplane.simulate.world import JobRun, Node, ProviderSpec, World
 from policies.snapshot import Pool
 
-__all__ = ["SCHEMES", "BaseScheme", "EvictFirst", "StaticSplit", "TimeOfDay", "serving_nodes"]
+__all__ = [
+    "SCHEMES",
+    "BaseScheme",
+    "EvictFirst",
+    "StaticSplit",
+    "TimeOfDay",
+    "cheapest_first",
+    "serving_nodes",
+]
 
 PRIORITY = {"low": 0, "medium": 50, "high": 100}
 
@@ -55,6 +66,19 @@ def need_gpus(models: list[ModelSpec], rps: Callable[[ModelSpec], float]) -> int
         * m.gpus_per_replica
         for m in models
     )
+
+
+def cheapest_first(providers: tuple[ProviderSpec, ...], gpus: int) -> dict[str, int]:
+    """`gpus` over `providers` (cheapest first, ties in the given order), each up to its
+    most; what none has room for is asked of no one.
+
+    Example: ``a`` ($2.5, 16 GPUs) and ``b`` ($3.5, 16 GPUs), 20 GPUs: ``a`` 16, ``b`` 4."""
+    left = max(0, gpus)
+    out = {}
+    for p in sorted(providers, key=lambda p: p.price_per_gpu_hour):
+        out[p.name] = min(left, p.max_gpus)
+        left -= out[p.name]
+    return out
 
 
 def _curve(m: ModelSpec, hour: float) -> float:
@@ -269,8 +293,12 @@ class EvictFirst(BaseScheme):
             self.serve.targets.get((m, Pool.EXTERNAL), 0) * spec.gpus_per_replica
             for m, spec in self.models.items()
         )
-        if gpus != self.world.external_wanted * self.world.ext_gpn or gpus == 0:
-            self.world.want_external_gpus(gpus)
+        asked = cheapest_first(self.world.by_price, gpus)
+        if asked != self._asked or gpus == 0:
+            self.world.want_external(asked)
+            self._asked = asked
+
+    _asked: dict[str, int] | None = None
 
 
 class TimeOfDay(BaseScheme):

@@ -52,7 +52,6 @@ LIMITS: dict[str, tuple[float, float]] = {
     "days": (0.001, 366),
     "seed": (0, 2**32 - 1),
     "external.provision_s": (0, 86400),
-    "external.price_per_gpu_hour": (0, 1000),
     "external.stockout_hours": (0.01, 8760),
     "failures.gpu_mttf_hours": (1, 1e9),
     "failures.repair_hours": (0, 8760),
@@ -131,10 +130,7 @@ def read_value(hint: Any, raw: Any, path: str, errors: list[str]) -> Any:
             return {}
         return {str(k): read_value(vtype, v, f"{path}.{k}", errors) for k, v in raw.items()}
     if kind is Any:
-        if isinstance(raw, float) and not math.isfinite(raw):
-            errors.append(f"{path}: must be a finite number, got {shown(raw)}")
-        if isinstance(raw, dict | list):
-            errors.append(f"{path}: must be a plain value, got {type(raw).__name__}")
+        _read_override(raw, path, errors)
         return raw
     if kind is bool:
         if not isinstance(raw, bool):
@@ -160,6 +156,26 @@ def read_value(hint: Any, raw: Any, path: str, errors: list[str]) -> Any:
             errors.append(f"{path}: must be in [{limits[0]:g}, {limits[1]:g}], got {shown(raw)}")
         return value
     raise AssertionError(f"unhandled field type {kind!r} at {path}")
+
+
+def _read_override(raw: Any, path: str, errors: list[str], depth: int = 0) -> None:
+    """A control plane config override (a scenario's ``config`` value): a plain value, or a
+    list (given whole, e.g. ``pools.external.providers``) of plain values or of mappings of
+    plain values; numbers finite. The loader checks the rest by key."""
+    if isinstance(raw, float) and not math.isfinite(raw):
+        errors.append(f"{path}: must be a finite number, got {shown(raw)}")
+    elif isinstance(raw, list) and depth == 0:
+        for i, item in enumerate(raw):
+            if isinstance(item, dict):
+                for k, v in item.items():
+                    _read_override(v, f"{path}[{i}].{k}", errors, depth + 2)
+            else:
+                _read_override(item, f"{path}[{i}]", errors, depth + 1)
+    elif isinstance(raw, dict | list):
+        errors.append(
+            f"{path}: must be a plain value or a list of plain values or mappings, "
+            f"got {type(raw).__name__}"
+        )
 
 
 def read_section(cls: Any, raw: Any, path: str, errors: list[str]) -> Any:

@@ -18,11 +18,14 @@ Owns: `OurScheme`. At every instant something changed it does what one tick of
    checkpoint-first; drain: the node leaves for repair), the serving plan as the Serve
    actuator does (`controlplane.loop.act.serving.ServeActuator.apply`): the real
    make-before-break operations (`controlplane.loop.act.operations`) advanced on `SimServe`,
-   scale-downs that wait for the other pool, route weights, external capacity;
+   scale-downs that wait for the other pool, route weights, external capacity (each
+   provider asked for its share, `RequestExternalCapacity.by_provider`; none given: all of
+   it from the first provider), and a `DrainNode` of an external node (Serve moves its
+   replicas off make-before-break, then the node goes: `World.drain_external`);
 4. record: admission's and remediation's new plan items once each, as
    `controlplane.loop.record.PlanEvents` logs them, and the Serve actuator's events
    (``serve.external_capacity``, ``serve.move.start``/``done``/``unwound``, ``serve.scale``,
-   ``serve.scale.wait``), in the order the real loop writes them.
+   ``serve.scale.wait``, ``serve.provider_drain``), in the order the real loop writes them.
 
 It asks to be woken at the policies' own timers (demand delays, placement's migrate-back
 idle and interval, backoffs, a move's next step or timeout). The checkpoint interval of each
@@ -277,6 +280,8 @@ class OurScheme:
                     w.touch(n)
             elif isinstance(a, PreemptJob):
                 w.preempt(a.job_id, checkpoint_first=True)
+            elif isinstance(a, DrainNode) and a.node_id in w.external:
+                self._drain_external(a.node_id)
             elif isinstance(a, DrainNode):
                 n = w.node(a.node_id)
                 if n.up and n.used == 0 and n.pool.value == "cluster":
@@ -285,6 +290,13 @@ class OurScheme:
                     self.events.push(
                         w.now_s + self.repair_s, EventKind.NODE_BACK, a.node_id, n.version
                     )
+
+    def _drain_external(self, node_id: str) -> None:
+        """An external node drained (placement's migrate-back to a cheaper provider, or a
+        health drain): Serve starts its replicas elsewhere before it stops them there."""
+        if self.world.drain_external(node_id):
+            self.serve.writer = "moves"
+            self.serve.reconcile()
 
     def _advance_moves(self, now: float, wanted: dict[str, int]) -> None:
         left = []
@@ -323,10 +335,16 @@ class OurScheme:
         view = observed.serve
         started: set[str] = set()
         moving = {op.model for op in self.ops}
+        drains: list[DrainNode] = []
         for a in plan:
             if isinstance(a, RequestExternalCapacity):
                 self._record(LoopEvent.SERVE_EXTERNAL_CAPACITY, a.reason, None)
-                self.world.want_external_gpus(a.num_gpus)
+                first = next(iter(self.world.providers), "")
+                self.world.want_external(
+                    dict(a.by_provider) or ({first: a.num_gpus} if first else {})
+                )
+            elif isinstance(a, DrainNode):
+                drains.append(a)
             elif isinstance(a, MoveServeReplicas):
                 if a.num_replicas <= 0 or a.model in moving:
                     continue
@@ -359,6 +377,9 @@ class OurScheme:
                     continue
                 if a.weights != view.weights(a.model):
                     self.serve.set_route_weights(a.model, dict(a.weights))
+        for d in drains:  # placement's way back to a cheaper provider, after the rest
+            self._drain_external(d.node_id)
+            self._record(LoopEvent.SERVE_PROVIDER_DRAIN, f"{d.node_id}: {d.reason}", None)
 
     def _wake(self, now: float) -> None:
         """Ask for the next decision at the policies' own timers."""

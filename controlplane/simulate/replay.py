@@ -83,7 +83,7 @@ def claim_and_return(
             "config": dict(overrides),
         }
     )
-    job = JobSpec("job", 1.0, 2, 1, 5.0, "high")
+    job = JobSpec("job", 0.0, 2, 1, 5.0, "high")  # queued before the first tick, as there
     steps = int(s.horizon_s / s.serving.demand_step_s) + 2
     trace = Trace((job,), (), (), {MODEL: (1.0,) * steps})
     result = simulate(s, "ours", trace, control_config(s))

@@ -1,7 +1,7 @@
 """What a simulation run says: the table, the one JSON object, the goals, the markdown and PNG.
 
-Owns: `summarise` (every figure per scheme, our ratios against each baseline, the per-decision
-cost of the real policies, and the goals of issue 28 with whether each is met and, if not,
+Owns: `summarise` (every figure per scheme, the external GPU-hours and cost per provider for
+every scheme, our ratios against each baseline, the per-decision cost of the real policies, and the goals of issue 28 with whether each is met and, if not,
 which policy is at fault, from where the GPU-hours went, and beside a goodput goal the
 bound the trace itself puts on a scheme that serves every request, `serving_floor_gpu_h`), `table` (plain text), `write_report`
 (``report.md`` and ``fleet.png`` under the output directory) and `plot` (matplotlib, Agg).
@@ -64,6 +64,33 @@ ROWS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+PROVIDER_ROWS = {"external_gpu_h": "gpu_h", "external_cost": "cost"}
+"""Rows followed by one row per provider (`summarise`'s ``external_by_provider``)."""
+
+
+def _provider_rows(
+    by_provider: dict[str, dict[str, dict[str, float]]],
+    names: list[str],
+    width: int,
+    field: str,
+    fmt: str,
+) -> list[str]:
+    """One line per provider (in the config's order) of `field`, for every scheme."""
+    providers: dict[str, float] = {}
+    for n in names:
+        for provider, row in by_provider.get(n, {}).items():
+            providers.setdefault(provider, row.get("price_per_gpu_hour", 0.0))
+    lines = []
+    for provider, price in providers.items():
+        label = f"  {provider} (${price:g}/GPU-h)"
+        cells = "".join(
+            fmt.format(by_provider.get(n, {}).get(provider, {}).get(field, 0.0)).rjust(14)
+            for n in names
+        )
+        lines.append(label.ljust(width) + cells)
+    return lines
+
+
 def _ms(values: list[float], q: float) -> float:
     if not values:
         return 0.0
@@ -90,10 +117,9 @@ def decision_cost(result: SchemeResult) -> dict[str, float]:
 def serving_floor_gpu_h(s: Scenario, trace: Trace) -> float:
     """Owned GPU-hours serving's demand needs whatever the scheduler, from the trace: per
     demand step, the GPUs of the replicas each model needs to serve every request (at full
-    use of each replica, so a lower bound), less what the external pool can host at most,
-    summed over the horizon."""
-    cfg = control_config(s)
-    external = cfg.pools.external.max_nodes * cfg.pools.external.gpus_per_node
+    use of each replica, so a lower bound), less what the external pool can host at most
+    (the sum of its providers' ``max_nodes x gpus_per_node``), summed over the horizon."""
+    external = control_config(s).pools.external.max_gpus
     steps = max(len(v) for v in trace.demand_rps.values()) if trace.demand_rps else 0
     step_h = s.serving.demand_step_s / 3600.0
     total = 0.0
@@ -267,6 +293,13 @@ def summarise(
         "schemes": {
             name: {k: round(v, 4) for k, v in r.figures.items()} for name, r in results.items()
         },
+        "external_by_provider": {
+            name: {
+                provider: {k: round(v, 4) for k, v in row.items()}
+                for provider, row in r.providers.items()
+            }
+            for name, r in results.items()
+        },
         "ratios": {k: round(v, 4) for k, v in ratios.items()},
         "decision_cost": decision_cost(results["ours"]),
         "wall_s": {name: round(r.wall_s, 2) for name, r in results.items()},
@@ -286,9 +319,12 @@ def table(summary: dict[str, Any]) -> str:
     names = list(summary["schemes"])
     width = max(len(label) for _, label, _ in ROWS) + 2
     lines = ["".ljust(width) + "".join(n.rjust(14) for n in names)]
+    by_provider = summary.get("external_by_provider", {})
     for key, label, fmt in ROWS:
         cells = "".join(fmt.format(summary["schemes"][n].get(key, 0.0)).rjust(14) for n in names)
         lines.append(label.ljust(width) + cells)
+        if key in PROVIDER_ROWS:
+            lines += _provider_rows(by_provider, names, width, PROVIDER_ROWS[key], fmt)
     lines.append("")
     for k, v in summary["ratios"].items():
         lines.append(f"ours {k.replace('_', ' ')}: {v:.3f}x")

@@ -26,13 +26,13 @@ from controlplane.config import Config
 from controlplane.simulate.baselines import SCHEMES
 from controlplane.simulate.engine import EventKind, EventQueue
 from controlplane.simulate.ours import OurScheme
-from controlplane.simulate.scenario import Scenario, control_config
+from controlplane.simulate.scenario import Scenario, control_config, stockout_provider
 from controlplane.simulate.serving import CAUSES, SimServe
 from controlplane.simulate.trace import Trace, make_trace
-from controlplane.simulate.world import JobPhase, JobRun, World
+from controlplane.simulate.world import JobPhase, JobRun, ProviderSpec, World
 from policies.snapshot import Pool
 
-__all__ = ["SCHEME_NAMES", "SchemeResult", "run_all", "simulate"]
+__all__ = ["SCHEME_NAMES", "SchemeResult", "providers", "run_all", "simulate"]
 
 SCHEME_NAMES = ("ours", *SCHEMES)
 SAMPLE_S = 3600.0
@@ -60,6 +60,30 @@ class SchemeResult:
     plan_events: list[tuple[str, str]] = field(default_factory=list)
     jobs: dict[str, JobRun] = field(default_factory=dict)
     check: dict[str, Any] = field(default_factory=dict)
+    providers: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per external provider, in the config's order: ``price_per_gpu_hour``, ``gpu_h``
+    (billed) and ``cost`` ($); they add up to the figures' ``external_gpu_h`` and
+    ``external_cost``."""
+
+
+def providers(s: Scenario, cfg: Config) -> tuple[ProviderSpec, ...]:
+    """The world's providers: ``pools.external.providers`` of the control plane's config,
+    the scenario's stock-out windows on the one they hit (`stockout_provider`)."""
+    hit = stockout_provider(s, cfg)
+    windows = tuple(
+        (h * 3600.0, (h + s.external.stockout_hours) * 3600.0)
+        for h in sorted(s.external.stockout_start_hours)
+    )
+    return tuple(
+        ProviderSpec(
+            p.name,
+            p.gpus_per_node,
+            p.max_nodes,
+            p.price_per_gpu_hour,
+            windows if p.name == hit else (),
+        )
+        for p in cfg.pools.external.providers
+    )
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -76,19 +100,13 @@ def simulate(
     started = time.perf_counter()
     started_cpu = time.process_time()
     q = EventQueue()
-    e = cfg.pools.external
     world = World(
         s.nodes,
         s.gpus_per_node,
-        e.gpus_per_node,
-        e.max_nodes,
+        providers(s, cfg),
         s.external.provision_s,
-        e.idle_timeout_s,
+        cfg.pools.external.idle_timeout_s,
         q,
-        tuple(
-            (h * 3600.0, (h + s.external.stockout_hours) * 3600.0)
-            for h in sorted(s.external.stockout_start_hours)
-        ),
     )
     models = s.serving.models
     serve = SimServe(
@@ -216,7 +234,7 @@ def simulate(
                 series["capacity_rps"].append(
                     sum(serve.running(m.name) * m.replica_rps for m in models)
                 )
-                series["external_gpus"].append(float(len(world.external) * world.ext_gpn))
+                series["external_gpus"].append(float(world.external_gpus()))
                 series["queued"].append(float(len(world.queued)))
         if decide:
             serve.reconcile()
@@ -226,6 +244,7 @@ def simulate(
     world.advance(horizon)
     serve.advance(horizon - last)
     result = SchemeResult(name, _figures(s, world, serve, trace), series)
+    result.providers = _by_provider(world)
     result.wall_s = time.perf_counter() - started
     result.cpu_s = time.process_time() - started_cpu
     result.events = q.handled
@@ -279,11 +298,24 @@ def _figures(s: Scenario, world: World, serve: SimServe, trace: Trace) -> dict[s
         "served_fraction": served / demand if demand else 1.0,
         "external_gpu_h": ext_gpu_h,
         "external_serving_gpu_h": t.external_serving_gpu_s * gpu_h,
-        "external_cost": ext_gpu_h * s.external.price_per_gpu_hour,
+        "external_cost": sum(p["cost"] for p in _by_provider(world).values()),
         "utilisation": t.used_gpu_s / t.owned_gpu_s if t.owned_gpu_s else 0.0,
         "training_share": t.training_gpu_s / t.owned_gpu_s if t.owned_gpu_s else 0.0,
         "idle_while_queued_gpu_h": t.idle_with_queue_gpu_s * gpu_h,
     }
+
+
+def _by_provider(world: World) -> dict[str, dict[str, float]]:
+    """Billed GPU-hours and cost per provider (`SchemeResult.providers`)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, p in world.providers.items():
+        gpu_h = world.tally.external_gpu_s_by.get(name, 0.0) / 3600.0
+        out[name] = {
+            "price_per_gpu_hour": p.price_per_gpu_hour,
+            "gpu_h": gpu_h,
+            "cost": gpu_h * p.price_per_gpu_hour,
+        }
+    return out
 
 
 def run_all(

@@ -7,10 +7,11 @@ impossible values with one message per problem naming the field's full path (the
 reading is `controlplane.simulate.checks`; the checks across fields are here), the bound on
 the work a scenario implies (`implied_events` against `MAX_SIM_EVENTS`: each field can be
 within its limit while their product is billions of events), `resized` (the CLI's
---days/--nodes/--seed), and `control_config`,
-the control plane's own `Config` (packaged defaults, then the scenario's ``config``
-overrides, validated by `controlplane.config.load_config`) whose policy configs the
-simulator hands to the real policies.
+--days/--nodes/--seed), `with_stockouts` and `stockout_provider` (the stock-out scenario and
+the provider it hits), and `control_config`, the control plane's own `Config` (packaged
+defaults, then the scenario's ``config`` overrides, a list such as
+``pools.external.providers`` given whole, validated by `controlplane.config.load_config`)
+whose policy configs the simulator hands to the real policies.
 
 Where the defaults come from is in docs/simulator.md.
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.config import Config, ConfigError, load_config
+from controlplane.config.cluster import ProviderConfig
 from controlplane.simulate.checks import (
     MAX_SCENARIO_BYTES,
     ScenarioError,
@@ -52,6 +54,7 @@ __all__ = [
     "implied_events",
     "load_scenario",
     "scenario_from_dict",
+    "stockout_provider",
     "with_stockouts",
 ]
 
@@ -70,19 +73,23 @@ to failure of 7.9 x 1,024 = 8,090 h per GPU (1,011 h per 8-GPU node)."""
 
 @dataclass
 class ExternalSpec:
-    """The rented pool: how fast a node comes up, what it costs. Its size is the control
-    plane's ``pools.external`` (``config`` overrides), so our scheme and the scenario agree."""
+    """The rented pool: how fast a node comes up, and when a provider delivers nothing. Its
+    providers (each one's name, price, node size and most nodes) are the control plane's
+    ``pools.external.providers`` (``config`` overrides), so our scheme, the baselines and
+    the report read one list."""
 
     provision_s: float = 300.0
     """Request to a node that can take a replica (cloud node start plus Ray join)."""
-    price_per_gpu_hour: float = 2.5
-    """On-demand price of one rented GPU-hour, billed from request to release."""
     stockout_start_hours: list[float] = field(default_factory=list)
-    """Stock-outs: hours since the start at which the pool stops delivering nodes for
-    ``stockout_hours`` (a node due then comes up that long after the outage ends; the ones
-    already up stay). Every scheme meets the same outages."""
+    """Stock-outs: hours since the start at which `stockout_provider` stops delivering nodes
+    for ``stockout_hours`` (a node due then comes up ``provision_s`` after the outage ends
+    and is not billed before it; the ones already up stay). Every scheme meets the same
+    outages."""
     stockout_hours: float = 6.0
     """How long each stock-out lasts."""
+    stockout_provider: str | None = None
+    """The provider the stock-outs hit (a name in ``pools.external.providers``); None: the
+    cheapest (the first of the cheapest, in the config's order)."""
 
 
 @dataclass
@@ -204,6 +211,15 @@ class SchemeSpec:
     night_end_hour: float = 7.0
 
 
+def _default_providers() -> list[dict[str, Any]]:
+    """Two providers of 64 nodes x 8 GPUs (1,024 GPUs in all): on-demand H100-class list
+    prices, the cheaper one first."""
+    return [
+        {"name": "cheap", "price_per_gpu_hour": 2.5, "max_nodes": 64, "gpus_per_node": 8},
+        {"name": "dear", "price_per_gpu_hour": 3.5, "max_nodes": 64, "gpus_per_node": 8},
+    ]
+
+
 @dataclass
 class Scenario:
     """Everything one simulation needs; the defaults are the default scenario."""
@@ -220,16 +236,16 @@ class Scenario:
     schemes: SchemeSpec = field(default_factory=SchemeSpec)
     config: dict[str, Any] = field(
         default_factory=lambda: {
-            "pools.external.gpus_per_node": 8,
-            "pools.external.max_nodes": 128,
+            "pools.external.providers": _default_providers(),
             "placement.migrate_back_idle_s": 600,
             "placement.migrate_back_interval_s": 60,
             "placement.migrate_back_step": 4,
             "serving.ready_timeout_s": 900,
         }
     )
-    """The control plane's config overrides (``key.path: value``), validated by its loader;
-    the real policies' configs are built from the result (`controlplane.policy_config`)."""
+    """The control plane's config overrides (``key.path: value``; a list, such as
+    ``pools.external.providers``, is given whole), validated by its loader; the real
+    policies' configs are built from the result (`controlplane.policy_config`)."""
     source: str = ""
     """Where the scenario came from (set by `load_scenario`)."""
 
@@ -242,7 +258,8 @@ class Scenario:
 
         The fleet keeps its proportions: the job count scales with days and nodes (jobs
         arrive at the same rate per GPU); with nodes, each model's peak demand and
-        ``max_replicas`` and the external pool's ``max_nodes`` scale too."""
+        ``max_replicas`` and each external provider's ``max_nodes`` (in
+        ``config["pools.external.providers"]``) scale too."""
         raw_days = self.days if days is None else days
         raw_nodes = self.nodes if nodes is None else nodes
         errors: list[str] = []
@@ -272,9 +289,19 @@ class Scenario:
                     for m in self.serving.models
                 ],
             )
-            key = "pools.external.max_nodes"
-            if isinstance(self.config.get(key), int):
-                out.config = {**self.config, key: max(1, math.ceil(self.config[key] * factor))}
+            key = "pools.external.providers"
+            providers = self.config.get(key)
+            if isinstance(providers, list):
+                default = ProviderConfig().max_nodes
+                out.config = {
+                    **self.config,
+                    key: [
+                        {**p, "max_nodes": max(1, math.ceil(p.get("max_nodes", default) * factor))}
+                        if isinstance(p, dict)
+                        else p
+                        for p in providers
+                    ],
+                }
         if seed is not None:
             out.seed = seed
         check_events(out)
@@ -410,15 +437,38 @@ def load_scenario(path: str | Path | None) -> Scenario:
 
 
 def with_stockouts(
-    s: Scenario, days: tuple[int, ...] = (5, 15, 25), start_hour: float = 8.0, hours: float = 6.0
+    s: Scenario,
+    days: tuple[int, ...] = (5, 15, 25),
+    start_hour: float = 8.0,
+    hours: float = 6.0,
+    provider: str | None = None,
 ) -> Scenario:
-    """`s` with the external pool delivering nothing for `hours` from `start_hour` on each of
-    `days` that the horizon holds (the stock-out scenario of issue 28: 6 hours on 3 of 30
-    days, during the morning ramp up to serving's 14:00 peak, when the pool's nodes are
-    being rented again after the night); the trace is unchanged."""
+    """`s` with `provider` (None: the cheapest) delivering nothing for `hours` from
+    `start_hour` on each of `days` that the horizon holds (the stock-out scenario of issue
+    28: the cheapest provider, 6 hours on 3 of 30 days, during the morning ramp up to
+    serving's 14:00 peak, when the pool's nodes are being rented again after the night);
+    the trace is unchanged."""
     starts = [d * 24.0 + start_hour for d in days if d * 24.0 + start_hour < s.days * 24.0]
-    external = dataclasses.replace(s.external, stockout_start_hours=starts, stockout_hours=hours)
+    external = dataclasses.replace(
+        s.external, stockout_start_hours=starts, stockout_hours=hours, stockout_provider=provider
+    )
     return dataclasses.replace(s, external=external, source=f"{s.source or 'default'} + stock-outs")
+
+
+def stockout_provider(s: Scenario, cfg: Config) -> str:
+    """The provider `s`'s stock-outs hit: ``external.stockout_provider``, else the cheapest
+    of ``pools.external.providers`` (ties: the config's order). ScenarioError if it names
+    none of them."""
+    providers = cfg.pools.external.providers
+    name = s.external.stockout_provider
+    if name is None:
+        return min(providers, key=lambda p: p.price_per_gpu_hour).name if providers else ""
+    if name not in {p.name for p in providers}:
+        raise ScenarioError(
+            f"external.stockout_provider: {name!r} is not one of pools.external.providers "
+            f"({', '.join(p.name for p in providers)})"
+        )
+    return name
 
 
 def control_config(scenario: Scenario) -> Config:

@@ -5,10 +5,14 @@ loop's `ServePlane` protocol (`controlplane.adapters.serve`), so the real make-b
 operations (`controlplane.loop.act.operations`) run on it unchanged. Per (model, pool) it
 keeps a target and starts or stops replicas toward it (`reconcile`): a new replica takes its
 GPUs on a node with room (cluster nodes the scheme lets serving use, most-used first; an
-external node that is up) and is RUNNING ``replica_start_s`` later; a stopping replica
-drains for ``replica_stop_s`` before its GPUs are free. Serve picks which replica stops:
-STARTING ones first, then ones on nodes a move in flight names (`prefer_stop`), then the
-newest. A replica on a node that fails is gone at once, and Serve starts a replacement.
+external node that is up, the cheapest provider's first) and is RUNNING ``replica_start_s``
+later; a stopping replica drains for ``replica_stop_s`` before its GPUs are free. Serve picks
+which replica stops: STARTING ones first, then ones on nodes a move in flight names
+(`prefer_stop`), then the newest. A replica on a node that fails is gone at once, and Serve
+starts a replacement. A replica on a drained external node (`World.drain_external`) does not
+count toward its pool's target: Serve starts its replacement elsewhere and stops it once the
+replacements RUNNING cover the target (make-before-break; with no room elsewhere it keeps
+serving where it is).
 
 It also keeps the serving figures: per model, seconds in which the RUNNING replicas' capacity
 is below the demand, split by the cause of the replica stop that left the model short, read
@@ -33,6 +37,7 @@ from controlplane.adapters.serve import PoolView, ServeView
 from controlplane.simulate.engine import EventKind, EventQueue
 from controlplane.simulate.world import Node, World
 from policies.ingress import IngressTraffic
+from policies.providers import provider_resource
 from policies.snapshot import Pool, ReplicaState, ServeReplica
 
 __all__ = ["SimServe", "SimReplica"]
@@ -145,9 +150,10 @@ class SimServe:
     def _place(self, model: str, pool: Pool) -> Node | None:
         g = self.gpus[model]
         if pool is Pool.EXTERNAL:
-            for n in self.world.external.values():
-                if n.free >= g:
-                    return n
+            for p in self.world.by_price:
+                for n in self.world.external_of[p.name].values():
+                    if n.free >= g:
+                        return n
             return None
         best: Node | None = None
         for node_id in self.world.cluster_ids:
@@ -169,6 +175,10 @@ class SimServe:
                 for r in self.by_model[model]
                 if r.pool is pool and r.state is not ReplicaState.STOPPING
             ]
+            drained = [r for r in live if self._drained(r)] if self.world.draining else []
+            if drained:
+                gone = {r.replica_id for r in drained}
+                live = [r for r in live if r.replica_id not in gone]
             extra = len(live) - target
             if extra > 0:
                 order = sorted(
@@ -183,6 +193,18 @@ class SimServe:
                 for r in order[:extra]:
                     self._stop(r, now)
                 self._mark(model, self.writer)
+            if drained:
+                # Make-before-break off a drained node: stop what the replacements RUNNING
+                # (with the drained ones left) cover beyond the target.
+                kept = sum(1 for r in live if r.state is ReplicaState.RUNNING)
+                covered = kept + len(drained) - target
+                order = sorted(
+                    drained, key=lambda r: (r.state is ReplicaState.RUNNING, r.replica_id)
+                )
+                for r in order[: max(0, covered)]:
+                    self._stop(r, now)
+                if covered > 0:
+                    self._mark(model, self.writer)
             for _ in range(max(0, -extra)):
                 node = self._place(model, pool)
                 if node is None:
@@ -205,6 +227,10 @@ class SimServe:
                     now + self.start_s, EventKind.REPLICA_READY, r.replica_id, r.version
                 )
 
+    def _drained(self, r: SimReplica) -> bool:
+        n = self.world.external.get(r.node_id) if r.pool is Pool.EXTERNAL else None
+        return n is not None and n.out
+
     def _stop(self, r: SimReplica, now: float) -> None:
         self._changes += 1
         r.state = ReplicaState.STOPPING
@@ -218,6 +244,8 @@ class SimServe:
             r.version += 1
             self._changes += 1
             self._settle_cause(r.model)
+            if self.world.draining:
+                self.reconcile()  # a replacement for a drained node's replica may be up
 
     def gone(self, replica_id: str, version: int) -> None:
         r = self.replicas.get(replica_id)
@@ -306,7 +334,17 @@ class SimServe:
         raise NotImplementedError("the simulator does not model the ingress")
 
     def request_external(self, bundles: list[dict[str, float]]) -> None:
-        self.world.want_external_gpus(int(sum(b.get("GPU", 0.0) for b in bundles)))
+        """The autoscaler's answer to ``request_resources``: each bundle's GPUs from the
+        provider its ``provider_<name>`` resource names (none named: the first provider)."""
+        names = list(self.world.providers)
+        gpus = dict.fromkeys(names, 0)
+        for b in bundles:
+            name = next(
+                (k for k in names if b.get(provider_resource(k))), names[0] if names else ""
+            )
+            if name:
+                gpus[name] += int(b.get("GPU", 0.0))
+        self.world.want_external(gpus)
 
     def scale_pool(self, model: str, pool: Pool, num_replicas: int) -> None:
         if num_replicas < self.targets.get((model, pool), 0):

@@ -4,10 +4,15 @@ Owns: `World` (every node's GPUs and who holds them, every job's life: queued, r
 checkpointing out, done), the training model (`JobRun`: a job restores, then trains in
 cycles of ``interval_s`` of work and one checkpoint stall; a failure loses the work since the
 last commit; a checkpoint-first preemption loses none but costs a stall), the external pool
-(nodes requested, billed from the request, up after ``provision_s``, released once idle for
-the control plane's ``pools.external.idle_timeout_s``), and the accounting of GPU-seconds
-the report turns into figures (`Tally`). The serving plane lives in
-`controlplane.simulate.serving`, over the same nodes.
+(one node group per provider, `ProviderSpec`: each its own node size, most nodes, price and
+stock-out windows; nodes asked of a provider, billed from when it starts provisioning them, up
+after ``provision_s``; a node due in a stock-out comes up ``provision_s`` after the window
+ends and is not billed before; the ask stands, so a drained node is replaced while its
+provider is still asked for it; an idle node beyond what its provider is asked for, or a
+drained one, released after the control plane's ``pools.external.idle_timeout_s``; every
+external node carries its provider's name in the ``provider`` label of its snapshot row), and
+the accounting of GPU-seconds the report turns into figures (`Tally`, external GPU-seconds per
+provider). The serving plane lives in `controlplane.simulate.serving`, over the same nodes.
 
 GPUs are never double-booked: every grab goes through `World.take`, which raises if a node
 has fewer free GPUs than asked (a scheme bug, never a silent overlap).
@@ -18,14 +23,32 @@ Must not: decide (schemes do), or draw random numbers (the trace holds them).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
 from controlplane.simulate.engine import EventKind, EventQueue
 from controlplane.simulate.trace import JobSpec
+from policies.providers import PROVIDER_LABEL
 from policies.snapshot import NodeView, Pool
 
-__all__ = ["JobPhase", "JobRun", "Node", "Tally", "World"]
+__all__ = ["JobPhase", "JobRun", "Node", "ProviderSpec", "Tally", "World"]
+
+
+@dataclass(frozen=True)
+class ProviderSpec:
+    """One provider of the external pool, as the world rents from it."""
+
+    name: str
+    gpus_per_node: int
+    max_nodes: int
+    price_per_gpu_hour: float
+    stockouts_s: tuple[tuple[float, float], ...] = ()
+    """(start, end) seconds in which it delivers no node."""
+
+    @property
+    def max_gpus(self) -> int:
+        return self.gpus_per_node * self.max_nodes
 
 
 @dataclass
@@ -36,10 +59,14 @@ class Node:
     used: int = 0
     up: bool = True
     out: bool = False
-    """Taken out of service by a scheme (health drain) until repaired."""
+    """Taken out of service by a scheme (a cordon, a health drain; an external node drained)."""
     fault: str | None = None
     version: int = 0
     ready_s: float = 0.0
+    provider: str = ""
+    """An external node's provider."""
+    billed_from_s: float = 0.0
+    """An external node is billed from then (its provider starts provisioning it)."""
     _view: NodeView | None = None
 
     @property
@@ -47,10 +74,17 @@ class Node:
         return self.gpus - self.used if self.up and not self.out else 0
 
     def view(self) -> NodeView:
-        """The snapshot's row (cached until the node changes)."""
+        """The snapshot's row (cached until the node changes). A drained external node is
+        not healthy: its GPUs are leaving."""
         if self._view is None:
+            external = self.pool is Pool.EXTERNAL
             self._view = NodeView(
-                self.node_id, self.pool, self.gpus, max(0, self.gpus - self.used), self.up
+                self.node_id,
+                self.pool,
+                self.gpus,
+                max(0, self.gpus - self.used),
+                self.up and not (external and self.out),
+                {PROVIDER_LABEL: self.provider} if external else {},
             )
         return self._view
 
@@ -141,6 +175,9 @@ class Tally:
     used_gpu_s: float = 0.0
     training_gpu_s: float = 0.0
     external_gpu_s: float = 0.0
+    """Billed external GPU-seconds, all providers."""
+    external_gpu_s_by: dict[str, float] = field(default_factory=dict)
+    """Billed external GPU-seconds per provider."""
     external_serving_gpu_s: float = 0.0
     idle_with_queue_gpu_s: float = 0.0
     """Owned GPUs idle while a training job waited (what better packing could win)."""
@@ -151,26 +188,40 @@ class World:
         self,
         num_nodes: int,
         gpus_per_node: int,
-        external_gpus_per_node: int,
-        external_max_nodes: int,
+        providers: Sequence[ProviderSpec],
         provision_s: float,
         idle_timeout_s: float,
         queue: EventQueue,
-        stockouts_s: tuple[tuple[float, float], ...] = (),
     ) -> None:
         self.events = queue
-        self.stockouts_s = stockouts_s
-        """(start, end) seconds in which the external pool delivers no node."""
+        names = [p.name for p in providers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"providers: names must be unique, got {names}")
+        self.providers = {p.name: p for p in providers}
+        """The external pool's providers, in the config's order."""
+        self.by_price = tuple(sorted(providers, key=lambda p: p.price_per_gpu_hour))
+        """Cheapest first; equal prices keep the config's order."""
         self.nodes: dict[str, Node] = {
             f"n{i:05d}": Node(f"n{i:05d}", Pool.CLUSTER, gpus_per_node) for i in range(num_nodes)
         }
         self.cluster_ids = list(self.nodes)
         self.cluster_gpus = num_nodes * gpus_per_node
-        self.ext_gpn = external_gpus_per_node
-        self.ext_max = external_max_nodes
         self.provision_s = provision_s
         self.idle_timeout_s = idle_timeout_s
         self.external: dict[str, Node] = {}
+        """Every external node, in the order they were asked for."""
+        self.external_of: dict[str, dict[str, Node]] = {p.name: {} for p in providers}
+        """The external nodes of each provider."""
+        self.external_wanted: dict[str, int] = dict.fromkeys(self.providers, 0)
+        """Nodes each provider was last asked for."""
+        self.draining = 0
+        """External nodes drained and not released yet."""
+        self.external_used = 0
+        """External GPUs held (by serving)."""
+        self._ext_gpus_by: dict[str, int] = dict.fromkeys(self.providers, 0)
+        """GPUs of each provider's nodes, billed or not yet."""
+        self._unbilled: list[Node] = []
+        """Nodes whose billing starts later (asked for during a stock-out)."""
         self._ext_seq = 0
         self.jobs: dict[str, JobRun] = {}
         self.queued: dict[str, JobRun] = {}
@@ -206,6 +257,8 @@ class World:
             self.cluster_used += gpus
             if training:
                 self.training_used += gpus
+        else:
+            self.external_used += gpus
 
     def give(self, node_id: str, gpus: int, training: bool) -> None:
         n = self.node(node_id)
@@ -216,6 +269,10 @@ class World:
             self.cluster_used -= gpus
             if training:
                 self.training_used -= gpus
+        else:
+            self.external_used -= gpus
+            if n.used == 0:
+                self.events.push(self.now_s + self.idle_timeout_s, EventKind.EXTERNAL_IDLE)
 
     # -- time ----------------------------------------------------------------------------------
 
@@ -226,8 +283,22 @@ class World:
             t.owned_gpu_s += self.cluster_gpus * dt
             t.used_gpu_s += self.cluster_used * dt
             t.training_gpu_s += self.training_used * dt
-            t.external_gpu_s += len(self.external) * self.ext_gpn * dt
-            t.external_serving_gpu_s += sum(n.used for n in self.external.values()) * dt
+            billed = {name: g * dt for name, g in self._ext_gpus_by.items() if g}
+            if self._unbilled:  # nodes a stock-out holds back: not billed before it ends
+                waiting = []
+                for n in self._unbilled:
+                    if self.external.get(n.node_id) is not n:
+                        continue  # released before it was billed
+                    unbilled_s = min(now_s, n.billed_from_s) - self.now_s
+                    if unbilled_s > 0:
+                        billed[n.provider] -= n.gpus * unbilled_s
+                    if n.billed_from_s > now_s:
+                        waiting.append(n)
+                self._unbilled = waiting
+            for name, gpu_s in billed.items():
+                t.external_gpu_s_by[name] = t.external_gpu_s_by.get(name, 0.0) + gpu_s
+                t.external_gpu_s += gpu_s
+            t.external_serving_gpu_s += self.external_used * dt
             if self.queued:
                 t.idle_with_queue_gpu_s += (self.cluster_gpus - self.cluster_used) * dt
         self.now_s = now_s
@@ -359,29 +430,55 @@ class World:
 
     # -- the external pool ---------------------------------------------------------------------
 
-    def want_external_gpus(self, gpus: int) -> None:
-        """Have ``ceil(gpus / gpus_per_node)`` external nodes (at most the pool's maximum):
-        new ones are billed now and up after ``provision_s``; idle ones beyond that go after
-        the idle timeout."""
-        want = min(self.ext_max, -(-max(0, gpus) // self.ext_gpn))
-        for _ in range(want - len(self.external)):
-            self._ext_seq += 1
-            node_id = f"x{self._ext_seq:05d}"
-            n = Node(node_id, Pool.EXTERNAL, self.ext_gpn, up=False)
-            n.ready_s = self._delivered_s(self.now_s + self.provision_s)
-            self.external[node_id] = n
-            self.node_generation += 1
-            self.events.push(n.ready_s, EventKind.EXTERNAL_NODE_UP, node_id)
-        self.external_wanted = want
-        if len(self.external) > want:
+    def want_external(self, by_provider: Mapping[str, int]) -> None:
+        """Have ``ceil(gpus / gpus_per_node)`` nodes of each provider (at most its
+        ``max_nodes``; one not named: none): new ones are up after ``provision_s`` (later
+        if they fall in a stock-out) and billed from when the provider starts on them; idle
+        ones beyond that go after the idle timeout."""
+        unknown = sorted(set(by_provider) - set(self.providers))
+        if unknown:
+            raise ValueError(f"unknown provider(s) {unknown}; known: {sorted(self.providers)}")
+        surplus = False
+        for name, p in self.providers.items():
+            gpus = max(0, by_provider.get(name, 0))
+            want = min(p.max_nodes, -(-gpus // p.gpus_per_node))
+            self.external_wanted[name] = want
+            self._top_up(name)
+            surplus = surplus or self.live_count(name) > want
+        if surplus:
             self.events.push(self.now_s + self.idle_timeout_s, EventKind.EXTERNAL_IDLE)
 
-    external_wanted = 0
+    def _top_up(self, name: str) -> None:
+        """Rent nodes of provider `name` until its nodes not drained are what it is asked for
+        (the ask stands, as ``request_resources`` does: a node drained is replaced)."""
+        p = self.providers[name]
+        mine = self.external_of[name]
+        for _ in range(self.external_wanted[name] - self.live_count(name)):
+            self._ext_seq += 1
+            node_id = f"x{self._ext_seq:05d}"
+            n = Node(node_id, Pool.EXTERNAL, p.gpus_per_node, up=False, provider=name)
+            n.ready_s = self._delivered_s(p, self.now_s + self.provision_s)
+            n.billed_from_s = n.ready_s - self.provision_s
+            mine[node_id] = n
+            self.external[node_id] = n
+            self._ext_gpus_by[name] += n.gpus
+            if n.billed_from_s > self.now_s:
+                self._unbilled.append(n)
+            self.node_generation += 1
+            self.events.push(n.ready_s, EventKind.EXTERNAL_NODE_UP, node_id)
 
-    def _delivered_s(self, due_s: float) -> float:
-        """When a node due at `due_s` comes up: after ``provision_s`` past the end of a
-        stock-out it falls in (the request waits in the provider's queue)."""
-        for start, end in self.stockouts_s:
+    def live_count(self, provider: str) -> int:
+        """Nodes of `provider` asked for and not drained (up or on their way)."""
+        return sum(1 for n in self.external_of[provider].values() if not n.out)
+
+    def external_gpus(self) -> int:
+        """GPUs of every external node asked for (up or on their way)."""
+        return sum(self._ext_gpus_by.values())
+
+    def _delivered_s(self, p: ProviderSpec, due_s: float) -> float:
+        """When a node of `p` due at `due_s` comes up: after ``provision_s`` past the end of
+        a stock-out it falls in (the request waits in the provider's queue)."""
+        for start, end in p.stockouts_s:
             if start <= due_s < end:
                 return end + self.provision_s
         return due_s
@@ -392,13 +489,41 @@ class World:
             n.up = True
             self.touch(n)
 
+    def drain_external(self, node_id: str) -> bool:
+        """Take external node `node_id` out of service: it takes nothing new, Serve moves its
+        replicas off (`SimServe`), and once it is idle it goes; if its provider is still asked
+        for as many nodes as it had, a new one is rented in its place. False if there is no
+        such node, or it is drained already."""
+        n = self.external.get(node_id)
+        if n is None or n.out:
+            return False
+        n.out = True
+        self.draining += 1
+        self.touch(n)
+        if n.used == 0:
+            self.events.push(self.now_s + self.idle_timeout_s, EventKind.EXTERNAL_IDLE)
+        self._top_up(n.provider)
+        return True
+
     def release_idle_external(self) -> None:
-        surplus = len(self.external) - self.external_wanted
-        for node_id in sorted(self.external, reverse=True):
-            if surplus <= 0:
-                break
-            n = self.external[node_id]
-            if n.used == 0:
-                del self.external[node_id]
-                self.node_generation += 1
-                surplus -= 1
+        """Release every idle drained node, and per provider the idle nodes beyond what it
+        was asked for: ones not up yet first, then the newest."""
+        for name, mine in self.external_of.items():
+            surplus = self.live_count(name) - self.external_wanted[name]
+            newest = sorted(mine.values(), key=lambda n: n.node_id, reverse=True)
+            for n in sorted(newest, key=lambda n: n.up):
+                if n.used:
+                    continue
+                if n.out:
+                    self._release(n)
+                elif surplus > 0:
+                    self._release(n)
+                    surplus -= 1
+
+    def _release(self, n: Node) -> None:
+        del self.external[n.node_id]
+        del self.external_of[n.provider][n.node_id]
+        self._ext_gpus_by[n.provider] -= n.gpus
+        if n.out:
+            self.draining -= 1
+        self.node_generation += 1

@@ -11,7 +11,7 @@ import pytest
 from controlplane.loop.act.operations import MoveOperation, MoveOutcome, MovePhase, advance
 from controlplane.simulate.engine import EventKind, EventQueue
 from controlplane.simulate.serving import CAUSES, SimServe
-from controlplane.simulate.world import World
+from controlplane.simulate.world import ProviderSpec, World
 from policies.snapshot import Pool, ReplicaState
 
 RPS = 10.0  # one replica serves 10 requests/s; demand 40 needs 4 replicas
@@ -19,7 +19,7 @@ RPS = 10.0  # one replica serves 10 requests/s; demand 40 needs 4 replicas
 
 def _serve(cluster: int = 4, external: int = 0) -> tuple[World, SimServe, EventQueue]:
     q = EventQueue()
-    world = World(2, 8, 8, 1, 300.0, 600.0, q)
+    world = World(2, 8, (ProviderSpec("a", 8, 1, 2.5),), 300.0, 600.0, q)
     serve = SimServe(world, q, {"m": 1}, {"m": RPS}, {"m": 1.0}, 10.0, 5.0)
     serve.set_demand("m", 4 * RPS)
     serve.targets[("m", Pool.CLUSTER)] = cluster

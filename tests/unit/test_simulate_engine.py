@@ -52,7 +52,12 @@ def small(**more: Any) -> Scenario:
                 },
             ]
         },
-        "config": {"pools.external.max_nodes": 2, "pools.external.gpus_per_node": 8},
+        "config": {
+            "pools.external.providers": [
+                {"name": "cheap", "price_per_gpu_hour": 2.5, "max_nodes": 1, "gpus_per_node": 8},
+                {"name": "dear", "price_per_gpu_hour": 3.5, "max_nodes": 1, "gpus_per_node": 8},
+            ]
+        },
     }
     raw.update(more)
     return scenario_from_dict(raw)

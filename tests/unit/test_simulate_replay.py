@@ -10,6 +10,7 @@ move start and done), each with the same reason code (`controlplane.simulate.rep
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from controlplane.simulate.replay import MODEL, claim_and_return, plan_codes
@@ -17,9 +18,8 @@ from controlplane.store import JobState
 from policies.snapshot import Pool
 from tests.unit.loop_fakes import make_world
 
-OVERRIDES = {
-    "pools.external.max_nodes": 1,
-    "pools.external.gpus_per_node": 2,
+OVERRIDES: dict[str, object] = {
+    "pools.external.providers": [{"name": "rent-a", "max_nodes": 1, "gpus_per_node": 2}],
     "placement.migrate_back_idle_s": 2,
     "placement.migrate_back_step": 1,
     "placement.migrate_back_interval_s": 4,
@@ -28,7 +28,7 @@ OVERRIDES = {
 
 def real_loop(tmp_path: Path) -> list[tuple[str, str]]:
     text = "serving:\n  models:\n    - name: sample\n      min_replicas: 2\n      max_replicas: 2\n"
-    overrides = [f"{k}={v}" for k, v in OVERRIDES.items()]
+    overrides = [f"{k}={json.dumps(v)}" for k, v in OVERRIDES.items()]
     w = make_world(tmp_path, "serve.deploy_app=true", *overrides, config_text=text)
     w.cluster.add("c1", Pool.CLUSTER, gpus=2)
     w.cluster.add("e1", Pool.EXTERNAL, gpus=2)

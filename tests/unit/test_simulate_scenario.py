@@ -15,6 +15,7 @@ from controlplane.cli import cli
 from controlplane.simulate import trace as trace_module
 from controlplane.simulate.checks import MAX_SCENARIO_DEPTH
 from controlplane.simulate.engine import EventQueue
+from controlplane.simulate.run import providers
 from controlplane.simulate.scenario import (
     MAX_SCENARIO_BYTES,
     MAX_SIM_EVENTS,
@@ -25,6 +26,7 @@ from controlplane.simulate.scenario import (
     implied_events,
     load_scenario,
     scenario_from_dict,
+    stockout_provider,
     with_stockouts,
 )
 from controlplane.simulate.trace import make_trace
@@ -70,8 +72,16 @@ from controlplane.simulate.world import World
             "schemes.static_serving_share: must be a number",
         ),
         (
-            {"config": {"pools.external.max_nodes": [1]}},
-            "config.pools.external.max_nodes: must be a plain value",
+            {"config": {"placement.migrate_back_step": {"a": 1}}},
+            "config.placement.migrate_back_step: must be a plain value or a list",
+        ),
+        (
+            {"config": {"pools.external.providers": [[{"name": "a"}]]}},
+            "config.pools.external.providers[0]: must be a plain value or a list",
+        ),
+        (
+            {"config": {"pools.external.providers": [{"price_per_gpu_hour": float("nan")}]}},
+            "config.pools.external.providers[0].price_per_gpu_hour: must be a finite number",
         ),
         ([1, 2], "scenario: must be a mapping"),
         (
@@ -88,11 +98,33 @@ def test_a_bad_scenario_names_the_field(raw: object, field: str) -> None:
     assert field in str(info.value)
 
 
-def test_a_bad_control_plane_override_names_its_key() -> None:
-    s = scenario_from_dict({"config": {"pools.external.max_nodes": -1}})
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ({"pools.external.max_nodes": 4}, "pools.external.max_nodes"),
+        (
+            {"pools.external.providers": [{"name": "a", "max_nodes": -1}]},
+            "pools.external.providers[0].max_nodes",
+        ),
+        ({"pools.external.providers": [{"name": "a", "bogus": 1}]}, "bogus"),
+    ],
+    ids=["moved-key", "provider-field", "provider-unknown-key"],
+)
+def test_a_bad_control_plane_override_names_its_key(override: dict[str, object], key: str) -> None:
+    s = scenario_from_dict({"config": override})
     with pytest.raises(ScenarioError) as info:
         control_config(s)
-    assert "pools.external.max_nodes" in str(info.value)
+    assert key in str(info.value)
+
+
+def test_a_list_override_is_given_whole() -> None:
+    """``pools.external.providers`` replaces the packaged list: the default scenario's two."""
+    providers = control_config(Scenario()).pools.external.providers
+    assert [(p.name, p.price_per_gpu_hour, p.max_nodes, p.gpus_per_node) for p in providers] == [
+        ("cheap", 2.5, 64, 8),
+        ("dear", 3.5, 64, 8),
+    ]
+    assert control_config(Scenario()).pools.external.max_gpus == 128 * 8
 
 
 @pytest.mark.parametrize(
@@ -149,7 +181,10 @@ training: {jobs: 20, gang_gpus: {"8": 1.0}, median_hours: 1, max_hours: 3}
 serving:
   models:
     - {name: m, gpus_per_replica: 1, replica_rps: 10, peak_rps: 50, min_replicas: 1, max_replicas: 20}
-config: {pools.external.max_nodes: 1}
+config:
+  pools.external.providers:
+    - {name: a, price_per_gpu_hour: 2.5, max_nodes: 1, gpus_per_node: 8}
+    - {name: b, price_per_gpu_hour: 3.5, max_nodes: 1, gpus_per_node: 8}
 """
 
 
@@ -172,6 +207,7 @@ def test_rcp_simulate_prints_the_table_and_one_json_object(tmp_path: Path) -> No
     assert set(summary["schemes"]) == {"ours", "static-split", "evict-first", "time-of-day"}
     assert {g["goal"].split(" ")[0] for g in summary["goals"]} >= {"training", "zero", "external"}
     assert summary["decision_cost"]["decisions"] > 0
+    assert set(summary["external_by_provider"]["ours"]) == {"a", "b"}
     assert (tmp_path / "out" / "report.md").read_text().startswith("# Fleet simulation")
 
 
@@ -196,7 +232,11 @@ def test_days_and_nodes_keep_the_fleets_proportions() -> None:
     big = base.resized(1.0, base.nodes * 8, 5)
     assert big.training.jobs == round(base.training.jobs / 30 * 8)
     assert [m.peak_rps for m in big.serving.models] == [m.peak_rps * 8 for m in base.serving.models]
-    assert big.config["pools.external.max_nodes"] == base.config["pools.external.max_nodes"] * 8
+    key = "pools.external.providers"
+    assert [p["max_nodes"] for p in big.config[key]] == [
+        p["max_nodes"] * 8 for p in base.config[key]
+    ]
+    assert control_config(big).pools.external.max_gpus == 8 * 128 * 8
     assert (big.seed, big.days) == (5, 1.0)
     with pytest.raises(ScenarioError, match="nodes: must be in"):
         base.resized(None, 0, None)
@@ -349,9 +389,10 @@ def test_an_alias_bomb_gets_a_short_message(tmp_path: Path) -> None:
 
 
 def test_the_stockout_scenario_keeps_the_trace_and_stops_deliveries_in_its_windows() -> None:
-    """`with_stockouts`: 6 hours from 08:00 on the days the horizon holds; the trace is the
-    same; a node due inside a window comes up `provision_s` after it ends, one due outside
-    it on time."""
+    """`with_stockouts`: 6 hours from 08:00 on the days the horizon holds, on the cheapest
+    provider only; the trace is the same; a node of that provider due inside a window comes
+    up `provision_s` after it ends (and is billed from its end), one due outside it on time;
+    the other provider delivers on time throughout."""
     base = scenario_from_dict({"nodes": 64, "days": 10})
     s = with_stockouts(base)
     assert s.external.stockout_start_hours == [5 * 24 + 8.0]
@@ -363,13 +404,43 @@ def test_the_stockout_scenario_keeps_the_trace_and_stops_deliveries_in_its_windo
         608.0,
     ]
     start, end = 128 * 3600.0, 134 * 3600.0
-    world = World(4, 8, 8, 4, 300.0, 60.0, EventQueue(), ((start, end),))
+    cfg = control_config(s)
+    assert stockout_provider(s, cfg) == "cheap"
+    cheap, dear = providers(s, cfg)
+    assert (cheap.name, cheap.stockouts_s, dear.name, dear.stockouts_s) == (
+        "cheap",
+        ((start, end),),
+        "dear",
+        (),
+    )
+    world = World(4, 8, (cheap, dear), 300.0, 60.0, EventQueue())
     for now, due in (
         (start - 400.0, start - 100.0),
         (start - 100.0, end + 300.0),
         (end, end + 300.0),
     ):
         world.now_s = now
-        world.want_external_gpus(8 * (len(world.external) + 1))
+        world.want_external({"cheap": 8 * (len(world.external) + 1)})
         newest = world.external[max(world.external)]
-        assert newest.ready_s == due, (now, newest.ready_s, due)
+        assert (newest.provider, newest.ready_s) == ("cheap", due), (now, newest.ready_s, due)
+        assert newest.billed_from_s == due - 300.0
+    world.now_s = start
+    world.want_external({"cheap": 8 * len(world.external), "dear": 8})
+    newest = world.external[max(world.external)]
+    assert (newest.provider, newest.ready_s) == ("dear", start + 300.0)
+
+
+@pytest.mark.parametrize(
+    "provider, hit",
+    [(None, "cheap"), ("dear", "dear"), ("nope", "external.stockout_provider: 'nope'")],
+    ids=["default-the-cheapest", "named", "unknown"],
+)
+def test_the_stockouts_hit_one_provider(provider: str | None, hit: str) -> None:
+    s = with_stockouts(scenario_from_dict({"nodes": 64, "days": 10}), provider=provider)
+    cfg = control_config(s)
+    if hit.startswith("external."):
+        with pytest.raises(ScenarioError, match=hit):
+            providers(s, cfg)
+        return
+    assert stockout_provider(s, cfg) == hit
+    assert [p.name for p in providers(s, cfg) if p.stockouts_s] == [hit]

@@ -21,6 +21,17 @@ from controlplane.simulate.serving import SimServe
 from controlplane.simulate.trace import make_trace
 from controlplane.simulate.world import World
 
+
+def provider(name: str, price: float, max_nodes: int, gpus_per_node: int = 8) -> dict[str, Any]:
+    """One entry of ``pools.external.providers``."""
+    return {
+        "name": name,
+        "price_per_gpu_hour": price,
+        "max_nodes": max_nodes,
+        "gpus_per_node": gpus_per_node,
+    }
+
+
 QUIET = {"gpu_mttf_hours": 1e9, "hot_faults_per_node_year": 0, "fabric_faults_per_node_year": 0}
 MODELS = [
     {
@@ -77,7 +88,7 @@ def test_with_only_serving_no_training_gpu_is_ever_taken(scheme: str) -> None:
             "failures": QUIET,
             "training": {"jobs": 0, "gang_gpus": {"8": 1.0}},
             "serving": {"models": MODELS},
-            "config": {"pools.external.max_nodes": 2, "pools.external.gpus_per_node": 8},
+            "config": {"pools.external.providers": [provider("a", 2.5, 2)]},
         }
     )
     seen: list[int] = []
@@ -179,7 +190,8 @@ def test_the_serving_floor_is_the_demand_the_external_pool_cannot_host() -> None
     base = scenario_from_dict({"nodes": 64, "days": 1})
 
     def with_external(max_nodes: int) -> Scenario:
-        return replace(base, config={**base.config, "pools.external.max_nodes": max_nodes})
+        providers = [provider("a", 2.5, max_nodes)]
+        return replace(base, config={**base.config, "pools.external.providers": providers})
 
     trace = make_trace(base)
     none, some, plenty = (serving_floor_gpu_h(with_external(n), trace) for n in (1, 4, 10_000))
@@ -190,5 +202,5 @@ def test_the_serving_floor_is_the_demand_the_external_pool_cannot_host() -> None
         * m.gpus_per_replica
         for m in base.serving.models
     )
-    one_node = control_config(base).pools.external.gpus_per_node
+    one_node = control_config(with_external(1)).pools.external.providers[0].gpus_per_node
     assert none >= (first - one_node) * base.serving.demand_step_s / 3600.0 > 0
