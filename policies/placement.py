@@ -563,7 +563,8 @@ def decide(
     alloc = allocate(config.providers, room, external_gpus)
     providers = {k: ask(s, alloc[k], held.get(k, 0), now) for k, s in delivered.items()}
     by_provider = tuple(sorted(alloc.items()))
-    if external_gpus != requested or by_provider != state.provider_requests():
+    asked_before = tuple((k, g) for k, g in state.provider_requests() if g)
+    if external_gpus != requested or tuple((k, g) for k, g in by_provider if g) != asked_before:
         out = [p.name for p in config.providers if is_out(delivered[p.name], now)]
         actions.append(
             RequestExternalCapacity(
@@ -582,7 +583,10 @@ def decide(
     # Rule 6, continued: back to the cheapest provider, one drained node at a time.
     ext_live = snapshot.live_nodes(Pool.EXTERNAL)
     draining = state.draining_node
-    if draining is not None and draining not in {n.node_id for n in ext_live}:
+    # A drained node is unhealthy in the snapshot until it leaves: it is gone once Ray no
+    # longer lists it at all.
+    ext_all = {n.node_id for n in snapshot.nodes if n.pool is Pool.EXTERNAL}
+    if draining is not None and draining not in ext_all:
         draining = None
     last_drain = state.last_drain_s
     paced = last_drain is None or now - last_drain >= config.migrate_back_interval_s

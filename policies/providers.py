@@ -241,7 +241,13 @@ def migrate_back(
             if price[other] < price[name]
             for n in members
         )
-        busy = [n for n in live[name] if used_gpus.get(n.node_id, 0) > 0]
+        # Only a node whose going leaves the provider what it is allocated (else it would be
+        # rented again at once).
+        busy = [
+            n
+            for n in live[name]
+            if used_gpus.get(n.node_id, 0) > 0 and held - n.gpus_total >= allocation.get(name, 0)
+        ]
         if not busy:
             continue  # idle nodes are the autoscaler's to remove
         node = min(busy, key=lambda n: (used_gpus.get(n.node_id, 0), n.node_id))

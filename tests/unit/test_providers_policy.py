@@ -138,6 +138,9 @@ MIGRATE_NODES = [ext("a1", "a"), ext("a2", "a"), ext("b1", "b"), ext("b2", "b")]
             {"a": 4, "b": 0}, {"a1": 2, "a2": 1, "b1": 2}, frozenset(), None, id="no-room-cheaper"
         ),
         pytest.param({"a": 4, "b": 0}, {"b1": 2}, frozenset({"x"}), None, id="one-drain-at-a-time"),
+        pytest.param(
+            {"a": 4, "b": 3}, {"b1": 2, "b2": 1}, frozenset(), None, id="would-be-rented-again"
+        ),
         pytest.param({"a": 4, "b": 4}, {"b1": 2}, frozenset(), None, id="allocated-keeps"),
         pytest.param({"a": 4, "b": 0}, {}, frozenset(), None, id="idle-is-the-autoscalers"),
         pytest.param({"a": 4, "b": 2}, {"b1": 2, "b2": 1}, frozenset(), "b2", id="surplus-only"),
