@@ -18,8 +18,10 @@ This module decides, each tick, over the providers in the config's order:
    allocated (a more expensive one took the load while a cheaper one was out or full) and the
    cheaper providers' live nodes have the room for one of its nodes' replicas, drain that node
    (`DrainNode`): Serve starts the replicas on the cheaper nodes before it stops them there
-   (make-before-break), and the autoscaler then removes the idle node. One node per
-   ``interval_s``, the most expensive provider first, its least used node first.
+   (make-before-break), and the autoscaler then removes the idle node. Only a node whose
+   going leaves its provider what it is allocated; the most expensive provider first, its
+   least used node first; one at a time (placement paces the drains with
+   ``migrate_back_interval_s`` and waits until the drained node is gone).
 
 Example: providers ``a`` ($2/GPU-h, 4 GPUs) and ``b`` ($3, 4 GPUs); placement wants 6 external
 GPUs: ``a`` 4, ``b`` 2. ``a`` delivers nothing for 900 s: ``a`` is out (room 0), so ``b`` is

@@ -194,42 +194,52 @@ def test_a_node_given_notice_has_its_replica_running_elsewhere_before_it_goes(
 ) -> None:
     """Four requests in flight: sample runs 1 replica on the cluster pool and 3 rented, 2 of
     them on cheap (as the first test leaves it). Cheap takes back one of its nodes with 60 s
-    of notice: the node is drained at once,
-    so placement asks cheap for a node again and Serve starts the replica there before it
-    stops the one on the noticed node; then the node is killed."""
+    of notice: the node is drained at once, so placement asks for the capacity again and
+    Serve starts the replica elsewhere (dear, which has room, or a new cheap node once the
+    noticed one is gone) before it stops the one on the noticed node; then the node goes."""
     cfg, client = providers_cluster
     connect(cfg)
     stockout(cfg, "cheap", end=True)  # whatever the first test left
     url = f"http://127.0.0.1:{cfg.serve.http_port}"
-    load = Load(url, threads=4, pace_s=0.0, max_duration_s=600).__enter__()
-    wait_for(
-        "3 external replicas serving, 2 of them on cheap",
-        lambda: (lambda c: c if sum(c.values()) >= 3 and c.get("cheap", 0) >= 2 else None)(
-            replicas_by_provider()
-        ),
-        timeout_s=300,
-    )
-    labels = {n["NodeID"]: n.get("Labels") or {} for n in ray.nodes() if n["Alive"]}
-    victim = next(
-        r["node_id"]
-        for r in (pools_of().get("external") or {}).get("replicas") or []
-        if r["state"] == "RUNNING" and labels.get(r["node_id"], {}).get("provider") == "cheap"
-    )
-    seen: list[tuple[dict[str, int], bool]] = []
-    result: list[Any] = []
-    args = ["fault", "reclaim", victim, "--notice-s", str(NOTICE_S), f"state_dir={cfg.state_dir}"]
-    reclaim = threading.Thread(target=lambda: result.append(CliRunner().invoke(cli, args)))
+    with Load(url, threads=4, pace_s=0.0, max_duration_s=600) as load:
+        wait_for(
+            "3 external replicas serving, 2 of them on cheap",
+            lambda: (lambda c: c if sum(c.values()) >= 3 and c.get("cheap", 0) >= 2 else None)(
+                replicas_by_provider()
+            ),
+            timeout_s=300,
+        )
+        labels = {n["NodeID"]: n.get("Labels") or {} for n in ray.nodes() if n["Alive"]}
+        victim = next(
+            r["node_id"]
+            for r in (pools_of().get("external") or {}).get("replicas") or []
+            if r["state"] == "RUNNING" and labels.get(r["node_id"], {}).get("provider") == "cheap"
+        )
+        seen: list[tuple[dict[str, int], bool]] = []
+        result: list[Any] = []
+        args = [
+            "fault",
+            "reclaim",
+            victim,
+            "--notice-s",
+            str(NOTICE_S),
+            f"state_dir={cfg.state_dir}",
+        ]
+        reclaim = threading.Thread(target=lambda: result.append(CliRunner().invoke(cli, args)))
 
-    def moved() -> dict[str, int] | None:
-        external = (pools_of().get("external") or {}).get("replicas") or []
-        on_victim = any(r["node_id"] == victim and r["state"] in SERVING_STATES for r in external)
-        now = replicas_by_provider()
-        if not seen or seen[-1] != (now, on_victim):
-            seen.append((now, on_victim))
-            print(f"replicas by provider: {now}; one on the noticed node: {on_victim}")
-        return now if not reclaim.is_alive() and not on_victim and sum(now.values()) >= 3 else None
+        def moved() -> dict[str, int] | None:
+            external = (pools_of().get("external") or {}).get("replicas") or []
+            on_victim = any(
+                r["node_id"] == victim and r["state"] in SERVING_STATES for r in external
+            )
+            now = replicas_by_provider()
+            if not seen or seen[-1] != (now, on_victim):
+                seen.append((now, on_victim))
+                print(f"replicas by provider: {now}; one on the noticed node: {on_victim}")
+            return (
+                now if not reclaim.is_alive() and not on_victim and sum(now.values()) >= 3 else None
+            )
 
-    with load:
         reclaim.start()
         got = wait_for("the noticed node gone, its replica elsewhere", moved, timeout_s=240)
         load.wait_for(load.total + 20)
