@@ -12,7 +12,10 @@ stand-in for a provider out of stock: its node type launches nothing).
 
 The cluster pool is one node with one GPU, which the sample model's first replica holds:
 what a gang holding the cluster pool does to placement, so every replica the load adds must
-be rented. The model answers after 300 ms and wants one replica per ongoing request.
+be rented. The model answers after 1 s and wants one replica per ongoing request: the load
+board samples requests in flight once a second, and at 1 s a client is in flight in nearly
+every sample (at 300 ms, two clients read as two in few enough samples that demand once
+never held 2 for the upscale delay in 300 s).
 
 Marked ``full``: the provider rules are unit tables (test_providers_policy,
 test_placement_policy, test_loop_claim); this plays them once on real parts.
@@ -67,7 +70,7 @@ def providers_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tupl
         "      upscale_delay_s: 1\n"
         "      downscale_delay_s: 3600\n"
         "      graceful_shutdown_timeout_s: 5\n"
-        "      init_kwargs: {extra_latency_ms: 300}\n"
+        "      init_kwargs: {extra_latency_ms: 1000}\n"
     )
     cfg, cluster = start_local_cluster(
         tmp_path_factory,
