@@ -1,7 +1,8 @@
 """The whole configuration: `Config`, one field per section, and the paths derived from it.
 
 Owns: `Config` (which section lives under which key; ``serving`` is `serve.config`'s own
-`ServingConfig`, ``placement`` is `policies.placement.MigrateBackConfig`) and its derived
+`ServingConfig`, ``placement`` is `policies.placement.MigrateBackConfig`, ``forecast``
+`policies.forecast.ForecastConfig`) and its derived
 values (`state_path`, `storage_endpoint_url`, `jobs_db_path`, `train_storage_path`).
 
 Must not: validate (`controlplane.config.validation`) or load (`controlplane.config.loading`).
@@ -24,6 +25,7 @@ from controlplane.config.cluster import (
 from controlplane.config.health import HealthConfig, ObservabilityConfig, TelemetryConfig
 from controlplane.config.jobs import JobsConfig
 from controlplane.config.kube import KubernetesConfig
+from policies.forecast import ForecastConfig
 from policies.placement import MigrateBackConfig
 from serve.config import ServingConfig
 
@@ -49,6 +51,9 @@ class Config:
     serving: ServingConfig = field(default_factory=ServingConfig)
     placement: MigrateBackConfig = field(default_factory=MigrateBackConfig)
     """How serve replicas come back from the external pool (`policies.placement`)."""
+    forecast: ForecastConfig = field(default_factory=ForecastConfig)
+    """Serving's daily demand profile, which admission keeps long gangs clear of
+    (`policies.forecast`)."""
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
 

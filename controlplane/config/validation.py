@@ -44,6 +44,7 @@ from controlplane.config.kube import KubernetesConfig
 from controlplane.config.schema import Config
 from jobs.storage_credentials import JobCredentialsMode
 from jobs.storage_uri import StorageUriError, parse_storage_uri
+from policies.forecast import validate_forecast
 from policies.providers import PROVIDER_NAME_RE
 from serve.config import validate_serving
 
@@ -196,6 +197,10 @@ def validate(cfg: Config) -> list[str]:
     errors += wait_at_most(
         MAX_WAIT_S, "placement.migrate_back_interval_s", cfg.placement.migrate_back_interval_s
     )
+    try:
+        validate_forecast(cfg.forecast)
+    except ValueError as exc:
+        errors.append(str(exc))
     errors += _validate_kubernetes(cfg.kubernetes)
     try:
         parse_storage_uri(cfg.storage.uri)

@@ -66,6 +66,14 @@ from policies.demand import (
     decide_replicas,
     wanted_replicas,
 )
+from policies.forecast import (
+    DailyProfile,
+    ForecastConfig,
+    ForecastModel,
+    ServingForecast,
+    record,
+    serving_forecast,
+)
 from policies.ingress import IngressLoad, IngressScaling, IngressTraffic, decide_ingress
 from policies.model_classes import ModelClass
 from policies.placement import (
@@ -109,6 +117,8 @@ class Policies:
     """The ingress's scaling (None: the loop leaves the ingress's replica count alone)."""
     model_classes: Mapping[str, ModelClass] = field(default_factory=dict)
     """Per served model: its priority value and cluster floor (`policies.model_classes`)."""
+    forecast: ForecastConfig = field(default_factory=ForecastConfig)
+    """Serving's daily profile and how far admission looks ahead (`policies.forecast`)."""
 
 
 def policies_of(cfg: Config) -> Policies:
@@ -123,6 +133,7 @@ def policies_of(cfg: Config) -> Policies:
         act_on_health=cfg.health.act,
         ingress=ingress_scaling(cfg.serving.ingress) if cfg.serve.deploy_app else None,
         model_classes={m.name: model_class(cfg, m) for m in models},
+        forecast=cfg.forecast,
     )
 
 
@@ -148,6 +159,7 @@ def decide(
         models=classes,
         external_room_gpus=room,
         serving_need_gpus=serving_state.unplaced_gpus if policies.demand else 0,
+        forecast=forecast_now(snapshot, policies, serving_state) if policies.demand else None,
     )
     remediation = health.remediate(snapshot, observation.verdicts) if policies.act_on_health else ()
     claims = tuple(a for a in plan if isinstance(a, MoveServeReplicas))
@@ -187,6 +199,34 @@ def external_room_gpus(
     )
     cap = external_cap_gpus(snapshot, policies.placement, state or PlacementState())
     return max(0, cap - held)
+
+
+def forecast_now(
+    snapshot: ClusterSnapshot, policies: Policies, state: ServingPolicyState
+) -> ServingForecast | None:
+    """Serving's forecast for admission (`policies.forecast.serving_forecast`): each served
+    model's daily profile (kept in `state`), its GPUs per replica and cluster floor, against
+    what the providers can host now (`policies.placement.external_cap_gpus`, a provider out
+    for not delivering counting only its live GPUs). A model that is ``on_shortfall: yield``
+    or pinned to ``external`` holds nothing back."""
+    if not policies.forecast.enabled:
+        return None
+    models = []
+    for name in sorted(policies.demand):
+        gpus = max(1, math.ceil(policies.gpus_per_replica.get(name, 1.0)))
+        cls = policies.model_classes.get(name, ModelClass())
+        models.append(
+            ForecastModel(
+                name,
+                state.forecast.get(name, DailyProfile()),
+                gpus,
+                floor_gpus=cls.min_cluster_replicas * gpus,
+                guaranteed=not cls.yields_on_shortfall
+                and snapshot.pinned.get(name) is not Pool.EXTERNAL,
+            )
+        )
+    cap = external_cap_gpus(snapshot, policies.placement, state.placement)
+    return serving_forecast(models, snapshot.now_s, cap, policies.forecast)
 
 
 def unplaced_gpus(
@@ -247,6 +287,7 @@ def decide_serving(
     targets and new state."""
     demands: list[ModelDemand] = []
     new_demand = dict(state.demand)
+    new_forecast = dict(state.forecast)
     for name, config in sorted(policies.demand.items()):
         # The model's total target in Serve (what the last scale asked for), not the replicas
         # it already shows: a new pool's replicas appear a few ticks after its app is
@@ -262,6 +303,13 @@ def decide_serving(
             config,
             state.demand.get(name, DemandState()),
         )
+        if policies.forecast.enabled:
+            new_forecast[name] = record(
+                state.forecast.get(name, DailyProfile()),
+                snapshot.now_s,
+                wanted.num_replicas,
+                policies.forecast,
+            )
         gpus = max(1, math.ceil(policies.gpus_per_replica.get(name, 1.0)))
         cls = (policies.model_classes if classes is None else classes).get(name, ModelClass())
         demands.append(
@@ -291,7 +339,11 @@ def decide_serving(
         if decided.num_replicas != serve.ingress_target:
             plan = (*plan, ScaleIngress(decided.num_replicas, decided.message))
     unplaced = unplaced_gpus(tuple(demands), targets, snapshot.pinned)
-    return plan, targets, ServingPolicyState(new_demand, new_placement, new_ingress, unplaced)
+    return (
+        plan,
+        targets,
+        ServingPolicyState(new_demand, new_placement, new_ingress, unplaced, new_forecast),
+    )
 
 
 def _with_scales(

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from controlplane.adapters.serve import ServeView
 from controlplane.inventory import NodeRow
 from controlplane.store import JobRecord
 from policies.admission import AdmissionState
 from policies.demand import DemandState, Direction
+from policies.forecast import DailyProfile
 from policies.health import NodeVerdict, RemediationAction
 from policies.ingress import IngressTraffic
 from policies.placement import PlacementState, PoolTargets
@@ -69,11 +70,14 @@ class ServingPolicyState:
     unplaced_gpus: int = 0
     """GPUs of the replicas demand wanted that placement could place nowhere
     (`controlplane.loop.decide.unplaced_gpus`): the next tick's admission holds them."""
+    forecast: Mapping[str, DailyProfile] = field(default_factory=dict)
+    """Per served model, its daily demand profile (`policies.forecast`)."""
 
     def to_dict(self) -> dict[str, JsonValue]:
         p = self.placement
         return {
             "demand": {m: _demand_dict(s) for m, s in self.demand.items()},
+            "forecast": {m: cast(JsonValue, f.to_dict()) for m, f in self.forecast.items()},
             "ingress": _demand_dict(self.ingress),
             "unplaced_gpus": self.unplaced_gpus,
             "placement": {
@@ -124,7 +128,18 @@ class ServingPolicyState:
             },
         )
         unplaced = int(data.get("unplaced_gpus") or 0)
-        return cls(demand=demand, placement=placement, ingress=ingress, unplaced_gpus=unplaced)
+        raw_forecast = data.get("forecast")
+        forecast = {
+            str(m): DailyProfile.from_dict(f)
+            for m, f in (raw_forecast.items() if isinstance(raw_forecast, Mapping) else ())
+        }
+        return cls(
+            demand=demand,
+            placement=placement,
+            ingress=ingress,
+            unplaced_gpus=unplaced,
+            forecast=forecast,
+        )
 
 
 def _demand_dict(s: DemandState) -> dict[str, JsonValue]:

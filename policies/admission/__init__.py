@@ -12,6 +12,7 @@ for display). The rooms, by concern:
 - `fit`: gang fit (`gang_fits`, the free-GPU index);
 - `preemption`: the minimal set that makes room for the head, and the plan that asks it;
 - `reservation`: the head's reservation and what it protects from backfill;
+- `forecast`: what serving's forecast leaves training, slot by slot (`ForecastRoom`);
 - `decision`: `decide`, the batch over the queue;
 - `reasons`: `Why`, the code at the start of every reason.
 
@@ -52,6 +53,15 @@ Serving first
     whose GPUs suffice (the smallest such), else gangs in victim order until they do, with
     those the rest cover spared again (reason ``serving-reclaims``), within the preemption
     caps. A reclaimed job is re-queued like any preempted one, no restart spent.
+Serving's forecast
+    With a ``forecast`` (`policies.forecast.ServingForecast`: per slot ahead, the cluster GPUs
+    serving's daily profile needs that the providers cannot host), a gang whose run (now to
+    ``now_s + max_runtime_s``; none: the whole horizon) overlaps a slot where the capacity,
+    less that need, less the gangs still running then, has no room for it waits with a
+    ``serving-forecast`` reason saying when it is expected to start; it blocks no one, so
+    shorter work that ends before the peak is admitted meanwhile. A gang that no start could
+    keep clear of the peak is not held: serving reclaims from it at the peak, as before
+    (`policies.admission.forecast`).
 Gang
     A job is admitted only when all ``num_workers`` fit at once, each worker's
     ``gpus_per_worker`` on a single node. Nothing is held partially, so two gangs can never each

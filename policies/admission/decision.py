@@ -20,11 +20,13 @@ from collections.abc import Mapping
 
 from policies.admission.config import AdmissionConfig
 from policies.admission.fit import FreeGpus
+from policies.admission.forecast import ForecastRoom
 from policies.admission.preemption import preemptible, value_of
 from policies.admission.reasons import Why
 from policies.admission.reservation import try_reserve
 from policies.admission.shares import EPS, Ledger, live_gpus, queue_order
 from policies.admission.state import AdmissionState, PreemptionRecord, Reservation
+from policies.forecast import ServingForecast
 from policies.model_classes import ModelClass
 from policies.plan import Action, AdmitJob, Plan, PreemptJob, WaitJob, WorkerPlacement
 from policies.snapshot import ClusterSnapshot, Pool, QueuedJob, RunningGang
@@ -44,9 +46,13 @@ class _Decision(Ledger):
         models: Mapping[str, ModelClass] | None,
         external_room_gpus: int | None = None,
         serving_need_gpus: int = 0,
+        forecast: ServingForecast | None = None,
     ) -> None:
         super().__init__(snapshot, config, state, models, external_room_gpus)
         self.serving_need_gpus = serving_need_gpus
+        self.forecast = forecast
+        self.ahead: ForecastRoom | None = None
+        """Serving's forecast, slot by slot (built once serving's present need is held)."""
         self.snap = snapshot
         self.plan: list[Action] = []
         self.reservation: Reservation | None = None
@@ -61,6 +67,13 @@ class _Decision(Ledger):
         self.plan.extend(rejections)
         if self.serving_need_gpus > 0:
             self.hold_for_serving(self.serving_need_gpus)
+        if self.forecast is not None:
+            self.ahead = ForecastRoom(
+                self.forecast,
+                self.now_s,
+                self.capacity,
+                ((g, live_gpus(g, self.live_ids)) for g in self.gangs),
+            )
         head_decided = False
         free = self.free
         for neg_value, _, _, job in ordered:
@@ -72,6 +85,10 @@ class _Decision(Ledger):
             within = self.within_share(job.queue, need)
             if not within and not self.may_borrow(job.queue, need):
                 continue  # its queue may not borrow this much: waits, blocks no one
+            held = None if self.ahead is None else self.ahead.hold(job)
+            if held is not None:
+                self.plan.append(WaitJob(job_id=job.job_id, reason=held))
+                continue  # serving's forecast needs its GPUs back during its run: blocks no one
             if self.try_admit(job, within):
                 continue
             if not head_decided and (self.pinned or self.floors or self.unhosted):
@@ -253,6 +270,8 @@ class _Decision(Ledger):
         self.admitted_by_queue[job.queue] = (
             self.admitted_by_queue.get(job.queue, 0) + job.gpus_total
         )
+        if self.ahead is not None:
+            self.ahead.take(job)
         end_s = None if job.max_runtime_s is None else self.now_s + job.max_runtime_s
         self.admitted.append((end_s, job.job_id, job.queue, {n: k * g for n, k in placement}))
         if self.reservation is None:
@@ -289,6 +308,7 @@ def decide(
     models: Mapping[str, ModelClass] | None = None,
     external_room_gpus: int | None = None,
     serving_need_gpus: int = 0,
+    forecast: ServingForecast | None = None,
 ) -> tuple[Plan, AdmissionState]:
     """Decide admissions, replica moves and preemptions for one tick (see the package doc).
 
@@ -298,13 +318,16 @@ def decide(
     can still host: a claim takes replicas of a model whose demand is a guarantee only as far
     as that room holds them, in yield order (None: no bound, as before issue 28).
     `serving_need_gpus` is serving's demand that placement could place nowhere (the loop
-    passes the tick before's, `controlplane.loop.decide.unplaced_gpus`): those cluster GPUs are serving's first (`_Decision.hold_for_serving`), reclaimed
-    from the lowest-priority training if they must be.
+    passes the tick before's, `controlplane.loop.decide.unplaced_gpus`): those cluster GPUs
+    are serving's first (`_Decision.hold_for_serving`), reclaimed from the lowest-priority
+    training if they must be. `forecast` is serving's need per slot ahead
+    (`policies.forecast`): a gang whose run would hold GPUs it needs back waits
+    (`policies.admission.forecast.ForecastRoom`), and shorter work is admitted meanwhile.
 
     Returns the plan (rejections, then in queue order: admissions, and for the head any
     `MoveServeReplicas` and `PreemptJob` actions) and the new state.
     """
-    d = _Decision(snapshot, config, state, models, external_room_gpus, serving_need_gpus)
+    d = _Decision(snapshot, config, state, models, external_room_gpus, serving_need_gpus, forecast)
     d.run()
     new_state = AdmissionState(preemptions=tuple(d.preemptions), reservation=d.reservation)
     return tuple(d.plan), new_state

@@ -22,6 +22,7 @@ class Why(str, Enum):
     SERVING_FLOOR = "serving-floor"
     SERVING_DEMAND = "serving-demand"
     SERVING_RECLAIMS = "serving-reclaims"
+    SERVING_FORECAST = "serving-forecast"
     SERVING_ONLY_NODES = "serving-only-nodes"
     UNKNOWN_QUEUE = "unknown-queue"
     UNKNOWN_PRIORITY_CLASS = "unknown-priority-class"
