@@ -50,6 +50,7 @@ __all__ = [
     "ServingForecast",
     "profile_ahead",
     "record",
+    "duration",
     "serving_forecast",
     "validate_forecast",
 ]
@@ -68,6 +69,11 @@ class ForecastConfig:
     """How far a lower day's peak pulls a slot's memory down (0: never; 1: at once)."""
     horizon_s: float = 172800.0
     """How far ahead admission looks (a gang's run is checked up to this far)."""
+    idle_hold_s: float = 1800.0
+    """A gang the forecast holds back still gets GPUs no shorter work wants when serving needs
+    them back later than this: leaving them idle that long would cost more than the
+    checkpoint, stop and restore the peak then asks of it (``serving-reclaims``). 0: never
+    idle for the forecast; a horizon or more: always hold."""
 
     @property
     def slots_per_day(self) -> int:
@@ -83,7 +89,7 @@ DAY_S = 86400.0
 
 def validate_forecast(cfg: ForecastConfig) -> None:
     """Raise ValueError naming the first invalid field of `cfg`."""
-    for name in ("bin_s", "fall_weight", "horizon_s"):
+    for name in ("bin_s", "fall_weight", "horizon_s", "idle_hold_s"):
         value = getattr(cfg, name)
         if (
             isinstance(value, bool)
@@ -95,6 +101,8 @@ def validate_forecast(cfg: ForecastConfig) -> None:
         raise ValueError(f"forecast.bin_s must divide the day and be 60-3600 s, got {cfg.bin_s!r}")
     if not 0 <= cfg.fall_weight <= 1:
         raise ValueError(f"forecast.fall_weight must be in [0, 1], got {cfg.fall_weight!r}")
+    if not 0 <= cfg.idle_hold_s <= 7 * DAY_S:
+        raise ValueError(f"forecast.idle_hold_s must be from 0 to 7 days, got {cfg.idle_hold_s!r}")
     if not cfg.bin_s <= cfg.horizon_s <= 7 * DAY_S:
         raise ValueError(f"forecast.horizon_s must be from bin_s to 7 days, got {cfg.horizon_s!r}")
 
@@ -210,6 +218,9 @@ class ServingForecast:
     need_gpus: tuple[int, ...]
     peak_model: str = ""
     """The guaranteed model with the most forecast GPUs at the peak slot (for reasons)."""
+    idle_hold_s: float = 1800.0
+    """`ForecastConfig.idle_hold_s`: a held gang may take GPUs no shorter work wants when
+    serving needs them back later than this."""
 
     def __post_init__(self) -> None:
         if self.bin_s <= 0 or not all(g >= 0 for g in self.need_gpus):
@@ -247,4 +258,13 @@ def serving_forecast(
         return None  # the floors' replicas hold their GPUs already: nothing to foresee
     start = math.floor(now_s / config.bin_s) * config.bin_s
     peak_model = models[max(range(len(models)), key=lambda j: (top[j], models[j].name))].name
-    return ServingForecast(start, config.bin_s, tuple(need), peak_model)
+    return ServingForecast(start, config.bin_s, tuple(need), peak_model, config.idle_hold_s)
+
+
+def duration(seconds: float) -> str:
+    """``3h05m``, ``45m``, ``30s``: a wait or a run for a reason."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    h, m = divmod(round(s / 60), 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m"

@@ -29,6 +29,7 @@ from controlplane.config import to_dict, to_yaml
 from controlplane.inventory import NodeRow, format_table
 from controlplane.ray_connection import ClusterError
 from controlplane.store import StoreError
+from policies.forecast import duration
 from serve.control.status import format_status_table
 
 __all__ = ["config_group", "demo", "down", "guard_lines", "nodes", "serve_group", "up"]
@@ -158,8 +159,8 @@ def serve_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def serve_status_cmd(url: str | None, state_dir: str | None, as_json: bool) -> None:
     """Per model and pool: target, running, starting, stopping replicas, route weights, nodes;
-    each model's last measured p99 and its SLO; then whether the policy actor is paused (who,
-    why, since) and the pinned models."""
+    each model's last measured p99 and its SLO; the external providers; each model's forecast
+    peak; then whether the policy actor is paused (who, why, since) and the pinned models."""
     api = sdk_client(url, state_dir)
     data = api_call(api.serve_status)
     if as_json:
@@ -167,6 +168,8 @@ def serve_status_cmd(url: str | None, state_dir: str | None, as_json: bool) -> N
         return
     click.echo(format_status_table(data))
     for line in provider_lines(data.get("providers") or []):
+        click.echo(line)
+    for line in forecast_lines(data.get("forecast") or {}):
         click.echo(line)
     for line in guard_lines(data.get("policy") or {}):
         click.echo(line)
@@ -186,6 +189,30 @@ def provider_lines(providers: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"provider:     {p['name']} ${p['price_per_gpu_hour']:g}/GPU-h, GPUs live "
             f"{p['gpus_live']} asked {p['gpus_requested']} of {p['gpus_max']}: {state}"
+        )
+    return lines
+
+
+def forecast_lines(forecast: dict[str, Any]) -> list[str]:
+    """Serving's forecast as `rcp serve status` prints it: each model's peak over the next
+    24 h (from its daily profile) and when, then the cluster GPUs that peak needs beyond what
+    the providers can host, which admission keeps long gangs off."""
+    lines = []
+    for m in forecast.get("models") or []:
+        if m["peak_replicas"] <= 0:
+            lines.append(f"forecast:     {m['model']}: no demand recorded for the next 24 h yet")
+            continue
+        when = "now" if m["peak_in_s"] <= 0 else f"in {duration(m['peak_in_s'])}"
+        lines.append(
+            f"forecast:     {m['model']} peaks at {m['peak_replicas']} replica(s) {when} "
+            "(next 24 h, from its daily profile)"
+        )
+    if forecast.get("cluster_gpus"):
+        when = forecast["cluster_gpus_in_s"]
+        lines.append(
+            f"forecast:     serving needs {forecast['cluster_gpus']} cluster GPU(s) the providers "
+            f"cannot host {'now' if not when else 'in ' + duration(when)}: gangs whose run "
+            "would overlap it wait (serving-forecast)"
         )
     return lines
 

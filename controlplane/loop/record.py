@@ -224,6 +224,16 @@ METRICS: dict[str, MetricDef] = {
         "delivery deadline, so it gets no more requests until its back-off ends.",
         ("provider",),
     ),
+    "rcp_serving_forecast_peak_replicas": MetricDef(
+        "gauge",
+        "The most replicas a model's daily profile foresees over the next 24 hours.",
+        ("model",),
+    ),
+    "rcp_serving_forecast_cluster_gpus": MetricDef(
+        "gauge",
+        "The most cluster GPUs serving's forecast needs over the horizon that the providers "
+        "cannot host: admission keeps long gangs off them.",
+    ),
     "rcp_training_claim_gpus": MetricDef("gauge", "GPUs training asked serving to give back."),
     "rcp_serving_phase_seconds": MetricDef(
         "gauge", "Duration of the last serving phase of the control loop.", ("phase",)

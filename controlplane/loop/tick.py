@@ -44,7 +44,7 @@ from controlplane.adapters.serve import ServePlane
 from controlplane.config import Config
 from controlplane.loop.act.jobs import apply_admission
 from controlplane.loop.act.serving import ExternalGroup, ScaleOutcome, ServeActuator
-from controlplane.loop.decide import Policies, decide
+from controlplane.loop.decide import Policies, decide, forecast_now
 from controlplane.loop.guards import Guards, GuardStore, hold, with_guards
 from controlplane.loop.health import HealthKeeper
 from controlplane.loop.observe import observe, with_health
@@ -61,6 +61,7 @@ from controlplane.loop.types import (
 )
 from controlplane.store import JobRecord, Store
 from policies.admission import AdmissionState
+from policies.forecast import DailyProfile, profile_ahead
 from policies.plan import AdmitJob, DrainNode
 from policies.providers import ProviderState, is_out, live_by_provider
 from policies.snapshot import ClusterSnapshot, Pool, ReplicaState, ServeLoad
@@ -201,6 +202,8 @@ class Loop:
         """The last tick's decision (tests and debugging)."""
         self.provider_rows: list[dict[str, Any]] = []
         """Each external provider as the last tick saw it (`rcp serve status`)."""
+        self.forecast_rows: dict[str, Any] = {}
+        """Serving's forecast as the last tick saw it (`rcp serve status`)."""
         self.serve_load: tuple[ServeLoad, ...] = ()
         """The last tick's per-model load and p99 (`rcp serve status` shows them)."""
         self._stop = threading.Event()
@@ -432,6 +435,7 @@ class Loop:
             m.set("rcp_external_gpus_requested", float(requested))
         m.set("rcp_external_gpus_max", float(self.policies.placement.external_max_gpus))
         self._export_providers(snapshot, decided)
+        self._export_forecast(snapshot, decided)
 
     def _export_providers(self, snapshot: ClusterSnapshot, decided: Decision) -> None:
         """Per external provider: its price, most, live and requested GPUs, and whether it is
@@ -469,3 +473,35 @@ class Loop:
             m.set("rcp_external_provider_gpus_requested", float(state.requested_gpus), tags)
             m.set("rcp_external_provider_out", 1.0 if out else 0.0, tags)
         self.provider_rows = rows
+
+    def _export_forecast(self, snapshot: ClusterSnapshot, decided: Decision) -> None:
+        """Per served model, the peak its daily profile foresees over the next 24 h and when;
+        and the most cluster GPUs serving's forecast needs beyond the providers (what admission
+        keeps long gangs off, `policies.admission.forecast`)."""
+        config = self.policies.forecast
+        if not config.enabled or not self.policies.demand:
+            self.forecast_rows = {}
+            return
+        serving = decided.serving_state or ServingPolicyState.from_dict(
+            self.store.get_value(SERVING_STATE_KEY, None)
+        )
+        models: list[dict[str, Any]] = []
+        for name in sorted(self.policies.demand):
+            day = profile_ahead(serving.forecast.get(name, DailyProfile()), snapshot.now_s, config)[
+                : config.slots_per_day
+            ]
+            k = max(range(len(day)), key=lambda i: (day[i], -i))
+            peak = math.ceil(day[k] - 1e-9)
+            models.append({"model": name, "peak_replicas": peak, "peak_in_s": k * config.bin_s})
+            self.metrics.set("rcp_serving_forecast_peak_replicas", float(peak), {"model": name})
+        ahead = forecast_now(snapshot, self.policies, serving)
+        need = 0 if ahead is None else max(ahead.need_gpus)
+        self.metrics.set("rcp_serving_forecast_cluster_gpus", float(need))
+        self.forecast_rows = {
+            "models": models,
+            "cluster_gpus": need,
+            "cluster_gpus_in_s": None
+            if ahead is None
+            else ahead.need_gpus.index(need) * ahead.bin_s,
+            "horizon_s": config.horizon_slots * config.bin_s,
+        }

@@ -251,6 +251,7 @@ class Operations:
             "policy": self.policy(),
             "latency": latency,
             "providers": list(self.loop.provider_rows),
+            "forecast": dict(self.loop.forecast_rows),
         }
 
     def pause(self, by: str, reason: str) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 from policies.admission.config import AdmissionConfig
 from policies.admission.fit import FreeGpus
-from policies.admission.forecast import ForecastRoom
+from policies.admission.forecast import ForecastRoom, Held
 from policies.admission.preemption import preemptible, value_of
 from policies.admission.reasons import Why
 from policies.admission.reservation import try_reserve
@@ -76,6 +76,7 @@ class _Decision(Ledger):
             )
         head_decided = False
         free = self.free
+        deferred: list[tuple[QueuedJob, bool, Held]] = []
         for neg_value, _, _, job in ordered:
             need = job.num_workers * job.gpus_per_worker
             if head_decided and need > free.total:
@@ -87,7 +88,7 @@ class _Decision(Ledger):
                 continue  # its queue may not borrow this much: waits, blocks no one
             held = None if self.ahead is None else self.ahead.hold(job)
             if held is not None:
-                self.plan.append(WaitJob(job_id=job.job_id, reason=held))
+                deferred.append((job, within, held))
                 continue  # serving's forecast needs its GPUs back during its run: blocks no one
             if self.try_admit(job, within):
                 continue
@@ -110,6 +111,8 @@ class _Decision(Ledger):
                     self.never_fits[job.gpus_per_worker] = min(
                         job.num_workers, self.never_fits.get(job.gpus_per_worker, math.inf)
                     )
+        for job, within, held in deferred:
+            self.admit_or_wait(job, within, held)
 
     def hold_for_serving(self, need: int) -> None:
         """Serving's demand that no rented GPU can host (`need` GPUs) comes first: the free
@@ -245,7 +248,20 @@ class _Decision(Ledger):
             )
         )
 
-    def try_admit(self, job: QueuedJob, within_share: bool) -> bool:
+    def admit_or_wait(self, job: QueuedJob, within_share: bool, held: Held) -> None:
+        """A gang serving's forecast held back, once every other job had its turn: if serving
+        needs the GPUs later than the forecast's ``idle_hold_s`` and it still fits now (no
+        shorter work wanted them), it is admitted, and at the peak it is asked to checkpoint
+        and yield like any gang (``serving-reclaims``); otherwise it waits with `held`'s
+        reason."""
+        assert self.forecast is not None
+        if held.needed_in_s > self.forecast.idle_hold_s and self.try_admit(
+            job, within_share, forecast_note=held.reason.split(": ", 1)[1]
+        ):
+            return
+        self.plan.append(WaitJob(job_id=job.job_id, reason=held.reason))
+
+    def try_admit(self, job: QueuedJob, within_share: bool, forecast_note: str = "") -> bool:
         """Admit `job` if its whole gang fits on the GPUs it may use; False if not."""
         g, w = job.gpus_per_worker, job.num_workers
         start_by_s = None if self.reservation is None else self.reservation.start_by_s
@@ -289,6 +305,12 @@ class _Decision(Ledger):
             )
         if not within_share:
             why += f"; borrows idle GPUs beyond queue {job.queue!r}'s share"
+        if forecast_note:
+            why += (
+                "; no shorter work wants these GPUs, though serving's forecast does ("
+                + forecast_note.split("; ", 1)[0]
+                + "): it will be asked to checkpoint and yield at the peak"
+            )
         self.plan.append(
             AdmitJob(
                 job_id=job.job_id,

@@ -10,7 +10,10 @@ then, each until its ``started_s + max_runtime_s``, without one for good); `hold
 The rule (in `policies.admission`'s docstring too): a gang whose run (``max_runtime_s``; none:
 the whole horizon) overlaps a slot without room for it waits with a ``serving-forecast``
 reason that says when it is expected to start (the first start whose whole run has room), and
-shorter work, which ends before the peak, is admitted meanwhile. A gang that could never
+shorter work, which ends before the peak, is admitted meanwhile. Once every other job had its
+turn, a held gang still gets GPUs nobody else wanted if serving needs them back later than
+``idle_hold_s`` (idle GPUs until then would cost more than the checkpoint and restore the
+peak asks of it); nearer the peak they stay idle for serving. A gang that could never
 avoid the peak (its run spans the horizon and it is bigger than the capacity the peak leaves)
 is not held: it runs, and serving reclaims from it at the peak, checkpoint first, as before.
 
@@ -21,21 +24,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from policies.admission.reasons import Why
-from policies.forecast import ServingForecast
+from policies.forecast import ServingForecast, duration
 from policies.snapshot import QueuedJob, RunningGang
 
-__all__ = ["ForecastRoom", "duration"]
+__all__ = ["ForecastRoom", "Held"]
 
 
-def duration(seconds: float) -> str:
-    """``3h05m``, ``45m``, ``30s``: a wait or a run for a reason."""
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s}s"
-    h, m = divmod(round(s / 60), 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m"
+@dataclass(frozen=True)
+class Held:
+    """A gang serving's forecast holds back: the reason it waits, and in how many seconds
+    (whole slots) serving needs the GPUs its run would hold."""
+
+    reason: str
+    needed_in_s: float
 
 
 class ForecastRoom:
@@ -84,9 +88,10 @@ class ForecastRoom:
         for k in range(self.window(job.max_runtime_s)):
             self.room[k] -= job.gpus_total
 
-    def hold(self, job: QueuedJob) -> str | None:
-        """The ``serving-forecast`` reason `job` waits for, or None if its run fits beside
-        serving's forecast (or could never avoid it)."""
+    def hold(self, job: QueuedJob) -> Held | None:
+        """Why `job` is held back (a ``serving-forecast`` reason, and how soon serving needs
+        the GPUs), or None if its run fits beside serving's forecast (or could never avoid
+        it)."""
         need = job.gpus_total
         span = self.window(job.max_runtime_s)
         short = [k for k in range(span) if self.room[k] < need]
@@ -113,12 +118,13 @@ class ForecastRoom:
             else f"no start within the next {duration(n * forecast.bin_s)} clears it; shorter "
             "work runs there meanwhile"
         )
-        return (
+        return Held(
             f"{Why.SERVING_FORECAST.value}: its run {run} would hold GPUs that serving's "
             f"forecast needs back {'now' if at <= 0 else 'in ' + duration(at)}: "
             f"{forecast.need_gpus[k]} cluster GPU(s) (most for model {forecast.peak_model!r}) "
             f"that the providers cannot host, leaving {max(0, self.room[k])} GPU(s) for a new "
-            f"gang; {when}"
+            f"gang; {when}",
+            at,
         )
 
     def earliest_start(self, need: int, span: int) -> int | None:

@@ -288,13 +288,21 @@ class FakeJobs:
         self.admitted: list[AdmitJob] = []
         self.preempted: list[PreemptJob] = []
 
-    def submit(self, name: str, workers: int, gpus: int = 1, priority: str = "high") -> str:
+    def submit(
+        self,
+        name: str,
+        workers: int,
+        gpus: int = 1,
+        priority: str = "high",
+        max_runtime_s: float | None = None,
+    ) -> str:
         spec = JobSpec(
             name=name,
             entrypoint="python train.py",
             num_workers=workers,
             gpus_per_worker=gpus,
             priority_class=priority,
+            max_runtime_s=max_runtime_s,
         )
         return self.store.submit(spec).job.job_id
 

@@ -8,28 +8,34 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from controlplane.cli.cluster import forecast_lines
 from controlplane.config import Config
 from controlplane.config.validation import validate
 from controlplane.loop.decide import decide_serving, forecast_now, policies_of
+from controlplane.loop.tick import SERVING_STATE_KEY
 from controlplane.loop.types import ServingPolicyState
+from controlplane.store import JobState
 from policies.admission import AdmissionConfig, AdmissionState
 from policies.admission import decide as admit
-from policies.admission.forecast import duration
 from policies.forecast import (
     DailyProfile,
     ForecastConfig,
     ForecastModel,
     ServingForecast,
+    duration,
     profile_ahead,
     record,
     serving_forecast,
 )
 from policies.plan import AdmitJob, WaitJob
+from policies.snapshot import Pool
 from serve.config import ModelConfig
 from tests.unit.builders import gang, job, node, snapshot
+from tests.unit.loop_fakes import make_world
 
 BIN = 900.0
 CFG = ForecastConfig()
@@ -139,9 +145,14 @@ def test_the_need_is_the_forecast_beyond_what_the_providers_host(case: Need) -> 
 # -- admission -----------------------------------------------------------------------------
 
 NOON_IN_2H = ServingForecast(
-    start_s=0.0, bin_s=BIN, need_gpus=(0,) * 8 + (6,) * 4 + (0,) * 180, peak_model="chat"
+    start_s=0.0,
+    bin_s=BIN,
+    need_gpus=(0,) * 8 + (6,) * 4 + (0,) * 180,
+    peak_model="chat",
+    idle_hold_s=3 * 3600,
 )
-"""Slots 8-11 (2 h to 3 h from now) need 6 of the pool's 8 cluster GPUs."""
+"""Slots 8-11 (2 h to 3 h from now) need 6 of the pool's 8 cluster GPUs; GPUs are left idle
+for serving up to 3 h before it needs them."""
 
 
 @dataclass
@@ -200,6 +211,42 @@ def test_admission_keeps_a_gang_off_what_serving_needs_back_during_its_run(case:
     # Without a forecast every gang that fits is admitted, as before.
     plan, _ = admit(snap, AdmissionConfig(), AdmissionState())
     assert not any(isinstance(a, WaitJob) for a in plan)
+
+
+@dataclass
+class Idle:
+    id: str
+    queued: list
+    admitted: dict[str, str]
+    """job -> the start of its admission reason."""
+    waits: tuple[str, ...] = ()
+
+
+IDLES = [
+    Idle("alone-it-takes-gpus-nobody-wants", [job("long", 1, 4, max_runtime_s=4 * 3600)],
+         {"long": "fits: all 1 workers x 4 GPUs fit now; no shorter work wants these GPUs, "
+                  "though serving's forecast does (its run of up to 4h00m would hold GPUs that "
+                  "serving's forecast needs back in 2h00m"}),
+    Idle("shorter-work-goes-first", [job("long", 1, 8, max_runtime_s=4 * 3600),
+                                     job("short", 1, 4, max_runtime_s=3600)],
+         {"short": "fits"}, ("long",)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", IDLES, ids=[c.id for c in IDLES])
+def test_a_held_gang_takes_what_nobody_wants_when_the_peak_is_far_enough(case: Idle) -> None:
+    """Serving needs the GPUs in 2 h, later than ``idle_hold_s`` (30 min): leaving them idle
+    until then costs more than the peak's checkpoint and restore, so a held gang gets what
+    no shorter work took, and its reason says it will be asked to yield."""
+    far = ServingForecast(0.0, BIN, NOON_IN_2H.need_gpus, "chat", idle_hold_s=1800)
+    nodes = [node("c1", gpus_total=4), node("c2", gpus_total=4)]
+    plan, _ = admit(snapshot(nodes, queued=case.queued, now_s=0.0), AdmissionConfig(),
+                    AdmissionState(), forecast=far)  # fmt: skip
+    admitted = {a.job_id: a.reason for a in plan if isinstance(a, AdmitJob)}
+    assert set(admitted) == set(case.admitted)
+    for job_id, text in case.admitted.items():
+        assert admitted[job_id].startswith(text), admitted[job_id]
+    assert tuple(a.job_id for a in plan if isinstance(a, WaitJob)) == case.waits
 
 
 def test_a_wait_reason_changes_with_the_slot_not_every_tick() -> None:
@@ -280,3 +327,45 @@ def test_decide_serving_folds_each_ticks_decision_into_the_profile() -> None:
     _, _, state = decide_serving(snap, ServeView(), {"chat": 3.0}, policies, state)
     assert state.forecast["chat"].slot == 48
     assert state.forecast["chat"].slot_peak >= 0
+
+
+def test_on_the_loop_a_long_gang_waits_for_the_forecast_peak_and_a_short_one_backfills(
+    tmp_path: Path,
+) -> None:
+    """Two 2-GPU cluster nodes; ``sample`` runs its 2 replicas on c1; the provider hosts 2
+    GPUs. The stored profile says sample peaks at 5 replicas at 12:00; it is 11:30: 3 cluster GPUs
+    beyond the provider. A 2-GPU gang running 3 h would hold c2 through the peak and waits,
+    saying when it may start; a 2-GPU gang of 10 min ends first and is admitted. `rcp serve
+    status` shows the peak and the need, and so do the metrics."""
+    w = make_world(
+        tmp_path,
+        "serve.deploy_app=true",
+        "pools.external.providers=[{name: rent-a, max_nodes: 1, gpus_per_node: 2}]",
+        config_text="serving:\n  models:\n    - {name: sample, min_replicas: 2, max_replicas: 8}\n",
+    )
+    w.cluster.add("c1", Pool.CLUSTER, gpus=2)
+    w.cluster.add("c2", Pool.CLUSTER, gpus=2)
+    w.serve.deploy("sample", cluster=2)
+    w.clock.now_s = DAY + 11 * 3600 + 1800  # 11:30; the peak slot is 12:00 (48)
+    w.store.put(
+        SERVING_STATE_KEY, ServingPolicyState(forecast={"sample": profile(s48=5)}).to_dict()
+    )
+    long = w.jobs.submit("long", workers=1, gpus=2, max_runtime_s=3 * 3600)
+    short = w.jobs.submit("short", workers=1, gpus=2, max_runtime_s=600)
+    w.tick(3)
+
+    assert w.store.get(long).state is JobState.QUEUED
+    assert w.store.get(short).state in (JobState.ADMITTED, JobState.RUNNING)
+    message = str(w.store.get(long).info.get("message"))
+    assert message.startswith("serving-forecast: its run of up to 3h00m"), message
+    assert "3 cluster GPU(s) (most for model 'sample')" in message, message
+    assert "expected to start in about" in message, message
+    (waited,) = w.events("policy.WaitJob")
+    assert waited.startswith("serving-forecast")
+    assert w.metrics.gauges[("rcp_serving_forecast_cluster_gpus", ())] == 3.0
+    assert w.metrics.gauges[("rcp_serving_forecast_peak_replicas", (("model", "sample"),))] == 5.0
+    assert forecast_lines(w.loop.forecast_rows) == [
+        "forecast:     sample peaks at 5 replica(s) in 15m (next 24 h, from its daily profile)",
+        "forecast:     serving needs 3 cluster GPU(s) the providers cannot host in 15m: gangs "
+        "whose run would overlap it wait (serving-forecast)",
+    ]
