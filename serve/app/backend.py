@@ -32,6 +32,7 @@ Must not: choose pools or weights; its placement comes from ``ray_actor_options`
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import logging
@@ -190,7 +191,10 @@ class BackendReplica:
         if isinstance(parsed, RequestError):
             return _error(parsed.status, parsed.code, parsed.message, rid)
         assert isinstance(parsed, Predict)
-        env = self._predict(parsed.payload, rid)
+        # Off the event loop: a model's predict blocks (it computes, or sleeps), and run here it
+        # would hold every other request out of this replica until it returned; they would
+        # queue unseen by the in-flight count, so demand would read 1 however many waited.
+        env = await asyncio.to_thread(self._predict, parsed.payload, rid)
         return Response(
             json.dumps(env["body"]).encode(),
             status_code=int(env["status"]),

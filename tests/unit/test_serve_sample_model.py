@@ -123,3 +123,50 @@ def test_the_backend_hands_user_config_to_the_model(monkeypatch: pytest.MonkeyPa
     plain.reconfigure({})  # what Serve hands a model with no user_config: accepted
     with pytest.raises(ValueError, match="'plain': user_config \\['k'\\] given, but its class"):
         plain.reconfigure({"k": 1})
+
+
+def test_the_http_route_answers_requests_side_by_side_and_counts_each_in_flight() -> None:
+    """The backend's HTTP route runs the model off the replica's event loop: two slow requests
+    (200 ms each) overlap, and the in-flight count (the demand signal) sees both. A model
+    run on the loop would answer them one after the other and count 1."""
+    import asyncio
+    import json
+
+    from starlette.requests import Request
+
+    backend = BackendReplica("sample", "serve.sample_model:SampleModel", {}, "cluster")
+    backend.reconfigure({"extra_latency_ms": 200})
+    backend._reporter_started = True  # no load board here
+    body = json.dumps({"inputs": [[0.1 * i for i in range(16)]]}).encode()
+    seen: list[int] = []
+
+    def request() -> Request:
+        sent = False
+
+        async def receive() -> dict[str, object]:
+            nonlocal sent
+            if sent:
+                return {"type": "http.disconnect"}
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/models/sample/predict",
+            "headers": [(b"content-type", b"application/json")],
+            "query_string": b"",
+        }
+        return Request(scope, receive)
+
+    async def watch() -> None:
+        for _ in range(15):
+            seen.append(backend._inflight.counts().get("sample", 0))
+            await asyncio.sleep(0.02)
+
+    async def both() -> list[int]:
+        answers = await asyncio.gather(backend(request()), backend(request()), watch())
+        return [a.status_code for a in answers[:2]]
+
+    assert asyncio.run(both()) == [200, 200]
+    assert max(seen) == 2  # both in the model at once
