@@ -57,7 +57,10 @@ Rules, in order:
    asked for its deadline (a stock-out, a quota, a refusal) is *out* for its back-off
    (`PlacementState.providers`): it counts only the GPUs of its live nodes, so its share
    goes to the next provider, what none can host to the cluster pool (rule 4, and
-   admission holds or reclaims the GPUs for it); then it is asked again. With more than
+   admission holds or reclaims the GPUs for it); then it is asked again. An external
+   replica still starting keeps its place only while the providers have room for it once
+   the running ones are counted: one that waits for a node an out provider will not
+   deliver is placed again like growth. With more than
    one provider, a provider holding more than it is allocated has its least used node
    drained (`DrainNode`) once the cheaper providers' live nodes have free GPUs for its
    replicas: Serve starts them there before it stops them (make-before-break). One node at
@@ -413,6 +416,19 @@ def decide(
             keeps[d.model] = floor + min(max(0, most - floor), budget // d.gpus_per_replica)
         budget = max(0, budget - (keeps[d.model] - floor) * d.gpus_per_replica)
 
+    # An external replica still starting keeps its place only while the providers have room
+    # for it once every running one is counted: one waiting for a node that a provider out
+    # of stock will not deliver is growth again (rule 6), placed elsewhere or held for by
+    # admission, never left pending.
+    running_e = {
+        d.model: _count(snapshot, d.model, Pool.EXTERNAL, {ReplicaState.RUNNING}) for d in ordered
+    }
+    starting_room = external_left - sum(
+        min(running_e[d.model], max(0, max(d.num_replicas, d.min_replicas) - keeps[d.model]))
+        * d.gpus_per_replica
+        for d in ordered
+    )
+
     # Pass 1 (rules 3-4): yield, grow.
     yields: list[MoveServeReplicas] = []
     plan_c: dict[str, int] = {}
@@ -425,7 +441,11 @@ def decide(
         pin = snapshot.pinned.get(d.model)
         claim = claimed.get(d.model)
         keep_c = keeps[d.model]
-        keep_e = min(cur_e, total - keep_c)
+        keep_run = min(running_e[d.model], total - keep_c)
+        keep_start = min(cur_e - running_e[d.model], total - keep_c - keep_run)
+        keep_start = min(keep_start, max(0, starting_room) // g)
+        starting_room -= keep_start * g
+        keep_e = keep_run + keep_start
         external_left -= keep_e * g
         need = total - keep_c - keep_e
         # Cluster replicas over the budget that are still needed relocate; the rest is growth.

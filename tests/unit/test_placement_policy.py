@@ -447,6 +447,33 @@ def test_an_external_pool_that_does_not_deliver_is_out_and_growth_goes_to_the_cl
     assert (targets[0].cluster, targets[0].external) == (2, 4)
 
 
+
+def test_a_replica_waiting_for_a_node_an_out_provider_will_not_deliver_is_placed_again() -> None:
+    """The cluster pool (2 x 4 GPUs) is full: 3 replicas on c1, a gang on c2 and c1's last
+    GPU. The 4th replica waits on the external pool (STARTING, no node) and its provider is
+    out: it no longer keeps an external place. With no cluster room it is growth nobody can
+    host (the loop's unplaced GPUs: admission takes them back from training); before the
+    provider was out, it kept its place."""
+    cfg = PlacementConfig(external_max_gpus=8)
+    demand = (ModelDemand("m", 4, 1, 1),)
+    pending = replica("m-e0", "", model="m", pool=Pool.EXTERNAL, state=ReplicaState.STARTING)
+    snap = snapshot(
+        CLUSTER,
+        replicas=[*replicas(3, 0), pending],
+        running=[gang("g", {"c2": 4, "c1": 1})],
+        now_s=1000.0,
+    )
+    owed = PlacementState(
+        requested_external_gpus=1,
+        providers={"external": ProviderState(1, owed_since_s=900.0)},
+    )
+    (targets, _), _ = decide(snap, demand, cfg, owed)
+    assert (targets[0].cluster, targets[0].external) == (3, 1)  # within its deadline
+    out = PlacementState(providers={"external": ProviderState(0, out_until_s=2000.0)})
+    (targets, _), _ = decide(snap, demand, cfg, out)
+    assert (targets[0].cluster, targets[0].external) == (3, 0)
+    assert "external" in targets[0].note and "runs 3 (wanted 4" in targets[0].note
+
 TWO_PROVIDERS = PlacementConfig(
     external_max_gpus=8,
     providers=(

@@ -1,0 +1,236 @@
+"""Never short, on a real cluster: how long serving's demand waits for a new replica when it
+must be rented, rented elsewhere, or taken back from training, against a replica start alone,
+measured in the same run (issue 28).
+
+One local cluster: the cluster pool is two nodes of one GPU; two providers, ``cheap`` ($1,
+up to 3 nodes of 1 GPU) and ``dear`` ($3, 1 node of 1 GPU), each out once it has not
+delivered within 45 s. The sample model answers in 1 s and wants one replica per request in
+flight; a client is added at each stage (the integration tests' load client, back to back
+through the Serve endpoint), so demand exceeds what runs by one replica each time:
+
+0. ``cluster_room``: a cluster node has a free GPU: the new replica starts there. Its
+   replica start alone (the ``serve.scale`` event to the replica RUNNING) is the baseline.
+1. ``rent_cheapest``: a low-priority gang (a plain command that checkpoints when asked)
+   claims a cluster node (its replica moves to ``cheap`` first): the new replica is rented
+   from ``cheap`` (a node start first).
+2. ``stockout_handover``: ``rcp fault stockout cheap``: ``cheap`` has room but delivers
+   nothing; past its deadline it is out and ``dear`` hosts the replica.
+3. ``reclaim_from_training``: ``dear`` is full and ``cheap`` out: serving takes the gang's
+   GPU, checkpoint first, and the replica starts on the cluster pool.
+
+Reported per stage: seconds from the client's start to the new replica serving (polled every
+0.5 s), its ratio to the baseline's replica start, and requests answered and failed (goal:
+0 failed). The forecast is off (``forecast.enabled=false``): it would keep the gang off the
+node stage 0's replica used. A spot reclaim with notice is played by
+tests/integration/test_providers.py.
+
+    flock /tmp/rcp-integration.lock .venv/bin/python bench/bench_never_short.py [--json]
+
+Starts Ray, so it holds the integration lock like the integration tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from click.testing import CliRunner  # noqa: E402
+
+from controlplane.cli import cli  # noqa: E402
+from controlplane.config import Config, load_config  # noqa: E402
+from controlplane.local.cluster import LocalCluster, isolated_overrides  # noqa: E402
+from controlplane.ray_connection import connect  # noqa: E402
+from controlplane.sdk import Client  # noqa: E402
+from tests.integration.conftest import TEST_SPEED, Load, pools_of, wait_for  # noqa: E402
+from tests.integration.test_job_durability import RECOVERY_SCRIPT, steps_of  # noqa: E402
+
+CONFIG = """\
+pools:
+  external:
+    idle_timeout_s: 600
+    providers:
+      - {name: cheap, price_per_gpu_hour: 1.0, max_nodes: 3, gpus_per_node: 1,
+         cpus_per_node: 2, delivery_deadline_s: 45, backoff_s: 3600}
+      - {name: dear, price_per_gpu_hour: 3.0, max_nodes: 1, gpus_per_node: 1,
+         cpus_per_node: 2, delivery_deadline_s: 45, backoff_s: 3600}
+serving:
+  models:
+    - name: sample
+      min_replicas: 1
+      max_replicas: 5
+      num_gpus: 1
+      num_cpus: 0.5
+      target_ongoing_requests: 1
+      upscale_delay_s: 1
+      downscale_delay_s: 3600
+      graceful_shutdown_timeout_s: 5
+      init_kwargs: {extra_latency_ms: 1000}
+"""
+OVERRIDES = (
+    *TEST_SPEED,
+    "serve.deploy_app=true",
+    "pools.cluster.num_nodes=2",
+    "pools.cluster.gpus_per_node=1",
+    "forecast.enabled=false",
+    "jobs.step_report_interval_s=1",
+)
+STAGES = ("cluster_room", "rent_cheapest", "stockout_handover", "reclaim_from_training")
+
+
+def serving() -> int:
+    """Sample's replicas serving, in both pools."""
+    return sum(
+        1
+        for pool in pools_of().values()
+        for r in pool.get("replicas") or []
+        if r["state"] in ("RUNNING", "PENDING_MIGRATION")
+    )
+
+
+def stage(loads: list[Load], url: str, want: int, timeout_s: float) -> float:
+    """Add one client; seconds until `want` replicas serve."""
+    load = Load(url, threads=1, pace_s=0.0, max_duration_s=1800)
+    load.__enter__()
+    loads.append(load)
+    started = time.monotonic()
+    wait_for(f"{want} replicas serving", lambda: serving() >= want or None, timeout_s)
+    return time.monotonic() - started
+
+
+def run(directory: Path) -> dict[str, Any]:
+    import ray  # deferred: ray is heavy
+
+    conf = directory / "rcp.yaml"
+    conf.write_text(CONFIG)
+    cfg: Config = load_config(conf, isolated_overrides(directory / "state", *OVERRIDES))
+    cluster = LocalCluster(cfg)
+    cluster.up(echo=lambda _line: None)
+    loads: list[Load] = []
+    figures: dict[str, dict[str, float]] = {}
+    try:
+        connect(cfg)
+        client = Client(state_dir=cfg.state_path)
+        url = f"http://127.0.0.1:{cfg.serve.http_port}"
+        wait_for("sample's first replica", lambda: serving() >= 1 or None, 300)
+        loads.append(Load(url, threads=1, pace_s=0.0, max_duration_s=1800).__enter__())
+        loads[0].wait_for(5)
+        # 0: room on the cluster pool.
+        t0 = time.time()
+        took = stage(loads, url, 2, 300)
+        serving_since = time.time()  # within a poll (0.5 s) of RUNNING
+        scaled = next(
+            float(e["at_s"])
+            for e in client.events(limit=1000)
+            if e["kind"] == "serve.scale"
+            and "sample/cluster" in str(e["message"])
+            and float(e["at_s"]) >= t0 - 1
+        )
+        figures["cluster_room"] = {
+            "demand_to_serving_s": took,
+            "scale_to_serving_s": max(0.5, serving_since - scaled),
+        }
+        # The gang claims a cluster node: its replica moves to cheap first (make-before-break).
+        script = directory / "trainer.py"
+        script.write_text(RECOVERY_SCRIPT)
+        out = directory / "out"
+        out.mkdir()
+        gang = client.submit(
+            {
+                "name": "low",
+                "entrypoint": f"python {script} {out} 100000 1000 0.2",
+                "num_workers": 1,
+                "gpus_per_worker": 1,
+                "priority_class": "low",
+            }
+        )
+        wait_for("the gang training", lambda: len(steps_of(out)) >= 5 or None, 600)
+        # 1: rented from the cheapest provider.
+        figures["rent_cheapest"] = {"demand_to_serving_s": stage(loads, url, 3, 400)}
+        # 2: cheap out of stock: dear, after cheap's deadline.
+        got = CliRunner().invoke(cli, ["fault", "stockout", "cheap", f"state_dir={cfg.state_dir}"])
+        assert got.exit_code == 0, got.output
+        figures["stockout_handover"] = {"demand_to_serving_s": stage(loads, url, 4, 400)}
+        # 3: nothing to rent: the gang checkpoints and yields its GPU.
+        figures["reclaim_from_training"] = {"demand_to_serving_s": stage(loads, url, 5, 400)}
+        job = client.status(gang.id)
+        figures["reclaim_from_training"]["gang_preemptions"] = float(job.num_preemptions)
+        step = job.attempts[0].checkpoint_step if job.attempts else None
+        figures["reclaim_from_training"]["gang_checkpoint_step"] = float(
+            -1 if step is None else step
+        )
+        for load in loads:
+            load.wait_for(load.total + 5)
+        with contextlib.suppress(Exception):
+            client.cancel(gang.id)
+    finally:
+        for load in loads:
+            load.__exit__(None, None, None)
+        ray.shutdown()
+        cluster.down(echo=lambda _line: None)
+    answered = float(sum(sum(ld.statuses.values()) for ld in loads))
+    failed = float(
+        sum(len(ld.errors) for ld in loads)
+        + sum(n for ld in loads for s, n in ld.statuses.items() if s != 200)
+    )
+    return {"stages": figures, "requests_answered": answered, "requests_failed": failed}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="last line: one JSON object")
+    args = parser.parse_args(argv)
+    # A timeout's SIGTERM still runs `finally` (rcp down): no cluster is left.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with tempfile.TemporaryDirectory(prefix="rcp-bench-never-short-") as tmp:
+        result = run(Path(tmp))
+    stages = result["stages"]
+    baseline = stages["cluster_room"]["scale_to_serving_s"]
+    ratios = {name: round(stages[name]["demand_to_serving_s"] / baseline, 2) for name in STAGES}
+    print(f"replica start alone (serve.scale to serving, node up): {baseline:.1f} s")
+    print(f"{'stage':24} {'demand to serving s':>20} {'x replica start':>16}")
+    for name in STAGES:
+        print(f"{name:24} {stages[name]['demand_to_serving_s']:>20.1f} {ratios[name]:>15g}x")
+    print(
+        f"requests answered {result['requests_answered']:g}, failed "
+        f"{result['requests_failed']:g} (goal 0)"
+    )
+    reclaim = stages["reclaim_from_training"]
+    print(
+        f"the gang: preempted {reclaim['gang_preemptions']:g} time(s), checkpointed at step "
+        f"{reclaim['gang_checkpoint_step']:g}"
+    )
+    if args.json:
+        failed = result["requests_failed"]
+        goals = {
+            "requests_failed": {"value": failed, "goal": 0, "met": failed == 0},
+            "gang_checkpointed_and_yielded": {
+                "value": reclaim["gang_preemptions"],
+                "goal": ">= 1 with a checkpoint step",
+                "met": reclaim["gang_preemptions"] >= 1 and reclaim["gang_checkpoint_step"] >= 0,
+            },
+        }
+        print(
+            json.dumps(
+                {
+                    "bench": "never_short",
+                    **result,
+                    "replica_start_s": baseline,
+                    "ratios_to_replica_start": ratios,
+                    "goals": goals,
+                }
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
