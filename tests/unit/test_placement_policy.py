@@ -447,7 +447,6 @@ def test_an_external_pool_that_does_not_deliver_is_out_and_growth_goes_to_the_cl
     assert (targets[0].cluster, targets[0].external) == (2, 4)
 
 
-
 def test_a_replica_waiting_for_a_node_an_out_provider_will_not_deliver_is_placed_again() -> None:
     """The cluster pool (2 x 4 GPUs) is full: 3 replicas on c1, a gang on c2 and c1's last
     GPU. The 4th replica waits on the external pool (STARTING, no node) and its provider is
@@ -473,6 +472,7 @@ def test_a_replica_waiting_for_a_node_an_out_provider_will_not_deliver_is_placed
     (targets, _), _ = decide(snap, demand, cfg, out)
     assert (targets[0].cluster, targets[0].external) == (3, 0)
     assert "external" in targets[0].note and "runs 3 (wanted 4" in targets[0].note
+
 
 TWO_PROVIDERS = PlacementConfig(
     external_max_gpus=8,
