@@ -10,7 +10,11 @@ and `SimServe` as our scheme, and `SCHEMES`, the registry by name. What they sha
   ``baseline_checkpoint_interval_s``;
 - serving: each model runs ``ceil(demand / per-replica rate)`` replicas (within its
   min/max) as soon as demand changes, where the scheme lets it;
-- health: none (telemetry is not watched; a fault that escalates fails the node).
+- health: none (telemetry is not watched; a fault that escalates fails the node);
+- spot reclaims: no notice handling (`on_reclaim` does nothing): the rented node serves on
+  until its notice runs out, its replicas die with it, and the world rents its replacement
+  then (the ask stands); Serve starts theirs where the pool has room. Only evict-first rents,
+  so only it meets reclaims.
 
 The schemes:
 
@@ -123,6 +127,10 @@ class BaseScheme:
         return None
 
     def on_fault(self, node_id: str, kind: str | None) -> None:
+        return None
+
+    def on_reclaim(self, node_id: str) -> None:
+        """A spot reclaim's notice: ignored (see the module doc)."""
         return None
 
     def wanted(self, model: str) -> int:

@@ -53,6 +53,8 @@ LIMITS: dict[str, tuple[float, float]] = {
     "seed": (0, 2**32 - 1),
     "external.provision_s": (0, 86400),
     "external.stockout_hours": (0.01, 8760),
+    "external.spot_reclaims_per_node_day": (0, 24),
+    "external.reclaim_notice_s": (0, 3600),
     "failures.gpu_mttf_hours": (1, 1e9),
     "failures.repair_hours": (0, 8760),
     "failures.hot_faults_per_node_year": (0, 365),

@@ -27,6 +27,13 @@ Owns: `OurScheme`. At every instant something changed it does what one tick of
    (``serve.external_capacity``, ``serve.move.start``/``done``/``unwound``, ``serve.scale``,
    ``serve.scale.wait``, ``serve.provider_drain``), in the order the real loop writes them.
 
+A spot reclaim's notice (`on_reclaim`) is what Ray's drain of the node is to the real loop:
+the node is out of service from then on (not healthy in the snapshot, as the observe phase
+marks the nodes Ray drains, so placement counts its provider's live GPUs without it and asks
+for the capacity again), and Serve starts the node's replicas elsewhere before it stops them
+there (`World.drain_external`, Serve's draining-node migration); what has not moved when the
+notice runs out is lost with the node.
+
 It asks to be woken at the policies' own timers (demand delays, placement's migrate-back
 idle and interval, backoffs, a move's next step or timeout). The checkpoint interval of each
 run is `policies.checkpointing.checkpoint_interval` with the fleet MTBF estimated the way the
@@ -149,6 +156,11 @@ class OurScheme:
 
     def on_failure(self, node_id: str) -> None:
         self.failures_seen += 1
+
+    def on_reclaim(self, node_id: str) -> None:
+        """A spot reclaim's notice on external node `node_id`: Ray drains it (see the module
+        doc)."""
+        self._drain_external(node_id)
 
     def on_fault(self, node_id: str, kind: str | None) -> None:
         """Telemetry for a fault starting (`kind`) or a node back clean (None), fed to the

@@ -49,8 +49,11 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("shortfall_policy_min", "  (b) yielded to training by policy", "{:,.1f}"),
     ("shortfall_failures_min", "  (c) caused by node failures", "{:,.1f}"),
     ("shortfall_scaling_min", "  (d) external pool lacks capacity, or lag", "{:,.1f}"),
+    ("shortfall_reclaims_min", "  (e) spot reclaims (notice ran out)", "{:,.1f}"),
     ("moves_leaving_serving_short", "  moves whose BREAK left a model short", "{:,.0f}"),
     ("served_fraction", "requests served", "{:.4f}"),
+    ("reclaims", "spot reclaims of rented nodes", "{:,.0f}"),
+    ("reclaimed_replicas", "  replicas still on them at the end", "{:,.0f}"),
     ("external_gpu_h", "external GPU-hours", "{:,.0f}"),
     ("external_cost", "external cost ($)", "{:,.0f}"),
     ("preemptions", "preemptions", "{:,.0f}"),
@@ -230,6 +233,8 @@ def summarise(
         "the move operations (controlplane/loop/act/operations.py)": ours.get(
             "shortfall_moves_min", 0.0
         ),
+        "spot reclaims (external.reclaim_notice_s): replicas not moved off a reclaimed node "
+        "before it went": ours.get("shortfall_reclaims_min", 0.0),
     }
     goals.append(
         {
@@ -252,6 +257,7 @@ def summarise(
         "yielded_to_training_by_policy": round(ours.get("shortfall_policy_min", 0.0), 2),
         "node_failures": round(ours.get("shortfall_failures_min", 0.0), 2),
         "external_pool_lacks_capacity": round(ours.get("shortfall_scaling_min", 0.0), 2),
+        "spot_reclaims": round(ours.get("shortfall_reclaims_min", 0.0), 2),
     }
     goals.append(
         {

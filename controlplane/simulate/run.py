@@ -10,6 +10,10 @@ time) and `run_all`, every scheme on the same trace and seed. What an event does
 - a fault starts (our scheme's health policy sees telemetry samples; the node fails after
   ``fault_escalation_s`` if it escalates and is still in service) or clears;
 - a replica turns RUNNING or finishes stopping; an external node comes up or idles out;
+- a spot provider gives notice on the rented node a trace's reclaim hits (if the scheme
+  rents one there: `World.reclaim_target`; the scheme hears of it, `on_reclaim`), and takes
+  it when the notice runs out (replicas still on it are gone, blamed on ``reclaims``; the
+  provider may be asked for a node again at once);
 - demand steps; a scheme's timer fires; the report samples its time series.
 
 Must not: decide (schemes do), or draw random numbers (the trace holds them).
@@ -39,7 +43,8 @@ SAMPLE_S = 3600.0
 QUIET = frozenset({EventKind.SAMPLE, EventKind.EXTERNAL_IDLE, EventKind.REPLICA_READY})
 """Events after which no scheme decides anything new: the report's sample, an idle external
 node going, and a replica turning RUNNING (which changes only route weights, unless a
-make-before-break move waits for it: then the loop's next tick advances the move)."""
+make-before-break move waits for it: then the loop's next tick advances the move). A spot
+reclaim's notice asks for a decision only if it hits a node."""
 
 
 def moving(scheme: object) -> bool:
@@ -128,6 +133,8 @@ def simulate(
         q.push(at, EventKind.NODE_FAIL, world.cluster_ids[idx])
     for i, f in enumerate(trace.faults):
         q.push(f.at_s, EventKind.FAULT_START, str(i))
+    for i, rc in enumerate(trace.reclaims):
+        q.push(rc.at_s, EventKind.RECLAIM_NOTICE, str(i))
     steps = int(math.ceil(s.horizon_s / s.serving.demand_step_s))
     for k in range(steps):
         q.push(k * s.serving.demand_step_s, EventKind.DEMAND_STEP, str(k))
@@ -168,7 +175,9 @@ def simulate(
         for ev in batch:
             kind = ev.kind
             decide = (
-                decide or kind not in QUIET or (kind is EventKind.REPLICA_READY and moving(scheme))
+                decide
+                or (kind not in QUIET and kind is not EventKind.RECLAIM_NOTICE)
+                or (kind is EventKind.REPLICA_READY and moving(scheme))
             )
             if kind is EventKind.JOB_ARRIVAL:
                 spec = jobs[ev.subject]
@@ -223,6 +232,18 @@ def simulate(
                 world.external_up(ev.subject)
             elif kind is EventKind.EXTERNAL_IDLE:
                 world.release_idle_external()
+            elif kind is EventKind.RECLAIM_NOTICE:
+                rc = trace.reclaims[int(ev.subject)]
+                target = world.reclaim_target(rc.provider, rc.slot)
+                if target is None:
+                    continue  # the slot is beyond what this scheme rents there now
+                world.reclaim_notice(target.node_id, s.external.reclaim_notice_s)
+                scheme.on_reclaim(target.node_id)
+                decide = True
+            elif kind is EventKind.NODE_RECLAIMED:
+                if ev.subject in world.external:
+                    world.tally.reclaimed_replicas += serve.node_lost(ev.subject, "reclaims")
+                    world.reclaimed(ev.subject)
             elif kind is EventKind.DEMAND_STEP:
                 for m in models:
                     serve.set_demand(m.name, trace.rps(m.name, int(ev.subject)))
@@ -294,8 +315,11 @@ def _figures(s: Scenario, world: World, serve: SimServe, trace: Trace) -> dict[s
         "shortfall_moves_min": short["moves"],
         "shortfall_policy_min": short["policy"],
         "shortfall_failures_min": short["failures"],
+        "shortfall_reclaims_min": short["reclaims"],
         "shortfall_scaling_min": short["scaling"],
         "served_fraction": served / demand if demand else 1.0,
+        "reclaims": float(t.reclaims),
+        "reclaimed_replicas": float(t.reclaimed_replicas),
         "external_gpu_h": ext_gpu_h,
         "external_serving_gpu_h": t.external_serving_gpu_s * gpu_h,
         "external_cost": sum(p["cost"] for p in _by_provider(world).values()),
@@ -323,5 +347,5 @@ def run_all(
 ) -> tuple[dict[str, SchemeResult], Trace]:
     """Every scheme on the same trace (drawn once from the seed)."""
     cfg = control_config(s)
-    trace = make_trace(s)
+    trace = make_trace(s, cfg)
     return {name: simulate(s, name, trace, cfg) for name in schemes}, trace

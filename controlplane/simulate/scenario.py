@@ -8,10 +8,11 @@ reading is `controlplane.simulate.checks`; the checks across fields are here), t
 the work a scenario implies (`implied_events` against `MAX_SIM_EVENTS`: each field can be
 within its limit while their product is billions of events), `resized` (the CLI's
 --days/--nodes/--seed), `with_stockouts` and `stockout_provider` (the stock-out scenario and
-the provider it hits), and `control_config`, the control plane's own `Config` (packaged
-defaults, then the scenario's ``config`` overrides, a list such as
-``pools.external.providers`` given whole, validated by `controlplane.config.load_config`)
-whose policy configs the simulator hands to the real policies.
+the provider it hits), `spot_providers` (the providers whose nodes spot reclaims take back),
+and `control_config`, the control plane's own `Config` (packaged defaults, then the
+scenario's ``config`` overrides, a list such as ``pools.external.providers`` given whole,
+validated by `controlplane.config.load_config`) whose policy configs the simulator hands to
+the real policies.
 
 Where the defaults come from is in docs/simulator.md.
 
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.config import Config, ConfigError, load_config
-from controlplane.config.cluster import ProviderConfig
+from controlplane.config.cluster import ExternalPoolConfig, ProviderConfig
 from controlplane.simulate.checks import (
     MAX_SCENARIO_BYTES,
     ScenarioError,
@@ -54,6 +55,7 @@ __all__ = [
     "implied_events",
     "load_scenario",
     "scenario_from_dict",
+    "spot_providers",
     "stockout_provider",
     "with_stockouts",
 ]
@@ -73,10 +75,10 @@ to failure of 7.9 x 1,024 = 8,090 h per GPU (1,011 h per 8-GPU node)."""
 
 @dataclass
 class ExternalSpec:
-    """The rented pool: how fast a node comes up, and when a provider delivers nothing. Its
-    providers (each one's name, price, node size and most nodes) are the control plane's
-    ``pools.external.providers`` (``config`` overrides), so our scheme, the baselines and
-    the report read one list."""
+    """The rented pool: how fast a node comes up, when a provider delivers nothing, and how
+    often a spot provider takes a node back. Its providers (each one's name, price, node
+    size and most nodes) are the control plane's ``pools.external.providers`` (``config``
+    overrides), so our scheme, the baselines and the report read one list."""
 
     provision_s: float = 300.0
     """Request to a node that can take a replica (cloud node start plus Ray join)."""
@@ -90,6 +92,19 @@ class ExternalSpec:
     stockout_provider: str | None = None
     """The provider the stock-outs hit (a name in ``pools.external.providers``); None: the
     cheapest (the first of the cheapest, in the config's order)."""
+    spot_reclaims_per_node_day: float = 0.05
+    """Spot reclaims: each node of a `spot_providers` provider that is up is taken back at
+    this rate a day (a Poisson process per node: 0.05 is about a 5 % chance a day), after
+    ``reclaim_notice_s`` of notice; the provider is not out of stock, so it may be asked for
+    a node again at once. 0: no reclaims. The trace draws the instants and which rented node
+    each hits (`controlplane.simulate.trace`), so every scheme meets the same reclaims."""
+    reclaim_notice_s: float = 120.0
+    """The notice before a reclaimed node goes (AWS spot's two minutes; `rcp fault reclaim
+    --notice-s` plays one on the local cluster). 0: no notice."""
+    spot_providers: list[str] | None = None
+    """The providers whose nodes are reclaimed (names in ``pools.external.providers``);
+    None: the cheapest (the first of the cheapest: cheap capacity is the spot kind); []:
+    none."""
 
 
 @dataclass
@@ -314,9 +329,11 @@ def implied_events(s: Scenario, jobs: int | None = None) -> dict[str, float]:
     a trace not read yet).
 
     Example: the default scenario (512 nodes x 8 GPUs, 30 days, MTTF 8,090 h, 4 faults per
-    node-year, 5,000 jobs, 3 models stepping every 300 s) implies 365 failures, 168 faults,
-    5,000 jobs, 34,560 demand steps (8,640 steps x 4: one per model in the trace, one queued)
-    and 721 samples: about 40,814 events.
+    node-year, 5,000 jobs, 3 models stepping every 300 s, 0.05 reclaims per node-day on
+    ``cheap``'s 64 nodes) implies 365 failures, 168 faults, 5,000 jobs, 34,560 demand steps
+    (8,640 steps x 4: one per model in the trace, one queued), 721 samples and 96 reclaims
+    (drawn for every node the spot providers could have; one hitting a node not rented then
+    is a no-op): about 40,910 events.
     """
     f = s.failures
     hours = s.days * 24.0
@@ -332,7 +349,42 @@ def implied_events(s: Scenario, jobs: int | None = None) -> dict[str, float]:
         "jobs": float(jobs),
         "demand steps": float(steps * (len(s.serving.models) + 1)),
         "samples": math.floor(hours) + 1.0,
+        "reclaims": s.external.spot_reclaims_per_node_day * s.days * _spot_max_nodes(s),
     }
+
+
+def _spot_max_nodes(s: Scenario) -> float:
+    """The most nodes `s`'s spot providers may have, read from the ``config`` overrides as
+    given (the packaged providers if they name none; a malformed entry counts as the packaged
+    defaults: the config's loader refuses it later), so that `check_events` needs no config
+    loaded."""
+    d = ProviderConfig()
+
+    def number(raw: Any, default: float) -> float:
+        ok = isinstance(raw, int | float) and not isinstance(raw, bool) and math.isfinite(raw)
+        return float(raw) if ok else default
+
+    raw = s.config.get("pools.external.providers")
+    rows = (
+        [
+            (
+                str(p.get("name", d.name)),
+                number(p.get("price_per_gpu_hour"), d.price_per_gpu_hour),
+                max(0.0, number(p.get("max_nodes"), d.max_nodes)),
+            )
+            for p in raw
+            if isinstance(p, dict)
+        ]
+        if isinstance(raw, list)
+        else [
+            (p.name, p.price_per_gpu_hour, float(p.max_nodes))
+            for p in ExternalPoolConfig().providers
+        ]
+    )
+    names = s.external.spot_providers
+    if names is None:
+        return min(rows, key=lambda r: r[1])[2] if rows else 0.0
+    return sum(most for name, _, most in rows if name in names)
 
 
 def check_events(s: Scenario, jobs: int | None = None) -> None:
@@ -343,6 +395,7 @@ def check_events(s: Scenario, jobs: int | None = None) -> None:
     if total <= MAX_SIM_EVENTS:
         return
     f = s.failures
+    e = s.external
     why = {
         "node failures": f"nodes {s.nodes} x gpus_per_node {s.gpus_per_node} x days {s.days:g}"
         f" x 24 / failures.gpu_mttf_hours {f.gpu_mttf_hours:g}",
@@ -353,6 +406,8 @@ def check_events(s: Scenario, jobs: int | None = None) -> None:
         "demand steps": f"days {s.days:g} x 86400 / serving.demand_step_s "
         f"{s.serving.demand_step_s:g} x (serving.models {len(s.serving.models)} + 1)",
         "samples": f"days {s.days:g} x 24 + 1",
+        "reclaims": f"external.spot_reclaims_per_node_day {e.spot_reclaims_per_node_day:g} x "
+        f"days {s.days:g} x max_nodes of external.spot_providers {_spot_max_nodes(s):g}",
     }
     terms = "; ".join(
         f"{name} {count:,.0f} ({why[name]})"
@@ -363,7 +418,7 @@ def check_events(s: Scenario, jobs: int | None = None) -> None:
         f"invalid scenario{f' {s.source}' if s.source else ''}: it implies about "
         f"{total:,.0f} events, more than the simulator's limit of {MAX_SIM_EVENTS:,} "
         f"(MAX_SIM_EVENTS): {terms}. Lower the largest term's fields (fewer nodes or days, a "
-        "longer gpu_mttf_hours, fewer faults, jobs or models, a longer demand step)"
+        "longer gpu_mttf_hours, fewer faults, jobs, models or reclaims, a longer demand step)"
     )
 
 
@@ -393,6 +448,9 @@ def _check(s: Scenario, errors: list[str]) -> None:
     for i, h in enumerate(e.stockout_start_hours):
         if not math.isfinite(h) or h < 0:
             errors.append(f"external.stockout_start_hours[{i}]: must be an hour >= 0, got {h!r}")
+    for i, name in enumerate(e.spot_providers or []):
+        if name in (e.spot_providers or [])[:i]:
+            errors.append(f"external.spot_providers[{i}]: {name!r} is named twice")
     if t.max_hours < t.median_hours:
         errors.append(f"training.max_hours: must be >= median_hours ({t.median_hours:g})")
     if not s.serving.models:
@@ -469,6 +527,26 @@ def stockout_provider(s: Scenario, cfg: Config) -> str:
             f"({', '.join(p.name for p in providers)})"
         )
     return name
+
+
+def spot_providers(s: Scenario, cfg: Config) -> tuple[str, ...]:
+    """The providers `s`'s spot reclaims hit, in the config's order:
+    ``external.spot_providers``, else the cheapest of ``pools.external.providers`` (ties: the
+    config's order). ScenarioError naming the entry if one is none of them."""
+    providers = cfg.pools.external.providers
+    names = s.external.spot_providers
+    if names is None:
+        return (min(providers, key=lambda p: p.price_per_gpu_hour).name,) if providers else ()
+    known = [p.name for p in providers]
+    bad = [
+        f"external.spot_providers[{i}]: {name!r} is not one of pools.external.providers "
+        f"({', '.join(known)})"
+        for i, name in enumerate(names)
+        if name not in known
+    ]
+    if bad:
+        raise ScenarioError("; ".join(bad))
+    return tuple(name for name in known if name in names)
 
 
 def control_config(scenario: Scenario) -> Config:

@@ -20,9 +20,9 @@ from the write that stopped it (`writer`, which the scheme sets before each targ
 ``moves`` (a move's BREAK step, make-before-break; also the default for a scheme's untagged
 write, the baselines' moves and evictions), ``policy`` (a placement or demand scale-down, e.g.
 a training claim shrinking serving toward its floor while the external pool is full: serving
-yielded to training by policy), ``failures`` (a node failure took one), ``scaling`` (no stop
-made it short: the external pool lacks the capacity, or demand rose faster than replicas
-start). The cause holds until capacity is back; a move's stop overrides an earlier cause.
+yielded to training by policy), ``failures`` (a node failure took one), ``reclaims`` (a spot
+reclaim's notice ran out with it still on the node), ``scaling`` (no stop made it short: the
+external pool lacks the capacity, or demand rose faster than replicas start). The cause holds until capacity is back; a move's stop overrides an earlier cause.
 
 Must not: decide how many replicas a model runs or where (schemes do).
 """
@@ -43,7 +43,7 @@ from policies.snapshot import Pool, ReplicaState, ServeReplica
 __all__ = ["SimServe", "SimReplica"]
 
 POOLS = (Pool.CLUSTER, Pool.EXTERNAL)
-CAUSES = ("moves", "policy", "failures", "scaling")
+CAUSES = ("moves", "policy", "failures", "reclaims", "scaling")
 WRITERS = ("moves", "policy")
 
 
@@ -260,13 +260,15 @@ class SimServe:
         self.world.give(r.node_id, r.gpus, training=False)
         del node  # the node may be down; its GPUs are accounted for either way
 
-    def node_lost(self, node_id: str) -> None:
-        """A node failed: its replicas are gone at once."""
-        hit = sorted({r.model for r in self.replicas.values() if r.node_id == node_id})
-        for r in [r for r in self.replicas.values() if r.node_id == node_id]:
+    def node_lost(self, node_id: str, cause: str = "failures") -> int:
+        """A node failed (or its provider took it back: `cause` ``reclaims``): its replicas
+        are gone at once. Returns how many of them were not stopping already."""
+        gone = [r for r in self.replicas.values() if r.node_id == node_id]
+        for r in gone:
             self._remove(r)
-        for model in hit:
-            self._mark(model, "failures")
+        for model in sorted({r.model for r in gone}):
+            self._mark(model, cause)
+        return sum(1 for r in gone if r.state is not ReplicaState.STOPPING)
 
     def evict(self, model: str, node_ids: set[str], n: int) -> int:
         """Kill up to `n` cluster replicas of `model` on `node_ids` at once (evict-first)."""

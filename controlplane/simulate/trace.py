@@ -13,6 +13,16 @@ still in service then) with ``fault_escalation_probability``. Demand: per model,
 cosine between ``trough_fraction x peak`` and the peak, stepping every ``demand_step_s``,
 with multiplicative noise.
 
+Spot reclaims (`Reclaim`): per spot provider (`spot_providers`) a Poisson process at
+``spot_reclaims_per_node_day`` x its ``max_nodes`` a day, each reclaim naming a slot drawn
+uniformly from ``0 .. max_nodes - 1``. A rented node can only be named once it exists, and
+which nodes exist depends on the scheme, so the slot is what the trace fixes: the world maps
+it to the provider's node of that rank among those up and not given notice yet
+(`World.reclaim_target`); a slot beyond the nodes a scheme rents hits nothing. Each rented
+node thus meets reclaims at the scenario's rate, and every scheme meets the same instants and
+slots. They are drawn last, from their own generator, so the rest of the trace is the same
+whatever the reclaim fields say.
+
 Must not: decide or simulate anything.
 """
 
@@ -22,10 +32,11 @@ import math
 import random
 from dataclasses import dataclass
 
+from controlplane.config import Config
 from controlplane.simulate.checks import ScenarioError, read_bounded, shown
-from controlplane.simulate.scenario import Scenario, check_events
+from controlplane.simulate.scenario import Scenario, check_events, control_config, spot_providers
 
-__all__ = ["Fault", "JobSpec", "Trace", "make_trace", "read_trace"]
+__all__ = ["Fault", "JobSpec", "Reclaim", "Trace", "make_trace", "read_trace"]
 
 MAX_TRACE_JOBS = 200_000
 
@@ -55,6 +66,15 @@ class Fault:
 
 
 @dataclass(frozen=True)
+class Reclaim:
+    at_s: float
+    """When the provider gives notice (the node goes ``reclaim_notice_s`` later)."""
+    provider: str
+    slot: int
+    """Which of the provider's rented nodes it takes (`World.reclaim_target`)."""
+
+
+@dataclass(frozen=True)
 class Trace:
     jobs: tuple[JobSpec, ...]
     failures: tuple[tuple[float, int], ...]
@@ -62,6 +82,8 @@ class Trace:
     faults: tuple[Fault, ...]
     demand_rps: dict[str, tuple[float, ...]]
     """Per model, requests per second for each demand step."""
+    reclaims: tuple[Reclaim, ...] = ()
+    """Spot reclaims, in time order."""
 
     def rps(self, model: str, step: int) -> float:
         steps = self.demand_rps[model]
@@ -177,8 +199,26 @@ def _demand(s: Scenario, rng: random.Random) -> dict[str, tuple[float, ...]]:
     return out
 
 
-def make_trace(s: Scenario) -> Trace:
-    """Everything random about the run, drawn once from the seed (see the module doc)."""
+def _reclaims(s: Scenario, cfg: Config, rng: random.Random) -> tuple[Reclaim, ...]:
+    rate = s.external.spot_reclaims_per_node_day
+    if rate <= 0:
+        return ()
+    spot = spot_providers(s, cfg)
+    out: list[Reclaim] = []
+    for p in cfg.pools.external.providers:
+        if p.name not in spot or p.max_nodes < 1:
+            continue
+        pr = random.Random(rng.random())
+        for at in _poisson_times(pr, rate * p.max_nodes / 86400.0, s.horizon_s):
+            out.append(Reclaim(at, p.name, pr.randrange(p.max_nodes)))
+    out.sort(key=lambda r: (r.at_s, r.provider, r.slot))
+    return tuple(out)
+
+
+def make_trace(s: Scenario, cfg: Config | None = None) -> Trace:
+    """Everything random about the run, drawn once from the seed (see the module doc);
+    `cfg` is `s`'s control plane config (`control_config`, built here if not given: the
+    providers the reclaims hit)."""
     check_events(s)  # before anything is drawn: a Scenario built in code is bounded too
     rng = random.Random(s.seed)
     jobs = read_trace(s.training.trace, s) if s.training.trace else _generate_jobs(s, rng)
@@ -203,4 +243,10 @@ def make_trace(s: Scenario) -> Trace:
                 Fault(at, fr.randrange(s.nodes), kind, fr.random() < f.fault_escalation_probability)
             )
     faults.sort(key=lambda x: (x.at_s, x.node, x.kind))
-    return Trace(tuple(jobs), failures, tuple(faults), _demand(s, random.Random(rng.random())))
+    demand = _demand(s, random.Random(rng.random()))
+    reclaim_rng = random.Random(rng.random())
+    if s.external.spot_reclaims_per_node_day <= 0:
+        reclaims: tuple[Reclaim, ...] = ()
+    else:
+        reclaims = _reclaims(s, cfg if cfg is not None else control_config(s), reclaim_rng)
+    return Trace(tuple(jobs), failures, tuple(faults), demand, reclaims)

@@ -10,9 +10,13 @@ after ``provision_s``; a node due in a stock-out comes up ``provision_s`` after 
 ends and is not billed before; the ask stands, so a drained node is replaced while its
 provider is still asked for it; an idle node beyond what its provider is asked for, or a
 drained one, released after the control plane's ``pools.external.idle_timeout_s``; every
-external node carries its provider's name in the ``provider`` label of its snapshot row), and
-the accounting of GPU-seconds the report turns into figures (`Tally`, external GPU-seconds per
-provider). The serving plane lives in `controlplane.simulate.serving`, over the same nodes.
+external node carries its provider's name in the ``provider`` label of its snapshot row), spot
+reclaims of rented nodes (`reclaim_target` maps a trace's reclaim to the provider's node of
+that rank, `reclaim_notice` starts the notice, `reclaimed` takes the node at its end: the
+provider's live count drops and, the ask standing, a replacement is rented as for any node
+that goes; what a scheme does during the notice is the scheme's), and the accounting of
+GPU-seconds the report turns into figures (`Tally`, external GPU-seconds per provider,
+reclaims). The serving plane lives in `controlplane.simulate.serving`, over the same nodes.
 
 GPUs are never double-booked: every grab goes through `World.take`, which raises if a node
 has fewer free GPUs than asked (a scheme bug, never a silent overlap).
@@ -67,6 +71,8 @@ class Node:
     """An external node's provider."""
     billed_from_s: float = 0.0
     """An external node is billed from then (its provider starts provisioning it)."""
+    reclaim_at_s: float | None = None
+    """An external node its provider reclaims: when it goes (the notice ends)."""
     _view: NodeView | None = None
 
     @property
@@ -181,6 +187,10 @@ class Tally:
     external_serving_gpu_s: float = 0.0
     idle_with_queue_gpu_s: float = 0.0
     """Owned GPUs idle while a training job waited (what better packing could win)."""
+    reclaims: int = 0
+    """Spot reclaims that hit a rented node (notices given)."""
+    reclaimed_replicas: int = 0
+    """Replicas still serving on a reclaimed node when its notice ran out (killed)."""
 
 
 class World:
@@ -502,6 +512,39 @@ class World:
         self.touch(n)
         if n.used == 0:
             self.events.push(self.now_s + self.idle_timeout_s, EventKind.EXTERNAL_IDLE)
+        self._top_up(n.provider)
+        return True
+
+    def reclaim_target(self, provider: str, slot: int) -> Node | None:
+        """The node of `provider` a trace's reclaim of `slot` hits: its nodes that are up and
+        not given notice yet, in order of rental (those not drained first, so each of the at
+        most ``max_nodes`` the provider is asked for has a slot of its own; a drained one not
+        gone yet only where the slots go further), the one of rank `slot`; None if it rents
+        fewer."""
+        nodes = [n for n in self.external_of[provider].values() if n.up and n.reclaim_at_s is None]
+        nodes.sort(key=lambda n: n.out)  # stable: rental order within each
+        return nodes[slot] if 0 <= slot < len(nodes) else None
+
+    def reclaim_notice(self, node_id: str, notice_s: float) -> None:
+        """Its provider takes external node `node_id` back in `notice_s` (`reclaimed` then).
+        The world changes nothing else at notice: whether the node is seen draining is the
+        scheme's (`OurScheme.on_reclaim`: Ray drains it, as the real loop observes)."""
+        n = self.external[node_id]
+        assert n.reclaim_at_s is None, f"{node_id}: already given notice"
+        n.reclaim_at_s = self.now_s + notice_s
+        self.tally.reclaims += 1
+        self.events.push(n.reclaim_at_s, EventKind.NODE_RECLAIMED, node_id)
+
+    def reclaimed(self, node_id: str) -> bool:
+        """The notice of `node_id` ran out: the node goes (its GPUs with it; the caller took
+        its replicas first, `SimServe.node_lost`), and, if its provider is still asked for as
+        many nodes as it had, a new one is rented in its place (the provider is not out of
+        stock). False if it went before (released once idle and drained)."""
+        n = self.external.get(node_id)
+        if n is None or n.reclaim_at_s is None:
+            return False
+        assert n.used == 0, f"{node_id}: reclaimed with {n.used} GPU(s) held"
+        self._release(n)
         self._top_up(n.provider)
         return True
 

@@ -309,6 +309,7 @@ def test_implied_events_of_the_default_scenario() -> None:
         "jobs": 5000,
         "demand steps": 34560,
         "samples": 721,
+        "reclaims": 96,
     }
 
 
