@@ -12,7 +12,8 @@ Owns: `decide(observation, policies, admission_state, serving_state)` -> `Decisi
    (`external_room_gpus`), unless a model is ``on_shortfall: yield``: serving's demand is a
    guarantee, so a gang that needs the rest waits with a ``serving-demand`` reason; and
    before any gang, the GPUs of the replicas placement could place nowhere last tick
-   (`unplaced_gpus`, kept in `ServingPolicyState`), reclaimed from the lowest-priority
+   (`unplaced_gpus`) and of the cluster replicas it placed that hold no node yet
+   (`unstarted_cluster_gpus`; both kept in `ServingPolicyState`), reclaimed from the lowest-priority
    training (checkpoint first) when no free GPU covers them;
 2. health remediation (`policies.health.remediate`) when ``health.act``;
 3. demand (`policies.demand.decide_replicas`) per served model, then placement
@@ -229,6 +230,22 @@ def forecast_now(
     return serving_forecast(models, snapshot.now_s, cap, policies.forecast)
 
 
+def unstarted_cluster_gpus(
+    snapshot: ClusterSnapshot, demands: tuple[ModelDemand, ...], targets: tuple[PoolTargets, ...]
+) -> int:
+    """GPUs of the cluster replicas placement targets that hold no node yet (Serve has not
+    placed them): the next tick's admission holds them like `unplaced_gpus`, so a gang is
+    not admitted onto the free GPU a replica was just placed on (seen on a real cluster: a
+    preempted gang, re-queued, took back the GPU serving had reclaimed from it before the
+    new replica reached it, and was preempted again)."""
+    gpus = {d.model: d.gpus_per_replica for d in demands}
+    on_node: dict[str, int] = {}
+    for r in snapshot.serve_replicas:
+        if r.pool is Pool.CLUSTER and r.node_id and r.state is not ReplicaState.STOPPING:
+            on_node[r.model] = on_node.get(r.model, 0) + 1
+    return sum(max(0, t.cluster - on_node.get(t.model, 0)) * gpus.get(t.model, 1) for t in targets)
+
+
 def unplaced_gpus(
     demands: tuple[ModelDemand, ...],
     targets: tuple[PoolTargets, ...],
@@ -339,6 +356,7 @@ def decide_serving(
         if decided.num_replicas != serve.ingress_target:
             plan = (*plan, ScaleIngress(decided.num_replicas, decided.message))
     unplaced = unplaced_gpus(tuple(demands), targets, snapshot.pinned)
+    unplaced += unstarted_cluster_gpus(snapshot, tuple(demands), targets)
     return (
         plan,
         targets,

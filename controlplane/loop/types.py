@@ -69,7 +69,8 @@ class ServingPolicyState:
     """The ingress scaling policy's downscale timer (`policies.ingress`)."""
     unplaced_gpus: int = 0
     """GPUs of the replicas demand wanted that placement could place nowhere
-    (`controlplane.loop.decide.unplaced_gpus`): the next tick's admission holds them."""
+    (`controlplane.loop.decide.unplaced_gpus`), and of the cluster replicas it placed that
+    hold no node yet (`unstarted_cluster_gpus`): the next tick's admission holds them."""
     forecast: Mapping[str, DailyProfile] = field(default_factory=dict)
     """Per served model, its daily demand profile (`policies.forecast`)."""
 

@@ -212,3 +212,24 @@ def test_unplaced_gpus_survive_a_controller_restart() -> None:
     state = ServingPolicyState(unplaced_gpus=7)
     assert ServingPolicyState.from_dict(state.to_dict()).unplaced_gpus == 7
     assert ServingPolicyState.from_dict({"demand": {}}).unplaced_gpus == 0
+
+
+def test_cluster_replicas_placed_but_on_no_node_yet_are_held_for_serving() -> None:
+    """Placement raised the cluster target to 2; one replica runs on c1, the other has no node
+    yet (Serve has not placed it) and c2's GPU looks free: the next tick's admission holds
+    that GPU, so a queued gang does not take it before the replica does."""
+    from controlplane.loop.decide import unstarted_cluster_gpus
+
+    demand = (ModelDemand("m", 2, 1, 1),)
+    pending = replica("m-1", "", model="m", state=ReplicaState.STARTING)
+    snap = snapshot([C1, C2], replicas=[replica("m-0", "c1", model="m"), pending])
+    assert unstarted_cluster_gpus(snap, demand, (PoolTargets("m", 2, 0),)) == 1
+    assert unstarted_cluster_gpus(snap, demand, (PoolTargets("m", 1, 0),)) == 0
+    placed = replica("m-1", "c2", model="m", state=ReplicaState.STARTING)
+    snap = snapshot([C1, C2], replicas=[replica("m-0", "c1", model="m"), placed])
+    assert unstarted_cluster_gpus(snap, demand, (PoolTargets("m", 2, 0),)) == 0
+    # Held before any gang: the gang that fits only on that GPU waits.
+    free = snapshot([node("c1", 0, gpus_total=1), node("c2", 1, gpus_total=1)],
+                    queued=[job("g", 1, 1)], derive_free=False)  # fmt: skip
+    plan, _ = admit(free, AdmissionConfig(), AdmissionState(), serving_need_gpus=1)
+    assert not [a for a in plan if isinstance(a, AdmitJob)]
