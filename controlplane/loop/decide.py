@@ -306,10 +306,16 @@ def decide_serving(
     new_demand = dict(state.demand)
     new_forecast = dict(state.forecast)
     for name, config in sorted(policies.demand.items()):
-        # The model's total target in Serve (what the last scale asked for), not the replicas
-        # it already shows: a new pool's replicas appear a few ticks after its app is
-        # deployed, and counting only those would undo the scale-up the next tick.
-        current = sum(serve.target(name, p) for p in (Pool.CLUSTER, Pool.EXTERNAL))
+        # What demand decided last tick, else the model's total target in Serve (what the
+        # last scale asked for), never the replicas it already shows: a new pool's replicas
+        # appear a few ticks after its app is deployed, and counting only those would undo
+        # the scale-up the next tick. Not Serve's targets when demand decided: placement sets
+        # them below demand while it can place no more (a provider out of stock), and demand
+        # reading that as a fall would wait out its upscale delay again, letting the GPUs
+        # held for the missing replica go to a gang meanwhile.
+        current = state.replicas.get(
+            name, sum(serve.target(name, p) for p in (Pool.CLUSTER, Pool.EXTERNAL))
+        )
         wanted, new_demand[name] = decide_replicas(
             DemandLoad(
                 ongoing_requests=float(loads.get(name, 0.0)),
@@ -357,10 +363,13 @@ def decide_serving(
             plan = (*plan, ScaleIngress(decided.num_replicas, decided.message))
     unplaced = unplaced_gpus(tuple(demands), targets, snapshot.pinned)
     unplaced += unstarted_cluster_gpus(snapshot, tuple(demands), targets)
+    demanded = {d.model: d.num_replicas for d in demands}
     return (
         plan,
         targets,
-        ServingPolicyState(new_demand, new_placement, new_ingress, unplaced, new_forecast),
+        ServingPolicyState(
+            new_demand, new_placement, new_ingress, unplaced, new_forecast, demanded
+        ),
     )
 
 

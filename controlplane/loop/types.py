@@ -73,12 +73,16 @@ class ServingPolicyState:
     hold no node yet (`unstarted_cluster_gpus`): the next tick's admission holds them."""
     forecast: Mapping[str, DailyProfile] = field(default_factory=dict)
     """Per served model, its daily demand profile (`policies.forecast`)."""
+    replicas: Mapping[str, int] = field(default_factory=dict)
+    """Per served model, the replicas demand decided last tick: the next decision's current
+    count (placement may target fewer while it can place no more)."""
 
     def to_dict(self) -> dict[str, JsonValue]:
         p = self.placement
         return {
             "demand": {m: _demand_dict(s) for m, s in self.demand.items()},
             "forecast": {m: cast(JsonValue, f.to_dict()) for m, f in self.forecast.items()},
+            "replicas": dict(self.replicas),
             "ingress": _demand_dict(self.ingress),
             "unplaced_gpus": self.unplaced_gpus,
             "placement": {
@@ -134,12 +138,19 @@ class ServingPolicyState:
             str(m): DailyProfile.from_dict(f)
             for m, f in (raw_forecast.items() if isinstance(raw_forecast, Mapping) else ())
         }
+        raw_replicas = data.get("replicas")
+        replicas = {
+            str(m): int(n)
+            for m, n in (raw_replicas.items() if isinstance(raw_replicas, Mapping) else ())
+            if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 1_000_000
+        }
         return cls(
             demand=demand,
             placement=placement,
             ingress=ingress,
             unplaced_gpus=unplaced,
             forecast=forecast,
+            replicas=replicas,
         )
 
 

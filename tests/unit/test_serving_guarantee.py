@@ -233,3 +233,35 @@ def test_cluster_replicas_placed_but_on_no_node_yet_are_held_for_serving() -> No
                     queued=[job("g", 1, 1)], derive_free=False)  # fmt: skip
     plan, _ = admit(free, AdmissionConfig(), AdmissionState(), serving_need_gpus=1)
     assert not [a for a in plan if isinstance(a, AdmitJob)]
+
+
+def test_demand_goes_on_from_its_own_decision_not_the_targets_placement_could_place() -> None:
+    """Demand asked for 2 replicas; placement could place 1 (its provider out of stock, it
+    lowered the external target). The next tick demand still wants 2 at once, not after its
+    upscale delay again: the unplaced GPU stays held for serving, no gang takes it."""
+    from controlplane.adapters.serve import ServeView
+    from controlplane.loop.decide import decide_serving
+
+    cfg = Config()
+    cfg.serve.deploy_app = True
+    cfg.serving.models = [
+        ModelConfig(
+            name="m",
+            num_gpus=1,
+            min_replicas=1,
+            max_replicas=4,
+            upscale_delay_s=30,
+            target_ongoing_requests=1,
+        )
+    ]
+    policies = policies_of(cfg)
+    snap = snapshot([node("c1", 0, gpus_total=1)], replicas=[replica("m-0", "c1", model="m")],
+                    running=[gang("g", {"c1": 0})], derive_free=False)  # fmt: skip
+    state = ServingPolicyState(replicas={"m": 2})
+    state = ServingPolicyState.from_dict(state.to_dict())  # through the store's JSON
+    _, targets, new = decide_serving(snap, ServeView(), {"m": 2.0}, policies, state)
+    assert new.replicas == {"m": 2}
+    assert sum(t.cluster + t.external for t in targets) == 2
+    # Without its own decision, demand starts from Serve's targets (none here) as before.
+    _, _, fresh = decide_serving(snap, ServeView(), {"m": 2.0}, policies, ServingPolicyState())
+    assert fresh.replicas == {"m": 1}
