@@ -66,6 +66,8 @@ class PreemptJob:
     for_job_id: str | None = None
     """The queued job the GPUs are freed for, if any."""
     checkpoint_first: bool = True
+    for_serving: bool = False
+    """The GPUs are freed for serving's demand (``serving-reclaims``), not for a job."""
 
 
 @dataclass(frozen=True)

@@ -164,6 +164,7 @@ class _Decision(Ledger):
                     g.job_id,
                     f"{Why.SERVING_RECLAIMS.value}: serving's demand needs {self.serving_need_gpus} "
                     "cluster GPU(s) that no rented GPU can host",
+                    for_serving=True,
                 )
             )
             self.preemptions.append(PreemptionRecord(g.job_id, self.now_s))

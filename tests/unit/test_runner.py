@@ -365,6 +365,19 @@ def test_a_health_move_that_fails_while_preempting_spends_no_restart(env: Any) -
     assert "not_before_s" not in job.info
 
 
+def test_a_preemption_for_serving_ends_the_attempt_as_preempted_not_as_health(env: Any) -> None:
+    """Serving's reclaim names no job: its attempt still ends ``preempted`` (users read the
+    kind in ``rcp status``; ``health`` would blame a node)."""
+    store, _cfg, fake, _clock, runner = env
+    job_id = running(store, fake, runner)
+    runner.preempt(PreemptJob(job_id, reason="serving-reclaims: x", for_serving=True))
+    fake.jobs[f"{job_id}-1"] = RayJobStatus.STOPPED
+    runner.reconcile()
+    job = store.get(job_id)
+    assert job.state is JobState.QUEUED and "restarts" not in job.info
+    assert job.info["attempts"][-1]["kind"] == "preempted"
+
+
 def test_a_restarted_runner_resubmits_a_lost_submission_under_the_same_id(env: Any) -> None:
     store, cfg, fake, clock, runner = env
     job_id = submit(store)

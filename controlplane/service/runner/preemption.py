@@ -64,9 +64,12 @@ class Preemption:
             and job.state is JobState.RUNNING
         )
         deadline = now + (job.spec.checkpoint.preempt_deadline_s if ask else 0.0)
-        # Admission names the job it frees GPUs for; the health remediation (the only other
-        # source of PreemptJob) names none: it moves the gang off a bad node.
-        kind = AttemptEnd.PREEMPTED if action.for_job_id else AttemptEnd.HEALTH
+        # Admission names the job it frees GPUs for, or says it frees them for serving; the
+        # health remediation (the only other source of PreemptJob) does neither: it moves the
+        # gang off a bad node.
+        kind = (
+            AttemptEnd.PREEMPTED if action.for_job_id or action.for_serving else AttemptEnd.HEALTH
+        )
         self.store.update_info(
             job.job_id,
             {
