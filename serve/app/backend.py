@@ -225,12 +225,13 @@ class BackendReplica:
             time.sleep(REPORT_INTERVAL_S)
 
     def report_load(self, me: str, handle: Any) -> Any:
-        """Send one report (``{model: in flight}``, no traffic figures) to the load board;
-        return the handle to reuse, or None after a failure (the board restarting must not
-        hurt serving: the next report looks it up again). Any: Ray's actor handle."""
+        """Send one report (``{model: mean in flight since the last}``, no traffic figures)
+        to the load board; return the handle to reuse, or None after a failure (the board
+        restarting must not hurt serving: the next report looks it up again). Any: Ray's
+        actor handle."""
         try:
             handle = handle if handle is not None else board()
-            handle.report.remote(me, self._inflight.counts())
+            handle.report.remote(me, self._inflight.mean_counts())
         except Exception as exc:
             logger.debug("load report failed: %r", exc)
             return None

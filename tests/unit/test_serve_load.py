@@ -59,3 +59,30 @@ def test_in_flight_counts_each_request_once_across_threads() -> None:
     with pytest.raises(ValueError), inflight.track("m"):
         raise ValueError("a request that fails is uncounted too")
     assert inflight.counts() == {"m": 0, "n": 0}
+
+
+def test_a_replica_reports_its_mean_in_flight_over_the_window_not_one_instant() -> None:
+    """One client sends back to back, alternating between two replicas, 1 s a request: each
+    replica's reports, a second apart but at its own instant, each average 0.5 in flight,
+    and their sum is the one client (a sample of one instant read 1 on each: 2)."""
+    now = [0.0]
+    a, b = InFlight(clock=lambda: now[0]), InFlight(clock=lambda: now[0])
+    a.mean_counts(), b.mean_counts()  # open both windows at t=0
+
+    def serve_one(replica: InFlight) -> None:
+        with replica.track("m"):
+            now[0] += 1.0
+
+    serve_one(a)  # t 0-1 on a
+    with b.track("m"):  # t 1-2 on b; b reports in the middle of it
+        now[0] += 0.5
+        assert b.counts() == {"m": 1}  # what the instant sample said
+        at_b = b.mean_counts()["m"]  # window 0-1.5: in flight 0.5 s of 1.5 s
+        now[0] += 0.5
+    at_a = a.mean_counts()["m"]  # window 0-2: in flight 1 s of 2 s
+    assert at_a == pytest.approx(0.5) and at_b == pytest.approx(1 / 3)
+    assert at_a + at_b < 1.0 + 1e-9
+    # An idle window reads 0; a window of zero length reads the count now.
+    assert a.mean_counts() == {"m": 0.0}
+    with a.track("m"):
+        assert a.mean_counts() == {"m": 1.0}
