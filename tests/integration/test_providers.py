@@ -12,10 +12,9 @@ stand-in for a provider out of stock: its node type launches nothing).
 
 The cluster pool is one node with one GPU, which the sample model's first replica holds:
 what a gang holding the cluster pool does to placement, so every replica the load adds must
-be rented. The model answers after 1 s and wants one replica per ongoing request: the load
-board samples requests in flight once a second, and at 1 s a client is in flight in nearly
-every sample (at 300 ms, two clients read as two in few enough samples that demand once
-never held 2 for the upscale delay in 300 s).
+be rented. The model answers after 1 s and wants one replica per request in flight: a client
+sending back to back is in flight nearly all the time, so each client reads as about one
+replica on the load board.
 
 Marked ``full``: the provider rules are unit tables (test_providers_policy,
 test_placement_policy, test_loop_claim); this plays them once on real parts.
