@@ -1,10 +1,10 @@
 """The Kubernetes actuator's pods: which are ours, where they run, and deleting one safely.
 
-Owns: reading our RayCluster's pods (by label, by IP, by node) and the client-side check that
-a pod is ours to touch (a worker of our RayCluster: never the head, never another cluster's
-pod; `KubeRefusedError` otherwise), and the DELETE guarded by ``preconditions.uid`` so a
-same-named replacement is never deleted (404 counts as success). Must not: touch nodes
-(``controlplane.kube.nodes``) or decide which pod goes (policies do).
+Owns: reading our RayCluster's pods (by label, by IP, by node, by worker group) and the
+client-side check that a pod is ours to touch (a worker of our RayCluster: never the head,
+never another cluster's pod; `KubeRefusedError` otherwise), and the DELETE guarded by
+``preconditions.uid`` so a same-named replacement is never deleted (404 counts as success).
+Must not: touch nodes (``controlplane.kube.nodes``) or decide which pod goes (policies do).
 """
 
 from __future__ import annotations
@@ -18,12 +18,14 @@ from controlplane.kube.client import KubeClient, log
 from controlplane.kube.errors import KubeRefusedError, KubernetesActuatorError, api_message
 from controlplane.kube.results import WorkerPod
 
-__all__ = ["CLUSTER_LABEL", "NODE_TYPE_LABEL", "PodAccess"]
+__all__ = ["CLUSTER_LABEL", "GROUP_LABEL", "NODE_TYPE_LABEL", "PodAccess"]
 
 CLUSTER_LABEL = "ray.io/cluster"
 """KubeRay labels every pod of a RayCluster with the cluster's name."""
 NODE_TYPE_LABEL = "ray.io/node-type"
 """KubeRay's ``head`` / ``worker`` pod label."""
+GROUP_LABEL = "ray.io/group"
+"""KubeRay labels every worker pod with its worker group's name."""
 
 
 class PodAccess(KubeClient):
@@ -70,6 +72,15 @@ class PodAccess(KubeClient):
         node = (pod.get("spec") or {}).get("nodeName")
         uid = pod["metadata"].get("uid")
         return WorkerPod(pod_name, str(uid) if uid else None, str(node) if node else None)
+
+    def group_workers(self, group: str) -> dict[str, dict[str, Any]]:
+        """Our RayCluster's worker pods of worker group `group`, by name (terminating ones
+        too: they are gone once the API no longer lists them)."""
+        selector = (
+            f"{CLUSTER_LABEL}={self.config.raycluster},{GROUP_LABEL}={group},"
+            f"{NODE_TYPE_LABEL}=worker"
+        )
+        return {str(p["metadata"]["name"]): p for p in self._list_pods(selector)}
 
     def _read_pod(self, pod_name: str) -> dict[str, Any] | None:
         ns = self.config.namespace

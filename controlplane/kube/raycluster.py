@@ -3,23 +3,30 @@
 Owns: `scale_external`, clamped to the group's [minReplicas, maxReplicas] and refused while an
 autoscaler owns the group (``kubernetes.autoscaler_owns_external`` or the RayCluster's
 ``enableInTreeAutoscaling``), written as a JSON patch that tests the group's name at its
-index and carries the ``resourceVersion`` read, retried on conflict. Must not: touch pods or
-nodes, or any other field of the RayCluster.
+index and carries the ``resourceVersion`` read, retried on conflict. A shrink lowers
+``replicas`` only by the pods it names in the group's ``scaleStrategy.workersToDelete`` (with
+the in-tree autoscaler off, KubeRay's operator deletes those first, then the first pods of its
+list: any pod, serving or not), and names whose pods are gone are cleared from that list.
+Must not: delete pods or touch nodes (the operator deletes the named pods), write any other
+field of the RayCluster, or choose which pods go (the policy did).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from controlplane.kube.client import KubeClient, log
+from controlplane.kube.client import log
 from controlplane.kube.errors import (
     KubeConflictError,
     KubeNotFoundError,
+    KubeRefusedError,
     KubernetesActuatorError,
     api_message,
 )
+from controlplane.kube.pods import GROUP_LABEL, PodAccess
 from controlplane.kube.results import ScaleResult
 
 __all__ = ["RayClusterScaling"]
@@ -28,25 +35,41 @@ RAY_GROUP, RAY_VERSION, RAY_PLURAL = "ray.io", "v1", "rayclusters"
 JSON_PATCH = "application/json-patch+json"
 
 
-class RayClusterScaling(KubeClient):
-    """Sizes the RayCluster's external worker group."""
+class RayClusterScaling(PodAccess):
+    """Sizes the RayCluster's external worker groups, naming the pods a shrink takes."""
 
-    def scale_external(self, replicas: int, provider: str | None = None) -> ScaleResult:
+    def scale_external(
+        self, replicas: int, provider: str | None = None, workers_to_delete: Sequence[str] = ()
+    ) -> ScaleResult:
         """Set the external worker group's ``replicas`` to `replicas`, clamped to the group's
         [minReplicas, maxReplicas]. The group is provider `provider`'s
         (``<kubernetes.external_group>-<provider>``), or with None the one named
         ``kubernetes.external_group``.
 
+        A shrink takes only the pods `workers_to_delete` names (the emptied nodes the policy
+        picked, `policies.external_shrink`): ``replicas`` goes down by the named pods that are
+        live workers of the group and not already named, and never by more, so the
+        operator's own pick (the first pods of its list) never comes into play. Those names
+        go into the group's ``scaleStrategy.workersToDelete`` in the same JSON patch, and
+        names whose pods are gone are cleared from it (the operator forgets them only in
+        memory). A name that is gone already is skipped; a name of a pod that is not a
+        worker of this group (the head, another group's or another RayCluster's pod, a pod
+        without our labels) refuses the whole call (KubeRefusedError, nothing written).
+
         Refused (nothing written, ``refused`` says why) when
         ``kubernetes.autoscaler_owns_external`` is true (then nothing is even read) or the
         RayCluster has ``enableInTreeAutoscaling: true``: the autoscaler owns that number.
-        Raises ValueError for a negative count, KubeNotFoundError when the RayCluster or the
-        group (``kubernetes.external_group``) is missing, KubeConflictError after
-        ``conflict_retries`` conflicts in a row.
+        Raises ValueError for a negative count or a repeated name, KubeNotFoundError when the
+        RayCluster or the group (``kubernetes.external_group``) is missing, KubeConflictError
+        after ``conflict_retries`` conflicts in a row.
         """
         group = self.config.external_group + (f"-{provider}" if provider else "")
         if replicas < 0:
             raise ValueError(f"replicas for worker group {group!r} must be >= 0, got {replicas}")
+        names = tuple(workers_to_delete)
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"workers_to_delete for {group!r} names pods twice: {repeated}")
         if self.config.autoscaler_owns_external:
             why = (
                 f"kubernetes.autoscaler_owns_external is true: the KubeRay autoscaler sizes "
@@ -69,43 +92,111 @@ class RayClusterScaling(KubeClient):
             groups = spec.get("workerGroupSpecs") or []
             index = next((i for i, g in enumerate(groups) if g.get("groupName") == group), None)
             if index is None:
-                names = ", ".join(repr(g.get("groupName")) for g in groups) or "none"
+                names_seen = ", ".join(repr(g.get("groupName")) for g in groups) or "none"
                 raise KubeNotFoundError(
                     f"{self._cluster} has no worker group named {group!r} "
-                    f"(kubernetes.external_group); its worker groups: {names}"
+                    f"(kubernetes.external_group); its worker groups: {names_seen}"
                 )
             g = groups[index]
             low = int(g.get("minReplicas") or 0)
             high = g.get("maxReplicas")
-            target = max(low, replicas if high is None else min(replicas, int(high)))
+            asked = max(low, replicas if high is None else min(replicas, int(high)))
+            clamped = asked != replicas
             previous = g.get("replicas")
-            clamped = target != replicas
-            if previous == target:
+            current = int(previous) if previous is not None else low
+            strategy: dict[str, Any] = dict(g.get("scaleStrategy") or {})
+            pending = [str(n) for n in strategy.get("workersToDelete") or []]
+            pods = self.group_workers(group) if names or pending else {}
+            nameable = self._nameable(group, names, pods, pending)
+            target, take = asked, tuple[str, ...]()
+            if asked < current:  # a shrink: only by the pods it names
+                target = max(asked, current - len(nameable))
+                take = nameable[: current - target]
+            kept = [n for n in pending if n in pods]
+            cleared = tuple(n for n in pending if n not in pods)
+            listed = kept + list(take)
+            if previous == target and listed == pending:
                 detail = f"worker group {group!r} already has replicas={target}"
                 log.debug("%s", detail)
                 return ScaleResult(
                     group, replicas, target, previous, False, clamped, None, attempt - 1, detail
                 )
             rv = rc["metadata"]["resourceVersion"]
+            at = f"/spec/workerGroupSpecs/{index}"
             ops = [
-                {"op": "test", "path": f"/spec/workerGroupSpecs/{index}/groupName", "value": group},
+                {"op": "test", "path": f"{at}/groupName", "value": group},
                 {"op": "replace", "path": "/metadata/resourceVersion", "value": rv},
-                {"op": "add", "path": f"/spec/workerGroupSpecs/{index}/replicas", "value": target},
+                {"op": "add", "path": f"{at}/replicas", "value": target},
             ]
+            if listed != pending:
+                value = {**strategy, "workersToDelete": listed}
+                ops.append({"op": "add", "path": f"{at}/scaleStrategy", "value": value})
             if self._patch_raycluster(ops, rv):
                 bounds = f"[{low}, {'unbounded' if high is None else high}]"
                 detail = (
                     f"worker group {group!r} of {self._cluster}: replicas {previous} -> {target}"
                     + (f" (asked {replicas}, clamped to {bounds})" if clamped else "")
+                    + (f", deleting {', '.join(take)}" if take else "")
+                    + (
+                        f" (held at {target}: only {len(nameable)} emptied pod(s) named)"
+                        if target > asked
+                        else ""
+                    )
+                    + (
+                        f"; cleared gone {', '.join(cleared)} from workersToDelete"
+                        if cleared
+                        else ""
+                    )
                 )
                 log.info("%s", detail)
                 return ScaleResult(
-                    group, replicas, target, previous, True, clamped, None, attempt, detail
+                    group,
+                    replicas,
+                    target,
+                    previous,
+                    True,
+                    clamped,
+                    None,
+                    attempt,
+                    detail,
+                    tuple(take),
+                    cleared,
                 )
         raise KubeConflictError(
             f"gave up scaling worker group {group!r} of {self._cluster} to {replicas} after "
             f"{self._tries} tries: another writer changed the RayCluster every time (409 "
             "Conflict). If the KubeRay autoscaler is on, set kubernetes.autoscaler_owns_external"
+        )
+
+    def _nameable(
+        self,
+        group: str,
+        names: Sequence[str],
+        pods: Mapping[str, Mapping[str, Any]],
+        pending: Sequence[str],
+    ) -> tuple[str, ...]:
+        """The names a shrink may take, in the caller's order: live (not terminating) worker
+        pods of `group` not already in ``workersToDelete``. A name not among `pods` is read:
+        gone is skipped, any pod that is not a worker of `group` is KubeRefusedError."""
+        ns = self.config.namespace
+        for name in names:
+            if name in pods:
+                continue
+            pod = self._read_pod(name)  # KubeRefusedError: not a worker of our RayCluster
+            if pod is None:
+                continue
+            other = (pod["metadata"].get("labels") or {}).get(GROUP_LABEL)
+            if other != group:
+                raise KubeRefusedError(
+                    f"pod {ns}/{name} is a worker of group {other!r}, not of {group!r} of "
+                    f"{self._cluster}; a shrink of {group!r} names only its own pods"
+                )
+        return tuple(
+            n
+            for n in names
+            if n in pods
+            and n not in pending
+            and not (pods[n].get("metadata") or {}).get("deletionTimestamp")
         )
 
     def _read_raycluster(self) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from controlplane.kube.actuator import (
@@ -111,6 +112,8 @@ def scale_from_json(d: dict[str, Any]) -> ScaleResult:
         None if d.get("refused") is None else str(d["refused"]),
         int(d["attempts"]),
         str(d["detail"]),
+        tuple(str(n) for n in d.get("named") or ()),
+        tuple(str(n) for n in d.get("cleared") or ()),
     )
 
 
@@ -175,12 +178,16 @@ class RemoteKubernetesActuator:
         result = self._post("/v1/cordon", {"node_name": node_name, "reason": reason})
         return cordon_from_json(result)
 
-    def scale_external(self, replicas: int, provider: str | None = None) -> ScaleResult:
+    def scale_external(
+        self, replicas: int, provider: str | None = None, workers_to_delete: Sequence[str] = ()
+    ) -> ScaleResult:
         if replicas < 0:
             raise ValueError(f"replicas must be >= 0, got {replicas}")
         body: dict[str, Any] = {"replicas": replicas}
         if provider:
             body["provider"] = provider
+        if workers_to_delete:
+            body["workers_to_delete"] = list(workers_to_delete)
         return scale_from_json(self._post("/v1/scale-external", body))
 
     def pod_for_ip(self, pod_ip: str) -> str | None:

@@ -87,6 +87,11 @@ class ScaleResult:
     """Why nothing was written, when the autoscaler owns the group; None otherwise."""
     attempts: int
     detail: str
+    named: tuple[str, ...] = ()
+    """Pods this call added to the group's ``scaleStrategy.workersToDelete``: exactly as many
+    as it lowered ``replicas`` by (the operator deletes these, not pods of its choice)."""
+    cleared: tuple[str, ...] = ()
+    """Names this call removed from ``workersToDelete``: their pods are gone."""
 
 
 def reason_slug(reason: str) -> str:

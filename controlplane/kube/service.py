@@ -13,9 +13,12 @@ itself may do to its own Ray nodes, and no more:
   one). Cordons and taints its node, deletes the pod (`KubernetesActuator.remove_node`).
 * ``POST /v1/cordon`` ``{"node_name", "reason"}``: only a node that hosts a running worker pod
   of that RayCluster now.
-* ``POST /v1/scale-external`` ``{"replicas"}``: refused unless the *service's* config says the
-  control plane sizes the external group (``kubernetes.autoscaler_owns_external: false``);
-  the default RBAC does not even grant it.
+* ``POST /v1/scale-external`` ``{"replicas"}`` (and optional ``"provider"``,
+  ``"workers_to_delete"``): refused unless the *service's* config says the control plane
+  sizes the external group (``kubernetes.autoscaler_owns_external: false``); the default
+  RBAC does not even grant it. The pods a shrink names must be workers of that very group
+  of the RayCluster in ``kubernetes.namespace`` (403 otherwise: the head, another group's
+  or another RayCluster's pod), checked as ``remove-node`` checks a pod.
 * ``POST /v1/pod-for-ip`` ``{"pod_ip"}``: the RayCluster pod with that IP (read only).
 * ``GET /healthz``: liveness, no auth. Nothing else (404); no uncordon (an operator's command).
 
@@ -191,6 +194,21 @@ def _reason(value: object) -> str:
     return value
 
 
+def _pod_names(value: object) -> list[str]:
+    """``workers_to_delete``: a list of distinct pod names, at most `MAX_REPLICAS`."""
+    if not isinstance(value, list) or len(value) > MAX_REPLICAS:
+        raise Refusal(400, f"workers_to_delete must be a list of at most {MAX_REPLICAS} pod names")
+    names = [_name(f"workers_to_delete[{i}]", n) for i, n in enumerate(value)]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise Refusal(400, f"workers_to_delete names pods twice: {repeated}")
+    return names
+
+
+def _str_or_none(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
 # --- the service ----------------------------------------------------------------------------
 
 
@@ -266,21 +284,31 @@ class ActuatorService:
     def scale_external(self, body: object) -> dict[str, Any]:
         """``{"replicas": N}`` sizes ``kubernetes.external_group``; with ``"provider": P`` too,
         provider P's group (``<external_group>-<P>``), P one of the providers this service
-        was configured with."""
-        keys = ("replicas", "provider") if isinstance(body, dict) and "provider" in body else ()
-        replicas = _fields(body, *(keys or ("replicas",)))["replicas"]
+        was configured with; with ``"workers_to_delete": [pod, ...]`` a shrink takes those
+        pods and only those. Every name must be a worker pod of that group of the RayCluster
+        in ``kubernetes.namespace`` (the actuator lists the group, and reads any other name
+        as `remove_node` does): the head, another group's or another RayCluster's pod is 403,
+        nothing written. A name that is gone is skipped. Not counted by the node-action cap:
+        the names only choose which of the group's pods a lower ``replicas`` takes (the
+        actuator lowers it by the pods named, never by more), not how many."""
+        optional = ("provider", "workers_to_delete")
+        given = [k for k in optional if isinstance(body, dict) and k in body]
+        b = _fields(body, "replicas", *given)
+        replicas = b["replicas"]
         if isinstance(replicas, bool) or not isinstance(replicas, int):
             raise Refusal(400, f"replicas must be an integer, got {type(replicas).__name__}")
         if not 0 <= replicas <= MAX_REPLICAS:
             raise Refusal(400, f"replicas must be in 0..{MAX_REPLICAS}, got {replicas}")
-        provider = body.get("provider") if isinstance(body, dict) else None
+        provider = b.get("provider")
         if provider is not None and provider not in self._providers:
             raise Refusal(
                 400,
                 f"provider must be one of {sorted(self._providers)}, got {str(provider)[:40]!r}",
             )
+        names = _pod_names(b.get("workers_to_delete", []))
         with self._lock:
-            return dataclasses.asdict(self.actuator.scale_external(replicas, provider))
+            result = self.actuator.scale_external(replicas, _str_or_none(provider), names)
+            return dataclasses.asdict(result)
 
     def pod_for_ip(self, body: object) -> str | None:
         ip = _fields(body, "pod_ip")["pod_ip"]

@@ -17,7 +17,8 @@ catch, log and count their own failure, so the loop never dies:
 3. act - admission's plan through the job runner (`act.jobs`), remediation through
    `health.HealthKeeper.act`, the serving plan through `act.serving.ServeActuator` (moves in
    flight advanced one step first, with what demand wants now: a make-before-break move is
-   a tracked operation, never a wait), the external group on Kubernetes;
+   a tracked operation, never a wait), the external groups on Kubernetes (sized, and on a
+   shrink their emptied nodes named, by `policies.external_shrink` in phase 2);
 4. record - policy state to the store (``admission.state``, ``serving.state``), new plan
    actions to the event log (`record.PlanEvents`; held ones as ``policy.held``), metrics (`record.METRICS`), local
    Prometheus targets, per-job gauges (the shell's hook).
@@ -36,14 +37,14 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from controlplane.adapters.serve import ServePlane
 from controlplane.config import Config
 from controlplane.loop.act.jobs import apply_admission
-from controlplane.loop.act.serving import ExternalGroup, ScaleOutcome, ServeActuator
+from controlplane.loop.act.serving import ExternalGroup, ScaleExternal, ServeActuator
 from controlplane.loop.decide import Policies, decide, forecast_now
 from controlplane.loop.guards import Guards, GuardStore, hold, with_guards
 from controlplane.loop.health import HealthKeeper
@@ -60,7 +61,9 @@ from controlplane.loop.types import (
     Telemetry,
 )
 from controlplane.store import JobRecord, Store
+from policies import external_shrink
 from policies.admission import AdmissionState
+from policies.external_shrink import ExternalGroupSize
 from policies.forecast import DailyProfile, profile_ahead
 from policies.plan import AdmitJob, DrainNode
 from policies.providers import ProviderState, is_out, live_by_provider
@@ -119,7 +122,7 @@ class Adapters:
     no latency source, so models scale on ongoing requests alone."""
     prometheus_targets: Callable[[set[str]], None] | None = None
     kube_remove: Callable[[str, str], object] | None = None
-    kube_scale_external: Callable[[], Callable[[int, str], ScaleOutcome] | None] | None = None
+    kube_scale_external: Callable[[], ScaleExternal | None] | None = None
     count_removal: Callable[[float], object] | None = None
 
 
@@ -187,6 +190,8 @@ class Loop:
                 {p.name: p.gpus_per_node for p in cfg.pools.external.providers},
                 adapters.kube_scale_external,
                 self.record_event,
+                hostname=adapters.node_actions.hostname,
+                busy_now=self._busy_now,
             )
             if kube.enabled
             and not kube.autoscaler_owns_external
@@ -289,8 +294,11 @@ class Loop:
             self._phase("3-act-serve-moves", self.serve.advance, now, dict(decided.wanted))
             self._phase("3-act-serve", self._act_serve, decided, observed)
         if self.external_group is not None and decided.serving_state is not None:
-            asked = dict(decided.serving_state.placement.provider_requests())
-            self._phase("3-act-external-group", self.external_group.apply, asked)
+            sizes = self._phase(
+                "2-decide-external-group", self._decide_external_group, decided, observed
+            )
+            if sizes is not None:
+                self._phase("3-act-external-group", self.external_group.apply, sizes)
         self._phase("4-record", self._record, decided)
         self._phase("4-record-metrics", self._export_metrics, observed, decided)
         if self.adapters.prometheus_targets is not None:
@@ -313,6 +321,39 @@ class Loop:
         busy = self.serve is not None and self.serve.busy
         decided = decide(observed, self.policies, admission, serving, serving_busy=busy)
         return hold(decided, admission) if self.guards.paused else decided
+
+    def _decide_external_group(
+        self, decided: Decision, observed: Observation
+    ) -> tuple[ExternalGroupSize, ...]:
+        """Each provider's group size, and on a shrink which emptied nodes go
+        (`policies.external_shrink`). A move in flight holds the nodes it names, and one into
+        the external pool every external node (Serve picks where its replicas start)."""
+        assert self.external_group is not None and decided.serving_state is not None
+        snapshot = observed.snapshot
+        reserved: set[str] = set()
+        for op in self.serve.operations if self.serve is not None else ():
+            reserved.update(op.node_ids)
+            if op.to_pool is Pool.EXTERNAL:
+                reserved.update(n.node_id for n in snapshot.nodes if n.pool is Pool.EXTERNAL)
+        return external_shrink.decide(
+            snapshot,
+            dict(decided.serving_state.placement.provider_requests()),
+            self.external_group.gpus_per_node,
+            self.policies.placement.providers,
+            frozenset(reserved),
+        )
+
+    def _busy_now(self, node_ids: Sequence[str]) -> set[str]:
+        """Which of `node_ids` hold work now, read afresh just before the group is written:
+        a Serve replica in the serving plane's view, or GPUs Ray accounts as held."""
+        named = set(node_ids)
+        busy: set[str] = set()
+        if self.adapters.serve is not None:
+            busy.update(
+                r.node_id for r in self.adapters.serve.view().replicas if r.node_id in named
+            )
+        busy.update(n for n in named - busy if self.adapters.node_actions.holds_gpus(n))
+        return busy
 
     def _act_jobs(self, decided: Decision) -> None:
         apply_admission(

@@ -28,6 +28,21 @@ Semantics it implements, as a real server does:
   does not match); the pod is gone at once and the response is the pod with
   ``deletionTimestamp`` set.
 
+The KubeRay operator, for a RayCluster a test hands to `operate` (off unless asked, so tests
+of the API alone see only their own writes): after every write the fake accepts, and at once
+when asked, each worker group is reconciled as KubeRay's ``reconcilePods`` does:
+
+1. every pod named in the group's ``scaleStrategy.workersToDelete`` is deleted, whatever the
+   group's ``replicas`` (the operator deletes by name in the namespace, as its source does;
+   the name list is left in the object: KubeRay clears it only in memory);
+2. the group's worker pods (labels ``ray.io/cluster``, ``ray.io/group``,
+   ``ray.io/node-type=worker``) are counted against ``replicas``: missing pods are created
+   (``<cluster>-<group>-worker-<n>``, unscheduled), surplus pods are deleted from the front of
+   the list (the order the API lists them: by name) when ``enableInTreeAutoscaling`` is not
+   true, and none are deleted when it is (the autoscaler names what goes).
+
+`operator_deleted` and `operator_created` record the operator's own writes (not `requests`).
+
 Test hooks: `requests` records every request (method, path, query, content type, body, status);
 `interfere` makes "another writer" change an object just before our next N requests to it, so
 conflicts come from the resourceVersion check itself, not from a canned answer.
@@ -335,6 +350,13 @@ class FakeKubeApi:
     _hooks: list[_Hook] = field(default_factory=list)
     _server: ThreadingHTTPServer | None = None
     _uid: int = 0
+    operated: set[str] = field(default_factory=set)
+    """Paths of the RayClusters the modelled KubeRay operator reconciles (`operate`)."""
+    operator_deleted: list[str] = field(default_factory=list)
+    """Names of the pods the operator deleted, in order."""
+    operator_created: list[str] = field(default_factory=list)
+    """Names of the pods the operator created, in order."""
+    _pods_made: int = 0
 
     # -- building objects --------------------------------------------------------------------
 
@@ -400,6 +422,55 @@ class FakeKubeApi:
             }
             self.objects[f"/apis/ray.io/v1/namespaces/{namespace}/rayclusters/{name}"] = obj
             return copy.deepcopy(obj)
+
+    # -- the KubeRay operator (see the module docstring) ----------------------------------------
+
+    def operate(self, name: str, *, namespace: str) -> None:
+        """Reconcile RayCluster `namespace`/`name` now and after every accepted write."""
+        with self._lock:
+            self.operated.add(f"/apis/ray.io/v1/namespaces/{namespace}/rayclusters/{name}")
+            self.reconcile()
+
+    def reconcile(self) -> None:
+        """One pass of the operator over every RayCluster it operates."""
+        with self._lock:
+            for path in sorted(self.operated):
+                rc = self.objects.get(path)
+                if rc is not None:
+                    self._reconcile(rc)
+
+    def _reconcile(self, rc: dict[str, Any]) -> None:
+        meta, spec = rc["metadata"], rc.get("spec") or {}
+        ns, cluster = meta["namespace"], meta["name"]
+        prefix = f"/api/v1/namespaces/{ns}/pods/"
+        for g in spec.get("workerGroupSpecs") or []:
+            group = g["groupName"]
+            for name in (g.get("scaleStrategy") or {}).get("workersToDelete") or []:
+                if self.objects.pop(prefix + name, None) is not None:
+                    self.operator_deleted.append(name)
+            labels = {
+                "ray.io/cluster": cluster,
+                "ray.io/group": group,
+                "ray.io/node-type": "worker",
+            }
+            pods = [
+                path
+                for path, obj in sorted(self.objects.items())
+                if path.startswith(prefix)
+                and all(
+                    (obj["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items()
+                )
+            ]
+            diff = int(g.get("replicas") or 0) - len(pods)
+            for _ in range(max(0, diff)):
+                self._pods_made += 1
+                name = f"{cluster}-{group}-worker-{self._pods_made:05d}"
+                self.add_pod(name, namespace=ns, node_name=None, labels=labels)
+                self.operator_created.append(name)
+            if diff < 0 and not spec.get("enableInTreeAutoscaling"):
+                for path in pods[:-diff]:
+                    del self.objects[path]
+                    self.operator_deleted.append(path.rsplit("/", 1)[1])
 
     def get(self, path: str) -> dict[str, Any] | None:
         with self._lock:
@@ -503,6 +574,8 @@ class FakeKubeApi:
             except _HttpError as err:
                 code, out = err.code, err.body
             self.requests.append(Recorded(method, parts.path, query, content_type, body, code))
+            if code < 400 and method in ("PATCH", "PUT", "DELETE"):
+                self.reconcile()
             return code, out
 
     def _dispatch(

@@ -20,6 +20,7 @@ from controlplane.config import Config, ConfigError, KubernetesConfig, load_conf
 from controlplane.kube import (
     KubeConflictError,
     KubeNotFoundError,
+    KubeRefusedError,
     KubernetesActuator,
     KubernetesActuatorError,
     from_config,
@@ -812,3 +813,143 @@ def test_failed_json_patch_ops_are_422_and_apply_nothing(doc: Any, ops: Any) -> 
         json_patch(doc, [{"op": "add", "path": "/added", "value": 1}, *ops])
     assert err.value.code == 422
     assert json.dumps(doc) == before
+
+
+# --- scale_external: a shrink names its pods (scaleStrategy.workersToDelete) --------------------
+
+
+def external_worker(api: FakeKubeApi, name: str, grp: str = "gpu-external", **kw: Any) -> None:
+    labels = {**worker_labels(**kw), "ray.io/group": grp}
+    api.add_pod(name, namespace=NS, node_name=None, labels=labels)
+
+
+def strategy_of(api: FakeKubeApi, name: str = "gpu-external") -> Any:
+    rc = api.get(RC_PATH)
+    assert rc is not None
+    g = next(g for g in rc["spec"]["workerGroupSpecs"] if g["groupName"] == name)
+    return g.get("scaleStrategy")
+
+
+def test_a_shrink_writes_replicas_and_the_names_in_one_guarded_patch(
+    api: FakeKubeApi, act: KubernetesActuator
+) -> None:
+    add_cluster(api, group("gpu-cluster", 2, 2, 2), group("gpu-external", 3, 0, 4))
+    for name in ("w-1", "w-2", "w-3"):
+        external_worker(api, name)
+    result = act.scale_external(1, workers_to_delete=["w-2", "w-3"])
+
+    assert (replicas_of(api), strategy_of(api)) == (1, {"workersToDelete": ["w-2", "w-3"]})
+    assert (result.changed, result.named, result.previous, result.replicas) == (
+        True,
+        ("w-2", "w-3"),
+        3,
+        1,
+    )
+    (patch,) = api.writes()
+    assert patch.content_type == JSON_PATCH
+    ops = {op["path"]: op for op in patch.body}
+    assert ops["/spec/workerGroupSpecs/1/groupName"]["op"] == "test"
+    assert ops["/metadata/resourceVersion"]["op"] == "replace"
+    assert ops["/spec/workerGroupSpecs/1/scaleStrategy"]["value"] == {
+        "workersToDelete": ["w-2", "w-3"]
+    }
+    assert "deleting w-2, w-3" in result.detail
+
+
+@pytest.mark.parametrize(
+    ("asked", "names", "replicas", "named"),
+    [
+        pytest.param(0, [], 3, (), id="no-names-no-cut"),
+        pytest.param(0, ["w-2"], 2, ("w-2",), id="one-name-one-node"),
+        pytest.param(2, ["w-1", "w-2", "w-3"], 2, ("w-1",), id="no-more-than-asked"),
+        pytest.param(1, ["gone", "w-3"], 2, ("w-3",), id="a-gone-name-is-skipped"),
+        pytest.param(4, ["w-1"], 4, (), id="growth-names-nothing"),
+    ],
+)
+def test_replicas_never_drop_by_more_than_the_pods_named(
+    api: FakeKubeApi,
+    act: KubernetesActuator,
+    asked: int,
+    names: list[str],
+    replicas: int,
+    named: tuple[str, ...],
+) -> None:
+    add_cluster(api, group("gpu-external", 3, 0, 4))
+    for name in ("w-1", "w-2", "w-3"):
+        external_worker(api, name)
+    result = act.scale_external(asked, workers_to_delete=names)
+    assert (replicas_of(api), result.named) == (replicas, named)
+    assert ((strategy_of(api) or {}).get("workersToDelete") or []) == list(named)
+
+
+def test_names_already_pending_do_not_cut_again_and_gone_ones_are_cleared(
+    api: FakeKubeApi, act: KubernetesActuator
+) -> None:
+    add_cluster(api, group("gpu-external", 3, 0, 4))
+    for name in ("w-1", "w-2", "w-3"):
+        external_worker(api, name)
+    act.scale_external(2, workers_to_delete=["w-3"])
+    again = act.scale_external(0, workers_to_delete=["w-3"])  # w-3 not gone yet
+    assert (replicas_of(api), again.changed) == (2, False)
+
+    del api.objects[f"/api/v1/namespaces/{NS}/pods/w-3"]  # the operator deleted it
+    cleared = act.scale_external(2)
+    assert (cleared.changed, cleared.cleared, replicas_of(api)) == (True, ("w-3",), 2)
+    assert strategy_of(api) == {"workersToDelete": []}
+    assert "cleared gone w-3" in cleared.detail
+
+
+def test_a_conflict_rereads_and_renames(api: FakeKubeApi, act: KubernetesActuator) -> None:
+    add_cluster(api, group("gpu-external", 2, 0, 4))
+    external_worker(api, "w-1")
+    external_worker(api, "w-2")
+
+    def someone_scales_up(rc: dict[str, Any]) -> None:
+        rc["spec"]["workerGroupSpecs"][0]["replicas"] = 3
+
+    api.interfere("PATCH", RC_PATH, someone_scales_up)
+    result = act.scale_external(1, workers_to_delete=["w-2"])
+    assert [r.status for r in api.writes()] == [409, 200]
+    assert (result.previous, replicas_of(api), result.named) == (3, 2, ("w-2",))
+
+
+@pytest.mark.parametrize(
+    ("pod", "labels", "match"),
+    [
+        pytest.param("rcp-head", worker_labels(node_type="head"), "is the Ray head", id="head"),
+        pytest.param(
+            "other-rc", worker_labels(cluster="other"), "not a Ray pod of RayCluster", id="other-rc"
+        ),
+        pytest.param(
+            "cluster-w",
+            {**worker_labels(), "ray.io/group": "gpu-cluster"},
+            "is a worker of group 'gpu-cluster', not of 'gpu-external'",
+            id="other-group",
+        ),
+        pytest.param("bare", {}, "not a Ray pod of RayCluster", id="unlabelled"),
+    ],
+)
+def test_a_name_that_is_not_a_worker_of_the_group_refuses_the_shrink(
+    api: FakeKubeApi, act: KubernetesActuator, pod: str, labels: dict[str, str], match: str
+) -> None:
+    add_cluster(api, group("gpu-cluster", 2, 2, 2), group("gpu-external", 2, 0, 4))
+    external_worker(api, "w-1")
+    api.add_pod(pod, namespace=NS, node_name=None, labels=labels)
+    with pytest.raises(KubeRefusedError, match=match):
+        act.scale_external(0, workers_to_delete=["w-1", pod])
+    assert api.writes() == []
+
+
+def test_repeated_names_are_rejected(act: KubernetesActuator) -> None:
+    with pytest.raises(ValueError, match=r"names pods twice: \['w-1'\]"):
+        act.scale_external(0, workers_to_delete=["w-1", "w-2", "w-1"])
+
+
+def test_names_are_refused_with_in_tree_autoscaling_too(
+    api: FakeKubeApi, act: KubernetesActuator
+) -> None:
+    add_cluster(api, group("gpu-external", 2, 0, 4), autoscaling=True)
+    external_worker(api, "w-1")
+    result = act.scale_external(1, workers_to_delete=["w-1"])
+    assert result.refused and "enableInTreeAutoscaling" in result.refused
+    assert api.writes() == [] and replicas_of(api) == 2

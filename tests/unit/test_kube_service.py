@@ -44,12 +44,14 @@ from controlplane.loop.remediation import Remediator
 from tests.unit.kubeapi import FakeKubeApi, running, write_kubeconfig
 from tests.unit.test_health_actuation import FakeNodes
 from tests.unit.test_kube_actuator import (
+    CLUSTER,
     KEY,
     NODE,
     NODE_PATH,
     NS,
     POD,
     POD_PATH,
+    RC_PATH,
     add_cluster,
     group,
     kube_config,
@@ -129,7 +131,7 @@ def rig(api: FakeKubeApi, tmp_path: Path) -> Iterator[Rig]:
     yield from make_rig(api, tmp_path)
 
 
-def add_worker(api: FakeKubeApi, name: str = POD, node: str = NODE, **kw: Any) -> None:
+def add_worker(api: FakeKubeApi, name: str = POD, node: str | None = NODE, **kw: Any) -> None:
     api.add_pod(
         name,
         namespace=kw.pop("namespace", NS),
@@ -731,3 +733,88 @@ def test_main_refuses_to_start_without_a_token(api: FakeKubeApi, tmp_path: Path)
     ]
     assert main(args) == 2
     assert main(["kubernetes.enabled=false"]) == 2
+
+
+# --- scale-external with the pods a shrink takes ------------------------------------------------
+
+EXTERNAL_GROUPS = (
+    group("gpu-cluster", 2, 2, 2),
+    group("gpu-external-rent-a", 2, 0, 4),
+    group("gpu-external-rent-b", 1, 0, 4),
+)
+
+
+def _setup_names(api: FakeKubeApi) -> None:
+    add_cluster(api, *EXTERNAL_GROUPS)
+    for name, grp, cluster, node_type in (
+        ("rent-a-w1", "gpu-external-rent-a", CLUSTER, "worker"),
+        ("rent-a-w2", "gpu-external-rent-a", CLUSTER, "worker"),
+        ("rent-b-w1", "gpu-external-rent-b", CLUSTER, "worker"),
+        ("cluster-w1", "gpu-cluster", CLUSTER, "worker"),
+        ("rcp-head-xyz", "headgroup", CLUSTER, "head"),
+        ("other-rc-w1", "gpu-external-rent-a", "other", "worker"),
+    ):
+        labels = {**worker_labels(cluster=cluster, node_type=node_type), "ray.io/group": grp}
+        add_worker(api, name, None, labels=labels)
+
+
+@pytest.mark.parametrize(
+    ("names", "status", "needle"),
+    [
+        pytest.param(["rent-a-w2", "rcp-head-xyz"], 403, "is the Ray head", id="head-pod"),
+        pytest.param(
+            ["rent-b-w1"],
+            403,
+            "is a worker of group 'gpu-external-rent-b', not of 'gpu-external-rent-a'",
+            id="another-providers-pod",
+        ),
+        pytest.param(
+            ["cluster-w1"],
+            403,
+            "is a worker of group 'gpu-cluster', not of 'gpu-external-rent-a'",
+            id="the-cluster-groups-pod",
+        ),
+        pytest.param(
+            ["other-rc-w1"], 403, "not a Ray pod of RayCluster", id="another-rayclusters-pod"
+        ),
+        pytest.param(["Rent_A"], 400, "workers_to_delete[0] must be a DNS-1123", id="bad-name"),
+        pytest.param(["rent-a-w2", "rent-a-w2"], 400, "names pods twice", id="repeated"),
+        pytest.param("rent-a-w2", 400, "must be a list", id="not-a-list"),
+        pytest.param(["x"] * 1001, 413, "larger than", id="too-many"),
+    ],
+)
+def test_scale_external_refuses_names_that_are_not_the_groups_workers(
+    api: FakeKubeApi, tmp_path: Path, names: Any, status: int, needle: str
+) -> None:
+    """The names go to ``workersToDelete``, which KubeRay's operator deletes by name in the
+    namespace whatever the pod is: only workers of the group being scaled pass."""
+    _setup_names(api)
+    for rig in make_rig(api, tmp_path, autoscaler_owns_external=False):
+        body = {"replicas": 1, "provider": "rent-a", "workers_to_delete": names}
+        got, answer = rig.post("/v1/scale-external", body)
+        assert got == status, answer
+        assert needle in answer["error"], answer
+        assert rig.api.writes() == []
+        assert (
+            replicas_of(api, "gpu-external-rent-a"),
+            replicas_of(api, "gpu-external-rent-b"),
+        ) == (
+            2,
+            1,
+        )
+
+
+def test_scale_external_takes_the_named_workers_through_the_client(
+    api: FakeKubeApi, tmp_path: Path
+) -> None:
+    _setup_names(api)
+    for rig in make_rig(api, tmp_path, autoscaler_owns_external=False):
+        with pytest.raises(KubeRefusedError, match="is the Ray head"):
+            rig.client.scale_external(1, "rent-a", ["rcp-head-xyz"])
+        result = rig.client.scale_external(1, "rent-a", ["rent-a-w2"])
+        assert (result.changed, result.named, result.replicas) == (True, ("rent-a-w2",), 1)
+        rc = api.get(RC_PATH)
+        assert rc is not None
+        external = rc["spec"]["workerGroupSpecs"][1]
+        assert external["scaleStrategy"] == {"workersToDelete": ["rent-a-w2"]}
+        assert rig.service.cap.admitted == []  # names choose which pods, not how many

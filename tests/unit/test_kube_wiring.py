@@ -4,7 +4,7 @@ worker group sized by the serving loop when the in-tree autoscaler is off."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,10 @@ from controlplane.config import load_config
 from controlplane.kube import KubernetesActuator
 from controlplane.loop.remediation import Remediator
 from controlplane.store import Store
+from policies import external_shrink
+from policies.external_shrink import ExternalGroupSize
+from policies.providers import Provider
+from policies.snapshot import ClusterSnapshot
 from tests.unit.kubeapi import FakeKubeApi, running, write_kubeconfig
 from tests.unit.test_health_actuation import FakeNodes
 from tests.unit.test_kube_actuator import (
@@ -69,6 +73,14 @@ def test_an_empty_unhealthy_node_is_cordoned_tainted_and_its_pod_deleted(api: Fa
     assert POD in dict(events)["health.drain"]
 
 
+def sizes(
+    gpus: Mapping[str, int], gpus_per_node: Mapping[str, int]
+) -> tuple[ExternalGroupSize, ...]:
+    """The external-group policy's sizes for a cluster with no external node yet."""
+    names = [Provider(name, 8, 1.0) for name in gpus_per_node]
+    return external_shrink.decide(ClusterSnapshot(now_s=0.0), gpus, gpus_per_node, names)
+
+
 PROVIDER_GROUPS = (
     group("gpu-cluster", 2, 2, 2),
     group("gpu-external-rent-a", 0, 0, 2),
@@ -115,7 +127,7 @@ def test_the_loop_sizes_each_providers_group_only_when_it_owns_them(
     )
     loop = Loop(cfg, store, adapters, policies(cfg))
     if loop.external_group is not None:
-        loop.external_group.apply(gpus)
+        loop.external_group.apply(sizes(gpus, loop.external_group.gpus_per_node))
     got = (replicas_of(api, "gpu-external-rent-a"), replicas_of(api, "gpu-external-rent-b"))
     assert got == replicas
 
@@ -196,15 +208,15 @@ def test_the_external_group_is_set_again_when_someone_changed_it(
     add_cluster(api, *PROVIDER_GROUPS)
     act = actuator(api)
     ext = act_serving.ExternalGroup({"rent-a": 2}, lambda: act.scale_external, lambda _k, _m: None)
-    ext.apply({"rent-a": 4})
+    ext.apply(sizes({"rent-a": 4}, ext.gpus_per_node))
     assert replicas_of(api, "gpu-external-rent-a") == 2
     with api._lock:  # someone scales it down behind our back
         api.objects[f"/apis/ray.io/v1/namespaces/{NS}/rayclusters/{CLUSTER}"]["spec"][
             "workerGroupSpecs"
         ][1]["replicas"] = 0
-    ext.apply({"rent-a": 4})
+    ext.apply(sizes({"rent-a": 4}, ext.gpus_per_node))
     assert replicas_of(api, "gpu-external-rent-a") == 0  # not yet: within the recheck interval
     monkeypatch.setattr(act_serving, "EXTERNAL_GROUP_RECHECK_S", 0.0)
     ext.recheck_at = 0.0
-    ext.apply({"rent-a": 4})
+    ext.apply(sizes({"rent-a": 4}, ext.gpus_per_node))
     assert replicas_of(api, "gpu-external-rent-a") == 2

@@ -15,8 +15,9 @@ Owns: carrying out, item by item, what the serving policies returned:
 * `ScaleIngress` -> the ingress deployment's replica count (``serve.app.ingress.scale``), at
   once: a starting ingress replica serves with the deployed route table, and Serve drains a
   stopping one (a move's route step waits until the count settled);
-* on Kubernetes with the in-tree autoscaler off, the external worker group's size
-  (`ExternalGroup`, level-triggered, re-asserted every `EXTERNAL_GROUP_RECHECK_S`).
+* on Kubernetes with the in-tree autoscaler off, each external worker group's size
+  (`ExternalGroup`: `policies.external_shrink`'s sizes, a shrink only by the emptied nodes
+  it names; level-triggered, re-asserted every `EXTERNAL_GROUP_RECHECK_S`).
 
 While a model has a move in flight, the operation owns its replicas and routes: scale and
 route items for it are left for the policies to decide again once the move ends (the single
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
 from controlplane.adapters.serve import ServePlane, ServeView
@@ -43,6 +44,8 @@ from controlplane.loop.act.operations import MoveOperation, MoveOutcome
 from controlplane.loop.record import EventKind
 from controlplane.loop.types import MetricSink
 from controlplane.store import Store
+from policies import external_shrink
+from policies.external_shrink import ExternalGroupSize
 from policies.placement import PoolTargets
 from policies.plan import (
     Action,
@@ -60,6 +63,8 @@ __all__ = [
     "EXTERNAL_GROUP_RECHECK_S",
     "OPERATIONS_KEY",
     "ExternalGroup",
+    "ScaleExternal",
+    "ScaleOutcome",
     "ServeActuator",
 ]
 
@@ -275,48 +280,84 @@ class ScaleOutcome(Protocol):
     def detail(self) -> str: ...
 
 
+class ScaleExternal(Protocol):
+    """The Kubernetes actuator's ``scale_external``: a provider's group to `replicas` nodes,
+    a shrink only by the pods `workers_to_delete` names."""
+
+    def __call__(
+        self, replicas: int, provider: str | None = None, workers_to_delete: Sequence[str] = ()
+    ) -> ScaleOutcome: ...
+
+
+def _no_hostname(_node_id: str) -> str | None:
+    return None
+
+
+def _nothing_busy(_node_ids: Sequence[str]) -> Collection[str]:
+    return ()
+
+
 class ExternalGroup:
     """On Kubernetes with the in-tree autoscaler off, each external provider's worker group's
     size set through the RayCluster (``request_resources`` alone would reach no autoscaler).
 
-    Level-triggered: a group is set whenever what the policy wants of its provider differs
-    from what was last applied, and every group is re-asserted every
-    `EXTERNAL_GROUP_RECHECK_S` (a failed or overwritten scale is repaired; an unchanged one
-    costs one read). `scale(nodes, provider)` is the Kubernetes adapter's ``scale_external``,
-    made on first use; `gpus_per_node` names each provider and its node shape."""
+    Applies `policies.external_shrink.decide`'s sizes: a group grows to what the policy wants;
+    it shrinks only by the emptied nodes the policy named, each written as its pod's name
+    (`hostname`: a Ray node's hostname is its pod name on KubeRay; a node without one is not
+    named). Just before the write it re-reads what holds the named nodes (`busy_now`: a fresh
+    Serve view and Ray's GPU accounting) and drops any that gained work since the decision
+    (`policies.external_shrink.recheck`).
+
+    Level-triggered: a group is set whenever the policy's size differs from what was last
+    applied or it names nodes to take, and every group is re-asserted every
+    `EXTERNAL_GROUP_RECHECK_S` (a failed or overwritten scale is repaired, names of pods that
+    are gone are cleared; an unchanged one costs one read). `scale` makes the Kubernetes
+    adapter's ``scale_external`` on first use."""
 
     def __init__(
         self,
         gpus_per_node: Mapping[str, int],
-        scale: Callable[[], Callable[[int, str], ScaleOutcome] | None],
+        scale: Callable[[], ScaleExternal | None],
         record: Recorder,
+        *,
+        hostname: Callable[[str], str | None] = _no_hostname,
+        busy_now: Callable[[Sequence[str]], Collection[str]] = _nothing_busy,
     ) -> None:
         self.gpus_per_node = {name: max(1, g) for name, g in gpus_per_node.items()}
         self._make = scale
-        self._scale: Callable[[int, str], ScaleOutcome] | None = None
+        self._scale: ScaleExternal | None = None
         self._record = record
+        self._hostname = hostname
+        self._busy_now = busy_now
         self.applied: dict[str, int] = {}
         self.recheck_at = 0.0
 
-    def apply(self, requested_gpus: Mapping[str, int]) -> None:
-        """`requested_gpus`: what placement asks of each provider (one not named: 0)."""
-        nodes = {
-            name: -(-requested_gpus.get(name, 0) // gpn) for name, gpn in self.gpus_per_node.items()
-        }
+    def apply(self, sizes: Sequence[ExternalGroupSize]) -> None:
+        """Write each provider's group as `sizes` (one per provider) says."""
+        wanted = {s.provider: s.num_nodes for s in sizes}
+        taking = any(s.remove_node_ids for s in sizes)
         now = time.monotonic()
-        if nodes == self.applied and now < self.recheck_at:
+        if wanted == self.applied and not taking and now < self.recheck_at:
             return
         if self._scale is None:
             self._scale = self._make()
         if self._scale is None:
             return
         recheck = now >= self.recheck_at
-        for name, count in nodes.items():
-            if not recheck and self.applied.get(name) == count:
+        named = [n for s in sizes for n in s.remove_node_ids]
+        busy = self._busy_now(named) if named else ()
+        for size in sizes:
+            if not (
+                recheck
+                or size.remove_node_ids
+                or self.applied.get(size.provider) != wanted[size.provider]
+            ):
                 continue
-            result = self._scale(count, name)
-            self.applied[name] = count
+            size = external_shrink.recheck(size, busy)
+            pods = tuple(p for p in map(self._hostname, size.remove_node_ids) if p)
+            result = self._scale(size.num_nodes, size.provider, pods)
+            self.applied[size.provider] = size.num_nodes
             if result.changed or result.refused:
-                self._record(EventKind.SERVE_EXTERNAL_GROUP, result.detail)
+                self._record(EventKind.SERVE_EXTERNAL_GROUP, f"{result.detail} ({size.reason})")
         if recheck:
             self.recheck_at = now + EXTERNAL_GROUP_RECHECK_S
