@@ -9,7 +9,8 @@ Owns, through the official ``kubernetes`` client (``CoreV1Api``, ``CustomObjects
 * `KubernetesActuator.cordon` / `uncordon`: the node half on its own; `uncordon` is for an
   operator's command and removes only our taint.
 * `KubernetesActuator.scale_external`: the external worker group's ``replicas`` in the
-  RayCluster, clamped to the group's bounds, unless the KubeRay autoscaler owns that group.
+  RayCluster, clamped to the group's bounds, unless the KubeRay autoscaler owns that group;
+  a shrink only by the pods it names in ``scaleStrategy.workersToDelete``.
 * `worker_pods_on_node` / `read_worker`: the read-only checks the ``rcp-kube-actuator``
   service (``controlplane.kube.service``) makes before it lets a caller touch a node or pod;
   `remove_worker` then acts on that same read of the pod (the service counts its actions
@@ -31,7 +32,8 @@ How writes are made safe, each a read-modify-write with optimistic concurrency:
   cause 409 Conflict instead of a lost taint. On 409 we re-read and retry.
 * RayCluster: a JSON patch that tests the group's name at its index, sets
   ``metadata.resourceVersion`` to the version read (so a stale write is 409) and sets only
-  that group's ``replicas``. Custom resources do not accept strategic-merge patches.
+  that group's ``replicas`` and ``scaleStrategy``. Custom resources do not accept
+  strategic-merge patches.
 * Pod: DELETE with a ``preconditions.uid`` of the pod we looked at, so a same-named
   replacement is never deleted; 404 (already gone) counts as success.
 

@@ -18,7 +18,7 @@ from controlplane.store import Store
 from policies import external_shrink
 from policies.external_shrink import ExternalGroupSize
 from policies.providers import Provider
-from policies.snapshot import ClusterSnapshot
+from policies.snapshot import ClusterSnapshot, Pool
 from tests.unit.kubeapi import FakeKubeApi, running, write_kubeconfig
 from tests.unit.test_health_actuation import FakeNodes
 from tests.unit.test_kube_actuator import (
@@ -220,3 +220,55 @@ def test_the_external_group_is_set_again_when_someone_changed_it(
     ext.recheck_at = 0.0
     ext.apply(sizes({"rent-a": 4}, ext.gpus_per_node))
     assert replicas_of(api, "gpu-external-rent-a") == 2
+
+
+def test_a_tick_shrinks_the_external_group_by_its_emptied_nodes_only(
+    api: FakeKubeApi, tmp_path: Path
+) -> None:
+    """The loop end to end on its fakes, the RayCluster on the fake API server with its
+    KubeRay operator: three rent-a nodes (a Ray node's hostname is its pod name), one holding
+    GPUs, placement asking nothing of rent-a. The tick's decide names the two empty nodes,
+    the act writes them, and the operator deletes those two and nothing else."""
+    from controlplane.loop import Adapters, Loop
+    from controlplane.service.controller import policies
+    from tests.unit.loop_fakes import make_world
+
+    api.add_raycluster(
+        CLUSTER,
+        namespace=NS,
+        spec={"headGroupSpec": {}, "workerGroupSpecs": list(PROVIDER_GROUPS)},
+    )
+    with api._lock:
+        api.objects[f"/apis/ray.io/v1/namespaces/{NS}/rayclusters/{CLUSTER}"]["spec"][
+            "workerGroupSpecs"
+        ][1]["replicas"] = 3
+    api.operate(CLUSTER, namespace=NS)
+    pods = [p for p in api.operator_created if "-gpu-external-rent-a-" in p]
+    assert len(pods) == 3
+    world = make_world(
+        tmp_path,
+        "kubernetes.enabled=true",
+        f"kubernetes.namespace={NS}",
+        f"kubernetes.raycluster={CLUSTER}",
+        "kubernetes.autoscaler_owns_external=false",
+    )
+    for pod in pods:
+        world.cluster.add(pod, Pool.EXTERNAL, gpus=2, provider="rent-a")
+    world.cluster.gangs["busy"] = {pods[0]: 2}  # the first pod: what a bare cut would take
+    act = actuator(api)
+    w = world
+    adapters = Adapters(
+        jobs=w.jobs,
+        nodes=w.cluster,
+        node_actions=w.cluster,
+        telemetry=w.telemetry,
+        metrics=w.metrics,
+        serve=w.serve,
+        kube_scale_external=lambda: act.scale_external,
+    )
+    loop = Loop(w.cfg, w.store, adapters, policies(w.cfg), clock=w.clock)
+    loop.tick()
+    assert loop.stats.failures == {}
+    assert sorted(api.operator_deleted) == sorted(pods[1:])
+    assert replicas_of(api, "gpu-external-rent-a") == 1
+    assert api.get(f"/api/v1/namespaces/{NS}/pods/{pods[0]}") is not None
