@@ -12,9 +12,10 @@ Owns: `decide(observation, policies, admission_state, serving_state)` -> `Decisi
    (`external_room_gpus`), unless a model is ``on_shortfall: yield``: serving's demand is a
    guarantee, so a gang that needs the rest waits with a ``serving-demand`` reason; and
    before any gang, the GPUs of the replicas placement could place nowhere last tick
-   (`unplaced_gpus`) and of the cluster replicas it placed that hold no node yet
-   (`unstarted_cluster_gpus`; both kept in `ServingPolicyState`), reclaimed from the lowest-priority
-   training (checkpoint first) when no free GPU covers them;
+   (`unplaced_gpus`, kept in `ServingPolicyState`), reclaimed from the lowest-priority
+   training (checkpoint first) when no free GPU covers them; and as many free GPUs as the
+   cluster replicas it placed that hold no node yet need (`unstarted_cluster_gpus`), never
+   reclaimed;
 2. health remediation (`policies.health.remediate`) when ``health.act``;
 3. demand (`policies.demand.decide_replicas`) per served model, then placement
    (`policies.placement.decide`) with admission's claims handed over in-process, as data:
@@ -160,6 +161,7 @@ def decide(
         models=classes,
         external_room_gpus=room,
         serving_need_gpus=serving_state.unplaced_gpus if policies.demand else 0,
+        serving_hold_gpus=serving_state.unstarted_gpus if policies.demand else 0,
         forecast=forecast_now(snapshot, policies, serving_state) if policies.demand else None,
     )
     remediation = health.remediate(snapshot, observation.verdicts) if policies.act_on_health else ()
@@ -234,8 +236,9 @@ def unstarted_cluster_gpus(
     snapshot: ClusterSnapshot, demands: tuple[ModelDemand, ...], targets: tuple[PoolTargets, ...]
 ) -> int:
     """GPUs of the cluster replicas placement targets that hold no node yet (Serve has not
-    placed them): the next tick's admission holds them like `unplaced_gpus`, so a gang is
-    not admitted onto the free GPU a replica was just placed on (seen on a real cluster: a
+    placed them): the next tick's admission keeps that many free GPUs from gangs (never
+    preempting for them), so a gang is not admitted onto the free GPU a replica was just
+    placed on (seen on a real cluster: a
     preempted gang, re-queued, took back the GPU serving had reclaimed from it before the
     new replica reached it, and was preempted again)."""
     gpus = {d.model: d.gpus_per_replica for d in demands}
@@ -362,13 +365,19 @@ def decide_serving(
         if decided.num_replicas != serve.ingress_target:
             plan = (*plan, ScaleIngress(decided.num_replicas, decided.message))
     unplaced = unplaced_gpus(tuple(demands), targets, snapshot.pinned)
-    unplaced += unstarted_cluster_gpus(snapshot, tuple(demands), targets)
+    unstarted = unstarted_cluster_gpus(snapshot, tuple(demands), targets)
     demanded = {d.model: d.num_replicas for d in demands}
     return (
         plan,
         targets,
         ServingPolicyState(
-            new_demand, new_placement, new_ingress, unplaced, new_forecast, demanded
+            new_demand,
+            new_placement,
+            new_ingress,
+            unplaced,
+            new_forecast,
+            unstarted_gpus=unstarted,
+            replicas=demanded,
         ),
     )
 

@@ -69,10 +69,15 @@ class ServingPolicyState:
     """The ingress scaling policy's downscale timer (`policies.ingress`)."""
     unplaced_gpus: int = 0
     """GPUs of the replicas demand wanted that placement could place nowhere
-    (`controlplane.loop.decide.unplaced_gpus`), and of the cluster replicas it placed that
-    hold no node yet (`unstarted_cluster_gpus`): the next tick's admission holds them."""
+    (`controlplane.loop.decide.unplaced_gpus`): the next tick's admission holds them, and
+    reclaims them from training if it must."""
     forecast: Mapping[str, DailyProfile] = field(default_factory=dict)
     """Per served model, its daily demand profile (`policies.forecast`)."""
+    unstarted_gpus: int = 0
+    """GPUs of the cluster replicas placement targeted that hold no node yet
+    (`controlplane.loop.decide.unstarted_cluster_gpus`): the next tick's admission keeps
+    that many free GPUs from gangs, and never preempts for them (their GPUs may be taken
+    already by a replica Serve has not yet said is on a node)."""
     replicas: Mapping[str, int] = field(default_factory=dict)
     """Per served model, the replicas demand decided last tick: the next decision's current
     count (placement may target fewer while it can place no more)."""
@@ -85,6 +90,7 @@ class ServingPolicyState:
             "replicas": dict(self.replicas),
             "ingress": _demand_dict(self.ingress),
             "unplaced_gpus": self.unplaced_gpus,
+            "unstarted_gpus": self.unstarted_gpus,
             "placement": {
                 "room_since_s": p.room_since_s,
                 "last_step_back_s": p.last_step_back_s,
@@ -133,6 +139,7 @@ class ServingPolicyState:
             },
         )
         unplaced = int(data.get("unplaced_gpus") or 0)
+        unstarted = int(data.get("unstarted_gpus") or 0)
         raw_forecast = data.get("forecast")
         forecast = {
             str(m): DailyProfile.from_dict(f)
@@ -149,6 +156,7 @@ class ServingPolicyState:
             placement=placement,
             ingress=ingress,
             unplaced_gpus=unplaced,
+            unstarted_gpus=unstarted,
             forecast=forecast,
             replicas=replicas,
         )

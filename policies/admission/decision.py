@@ -47,9 +47,11 @@ class _Decision(Ledger):
         external_room_gpus: int | None = None,
         serving_need_gpus: int = 0,
         forecast: ServingForecast | None = None,
+        serving_hold_gpus: int = 0,
     ) -> None:
         super().__init__(snapshot, config, state, models, external_room_gpus)
         self.serving_need_gpus = serving_need_gpus
+        self.serving_hold_gpus = serving_hold_gpus
         self.forecast = forecast
         self.ahead: ForecastRoom | None = None
         """Serving's forecast, slot by slot (built once serving's present need is held)."""
@@ -67,6 +69,8 @@ class _Decision(Ledger):
         self.plan.extend(rejections)
         if self.serving_need_gpus > 0:
             self.hold_for_serving(self.serving_need_gpus)
+        if self.serving_hold_gpus > 0:
+            self.hold_free(self.serving_hold_gpus)
         if self.forecast is not None:
             self.ahead = ForecastRoom(
                 self.forecast,
@@ -170,6 +174,16 @@ class _Decision(Ledger):
             self.preemptions.append(PreemptionRecord(g.job_id, self.now_s))
             self.gangs.remove(g)
             self.used_by_queue[g.queue] -= live_gpus(g, self.live_ids)
+
+    def hold_free(self, need: int) -> None:
+        """Keep `need` free GPUs from gangs this tick (most free node first), and no more:
+        serving placed replicas there that Serve has not put on a node yet. Never a
+        preemption: the GPUs may be theirs already, counted as taken."""
+        free = self.free.free
+        for node_id in sorted(free, key=lambda n: (-free[n], n)):
+            take = max(0, min(need, free[node_id]))
+            self.free.add(node_id, -take)
+            need -= take
 
     def say_if_held(self, job: QueuedJob) -> None:
         """A `WaitJob` naming the pinned models, the models' floors and the replicas no rented
@@ -332,6 +346,7 @@ def decide(
     external_room_gpus: int | None = None,
     serving_need_gpus: int = 0,
     forecast: ServingForecast | None = None,
+    serving_hold_gpus: int = 0,
 ) -> tuple[Plan, AdmissionState]:
     """Decide admissions, replica moves and preemptions for one tick (see the package doc).
 
@@ -346,11 +361,22 @@ def decide(
     training if they must be. `forecast` is serving's need per slot ahead
     (`policies.forecast`): a gang whose run would hold GPUs it needs back waits
     (`policies.admission.forecast.ForecastRoom`), and shorter work is admitted meanwhile.
+    `serving_hold_gpus` free GPUs are kept from gangs and never preempted for (cluster
+    replicas placed that hold no node yet, `controlplane.loop.decide.unstarted_cluster_gpus`).
 
     Returns the plan (rejections, then in queue order: admissions, and for the head any
     `MoveServeReplicas` and `PreemptJob` actions) and the new state.
     """
-    d = _Decision(snapshot, config, state, models, external_room_gpus, serving_need_gpus, forecast)
+    d = _Decision(
+        snapshot,
+        config,
+        state,
+        models,
+        external_room_gpus,
+        serving_need_gpus,
+        forecast,
+        serving_hold_gpus,
+    )
     d.run()
     new_state = AdmissionState(preemptions=tuple(d.preemptions), reservation=d.reservation)
     return tuple(d.plan), new_state

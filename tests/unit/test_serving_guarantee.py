@@ -216,8 +216,9 @@ def test_unplaced_gpus_survive_a_controller_restart() -> None:
 
 def test_cluster_replicas_placed_but_on_no_node_yet_are_held_for_serving() -> None:
     """Placement raised the cluster target to 2; one replica runs on c1, the other has no node
-    yet (Serve has not placed it) and c2's GPU looks free: the next tick's admission holds
-    that GPU, so a queued gang does not take it before the replica does."""
+    yet (Serve has not placed it) and c2's GPU looks free: the next tick's admission keeps
+    that GPU from gangs, so a queued gang does not take it before the replica does; and it
+    never preempts for it."""
     from controlplane.loop.decide import unstarted_cluster_gpus
 
     demand = (ModelDemand("m", 2, 1, 1),)
@@ -231,8 +232,16 @@ def test_cluster_replicas_placed_but_on_no_node_yet_are_held_for_serving() -> No
     # Held before any gang: the gang that fits only on that GPU waits.
     free = snapshot([node("c1", 0, gpus_total=1), node("c2", 1, gpus_total=1)],
                     queued=[job("g", 1, 1)], derive_free=False)  # fmt: skip
-    plan, _ = admit(free, AdmissionConfig(), AdmissionState(), serving_need_gpus=1)
-    assert not [a for a in plan if isinstance(a, AdmitJob)]
+    plan, _ = admit(free, AdmissionConfig(), AdmissionState(), serving_hold_gpus=1)
+    assert plan == ()
+    # Never a preemption for them: with no free GPU (the replica may hold it already,
+    # before Serve says on which node), the running gang stays.
+    full = snapshot([node("c1", 0, gpus_total=1), node("c2", 0, gpus_total=1)],
+                    running=[gang("r", {"c2": 1}, priority="low")], derive_free=False)  # fmt: skip
+    plan, _ = admit(full, AdmissionConfig(), AdmissionState(), serving_hold_gpus=1)
+    assert not [a for a in plan if isinstance(a, PreemptJob)]
+    plan, _ = admit(full, AdmissionConfig(), AdmissionState(), serving_need_gpus=1)
+    assert [a.job_id for a in plan if isinstance(a, PreemptJob)] == ["r"]
 
 
 def test_demand_goes_on_from_its_own_decision_not_the_targets_placement_could_place() -> None:
