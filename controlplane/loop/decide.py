@@ -154,6 +154,7 @@ def decide(
     room = (
         external_room_gpus(snapshot, policies, serving_state.placement) if policies.demand else None
     )
+    ahead = forecast_now(snapshot, policies, serving_state) if policies.demand else None
     plan, new_admission = admission.decide(
         snapshot,
         policies.admission,
@@ -162,12 +163,16 @@ def decide(
         external_room_gpus=room,
         serving_need_gpus=serving_state.unplaced_gpus if policies.demand else 0,
         serving_hold_gpus=serving_state.unstarted_gpus if policies.demand else 0,
-        forecast=forecast_now(snapshot, policies, serving_state) if policies.demand else None,
+        forecast=ahead,
     )
     remediation = health.remediate(snapshot, observation.verdicts) if policies.act_on_health else ()
     claims = tuple(a for a in plan if isinstance(a, MoveServeReplicas))
     decision = Decision(
-        admission=plan, admission_state=new_admission, remediation=remediation, claims=claims
+        admission=plan,
+        admission_state=new_admission,
+        remediation=remediation,
+        claims=claims,
+        forecast=ahead,
     )
     if not observation.serve.deployed or not policies.demand:
         return decision

@@ -45,7 +45,7 @@ from controlplane.adapters.serve import ServePlane
 from controlplane.config import Config
 from controlplane.loop.act.jobs import apply_admission
 from controlplane.loop.act.serving import ExternalGroup, ScaleExternal, ServeActuator
-from controlplane.loop.decide import Policies, decide, forecast_now
+from controlplane.loop.decide import Policies, decide
 from controlplane.loop.guards import Guards, GuardStore, hold, with_guards
 from controlplane.loop.health import HealthKeeper
 from controlplane.loop.observe import observe, with_health
@@ -535,7 +535,7 @@ class Loop:
             peak = math.ceil(day[k] - 1e-9)
             models.append({"model": name, "peak_replicas": peak, "peak_in_s": k * config.bin_s})
             self.metrics.set("rcp_serving_forecast_peak_replicas", float(peak), {"model": name})
-        ahead = forecast_now(snapshot, self.policies, serving)
+        ahead = decided.forecast
         need = 0 if ahead is None else max(ahead.need_gpus)
         self.metrics.set("rcp_serving_forecast_cluster_gpus", float(need))
         self.forecast_rows = {

@@ -21,7 +21,7 @@ from controlplane.inventory import NodeRow
 from controlplane.store import JobRecord
 from policies.admission import AdmissionState
 from policies.demand import DemandState, Direction
-from policies.forecast import DailyProfile
+from policies.forecast import DailyProfile, ServingForecast
 from policies.health import NodeVerdict, RemediationAction
 from policies.ingress import IngressTraffic
 from policies.placement import PlacementState, PoolTargets
@@ -203,6 +203,9 @@ class Decision:
     RUNNING. Set whenever a serving plane is deployed, a move in flight or not."""
     held: tuple[Action | RemediationAction, ...] = ()
     """What the policies wanted but the loop held back while paused (`guards.hold`)."""
+    forecast: ServingForecast | None = None
+    """The serving forecast admission read this tick (`controlplane.loop.decide.forecast_now`),
+    which `rcp serve status` and the metrics show."""
 
 
 class JobActions(Protocol):

@@ -271,7 +271,7 @@ class _Decision(Ledger):
         reason."""
         assert self.forecast is not None
         if held.needed_in_s > self.forecast.idle_hold_s and self.try_admit(
-            job, within_share, forecast_note=held.reason.split(": ", 1)[1]
+            job, within_share, forecast_note=held.peak
         ):
             return
         self.plan.append(WaitJob(job_id=job.job_id, reason=held.reason))
@@ -322,9 +322,8 @@ class _Decision(Ledger):
             why += f"; borrows idle GPUs beyond queue {job.queue!r}'s share"
         if forecast_note:
             why += (
-                "; no shorter work wants these GPUs, though serving's forecast does ("
-                + forecast_note.split("; ", 1)[0]
-                + "): it will be asked to checkpoint and yield at the peak"
+                f"; no shorter work wants these GPUs, though serving's forecast does "
+                f"({forecast_note}): it will be asked to checkpoint and yield at the peak"
             )
         self.plan.append(
             AdmitJob(

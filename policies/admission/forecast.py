@@ -40,6 +40,10 @@ class Held:
 
     reason: str
     needed_in_s: float
+    """Seconds (whole slots) until the first slot of its run without room for it."""
+    peak: str
+    """What the forecast needs at the tightest slot of its run (the reason's middle, for an
+    admission that goes ahead anyway)."""
 
 
 class ForecastRoom:
@@ -118,13 +122,16 @@ class ForecastRoom:
             else f"no start within the next {duration(n * forecast.bin_s)} clears it; shorter "
             "work runs there meanwhile"
         )
+        peak_text = (
+            f"its run {run} would hold GPUs that serving's forecast needs back "
+            f"{'now' if at <= 0 else 'in ' + duration(at)}: {forecast.need_gpus[k]} cluster "
+            f"GPU(s) (most for model {forecast.peak_model!r}) that the providers cannot host"
+        )
         return Held(
-            f"{Why.SERVING_FORECAST.value}: its run {run} would hold GPUs that serving's "
-            f"forecast needs back {'now' if at <= 0 else 'in ' + duration(at)}: "
-            f"{forecast.need_gpus[k]} cluster GPU(s) (most for model {forecast.peak_model!r}) "
-            f"that the providers cannot host, leaving {max(0, self.room[k])} GPU(s) for a new "
-            f"gang; {when}",
-            at,
+            f"{Why.SERVING_FORECAST.value}: {peak_text}, leaving {max(0, self.room[k])} GPU(s) "
+            f"for a new gang; {when}",
+            short[0] * forecast.bin_s,
+            peak_text,
         )
 
     def earliest_start(self, need: int, span: int) -> int | None:
