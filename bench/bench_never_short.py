@@ -85,17 +85,9 @@ OVERRIDES = (
     "forecast.enabled=false",
     "jobs.step_report_interval_s=1",
 )
+MAX_CLIENTS_PER_STAGE = 3
+"""Clients a stage adds at most before it gives up: one should do (one per replica)."""
 STAGES = ("cluster_room", "rent_cheapest", "stockout_handover", "reclaim_from_training")
-
-
-def serving() -> int:
-    """Sample's replicas serving, in both pools."""
-    return sum(
-        1
-        for pool in pools_of().values()
-        for r in pool.get("replicas") or []
-        if r["state"] in ("RUNNING", "PENDING_MIGRATION")
-    )
 
 
 def where() -> dict[str, int]:
@@ -128,7 +120,7 @@ def stage(loads: list[Load], url: str, place: str, want: int, timeout_s: float) 
     Prints where every replica serves before and after."""
     before = where()
     served = sum(before.values())
-    while True:
+    for _ in range(MAX_CLIENTS_PER_STAGE):
         load = Load(url, threads=1, pace_s=0.0, max_duration_s=1800)
         load.__enter__()
         loads.append(load)
@@ -140,6 +132,11 @@ def stage(loads: list[Load], url: str, place: str, want: int, timeout_s: float) 
         else:
             continue  # demand did not rise above what serves: one more client
         break
+    else:
+        raise AssertionError(
+            f"demand never rose above the {served} replica(s) serving ({before}) with "
+            f"{MAX_CLIENTS_PER_STAGE} more clients; targets {targets()}, now {where()}"
+        )
     wait_for(
         f"{want} replica(s) serving at {place}",
         lambda: where().get(place, 0) >= want or None,
@@ -164,7 +161,7 @@ def run(directory: Path) -> dict[str, Any]:
         connect(cfg)
         client = Client(state_dir=cfg.state_path)
         url = f"http://127.0.0.1:{cfg.serve.http_port}"
-        wait_for("sample's first replica", lambda: serving() >= 1 or None, 300)
+        wait_for("sample's first replica", lambda: sum(where().values()) >= 1 or None, 300)
         loads.append(Load(url, threads=1, pace_s=0.0, max_duration_s=1800).__enter__())
         loads[0].wait_for(5)
         # 0: room on the cluster pool.
