@@ -3,7 +3,8 @@
 Owns: `summarise` (every figure per scheme, the external GPU-hours and cost per provider for
 every scheme, our ratios against each baseline, the per-decision cost of the real policies, and the goals of issue 28 with whether each is met and, if not,
 which policy is at fault, from where the GPU-hours went, and beside a goodput goal the
-bound the trace itself puts on a scheme that serves every request, `serving_floor_gpu_h`), `table` (plain text), `write_report`
+bound the trace itself puts on a scheme that serves every request, `serving_floor_gpu_h`, and
+the baseline's goodput at equal service, `at_equal_service`), `table` (plain text), `write_report`
 (``report.md`` and ``fleet.png`` under the output directory) and `plot` (matplotlib, Agg).
 
 Must not: simulate, or change a figure (it reads `SchemeResult`s).
@@ -22,6 +23,7 @@ from controlplane.simulate.trace import Trace
 
 __all__ = [
     "GOODPUT_GOALS",
+    "at_equal_service",
     "SERVED_GOAL",
     "plot",
     "serving_floor_gpu_h",
@@ -64,6 +66,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("utilisation", "owned-cluster GPU utilisation", "{:.3f}"),
     ("training_share", "  of which training", "{:.3f}"),
     ("idle_while_queued_gpu_h", "owned GPUs idle while jobs queued (GPU-h)", "{:,.0f}"),
+    ("serving_taken_gpu_h", "serving's demand given to training (GPU-h)", "{:,.0f}"),
 )
 
 
@@ -185,6 +188,23 @@ def _fault(
     return bound + f"the gap left is {worst}: {hours:,.0f} GPU-h more than {name}"
 
 
+def at_equal_service(ours: dict[str, float], other: dict[str, float]) -> dict[str, float] | None:
+    """`other`'s goodput had it served the demand ours serves, at most: less the GPU-hours it
+    trained on that serving's demand needed on the cluster pool (`serving_taken_gpu_h`: the
+    providers could not host them, no cluster GPU was free, and its own replicas did not
+    hold them, so only training did). A scheme that serves that demand cannot train on
+    them; None when `other` took none (or less than ours)."""
+    taken = other.get("serving_taken_gpu_h", 0.0) - ours.get("serving_taken_gpu_h", 0.0)
+    if taken <= 0 or "goodput_gpu_h" not in other:
+        return None
+    most = other["goodput_gpu_h"] - taken
+    return {
+        "taken_gpu_h": round(taken, 1),
+        "goodput_at_most_gpu_h": round(most, 1),
+        "ratio": round(ours["goodput_gpu_h"] / most, 3) if most > 0 else math.inf,
+    }
+
+
 def summarise(
     s: Scenario, results: dict[str, SchemeResult], wall_s: float, trace: Trace | None = None
 ) -> dict[str, Any]:
@@ -211,14 +231,16 @@ def summarise(
             continue
         ratio = ratios[f"goodput_vs_{name}"]
         met = ratio >= goal
-        goals.append(
-            {
-                "goal": f"training goodput >= {goal}x {name}",
-                "value": round(ratio, 3),
-                "met": met,
-                "at_fault": None if met else _fault(ours, results[name].figures, name, max_share),
-            }
-        )
+        entry: dict[str, Any] = {
+            "goal": f"training goodput >= {goal}x {name}",
+            "value": round(ratio, 3),
+            "met": met,
+            "at_fault": None if met else _fault(ours, results[name].figures, name, max_share),
+        }
+        equal = at_equal_service(ours, results[name].figures)
+        if equal is not None:
+            entry["at_equal_service"] = equal
+        goals.append(entry)
     served = ours.get("served_fraction", 1.0)
     causes = {
         "placement and admission (policies/placement rule 3, policies/admission claims): "
@@ -364,6 +386,14 @@ def table(summary: dict[str, Any]) -> str:
             lines.append(f"        not moves, beside it (model-minutes): {other}")
         if g["at_fault"]:
             lines.append(f"        at fault: {g['at_fault']}")
+        if g.get("at_equal_service"):
+            e = g["at_equal_service"]
+            lines.append(
+                f"        at equal service: it trained {e['taken_gpu_h']:,.0f} GPU-h on GPUs "
+                "serving's demand needed (the providers full, no cluster GPU free), so had it "
+                f"served that demand it would train at most {e['goodput_at_most_gpu_h']:,.0f} "
+                f"GPU-h: ours is {e['ratio']}x of that"
+            )
     return "\n".join(lines)
 
 

@@ -117,6 +117,7 @@ def simulate(
     serve = SimServe(
         world, q, {m.name: m.gpus_per_replica for m in models}, {m.name: m.replica_rps for m in models},
         {m.name: m.target_utilisation for m in models}, s.serving.replica_start_s, s.serving.replica_stop_s,
+        {m.name: (m.min_replicas, m.max_replicas) for m in models},
     )  # fmt: skip
     repair_s = s.failures.repair_hours * 3600.0
     scheme: Any
@@ -326,6 +327,7 @@ def _figures(s: Scenario, world: World, serve: SimServe, trace: Trace) -> dict[s
         "utilisation": t.used_gpu_s / t.owned_gpu_s if t.owned_gpu_s else 0.0,
         "training_share": t.training_gpu_s / t.owned_gpu_s if t.owned_gpu_s else 0.0,
         "idle_while_queued_gpu_h": t.idle_with_queue_gpu_s * gpu_h,
+        "serving_taken_gpu_h": serve.taken_gpu_s * gpu_h,
     }
 
 

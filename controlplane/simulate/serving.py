@@ -24,6 +24,14 @@ yielded to training by policy), ``failures`` (a node failure took one), ``reclai
 reclaim's notice ran out with it still on the node), ``scaling`` (no stop made it short: the
 external pool lacks the capacity, or demand rose faster than replicas start). The cause holds until capacity is back; a move's stop overrides an earlier cause.
 
+Beside them, `taken_gpu_s`: GPU-seconds serving's demand needed on the cluster pool that the
+scheme gave to training instead. Per instant: the GPUs of the replicas demand asks for (each
+model's sized count at its target utilisation, clamped to its min and max: what every scheme
+sizes by), less what the providers can host then (their most, less those in a stock-out),
+less serving's cluster replicas and the cluster's free GPUs. Only training holds the rest, so
+a scheme that serves that demand trains that much less: evict-first at equal service
+(`controlplane.simulate.report`).
+
 Must not: decide how many replicas a model runs or where (schemes do).
 """
 
@@ -78,8 +86,12 @@ class SimServe:
         utilisation: Mapping[str, float],
         start_s: float,
         stop_s: float,
+        replica_bounds: Mapping[str, tuple[int, int]] | None = None,
     ) -> None:
         self.world = world
+        self.bounds = dict(replica_bounds or {})
+        """(min_replicas, max_replicas) per model, for `taken_gpus`; absent: unbounded."""
+        self.taken_gpu_s = 0.0
         self.events = queue
         self.gpus = dict(gpus_per_replica)
         self.replica_rps = dict(replica_rps)
@@ -123,9 +135,30 @@ class SimServe:
     def short(self, model: str) -> bool:
         return self.running(model) < self.needed(model)
 
+    def taken_gpus(self) -> int:
+        """GPUs of serving's sized demand training holds now (see the module doc)."""
+        wanted = 0
+        for m, g in self.gpus.items():
+            low, high = self.bounds.get(m, (0, 10**9))
+            wanted += max(low, min(high, math.ceil(round(self.sized(m), 9)))) * g
+        now = self.world.now_s
+        host = sum(
+            p.max_gpus
+            for p in self.world.providers.values()
+            if not any(a <= now < b for a, b in p.stockouts_s)
+        )
+        on_cluster = sum(
+            r.gpus
+            for r in self.replicas.values()
+            if r.pool is Pool.CLUSTER and r.state is not ReplicaState.STOPPING
+        )
+        free = self.world.cluster_gpus - self.world.cluster_used
+        return max(0, wanted - host - on_cluster - free)
+
     def advance(self, dt_s: float) -> None:
         if dt_s <= 0:
             return
+        self.taken_gpu_s += self.taken_gpus() * dt_s
         for m, f in self.figures.items():
             cap = self.running(m) * self.replica_rps[m]
             f.demand_rps_s += self.rps[m] * dt_s
