@@ -190,10 +190,10 @@ def _fault(
 
 def at_equal_service(ours: dict[str, float], other: dict[str, float]) -> dict[str, float] | None:
     """`other`'s goodput had it served the demand ours serves, at most: less the GPU-hours it
-    trained on that serving's demand needed on the cluster pool (`serving_taken_gpu_h`: the
-    providers could not host them, no cluster GPU was free, and its own replicas did not
-    hold them, so only training did). A scheme that serves that demand cannot train on
-    them; None when `other` took none (or less than ours)."""
+    trained on that serving's demand needed, beyond what ours took (`serving_taken_gpu_h`:
+    no replica ran for that demand in either pool and no cluster GPU was free, so only
+    training's GPUs could have served it; `controlplane.simulate.serving`). A scheme that
+    serves that demand cannot train on them; None when `other` took no more than ours."""
     taken = other.get("serving_taken_gpu_h", 0.0) - ours.get("serving_taken_gpu_h", 0.0)
     if taken <= 0 or "goodput_gpu_h" not in other:
         return None
@@ -389,10 +389,10 @@ def table(summary: dict[str, Any]) -> str:
         if g.get("at_equal_service"):
             e = g["at_equal_service"]
             lines.append(
-                f"        at equal service: it trained {e['taken_gpu_h']:,.0f} GPU-h on GPUs "
-                "serving's demand needed (the providers full, no cluster GPU free), so had it "
-                f"served that demand it would train at most {e['goodput_at_most_gpu_h']:,.0f} "
-                f"GPU-h: ours is {e['ratio']}x of that"
+                f"        at equal service: it trained {e['taken_gpu_h']:,.0f} GPU-h more than "
+                "ours on GPUs serving's demand needed (no replica running for it, no cluster "
+                "GPU free), so had it served that demand it would train at most "
+                f"{e['goodput_at_most_gpu_h']:,.0f} GPU-h: ours is {e['ratio']}x of that"
             )
     return "\n".join(lines)
 

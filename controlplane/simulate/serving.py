@@ -24,13 +24,16 @@ yielded to training by policy), ``failures`` (a node failure took one), ``reclai
 reclaim's notice ran out with it still on the node), ``scaling`` (no stop made it short: the
 external pool lacks the capacity, or demand rose faster than replicas start). The cause holds until capacity is back; a move's stop overrides an earlier cause.
 
-Beside them, `taken_gpu_s`: GPU-seconds serving's demand needed on the cluster pool that the
-scheme gave to training instead. Per instant: the GPUs of the replicas demand asks for (each
-model's sized count at its target utilisation, clamped to its min and max: what every scheme
-sizes by), less what the providers can host then (their most, less those in a stock-out),
-less serving's cluster replicas and the cluster's free GPUs. Only training holds the rest, so
-a scheme that serves that demand trains that much less: evict-first at equal service
-(`controlplane.simulate.report`).
+Beside them, `taken_gpu_s`: GPU-seconds serving's demand needed that the scheme gave to
+training instead. Per instant: the GPUs of the replicas demand asks for (each model's sized
+count at its target utilisation, clamped to its min and max: what every scheme sizes by),
+less the GPUs of the replicas RUNNING in either pool and of those starting on the cluster
+pool, less the cluster's free GPUs, at most what training holds there. The providers could
+not host the rest then (full, out of stock, or their nodes not yet up) and no cluster GPU
+was free, so only training's GPUs could have served it: a scheme that serves that demand
+trains that much less. The report takes it off a baseline's goodput: evict-first at equal
+service (`controlplane.simulate.report`). A failed node's GPUs count as free, so the figure
+errs low.
 
 Must not: decide how many replicas a model runs or where (schemes do).
 """
@@ -141,19 +144,14 @@ class SimServe:
         for m, g in self.gpus.items():
             low, high = self.bounds.get(m, (0, 10**9))
             wanted += max(low, min(high, math.ceil(round(self.sized(m), 9)))) * g
-        now = self.world.now_s
-        host = sum(
-            p.max_gpus
-            for p in self.world.providers.values()
-            if not any(a <= now < b for a, b in p.stockouts_s)
-        )
-        on_cluster = sum(
+        held = sum(
             r.gpus
             for r in self.replicas.values()
-            if r.pool is Pool.CLUSTER and r.state is not ReplicaState.STOPPING
+            if r.state is ReplicaState.RUNNING
+            or (r.pool is Pool.CLUSTER and r.state is ReplicaState.STARTING)
         )
         free = self.world.cluster_gpus - self.world.cluster_used
-        return max(0, wanted - host - on_cluster - free)
+        return max(0, min(self.world.training_used, wanted - held - free))
 
     def advance(self, dt_s: float) -> None:
         if dt_s <= 0:

@@ -1,6 +1,7 @@
 """Evict-first at equal service: the simulator counts the GPU-hours a scheme trained on that
-serving's demand needed on the cluster pool (the providers full, no cluster GPU free, its
-replicas not there), and the report takes them off the baseline's goodput beside the goal."""
+serving's demand needed (no replica running for it in either pool, no cluster GPU free, so
+only training's GPUs could have served it), and the report takes them off the baseline's
+goodput beside the goal."""
 
 from __future__ import annotations
 
@@ -10,80 +11,93 @@ from controlplane.simulate.engine import EventKind, EventQueue
 from controlplane.simulate.report import at_equal_service
 from controlplane.simulate.serving import SimServe
 from controlplane.simulate.world import ProviderSpec, World
-from policies.snapshot import Pool
+from policies.snapshot import Pool, ReplicaState
 
 RPS = 10.0  # one replica serves 10 requests/s at full use
 
 
-def _serve(
-    *, replicas: int, training_gpus: int, stockout: bool = False, max_replicas: int = 100
-) -> SimServe:
-    """Two cluster nodes of 8 GPUs; one provider of one 8-GPU node; model ``m`` at one GPU
-    per replica with `replicas` RUNNING on the cluster pool and training holding
-    `training_gpus` cluster GPUs."""
-    q = EventQueue()
-    outage = ((0.0, 1e9),) if stockout else ()
-    world = World(2, 8, (ProviderSpec("a", 8, 1, 2.5, outage),), 300.0, 600.0, q)
-    serve = SimServe(
-        world, q, {"m": 1}, {"m": RPS}, {"m": 1.0}, 10.0, 5.0, {"m": (1, max_replicas)}
-    )
-    serve.targets[("m", Pool.CLUSTER)] = replicas
-    serve.reconcile()
-    while len(q):
-        for ev in q.pop_instant():
-            if ev.kind is EventKind.REPLICA_READY:
+def _run(world: World, serve: SimServe, until_s: float) -> None:
+    q = world.events
+    while len(q) and (q.peek_time() or 0.0) <= until_s:
+        batch = q.pop_instant()
+        world.advance(batch[0].at_s)
+        for ev in batch:
+            if ev.kind is EventKind.EXTERNAL_NODE_UP:
+                world.external_up(ev.subject)
+            elif ev.kind is EventKind.REPLICA_READY:
                 serve.ready(ev.subject, ev.version)
+
+
+def _serve(
+    *, cluster: int, training_gpus: int, external: int = 0, max_replicas: int = 100
+) -> SimServe:
+    """Two cluster nodes of 8 GPUs, one provider of one 8-GPU node; model ``m`` at one GPU
+    per replica with `cluster` and `external` replicas RUNNING and training holding
+    `training_gpus` cluster GPUs."""
+    world = World(2, 8, (ProviderSpec("a", 8, 1, 2.5),), 300.0, 600.0, EventQueue())
+    serve = SimServe(
+        world, world.events, {"m": 1}, {"m": RPS}, {"m": 1.0}, 10.0, 5.0, {"m": (1, max_replicas)}
+    )
+    if external:
+        world.want_external({"a": 8})
+        _run(world, serve, 300.0)
+    serve.targets[("m", Pool.CLUSTER)] = cluster
+    serve.targets[("m", Pool.EXTERNAL)] = external
+    serve.reconcile()
+    _run(world, serve, 1000.0)
     left = training_gpus
     for node_id in world.cluster_ids:
         take = min(left, world.nodes[node_id].free)
         if take:
             world.take(node_id, take, training=True)
         left -= take
-    assert left == 0 and serve.running("m") == replicas
+    assert left == 0
+    assert serve.running("m", Pool.CLUSTER) == cluster
+    assert serve.running("m", Pool.EXTERNAL) == external
     return serve
 
 
 @pytest.mark.parametrize(
-    "case, demand_replicas, kw, taken",
+    "case, demand, kw, taken",
     [
-        # 20 wanted, the provider hosts 8, serving holds 4, training the other 12: 8 taken.
-        ("providers full, training holds the rest", 20, {"replicas": 4, "training_gpus": 12}, 8),
-        ("free cluster GPUs cover the need", 20, {"replicas": 4, "training_gpus": 4}, 0),
+        # 14 wanted, 4 run, nothing free: training's 12 GPUs could serve the other 10.
+        ("no cluster GPU free", 14, {"cluster": 4, "training_gpus": 12}, 10),
+        ("at most what training holds", 20, {"cluster": 4, "training_gpus": 12}, 12),
+        ("free cluster GPUs serve part of it", 14, {"cluster": 4, "training_gpus": 4}, 2),
+        ("free cluster GPUs serve all of it", 10, {"cluster": 4, "training_gpus": 4}, 0),
         (
-            "stock-out: nothing rented",
-            20,
-            {"replicas": 4, "training_gpus": 12, "stockout": True},
-            16,
-        ),
-        (
-            "demand the provider and the cluster replicas hold",
-            10,
-            {"replicas": 4, "training_gpus": 12},
-            0,
+            "replicas running on the provider count",
+            14,
+            {"cluster": 4, "training_gpus": 12, "external": 8},
+            2,
         ),
         (
             "max_replicas caps the demand",
             20,
-            {"replicas": 4, "training_gpus": 12, "max_replicas": 12},
-            0,
+            {"cluster": 4, "training_gpus": 12, "max_replicas": 6},
+            2,
         ),
+        ("demand within what runs", 4, {"cluster": 4, "training_gpus": 12}, 0),
     ],
 )
-def test_taken_gpus(case: str, demand_replicas: int, kw: dict, taken: int) -> None:
+def test_taken_gpus(case: str, demand: int, kw: dict, taken: int) -> None:
     serve = _serve(**kw)
-    serve.set_demand("m", demand_replicas * RPS)
+    serve.set_demand("m", demand * RPS)
     assert serve.taken_gpus() == taken, case
+    before = serve.taken_gpu_s
     serve.advance(60.0)
-    assert serve.taken_gpu_s == pytest.approx(taken * 60.0), case
+    assert serve.taken_gpu_s - before == pytest.approx(taken * 60.0), case
 
 
-def test_no_bounds_means_unbounded_and_starting_replicas_count() -> None:
-    q = EventQueue()
-    world = World(1, 8, (ProviderSpec("a", 8, 0, 2.5),), 300.0, 600.0, q)
-    serve = SimServe(world, q, {"m": 2}, {"m": RPS}, {"m": 0.5}, 10.0, 5.0)
+def test_a_replica_starting_on_the_cluster_holds_its_gpus() -> None:
+    """A cluster replica still starting is on its way (its GPUs are serving's, not
+    training's); no min/max given: the sized count alone."""
+    world = World(1, 8, (ProviderSpec("a", 8, 0, 2.5),), 300.0, 600.0, EventQueue())
+    serve = SimServe(world, world.events, {"m": 2}, {"m": RPS}, {"m": 0.5}, 10.0, 5.0)
     serve.set_demand("m", 2 * RPS)  # sized at 50 %: 4 replicas of 2 GPUs = 8 GPUs
     serve.targets[("m", Pool.CLUSTER)] = 1
-    serve.reconcile()  # STARTING still holds its 2 GPUs
+    serve.reconcile()
+    assert [r.state for r in serve.by_model["m"]] == [ReplicaState.STARTING]
     world.take(world.cluster_ids[0], 6, training=True)
     assert serve.taken_gpus() == 8 - 2
 
