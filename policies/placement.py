@@ -48,7 +48,9 @@ Rules, in order:
    GPU could serve; so replicas come back onto serving-only nodes while a gang waits), for
    ``migrate_back_idle_s``
    without a break; then at most ``migrate_back_step`` replicas per
-   ``migrate_back_interval_s``, in keep order (highest priority back first). A job arriving resets the timer (hysteresis: a job finishing
+   ``migrate_back_interval_s``, in keep order (highest priority back first), each only
+   where one node has all its GPUs free once the replicas not on a node yet (Serve's
+   pending ones, this tick's growth) have theirs: room in total is not enough. A job arriving resets the timer (hysteresis: a job finishing
    and another arriving does not make replicas flap).
 6. **External capacity** asked of the autoscaler = GPUs of the external replicas wanted,
    rented from the providers cheapest first (`policies.providers`: each provider's share
@@ -324,6 +326,37 @@ def _training_could_use_room(snapshot: ClusterSnapshot) -> bool:
     return waiting and any(n.gpus_free > 0 for n in snapshot.gang_nodes(Pool.CLUSTER))
 
 
+def _fit(free: list[int], gpus: int, n: int) -> int:
+    """How many of `n` replicas of `gpus` GPUs each fit on nodes with `free` GPUs (the most
+    free node first, as a replica needs its GPUs on one node); takes their GPUs from `free`."""
+    placed = 0
+    while placed < n and free:
+        i = max(range(len(free)), key=free.__getitem__)
+        if free[i] < gpus:
+            break
+        free[i] -= gpus
+        placed += 1
+    return placed
+
+
+def _free_after_growth(
+    snapshot: ClusterSnapshot, demands: list[ModelDemand], grown: Mapping[str, int]
+) -> list[int]:
+    """Free GPUs per live cluster node once the replicas not on a node yet have theirs:
+    those Serve has not placed (no node) and this tick's growth (rule 4), largest first."""
+    free = [n.gpus_free for n in snapshot.live_nodes(Pool.CLUSTER)]
+    gpus_of = {d.model: d.gpus_per_replica for d in demands}
+    pending = [
+        r.gpus
+        for r in snapshot.serve_replicas
+        if r.pool is Pool.CLUSTER and not r.node_id and r.state is not ReplicaState.STOPPING
+    ]
+    pending += [gpus_of[m] for m, k in grown.items() for _ in range(k)]
+    for gpus in sorted(pending, reverse=True):
+        _fit(free, gpus, 1)
+    return free
+
+
 def _weights(running: dict[Pool, int]) -> tuple[tuple[Pool, float], ...]:
     total = sum(running.values())
     if total == 0:
@@ -431,6 +464,8 @@ def decide(
 
     # Pass 1 (rules 3-4): yield, grow.
     yields: list[MoveServeReplicas] = []
+    grown: dict[str, int] = {}
+    """New cluster replicas this tick (rule 4): no node holds them yet."""
     plan_c: dict[str, int] = {}
     plan_e: dict[str, int] = {}
     notes: dict[str, str] = {}
@@ -461,6 +496,7 @@ def decide(
                 # its room first) grows on the cluster pool: demand is a guarantee.
                 room_e = max(0, external_left) // g
                 new_c = min(grow, max(0, relocate + grow - room_e), budget // g)
+        grown[d.model] = new_c
         to_external = relocate + grow - new_c
         if pin is Pool.CLUSTER and to_external:
             notes[d.model] = (
@@ -547,8 +583,10 @@ def decide(
         and (last_step is None or now - last_step >= config.migrate_back_interval_s)
     ):
         step_left = config.migrate_back_step
+        free = _free_after_growth(snapshot, ordered, grown)
         for d in can_come_back:
             n = min(step_left, plan_e[d.model], room_gpus // d.gpus_per_replica)
+            n = _fit(free, d.gpus_per_replica, n)
             if n <= 0:
                 continue
             plan_e[d.model] -= n

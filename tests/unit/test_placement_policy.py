@@ -545,3 +545,41 @@ def test_placement_config_refuses_inconsistent_providers(
 ) -> None:
     with pytest.raises(ValueError, match=error):
         PlacementConfig(external_max_gpus=8, providers=providers)
+
+
+@pytest.mark.parametrize(
+    "gangs, pending, expect_back",
+    [
+        # 4 GPUs free, 2 on each node: a 4-GPU replica fits on neither, so none comes back.
+        ({"c1": 2, "c2": 2}, 0, 0),
+        # 4 free on c2: one comes back there.
+        ({"c1": 4}, 0, 1),
+        # c2's 4 free GPUs are the pending 4-GPU replica's (Serve has not placed it yet).
+        ({"c1": 4}, 1, 0),
+    ],
+    ids=["scattered-free-gpus", "one-node-has-room", "pending-replica-takes-the-room"],
+)
+def test_migration_back_only_where_a_node_holds_the_replica(
+    gangs: dict[str, int], pending: int, expect_back: int
+) -> None:
+    """Rule 5 moves a replica back only where one node has all its GPUs free (Serve places a
+    replica's GPUs on one node): room in total is not enough."""
+    external = [replica(f"m-e{i}", "e1", gpus=4, pool=Pool.EXTERNAL) for i in range(2)]
+    waiting = [replica(f"m-p{i}", "", gpus=4, state=ReplicaState.STARTING) for i in range(pending)]
+    snap = snapshot(
+        [node("c1", gpus_total=4), node("c2", gpus_total=4), node("e1", pool=Pool.EXTERNAL)],
+        running=[gang(f"g-{n}", {n: k}) for n, k in gangs.items()],
+        replicas=external + waiting,
+        now_s=1000.0,
+    )
+    cfg = PlacementConfig(
+        external_max_gpus=8, migrate_back_idle_s=0, migrate_back_step=2, migrate_back_interval_s=0
+    )
+    demand = (ModelDemand("m", 2 + pending, 1, 4),)
+    (_, actions), _ = decide(snap, demand, cfg, PlacementState(room_since_s=0.0))
+    back = sum(
+        a.num_replicas
+        for a in actions
+        if isinstance(a, MoveServeReplicas) and a.to_pool is Pool.CLUSTER
+    )
+    assert back == expect_back
