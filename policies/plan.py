@@ -147,6 +147,9 @@ class WaitJob:
 
     job_id: str
     reason: str
+    code: str = ""
+    """What it waits on, the reason's leading code (`policies.admission.Why`): it stays while
+    the reason's figures ("in about 2h15m") change."""
 
 
 Action = (

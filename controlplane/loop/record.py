@@ -111,7 +111,7 @@ def policy_event_kind(action: Action | RemediationAction) -> EventKind:
 
 def event_key(action: Action | RemediationAction) -> tuple[str, ...]:
     """What makes an action new for the event log. Health actions are keyed by their node (and
-    model, for moves), a job's wait by its reason's code: their reasons carry live figures
+    model, for moves), a job's wait by its code (`WaitJob.code`): their reasons carry live figures
     ("for 12 samples", "in about 2h15m") that change while the action itself does not (the
     job's message, `rcp queue`, always has the latest)."""
     kind = type(action).__name__
@@ -120,7 +120,7 @@ def event_key(action: Action | RemediationAction) -> tuple[str, ...]:
     if isinstance(action, CordonNode | DrainNode):
         return (kind, action.node_id)
     if isinstance(action, WaitJob):  # its figures ("in about 2h15m") change while it waits
-        return (kind, action.job_id, action.reason.split(":", 1)[0])
+        return (kind, action.job_id, action.code or action.reason)
     job_id = getattr(action, "job_id", "")
     return (kind, str(job_id), action.reason)
 

@@ -223,20 +223,19 @@ class _Decision(Ledger):
             ]
         )
         if not held and unhosted:
-            reason = (
-                f"{Why.SERVING_DEMAND.value}: waits for GPUs that serving's demand holds and "
-                f"no rented GPU can host: {kept}"
-            )
+            why = Why.SERVING_DEMAND
+            text = f"waits for GPUs that serving's demand holds and no rented GPU can host: {kept}"
         elif not held:
-            reason = f"{Why.SERVING_FLOOR.value}: waits for GPUs that serving's floors hold: {kept}"
+            why = Why.SERVING_FLOOR
+            text = f"waits for GPUs that serving's floors hold: {kept}"
         else:
+            why = Why.PINNED_SERVING
             models = ", ".join(f"{m} ({k} GPU(s))" for m, k in sorted(held.items()))
-            reason = (
-                f"{Why.PINNED_SERVING.value}: waits for GPUs that serving models pinned "
-                f"to the cluster pool hold: {models}; `rcp serve unpin MODEL` lets "
-                "training claim them" + (f"; {kept}" if kept else "")
+            text = (
+                f"waits for GPUs that serving models pinned to the cluster pool hold: {models}; "
+                "`rcp serve unpin MODEL` lets training claim them" + (f"; {kept}" if kept else "")
             )
-        self.plan.append(WaitJob(job_id=job.job_id, reason=reason))
+        self.plan.append(WaitJob(job_id=job.job_id, reason=f"{why.value}: {text}", code=why.value))
 
     def say_if_serving_only(self, job: QueuedJob) -> None:
         """A `WaitJob` naming the serving-only nodes when only they keep `job` out for good: it
@@ -260,6 +259,7 @@ class _Decision(Ledger):
                     f"{names} (fabric faults: replicas only); waits until they are fit for "
                     "gangs again"
                 ),
+                code=Why.SERVING_ONLY_NODES.value,
             )
         )
 
@@ -274,7 +274,9 @@ class _Decision(Ledger):
             job, within_share, forecast_note=held.peak
         ):
             return
-        self.plan.append(WaitJob(job_id=job.job_id, reason=held.reason))
+        self.plan.append(
+            WaitJob(job_id=job.job_id, reason=held.reason, code=Why.SERVING_FORECAST.value)
+        )
 
     def try_admit(self, job: QueuedJob, within_share: bool, forecast_note: str = "") -> bool:
         """Admit `job` if its whole gang fits on the GPUs it may use; False if not."""

@@ -203,6 +203,7 @@ def test_admission_keeps_a_gang_off_what_serving_needs_back_during_its_run(case:
     plan, _ = admit(snap, AdmissionConfig(), AdmissionState(), forecast=NOON_IN_2H)
     assert tuple(a.job_id for a in plan if isinstance(a, AdmitJob)) == case.admitted
     waits = {a.job_id: a.reason for a in plan if isinstance(a, WaitJob)}
+    assert all(a.code == "serving-forecast" for a in plan if isinstance(a, WaitJob))
     assert set(waits) == set(case.waits)
     for job_id, texts in case.waits.items():
         assert waits[job_id].startswith("serving-forecast: ")

@@ -213,6 +213,31 @@ def test_health_actions_are_logged_once_while_their_live_figures_change() -> Non
 
 
 @pytest.mark.parametrize(
+    "first, second, same",
+    [
+        # A wait keeps its code while its figures change: logged once.
+        (
+            ("serving-forecast: in about 2h15m", "serving-forecast"),
+            ("serving-forecast: in about 2h00m", "serving-forecast"),
+            True,
+        ),
+        # A new code (even with the same words after it) is a new wait.
+        (("serving-floor: x", "serving-floor"), ("serving-demand: x", "serving-demand"), False),
+        # A colon in the text is not a code: without one the whole reason keys it.
+        (("waits: at 10:15", ""), ("waits: at 10:30", ""), False),
+    ],
+)
+def test_a_job_wait_is_keyed_by_its_code(first, second, same) -> None:  # type: ignore[no-untyped-def]
+    from controlplane.loop.record import event_key as _event_key
+    from policies.plan import WaitJob
+
+    a = WaitJob("j", first[0], code=first[1])
+    b = WaitJob("j", second[0], code=second[1])
+    assert (_event_key(a) == _event_key(b)) is same
+    assert _event_key(a) != _event_key(WaitJob("other", first[0], code=first[1]))
+
+
+@pytest.mark.parametrize(
     ("env", "expected"),
     [
         ({"RAY_AUTH_MODE": "token"}, {"RAY_AUTH_MODE": "token"}),  # KubeRay with token auth

@@ -210,6 +210,7 @@ def test_admission_claims_by_class_and_never_a_floor(case: AdmitCase) -> None:
     claimed = {a.model: a.num_replicas for a in plan if isinstance(a, MoveServeReplicas)}
     assert claimed == case.claimed
     waits = [a for a in plan if isinstance(a, WaitJob)]
+    assert all(a.reason.startswith(f"{a.code}: ") for a in waits)
     if case.waits_naming:
         (wait,) = waits
         assert wait.job_id == "g" and "(min_cluster_replicas)" in wait.reason

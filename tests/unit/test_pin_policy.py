@@ -136,6 +136,7 @@ def test_the_claim_respects_pins(case: AdmitCase) -> None:
     acted = bool(moves) or any(isinstance(a, AdmitJob) for a in plan)
     assert acted is case.admitted_or_claimed
     waits = [a for a in plan if isinstance(a, WaitJob)]
+    assert all(a.reason.startswith(f"{a.code}: ") for a in waits)  # the event log's key
     if case.waits_naming is None:
         assert waits == []
     else:

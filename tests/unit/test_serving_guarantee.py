@@ -75,6 +75,7 @@ def test_a_claim_takes_only_what_the_external_pool_can_host(case: Case) -> None:
     if case.waits_naming:
         (wait,) = waits
         assert wait.job_id == "g" and wait.reason.startswith("serving-demand:")
+        assert wait.code == "serving-demand"
         for text in case.waits_naming:
             assert text in wait.reason
     else:

@@ -191,6 +191,7 @@ def test_a_gang_only_serving_only_nodes_keep_out_waits_naming_them(
         snapshot(nodes, running=running, queued=queued), AdmissionConfig(), AdmissionState()
     )
     reasons = [a.reason for a in plan if isinstance(a, WaitJob)]
+    assert all(a.reason.startswith(f"{a.code}: ") for a in plan if isinstance(a, WaitJob))
     if waits is None:
         assert not reasons
     else:
