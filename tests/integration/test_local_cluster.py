@@ -722,6 +722,115 @@ def test_busy_external_node_gets_an_agent_and_idle_one_still_scales_to_zero(
     )
 
 
+# What `ray start --address=... --block` runs once it has resolved the address (a KubeRay
+# worker pod's command): a worker `Node` that stops its processes at exit, and so installs
+# Ray's SIGTERM handler. `ray start` itself cannot join on loopback: it rewrites a loopback
+# address to the machine's own (Ray takes one machine for a laptop there).
+POD = """
+import sys, time
+import ray._private.node, ray._private.parameter
+params = ray._private.parameter.RayParams(
+    node_ip_address=sys.argv[1], gcs_address=sys.argv[2], num_cpus=1, num_gpus=0,
+    labels={sys.argv[3]: sys.argv[4], sys.argv[5]: sys.argv[6]},
+)
+ray._private.node.Node(params, head=False, shutdown_at_exit=True, spawn_reaper=True)
+while True:
+    time.sleep(1)
+"""
+
+
+@pytest.mark.full
+def test_sigterm_to_a_worker_pod_is_a_drain_with_notice_as_on_kuberay(
+    local_cluster: tuple[Config, None], tmp_path: Path
+) -> None:
+    """The KubeRay path of a spot notice: Kubernetes deleting a worker pod (a spot reclaim, a
+    node upgrade) sends SIGTERM to the pod's ``ray start --block``, and with
+    ``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S`` set (infra/k8s/raycluster.yaml sets it, under
+    the pod's grace period: test_k8s_manifests) Ray drains the node with that deadline
+    (``DRAIN_NODE_REASON_PREEMPTION``) before it stops. That drain is what the controller
+    reads (`RayNodeControl.draining`, the loop's ``observe_draining``), the same as the
+    local `rcp fault reclaim` gives: test_serving_reclaim plays the controller's answer to
+    it, and test_node_health's ``full`` test a node Ray drains for someone else. Real parts:
+    a node of the module's cluster run as a pod runs it (`POD`), an actor on it standing for
+    a replica, the signal. The node stays, draining, while the actor runs there, and leaves
+    soon after it stops, long before the notice ends. ``full``: this checks the signal's
+    link only."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from controlplane.adapters.nodes import RayNodeControl
+    from controlplane.local.head import node_env
+    from controlplane.local.processes import NODE_ID_ENV
+    from controlplane.pools import POOL_LABEL, Pool
+    from policies.providers import PROVIDER_LABEL
+
+    cfg, _ = local_cluster
+    state = LocalCluster(cfg).read_state()
+    assert state is not None
+    notice_s = 120
+    env = node_env(cfg, state["cluster_id"])  # its processes are the cluster's: `down` stops them
+    env.pop(NODE_ID_ENV, None)  # the head's fake-provider ids: this node is a new one
+    env.pop("RAY_CLOUD_INSTANCE_ID", None)
+    env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = str(notice_s)
+    provider = cfg.pools.external.providers[0].name
+    before = set(alive_nodes())
+    out = tmp_path / "pod.log"
+    pod = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            POD,
+            cfg.ray.node_ip,
+            f"{cfg.ray.node_ip}:{cfg.ray.gcs_port}",
+            POOL_LABEL,
+            Pool.EXTERNAL.value,
+            PROVIDER_LABEL,
+            provider,
+        ],
+        env=env,
+        stdout=out.open("wb"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        joined = wait_for(
+            "the pod's node to join",
+            lambda: (set(alive_nodes()) - before) or pod.poll() is not None,
+            timeout_s=120,
+        )
+        assert isinstance(joined, set), out.read_text()[-3000:]
+        (node_id,) = joined
+        assert alive_nodes()[node_id]["Labels"][PROVIDER_LABEL] == provider
+
+        @ray.remote(num_cpus=1)
+        class Replica:
+            def node(self) -> str:
+                return str(ray.get_runtime_context().get_node_id())
+
+        here = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        replica = Replica.options(scheduling_strategy=here).remote()  # type: ignore[attr-defined]
+        assert ray.get(replica.node.remote(), timeout=60) == node_id
+
+        pod.send_signal(15)  # SIGTERM, as the kubelet sends it
+        signalled = time.time()
+        deadline_ms = wait_for(
+            "Ray to drain the signalled node",
+            lambda: RayNodeControl().draining().get(node_id),
+            timeout_s=30,
+        )
+        # The notice is the deadline the pod's environment gives (ms since the epoch).
+        assert signalled - 5 <= deadline_ms / 1000.0 - notice_s <= time.time() + 1
+        assert pod.poll() is None and node_id in alive_nodes()  # draining, not gone
+
+        ray.kill(replica)  # what moved off it (Serve starts replicas elsewhere first)
+        pod.wait(timeout=notice_s / 2)  # once idle it leaves: long before the notice ends
+        assert node_id not in alive_nodes()
+    finally:
+        if pod.poll() is None:
+            pod.kill()
+            pod.wait(timeout=30)
+
+
 @pytest.mark.full
 def test_the_controller_runs_in_process_as_on_kubernetes(
     cluster: tuple[list[str], str], tmp_path: Path
