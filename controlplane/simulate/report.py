@@ -233,7 +233,7 @@ def summarise(
         met = ratio >= goal
         entry: dict[str, Any] = {
             "goal": f"training goodput >= {goal}x {name}",
-            "value": round(ratio, 3),
+            "value": round(ratio, 4),
             "met": met,
             "at_fault": None if met else _fault(ours, results[name].figures, name, max_share),
         }
@@ -355,7 +355,7 @@ def table(summary: dict[str, Any]) -> str:
             lines += _provider_rows(by_provider, names, width, PROVIDER_ROWS[key], fmt)
     lines.append("")
     for k, v in summary["ratios"].items():
-        lines.append(f"ours {k.replace('_', ' ')}: {v:.3f}x")
+        lines.append(f"ours {k.replace('_', ' ')}: {v:.4f}x")
     c = summary["decision_cost"]
     lines.append(
         f"per decision (real policies): decide {c['decide_mean_ms']:.2f} ms mean, "
