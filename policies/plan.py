@@ -151,6 +151,13 @@ class WaitJob:
     """What it waits on, the reason's leading code (`policies.admission.Why`): it stays while
     the reason's figures ("in about 2h15m") change."""
 
+    def __post_init__(self) -> None:
+        if self.code and not self.reason.startswith(f"{self.code}: "):
+            raise ValueError(
+                f"WaitJob {self.job_id!r}: the reason must start with its code "
+                f"{self.code!r}, got {self.reason[:60]!r}"
+            )
+
 
 Action = (
     AdmitJob

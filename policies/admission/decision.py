@@ -125,12 +125,7 @@ class _Decision(Ledger):
         training: the lowest-priority gang whose GPUs suffice, the smallest such (else gangs
         in that order until they do, then those the rest cover spared again) is asked to
         checkpoint and is preempted, within the preemption caps."""
-        need -= sum(n.gpus_free for n in self.serving_only)
-        free = self.free.free
-        for node_id in sorted(free, key=lambda n: (-free[n], n)):
-            take = max(0, min(need, free[node_id]))
-            self.free.add(node_id, -take)
-            need -= take
+        need = self.hold_free(need - sum(n.gpus_free for n in self.serving_only))
         for node_id in sorted(self.releasing, key=lambda n: (-self.releasing[n], n)):
             take = max(0, min(need, self.releasing[node_id]))
             self.releasing[node_id] -= take
@@ -175,15 +170,17 @@ class _Decision(Ledger):
             self.gangs.remove(g)
             self.used_by_queue[g.queue] -= live_gpus(g, self.live_ids)
 
-    def hold_free(self, need: int) -> None:
-        """Keep `need` free GPUs from gangs this tick (most free node first), and no more:
-        serving placed replicas there that Serve has not put on a node yet. Never a
-        preemption: the GPUs may be theirs already, counted as taken."""
+    def hold_free(self, need: int) -> int:
+        """Keep up to `need` free GPUs from gangs this tick (most free node first); returns
+        what is still missing. Alone (`serving_hold_gpus`: cluster replicas placed that Serve
+        has not put on a node yet) it never preempts: those GPUs may be theirs already,
+        counted as taken."""
         free = self.free.free
         for node_id in sorted(free, key=lambda n: (-free[n], n)):
             take = max(0, min(need, free[node_id]))
             self.free.add(node_id, -take)
             need -= take
+        return need
 
     def say_if_held(self, job: QueuedJob) -> None:
         """A `WaitJob` naming the pinned models, the models' floors and the replicas no rented

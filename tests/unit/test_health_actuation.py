@@ -237,6 +237,13 @@ def test_a_job_wait_is_keyed_by_its_code(first, second, same) -> None:  # type: 
     assert _event_key(a) != _event_key(WaitJob("other", first[0], code=first[1]))
 
 
+def test_a_wait_whose_reason_does_not_start_with_its_code_is_refused() -> None:
+    from policies.plan import WaitJob
+
+    with pytest.raises(ValueError, match="must start with its code 'serving-floor'"):
+        WaitJob("j", "serving-demand: x", code="serving-floor")
+
+
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
