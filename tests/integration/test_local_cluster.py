@@ -823,7 +823,14 @@ def test_sigterm_to_a_worker_pod_is_a_drain_with_notice_as_on_kuberay(
         assert pod.poll() is None and node_id in alive_nodes()  # draining, not gone
 
         ray.kill(replica)  # what moved off it (Serve starts replicas elsewhere first)
-        pod.wait(timeout=notice_s / 2)  # once idle it leaves: long before the notice ends
+        try:  # once idle it leaves: long before the notice ends
+            pod.wait(timeout=notice_s / 2)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"the drained node did not leave within {notice_s / 2:.0f}s of going idle "
+                f"(alive: {node_id in alive_nodes()}, draining: "
+                f"{node_id in RayNodeControl().draining()}); its log:\n{out.read_text()[-3000:]}"
+            ) from None
         assert node_id not in alive_nodes()
     finally:
         if pod.poll() is None:
