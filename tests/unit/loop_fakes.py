@@ -12,7 +12,7 @@ Must not: start Ray, or sleep. Time is a number the test moves (`Clock`).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -20,6 +20,7 @@ from controlplane.adapters.serve import PoolView, ServeView
 from controlplane.config import Config, load_config
 from controlplane.inventory import NodeRow
 from controlplane.loop import Adapters, Loop
+from controlplane.loop.act.serving import ScaleExternal
 from controlplane.service.controller import policies
 from controlplane.store import JobState, Store
 from jobs.spec import JobSpec
@@ -428,7 +429,10 @@ def build_loop(
     jobs: FakeJobs,
     telemetry: FakeTelemetry,
     metrics: FakeMetrics,
+    kube_scale_external: Callable[[], ScaleExternal | None] | None = None,
 ) -> Loop:
+    """The loop on these fakes; `kube_scale_external` as `Adapters` takes it (Kubernetes
+    with the in-tree autoscaler off)."""
     adapters = Adapters(
         jobs=jobs,
         nodes=cluster,
@@ -436,6 +440,7 @@ def build_loop(
         telemetry=telemetry,
         metrics=metrics,
         serve=serve,
+        kube_scale_external=kube_scale_external,
     )
     return Loop(cfg, store, adapters, policies(cfg), clock=clock)
 

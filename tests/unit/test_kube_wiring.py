@@ -229,9 +229,7 @@ def test_a_tick_shrinks_the_external_group_by_its_emptied_nodes_only(
     KubeRay operator: three rent-a nodes (a Ray node's hostname is its pod name), one holding
     GPUs, placement asking nothing of rent-a. The tick's decide names the two empty nodes,
     the act writes them, and the operator deletes those two and nothing else."""
-    from controlplane.loop import Adapters, Loop
-    from controlplane.service.controller import policies
-    from tests.unit.loop_fakes import make_world
+    from tests.unit.loop_fakes import build_loop, make_world
 
     api.add_raycluster(
         CLUSTER,
@@ -257,16 +255,10 @@ def test_a_tick_shrinks_the_external_group_by_its_emptied_nodes_only(
     world.cluster.gangs["busy"] = {pods[0]: 2}  # the first pod: what a bare cut would take
     act = actuator(api)
     w = world
-    adapters = Adapters(
-        jobs=w.jobs,
-        nodes=w.cluster,
-        node_actions=w.cluster,
-        telemetry=w.telemetry,
-        metrics=w.metrics,
-        serve=w.serve,
+    loop = build_loop(
+        w.cfg, w.store, w.clock, w.cluster, w.serve, w.jobs, w.telemetry, w.metrics,
         kube_scale_external=lambda: act.scale_external,
-    )
-    loop = Loop(w.cfg, w.store, adapters, policies(w.cfg), clock=w.clock)
+    )  # fmt: skip
     loop.tick()
     assert loop.stats.failures == {}
     assert sorted(api.operator_deleted) == sorted(pods[1:])
