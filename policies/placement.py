@@ -105,6 +105,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
+from policies.admission.fit import FreeGpus
 from policies.model_classes import ModelClass, yield_key
 from policies.plan import Action, MoveServeReplicas, RequestExternalCapacity, SetRouteWeights
 from policies.providers import (
@@ -326,25 +327,25 @@ def _training_could_use_room(snapshot: ClusterSnapshot) -> bool:
     return waiting and any(n.gpus_free > 0 for n in snapshot.gang_nodes(Pool.CLUSTER))
 
 
-def _fit(free: list[int], gpus: int, n: int) -> int:
-    """How many of `n` replicas of `gpus` GPUs each fit on nodes with `free` GPUs (the most
-    free node first, as a replica needs its GPUs on one node); takes their GPUs from `free`."""
+def _take(free: FreeGpus, gpus: int, n: int) -> int:
+    """How many of `n` replicas of `gpus` GPUs each fit, each whole on one node (best fit,
+    `FreeGpus.place`); takes their GPUs from `free`."""
     placed = 0
-    while placed < n and free:
-        i = max(range(len(free)), key=free.__getitem__)
-        if free[i] < gpus:
+    while placed < n:
+        spot = free.place(gpus, 1)
+        if not spot:
             break
-        free[i] -= gpus
+        free.add(spot[0][0], -gpus)
         placed += 1
     return placed
 
 
 def _free_after_growth(
     snapshot: ClusterSnapshot, demands: list[ModelDemand], grown: Mapping[str, int]
-) -> list[int]:
+) -> FreeGpus:
     """Free GPUs per live cluster node once the replicas not on a node yet have theirs:
     those Serve has not placed (no node) and this tick's growth (rule 4), largest first."""
-    free = [n.gpus_free for n in snapshot.live_nodes(Pool.CLUSTER)]
+    free = FreeGpus({n.node_id: n.gpus_free for n in snapshot.live_nodes(Pool.CLUSTER)})
     gpus_of = {d.model: d.gpus_per_replica for d in demands}
     pending = [
         r.gpus
@@ -353,7 +354,7 @@ def _free_after_growth(
     ]
     pending += [gpus_of[m] for m, k in grown.items() for _ in range(k)]
     for gpus in sorted(pending, reverse=True):
-        _fit(free, gpus, 1)
+        _take(free, gpus, 1)
     return free
 
 
@@ -586,7 +587,7 @@ def decide(
         free = _free_after_growth(snapshot, ordered, grown)
         for d in can_come_back:
             n = min(step_left, plan_e[d.model], room_gpus // d.gpus_per_replica)
-            n = _fit(free, d.gpus_per_replica, n)
+            n = _take(free, d.gpus_per_replica, n)
             if n <= 0:
                 continue
             plan_e[d.model] -= n

@@ -27,7 +27,8 @@ def gang_fits(num_workers: int, gpus_per_worker: int, node_gpus: Iterable[int]) 
 class FreeGpus:
     """Free GPUs per node, indexed by free count so a gang fit costs O(distinct counts).
 
-    Local scratch for one decision; mutable on purpose and never escapes `policies.admission.decide`.
+    Local scratch for one decision (admission's gangs; placement's way back, a replica being a
+    gang of one); mutable on purpose and never escapes the decision that made it.
     """
 
     __slots__ = ("failed", "free", "levels", "total")
