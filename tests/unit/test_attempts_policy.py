@@ -1,0 +1,351 @@
+"""`policies.attempts`: every transition the job runner made, as a table.
+
+Each row is one line of the module doc's table (the number in its id), with the variants the
+old runner had (`controlplane/service/runner`: `job_runner._reconcile_one`, `preemption`,
+`watchdog`, `ends`), listed before it was deleted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from policies.attempts import (
+    AttemptConfig,
+    AttemptEnd,
+    EndJob,
+    GangStatus,
+    GangView,
+    MarkRunning,
+    Preempting,
+    RequeueGang,
+    ResubmitGang,
+    Settle,
+    StopGang,
+    StopHungGang,
+    decide,
+    settle_ended,
+)
+from policies.restarts import RestartLimits, RestartRecord
+
+CONFIG = AttemptConfig(
+    gang_start_timeout_s=120.0, max_start_attempts=3, backoff_initial_s=5.0, backoff_max_s=300.0
+)
+NOW = 10_000.0
+S = GangStatus
+
+
+def gang(**kw: object) -> GangView:
+    base = GangView(
+        job_id="j",
+        running=True,
+        status=S.RUNNING,
+        now_s=NOW,
+        admitted_s=NOW - 60.0,
+        num_workers=2,
+        stall_timeout_s=600.0,
+        restart_limits=RestartLimits(max_restarts=2, backoff_initial_s=10.0, backoff_max_s=600.0),
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+PREEMPT = Preempting(deadline_s=NOW + 30.0, reason="for job k")
+
+ROWS = [
+    # 1: preempting, SUCCEEDED
+    (
+        "1-preempting-succeeded",
+        gang(preempting=PREEMPT, status=S.SUCCEEDED),
+        EndJob(
+            "j",
+            "ray-job-succeeded while preempting",
+            True,
+            AttemptEnd.SUCCEEDED,
+            clear_request=True,
+        ),
+    ),
+    (
+        "1-preempting-succeeded-while-admitted",
+        gang(preempting=PREEMPT, status=S.SUCCEEDED, running=False),
+        EndJob(
+            "j",
+            "ray-job-succeeded while preempting",
+            True,
+            AttemptEnd.SUCCEEDED,
+            mark_running=True,
+            clear_request=True,
+        ),
+    ),
+    # 2: preempting, gone: why = storage's checkpoint, the deadline's stop, or the end
+    (
+        "2-preempted-checkpoint-verified",
+        gang(preempting=replace(PREEMPT, verified_step=40), status=S.STOPPED, stop_sent=True),
+        RequeueGang(
+            "j",
+            "checkpointed-for-preemption at step 40 (its manifest is in storage); for job k",
+            AttemptEnd.PREEMPTED,
+            preempted=True,
+        ),
+    ),
+    (
+        "2-preempted-deadline",
+        gang(preempting=PREEMPT, status=S.STOPPED, stop_sent=True),
+        RequeueGang(
+            "j",
+            "preempt-deadline-passed: stopped without a new committed checkpoint; for job k",
+            AttemptEnd.PREEMPTED,
+            preempted=True,
+        ),
+    ),
+    (
+        "2-preempted-gang-ended-itself",
+        gang(preempting=PREEMPT, status=S.FAILED),
+        RequeueGang(
+            "j",
+            "gang-ended-while-preempting (FAILED), before a new checkpoint; for job k",
+            AttemptEnd.PREEMPTED,
+            preempted=True,
+        ),
+    ),
+    (
+        "2-health-move-missing",
+        gang(preempting=replace(PREEMPT, health=True), status=S.MISSING),
+        RequeueGang(
+            "j",
+            "gang-ended-while-preempting (MISSING), before a new checkpoint; for job k",
+            AttemptEnd.HEALTH,
+            preempted=True,
+        ),
+    ),
+    # 3: preempting, running: stop once the checkpoint is in storage or at the deadline
+    (
+        "3-preempting-checkpoint-in-storage",
+        gang(preempting=replace(PREEMPT, verified_step=40)),
+        StopGang("j", "preempted: its checkpoint is in storage"),
+    ),
+    (
+        "3-preempting-deadline",
+        gang(preempting=replace(PREEMPT, deadline_s=NOW)),
+        StopGang("j", "preempted: its deadline"),
+    ),
+    ("3-preempting-waits", gang(preempting=PREEMPT), None),
+    (
+        "3-preempting-stop-sent",
+        gang(preempting=replace(PREEMPT, deadline_s=0.0), stop_sent=True),
+        None,
+    ),
+    # 4-6: a hung gang being stopped
+    (
+        "4-hung-succeeded",
+        gang(hang_reason="no new step", status=S.SUCCEEDED),
+        EndJob("j", "ray-job-succeeded", True, AttemptEnd.SUCCEEDED),
+    ),
+    (
+        "5-hung-ended-restart",
+        gang(hang_reason="no new step", status=S.STOPPED, step=7),
+        RequeueGang(
+            "j",
+            "gang-hung: restart 1 of 2 in 10s after hang: no new step",
+            AttemptEnd.HANG,
+            attempt_reason="hang: no new step",
+            not_before_s=NOW + 10.0,
+            message="no new step",
+            restarts=RestartRecord(1, "hang without progress", None),
+        ),
+    ),
+    (
+        "5-hung-missing-give-up",
+        gang(hang_reason="no new step", status=S.MISSING, restarts=RestartRecord(2, "x", None)),
+        EndJob(
+            "j",
+            "gang-hung: gave up after 2 restart(s) (max_restarts=2); last failure: "
+            "hang: no new step",
+            False,
+            AttemptEnd.FAILED,
+            message="no new step",
+            restarts=RestartRecord(2, "hang without progress", None),
+        ),
+    ),
+    ("6-hung-stop", gang(hang_reason="no new step"), StopGang("j", "hung: no new step")),
+    ("6-hung-stop-sent", gang(hang_reason="no new step", stop_sent=True), None),
+    # 7: SUCCEEDED
+    (
+        "7-succeeded",
+        gang(status=S.SUCCEEDED),
+        EndJob("j", "ray-job-succeeded", True, AttemptEnd.SUCCEEDED),
+    ),
+    (
+        "7-succeeded-before-marked-running",
+        gang(status=S.SUCCEEDED, running=False),
+        EndJob("j", "ray-job-succeeded", True, AttemptEnd.SUCCEEDED, mark_running=True),
+    ),
+    # 8: a start failure (ADMITTED, Ray Job FAILED or STOPPED): backoff, then give up
+    (
+        "8-start-failed-backoff",
+        gang(running=False, status=S.FAILED, failure_message="ImportError", start_failures=1),
+        RequeueGang(
+            "j",
+            "ray-job-failed: ImportError; retry in 10s",
+            AttemptEnd.START_FAILED,
+            attempt_reason="ray-job-failed: ImportError",
+            not_before_s=NOW + 10.0,
+            message="ray-job-failed: ImportError",
+            start_failures=2,
+        ),
+    ),
+    (
+        "8-start-stopped-give-up",
+        gang(running=False, status=S.STOPPED, failure_message="no logs", start_failures=2),
+        EndJob(
+            "j",
+            "ray-job-stopped-outside-control-plane: no logs; gave up after 3 attempts",
+            False,
+            AttemptEnd.START_FAILED,
+            attempt_reason="ray-job-stopped-outside-control-plane: no logs",
+            message="ray-job-stopped-outside-control-plane: no logs",
+            start_failures=3,
+        ),
+    ),
+    # 9: RUNNING, stopped outside the control plane
+    (
+        "9-stopped-outside",
+        gang(status=S.STOPPED, failure_message="killed"),
+        EndJob(
+            "j",
+            "ray-job-stopped-outside-control-plane: killed",
+            False,
+            AttemptEnd.FAILED,
+            message="killed",
+        ),
+    ),
+    # 10: a crash: restart (counted in the fleet's record once it trained) or give up
+    (
+        "10-crash-restart-after-training",
+        gang(status=S.FAILED, failure_message="rank 1 exit 1", failure_signature="sig", step=5),
+        RequeueGang(
+            "j",
+            "gang-failed: restart 1 of 2 in 10s after crash: rank 1 exit 1",
+            AttemptEnd.CRASH,
+            attempt_reason="crash: rank 1 exit 1",
+            not_before_s=NOW + 10.0,
+            message="rank 1 exit 1",
+            restarts=RestartRecord(1, "sig", None),
+            count_crash=True,
+        ),
+    ),
+    (
+        "10-crash-same-twice-no-progress",
+        gang(
+            status=S.FAILED,
+            failure_message="boom",
+            failure_signature="sig",
+            restarts=RestartRecord(1, "sig", None),
+        ),
+        EndJob(
+            "j",
+            "gang-failed: same failure twice before any progress: crash: boom",
+            False,
+            AttemptEnd.FAILED,
+            message="boom",
+            restarts=RestartRecord(1, "sig", None),
+        ),
+    ),
+    # 11: over max_runtime_s: FAILED, the gang stopped (settled once Ray says it ended)
+    (
+        "11-max-runtime",
+        gang(max_runtime_s=30.0),
+        EndJob("j", "max-runtime-exceeded (30s)", False, AttemptEnd.MAX_RUNTIME, stop=True),
+    ),
+    ("11-within-max-runtime", gang(max_runtime_s=61.0), None),
+    (
+        "11-max-runtime-while-admitted",
+        gang(max_runtime_s=30.0, running=False, status=S.PENDING),
+        EndJob("j", "max-runtime-exceeded (30s)", False, AttemptEnd.MAX_RUNTIME, stop=True),
+    ),
+    # 12: RUNNING, the cluster lost the Ray Job: re-queued, no restart spent
+    (
+        "12-lost",
+        gang(status=S.MISSING),
+        RequeueGang(
+            "j", "gang-lost: Ray no longer knows its job (cluster restarted?)", AttemptEnd.LOST
+        ),
+    ),
+    # 13-15: ADMITTED
+    (
+        "13-all-started",
+        gang(running=False, status=S.RUNNING, started_ranks=2),
+        MarkRunning("j", "gang-running: all 2 workers started"),
+    ),
+    ("13-some-started", gang(running=False, status=S.RUNNING, started_ranks=1), None),
+    ("13-pending", gang(running=False, status=S.PENDING), None),
+    (
+        "14-submission-lost",
+        gang(running=False, status=S.MISSING),
+        ResubmitGang("j", "admitted, but Ray has no Ray Job for it (lost)"),
+    ),
+    (
+        "15-start-timeout",
+        gang(running=False, status=S.PENDING, admitted_s=NOW - 121.0, started_ranks=1),
+        RequeueGang(
+            "j",
+            "gang-start-timeout: 1 of 2 workers running after 120s; retry in 5s",
+            AttemptEnd.START_FAILED,
+            attempt_reason="gang-start-timeout: 1 of 2 workers running after 120s",
+            not_before_s=NOW + 5.0,
+            stop=True,
+            message="gang-start-timeout: 1 of 2 workers running after 120s",
+            start_failures=1,
+        ),
+    ),
+    (
+        "15-within-start-timeout",
+        gang(running=False, status=S.PENDING, admitted_s=NOW - 120.0),
+        None,
+    ),
+    # 16: the hang watchdog, armed once a step was reported
+    ("16-unarmed", gang(), None),
+    ("16-stepping", gang(step=3, step_at_s=NOW - 600.0), None),
+    (
+        "16-hung",
+        gang(step=3, step_at_s=NOW - 601.0),
+        StopHungGang("j", "no new step for 601s at step 3 (stall_timeout_s=600)", 3, 601.0, 600.0),
+    ),
+    (
+        "16-hung-job-timeout",
+        gang(step=3, step_at_s=NOW - 61.0, stall_timeout_s=60.0),
+        StopHungGang("j", "no new step for 61s at step 3 (stall_timeout_s=60)", 3, 61.0, 60.0),
+    ),
+]
+
+
+@pytest.mark.parametrize(("observed", "expected"), [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_decide(observed: GangView, expected: object) -> None:
+    assert decide(observed, CONFIG) == expected
+
+
+def test_rows_cover_every_line_of_the_table() -> None:
+    assert {int(r[0].split("-")[0]) for r in ROWS} == set(range(1, 17))
+
+
+def test_preemption_comes_before_everything_else() -> None:
+    # A preempting gang over its runtime and unarmed is still the preemption's to settle.
+    observed = gang(preempting=PREEMPT, max_runtime_s=1.0, status=S.MISSING)
+    action = decide(observed, CONFIG)
+    assert isinstance(action, RequeueGang) and action.preempted
+
+
+@pytest.mark.parametrize(
+    ("status", "stop_sent", "expected"),
+    [
+        (S.SUCCEEDED, False, Settle.SETTLE),
+        (S.FAILED, True, Settle.SETTLE),
+        (S.STOPPED, True, Settle.SETTLE),
+        (S.MISSING, False, Settle.SETTLE),
+        (S.RUNNING, False, Settle.STOP),
+        (S.PENDING, False, Settle.STOP),
+        (S.RUNNING, True, None),
+    ],
+)
+def test_settle_ended(status: GangStatus, stop_sent: bool, expected: Settle | None) -> None:
+    assert settle_ended(status, stop_sent) is expected
