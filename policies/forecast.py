@@ -96,15 +96,15 @@ def validate_forecast(cfg: ForecastConfig) -> None:
             or not isinstance(value, int | float)
             or not math.isfinite(value)
         ):
-            raise ValueError(f"forecast.{name} must be a finite number, got {value!r}")
+            raise ValueError(f"forecast.{name}: must be a finite number, got {value!r}")
     if not 60 <= cfg.bin_s <= 3600 or (DAY_S / cfg.bin_s) != round(DAY_S / cfg.bin_s):
-        raise ValueError(f"forecast.bin_s must divide the day and be 60-3600 s, got {cfg.bin_s!r}")
+        raise ValueError(f"forecast.bin_s: must divide the day and be 60-3600 s, got {cfg.bin_s!r}")
     if not 0 <= cfg.fall_weight <= 1:
-        raise ValueError(f"forecast.fall_weight must be in [0, 1], got {cfg.fall_weight!r}")
+        raise ValueError(f"forecast.fall_weight: must be in [0, 1], got {cfg.fall_weight!r}")
     if not 0 <= cfg.idle_hold_s <= 7 * DAY_S:
-        raise ValueError(f"forecast.idle_hold_s must be from 0 to 7 days, got {cfg.idle_hold_s!r}")
+        raise ValueError(f"forecast.idle_hold_s: must be from 0 to 7 days, got {cfg.idle_hold_s!r}")
     if not cfg.bin_s <= cfg.horizon_s <= 7 * DAY_S:
-        raise ValueError(f"forecast.horizon_s must be from bin_s to 7 days, got {cfg.horizon_s!r}")
+        raise ValueError(f"forecast.horizon_s: must be from bin_s to 7 days, got {cfg.horizon_s!r}")
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,11 @@ Where each part lives (every name below is importable from ``controlplane.config
 * `controlplane.config.jobs`: `JobsConfig`;
 * `controlplane.config.health`: `TelemetryConfig`, `HealthConfig`, `ObservabilityConfig`;
 * `controlplane.config.kube`: `KubernetesConfig`, `KubeActuatorServiceConfig`;
-* `controlplane.config.checks`: the upper bounds (`MAX_WAIT_S`, ...) and checks of one value;
-* `controlplane.config.validation`: `validate`;
-* `controlplane.config.loading`: `load_config`, `ConfigError`, `to_dict`, `from_dict`,
-  `to_yaml`.
+* `controlplane.config.checks`: the upper bounds (`MAX_WAIT_S`, ...) and checks of one value,
+  which the sections declare on their fields (pydantic ``Annotated`` validators);
+* `controlplane.config.validation`: the rules across fields, `validate`, `ConfigError` (a
+  `policies.validation.InvalidInput`: one ``key.path: reason`` per problem);
+* `controlplane.config.loading`: `load_config`, `to_dict`, `from_dict`, `to_yaml`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,24 @@
 """Checks of one value, and the upper bounds they hold values to.
 
 Owns: the limits (`MAX_WAIT_S` and the rest: past them a wait overflows, a loop hangs or a
-field overflows) and the checks that return one message naming the key, or none: bounds
-(`at_least`, `at_most`, `wait_at_most`), `tcp_port`, `is_loopback`, and the Kubernetes
-name forms (`dns_label`, `taint_key`, `DNS_SUBDOMAIN`) and `actuator_url`.
+field overflows), `waits` (the upper bound of a value the control plane waits on), and the
+checks of one value, each an ``Annotated`` validator of the fields it guards (`Port`,
+`ExporterPort`, `DnsLabel`, `TaintKey`, `ActuatorUrl`, `NonEmpty`), plus `is_loopback`.
+Their failures name the key's full path (`policies.validation`).
 
-Must not: know which section a key is in (`controlplane.config.validation` does).
+Must not: know which section a key is in (the sections declare their fields' checks).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
+from typing import Annotated, Any
 from urllib.parse import urlsplit
+
+from pydantic import AfterValidator
+
+from policies.validation import at_most
 
 __all__ = [
     "DNS_LABEL",
@@ -28,19 +34,19 @@ __all__ = [
     "MAX_WAIT_S",
     "MAX_WINDOW_S",
     "QUALIFIED_NAME",
-    "actuator_url",
-    "at_least",
-    "at_most",
-    "dns_label",
+    "ActuatorUrl",
+    "DnsLabel",
+    "ExporterPort",
+    "NonEmpty",
+    "Port",
+    "TaintKey",
     "is_loopback",
-    "taint_key",
-    "tcp_port",
-    "wait_at_most",
+    "waits",
 ]
 
 
 MAX_WAIT_S = 3600.0
-"""Upper bound of the intervals and timeouts the control plane waits on (`wait_at_most`)."""
+"""Upper bound of the intervals and timeouts the control plane waits on (`waits`)."""
 MAX_SUBMIT_TIMEOUT_S = 600.0
 """Upper bound of ``jobs.submit_timeout_s``: the tick waits this long on a submission."""
 MAX_SCRAPE_TIMEOUT_S = 60.0
@@ -65,44 +71,31 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 """Upper bound of the request bodies a server reads into memory."""
 
 
-def at_least(minimum: float, path: str, value: float, why: str = "") -> list[str]:
-    if value < minimum:
-        reason = f" ({why})" if why else ""
-        return [f"{path}: must be >= {minimum:g}{reason}, got {value!r}"]
-    return []
-
-
-def not_below(path: str, value: float, floor_path: str, floor: float) -> list[str]:
-    """`value` (at `path`) may not be below another field's value (`floor`, at `floor_path`)."""
-    if value < floor:
-        return [f"{path}: must be >= {floor_path} ({floor:g}), got {value!r}"]
-    return []
-
-
-def wait_at_most(maximum: float, path: str, value: float) -> list[str]:
+def waits(maximum: float = MAX_WAIT_S) -> AfterValidator:
     """An upper bound for a value that becomes a wait (`Thread.join`, `Event.wait`, a socket
     timeout): past ``threading.TIMEOUT_MAX`` those raise OverflowError, and long before that
     the loop would just hang."""
-    if value > maximum:
-        return [
-            f"{path}: must be <= {maximum:g} (it is how long the control plane waits or "
-            f"sleeps), got {value!r}"
-        ]
-    return []
+    return at_most(maximum, "it is how long the control plane waits or sleeps")
 
 
-def at_most(maximum: float, path: str, value: float, why: str) -> list[str]:
-    """An upper bound for a count or size (retries, a batch, a body): past it the control
-    plane would hang, run out of memory, or overflow a 64-bit field."""
-    if value > maximum:
-        return [f"{path}: must be <= {maximum:g} ({why}), got {value!r}"]
-    return []
-
-
-def tcp_port(path: str, value: int) -> list[str]:
+def _port(value: int) -> int:
     if not 1 <= value <= 65535:
-        return [f"{path}: must be a TCP port in 1..65535, got {value!r}"]
-    return []
+        raise ValueError(f"must be a TCP port in 1..65535, got {value!r}")
+    return value
+
+
+Port = Annotated[int, AfterValidator(_port)]
+ExporterPort = Annotated[int, AfterValidator(lambda v: v if v == 0 else _port(v))]
+"""A TCP port, or 0: a free port picked per listener."""
+
+
+def _non_empty(value: str) -> str:
+    if not value:
+        raise ValueError("must not be empty, got ''")
+    return value
+
+
+NonEmpty = Annotated[str, AfterValidator(_non_empty)]
 
 
 def is_loopback(host: str) -> bool:
@@ -122,36 +115,38 @@ DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*
 QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
-def dns_label(path: str, value: str) -> list[str]:
+def _dns_label(value: str) -> str:
     if len(value) > 63 or not DNS_LABEL.fullmatch(value):
-        return [
-            f"{path}: must be a DNS-1123 label (lower-case letters, digits and '-', at most "
-            f"63 characters, starting and ending with a letter or digit), got {value!r}"
-        ]
-    return []
+        raise ValueError(
+            "must be a DNS-1123 label (lower-case letters, digits and '-', at most 63 "
+            f"characters, starting and ending with a letter or digit), got {value!r}"
+        )
+    return value
 
 
-def taint_key(path: str, value: str) -> list[str]:
+def _taint_key(value: str) -> str:
     prefix, slash, name = value.rpartition("/")
     bad_prefix = bool(slash) and (
         not prefix or len(prefix) > 253 or not DNS_SUBDOMAIN.fullmatch(prefix)
     )
     if bad_prefix or len(name) > 56 or not QUALIFIED_NAME.fullmatch(name):
-        return [
-            f"{path}: must be a Kubernetes qualified name ([prefix/]name: an optional DNS "
-            f"subdomain prefix, then a name of at most 56 letters, digits, '-', '_', '.'; 56 "
-            f"because the actuator's annotations append '-reason'), got {value!r}"
-        ]
-    return []
+        raise ValueError(
+            "must be a Kubernetes qualified name ([prefix/]name: an optional DNS subdomain "
+            "prefix, then a name of at most 56 letters, digits, '-', '_', '.'; 56 because the "
+            f"actuator's annotations append '-reason'), got {value!r}"
+        )
+    return value
 
 
-def actuator_url(path: str, value: str) -> list[str]:
+def _actuator_url(value: Any) -> Any:
     """``http(s)://host[:port]``, nothing else: no credentials, path, query or fragment."""
+    if value is None:
+        return value
     try:
         parts = urlsplit(value)
         port = parts.port
     except ValueError as exc:
-        return [f"{path}: not a URL ({exc}), got {value!r}"]
+        raise ValueError(f"not a URL ({exc}), got {value!r}") from None
     if (
         parts.scheme not in ("http", "https")
         or not parts.hostname
@@ -162,8 +157,13 @@ def actuator_url(path: str, value: str) -> list[str]:
         or parts.fragment
         or (port is not None and not 1 <= port <= 65535)
     ):
-        return [
-            f"{path}: must be http(s)://host[:port] with no path, query or credentials "
+        raise ValueError(
+            "must be http(s)://host[:port] with no path, query or credentials "
             f"(e.g. http://rcp-kube-actuator.rcp.svc:8080), got {value!r}"
-        ]
-    return []
+        )
+    return value
+
+
+DnsLabel = Annotated[str, AfterValidator(_dns_label)]
+TaintKey = Annotated[str, AfterValidator(_taint_key)]
+ActuatorUrl = Annotated[str | None, AfterValidator(_actuator_url)]

@@ -5,15 +5,27 @@ Owns: `TelemetryConfig` (the per-node agents and where readings come from,
 `RemovalBudget`, defined and defaulted there, plus what the control plane does with
 verdicts) and `ObservabilityConfig`.
 
-Must not: copy a field of the policy's dataclasses, or validate
-(`controlplane.config.validation`).
+Each field of its own carries its checks (``Annotated``); the policy's fields and the checks
+across fields are `controlplane.config.validation`'s.
+
+Must not: copy a field of the policy's dataclasses.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated
 
+from controlplane.config.checks import (
+    MAX_BATCH,
+    MAX_DEADLINE_S,
+    MAX_SCRAPE_TIMEOUT_S,
+    ExporterPort,
+    Port,
+    waits,
+)
 from policies.health import HealthThresholds, RemovalBudget
+from policies.validation import at_least, at_most, one_of
 
 __all__ = ["TELEMETRY_SOURCES", "HealthConfig", "ObservabilityConfig", "TelemetryConfig"]
 
@@ -25,22 +37,22 @@ TELEMETRY_SOURCES = ("simulated", "nvml", "dcgm")
 class TelemetryConfig:
     """The per-node telemetry agents (GPU, NVLink, InfiniBand) and their Prometheus exporters."""
 
-    interval_s: float = 1.0
+    interval_s: Annotated[float, at_least(0.05), waits()] = 1.0
     """Seconds between two samples on every node."""
-    source: str = "simulated"
+    source: Annotated[str, one_of(TELEMETRY_SOURCES)] = "simulated"
     """Where GPU readings come from: simulated (local mode), nvml or dcgm (a dcgm-exporter)."""
     dcgm_url: str = "http://127.0.0.1:9400/metrics"
     """The node-local dcgm-exporter endpoint scraped when source is dcgm."""
-    dcgm_timeout_s: float = 2.0
+    dcgm_timeout_s: Annotated[float, at_least(0.1), waits(MAX_SCRAPE_TIMEOUT_S)] = 2.0
     """Timeout of one dcgm-exporter scrape."""
     ib_sysfs_root: str = "/sys/class/infiniband"
     """Where InfiniBand ports are read (nvml and dcgm sources); a missing directory: no IB."""
-    exporter_port: int = 0
+    exporter_port: ExporterPort = 0
     """Port of each agent's Prometheus endpoint; 0 picks a free port per agent (needed when
     several simulated nodes share one IP)."""
-    history_samples: int = 120
+    history_samples: Annotated[int, at_least(2), at_most(MAX_BATCH, "samples kept per node")] = 120
     """Samples each agent keeps for the health policy and `rcp health`."""
-    simulated_ib_ports: int = 2
+    simulated_ib_ports: Annotated[int, at_least(0)] = 2
     """InfiniBand ports per simulated GPU node."""
     stop_agents_on_idle_external: bool = True
     """Run no agent on an external node while nothing runs there: Ray counts a node with a
@@ -60,7 +72,7 @@ class HealthConfig(HealthThresholds):
     act: bool = True
     """Act on verdicts: cordon, checkpoint-and-restart gangs, move replicas, drain. False only
     reports them (``rcp health``, ``rcp nodes``, metrics)."""
-    drain_deadline_s: float = 600.0
+    drain_deadline_s: Annotated[float, at_least(1), waits(MAX_DEADLINE_S)] = 600.0
     """Ray drain deadline of an unhealthy node: Serve moves its replicas off make-before-break
     before it, and nothing new is scheduled there meanwhile."""
     replace_drained: bool = True
@@ -68,8 +80,8 @@ class HealthConfig(HealthThresholds):
     its raylet; Kubernetes: the actuator deletes its pod)."""
 
     def __post_init__(self) -> None:
-        # No ValueError here: `validate` checks the whole section and names each key
-        # (``health.hot_samples: must be >= 1``), which the policy's own check cannot.
+        # No ValueError here: `controlplane.config.validation` checks the policy's fields and
+        # names each key (``health.hot_samples: must be >= 1``).
         self.fatal_xids = tuple(self.fatal_xids)
 
 
@@ -82,5 +94,5 @@ class ObservabilityConfig:
     node's Ray metrics agent and the telemetry agents, with the alert rules, and points the Ray
     dashboard's Metrics tab at it. Not fatal: without the binary or a free port `up` says so
     and goes on."""
-    prometheus_port: int = 9090
-    scrape_interval_s: float = 5.0
+    prometheus_port: Port = 9090
+    scrape_interval_s: Annotated[float, at_least(0.5), waits()] = 5.0

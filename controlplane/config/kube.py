@@ -4,12 +4,30 @@ Owns: `KubernetesConfig` (the RayCluster, the taint, how the actuator authentica
 ``rcp-kube-actuator`` service's URL and token file) and `KubeActuatorServiceConfig` (that
 service's own limits, read by it alone).
 
-Must not: validate (`controlplane.config.validation`) or talk to Kubernetes.
+Each field carries its checks (``Annotated``, `controlplane.config.checks`).
+
+Must not: talk to Kubernetes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated
+
+from controlplane.config.checks import (
+    MAX_BODY_BYTES,
+    MAX_DEADLINE_S,
+    MAX_REQUEST_TIMEOUT_S,
+    MAX_RETRIES,
+    MAX_WINDOW_S,
+    ActuatorUrl,
+    DnsLabel,
+    NonEmpty,
+    Port,
+    TaintKey,
+    waits,
+)
+from policies.validation import at_least, at_most
 
 __all__ = ["KubeActuatorServiceConfig", "KubernetesConfig"]
 
@@ -23,15 +41,17 @@ class KubeActuatorServiceConfig:
     host: str = "0.0.0.0"
     """Address the service listens on (in its pod: every interface; the NetworkPolicy admits
     only the Ray head)."""
-    port: int = 8080
-    max_node_actions: int = 2
+    port: Port = 8080
+    max_node_actions: Annotated[int, at_least(0)] = 2
     """Node actions the service takes per `window_s`: a cordon, or a node removal (deleting a
     worker pod, scheduled or not, with the cordon of its node); repeating one already taken
     in the window is free. Past it a request is 429. Defence in depth beside
     ``health.breaker``: keep it >= ``health.breaker.max_nodes`` (one removal per node).
     0 refuses every node action."""
-    window_s: float = 600.0
-    max_body_bytes: int = 4096
+    window_s: Annotated[float, at_least(1), waits(MAX_WINDOW_S)] = 600.0
+    max_body_bytes: Annotated[int, at_least(256), at_most(MAX_BODY_BYTES, "read into memory")] = (
+        4096
+    )
     """Larger request bodies are 413."""
 
 
@@ -44,16 +64,16 @@ class KubernetesConfig:
 
     enabled: bool = False
     """Build the Kubernetes actuator (cordon and taint bad nodes, delete their Ray pods)."""
-    namespace: str = "default"
+    namespace: DnsLabel = "default"
     """Namespace of the RayCluster and its pods."""
-    raycluster: str = "rcp"
+    raycluster: DnsLabel = "rcp"
     """Name of the KubeRay RayCluster the control plane runs on."""
-    external_group: str = "gpu-external"
+    external_group: NonEmpty = "gpu-external"
     """The prefix of the RayCluster worker groups on rented nodes (the `external` pool): each
     provider's group is ``<external_group>-<provider name>``."""
     autoscaler_owns_external: bool = True
     """The KubeRay autoscaler sizes the external group; the actuator never writes its replicas."""
-    taint_key: str = "rcp.dev/unhealthy"
+    taint_key: TaintKey = "rcp.dev/unhealthy"
     """Key of the NoSchedule taint put on a removed node's Kubernetes node; the value is the
     reason as a slug. An operator's uncordon removes exactly this key."""
     in_cluster: bool = True
@@ -62,16 +82,16 @@ class KubernetesConfig:
     """Kubeconfig file when in_cluster is false; null: $KUBECONFIG or ~/.kube/config."""
     context: str | None = None
     """Kubeconfig context; null: the file's current context."""
-    conflict_retries: int = 5
+    conflict_retries: Annotated[int, at_least(0), at_most(MAX_RETRIES, "retries")] = 5
     """Re-reads after a 409 Conflict (a concurrent writer) before giving up with an error."""
-    pod_grace_period_s: int | None = None
+    pod_grace_period_s: Annotated[int | None, at_least(0), waits(MAX_DEADLINE_S)] = None
     """Grace period when deleting a removed node's pod; null: the pod's own."""
-    request_timeout_s: float = 10.0
+    request_timeout_s: Annotated[float, at_least(0.1), waits(MAX_REQUEST_TIMEOUT_S)] = 10.0
     """Timeout of one request to the Kubernetes API."""
-    actuator_url: str | None = None
+    actuator_url: ActuatorUrl = None
     """``http(s)://host:port`` of the ``rcp-kube-actuator`` service. Set: the controller
     holds no Kubernetes credential and asks that service (which holds it and checks every
     request); null: the controller calls the Kubernetes API itself (dev and tests)."""
-    actuator_token_file: str = "/etc/rcp/kube-actuator/token"
+    actuator_token_file: NonEmpty = "/etc/rcp/kube-actuator/token"
     """The bearer token shared by the controller and the actuator service (a Secret)."""
     service: KubeActuatorServiceConfig = field(default_factory=KubeActuatorServiceConfig)

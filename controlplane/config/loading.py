@@ -2,8 +2,8 @@
 round trip through plain data.
 
 Owns: the merge order defaults -> YAML -> overrides (omegaconf: unknown keys and wrong types
-are rejected with the key's full path), turning every error into `ConfigError` (with
-`controlplane.config.validation`'s messages), and `to_dict` / `from_dict` / `to_yaml` (the
+are rejected with the key's full path), checking the result (`controlplane.config.validation`:
+every error a `ConfigError` naming the key's full path), and `to_dict` / `from_dict` / `to_yaml` (the
 local cluster's state file, ``rcp config show``).
 
 Must not: start or write anything.
@@ -19,13 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from controlplane.config.schema import Config
-from controlplane.config.validation import validate
+from controlplane.config.validation import CONFIG, ConfigError
 
 __all__ = ["ConfigError", "from_dict", "load_config", "to_dict", "to_yaml"]
-
-
-class ConfigError(ValueError):
-    """A configuration value is unknown, mistyped or impossible. The message names the key."""
 
 
 def _list_keys(layer: Any) -> str:
@@ -119,14 +115,10 @@ def load_config(
                 "entries (e.g. serving.models) in the YAML file, not as key=value overrides"
             ) from exc
     try:
-        cfg = OmegaConf.to_object(merged)
+        data = OmegaConf.to_container(merged, resolve=True)
     except OmegaConfBaseException as exc:
         raise ConfigError(_describe(exc)) from exc
-    assert isinstance(cfg, Config)
-    errors = validate(cfg)
-    if errors:
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
-    return cfg
+    return CONFIG.load(data)
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

@@ -5,7 +5,8 @@ Owns: `Config` (which section lives under which key; ``serving`` is `serve.confi
 `policies.forecast.ForecastConfig`) and its derived
 values (`state_path`, `storage_endpoint_url`, `jobs_db_path`, `train_storage_path`).
 
-Must not: validate (`controlplane.config.validation`) or load (`controlplane.config.loading`).
+Must not: check across fields (`controlplane.config.validation`) or load
+(`controlplane.config.loading`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from controlplane.config.jobs import JobsConfig
 from controlplane.config.kube import KubernetesConfig
 from policies.forecast import ForecastConfig
 from policies.placement import MigrateBackConfig
+from policies.validation import FINITE
 from serve.config import ServingConfig
 
 __all__ = ["Config"]
@@ -35,6 +37,8 @@ __all__ = ["Config"]
 @dataclass
 class Config:
     """The whole configuration. ``rcp config show`` prints the merged result."""
+
+    __pydantic_config__ = FINITE
 
     state_dir: str = "~/.rcp"
     """Where the local cluster keeps its state file, logs and the job store."""

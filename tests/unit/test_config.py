@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from omegaconf import OmegaConf
 
 from controlplane.cli import cli
-from controlplane.config import Config, ConfigError, load_config
+from controlplane.config import Config, ConfigError, load_config, validate
 
 
 def test_defaults_describe_the_documented_cluster() -> None:
@@ -326,3 +326,87 @@ def test_waits_past_their_bound_are_refused_naming_the_key(
 def test_the_largest_wait_is_accepted_and_usable(key: str, largest: float) -> None:
     load_config(None, [f"{key}={largest}"])
     assert largest < threading.TIMEOUT_MAX
+
+
+RULES = [
+    # (overrides, the key named, the reason): one row per rule of the config's validation
+    (["head.num_cpus=-1"], "head.num_cpus", "must be >= 0"),
+    (["pools.cluster.cpus_per_node=-1"], "pools.cluster.cpus_per_node", "must be >= 0"),
+    (["ray.node_ip=0.0.0.0"], "ray.node_ip", "not a loopback address"),
+    (["ray.gcs_port=0"], "ray.gcs_port", "1..65535"),
+    (["ray.redis_port=6390"], "ray.redis_port", "already used by ray.gcs_port"),
+    (["serve.proxy_location=Disabled"], "serve.proxy_location", "must be one of EveryNode"),
+    (["api.max_body_bytes=10"], "api.max_body_bytes", "must be >= 1024"),
+    (["api.rate_limit_per_s=0"], "api.rate_limit_per_s", "must be >= 0.01"),
+    (["api.rate_limit_per_s=1e7"], "api.rate_limit_per_s", "no limit at all"),
+    (["api.rate_burst=0"], "api.rate_burst", "no request could pass"),
+    (["api.admin_token_file=token"], "api.admin_token_file", "absolute path"),
+    (["policy.tick_s=0.001"], "policy.tick_s", "must be >= 0.05"),
+    (["storage.job_credentials=open"], "storage.job_credentials", "must be one of"),
+    (["storage.job_credentials_duration_s=900"], "storage.job_credentials_duration_s", ">= 1800"),
+    (
+        ["storage.job_credentials_duration_s=50000"],
+        "storage.job_credentials_duration_s",
+        "STS's maximum",
+    ),
+    (["storage.job_role_arn=role"], "storage.job_role_arn", "IAM role ARN"),
+    (["storage.embedded=false"], "storage.job_role_arn", "mints each job's credentials"),
+    (["jobs.storage_path=s3://b/train"], "jobs.storage_path", "is on S3"),
+    (["jobs.retention_days=-1"], "jobs.retention_days", "0 keeps jobs forever"),
+    (["jobs.default_priority_class=top"], "jobs.default_priority_class", "is not one of"),
+    (["jobs.queues={a: {share: 0.7}, b: {share: 0.7}}"], "jobs.queues", "sum to at most 1"),
+    (["jobs.queues.default.borrowing_limit=-1"], "jobs.queues.default.borrowing_limit", ">= 0"),
+    (["jobs.max_preemptions_per_job_per_hour=-1"], "jobs.max_preemptions_per_job_per_hour", ">= 0"),
+    (["jobs.backoff_max_s=1"], "jobs.backoff_max_s", "must be >= backoff_initial_s (5)"),
+    (["jobs.stall_timeout_s=3", "jobs.step_report_interval_s=4"], "jobs.stall_timeout_s", "step_"),
+    (["jobs.restart_backoff_max_s=1"], "jobs.restart_backoff_max_s", "restart_backoff_initial_s"),
+    (["jobs.checkpoint_scan_interval_s=0"], "jobs.checkpoint_scan_interval_s", ">= 0.1"),
+    (["jobs.gpu_mtbf_prior_hours=1e10"], "jobs.gpu_mtbf_prior_hours", "<= 1e+09"),
+    (["telemetry.source=ipmi"], "telemetry.source", "must be one of simulated"),
+    (["telemetry.source=dcgm", "telemetry.dcgm_url=x"], "telemetry.dcgm_url", "http(s) URL"),
+    (["telemetry.exporter_port=70000"], "telemetry.exporter_port", "1..65535"),
+    (["telemetry.history_samples=1"], "telemetry.history_samples", "must be >= 2"),
+    (["telemetry.simulated_ib_ports=-1"], "telemetry.simulated_ib_ports", "must be >= 0"),
+    (["health.gpu_temp_c=0"], "health.gpu_temp_c", "must be >= 1"),
+    (["health.missing_samples=0"], "health.missing_samples", "must be >= 1"),
+    (["health.ib_min_rate_gbps=-1"], "health.ib_min_rate_gbps", "must be >= 0"),
+    (["health.recover_after_samples=0"], "health.recover_after_samples", "must be >= 1"),
+    (["health.stale_after_s=0"], "health.stale_after_s", "must be >= 0.1"),
+    (["health.breaker.max_pool_fraction=2"], "health.breaker.max_pool_fraction", "<= 1"),
+    (["health.drain_deadline_s=0"], "health.drain_deadline_s", "must be >= 1"),
+    (["placement.migrate_back_idle_s=-1"], "placement.migrate_back_idle_s", "must be >= 0"),
+    (["forecast.idle_hold_s=-1"], "forecast.idle_hold_s", "from 0 to 7 days"),
+    (["kubernetes.namespace=Bad_NS"], "kubernetes.namespace", "DNS-1123 label"),
+    (["kubernetes.taint_key=a/b/c"], "kubernetes.taint_key", "qualified name"),
+    (["kubernetes.external_group=''"], "kubernetes.external_group", "must not be empty"),
+    (["kubernetes.actuator_url=http://h/x"], "kubernetes.actuator_url", "no path"),
+    (["kubernetes.actuator_token_file=''"], "kubernetes.actuator_token_file", "must not be empty"),
+    (["kubernetes.service.port=0"], "kubernetes.service.port", "1..65535"),
+    (["kubernetes.service.max_node_actions=-1"], "kubernetes.service.max_node_actions", ">= 0"),
+    (["kubernetes.pod_grace_period_s=-1"], "kubernetes.pod_grace_period_s", "must be >= 0"),
+]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "reason"), RULES, ids=[f"{k}-{r}" for _o, k, r in RULES]
+)
+def test_every_rule_names_the_key_and_reason(overrides: list[str], key: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert f"{key}: " in str(err.value)
+    assert reason in str(err.value)
+    assert key in err.value.fields
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "reason"),
+    [
+        pytest.param("priority_classes", "jobs.priority_classes", "at least one", id="classes"),
+        pytest.param("queues", "jobs.queues", "at least one queue", id="queues"),
+    ],
+)
+def test_an_empty_mapping_built_in_code_is_refused(section: str, key: str, reason: str) -> None:
+    """A merge cannot empty a mapping (omegaconf merges into it); a config built in code can."""
+    cfg = Config()
+    setattr(cfg.jobs, section, {})
+    assert any(e.startswith(f"{key}: ") and reason in e for e in validate(cfg)), validate(cfg)

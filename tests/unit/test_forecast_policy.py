@@ -306,11 +306,11 @@ def test_a_damaged_stored_profile_is_dropped_not_trusted() -> None:
 @pytest.mark.parametrize(
     ("key", "value", "text"),
     [
-        ("bin_s", 7.0, "forecast.bin_s must divide the day and be 60-3600 s"),
-        ("bin_s", 1000.0, "forecast.bin_s must divide the day"),
-        ("fall_weight", 1.5, "forecast.fall_weight must be in [0, 1]"),
+        ("bin_s", 7.0, "forecast.bin_s: must divide the day and be 60-3600 s"),
+        ("bin_s", 1000.0, "forecast.bin_s: must divide the day"),
+        ("fall_weight", 1.5, "forecast.fall_weight: must be in [0, 1]"),
         ("horizon_s", math.nan, "forecast.horizon_s: must be a finite number"),
-        ("horizon_s", 30 * DAY, "forecast.horizon_s must be from bin_s to 7 days"),
+        ("horizon_s", 30 * DAY, "forecast.horizon_s: must be from bin_s to 7 days"),
     ],
 )
 def test_a_bad_forecast_config_names_the_field(key: str, value: float, text: str) -> None:
