@@ -35,6 +35,7 @@ __all__ = [
     "FieldError",
     "InvalidInput",
     "Problems",
+    "above",
     "at_least",
     "at_most",
     "check_fields",
@@ -51,9 +52,7 @@ __all__ = [
 FINITE = ConfigDict(allow_inf_nan=False, extra="forbid", revalidate_instances="always")
 """Every float finite (NaN compares false with every bound), every unknown key refused, and a
 dataclass built in code checked as plain data is."""
-STRICT = ConfigDict(
-    allow_inf_nan=False, extra="forbid", revalidate_instances="always", strict=True
-)
+STRICT = ConfigDict(allow_inf_nan=False, extra="forbid", revalidate_instances="always", strict=True)
 """`FINITE`, and no type coercion (``"3"`` is not an integer): for untrusted input."""
 
 
@@ -143,6 +142,10 @@ def _bound(ok: Callable[[Any], bool], text: str) -> AfterValidator:
 def at_least(minimum: float, why: str = "") -> AfterValidator:
     """``Annotated[float, at_least(1, "a pool with no nodes")]``: ``must be >= 1 (...)``."""
     return _bound(lambda v: v >= minimum, f"must be >= {minimum:g}" + (f" ({why})" if why else ""))
+
+
+def above(minimum: float) -> AfterValidator:
+    return _bound(lambda v: v > minimum, f"must be > {minimum:g}")
 
 
 def at_most(maximum: float, why: str) -> AfterValidator:

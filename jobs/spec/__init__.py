@@ -21,12 +21,13 @@ security boundary for what the controller hands to Ray:
 
 Where each part lives (every name below is importable from ``jobs.spec``):
 
-* `jobs.spec.job_spec`: `JobSpec`, `CheckpointSpec`, `validate`, `check_checkpoint_uri`;
+* `jobs.spec.job_spec`: `JobSpec`, `CheckpointSpec` (each field's checks declared on it and
+  run by pydantic, `policies.validation`), `validate`, `check_checkpoint_uri`;
 * `jobs.spec.limits`: every limit and allowed set, named once;
-* `jobs.spec.values`: checks of one value (numbers, entrypoint, code URIs, checkpoint.uri);
+* `jobs.spec.values`: checks of one value (entrypoint, code URIs, checkpoint.uri);
 * `jobs.spec.runtime_env`: the ``runtime_env`` rules above;
-* `jobs.spec.parsing`: plain data and YAML into typed fields;
-* `jobs.spec.errors`: `FieldError` and `SpecError`.
+* `jobs.spec.parsing`: YAML into plain data;
+* `jobs.spec.errors`: `SpecError` (and the shared `FieldError`: ``field.path: reason``).
 
 Example YAML::
 

@@ -1,8 +1,9 @@
 """The `JobSpec` of a training gang and its `CheckpointSpec`: fields, validation, round trip.
 
 Owns: the fields of a job (what to run, how many workers with how many GPUs, which queue and
-priority class, how long it may run, how it checkpoints), `validate` (every field's problems
-at once, run on every construction), the checks that need the control plane's view
+priority class, how long it may run, how it checkpoints) with each one's checks declared on it
+(``Annotated``: strict types, bounds), `SPEC` (the pydantic check of a whole spec, run on
+every construction: every field's problems at once, by path) and `validate`, the checks that need the control plane's view
 (`JobSpec.check_against`, `check_checkpoint_uri`, called by the service at submit time) and
 the round trip to dicts and YAML.
 
@@ -14,10 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import AfterValidator, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from jobs.spec.errors import FieldError, SpecError, kind
 from jobs.spec.limits import (
@@ -28,33 +31,54 @@ from jobs.spec.limits import (
     MAX_RESTARTS_LIMIT,
     NAME_RE,
 )
-from jobs.spec.parsing import load_yaml, typed_fields
-from jobs.spec.runtime_env import check_runtime_env
-from jobs.spec.values import (
-    check_checkpoint_uri_form,
-    check_entrypoint,
-    check_remote_code_uri,
-    int_at_least,
-    is_number,
-)
+from jobs.spec.parsing import load_yaml
+from jobs.spec.runtime_env import runtime_env_rules
+from jobs.spec.values import checkpoint_uri_form, entrypoint_words, remote_code
 from jobs.storage_uri import StorageUriError, parse_storage_uri
+from policies.validation import (
+    FINITE,
+    Checked,
+    above,
+    at_least,
+    at_most,
+    finite_everywhere,
+)
 
-__all__ = ["CheckpointSpec", "JobSpec", "check_checkpoint_uri", "validate"]
+__all__ = ["SPEC", "CheckpointSpec", "JobSpec", "check_checkpoint_uri", "validate"]
+
+
+def _non_empty(value: str) -> str:
+    if not value.strip():
+        raise ValueError("is required and must be a non-empty string")
+    return value
+
+
+def _name(value: str) -> str:
+    if not NAME_RE.match(_non_empty(value)):
+        raise ValueError(
+            f"{value!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return value
+
+
+Text = Annotated[StrictStr, AfterValidator(_non_empty)]
+Seconds = Annotated[StrictFloat | None, above(0)]
+"""A positive number of seconds, or null."""
 
 
 @dataclass(frozen=True)
 class CheckpointSpec:
     """How a job checkpoints; the helpers in `jobs/` read these from the job's environment."""
 
-    enabled: bool = True
+    enabled: StrictBool = True
     """False: the job never checkpoints; a preemption then loses all its work."""
-    interval_s: float | None = None
+    interval_s: Annotated[Seconds, at_most(MAX_INTERVAL_S, "a week")] = None
     """Seconds between periodic checkpoints; None lets the checkpoint policy choose."""
-    keep_last: int = 2
+    keep_last: Annotated[StrictInt, at_least(1)] = 2
     """Complete checkpoints to keep; older ones are deleted after a newer one is complete."""
-    preempt_deadline_s: float = 120.0
+    preempt_deadline_s: Annotated[StrictFloat, above(0)] = 120.0
     """How long a preemption waits for the checkpoint-now snapshot before stopping the gang."""
-    uri: str | None = None
+    uri: Annotated[StrictStr | None, AfterValidator(checkpoint_uri_form)] = None
     """Where checkpoints go: an ``s3://bucket/prefix`` URI whose bucket exists (checked at
     submission), outside the cluster's per-job area ``<storage.uri>/jobs/``. None (the
     default) means ``<storage.uri>/jobs/<job id>/``. Never file:// or a path. Naming the same
@@ -65,31 +89,37 @@ class CheckpointSpec:
 class JobSpec:
     """One training gang. Construct it directly or with `from_dict`/`from_yaml`; both validate."""
 
-    name: str
-    entrypoint: str
+    __pydantic_config__ = FINITE
+
+    name: Annotated[StrictStr, AfterValidator(_name)]
+    entrypoint: Annotated[Text, AfterValidator(entrypoint_words)]
     """The command the Ray Job runs, e.g. ``python train.py --lr 3e-4``."""
-    num_workers: int = 1
+    num_workers: Annotated[StrictInt, at_least(1, "a gang needs at least 1 worker")] = 1
     """Ray Train workers; all of them start together or none does (gang)."""
-    gpus_per_worker: int = 1
+    gpus_per_worker: Annotated[StrictInt, at_least(0)] = 1
     """GPUs each worker needs on a single node; 0 for a CPU-only job."""
-    cpus_per_worker: float = 1.0
-    working_dir: str | None = None
+    cpus_per_worker: Annotated[StrictFloat, at_least(0)] = 1.0
+    working_dir: Annotated[StrictStr | None, remote_code(CODE_ARCHIVE_SUFFIXES)] = None
     """The job's code: a remote archive (``s3://bucket/code.zip``; see `REMOTE_URI_SCHEMES`
     and `CODE_ARCHIVE_SUFFIXES`), unpacked by Ray as the working dir. Never a local path."""
-    runtime_env: Mapping[str, Any] = field(default_factory=dict)
+    runtime_env: Annotated[
+        Mapping[str, Any], AfterValidator(finite_everywhere), AfterValidator(runtime_env_rules)
+    ] = field(default_factory=dict)
     """Extra Ray runtime_env, only the keys in `RUNTIME_ENV_KEYS` (pip, env_vars, ...); use
     `working_dir` above for the code."""
-    queue: str = "default"
+    queue: Text = "default"
     """The team queue; it owns a share of the cluster pool."""
-    priority_class: str = "medium"
+    priority_class: Text = "medium"
     """A configured priority class (defaults: low, medium, high)."""
-    max_runtime_s: float | None = None
+    max_runtime_s: Seconds = None
     """The job is stopped after this long; also lets it backfill. None: no limit."""
-    max_restarts: int = 3
+    max_restarts: Annotated[
+        StrictInt, at_least(0), at_most(MAX_RESTARTS_LIMIT, "restarts of one job")
+    ] = 3
     """Times a gang that failed (a worker raised or was killed, a node was lost) or hung is
     restarted from its last committed checkpoint before the job is FAILED. Preemptions and
     moves by node health do not count."""
-    stall_timeout_s: float | None = None
+    stall_timeout_s: Seconds = None
     """A running job that reports no new step for this long is declared hung: its workers'
     stacks go to its logs and it restarts from its last checkpoint (a restart). None: the
     cluster's ``jobs.stall_timeout_s``. Must be at least ``jobs.step_report_interval_s``.
@@ -97,9 +127,8 @@ class JobSpec:
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
 
     def __post_init__(self) -> None:
-        errors = validate(self)
-        if errors:
-            raise SpecError(errors)
+        if not _CHECKING.get():  # built in code: check it as plain data is
+            _checked(self)
         object.__setattr__(self, "runtime_env", dict(self.runtime_env))
 
     @property
@@ -190,36 +219,9 @@ class JobSpec:
         """Build and validate a spec from plain data. Unknown keys are errors (typos)."""
         if not isinstance(data, Mapping):
             raise SpecError([FieldError("<spec>", f"must be a mapping, got {kind(data)}")])
-        errors: list[FieldError] = []
-        values = typed_fields(cls, data, "", errors)
-        ckpt = data.get("checkpoint")
-        if ckpt is None or "checkpoint" not in data:
-            values.pop("checkpoint", None)
-        elif not isinstance(ckpt, Mapping):
-            errors.append(FieldError("checkpoint", f"must be a mapping, got {kind(ckpt)}"))
-            values.pop("checkpoint", None)
-        else:
-            ckpt_values = typed_fields(CheckpointSpec, ckpt, "checkpoint.", errors)
-            if not any(e.field.startswith("checkpoint.") for e in errors):
-                try:
-                    values["checkpoint"] = CheckpointSpec(**ckpt_values)
-                except SpecError as exc:  # pragma: no cover - CheckpointSpec does not validate
-                    errors.extend(exc.errors)
-        for required in ("name", "entrypoint"):
-            if required not in data or data[required] is None:
-                errors.append(FieldError(required, "is required"))
-        if errors:
-            # Also report the value problems of the fields that were well-typed.
-            placeholders = {"name": "placeholder", "entrypoint": "placeholder"}
-            try:
-                cls(**{**placeholders, **values})
-            except SpecError as exc:
-                seen = {e.field for e in errors}
-                errors.extend(e for e in exc.errors if e.field not in seen)
-            except TypeError:
-                pass
-            raise SpecError(errors)
-        return cls(**values)
+        if "checkpoint" in data and data["checkpoint"] is None:  # null: the defaults
+            data = {k: v for k, v in data.items() if k != "checkpoint"}
+        return _checked(data)
 
     @classmethod
     def from_yaml(cls, text: str) -> JobSpec:
@@ -231,91 +233,34 @@ class JobSpec:
         return str(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
 
+def _across_fields(spec: JobSpec) -> list[FieldError]:
+    if "working_dir" in spec.runtime_env and spec.working_dir is not None:
+        return [
+            FieldError(
+                "runtime_env.working_dir",
+                "set either working_dir or runtime_env.working_dir, not both",
+            )
+        ]
+    return []
+
+
+SPEC = Checked(JobSpec, SpecError, _across_fields)
+_CHECKING = ContextVar("_CHECKING", default=False)
+
+
+def _checked(data: object) -> JobSpec:
+    """`data` (plain data, or a spec built in code) checked; the spec pydantic builds is not
+    checked again on its way (`JobSpec.__post_init__`)."""
+    token = _CHECKING.set(True)
+    try:
+        return SPEC.load(data)
+    finally:
+        _CHECKING.reset(token)
+
+
 def validate(spec: JobSpec) -> list[FieldError]:
-    errors: list[FieldError] = []
-    for name in ("name", "entrypoint", "queue", "priority_class"):
-        value = getattr(spec, name)
-        if not isinstance(value, str) or not value.strip():
-            errors.append(FieldError(name, "is required and must be a non-empty string"))
-    if isinstance(spec.name, str) and spec.name.strip() and not NAME_RE.match(spec.name):
-        errors.append(
-            FieldError(
-                "name",
-                f"{spec.name!r}: use 1-128 letters, digits, '.', '_' or '-', "
-                "starting with a letter or digit",
-            )
-        )
-    if isinstance(spec.entrypoint, str) and spec.entrypoint.strip():
-        errors += check_entrypoint(spec.entrypoint)
-    errors += int_at_least("num_workers", spec.num_workers, 1, "a gang needs at least 1 worker")
-    errors += int_at_least("gpus_per_worker", spec.gpus_per_worker, 0)
-    if not is_number(spec.cpus_per_worker) or spec.cpus_per_worker < 0:
-        errors.append(
-            FieldError(
-                "cpus_per_worker", f"must be a finite number >= 0, got {spec.cpus_per_worker!r}"
-            )
-        )
-    if spec.max_runtime_s is not None and (
-        not is_number(spec.max_runtime_s) or spec.max_runtime_s <= 0
-    ):
-        errors.append(
-            FieldError(
-                "max_runtime_s",
-                f"must be a finite number > 0 or null, got {spec.max_runtime_s!r}",
-            )
-        )
-    errors += int_at_least("max_restarts", spec.max_restarts, 0)
-    if isinstance(spec.max_restarts, int) and spec.max_restarts > MAX_RESTARTS_LIMIT:
-        errors.append(
-            FieldError("max_restarts", f"must be <= {MAX_RESTARTS_LIMIT}, got {spec.max_restarts}")
-        )
-    if spec.stall_timeout_s is not None and (
-        not is_number(spec.stall_timeout_s) or spec.stall_timeout_s <= 0
-    ):
-        errors.append(
-            FieldError(
-                "stall_timeout_s",
-                f"must be a finite number > 0 or null, got {spec.stall_timeout_s!r}",
-            )
-        )
-    if spec.working_dir is not None:
-        errors += check_remote_code_uri("working_dir", spec.working_dir, CODE_ARCHIVE_SUFFIXES)
-    if not isinstance(spec.runtime_env, Mapping):
-        errors.append(FieldError("runtime_env", f"must be a mapping, got {kind(spec.runtime_env)}"))
-    else:
-        if "working_dir" in spec.runtime_env and spec.working_dir is not None:
-            errors.append(
-                FieldError(
-                    "runtime_env.working_dir",
-                    "set either working_dir or runtime_env.working_dir, not both",
-                )
-            )
-        errors += check_runtime_env(spec.runtime_env)
-    c = spec.checkpoint
-    if not isinstance(c, CheckpointSpec):
-        errors.append(FieldError("checkpoint", f"must be a CheckpointSpec, got {kind(c)}"))
-        return errors
-    if c.interval_s is not None and (
-        not is_number(c.interval_s) or not 0 < c.interval_s <= MAX_INTERVAL_S
-    ):
-        errors.append(
-            FieldError(
-                "checkpoint.interval_s",
-                f"must be a finite number > 0 and at most {MAX_INTERVAL_S:g} (a week), or null; "
-                f"got {c.interval_s!r}",
-            )
-        )
-    errors += int_at_least("checkpoint.keep_last", c.keep_last, 1)
-    if not is_number(c.preempt_deadline_s) or c.preempt_deadline_s <= 0:
-        errors.append(
-            FieldError(
-                "checkpoint.preempt_deadline_s",
-                f"must be a finite number > 0, got {c.preempt_deadline_s!r}",
-            )
-        )
-    if c.uri is not None:
-        errors += check_checkpoint_uri_form(c.uri)
-    return errors
+    """Every problem of `spec`, by field path (none: it is valid)."""
+    return SPEC.problems(spec)
 
 
 def check_checkpoint_uri(spec: JobSpec, storage_uri: str) -> list[FieldError]:

@@ -5,7 +5,8 @@ Owns: `check_runtime_env`: the keys in `RUNTIME_ENV_KEYS` only; code (``working_
 requirements (a direct URL only over https, never a requirements-file path or pip option);
 ``conda`` as an env name on the image or a mapping of match specs and https channels;
 ``env_vars`` without ``RAY_*``/``RCP_*`` names except `USER_ENV_VARS`; ``config`` with its
-two known keys; and no NaN or Infinity anywhere.
+two known keys (each problem by its path under ``runtime_env``; no NaN or Infinity anywhere is
+the field's own check, `policies.validation.finite_everywhere`).
 
 Must not: read a file, fetch a URL, or resolve a requirement (the checks are on the text).
 """
@@ -35,15 +36,22 @@ from jobs.spec.limits import (
     USER_ENV_VARS,
     UV_DICT_KEYS,
 )
-from jobs.spec.values import check_remote_code_uri, non_finite
+from jobs.spec.values import check_remote_code_uri
+from policies.validation import raise_problems
 
-__all__ = ["check_runtime_env"]
+__all__ = ["check_runtime_env", "runtime_env_rules"]
+
+
+def runtime_env_rules(env: Mapping[Any, Any]) -> Mapping[Any, Any]:
+    """The validator of ``runtime_env``: its problems by path under it."""
+    raise_problems(check_runtime_env(env))
+    return env
 
 
 def check_runtime_env(env: Mapping[Any, Any]) -> list[FieldError]:
-    errors = non_finite("runtime_env", env)
+    errors: list[FieldError] = []
     for key, value in env.items():
-        path = f"runtime_env.{key}"
+        path = str(key)
         if key not in RUNTIME_ENV_KEYS:
             errors.append(
                 FieldError(path, f"is not accepted; allowed keys: {', '.join(RUNTIME_ENV_KEYS)}")

@@ -1,59 +1,44 @@
 """Checks of one value of a job spec, each returning the `FieldError`s it finds.
 
-Owns: numbers (`is_number`: finite, never a boolean; `int_at_least`; `non_finite`, every NaN
-or Infinity nested anywhere), the entrypoint (`check_entrypoint`: splits into words as a POSIX
-shell would, at most `MAX_ENTRYPOINT_CHARS`), where code comes from
-(`check_remote_code_uri`: a remote archive, never a path on the controller's disk) and the
-form of ``checkpoint.uri`` (`check_checkpoint_uri_form`: ``s3://bucket/prefix`` only).
+Owns: the checks the spec's fields declare (pydantic validators): the entrypoint
+(`entrypoint_words`: splits into words as a POSIX shell would, at most
+`MAX_ENTRYPOINT_CHARS`), where code comes from (`check_remote_code_uri`, `remote_code`: a
+remote archive, never a path on the controller's disk) and the form of ``checkpoint.uri``
+(`checkpoint_uri_form`: ``s3://bucket/prefix`` only). Types, bounds and finite numbers are
+the fields' own (``Annotated``, `policies.validation`).
 
-Must not: know the whole spec (see `job_spec.validate`) or the cluster (see
+Must not: know the whole spec (see `job_spec`) or the cluster (see
 `jobs.spec.check_checkpoint_uri`, called at submission).
 """
 
 from __future__ import annotations
 
-import math
 import shlex
-from collections.abc import Mapping
 from urllib.parse import urlsplit
+
+from pydantic import AfterValidator
 
 from jobs.spec.errors import FieldError, kind
 from jobs.spec.limits import MAX_ENTRYPOINT_CHARS, REMOTE_URI_SCHEMES
 from jobs.storage_uri import StorageUriError, parse_storage_uri
+from policies.validation import raise_problems
 
-__all__ = [
-    "check_checkpoint_uri_form",
-    "check_entrypoint",
-    "check_remote_code_uri",
-    "int_at_least",
-    "is_number",
-    "non_finite",
-]
+__all__ = ["check_remote_code_uri", "checkpoint_uri_form", "entrypoint_words", "remote_code"]
 
 
-def check_entrypoint(entrypoint: str) -> list[FieldError]:
+def entrypoint_words(entrypoint: str) -> str:
     """A command is split into words as a POSIX shell would (`jobs.launcher` runs it on every
     rank without a shell): an unbalanced quote is refused here, not at admission."""
     if len(entrypoint) > MAX_ENTRYPOINT_CHARS:
-        return [FieldError("entrypoint", f"is longer than {MAX_ENTRYPOINT_CHARS} characters")]
+        raise ValueError(f"is longer than {MAX_ENTRYPOINT_CHARS} characters")
     try:
         shlex.split(entrypoint)
     except ValueError as exc:
-        return [
-            FieldError(
-                "entrypoint",
-                f"{entrypoint!r} cannot be split into words ({exc}); close the quote, or run "
-                "a shell line as bash -c '...'",
-            )
-        ]
-    return []
-
-
-def is_number(value: object) -> bool:
-    """A finite int or float (NaN and Infinity compare false with every bound: refuse them)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    return not isinstance(value, float) or math.isfinite(value)
+        raise ValueError(
+            f"{entrypoint!r} cannot be split into words ({exc}); close the quote, or run a "
+            "shell line as bash -c '...'"
+        ) from None
+    return entrypoint
 
 
 def check_remote_code_uri(path: str, value: object, suffixes: tuple[str, ...]) -> list[FieldError]:
@@ -78,47 +63,33 @@ def check_remote_code_uri(path: str, value: object, suffixes: tuple[str, ...]) -
     return []
 
 
-def check_checkpoint_uri_form(uri: str) -> list[FieldError]:
+def remote_code(suffixes: tuple[str, ...]) -> AfterValidator:
+    """A field that names a remote archive of code (`check_remote_code_uri`), or null."""
+
+    def check(value: str | None) -> str | None:
+        if value is not None:
+            raise_problems(check_remote_code_uri("", value, suffixes))
+        return value
+
+    return AfterValidator(check)
+
+
+def checkpoint_uri_form(uri: str | None) -> str | None:
     """A job's own checkpoint location: ``s3://bucket/prefix``, never a path or file:// (a
     node's disk), parsed by `jobs.storage_uri.parse_storage_uri`, the parser the checkpoint
     storages open it with. Whether the bucket exists, and that the URI is outside the
     cluster's per-job area, is checked at submission (`check_checkpoint_uri`)."""
-    scheme = urlsplit(uri).scheme.lower() if isinstance(uri, str) else ""
+    if uri is None:
+        return uri
+    scheme = urlsplit(uri).scheme.lower()
     if scheme != "s3":
         what = f"the scheme {scheme}:// is not supported" if scheme else "it has no scheme"
-        return [
-            FieldError(
-                "checkpoint.uri",
-                f"{uri!r}: {what}; use s3://bucket/prefix (file:// and local paths are "
-                "refused: a node's disk does not survive the node, see docs/checkpointing.md)",
-            )
-        ]
+        raise ValueError(
+            f"{uri!r}: {what}; use s3://bucket/prefix (file:// and local paths are refused: a "
+            "node's disk does not survive the node, see docs/checkpointing.md)"
+        )
     try:
         parse_storage_uri(uri)
     except StorageUriError as exc:
-        return [FieldError("checkpoint.uri", f"{exc}; expected s3://bucket/prefix")]
-    return []
-
-
-def non_finite(path: str, value: object) -> list[FieldError]:
-    """Every NaN or Infinity nested in `value`, by its path (iterative: depth is untrusted)."""
-    errors: list[FieldError] = []
-    stack: list[tuple[str, object]] = [(path, value)]
-    while stack:
-        where, item = stack.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            errors.append(FieldError(where, f"must be a finite number, got {item!r}"))
-        elif isinstance(item, Mapping):
-            stack.extend((f"{where}.{k}", v) for k, v in item.items())
-        elif isinstance(item, list | tuple):
-            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(item))
-    return errors
-
-
-def int_at_least(name: str, value: object, minimum: int, why: str = "") -> list[FieldError]:
-    if isinstance(value, bool) or not isinstance(value, int):
-        return [FieldError(name, f"must be an integer, got {kind(value)}")]
-    if value < minimum:
-        reason = f" ({why})" if why else ""
-        return [FieldError(name, f"must be >= {minimum}{reason}, got {value}")]
-    return []
+        raise ValueError(f"{exc}; expected s3://bucket/prefix") from None
+    return uri

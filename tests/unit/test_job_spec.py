@@ -43,7 +43,9 @@ _DROP = object()
 BAD_SPECS = [
     pytest.param(with_(num_workers=0), "num_workers", "at least 1 worker", id="zero-workers"),
     pytest.param(with_(num_workers=-3), "num_workers", ">= 1", id="negative-workers"),
-    pytest.param(with_(num_workers=2.5), "num_workers", "must be int", id="fractional-workers"),
+    pytest.param(
+        with_(num_workers=2.5), "num_workers", "must be an integer", id="fractional-workers"
+    ),
     pytest.param(with_(num_workers=True), "num_workers", "got a boolean", id="bool-workers"),
     pytest.param(with_(gpus_per_worker=-1), "gpus_per_worker", ">= 0", id="negative-gpus"),
     pytest.param(with_(entrypoint=_DROP), "entrypoint", "required", id="missing-entrypoint"),
@@ -60,6 +62,25 @@ BAD_SPECS = [
         with_(checkpoint={"intervl_s": 5}), "checkpoint.intervl_s", "unknown field", id="ckpt-typo"
     ),
     pytest.param(with_(checkpoint=[1]), "checkpoint", "mapping", id="ckpt-not-mapping"),
+    pytest.param(with_(cpus_per_worker=-1), "cpus_per_worker", ">= 0", id="negative-cpus"),
+    pytest.param(with_(queue=" "), "queue", "non-empty", id="blank-queue"),
+    pytest.param(with_(priority_class=""), "priority_class", "non-empty", id="blank-class"),
+    pytest.param(with_(name=7), "name", "must be a string, got an integer", id="name-not-str"),
+    pytest.param(
+        with_(checkpoint={"keep_last": 0}), "checkpoint.keep_last", ">= 1", id="keep-none"
+    ),
+    pytest.param(
+        with_(checkpoint={"preempt_deadline_s": 0}),
+        "checkpoint.preempt_deadline_s",
+        "> 0",
+        id="no-preempt-deadline",
+    ),
+    pytest.param(
+        with_(checkpoint={"enabled": "yes"}),
+        "checkpoint.enabled",
+        "true or false",
+        id="enabled-not-bool",
+    ),
     pytest.param(
         with_(checkpoint={"uri": "gs://b"}), "checkpoint.uri", "s3://bucket/prefix", id="bad-uri"
     ),
