@@ -36,12 +36,12 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from controlplane.api.identity import Identity  # noqa: E402
+from controlplane.api.jobs import JobService  # noqa: E402
+from controlplane.api.routes import ApiServer  # noqa: E402
 from controlplane.config import load_config  # noqa: E402
-from controlplane.service.api import ApiServer  # noqa: E402
-from controlplane.service.identity import Identity  # noqa: E402
-from controlplane.service.queueing import JobService  # noqa: E402
-from controlplane.service.tokens import bearer_matches, new_token, token_hash  # noqa: E402
 from controlplane.store import Store  # noqa: E402
+from controlplane.tokens import bearer_matches, new_token, token_hash  # noqa: E402
 
 
 def _per_call_us(fn: Any, header: str, calls: int) -> float:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from controlplane.service.queueing import DEFAULT_LIST_LIMIT
+from controlplane.api.jobs import DEFAULT_LIST_LIMIT
 from controlplane.store import JobState, Store
 from jobs.spec import JobSpec
 

@@ -5,7 +5,7 @@ Owns: calling a method of the running local cluster's controller actor (`ask_con
 its health view (`controller_health`); the caller is a connected Ray driver
 (`controlplane.ray_connection.connect`).
 Must not: change what it is asked for (the actor's methods do the work), or find the actor any
-other way than `controlplane.service.controller.get_controller` (always None on Kubernetes,
+other way than `controlplane.controller.actor.get_controller` (always None on Kubernetes,
 where the controller runs in-process and has no actor).
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.service.controller import get_controller
+from controlplane.controller.actor import get_controller
 
 __all__ = ["ControllerCallError", "NoControllerError", "ask_controller", "controller_health"]
 

@@ -25,7 +25,7 @@ the method and its arguments, keyed with the secret the controller created this 
 (derived from the controller's admin key, `derive_admin_secret`; the key itself never leaves
 the controller, and no call carries a secret). A recorded call cannot be replayed: nonces
 only grow and must be recent (`ADMIN_NONCE_WINDOW_S`). The controller talks only to the
-actor whose id it pinned when it created it (`controlplane.service.runner.RayJobs`).
+actor whose id it pinned when it created it (`controlplane.adapters.ray_jobs.RayJobs`).
 
 Must not: import `controlplane` (the runner passes everything through the ``RCP_*``
 environment variables named here); log or print the token or a job's credentials.

@@ -7,10 +7,13 @@ loop's unit tests swap in a fake (tests/unit/loop_fakes.py):
   primitives of `serve.control.operations`) and the Ray autoscaler's `request_resources`;
 * `nodes` - the Ray node inventory and Ray node drain/stop (`RayNodeControl`);
 * `telemetry` - the telemetry agents on every node (start, trust, read samples, stop);
-* `prometheus` - local mode's Prometheus target file for the agents.
+* `prometheus` - local mode's Prometheus target file for the agents;
+* `ray_jobs` - Ray Jobs and Ray Train (`RayJobs`: submission, status, stop, stacks, the job
+  signals actor), driven by the job runner (`controlplane.loop.act.jobs.runner.JobRunner`);
+  `driver_logs` and `job_logs` - attempts' driver logs by byte range;
+* `checkpoints` - committed checkpoints read from object storage.
 
-Ray Jobs and Ray Train are reached through `controlplane.service.runner.JobRunner` (its
-`RayJobs`), Kubernetes through `controlplane.kube`.
+Kubernetes is reached through `controlplane.kube`.
 
 Must not: decide anything (policies do) or keep loop state (the loop does).
 """

@@ -3,7 +3,7 @@ use the API.
 
 Owns: printing what the API's user routes answer (through the SDK), and `recover-admin`, the
 break-glass way back when no admin can sign in: it runs on the controller's host, opens the
-job store under the state dir itself (`controlplane.service.identity.recover_admin`) and needs
+job store under the state dir itself (`controlplane.api.identity.recover_admin`) and needs
 no API and no token. A new or rotated token is printed once, to stdout, and nowhere else
 (give it to its user; the control plane keeps only its hash). Must not: reach the store
 directly in any other command; each of those is one SDK call.
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import click
 
+from controlplane.api.identity import BOOTSTRAP_ADMIN, recover_admin
 from controlplane.cli.common import api_call, client_options, fail, load_cfg, sdk_client
 from controlplane.cli.render import text_table
-from controlplane.service.identity import BOOTSTRAP_ADMIN, recover_admin
 from controlplane.store import Store, StoreError
 
 __all__ = ["users_group", "whoami"]

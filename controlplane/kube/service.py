@@ -73,7 +73,7 @@ from controlplane.kube.actuator import (
 )
 from controlplane.kube.connect import from_config
 from controlplane.kube.remote import MIN_TOKEN_CHARS, read_actuator_token
-from controlplane.service.tokens import bearer_matches
+from controlplane.tokens import bearer_matches
 from serve.inputs import JsonBodyError, loads_json, request_id
 
 if TYPE_CHECKING:

@@ -46,6 +46,7 @@ import psutil
 import yaml
 
 from controlplane.config import Config, from_dict, to_dict
+from controlplane.controller.actor import deploy
 from controlplane.local.autoscaler import (
     FAKE_HEAD_NODE_ID,
     HEAD_NODE_TYPE,
@@ -78,7 +79,6 @@ from controlplane.ray_connection import (
     ray_temp_dir,
     ray_token_path,
 )
-from controlplane.service.controller import deploy
 from controlplane.statefiles import narrow_private, private_dir, private_umask, write_private
 from controlplane.storage import ensure_bucket
 from serve.edge.config import CONFIG_FILE, EdgeSettings, StaticProxies

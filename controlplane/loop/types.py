@@ -209,7 +209,7 @@ class Decision:
 
 
 class JobActions(Protocol):
-    """The Ray Jobs adapter as the loop uses it (`controlplane.service.runner.JobRunner`)."""
+    """The Ray Jobs adapter as the loop uses it (`controlplane.loop.act.jobs.runner.JobRunner`)."""
 
     def reconcile(self) -> None: ...
 

@@ -105,7 +105,7 @@ class UserRecord:
 
     name: str
     role: str
-    """``researcher``, ``operator`` or ``admin`` (`controlplane.service.access.Role`)."""
+    """``researcher``, ``operator`` or ``admin`` (`controlplane.api.access.Role`)."""
     queues: tuple[str, ...]
     """The queues the user may submit to; ``*`` is every queue."""
     created_s: float

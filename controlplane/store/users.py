@@ -17,7 +17,7 @@ is what keeps the first true tomorrow: an admin may hold an expiring token only 
 whose token does not expire. A store already without such an admin (an older version allowed
 it) is not refused changes that do not make it worse.
 
-Must not: see a token, check a role's permissions (`controlplane.service.access`), or read the
+Must not: see a token, check a role's permissions (`controlplane.api.access`), or read the
 wall clock directly.
 """
 
@@ -35,7 +35,7 @@ from controlplane.store.records import UserRecord
 __all__ = ["ADMIN_ROLE", "RECOVER_ADMIN_EVENT", "UserTable"]
 
 ADMIN_ROLE = "admin"
-"""The role that manages users (`controlplane.service.access.Role.ADMIN`); one must remain."""
+"""The role that manages users (`controlplane.api.access.Role.ADMIN`); one must remain."""
 _COLUMNS = "name, user_id, role, queues_json, token_hash, created_s, rotated_s, expires_s"
 RECOVER_ADMIN_EVENT = "audit.users.recover-admin"
 """The event `recover_admin` records: an audit event, though no API request made it."""

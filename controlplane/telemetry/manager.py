@@ -109,7 +109,7 @@ class AgentCluster(Protocol):
 
 
 CONTROLLER_ACTOR = "rcp-controller"
-"""The controller's actor name in `NAMESPACE` (controlplane.service.controller.ACTOR_NAME)."""
+"""The controller's actor name in `NAMESPACE` (controlplane.controller.actor.ACTOR_NAME)."""
 
 
 def vet_agents(

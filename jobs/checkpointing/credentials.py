@@ -4,7 +4,7 @@ Owns `SignalsCredentials`, the `jobs.storage_credentials.CredentialSource` each 
 storage calls when ``RCP_STORAGE_CREDENTIALS=signals`` (``storage.job_credentials=scoped``):
 botocore calls it on the first request and again from 15 minutes before the credentials
 expire (`jobs.checkpoint.storages.s3`). The control plane puts fresh ones into the actor
-before that (`controlplane.service.runner.credentials`), so one call per refresh suffices.
+before that (`controlplane.loop.act.jobs.credentials`), so one call per refresh suffices.
 
 Must not: import `controlplane`; log or print the token or the credentials; hand out
 anything the actor did not give (no fallback to the node's credentials).

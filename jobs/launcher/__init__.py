@@ -7,7 +7,7 @@ and telling the control plane when each worker has started, with its Ray worker'
 node id (so it can tell a running gang from one stuck waiting for resources, and ask Ray for
 a hung worker's stacks; the call carries the attempt's ``RCP_SIGNAL_TOKEN``).
 
-Two ways in (the runner picks one, `controlplane.service.runner.entrypoint_command`):
+Two ways in (the runner picks one, `controlplane.loop.act.jobs.launching.entrypoint_command`):
 
 * ``entrypoint: mypkg.train:train_loop`` (``module:function``): the runner runs
   ``python -m jobs.launcher mypkg.train:train_loop``, which imports the function and runs it as

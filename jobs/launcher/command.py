@@ -112,7 +112,7 @@ def command_worker(config: dict[str, Any]) -> None:
 
 GANG_FAILED_PREFIX = "rcp: the gang failed: "
 """Starts the driver's last log line when a gang failed; the control plane takes the rest of
-that line as the attempt's reason (`controlplane.service.runner`)."""
+that line as the attempt's reason (`controlplane.loop.act.jobs`)."""
 
 
 def gang_failure_summary(exc: BaseException) -> str:

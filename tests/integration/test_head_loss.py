@@ -36,13 +36,13 @@ import pytest
 import requests
 
 from controlplane.config import Config
+from controlplane.controller.actor import get_controller
 from controlplane.local.cluster import LocalCluster
 from controlplane.local.head import node_env
 from controlplane.local.ports import port_in_use
 from controlplane.local.processes import find_cluster_processes, kill_now, node_processes
 from controlplane.local.redis import LocalRedis
 from controlplane.sdk import Client, Job
-from controlplane.service.controller import get_controller
 from tests.integration.conftest import (
     HEAD_LOSS_CLUSTER,
     RetryOnceLoad,

@@ -901,7 +901,7 @@ def test_the_controller_runs_in_process_as_on_kubernetes(
 import ray
 from controlplane.config import load_config
 from controlplane.ray_connection import connect
-from controlplane.service.controller import get_controller
+from controlplane.controller.actor import get_controller
 connect(load_config(None, {overrides!r}))
 print("actor" if get_controller() is not None else "no-actor")
 """

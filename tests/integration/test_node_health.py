@@ -124,7 +124,7 @@ def ticks_started_between(t0: float, t1: float) -> int:
     controller itself records (`get_stats()["tick_starts_s"]`)."""
     import ray
 
-    from controlplane.service.controller import get_controller
+    from controlplane.controller.actor import get_controller
 
     starts = ray.get(get_controller().get_stats.remote(), timeout=30)["tick_starts_s"]
     assert starts and starts[0] <= t0, "the controller's tick record does not reach back to t0"

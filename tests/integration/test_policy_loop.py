@@ -379,7 +379,7 @@ def test_controller_killed_mid_move_resumes_without_double_scaling_or_errors(
 
     import ray
 
-    from controlplane.service.controller import get_controller
+    from controlplane.controller.actor import get_controller
 
     cfg, client = loop_cluster
     connect(cfg)

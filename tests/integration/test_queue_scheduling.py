@@ -118,7 +118,7 @@ def test_priorities_run_in_order_and_a_controller_restart_loses_and_duplicates_n
 ) -> None:
     import ray
 
-    from controlplane.service.controller import get_controller
+    from controlplane.controller.actor import get_controller
 
     cfg, _cluster, client = queue_cluster
     filler_log = tmp_path / "filler.jsonl"

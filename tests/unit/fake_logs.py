@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controlplane.service.runner.driver_logs import LogSlice
+from controlplane.adapters.driver_logs import LogSlice
 
 __all__ = ["LogsFromText", "SyntheticLog"]
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from controlplane.adapters.serve import PoolView, ServeView
 from controlplane.config import Config, load_config
+from controlplane.controller.actor import policies
 from controlplane.inventory import NodeRow
 from controlplane.loop import Adapters, Loop
 from controlplane.loop.act.serving import ScaleExternal
-from controlplane.service.controller import policies
 from controlplane.store import JobState, Store
 from jobs.spec import JobSpec
 from policies.ingress import IngressTraffic

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from controlplane.api.identity import Identity
 from controlplane.cli.users import users_group
 from controlplane.config import load_config
-from controlplane.service.identity import Identity
-from controlplane.service.tokens import token_hash
 from controlplane.store import ADMIN_ROLE, RECOVER_ADMIN_EVENT, LastAdmin, Store
+from controlplane.tokens import token_hash
 
 NOW_S = 10_000.0
 LASTING: float | None = None

@@ -116,7 +116,7 @@ def test_the_example_job_file_is_accepted(srv: Server) -> None:
 def test_job_commands_find_the_api_through_the_config_up_ran_with(
     srv: Server, tmp_path: Path
 ) -> None:
-    from controlplane.service.tokens import TOKEN_FILE, write_url
+    from controlplane.tokens import TOKEN_FILE, write_url
 
     state = tmp_path / "state"
     state.mkdir()

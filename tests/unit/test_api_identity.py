@@ -24,14 +24,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from controlplane.api.access import ROLE_ACTIONS, ROUTE_ACTIONS, Action, Role
+from controlplane.api.jobs import JobService
+from controlplane.api.operations import Operations
+from controlplane.api.routes import ApiServer
 from controlplane.config import Config, load_config
 from controlplane.sdk import AuthError, Client, Forbidden
-from controlplane.service.access import ROLE_ACTIONS, ROUTE_ACTIONS, Action, Role
-from controlplane.service.api import ApiServer
-from controlplane.service.operations import Operations
-from controlplane.service.queueing import JobService
-from controlplane.service.tokens import token_hash
 from controlplane.store import ADMIN_ROLE, SCHEMA_VERSION, JobState, Store
+from controlplane.tokens import token_hash
 from jobs.spec import JobSpec
 from tests.unit.test_api_operations import EXPECTED_ACTIONS as OPERATOR_ACTIONS
 from tests.unit.test_loop_claim import world

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
+from controlplane.api.access import ROUTE_ACTIONS, Action
+from controlplane.api.jobs import JobService
+from controlplane.api.operations import Operations
+from controlplane.api.routes import ApiServer, make_app
 from controlplane.sdk import ApiError, Client, ConflictError, JobNotFound, SpecRejected
-from controlplane.service.access import ROUTE_ACTIONS, Action
-from controlplane.service.api import ApiServer, make_app
-from controlplane.service.operations import Operations
-from controlplane.service.queueing import JobService
 from policies.snapshot import Pool
 from tests.unit.loop_fakes import World
 from tests.unit.test_loop_claim import MODEL, world

@@ -22,6 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from controlplane.api.jobs import MAX_LOG_CHUNK_BYTES, JobService
+from controlplane.api.routes import LOG_RETRY_AFTER_S, MAX_CONCURRENT_LOG_READS, ApiServer
 from controlplane.config import Config, load_config
 from controlplane.sdk import (
     AuthError,
@@ -31,10 +33,8 @@ from controlplane.sdk import (
     NotConfigured,
     SpecRejected,
 )
-from controlplane.service.api import LOG_RETRY_AFTER_S, MAX_CONCURRENT_LOG_READS, ApiServer
-from controlplane.service.queueing import MAX_LOG_CHUNK_BYTES, JobService
-from controlplane.service.tokens import ensure_token, read_token
 from controlplane.store import JobState, Store
+from controlplane.tokens import ensure_token, read_token
 from jobs.spec import JobSpec
 from tests.unit.moto_s3 import moto_s3
 
@@ -534,7 +534,7 @@ def test_a_failing_handler_answers_500_with_an_id_and_no_exception_text(
         raise RuntimeError("db password is hunter2")
 
     monkeypatch.setattr(srv.service, "get", broken)
-    with caplog.at_level("ERROR", logger="controlplane.service.api"):
+    with caplog.at_level("ERROR", logger="controlplane.api.routes"):
         status, headers, resp = raw_with_headers(srv, "GET", "/v1/jobs/job-x")
     assert status == 500
     assert "hunter2" not in json.dumps(resp) and "RuntimeError" not in json.dumps(resp)
@@ -685,7 +685,7 @@ def test_listing_is_paged_by_default_and_the_sdk_follows_pages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from controlplane import sdk
-    from controlplane.service import queueing
+    from controlplane.api import jobs as queueing
 
     monkeypatch.setattr(queueing, "DEFAULT_LIST_LIMIT", 4)
     monkeypatch.setattr(sdk, "LIST_PAGE", 3)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.api.access import Principal, Role
+from controlplane.api.jobs import ApiError, JobService
 from controlplane.config import load_config
-from controlplane.service.access import Principal, Role
-from controlplane.service.queueing import ApiError, JobService
 from controlplane.store import CheckpointClaimConflict, Store
 from jobs.spec import JobSpec
 

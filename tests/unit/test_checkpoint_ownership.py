@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from controlplane.config import Config
-from controlplane.service.runner.info import checkpoint_uri
 from controlplane.store import JobRecord, JobState
+from controlplane.store.attempt_info import checkpoint_uri
 from jobs.checkpoint import CheckpointEngine
 from jobs.checkpoint.layout import manifest_key, shard_key
 from jobs.checkpoint.retention import should_abort_upload

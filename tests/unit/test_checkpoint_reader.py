@@ -14,9 +14,9 @@ from typing import Any
 import boto3
 import pytest
 
+from controlplane.adapters import checkpoints as checkpoints_module
+from controlplane.adapters.checkpoints import MAX_MANIFEST_BYTES, CheckpointReader, CommittedStep
 from controlplane.config import load_config
-from controlplane.service import checkpoints as checkpoints_module
-from controlplane.service.checkpoints import MAX_MANIFEST_BYTES, CheckpointReader, CommittedStep
 from jobs.checkpoint.layout import Manifest, RankRecord, index_key, manifest_key, step_dir
 
 

@@ -1,4 +1,4 @@
-"""The controller run in-process (`controlplane.service.run`), the Kubernetes way: no actor.
+"""The controller run in-process (`controlplane.controller.in_process`), the Kubernetes way: no actor.
 
 Owns the checks that a leftover ``rcp-controller`` actor is stopped before the in-process
 controller opens the store (and that a stuck one stops the start), and that a job store
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from controlplane.config import ConfigError, load_config
-from controlplane.service.run import ExitCode, run_in_process, stop_leftover_actor
-from controlplane.service.tokens import TokenFileError, admin_token
+from controlplane.controller.in_process import ExitCode, run_in_process, stop_leftover_actor
+from controlplane.tokens import TokenFileError, admin_token
 
 
 class FakeActors:
@@ -51,7 +51,7 @@ class FakeActors:
 def test_a_leftover_controller_actor_is_stopped_first(
     present: bool, gone_after: int | None, left_none: bool, killed: list[Any], monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr("controlplane.service.run.time.sleep", lambda _s: None)
+    monkeypatch.setattr("controlplane.controller.in_process.time.sleep", lambda _s: None)
     actors = FakeActors(present, gone_after)
     assert stop_leftover_actor(actors.get, actors.kill, wait_s=0.05) is left_none
     assert actors.killed == killed
@@ -60,8 +60,8 @@ def test_a_leftover_controller_actor_is_stopped_first(
 def test_a_stuck_actor_stops_the_start_before_the_store_is_opened(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr("controlplane.service.run.LEFTOVER_ACTOR_WAIT_S", 0.05)
-    monkeypatch.setattr("controlplane.service.run.time.sleep", lambda _s: None)
+    monkeypatch.setattr("controlplane.controller.in_process.LEFTOVER_ACTOR_WAIT_S", 0.05)
+    monkeypatch.setattr("controlplane.controller.in_process.time.sleep", lambda _s: None)
     cfg = load_config(None, [f"state_dir={tmp_path / 'state'}"])
     actors = FakeActors(True, None)
     code = run_in_process(cfg, find_actor=actors.get, kill_actor=actors.kill)

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from controlplane.config import HealthConfig, load_config, to_dict
+from controlplane.controller.actor import Controller
 from controlplane.loop.health import BREAKER_KEY
 from controlplane.loop.remediation import Breaker, Remediator
-from controlplane.service.controller import Controller
 from controlplane.telemetry.dcgm import DcgmSource
 from controlplane.telemetry.sampling import NodeSampler
 from controlplane.telemetry.verdicts import judge

@@ -23,9 +23,10 @@ import boto3
 import pytest
 import torch
 
+from controlplane.adapters.ray_jobs import RayJobs
 from controlplane.config import ConfigError, load_config
-from controlplane.service.runner import JobRunner, RayJobs
-from controlplane.service.runner import limits as runner_limits
+from controlplane.loop.act.jobs import limits as runner_limits
+from controlplane.loop.act.jobs.runner import JobRunner
 from controlplane.storage import EMBEDDED_JOB_ROLE_ARN, JobCredentialMinter
 from controlplane.store import JobState, Store
 from jobs.checkpoint import CheckpointEngine

@@ -15,10 +15,9 @@ import pytest
 
 from controlplane.config import load_config
 from controlplane.local.cluster import LocalCluster
-from controlplane.service import reliability
-from controlplane.service.runner import JobRunner
+from controlplane.loop.act.jobs.runner import JobRunner
 from controlplane.storage import EMBEDDED_ACCESS_KEY, EMBEDDED_SECRET_KEY
-from controlplane.store import Store
+from controlplane.store import Store, reliability
 from jobs.spec import CheckpointSpec
 from jobs.storage_credentials import StorageCredentials
 from jobs.storage_uri import StorageUri

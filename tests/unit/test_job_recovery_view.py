@@ -1,6 +1,6 @@
 """What a user sees of a job's checkpoints and restarts: the API's job view, the SDK's `Job`,
 `rcp status`/`rcp queue`, and the controller's per-job gauges, all read from the runner's
-info keys (`controlplane.service.job_info`). No Ray: the API runs in-process on loopback.
+info keys (`controlplane.store.job_info`). No Ray: the API runs in-process on loopback.
 
 The info a runner writes is JSON from the store, so every key is also fed in malformed: a
 listing must never fail on one job, and nothing that is not a finite number reaches JSON.
@@ -19,14 +19,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from controlplane.api.jobs import job_to_json
 from controlplane.cli import cli
 from controlplane.config import load_config
+from controlplane.loop.job_metrics import GpuHoursMeter, job_gauges
 from controlplane.loop.remediation import Remediator
-from controlplane.service import reliability
-from controlplane.service.job_info import MAX_ATTEMPTS, MAX_TEXT_CHARS, job_facts
-from controlplane.service.job_metrics import GpuHoursMeter, job_gauges
-from controlplane.service.queueing import job_to_json
-from controlplane.store import JobRecord, JobState, Store
+from controlplane.store import JobRecord, JobState, Store, reliability
+from controlplane.store.job_info import MAX_ATTEMPTS, MAX_TEXT_CHARS, job_facts
 from jobs.spec import JobSpec
 from tests.unit.test_api_server import TOKEN, Server
 from tests.unit.test_health_actuation import FakeNodes

@@ -193,7 +193,7 @@ def test_the_controllers_removal_treats_a_vanished_node_as_done(
     api: FakeKubeApi, tmp_path: Path
 ) -> None:
     """404 from the service is KubeNotFoundError in the controller, as in-process."""
-    from controlplane.service.controller import _kube_remove
+    from controlplane.controller.actor import _kube_remove
 
     for rig in make_rig(api, tmp_path):
         add_worker(api, node="node-that-is-gone")

@@ -99,8 +99,8 @@ PROVIDER_GROUPS = (
 def test_the_loop_sizes_each_providers_group_only_when_it_owns_them(
     api: FakeKubeApi, tmp_path: Path, owns: bool, gpus: dict[str, int], replicas: tuple[int, int]
 ) -> None:
+    from controlplane.controller.actor import policies
     from controlplane.loop import Adapters, Loop
-    from controlplane.service.controller import policies
     from tests.unit.loop_fakes import FakeCluster, FakeMetrics, FakeTelemetry
 
     add_cluster(api, *PROVIDER_GROUPS)
@@ -135,7 +135,7 @@ def test_the_loop_sizes_each_providers_group_only_when_it_owns_them(
 def test_the_controllers_removal_treats_a_vanished_kubernetes_node_as_done(
     api: FakeKubeApi, tmp_path: Path
 ) -> None:
-    from controlplane.service.controller import _kube_remove
+    from controlplane.controller.actor import _kube_remove
 
     api.add_pod(POD, namespace=NS, node_name="node-that-is-gone", labels=worker_labels())
     cfg = load_config(

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.service.runner import entrypoint_command
+from controlplane.loop.act.jobs.launching import entrypoint_command
 from jobs import launcher
 from jobs.launcher import (
     CommandFailed,
@@ -456,7 +456,7 @@ def test_main_runs_the_command_and_ends_a_failed_gangs_log_with_what_failed(
 
 
 def test_the_runner_takes_the_launchers_failure_line_as_the_attempts_reason() -> None:
-    from controlplane.service.runner import _tail_of
+    from controlplane.adapters.job_logs import _tail_of
 
     log = (
         "step 1\nrank 1 of 4 (node 127.0.0.1): the command exited with code 3\n"

@@ -23,9 +23,9 @@ from controlplane.ray_connection import (
     ray_token_path,
     use_ray_token,
 )
-from controlplane.service.tokens import ensure_token, write_url
 from controlplane.statefiles import create_private, narrow_private, private_umask, write_private
 from controlplane.store import Store
+from controlplane.tokens import ensure_token, write_url
 
 
 def mode(path: Path) -> int:

@@ -126,7 +126,7 @@ def test_one_thread_decides(tmp_path: Path, tick_s: float) -> None:
     w.loop.start()
     try:
         after = {t.name for t in threading.enumerate()}
-        assert w.loop.alive()  # what the in-process controller (service.run) watches
+        assert w.loop.alive()  # what the in-process controller (controller.in_process) watches
     finally:
         w.loop.stop()
     assert after - before == {"rcp-tick"}

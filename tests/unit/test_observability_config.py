@@ -29,7 +29,7 @@ import yaml
 from controlplane import observability as obs
 from controlplane.config import load_config
 from controlplane.local.prometheus import LocalPrometheus
-from controlplane.service.job_metrics import JobMetrics
+from controlplane.loop.job_metrics import JobMetrics
 from controlplane.store import JobState
 from controlplane.timeline.series import QUERIES
 from jobs.checkpoint import metrics as ckpt_metrics
@@ -521,7 +521,7 @@ def _sources(*roots: str) -> str:
 
 def test_known_control_plane_and_telemetry_metrics_are_defined_in_the_code() -> None:
     code = _sources(
-        "controlplane/service", "controlplane/loop", "controlplane/telemetry", "jobs/checkpoint"
+        "controlplane/controller", "controlplane/loop", "controlplane/telemetry", "jobs/checkpoint"
     )
     exported = {n for m in ckpt_metrics.ALL for n in m.exported_names}
     lua = LUA_SOURCE.read_text()
@@ -671,7 +671,7 @@ def test_the_controller_exports_recovery_gauges_per_active_job(
 def controller(tmp_path: Path) -> Iterator[Any]:
     """The controller's body, not started (no Ray): built before `fake_ray` swaps Ray out."""
     from controlplane.config import load_config, to_dict
-    from controlplane.service.controller import Controller
+    from controlplane.controller.actor import Controller
 
     cfg = load_config(None, [f"state_dir={tmp_path}", "serve.deploy_app=false"])
     ctrl = Controller(to_dict(cfg), "token", start=False)
@@ -682,7 +682,7 @@ def controller(tmp_path: Path) -> Iterator[Any]:
 def test_the_metrics_phase_feeds_the_fleet_record_and_exports_job_gauges(
     controller: Any, fake_ray: list[tuple[str, str, float, dict[str, str]]]
 ) -> None:
-    from controlplane.service import reliability
+    from controlplane.store import reliability
     from policies.snapshot import Pool
     from tests.unit.builders import node, snapshot
 

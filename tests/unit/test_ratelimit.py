@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.service.ratelimit import TokenBuckets
+from controlplane.api.ratelimit import TokenBuckets
 
 
 class Clock:

@@ -64,7 +64,7 @@ def test_loading_the_cli_loads_neither_ray_nor_torch_nor_matplotlib() -> None:
 def test_one_command_loads_only_its_own_module() -> None:
     """`rcp status` loads neither the simulator, the local cluster, the identity store nor
     aiohttp (every call paid about a second for them when the CLI loaded every command)."""
-    heavy = ["controlplane.simulate", "controlplane.local.cluster", "controlplane.service.identity"]
+    heavy = ["controlplane.simulate", "controlplane.local.cluster", "controlplane.api.identity"]
     assert run_fresh(ONE_COMMAND_LOAD, "status", *heavy, "aiohttp") == "[]"
     assert run_fresh(ONE_COMMAND_LOAD, "simulate", "controlplane.simulate") == (
         "['controlplane.simulate']"

@@ -1,4 +1,4 @@
-"""The fleet's failure record (`controlplane.service.reliability`) as a table: prior, evidence,
+"""The fleet's failure record (`controlplane.store.reliability`) as a table: prior, evidence,
 decay and the gang MTBF handed to jobs."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from controlplane.config import load_config
-from controlplane.service import reliability as rel
 from controlplane.store import Store
+from controlplane.store import reliability as rel
 
 DAY = 86400.0
 

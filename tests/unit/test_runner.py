@@ -13,17 +13,14 @@ from typing import Any
 
 import pytest
 
+from controlplane.adapters.ray_jobs import RayJobs, RayJobStatus
+from controlplane.api.jobs import ApiError, JobService, job_to_json
 from controlplane.config import Config, load_config
 from controlplane.inventory import NodeRow
+from controlplane.loop.act.jobs.launching import entrypoint_command
+from controlplane.loop.act.jobs.limits import ORPHAN_SWEEP_INTERVAL_S
+from controlplane.loop.act.jobs.runner import JobRunner
 from controlplane.loop.observe import build_snapshot
-from controlplane.service.queueing import ApiError, JobService, job_to_json
-from controlplane.service.runner import (
-    ORPHAN_SWEEP_INTERVAL_S,
-    JobRunner,
-    RayJobs,
-    RayJobStatus,
-    entrypoint_command,
-)
 from controlplane.store import JobState, Store
 from jobs.signals import token_sha256
 from jobs.spec import JobSpec

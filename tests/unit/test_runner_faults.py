@@ -19,13 +19,14 @@ from typing import Any
 import pytest
 import ray
 
+from controlplane.adapters.ray_jobs import RayJobs
+from controlplane.api.jobs import JobService
+from controlplane.api.routes import ApiServer
 from controlplane.config import load_config
+from controlplane.loop.act.jobs.runner import JobRunner
 from controlplane.loop.tick import TICK_STALL_MIN_S, TICK_STALL_TICKS, tick_stalled
-from controlplane.service.api import ApiServer
-from controlplane.service.queueing import JobService
-from controlplane.service.retention import DAY_S, Retention
-from controlplane.service.runner import JobRunner, RayJobs
 from controlplane.store import JobState, Store
+from controlplane.store.pruning import DAY_S, Retention
 from jobs import launcher, signals
 from jobs.checkpointing import Checkpointing
 from jobs.signals import (
@@ -208,7 +209,7 @@ def test_healthz_answers_503_naming_the_reason_while_liveness_fails(tmp_path: Pa
 
 def test_a_controller_whose_ticks_stopped_is_not_live(tmp_path: Path) -> None:
     from controlplane.config import to_dict
-    from controlplane.service.controller import Controller
+    from controlplane.controller.actor import Controller
 
     cfg = load_config(None, [f"state_dir={tmp_path}", "policy.tick_s=1"])
     controller = Controller(to_dict(cfg), "t" * 32, start=False)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.adapters.ray_jobs import RayJobs, RayJobStatus
 from controlplane.config import load_config
-from controlplane.service.runner.ray_jobs import RayJobs, RayJobStatus
 
 
 class AnsweringClient:

@@ -15,12 +15,15 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from controlplane.adapters import job_logs
+from controlplane.adapters.driver_logs import DRIVER_LOG_FILE, LogSlice, read_driver_log
+from controlplane.adapters.job_logs import LIVE_LOG_CACHE_S
+from controlplane.adapters.ray_jobs import RayJobs, RayJobStatus
+from controlplane.api.jobs import JobService
 from controlplane.background_http import BackgroundHttpServer
 from controlplane.config import Config, load_config
-from controlplane.service.queueing import JobService
-from controlplane.service.runner import LIVE_LOG_CACHE_S, JobRunner, RayJobs, RayJobStatus
-from controlplane.service.runner import limits as runner_module
-from controlplane.service.runner.driver_logs import DRIVER_LOG_FILE, LogSlice, read_driver_log
+from controlplane.loop.act.jobs import limits as runner_module
+from controlplane.loop.act.jobs.runner import JobRunner
 from controlplane.store import JobState, Store
 from jobs import launcher
 from tests.unit.fake_logs import SyntheticLog
@@ -107,7 +110,7 @@ def test_a_window_of_a_5_gib_log_reads_only_its_bytes(env: Any, offset: int, lim
     ray.driver_logs[f"{job_id}-1"] = SyntheticLog(5 * GIB)
     text, size = runner.read_logs(store.get(job_id), offset, limit)
     header = len(f"=== attempt 1 (Ray job {job_id}-1) ===\n")
-    marker = runner_module.MAX_ATTEMPT_LOG_BYTES + header
+    marker = job_logs.MAX_ATTEMPT_LOG_BYTES + header
     assert size > marker and size < marker + 300  # the first 32 MiB, then the marker line
     assert ray.served() <= 1 + limit + 3  # the size probe, the window, a character's tail
     if offset < marker <= offset + limit:
@@ -215,7 +218,7 @@ def test_an_attempts_log_past_the_cap_keeps_its_head_and_says_it_was_cut(
     env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, _clock, ray, runner = env
-    monkeypatch.setattr(runner_module, "MAX_ATTEMPT_LOG_BYTES", 1000)
+    monkeypatch.setattr(job_logs, "MAX_ATTEMPT_LOG_BYTES", 1000)
     job_id = _running(store, runner, ray)
     ray.driver_logs[f"{job_id}-1"] = SyntheticLog(6000, line=b"x")
     text = runner.read_logs(store.get(job_id), 0, 1 << 20)[0]
@@ -226,7 +229,7 @@ def test_an_attempts_log_past_the_cap_keeps_its_head_and_says_it_was_cut(
 
 
 def test_the_default_cap_is_32_mib() -> None:
-    assert runner_module.MAX_ATTEMPT_LOG_BYTES == 32 << 20
+    assert job_logs.MAX_ATTEMPT_LOG_BYTES == 32 << 20
 
 
 # -- the Ray Jobs adapter: ranged reads from the dashboard agent --------------------------------

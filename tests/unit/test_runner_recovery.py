@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
+from controlplane.adapters.driver_logs import LogSlice
+from controlplane.adapters.ray_jobs import RayJobStatus
 from controlplane.config import load_config, to_dict
-from controlplane.service.controller import Controller
-from controlplane.service.retention import DAY_S, Retention
-from controlplane.service.runner import JobRunner, RayJobStatus
-from controlplane.service.runner.driver_logs import LogSlice
+from controlplane.controller.actor import Controller
+from controlplane.loop.act.jobs.runner import JobRunner
 from controlplane.store import JobState, Store
+from controlplane.store.pruning import DAY_S, Retention
 from policies.plan import PreemptJob
 from tests.unit.test_runner import Clock, FakeRay, admit, submit
 

@@ -16,11 +16,12 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from controlplane.adapters.ray_jobs import RayJobStatus, fetch_worker_stack
 from controlplane.config import load_config
-from controlplane.service.reliability import fleet_record
-from controlplane.service.runner import JobRunner, RayJobStatus, fetch_worker_stack
-from controlplane.service.runner import limits as runner_module
+from controlplane.loop.act.jobs import limits as runner_module
+from controlplane.loop.act.jobs.runner import JobRunner
 from controlplane.store import JobState, Store
+from controlplane.store.reliability import fleet_record
 from policies.plan import PreemptJob
 from tests.unit.test_runner import Clock, FakeRay, admit, commit, running
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.service.runner import RayJobStatus
+from controlplane.adapters.ray_jobs import RayJobStatus
 from controlplane.store import JobState
 from tests.unit.test_runner import admit, env, submit
 

@@ -18,8 +18,9 @@ import pytest
 import ray
 import ray.exceptions
 
+from controlplane.adapters.ray_jobs import SIGNALS_ACTOR_KEY, RayJobs
 from controlplane.config import load_config
-from controlplane.service.runner import SIGNALS_ACTOR_KEY, JobRunner, RayJobs
+from controlplane.loop.act.jobs.runner import JobRunner
 from controlplane.store import Store
 from jobs import signals
 from jobs.signals import token_sha256

@@ -10,7 +10,7 @@ Two modes:
 
 * in-process (the default, shipped): the bootstrap is the head pod's ``rcp-controller``
   container, next to ``ray-head`` (raycluster.yaml). After Serve it runs the controller in
-  this very process (`controlplane.service.run.run_in_process`): no ``rcp-controller`` actor
+  this very process (`controlplane.controller.in_process.run_in_process`): no ``rcp-controller`` actor
   exists, and Ray never starts a worker process in this container, so the API token, the job
   store (PVC ``rcp-state``) and the actuator's bearer token, mounted here only, are out of
   reach of any job, even one placed on the head (``pool_head``, node affinity), which runs in
@@ -18,7 +18,7 @@ Two modes:
   dir and sockets). It exits non-zero on a fatal error (a corrupt job store: the StoreError
   message is printed; Ray lost), so Kubernetes restarts the container, and 0 on SIGTERM.
 * ``--actor``: the former way, for a head with a single container: create the
-  ``rcp-controller`` actor (`controlplane.service.controller.deploy`, which finds a running one
+  ``rcp-controller`` actor (`controlplane.controller.actor.deploy`, which finds a running one
   instead), then check every ``RCP_BOOTSTRAP_CHECK_S`` seconds (default 30) that it still
   exists and deploy it again if not. The actor then runs in the Ray head container, beside
   user code that asks for the head: no separation. ``--actor --once`` deploys and exits.
@@ -112,7 +112,7 @@ def deploy_serve(cfg: Config) -> None:
 
 def deploy_all(cfg: Config) -> str:
     """Serve (proxy + app, if configured) and the controller actor; returns the API URL."""
-    from controlplane.service.controller import deploy
+    from controlplane.controller.actor import deploy
 
     deploy_serve(cfg)
     return deploy(cfg)
@@ -120,7 +120,7 @@ def deploy_all(cfg: Config) -> str:
 
 def serve_and_run_controller(cfg: Config, interval_s: float) -> int:
     """Serve, then the controller in this process until SIGTERM or a fatal error."""
-    from controlplane.service.run import run_in_process as run_controller
+    from controlplane.controller.in_process import run_in_process as run_controller
 
     while True:
         try:
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from controlplane.service.controller import get_controller
+    from controlplane.controller.actor import get_controller
 
     wait_for_port(cfg.ray.node_ip, cfg.ray.gcs_port, cfg.ray.ready_timeout_s)
     ray.init(

@@ -13,7 +13,7 @@ Owns `AttemptEnds`, the writes every end of an attempt shares:
   `forget_many`, `clear_request`, `clear_memory_tier`): a failure is logged, never raised.
 
 Must not: call Ray but through the Ray Jobs adapter (`ray_jobs.RayJobs`), or decide when an
-attempt has ended (the reconcile does, `job_runner`).
+attempt has ended (the reconcile does, `runner`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from controlplane.adapters.ray_jobs import RayJobsApi
 from controlplane.config import Config
 from controlplane.policy_config import restart_limits
-from controlplane.service import reliability
-from controlplane.service.runner.info import (
+from controlplane.store import JobRecord, JobState, Store, reliability
+from controlplane.store.attempt_info import (
     _REQUEUE_INFO,
     AttemptEnd,
     Reason,
@@ -33,8 +34,6 @@ from controlplane.service.runner.info import (
     _info_step,
     attempt_end,
 )
-from controlplane.service.runner.ray_jobs import RayJobsApi
-from controlplane.store import JobRecord, JobState, Store
 from policies.restarts import (
     AttemptFailure,
     FailureKind,

@@ -22,7 +22,6 @@ from enum import Enum
 from typing import Any
 
 from controlplane.config import Config
-from controlplane.service.runner import limits
 from controlplane.store import JobRecord
 from jobs import signals
 from jobs.spec import JOBS_AREA
@@ -37,6 +36,11 @@ __all__ = [
     "checkpoint_uri",
     "uri_of",
 ]
+
+MAX_ATTEMPTS_KEPT = 100
+"""Attempt ends kept in a job's info (``attempts``, newest last)."""
+ATTEMPT_REASON_CHARS = 400
+"""The most of a log tail kept as an attempt's end reason (its last characters)."""
 
 SIGNAL_TOKEN_INFO = "signal_token"
 """The job-info key of the current attempt's signal token."""
@@ -109,7 +113,7 @@ def uri_of(cfg: Config, job: JobRecord) -> str:
 def attempt_end(job: JobRecord, kind: AttemptEnd, reason: str, now: float) -> dict[str, Any]:
     """The info that records how the current attempt ended: its entry in ``attempts`` (with
     ``checkpoint_step``, the committed step the next attempt resumes from)
-    (newest last, at most `limits.MAX_ATTEMPTS_KEPT`), its checkpoint stall and wall seconds
+    (newest last, at most `MAX_ATTEMPTS_KEPT`), its checkpoint stall and wall seconds
     added to the totals, its ``progress`` cleared. {} once recorded (idempotent)."""
     attempt = _count(job.info.get("attempt"))
     if not attempt:
@@ -132,7 +136,7 @@ def attempt_end(job: JobRecord, kind: AttemptEnd, reason: str, now: float) -> di
             "admitted_s": _finite(job.info.get("admitted_s")),
             "ended_s": now,
             "kind": kind.value,
-            "reason": reason[-limits.ATTEMPT_REASON_CHARS :],
+            "reason": reason[-ATTEMPT_REASON_CHARS:],
             "step": _count(progress.get("step")),
             "checkpoint_step": committed,
         }
@@ -141,7 +145,7 @@ def attempt_end(job: JobRecord, kind: AttemptEnd, reason: str, now: float) -> di
     for key in ("stall_s", "wall_s"):
         before = _finite(job.info.get(f"{key}_total")) or 0.0
         totals[f"{key}_total"] = before + (_finite(progress.get(key)) or 0.0)
-    return {"attempts": attempts[-limits.MAX_ATTEMPTS_KEPT :], "progress": None, **totals}
+    return {"attempts": attempts[-MAX_ATTEMPTS_KEPT:], "progress": None, **totals}
 
 
 PROGRESS_INFO_KEYS = ("step", "step_at_s", "stall_s", "wall_s")

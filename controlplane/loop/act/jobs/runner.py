@@ -33,29 +33,18 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from controlplane.adapters.checkpoints import CheckpointReader
+from controlplane.adapters.job_logs import AttemptLogs, _tail_of
+from controlplane.adapters.ray_jobs import _ENDED, RayJobs, RayJobsApi, RayJobStatus
 from controlplane.config import Config
-from controlplane.service.checkpoints import CheckpointReader
-from controlplane.service.runner import limits
-from controlplane.service.runner.background import _Background, _Submissions, io_pool
-from controlplane.service.runner.checkpoint_reads import CommittedReads, ReadResult
-from controlplane.service.runner.credentials import JobCredentials, Mint
-from controlplane.service.runner.ends import AttemptEnds
-from controlplane.service.runner.info import (
-    _REQUEUE_INFO,
-    PROGRESS_INFO_KEYS,
-    SIGNAL_TOKEN_INFO,
-    AttemptEnd,
-    Reason,
-    _progress_of,
-    _submission_id,
-    attempt_end,
-    checkpoint_uri,
-)
-from controlplane.service.runner.launching import Launcher
-from controlplane.service.runner.logs import AttemptLogs, _tail_of
-from controlplane.service.runner.preemption import Preemption
-from controlplane.service.runner.ray_jobs import _ENDED, RayJobs, RayJobsApi, RayJobStatus
-from controlplane.service.runner.watchdog import Watchdog
+from controlplane.loop.act.jobs import limits
+from controlplane.loop.act.jobs.background import _Background, _Submissions, io_pool
+from controlplane.loop.act.jobs.checkpoint_reads import CommittedReads, ReadResult
+from controlplane.loop.act.jobs.credentials import JobCredentials, Mint
+from controlplane.loop.act.jobs.ends import AttemptEnds
+from controlplane.loop.act.jobs.launching import Launcher
+from controlplane.loop.act.jobs.preemption import Preemption
+from controlplane.loop.act.jobs.watchdog import Watchdog
 from controlplane.store import (
     TERMINAL_STATES,
     IllegalTransition,
@@ -65,6 +54,18 @@ from controlplane.store import (
     StaleState,
     Store,
     UnknownJob,
+)
+from controlplane.store.attempt_info import (
+    _REQUEUE_INFO,
+    ATTEMPT_REASON_CHARS,
+    PROGRESS_INFO_KEYS,
+    SIGNAL_TOKEN_INFO,
+    AttemptEnd,
+    Reason,
+    _progress_of,
+    _submission_id,
+    attempt_end,
+    checkpoint_uri,
 )
 from policies.plan import AdmitJob, PreemptJob
 from policies.restarts import FailureKind, failure_signature
@@ -281,7 +282,7 @@ class JobRunner:
             return
         if status in (RayJobStatus.FAILED, RayJobStatus.STOPPED):
             text = self._log_text(sid)
-            message = _tail_of(text, limits.ATTEMPT_REASON_CHARS)
+            message = _tail_of(text, ATTEMPT_REASON_CHARS)
             if job.state is JobState.ADMITTED:
                 why = (
                     Reason.RAY_JOB_FAILED

@@ -24,9 +24,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from controlplane.api.access import Principal
 from controlplane.config import Config
-from controlplane.service.access import Principal
-from controlplane.service.job_info import job_facts
 from controlplane.storage import bucket_of, check_bucket, s3_client
 from controlplane.store import (
     TERMINAL_STATES,
@@ -44,6 +43,7 @@ from controlplane.store import (
     Transition,
     UnknownJob,
 )
+from controlplane.store.job_info import job_facts
 from jobs.spec import FieldError, JobSpec, SpecError, check_checkpoint_uri
 
 __all__ = [

@@ -33,9 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane.config import Config
-from controlplane.service import reliability
-from controlplane.service.job_info import job_facts
-from controlplane.store import JobRecord, JobState, Store
+from controlplane.store import JobRecord, JobState, Store, reliability
+from controlplane.store.job_info import job_facts
 
 __all__ = ["GpuHoursMeter", "JobGauges", "JobMetrics", "job_gauges"]
 

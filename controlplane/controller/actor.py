@@ -5,7 +5,7 @@ Owns: the shell around the control loop: the job store (SQLite, WAL, at
 retention it hands the loop, the real adapters (`controlplane.adapters`) and the
 `controlplane.loop.Loop` itself, which runs every tick, in one thread, observe -> decide ->
 act -> record (see `controlplane.loop.tick`), and the operator's side of the API
-(`controlplane.service.operations.Operations`: nodes, health, cordons, the breaker, serve
+(`controlplane.api.operations.Operations`: nodes, health, cordons, the breaker, serve
 status, faults, pause, pins), answered from the loop's state and its guards.
 
 The actor lives on the head (``resources={"pool_head": 1}``, ``num_cpus=0``), is detached and
@@ -13,10 +13,10 @@ restarts forever (``max_restarts=-1``); a restarted actor reads everything from 
 acts idempotently (see `runner`), and resumes a move that was in flight
 (`controlplane.loop.act.serving`). `deploy(cfg)` creates it or finds the running one, waits
 for the API and returns its URL; the API token is created once at ``<state_dir>/api-token``
-(0600; the first admin's token, `controlplane.service.identity`) and the URL written to
+(0600; the first admin's token, `controlplane.api.identity`) and the URL written to
 ``<state_dir>/api-url`` for the SDK and CLI. That is local
 mode. On Kubernetes the same class runs in-process in a Ray driver instead
-(`controlplane.service.run`), in a container where Ray starts no worker: no actor exists
+(`controlplane.controller.in_process`), in a container where Ray starts no worker: no actor exists
 there, so `get_controller` is None and the actor methods below are plain methods.
 
 At start it also puts Ray Train's autoscaling coordinator on the head, in a thread of its own
@@ -40,25 +40,25 @@ from typing import Any
 from controlplane.adapters.latency import PrometheusLatency, latency_source_url
 from controlplane.adapters.nodes import RayNodes
 from controlplane.adapters.prometheus import PrometheusTargets
+from controlplane.adapters.ray_jobs import RayJobs
 from controlplane.adapters.serve import RayServe
 from controlplane.adapters.telemetry import RayTelemetry
 from controlplane.adapters.train_coordinator import keep_on_head
+from controlplane.api.jobs import JobService
+from controlplane.api.operations import OperationRefused, Operations
+from controlplane.api.routes import ApiServer
 from controlplane.config import Config, from_dict, to_dict
 from controlplane.loop import Adapters, Hooks, Loop
+from controlplane.loop.act.jobs.runner import JobRunner
 from controlplane.loop.decide import Policies, policies_of
+from controlplane.loop.job_metrics import GpuHoursMeter, JobMetrics
 from controlplane.loop.record import EventKind, RayMetrics
 from controlplane.pools import Pool, pool_resource
 from controlplane.ray_connection import connect, ray_connection_env
-from controlplane.service import reliability
-from controlplane.service.api import ApiServer
-from controlplane.service.job_metrics import GpuHoursMeter, JobMetrics
-from controlplane.service.operations import OperationRefused, Operations
-from controlplane.service.queueing import JobService
-from controlplane.service.retention import Retention
-from controlplane.service.runner import JobRunner, RayJobs
-from controlplane.service.tokens import admin_token, write_url
-from controlplane.store import JobRecord, Store, StoreError
+from controlplane.store import JobRecord, Store, StoreError, reliability
+from controlplane.store.pruning import Retention
 from controlplane.telemetry.manager import inject_fault, verdict_json
+from controlplane.tokens import admin_token, write_url
 from policies.snapshot import ClusterSnapshot
 from serve.control.status import serve_status
 
@@ -282,7 +282,7 @@ def _kube_remove(cfg: Config) -> Any:
 
 def get_controller() -> Any:
     """The running controller actor's handle, or None (always None on Kubernetes, where the
-    controller runs in-process, not as an actor: `controlplane.service.run`)."""
+    controller runs in-process, not as an actor: `controlplane.controller.in_process`)."""
     import ray
 
     try:

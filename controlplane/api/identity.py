@@ -27,9 +27,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from controlplane.service.access import ALL_QUEUES, Principal, Role
-from controlplane.service.queueing import ApiError, int_param
-from controlplane.service.tokens import new_token, token_hash
+from controlplane.api.access import ALL_QUEUES, Principal, Role
+from controlplane.api.jobs import ApiError, int_param
 from controlplane.store import (
     LastAdmin,
     Store,
@@ -37,6 +36,7 @@ from controlplane.store import (
     UserExists,
     UserRecord,
 )
+from controlplane.tokens import new_token, token_hash
 
 __all__ = [
     "BOOTSTRAP_ADMIN",

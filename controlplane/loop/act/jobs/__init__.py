@@ -1,15 +1,22 @@
-"""The runner: the act phase for training jobs. The only code that starts and stops Ray Jobs.
+"""The job actuator: admission's plan through the job runner, the only code that starts and
+stops Ray Jobs.
 
-A job's life after admission, idempotently and from the store alone, so a restarted
-controller carries on where the last one stopped. `JobRunner` is the entry point (the
+`apply_admission` (`admission`) applies admission's plan item by item: `PreemptJob` ->
+`JobActions.preempt` (checkpoint first, then stop and re-queue), `AdmitJob` ->
+`JobActions.admit` (the gang starts on the named nodes), `RejectJob` -> the queued job fails
+with the reason, `WaitJob` -> the queued job's message says why it waits.
+
+The runner carries a job's life after admission, idempotently and from the store alone, so a
+restarted controller carries on where the last one stopped. `JobRunner` is the entry point (the
 controller calls `admit`, `preempt` and `reconcile` every tick, the API `read_logs`,
-retention `forget_many`); `RayJobs` is the Ray side it drives. The modules, one concern each:
+retention `forget_many`); `RayJobs` (`controlplane.adapters.ray_jobs`) is the Ray side it
+drives. Each name is imported from its own module (this package's `__init__` re-exports
+only `apply_admission`, so importing the loop loads no Ray). The modules, one concern each:
 
-* `job_runner` - `JobRunner`: the entry points and the per-tick reconcile that moves every job
+* `admission` - `apply_admission`: admission's plan item by item, each tried on its own;
+* `runner` - `JobRunner`: the entry points and the per-tick reconcile that moves every job
   holding (or having held) a gang along from what Ray, the signals actor and storage say;
   the sweeps of orphaned Ray Jobs and memory tiers;
-* `ray_jobs` - the Ray Jobs adapter, `RayJobs`: the only module here that calls Ray's Job
-  Submission API, the dashboard (stacks via py-spy) and the job signals actor;
 * `launching` - admission and launch: QUEUED -> ADMITTED, the attempt recorded before the
   submission, the Ray Job's entrypoint (`entrypoint_command`) and runtime env;
 * `credentials` - jobs' scoped storage credentials: minted at admission, handed to the
@@ -21,18 +28,23 @@ retention `forget_many`); `RayJobs` is the Ray side it drives. The modules, one 
   (`policies.restarts`), what the signals actor and the memory tier are told at an end;
 * `checkpoint_reads` - committed checkpoints read from object storage, never from the loop's
   word;
-* `logs` - attempts' logs for `rcp logs`, read from Ray by byte range, never whole (`driver_logs`);
 * `background` - submissions and slow reads on threads, so the tick waits a bounded time;
-* `info` - the reason codes, attempt-end kinds and job-info keys the runner writes, and the
-  checked readers of them; `limits` - the runner's bounds.
+* `limits` - the runner's bounds.
+
+Beside it, below the loop: `controlplane.adapters.ray_jobs` - the Ray Jobs adapter, the only
+module that calls Ray's Job Submission API, the dashboard (stacks via py-spy) and the job
+signals actor; `controlplane.adapters.job_logs` - attempts' logs for `rcp logs`, read from
+Ray by byte range, never whole (`controlplane.adapters.driver_logs`);
+`controlplane.store.attempt_info` - the reason codes, attempt-end kinds and job-info keys the
+runner writes, and the checked readers of them.
 
 What the job's info records (the API, CLI and metrics read exactly these keys,
-`controlplane.service.job_info`): ``checkpoint_uri`` (its prefix); ``checkpoint`` =
+`controlplane.store.job_info`): ``checkpoint_uri`` (its prefix); ``checkpoint`` =
 ``{"step", "uri", "committed_unix_s", "read_s"}``, the newest committed step as read from
 storage; ``progress`` = the running attempt's ``{"step", "step_at_s", "stall_s", "wall_s"}``
 from the signals actor (present only while an attempt runs); ``stall_s_total``/
 ``wall_s_total`` over ended attempts; ``restarts`` (crash and hang restarts used); ``hangs``;
-``attempts`` (newest last, at most `limits.MAX_ATTEMPTS_KEPT`) = ``{"attempt",
+``attempts`` (newest last, at most `attempt_info.MAX_ATTEMPTS_KEPT`) = ``{"attempt",
 "admitted_s", "ended_s", "kind", "reason", "step"}`` with ``kind`` an `AttemptEnd` and
 ``step`` the last step the attempt reported (None: none). A give-up's attempt has kind
 ``failed``.
@@ -63,34 +75,14 @@ refused. No storage credential is in it (the Jobs tab shows it): with
 the credentials minted for its prefix from the signals actor (`credentials`); with ``shared``
 workers find theirs in the node's usual AWS sources.
 
-Must not: decide who runs (that is `policies.admission`).
+Must not: decide who runs (that is `policies.admission`); every item is applied as the
+policy returned it.
 """
 
 from __future__ import annotations
 
-from controlplane.service.runner.info import AttemptEnd, Reason
-from controlplane.service.runner.job_runner import JobRunner
-from controlplane.service.runner.launching import entrypoint_command
-from controlplane.service.runner.limits import LIVE_LOG_CACHE_S, ORPHAN_SWEEP_INTERVAL_S
-from controlplane.service.runner.logs import _tail_of as _tail_of  # tests read it here
-from controlplane.service.runner.ray_jobs import (
-    SIGNALS_ACTOR_KEY,
-    RayJobs,
-    RayJobStatus,
-    dashboard_client,
-    fetch_worker_stack,
-)
+from controlplane.loop.act.jobs.admission import apply_admission
 
-__all__ = [
-    "LIVE_LOG_CACHE_S",
-    "ORPHAN_SWEEP_INTERVAL_S",
-    "SIGNALS_ACTOR_KEY",
-    "AttemptEnd",
-    "JobRunner",
-    "RayJobStatus",
-    "RayJobs",
-    "Reason",
-    "dashboard_client",
-    "entrypoint_command",
-    "fetch_worker_stack",
-]
+# Only the light admission step here: the loop (and the simulator, and the CLI through it)
+# imports this package, and must not load Ray; the runner is `controlplane.loop.act.jobs.runner`.
+__all__ = ["apply_admission"]

@@ -12,7 +12,7 @@ most, all jobs together), and what the job's info records of them:
   job reported for it whose manifest is in storage, or any committed after the request);
 * a storage error is logged and read again later, never fails the job.
 
-Must not: move a job between states (`preemption` and `job_runner` act on what is recorded).
+Must not: move a job between states (`preemption` and `runner` act on what is recorded).
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from controlplane.adapters.checkpoints import CheckpointReader, CommittedStep
 from controlplane.config import Config
-from controlplane.service.checkpoints import CheckpointReader, CommittedStep
-from controlplane.service.runner.background import _Background
-from controlplane.service.runner.info import (
+from controlplane.loop.act.jobs.background import _Background
+from controlplane.store import JobRecord, JobState, Store, UnknownJob
+from controlplane.store.attempt_info import (
     _finite,
     _hint_step,
     _info_step,
     _progress_of,
     uri_of,
 )
-from controlplane.store import JobRecord, JobState, Store, UnknownJob
 from jobs import signals
 
 __all__ = ["CommittedReads", "ReadResult"]

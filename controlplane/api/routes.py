@@ -1,9 +1,9 @@
 """The control plane's HTTP API (JSON, bearer-token auth), served by aiohttp.
 
 Owns: routes, authentication (each request's token looked up by its hash:
-`controlplane.service.identity`), authorization (every route registered with the action it
+`controlplane.api.identity`), authorization (every route registered with the action it
 needs, `access.add_route`; a role without it is 403 before the handler runs), per-user rate
-limits (429 with ``Retry-After``, `controlplane.service.ratelimit`), the audit (every
+limits (429 with ``Retry-After``, `controlplane.api.ratelimit`), the audit (every
 authenticated request that is not GET/HEAD on a named route records one ``audit.<route>``
 event with the user, role, route, path parameters, what it made (a job's or user's name),
 status and request id, whatever the outcome), request parsing and the JSON error shape. Every error body is
@@ -59,7 +59,7 @@ With `make_app(..., operations=...)` (the controller always passes them) the ope
 are registered too: ``/v1/nodes``, ``/v1/nodes/{node}/cordon|uncordon``, ``/v1/health``,
 ``/v1/health/{node}/clear``, ``/v1/health/breaker[/reset]``, ``/v1/serve``,
 ``/v1/serve/models/{model}/pin``, ``/v1/faults``, ``/v1/policy[/pause|/resume]``; their
-table, bodies and permissions are in `controlplane.service.api_operations`.
+table, bodies and permissions are in `controlplane.api.operator_routes`.
 
 Must not: hold job logic (that is `JobService`) or touch Ray.
 """
@@ -75,25 +75,25 @@ from typing import Any
 
 from aiohttp import web
 
-from controlplane.background_http import BackgroundHttpServer
-from controlplane.service.access import (
+from controlplane.api.access import (
     PRINCIPAL,
     Action,
     add_route,
     principal_of,
     route_action,
 )
-from controlplane.service.api_operations import add_operations_routes
-from controlplane.service.identity import Identity, user_to_json
-from controlplane.service.operations import Operations
-from controlplane.service.queueing import (
+from controlplane.api.identity import Identity, user_to_json
+from controlplane.api.jobs import (
     ApiError,
     JobService,
     event_to_json,
     invalid_to_json,
     job_to_json,
 )
-from controlplane.service.ratelimit import TokenBuckets
+from controlplane.api.operations import Operations
+from controlplane.api.operator_routes import add_operations_routes
+from controlplane.api.ratelimit import TokenBuckets
+from controlplane.background_http import BackgroundHttpServer
 from serve.inputs import JsonBodyError, loads_json, request_id
 
 __all__ = ["ApiServer", "make_app"]
@@ -447,7 +447,7 @@ def make_app(
         action=Action.MANAGE_USERS,
     )
     add_route(app, "GET", "/healthz", _healthz, name="healthz", action=Action.PUBLIC)
-    if operations is not None:  # the operator routes: controlplane.service.api_operations
+    if operations is not None:  # the operator routes: controlplane.api.operator_routes
         add_operations_routes(app, operations)
     app.router.add_route("*", "/{tail:.*}", _not_found)
     return app

@@ -1,12 +1,12 @@
 """The API's operator routes: nodes, health, the breaker, serving, faults, the policy actor.
 
 Owns: `add_operations_routes(app, operations)`, which registers these routes (each through
-`access.add_route` with the action it needs) on the app `controlplane.service.api.make_app`
+`access.add_route` with the action it needs) on the app `controlplane.api.routes.make_app`
 builds, and their request parsing. Each handler validates what it was sent (path names and
 bodies are untrusted: bounded, checked, and a bad one is a 400 naming the field that changes
-nothing), then calls `controlplane.service.operations.Operations` on a small thread pool of
+nothing), then calls `controlplane.api.operations.Operations` on a small thread pool of
 its own (the calls may wait on Ray or the store; never on the event loop). Refusals keep the
-API's JSON error shape (`queueing.ApiError`). Audit events are the auth middleware's; a
+API's JSON error shape (`jobs.ApiError`). Audit events are the auth middleware's; a
 handler's response carries what it changed (and the reason given), so the audit and the
 caller see it.
 
@@ -43,9 +43,9 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from controlplane.service.access import Action, add_route, principal_of
-from controlplane.service.operations import OperationRefused, Operations
-from controlplane.service.queueing import ApiError
+from controlplane.api.access import Action, add_route, principal_of
+from controlplane.api.jobs import ApiError
+from controlplane.api.operations import OperationRefused, Operations
 from serve.inputs import JsonBodyError, loads_json
 
 __all__ = [

@@ -3,7 +3,7 @@
 Owns one store record (`RELIABILITY_KEY`) with two decayed counters:
 
 * ``failures``: gang failures (a worker crashed, a node was lost, the job hung: recorded by
-  `controlplane.service.runner`) plus nodes removed by health (recorded by
+  `controlplane.loop.act.jobs`) plus nodes removed by health (recorded by
   `controlplane.loop.remediation`);
 * ``gpu_hours``: cluster-pool GPU-hours the controller watched (accrued every tick from the
   live pool's GPUs).

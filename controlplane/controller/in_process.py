@@ -1,6 +1,6 @@
 """The controller in this process: the Kubernetes way to run the control plane.
 
-Owns: running `controller.Controller` (the same class the ``rcp-controller`` actor runs in
+Owns: running `actor.Controller` (the same class the ``rcp-controller`` actor runs in
 local mode) in the calling process, a connected Ray driver, until it is stopped or breaks.
 On KubeRay the head pod's ``rcp-controller`` container runs this (through
 infra/k8s/bootstrap/rcp_bootstrap.py): it holds the control plane's credentials (the API
@@ -38,8 +38,8 @@ from collections.abc import Callable
 from typing import Any
 
 from controlplane.config import Config, to_dict
-from controlplane.service.controller import Controller, _healthy, get_controller
-from controlplane.service.tokens import TokenFileError, admin_token, write_url
+from controlplane.controller.actor import Controller, _healthy, get_controller
+from controlplane.tokens import TokenFileError, admin_token, write_url
 
 __all__ = ["ExitCode", "run_in_process", "stop_leftover_actor"]
 
@@ -70,7 +70,7 @@ def stop_leftover_actor(
 ) -> bool:
     """Kill the ``rcp-controller`` actor if one runs (an install from before the in-process
     controller, or a local ``rcp up``), and wait until its name is free. True when none is
-    left. `get` is `controller.get_controller`, `kill` kills without restart."""
+    left. `get` is `actor.get_controller`, `kill` kills without restart."""
     handle = get()
     if handle is None:
         return True
@@ -104,7 +104,7 @@ def run_in_process(
     """Run the controller in this process until `stop` is set or it breaks (module docstring).
 
     The caller is a connected Ray driver in namespace ``rcp``. `find_actor` (default
-    `controller.get_controller`) and `kill_actor` are Ray's, swapped only by unit tests."""
+    `actor.get_controller`) and `kill_actor` are Ray's, swapped only by unit tests."""
     stop = stop or threading.Event()
     if not stop_leftover_actor(
         find_actor or get_controller, kill_actor, wait_s=LEFTOVER_ACTOR_WAIT_S

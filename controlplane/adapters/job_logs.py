@@ -4,11 +4,11 @@ Owns `AttemptLogs` (`JobRunner.read_logs`): a window of the driver logs of every
 job, oldest first, each under a header line, with what the control plane kept with the
 attempt (a hung gang's stacks, `Store.put_attempt_note`). Offsets and sizes are bytes of the
 UTF-8 text. Only the bytes the window covers are asked of Ray (`RayJobsApi.log_slice`), and
-nothing past an attempt's first `limits.MAX_ATTEMPT_LOG_BYTES` (a marker line,
+nothing past an attempt's first `MAX_ATTEMPT_LOG_BYTES` (a marker line,
 `LOG_TRUNCATED_MARKER`, stands for the rest), so a multi-GB log costs a follower what it
 reads. Where each attempt starts needs the sizes of those before it: an ended attempt's never
 changes and is kept once learned; the live attempt's is asked again at most once per
-`limits.LIVE_LOG_CACHE_S`, however many clients follow it. Also the tail of a failed
+`LIVE_LOG_CACHE_S`, however many clients follow it. Also the tail of a failed
 attempt's log that becomes its reason (`_tail_of`).
 
 Must not: call Ray but through the Ray Jobs adapter (`ray_jobs.RayJobs.log_slice`,
@@ -22,12 +22,22 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controlplane.service.runner import limits
-from controlplane.service.runner.ray_jobs import RayJobsApi
+from controlplane.adapters.ray_jobs import RayJobsApi
 from controlplane.store import JobRecord, Store
 from jobs import launcher
 
 __all__ = ["LOG_TRUNCATED_MARKER", "AttemptLogs"]
+
+MAX_ATTEMPT_LOG_BYTES = 32 << 20
+"""The most of one attempt's log the runner serves: its first bytes; a marker line
+(`LOG_TRUNCATED_MARKER`) says the rest was left in Ray. Applied at the source: nothing
+past it is ever asked of Ray (`AttemptLogs`). The head is kept, so offsets stay valid."""
+LOG_SIZE_INDEX_ENTRIES = 100_000
+"""Ended attempts whose log size `JobRunner.read_logs` remembers (least recently used out)."""
+LIVE_LOG_CACHE_S = 2.0
+"""How long a live attempt's log size is used again before Ray is asked anew: reading an
+older attempt's window needs the sizes before it, and N clients following one job cost one
+size probe per this many seconds; each then reads only its own window's bytes."""
 
 LOG_TRUNCATED_MARKER = "\n[rcp: log truncated here: the control plane serves the first {n} bytes of an attempt's log; read the rest with `ray job logs {sid}`]\n"
 
@@ -61,7 +71,7 @@ class AttemptLogs:
         self._lock = threading.Lock()
         self._ended_sizes: collections.OrderedDict[str, tuple[int, int]] = collections.OrderedDict()
         """(size of the part, size of Ray's log) of ended attempts, by submission id (least
-        recently used out past `limits.LOG_SIZE_INDEX_ENTRIES`)."""
+        recently used out past `LOG_SIZE_INDEX_ENTRIES`)."""
         self._live_sizes: dict[str, tuple[float, int]] = {}
         """(asked at, size of Ray's log) of live attempts, by submission id."""
         self._probe_locks: dict[str, threading.Lock] = {}
@@ -108,7 +118,7 @@ class AttemptLogs:
         return None if known is None else known[0]
 
     def _part(self, job: JobRecord, attempt: int) -> _Part:
-        """One attempt's part: a header line, then the first `limits.MAX_ATTEMPT_LOG_BYTES`
+        """One attempt's part: a header line, then the first `MAX_ATTEMPT_LOG_BYTES`
         of its log (the marker when Ray holds more), then what the control plane kept with
         the attempt (written before the attempt ends, so an ended attempt's part never
         changes). Asks Ray for the log's size only."""
@@ -117,7 +127,7 @@ class AttemptLogs:
         with self._lock:
             known = self._ended_sizes.get(sid) if ended else None
         ray_size = known[1] if known is not None else self._ray_size(sid, ended)
-        cap = limits.MAX_ATTEMPT_LOG_BYTES
+        cap = MAX_ATTEMPT_LOG_BYTES
         marker = LOG_TRUNCATED_MARKER.format(n=cap, sid=sid) if ray_size > cap else ""
         note = self.store.attempt_note(job.job_id, attempt)
         part = _Part(
@@ -131,13 +141,13 @@ class AttemptLogs:
             with self._lock:
                 self._ended_sizes[sid] = (part.size, ray_size)
                 self._ended_sizes.move_to_end(sid)
-                while len(self._ended_sizes) > limits.LOG_SIZE_INDEX_ENTRIES:
+                while len(self._ended_sizes) > LOG_SIZE_INDEX_ENTRIES:
                     self._ended_sizes.popitem(last=False)
         return part
 
     def _ray_size(self, sid: str, ended: bool) -> int:
         """The length of Ray's log of `sid`: a one-byte tail read. A live attempt's is used
-        again for `limits.LIVE_LOG_CACHE_S` (concurrent readers wait for one probe)."""
+        again for `LIVE_LOG_CACHE_S` (concurrent readers wait for one probe)."""
         if ended:
             return self.ray.log_tail(sid, 1).size
         with self._lock:
@@ -153,7 +163,7 @@ class AttemptLogs:
             size = self.ray.log_tail(sid, 1).size
             now = self.clock()
             with self._lock:
-                fresh_s = limits.LIVE_LOG_CACHE_S
+                fresh_s = LIVE_LOG_CACHE_S
                 self._live_sizes = {
                     k: v for k, v in self._live_sizes.items() if now - v[0] < fresh_s
                 }
@@ -163,7 +173,7 @@ class AttemptLogs:
 
     def _fresh_size(self, sid: str) -> int | None:
         known = self._live_sizes.get(sid)
-        if known is not None and self.clock() - known[0] < limits.LIVE_LOG_CACHE_S:
+        if known is not None and self.clock() - known[0] < LIVE_LOG_CACHE_S:
             return known[1]
         return None
 

@@ -12,8 +12,9 @@ Owns `RayJobs`, the Ray side of a job's life:
 * the ``rcp-job-signals`` actor (`jobs.signals.JobSignals`) that training loops talk to,
   trusted by the actor id pinned in the store (`SIGNALS_ACTOR_KEY`), never by its name.
 
-Must not: decide anything about a job or write a job's record (that is `job_runner` and the
-modules it drives). It is the runner's one module that imports ``ray``.
+Must not: decide anything about a job or write a job's record (that is the runner,
+`controlplane.loop.act.jobs`, and the modules it drives). It is the runner's one module that
+imports ``ray``.
 """
 
 from __future__ import annotations
@@ -30,12 +31,11 @@ import ray
 import requests
 from ray.actor import ActorHandle
 
+from controlplane.adapters.driver_logs import LogSlice, read_driver_log
 from controlplane.config import Config
 from controlplane.pools import JOB_DRIVER_RESOURCE, Pool, pool_resource
-from controlplane.service.runner import limits
-from controlplane.service.runner.driver_logs import LogSlice, read_driver_log
-from controlplane.service.tokens import ensure_token
 from controlplane.store import Store
+from controlplane.tokens import ensure_token
 from jobs import signals
 from jobs.checkpoint.memory_tiers import DEFAULT_NAMESPACE, clear_job_memory_tier
 from jobs.storage_credentials import StorageCredentials
@@ -58,6 +58,19 @@ if TYPE_CHECKING:  # the SDK itself is imported where a client is made (`dashboa
     from jobs.signals import _JobSignals
 
 log = logging.getLogger(__name__)
+
+DASHBOARD_CONNECT_TIMEOUT_S = 5.0
+DASHBOARD_READ_TIMEOUT_S = 30.0
+"""Every HTTP request to the Ray dashboard (submit, status, stop, list) and to a driver
+node's dashboard agent (a log range) gives up after this long without a byte
+(`dashboard_client`): a dashboard that accepts a connection and never answers
+raises instead of hanging the tick thread, or a submission thread, forever."""
+DRIVER_AGENTS_KEPT = 10_000
+"""Attempts whose driver's dashboard agent `RayJobs` remembers (oldest out)."""
+STACK_MAX_CHARS = 64 << 10
+"""The most of one worker's stacks kept (the start: the stacks of its threads, main first)."""
+STACK_REQUEST_TIMEOUT_S = (2.0, 15.0)
+"""(connect, read) timeout of one ``/worker/traceback`` request (py-spy runs in between)."""
 
 
 class RayJobStatus(str, Enum):
@@ -110,8 +123,8 @@ SIGNALS_ACTOR_KEY = "jobs.signals_actor"
 
 def dashboard_client(
     address: str,
-    connect_timeout_s: float = limits.DASHBOARD_CONNECT_TIMEOUT_S,
-    read_timeout_s: float = limits.DASHBOARD_READ_TIMEOUT_S,
+    connect_timeout_s: float = DASHBOARD_CONNECT_TIMEOUT_S,
+    read_timeout_s: float = DASHBOARD_READ_TIMEOUT_S,
 ) -> JobSubmissionClient:
     """A ``JobSubmissionClient`` for `address` whose every HTTP request has a timeout.
 
@@ -147,7 +160,7 @@ class RayJobs:
         self.store = store
         self.dashboard_url = f"http://{cfg.ray.node_ip}:{cfg.ray.dashboard_port}"
         self._client: JobSubmissionClient | None = None
-        self.http_timeout_s = (limits.DASHBOARD_CONNECT_TIMEOUT_S, limits.DASHBOARD_READ_TIMEOUT_S)
+        self.http_timeout_s = (DASHBOARD_CONNECT_TIMEOUT_S, DASHBOARD_READ_TIMEOUT_S)
         """(connect, read) timeouts of every dashboard request (`dashboard_client`)."""
         self._signals: ActorHandle[_JobSignals] | None = None
         self._signals_key: str | None = None
@@ -184,7 +197,7 @@ class RayJobs:
         Found under the name with the pinned actor id: used as is. Any other actor under the
         name (a user's job's, or one whose pin was lost) is killed without a single call and
         replaced by a new actor with a fresh salt; the runner then registers every admitted
-        job again (`job_runner.JobRunner._signals`)."""
+        job again (`controlplane.loop.act.jobs.runner.JobRunner._signals`)."""
         if self._signals is not None:
             return self._signals
         pin = self._pinned()
@@ -341,7 +354,7 @@ class RayJobs:
     def _driver_agent(self, submission_id: str) -> str | None:
         """The dashboard agent (``http://ip:port``) of the node whose job supervisor writes
         the driver's log: Ray records it once the driver starts, and it never changes, so it
-        is asked once per attempt (kept for `limits.DRIVER_AGENTS_KEPT` attempts)."""
+        is asked once per attempt (kept for `DRIVER_AGENTS_KEPT` attempts)."""
         with self._agents_lock:
             known = self._driver_agents.get(submission_id)
         if known is not None:
@@ -355,7 +368,7 @@ class RayJobs:
             return None
         with self._agents_lock:
             self._driver_agents[submission_id] = str(agent)
-            while len(self._driver_agents) > limits.DRIVER_AGENTS_KEPT:
+            while len(self._driver_agents) > DRIVER_AGENTS_KEPT:
                 self._driver_agents.pop(next(iter(self._driver_agents)))
         return str(agent)
 
@@ -403,8 +416,8 @@ def fetch_worker_stack(
     node_id: str,
     *,
     headers: Mapping[str, str] | None = None,
-    timeout_s: tuple[float, float] = limits.STACK_REQUEST_TIMEOUT_S,
-    max_chars: int = limits.STACK_MAX_CHARS,
+    timeout_s: tuple[float, float] = STACK_REQUEST_TIMEOUT_S,
+    max_chars: int = STACK_MAX_CHARS,
 ) -> str:
     """``GET <dashboard>/worker/traceback?pid=&node_id=&subprocesses=1``: Ray's dashboard has
     the node's agent run ``py-spy dump`` on the process and its children. At most `max_chars`

@@ -6,7 +6,7 @@ one request: name, role, the queues it may submit to) and `add_route`, through w
 API route is registered together with the action it needs, so no route can exist without one.
 
 A route's handler reads its caller with `principal_of(request)`; the auth middleware in
-`controlplane.service.api` sets it after checking the token and refuses (403, naming what is
+`controlplane.api.routes` sets it after checking the token and refuses (403, naming what is
 missing) a caller whose role may not do the route's action before the handler runs. What an
 action allows beyond the role table (a researcher cancels only their own jobs, submits only to
 the queues they are bound to) is decided by the handler with `Principal.may_cancel` and

@@ -23,14 +23,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from controlplane.adapters.ray_jobs import _ENDED, STACK_MAX_CHARS, RayJobsApi, RayJobStatus
 from controlplane.config import Config
-from controlplane.service import reliability
-from controlplane.service.runner import limits
-from controlplane.service.runner.background import _Background
-from controlplane.service.runner.ends import AttemptEnds
-from controlplane.service.runner.info import AttemptEnd, Reason, _count
-from controlplane.service.runner.ray_jobs import _ENDED, RayJobsApi, RayJobStatus
-from controlplane.store import JobRecord, JobState, Store
+from controlplane.loop.act.jobs import limits
+from controlplane.loop.act.jobs.background import _Background
+from controlplane.loop.act.jobs.ends import AttemptEnds
+from controlplane.store import JobRecord, JobState, Store, reliability
+from controlplane.store.attempt_info import AttemptEnd, Reason, _count
 from policies.restarts import FailureKind
 
 __all__ = ["HANG_HEADER", "Watchdog"]
@@ -126,7 +125,7 @@ class Watchdog:
             elif future.exception() is not None:
                 text = f"(no stack: {future.exception()})"
             else:
-                text = future.result()[: limits.STACK_MAX_CHARS]
+                text = future.result()[:STACK_MAX_CHARS]
             where = f"pid {worker.get('pid')}, node {worker.get('node_id')}"
             blocks.append(f"--- rank {rank} ({where}) ---\n{text.rstrip()}\n")
         if not ranks:

@@ -22,8 +22,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from controlplane.service.runner.ends import AttemptEnds
-from controlplane.service.runner.info import (
+from controlplane.adapters.ray_jobs import _ENDED, RayJobsApi, RayJobStatus
+from controlplane.loop.act.jobs.ends import AttemptEnds
+from controlplane.store import JobRecord, JobState, Store
+from controlplane.store.attempt_info import (
     _REQUEUE_INFO,
     AttemptEnd,
     Reason,
@@ -31,8 +33,6 @@ from controlplane.service.runner.info import (
     _finite,
     attempt_end,
 )
-from controlplane.service.runner.ray_jobs import _ENDED, RayJobsApi, RayJobStatus
-from controlplane.store import JobRecord, JobState, Store
 from policies.plan import PreemptJob
 
 __all__ = ["Preemption"]

@@ -32,13 +32,13 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from controlplane.adapters.ray_jobs import RayJobsApi
 from controlplane.config import Config
-from controlplane.service.runner import limits
-from controlplane.service.runner.background import _Background
-from controlplane.service.runner.info import _finite, uri_of
-from controlplane.service.runner.ray_jobs import RayJobsApi
+from controlplane.loop.act.jobs import limits
+from controlplane.loop.act.jobs.background import _Background
 from controlplane.storage import JobCredentialMinter
 from controlplane.store import JobRecord
+from controlplane.store.attempt_info import _finite, uri_of
 from jobs.storage_credentials import JobCredentialsMode, StorageCredentials
 from jobs.storage_uri import StorageUri, parse_storage_uri
 from policies.credentials import CredentialsAction, credentials_action

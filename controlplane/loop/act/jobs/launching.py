@@ -29,21 +29,20 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from controlplane.adapters.ray_jobs import RayJobsApi, RayJobStatus
 from controlplane.config import Config
+from controlplane.loop.act.jobs.background import SubmitBusy, _Submissions
+from controlplane.loop.act.jobs.credentials import JobCredentials
+from controlplane.loop.act.jobs.ends import AttemptEnds
 from controlplane.ray_connection import ray_connection_env
-from controlplane.service import reliability
-from controlplane.service.runner.background import SubmitBusy, _Submissions
-from controlplane.service.runner.credentials import JobCredentials
-from controlplane.service.runner.ends import AttemptEnds
-from controlplane.service.runner.info import (
+from controlplane.store import JobRecord, JobState, Store, reliability
+from controlplane.store.attempt_info import (
     SIGNAL_TOKEN_INFO,
     Reason,
     _info_step,
     checkpoint_uri,
     uri_of,
 )
-from controlplane.service.runner.ray_jobs import RayJobsApi, RayJobStatus
-from controlplane.store import JobRecord, JobState, Store
 from jobs import launcher, signals
 from jobs.signals import token_sha256
 from policies.plan import AdmitJob

@@ -1,7 +1,7 @@
 """The API's token and URL files under the state dir, and what a token is.
 
 Owns: ``<state_dir>/api-token`` (created once, mode 0600, never logged: the first admin's
-token, see `controlplane.service.identity`; `admin_token` reads ``api.admin_token_file``
+token, see `controlplane.api.identity`; `admin_token` reads ``api.admin_token_file``
 instead where that is set, a mounted Secret on KubeRay) and ``<state_dir>/api-url`` (where the API
 listens), which the SDK and CLI read when no ``RCP_API_TOKEN``/``RCP_API_URL`` is set; making
 a token (`new_token`: 32 random bytes) and the hash the store keeps instead of it

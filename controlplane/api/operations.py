@@ -1,7 +1,7 @@
 """The operator's side of the control plane, as the API's operations routes call it.
 
 Owns: `Operations`, built by the `Controller` over its loop and store and handed to the API
-(`controlplane.service.api_operations`): the node inventory with health and cordons, node
+(`controlplane.api.operator_routes`): the node inventory with health and cordons, node
 health (verdicts, clear a lemon record), hand cordon and uncordon, the removal breaker (show,
 reset), the serving plane's status, fault injection (simulated telemetry only), and the policy
 actor's guard rails (pause, resume, pin, unpin: `controlplane.loop.guards`). Every method
