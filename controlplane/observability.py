@@ -14,7 +14,12 @@ Owns:
 * `local_prometheus_config`: the scrape config of the local cluster's Prometheus (Ray's
   metrics agents, the telemetry agents, the edge's admin listener: jobs ``ray``,
   ``rcp-telemetry`` and ``rcp-edge``, named as in ``infra/prometheus/prometheus.yml``), whose
-  process `controlplane.local.prometheus.LocalPrometheus` manages.
+  process `controlplane.local.prometheus.LocalPrometheus` manages;
+* where the files it reads at run time are (`PROMETHEUS_DIR`, `GRAFANA_DIR`): package data
+  of ``controlplane`` (``controlplane/monitoring``), found with `importlib.resources`, so an
+  installed wheel has them. In the source tree ``controlplane/monitoring/prometheus`` and
+  ``grafana`` are links to ``infra/prometheus`` and ``infra/grafana``, the one copy users
+  edit (and ``kubectl apply -k`` reads); the wheel build copies the files they point at.
 
 Must not: change the cluster (it only reads what Ray and the agents publish) or start a process.
 """
@@ -25,6 +30,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +59,26 @@ __all__ = [
     "write_telemetry_targets",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-PROMETHEUS_DIR = REPO_ROOT / "infra" / "prometheus"
-GRAFANA_DIR = REPO_ROOT / "infra" / "grafana"
+
+def _monitoring_dir(name: str) -> Path:
+    """``controlplane/monitoring/<name>`` as a directory on disk (the local Prometheus is handed
+    its rule file by path)."""
+    found = resources.files("controlplane") / "monitoring" / name
+    if not isinstance(found, Path) or not found.is_dir():
+        raise RuntimeError(
+            f"controlplane's monitoring files ({found}) are not a directory on disk: install "
+            "ray-controlplane unpacked (pip install), not run from a zip; in a checkout, "
+            "controlplane/monitoring/prometheus and grafana must be links into infra/ "
+            "(git config core.symlinks true)"
+        )
+    return found
+
+
+PROMETHEUS_DIR = _monitoring_dir("prometheus")
+"""The alert rules (``rules.yml``) the local Prometheus loads: ``infra/prometheus``'s, shipped in
+the package."""
+GRAFANA_DIR = _monitoring_dir("grafana")
+"""The Grafana dashboards (``*.json``): ``infra/grafana``'s, shipped in the package."""
 RAY_SD_FILE = "prom_metrics_service_discovery.json"
 """The file_sd target list Ray's head keeps in its temp dir: every alive node's metrics agent."""
 TELEMETRY_SD_FILE = "telemetry-targets.json"
