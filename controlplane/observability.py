@@ -120,7 +120,7 @@ KNOWN_METRICS: dict[str, str] = {
     "ray_rcp_health_breaker_open": _CONTROLLER,
     "ray_rcp_health_removals_held": _CONTROLLER,
     "ray_rcp_policy_paused": _CONTROLLER,
-    # each active job's recovery, from what the controller recorded (controlplane/service/
+    # each active job's recovery, from what the controller recorded (controlplane/loop/
     # job_metrics.py): present while a job runs (restarts and hangs: while it is active)
     "ray_rcp_job_running_since_timestamp_seconds": _CONTROLLER,
     "ray_rcp_job_checkpoint_last_commit_timestamp_seconds": _CONTROLLER,
