@@ -38,6 +38,7 @@ __all__ = [
     "above",
     "at_least",
     "at_most",
+    "bound",
     "check_fields",
     "finite_everywhere",
     "join",
@@ -130,7 +131,9 @@ def kind(value: object) -> str:
     return "a list" if isinstance(value, list | tuple) else type(value).__name__
 
 
-def _bound(ok: Callable[[Any], bool], text: str) -> AfterValidator:
+def bound(ok: Callable[[Any], bool], text: str) -> AfterValidator:
+    """A check of one value (`ok`); a failure says `text` and the value. None passes."""
+
     def check(value: Any) -> Any:
         if value is not None and not ok(value):
             raise ValueError(f"{text}, got {shown(value)}")
@@ -141,22 +144,22 @@ def _bound(ok: Callable[[Any], bool], text: str) -> AfterValidator:
 
 def at_least(minimum: float, why: str = "") -> AfterValidator:
     """``Annotated[float, at_least(1, "a pool with no nodes")]``: ``must be >= 1 (...)``."""
-    return _bound(lambda v: v >= minimum, f"must be >= {minimum:g}" + (f" ({why})" if why else ""))
+    return bound(lambda v: v >= minimum, f"must be >= {minimum:g}" + (f" ({why})" if why else ""))
 
 
 def above(minimum: float) -> AfterValidator:
-    return _bound(lambda v: v > minimum, f"must be > {minimum:g}")
+    return bound(lambda v: v > minimum, f"must be > {minimum:g}")
 
 
 def at_most(maximum: float, why: str) -> AfterValidator:
     """An upper bound for a count, size or wait: past it the control plane would hang, run out
     of memory or overflow a 64-bit field (`why` says which)."""
-    return _bound(lambda v: v <= maximum, f"must be <= {maximum:g} ({why})")
+    return bound(lambda v: v <= maximum, f"must be <= {maximum:g} ({why})")
 
 
 def one_of(allowed: Iterable[str]) -> AfterValidator:
     names = tuple(allowed)
-    return _bound(lambda v: v in names, f"must be one of {', '.join(names)}")
+    return bound(lambda v: v in names, f"must be one of {', '.join(names)}")
 
 
 def check_fields(obj: Any, checks: Mapping[str, tuple[AfterValidator, ...]]) -> list[FieldError]:

@@ -30,7 +30,7 @@ from policies.validation import (
     join,
     not_below,
 )
-from serve.config import validate_serving
+from serve.config import serving_rules
 
 __all__ = ["CONFIG", "ConfigError", "across_fields", "validate"]
 
@@ -186,9 +186,7 @@ def across_fields(cfg: Config) -> list[FieldError]:
             FieldError("telemetry.dcgm_url", f"must be an http(s) URL, got {t.dcgm_url!r}")
         )
     errors += _jobs(cfg) + _health(cfg)
-    for message in validate_serving(cfg.serving, prefix="serving"):
-        key, _, reason = message.partition(": ")
-        errors.append(FieldError(key, reason))
+    errors += _under("serving", serving_rules(cfg.serving))
     for i, m in enumerate(cfg.serving.models):
         if m.priority is not None and m.priority not in cfg.jobs.priority_classes:
             errors.append(

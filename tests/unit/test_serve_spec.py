@@ -202,7 +202,7 @@ def test_desired_state_rejects_bad_changes(change: Any, error: str) -> None:
         ),
         pytest.param(
             lambda c: setattr(c.models[0], "min_cluster_replicas", 5),
-            "serving.models[0].min_cluster_replicas: must be <= serving.models[0].max_replicas",
+            "serving.models[0].min_cluster_replicas: must be <= max_replicas (4)",
             id="cluster-floor-above-max",
         ),
         pytest.param(
@@ -246,12 +246,12 @@ def test_desired_state_rejects_bad_changes(change: Any, error: str) -> None:
         ),
         pytest.param(
             lambda c: setattr(c.ingress, "edge_table_max_age_s", float("nan")),
-            "serving.ingress.edge_table_max_age_s: must be between 2 and 30",
+            "serving.ingress.edge_table_max_age_s: must be a finite number, got nan",
             id="nan-edge-table-age",
         ),
         pytest.param(
             lambda c: setattr(c, "latency_window_s", float("nan")),
-            "serving.latency_window_s: must be between 1 and 3600",
+            "serving.latency_window_s: must be a finite number, got nan",
             id="nan-latency-window",
         ),
         pytest.param(
@@ -261,12 +261,12 @@ def test_desired_state_rejects_bad_changes(change: Any, error: str) -> None:
         ),
         pytest.param(
             lambda c: setattr(c.models[0], "slo_p99_ms", float("nan")),
-            "serving.models[0].slo_p99_ms: must be > 0",
+            "serving.models[0].slo_p99_ms: must be a finite number, got nan",
             id="nan-slo",
         ),
         pytest.param(
             lambda c: setattr(c.models[0], "slo_p99_ms", float("inf")),
-            "serving.models[0].slo_p99_ms: must be > 0",
+            "serving.models[0].slo_p99_ms: must be a finite number, got inf",
             id="infinite-slo",
         ),
         pytest.param(
@@ -315,3 +315,48 @@ def test_serving_from_dict_round_trip_and_unknown_key() -> None:
     assert serving_from_dict(dataclasses.asdict(cfg)) == cfg
     with pytest.raises(ValueError, match=r"serving.models\[0\].bogus"):
         serving_from_dict({"models": [{"name": "a", "bogus": 1}]})
+
+
+ONE_FIELD_RULES = [
+    # (section, field, bad value, the reason): every field's own check, one row each
+    ("", "route_prefix", "api", "must start with '/'"),
+    ("", "ready_timeout_s", 0.5, "must be >= 1"),
+    ("ingress", "num_replicas", 0, "must be >= 1"),
+    ("ingress", "max_replicas", 1, "must be >= num_replicas (2)"),
+    ("ingress", "target_utilization", 0.0, "must be > 0 and <= 1"),
+    ("ingress", "downscale_delay_s", -1.0, "must be >= 0"),
+    ("ingress", "num_cpus", -1.0, "must be >= 0"),
+    ("ingress", "max_ongoing_requests", 0, "must be >= 1"),
+    ("ingress", "max_attempts", 0, "must be >= 1"),
+    ("ingress", "attempt_timeout_s", 0.0, "must be >= 0.01"),
+    ("ingress", "request_timeout_s", 0.0, "must be >= 0.01"),
+    ("ingress", "retry_after_s", -1, "must be >= 0"),
+    ("models[0]", "num_cpus", -1.0, "must be >= 0"),
+    ("models[0]", "num_gpus", -1.0, "must be >= 0"),
+    ("models[0]", "min_replicas", -1, "must be >= 0"),
+    ("models[0]", "max_replicas", 0, "must be >= 1"),
+    ("models[0]", "on_shortfall", "wait", "must be one of reclaim, yield"),
+    ("models[0]", "max_ongoing_requests", 0, "must be >= 1"),
+    ("models[0]", "target_ongoing_requests", 0.0, "must be >= 0.01"),
+    ("models[0]", "upscale_delay_s", -1.0, "must be >= 0"),
+    ("models[0]", "downscale_delay_s", -1.0, "must be >= 0"),
+    ("models[0]", "graceful_shutdown_timeout_s", -1.0, "must be >= 0"),
+    ("models[0]", "num_gpus", float("inf"), "must be a finite number"),
+]
+
+
+@pytest.mark.parametrize(
+    ("section", "name", "value", "reason"),
+    ONE_FIELD_RULES,
+    ids=[f"{s}.{n}={v}" for s, n, v, _ in ONE_FIELD_RULES],
+)
+def test_every_serving_rule_names_the_key_and_reason(
+    section: str, name: str, value: object, reason: str
+) -> None:
+    cfg = ServingConfig()
+    target = {"": cfg, "ingress": cfg.ingress, "models[0]": cfg.models[0]}[section]
+    setattr(target, name, value)
+    key = ".".join(p for p in ("serving", section, name) if p)
+    assert any(e.startswith(f"{key}: {reason}") for e in validate_serving(cfg)), validate_serving(
+        cfg
+    )
