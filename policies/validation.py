@@ -73,13 +73,14 @@ class InvalidInput(ValueError):
 
     heading = "invalid input"
 
-    def __init__(self, errors: Iterable[FieldError] | str) -> None:
+    def __init__(self, errors: Iterable[FieldError] | str, heading: str = "") -> None:
         if isinstance(errors, str):  # a problem with the input as a whole (a file, a size)
             self.errors: tuple[FieldError, ...] = ()
             super().__init__(errors)
             return
         self.errors = tuple(errors)
-        super().__init__(f"{self.heading}:\n  " + "\n  ".join(str(e) for e in self.errors))
+        lines = "\n  ".join(str(e) for e in self.errors)
+        super().__init__(f"{heading or self.heading}:\n  {lines}")
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -262,7 +263,8 @@ _T = TypeVar("_T")
 class Checked(Generic[_T]):
     """A `TypeAdapter` over the dataclass `cls`, then each of `rules` (the checks across its
     fields: each returns `FieldError`s by path in the object); a failure raises `error` (an
-    `InvalidInput` kind) with one `FieldError` per problem, each path under `prefix`."""
+    `InvalidInput` kind) with one `FieldError` per problem, each path under `prefix` (a
+    problem with the input as a whole: `root`)."""
 
     def __init__(
         self,
@@ -270,8 +272,9 @@ class Checked(Generic[_T]):
         error: type[InvalidInput],
         *rules: Callable[[_T], list[FieldError]],
         prefix: str = "",
+        root: str = "<input>",
     ) -> None:
-        self.cls, self.error, self.prefix = cls, error, prefix
+        self.cls, self.error, self.prefix, self.root = cls, error, prefix, root
         annotated: Any = Annotated
         after = [AfterValidator(_raising(rule)) for rule in rules]
         self.adapter: TypeAdapter[Any] = TypeAdapter(annotated[(cls, *after)] if after else cls)
@@ -284,7 +287,7 @@ class Checked(Generic[_T]):
             if isinstance(cause, Problems):
                 out += [FieldError(join(where, p.field), p.message) for p in cause.errors]
             else:
-                out.append(FieldError(where or "<input>", _message(self.cls, err)))
+                out.append(FieldError(where or self.root, _message(self.cls, err)))
         return out
 
     def problems(self, data: Any) -> list[FieldError]:

@@ -1,38 +1,38 @@
-"""Reading scenario and trace files: size-bounded, typed, finite, by full field path.
+"""Reading scenario and trace files: size-bounded, and the checks a scenario's fields declare.
 
-Owns: `ScenarioError`, `read_bounded` (a YAML or JSON file of at most `MAX_SCENARIO_BYTES`,
-nesting at most `MAX_SCENARIO_DEPTH` levels, JSON's NaN and Infinity refused; the depth is
-checked before anything recursive runs: JSON by `serve.inputs.loads_json`'s scan of the
-bytes, YAML as each node is composed), and the typed reading of a dataclass section from parsed
-data (`read_section`, `read_value`): unknown keys, wrong types, non-finite numbers and values
-outside `LIMITS` each give one message naming the field's full path, as
-`controlplane.config.validation` does for the control plane's config.
+Owns: `ScenarioError` (a `policies.validation.InvalidInput`: one ``field.path: reason`` per
+problem), `read_bounded` (a YAML or JSON file of at most `MAX_SCENARIO_BYTES`, nesting at most
+`MAX_SCENARIO_DEPTH` levels, JSON's NaN and Infinity refused; the depth is checked before
+anything recursive runs: JSON by `serve.inputs.loads_json`'s scan of the bytes, YAML as each
+node is composed) and the checks of one field (``Annotated``, run by pydantic): `within`
+(a field's bounds), `Number` and `Whole` (no booleans or strings; a whole float is a whole
+number), and `Overrides` (the control plane's config overrides: plain values, finite).
 
 Must not: know what a scenario means (`controlplane.simulate.scenario` does).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import reprlib
-import types
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any
 
 import yaml
+from pydantic import AfterValidator, BeforeValidator, StrictFloat, StrictInt
 
+from policies.validation import FieldError, InvalidInput, bound, finite_everywhere, raise_problems
+from policies.validation import shown as shown
 from serve.inputs import JsonBodyError, loads_json
 
 __all__ = [
-    "LIMITS",
     "MAX_SCENARIO_BYTES",
     "MAX_SCENARIO_DEPTH",
+    "Number",
+    "Overrides",
     "ScenarioError",
+    "Whole",
     "read_bounded",
-    "read_section",
-    "read_value",
     "shown",
+    "within",
 ]
 
 MAX_SCENARIO_BYTES = 1_048_576
@@ -42,158 +42,49 @@ MAX_SCENARIO_DEPTH = 32
 ``serving.models[i].name``); Python's parsers recurse and would end in RecursionError."""
 
 
-class ScenarioError(ValueError):
+class ScenarioError(InvalidInput):
     """A scenario that cannot be simulated; the message names every offending field."""
 
-
-LIMITS: dict[str, tuple[float, float]] = {
-    "nodes": (1, 100_000),
-    "gpus_per_node": (1, 64),
-    "days": (0.001, 366),
-    "seed": (0, 2**32 - 1),
-    "external.provision_s": (0, 86400),
-    "external.stockout_hours": (0.01, 8760),
-    "external.spot_reclaims_per_node_day": (0, 24),
-    "external.reclaim_notice_s": (0, 3600),
-    "failures.gpu_mttf_hours": (1, 1e9),
-    "failures.repair_hours": (0, 8760),
-    "failures.hot_faults_per_node_year": (0, 365),
-    "failures.fabric_faults_per_node_year": (0, 365),
-    "failures.fault_escalation_probability": (0, 1),
-    "failures.fault_escalation_s": (0, 86400),
-    "failures.fault_clear_s": (0, 86400),
-    "training.jobs": (0, 1_000_000),
-    "training.offered_load": (0, 100),
-    "training.median_hours": (0.01, 8760),
-    "training.sigma": (0, 5),
-    "training.max_hours": (0.01, 8760),
-    "training.runtime_limit_factor": (1, 100),
-    "training.checkpoint_stall_s": (0, 86400),
-    "training.checkpoint_persist_s": (0, 86400),
-    "training.restore_s": (0, 86400),
-    "training.baseline_checkpoint_interval_s": (1, 1e7),
-    "serving.demand_step_s": (10, 86400),
-    "serving.noise": (0, 1),
-    "serving.replica_start_s": (0, 86400),
-    "serving.replica_stop_s": (0, 86400),
-    "schemes.static_serving_share": (0, 1),
-    "schemes.night_serving_share": (0, 1),
-    "schemes.night_start_hour": (0, 24),
-    "schemes.night_end_hour": (0, 24),
-    "gpus_per_replica": (1, 64),
-    "replica_rps": (1e-9, 1e9),
-    "peak_rps": (0, 1e12),
-    "trough_fraction": (0, 1),
-    "peak_hour": (0, 24),
-    "min_replicas": (0, 100_000),
-    "max_replicas": (0, 100_000),
-    "target_utilisation": (0.05, 1),
-}
+    heading = "invalid scenario"
 
 
-_SHOWN = reprlib.Repr()
-_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict = 3, 4, 4
-_SHOWN.maxstring = _SHOWN.maxother = _SHOWN.maxlong = 60
+def within(low: float, high: float) -> AfterValidator:
+    return bound(lambda v: low <= v <= high, f"must be in [{low:g}, {high:g}]")
 
 
-def shown(raw: Any) -> str:
-    """`raw` for an error message, bounded: a YAML file can alias one list into another level
-    after level (a few hundred bytes that mean billions of items), and ``repr`` would walk
-    them all."""
-    return _SHOWN.repr(raw)
+Number = StrictFloat
+"""A finite int or float (never a boolean or a string)."""
+Whole = Annotated[
+    StrictInt, BeforeValidator(lambda v: int(v) if isinstance(v, float) and v.is_integer() else v)
+]
+"""A whole number (``2.0`` is 2; never a boolean or a string)."""
 
 
-def _hint_args(hint: Any) -> tuple[Any, bool]:
-    """(the type, whether None is allowed) of a field hint such as ``float | None``."""
-    if get_origin(hint) in (Union, types.UnionType):
-        args = [a for a in get_args(hint) if a is not type(None)]
-        return args[0], True
-    return hint, False
-
-
-def read_value(hint: Any, raw: Any, path: str, errors: list[str]) -> Any:
-    kind, optional = _hint_args(hint)
-    if raw is None:
-        if not optional:
-            errors.append(f"{path}: must be set, got null")
-        return None
-    if dataclasses.is_dataclass(kind):
-        return read_section(kind, raw, path, errors)
-    if get_origin(kind) is list:
-        (item,) = get_args(kind)
-        if not isinstance(raw, list):
-            errors.append(f"{path}: must be a list, got {type(raw).__name__}")
-            return []
-        return [read_value(item, v, f"{path}[{i}]", errors) for i, v in enumerate(raw)]
-    if get_origin(kind) is dict:
-        _, vtype = get_args(kind)
-        if not isinstance(raw, dict):
-            errors.append(f"{path}: must be a mapping, got {type(raw).__name__}")
-            return {}
-        return {str(k): read_value(vtype, v, f"{path}.{k}", errors) for k, v in raw.items()}
-    if kind is Any:
-        _read_override(raw, path, errors)
-        return raw
-    if kind is bool:
-        if not isinstance(raw, bool):
-            errors.append(f"{path}: must be true or false, got {shown(raw)}")
-        return raw
-    if kind is str:
-        if not isinstance(raw, str):
-            errors.append(f"{path}: must be a string, got {shown(raw)}")
-            return ""
-        return raw
-    if kind in (int, float):
-        if isinstance(raw, bool) or not isinstance(raw, int | float):
-            errors.append(f"{path}: must be a number, got {shown(raw)}")
-            return 0
-        if not math.isfinite(raw):
-            errors.append(f"{path}: must be a finite number, got {shown(raw)}")
-            return 0
-        if kind is int and raw != int(raw):
-            errors.append(f"{path}: must be a whole number, got {shown(raw)}")
-        value = int(raw) if kind is int else float(raw)
-        limits = LIMITS.get(path) or LIMITS.get(path.rsplit(".", 1)[-1])
-        if limits is not None and not limits[0] <= value <= limits[1]:
-            errors.append(f"{path}: must be in [{limits[0]:g}, {limits[1]:g}], got {shown(raw)}")
-        return value
-    raise AssertionError(f"unhandled field type {kind!r} at {path}")
-
-
-def _read_override(raw: Any, path: str, errors: list[str], depth: int = 0) -> None:
+def _overrides(config: dict[str, Any]) -> dict[str, Any]:
     """A control plane config override (a scenario's ``config`` value): a plain value, or a
     list (given whole, e.g. ``pools.external.providers``) of plain values or of mappings of
-    plain values; numbers finite. The loader checks the rest by key."""
-    if isinstance(raw, float) and not math.isfinite(raw):
-        errors.append(f"{path}: must be a finite number, got {shown(raw)}")
-    elif isinstance(raw, list) and depth == 0:
-        for i, item in enumerate(raw):
-            if isinstance(item, dict):
-                for k, v in item.items():
-                    _read_override(v, f"{path}[{i}].{k}", errors, depth + 2)
-            else:
-                _read_override(item, f"{path}[{i}]", errors, depth + 1)
-    elif isinstance(raw, dict | list):
-        errors.append(
-            f"{path}: must be a plain value or a list of plain values or mappings, "
-            f"got {type(raw).__name__}"
-        )
+    plain values; numbers finite. The config's loader checks the rest by key."""
+    values = [(key, value) for key, value in config.items() if not isinstance(value, list)]
+    for key, items in config.items():
+        for i, item in enumerate(items if isinstance(items, list) else []):
+            pairs = item.items() if isinstance(item, dict) else [("", item)]
+            values += [(f"{key}[{i}]" + (f".{k}" if k else ""), v) for k, v in pairs]
+    raise_problems(
+        [
+            FieldError(
+                where,
+                f"must be a plain value or a list of plain values or mappings, "
+                f"got {type(value).__name__}",
+            )
+            for where, value in values
+            if isinstance(value, dict | list)
+        ]
+    )
+    finite_everywhere(config)
+    return config
 
 
-def read_section(cls: Any, raw: Any, path: str, errors: list[str]) -> Any:
-    if not isinstance(raw, dict):
-        errors.append(f"{path or 'scenario'}: must be a mapping, got {type(raw).__name__}")
-        return cls()
-    hints = get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.name != "source"}
-    for key in sorted(set(raw) - names, key=str):
-        where = f"{path}.{key}" if path else str(key)
-        errors.append(f"{where}: unknown key (known: {', '.join(sorted(names))})")
-    values = {}
-    for name in names & set(raw):
-        where = f"{path}.{name}" if path else name
-        values[name] = read_value(hints[name], raw[name], where, errors)
-    return cls(**values)
+Overrides = Annotated[dict[str, Any], AfterValidator(_overrides)]
 
 
 class _DepthBoundedLoader(yaml.SafeLoader):

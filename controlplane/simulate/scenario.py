@@ -1,10 +1,11 @@
 """What the fleet simulator simulates: the scenario, its defaults, and reading one from a file.
 
-Owns: `Scenario` and its sections (every field documented, every default the default
-scenario's), `load_scenario` (a YAML or JSON file, at most `MAX_SCENARIO_BYTES`) and
-`scenario_from_dict`, which reject unknown keys, wrong types, non-finite numbers and
-impossible values with one message per problem naming the field's full path (the typed
-reading is `controlplane.simulate.checks`; the checks across fields are here), the bound on
+Owns: `Scenario` (every field documented, every default the default scenario's; its sections
+are `controlplane.simulate.sections`'s, named here too), `SCENARIO` (pydantic's check of a
+scenario: each field's own, declared on it, then the checks across fields here),
+`load_scenario` (a YAML or JSON file, at most `MAX_SCENARIO_BYTES`) and `scenario_from_dict`,
+which reject unknown keys, wrong types, non-finite numbers and impossible values with one
+message per problem naming the field's full path (`ScenarioError`), the bound on
 the work a scenario implies (`implied_events` against `MAX_SIM_EVENTS`: each field can be
 within its limit while their product is billions of events), `resized` (the CLI's
 --days/--nodes/--seed), `with_stockouts` and `stockout_provider` (the stock-out scenario and
@@ -26,21 +27,34 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from controlplane.config import Config, ConfigError, load_config
 from controlplane.config.cluster import ExternalPoolConfig, ProviderConfig
 from controlplane.simulate.checks import (
     MAX_SCENARIO_BYTES,
+    Number,
+    Overrides,
     ScenarioError,
+    Whole,
     read_bounded,
-    read_section,
-    read_value,
+    within,
 )
+from controlplane.simulate.sections import (
+    META_GPU_MTTF_HOURS,
+    ExternalSpec,
+    FailureSpec,
+    ModelSpec,
+    SchemeSpec,
+    ServingSpec,
+    TrainingSpec,
+)
+from policies.validation import FINITE, Checked, FieldError
 from serve.config import ModelConfig
 
 __all__ = [
     "MAX_SCENARIO_BYTES",
+    "META_GPU_MTTF_HOURS",
     "MAX_SIM_EVENTS",
     "ExternalSpec",
     "FailureSpec",
@@ -68,163 +82,6 @@ and every scheme replays them all. The default scenario implies about 41,000; re
 (`--days`, `--nodes`, jobs scaled) to 366 days about 500,000, to 100,000 nodes over 30 days
 about 1.1 million."""
 
-META_GPU_MTTF_HOURS = 7.9 * 1024
-"""Meta's Llama 3 report: one interruption every 7.9 h for a 1,024-GPU job, i.e. a mean time
-to failure of 7.9 x 1,024 = 8,090 h per GPU (1,011 h per 8-GPU node)."""
-
-
-@dataclass
-class ExternalSpec:
-    """The rented pool: how fast a node comes up, when a provider delivers nothing, and how
-    often a spot provider takes a node back. Its providers (each one's name, price, node
-    size and most nodes) are the control plane's ``pools.external.providers`` (``config``
-    overrides), so our scheme, the baselines and the report read one list."""
-
-    provision_s: float = 300.0
-    """Request to a node that can take a replica (cloud node start plus Ray join)."""
-    stockout_start_hours: list[float] = field(default_factory=list)
-    """Stock-outs: hours since the start at which `stockout_provider` stops delivering nodes
-    for ``stockout_hours`` (a node due then comes up ``provision_s`` after the outage ends
-    and is not billed before it; the ones already up stay). Every scheme meets the same
-    outages."""
-    stockout_hours: float = 6.0
-    """How long each stock-out lasts."""
-    stockout_provider: str | None = None
-    """The provider the stock-outs hit (a name in ``pools.external.providers``); None: the
-    cheapest (the first of the cheapest, in the config's order)."""
-    spot_reclaims_per_node_day: float = 0.05
-    """Spot reclaims: each node of a `spot_providers` provider that is up is taken back at
-    this rate a day (a Poisson process per node: 0.05 is about a 5 % chance a day), after
-    ``reclaim_notice_s`` of notice; the provider is not out of stock, so it may be asked for
-    a node again at once. 0: no reclaims. The trace draws the instants and which rented node
-    each hits (`controlplane.simulate.trace`), so every scheme meets the same reclaims."""
-    reclaim_notice_s: float = 120.0
-    """The notice before a reclaimed node goes (AWS spot's two minutes; `rcp fault reclaim
-    --notice-s` plays one on the local cluster). 0: no notice."""
-    spot_providers: list[str] | None = None
-    """The providers whose nodes are reclaimed (names in ``pools.external.providers``);
-    None: the cheapest (the first of the cheapest: cheap capacity is the spot kind); []:
-    none."""
-
-
-@dataclass
-class FailureSpec:
-    """Hard failures and the faults telemetry sees first."""
-
-    gpu_mttf_hours: float = META_GPU_MTTF_HOURS
-    """Mean time to failure of one GPU; a node fails at gpus_per_node times that rate."""
-    repair_hours: float = 4.0
-    """A failed or drained node is back this long after it left."""
-    hot_faults_per_node_year: float = 2.0
-    """GPU overheating episodes per node per year (telemetry: a GPU above the threshold)."""
-    fabric_faults_per_node_year: float = 2.0
-    """InfiniBand error bursts per node per year (telemetry: IB errors above the threshold)."""
-    fault_escalation_probability: float = 0.5
-    """Share of faults that end in a hard failure if the node is still in service."""
-    fault_escalation_s: float = 1800.0
-    """When an escalating fault turns into a hard failure, after it started."""
-    fault_clear_s: float = 3600.0
-    """When a fault that does not escalate clears by itself."""
-
-
-@dataclass
-class TrainingSpec:
-    """The training jobs: from a trace file, or generated from the seed."""
-
-    jobs: int = 5000
-    """Jobs generated over the horizon (Poisson arrivals); ignored with a trace."""
-    trace: str | None = None
-    """A JSON or YAML list of jobs (``submit_h``, ``num_workers``, ``gpus_per_worker``,
-    ``hours``, ``priority``); relative to the scenario file."""
-    offered_load: float = 1.0
-    """Generated GPU-hours of training as a share of the owned cluster's GPU-hours over the
-    horizon (durations are scaled to hit it)."""
-    median_hours: float = 6.0
-    """Median run time before scaling (lognormal)."""
-    sigma: float = 1.2
-    """Lognormal sigma of run times."""
-    max_hours: float = 96.0
-    """Longest run time."""
-    gang_gpus: dict[str, float] = field(
-        default_factory=lambda: {
-            "8": 0.45,
-            "16": 0.2,
-            "32": 0.15,
-            "64": 0.1,
-            "128": 0.07,
-            "256": 0.03,
-        }
-    )
-    """Gang size (GPUs) -> share of jobs; gangs of 8 or more take whole 8-GPU workers."""
-    priorities: dict[str, float] = field(
-        default_factory=lambda: {"low": 0.3, "medium": 0.5, "high": 0.2}
-    )
-    """Priority class -> share of jobs (classes of the control plane's ``jobs`` section)."""
-    runtime_limit_factor: float = 1.5
-    """A job's max runtime (what admission backfills by) is its run time times this."""
-    checkpoint_stall_s: float = 30.0
-    """Training-visible stall per checkpoint (async snapshot)."""
-    checkpoint_persist_s: float = 60.0
-    """Background upload per checkpoint (bounds the interval from below)."""
-    restore_s: float = 300.0
-    """Restart from a checkpoint: reschedule, load, warm up."""
-    baseline_checkpoint_interval_s: float = 3600.0
-    """The baselines checkpoint on a fixed clock (ours asks `policies.checkpointing`)."""
-
-
-@dataclass
-class ModelSpec:
-    """One served model and its daily request curve."""
-
-    name: str = "model"
-    gpus_per_replica: int = 1
-    replica_rps: float = 10.0
-    """Requests per second one replica serves at its latency target."""
-    peak_rps: float = 100.0
-    trough_fraction: float = 0.3
-    """Night-time demand as a share of the peak."""
-    peak_hour: float = 14.0
-    min_replicas: int = 2
-    max_replicas: int = 1000
-    target_utilisation: float = 0.8
-    """Every scheme sizes the model for demand / (replica_rps x this): the headroom that
-    absorbs demand rising faster than a replica starts. Shortfall is counted against
-    demand / replica_rps (full capacity)."""
-
-
-def _default_models() -> list[ModelSpec]:
-    return [
-        ModelSpec("chat", 8, 20.0, 1600.0, 0.3, 14.0, 4, 200),
-        ModelSpec("code", 4, 25.0, 2000.0, 0.25, 11.0, 4, 200),
-        ModelSpec("embed", 1, 200.0, 40000.0, 0.35, 16.0, 8, 500),
-    ]
-
-
-@dataclass
-class ServingSpec:
-    models: list[ModelSpec] = field(default_factory=_default_models)
-    demand_step_s: float = 300.0
-    """The request curves step this often (the load board's resolution in the model)."""
-    noise: float = 0.05
-    """Relative standard deviation of each step's demand around the curve."""
-    replica_start_s: float = 120.0
-    """A replica's start to RUNNING on a node that has room (model load, warm up)."""
-    replica_stop_s: float = 20.0
-    """A stopping replica drains this long (the models' graceful shutdown) before its GPUs
-    are free."""
-
-
-@dataclass
-class SchemeSpec:
-    """The baselines' knobs."""
-
-    static_serving_share: float | None = None
-    """Share of the cluster's nodes fixed for serving; None: the peak need plus 10 %."""
-    night_serving_share: float | None = None
-    """Time-of-day lending: serving's share at night; None: the trough need plus 10 %."""
-    night_start_hour: float = 22.0
-    night_end_hour: float = 7.0
-
 
 def _default_providers() -> list[dict[str, Any]]:
     """Two providers of 64 nodes x 8 GPUs (1,024 GPUs in all): on-demand H100-class list
@@ -239,17 +96,19 @@ def _default_providers() -> list[dict[str, Any]]:
 class Scenario:
     """Everything one simulation needs; the defaults are the default scenario."""
 
-    nodes: int = 512
+    __pydantic_config__ = FINITE
+
+    nodes: Annotated[Whole, within(1, 100_000)] = 512
     """Owned cluster nodes."""
-    gpus_per_node: int = 8
-    days: float = 30.0
-    seed: int = 1
+    gpus_per_node: Annotated[Whole, within(1, 64)] = 8
+    days: Annotated[Number, within(0.001, 366)] = 30.0
+    seed: Annotated[Whole, within(0, 2**32 - 1)] = 1
     external: ExternalSpec = field(default_factory=ExternalSpec)
     failures: FailureSpec = field(default_factory=FailureSpec)
     training: TrainingSpec = field(default_factory=TrainingSpec)
     serving: ServingSpec = field(default_factory=ServingSpec)
     schemes: SchemeSpec = field(default_factory=SchemeSpec)
-    config: dict[str, Any] = field(
+    config: Overrides = field(
         default_factory=lambda: {
             "pools.external.providers": _default_providers(),
             "placement.migrate_back_idle_s": 600,
@@ -277,13 +136,14 @@ class Scenario:
         ``config["pools.external.providers"]``) scale too."""
         raw_days = self.days if days is None else days
         raw_nodes = self.nodes if nodes is None else nodes
-        errors: list[str] = []
-        read_value(float, raw_days, "days", errors)
-        read_value(int, raw_nodes, "nodes", errors)
-        if seed is not None:
-            read_value(int, seed, "seed", errors)
+        options = {
+            "days": raw_days,
+            "nodes": raw_nodes,
+            "seed": self.seed if seed is None else seed,
+        }
+        errors = [e for e in SCENARIO.problems(options) if e.field in options]
         if errors:
-            raise ScenarioError("invalid option: " + "; ".join(errors))
+            raise ScenarioError("invalid option: " + "; ".join(map(str, errors)))
         out = dataclasses.replace(self, days=float(raw_days), nodes=int(raw_nodes))
         out.training = dataclasses.replace(
             self.training,
@@ -422,61 +282,82 @@ def check_events(s: Scenario, jobs: int | None = None) -> None:
     )
 
 
-def _check(s: Scenario, errors: list[str]) -> None:
+def _across_fields(s: Scenario) -> list[FieldError]:
+    errors: list[FieldError] = []
     t = s.training
     for name, mix in (("training.gang_gpus", t.gang_gpus), ("training.priorities", t.priorities)):
         if not mix:
-            errors.append(f"{name}: at least one entry is required")
-        for key, share in mix.items():
-            if not math.isfinite(share) or share < 0:
-                errors.append(f"{name}.{key}: must be a share >= 0, got {share!r}")
+            errors.append(FieldError(name, "at least one entry is required"))
+        errors += [
+            FieldError(f"{name}.{key}", f"must be a share >= 0, got {share!r}")
+            for key, share in mix.items()
+            if share < 0
+        ]
         if mix and sum(mix.values()) <= 0:
-            errors.append(f"{name}: the shares must not all be 0")
+            errors.append(FieldError(name, "the shares must not all be 0"))
     for key in t.gang_gpus:
+        where = f"training.gang_gpus.{key}"
         if not key.isdigit() or int(key) < 1:
-            errors.append(f"training.gang_gpus.{key}: a gang size must be a whole number >= 1")
+            errors.append(FieldError(where, "a gang size must be a whole number >= 1"))
         elif int(key) > s.nodes * s.gpus_per_node and not t.trace:
-            errors.append(f"training.gang_gpus.{key}: bigger than the cluster")
+            errors.append(FieldError(where, "bigger than the cluster"))
         elif int(key) > s.gpus_per_node and int(key) % s.gpus_per_node and not t.trace:
             errors.append(
-                f"training.gang_gpus.{key}: a gang bigger than a node must be a multiple of "
-                f"gpus_per_node ({s.gpus_per_node})"
+                FieldError(
+                    where,
+                    f"a gang bigger than a node must be a multiple of gpus_per_node "
+                    f"({s.gpus_per_node})",
+                )
             )
     e = s.external
     if len(e.stockout_start_hours) > 1000:
-        errors.append("external.stockout_start_hours: at most 1000 stock-outs")
-    for i, h in enumerate(e.stockout_start_hours):
-        if not math.isfinite(h) or h < 0:
-            errors.append(f"external.stockout_start_hours[{i}]: must be an hour >= 0, got {h!r}")
-    for i, name in enumerate(e.spot_providers or []):
-        if name in (e.spot_providers or [])[:i]:
-            errors.append(f"external.spot_providers[{i}]: {name!r} is named twice")
+        errors.append(FieldError("external.stockout_start_hours", "at most 1000 stock-outs"))
+    errors += [
+        FieldError(f"external.stockout_start_hours[{i}]", f"must be an hour >= 0, got {h!r}")
+        for i, h in enumerate(e.stockout_start_hours)
+        if h < 0
+    ]
+    errors += [
+        FieldError(f"external.spot_providers[{i}]", f"{name!r} is named twice")
+        for i, name in enumerate(e.spot_providers or [])
+        if name in (e.spot_providers or [])[:i]
+    ]
     if t.max_hours < t.median_hours:
-        errors.append(f"training.max_hours: must be >= median_hours ({t.median_hours:g})")
-    if not s.serving.models:
-        pass  # training only: allowed
+        errors.append(
+            FieldError("training.max_hours", f"must be >= median_hours ({t.median_hours:g})")
+        )
     seen: set[str] = set()
-    for i, m in enumerate(s.serving.models):
+    for i, m in enumerate(s.serving.models):  # none: training only, allowed
         where = f"serving.models[{i}]"
         if not m.name or m.name in seen:
-            errors.append(f"{where}.name: must be a unique, non-empty name, got {m.name!r}")
+            errors.append(
+                FieldError(f"{where}.name", f"must be a unique, non-empty name, got {m.name!r}")
+            )
         seen.add(m.name)
         if m.max_replicas < m.min_replicas:
-            errors.append(f"{where}.max_replicas: must be >= min_replicas ({m.min_replicas})")
+            errors.append(
+                FieldError(f"{where}.max_replicas", f"must be >= min_replicas ({m.min_replicas})")
+            )
         if m.gpus_per_replica > s.gpus_per_node:
-            errors.append(f"{where}.gpus_per_replica: must fit one node ({s.gpus_per_node})")
+            errors.append(
+                FieldError(f"{where}.gpus_per_replica", f"must fit one node ({s.gpus_per_node})")
+            )
+    return errors
+
+
+SCENARIO = Checked(Scenario, ScenarioError, _across_fields, root="scenario")
+"""The check of a scenario from plain data: each field's own (``Annotated``), then
+`_across_fields`."""
 
 
 def scenario_from_dict(raw: Any, source: str = "") -> Scenario:
     """A validated `Scenario` from parsed YAML/JSON; `ScenarioError` names every bad field."""
-    errors: list[str] = []
-    scenario = read_section(Scenario, raw, "", errors)
-    assert isinstance(scenario, Scenario)
-    if not errors:
-        _check(scenario, errors)
+    errors = [FieldError("source", "unknown field (set by the loader)")]
+    if not (isinstance(raw, dict) and "source" in raw):
+        errors = SCENARIO.problems(raw)
     if errors:
-        where = f" {source}" if source else ""
-        raise ScenarioError(f"invalid scenario{where}:\n  " + "\n  ".join(errors))
+        raise ScenarioError(errors, f"invalid scenario{f' {source}' if source else ''}")
+    scenario = SCENARIO.load(raw)
     scenario.source = source
     check_events(scenario)
     if scenario.training.trace and source:

@@ -31,12 +31,16 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import StrictStr
 
 from controlplane.config import Config
-from controlplane.simulate.checks import ScenarioError, read_bounded, shown
+from controlplane.simulate.checks import Number, ScenarioError, Whole, read_bounded
 from controlplane.simulate.scenario import Scenario, check_events, control_config, spot_providers
+from policies.validation import FINITE, Checked, FieldError, at_least
 
-__all__ = ["Fault", "JobSpec", "Reclaim", "Trace", "make_trace", "read_trace"]
+__all__ = ["Fault", "JobSpec", "Reclaim", "Trace", "TraceJob", "make_trace", "read_trace"]
 
 MAX_TRACE_JOBS = 200_000
 
@@ -132,6 +136,22 @@ def _generate_jobs(s: Scenario, rng: random.Random) -> list[JobSpec]:
     ]
 
 
+@dataclass
+class TraceJob:
+    """One job of a trace file, as written there."""
+
+    __pydantic_config__ = FINITE
+
+    submit_h: Annotated[Number, at_least(0)]
+    num_workers: Annotated[Whole, at_least(1)]
+    gpus_per_worker: Annotated[Whole, at_least(1)]
+    hours: Annotated[Number, at_least(0)]
+    priority: StrictStr = "medium"
+
+
+TRACE = Checked(list[TraceJob], ScenarioError, prefix="training.trace")
+
+
 def read_trace(path: str, s: Scenario) -> list[JobSpec]:
     """Jobs from a trace file: a list of mappings with ``submit_h``, ``num_workers``,
     ``gpus_per_worker``, ``hours`` and ``priority``; errors name the entry and field."""
@@ -140,46 +160,26 @@ def read_trace(path: str, s: Scenario) -> list[JobSpec]:
         raise ScenarioError(f"trace file {path!r}: must be a list of jobs")
     if len(raw) > MAX_TRACE_JOBS:
         raise ScenarioError(f"trace file {path!r}: more than {MAX_TRACE_JOBS} jobs")
-    errors: list[str] = []
-    jobs: list[JobSpec] = []
-    fields = {"submit_h": float, "num_workers": int, "gpus_per_worker": int, "hours": float}
-    for i, item in enumerate(raw):
-        where = f"training.trace[{i}]"
-        if not isinstance(item, dict):
-            errors.append(f"{where}: must be a mapping")
-            continue
-        unknown = set(item) - set(fields) - {"priority"}
-        if unknown:
-            errors.append(f"{where}.{sorted(unknown)[0]}: unknown key")
-        vals: dict[str, float] = {}
-        for name, kind in fields.items():
-            v = item.get(name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-                errors.append(f"{where}.{name}: must be a finite number, got {shown(v)}")
-                continue
-            if v < 0 or (kind is int and (v != int(v) or v < 1)):
-                errors.append(f"{where}.{name}: out of range, got {shown(v)}")
-                continue
-            vals[name] = v
-        prio = item.get("priority", "medium")
-        if not isinstance(prio, str):
-            errors.append(f"{where}.priority: must be a string, got {shown(prio)}")
-        if len(vals) == len(fields) and isinstance(prio, str):
-            if vals["gpus_per_worker"] > s.gpus_per_node:
-                errors.append(f"{where}.gpus_per_worker: more than one node has")
-                continue
-            jobs.append(
-                JobSpec(
-                    f"j{i:06d}",
-                    vals["submit_h"] * 3600.0,
-                    int(vals["num_workers"]),
-                    int(vals["gpus_per_worker"]),
-                    max(1.0, vals["hours"] * 3600.0),
-                    prio,
-                )
-            )
+    errors = TRACE.problems(raw)
+    items = [] if errors else TRACE.load(raw)
+    errors += [
+        FieldError(f"training.trace[{i}].gpus_per_worker", "more than one node has")
+        for i, item in enumerate(items)
+        if item.gpus_per_worker > s.gpus_per_node
+    ]
     if errors:
-        raise ScenarioError(f"invalid trace {path}:\n  " + "\n  ".join(errors[:50]))
+        raise ScenarioError(errors[:50], f"invalid trace {path}")
+    jobs = [
+        JobSpec(
+            f"j{i:06d}",
+            item.submit_h * 3600.0,
+            item.num_workers,
+            item.gpus_per_worker,
+            max(1.0, item.hours * 3600.0),
+            item.priority,
+        )
+        for i, item in enumerate(items)
+    ]
     return sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from controlplane.cli import cli
@@ -36,11 +37,11 @@ from controlplane.simulate.world import World
 @pytest.mark.parametrize(
     "raw, field",
     [
-        ({"nodes": "many"}, "nodes: must be a number"),
+        ({"nodes": "many"}, "nodes: must be an integer, got a string"),
         ({"nodes": 0}, "nodes: must be in [1, 100000]"),
         ({"days": float("nan")}, "days: must be a finite number"),
-        ({"seed": 1.5}, "seed: must be a whole number"),
-        ({"bogus": 1}, "bogus: unknown key"),
+        ({"seed": 1.5}, "seed: must be an integer, got a number"),
+        ({"bogus": 1}, "bogus: unknown field"),
         (
             {"training": {"offered_load": float("inf")}},
             "training.offered_load: must be a finite number",
@@ -62,7 +63,10 @@ from controlplane.simulate.world import World
             {"serving": {"models": [{"name": "a", "min_replicas": 5, "max_replicas": 2}]}},
             "serving.models[0].max_replicas",
         ),
-        ({"serving": {"models": [{"nmae": "a"}]}}, "serving.models[0].nmae: unknown key"),
+        (
+            {"serving": {"models": [{"nmae": "a"}]}},
+            "serving.models[0].nmae: unknown field; did you mean 'name'?",
+        ),
         (
             {"failures": {"fault_escalation_probability": 2}},
             "failures.fault_escalation_probability: must be in [0, 1]",
@@ -89,6 +93,17 @@ from controlplane.simulate.world import World
             "external.stockout_start_hours[1]: must be an hour >= 0",
         ),
         ({"external": {"stockout_hours": 0}}, "external.stockout_hours"),
+        ({"training": {"gang_gpus": {"x": 1.0}}}, "training.gang_gpus.x: a gang size must be"),
+        ({"training": {"gang_gpus": {"8192": 1.0}}}, "training.gang_gpus.8192: bigger than"),
+        ({"training": {"priorities": {"low": -1}}}, "training.priorities.low: must be a share"),
+        ({"training": {"priorities": {"low": 0}}}, "training.priorities: the shares must not"),
+        ({"training": {"max_hours": 1}}, "training.max_hours: must be >= median_hours"),
+        ({"training": {"jobs": True}}, "training.jobs: must be an integer, got a boolean"),
+        ({"external": {"stockout_start_hours": [1] * 1001}}, "at most 1000 stock-outs"),
+        ({"external": {"spot_providers": ["a", "a"]}}, "external.spot_providers[1]: 'a' is named"),
+        ({"serving": {"models": [{"name": ""}]}}, "serving.models[0].name: must be a unique"),
+        ({"serving": {"models": [{"peak_hour": 25}]}}, "serving.models[0].peak_hour: must be in"),
+        ({"source": "x"}, "source: unknown field"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
@@ -151,6 +166,30 @@ def test_a_file_too_big_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
     path.write_text("#" * (MAX_SCENARIO_BYTES + 1))
     with pytest.raises(ScenarioError, match="more than"):
         load_scenario(path)
+
+
+GOOD_JOB = {"submit_h": 1, "num_workers": 1, "gpus_per_worker": 8, "hours": 2}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"submit_h": -1}, "training.trace[0].submit_h: must be >= 0"),
+        ({"hours": float("nan")}, "training.trace[0].hours: must be a finite number"),
+        ({"gpus_per_worker": 16}, "training.trace[0].gpus_per_worker: more than one node has"),
+        ({"priority": 3}, "training.trace[0].priority: must be a string"),
+        ({"user": "x"}, "training.trace[0].user: unknown field"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_every_trace_rule_names_the_entry_and_field(
+    tmp_path: Path, change: dict[str, object], message: str
+) -> None:
+    (tmp_path / "jobs.yaml").write_text(yaml.safe_dump([{**GOOD_JOB, **change}]))
+    (tmp_path / "s.yaml").write_text("training:\n  trace: jobs.yaml\n")
+    with pytest.raises(ScenarioError) as info:
+        make_trace(load_scenario(tmp_path / "s.yaml"))
+    assert message in str(info.value)
 
 
 def test_a_bad_trace_names_the_entry_and_field(tmp_path: Path) -> None:
@@ -385,7 +424,7 @@ def test_an_alias_bomb_gets_a_short_message(tmp_path: Path) -> None:
     path.write_text("\n".join([*lines, "nodes: *a6", ""]))
     with pytest.raises(ScenarioError) as info:
         load_scenario(path)
-    assert "nodes: must be a number" in str(info.value)
+    assert "nodes: must be an integer, got a list" in str(info.value)
     assert len(str(info.value)) < 2000
 
 
