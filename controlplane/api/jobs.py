@@ -7,7 +7,8 @@ pool as configured could ever hold the gang), who may (given the API's caller, a
 `Principal`: a queue they are bound to; a researcher cancels only jobs they own, the job's
 ``owner_id`` being its submitter's user id; a researcher reads only their own audit events),
 idempotent submission (keys are per user), cancellation, listing, events and logs. Every refusal is an `ApiError` carrying the HTTP status, a message and the
-offending field, so the API answers 4xx with ``{"error": ..., "field": ...}``.
+offending field, so the API answers 4xx with ``{"error": ..., "field": ...}``. The JSON views of
+jobs and events are built in `controlplane.api.job_views`.
 
 Must not: talk to Ray (logs come through the `log_window` callable the controller passes in) or
 start jobs (the controller's tick admits them).
@@ -20,11 +21,11 @@ that shrank because nodes turned unhealthy (the job then waits).
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from controlplane.api.access import Principal
+from controlplane.api.job_views import job_to_json
 from controlplane.config import Config
 from controlplane.storage import bucket_of, check_bucket, s3_client
 from controlplane.store import (
@@ -34,7 +35,6 @@ from controlplane.store import (
     IdempotencyConflict,
     IllegalTransition,
     InvalidJob,
-    InvalidRow,
     JobRecord,
     JobScan,
     JobState,
@@ -43,16 +43,12 @@ from controlplane.store import (
     Transition,
     UnknownJob,
 )
-from controlplane.store.job_info import job_facts
 from jobs.spec import FieldError, JobSpec, SpecError, check_checkpoint_uri
 
 __all__ = [
     "ApiError",
     "JobService",
-    "event_to_json",
     "int_param",
-    "invalid_to_json",
-    "job_to_json",
 ]
 
 MAX_LIST_LIMIT = 10_000
@@ -94,117 +90,6 @@ def _spec_error(exc: SpecError, status: int = 400) -> ApiError:
     first = exc.errors[0] if exc.errors else None
     message = "; ".join(f"{e.field}: {e.message}" for e in exc.errors) or str(exc)
     return ApiError(status, f"invalid job spec: {message}", first.field if first else None, details)
-
-
-def job_to_json(
-    job: JobRecord, history: list[Transition] | None = None, *, now_s: float | None = None
-) -> dict[str, Any]:
-    """The API's view of a job (the SDK's `Job` reads exactly these keys).
-
-    Named keys of the runner's info only, never info itself (it holds the attempt's signal
-    token). The recovery keys come through `job_info.job_facts` (typed, bounded): the last
-    committed step and its age at `now_s` (default: now), the checkpoint overhead (stall
-    over wall seconds, as a percentage), restarts used of ``max_restarts``, hangs and the
-    current attempt's progress. The one-job view (`history` given) adds every attempt's end
-    (``attempts``); a listing leaves them out, so a page stays small."""
-    info = dict(job.info)
-    now = time.time() if now_s is None else now_s
-    out: dict[str, Any] = {
-        "id": job.job_id,
-        "name": job.spec.name,
-        "state": job.state.value,
-        "queue": job.spec.queue,
-        "owner": job.owner,
-        "priority_class": job.spec.priority_class,
-        "num_workers": job.spec.num_workers,
-        "gpus_per_worker": job.spec.gpus_per_worker,
-        "submitted_s": job.submitted_s,
-        "queued_s": job.queued_s,
-        "updated_s": job.updated_s,
-        "num_preemptions": job.num_preemptions,
-        "attempt": int(info.get("attempt", 0)),
-        "ray_job_id": info.get("submission_id"),
-        "message": info.get("message"),
-        "not_before_s": info.get("not_before_s"),
-        "spec": job.spec.to_dict(),
-        **_recovery_json(job, now),
-    }
-    if history is not None:
-        out["attempts"] = [
-            {
-                "attempt": a.attempt,
-                "admitted_s": a.admitted_s,
-                "ended_s": a.ended_s,
-                "kind": a.kind,
-                "reason": a.reason,
-                "step": a.step,
-                "checkpoint_step": a.checkpoint_step,
-            }
-            for a in job_facts(job.info).attempts
-        ]
-        out["history"] = [
-            {
-                "from": None if t.from_state is None else t.from_state.value,
-                "to": t.to_state.value,
-                "at_s": t.at_s,
-                "reason": t.reason,
-            }
-            for t in history
-        ]
-    return out
-
-
-def _recovery_json(job: JobRecord, now_s: float) -> dict[str, Any]:
-    """The job view's checkpoint and restart keys (see `job_to_json`)."""
-    facts = job_facts(job.info)
-    running = job.state in (JobState.ADMITTED, JobState.RUNNING)
-    stall_s, wall_s = facts.stall_wall_s(running)
-    ratio = facts.overhead_ratio(running)
-    commit, progress = facts.commit, facts.progress
-    return {
-        "checkpoint_uri": facts.checkpoint_uri,
-        "last_checkpoint": None
-        if commit is None
-        else {
-            "step": commit.step,
-            "uri": commit.uri,
-            "committed_unix_s": commit.committed_unix_s,
-            "age_s": commit.age_s(now_s),
-        },
-        "checkpoint_stall_s": stall_s,
-        "checkpoint_wall_s": wall_s,
-        "checkpoint_overhead_pct": None if ratio is None else 100.0 * ratio,
-        "restarts": facts.restarts,
-        "max_restarts": job.spec.max_restarts,
-        "hangs": facts.hangs,
-        "progress": None
-        if progress is None or not running
-        else {
-            "step": progress.step,
-            "step_at_s": progress.step_at_s,
-            "step_age_s": None
-            if progress.step_at_s is None
-            else max(0.0, now_s - progress.step_at_s),
-            "stall_s": progress.stall_s,
-            "wall_s": progress.wall_s,
-        },
-    }
-
-
-def invalid_to_json(row: InvalidRow) -> dict[str, Any]:
-    """A stored job that no longer validates, as listings report it (the tick skips it)."""
-    return {"id": row.job_id, "state": row.state, "error": row.error}
-
-
-def event_to_json(e: Event) -> dict[str, Any]:
-    return {
-        "seq": e.seq,
-        "at_s": e.at_s,
-        "kind": e.kind,
-        "job_id": e.job_id,
-        "message": e.message,
-        "data": dict(e.data),
-    }
 
 
 class JobService:

@@ -83,13 +83,8 @@ from controlplane.api.access import (
     route_action,
 )
 from controlplane.api.identity import Identity, user_to_json
-from controlplane.api.jobs import (
-    ApiError,
-    JobService,
-    event_to_json,
-    invalid_to_json,
-    job_to_json,
-)
+from controlplane.api.job_views import event_to_json, invalid_to_json, job_to_json
+from controlplane.api.jobs import ApiError, JobService
 from controlplane.api.operations import Operations
 from controlplane.api.operator_routes import add_operations_routes
 from controlplane.api.ratelimit import TokenBuckets

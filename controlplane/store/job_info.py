@@ -1,7 +1,7 @@
 """What a job's attempts and checkpoints look like from outside: read from `JobRecord.info`.
 
 Owns: reading, typed and defensively, the keys `controlplane.loop.act.jobs` records about a
-job's recovery, for the API's job view (`api.jobs.job_to_json`) and the controller's per-job
+job's recovery, for the API's job view (`api.job_views.job_to_json`) and the controller's per-job
 gauges (`job_metrics`):
 
 * ``checkpoint``: the newest committed step as read from object storage,

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from controlplane.api.jobs import job_to_json
+from controlplane.api.job_views import job_to_json
 from controlplane.cli import cli
 from controlplane.config import load_config
 from controlplane.loop.job_metrics import GpuHoursMeter, job_gauges

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from controlplane.adapters.ray_jobs import RayJobs, RayJobStatus
-from controlplane.api.jobs import ApiError, JobService, job_to_json
+from controlplane.api.job_views import job_to_json
+from controlplane.api.jobs import ApiError, JobService
 from controlplane.config import Config, load_config
 from controlplane.inventory import NodeRow
 from controlplane.loop.act.jobs.launching import entrypoint_command
