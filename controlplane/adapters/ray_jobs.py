@@ -9,7 +9,7 @@ Owns `RayJobs`, the Ray side of a job's life:
   (`log_slice`, `log_tail`; `driver_logs`): never the whole log;
 * a worker's Python stacks through the dashboard (py-spy, `fetch_worker_stack`);
 * the memory-tier holder actors of a job (``<job id>/...`` in `MEMORY_TIER_NAMESPACE`);
-* the ``rcp-job-signals`` actor (`jobs.signals.JobSignals`) that training loops talk to,
+* the ``rcp-job-signals`` actor (`jobs.signals.mailbox.JobSignals`) that training loops talk to,
   trusted by the actor id pinned in the store (`SIGNALS_ACTOR_KEY`), never by its name.
 
 Must not: decide anything about a job or write a job's record (that is the runner,
@@ -36,8 +36,8 @@ from controlplane.config import Config
 from controlplane.pools import JOB_DRIVER_RESOURCE, Pool, pool_resource
 from controlplane.store import Store
 from controlplane.tokens import ensure_token
-from jobs import signals
 from jobs.checkpoint.memory_tiers import DEFAULT_NAMESPACE, clear_job_memory_tier
+from jobs.signals import mailbox, trust
 from jobs.storage_credentials import StorageCredentials
 
 __all__ = [
@@ -55,7 +55,7 @@ __all__ = [
 if TYPE_CHECKING:  # the SDK itself is imported where a client is made (`dashboard_client`)
     from ray.job_submission import JobSubmissionClient
 
-    from jobs.signals import _JobSignals
+    from jobs.signals.mailbox import _JobSignals
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class RayJobs:
     created, and the salt its secret was derived from, are pinned in the store
     (`SIGNALS_ACTOR_KEY`); an actor under the name with another id is killed, never called,
     and replaced (event ``jobs.signals_impostor``). Admin calls carry only an HMAC over a
-    fresh nonce and the call (`signals.admin_auth`): the admin key stays here.
+    fresh nonce and the call (`jobs.signals.trust.admin_auth`): the admin key stays here.
     """
 
     def __init__(self, cfg: Config, store: Store | None = None) -> None:
@@ -203,12 +203,12 @@ class RayJobs:
         pin = self._pinned()
         try:
             found: ActorHandle[_JobSignals] | None = ray.get_actor(
-                signals.SIGNALS_ACTOR_NAME, namespace=signals.SIGNALS_NAMESPACE
+                mailbox.SIGNALS_ACTOR_NAME, namespace=mailbox.SIGNALS_NAMESPACE
             )
         except ValueError:
             found = None
         if found is not None and pin.get("actor_id") == found._actor_id.hex() and pin.get("salt"):
-            self._secret = signals.derive_admin_secret(self.signals_key(), pin["salt"])
+            self._secret = trust.derive_admin_secret(self.signals_key(), pin["salt"])
             self._signals = found
             return found
         if found is not None:
@@ -224,10 +224,10 @@ class RayJobs:
                     data={"actor_id": impostor, "pinned": pin.get("actor_id")},
                 )
         salt = secrets.token_hex(16)
-        secret = signals.derive_admin_secret(self.signals_key(), salt)
+        secret = trust.derive_admin_secret(self.signals_key(), salt)
         options = {
-            "name": signals.SIGNALS_ACTOR_NAME,
-            "namespace": signals.SIGNALS_NAMESPACE,
+            "name": mailbox.SIGNALS_ACTOR_NAME,
+            "namespace": mailbox.SIGNALS_NAMESPACE,
             "lifetime": "detached",
             "resources": {pool_resource(Pool.HEAD): 1},
         }
@@ -237,7 +237,7 @@ class RayJobs:
             try:
                 # Ray's stubs type this as a handle or the class itself; it is the handle.
                 handle = cast(
-                    "ActorHandle[_JobSignals]", signals.JobSignals.options(**options).remote(secret)
+                    "ActorHandle[_JobSignals]", mailbox.JobSignals.options(**options).remote(secret)
                 )
                 break
             except ValueError:  # the killed actor still holds the name
@@ -255,7 +255,7 @@ class RayJobs:
             assert self._secret is not None  # set with the handle
             with self._call_lock:  # nonces reach the actor in the order they were made
                 self._last_nonce = max(self._last_nonce + 1, time.time_ns())
-                auth = signals.admin_auth(self._secret, self._last_nonce, method, args)
+                auth = trust.admin_auth(self._secret, self._last_nonce, method, args)
                 ref = getattr(handle, method).remote(*args, auth=auth)
             return ray.get(ref, timeout=10)
         except ray.exceptions.RayActorError:

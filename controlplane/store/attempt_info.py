@@ -23,7 +23,7 @@ from typing import Any
 
 from controlplane.config import Config
 from controlplane.store import JobRecord
-from jobs import signals
+from jobs.signals import trust
 from jobs.spec import JOBS_AREA
 from jobs.storage_uri import parse_storage_uri
 
@@ -101,7 +101,7 @@ def checkpoint_uri(cfg: Config, job: JobRecord) -> str:
     if job.spec.checkpoint.uri:
         return str(parse_storage_uri(job.spec.checkpoint.uri))
     area = f"{cfg.storage.uri.rstrip('/')}/{JOBS_AREA}"
-    return signals.checkpoint_prefix(area, job.job_id)
+    return trust.checkpoint_prefix(area, job.job_id)
 
 
 def uri_of(cfg: Config, job: JobRecord) -> str:

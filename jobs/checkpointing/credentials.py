@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from jobs.checkpoint.retrying import TransientError
 from jobs.checkpointing.reporting import SIGNALS_TIMEOUT_S
-from jobs.signals import SignalsHandle
+from jobs.signals.handle import SignalsHandle
 from jobs.storage_credentials import StorageCredentials, check_credentials
 
 __all__ = ["SignalsCredentials"]

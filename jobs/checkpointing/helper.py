@@ -51,7 +51,8 @@ from jobs.checkpointing.reporting import (
     publish_restored_commit,
 )
 from jobs.checkpointing.settings import detect_gang, settings_from_env
-from jobs.signals import ENV_CHECKPOINT_URI, SignalsHandle
+from jobs.signals.environment import ENV_CHECKPOINT_URI
+from jobs.signals.handle import SignalsHandle
 from policies.checkpointing import IntervalConfig
 
 __all__ = ["PREEMPTED_WAIT_S", "Checkpointing", "PreemptedError"]

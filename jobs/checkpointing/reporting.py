@@ -26,7 +26,7 @@ from jobs.checkpoint import metrics as engine_metrics
 from jobs.checkpoint.layout import Manifest, manifest_key, step_dir
 from jobs.checkpoint.metrics import MirroredMetric
 from jobs.checkpointing.settings import Gang, Settings, connect_ray
-from jobs.signals import SignalsHandle
+from jobs.signals.handle import SignalsHandle
 
 __all__ = [
     "INTERVAL_SECONDS",

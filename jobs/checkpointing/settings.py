@@ -22,7 +22,7 @@ import ray
 import ray.train
 import torch.distributed as dist
 
-from jobs.signals import (
+from jobs.signals.environment import (
     ENV_ATTEMPT,
     ENV_CHECKPOINT_ENABLED,
     ENV_CHECKPOINT_INTERVAL_S,
@@ -36,9 +36,9 @@ from jobs.signals import (
     ENV_STORAGE_CREDENTIALS,
     ENV_STORAGE_ENDPOINT_URL,
     ENV_STORAGE_REGION,
-    MAX_RANKS,
     STORAGE_CREDENTIALS_FROM_SIGNALS,
 )
+from jobs.signals.mailbox import MAX_RANKS
 
 __all__ = [
     "DEFAULT_MTBF_S",

@@ -35,7 +35,11 @@ from urllib.parse import urlsplit
 import torch
 
 from jobs.examples.train_mnistlike import _batch, _model
-from jobs.signals import ENV_CHECKPOINT_URI, ENV_STORAGE_ENDPOINT_URL, ENV_STORAGE_REGION
+from jobs.signals.environment import (
+    ENV_CHECKPOINT_URI,
+    ENV_STORAGE_ENDPOINT_URL,
+    ENV_STORAGE_REGION,
+)
 
 __all__ = ["ray_async_loop", "sync_loop"]
 

@@ -85,7 +85,7 @@ def gang_configs(env: Mapping[str, str]) -> tuple[ScalingConfig, RunConfig]:
         ScalingConfig,
     )  # heavy (pandas, pyarrow): only where a gang runs
 
-    from jobs.signals import ENV_JOB_ID
+    from jobs.signals.environment import ENV_JOB_ID
 
     num_workers = int(env.get(ENV_NUM_WORKERS, "1"))
     gpus = int(env.get(ENV_GPUS_PER_WORKER, "0"))

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from jobs.signals import SignalsHandle
+    from jobs.signals.handle import SignalsHandle
 
 __all__ = ["WORKER_STARTED_DEADLINE_S", "report_started", "report_this_worker", "started_then"]
 
@@ -49,12 +49,12 @@ def report_started(
     actor under the name. `pid` and `node_id` (hex), when given, name the worker's process
     (the controller asks Ray for its stacks, and its children's, when the job hangs). An
     actor found dead (the controller replaces it) is looked up by name again
-    (`jobs.signals.SignalsHandle`), and a refusal asked again (an actor restarted with the
+    (`jobs.signals.handle.SignalsHandle`), and a refusal asked again (an actor restarted with the
     head knows no attempt until the controller registers them again), until `deadline_s`
     has passed; then a refusal returns False."""
     import ray
 
-    from jobs.signals import SignalsHandle
+    from jobs.signals.handle import SignalsHandle
 
     signals = handle if handle is not None else SignalsHandle()
     args: tuple[object, ...] = (job_id, attempt, rank, token)
@@ -84,7 +84,7 @@ def report_this_worker(rank: int) -> None:
     """`report_started` for this Ray Train worker (its pid and node), under the control plane."""
     import ray
 
-    from jobs.signals import ENV_ATTEMPT, ENV_JOB_ID, ENV_SIGNAL_TOKEN
+    from jobs.signals.environment import ENV_ATTEMPT, ENV_JOB_ID, ENV_SIGNAL_TOKEN
 
     job_id = os.environ.get(ENV_JOB_ID)
     if not job_id:

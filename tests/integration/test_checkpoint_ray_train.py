@@ -39,13 +39,8 @@ from ray.cluster_utils import Cluster
 
 from jobs.checkpoint import CheckpointEngine
 from jobs.checkpoint.layout import keep_key, manifest_key
-from jobs.signals import (
-    SIGNALS_ACTOR_NAME,
-    SIGNALS_NAMESPACE,
-    JobSignals,
-    admin_auth,
-    token_sha256,
-)
+from jobs.signals.mailbox import SIGNALS_ACTOR_NAME, SIGNALS_NAMESPACE, JobSignals
+from jobs.signals.trust import admin_auth, token_sha256
 from tests.integration.conftest import REGION, MotoS3
 from tests.unit.test_checkpoint_engine import assert_state_equal
 

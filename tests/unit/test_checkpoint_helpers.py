@@ -29,7 +29,8 @@ from jobs.checkpointing import (
     detect_gang,
     settings_from_env,
 )
-from jobs.signals import _JobSignals, token_sha256
+from jobs.signals.mailbox import _JobSignals
+from jobs.signals.trust import token_sha256
 from policies.checkpointing import IntervalConfig
 from tests.unit.test_checkpoint_engine import assert_state_equal, make_state
 from tests.unit.test_job_signals import ADMIN, admin, status

@@ -35,7 +35,8 @@ from jobs.checkpoint.retrying import RetryPolicy, TransientError
 from jobs.checkpoint.storages import S3Storage, StorageOptions
 from jobs.checkpointing import settings_from_env
 from jobs.checkpointing.credentials import SignalsCredentials
-from jobs.signals import SignalsHandle, token_sha256
+from jobs.signals.handle import SignalsHandle
+from jobs.signals.trust import token_sha256
 from jobs.spec import CheckpointSpec
 from jobs.storage_credentials import StorageCredentials, check_credentials, role_session_name
 from jobs.storage_uri import StorageUri, job_storage_policy, parse_storage_uri

@@ -14,10 +14,9 @@ from typing import Any
 
 import pytest
 
-from jobs.signals import (
-    MAX_RANKS,
-    Rejection,
-    _JobSignals,
+from jobs.signals.mailbox import MAX_RANKS, _JobSignals
+from jobs.signals.reports import Rejection
+from jobs.signals.trust import (
     admin_auth,
     checkpoint_prefix,
     derive_admin_secret,

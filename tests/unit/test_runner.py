@@ -23,7 +23,7 @@ from controlplane.loop.act.jobs.limits import ORPHAN_SWEEP_INTERVAL_S
 from controlplane.loop.act.jobs.runner import JobRunner
 from controlplane.loop.observe import build_snapshot
 from controlplane.store import JobState, Store
-from jobs.signals import token_sha256
+from jobs.signals.trust import token_sha256
 from jobs.spec import JobSpec
 from jobs.storage_credentials import StorageCredentials
 from jobs.storage_uri import StorageUri

@@ -27,9 +27,10 @@ from controlplane.loop.act.jobs.runner import JobRunner
 from controlplane.loop.tick import TICK_STALL_MIN_S, TICK_STALL_TICKS, tick_stalled
 from controlplane.store import JobState, Store
 from controlplane.store.pruning import DAY_S, Retention
-from jobs import launcher, signals
+from jobs import launcher
 from jobs.checkpointing import Checkpointing
-from jobs.signals import (
+from jobs.signals import handle as signals_handle
+from jobs.signals.environment import (
     ENV_ATTEMPT,
     ENV_CHECKPOINT_INTERVAL_S,
     ENV_CHECKPOINT_URI,
@@ -262,8 +263,8 @@ def actors(monkeypatch: pytest.MonkeyPatch) -> list[_Actor]:
             raise ray.exceptions.ActorDiedError()
         return ref.value
 
-    monkeypatch.setattr(signals, "get_signals", lambda: named[-1] if named else None)
-    monkeypatch.setattr(signals, "SIGNALS_RESOLVE_INTERVAL_S", 0.0)
+    monkeypatch.setattr(signals_handle, "get_signals", lambda: named[-1] if named else None)
+    monkeypatch.setattr(signals_handle, "SIGNALS_RESOLVE_INTERVAL_S", 0.0)
     monkeypatch.setattr(ray, "get", get)
     return named
 
@@ -282,7 +283,7 @@ def test_a_training_loop_polls_the_actor_that_replaced_a_dead_one(
     old = _Actor(poll=False, progress=True)
     actors.append(old)
     now = [0.0]
-    loop = Checkpointing(env=env, signals=signals.SignalsHandle(), clock=lambda: now[0])
+    loop = Checkpointing(env=env, signals=signals_handle.SignalsHandle(), clock=lambda: now[0])
     assert loop.should_checkpoint(0) is False
     old.dead = True  # the controller killed it (an impostor? a lost pin) and made another
     new = _Actor(poll=True, progress=True)
@@ -298,15 +299,15 @@ def test_a_training_loop_polls_the_actor_that_replaced_a_dead_one(
 def test_a_dead_handle_is_looked_up_again_at_most_every_interval() -> None:
     now = [0.0]
     lookups: list[float] = []
-    handle = signals.SignalsHandle(resolve_interval_s=5.0, clock=lambda: now[0])
-    real = signals.get_signals
+    handle = signals_handle.SignalsHandle(resolve_interval_s=5.0, clock=lambda: now[0])
+    real = signals_handle.get_signals
     try:
-        signals.get_signals = lambda: lookups.append(now[0])  # type: ignore[assignment]
+        signals_handle.get_signals = lambda: lookups.append(now[0])  # type: ignore[assignment]
         for t in (0.0, 1.0, 4.9, 5.0, 6.0, 10.0):
             now[0] = t
             handle.get()
     finally:
-        signals.get_signals = real  # type: ignore[assignment]
+        signals_handle.get_signals = real  # type: ignore[assignment]
     assert lookups == [0.0, 5.0, 10.0]
 
 
@@ -314,7 +315,7 @@ def test_worker_started_reaches_the_actor_that_replaced_a_dead_one(actors: list[
     old = _Actor(worker_started=True)
     old.dead = True
     actors.append(old)
-    handle = signals.SignalsHandle()
+    handle = signals_handle.SignalsHandle()
     handle.get()  # held from before the controller replaced it
     actors.append(_Actor(worker_started=True))
     assert launcher.report_started("job-a", 1, 0, "tok", deadline_s=5, handle=handle) is True

@@ -22,8 +22,8 @@ from controlplane.adapters.ray_jobs import SIGNALS_ACTOR_KEY, RayJobs
 from controlplane.config import load_config
 from controlplane.loop.act.jobs.runner import JobRunner
 from controlplane.store import Store
-from jobs import signals
-from jobs.signals import token_sha256
+from jobs.signals import mailbox
+from jobs.signals.trust import token_sha256
 
 _ids = itertools.count(1)
 
@@ -87,7 +87,7 @@ class FakeRayActors:
     def squat(self) -> FakeHandle:
         """A job's actor under the signals actor's name (it answers yes to everything)."""
         impostor = FakeHandle(_Yes())
-        self.named[signals.SIGNALS_ACTOR_NAME] = impostor
+        self.named[mailbox.SIGNALS_ACTOR_NAME] = impostor
         return impostor
 
     # the actor class: JobSignals.options(...).remote(secret)
@@ -102,7 +102,7 @@ class FakeRayActors:
                 if name in fake.named:
                     raise ValueError("the name is taken")
                 fake.constructor_args.append(args)
-                handle = FakeHandle(signals._JobSignals(*args))
+                handle = FakeHandle(mailbox._JobSignals(*args))
                 fake.named[name] = handle
                 fake.created.append(handle)
                 return handle
@@ -121,7 +121,7 @@ def fake_ray(monkeypatch: pytest.MonkeyPatch) -> FakeRayActors:
     monkeypatch.setattr(ray, "get_actor", fake.get_actor)
     monkeypatch.setattr(ray, "kill", fake.kill)
     monkeypatch.setattr(ray, "get", fake.get)
-    monkeypatch.setattr(signals, "JobSignals", fake)
+    monkeypatch.setattr(mailbox, "JobSignals", fake)
     return fake
 
 
@@ -145,7 +145,7 @@ def test_an_actor_squatting_the_name_is_never_called_and_is_replaced(
     jobs.register_signals("job-a", 1, token_sha256("t"), "/train/job-a")
     assert impostor.calls == []  # not one call: nothing to record, no key to learn
     assert impostor._actor_id.hex() in fake_ray.killed
-    ours = fake_ray.named[signals.SIGNALS_ACTOR_NAME]
+    ours = fake_ray.named[mailbox.SIGNALS_ACTOR_NAME]
     assert ours is not impostor and ours in fake_ray.created
     assert store.get_value(SIGNALS_ACTOR_KEY)["actor_id"] == ours._actor_id.hex()
     events = store.events(kind_prefix="jobs.signals_impostor")
@@ -161,14 +161,14 @@ def test_a_squatter_after_ours_was_killed_is_replaced_too(
 ) -> None:
     store, jobs = make(tmp_path)
     jobs.register_signals("job-a", 1, token_sha256("t"), "/train/job-a")
-    ours = fake_ray.named[signals.SIGNALS_ACTOR_NAME]
+    ours = fake_ray.named[mailbox.SIGNALS_ACTOR_NAME]
     fake_ray.kill(ours)  # a job kills the real actor ...
     impostor = fake_ray.squat()  # ... and takes the name
     with pytest.raises(ray.exceptions.RayActorError):
         jobs.signal_status("job-a")  # our handle is dead: the call fails, nothing is sent
     jobs.register_signals("job-a", 1, token_sha256("t"), "/train/job-a")
     assert impostor.calls == [] and impostor._actor_id.hex() in fake_ray.killed
-    new = fake_ray.named[signals.SIGNALS_ACTOR_NAME]
+    new = fake_ray.named[mailbox.SIGNALS_ACTOR_NAME]
     assert new not in (ours, impostor)
     assert store.get_value(SIGNALS_ACTOR_KEY)["actor_id"] == new._actor_id.hex()
 
@@ -178,7 +178,7 @@ def test_a_restarted_controller_keeps_the_pinned_actor(
 ) -> None:
     _store, jobs = make(tmp_path)
     jobs.register_signals("job-a", 1, token_sha256("t"), "/train/job-a")
-    ours = fake_ray.named[signals.SIGNALS_ACTOR_NAME]
+    ours = fake_ray.named[mailbox.SIGNALS_ACTOR_NAME]
     _store2, restarted = make(tmp_path)  # same state dir and store: same key and pin
     assert restarted.signal_status("job-a")["attempt"] == 1
     assert fake_ray.killed == [] and fake_ray.created == [ours]
@@ -188,7 +188,7 @@ def test_a_recorded_admin_call_cannot_be_replayed(tmp_path: Path, fake_ray: Fake
     _store, jobs = make(tmp_path)
     jobs.register_signals("job-a", 1, token_sha256("t"), "/train/job-a")
     jobs.forget_signals("job-a")
-    ours = fake_ray.named[signals.SIGNALS_ACTOR_NAME]
+    ours = fake_ray.named[mailbox.SIGNALS_ACTOR_NAME]
     method, args, kwargs = ours.calls[0]  # the recorded register
     with pytest.raises(PermissionError):
         getattr(ours.target, method)(*args, **kwargs)

@@ -33,7 +33,7 @@ from controlplane.store.attempt_info import (
     _progress_of,
     uri_of,
 )
-from jobs import signals
+from jobs.signals import trust
 
 __all__ = ["CommittedReads", "ReadResult"]
 
@@ -132,7 +132,7 @@ class CommittedReads:
         ckpt = sig.get("checkpoint")
         if not isinstance(ckpt, Mapping) or not ckpt.get("answers_request"):
             return None
-        if not signals.under_prefix(str(ckpt.get("path")), uri_of(self.cfg, job)):
+        if not trust.under_prefix(str(ckpt.get("path")), uri_of(self.cfg, job)):
             log.warning("job %s: ignoring checkpoint hint outside its prefix", job.job_id)
             return None
         return _hint_step(ckpt, job.info.get("attempt"))

@@ -43,8 +43,9 @@ from controlplane.store.attempt_info import (
     checkpoint_uri,
     uri_of,
 )
-from jobs import launcher, signals
-from jobs.signals import token_sha256
+from jobs import launcher
+from jobs.signals import environment
+from jobs.signals.trust import token_sha256
 from policies.plan import AdmitJob
 
 __all__ = ["Launcher", "entrypoint_command"]
@@ -236,15 +237,15 @@ class Launcher:
         mtbf_s = reliability.job_mtbf_s(self.store, self.cfg, s.gpus_total, self.clock())
         env.update(
             {
-                signals.ENV_JOB_ID: job.job_id,
-                signals.ENV_ATTEMPT: str(job.info["attempt"]),
-                signals.ENV_SIGNAL_POLL_S: f"{self.cfg.jobs.job_signal_poll_s:g}",
-                signals.ENV_CHECKPOINT_URI: uri_of(self.cfg, job),
-                signals.ENV_STORAGE_REGION: self.cfg.storage.region,
-                signals.ENV_CHECKPOINT_ENABLED: "1" if c.enabled else "0",
-                signals.ENV_CHECKPOINT_KEEP_LAST: str(c.keep_last),
-                signals.ENV_MTBF_S: f"{mtbf_s:.1f}",
-                signals.ENV_STEP_REPORT_S: f"{self.cfg.jobs.step_report_interval_s:g}",
+                environment.ENV_JOB_ID: job.job_id,
+                environment.ENV_ATTEMPT: str(job.info["attempt"]),
+                environment.ENV_SIGNAL_POLL_S: f"{self.cfg.jobs.job_signal_poll_s:g}",
+                environment.ENV_CHECKPOINT_URI: uri_of(self.cfg, job),
+                environment.ENV_STORAGE_REGION: self.cfg.storage.region,
+                environment.ENV_CHECKPOINT_ENABLED: "1" if c.enabled else "0",
+                environment.ENV_CHECKPOINT_KEEP_LAST: str(c.keep_last),
+                environment.ENV_MTBF_S: f"{mtbf_s:.1f}",
+                environment.ENV_STEP_REPORT_S: f"{self.cfg.jobs.step_report_interval_s:g}",
                 launcher.ENV_NUM_WORKERS: str(s.num_workers),
                 launcher.ENV_GPUS_PER_WORKER: str(s.gpus_per_worker),
                 launcher.ENV_CPUS_PER_WORKER: f"{s.cpus_per_worker:g}",
@@ -255,13 +256,13 @@ class Launcher:
         )
         endpoint = self.cfg.storage_endpoint_url
         if endpoint:
-            env[signals.ENV_STORAGE_ENDPOINT_URL] = endpoint
+            env[environment.ENV_STORAGE_ENDPOINT_URL] = endpoint
         if c.interval_s is not None:
-            env[signals.ENV_CHECKPOINT_INTERVAL_S] = f"{c.interval_s:g}"
+            env[environment.ENV_CHECKPOINT_INTERVAL_S] = f"{c.interval_s:g}"
         if self._credentials.wanted(job):  # the credentials themselves never go in here
-            env[signals.ENV_STORAGE_CREDENTIALS] = signals.STORAGE_CREDENTIALS_FROM_SIGNALS
+            env[environment.ENV_STORAGE_CREDENTIALS] = environment.STORAGE_CREDENTIALS_FROM_SIGNALS
         if job.info.get(SIGNAL_TOKEN_INFO):
-            env[signals.ENV_SIGNAL_TOKEN] = str(job.info[SIGNAL_TOKEN_INFO])
+            env[environment.ENV_SIGNAL_TOKEN] = str(job.info[SIGNAL_TOKEN_INFO])
         runtime_env = {k: v for k, v in s.runtime_env.items() if k != "env_vars"}
         runtime_env["env_vars"] = env
         if s.working_dir:
