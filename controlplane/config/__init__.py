@@ -36,7 +36,6 @@ from __future__ import annotations
 
 from omegaconf import MISSING
 
-from controlplane.config.checks import DNS_SUBDOMAIN
 from controlplane.config.cluster import (
     ApiConfig,
     ClusterPoolConfig,
@@ -87,4 +86,3 @@ __all__ = [
 ]
 
 _ = MISSING  # re-exported for schemas that need a required field later
-_DNS_SUBDOMAIN = DNS_SUBDOMAIN  # the name controlplane.kube.service imports

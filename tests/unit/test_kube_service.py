@@ -1,6 +1,7 @@
-"""The ``rcp-kube-actuator`` service (controlplane/kube/service.py) and the controller's HTTP
-client of it (controlplane/kube/remote.py), over real HTTP on 127.0.0.1, backed by the fake
-Kubernetes API server (tests/unit/kubeapi.py) through the real `kubernetes` client.
+"""The ``rcp-kube-actuator`` service (controlplane/kube/service.py, its checks in
+controlplane/kube/gate.py) and the controller's HTTP client of it (controlplane/kube/remote.py),
+over real HTTP on 127.0.0.1, backed by the fake Kubernetes API server (tests/unit/kubeapi.py)
+through the real `kubernetes` client.
 
 The caller is treated as hostile: every refusal below is checked to write nothing to
 Kubernetes. No Kubernetes API server runs here, so this fake is the protocol boundary.
@@ -32,14 +33,8 @@ from controlplane.kube import (
     RemoteKubernetesActuator,
     from_config,
 )
-from controlplane.kube.service import (
-    MAX_REASON_CHARS,
-    ActuatorServer,
-    ActuatorService,
-    NodeActionCap,
-    loggable,
-    main,
-)
+from controlplane.kube.gate import MAX_REASON_CHARS, ActuatorService, NodeActionCap
+from controlplane.kube.service import ActuatorServer, loggable, main
 from controlplane.loop.remediation import Remediator
 from tests.unit.kubeapi import FakeKubeApi, running, write_kubeconfig
 from tests.unit.test_health_actuation import FakeNodes
