@@ -2,18 +2,23 @@
 every problem is a `FieldError` (the key's full dotted path and the reason).
 
 Owns: `FieldError`, `InvalidInput` (every problem of one input at once; `ConfigError`,
-`SpecError` and `ScenarioError` are its kinds), `Checked` (a `TypeAdapter` over a dataclass
-whose failures become `FieldError`s by path, e.g. ``serving.models[0].min_replicas: must be
->= 0, got -1``), `Problems` (what a validator across fields raises, naming fields relative to
-the object it checks) and the shared checks: `FINITE` (no NaN or Infinity), `at_least`,
-`at_most`, `one_of`, `finite_everywhere` (every number nested in untrusted data) and `shown`
-(a value in a message, bounded).
+`SpecError`, `ServingError` and `ScenarioError` are its kinds), `Checked` (a `TypeAdapter`
+over a dataclass, then its rules across fields; every failure a `FieldError` by path, e.g.
+``serving.models[0].min_replicas: must be >= 0, got -1``), `Problems` (what a validator
+raises to name fields relative to the value it checks) and the shared checks: `FINITE` (no
+NaN or Infinity, no unknown key), `bound` and its kinds (`at_least`, `above`, `at_most`,
+`one_of`), `check_fields`, `not_below`, `finite_everywhere` (every number nested in untrusted
+data) and `shown` (a value in a message, bounded).
 
-Must not: do I/O or know any one input's fields (each stack declares its own rules beside its
-dataclasses: ``Annotated`` bounds on the fields, ``model_validator`` for rules across them).
+Must not: do I/O or know any one input's fields (each stack declares its checks beside its
+dataclasses: ``Annotated`` validators on the fields, rule functions across them).
 
-Example: ``Checked(Scenario).load({"nodes": 0}, "scenario")`` raises
-``ScenarioError("nodes: must be >= 1, got 0")``.
+Example: the simulator's ``SCENARIO = Checked(Scenario, ScenarioError, _across_fields)``;
+``SCENARIO.load({"nodes": 0})`` raises ``ScenarioError`` with one `FieldError`,
+``nodes: must be in [1, 100000], got 0``; ``{"nodes": 8, "gpus_per_node": 4}`` passes every
+field's check, then `_across_fields` names ``training.gang_gpus.64`` (and 128, 256: bigger
+than the 8 x 4 = 32-GPU cluster) and ``serving.models[0].gpus_per_replica`` (8 GPUs: must fit
+one 4-GPU node).
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ from pydantic import AfterValidator, ConfigDict, TypeAdapter, ValidationError
 
 __all__ = [
     "FINITE",
-    "STRICT",
     "Checked",
     "FieldError",
     "InvalidInput",
@@ -53,8 +57,6 @@ __all__ = [
 FINITE = ConfigDict(allow_inf_nan=False, extra="forbid", revalidate_instances="always")
 """Every float finite (NaN compares false with every bound), every unknown key refused, and a
 dataclass built in code checked as plain data is."""
-STRICT = ConfigDict(allow_inf_nan=False, extra="forbid", revalidate_instances="always", strict=True)
-"""`FINITE`, and no type coercion (``"3"`` is not an integer): for untrusted input."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class Problems(ValueError):
 
 
 def raise_problems(errors: list[FieldError]) -> None:
+    """In a validator: raise `errors` (paths relative to the value checked), if any."""
     if errors:
         raise Problems(*errors)
 
@@ -149,6 +152,7 @@ def at_least(minimum: float, why: str = "") -> AfterValidator:
 
 
 def above(minimum: float) -> AfterValidator:
+    """A strict lower bound: ``Annotated[float | None, above(0)]`` (None passes)."""
     return bound(lambda v: v > minimum, f"must be > {minimum:g}")
 
 
@@ -159,6 +163,7 @@ def at_most(maximum: float, why: str) -> AfterValidator:
 
 
 def one_of(allowed: Iterable[str]) -> AfterValidator:
+    """A name out of a fixed set (a str field omegaconf can hold, unlike ``Literal``)."""
     names = tuple(allowed)
     return bound(lambda v: v in names, f"must be one of {', '.join(names)}")
 
@@ -250,8 +255,6 @@ def _message(root: Any, err: Any) -> str:
     stem = kind_.split("_")[0]
     if stem in _TYPE_WORDS and kind_.endswith(("_type", "_parsing", "_from_float")):
         return f"must be {_TYPE_WORDS[stem]}, got {kind(value)}"
-    if kind_ == "int_from_float" or kind_ == "int_fraction":
-        return f"must be an integer, got {shown(value)}"
     return str(err["msg"]).removeprefix("Value error, ") + (
         "" if kind_ == "value_error" else f", got {shown(value)}"
     )

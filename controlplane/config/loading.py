@@ -3,8 +3,8 @@ round trip through plain data.
 
 Owns: the merge order defaults -> YAML -> overrides (omegaconf: unknown keys and wrong types
 are rejected with the key's full path), checking the result (`controlplane.config.validation`:
-every error a `ConfigError` naming the key's full path), and `to_dict` / `from_dict` / `to_yaml` (the
-local cluster's state file, ``rcp config show``).
+every error a `ConfigError` naming the key's full path), and `to_dict` / `from_dict` /
+`to_yaml` (the local cluster's state file, ``rcp config show``).
 
 Must not: start or write anything.
 """

@@ -22,7 +22,7 @@ security boundary for what the controller hands to Ray:
 Where each part lives (every name below is importable from ``jobs.spec``):
 
 * `jobs.spec.job_spec`: `JobSpec`, `CheckpointSpec` (each field's checks declared on it and
-  run by pydantic, `policies.validation`), `validate`, `check_checkpoint_uri`;
+  run by pydantic, `policies.validation`: `SPEC`), `check_checkpoint_uri`;
 * `jobs.spec.limits`: every limit and allowed set, named once;
 * `jobs.spec.values`: checks of one value (entrypoint, code URIs, checkpoint.uri);
 * `jobs.spec.runtime_env`: the ``runtime_env`` rules above;

@@ -2,10 +2,10 @@
 
 Owns: the fields of a job (what to run, how many workers with how many GPUs, which queue and
 priority class, how long it may run, how it checkpoints) with each one's checks declared on it
-(``Annotated``: strict types, bounds), `SPEC` (the pydantic check of a whole spec, run on
-every construction: every field's problems at once, by path) and `validate`, the checks that need the control plane's view
-(`JobSpec.check_against`, `check_checkpoint_uri`, called by the service at submit time) and
-the round trip to dicts and YAML.
+(``Annotated``: strict types, bounds), `SPEC` (pydantic's check of a whole spec, run on every
+construction: every field's problems at once, by path), the checks that need the control
+plane's view (`JobSpec.check_against`, `check_checkpoint_uri`, called by the service at submit
+time) and the round trip to dicts and YAML.
 
 Must not: import `controlplane`, talk to Ray, or know the live cluster (the control plane's
 configuration and the pool come in as arguments).
@@ -44,7 +44,7 @@ from policies.validation import (
     finite_everywhere,
 )
 
-__all__ = ["SPEC", "CheckpointSpec", "JobSpec", "check_checkpoint_uri", "validate"]
+__all__ = ["SPEC", "CheckpointSpec", "JobSpec", "check_checkpoint_uri"]
 
 
 def _non_empty(value: str) -> str:
@@ -56,7 +56,8 @@ def _non_empty(value: str) -> str:
 def _name(value: str) -> str:
     if not NAME_RE.match(_non_empty(value)):
         raise ValueError(
-            f"{value!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+            f"{value!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a letter or "
+            "digit"
         )
     return value
 
@@ -256,11 +257,6 @@ def _checked(data: object) -> JobSpec:
         return SPEC.load(data)
     finally:
         _CHECKING.reset(token)
-
-
-def validate(spec: JobSpec) -> list[FieldError]:
-    """Every problem of `spec`, by field path (none: it is valid)."""
-    return SPEC.problems(spec)
 
 
 def check_checkpoint_uri(spec: JobSpec, storage_uri: str) -> list[FieldError]:

@@ -6,7 +6,7 @@ entrypoint's length, the names a job may use, where its code may come from
 (`RUNTIME_ENV_KEYS`, the pip/uv/conda keys, `USER_ENV_VARS`) and the cluster's per-job
 checkpoint area (`JOBS_AREA`).
 
-Must not: check anything (see `job_spec.validate`, `values`, `runtime_env`) or import the
+Must not: check anything (see `job_spec`, `values`, `runtime_env`) or import the
 rest of the package.
 """
 

@@ -1,4 +1,5 @@
-"""Checks of one value of a job spec, each returning the `FieldError`s it finds.
+"""Checks of one value of a job spec: a validator raises, `check_remote_code_uri` returns the
+`FieldError`s it finds (``runtime_env`` names code under several paths).
 
 Owns: the checks the spec's fields declare (pydantic validators): the entrypoint
 (`entrypoint_words`: splits into words as a POSIX shell would, at most
