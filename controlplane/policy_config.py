@@ -17,6 +17,7 @@ section cannot hold as is:
   name, null: the lowest) and ``min_cluster_replicas`` as a `policies.model_classes.ModelClass`;
 - `ingress_scaling`: ``serving.ingress``'s count and scaling keys (``num_replicas`` is the
   floor) as the ingress policy's `IngressScaling`;
+- `attempt_config`: the ``jobs`` section's start bounds as `policies.attempts`' config;
 - `restart_limits`: a job's ``max_restarts`` (its spec) with the ``jobs`` section's restart
   backoff, as the restart policy's `RestartLimits`.
 
@@ -31,6 +32,7 @@ from typing import Any
 
 from controlplane.config import Config
 from policies.admission import AdmissionConfig, PreemptionConfig, QueueConfig
+from policies.attempts import AttemptConfig
 from policies.demand import DemandConfig
 from policies.ingress import IngressScaling
 from policies.model_classes import ModelClass
@@ -45,6 +47,7 @@ __all__ = [
     "ingress_scaling",
     "model_class",
     "placement_config",
+    "attempt_config",
     "restart_limits",
 ]
 
@@ -107,6 +110,17 @@ def model_class(cfg: Config, model: ModelConfig) -> ModelClass:
         priority=value,
         min_cluster_replicas=model.min_cluster_replicas,
         yields_on_shortfall=model.on_shortfall == "yield",
+    )
+
+
+def attempt_config(cfg: Config) -> AttemptConfig:
+    """The ``jobs`` section's bounds on starting a gang, for `policies.attempts`."""
+    j = cfg.jobs
+    return AttemptConfig(
+        gang_start_timeout_s=j.gang_start_timeout_s,
+        max_start_attempts=j.max_start_attempts,
+        backoff_initial_s=j.backoff_initial_s,
+        backoff_max_s=j.backoff_max_s,
     )
 
 

@@ -2,7 +2,7 @@
 
 Owns: the pure decision `decide(gang, config) -> GangAction | None` the control loop's decide
 phase makes for every job that holds a gang (ADMITTED or RUNNING), and
-`settle_ended(status, stop_sent)` for a job that ended without its gang (cancelled, over its
+`settle(ended)` for a job that ended without its gang (cancelled, over its
 runtime). It reads no clock (``GangView.now_s``), no Ray and no store: the observe phase fills
 a `GangView` from the job's record, Ray's word on its Ray Job, the signals actor's and the
 end of the attempt's log; the act phase (`controlplane.loop.act.jobs`) carries the action out.
@@ -65,16 +65,21 @@ __all__ = [
     "GangAction",
     "GangStatus",
     "GangView",
+    "JobAction",
+    "JobsView",
     "MarkRunning",
     "Preempting",
     "Reason",
     "RequeueGang",
     "ResubmitGang",
-    "Settle",
+    "EndedGang",
+    "SettleEnded",
     "StopGang",
     "StopHungGang",
     "decide",
-    "settle_ended",
+    "decide_all",
+    "settle",
+    "start_failure",
 ]
 
 
@@ -266,6 +271,7 @@ class RequeueGang:
 
 
 GangAction = MarkRunning | ResubmitGang | StopGang | StopHungGang | EndJob | RequeueGang
+"""What `decide` returns for a gang; with `SettleEnded`, every item of the jobs' lifecycle plan."""
 
 
 def decide(gang: GangView, config: AttemptConfig) -> GangAction | None:
@@ -365,12 +371,24 @@ def _starting(gang: GangView, config: AttemptConfig) -> GangAction | None:
 def _start_failed(
     gang: GangView, config: AttemptConfig, reason: str, stop: bool = False
 ) -> GangAction:
-    """A gang that never ran: back to the queue with backoff, FAILED once it used up
-    ``max_start_attempts``."""
-    failures = gang.start_failures + 1
+    return start_failure(gang.job_id, gang.start_failures, gang.now_s, reason, config, stop)
+
+
+def start_failure(
+    job_id: str,
+    start_failures: int,
+    now_s: float,
+    reason: str,
+    config: AttemptConfig,
+    stop: bool = False,
+) -> EndJob | RequeueGang:
+    """A gang that never ran (its Ray Job ended while ADMITTED, it timed out starting, or
+    admitting it failed: the signals actor, credentials or the submission): back to the queue
+    with backoff, FAILED once it used up ``max_start_attempts``."""
+    failures = start_failures + 1
     if failures >= config.max_start_attempts:
         return EndJob(
-            gang.job_id,
+            job_id,
             f"{reason}; gave up after {failures} attempts",
             False,
             AttemptEnd.START_FAILED,
@@ -381,11 +399,11 @@ def _start_failed(
         )
     backoff_s = min(config.backoff_max_s, config.backoff_initial_s * 2 ** (failures - 1))
     return RequeueGang(
-        gang.job_id,
+        job_id,
         f"{reason}; retry in {backoff_s:g}s",
         AttemptEnd.START_FAILED,
         attempt_reason=reason,
-        not_before_s=gang.now_s + backoff_s,
+        not_before_s=now_s + backoff_s,
         stop=stop,
         message=reason,
         start_failures=failures,
@@ -442,18 +460,65 @@ def _watch(gang: GangView) -> StopHungGang | None:
     return StopHungGang(gang.job_id, reason, gang.step, stalled_s, timeout_s)
 
 
-class Settle(str, Enum):
-    """What to do with a job that ended without its gang (cancelled, over its runtime)."""
+@dataclass(frozen=True)
+class EndedGang:
+    """A job that ended (cancelled, failed over its runtime) while its Ray Job may still
+    run, or a row that no longer validates (``invalid``: cancelled by id, read raw)."""
 
-    SETTLE = "settle"
-    """Ray says the gang ended: record that, forget the job's signals and memory tier."""
-    STOP = "stop"
-    """Ask Ray to stop the gang (once)."""
+    job_id: str
+    status: GangStatus
+    stop_sent: bool
+    cancelled: bool = False
+    invalid: bool = False
 
 
-def settle_ended(status: GangStatus, stop_sent: bool) -> Settle | None:
-    """For an ended job whose Ray Job may still run: settle once Ray says it ended (or
-    forgot it), else stop it once; None while the stop is on its way."""
-    if status in ENDED or status is GangStatus.MISSING:
-        return Settle.SETTLE
-    return None if stop_sent else Settle.STOP
+@dataclass(frozen=True)
+class SettleEnded:
+    """Settle an ended job: Ray says its gang ended (``stop`` False: record that, forget its
+    signals and memory tier), or ask Ray to stop the gang, once (``stop``)."""
+
+    job_id: str
+    reason: str
+    stop: bool
+    cancelled: bool = False
+    invalid: bool = False
+
+
+def settle(ended: EndedGang) -> SettleEnded | None:
+    """Settle once Ray says the gang ended (or forgot it), else stop it once; None while the
+    stop is on its way."""
+    e = ended
+    if e.status in ENDED or e.status is GangStatus.MISSING:
+        why = f"its Ray Job ended ({e.status.value})"
+        return SettleEnded(e.job_id, why, False, e.cancelled, e.invalid)
+    if e.stop_sent:
+        return None
+    return SettleEnded(e.job_id, "the job ended, its gang runs", True, e.cancelled, e.invalid)
+
+
+@dataclass(frozen=True)
+class JobsView:
+    """Every job that holds a gang, and every ended one whose gang may still run, as observed
+    this tick (the runner's `observe`)."""
+
+    gangs: tuple[GangView, ...] = ()
+    ended: tuple[EndedGang, ...] = ()
+
+
+JobAction = GangAction | SettleEnded
+"""An item of the jobs' lifecycle plan."""
+
+
+def decide_all(view: JobsView, config: AttemptConfig) -> tuple[JobAction, ...]:
+    """The lifecycle plan for one tick: `decide` for every gang, `settle` for every ended
+    job, in the order observed."""
+    plan: list[JobAction] = []
+    for gang in view.gangs:
+        action = decide(gang, config)
+        if action is not None:
+            plan.append(action)
+    for ended in view.ended:
+        settled = settle(ended)
+        if settled is not None:
+            plan.append(settled)
+    return tuple(plan)

@@ -3,6 +3,10 @@
 Owns: `decide(observation, policies, admission_state, serving_state)` -> `Decision` (and
 `policies_of(cfg)`, every policy's config built once from the control plane's `Config`):
 
+0. the jobs' lifecycle (`policies.attempts.decide_all`): for every gang observed, what comes
+   next (RUNNING, a restart, a re-queue, a stop, the job's end), and for every ended job
+   whose Ray Job may still run, its settling; decided even while the loop is paused (it
+   follows what already happened; `guards.hold` keeps nothing of it back);
 1. admission (`policies.admission.decide`): admissions, preemptions, rejections and, for the
    head of the queue, the serve replicas it claims (`MoveServeReplicas` with the node ids),
    in the served models' class order and never below a model's ``min_cluster_replicas``
@@ -54,13 +58,15 @@ from controlplane.config import Config
 from controlplane.loop.types import Decision, Observation, ServingPolicyState
 from controlplane.policy_config import (
     admission_config,
+    attempt_config,
     demand_config,
     ingress_scaling,
     model_class,
     placement_config,
 )
-from policies import admission, health, placement
+from policies import admission, attempts, health, placement
 from policies.admission import AdmissionConfig, AdmissionState
+from policies.attempts import AttemptConfig
 from policies.demand import (
     DemandConfig,
     DemandLoad,
@@ -121,6 +127,8 @@ class Policies:
     """Per served model: its priority value and cluster floor (`policies.model_classes`)."""
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
     """Serving's daily profile and how far admission looks ahead (`policies.forecast`)."""
+    attempts: AttemptConfig = field(default_factory=lambda: attempt_config(Config()))
+    """The bounds on starting a gang (`policies.attempts`)."""
 
 
 def policies_of(cfg: Config) -> Policies:
@@ -136,6 +144,7 @@ def policies_of(cfg: Config) -> Policies:
         ingress=ingress_scaling(cfg.serving.ingress) if cfg.serve.deploy_app else None,
         model_classes={m.name: model_class(cfg, m) for m in models},
         forecast=cfg.forecast,
+        attempts=attempt_config(cfg),
     )
 
 
@@ -168,6 +177,7 @@ def decide(
     remediation = health.remediate(snapshot, observation.verdicts) if policies.act_on_health else ()
     claims = tuple(a for a in plan if isinstance(a, MoveServeReplicas))
     decision = Decision(
+        lifecycle=attempts.decide_all(observation.jobs_view, policies.attempts),
         admission=plan,
         admission_state=new_admission,
         remediation=remediation,

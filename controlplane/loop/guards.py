@@ -209,7 +209,8 @@ def with_guards(observation: Observation, guards: Guards) -> Observation:
 def hold(decision: Decision, previous: AdmissionState) -> Decision:
     """While paused: the decision to apply (rejections only; the admission state as it was,
     so no preemption is counted that was not made), the actions held back in ``held``. A
-    `WaitJob` still applies: it only says why a job waits."""
+    `WaitJob` still applies: it only says why a job waits; so does the jobs' lifecycle plan
+    (it follows what already happened to the gangs: one ended, started, hung)."""
     applies = RejectJob | WaitJob
     held: Iterable[Action | RemediationAction] = (
         *(a for a in decision.admission if not isinstance(a, applies)),

@@ -1,7 +1,8 @@
 """The observe phase: one frozen snapshot of nodes, jobs and Serve replicas per tick.
 
-Owns: `observe`, which moves jobs along first (`JobActions.reconcile`: Ray Job states and
-the job signals: RUNNING, SUCCEEDED, preemption done...), then reads the active jobs from the
+Owns: `observe`, which reads what the job runner sees of every gang first
+(`JobActions.observe`: Ray Job states, the job signals, committed checkpoints, for
+`policies.attempts` to decide on in the decide phase), then reads the active jobs from the
 store (by index: never the finished jobs of the past), the node inventory, the nodes Ray
 drains (they count as capacity no more: ``healthy=False``) and the serving plane (`ServeView`,
 the load board, and each model's p99 from the latency reader: the snapshot's `ServeLoad`
@@ -18,7 +19,8 @@ The snapshot's rules (`build_snapshot`, pure given its inputs, so tests can feed
 * queued jobs carry ``not_before_s`` (gang-start backoff) from the store;
 * Serve replicas come from the `ServeView` (`observe`), not from `build_snapshot`.
 
-Must not: change anything (reconcile is the job runner's own bookkeeping).
+Must not: change anything, but record in a job's info the committed steps storage showed
+(`controlplane.loop.act.jobs.checkpoint_reads`: facts read, not decisions).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def observe(
     serve: ServePlane | None,
     latency: Callable[[], Mapping[str, float]] | None = None,
 ) -> Observation:
-    jobs.reconcile()
+    jobs_view = jobs.observe()
     records = tuple(store.list_jobs(states=list(ACTIVE_STATES)))
     snapshot = build_snapshot(now_s, nodes.list_nodes(), records)
     view = serve.view() if serve is not None else ServeView()
@@ -75,7 +77,13 @@ def observe(
         serve_load=serve_loads(loads, latency() if latency is not None and view.deployed else {}),
     )
     return Observation(
-        snapshot=snapshot, jobs=records, draining=draining, serve=view, loads=loads, ingress=ingress
+        snapshot=snapshot,
+        jobs=records,
+        draining=draining,
+        serve=view,
+        loads=loads,
+        ingress=ingress,
+        jobs_view=jobs_view,
     )
 
 

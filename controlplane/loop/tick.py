@@ -5,16 +5,19 @@ catch, log and count their own failure, so the loop never dies:
 
 0. retention - at most every ``jobs.prune_interval_s`` one bounded batch of finished jobs and
    old events leaves the store (the shell's `retention.Retention`);
-1. observe - `observe.observe` (jobs reconciled, active jobs, nodes, Ray's drains, Serve,
+1. observe - `observe.observe` (every gang as the job runner sees it, active jobs, nodes,
+   Ray's drains, Serve,
    each model's p99 through ``Adapters.latency``) and
    `health.HealthKeeper.judge` (telemetry -> verdicts, breaker); unhealthy nodes leave the
    snapshot's capacity at once (`observe.with_health`); the operators' guards are read
    (`guards.GuardStore.load`): pins go into the snapshot, hand-cordoned nodes out of capacity;
-2. decide - `decide.decide`: admission, health remediation, demand and placement in one batch,
+2. decide - `decide.decide`: the jobs' lifecycle (`policies.attempts`), admission, health
+   remediation, demand and placement in one batch,
    the training claim handed from admission to placement as data; while an operator has
    paused the loop, `guards.hold` keeps back everything but rejections (moves in flight
    still advance in act);
-3. act - admission's plan through the job runner (`act.jobs`), remediation through
+3. act - the lifecycle plan, then admission's, through the job runner (`act.jobs`: a gang
+   whose workers all started is RUNNING in the tick that observed it), remediation through
    `health.HealthKeeper.act`, the serving plan through `act.serving.ServeActuator` (moves in
    flight advanced one step first, with what demand wants now: a make-before-break move is
    a tracked operation, never a wait), the external groups on Kubernetes (sized, and on a
@@ -356,9 +359,9 @@ class Loop:
         return busy
 
     def _act_jobs(self, decided: Decision) -> None:
-        apply_admission(
-            decided.admission, self.adapters.jobs, self.store, lambda: self._failed("3-act-jobs")
-        )
+        failed = lambda: self._failed("3-act-jobs")  # noqa: E731
+        self.adapters.jobs.apply(decided.lifecycle, failed)
+        apply_admission(decided.admission, self.adapters.jobs, self.store, failed)
 
     def _act_health(self, decided: Decision, now_s: float) -> None:
         self.health.act(

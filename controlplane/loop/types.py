@@ -12,7 +12,7 @@ Must not: do anything. These are values and interfaces.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -20,6 +20,7 @@ from controlplane.adapters.serve import ServeView
 from controlplane.inventory import NodeRow
 from controlplane.store import JobRecord
 from policies.admission import AdmissionState
+from policies.attempts import JobAction, JobsView
 from policies.demand import DemandState, Direction
 from policies.forecast import DailyProfile, ServingForecast
 from policies.health import NodeVerdict, RemediationAction
@@ -57,6 +58,9 @@ class Observation:
     ingress: IngressTraffic = field(default_factory=IngressTraffic)
     """The ingress replicas' request rate and CPU per request (the load board)."""
     verdicts: Mapping[str, NodeVerdict] = field(default_factory=dict)
+    jobs_view: JobsView = field(default_factory=JobsView)
+    """Every gang and every ended job whose Ray Job may still run, as the runner observed
+    them (`JobActions.observe`), for `policies.attempts`."""
 
 
 @dataclass(frozen=True)
@@ -192,6 +196,8 @@ class Decision:
 
     admission: Plan
     admission_state: AdmissionState
+    lifecycle: tuple[JobAction, ...] = ()
+    """The jobs' lifecycle plan (`policies.attempts`), applied before admission's."""
     remediation: tuple[RemediationAction, ...] = ()
     claims: tuple[MoveServeReplicas, ...] = ()
     serving: Plan | None = None
@@ -211,7 +217,9 @@ class Decision:
 class JobActions(Protocol):
     """The Ray Jobs adapter as the loop uses it (`controlplane.loop.act.jobs.runner.JobRunner`)."""
 
-    def reconcile(self) -> None: ...
+    def observe(self) -> JobsView: ...
+
+    def apply(self, plan: Sequence[JobAction], failed: Callable[[], None]) -> None: ...
 
     def admit(self, action: AdmitJob) -> None: ...
 

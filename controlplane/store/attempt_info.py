@@ -2,8 +2,8 @@
 
 Owns:
 
-* the codes that start the reasons the runner writes to a job's state history (`Reason`) and
-  the kinds of an attempt's end (`AttemptEnd`);
+* the codes that start the reasons in a job's state history (`Reason`) and the kinds of an
+  attempt's end (`AttemptEnd`), as `policies.attempts` decides them (re-exported here);
 * the info a job forgets when it is re-queued (`_REQUEUE_INFO`) and the one an attempt's end
   records (`attempt_end`: its entry in ``attempts``, the stall and wall totals);
 * the job's checkpoint prefix (`checkpoint_uri`, as recorded at admission: `uri_of`);
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from enum import Enum
 from typing import Any
 
 from controlplane.config import Config
@@ -26,6 +25,7 @@ from controlplane.store import JobRecord
 from jobs.signals import trust
 from jobs.spec import JOBS_AREA
 from jobs.storage_uri import parse_storage_uri
+from policies.attempts import AttemptEnd, Reason
 
 __all__ = [
     "PROGRESS_INFO_KEYS",
@@ -55,42 +55,6 @@ _REQUEUE_INFO: Mapping[str, Any] = {
     "ray_done": True,
 }
 """What a re-queued job's info forgets (its gang is gone) and records (its Ray Job ended)."""
-
-
-class Reason(str, Enum):
-    """Codes that start the reasons the runner writes to the state history."""
-
-    GANG_RUNNING = "gang-running"
-    GANG_START_TIMEOUT = "gang-start-timeout"
-    START_FAILED = "start-failed"
-    SUBMIT_DEFERRED = "submit-deferred"
-    CHECKPOINTED_FOR_PREEMPTION = "checkpointed-for-preemption"
-    PREEMPT_DEADLINE = "preempt-deadline-passed"
-    REQUEUED = "requeued-after-preemption"
-    STRANDED = "requeued-stranded-preempted: found PREEMPTED (a controller crash mid-preemption?)"
-    RAY_JOB_SUCCEEDED = "ray-job-succeeded"
-    RAY_JOB_FAILED = "ray-job-failed"
-    RAY_JOB_STOPPED = "ray-job-stopped-outside-control-plane"
-    MAX_RUNTIME = "max-runtime-exceeded"
-    GANG_LOST = "gang-lost: Ray no longer knows its job (cluster restarted?)"
-    GANG_FAILED = "gang-failed"
-    GANG_HUNG = "gang-hung"
-    PREEMPT_ENDED = "gang-ended-while-preempting"
-
-
-class AttemptEnd(str, Enum):
-    """How an attempt ended: the ``kind`` of each entry of a job's ``attempts`` info."""
-
-    CRASH = "crash"
-    HANG = "hang"
-    PREEMPTED = "preempted"
-    HEALTH = "health"
-    START_FAILED = "start-failed"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    MAX_RUNTIME = "max-runtime"
-    LOST = "lost"
 
 
 def checkpoint_uri(cfg: Config, job: JobRecord) -> str:

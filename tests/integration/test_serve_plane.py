@@ -48,6 +48,7 @@ from controlplane.loop.decide import policies_of  # noqa: E402
 from controlplane.loop.tick import Adapters, Loop  # noqa: E402
 from controlplane.observability import write_file_sd  # noqa: E402
 from controlplane.store import Store  # noqa: E402
+from policies.attempts import JobsView  # noqa: E402
 from serve.app.load import read_ingress_traffic, read_load  # noqa: E402
 from serve.config import IngressConfig, ModelConfig, ServingConfig  # noqa: E402
 from serve.control import operations as ops  # noqa: E402
@@ -455,8 +456,11 @@ class Gauges:
 class NoJobs:
     """No training in this module: the job runner has nothing to do."""
 
-    def reconcile(self) -> None:
-        pass
+    def observe(self) -> JobsView:
+        return JobsView()
+
+    def apply(self, plan: object, failed: object) -> None:
+        assert not plan, plan
 
     def admit(self, action: object) -> None:
         raise AssertionError(f"no job is submitted here: {action}")

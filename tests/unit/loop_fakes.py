@@ -4,7 +4,7 @@ Owns: `FakeServe` (a serving plane that starts a replica in `start_ticks` steps,
 in one step, applies a route table one step after it is written, and checks on every step
 that no traffic is routed to a pool with no RUNNING replica: the unit-test form of "zero
 failed requests"), `FakeCluster` (nodes with GPUs, the gangs the loop admits, Ray's drains),
-`FakeJobs` (the job runner: admit/preempt/reconcile through the store), `FakeTelemetry`
+`FakeJobs` (the job runner: admit/preempt/observe/apply through the store), `FakeTelemetry`
 (agents and hand-set samples), `FakeMetrics`, and `make_loop`.
 
 Must not: start Ray, or sleep. Time is a number the test moves (`Clock`).
@@ -24,6 +24,7 @@ from controlplane.loop import Adapters, Loop
 from controlplane.loop.act.serving import ScaleExternal
 from controlplane.store import JobState, Store
 from jobs.spec import JobSpec
+from policies.attempts import GangStatus, GangView, JobAction, JobsView, MarkRunning
 from policies.ingress import IngressTraffic
 from policies.plan import AdmitJob, PreemptJob
 from policies.snapshot import Pool, ReplicaState, ServeReplica
@@ -307,9 +308,27 @@ class FakeJobs:
         )
         return self.store.submit(spec).job.job_id
 
-    def reconcile(self) -> None:
-        for job in self.store.list_jobs(states=[JobState.ADMITTED]):
-            self.store.transition(job.job_id, JobState.RUNNING, "running")
+    def observe(self) -> JobsView:
+        """Every admitted gang's workers started at once (the loop's policy marks it RUNNING)."""
+        return JobsView(
+            tuple(
+                GangView(
+                    job_id=job.job_id,
+                    running=False,
+                    status=GangStatus.RUNNING,
+                    now_s=0.0,
+                    admitted_s=0.0,
+                    num_workers=job.spec.num_workers,
+                    started_ranks=job.spec.num_workers,
+                )
+                for job in self.store.list_jobs(states=[JobState.ADMITTED])
+            )
+        )
+
+    def apply(self, plan: Sequence[JobAction], failed: Callable[[], None]) -> None:
+        for action in plan:
+            assert isinstance(action, MarkRunning), action
+            self.store.transition(action.job_id, JobState.RUNNING, action.reason)
 
     def admit(self, action: AdmitJob) -> None:
         self.admitted.append(action)

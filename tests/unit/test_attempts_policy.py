@@ -1,7 +1,7 @@
 """`policies.attempts`: every transition the job runner made, as a table.
 
 Each row is one line of the module doc's table (the number in its id), with the variants the
-old runner had (`controlplane/service/runner`: `job_runner._reconcile_one`, `preemption`,
+old runner had (`controlplane/loop/act/jobs`: `job_runner._reconcile_one`, `preemption`,
 `watchdog`, `ends`), listed before it was deleted.
 """
 
@@ -14,6 +14,7 @@ import pytest
 from policies.attempts import (
     AttemptConfig,
     AttemptEnd,
+    EndedGang,
     EndJob,
     GangStatus,
     GangView,
@@ -21,11 +22,10 @@ from policies.attempts import (
     Preempting,
     RequeueGang,
     ResubmitGang,
-    Settle,
     StopGang,
     StopHungGang,
     decide,
-    settle_ended,
+    settle,
 )
 from policies.restarts import RestartLimits, RestartRecord
 
@@ -336,16 +336,20 @@ def test_preemption_comes_before_everything_else() -> None:
 
 
 @pytest.mark.parametrize(
-    ("status", "stop_sent", "expected"),
+    ("status", "stop_sent", "stop"),
     [
-        (S.SUCCEEDED, False, Settle.SETTLE),
-        (S.FAILED, True, Settle.SETTLE),
-        (S.STOPPED, True, Settle.SETTLE),
-        (S.MISSING, False, Settle.SETTLE),
-        (S.RUNNING, False, Settle.STOP),
-        (S.PENDING, False, Settle.STOP),
+        (S.SUCCEEDED, False, False),
+        (S.FAILED, True, False),
+        (S.STOPPED, True, False),
+        (S.MISSING, False, False),
+        (S.RUNNING, False, True),
+        (S.PENDING, False, True),
         (S.RUNNING, True, None),
     ],
 )
-def test_settle_ended(status: GangStatus, stop_sent: bool, expected: Settle | None) -> None:
-    assert settle_ended(status, stop_sent) is expected
+def test_settle(status: GangStatus, stop_sent: bool, stop: bool | None) -> None:
+    action = settle(EndedGang("j", status, stop_sent, cancelled=True))
+    if stop is None:
+        assert action is None
+    else:
+        assert action is not None and action.stop is stop and action.cancelled

@@ -42,6 +42,7 @@ from jobs.storage_credentials import StorageCredentials, check_credentials, role
 from jobs.storage_uri import StorageUri, job_storage_policy, parse_storage_uri
 from policies.credentials import CredentialsAction, credentials_action
 from tests.unit.moto_s3 import REGION, client, moto_s3
+from tests.unit.runner_tick import reconcile
 from tests.unit.test_checkpoint_helpers import helper, job_env, registered
 from tests.unit.test_job_signals import CALLERS, TOKEN, admin, make_signals, status
 from tests.unit.test_runner import Clock, FakeRay, admit, submit
@@ -723,30 +724,30 @@ def test_credentials_are_refreshed_put_again_and_retried_while_the_job_runs(
     job_id = submit(store)
     admit(run, job_id)
     fake.start_workers(job_id, 1, 2)
-    run.reconcile()
+    reconcile(run)
     assert store.get(job_id).state is JobState.RUNNING
     assert len(mints.asked) == 1  # fresh: nothing to do
 
     clock.now += 1801  # under half of the hour left
-    run.reconcile()
+    reconcile(run)
     assert len(mints.asked) == 2
     assert fake.credentials[job_id] == (1, creds("ASIA0002", clock.now + 3600))
 
     del fake.signals[job_id]["credentials_expire_unix_s"]  # the actor restarted
     fake.credentials.pop(job_id)
     clock.now += 60
-    run.reconcile()
+    reconcile(run)
     assert len(mints.asked) == 2  # the cached ones are still fresh: handed over again
     assert fake.credentials[job_id][1]["access_key_id"] == "ASIA0002"
 
     clock.now += 1801
     mints.failing = True
-    run.reconcile()
-    run.reconcile()  # within the retry pause: not asked again
+    reconcile(run)
+    reconcile(run)  # within the retry pause: not asked again
     assert len(mints.asked) == 3
     clock.now += runner_limits.CREDENTIALS_MINT_RETRY_S
     mints.failing = False
-    run.reconcile()
+    reconcile(run)
     assert len(mints.asked) == 4
     assert fake.credentials[job_id][1]["access_key_id"] == "ASIA0004"
     assert store.get(job_id).state is JobState.RUNNING

@@ -29,6 +29,7 @@ from jobs.storage_credentials import StorageCredentials
 from jobs.storage_uri import StorageUri
 from policies.plan import AdmitJob, PreemptJob, WorkerPlacement
 from tests.unit.fake_logs import LogsFromText
+from tests.unit.runner_tick import reconcile
 from tests.unit.test_api_server import make_invalid
 
 
@@ -213,13 +214,13 @@ def test_gang_running_once_every_worker_started(env: Any) -> None:
     job_id = submit(store)
     admit(runner, job_id)
     fake.start_workers(job_id, 1, 1)
-    runner.reconcile()
+    reconcile(runner)
     assert store.get(job_id).state is JobState.ADMITTED
     fake.start_workers(job_id, 1, 2)
-    runner.reconcile()
+    reconcile(runner)
     assert store.get(job_id).state is JobState.RUNNING
     fake.jobs[f"{job_id}-1"] = RayJobStatus.SUCCEEDED
-    runner.reconcile()
+    reconcile(runner)
     assert store.get(job_id).state is JobState.SUCCEEDED
 
 
@@ -230,7 +231,7 @@ def test_gang_start_timeout_requeues_with_doubling_backoff_then_fails(env: Any) 
     for attempt in range(1, 5):
         admit(runner, job_id)
         clock.now += 61
-        runner.reconcile()
+        reconcile(runner)
         job = store.get(job_id)
         assert f"{job_id}-{attempt}" in fake.stopped
         if attempt < 4:
@@ -273,7 +274,7 @@ def running(store: Store, fake: FakeRay, runner: JobRunner, **over: Any) -> str:
     job_id = submit(store, **over)
     admit(runner, job_id)
     fake.start_workers(job_id, 1, 2)
-    runner.reconcile()
+    reconcile(runner)
     assert store.get(job_id).state is JobState.RUNNING
     return job_id
 
@@ -283,16 +284,16 @@ def test_preemption_stops_the_gang_once_the_answering_manifest_is_in_storage(env
     job_id = running(store, fake, runner)
     runner.preempt(PreemptJob(job_id, reason="preempt-for-priority: x", for_job_id="x"))
     assert fake.requests == [job_id]
-    runner.reconcile()
+    reconcile(runner)
     assert fake.stopped == [] and store.get(job_id).state is JobState.RUNNING
     # The loop says it checkpointed step 7 for the request; the manifest is not in storage yet.
     fake.signals[job_id]["checkpoint"] = hint(cfg, job_id, 7, answers=True)
     clock.now += 5
-    runner.reconcile()
+    reconcile(runner)
     assert fake.stopped == [], "a hint without its manifest in storage stopped the gang"
     uri = commit(cfg, job_id, 7, created_s=clock.now - 100)  # the job's clock may lag
     clock.now += 1
-    runner.reconcile()
+    reconcile(runner)
     assert fake.stopped == [f"{job_id}-1"]
     job = store.get(job_id)
     assert job.info["checkpoint"] == {
@@ -301,7 +302,7 @@ def test_preemption_stops_the_gang_once_the_answering_manifest_is_in_storage(env
         "committed_unix_s": clock.now - 101,
         "read_s": clock.now,
     }
-    runner.reconcile()  # Ray reports STOPPED
+    reconcile(runner)  # Ray reports STOPPED
     job = store.get(job_id)
     assert job.state is JobState.QUEUED and job.num_preemptions == 1
     assert [t.to_state for t in store.history(job_id)][-2:] == [JobState.PREEMPTED, JobState.QUEUED]
@@ -323,12 +324,12 @@ def test_preemption_accepts_any_step_committed_after_the_request(env: Any) -> No
     commit(cfg, job_id, 3, created_s=clock.now - 50)  # a periodic checkpoint from before
     runner.preempt(PreemptJob(job_id, reason="preempt", for_job_id="x"))
     clock.now += 2
-    runner.reconcile()
+    reconcile(runner)
     assert fake.stopped == []  # committed before the request: not an answer
     assert store.get(job_id).info["checkpoint"]["step"] == 3
     commit(cfg, job_id, 4, created_s=clock.now)
     clock.now += 1
-    runner.reconcile()
+    reconcile(runner)
     assert fake.stopped == [f"{job_id}-1"]
     assert store.get(job_id).info["preempt_checkpoint"] == 4
 
@@ -340,12 +341,12 @@ def test_a_hint_without_a_manifest_waits_for_the_deadline(env: Any) -> None:
     fake.signals[job_id]["checkpoint"] = hint(cfg, job_id, 9, answers=True)
     deadline = store.get(job_id).spec.checkpoint.preempt_deadline_s
     clock.now += deadline - 1
-    runner.reconcile()
+    reconcile(runner)
     assert fake.stopped == []
     clock.now += 2
-    runner.reconcile()
+    reconcile(runner)
     assert fake.stopped == [f"{job_id}-1"]
-    runner.reconcile()
+    reconcile(runner)
     assert store.get(job_id).state is JobState.QUEUED
     assert "preempt-deadline-passed" in store.history(job_id)[-2].reason
     assert "checkpoint" not in store.get(job_id).info
@@ -356,7 +357,7 @@ def test_a_health_move_that_fails_while_preempting_spends_no_restart(env: Any) -
     job_id = running(store, fake, runner)
     runner.preempt(PreemptJob(job_id, reason="checkpoint and restart elsewhere: hot gpu"))
     fake.jobs[f"{job_id}-1"] = RayJobStatus.FAILED  # the node went down under it
-    runner.reconcile()
+    reconcile(runner)
     job = store.get(job_id)
     assert job.state is JobState.QUEUED and "restarts" not in job.info
     assert job.info["attempts"][-1]["kind"] == "health"
@@ -370,7 +371,7 @@ def test_a_preemption_for_serving_ends_the_attempt_as_preempted_not_as_health(en
     job_id = running(store, fake, runner)
     runner.preempt(PreemptJob(job_id, reason="serving-reclaims: x", for_serving=True))
     fake.jobs[f"{job_id}-1"] = RayJobStatus.STOPPED
-    runner.reconcile()
+    reconcile(runner)
     job = store.get(job_id)
     assert job.state is JobState.QUEUED and "restarts" not in job.info
     assert job.info["attempts"][-1]["kind"] == "preempted"
@@ -382,7 +383,7 @@ def test_a_restarted_runner_resubmits_a_lost_submission_under_the_same_id(env: A
     admit(runner, job_id)
     fake.jobs.clear()  # the crash came between recording and submitting
     fresh = JobRunner(store, cfg, fake, clock=clock)
-    fresh.reconcile()
+    reconcile(fresh)
     assert [s[0] for s in fake.submitted] == [f"{job_id}-1", f"{job_id}-1"]
     assert store.get(job_id).info["attempt"] == 1
 
@@ -392,9 +393,9 @@ def test_cancelled_running_job_gets_its_ray_job_stopped(env: Any) -> None:
     job_id = submit(store)
     admit(runner, job_id)
     store.transition(job_id, JobState.CANCELLED, "user")
-    runner.reconcile()
+    reconcile(runner)
     assert fake.stopped == [f"{job_id}-1"]
-    runner.reconcile()
+    reconcile(runner)
     assert store.get(job_id).info["ray_done"] is True
 
 
@@ -436,9 +437,9 @@ def test_a_running_job_whose_ray_job_vanished_is_requeued(env: Any) -> None:
     job_id = submit(store)
     admit(runner, job_id)
     fake.start_workers(job_id, 1, 2)
-    runner.reconcile()
+    reconcile(runner)
     fake.jobs.clear()  # a new cluster after `rcp down` / `rcp up`
-    runner.reconcile()
+    reconcile(runner)
     job = store.get(job_id)
     assert job.state is JobState.QUEUED and job.num_preemptions == 0
     assert "gang-lost" in store.history(job_id)[-1].reason
@@ -450,12 +451,12 @@ def test_a_job_past_its_max_runtime_is_stopped_and_failed(env: Any) -> None:
     job_id = submit(store, max_runtime_s=30.0)
     admit(runner, job_id)
     fake.start_workers(job_id, 1, 2)
-    runner.reconcile()
+    reconcile(runner)
     clock.now += 20
-    runner.reconcile()
+    reconcile(runner)
     assert store.get(job_id).state is JobState.RUNNING
     clock.now += 11
-    runner.reconcile()
+    reconcile(runner)
     assert store.get(job_id).state is JobState.FAILED
     assert fake.stopped == [f"{job_id}-1"]
     assert "max-runtime-exceeded" in store.history(job_id)[-1].reason
@@ -483,7 +484,7 @@ def test_each_attempt_gets_a_fresh_signal_token_registered_before_the_gang_is_su
     assert envv["RCP_CHECKPOINT_URI"] == prefix
     # The second attempt's token is another one; the first stops working with it.
     clock.now += 61
-    runner.reconcile()  # gang-start timeout: re-queued
+    reconcile(runner)  # gang-start timeout: re-queued
     clock.now += 100
     admit(runner, job_id)
     assert _token_of(fake, 2) != token
@@ -516,7 +517,7 @@ def test_a_signals_actor_that_lost_the_attempt_is_told_it_again(env: Any) -> Non
     job_id = submit(store)
     admit(runner, job_id)
     fake.signals.clear()  # the actor restarted (or was replaced) and holds nothing
-    runner.reconcile()
+    reconcile(runner)
     assert len(fake.registered) == 2 and fake.registered[1] == fake.registered[0]
 
 
@@ -565,7 +566,7 @@ def test_a_hint_outside_the_jobs_prefix_never_stops_the_gang(
         "path": _outside(cfg, job_id, tmp_path)[case],
     }
     clock.now += 1
-    runner.reconcile()
+    reconcile(runner)
     assert fake.stopped == []
     assert "checkpoint" not in store.get(job_id).info
 
@@ -645,7 +646,7 @@ def test_reconcile_resubmitting_a_lost_submission_is_bounded_too(env: Any) -> No
     del fake.jobs[f"{job_id}-1"]  # the cluster lost it: reconcile resubmits
     ray, hanging = hanging_runner(env)
     started = time.monotonic()
-    hanging.reconcile()
+    reconcile(hanging)
     assert time.monotonic() - started < 2.0
     assert ray.hung == [f"{job_id}-1"]
     assert store.get(job_id).state is JobState.QUEUED
@@ -679,17 +680,17 @@ def test_cancelling_an_invalid_running_row_stops_its_gang_by_id(env: Any) -> Non
     job_id = submit(store)
     admit(runner, job_id)
     fake.start_workers(job_id, 1, 2)
-    runner.reconcile()
+    reconcile(runner)
     assert store.get(job_id).state is JobState.RUNNING
     make_invalid(store, job_id)
-    runner.reconcile()  # the tick skips it: nobody supervises that gang
+    reconcile(runner)  # the tick skips it: nobody supervises that gang
     assert fake.stopped == []
     view = JobService(store, cfg).cancel(job_id)
     assert view["state"] == "CANCELLED" and view["invalid"] and view["id"] == job_id
     assert view["ray_job_id"] == f"{job_id}-1" and "signal_token" not in json.dumps(view)
-    runner.reconcile()
+    reconcile(runner)
     assert fake.stopped == [f"{job_id}-1"]
-    runner.reconcile()  # stopped: ray_done, no second stop
+    reconcile(runner)  # stopped: ray_done, no second stop
     assert fake.stopped == [f"{job_id}-1"] and store.raw_info(job_id)["ray_done"] is True
     assert store.scan_jobs(states=[JobState.CANCELLED], unsettled_only=True).invalid == []
     with pytest.raises(ApiError) as info:
@@ -704,7 +705,7 @@ def test_an_invalid_row_without_submission_id_uses_the_attempt(env: Any) -> None
     make_invalid(store, job_id)
     store.cancel_invalid(job_id, "cancelled by the user")
     store.merge_raw_info(job_id, {"submission_id": None})  # only the attempt is left
-    runner._stop_invalid(job_id)
+    reconcile(runner)
     assert fake.stopped == [f"{job_id}-1"]
 
 
@@ -723,7 +724,7 @@ def test_the_orphan_sweep_stops_ray_jobs_no_active_attempt_owns(env: Any) -> Non
     fake.jobs[f"{live}-0"] = RayJobStatus.PENDING  # an older attempt of a live job
     fake.jobs[f"{done}-1"] = RayJobStatus.SUCCEEDED  # ended: nothing to stop
     restarted = JobRunner(store, cfg, fake, clock=clock)
-    restarted.reconcile()  # the first reconcile sweeps
+    reconcile(restarted)  # the first reconcile sweeps
     assert sorted(fake.stopped) == sorted([f"{queued}-1", f"{live}-0"])
     assert fake.status(f"{live}-1") is RayJobStatus.PENDING  # the current attempt runs on
     events = store.events(kind_prefix="job.orphan_stopped")
@@ -734,11 +735,11 @@ def test_the_orphan_sweep_runs_at_start_then_every_few_minutes(env: Any) -> None
     store, cfg, fake, clock, _runner = env
     runner = JobRunner(store, cfg, fake, clock=clock)
     for _ in range(5):
-        runner.reconcile()
+        reconcile(runner)
         clock.now += 10
     assert fake.calls.count("list") == 1
     clock.now += ORPHAN_SWEEP_INTERVAL_S
-    runner.reconcile()
+    reconcile(runner)
     assert fake.calls.count("list") == 2
 
 
@@ -748,7 +749,7 @@ def test_the_orphan_sweep_spares_preempting_and_invalid_running_rows(env: Any) -
     for job_id in (preempting, invalid):
         admit(runner, job_id)
         fake.start_workers(job_id, 1, 2)
-    runner.reconcile()
+    reconcile(runner)
     runner.preempt(PreemptJob(preempting, for_job_id="x", checkpoint_first=True, reason="r"))
     make_invalid(store, invalid)
     assert runner.sweep_orphans() == []

@@ -27,6 +27,7 @@ from controlplane.loop.act.jobs.runner import JobRunner
 from controlplane.store import JobState, Store
 from jobs import launcher
 from tests.unit.fake_logs import SyntheticLog
+from tests.unit.runner_tick import reconcile
 from tests.unit.test_runner import Clock, FakeRay, admit, submit
 
 GIB = 1 << 30
@@ -85,7 +86,7 @@ def test_a_failed_attempts_reason_reads_only_the_tail_of_a_5_gib_log(env: Any) -
     last = f"{launcher.GANG_FAILED_PREFIX}rank 3 on node-7 exited with code 137\n"
     ray.driver_logs[f"{job_id}-1"] = SyntheticLog(5 * GIB, tail=last.encode())
     ray.jobs[f"{job_id}-1"] = RayJobStatus.FAILED
-    runner.reconcile()
+    reconcile(runner)
     (ended,) = store.get(job_id).info["attempts"]
     assert "rank 3 on node-7 exited with code 137" in ended["reason"]
     assert ray.served() <= runner_module.FAILED_LOG_TAIL_BYTES
@@ -363,7 +364,7 @@ def test_an_ended_job_with_a_huge_log_reads_no_more_than_its_windows(env: Any) -
     job_id = _running(store, runner, ray)
     ray.driver_logs[f"{job_id}-1"] = SyntheticLog(3 * GIB)
     ray.jobs[f"{job_id}-1"] = RayJobStatus.SUCCEEDED
-    runner.reconcile()
+    reconcile(runner)
     job = store.get(job_id)
     assert job.state is JobState.SUCCEEDED
     for offset in (0, 1 << 20, 2 << 20):

@@ -18,6 +18,7 @@ from controlplane.loop.act.jobs.runner import JobRunner
 from controlplane.store import JobState, Store
 from controlplane.store.pruning import DAY_S, Retention
 from policies.plan import PreemptJob
+from tests.unit.runner_tick import reconcile
 from tests.unit.test_runner import Clock, FakeRay, admit, submit
 
 S = JobState
@@ -57,7 +58,7 @@ def running(store: Store, fake: RecordingRay, runner: JobRunner) -> str:
     job_id = submit(store)
     admit(runner, job_id)
     fake.start_workers(job_id, 1, 2)
-    runner.reconcile()
+    reconcile(runner)
     assert store.get(job_id).state is S.RUNNING
     return job_id
 
@@ -72,7 +73,7 @@ def test_a_job_stranded_in_preempted_is_requeued_on_the_next_reconcile(
     store.update_info(job_id, {"preempting": True})
     store.transition(job_id, S.PREEMPTED, "checkpointed-for-preemption at step 3")
     fake.jobs[f"{job_id}-1"] = ray_status
-    runner.reconcile()
+    reconcile(runner)
     job = store.get(job_id)
     assert job.state is S.QUEUED and job.num_preemptions == 1
     assert "preempting" not in job.info and job.info["ray_done"] is True
@@ -84,9 +85,9 @@ def test_a_stranded_job_whose_gang_still_runs_is_stopped_before_requeue(env: Any
     job_id = running(store, fake, runner)
     fake.jobs[f"{job_id}-1"] = RayJobStatus.RUNNING
     store.transition(job_id, S.PREEMPTED, "checkpointed")
-    runner.reconcile()
+    reconcile(runner)
     assert fake.stopped == [f"{job_id}-1"] and store.get(job_id).state is S.PREEMPTED
-    runner.reconcile()  # Ray now reports STOPPED
+    reconcile(runner)  # Ray now reports STOPPED
     assert store.get(job_id).state is S.QUEUED
     assert fake.stopped == [f"{job_id}-1"]
 
@@ -112,15 +113,15 @@ def test_requeue_paths_write_one_transaction(
     if path == "preempt":
         runner.preempt(PreemptJob(job_id, reason="preempt"))
         clock.now += 10_000
-        runner.reconcile()  # deadline: stop sent
+        reconcile(runner)  # deadline: stop sent
         writes.clear()
-        runner.reconcile()  # Ray says STOPPED: PREEMPTED -> QUEUED
+        reconcile(runner)  # Ray says STOPPED: PREEMPTED -> QUEUED
     elif path == "crash":
         fake.jobs[f"{job_id}-1"] = RayJobStatus.FAILED
-        runner.reconcile()
+        reconcile(runner)
     else:
         fake.jobs.clear()
-        runner.reconcile()
+        reconcile(runner)
     assert writes == [write]
     assert store.get(job_id).state is S.QUEUED
 
@@ -131,9 +132,9 @@ def test_signals_forget_a_job_once_it_and_its_ray_job_have_ended(env: Any) -> No
     fake.jobs[f"{done}-1"] = RayJobStatus.SUCCEEDED
     cancelled = running(store, fake, runner)
     store.transition(cancelled, S.CANCELLED, "user")
-    runner.reconcile()  # done: SUCCEEDED; cancelled: stop sent
+    reconcile(runner)  # done: SUCCEEDED; cancelled: stop sent
     assert fake.forgotten == [done]
-    runner.reconcile()  # the cancelled gang's Ray Job has stopped
+    reconcile(runner)  # the cancelled gang's Ray Job has stopped
     assert fake.forgotten == [done, cancelled]
 
 
@@ -144,12 +145,12 @@ def test_a_settled_job_loses_its_memory_tier_and_no_one_elses(env: Any, end: str
     fake.holders = {f"{job_id}/rank-00000", f"{job_id}/rank-00001", f"{other}/rank-00000"}
     if end == "cancelled":
         store.transition(job_id, S.CANCELLED, "user")
-        runner.reconcile()  # stop sent; the gang still runs: its tier stays
+        reconcile(runner)  # stop sent; the gang still runs: its tier stays
         assert fake.killed_holders == []
     else:
         status = RayJobStatus.SUCCEEDED if end == "succeeded" else RayJobStatus.STOPPED
         fake.jobs[f"{job_id}-1"] = status
-    runner.reconcile()
+    reconcile(runner)
     assert sorted(fake.killed_holders) == [f"{job_id}/rank-00000", f"{job_id}/rank-00001"]
     assert fake.holders == {f"{other}/rank-00000"}
     job = store.get(job_id)
@@ -185,7 +186,7 @@ def test_the_sweep_kills_tiers_of_ended_and_pruned_jobs_only(env: Any) -> None:
 def test_the_memory_tier_sweep_runs_with_the_orphan_sweep(env: Any) -> None:
     _store, fake, clock, runner = env
     fake.holders = {"job-gone/rank-00000"}
-    runner.reconcile()
+    reconcile(runner)
     assert fake.killed_holders == ["job-gone/rank-00000"]
 
 
@@ -195,7 +196,7 @@ def test_an_ended_attempts_size_is_asked_once_and_the_live_ones_once_per_interva
     store, fake, clock, runner = env
     job_id = running(store, fake, runner)
     fake.jobs.clear()  # gang lost: attempt 1 ended, re-queued
-    runner.reconcile()
+    reconcile(runner)
     admit(runner, job_id)  # attempt 2 runs
     for _ in range(3):
         text = runner.read_logs(store.get(job_id), 0, 1 << 40)[0]

@@ -23,6 +23,7 @@ from controlplane.loop.act.jobs.runner import JobRunner
 from controlplane.store import JobState, Store
 from controlplane.store.reliability import fleet_record
 from policies.plan import PreemptJob
+from tests.unit.runner_tick import reconcile
 from tests.unit.test_runner import Clock, FakeRay, admit, commit, running
 
 S = JobState
@@ -86,7 +87,7 @@ def next_attempt(store: Store, fake: CrashingRay, runner: JobRunner, clock: Cloc
     admit(runner, job.job_id)
     attempt = int(store.get(job.job_id).info["attempt"])
     fake.start_workers(job.job_id, attempt, 2)
-    runner.reconcile()
+    reconcile(runner)
     assert store.get(job.job_id).state is S.RUNNING
     return attempt
 
@@ -98,13 +99,13 @@ def test_a_crashed_gang_restarts_after_a_backoff_with_its_attempts_recorded(env:
     store, cfg, fake, clock, runner = env
     job_id = running(store, fake, runner)
     fake.report_progress(job_id, 5, clock.now, stall_s=0.5, wall_s=50.0)
-    runner.reconcile()
+    reconcile(runner)
     commit(cfg, job_id, 4)
     clock.now += 31  # past jobs.checkpoint_scan_interval_s: step 4 is read
-    runner.reconcile()
+    reconcile(runner)
     assert store.get(job_id).info["checkpoint"]["step"] == 4
     fake.crash(f"{job_id}-1", traceback("RuntimeError: CUDA error: an illegal memory access"))
-    runner.reconcile()
+    reconcile(runner)
     job = store.get(job_id)
     assert job.state is S.QUEUED and job.num_preemptions == 0
     assert job.info["not_before_s"] == clock.now + 10
@@ -123,9 +124,9 @@ def test_a_crashed_gang_restarts_after_a_backoff_with_its_attempts_recorded(env:
     assert next_attempt(store, fake, runner, clock) == 2
     assert store.get(job_id).info["start_step"] == 4
     fake.report_progress(job_id, 9, clock.now, stall_s=0.25, wall_s=10.0)
-    runner.reconcile()
+    reconcile(runner)
     fake.crash(f"{job_id}-2", traceback("RuntimeError: CUDA error: an illegal memory access"))
-    runner.reconcile()
+    reconcile(runner)
     job = store.get(job_id)
     assert job.info["restarts"] == 2 and job.info["not_before_s"] == clock.now + 20
     assert job.info["stall_s_total"] == 0.75 and job.info["wall_s_total"] == 60.0
@@ -142,7 +143,7 @@ def test_restarts_exhausted_fail_the_job_naming_the_count_and_the_last_failure(
         if attempt > 1:
             assert next_attempt(store, fake, runner, clock) == attempt
         fake.crash(f"{job_id}-{attempt}", traceback(error))
-        runner.reconcile()
+        reconcile(runner)
         if attempt < 3:
             backoffs.append(store.get(job_id).info["not_before_s"] - clock.now)
     assert backoffs == [10, 20]
@@ -158,11 +159,11 @@ def test_the_same_failure_twice_before_any_progress_fails_at_once(env: Any) -> N
     store, _cfg, fake, clock, runner = env
     job_id = running(store, fake, runner)  # max_restarts 3
     fake.crash(f"{job_id}-1", traceback("NameError: name 'lr' is not defined", 4242, "10.0.0.7"))
-    runner.reconcile()
+    reconcile(runner)
     assert store.get(job_id).state is S.QUEUED
     next_attempt(store, fake, runner, clock)
     fake.crash(f"{job_id}-2", traceback("NameError: name 'lr' is not defined", 977, "10.0.0.9"))
-    runner.reconcile()
+    reconcile(runner)
     job = store.get(job_id)
     assert job.state is S.FAILED and job.info["restarts"] == 1
     reason = store.history(job_id)[-1].reason
@@ -181,7 +182,7 @@ def test_a_repeated_failure_with_progress_or_another_error_keeps_restarting(
     store, cfg, fake, clock, runner = env
     job_id = running(store, fake, runner)
     fake.crash(f"{job_id}-1", traceback("ValueError: bad batch"))
-    runner.reconcile()
+    reconcile(runner)
     next_attempt(store, fake, runner, clock)
     second = "ValueError: bad batch"
     if between == "another-error":
@@ -189,12 +190,12 @@ def test_a_repeated_failure_with_progress_or_another_error_keeps_restarting(
     elif between == "a-new-commit":
         commit(cfg, job_id, 3)
         clock.now += 31
-        runner.reconcile()
+        reconcile(runner)
     else:
         fake.report_progress(job_id, 2, clock.now)
-        runner.reconcile()
+        reconcile(runner)
     fake.crash(f"{job_id}-2", traceback(second))
-    runner.reconcile()
+    reconcile(runner)
     job = store.get(job_id)
     assert job.state is S.QUEUED and job.info["restarts"] == 2
 
@@ -203,7 +204,7 @@ def test_a_job_stopped_outside_the_control_plane_fails_without_a_restart(env: An
     store, _cfg, fake, _clock, runner = env
     job_id = running(store, fake, runner)
     fake.jobs[f"{job_id}-1"] = RayJobStatus.STOPPED  # `ray job stop` by an operator
-    runner.reconcile()
+    reconcile(runner)
     job = store.get(job_id)
     assert job.state is S.FAILED and "restarts" not in job.info
     assert "ray-job-stopped-outside-control-plane" in store.history(job_id)[-1].reason
@@ -268,14 +269,14 @@ def test_a_hung_gang_is_detected_at_the_timeout_its_stacks_logged_and_restarted(
     job_id = running(store, fake, runner)
     fake.report_progress(job_id, 10, clock.now, stall_s=1.0, wall_s=30.0)
     t0 = clock.now
-    runner.reconcile()
+    reconcile(runner)
     clock.now = t0 + 60  # exactly the stall timeout: not yet
     fake.report_progress(job_id, 10, clock.now)  # reports keep coming; the step does not grow
-    runner.reconcile()
+    reconcile(runner)
     assert fake.stopped == [] and store.get(job_id).state is S.RUNNING
     clock.now = t0 + 61  # one tick later
     started = time.monotonic()
-    runner.reconcile()
+    reconcile(runner)
     assert time.monotonic() - started < runner_module.TICK_WAIT_S + 1
     assert fake.stopped == [f"{job_id}-1"]
     assert sorted(q["pid"][0] for q in seen) == ["1000", "1001"]
@@ -291,7 +292,7 @@ def test_a_hung_gang_is_detected_at_the_timeout_its_stacks_logged_and_restarted(
     assert header in text and text.index(header) > text.index(f"logs of {job_id}-1")
     assert "--- rank 0 (pid 1000, node 00000000) ---" in text and "train.py:42" in text
     assert "--- rank 1 (pid 1001, node 01010101) ---" in text and size == len(text)
-    runner.reconcile()  # Ray reports STOPPED: a restart
+    reconcile(runner)  # Ray reports STOPPED: a restart
     job = store.get(job_id)
     assert job.state is S.QUEUED and job.info["restarts"] == 1
     assert job.info["attempts"][-1]["kind"] == "hang" and job.info["attempts"][-1]["step"] == 10
@@ -309,7 +310,7 @@ def test_the_watchdog_is_not_armed_before_the_first_step(env: Any) -> None:
     store, _cfg, fake, clock, runner = env
     job_id = running(store, fake, runner)
     clock.now += 10_000
-    runner.reconcile()
+    reconcile(runner)
     assert fake.stopped == [] and store.get(job_id).state is S.RUNNING
 
 
@@ -318,10 +319,10 @@ def test_a_job_spec_stall_timeout_overrides_the_clusters(env: Any) -> None:
     job_id = running(store, fake, runner, stall_timeout_s=300.0)
     fake.report_progress(job_id, 1, clock.now)
     clock.now += 100
-    runner.reconcile()
+    reconcile(runner)
     assert fake.stopped == []
     clock.now += 201
-    runner.reconcile()
+    reconcile(runner)
     assert fake.stopped == [f"{job_id}-1"]
     assert "no stack: no dashboard" in runner.read_logs(store.get(job_id), 0, 1 << 40)[0]
 
@@ -331,14 +332,14 @@ def test_a_hang_survives_a_controller_restart_without_counting_twice(env: Any) -
     job_id = running(store, fake, runner)
     fake.report_progress(job_id, 3, clock.now)
     clock.now += 61
-    runner.reconcile()
+    reconcile(runner)
     assert store.get(job_id).info["hangs"] == 1
     fake.jobs[f"{job_id}-1"] = RayJobStatus.RUNNING  # the stop is still under way
     fresh = JobRunner(store, cfg, fake, clock=clock)
-    fresh.reconcile()
+    reconcile(fresh)
     assert store.get(job_id).info["hangs"] == 1 and len(store.events(kind_prefix="job.hung")) == 1
     fake.jobs[f"{job_id}-1"] = RayJobStatus.STOPPED
-    fresh.reconcile()
+    reconcile(fresh)
     assert store.get(job_id).state is S.QUEUED
 
 
@@ -354,13 +355,13 @@ def test_slow_stack_fetches_never_hold_the_tick_for_long(
     fake.report_progress(job_id, 3, clock.now)
     clock.now += 61
     started = time.monotonic()
-    runner.reconcile()
+    reconcile(runner)
     assert time.monotonic() - started < 1.5
     assert fake.stopped == []  # still fetching
     deadline = time.monotonic() + 10
     while not fake.stopped and time.monotonic() < deadline:
         time.sleep(0.2)
-        runner.reconcile()
+        reconcile(runner)
     assert fake.stopped == [f"{job_id}-1"]
     text = runner.read_logs(store.get(job_id), 0, 1 << 40)[0]
     assert "(no stack: no answer within 3s)" in text
@@ -395,7 +396,7 @@ def test_malformed_progress_never_breaks_the_tick(env: Any, case: str) -> None:
     fake.signals[job_id]["checkpoint"] = {"attempt": 1, "step": math.inf, "path": 7}
     clock.now += 10_000
     fake.jobs[f"{other}-1"] = RayJobStatus.SUCCEEDED
-    runner.reconcile()
+    reconcile(runner)
     assert store.get(other).state is S.SUCCEEDED  # the other job moved on
     progress = store.get(job_id).info.get("progress")
     if case in ("nan-stats", "huge-committed"):  # a sane step: shown, bad numbers dropped
@@ -407,7 +408,7 @@ def test_malformed_progress_never_breaks_the_tick(env: Any, case: str) -> None:
         )
     else:
         assert progress is None and fake.stopped == []
-    runner.reconcile()
+    reconcile(runner)
 
 
 def test_a_preemption_is_not_taken_while_a_hung_gang_stops(env: Any) -> None:
@@ -415,7 +416,7 @@ def test_a_preemption_is_not_taken_while_a_hung_gang_stops(env: Any) -> None:
     job_id = running(store, fake, runner)
     fake.report_progress(job_id, 3, clock.now)
     clock.now += 61
-    runner.reconcile()
+    reconcile(runner)
     runner.preempt(PreemptJob(job_id, reason="preempt", for_job_id="x"))
     assert fake.requests == [] and not store.get(job_id).info.get("preempting")
 
@@ -424,7 +425,7 @@ def test_a_queued_job_restarts_on_the_next_admission_with_a_new_token(env: Any) 
     store, _cfg, fake, clock, runner = env
     job_id = running(store, fake, runner)
     fake.crash(f"{job_id}-1", traceback("RuntimeError: x"))
-    runner.reconcile()
+    reconcile(runner)
     assert next_attempt(store, fake, runner, clock) == 2
     tokens = {s[2]["env_vars"]["RCP_SIGNAL_TOKEN"] for s in fake.submitted}
     assert len(tokens) == 2
@@ -437,7 +438,7 @@ def test_a_restart_waits_for_its_backoff(env: Any) -> None:
     store, _cfg, fake, clock, runner = env
     job_id = running(store, fake, runner)
     fake.crash(f"{job_id}-1", traceback("RuntimeError: x"))
-    runner.reconcile()
+    reconcile(runner)
     rows = [NodeRow("n1", "cluster", "a", "ALIVE", 4, 4, 8, 8)]
     snap = build_snapshot(clock.now, rows, store.list_jobs())
     assert snap.queued[0].not_before_s == clock.now + 10
@@ -446,15 +447,15 @@ def test_a_restart_waits_for_its_backoff(env: Any) -> None:
 def test_a_commit_the_job_reports_is_read_before_the_scan_interval(env: Any) -> None:
     store, cfg, fake, clock, runner = env
     job_id = running(store, fake, runner)
-    runner.reconcile()  # the first read of a RUNNING job: nothing committed yet
+    reconcile(runner)  # the first read of a RUNNING job: nothing committed yet
     commit(cfg, job_id, 7)
     clock.now += 1
-    runner.reconcile()
+    reconcile(runner)
     assert "checkpoint" not in store.get(job_id).info  # not due, and no hint
     # The actor passes every progress stat on as a float.
     fake.report_progress(job_id, 8, clock.now, committed_step=7.0)
     clock.now += 1
-    runner.reconcile()
+    reconcile(runner)
     assert store.get(job_id).info["checkpoint"]["step"] == 7
     # A hint naming a step that is not in storage costs one read, not one per tick.
     reads: list[int | None] = []
@@ -468,5 +469,5 @@ def test_a_commit_the_job_reports_is_read_before_the_scan_interval(env: Any) -> 
     fake.report_progress(job_id, 9, clock.now, committed_step=1e6)
     for _ in range(3):
         clock.now += 1
-        runner.reconcile()
+        reconcile(runner)
     assert reads == [7] and store.get(job_id).info["checkpoint"]["step"] == 7

@@ -11,6 +11,7 @@ import pytest
 
 from controlplane.adapters.ray_jobs import RayJobStatus
 from controlplane.store import JobState
+from tests.unit.runner_tick import reconcile
 from tests.unit.test_runner import admit, env, submit
 
 __all__ = ["env"]  # the fixture, shared with test_runner
@@ -24,14 +25,14 @@ def test_a_running_gang_past_the_start_timeout_is_left_running(
     job_id = submit(store)
     admit(runner, job_id)
     fake.start_workers(job_id, 1, 2)
-    runner.reconcile()
+    reconcile(runner)
     assert store.get(job_id).state is JobState.RUNNING
     clock.now += cfg.jobs.gang_start_timeout_s + past_timeout_s
-    runner.reconcile()
+    reconcile(runner)
     assert store.get(job_id).state is JobState.RUNNING
     assert fake.stopped == []
     fake.jobs[f"{job_id}-1"] = RayJobStatus.SUCCEEDED
-    runner.reconcile()
+    reconcile(runner)
     assert store.get(job_id).state is JobState.SUCCEEDED
     assert store.get(job_id).info["submission_id"] == f"{job_id}-1"  # one attempt
 
@@ -43,6 +44,6 @@ def test_a_gang_that_never_started_is_stopped_at_the_timeout(env: Any) -> None:
     admit(runner, job_id)
     fake.start_workers(job_id, 1, 1)
     clock.now += cfg.jobs.gang_start_timeout_s + 1
-    runner.reconcile()
+    reconcile(runner)
     assert f"{job_id}-1" in fake.stopped
     assert store.get(job_id).state is JobState.QUEUED

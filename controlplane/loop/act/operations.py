@@ -9,7 +9,7 @@ waiting for anything:
    step is done once that many replicas there are RUNNING. Then the route table is set by
    readiness with the source's planned target (``from_target``), and
 2. SHIFT: done once every ingress replica applied that route table and the edges'
-   table age passed (`serve.control.operations.route_applied`; no new request goes to a replica
+   table age passed (`serve.control.waiting.route_applied`; no new request goes to a replica
    about to stop, through the ingress or an edge). Then what the source keeps is worked out again, now (`kept`): the
    source's target at this time less the moved count, but never below what demand wants
    now less what RUNS in the target pool (``wanted``: the decide phase reads the load every

@@ -6,26 +6,27 @@ stops Ray Jobs.
 `JobActions.admit` (the gang starts on the named nodes), `RejectJob` -> the queued job fails
 with the reason, `WaitJob` -> the queued job's message says why it waits.
 
-The runner carries a job's life after admission, idempotently and from the store alone, so a
-restarted controller carries on where the last one stopped. `JobRunner` is the entry point (the
-controller calls `admit`, `preempt` and `reconcile` every tick, the API `read_logs`,
-retention `forget_many`); `RayJobs` (`controlplane.adapters.ray_jobs`) is the Ray side it
+The runner carries out a job's life after admission, as `policies.attempts` decides it,
+idempotently and from the store alone, so a restarted controller carries on where the last
+one stopped. `JobRunner` is the entry point (the loop calls `observe` in its observe phase,
+`apply`, `admit` and `preempt` in its act phase; the API `read_logs`, retention
+`forget_many`); `RayJobs` (`controlplane.adapters.ray_jobs`) is the Ray side it
 drives. Each name is imported from its own module (this package's `__init__` re-exports
 only `apply_admission`, so importing the loop loads no Ray). The modules, one concern each:
 
 * `admission` - `apply_admission`: admission's plan item by item, each tried on its own;
-* `runner` - `JobRunner`: the entry points and the per-tick reconcile that moves every job
-  holding (or having held) a gang along from what Ray, the signals actor and storage say;
-  the sweeps of orphaned Ray Jobs and memory tiers;
+* `runner` - `JobRunner`: the entry points; every gang observed from what Ray, the signals
+  actor and storage say, the lifecycle plan applied; the sweeps of orphaned Ray Jobs and
+  memory tiers;
 * `launching` - admission and launch: QUEUED -> ADMITTED, the attempt recorded before the
   submission, the Ray Job's entrypoint (`entrypoint_command`) and runtime env;
 * `credentials` - jobs' scoped storage credentials: minted at admission, handed to the
   signals actor, minted again before they expire;
-* `preemption` - checkpoint first, stop once storage holds that checkpoint, re-queue;
-* `watchdog` - the hang watchdog: a gang whose step stopped growing has its stacks kept with
-  its log and is stopped;
-* `ends` - how an attempt ends: finish, start failures with backoff, crash and hang restarts
-  (`policies.restarts`), what the signals actor and the memory tier are told at an end;
+* `preemption` - a preemption asked for: checkpoint first (the stop and re-queue follow as
+  `policies.attempts` decides);
+* `watchdog` - a hung gang's stacks kept with its log, and the gang stopped;
+* `ends` - how an attempt ends: the job's end or its re-queue as the policy decided, start
+  failures while admitting, what the signals actor and the memory tier are told at an end;
 * `checkpoint_reads` - committed checkpoints read from object storage, never from the loop's
   word;
 * `background` - submissions and slow reads on threads, so the tick waits a bounded time;

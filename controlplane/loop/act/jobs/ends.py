@@ -1,50 +1,52 @@
 """How an attempt ends: a job's gang is done with, and the job settles or goes back to wait.
 
-Owns `AttemptEnds`, the writes every end of an attempt shares:
+Owns `AttemptEnds`, the writes every end of an attempt shares, as `policies.attempts` decided
+it:
 
-* `finish`: the job ends with its Ray Job (SUCCEEDED, FAILED), the attempt's end recorded,
-  the signals actor told to forget the job, its memory-tier actors killed;
-* `start_failed`: a gang that never ran goes back to QUEUED with exponential backoff
-  (``jobs.backoff_*``), FAILED after ``jobs.max_start_attempts``;
-* `gang_failed`: a RUNNING gang that crashed or hung is restarted after a backoff (RUNNING ->
-  QUEUED in one transaction) or FAILED, as `policies.restarts` decides, and counted in the
-  fleet's failure record (`reliability.record_failure`);
+* `end` (`EndJob`): the job ends, SUCCEEDED or FAILED, with its attempt's end recorded; when
+  the gang still runs it is stopped and the job settled once Ray says it ended (the runner's
+  `SettleEnded`), else the signals actor is told to forget the job and its memory-tier actors
+  are killed now;
+* `requeue` (`RequeueGang`): the job goes back to QUEUED in one transaction with its info (a
+  preemption's through PREEMPTED, so the history shows both), after the policy's backoff;
+* `start_failed`: admitting a gang failed (the signals actor, credentials, the submission):
+  `policies.attempts.start_failure` says retry after a backoff or FAILED, applied as above;
+* a crash after the gang trained is counted in the fleet's failure record
+  (`reliability.record_failure`);
 * the best-effort calls to the signals actor and the memory tier at an end (`forget`,
   `forget_many`, `clear_request`, `clear_memory_tier`): a failure is logged, never raised.
 
-Must not: call Ray but through the Ray Jobs adapter (`ray_jobs.RayJobs`), or decide when an
-attempt has ended (the reconcile does, `runner`).
+Must not: call Ray but through the Ray Jobs adapter (`ray_jobs.RayJobs`), or decide how an
+attempt ends (`policies.attempts` does).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from controlplane.adapters.ray_jobs import RayJobsApi
 from controlplane.config import Config
-from controlplane.policy_config import restart_limits
+from controlplane.policy_config import attempt_config
 from controlplane.store import JobRecord, JobState, Store, reliability
-from controlplane.store.attempt_info import (
-    _REQUEUE_INFO,
-    AttemptEnd,
-    Reason,
-    _count,
-    _info_step,
-    attempt_end,
-)
-from policies.restarts import (
-    AttemptFailure,
-    FailureKind,
-    Restart,
-    RestartRecord,
-    decide_restart,
-)
+from controlplane.store.attempt_info import _REQUEUE_INFO, Reason, attempt_end
+from policies.attempts import EndJob, RequeueGang, start_failure
+from policies.restarts import RestartRecord
 
 __all__ = ["AttemptEnds"]
 
 log = logging.getLogger(__name__)
+
+
+def _restart_info(record: RestartRecord) -> dict[str, Any]:
+    return {
+        "restarts": record.restarts,
+        "last_failure": {
+            "signature": record.last_signature,
+            "committed_step": record.committed_at_last_failure,
+        },
+    }
 
 
 class AttemptEnds:
@@ -58,108 +60,74 @@ class AttemptEnds:
         self.ray = ray_jobs
         self.clock = clock
 
-    def finish(
-        self,
-        job: JobRecord,
-        state: JobState,
-        reason: str,
-        kind: AttemptEnd | None,
-        info: Mapping[str, Any] | None = None,
-    ) -> None:
-        """The job ends with its Ray Job: `state`, the attempt's end (`kind`), the signals
-        actor forgets it and its memory tier goes."""
-        merged: dict[str, Any] = {**(info or {}), "ray_done": True, "placement": None}
-        if kind is not None:
-            merged.update(attempt_end(job, kind, reason, self.clock()))
-        self.store.transition(job.job_id, state, reason, info=merged)
-        self.forget(job.job_id)
-        self.clear_memory_tier(job.job_id)
-
-    def start_failed(self, job: JobRecord, reason: str) -> None:
-        failures = int(job.info.get("start_failures", 0)) + 1
-        j = self.cfg.jobs
-        now = self.clock()
-        end = attempt_end(job, AttemptEnd.START_FAILED, reason, now)
-        if failures >= j.max_start_attempts:
-            info = {"start_failures": failures, "message": reason, **end}
-            self.finish(
-                job, JobState.FAILED, f"{reason}; gave up after {failures} attempts", None, info
-            )
-            return
-        backoff = min(j.backoff_max_s, j.backoff_initial_s * 2 ** (failures - 1))
-        self.store.transition(
-            job.job_id,
-            JobState.QUEUED,
-            f"{reason}; retry in {backoff:g}s",
-            expected=JobState.ADMITTED,
-            info={
-                "start_failures": failures,
-                "not_before_s": now + backoff,
-                "placement": None,
-                "message": reason,
-                "ray_done": True,
-                "progress": None,
-                **end,
-            },
-        )
-
-    def gang_failed(
-        self, job: JobRecord, kind: FailureKind, message: str, signature: str, now: float
-    ) -> None:
-        """A RUNNING gang crashed or hung: restart it after a backoff (RUNNING -> QUEUED, one
-        transaction with its info) or FAIL the job, as `policies.restarts` decides."""
-        progress = job.info.get("progress") if isinstance(job.info.get("progress"), Mapping) else {}
-        failure = AttemptFailure(
-            kind=kind,
-            message=message,
-            signature=signature,
-            committed_step=_info_step(job.info.get("checkpoint")),
-            start_step=_count(job.info.get("start_step")),
-            reported_step=_count((progress or {}).get("step")),
-        )
-        last = job.info.get("last_failure")
-        last = last if isinstance(last, Mapping) else {}
-        record = RestartRecord(
-            restarts=_count(job.info.get("restarts")) or 0,
-            last_signature=last.get("signature")
-            if isinstance(last.get("signature"), str)
-            else None,
-            committed_at_last_failure=_count(last.get("committed_step")),
-        )
-        limits = restart_limits(self.cfg, job.spec.max_restarts)
-        decision, record = decide_restart(failure, record, limits)
-        if kind is FailureKind.CRASH and failure.reported_step is not None:
-            # Counted for the fleet's MTBF only once the gang trained: a script that fails
-            # before its first step is the script's fault, not the cluster's.
+    def _info(self, job: JobRecord, a: EndJob | RequeueGang, now: float) -> dict[str, Any]:
+        """What both ends record: the policy's fields, the attempt's end, a crash counted."""
+        info: dict[str, Any] = {}
+        if a.message is not None:
+            info["message"] = a.message
+        if a.start_failures is not None:
+            info["start_failures"] = a.start_failures
+        if a.restarts is not None:
+            info.update(_restart_info(a.restarts))
+        info.update(attempt_end(job, a.kind, a.attempt_reason or a.reason, now))
+        if a.count_crash:
+            # Counted for the fleet's MTBF only once the gang trained (the policy says so).
             try:
                 reliability.record_failure(self.store, "gang-crash", now)
             except Exception as exc:
                 log.warning("recording the crash of %s failed: %s", job.job_id, exc)
-        info: dict[str, Any] = {
-            "restarts": record.restarts,
-            "last_failure": {
-                "signature": record.last_signature,
-                "committed_step": record.committed_at_last_failure,
-            },
-            "message": message,
-        }
-        why = Reason.GANG_HUNG if kind is FailureKind.HANG else Reason.GANG_FAILED
-        if isinstance(decision, Restart):
-            end = AttemptEnd.HANG if kind is FailureKind.HANG else AttemptEnd.CRASH
-            info.update(_REQUEUE_INFO)
-            info.update(attempt_end(job, end, f"{kind.value}: {message}", now))
-            info["not_before_s"] = now + decision.after_s
-            self.store.transition(
-                job.job_id,
-                JobState.QUEUED,
-                f"{why.value}: {decision.reason}",
-                expected=JobState.RUNNING,
-                info=info,
+        return info
+
+    def end(self, job: JobRecord, a: EndJob) -> None:
+        """The job ends (see the module doc)."""
+        now = self.clock()
+        if a.mark_running and job.state is JobState.ADMITTED:
+            job = self.store.transition(job.job_id, JobState.RUNNING, Reason.GANG_RUNNING.value)
+        if a.clear_request:
+            self.clear_request(job.job_id)
+        info = self._info(job, a, now)
+        info["placement"] = None
+        state = JobState.SUCCEEDED if a.succeeded else JobState.FAILED
+        if a.stop:
+            self.ray.stop(job.info["submission_id"])
+            info["stop_sent"] = now
+            self.store.transition(job.job_id, state, a.reason, info=info)
+            return
+        info["ray_done"] = True
+        self.store.transition(job.job_id, state, a.reason, info=info)
+        self.forget(job.job_id)
+        self.clear_memory_tier(job.job_id)
+
+    def requeue(self, job: JobRecord, a: RequeueGang) -> None:
+        """The job waits in the queue again (see the module doc)."""
+        now = self.clock()
+        if a.stop:
+            self.ray.stop(job.info["submission_id"])
+        info = {**_REQUEUE_INFO, **self._info(job, a, now)}
+        if a.not_before_s is not None:
+            info["not_before_s"] = a.not_before_s
+        if a.preempted:
+            self.clear_request(job.job_id)
+            self.store.requeue(
+                job.job_id, a.reason, Reason.REQUEUED.value, info=info, expected=[job.state]
             )
             return
-        self.finish(
-            job, JobState.FAILED, f"{why.value}: {decision.reason}", AttemptEnd.FAILED, info
+        self.store.transition(job.job_id, JobState.QUEUED, a.reason, expected=job.state, info=info)
+
+    def start_failed(self, job: JobRecord, reason: str) -> None:
+        """Admitting the gang failed: retry after a backoff or FAILED, as the policy says."""
+        failures = job.info.get("start_failures", 0)
+        action = start_failure(
+            job.job_id,
+            failures if isinstance(failures, int) else 0,
+            self.clock(),
+            reason,
+            attempt_config(self.cfg),
         )
+        if isinstance(action, EndJob):
+            self.end(job, action)
+        else:
+            self.requeue(job, action)
 
     def forget(self, job_id: str) -> None:
         """Tell the signals actor to drop the job (best effort: a failure is logged)."""

@@ -17,7 +17,7 @@ ORPHAN_SWEEP_INTERVAL_S = 300.0
 """How often `JobRunner.sweep_orphans` lists Ray's jobs (and once at start)."""
 
 TICK_WAIT_S = 2.0
-"""The most one `JobRunner.reconcile` waits for checkpoint reads and stack fetches, all jobs
+"""The most one `JobRunner.observe` (and its `apply`) waits for checkpoint reads and stack fetches, all jobs
 together (they run on worker threads; one still running is picked up by a later tick)."""
 SIGNATURE_TAIL_CHARS = 4000
 """The log tail a failure's signature is taken from (`policies.restarts.failure_signature`)."""

@@ -5,11 +5,11 @@ Owns:
 * `Preemption.preempt` (PreemptJob): ask the gang to checkpoint now (signals actor), mark it
   ``preempting`` with a deadline (``checkpoint.preempt_deadline_s``); a preemption with no
   job to make room for is the health remediation moving the gang off a bad node;
-* `Preemption.preempting`, every tick while it is preempting: the gang is stopped once the
-  manifest of a step taken for the request is in storage (``preempt_checkpoint``, recorded
-  by `checkpoint_reads`: the step the job reported for it, verified there, or any step
+* what follows is `policies.attempts`' (rows 1-3): the gang is stopped once the manifest of a
+  step taken for the request is in storage (``preempt_checkpoint``, recorded by
+  `checkpoint_reads`: the step the job reported for it, verified there, or any step
   committed after the request), or at the deadline; then PREEMPTED -> QUEUED in one store
-  transaction (`Store.requeue`); no restart is spent, even when it failed meanwhile;
+  transaction (`ends.AttemptEnds.requeue`); no restart is spent, even when it failed meanwhile;
 * `Preemption.requeue_stranded`: a job found PREEMPTED (a crash of an older version
   mid-preemption) is re-queued once its Ray Job has ended.
 
@@ -29,9 +29,6 @@ from controlplane.store.attempt_info import (
     _REQUEUE_INFO,
     AttemptEnd,
     Reason,
-    _count,
-    _finite,
-    attempt_end,
 )
 from policies.plan import PreemptJob
 
@@ -91,51 +88,6 @@ class Preemption:
             job_id=job.job_id,
             data={"for_job_id": action.for_job_id, "checkpoint_first": ask},
         )
-
-    def preempting(self, job: JobRecord, status: RayJobStatus, now: float) -> None:
-        """Stop the gang once the checkpoint answering the request is committed in storage
-        (``preempt_checkpoint``, `checkpoint_reads.CommittedReads`) or the deadline passed; once Ray says it
-        ended, PREEMPTED -> QUEUED in one transaction. No restart is spent, even when the gang
-        failed meanwhile (a node lost under a health move)."""
-        sid = job.info["submission_id"]
-        verified = _count(job.info.get("preempt_checkpoint"))
-        if status is RayJobStatus.SUCCEEDED:
-            self._ends.clear_request(job.job_id)
-            if job.state is JobState.ADMITTED:
-                self.store.transition(job.job_id, JobState.RUNNING, Reason.GANG_RUNNING.value)
-            self._ends.finish(
-                job,
-                JobState.SUCCEEDED,
-                f"{Reason.RAY_JOB_SUCCEEDED.value} while preempting",
-                AttemptEnd.SUCCEEDED,
-            )
-            return
-        if status in _ENDED or status is RayJobStatus.MISSING:
-            if verified is not None:
-                why = (
-                    f"{Reason.CHECKPOINTED_FOR_PREEMPTION.value} at step {verified} "
-                    "(its manifest is in storage)"
-                )
-            elif job.info.get("stop_sent"):
-                why = f"{Reason.PREEMPT_DEADLINE.value}: stopped without a new committed checkpoint"
-            else:
-                why = f"{Reason.PREEMPT_ENDED.value} ({status.value}), before a new checkpoint"
-            reason = f"{why}; {job.info.get('preempt_reason') or 'preempted'}"
-            self._ends.clear_request(job.job_id)
-            kind = (
-                AttemptEnd.HEALTH
-                if job.info.get("preempt_kind") == "health"
-                else AttemptEnd.PREEMPTED
-            )
-            info = {**_REQUEUE_INFO, **attempt_end(job, kind, reason, now)}
-            self.store.requeue(
-                job.job_id, reason, Reason.REQUEUED.value, info=info, expected=[job.state]
-            )
-            return
-        deadline = _finite(job.info.get("preempt_deadline_s")) or 0.0
-        if not job.info.get("stop_sent") and (verified is not None or now >= deadline):
-            self.ray.stop(sid)
-            self.store.update_info(job.job_id, {"stop_sent": now})
 
     def requeue_stranded(self, job: JobRecord) -> None:
         """A job left PREEMPTED (the crash of a version that re-queued in three steps): once

@@ -1,29 +1,27 @@
-"""`JobRunner`: a job's life after admission, reconciled every tick from the store alone.
+"""`JobRunner`: the job actuator: what Ray, the signals actor and storage say, and their hands.
 
-Owns the runner's one entry point per plan item and per tick, and the reconcile that moves
-every job holding (or having held) a gang along from what Ray, the signals actor and object
-storage say, idempotently, so a restarted controller carries on where the last one stopped:
+Owns the runner's entry points, idempotent and working from the store alone, so a restarted
+controller carries on where the last one stopped:
 
-* `admit` and `preempt` hand the plan's items to `launching.Launcher` and
-  `preemption.Preemption`;
-* scoped storage credentials are minted at admission and kept fresh every tick
-  (`credentials.JobCredentials`);
-* `reconcile` reads the active jobs (by index: ADMITTED, RUNNING, PREEMPTED, and ended jobs
-  whose Ray Job may still run), their signals and their committed steps
-  (`checkpoint_reads`), then per job (`_reconcile_one`): ADMITTED -> RUNNING once every
-  worker has started; a gang not running within ``jobs.gang_start_timeout_s`` is stopped and
-  re-queued with backoff; a RUNNING gang whose Ray Job FAILED crashed (a restart or FAILED,
-  `ends`); one that stopped stepping is left to the hang watchdog (`watchdog`); a RUNNING gang
-  whose Ray Job vanished (the cluster restarted) is re-queued (no restart spent); a Ray Job
-  that ended sets SUCCEEDED/FAILED; a job past its ``max_runtime_s`` is stopped and FAILED;
-  a CANCELLED job's Ray Job is stopped, and the job settled once it ended;
-* the sweeps, every `limits.ORPHAN_SWEEP_INTERVAL_S`: live Ray Jobs of ours that are no
-  job's current attempt are stopped (`sweep_orphans`), and the memory-tier actors of ended
-  or pruned jobs killed (`sweep_memory_tiers`);
-* `read_logs` (`logs.AttemptLogs`), `forget` and `forget_many` for the API and retention.
+* `observe` (the loop's observe phase): every job that holds a gang (ADMITTED, RUNNING) as a
+  `policies.attempts.GangView`: Ray's status of its Ray Job, the signals actor's word (started
+  ranks, progress; an actor that forgot the attempt is told it again), the end of its log when
+  Ray says it failed; the committed steps read from storage (`checkpoint_reads`); and every
+  ended job whose Ray Job may still run (cancelled, over its runtime) as an `EndedGang`;
+* `apply` (the act phase): `policies.attempts`' plan: ADMITTED -> RUNNING, a resubmission, a
+  stop, a hung gang's stacks and stop (`watchdog`), the job's end or its re-queue (`ends`), an
+  ended job settled; then the upkeep: scoped storage credentials kept fresh
+  (`credentials.JobCredentials`), stranded preemptions re-queued, and every
+  `limits.ORPHAN_SWEEP_INTERVAL_S` the sweeps: live Ray Jobs of ours that are no job's
+  current attempt stopped (`sweep_orphans`), memory-tier actors of ended or pruned jobs
+  killed (`sweep_memory_tiers`);
+* `admit` and `preempt`: admission's plan items (`launching.Launcher`,
+  `preemption.Preemption`);
+* `read_logs` (`adapters.job_logs.AttemptLogs`), `forget` and `forget_many` for the API and
+  retention.
 
-Must not: call Ray but through the Ray Jobs adapter (`ray_jobs.RayJobs`), or decide who runs
-(that is `policies.admission`).
+Must not: call Ray but through the Ray Jobs adapter (`adapters.ray_jobs.RayJobs`), decide what
+a gang's observed state calls for (`policies.attempts`), or who runs (`policies.admission`).
 """
 
 from __future__ import annotations
@@ -31,11 +29,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.adapters.checkpoints import CheckpointReader
 from controlplane.adapters.job_logs import AttemptLogs, _tail_of
-from controlplane.adapters.ray_jobs import _ENDED, RayJobs, RayJobsApi, RayJobStatus
+from controlplane.adapters.ray_jobs import RayJobs, RayJobsApi, RayJobStatus
 from controlplane.config import Config
 from controlplane.loop.act.jobs import limits
 from controlplane.loop.act.jobs.background import _Background, _Submissions, io_pool
@@ -45,6 +44,7 @@ from controlplane.loop.act.jobs.ends import AttemptEnds
 from controlplane.loop.act.jobs.launching import Launcher
 from controlplane.loop.act.jobs.preemption import Preemption
 from controlplane.loop.act.jobs.watchdog import Watchdog
+from controlplane.policy_config import restart_limits
 from controlplane.store import (
     TERMINAL_STATES,
     IllegalTransition,
@@ -56,23 +56,51 @@ from controlplane.store import (
     UnknownJob,
 )
 from controlplane.store.attempt_info import (
-    _REQUEUE_INFO,
     ATTEMPT_REASON_CHARS,
     PROGRESS_INFO_KEYS,
     SIGNAL_TOKEN_INFO,
     AttemptEnd,
-    Reason,
+    _count,
+    _finite,
+    _info_step,
     _progress_of,
     _submission_id,
     attempt_end,
     checkpoint_uri,
 )
+from policies.attempts import (
+    EndedGang,
+    EndJob,
+    GangStatus,
+    GangView,
+    JobAction,
+    JobsView,
+    MarkRunning,
+    Preempting,
+    ResubmitGang,
+    SettleEnded,
+    StopGang,
+    StopHungGang,
+)
 from policies.plan import AdmitJob, PreemptJob
-from policies.restarts import FailureKind, failure_signature
+from policies.restarts import RestartRecord, failure_signature
 
 __all__ = ["JobRunner"]
 
 log = logging.getLogger(__name__)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What the last `JobRunner.observe` read, for `JobRunner.apply` in the same tick: each
+    observed job's record and signals, and the tick's deadline for background work."""
+
+    jobs: Mapping[str, tuple[JobRecord, Mapping[str, Any]]] = field(default_factory=dict)
+    deadline_s: float = 0.0
 
 
 class JobRunner:
@@ -106,10 +134,11 @@ class JobRunner:
             store, cfg, ray_jobs, clock, self._submissions, self._ends, self._credentials
         )
         self._preemption = Preemption(store, ray_jobs, clock, self._ends)
-        self._watchdog = Watchdog(store, cfg, ray_jobs, self._stacks_work, self._ends)
+        self._watchdog = Watchdog(store, ray_jobs, self._stacks_work)
         self._reads = CommittedReads(store, cfg, clock, self.checkpoints, self._reads_work)
         self._logs = AttemptLogs(store, ray_jobs, clock)
         self._last_sweep_s: float | None = None
+        self._seen = _Seen()
 
     # -- act ---------------------------------------------------------------------------------
 
@@ -139,52 +168,210 @@ class JobRunner:
         """`forget` for many jobs in one actor call (`ends.AttemptEnds.forget_many`)."""
         self._ends.forget_many(job_ids)
 
-    # -- reconcile ----------------------------------------------------------------------------
+    # -- observe -------------------------------------------------------------------------
 
-    def reconcile(self) -> None:
-        """Move every job that holds (or held) a gang along, from what Ray, the signals actor
-        and object storage say.
+    def observe(self) -> JobsView:
+        """What Ray, the signals actor and object storage say of every job that holds a gang
+        (ADMITTED, RUNNING) and every ended job whose Ray Job may still run, for
+        `policies.attempts` to decide on.
 
-        Reads active jobs only (by index): ADMITTED, RUNNING, PREEMPTED, and finished jobs
-        whose Ray Job may still run. Never the finished jobs of the past. Waits at most
-        `limits.TICK_WAIT_S` for storage reads and stack fetches, all jobs together. One job's error
-        is logged and never stops the others.
+        Reads active jobs only (by index), never the finished jobs of the past. Waits at most
+        `limits.TICK_WAIT_S` for storage reads, all jobs together; the committed steps read
+        are recorded in the jobs' info (``checkpoint``, ``preempt_checkpoint``: what storage
+        holds, `checkpoint_reads`). One job's error is logged and never stops the others.
         """
         deadline_s = time.monotonic() + limits.TICK_WAIT_S
         jobs = self.store.list_jobs(states=[JobState.ADMITTED, JobState.RUNNING])
         sigs = {job.job_id: self._signals(job) for job in jobs}
-        self._credentials.refresh(jobs, sigs, deadline_s)
         jobs = self._reads.read(jobs, sigs, deadline_s)
-        for job in jobs:
-            try:
-                self._reconcile_one(job, sigs[job.job_id], deadline_s)
-            except (StaleState, IllegalTransition):
-                continue  # someone (a cancel) moved it meanwhile; next tick sees it
-            except Exception:
-                log.exception("reconciling job %s failed; retried next tick", job.job_id)
         live = {job.job_id for job in jobs}
         for work in (self._reads_work, self._stacks_work):
             work.drop(lambda key: key[1] in live)
         self._reads.forget_others(live)
-        self._credentials.forget_others(live)
+        now = self.clock()
+        gangs = []
+        for job in jobs:
+            try:
+                gangs.append(self._gang_view(job, sigs[job.job_id], now))
+            except Exception:
+                log.exception("observing job %s failed; observed again next tick", job.job_id)
+        self._seen = _Seen({job.job_id: (job, sigs[job.job_id]) for job in jobs}, deadline_s)
+        return JobsView(tuple(gangs), tuple(self._ended()))
+
+    def _gang_view(self, job: JobRecord, sig: Mapping[str, Any], now: float) -> GangView:
+        info, spec = job.info, job.spec
+        sid = info["submission_id"]
+        attempt = int(info["attempt"])
+        progress = _progress_of(sig, attempt)
+        status = self.ray.status(sid)
+        started = sig.get("started_ranks") or [] if sig.get("attempt") == attempt else []
+        preempting = None
+        if info.get("preempting"):
+            preempting = Preempting(
+                deadline_s=_finite(info.get("preempt_deadline_s")) or 0.0,
+                reason=str(info.get("preempt_reason") or "preempted"),
+                health=info.get("preempt_kind") == AttemptEnd.HEALTH.value,
+                verified_step=_count(info.get("preempt_checkpoint")),
+            )
+        stopping = info.get("stopping")
+        hang_reason = None
+        if stopping:
+            hang_reason = str(stopping.get("reason")) if isinstance(stopping, Mapping) else "hung"
+        message = signature = ""
+        if status in (RayJobStatus.FAILED, RayJobStatus.STOPPED) and not (preempting or stopping):
+            text = self._log_text(sid)
+            message = _tail_of(text, ATTEMPT_REASON_CHARS)
+            signature = failure_signature(
+                _tail_of(text, limits.SIGNATURE_TAIL_CHARS), (sid, job.job_id)
+            )
+        recorded = _mapping(info.get("progress"))
+        last = _mapping(info.get("last_failure"))
+        signature_before = last.get("signature")
+        failures = info.get("start_failures", 0)
+        return GangView(
+            job_id=job.job_id,
+            running=job.state is JobState.RUNNING,
+            status=GangStatus(status.value),
+            now_s=now,
+            admitted_s=float(info["admitted_s"]),
+            num_workers=spec.num_workers,
+            started_ranks=len(started),
+            max_runtime_s=spec.max_runtime_s,
+            stall_timeout_s=spec.stall_timeout_s or self.cfg.jobs.stall_timeout_s,
+            # The watchdog is armed by this tick's progress only; a failure's step falls back
+            # to the one recorded (the signals actor may be unavailable now).
+            step=progress["step"] if progress else _count(recorded.get("step")),
+            step_at_s=progress["step_at_s"] if progress else None,
+            preempting=preempting,
+            hang_reason=hang_reason,
+            stop_sent=bool(info.get("stop_sent")),
+            start_failures=failures if isinstance(failures, int) else 0,
+            failure_message=message,
+            failure_signature=signature,
+            restarts=RestartRecord(
+                restarts=_count(info.get("restarts")) or 0,
+                last_signature=signature_before if isinstance(signature_before, str) else None,
+                committed_at_last_failure=_count(last.get("committed_step")),
+            ),
+            restart_limits=restart_limits(self.cfg, spec.max_restarts),
+            committed_step=_info_step(info.get("checkpoint")),
+            start_step=_count(info.get("start_step")),
+        )
+
+    def _ended(self) -> list[EndedGang]:
+        """Ended jobs whose Ray Job may still run (cancelled, over their runtime), and rows
+        that no longer validate (cancelled by id, `Store.cancel_invalid`), read raw."""
+        ended = []
+        scan = self.store.scan_jobs(
+            states=[JobState.CANCELLED, JobState.FAILED], unsettled_only=True
+        )
+        rows = [(j.job_id, j.info, j.state is JobState.CANCELLED, False) for j in scan.jobs]
+        rows += [(b.job_id, self.store.raw_info(b.job_id), True, True) for b in scan.invalid]
+        for job_id, info, cancelled, invalid in rows:
+            sid = _submission_id(job_id, info)
+            try:
+                status = RayJobStatus.MISSING if sid is None else self.ray.status(sid)
+            except Exception as exc:  # one bad row must not stop the others
+                log.warning("reading the Ray Job of ended job %s failed: %s", job_id, exc)
+                continue
+            stop_sent = bool(info.get("stop_sent"))
+            ended.append(EndedGang(job_id, GangStatus(status.value), stop_sent, cancelled, invalid))
+        return ended
+
+    # -- act -------------------------------------------------------------------------------
+
+    def apply(self, plan: Sequence[JobAction], failed: Callable[[], None]) -> None:
+        """Carry out `policies.attempts`' plan for this tick: first each gang's progress as the
+        signals actor reported it (an attempt's end records its last step), then every item,
+        each on its own (a failure is logged and counted by `failed`, the rest still
+        applied), then the upkeep: scoped credentials kept fresh, stranded preemptions
+        re-queued, the periodic sweeps."""
+        seen = self._seen
+        for job, sig in seen.jobs.values():
+            try:
+                self._record_progress(job, sig)
+            except Exception:
+                log.exception("recording the progress of job %s failed", job.job_id)
+        for action in plan:
+            try:
+                self._apply_one(action, seen)
+            except (StaleState, IllegalTransition):
+                continue  # someone (a cancel) moved it meanwhile; the next tick sees it
+            except Exception:
+                failed()
+                log.exception("acting on %r failed; decided again next tick", action)
+        self._upkeep(seen)
+
+    def _record_progress(self, job: JobRecord, sig: Mapping[str, Any]) -> None:
+        progress = _progress_of(sig, job.info.get("attempt"))
+        if progress is not None:
+            shown = {k: progress[k] for k in PROGRESS_INFO_KEYS}
+            if shown != job.info.get("progress"):
+                self.store.update_info(job.job_id, {"progress": shown})
+
+    def _apply_one(self, action: JobAction, seen: _Seen) -> None:
+        if isinstance(action, SettleEnded):
+            self._settle(action)
+            return
+        job = self.store.get(action.job_id)
+        if job.state not in (JobState.ADMITTED, JobState.RUNNING):
+            return  # it moved on since observed (cancelled, say)
+        if isinstance(action, MarkRunning):
+            self.store.transition(
+                job.job_id, JobState.RUNNING, action.reason, expected=JobState.ADMITTED
+            )
+        elif isinstance(action, ResubmitGang):
+            self._launcher.submit(job)
+        elif isinstance(action, StopGang):
+            if not job.info.get("stop_sent"):
+                self.ray.stop(job.info["submission_id"])
+                self.store.update_info(job.job_id, {"stop_sent": self.clock()})
+        elif isinstance(action, StopHungGang):
+            sig = seen.jobs[job.job_id][1] if job.job_id in seen.jobs else {}
+            workers = sig.get("workers")
+            workers = workers if isinstance(workers, Mapping) else {}
+            self._watchdog.stop_hung(job, action, workers, self.clock(), seen.deadline_s)
+        elif isinstance(action, EndJob):
+            self._ends.end(job, action)
+        else:
+            self._ends.requeue(job, action)
+
+    def _settle(self, action: SettleEnded) -> None:
+        """An ended job's gang: stop it once, or, once Ray says it ended, record that (a
+        cancelled job's attempt ends ``cancelled``) and forget the job's signals and memory
+        tier. A row that no longer validates is written raw, no spec needed."""
+        job_id = action.job_id
+        info = self.store.raw_info(job_id) if action.invalid else self.store.get(job_id).info
+        if action.stop:
+            sid = _submission_id(job_id, info)
+            if sid is not None:
+                self.ray.stop(sid)
+            self._merge_info(action, {"stop_sent": self.clock()})
+            return
+        done: dict[str, Any] = {"ray_done": True, "placement": None}
+        if action.cancelled and not action.invalid:
+            job = self.store.get(job_id)
+            done.update(attempt_end(job, AttemptEnd.CANCELLED, "cancelled", self.clock()))
+        self._merge_info(action, done)
+        self._ends.forget(job_id)
+        self._ends.clear_memory_tier(job_id)
+
+    def _merge_info(self, action: SettleEnded, info: Mapping[str, Any]) -> None:
+        if action.invalid:
+            self.store.merge_raw_info(action.job_id, dict(info))
+        else:
+            self.store.update_info(action.job_id, dict(info))
+
+    def _upkeep(self, seen: _Seen) -> None:
+        jobs = [job for job, _ in seen.jobs.values()]
+        sigs = {job_id: sig for job_id, (_, sig) in seen.jobs.items()}
+        self._credentials.refresh(jobs, sigs, seen.deadline_s)
+        self._credentials.forget_others(set(seen.jobs))
         for job in self.store.list_jobs(states=[JobState.PREEMPTED]):
             try:
                 self._preemption.requeue_stranded(job)
             except (StaleState, IllegalTransition):
                 continue
-        scan = self.store.scan_jobs(
-            states=[JobState.CANCELLED, JobState.FAILED], unsettled_only=True
-        )
-        for job in scan.jobs:
-            try:
-                self._stop_ended(job)
-            except Exception:
-                log.exception("stopping the Ray Job of ended job %s failed", job.job_id)
-        for bad in scan.invalid:  # e.g. cancelled by id (`Store.cancel_invalid`)
-            try:
-                self._stop_invalid(bad.job_id)
-            except Exception as exc:  # one bad row must not stop the others
-                log.warning("stopping the Ray Job of invalid job %s failed: %s", bad.job_id, exc)
         now = self.clock()
         if self._last_sweep_s is None or now - self._last_sweep_s >= limits.ORPHAN_SWEEP_INTERVAL_S:
             self._last_sweep_s = now
@@ -196,6 +383,8 @@ class JobRunner:
                 self.sweep_memory_tiers()
             except Exception as exc:
                 log.warning("memory tier sweep failed: %s", exc)
+
+    # -- sweeps ----------------------------------------------------------------------------
 
     def sweep_orphans(self) -> list[str]:
         """Stop every live Ray Job of ours (metadata ``rcp_job``) that is not the current
@@ -253,132 +442,6 @@ class JobRunner:
         except Exception as exc:
             log.warning("job signals unavailable for %s: %s", job.job_id, exc)
             return {}
-
-    # -- one job's tick -------------------------------------------------------------------
-
-    def _reconcile_one(self, job: JobRecord, sig: Mapping[str, Any], deadline_s: float) -> None:
-        now = self.clock()
-        sid = job.info["submission_id"]
-        attempt = int(job.info["attempt"])
-        progress = _progress_of(sig, attempt)
-        if progress is not None:
-            shown = {k: progress[k] for k in PROGRESS_INFO_KEYS}
-            if shown != job.info.get("progress"):
-                job = self.store.update_info(job.job_id, {"progress": shown})
-        status = self.ray.status(sid)
-
-        if job.info.get("preempting"):
-            self._preemption.preempting(job, status, now)
-            return
-        if job.info.get("stopping"):
-            self._watchdog.stopping(job, status, now)
-            return
-        if status is RayJobStatus.SUCCEEDED:
-            if job.state is JobState.ADMITTED:
-                self.store.transition(job.job_id, JobState.RUNNING, Reason.GANG_RUNNING.value)
-            self._ends.finish(
-                job, JobState.SUCCEEDED, Reason.RAY_JOB_SUCCEEDED.value, AttemptEnd.SUCCEEDED
-            )
-            return
-        if status in (RayJobStatus.FAILED, RayJobStatus.STOPPED):
-            text = self._log_text(sid)
-            message = _tail_of(text, ATTEMPT_REASON_CHARS)
-            if job.state is JobState.ADMITTED:
-                why = (
-                    Reason.RAY_JOB_FAILED
-                    if status is RayJobStatus.FAILED
-                    else Reason.RAY_JOB_STOPPED
-                )
-                self._ends.start_failed(job, f"{why.value}: {message}")
-            elif status is RayJobStatus.STOPPED:
-                reason = f"{Reason.RAY_JOB_STOPPED.value}: {message}"
-                self._ends.finish(
-                    job, JobState.FAILED, reason, AttemptEnd.FAILED, {"message": message}
-                )
-            else:
-                signature = failure_signature(
-                    _tail_of(text, limits.SIGNATURE_TAIL_CHARS), (sid, job.job_id)
-                )
-                self._ends.gang_failed(job, FailureKind.CRASH, message, signature, now)
-            return
-        limit = job.spec.max_runtime_s
-        if limit is not None and now - float(job.info["admitted_s"]) > limit:
-            # Backfill relied on this bound: enforce it. The stop completes in the background.
-            self.ray.stop(sid)
-            reason = f"{Reason.MAX_RUNTIME.value} ({limit:g}s)"
-            info = {"stop_sent": now, "placement": None}
-            info.update(attempt_end(job, AttemptEnd.MAX_RUNTIME, reason, now))
-            self.store.transition(job.job_id, JobState.FAILED, reason, info=info)
-            return
-        if job.state is JobState.RUNNING and status is RayJobStatus.MISSING:
-            # The cluster lost the Ray Job (e.g. `rcp down` then `up`): run it again from its
-            # latest checkpoint rather than leave it RUNNING forever. The cluster's doing, not
-            # the job's: no restart is spent.
-            info = {**_REQUEUE_INFO}
-            info.update(attempt_end(job, AttemptEnd.LOST, Reason.GANG_LOST.value, now))
-            self.store.transition(
-                job.job_id,
-                JobState.QUEUED,
-                Reason.GANG_LOST.value,
-                expected=JobState.RUNNING,
-                info=info,
-            )
-            return
-        if job.state is JobState.ADMITTED:
-            started = sig.get("started_ranks") or []
-            if sig.get("attempt") == attempt and len(started) >= job.spec.num_workers:
-                self.store.transition(
-                    job.job_id,
-                    JobState.RUNNING,
-                    f"{Reason.GANG_RUNNING.value}: all {job.spec.num_workers} workers started",
-                    expected=JobState.ADMITTED,
-                )
-            elif status is RayJobStatus.MISSING:
-                self._launcher.submit(job)  # admitted but the submission was lost (crash); resubmit
-            elif now - float(job.info["admitted_s"]) > self.cfg.jobs.gang_start_timeout_s:
-                self.ray.stop(sid)
-                self._ends.start_failed(
-                    job,
-                    f"{Reason.GANG_START_TIMEOUT.value}: {len(started)} of "
-                    f"{job.spec.num_workers} workers running after "
-                    f"{self.cfg.jobs.gang_start_timeout_s:g}s",
-                )
-            return
-        self._watchdog.watch(job, sig, progress, now, deadline_s)
-
-    def _stop_ended(self, job: JobRecord) -> None:
-        """Stop the Ray Job of a job that ended without it (cancelled, over its runtime);
-        once Ray says it ended, the job is settled: the attempt's end recorded (cancelled),
-        the signals actor told to forget it, its memory tier killed."""
-        sid = job.info["submission_id"]
-        status = self.ray.status(sid)
-        if status in _ENDED or status is RayJobStatus.MISSING:
-            info: dict[str, Any] = {"ray_done": True, "placement": None}
-            if job.state is JobState.CANCELLED:
-                info.update(attempt_end(job, AttemptEnd.CANCELLED, "cancelled", self.clock()))
-            self.store.update_info(job.job_id, info)
-            self._ends.forget(job.job_id)
-            self._ends.clear_memory_tier(job.job_id)
-        elif not job.info.get("stop_sent"):
-            self.ray.stop(sid)
-            self.store.update_info(job.job_id, {"stop_sent": self.clock()})
-
-    def _stop_invalid(self, job_id: str) -> None:
-        """`_stop_ended` for a row that no longer validates: ``<id>-<attempt>`` from its info
-        alone, no spec needed."""
-        info = self.store.raw_info(job_id)
-        sid = _submission_id(job_id, info)
-        if sid is None:
-            self.store.merge_raw_info(job_id, {"ray_done": True})
-            return
-        status = self.ray.status(sid)
-        if status in _ENDED or status is RayJobStatus.MISSING:
-            self.store.merge_raw_info(job_id, {"ray_done": True, "placement": None})
-            self._ends.forget(job_id)
-            self._ends.clear_memory_tier(job_id)
-        elif not info.get("stop_sent"):
-            self.ray.stop(sid)
-            self.store.merge_raw_info(job_id, {"stop_sent": self.clock()})
 
     def _log_text(self, sid: str) -> str:
         """The end of the attempt's driver log (`limits.FAILED_LOG_TAIL_BYTES`), never the

@@ -1,15 +1,11 @@
-"""The hang watchdog: a RUNNING gang whose step stopped growing is hung, and restarted.
+"""The hang watchdog's hands: a gang `policies.attempts` found hung is stopped, its stacks kept.
 
-Owns:
-
-* `Watchdog.watch`: a RUNNING gang whose step has not grown for its ``stall_timeout_s``
-  (armed once the attempt reported a step) is hung: every rank's Python stacks are fetched
-  through Ray's dashboard (`ray_jobs.RayJobs.worker_stack`, on worker threads,
-  `limits.STACKS_DEADLINE_S` in all) into the attempt's log (`Store.put_attempt_note`, shown
-  by `JobRunner.read_logs`), event ``job.hung``, the hang counted in the job's info and in
-  the fleet's failure record, and the gang stopped;
-* `Watchdog.stopping`: once Ray says the hung gang ended, a restart after a backoff or FAILED
-  (`ends.AttemptEnds.gang_failed`).
+Owns `Watchdog.stop_hung` (`StopHungGang`: a RUNNING gang whose step has not grown for its
+``stall_timeout_s``): every rank's Python stacks are fetched through Ray's dashboard
+(`ray_jobs.RayJobs.worker_stack`, on worker threads, `limits.STACKS_DEADLINE_S` in all) into
+the attempt's log (`Store.put_attempt_note`, shown by `JobRunner.read_logs`), event
+``job.hung``, the hang counted in the job's info and in the fleet's failure record, and the
+gang stopped. Once Ray says it ended, the policy restarts it after a backoff or FAILS the job.
 
 Must not: call Ray but through the Ray Jobs adapter (`ray_jobs.RayJobs`), or wait on the
 stacks past the tick's deadline (a later tick takes them).
@@ -23,14 +19,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from controlplane.adapters.ray_jobs import _ENDED, STACK_MAX_CHARS, RayJobsApi, RayJobStatus
-from controlplane.config import Config
+from controlplane.adapters.ray_jobs import STACK_MAX_CHARS, RayJobsApi
 from controlplane.loop.act.jobs import limits
 from controlplane.loop.act.jobs.background import _Background
-from controlplane.loop.act.jobs.ends import AttemptEnds
-from controlplane.store import JobRecord, JobState, Store, reliability
-from controlplane.store.attempt_info import AttemptEnd, Reason, _count
-from policies.restarts import FailureKind
+from controlplane.store import JobRecord, Store, reliability
+from controlplane.store.attempt_info import AttemptEnd, _count
+from policies.attempts import StopHungGang
 
 __all__ = ["HANG_HEADER", "Watchdog"]
 
@@ -42,56 +36,34 @@ HANG_HEADER = "=== attempt {attempt}: hang: stacks of the workers (py-spy via Ra
 class Watchdog:
     """Finds hung gangs and stops them (see the module doc). Every method is idempotent."""
 
-    def __init__(
-        self,
-        store: Store,
-        cfg: Config,
-        ray_jobs: RayJobsApi,
-        work: _Background[str],
-        ends: AttemptEnds,
-    ) -> None:
+    def __init__(self, store: Store, ray_jobs: RayJobsApi, work: _Background[str]) -> None:
         self.store = store
-        self.cfg = cfg
         self.ray = ray_jobs
         self._work = work
-        self._ends = ends
 
-    def watch(
+    def stop_hung(
         self,
         job: JobRecord,
-        sig: Mapping[str, Any],
-        progress: Mapping[str, Any] | None,
+        action: StopHungGang,
+        workers: Mapping[Any, Any],
         now: float,
         deadline_s: float,
     ) -> None:
-        """A RUNNING gang whose step has not grown for its stall timeout is hung: fetch every
-        rank's stacks (worker threads, `limits.STACKS_DEADLINE_S` in all; the tick waits for them at
-        most until `deadline_s` and takes them on a later tick otherwise), then `hung`.
-        Armed once the attempt reported a step."""
-        if progress is None:
-            return
-        timeout_s = job.spec.stall_timeout_s or self.cfg.jobs.stall_timeout_s
-        stalled_s = now - float(progress["step_at_s"])
+        """`policies.attempts` found the gang hung: fetch every rank's stacks (worker threads,
+        `limits.STACKS_DEADLINE_S` in all; the tick waits for them at most until `deadline_s`
+        and takes them on a later tick otherwise: the policy repeats the action), then
+        `hung`."""
         key = ("stacks", job.job_id, str(job.info["attempt"]))
-        if stalled_s <= timeout_s:
-            return
         if not self._work.pending(key):
-            log.warning(
-                "job %s: no new step for %.0fs (stall_timeout_s=%g); fetching its stacks",
-                job.job_id,
-                stalled_s,
-                timeout_s,
-            )
-            workers = sig.get("workers")
-            workers = dict(workers) if isinstance(workers, Mapping) else {}
-            self._work.start(key, functools.partial(self.fetch_stacks, workers))
+            log.warning("job %s: %s; fetching its stacks", job.job_id, action.reason)
+            self._work.start(key, functools.partial(self.fetch_stacks, dict(workers)))
         self._work.wait([key], deadline_s)
         done, stacks, error = self._work.take(key)
         if not done:
             return  # still fetching: a later tick finishes the job
         if error is not None:
             stacks = f"(fetching the stacks failed: {error})\n"
-        self.hung(job, int(progress["step"]), stalled_s, timeout_s, str(stacks), now)
+        self.hung(job, action, str(stacks), now)
 
     def fetch_stacks(self, workers: Mapping[Any, Any]) -> str:
         """(worker thread) Every rank's stacks through Ray (`RayJobs.worker_stack`), in
@@ -136,20 +108,12 @@ class Watchdog:
             )
         return "".join(blocks)
 
-    def hung(
-        self,
-        job: JobRecord,
-        step: int,
-        stalled_s: float,
-        timeout_s: float,
-        stacks: str,
-        now: float,
-    ) -> None:
+    def hung(self, job: JobRecord, action: StopHungGang, stacks: str, now: float) -> None:
         """Keep the stacks with the attempt's log, count the hang, and stop the gang; it is
         re-queued as a restart (or FAILED) once Ray says it ended (`stopping`). Written in
         that order, so a restarted controller neither loses the stop nor counts it twice."""
         attempt = int(job.info["attempt"])
-        reason = f"no new step for {stalled_s:.0f}s at step {step} (stall_timeout_s={timeout_s:g})"
+        reason = action.reason
         note = HANG_HEADER.format(attempt=attempt) + "\n" + stacks
         self.store.put_attempt_note(job.job_id, attempt, note)
         hangs = (_count(job.info.get("hangs")) or 0) + 1
@@ -162,9 +126,9 @@ class Watchdog:
             job_id=job.job_id,
             data={
                 "attempt": attempt,
-                "step": step,
-                "stalled_s": round(stalled_s, 3),
-                "stall_timeout_s": timeout_s,
+                "step": action.step,
+                "stalled_s": round(action.stalled_s, 3),
+                "stall_timeout_s": action.timeout_s,
             },
         )
         try:
@@ -173,17 +137,3 @@ class Watchdog:
             log.warning("recording the hang of %s in the fleet record failed: %s", job.job_id, exc)
         self.ray.stop(job.info["submission_id"])
         self.store.update_info(job.job_id, {"stop_sent": now})
-
-    def stopping(self, job: JobRecord, status: RayJobStatus, now: float) -> None:
-        """A hung gang being stopped: once Ray says it ended, a restart (or FAILED)."""
-        stopping = job.info.get("stopping")
-        reason = str(stopping.get("reason")) if isinstance(stopping, Mapping) else "hung"
-        if status is RayJobStatus.SUCCEEDED:
-            self._ends.finish(
-                job, JobState.SUCCEEDED, Reason.RAY_JOB_SUCCEEDED.value, AttemptEnd.SUCCEEDED
-            )
-        elif status in _ENDED or status is RayJobStatus.MISSING:
-            self._ends.gang_failed(job, FailureKind.HANG, reason, "hang without progress", now)
-        elif not job.info.get("stop_sent"):
-            self.ray.stop(job.info["submission_id"])
-            self.store.update_info(job.job_id, {"stop_sent": now})
