@@ -5,7 +5,8 @@
   the load board they report to (`load`);
 - `serve.control`: the control plane's writer to Serve: `client` (the only module that calls
   Serve's controller), `operations` (deploy, scale a pool, set route weights, move replicas
-  make-before-break), `status` (what runs where, as a table);
+  make-before-break), `waiting` (whether Serve shows what they wrote; waiting for it),
+  `status` (what runs where, as a table);
 - `serve.edge`: the serve endpoint in front of Serve's proxies: HAProxy, its configuration
   rendered by the product (`config`, `k8s`), run by `process`;
 - shared by all three, pure: `config` (the `serving` schema), `spec` (the apps' names and

@@ -178,7 +178,7 @@ class IngressConfig:
     (``GET v1/models?format=edge``, asked once a second: at least 2 s, so one missed fetch
     does not drop it); an older table sends them through the
     ingress. Make-before-break waits this long after every ingress replica applied a new
-    table before it lowers a pool's target (`serve.control.operations.route_applied`). Between 2
+    table before it lowers a pool's target (`serve.control.waiting.route_applied`). Between 2
     and 30 s. 5 s: a table fetch may take over a second while a node or the head is lost on a
     loaded machine, and predicts that fall back to the ingress then meet the same trouble."""
 

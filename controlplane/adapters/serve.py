@@ -6,8 +6,8 @@ rows of the snapshot), the load board reads (ongoing requests per model; the ing
 rate and CPU per request), the Ray autoscaler's `request_resources` for the external pool, and
 the writes the act phase makes: a pool's target, its route weights, the ingress's replica
 count (`serve.control.operations.scale_ingress`), and the non-blocking steps of a make-before-break
-move (`serve.control.operations.set_pool_target`, `route_for_targets`, `pool_running`,
-`route_applied`, `pool_settled`).
+move (`serve.control.operations.set_pool_target`, `route_for_targets`; the checks
+`serve.control.waiting.pool_running`, `route_applied`, `pool_settled`).
 
 Must not: decide (the policies do), or wait for a replica: every method here returns at once
 (a scale-down's re-route waits only for the ingress to apply its route table).
@@ -166,8 +166,16 @@ def _operations() -> Any:
     return operations
 
 
+def _waiting() -> Any:
+    # Deferred: serve.control.waiting imports ray.serve (heavy; the loop's unit tests never load it).
+    from serve.control import waiting
+
+    return waiting
+
+
 class RayServe:
-    """`ServePlane` through `serve.control.operations` and `serve.control.status` on the connected cluster."""
+    """`ServePlane` through `serve.control.operations`, `serve.control.waiting` and
+    `serve.control.status` on the connected cluster."""
 
     def __init__(self, gpus_per_replica: Mapping[str, float]) -> None:
         self.gpus_per_replica = dict(gpus_per_replica)
@@ -212,14 +220,14 @@ class RayServe:
         _operations().set_pool_target(model, pool.value, num_replicas)
 
     def pool_running(self, model: str, pool: Pool, target: int) -> bool:
-        return bool(_operations().pool_running(model, pool.value, target))
+        return bool(_waiting().pool_running(model, pool.value, target))
 
     def pool_settled(self, model: str, pool: Pool, target: int) -> bool:
-        return bool(_operations().pool_settled(model, pool.value, target))
+        return bool(_waiting().pool_settled(model, pool.value, target))
 
     def route_for_targets(self, model: str, planned: Mapping[Pool, int]) -> int:
         planned_by_name = {p.value: n for p, n in planned.items()}
         return int(_operations().route_for_targets(model, planned_by_name))
 
     def route_applied(self, generation: int) -> bool:
-        return bool(_operations().route_applied(generation))
+        return bool(_waiting().route_applied(generation))

@@ -1,9 +1,10 @@
 """The primitives the control plane calls to change the serving plane.
 
 Owns: `deploy` (first deploy or config update, keeping the targets, weights and ingress
-replica count already deployed), `scale_pool`, `scale_ingress`, `set_route_weights`, `set_route_weights_from_readiness` and the
-make-before-break `move`. Each reads the desired state from Serve (where it is stored, see
-`serve.spec`), changes it, writes it back with one declarative apply, and optionally waits
+replica count already deployed), `scale_pool`, `scale_ingress`, `set_route_weights`,
+`set_route_weights_from_readiness` and the make-before-break `move`, and the writes of a move
+advanced one step per tick (`set_pool_target`, `route_for_targets`). Each reads the desired
+state from Serve (where it is stored, see `serve.spec`), changes it, writes it back with one declarative apply, and optionally waits
 until Serve shows the effect. Writes inside one process are serialized by a lock; the
 policy actor is meant to be the only writer.
 
@@ -14,12 +15,8 @@ target, and wait until every ingress replica applied that route table and then a
 Serve stops those replicas gracefully, finishing in-flight requests, and a request that still
 lands on a stopping replica is retried (by the ingress, or by the edge) elsewhere.
 
-Why the settle wait: the edge routes by the table it last fetched from the ingress
-(``GET v1/models``) and uses it for at most ``edge_table_max_age_s``. A table fetched after
-every ingress replica applied generation N has N (or later); one fetched before is out of use
-once that much time has passed since N was applied. This process notes when it first saw N
-applied (`route_applied`, and `_route` with ``wait``), so it cannot know the moment Serve
-finished; it errs late, never early.
+Why the settle wait, and what Serve shows that each wait reads: `serve.control.waiting`
+(``ServingTimeoutError`` when it does not show in time).
 
 A pool at zero has no Serve application (Serve refuses ``num_replicas=0`` on a static
 deployment); reaching zero deletes that pool's app and leaving zero re-creates it. The other
@@ -32,23 +29,16 @@ actor); it only carries out what it is told.
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from serve.config import POOLS, IngressConfig, ServingConfig, validate_serving
+from serve.config import POOLS, ServingConfig, validate_serving
 from serve.control import client as control
-from serve.control.status import STARTING_STATES
+from serve.control import waiting
 from serve.routing import weights_from_readiness
 from serve.spec import (
-    BACKEND_DEPLOYMENT,
-    INGRESS_APP,
-    INGRESS_DEPLOYMENT,
     DesiredState,
-    app_name,
     build_app_configs,
     declarative_configs,
     desired_from_app_configs,
@@ -58,15 +48,10 @@ from serve.spec import (
 __all__ = [
     "MoveResult",
     "ServingNotDeployedError",
-    "ServingTimeoutError",
     "deploy",
     "move",
-    "pool_running",
-    "pool_settled",
     "read_state",
-    "route_applied",
     "route_for_targets",
-    "running_replicas",
     "scale_ingress",
     "scale_pool",
     "set_pool_target",
@@ -74,30 +59,11 @@ __all__ = [
     "set_route_weights_from_readiness",
 ]
 
-_POLL_S = 0.1
 _lock = threading.RLock()
-_SEEN_KEPT = 64
-"""Route table generations `_first_applied_s` remembers (the oldest is forgotten first)."""
-_first_applied_s: dict[int, float] = {}
-"""Generation -> `_now_s` when this process first saw every ingress replica run it or a later
-one (the settle wait's start, see the module doc)."""
-
-
-def _now_s() -> float:
-    """The clock of every wait here (monotonic; tests swap it with `_sleep`)."""
-    return time.monotonic()
-
-
-def _sleep(seconds: float) -> None:
-    time.sleep(seconds)
 
 
 class ServingNotDeployedError(RuntimeError):
     """The serving plane's ingress app is not deployed on this cluster."""
-
-
-class ServingTimeoutError(TimeoutError):
-    """Serve did not reach the wanted state in time; the message says what was awaited."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +79,7 @@ class MoveResult:
     duration_s: float
 
 
-# --- reading ---------------------------------------------------------------------------
+# --- reading and writing ---------------------------------------------------------------
 
 
 def read_state() -> DesiredState | None:
@@ -131,112 +97,8 @@ def _require_state() -> DesiredState:
     return state
 
 
-def _backend(details: Mapping[str, Any], model: str, pool: str) -> Mapping[str, Any]:
-    app = (details.get("applications") or {}).get(app_name(model, pool)) or {}
-    dep: Mapping[str, Any] = (app.get("deployments") or {}).get(BACKEND_DEPLOYMENT) or {}
-    return dep
-
-
-def _states(dep: Mapping[str, Any]) -> list[str]:
-    return [str(r.get("state", "")).rsplit(".", 1)[-1].upper() for r in dep.get("replicas") or []]
-
-
-def running_replicas(details: Mapping[str, Any], model: str) -> dict[str, int]:
-    """RUNNING replicas of `model` per pool in Serve's details."""
-    return {p: _states(_backend(details, model, p)).count("RUNNING") for p in POOLS}
-
-
-# --- writing and waiting -----------------------------------------------------------------
-
-
 def _apply(state: DesiredState) -> None:
     control.apply_app_configs(build_app_configs(state))
-
-
-def _wait(what: str, done: Callable[[Mapping[str, Any]], bool], timeout_s: float) -> None:
-    deadline = _now_s() + timeout_s
-    while True:
-        details = control.read_details()
-        if done(details):
-            return
-        if _now_s() >= deadline:
-            raise ServingTimeoutError(f"timed out after {timeout_s:g}s waiting for {what}")
-        _sleep(_POLL_S)
-
-
-def _pool_settled(model: str, pool: str, target: int) -> Callable[[Mapping[str, Any]], bool]:
-    """At least `target` RUNNING and, for a lowered target, no extra replica still around."""
-
-    def done(details: Mapping[str, Any]) -> bool:
-        dep = _backend(details, model, pool)
-        states = _states(dep)
-        running = states.count("RUNNING")
-        if target == 0:
-            return app_name(model, pool) not in (details.get("applications") or {})
-        if int(dep.get("target_num_replicas", -1)) != target:
-            return False
-        busy = sum(1 for s in states if s in STARTING_STATES or s == "STOPPING")
-        return running >= target and busy == 0
-
-    return done
-
-
-def _pool_running(model: str, pool: str, target: int) -> Callable[[Mapping[str, Any]], bool]:
-    def done(details: Mapping[str, Any]) -> bool:
-        dep = _backend(details, model, pool)
-        return (
-            int(dep.get("target_num_replicas", -1)) == target
-            and _states(dep).count("RUNNING") >= target
-        )
-
-    return done
-
-
-def _ingress(details: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
-    """The ingress deployment's details and its deployed ``user_config``."""
-    app = (details.get("applications") or {}).get(INGRESS_APP) or {}
-    dep: Mapping[str, Any] = (app.get("deployments") or {}).get(INGRESS_DEPLOYMENT) or {}
-    user_config: Mapping[str, Any] = (dep.get("deployment_config") or {}).get("user_config") or {}
-    return dep, user_config
-
-
-def _ingress_applied(details: Mapping[str, Any], generation: int) -> bool:
-    """Every ingress replica runs with route table `generation` or a later one (reconfigure
-    finished)."""
-    dep, user_config = _ingress(details)
-    seen = user_config.get("generation")
-    if not isinstance(seen, int) or seen < generation:
-        return False
-    states = _states(dep)
-    return (
-        str(dep.get("status", "")).rsplit(".", 1)[-1].upper() == "HEALTHY"
-        and len(states) == int(dep.get("target_num_replicas", -1))
-        and all(s == "RUNNING" for s in states)
-    )
-
-
-def _edge_table_max_age_s(user_config: Mapping[str, Any]) -> float:
-    value = (user_config.get("settings") or {}).get("edge_table_max_age_s")
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return IngressConfig().edge_table_max_age_s
-
-
-def _route_settled(generation: int) -> Callable[[Mapping[str, Any]], bool]:
-    """Every ingress replica runs route table `generation` (or later), and this process first
-    saw that at least ``edge_table_max_age_s`` ago: no edge routes by an older table
-    any more (see the module doc)."""
-
-    def done(details: Mapping[str, Any]) -> bool:
-        if not _ingress_applied(details, generation):
-            return False
-        now_s = _now_s()
-        first_s = _first_applied_s.setdefault(generation, now_s)
-        while len(_first_applied_s) > _SEEN_KEPT:
-            del _first_applied_s[min(_first_applied_s)]
-        return now_s - first_s >= _edge_table_max_age_s(_ingress(details)[1])
-
-    return done
 
 
 def _timeout(state: DesiredState, timeout_s: float | None) -> float:
@@ -247,14 +109,15 @@ def _route(
     state: DesiredState, model: str, weights: Mapping[str, float], timeout_s: float, wait: bool
 ) -> DesiredState:
     """Write `model`'s route weights; with `wait`, return once the new table settled
-    (`_route_settled`: applied by every ingress replica, then the edges' table age)."""
+    (`waiting.until_route_settled`: applied by every ingress replica, then the edges' table
+    age)."""
     new = state.with_weights(model, weights)
     _apply(new)
     if wait:
-        _wait(
+        waiting.wait(
             f"every ingress replica to apply route table generation {new.generation} "
             "and the edges' table age to pass",
-            _route_settled(new.generation),
+            waiting.until_route_settled(new.generation),
             timeout_s,
         )
     return new
@@ -312,9 +175,9 @@ def deploy(
             for pool in POOLS:
                 n = state.target(m.name, pool)
                 if n > 0:
-                    _wait(
+                    waiting.wait(
                         f"{n} RUNNING replica(s) of {m.name} in {pool}",
-                        _pool_running(m.name, pool, n),
+                        waiting.until_pool_running(m.name, pool, n),
                         limit_s,
                     )
         for m in serving.models:
@@ -343,7 +206,7 @@ def scale_pool(
         limit_s = _timeout(state, timeout_s)
         current = state.target(model, pool)
         if num_replicas < current:
-            running = running_replicas(control.read_details(), model)
+            running = waiting.running_replicas(control.read_details(), model)
             planned = {p: new.target(model, p) for p in POOLS}
             weights = weights_from_readiness(running, planned)
             if weights != {p: state.weight(model, p) for p in POOLS}:
@@ -351,9 +214,9 @@ def scale_pool(
                 new = state.with_target(model, pool, num_replicas)
             _apply(new)
             if wait:
-                _wait(
+                waiting.wait(
                     f"{model} in {pool} to settle at {num_replicas} replica(s)",
-                    _pool_settled(model, pool, num_replicas),
+                    waiting.until_pool_settled(model, pool, num_replicas),
                     limit_s,
                 )
             return new
@@ -362,9 +225,9 @@ def scale_pool(
         _apply(new)
         if not wait:
             return new
-        _wait(
+        waiting.wait(
             f"{num_replicas} RUNNING replica(s) of {model} in {pool}",
-            _pool_running(model, pool, num_replicas),
+            waiting.until_pool_running(model, pool, num_replicas),
             limit_s,
         )
         return set_route_weights_from_readiness(model, timeout_s=limit_s)
@@ -399,7 +262,7 @@ def set_route_weights_from_readiness(
     """Route `model` to each pool in proportion to its RUNNING replicas (capped at target)."""
     with _lock:
         state = _require_state()
-        running = running_replicas(control.read_details(), model)
+        running = waiting.running_replicas(control.read_details(), model)
         targets = {p: state.target(model, p) for p in POOLS}
         weights = weights_from_readiness(running, targets)
         if weights == {p: state.weight(model, p) for p in POOLS}:
@@ -427,7 +290,7 @@ def move(
         raise ValueError(f"from_pool and to_pool are both {from_pool!r}")
     if num_replicas < 0:
         raise ValueError(f"num_replicas must be >= 0, got {num_replicas}")
-    started = _now_s()
+    started = waiting.now_s()
     steps: list[str] = []
     with _lock:
         state = _require_state()
@@ -451,12 +314,12 @@ def move(
         grown = state.with_target(model, to_pool, to_target)
         _apply(grown)
         try:
-            _wait(
+            waiting.wait(
                 f"{to_target} RUNNING replica(s) of {model} in {to_pool}",
-                _pool_running(model, to_pool, to_target),
+                waiting.until_pool_running(model, to_pool, to_target),
                 limit_s,
             )
-        except ServingTimeoutError:
+        except waiting.ServingTimeoutError:
             _apply(dataclasses.replace(grown, targets=dict(state.targets)))
             raise
         steps.append(f"{to_pool}: target {to_target}, all RUNNING")
@@ -465,7 +328,7 @@ def move(
         # ingress replica to apply it, so no new request goes to a replica about to stop.
         planned = {p: grown.target(model, p) for p in POOLS}
         planned[from_pool] = from_target
-        running = running_replicas(control.read_details(), model)
+        running = waiting.running_replicas(control.read_details(), model)
         weights = weights_from_readiness(running, planned)
         routed = _route(grown, model, weights, limit_s, wait=True)
         steps.append(f"route weights {weights} applied (generation {routed.generation})")
@@ -473,9 +336,9 @@ def move(
         # 3. break: stop n replicas in the source pool; Serve drains them gracefully.
         shrunk = routed.with_target(model, from_pool, from_target)
         _apply(shrunk)
-        _wait(
+        waiting.wait(
             f"{model} in {from_pool} to settle at {from_target} replica(s)",
-            _pool_settled(model, from_pool, from_target),
+            waiting.until_pool_settled(model, from_pool, from_target),
             limit_s,
         )
         steps.append(f"{from_pool}: target {from_target}, drained")
@@ -486,15 +349,16 @@ def move(
         num_replicas=n,
         reason=reason or f"move {n} replica(s) of {model} from {from_pool} to {to_pool}",
         steps=tuple(steps),
-        duration_s=_now_s() - started,
+        duration_s=waiting.now_s() - started,
     )
 
 
 # --- one step at a time (for a caller that advances a move across ticks) -------------------
 #
 # `move` above blocks until each step shows. The control loop instead keeps a move as a
-# tracked operation and advances it one step per tick with these: each writes at most once
-# and returns at once; the `pool_*` and `route_applied` checks read Serve's details once.
+# tracked operation and advances it one step per tick with these (each writes at most once
+# and returns at once) and `serve.control.waiting`'s checks (`pool_running`, `pool_settled`,
+# `route_applied`: each reads Serve's details once).
 
 
 def set_pool_target(model: str, pool: str, num_replicas: int) -> DesiredState:
@@ -509,30 +373,11 @@ def set_pool_target(model: str, pool: str, num_replicas: int) -> DesiredState:
         return new
 
 
-def pool_running(model: str, pool: str, target: int) -> bool:
-    """Whether `pool` has target `target` and at least that many RUNNING replicas of `model`."""
-    return _pool_running(model, pool, target)(control.read_details())
-
-
-def pool_settled(model: str, pool: str, target: int) -> bool:
-    """Whether `model` in `pool` settled at `target` (no replica starting or stopping)."""
-    return _pool_settled(model, pool, target)(control.read_details())
-
-
 def route_for_targets(model: str, planned: Mapping[str, int]) -> int:
     """Route `model` by readiness with the `planned` targets per pool (those about to drop
     get their planned share, 0 when planned 0) and return the route table's generation."""
     with _lock:
         state = _require_state()
-        running = running_replicas(control.read_details(), model)
+        running = waiting.running_replicas(control.read_details(), model)
         targets = {p: int(planned.get(p, state.target(model, p))) for p in POOLS}
         return _route(state, model, weights_from_readiness(running, targets), 0.0, False).generation
-
-
-def route_applied(generation: int) -> bool:
-    """Whether route table `generation` settled: every ingress replica runs it (or a later
-    one), and ``serving.ingress.edge_table_max_age_s`` passed since this process first saw
-    that, so no edge still routes by an older table (see the module doc). A caller
-    polls it each tick; the first True call is at least that long after the first call that
-    saw the table applied."""
-    return _route_settled(generation)(control.read_details())

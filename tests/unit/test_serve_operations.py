@@ -1,4 +1,5 @@
-"""The primitives' order of writes (make-before-break), against a fake of Serve's controller.
+"""The primitives' order of writes (make-before-break) and their waits (`serve.control.waiting`),
+against a fake of Serve's controller.
 
 `FakeServe` stands in for `serve.control.client`: it keeps the applied application configs and
 reports every replica RUNNING at once (or STARTING for apps listed in `stuck`), and every
@@ -16,6 +17,7 @@ import pytest
 
 from serve.config import IngressConfig, ModelConfig, ServingConfig
 from serve.control import operations as ops
+from serve.control import waiting
 from serve.spec import INGRESS_APP, app_name, parse_app_name
 
 
@@ -84,10 +86,10 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeServe:
     f = FakeServe()
     monkeypatch.setattr(ops.control, "apply_app_configs", f.apply_app_configs)
     monkeypatch.setattr(ops.control, "read_details", f.read_details)
-    monkeypatch.setattr(ops, "_POLL_S", 0.01)
-    monkeypatch.setattr(ops, "_now_s", lambda: f.clock.now_s)
-    monkeypatch.setattr(ops, "_sleep", f.clock.sleep)
-    monkeypatch.setattr(ops, "_first_applied_s", {})
+    monkeypatch.setattr(waiting, "_POLL_S", 0.01)
+    monkeypatch.setattr(waiting, "now_s", lambda: f.clock.now_s)
+    monkeypatch.setattr(waiting, "_sleep", f.clock.sleep)
+    monkeypatch.setattr(waiting, "_first_applied_s", {})
     cfg = ServingConfig(
         ready_timeout_s=5,
         ingress=IngressConfig(num_replicas=2),
@@ -125,20 +127,20 @@ def test_move_lowers_the_source_only_after_the_edges_table_age(fake: FakeServe) 
 
 def test_route_applied_waits_for_the_edges_table_age(fake: FakeServe) -> None:
     generation = ops.route_for_targets("sample", {"cluster": 1})  # written, not yet awaited
-    assert not ops.route_applied(generation)  # applied: first seen now
+    assert not waiting.route_applied(generation)  # applied: first seen now
     fake.clock.now_s += 4.99
-    assert not ops.route_applied(generation)
+    assert not waiting.route_applied(generation)
     fake.clock.now_s += 0.01
-    assert ops.route_applied(generation)
-    assert not ops.route_applied(generation + 1)  # not written yet
+    assert waiting.route_applied(generation)
+    assert not waiting.route_applied(generation + 1)  # not written yet
     later = ops.route_for_targets("sample", {"cluster": 2})
     fake.stuck.add(INGRESS_APP)  # an ingress replica has not applied it: the clock waits
     fake.clock.now_s += 60
-    assert not ops.route_applied(later)
+    assert not waiting.route_applied(later)
     fake.stuck.clear()
-    assert not ops.route_applied(later)
+    assert not waiting.route_applied(later)
     fake.clock.now_s += 5.0
-    assert ops.route_applied(later) and ops.route_applied(generation)
+    assert waiting.route_applied(later) and waiting.route_applied(generation)
 
 
 def test_the_settle_wait_follows_the_configured_table_age(fake: FakeServe) -> None:
@@ -150,24 +152,24 @@ def test_the_settle_wait_follows_the_configured_table_age(fake: FakeServe) -> No
         )
     )
     generation = ops.route_for_targets("sample", {"cluster": 1})
-    assert not ops.route_applied(generation)
+    assert not waiting.route_applied(generation)
     fake.clock.now_s += 1.9
-    assert not ops.route_applied(generation)
+    assert not waiting.route_applied(generation)
     fake.clock.now_s += 0.1
-    assert ops.route_applied(generation)
+    assert waiting.route_applied(generation)
 
 
 def test_the_first_seen_times_are_bounded(fake: FakeServe) -> None:
     state = ops.read_state()
     assert state is not None
-    ops._first_applied_s.clear()
+    waiting._first_applied_s.clear()
     for generation in range(state.generation + 1, state.generation + 200):
-        ops.route_applied(generation)  # generations never written: not applied, not kept
-    assert ops._first_applied_s == {}
+        waiting.route_applied(generation)  # generations never written: not applied, not kept
+    assert waiting._first_applied_s == {}
     for generation in range(state.generation - 99, state.generation + 1):
-        ops.route_applied(generation)  # all applied (a later one is): each noted
-    assert len(ops._first_applied_s) == ops._SEEN_KEPT
-    assert min(ops._first_applied_s) == state.generation - ops._SEEN_KEPT + 1
+        waiting.route_applied(generation)  # all applied (a later one is): each noted
+    assert len(waiting._first_applied_s) == waiting._SEEN_KEPT
+    assert min(waiting._first_applied_s) == state.generation - waiting._SEEN_KEPT + 1
 
 
 def test_partial_move_splits_weights_by_ready_replicas(fake: FakeServe) -> None:
@@ -178,7 +180,7 @@ def test_partial_move_splits_weights_by_ready_replicas(fake: FakeServe) -> None:
 
 def test_move_that_cannot_start_puts_target_back_and_leaves_source(fake: FakeServe) -> None:
     fake.stuck.add(app_name("sample", "external"))
-    with pytest.raises(ops.ServingTimeoutError, match="RUNNING replica"):
+    with pytest.raises(waiting.ServingTimeoutError, match="RUNNING replica"):
         ops.move("sample", "cluster", "external", 2, timeout_s=0.2)
     assert targets(fake.apps) == {"cluster": 2}
     assert weights(fake.apps) == {"cluster": 2.0, "external": 0.0}
