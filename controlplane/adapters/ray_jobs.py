@@ -24,7 +24,6 @@ import secrets
 import threading
 import time
 from collections.abc import Mapping
-from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import ray
@@ -39,6 +38,7 @@ from controlplane.tokens import ensure_token
 from jobs.checkpoint.memory_tiers import DEFAULT_NAMESPACE, clear_job_memory_tier
 from jobs.signals import mailbox, trust
 from jobs.storage_credentials import StorageCredentials
+from policies.attempts import ENDED, GangStatus
 
 __all__ = [
     "MEMORY_TIER_NAMESPACE",
@@ -73,17 +73,10 @@ STACK_REQUEST_TIMEOUT_S = (2.0, 15.0)
 """(connect, read) timeout of one ``/worker/traceback`` request (py-spy runs in between)."""
 
 
-class RayJobStatus(str, Enum):
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    STOPPED = "STOPPED"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    MISSING = "MISSING"
-    """No Ray Job with that submission id (never submitted, or the cluster forgot it)."""
-
-
-_ENDED = {RayJobStatus.STOPPED, RayJobStatus.SUCCEEDED, RayJobStatus.FAILED}
+RayJobStatus = GangStatus
+"""A Ray Job's status as this adapter reports it: the vocabulary `policies.attempts` decides
+on (MISSING: no Ray Job with that submission id)."""
+_ENDED = ENDED
 
 MEMORY_TIER_NAMESPACE = DEFAULT_NAMESPACE
 """Where `jobs.checkpoint.RayMemoryTier` names a job's holder actors ``<job id>/...``: the

@@ -71,7 +71,6 @@ from controlplane.store.attempt_info import (
 from policies.attempts import (
     EndedGang,
     EndJob,
-    GangStatus,
     GangView,
     JobAction,
     JobsView,
@@ -231,7 +230,7 @@ class JobRunner:
         return GangView(
             job_id=job.job_id,
             running=job.state is JobState.RUNNING,
-            status=GangStatus(status.value),
+            status=status,
             now_s=now,
             admitted_s=float(info["admitted_s"]),
             num_workers=spec.num_workers,
@@ -275,7 +274,7 @@ class JobRunner:
                 log.warning("reading the Ray Job of ended job %s failed: %s", job_id, exc)
                 continue
             stop_sent = bool(info.get("stop_sent"))
-            ended.append(EndedGang(job_id, GangStatus(status.value), stop_sent, cancelled, invalid))
+            ended.append(EndedGang(job_id, status, stop_sent, cancelled, invalid))
         return ended
 
     # -- act -------------------------------------------------------------------------------
