@@ -3,8 +3,9 @@ only what was fully committed and verifies.
 
 The package owns the engine (`engine`), its save path (`saving`: upload and commit) and
 restore path (`restoring`: the newest step that verifies), the on-storage format
-(`layout`), the snapshot into reusable host buffers (`snapshot`), the storage backends
-picked by URI (`storages`),
+(`layout`), the snapshot into reusable host buffers (`capturing`: the state's skeleton in
+`snapshot`, the payload's tensor layout in `payload`, the threaded host copy in `copying`),
+the storage backends picked by URI (`storages`),
 retries (`retrying`), retention (`retention`), memory tiers (`memory_tiers`) and metrics
 (`metrics`). It never imports `controlplane`; callers pass plain parameters (uri,
 endpoint_url, region) taken from the user's StorageConfig.

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from jobs.checkpoint import metrics
+from jobs.checkpoint.capturing import HostBuffer, Snapshot, take_snapshot
 from jobs.checkpoint.layout import keep_key, manifest_key
 from jobs.checkpoint.memory_tiers import MemoryTier
 from jobs.checkpoint.restoring import RestoredCheckpoint, committed_steps, restore_newest
@@ -56,7 +57,6 @@ from jobs.checkpoint.saving import (
     commit_step,
     upload_rank,
 )
-from jobs.checkpoint.snapshot import HostBuffer, Snapshot, take_snapshot
 from jobs.checkpoint.storages import Storage, StorageOptions, open_storage
 from jobs.storage_credentials import CredentialSource
 

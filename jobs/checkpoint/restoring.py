@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from jobs.checkpoint import metrics
+from jobs.checkpoint.capturing import copy_tensors
 from jobs.checkpoint.layout import (
     CorruptCheckpointError,
     Manifest,
@@ -46,14 +47,10 @@ from jobs.checkpoint.layout import (
     step_of_key,
 )
 from jobs.checkpoint.memory_tiers import MemoryTier
+from jobs.checkpoint.payload import check_tensor_layout
 from jobs.checkpoint.saving import as_view
 from jobs.checkpoint.skeleton_bounds import scan_skeleton
-from jobs.checkpoint.snapshot import (
-    check_tensor_layout,
-    copy_tensors,
-    unflatten_state,
-    unpickle_scanned_skeleton,
-)
+from jobs.checkpoint.snapshot import unflatten_state, unpickle_scanned_skeleton
 from jobs.checkpoint.storages import ObjectNotFoundError, ObjectSizeError, Storage
 
 __all__ = [

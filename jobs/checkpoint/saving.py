@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from jobs.checkpoint.capturing import Snapshot
+from jobs.checkpoint.copying import default_copy_threads
 from jobs.checkpoint.layout import (
     Manifest,
     RankIndex,
@@ -37,7 +39,6 @@ from jobs.checkpoint.layout import (
     manifest_key,
     shard_key,
 )
-from jobs.checkpoint.snapshot import Snapshot, default_copy_threads
 from jobs.checkpoint.storages import Storage
 
 __all__ = [

@@ -12,6 +12,8 @@ import pytest
 import torch
 from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError
 
+from jobs.checkpoint.capturing import HostBuffer, rebuild_state, take_snapshot
+from jobs.checkpoint.copying import CopyPair, copy_host_tensors, plan_copy_chunks
 from jobs.checkpoint.layout import (
     CorruptCheckpointError,
     Manifest,
@@ -26,20 +28,10 @@ from jobs.checkpoint.layout import (
     step_of_key,
 )
 from jobs.checkpoint.memory_tiers import RayMemoryTier, label_matches, peer_nodes
+from jobs.checkpoint.payload import plan_layout, tensor_views
 from jobs.checkpoint.retention import plan_retention, should_abort_upload
 from jobs.checkpoint.retrying import RetryPolicy, call_with_retries, is_retryable
-from jobs.checkpoint.snapshot import (
-    CopyPair,
-    HostBuffer,
-    copy_host_tensors,
-    flatten_state,
-    plan_copy_chunks,
-    plan_layout,
-    rebuild_state,
-    take_snapshot,
-    tensor_views,
-    unflatten_state,
-)
+from jobs.checkpoint.snapshot import flatten_state, unflatten_state
 
 
 def client_error(code: str, status: int) -> ClientError:

@@ -28,6 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jobs.checkpoint import InProcessMemoryTier, NoVerifiedCheckpointError, UnsafeCheckpointError
+from jobs.checkpoint.capturing import HostBuffer, rebuild_state, take_snapshot
 from jobs.checkpoint.layout import (
     CorruptCheckpointError,
     RankIndex,
@@ -43,13 +44,7 @@ from jobs.checkpoint.skeleton_bounds import (
     MAX_SKELETON_ELEMENTS,
     scan_skeleton,
 )
-from jobs.checkpoint.snapshot import (
-    HostBuffer,
-    TensorSlot,
-    load_skeleton,
-    rebuild_state,
-    take_snapshot,
-)
+from jobs.checkpoint.snapshot import TensorSlot, load_skeleton
 from jobs.checkpoint.storages import ObjectNotFoundError, ObjectSizeError
 from tests.unit.test_checkpoint_engine import assert_state_equal, engine_at, make_state
 from tests.unit.test_checkpoint_restore_safety import assert_state_equal_loose

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from jobs.checkpoint import CheckpointEngine, UnsafeCheckpointError
+from jobs.checkpoint.capturing import HostBuffer, rebuild_state, take_snapshot
 from jobs.checkpoint.layout import (
     CorruptCheckpointError,
     Manifest,
@@ -29,15 +30,7 @@ from jobs.checkpoint.layout import (
     index_key,
     manifest_key,
 )
-from jobs.checkpoint.snapshot import (
-    HostBuffer,
-    TensorSlot,
-    check_skeleton,
-    flatten_state,
-    load_skeleton,
-    rebuild_state,
-    take_snapshot,
-)
+from jobs.checkpoint.snapshot import TensorSlot, check_skeleton, flatten_state, load_skeleton
 from tests.unit.test_checkpoint_engine import assert_state_equal
 
 
