@@ -42,9 +42,11 @@ import math
 from collections.abc import Callable
 
 from controlplane.simulate.engine import EventKind, EventQueue
+from controlplane.simulate.nodes import Node, ProviderSpec
 from controlplane.simulate.scenario import ModelSpec, Scenario
 from controlplane.simulate.serving import SimServe
-from controlplane.simulate.world import JobRun, Node, ProviderSpec, World
+from controlplane.simulate.training import JobRun
+from controlplane.simulate.world import World
 from policies.snapshot import Pool
 
 __all__ = [

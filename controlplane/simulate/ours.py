@@ -58,7 +58,8 @@ from controlplane.loop.record import PlanEvents
 from controlplane.loop.types import Observation, ServingPolicyState
 from controlplane.simulate.engine import EventKind, EventQueue
 from controlplane.simulate.serving import SimServe
-from controlplane.simulate.world import JobPhase, JobRun, World
+from controlplane.simulate.training import JobPhase, JobRun
+from controlplane.simulate.world import World
 from policies import checkpointing
 from policies.admission import AdmissionState
 from policies.health import (

@@ -29,11 +29,13 @@ from typing import Any
 from controlplane.config import Config
 from controlplane.simulate.baselines import SCHEMES
 from controlplane.simulate.engine import EventKind, EventQueue
+from controlplane.simulate.nodes import ProviderSpec
 from controlplane.simulate.ours import OurScheme
 from controlplane.simulate.scenario import Scenario, control_config, stockout_provider
 from controlplane.simulate.serving import CAUSES, SimServe
 from controlplane.simulate.trace import Trace, make_trace
-from controlplane.simulate.world import JobPhase, JobRun, ProviderSpec, World
+from controlplane.simulate.training import JobPhase, JobRun
+from controlplane.simulate.world import World
 from policies.snapshot import Pool
 
 __all__ = ["SCHEME_NAMES", "SchemeResult", "providers", "run_all", "simulate"]

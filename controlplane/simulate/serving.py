@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 
 from controlplane.adapters.serve import PoolView, ServeView
 from controlplane.simulate.engine import EventKind, EventQueue
-from controlplane.simulate.world import Node, World
+from controlplane.simulate.nodes import Node
+from controlplane.simulate.world import World
 from policies.ingress import IngressTraffic
 from policies.providers import provider_resource
 from policies.snapshot import Pool, ReplicaState, ServeReplica

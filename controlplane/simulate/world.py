@@ -1,22 +1,22 @@
 """The simulated fleet: nodes, training jobs and the external pool, with GPU bookkeeping.
 
 Owns: `World` (every node's GPUs and who holds them, every job's life: queued, running,
-checkpointing out, done), the training model (`JobRun`: a job restores, then trains in
-cycles of ``interval_s`` of work and one checkpoint stall; a failure loses the work since the
-last commit; a checkpoint-first preemption loses none but costs a stall), the external pool
-(one node group per provider, `ProviderSpec`: each its own node size, most nodes, price and
-stock-out windows; nodes asked of a provider, billed from when it starts provisioning them, up
-after ``provision_s``; a node due in a stock-out comes up ``provision_s`` after the window
-ends and is not billed before; the ask stands, so a drained node is replaced while its
-provider is still asked for it; an idle node beyond what its provider is asked for, or a
-drained one, released after the control plane's ``pools.external.idle_timeout_s``; every
+checkpointing out, done; a failure loses the work since the last commit, a checkpoint-first
+preemption loses none but costs a stall), the external pool (one node group per provider, each
+on its `ProviderSpec`'s terms; nodes asked of a provider, billed from when it starts
+provisioning them, up after ``provision_s``; a node due in a stock-out comes up ``provision_s``
+after the window ends and is not billed before; the ask stands, so a drained node is replaced
+while its provider is still asked for it; an idle node beyond what its provider is asked for,
+or a drained one, released after the control plane's ``pools.external.idle_timeout_s``; every
 external node carries its provider's name in the ``provider`` label of its snapshot row), spot
 reclaims of rented nodes (`reclaim_target` maps a trace's reclaim to the provider's node of
 that rank, `reclaim_notice` starts the notice, `reclaimed` takes the node at its end: the
-provider's live count drops and, the ask standing, a replacement is rented as for any node
-that goes; what a scheme does during the notice is the scheme's), and the accounting of
-GPU-seconds the report turns into figures (`Tally`, external GPU-seconds per provider,
-reclaims). The serving plane lives in `controlplane.simulate.serving`, over the same nodes.
+provider's live count drops and, the ask standing, a replacement is rented as for any node that
+goes; what a scheme does during the notice is the scheme's), and the accounting of GPU-seconds
+the report turns into figures (`Tally`, external GPU-seconds per provider, reclaims). A node
+itself (`Node`, `ProviderSpec`) lives in `controlplane.simulate.nodes`, a job's work and
+checkpoint arithmetic (`JobRun`) in `controlplane.simulate.training`, and the serving plane in
+`controlplane.simulate.serving`, over the same nodes.
 
 GPUs are never double-booked: every grab goes through `World.take`, which raises if a node
 has fewer free GPUs than asked (a scheme bug, never a silent overlap).
@@ -26,151 +26,15 @@ Must not: decide (schemes do), or draw random numbers (the trace holds them).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 
 from controlplane.simulate.engine import EventKind, EventQueue
-from controlplane.simulate.trace import JobSpec
-from policies.providers import PROVIDER_LABEL
-from policies.snapshot import NodeView, Pool
+from controlplane.simulate.nodes import Node, ProviderSpec
+from controlplane.simulate.training import JobPhase, JobRun
+from policies.snapshot import Pool
 
-__all__ = ["JobPhase", "JobRun", "Node", "ProviderSpec", "Tally", "World"]
-
-
-@dataclass(frozen=True)
-class ProviderSpec:
-    """One provider of the external pool, as the world rents from it."""
-
-    name: str
-    gpus_per_node: int
-    max_nodes: int
-    price_per_gpu_hour: float
-    stockouts_s: tuple[tuple[float, float], ...] = ()
-    """(start, end) seconds in which it delivers no node."""
-
-    @property
-    def max_gpus(self) -> int:
-        return self.gpus_per_node * self.max_nodes
-
-
-@dataclass
-class Node:
-    node_id: str
-    pool: Pool
-    gpus: int
-    used: int = 0
-    up: bool = True
-    out: bool = False
-    """Taken out of service by a scheme (a cordon, a health drain; an external node drained)."""
-    fault: str | None = None
-    version: int = 0
-    ready_s: float = 0.0
-    provider: str = ""
-    """An external node's provider."""
-    billed_from_s: float = 0.0
-    """An external node is billed from then (its provider starts provisioning it)."""
-    reclaim_at_s: float | None = None
-    """An external node its provider reclaims: when it goes (the notice ends)."""
-    _view: NodeView | None = None
-
-    @property
-    def free(self) -> int:
-        return self.gpus - self.used if self.up and not self.out else 0
-
-    def view(self) -> NodeView:
-        """The snapshot's row (cached until the node changes). A drained external node is
-        not healthy: its GPUs are leaving."""
-        if self._view is None:
-            external = self.pool is Pool.EXTERNAL
-            self._view = NodeView(
-                self.node_id,
-                self.pool,
-                self.gpus,
-                max(0, self.gpus - self.used),
-                self.up and not (external and self.out),
-                {PROVIDER_LABEL: self.provider} if external else {},
-            )
-        return self._view
-
-    def touch(self) -> None:
-        self._view = None
-        self.version += 1
-
-
-class JobPhase(str, Enum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    CHECKPOINTING_OUT = "checkpointing_out"
-    DONE = "done"
-    REJECTED = "rejected"
-
-
-@dataclass
-class JobRun:
-    spec: JobSpec
-    interval_s: float
-    stall_s: float
-    restore_s: float
-    phase: JobPhase = JobPhase.QUEUED
-    placement: dict[str, int] = field(default_factory=dict)
-    queued_s: float = 0.0
-    not_before_s: float | None = None
-    admitted_s: float = 0.0
-    committed_s: float = 0.0
-    """Work (seconds) safely in a checkpoint."""
-    base_s: float = 0.0
-    """Work committed when this run started."""
-    compute_start_s: float = 0.0
-    first_admit_s: float | None = None
-    finish_s: float | None = None
-    version: int = 0
-    preemptions: int = 0
-    failures: int = 0
-    lost_failure_s: float = 0.0
-    lost_preempt_s: float = 0.0
-    stall_total_s: float = 0.0
-    restore_total_s: float = 0.0
-
-    @property
-    def gpus(self) -> int:
-        return self.spec.gpus
-
-    def at(self, now_s: float) -> tuple[float, float, float]:
-        """(work done, work committed, stall seconds) of the current run at `now_s`."""
-        e = now_s - self.compute_start_s
-        if e <= 0:
-            return self.base_s, self.base_s, 0.0
-        cycle = self.interval_s + self.stall_s
-        n = math.floor(e / cycle)
-        r = e - n * cycle
-        done = self.base_s + n * self.interval_s + min(r, self.interval_s)
-        committed = (
-            self.base_s + n * self.interval_s + (self.interval_s if r >= self.interval_s else 0.0)
-        )
-        stalls = n * self.stall_s + max(0.0, r - self.interval_s)
-        work = self.spec.work_s
-        return min(done, work), min(committed, work), stalls
-
-    def last_commit_s(self, now_s: float) -> float | None:
-        """When the newest checkpoint of this run committed (None: none yet this run and
-        nothing before)."""
-        e = now_s - self.compute_start_s
-        cycle = self.interval_s + self.stall_s
-        n = math.floor(e / cycle) if e > 0 else 0
-        r = e - n * cycle if e > 0 else 0.0
-        if r >= self.interval_s:
-            return self.compute_start_s + n * cycle + self.interval_s
-        if n > 0:
-            return self.compute_start_s + (n - 1) * cycle + self.interval_s
-        return self.admitted_s if self.base_s > 0 else None
-
-    def end_s(self) -> float:
-        """When the current run finishes if nothing stops it."""
-        left = max(0.0, self.spec.work_s - self.base_s)
-        checkpoints = max(0, math.ceil(left / self.interval_s) - 1)
-        return self.compute_start_s + left + checkpoints * self.stall_s
+__all__ = ["Tally", "World"]
 
 
 @dataclass

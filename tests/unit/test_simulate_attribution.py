@@ -10,8 +10,9 @@ import pytest
 
 from controlplane.loop.act.operations import MoveOperation, MoveOutcome, MovePhase, advance
 from controlplane.simulate.engine import EventKind, EventQueue
+from controlplane.simulate.nodes import ProviderSpec
 from controlplane.simulate.serving import CAUSES, SimServe
-from controlplane.simulate.world import ProviderSpec, World
+from controlplane.simulate.world import World
 from policies.snapshot import Pool, ReplicaState
 
 RPS = 10.0  # one replica serves 10 requests/s; demand 40 needs 4 replicas

@@ -12,7 +12,8 @@ from controlplane.simulate.run import SCHEME_NAMES, run_all, simulate
 from controlplane.simulate.scenario import Scenario, control_config, scenario_from_dict
 from controlplane.simulate.serving import SimServe
 from controlplane.simulate.trace import make_trace
-from controlplane.simulate.world import JobPhase, World
+from controlplane.simulate.training import JobPhase
+from controlplane.simulate.world import World
 from policies.snapshot import ReplicaState
 
 

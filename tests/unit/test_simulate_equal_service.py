@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 
 from controlplane.simulate.engine import EventKind, EventQueue
+from controlplane.simulate.nodes import ProviderSpec
 from controlplane.simulate.report import at_equal_service
 from controlplane.simulate.serving import SimServe
-from controlplane.simulate.world import ProviderSpec, World
+from controlplane.simulate.world import World
 from policies.snapshot import Pool, ReplicaState
 
 RPS = 10.0  # one replica serves 10 requests/s at full use

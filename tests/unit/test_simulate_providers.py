@@ -10,12 +10,13 @@ import pytest
 
 from controlplane.simulate.baselines import cheapest_first
 from controlplane.simulate.engine import EventKind, EventQueue
+from controlplane.simulate.nodes import ProviderSpec
 from controlplane.simulate.report import summarise, table
 from controlplane.simulate.run import SchemeResult, simulate
 from controlplane.simulate.scenario import Scenario, control_config, scenario_from_dict
 from controlplane.simulate.serving import SimServe
 from controlplane.simulate.trace import make_trace
-from controlplane.simulate.world import ProviderSpec, World
+from controlplane.simulate.world import World
 from policies.providers import Provider, provider_of
 from policies.snapshot import Pool, ReplicaState
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from controlplane.simulate.engine import EventKind, EventQueue
+from controlplane.simulate.nodes import ProviderSpec
 from controlplane.simulate.report import summarise, table
 from controlplane.simulate.run import SchemeResult, simulate
 from controlplane.simulate.scenario import (
@@ -21,7 +22,7 @@ from controlplane.simulate.scenario import (
 )
 from controlplane.simulate.serving import SimServe
 from controlplane.simulate.trace import Reclaim, Trace, make_trace
-from controlplane.simulate.world import ProviderSpec, World
+from controlplane.simulate.world import World
 from policies.snapshot import Pool
 
 HOUR = 3600.0
