@@ -37,11 +37,10 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from controlplane.adapters.serve import ServePlane
@@ -54,6 +53,7 @@ from controlplane.loop.health import HealthKeeper
 from controlplane.loop.observe import observe, with_health
 from controlplane.loop.record import EventKind, PlanEvents
 from controlplane.loop.remediation import NodeActions
+from controlplane.loop.tick_metrics import SERVING_STATE_KEY, TickMetrics, TickStats
 from controlplane.loop.types import (
     Decision,
     JobActions,
@@ -67,10 +67,8 @@ from controlplane.store import JobRecord, Store
 from policies import external_shrink
 from policies.admission import AdmissionState
 from policies.external_shrink import ExternalGroupSize
-from policies.forecast import DailyProfile, profile_ahead
-from policies.plan import AdmitJob, DrainNode
-from policies.providers import ProviderState, is_out, live_by_provider
-from policies.snapshot import ClusterSnapshot, Pool, ReplicaState, ServeLoad
+from policies.plan import DrainNode
+from policies.snapshot import ClusterSnapshot, Pool, ServeLoad
 
 __all__ = [
     "ADMISSION_STATE_KEY",
@@ -86,7 +84,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ADMISSION_STATE_KEY = "admission.state"
-SERVING_STATE_KEY = "serving.state"
 TICK_STALL_TICKS = 10
 TICK_STALL_MIN_S = 30.0
 """/healthz fails once no tick has started for ``max(TICK_STALL_TICKS * policy.tick_s,
@@ -98,15 +95,6 @@ SERVING_PHASES = frozenset({"3-act-serve-moves", "3-act-serve", "3-act-external-
 serving plane's own dashboard panel and alert)."""
 
 T = TypeVar("T")
-
-
-@dataclass
-class TickStats:
-    """Counters the loop reports (`Controller.get_stats`; tests and debugging)."""
-
-    ticks: int = 0
-    failures: dict[str, int] = field(default_factory=dict)
-    last_duration_s: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -208,14 +196,21 @@ class Loop:
         """The guards the last tick obeyed (kept when a read fails)."""
         self.last: Decision | None = None
         """The last tick's decision (tests and debugging)."""
-        self.provider_rows: list[dict[str, Any]] = []
-        """Each external provider as the last tick saw it (`rcp serve status`)."""
-        self.forecast_rows: dict[str, Any] = {}
-        """Serving's forecast as the last tick saw it (`rcp serve status`)."""
+        self.tick_metrics = TickMetrics(self.metrics, policies, store)
         self.serve_load: tuple[ServeLoad, ...] = ()
         """The last tick's per-model load and p99 (`rcp serve status` shows them)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def provider_rows(self) -> list[dict[str, Any]]:
+        """Each external provider as the last tick saw it (`rcp serve status`)."""
+        return self.tick_metrics.provider_rows
+
+    @property
+    def forecast_rows(self) -> dict[str, Any]:
+        """Serving's forecast as the last tick saw it (`rcp serve status`)."""
+        return self.tick_metrics.forecast_rows
 
     # -- the thread ----------------------------------------------------------------------------
 
@@ -303,7 +298,9 @@ class Loop:
             if sizes is not None:
                 self._phase("3-act-external-group", self.external_group.apply, sizes)
         self._phase("4-record", self._record, decided)
-        self._phase("4-record-metrics", self._export_metrics, observed, decided)
+        serving = self.serve is not None
+        export = self.tick_metrics.export
+        self._phase("4-record-metrics", export, observed, decided, self.guards, self.stats, serving)
         if self.adapters.prometheus_targets is not None:
             targets = self.adapters.prometheus_targets
             self._phase("4-record-targets", targets, set(self.health.agent_nodes))
@@ -412,140 +409,3 @@ class Loop:
             f"{action} held, the policy actor is paused{by}: {message}",
             job_id=job_id,
         )
-
-    def _export_metrics(self, observed: Observation, decided: Decision) -> None:
-        """Queue depth, GPUs by owner per pool, admission wait, phase durations and errors,
-        the serving plane per model and pool, each model's p99 and SLO, the external request
-        and the training claim."""
-        m = self.metrics
-        snapshot = observed.snapshot
-        m.set("rcp_queue_depth", float(len(snapshot.queued)))
-        m.set("rcp_policy_paused", 1.0 if self.guards.paused else 0.0)
-        m.set("rcp_policy_held_actions", float(len(decided.held)))
-        m.set("rcp_serve_pinned_models", float(len(self.guards.pins)))
-        m.set("rcp_nodes_cordoned_by_hand", float(len(self.guards.cordons)))
-        for pool in (Pool.CLUSTER, Pool.EXTERNAL):
-            nodes = {n.node_id for n in snapshot.live_nodes(pool)}
-            total = snapshot.live_gpus_total(pool)
-            training = sum(
-                g for gang in snapshot.running for n, g in gang.gpus_by_node.items() if n in nodes
-            )
-            serving = sum(
-                r.gpus
-                for r in snapshot.serve_replicas
-                if r.node_id in nodes and r.state is not ReplicaState.STOPPING
-            )
-            for owner, gpus in (
-                ("training", training),
-                ("serving", serving),
-                ("idle", max(0, total - training - serving)),
-            ):
-                m.set("rcp_gpus", float(gpus), {"pool": pool.value, "owner": owner})
-        submitted = {j.job_id: j.submitted_s for j in snapshot.queued}
-        for action in decided.admission:
-            if isinstance(action, AdmitJob) and action.job_id in submitted:
-                m.set("rcp_admission_wait_seconds", snapshot.now_s - submitted[action.job_id])
-        for phase, seconds in self.stats.last_duration_s.items():
-            m.set("rcp_tick_phase_seconds", seconds, {"phase": phase})
-        for phase, n in self.stats.failures.items():
-            m.set("rcp_tick_phase_errors", float(n), {"phase": phase})
-        if self.serve is None or not observed.serve.deployed:
-            return
-        for (model, pool), v in observed.serve.pools.items():
-            for state, count in (
-                ("running", v.running),
-                ("starting", v.starting),
-                ("stopping", v.stopping),
-            ):
-                m.set(
-                    "rcp_serve_replicas",
-                    float(count),
-                    {"model": model, "pool": pool.value, "state": state},
-                )
-            m.set("rcp_serve_route_weight", v.weight, {"model": model, "pool": pool.value})
-        for model, demand in self.policies.demand.items():
-            p99 = snapshot.load_of(model).p99_ms
-            m.set("rcp_model_p99_ms", math.nan if p99 is None else p99, {"model": model})
-            if demand.target_p99_ms is not None:
-                m.set("rcp_model_slo_p99_ms", demand.target_p99_ms, {"model": model})
-        per_replica = self.policies.gpus_per_replica
-        claim = sum(
-            c.num_replicas * max(1, math.ceil(per_replica.get(c.model, 1.0)))
-            for c in decided.claims
-        )
-        m.set("rcp_training_claim_gpus", float(claim))
-        if decided.serving_state is not None:
-            requested = decided.serving_state.placement.requested_external_gpus
-            m.set("rcp_external_gpus_requested", float(requested))
-        m.set("rcp_external_gpus_max", float(self.policies.placement.external_max_gpus))
-        self._export_providers(snapshot, decided)
-        self._export_forecast(snapshot, decided)
-
-    def _export_providers(self, snapshot: ClusterSnapshot, decided: Decision) -> None:
-        """Per external provider: its price, most, live and requested GPUs, and whether it is
-        out (did not deliver within its deadline)."""
-        m = self.metrics
-        providers = self.policies.placement.providers
-        live = live_by_provider(snapshot, providers)
-        # A tick whose serving policies did not run (a move in flight) keeps the last state.
-        serving = decided.serving_state or ServingPolicyState.from_dict(
-            self.store.get_value(SERVING_STATE_KEY, None)
-        )
-        states = serving.placement.providers
-        rows: list[dict[str, Any]] = []
-        for p in providers:
-            tags = {"provider": p.name}
-            state = states.get(p.name, ProviderState())
-            out = is_out(state, snapshot.now_s)
-            rows.append(
-                {
-                    "name": p.name,
-                    "price_per_gpu_hour": p.price_per_gpu_hour,
-                    "gpus_max": p.max_gpus,
-                    "gpus_live": live.get(p.name, 0),
-                    "gpus_requested": state.requested_gpus,
-                    "out": out,
-                    "out_for_s": (state.out_until_s or 0.0) - snapshot.now_s if out else None,
-                    "owed_for_s": None
-                    if state.owed_since_s is None
-                    else snapshot.now_s - state.owed_since_s,
-                }
-            )
-            m.set("rcp_external_provider_price_per_gpu_hour", p.price_per_gpu_hour, tags)
-            m.set("rcp_external_provider_gpus_max", float(p.max_gpus), tags)
-            m.set("rcp_external_provider_gpus_live", float(live.get(p.name, 0)), tags)
-            m.set("rcp_external_provider_gpus_requested", float(state.requested_gpus), tags)
-            m.set("rcp_external_provider_out", 1.0 if out else 0.0, tags)
-        self.provider_rows = rows
-
-    def _export_forecast(self, snapshot: ClusterSnapshot, decided: Decision) -> None:
-        """Per served model, the peak its daily profile foresees over the next 24 h and when;
-        and the most cluster GPUs serving's forecast needs beyond the providers (what admission
-        keeps long gangs off, `policies.admission.forecast`)."""
-        config = self.policies.forecast
-        if not config.enabled or not self.policies.demand:
-            self.forecast_rows = {}
-            return
-        serving = decided.serving_state or ServingPolicyState.from_dict(
-            self.store.get_value(SERVING_STATE_KEY, None)
-        )
-        models: list[dict[str, Any]] = []
-        for name in sorted(self.policies.demand):
-            day = profile_ahead(serving.forecast.get(name, DailyProfile()), snapshot.now_s, config)[
-                : config.slots_per_day
-            ]
-            k = max(range(len(day)), key=lambda i: (day[i], -i))
-            peak = math.ceil(day[k] - 1e-9)
-            models.append({"model": name, "peak_replicas": peak, "peak_in_s": k * config.bin_s})
-            self.metrics.set("rcp_serving_forecast_peak_replicas", float(peak), {"model": name})
-        ahead = decided.forecast
-        need = 0 if ahead is None else max(ahead.need_gpus)
-        self.metrics.set("rcp_serving_forecast_cluster_gpus", float(need))
-        self.forecast_rows = {
-            "models": models,
-            "cluster_gpus": need,
-            "cluster_gpus_in_s": None
-            if ahead is None
-            else ahead.need_gpus.index(need) * ahead.bin_s,
-            "horizon_s": config.horizon_slots * config.bin_s,
-        }
