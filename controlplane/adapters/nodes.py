@@ -2,7 +2,7 @@
 
 Owns: `RayNodes`, which lists the cluster's nodes as `controlplane.inventory.NodeRow`s (no
 telemetry columns: the loop reads health from its own agents) and implements
-`controlplane.loop.remediation.NodeActions` through the GCS client of the connected driver or
+`controlplane.loop.act.nodes.NodeActions` through the GCS client of the connected driver or
 actor: which nodes Ray drains, a drain request (``DRAIN_NODE_REASON_PREEMPTION`` with a
 deadline), stopping a drained node's raylet (local mode's replacement), a node's hostname (on
 KubeRay its pod name) and whether anything holds its GPUs.

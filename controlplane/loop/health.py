@@ -37,8 +37,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from controlplane.config import Config
+from controlplane.loop.act.nodes import Breaker, NodeActions, Remediator
 from controlplane.loop.record import EventKind
-from controlplane.loop.remediation import Breaker, NodeActions, Remediator
 from controlplane.loop.types import AgentRefLike, JobActions, MetricSink, Telemetry
 from controlplane.store import Store
 from controlplane.telemetry.verdicts import judge

@@ -46,13 +46,13 @@ from typing import Any, TypeVar
 from controlplane.adapters.serve import ServePlane
 from controlplane.config import Config
 from controlplane.loop.act.jobs import apply_admission
+from controlplane.loop.act.nodes import NodeActions
 from controlplane.loop.act.serving import ExternalGroup, ScaleExternal, ServeActuator
 from controlplane.loop.decide import Policies, decide
 from controlplane.loop.guards import Guards, GuardStore, hold, with_guards
 from controlplane.loop.health import HealthKeeper
 from controlplane.loop.observe import observe, with_health
 from controlplane.loop.record import EventKind, PlanEvents
-from controlplane.loop.remediation import NodeActions
 from controlplane.loop.tick_metrics import SERVING_STATE_KEY, TickMetrics, TickStats
 from controlplane.loop.types import (
     Decision,

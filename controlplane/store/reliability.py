@@ -4,7 +4,7 @@ Owns one store record (`RELIABILITY_KEY`) with two decayed counters:
 
 * ``failures``: gang failures (a worker crashed, a node was lost, the job hung: recorded by
   `controlplane.loop.act.jobs`) plus nodes removed by health (recorded by
-  `controlplane.loop.remediation`);
+  `controlplane.loop.act.nodes`);
 * ``gpu_hours``: cluster-pool GPU-hours the controller watched (accrued every tick from the
   live pool's GPUs).
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from controlplane.loop.remediation import Remediator
+from controlplane.loop.act.nodes import Remediator
 from jobs.launcher import ENV_NODE_IDS, NODE_ID_LABEL, gang_label_selector
 from policies.health import (
     HealthReason,

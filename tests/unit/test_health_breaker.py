@@ -14,8 +14,8 @@ import pytest
 
 from controlplane.config import HealthConfig, load_config, to_dict
 from controlplane.controller.actor import Controller
+from controlplane.loop.act.nodes import Breaker, Remediator
 from controlplane.loop.health import BREAKER_KEY
-from controlplane.loop.remediation import Breaker, Remediator
 from controlplane.telemetry.dcgm import DcgmSource
 from controlplane.telemetry.sampling import NodeSampler
 from controlplane.telemetry.verdicts import judge

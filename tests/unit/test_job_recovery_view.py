@@ -22,8 +22,8 @@ from click.testing import CliRunner
 from controlplane.api.job_views import job_to_json
 from controlplane.cli import cli
 from controlplane.config import load_config
+from controlplane.loop.act.nodes import Remediator
 from controlplane.loop.job_metrics import GpuHoursMeter, job_gauges
-from controlplane.loop.remediation import Remediator
 from controlplane.store import JobRecord, JobState, Store, reliability
 from controlplane.store.job_info import MAX_ATTEMPTS, MAX_TEXT_CHARS, job_facts
 from jobs.spec import JobSpec

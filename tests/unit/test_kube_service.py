@@ -35,7 +35,7 @@ from controlplane.kube import (
 )
 from controlplane.kube.gate import MAX_REASON_CHARS, ActuatorService, NodeActionCap
 from controlplane.kube.service import ActuatorServer, loggable, main
-from controlplane.loop.remediation import Remediator
+from controlplane.loop.act.nodes import Remediator
 from tests.unit.kubeapi import FakeKubeApi, running, write_kubeconfig
 from tests.unit.test_health_actuation import FakeNodes
 from tests.unit.test_kube_actuator import (

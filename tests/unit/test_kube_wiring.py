@@ -13,7 +13,7 @@ from kubernetes import client as k8s
 
 from controlplane.config import load_config
 from controlplane.kube import KubernetesActuator
-from controlplane.loop.remediation import Remediator
+from controlplane.loop.act.nodes import Remediator
 from controlplane.store import Store
 from policies import external_shrink
 from policies.external_shrink import ExternalGroupSize
