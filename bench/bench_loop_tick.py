@@ -5,7 +5,9 @@ What is timed is the work a tick does between its reads and its writes, on the s
 model on the cluster pool), with a training claim standing:
 
 - **after** (this tree): `controlplane.loop.decide.decide` on one `Observation`: admission,
-  health remediation, demand and placement in one batch, the claim handed over as data;
+  health remediation, demand and placement in one batch, the claim handed over as data, and
+  (where the tree has `policies.attempts`) every running gang's lifecycle, one `GangView` a
+  gang (a base revision decided that in the runner, outside the decide phase, untimed here);
 - **before** (a base revision without `controlplane.loop`): what its two threads did per tick,
   `policies.admission.decide` + `policies.health.remediate` in the admission tick, then
   `controlplane.serving.ServingStep.decide` with the claim as a GPU count in the serving tick.
@@ -80,6 +82,29 @@ def _measure(tree: Path, runs: int, nodes: int, jobs: int) -> dict[str, float]:
             replicas=snap.serve_replicas,
         )
         obs = Observation(snapshot=snap, serve=view, loads=loads)
+        if (tree / "policies/attempts").exists():
+            # The jobs' lifecycle is decided in the tick too (issue 29): one view per gang,
+            # every one running and stepping (the common case: the table's last row).
+            from dataclasses import replace
+
+            from policies.attempts import GangStatus, GangView, JobsView
+
+            gangs = tuple(
+                GangView(
+                    job_id=g.job_id,
+                    running=True,
+                    status=GangStatus.RUNNING,
+                    now_s=snap.now_s,
+                    admitted_s=g.started_s,
+                    num_workers=g.num_workers,
+                    started_ranks=g.num_workers,
+                    max_runtime_s=g.max_runtime_s,
+                    step=100,
+                    step_at_s=snap.now_s - 1.0,
+                )
+                for g in snap.running
+            )
+            obs = replace(obs, jobs_view=JobsView(gangs))
         model = serving.models[0]
         pol = Policies(
             admission=config,
