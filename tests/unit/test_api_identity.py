@@ -778,7 +778,7 @@ def test_the_sdk_waits_out_retry_after_and_its_submit_then_goes_through(
 ) -> None:
     """A 429 is refused before anything happens, so the SDK sends even a submit again, after
     the server's Retry-After (the sleep advances the API's clock here: no real waiting)."""
-    import controlplane.sdk
+    import controlplane.sdk.connection
 
     api = Api(tmp_path, "api.rate_limit_per_s=0.5", "api.rate_burst=1")
     slept: list[float] = []
@@ -787,7 +787,7 @@ def test_the_sdk_waits_out_retry_after_and_its_submit_then_goes_through(
         slept.append(seconds)
         api.clock.now_s += seconds
 
-    monkeypatch.setattr(controlplane.sdk.time, "sleep", sleep)
+    monkeypatch.setattr(controlplane.sdk.connection.time, "sleep", sleep)
     try:
         client = Client(api.url, api.add_user("paced", "researcher", ["default"]))
         first = client.submit(job(name="one"))

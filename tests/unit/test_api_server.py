@@ -684,11 +684,11 @@ def test_a_row_that_no_longer_validates_can_be_cancelled_by_id(tmp_path: Path) -
 def test_listing_is_paged_by_default_and_the_sdk_follows_pages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from controlplane import sdk
     from controlplane.api import jobs as queueing
+    from controlplane.sdk import client as sdk_client
 
     monkeypatch.setattr(queueing, "DEFAULT_LIST_LIMIT", 4)
-    monkeypatch.setattr(sdk, "LIST_PAGE", 3)
+    monkeypatch.setattr(sdk_client, "LIST_PAGE", 3)
     s = Server(tmp_path)
     try:
         ids = [s.client.submit(spec(name=f"p{i}")).id for i in range(10)]

@@ -1,0 +1,253 @@
+"""The SDK's client: the control plane's API routes as methods.
+
+Owns: `Client`, one method per route (jobs: submit, status, list, cancel, wait, logs,
+events; users; operations: nodes, health, cordons, the breaker, serving, the policy actor),
+following the API's pages (`LIST_PAGE`, `OPERATIONS_PAGE`) and quoting names into one path
+segment each. Where the API is and how a request goes is `controlplane.sdk.connection`.
+
+Must not: import Ray or the store; send a request but through `Connection._call`/`_once`.
+"""
+
+from __future__ import annotations
+
+import builtins
+import time
+import urllib.parse
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from controlplane.sdk.connection import Connection
+from controlplane.sdk.errors import WaitTimeout
+from controlplane.sdk.records import Job, JobList, User
+from jobs.spec import JobSpec
+
+__all__ = ["LIST_PAGE", "OPERATIONS_PAGE", "Client"]
+
+LIST_PAGE = 1000
+"""Jobs asked for per request when `Client.list` follows the API's pages."""
+OPERATIONS_PAGE = 500
+"""Nodes (or health rows) asked for per request when the SDK follows the API's pages."""
+
+
+def _segment(name: str) -> str:
+    """`name` as one URL path segment (a ``/`` in it cannot reach another route)."""
+    return urllib.parse.quote(name, safe="")
+
+
+class Client(Connection):
+    """A client of the control plane's HTTP API (see `controlplane.sdk.connection` for where
+    it looks)."""
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    def submit(self, spec: JobSpec | Mapping[str, Any], idempotency_key: str | None = None) -> Job:
+        """Queue a job; with `idempotency_key` a retried call returns the same job."""
+        payload = spec.to_dict() if isinstance(spec, JobSpec) else dict(spec)
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return Job.from_json(self._call("POST", "/v1/jobs", body=payload, headers=headers))
+
+    def status(self, job_id: str) -> Job:
+        return Job.from_json(self._call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}"))
+
+    def list(
+        self, *, state: str | None = None, queue: str | None = None, limit: int | None = None
+    ) -> JobList:
+        """Jobs, oldest in the queue first; `state` may list several: ``"QUEUED,RUNNING"``.
+        Rows the control plane skips because they no longer validate are in ``.invalid``.
+
+        The API answers in pages (`LIST_PAGE` jobs each); this follows them until `limit` jobs
+        (all of them when None) have come."""
+        jobs: builtins.list[Job] = []
+        invalid: builtins.list[Any] = []
+        after: str | None = None
+        while limit is None or len(jobs) < limit:
+            page = LIST_PAGE if limit is None else min(LIST_PAGE, limit - len(jobs))
+            query = {"state": state, "queue": queue, "limit": page, "after": after}
+            data = self._call("GET", "/v1/jobs", query=query)
+            jobs += (Job.from_json(j) for j in data["jobs"])
+            invalid += data.get("invalid") or ()
+            after = data.get("next")
+            if not after:
+                break
+        return JobList(jobs, invalid)
+
+    def cancel(self, job_id: str) -> Job:
+        return Job.from_json(self._call("POST", f"/v1/jobs/{urllib.parse.quote(job_id)}/cancel"))
+
+    def wait(self, job_id: str, timeout_s: float = 3600.0, poll_s: float = 1.0) -> Job:
+        """Poll until the job is SUCCEEDED, FAILED or CANCELLED; WaitTimeout after timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = self.status(job_id)
+            if job.done:
+                return job
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(
+                    0, f"job {job_id} is still {job.state} after {timeout_s:g}s", None
+                )
+            time.sleep(poll_s)
+
+    def logs(self, job_id: str, follow: bool = False, poll_s: float = 1.0) -> str | Iterator[str]:
+        """The job's logs so far; with ``follow=True`` an iterator of new chunks until it ends.
+
+        Both read from an offset, one bounded chunk a request: a follower asks only for what
+        it has not seen, and a long log comes in several requests rather than one huge one.
+        """
+        if follow:
+            return self._follow(job_id, poll_s)
+        parts = []
+        offset = 0
+        while True:
+            data = self._log_chunk(job_id, offset)
+            parts.append(str(data["logs"]))
+            offset = int(data["next_offset"])
+            if not data["logs"] or offset >= int(data.get("size", offset)):
+                return "".join(parts)
+
+    def _log_chunk(self, job_id: str, offset: int) -> dict[str, Any]:
+        path = f"/v1/jobs/{urllib.parse.quote(job_id)}/logs"
+        return dict(self._call("GET", path, query={"offset": offset}))
+
+    def _follow(self, job_id: str, poll_s: float) -> Iterator[str]:
+        offset = 0
+        while True:
+            data = self._log_chunk(job_id, offset)
+            if data["logs"]:
+                yield str(data["logs"])
+            offset = int(data["next_offset"])
+            if data["done"]:
+                return
+            if offset >= int(data.get("size", offset)):
+                time.sleep(poll_s)  # caught up: wait for more; behind: read on at once
+
+    def events(
+        self, *, after: int = 0, job_id: str | None = None, limit: int | None = None
+    ) -> builtins.list[dict[str, Any]]:
+        data = self._call(
+            "GET", "/v1/events", query={"after": after, "job_id": job_id, "limit": limit}
+        )
+        return list(data["events"])
+
+    # -- users ------------------------------------------------------------------------------
+
+    def whoami(self) -> dict[str, Any]:
+        """``{"name", "role", "queues"}`` of the token this client sends."""
+        return dict(self._call("GET", "/v1/whoami"))
+
+    def users_list(self) -> builtins.list[User]:
+        """Every user, by name (follows the API's pages). Admins only."""
+        users: builtins.list[User] = []
+        after: str | None = None
+        while True:
+            data = self._call("GET", "/v1/users", query={"limit": 1000, "after": after})
+            users += (User.from_json(u) for u in data["users"])
+            after = data.get("next")
+            if not after:
+                return users
+
+    def users_add(
+        self,
+        name: str,
+        role: str,
+        queues: Iterable[str] = (),
+        *,
+        expires_in_s: float | None = None,
+    ) -> User:
+        """A new user bound to `queues`; the answer's `token` is shown this once. Admins only."""
+        body: dict[str, Any] = {"name": name, "role": role, "queues": list(queues)}
+        if expires_in_s is not None:
+            body["expires_in_s"] = expires_in_s
+        return User.from_json(self._call("POST", "/v1/users", body=body))
+
+    def users_remove(self, name: str) -> User:
+        """Remove the user: their token stops at once. Admins only; not the last admin."""
+        return User.from_json(self._call("DELETE", f"/v1/users/{urllib.parse.quote(name)}"))
+
+    def users_rotate_token(self, name: str, *, expires_in_s: float | None = None) -> User:
+        """A new token for the user (in the answer's `token`); the old one stops at once."""
+        body = {} if expires_in_s is None else {"expires_in_s": expires_in_s}
+        path = f"/v1/users/{urllib.parse.quote(name)}/rotate-token"
+        return User.from_json(self._call("POST", path, body=body))
+
+    # -- operations: nodes, health, serving, the policy actor ------------------------------
+    # Reads need READ; everything that changes something needs an operator (403 otherwise).
+
+    def _pages(self, path: str, key: str, limit: int | None) -> builtins.list[dict[str, Any]]:
+        """Rows of a paged listing (``?limit=&after=`` -> ``next``), following the pages."""
+        rows: builtins.list[dict[str, Any]] = []
+        after: str | None = None
+        while limit is None or len(rows) < limit:
+            page = OPERATIONS_PAGE if limit is None else min(OPERATIONS_PAGE, limit - len(rows))
+            data = self._call("GET", path, query={"limit": page, "after": after})
+            rows += data[key]
+            after = data.get("next")
+            if not after:
+                break
+        return rows
+
+    def nodes(self, limit: int | None = None) -> builtins.list[dict[str, Any]]:
+        """Every node: pool, state, GPUs, labels, health, and whether an operator cordoned it
+        (``cordon``) or health took it out (``taken_out_s``)."""
+        return self._pages("/v1/nodes", "nodes", limit)
+
+    def health(self) -> dict[str, Any]:
+        """``{"nodes": [verdict rows], "taken_out": {...}, "replaced": {...}}``."""
+        data = dict(self._call("GET", "/v1/health", query={"limit": OPERATIONS_PAGE}))
+        rows = list(data["nodes"])
+        after = data.get("next")
+        while after:
+            more = self._call("GET", "/v1/health", query={"limit": OPERATIONS_PAGE, "after": after})
+            rows += more["nodes"]
+            after = more.get("next")
+        data["nodes"], data["next"] = rows, None
+        return data
+
+    def clear_node(self, node: str) -> dict[str, Any]:
+        """Forget NODE's lemon record (id, or a unique prefix or suffix)."""
+        return dict(self._call("POST", f"/v1/health/{_segment(node)}/clear"))
+
+    def cordon(self, node: str, reason: str) -> dict[str, Any]:
+        """Cordon NODE by hand: nothing new lands there; serving moves off it."""
+        path = f"/v1/nodes/{_segment(node)}/cordon"
+        return dict(self._call("POST", path, body={"reason": reason}))
+
+    def uncordon(self, node: str, reason: str | None = None) -> dict[str, Any]:
+        body = {} if not reason else {"reason": reason}
+        return dict(self._call("POST", f"/v1/nodes/{_segment(node)}/uncordon", body=body))
+
+    def breaker(self) -> dict[str, Any]:
+        """The removal breaker: open, since, window, removals in it, held nodes, budget."""
+        return dict(self._call("GET", "/v1/health/breaker"))
+
+    def reset_breaker(self, reason: str | None = None) -> dict[str, Any]:
+        """Close the breaker; ``was`` is its state before."""
+        body = {} if not reason else {"reason": reason}
+        return dict(self._call("POST", "/v1/health/breaker/reset", body=body))
+
+    def serve_status(self) -> dict[str, Any]:
+        """The serving plane per model and pool, with the policy actor's pause and pins."""
+        return dict(self._call("GET", "/v1/serve"))
+
+    def inject_fault(self, node: str, kind: str) -> dict[str, Any]:
+        """Simulated telemetry only: NODE reports KIND from its next sample on."""
+        return dict(self._call("POST", "/v1/faults", body={"node": node, "kind": kind}))
+
+    def policy(self) -> dict[str, Any]:
+        """``{"paused", "pause", "pins", "cordons"}``."""
+        return dict(self._call("GET", "/v1/policy"))
+
+    def pause(self, reason: str) -> dict[str, Any]:
+        """Pause the policy actor: no new moves, admissions or removals until `resume`."""
+        return dict(self._call("POST", "/v1/policy/pause", body={"reason": reason}))
+
+    def resume(self, reason: str | None = None) -> dict[str, Any]:
+        body = {} if not reason else {"reason": reason}
+        return dict(self._call("POST", "/v1/policy/resume", body=body))
+
+    def pin(self, model: str, pool: str) -> dict[str, Any]:
+        """Keep MODEL's replicas in POOL (``cluster`` or ``external``) until `unpin`."""
+        path = f"/v1/serve/models/{_segment(model)}/pin"
+        return dict(self._call("POST", path, body={"pool": pool}))
+
+    def unpin(self, model: str) -> dict[str, Any]:
+        return dict(self._call("DELETE", f"/v1/serve/models/{_segment(model)}/pin"))

@@ -1,0 +1,165 @@
+"""What the API answers, as the SDK hands it back: jobs, their attempts, users.
+
+Owns: the frozen records built from the API's JSON (`Job`, `Attempt`, `User`), a listing
+with the rows the control plane skipped (`JobList`) and which job states are final
+(`TERMINAL_STATES`).
+
+Must not: do I/O (the client fetches, these only read what it fetched).
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["TERMINAL_STATES", "Attempt", "Job", "JobList", "User"]
+
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """How one attempt of a job ended (`Job.attempts`, newest last)."""
+
+    attempt: int | None
+    kind: str
+    """crash, hang, preempted, health, start-failed, succeeded, failed, cancelled,
+    max-runtime or lost; crash and hang spend one of the job's ``max_restarts``."""
+    reason: str
+    ended_s: float | None = None
+    admitted_s: float | None = None
+    step: int | None = None
+    """The last step the attempt reported (None: none)."""
+    checkpoint_step: int | None = None
+    """The committed step the next attempt resumes from, as the control plane read it from
+    object storage when this attempt ended (for a preemption: the step that answered it)."""
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Attempt:
+        return cls(
+            attempt=data.get("attempt"),
+            kind=str(data.get("kind", "")),
+            reason=str(data.get("reason", "")),
+            ended_s=data.get("ended_s"),
+            admitted_s=data.get("admitted_s"),
+            step=data.get("step"),
+            checkpoint_step=data.get("checkpoint_step"),
+        )
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as the API reports it.
+
+    Checkpoints and restarts: `last_checkpoint` is the newest committed step as the control
+    plane read it from object storage (``{"step", "uri", "committed_unix_s", "age_s"}``, the
+    age as of the request; None: no checkpoint committed yet). `checkpoint_overhead_pct` is the
+    training time spent stalled on checkpoints over wall time, in percent (None before any
+    wall time). `restarts` of `max_restarts` have been used (crashes and hangs; a preemption
+    or a move by node health spends none). `attempts` (only from `Client.status`) say how each
+    attempt ended. `progress` is the running attempt's ``{"step", "step_at_s", "step_age_s",
+    "stall_s", "wall_s"}``: its step and when the step last grew."""
+
+    id: str
+    state: str
+    name: str
+    queue: str
+    priority_class: str
+    num_workers: int
+    gpus_per_worker: int
+    submitted_s: float
+    owner: str | None = None
+    """The user who submitted it (None: a job from before users)."""
+    num_preemptions: int = 0
+    attempt: int = 0
+    ray_job_id: str | None = None
+    last_checkpoint: Mapping[str, Any] | None = None
+    checkpoint_uri: str | None = None
+    checkpoint_overhead_pct: float | None = None
+    restarts: int = 0
+    max_restarts: int | None = None
+    hangs: int = 0
+    progress: Mapping[str, Any] | None = None
+    attempts: tuple[Attempt, ...] = ()
+    message: str | None = None
+    history: tuple[Mapping[str, Any], ...] = ()
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def last_committed_step(self) -> int | None:
+        """The newest committed checkpoint step (None: none committed yet)."""
+        return None if not self.last_checkpoint else self.last_checkpoint.get("step")
+
+    @property
+    def checkpoint_age_s(self) -> float | None:
+        """Seconds since the newest checkpoint committed, as of the request."""
+        return None if not self.last_checkpoint else self.last_checkpoint.get("age_s")
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Job:
+        return cls(
+            id=data["id"],
+            state=data["state"],
+            name=data["name"],
+            queue=data["queue"],
+            priority_class=data["priority_class"],
+            num_workers=data["num_workers"],
+            gpus_per_worker=data["gpus_per_worker"],
+            submitted_s=data["submitted_s"],
+            owner=data.get("owner"),
+            num_preemptions=data.get("num_preemptions", 0),
+            attempt=data.get("attempt", 0),
+            ray_job_id=data.get("ray_job_id"),
+            last_checkpoint=data.get("last_checkpoint"),
+            checkpoint_uri=data.get("checkpoint_uri"),
+            checkpoint_overhead_pct=data.get("checkpoint_overhead_pct"),
+            restarts=data.get("restarts", 0),
+            max_restarts=data.get("max_restarts"),
+            hangs=data.get("hangs", 0),
+            progress=data.get("progress"),
+            attempts=tuple(Attempt.from_json(a) for a in data.get("attempts") or ()),
+            message=data.get("message"),
+            history=tuple(data.get("history", ())),
+            raw=dict(data),
+        )
+
+
+@dataclass(frozen=True)
+class User:
+    """A user of the API (`Client.users_list`). `token` is set only in the answer of
+    `Client.users_add` and `Client.users_rotate_token`: the one time it is shown."""
+
+    name: str
+    role: str
+    queues: tuple[str, ...]
+    created_s: float
+    rotated_s: float
+    expires_s: float | None = None
+    token: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> User:
+        return cls(
+            name=str(data["name"]),
+            role=str(data["role"]),
+            queues=tuple(data.get("queues") or ()),
+            created_s=float(data["created_s"]),
+            rotated_s=float(data["rotated_s"]),
+            expires_s=data.get("expires_s"),
+            token=data.get("token"),
+        )
+
+
+class JobList(list[Job]):
+    """The jobs of a listing, plus `invalid`: stored rows the control plane skips because they
+    no longer validate, each ``{"id", "state", "error"}`` (see `rcp status`)."""
+
+    def __init__(self, jobs: Iterator[Job] | builtins.list[Job], invalid: Any = ()) -> None:
+        super().__init__(jobs)
+        self.invalid: builtins.list[dict[str, Any]] = [dict(r) for r in invalid]
