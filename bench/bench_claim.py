@@ -37,7 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controlplane.config import load_config  # noqa: E402
-from controlplane.local.cluster import LocalCluster, isolated_overrides  # noqa: E402
+from controlplane.local.cluster import LocalCluster  # noqa: E402
+from controlplane.local.ports import isolated_overrides  # noqa: E402
 from controlplane.ray_connection import connect  # noqa: E402
 from controlplane.sdk import Client  # noqa: E402
 from tests.integration.conftest import MNISTLIKE, Load, pools_of, wait_for  # noqa: E402

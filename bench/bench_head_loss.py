@@ -49,7 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psutil  # noqa: E402
 
 from controlplane.config import load_config  # noqa: E402
-from controlplane.local.cluster import LocalCluster, isolated_overrides  # noqa: E402
+from controlplane.local.cluster import LocalCluster  # noqa: E402
+from controlplane.local.ports import isolated_overrides  # noqa: E402
 from controlplane.local.processes import kill_now, node_processes  # noqa: E402
 from controlplane.sdk import Client  # noqa: E402
 from tests.integration.conftest import (  # noqa: E402

@@ -50,11 +50,8 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controlplane.config import Config, load_config  # noqa: E402
-from controlplane.local.cluster import (  # noqa: E402
-    LocalCluster,
-    free_loopback_ports,
-    isolated_overrides,
-)
+from controlplane.local.cluster import LocalCluster  # noqa: E402
+from controlplane.local.ports import free_loopback_ports, isolated_overrides  # noqa: E402
 from controlplane.ray_connection import connect  # noqa: E402
 from controlplane.sdk import Client, Job  # noqa: E402
 

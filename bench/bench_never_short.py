@@ -49,7 +49,8 @@ from click.testing import CliRunner  # noqa: E402
 
 from controlplane.cli import cli  # noqa: E402
 from controlplane.config import Config, load_config  # noqa: E402
-from controlplane.local.cluster import LocalCluster, isolated_overrides  # noqa: E402
+from controlplane.local.cluster import LocalCluster  # noqa: E402
+from controlplane.local.ports import isolated_overrides  # noqa: E402
 from controlplane.ray_connection import connect  # noqa: E402
 from controlplane.sdk import Client  # noqa: E402
 from tests.integration.conftest import TEST_SPEED, Load, pools_of, wait_for  # noqa: E402

@@ -6,7 +6,8 @@ one node type per pool (the head, `cluster` with min = max = num_nodes) and one 
 provider (``external-<name>``, from its min_nodes to max_nodes), the resources and labels each advertises, and the fake provider's
 fixed names for the head.
 Production maps each node type to a KubeRay worker group (docs/architecture.md).
-Must not: start anything (``controlplane.local.cluster`` does) or read files.
+Must not: start anything (``controlplane.local.head_process`` writes it and starts the head
+with it) or read files.
 """
 
 from __future__ import annotations

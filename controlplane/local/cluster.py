@@ -1,14 +1,19 @@
 """The embedded local cluster: what `rcp up` starts and `rcp down` stops.
 
-Owns: the lifecycle of the Ray head (no GPUs), the fixed `cluster` pool and the autoscaled
-`external` pool (both launched by Ray's own autoscaler with its fake multi-node provider, from
-the cluster config ``controlplane.local.autoscaler`` builds; the processes' environment and the
-head's command line are ``controlplane.local.head``'s; ports are ``controlplane.local.ports``'),
-the S3-protocol object store on loopback, Serve (a proxy on the head and on every node that
-holds a replica, each on a loopback port of its own) and the edge in front of them on
-``serve.http_port`` (HAProxy, configured by `serve.edge`, outside Ray), and the state file
-that lets a second `up` report what runs and `down` stop exactly that (the Serve proxies' ports
-are recorded there, ``serve_proxies``; the edge's configuration lists them).
+Owns: the lifecycle of one cluster per state dir (`LocalCluster`): the order `up` starts its
+parts in and what it records in the state file as it goes, so that a second `up` reports what
+runs and `down` stops exactly that; cleaning up after a failed start; recognising a head that
+died while its workers live on and starting it again (`restart_head`); and `down`. The parts
+are other modules': the Ray head (no GPUs) with the fixed `cluster` pool and the autoscaled
+`external` pool, both launched by Ray's own autoscaler with its fake multi-node provider
+(``controlplane.local.head_process`` runs it; the autoscaler config is
+``controlplane.local.autoscaler``'s, the processes' environment and the head's command line
+``controlplane.local.head``'s, ports ``controlplane.local.ports``'); the GCS store
+(``controlplane.local.redis``); the S3-protocol object store on loopback
+(``controlplane.local.object_store``); Serve, its proxies and the edge in front of them on
+``serve.http_port`` (``controlplane.local.serving``); the local Prometheus
+(``controlplane.local.prometheus``); the state file's format (``controlplane.local.state_file``);
+finding and stopping the cluster's processes (``controlplane.local.processes``).
 
 Must not: touch Ray processes it did not start (no ``ray stop``), bind anything but
 ``ray.node_ip`` (127.0.0.1 by default), or log storage credentials or the Ray token.
@@ -28,50 +33,41 @@ types are the RayCluster's worker groups; `cluster` has min = max replicas, `ext
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import secrets
 import shutil
-import signal
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
-import yaml
 
 from controlplane.config import Config, from_dict, to_dict
 from controlplane.controller.actor import deploy
-from controlplane.local.autoscaler import (
-    FAKE_HEAD_NODE_ID,
-    HEAD_NODE_TYPE,
-    JOB_DRIVER_SLOTS_PER_NODE,
-    autoscaler_config,
-)
-from controlplane.local.head import node_env, ray_head_command
-from controlplane.local.ports import (
-    check_ports_free,
-    free_loopback_ports,
-    isolated_overrides,
-    port_in_use,
-    serve_proxy_ports,
-)
+from controlplane.local.head import node_env
+from controlplane.local.head_process import start_gcs_store, start_head
+from controlplane.local.object_store import start_object_store
+from controlplane.local.ports import check_ports_free, port_in_use, serve_proxy_ports
 from controlplane.local.processes import (
-    CLUSTER_ID_ENV,
     NODE_ID_ENV,
     find_cluster_processes,
     node_processes,
     stop_cluster_processes,
     terminate,
 )
-from controlplane.local.prometheus import LocalPrometheus, PrometheusError
-from controlplane.local.redis import LocalRedis, gcs_redis_env
-from controlplane.pools import POOL_LABEL, Pool
+from controlplane.local.prometheus import prometheus_url, start_for_cluster
+from controlplane.local.readiness import wait_for_cluster_pool
+from controlplane.local.redis import LocalRedis
+from controlplane.local.serving import deploy_serving, ensure_edge, start_edge, start_serve
+from controlplane.local.state_file import (
+    Endpoint,
+    head_node_id,
+    is_running,
+    read_state,
+    state_file_path,
+    write_state,
+)
 from controlplane.ray_connection import (
     ClusterError,
     connect,
@@ -80,43 +76,10 @@ from controlplane.ray_connection import (
     ray_token_path,
 )
 from controlplane.statefiles import narrow_private, private_dir, private_umask, write_private
-from controlplane.storage import ensure_bucket
-from serve.edge.config import CONFIG_FILE, EdgeSettings, StaticProxies
-from serve.edge.process import check as check_edge
-from serve.edge.process import command as edge_command
-from serve.edge.process import write as write_edge
 
-# Re-exported: callers (tests, benchmarks) import these from here.
-__all__ = [
-    "HEAD_NODE_TYPE",
-    "JOB_DRIVER_SLOTS_PER_NODE",
-    "Endpoint",
-    "LocalCluster",
-    "autoscaler_config",
-    "free_loopback_ports",
-    "isolated_overrides",
-]
+__all__ = ["LocalCluster"]
 
 Echo = Callable[[str], None]
-
-STATE_FILE = "local-cluster.json"
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    name: str
-    url: str
-
-
-def _wait_until(
-    check: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.5
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(poll_s)
-    raise ClusterError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 class LocalCluster:
@@ -131,22 +94,13 @@ class LocalCluster:
     # -- state file -------------------------------------------------------------------------
     @property
     def state_file(self) -> Path:
-        return self.state_dir / STATE_FILE
+        return state_file_path(self.cfg)
 
     def read_state(self) -> dict[str, Any] | None:
-        try:
-            data: dict[str, Any] = json.loads(self.state_file.read_text())
-            return data
-        except FileNotFoundError:
-            return None
-        except json.JSONDecodeError as exc:
-            raise ClusterError(
-                f"{self.state_file} is not valid JSON ({exc}); remove it after checking no "
-                "cluster runs"
-            ) from exc
+        return read_state(self.state_file)
 
     def _write_state(self, state: dict[str, Any]) -> None:
-        write_private(self.state_file, json.dumps(state, indent=2, sort_keys=True))
+        write_state(self.state_file, state)
 
     def running_config(self) -> Config | None:
         """The config the running cluster was started with, if one runs."""
@@ -156,11 +110,7 @@ class LocalCluster:
         return None
 
     def is_running(self, state: dict[str, Any] | None = None) -> bool:
-        state = state if state is not None else self.read_state()
-        if not state or state.get("status") != "running":
-            return False
-        cfg = from_dict(state["config"])
-        return port_in_use(cfg.ray.node_ip, cfg.ray.gcs_port)
+        return is_running(state if state is not None else self.read_state())
 
     # -- up ---------------------------------------------------------------------------------
     def up(self, echo: Echo = print) -> list[Endpoint]:
@@ -177,7 +127,7 @@ class LocalCluster:
         state = self.read_state()
         if state and self.is_running(state):
             echo(f"already running (cluster {state['cluster_id']}, started {state['started_at']})")
-            self._ensure_balancer(state, echo)
+            self._ensure_edge(state, echo)
             known = [Endpoint(**e) for e in state["endpoints"]]
             for ep in known:
                 echo(f"{ep.name}: {ep.url}")
@@ -198,7 +148,7 @@ class LocalCluster:
         env = self._env(cluster_id)
         if self.cfg.observability.prometheus:
             # The dashboard reads it when the head starts: its Metrics tab queries this server.
-            env["RAY_PROMETHEUS_HOST"] = self.prometheus_url
+            env["RAY_PROMETHEUS_HOST"] = prometheus_url(self.cfg)
         private_dir(self.log_dir)
         private_dir(self.temp_dir)
         state = {
@@ -221,11 +171,15 @@ class LocalCluster:
 
         try:
             if self.cfg.storage.embedded:
-                announce(self._start_object_store(env))
+                announce(start_object_store(self.cfg, env, self.log_dir))
             if self.cfg.ray.gcs_fault_tolerance:
-                announce(self._start_redis(env, fresh=True))
-            self._start_head(
-                env, self.state_dir / "autoscaler.yaml", state["serve_proxies"]["nodes"]
+                announce(start_gcs_store(self.cfg, env, fresh=True))
+            start_head(
+                self.cfg,
+                env,
+                self.state_dir / "autoscaler.yaml",
+                self.log_dir,
+                state["serve_proxies"]["nodes"],
             )
             announce(
                 Endpoint(
@@ -235,23 +189,23 @@ class LocalCluster:
             announce(Endpoint("ray", gcs_address(self.cfg)))
             echo(f"ray token: {self.ray_token_file} (clients and the dashboard's login read it)")
             connect(self.cfg)
-            self._wait_for_cluster_pool()
+            wait_for_cluster_pool(self.cfg)
             announce(
                 Endpoint(
                     "metrics",
                     f"http://{self.cfg.ray.node_ip}:{self.cfg.ray.metrics_export_port}/metrics",
                 )
             )
-            self._start_serve(state["serve_proxies"]["head"])
-            self._start_balancer(state)
+            start_serve(self.cfg, state["serve_proxies"]["head"])
+            start_edge(self.cfg, state, self.state_file, self.log_dir)
             announce(Endpoint("serve", f"http://{self.cfg.ray.node_ip}:{self.cfg.serve.http_port}"))
             if self.cfg.serve.deploy_app:
-                self._deploy_serving(echo)
+                deploy_serving(self.cfg, echo)
             announce(Endpoint("api", deploy(self.cfg)))
             if self.cfg.observability.prometheus:
-                prometheus = self._start_prometheus(env, echo)
+                prometheus = start_for_cluster(self.cfg, env, echo)
                 if prometheus is not None:
-                    announce(prometheus)
+                    announce(Endpoint("prometheus", prometheus))
         except BaseException:
             echo("start failed; stopping what was started")
             self._stop(state, echo=lambda _m: None)
@@ -263,9 +217,8 @@ class LocalCluster:
     # -- the head coming back -------------------------------------------------------------
     @staticmethod
     def head_node_id(state: dict[str, Any]) -> str:
-        """The Ray node id of the cluster's head now: the fake provider's fixed one until a
-        restart gives the head a new one (recorded in the state file)."""
-        return str(state.get("head_node_id", FAKE_HEAD_NODE_ID))
+        """The Ray node id of the cluster's head now (`state_file.head_node_id`)."""
+        return head_node_id(state)
 
     def _head_lost(self, state: dict[str, Any]) -> bool:
         """The recorded cluster runs with GCS fault tolerance, its GCS does not answer, and a
@@ -322,7 +275,7 @@ class LocalCluster:
         with private_umask():
             env = self._env(state["cluster_id"])
             if self.cfg.observability.prometheus:
-                env["RAY_PROMETHEUS_HOST"] = self.prometheus_url
+                env["RAY_PROMETHEUS_HOST"] = prometheus_url(self.cfg)
             redis = LocalRedis(self.cfg)
             if not redis.ping():
                 echo("gcs store: not answering; starting it on its data")
@@ -338,9 +291,9 @@ class LocalCluster:
             env.update({NODE_ID_ENV: node_id, "RAY_CLOUD_INSTANCE_ID": node_id})
             state["head_node_id"] = node_id
             self._write_state(state)
-            self._start_head(env, autoscaler_yaml=None)
+            start_head(self.cfg, env, None, self.log_dir)
             echo(f"ray: {gcs_address(self.cfg)} (head restarted)")
-            self._ensure_balancer(state, echo)
+            self._ensure_edge(state, echo)
             connect(self.cfg)
             url = deploy(self.cfg)
         echo(f"api: {url}")
@@ -363,191 +316,10 @@ class LocalCluster:
 
     @property
     def prometheus_url(self) -> str:
-        return f"http://{self.cfg.ray.node_ip}:{self.cfg.observability.prometheus_port}"
+        return prometheus_url(self.cfg)
 
-    def _start_prometheus(self, env: dict[str, str], echo: Echo) -> Endpoint | None:
-        """The local Prometheus (observability.prometheus); None, with a note, if it cannot run.
-
-        It scrapes Ray's per-node metrics agents (Ray keeps their target list in its temp
-        dir), the telemetry agents (the controller rewrites their target list as agents come
-        and go) and loads the alert rules.
-        """
-        host, port = self.cfg.ray.node_ip, self.cfg.observability.prometheus_port
-        if port_in_use(host, port):
-            echo(
-                f"prometheus: not started, {host}:{port} is in use (choose another with "
-                "observability.prometheus_port=..., or observability.prometheus=false)"
-            )
-            return None
-        prom = LocalPrometheus.for_cluster(
-            self.cfg,
-            port=port,
-            env=env,
-            scrape_interval_s=self.cfg.observability.scrape_interval_s,
-        )
-        try:
-            prom.start()
-        except PrometheusError as exc:
-            echo(f"prometheus: not started ({str(exc).splitlines()[0]})")
-            return None
-        return Endpoint("prometheus", prom.url)
-
-    def _start_object_store(self, env: dict[str, str]) -> Endpoint:
-        host, port = self.cfg.ray.node_ip, self.cfg.storage.embedded_port
-        log = open(self.log_dir / "object-store.log", "ab")  # noqa: SIM115 - owned by the child
-        subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
-        log.close()
-        _wait_until(lambda: port_in_use(host, port), 30, f"the object store on {host}:{port}")
-        endpoint_url = f"http://{host}:{port}"
-        ensure_bucket(self.cfg, endpoint_url=endpoint_url)
-        return Endpoint("storage", endpoint_url)
-
-    def head_command(self, autoscaler_yaml: Path | None) -> list[str]:
-        redis = LocalRedis(self.cfg).password() if self.cfg.ray.gcs_fault_tolerance else None
-        return ray_head_command(self.cfg, autoscaler_yaml, redis_password=redis)
-
-    def _start_redis(self, env: dict[str, str], fresh: bool) -> Endpoint:
-        redis = LocalRedis(self.cfg)
-        redis.start(env, fresh=fresh)
-        return Endpoint("gcs store", f"redis://{redis.host}:{redis.port}")
-
-    def _start_head(
-        self, env: dict[str, str], autoscaler_yaml: Path | None, proxy_ports: Sequence[int] = ()
-    ) -> None:
-        """`ray start --head`; with `autoscaler_yaml`, the autoscaler config (its provider
-        gives each node one of `proxy_ports` for its Serve proxy) is written there first (a
-        restarted head runs without one, see `restart_head`)."""
-        if autoscaler_yaml is not None:
-            conf = autoscaler_config(self.cfg, proxy_ports)
-            write_private(autoscaler_yaml, yaml.safe_dump(conf, sort_keys=False))
-        r = self.cfg.ray
-        cmd = self.head_command(autoscaler_yaml)
-        head_env = {**env, **gcs_redis_env(self.cfg, env[CLUSTER_ID_ENV])}
-        with open(self.log_dir / "ray-start.log", "ab") as log:
-            try:
-                proc = subprocess.run(
-                    cmd,
-                    env=head_env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    timeout=r.ready_timeout_s,
-                    check=False,
-                )
-            except subprocess.TimeoutExpired as exc:
-                raise ClusterError(
-                    f"`ray start --head` did not return within {r.ready_timeout_s:.0f}s; "
-                    f"see {self.log_dir / 'ray-start.log'}"
-                ) from exc
-        if proc.returncode != 0:
-            tail = (self.log_dir / "ray-start.log").read_text(errors="replace")[-2000:]
-            raise ClusterError(f"`ray start --head` failed (exit {proc.returncode}):\n{tail}")
-
-    def _wait_for_cluster_pool(self) -> None:
-        import ray  # deferred: ray is heavy and optional here
-
-        want = self.cfg.pools.cluster.num_nodes
-
-        def ready() -> bool:
-            alive = [
-                n
-                for n in ray.nodes()
-                if n["Alive"] and n.get("Labels", {}).get(POOL_LABEL) == Pool.CLUSTER.value
-            ]
-            return len(alive) >= want
-
-        _wait_until(ready, self.cfg.ray.ready_timeout_s, f"{want} `cluster` pool node(s) to join")
-
-    def _start_serve(self, head_proxy_port: int) -> None:
-        """Serve, its head's proxy on `head_proxy_port` (each worker node's proxy binds the
-        port its node was given, ``controlplane.local.provider``)."""
-        from serve.control.client import (
-            start_serve,
-        )  # deferred: it imports ray and ray.serve (heavy)
-
-        start_serve(self.cfg.ray.node_ip, head_proxy_port, self.cfg.serve.proxy_location)
-
-    def _ensure_balancer(self, state: dict[str, Any], echo: Echo) -> None:
-        """The edge again, for a running cluster that has one: started if it is gone (it runs
-        outside Ray and outlives the head, but a process can still die), reloaded when its
-        rendered configuration changed (a new ``serving.ingress`` limit, say)."""
-        if "serve_proxies" not in state or state.get("status") != "running":
-            return
-        if not port_in_use(self.cfg.ray.node_ip, self.cfg.serve.http_port):
-            echo("serve edge: not answering; starting it again")
-            self._start_balancer(state)
-            return
-        config = self._edge_dir / CONFIG_FILE
-        before = config.read_text() if config.exists() else None
-        written = write_edge(self._edge_settings(state))
-        pid = state.get("edge_pid")
-        if before != written.read_text() and isinstance(pid, int):
-            check_edge(written)
-            os.kill(pid, signal.SIGUSR2)  # HAProxy's master reloads without dropping a request
-            echo("serve edge: configuration changed; reloaded")
-
-    @property
-    def _edge_dir(self) -> Path:
-        return self.state_dir / "edge"
-
-    def _edge_settings(self, state: dict[str, Any]) -> EdgeSettings:
-        host = self.cfg.ray.node_ip
-        ports = state["serve_proxies"]
-        return EdgeSettings(
-            listen_host=host,
-            listen_port=self.cfg.serve.http_port,
-            admin_host=host,
-            admin_port=self.cfg.serve.edge_admin_port,
-            work_dir=str(self._edge_dir),
-            proxies=StaticProxies(
-                nodes=tuple((host, int(p)) for p in ports["nodes"]), head=(host, ports["head"])
-            ),
-            route_prefix=self.cfg.serving.route_prefix,
-            ingress=self.cfg.serving.ingress,
-            stats_socket=str(self._edge_dir / "admin.sock"),
-            threads=1,  # one core carries thousands of requests a second; the machine is shared
-        )
-
-    def _start_balancer(self, state: dict[str, Any]) -> None:
-        """The edge on ``serve.http_port``: HAProxy over the nodes' Serve proxies
-        (`serve.edge`), outside Ray, so it outlives the head. Its environment is the cluster's
-        id (so `down` finds and stops it) and PATH, nothing else: no Ray token path, no
-        storage keys. A configuration HAProxy refuses raises before anything starts."""
-        host, port = self.cfg.ray.node_ip, self.cfg.serve.http_port
-        private_dir(self._edge_dir)
-        config = write_edge(self._edge_settings(state))
-        check_edge(config)
-        env = {CLUSTER_ID_ENV: state["cluster_id"], "PATH": os.environ.get("PATH", os.defpath)}
-        with open(self.log_dir / "serve-edge.log", "ab") as out:
-            proc = subprocess.Popen(
-                edge_command(config),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
-        state["edge_pid"] = proc.pid
-        self._write_state(state)
-        _wait_until(lambda: port_in_use(host, port), 30, f"the serve edge on {host}:{port}")
-
-    def _deploy_serving(self, echo: Echo) -> None:
-        """Deploy (or update) the production Serve app; keeps deployed targets and weights."""
-        from serve.control import operations  # deferred: it imports ray and ray.serve (heavy)
-
-        state = operations.deploy(self.cfg.serving, wait=True)
-        for m in self.cfg.serving.models:
-            where = ", ".join(
-                f"{state.target(m.name, pool)} on {pool}" for pool in ("cluster", "external")
-            )
-            echo(f"model {m.name}: POST /v1/models/{m.name}/predict ({where})")
+    def _ensure_edge(self, state: dict[str, Any], echo: Echo) -> None:
+        ensure_edge(self.cfg, state, self.state_file, self.log_dir, echo)
 
     # -- down -------------------------------------------------------------------------------
     def down(self, echo: Echo = print) -> int:

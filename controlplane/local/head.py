@@ -5,7 +5,7 @@ path, never its value; the fake provider's and autoscaler v2's switches; loopbac
 dashboard profiling for the hang watchdog; with ``storage.job_credentials=shared``, the
 embedded object store's fixed keys) and the
 `ray start --head` command (`ray_head_command`: no GPUs, every listener on ``ray.node_ip``).
-Must not: run anything (``controlplane.local.cluster`` does), or put a secret's value in an
+Must not: run anything (``controlplane.local.head_process`` does), or put a secret's value in an
 environment variable.
 """
 

@@ -10,7 +10,9 @@ and tests::
     prom.start()   # then point the Ray dashboard at it (README, "Monitoring")
 
 Owns: the server process (start, readiness, stop), its config file and data dir under
-``<state_dir>/prometheus``, and a small query client for tests.
+``<state_dir>/prometheus``, a small query client for tests, and `rcp up`'s start of it
+(`start_for_cluster`: on ``observability.prometheus_port``, None with a note when it cannot
+run; `prometheus_url`, which the head's dashboard is pointed at).
 Must not: bind anything but loopback, or start unless asked. The target lists and the config
 it writes come from `controlplane.observability` (the controller rewrites the telemetry list
 there, without this module).
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.config import Config
+from controlplane.local.ports import port_in_use
 from controlplane.observability import (
     PROMETHEUS_DIR,
     TELEMETRY_SD_FILE,
@@ -41,7 +44,7 @@ from controlplane.observability import (
     write_telemetry_targets,
 )
 
-__all__ = ["LocalPrometheus", "PrometheusError"]
+__all__ = ["LocalPrometheus", "PrometheusError", "prometheus_url", "start_for_cluster"]
 
 
 class PrometheusError(RuntimeError):
@@ -220,3 +223,39 @@ class LocalPrometheus:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def prometheus_url(cfg: Config) -> str:
+    """Where the local cluster's Prometheus answers (``observability.prometheus_port``)."""
+    return f"http://{cfg.ray.node_ip}:{cfg.observability.prometheus_port}"
+
+
+def start_for_cluster(
+    cfg: Config, env: Mapping[str, str], echo: Callable[[str], None]
+) -> str | None:
+    """The local Prometheus (observability.prometheus): its URL; None, with a note, if it
+    cannot run.
+
+    It scrapes Ray's per-node metrics agents (Ray keeps their target list in its temp
+    dir), the telemetry agents (the controller rewrites their target list as agents come
+    and go) and loads the alert rules.
+    """
+    host, port = cfg.ray.node_ip, cfg.observability.prometheus_port
+    if port_in_use(host, port):
+        echo(
+            f"prometheus: not started, {host}:{port} is in use (choose another with "
+            "observability.prometheus_port=..., or observability.prometheus=false)"
+        )
+        return None
+    prom = LocalPrometheus.for_cluster(
+        cfg,
+        port=port,
+        env=env,
+        scrape_interval_s=cfg.observability.scrape_interval_s,
+    )
+    try:
+        prom.start()
+    except PrometheusError as exc:
+        echo(f"prometheus: not started ({str(exc).splitlines()[0]})")
+        return None
+    return prom.url

@@ -26,8 +26,8 @@ import pytest
 import requests
 
 from controlplane.config import Config, load_config
-from controlplane.local.cluster import LocalCluster, isolated_overrides
-from controlplane.local.ports import quiet_loopback_ports
+from controlplane.local.cluster import LocalCluster
+from controlplane.local.ports import isolated_overrides, quiet_loopback_ports
 from controlplane.ray_connection import ray_token_path
 
 T = TypeVar("T")

@@ -37,7 +37,8 @@ from click.testing import CliRunner
 
 from controlplane.cli import cli
 from controlplane.config import Config, load_config
-from controlplane.local.cluster import JOB_DRIVER_SLOTS_PER_NODE, LocalCluster
+from controlplane.local.autoscaler import JOB_DRIVER_SLOTS_PER_NODE
+from controlplane.local.cluster import LocalCluster
 from controlplane.local.processes import find_cluster_processes
 from controlplane.pools import JOB_DRIVER_RESOURCE
 from controlplane.ray_connection import connect

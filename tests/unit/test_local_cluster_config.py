@@ -8,12 +8,12 @@ import pytest
 
 from controlplane.config import load_config
 from controlplane.inventory import pool_of
-from controlplane.local.cluster import (
+from controlplane.local.autoscaler import (
     HEAD_NODE_TYPE,
     JOB_DRIVER_SLOTS_PER_NODE,
-    LocalCluster,
     autoscaler_config,
 )
+from controlplane.local.head_process import head_command
 from controlplane.pools import JOB_DRIVER_RESOURCE
 from controlplane.ray_connection import ray_temp_dir
 
@@ -82,7 +82,7 @@ def test_only_cluster_pool_workers_offer_the_job_driver_resource(tmp_path) -> No
     assert JOB_DRIVER_RESOURCE not in types["external-rent-a"]["resources"]
     assert JOB_DRIVER_RESOURCE not in types["external-rent-b"]["resources"]
     # The head's own `ray start` (what the head really advertises) does not offer it either.
-    cmd = LocalCluster(cfg).head_command(tmp_path / "autoscaler.yaml")
+    cmd = head_command(cfg, tmp_path / "autoscaler.yaml")
     head_resources = json.loads(
         next(a for a in cmd if a.startswith("--resources=")).split("=", 1)[1]
     )

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from controlplane.config import ConfigError, load_config
-from controlplane.local.cluster import LocalCluster, isolated_overrides
+from controlplane.local.cluster import LocalCluster
+from controlplane.local.head_process import head_command
+from controlplane.local.ports import isolated_overrides
 from controlplane.local.redis import LocalRedis, gcs_redis_env, redis_conf
 
 
@@ -75,7 +77,7 @@ def test_head_command_passes_the_redis_password_only_with_fault_tolerance(
     tmp_path: Path, overrides: list[str], with_password: bool
 ) -> None:
     cfg = load_config(None, [f"state_dir={tmp_path}", *overrides])
-    cmd = LocalCluster(cfg).head_command(tmp_path / "autoscaler.yaml")
+    cmd = head_command(cfg, tmp_path / "autoscaler.yaml")
     flags = [a for a in cmd if a.startswith("--redis-password=")]
     if with_password:
         assert flags == [f"--redis-password={LocalRedis(cfg).password()}"]
@@ -85,7 +87,7 @@ def test_head_command_passes_the_redis_password_only_with_fault_tolerance(
 
 
 def test_a_restarted_heads_command_names_no_autoscaler_config(tmp_path: Path) -> None:
-    cmd = LocalCluster(load_config(None, [f"state_dir={tmp_path}"])).head_command(None)
+    cmd = head_command(load_config(None, [f"state_dir={tmp_path}"]), None)
     assert not any(a.startswith("--autoscaling-config") for a in cmd)
 
 
