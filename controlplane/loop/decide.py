@@ -41,7 +41,7 @@ Demand's decisions and placement are skipped while a move is in flight (``servin
 the tracked operation is the single writer of the model's targets and routes until it ends.
 Placement plans moves and the external capacity over the whole fleet, and mid-move it sees
 half-moved replicas: run then, its plan flaps (tried on the unit fakes' claim and return,
-tests/unit/test_simulate_replay.py: the external request went 1 -> 0 -> 1 GPUs during one
+tests/unit/simulate/test_simulate_replay.py: the external request went 1 -> 0 -> 1 GPUs during one
 migrate-back step, which on Kubernetes resizes the external group under a live replica).
 
 Must not: read a clock, call Ray or the store, or hold state (it comes in and goes out).

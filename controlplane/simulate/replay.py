@@ -8,7 +8,7 @@ migrate-back step), and `plan_codes(events)`, the comparable form of an event lo
 admission plan items (``policy.*``) and the Serve actuator's external capacity requests and
 move starts and ends, each as its kind and reason code, in order. The operator's guard
 rails (``policy.held``, ``policy.pause``, ``policy.resume``) are not plan items and are left
-out. tests/unit/test_simulate_replay.py compares the replay with the real `Loop` on the unit
+out. tests/unit/simulate/test_simulate_replay.py compares the replay with the real `Loop` on the unit
 fakes, tests/integration/test_policy_loop.py with the loop on a real cluster.
 
 Must not: read a cluster (the caller brings the events).

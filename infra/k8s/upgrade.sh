@@ -18,7 +18,7 @@
 #      (GCS fault tolerance, rcp-redis); wait until the new head is Ready.
 # gpu-external pods are not touched: they turn over as the autoscaler scales them.
 # Needs kubectl with rights to patch the RayCluster, the Deployment, and delete pods in the
-# namespace (an operator's, not the control plane's). tests/unit/test_k8s_upgrade.py runs it
+# namespace (an operator's, not the control plane's). tests/unit/kube/test_k8s_upgrade.py runs it
 # against a recording fake kubectl.
 set -euo pipefail
 

@@ -62,9 +62,9 @@ pytest_run() {  # pytest_run OUT ARGS...: one pytest process, its output to OUT
 # other module, in name order). Each one's output is printed whole once all have ended.
 no_ray_modules=(tests/integration/test_checkpoint_s3.py)
 unit_a=(); unit_b=()
-for module in tests/unit/test_*.py; do
+while IFS= read -r module; do
   if [ "${#unit_a[@]}" -le "${#unit_b[@]}" ]; then unit_a+=("$module"); else unit_b+=("$module"); fi
-done
+done < <(find tests/unit -name 'test_*.py' | sort)  # the tree mirrors the packages
 echo "== side by side: mypy --strict, the unit tests (two halves), ${no_ray_modules[*]}"
 start=$SECONDS
 ( flock 9; .venv/bin/mypy --cache-dir "$mypy_cache" >"$work/mypy.out" 2>&1

@@ -16,7 +16,7 @@ The ports are flags, not read here: their defaults belong to the control plane's
 (``serve.http_port``, ``serve.edge_admin_port``), which this package may not import. The
 ``serving`` section (route prefix, ingress limits) is read from the ConfigMap's ``rcp.yaml``
 with `serve.config.serving_from_dict`, whose defaults are the control plane's too (it embeds
-`ServingConfig`). tests/unit/test_k8s_manifests.py renders the file again from the config
+`ServingConfig`). tests/unit/kube/test_k8s_manifests.py renders the file again from the config
 ``controlplane.config.load_config`` reads and fails when the checked-in file differs.
 
 Must not: import `controlplane` or Ray, talk to a Kubernetes API server, or write files (the
@@ -134,7 +134,7 @@ def manifest_text(manifest: Mapping[str, Any], command: str) -> str:
         "# configmap-rcp.yaml or serve/edge/, print it again with\n"
         f"#   {command} > infra/k8s/edge-config.yaml\n"
         f"# and copy metadata.annotations {DIGEST_ANNOTATION} into edge.yaml's pod template\n"
-        "# (tests/unit/test_k8s_manifests.py checks both).\n"
+        "# (tests/unit/kube/test_k8s_manifests.py checks both).\n"
     )
     body = yaml.dump(dict(manifest), Dumper=_Dumper, sort_keys=False, width=100)
     return header + body

@@ -42,7 +42,7 @@ from jobs.checkpoint.layout import keep_key, manifest_key
 from jobs.signals.mailbox import SIGNALS_ACTOR_NAME, SIGNALS_NAMESPACE, JobSignals
 from jobs.signals.trust import admin_auth, token_sha256
 from tests.integration.conftest import REGION, MotoS3
-from tests.unit.test_checkpoint_engine import assert_state_equal
+from tests.unit.jobs.test_checkpoint_engine import assert_state_equal
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]
 

@@ -31,7 +31,7 @@ import torch
 from jobs.checkpoint import CheckpointEngine, RetryPolicy
 from jobs.checkpoint.layout import index_key, manifest_key, shard_key
 from tests.integration.conftest import REGION, MotoS3
-from tests.unit.test_checkpoint_engine import assert_state_equal, make_state
+from tests.unit.jobs.test_checkpoint_engine import assert_state_equal, make_state
 
 pytestmark = pytest.mark.integration
 
@@ -307,7 +307,7 @@ CRASH_SCRIPT = textwrap.dedent(
     import os, sys
     sys.path.insert(0, {root!r})
     from jobs.checkpoint import CheckpointEngine
-    from tests.unit.test_checkpoint_engine import make_state
+    from tests.unit.jobs.test_checkpoint_engine import make_state
 
     def die(step):
         if step == 2:

@@ -244,7 +244,7 @@ def _readers() -> list[Path]:
     here = Path(__file__).parent
     return sorted(
         p
-        for p in here.glob("test_*.py")
+        for p in here.rglob("test_*.py")
         if p != Path(__file__) and "from tests.reference_data import" in p.read_text()
     )
 

@@ -21,8 +21,8 @@ from controlplane.timeline.collect import EVENTS_PAGE, TimelineInputs, collect, 
 from controlplane.timeline.draw import PNG_SIGNATURE
 from controlplane.timeline.metrics import MetricsUnavailable, read_metrics, step_for
 from controlplane.timeline.series import QUERIES, Series, build_timeline
-from tests.unit.test_api_cli import rcp
-from tests.unit.test_api_server import Server
+from tests.unit.api.test_api_server import Server
+from tests.unit.cli.test_api_cli import rcp
 
 DATA = Path(__file__).parent / "data"
 
