@@ -12,10 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.adapters.serve import view_from_status
-from controlplane.loop.decide import Policies, decide_serving
-from controlplane.loop.types import ServingPolicyState
+from controlplane.loop.decide import Policies, decide, decide_serving
+from controlplane.loop.guards import hold
+from controlplane.loop.types import Observation, ServingPolicyState
 from controlplane.policy_config import demand_config
-from policies.admission import AdmissionConfig
+from policies.admission import AdmissionConfig, AdmissionState
+from policies.attempts import GangStatus, GangView, JobsView, MarkRunning
 from policies.placement import PlacementConfig
 from policies.plan import MoveServeReplicas, RequestExternalCapacity, ScaleServePool
 from policies.snapshot import Pool, ReplicaState
@@ -113,3 +115,29 @@ def test_scale_down_waits_until_the_other_pool_runs_its_target() -> None:
     view = view_from_status(starting, {"m": 1.0})
     assert not view.others_ready("m", Pool.CLUSTER)  # external runs 1 of 2
     assert view.others_ready("m", Pool.EXTERNAL)  # cluster runs 2 of 2
+
+
+def test_the_jobs_lifecycle_is_decided_in_the_decide_phase_and_kept_while_paused() -> None:
+    """A gang whose workers all started is marked RUNNING by the tick that observed it: the
+    decide phase returns `MarkRunning` (policies.attempts), and a pause holds none of it."""
+    started = GangView(
+        job_id="j",
+        running=False,
+        status=GangStatus.RUNNING,
+        now_s=0.0,
+        admitted_s=0.0,
+        num_workers=2,
+        started_ranks=2,
+    )
+    observed = Observation(
+        snapshot=snapshot([node("c1", gpus_total=4)]), jobs_view=JobsView((started,))
+    )
+    bare = Policies(
+        admission=AdmissionConfig(),
+        placement=PlacementConfig(external_max_gpus=8),
+        demand={},
+        gpus_per_replica={},
+    )
+    decided = decide(observed, bare, AdmissionState(), ServingPolicyState())
+    assert decided.lifecycle == (MarkRunning("j", "gang-running: all 2 workers started"),)
+    assert hold(decided, AdmissionState()).lifecycle == decided.lifecycle
