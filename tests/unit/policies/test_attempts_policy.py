@@ -26,6 +26,7 @@ from policies.attempts import (
     StopHungGang,
     decide,
     settle,
+    start_failure,
 )
 from policies.restarts import RestartLimits, RestartRecord
 
@@ -353,3 +354,39 @@ def test_settle(status: GangStatus, stop_sent: bool, stop: bool | None) -> None:
         assert action is None
     else:
         assert action is not None and action.stop is stop and action.cancelled
+
+
+@pytest.mark.parametrize(
+    ("failures_before", "expected"),
+    [
+        (
+            0,
+            RequeueGang(
+                "j",
+                "start-failed: job signals unavailable; retry in 5s",
+                AttemptEnd.START_FAILED,
+                attempt_reason="start-failed: job signals unavailable",
+                not_before_s=NOW + 5.0,
+                message="start-failed: job signals unavailable",
+                start_failures=1,
+            ),
+        ),
+        (
+            2,
+            EndJob(
+                "j",
+                "start-failed: job signals unavailable; gave up after 3 attempts",
+                False,
+                AttemptEnd.START_FAILED,
+                attempt_reason="start-failed: job signals unavailable",
+                message="start-failed: job signals unavailable",
+                start_failures=3,
+            ),
+        ),
+    ],
+)
+def test_admitting_that_fails_is_a_start_failure(failures_before: int, expected: object) -> None:
+    """The launcher's failures (signals actor, credentials, the submission) go through the
+    same rule as row 8: a backoff that doubles, FAILED after ``max_start_attempts``."""
+    reason = "start-failed: job signals unavailable"
+    assert start_failure("j", failures_before, NOW, reason, CONFIG) == expected
