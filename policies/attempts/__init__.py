@@ -1,9 +1,9 @@
 """A gang's life after admission: what to do next with an attempt, from what was observed.
 
 Owns: the pure decision `decide(gang, config) -> GangAction | None` the control loop's decide
-phase makes for every job that holds a gang (ADMITTED or RUNNING), and
-`settle(ended)` for a job that ended without its gang (cancelled, over its
-runtime). It reads no clock (``GangView.now_s``), no Ray and no store: the observe phase fills
+phase makes for every job that holds a gang (ADMITTED or RUNNING), `settle(ended)` for a job
+that ended without its gang (cancelled, over its runtime), and `decide_all(view, config)`, the
+tick's whole lifecycle plan. It reads no clock (``GangView.now_s``), no Ray and no store: the observe phase fills
 a `GangView` from the job's record, Ray's word on its Ray Job, the signals actor's and the
 end of the attempt's log; the act phase (`controlplane.loop.act.jobs`) carries the action out.
 
@@ -36,8 +36,12 @@ STOPPED, SUCCEEDED or FAILED; ``gone``: ended, or MISSING):
 16  RUNNING, no new step for its stall timeout            `StopHungGang` (stacks kept, then row 6)
 ==  ===================================================  ===========================================
 
-A start failure's backoff is ``min(backoff_max_s, backoff_initial_s * 2 ** (failures - 1))``;
-a crash's or hang's is `policies.restarts.decide_restart`'s. Anything else: no action (the gang
+An ended job (`EndedGang`): `settle` says `SettleEnded` to record that its Ray Job ended (a
+cancelled job's attempt ends ``cancelled``) once Ray says so, else to stop it, once.
+
+A start failure's backoff is ``min(backoff_max_s, backoff_initial_s * 2 ** (failures - 1))``
+(`start_failure`, which the launcher also asks when admitting fails: the signals actor, the
+credentials or the submission); a crash's or hang's is `policies.restarts.decide_restart`'s. Anything else: no action (the gang
 runs, or starts). Every action is level-triggered: the actuator does nothing when its effect
 is already in the store, so a repeated tick, or a restarted controller, is harmless.
 
