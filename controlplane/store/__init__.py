@@ -50,9 +50,9 @@ Where each part lives (every name below is importable from ``controlplane.store`
 `Store` below is all of them on one connection.
 
 Beside `Store`, not part of it, pure over its records and config: `reliability` (the
-fleet's MTBF), `pruning` (when the controller prunes, how much at once), `job_info` (typed
-readers of a job's info) and `attempt_info` (the runner's reason codes, attempt-end kinds and
-info readers).
+fleet's MTBF), `pruning` (when the controller prunes, how much at once), `job_info` (what
+the runner writes in a job's info: reason codes, attempt-end kinds, and the typed readers of
+it).
 """
 
 from __future__ import annotations

@@ -1,28 +1,38 @@
-"""What a job's attempts and checkpoints look like from outside: read from `JobRecord.info`.
+"""A job's info: what the runner writes there, and the typed readers of it.
 
-Owns: reading, typed and defensively, the keys `controlplane.loop.act.jobs` records about a
-job's recovery, for the API's job view (`api.job_views.job_to_json`) and the controller's per-job
-gauges (`job_metrics`):
+Owns:
 
-* ``checkpoint``: the newest committed step as read from object storage,
-  ``{"step", "uri", "committed_unix_s", "read_s"}`` (without ``read_s`` it is an older
-  runner's record of the loop's own word, and not shown);
-* ``checkpoint_uri``: the job's checkpoint prefix;
-* ``progress``: the current attempt's ``{"step", "step_at_s", "stall_s", "wall_s"}``;
-* ``stall_s_total``, ``wall_s_total``: checkpoint stall and wall seconds of ended attempts;
-* ``restarts`` (crash and hang restarts used) and ``hangs``;
-* ``attempts``: each attempt's end, newest last,
-  ``{"attempt", "admitted_s", "ended_s", "kind", "reason", "step", "checkpoint_step"}``.
+* the codes that start the reasons in a job's state history (`Reason`) and the kinds of an
+  attempt's end (`AttemptEnd`), as `policies.attempts` decides them (re-exported here);
+* the info a job forgets when it is re-queued (`_REQUEUE_INFO`) and the one an attempt's end
+  records (`attempt_end`: its entry in ``attempts``, the stall and wall totals);
+* the job's checkpoint prefix (`checkpoint_uri`, as recorded at admission: `uri_of`);
+* the runner's checked reads of info and signals values (`_info_step`, `_hint_step`,
+  `_progress_of`, `_submission_id`): the signals actor passes on what jobs report;
+* `job_facts`: the recovery keys read back, typed, for the API's job view
+  (`api.job_views.job_to_json`) and the controller's per-job gauges (`job_metrics`):
+
+  * ``checkpoint``: the newest committed step as read from object storage,
+    ``{"step", "uri", "committed_unix_s", "read_s"}`` (without ``read_s`` it is an older
+    runner's record of the loop's own word, and not shown);
+  * ``checkpoint_uri``: the job's checkpoint prefix;
+  * ``progress``: the current attempt's ``{"step", "step_at_s", "stall_s", "wall_s"}``;
+  * ``stall_s_total``, ``wall_s_total``: checkpoint stall and wall seconds of ended attempts;
+  * ``restarts`` (crash and hang restarts used) and ``hangs``;
+  * ``attempts``: each attempt's end, newest last,
+    ``{"attempt", "admitted_s", "ended_s", "kind", "reason", "step", "checkpoint_step"}``.
 
 Every key is optional and its type untrusted: info is JSON from the store, an older runner
 wrote other shapes, and a listing must never fail on one job. A value of the wrong type, a
-non-finite number or a negative count reads as absent; text is cut to `MAX_TEXT_CHARS`.
+non-finite number or a negative count reads as absent (`_count`, `_finite`, `_text`,
+`_mapping`); text is cut to `MAX_TEXT_CHARS`.
 
 Checkpoint overhead is training time spent stalled on checkpoints over wall time, summed over
 the ended attempts plus, while an attempt runs, the running one. Example: ended attempts
 stalled 3 s of 1000 s and the running one 1 s of 600 s: (3 + 1) / (1000 + 600) = 0.25 %.
 
-Must not: write anything, or read any other info key (``signal_token`` is a secret).
+Must not: read or write the store, or call Ray (pure functions of records and config);
+`job_facts` reads no other info key (``signal_token`` is a secret).
 """
 
 from __future__ import annotations
@@ -32,47 +42,76 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from controlplane.config import Config
+from controlplane.store import JobRecord
+from jobs.signals import trust
+from jobs.spec import JOBS_AREA
+from jobs.storage_uri import parse_storage_uri
+from policies.attempts import AttemptEnd, Reason
+
 __all__ = [
+    "PROGRESS_INFO_KEYS",
     "RESTART_KINDS",
+    "SIGNAL_TOKEN_INFO",
     "Attempt",
+    "AttemptEnd",
     "Commit",
     "JobFacts",
     "Progress",
+    "Reason",
+    "attempt_end",
+    "checkpoint_uri",
     "job_facts",
+    "uri_of",
 ]
 
 RESTART_KINDS = frozenset({"crash", "hang"})
 """Attempt ends that spend one of the job's ``max_restarts``."""
-MAX_ATTEMPTS = 100
-"""The most attempts read (the runner keeps at most this many, newest last)."""
+MAX_ATTEMPTS_KEPT = 100
+"""Attempt ends kept in a job's info (``attempts``, newest last), and the most read back."""
+ATTEMPT_REASON_CHARS = 400
+"""The most of a log tail kept as an attempt's end reason (its last characters)."""
 MAX_TEXT_CHARS = 500
-"""The longest reason, kind or URI shown; longer ones end in ``...``."""
+"""The longest reason, kind or URI `job_facts` shows; longer ones end in ``...``."""
+MAX_STEP = 10**12
+"""Steps at or above this are not believed by the runner (the checkpoint layout's step width)."""
 MAX_COUNT = 2**53
-"""Counts and steps above this are not believed (JSON numbers past it lose precision)."""
+"""Counts and steps above this are not believed by `job_facts` (JSON numbers past it lose
+precision)."""
+
+SIGNAL_TOKEN_INFO = "signal_token"
+"""The job-info key of the current attempt's signal token."""
+PROGRESS_INFO_KEYS = ("step", "step_at_s", "stall_s", "wall_s")
+"""What ``info["progress"]`` keeps of the signals actor's progress record."""
+
+_REQUEUE_INFO: Mapping[str, Any] = {
+    "preempting": None,
+    "preempt_checkpoint": None,
+    "preempt_kind": None,
+    "stopping": None,
+    "stop_sent": None,
+    "placement": None,
+    "ray_done": True,
+}
+"""What a re-queued job's info forgets (its gang is gone) and records (its Ray Job ended)."""
 
 
-def _number(value: Any) -> float | None:
-    """A finite real number, else None (bools, strings, NaN and inf are not numbers here)."""
+def _count(value: Any, most: int = MAX_STEP - 1) -> int | None:
+    """An int in [0, `most`], else None (bools, floats and strings are not counts)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+        return None
+    return value
+
+
+def _finite(value: Any) -> float | None:
+    """A finite number >= 0, else None (bools, strings, NaN and inf are not numbers here)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     try:
         number = float(value)
     except OverflowError:  # an int too large for a float
         return None
-    return number if math.isfinite(number) else None
-
-
-def _seconds(value: Any) -> float | None:
-    """A finite number >= 0, else None."""
-    number = _number(value)
-    return number if number is not None and number >= 0 else None
-
-
-def _count(value: Any) -> int | None:
-    """An int in [0, `MAX_COUNT`], else None (1.0 is not a count)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
-        return None
-    return value
+    return number if math.isfinite(number) and number >= 0 else None
 
 
 def _text(value: Any) -> str | None:
@@ -83,6 +122,113 @@ def _text(value: Any) -> str | None:
 
 def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
+
+
+def checkpoint_uri(cfg: Config, job: JobRecord) -> str:
+    """The job's checkpoint prefix: ``checkpoint.uri``, else ``<storage.uri>/jobs/<job
+    id>``, in the canonical form `jobs.storage_uri` gives it (the spec's URI passed that
+    parser at submission). The signals actor refuses checkpoint hints outside it; the
+    controller reads committed steps there; the job writes and restores only there."""
+    if job.spec.checkpoint.uri:
+        return str(parse_storage_uri(job.spec.checkpoint.uri))
+    area = f"{cfg.storage.uri.rstrip('/')}/{JOBS_AREA}"
+    return trust.checkpoint_prefix(area, job.job_id)
+
+
+def uri_of(cfg: Config, job: JobRecord) -> str:
+    """The prefix recorded at admission (a job admitted before it was recorded: now)."""
+    uri = job.info.get("checkpoint_uri")
+    return uri if isinstance(uri, str) and uri else checkpoint_uri(cfg, job)
+
+
+def attempt_end(job: JobRecord, kind: AttemptEnd, reason: str, now: float) -> dict[str, Any]:
+    """The info that records how the current attempt ended: its entry in ``attempts`` (with
+    ``checkpoint_step``, the committed step the next attempt resumes from)
+    (newest last, at most `MAX_ATTEMPTS_KEPT`), its checkpoint stall and wall seconds
+    added to the totals, its ``progress`` cleared. {} once recorded (idempotent)."""
+    attempt = _count(job.info.get("attempt"))
+    if not attempt:
+        return {}
+    raw = job.info.get("attempts")
+    attempts = [a for a in raw if isinstance(a, Mapping)] if isinstance(raw, list) else []
+    if attempts and attempts[-1].get("attempt") == attempt:
+        return {}
+    progress = _mapping(job.info.get("progress"))
+    # The step the next attempt resumes from, as storage showed it when this one ended: the
+    # step that answered a preemption request, else the newest committed one.
+    committed = _count(job.info.get("preempt_checkpoint"))
+    if committed is None:
+        committed = _count(_mapping(job.info.get("checkpoint")).get("step"))
+    attempts.append(
+        {
+            "attempt": attempt,
+            "admitted_s": _finite(job.info.get("admitted_s")),
+            "ended_s": now,
+            "kind": kind.value,
+            "reason": reason[-ATTEMPT_REASON_CHARS:],
+            "step": _count(progress.get("step")),
+            "checkpoint_step": committed,
+        }
+    )
+    totals = {}
+    for key in ("stall_s", "wall_s"):
+        before = _finite(job.info.get(f"{key}_total")) or 0.0
+        totals[f"{key}_total"] = before + (_finite(progress.get(key)) or 0.0)
+    return {"attempts": attempts[-MAX_ATTEMPTS_KEPT:], "progress": None, **totals}
+
+
+def _reported_step(value: Any) -> int | None:
+    """A step the signals actor passed on as a number: its progress stats are floats
+    (``committed_step`` 99 arrives as 99.0); an integral finite one in range, else None."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    return _count(value)
+
+
+def _info_step(value: Any) -> int | None:
+    """The step of ``info["checkpoint"]`` when it is one the controller read from storage
+    (an older runner stored the loop's word there, without ``read_s``: not believed)."""
+    if not isinstance(value, Mapping) or "read_s" not in value:
+        return None
+    return _count(value.get("step"))
+
+
+def _hint_step(value: Any, attempt: Any) -> int | None:
+    """The step of the signals actor's checkpoint hint, when it is this attempt's."""
+    if not isinstance(value, Mapping) or value.get("attempt") != attempt:
+        return None
+    return _count(value.get("step"))
+
+
+def _progress_of(sig: Mapping[str, Any], attempt: Any) -> dict[str, Any] | None:
+    """This attempt's progress from the signals actor, checked: ``step`` a count,
+    ``step_at_s`` a finite time, ``stall_s``/``wall_s`` finite (else 0), ``committed_step`` a
+    count or None. None (the watchdog stays unarmed) for anything else: another attempt's, no
+    step yet, a malformed record."""
+    raw = sig.get("progress") if isinstance(sig, Mapping) else None
+    if sig.get("attempt") != attempt or not isinstance(raw, Mapping):
+        return None
+    step, step_at_s = _count(raw.get("step")), _finite(raw.get("step_at_s"))
+    if step is None or step_at_s is None:
+        return None
+    return {
+        "step": step,
+        "step_at_s": step_at_s,
+        "stall_s": _finite(raw.get("stall_s")) or 0.0,
+        "wall_s": _finite(raw.get("wall_s")) or 0.0,
+        "committed_step": _reported_step(raw.get("committed_step")),
+    }
+
+
+def _submission_id(job_id: str, info: Mapping[str, Any]) -> str | None:
+    """The current attempt's Ray submission id from a job's info, trusting no type."""
+    sid = info.get("submission_id")
+    if isinstance(sid, str) and sid:
+        return sid
+    attempt = info.get("attempt")
+    if isinstance(attempt, int) and not isinstance(attempt, bool) and attempt > 0:
+        return f"{job_id}-{attempt}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -158,22 +304,22 @@ def _commit(raw: Any) -> Commit | None:
     """The committed step, when the controller read it from storage (``read_s``): an older
     runner stored the training loop's own word under the same key, which is not believed."""
     data = _mapping(raw)
-    step = _count(data.get("step"))
-    if step is None or _seconds(data.get("read_s")) is None:
+    step = _count(data.get("step"), MAX_COUNT)
+    if step is None or _finite(data.get("read_s")) is None:
         return None
-    return Commit(step, _text(data.get("uri")), _seconds(data.get("committed_unix_s")))
+    return Commit(step, _text(data.get("uri")), _finite(data.get("committed_unix_s")))
 
 
 def _progress(raw: Any) -> Progress | None:
     data = _mapping(raw)
-    step = _count(data.get("step"))
+    step = _count(data.get("step"), MAX_COUNT)
     if step is None:
         return None
     return Progress(
         step=step,
-        step_at_s=_seconds(data.get("step_at_s")),
-        stall_s=_seconds(data.get("stall_s")) or 0.0,
-        wall_s=_seconds(data.get("wall_s")) or 0.0,
+        step_at_s=_finite(data.get("step_at_s")),
+        stall_s=_finite(data.get("stall_s")) or 0.0,
+        wall_s=_finite(data.get("wall_s")) or 0.0,
     )
 
 
@@ -181,20 +327,20 @@ def _attempts(raw: Any) -> tuple[Attempt, ...]:
     if not isinstance(raw, list):
         return ()
     out = []
-    for item in raw[-MAX_ATTEMPTS:]:
+    for item in raw[-MAX_ATTEMPTS_KEPT:]:
         data = _mapping(item)
         kind = _text(data.get("kind"))
         if kind is None:
             continue
         out.append(
             Attempt(
-                attempt=_count(data.get("attempt")),
-                admitted_s=_seconds(data.get("admitted_s")),
-                ended_s=_seconds(data.get("ended_s")),
+                attempt=_count(data.get("attempt"), MAX_COUNT),
+                admitted_s=_finite(data.get("admitted_s")),
+                ended_s=_finite(data.get("ended_s")),
                 kind=kind,
                 reason=_text(data.get("reason")) or "",
-                step=_count(data.get("step")),
-                checkpoint_step=_count(data.get("checkpoint_step")),
+                step=_count(data.get("step"), MAX_COUNT),
+                checkpoint_step=_count(data.get("checkpoint_step"), MAX_COUNT),
             )
         )
     return tuple(out)
@@ -203,18 +349,18 @@ def _attempts(raw: Any) -> tuple[Attempt, ...]:
 def job_facts(info: Mapping[str, Any]) -> JobFacts:
     """Read the runner's recovery keys of `info` (see the module doc); never raises."""
     attempts = _attempts(info.get("attempts"))
-    restarts = _count(info.get("restarts"))
+    restarts = _count(info.get("restarts"), MAX_COUNT)
     if restarts is None:
         restarts = sum(1 for a in attempts if a.kind in RESTART_KINDS)
-    hangs = _count(info.get("hangs"))
+    hangs = _count(info.get("hangs"), MAX_COUNT)
     if hangs is None:
         hangs = sum(1 for a in attempts if a.kind == "hang")
     return JobFacts(
         checkpoint_uri=_text(info.get("checkpoint_uri")),
         commit=_commit(info.get("checkpoint")),
         progress=_progress(info.get("progress")),
-        ended_stall_s=_seconds(info.get("stall_s_total")) or 0.0,
-        ended_wall_s=_seconds(info.get("wall_s_total")) or 0.0,
+        ended_stall_s=_finite(info.get("stall_s_total")) or 0.0,
+        ended_wall_s=_finite(info.get("wall_s_total")) or 0.0,
         restarts=restarts,
         hangs=hangs,
         attempts=attempts,

@@ -25,7 +25,7 @@ from controlplane.config import load_config
 from controlplane.loop.act.nodes import Remediator
 from controlplane.loop.job_metrics import GpuHoursMeter, job_gauges
 from controlplane.store import JobRecord, JobState, Store, reliability
-from controlplane.store.job_info import MAX_ATTEMPTS, MAX_TEXT_CHARS, job_facts
+from controlplane.store.job_info import MAX_ATTEMPTS_KEPT, MAX_TEXT_CHARS, job_facts
 from jobs.spec import JobSpec
 from tests.unit.api.test_api_server import TOKEN, Server
 from tests.unit.loop.test_health_actuation import FakeNodes
@@ -182,10 +182,10 @@ def test_a_step_storage_never_confirmed_is_not_shown_as_committed() -> None:
 def test_long_reasons_are_cut_and_only_the_newest_attempts_kept() -> None:
     many = [{"attempt": i, "kind": "crash", "reason": "x" * 5000} for i in range(300)]
     facts = job_facts({"attempts": many})
-    assert len(facts.attempts) == MAX_ATTEMPTS
+    assert len(facts.attempts) == MAX_ATTEMPTS_KEPT
     assert facts.attempts[-1].attempt == 299
     assert len(facts.attempts[0].reason) == MAX_TEXT_CHARS
-    assert facts.restarts == MAX_ATTEMPTS  # counted from the attempts when not recorded
+    assert facts.restarts == MAX_ATTEMPTS_KEPT  # counted from the attempts when not recorded
 
 
 # -- the SDK and the CLI -------------------------------------------------------------------

@@ -36,7 +36,7 @@ Beside it, below the loop: `controlplane.adapters.ray_jobs` - the Ray Jobs adapt
 module that calls Ray's Job Submission API, the dashboard (stacks via py-spy) and the job
 signals actor; `controlplane.adapters.job_logs` - attempts' logs for `rcp logs`, read from
 Ray by byte range, never whole (`controlplane.adapters.driver_logs`);
-`controlplane.store.attempt_info` - the reason codes, attempt-end kinds and job-info keys the
+`controlplane.store.job_info` - the reason codes, attempt-end kinds and job-info keys the
 runner writes, and the checked readers of them.
 
 What the job's info records (the API, CLI and metrics read exactly these keys,
@@ -45,7 +45,7 @@ What the job's info records (the API, CLI and metrics read exactly these keys,
 storage; ``progress`` = the running attempt's ``{"step", "step_at_s", "stall_s", "wall_s"}``
 from the signals actor (present only while an attempt runs); ``stall_s_total``/
 ``wall_s_total`` over ended attempts; ``restarts`` (crash and hang restarts used); ``hangs``;
-``attempts`` (newest last, at most `attempt_info.MAX_ATTEMPTS_KEPT`) = ``{"attempt",
+``attempts`` (newest last, at most `job_info.MAX_ATTEMPTS_KEPT`) = ``{"attempt",
 "admitted_s", "ended_s", "kind", "reason", "step"}`` with ``kind`` an `AttemptEnd` and
 ``step`` the last step the attempt reported (None: none). A give-up's attempt has kind
 ``failed``.

@@ -26,7 +26,7 @@ from controlplane.adapters.checkpoints import CheckpointReader, CommittedStep
 from controlplane.config import Config
 from controlplane.loop.act.jobs.background import _Background
 from controlplane.store import JobRecord, JobState, Store, UnknownJob
-from controlplane.store.attempt_info import (
+from controlplane.store.job_info import (
     _finite,
     _hint_step,
     _info_step,

@@ -38,7 +38,7 @@ from controlplane.loop.act.jobs import limits
 from controlplane.loop.act.jobs.background import _Background
 from controlplane.storage import JobCredentialMinter
 from controlplane.store import JobRecord
-from controlplane.store.attempt_info import _finite, uri_of
+from controlplane.store.job_info import _finite, uri_of
 from jobs.storage_credentials import JobCredentialsMode, StorageCredentials
 from jobs.storage_uri import StorageUri, parse_storage_uri
 from policies.credentials import CredentialsAction, credentials_action

@@ -30,7 +30,7 @@ from controlplane.adapters.ray_jobs import RayJobsApi
 from controlplane.config import Config
 from controlplane.policy_config import attempt_config
 from controlplane.store import JobRecord, JobState, Store, reliability
-from controlplane.store.attempt_info import _REQUEUE_INFO, Reason, attempt_end
+from controlplane.store.job_info import _REQUEUE_INFO, Reason, attempt_end
 from policies.attempts import EndJob, RequeueGang, start_failure
 from policies.restarts import RestartRecord
 

@@ -36,7 +36,7 @@ from controlplane.loop.act.jobs.credentials import JobCredentials
 from controlplane.loop.act.jobs.ends import AttemptEnds
 from controlplane.ray_connection import ray_connection_env
 from controlplane.store import JobRecord, JobState, Store, reliability
-from controlplane.store.attempt_info import (
+from controlplane.store.job_info import (
     SIGNAL_TOKEN_INFO,
     Reason,
     _info_step,

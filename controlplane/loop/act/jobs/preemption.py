@@ -25,7 +25,7 @@ from collections.abc import Callable
 from controlplane.adapters.ray_jobs import _ENDED, RayJobsApi, RayJobStatus
 from controlplane.loop.act.jobs.ends import AttemptEnds
 from controlplane.store import JobRecord, JobState, Store
-from controlplane.store.attempt_info import (
+from controlplane.store.job_info import (
     _REQUEUE_INFO,
     AttemptEnd,
     Reason,

@@ -55,7 +55,7 @@ from controlplane.store import (
     Store,
     UnknownJob,
 )
-from controlplane.store.attempt_info import (
+from controlplane.store.job_info import (
     ATTEMPT_REASON_CHARS,
     PROGRESS_INFO_KEYS,
     SIGNAL_TOKEN_INFO,
@@ -63,6 +63,7 @@ from controlplane.store.attempt_info import (
     _count,
     _finite,
     _info_step,
+    _mapping,
     _progress_of,
     _submission_id,
     attempt_end,
@@ -87,10 +88,6 @@ from policies.restarts import RestartRecord, failure_signature
 __all__ = ["JobRunner"]
 
 log = logging.getLogger(__name__)
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from controlplane.adapters.ray_jobs import STACK_MAX_CHARS, RayJobsApi
 from controlplane.loop.act.jobs import limits
 from controlplane.loop.act.jobs.background import _Background
 from controlplane.store import JobRecord, Store, reliability
-from controlplane.store.attempt_info import AttemptEnd, _count
+from controlplane.store.job_info import AttemptEnd, _count
 from policies.attempts import StopHungGang
 
 __all__ = ["HANG_HEADER", "Watchdog"]

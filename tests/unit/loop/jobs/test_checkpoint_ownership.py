@@ -12,7 +12,7 @@ import pytest
 
 from controlplane.config import Config
 from controlplane.store import JobRecord, JobState
-from controlplane.store.attempt_info import checkpoint_uri
+from controlplane.store.job_info import checkpoint_uri
 from jobs.checkpoint import CheckpointEngine
 from jobs.checkpoint.layout import manifest_key, shard_key
 from jobs.checkpoint.retention import should_abort_upload
