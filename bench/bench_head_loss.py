@@ -52,6 +52,7 @@ from controlplane.config import load_config  # noqa: E402
 from controlplane.local.cluster import LocalCluster  # noqa: E402
 from controlplane.local.ports import isolated_overrides  # noqa: E402
 from controlplane.local.processes import kill_now, node_processes  # noqa: E402
+from controlplane.local.state_file import head_node_id  # noqa: E402
 from controlplane.sdk import Client  # noqa: E402
 from tests.integration.conftest import (  # noqa: E402
     HEAD_LOSS_CLUSTER,
@@ -153,7 +154,7 @@ def _scenario(
         time.sleep(2.0)
         assert client.status(queued).state == "QUEUED"
         state = cluster.read_state()
-        head_id = LocalCluster.head_node_id(state)
+        head_id = head_node_id(state)
         head = node_processes(state["cluster_id"], [state["temp_dir"]], head_id)
         with RetryOnceLoad(serve_url) as load:
             load.answered_since(0, 30)

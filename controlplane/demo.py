@@ -36,6 +36,7 @@ from typing import Any
 
 from controlplane.config import Config
 from controlplane.local.cluster import LocalCluster
+from controlplane.local.prometheus import prometheus_url
 from controlplane.ray_connection import ClusterError, connect
 from controlplane.sdk import ApiError, Client
 from controlplane.storage import bucket_of, s3_client
@@ -344,7 +345,7 @@ def run_demo(
         _section(echo, "traffic during all of it")
         echo(traffic.summary())
         _section(echo, "the timeline")
-        prometheus = cluster.prometheus_url if running.observability.prometheus else None
+        prometheus = prometheus_url(cfg) if running.observability.prometheus else None
         if prometheus is not None:
             # The replicas' return reaches Prometheus one export and a scrape after it happened:
             # draw once it is there, or the picture ends before the story does.

@@ -250,8 +250,8 @@ class Operations:
             **self._serve_status(),
             "policy": self.policy(),
             "latency": latency,
-            "providers": list(self.loop.provider_rows),
-            "forecast": dict(self.loop.forecast_rows),
+            "providers": list(self.loop.tick_metrics.provider_rows),
+            "forecast": dict(self.loop.tick_metrics.forecast_rows),
         }
 
     def pause(self, by: str, reason: str) -> dict[str, Any]:

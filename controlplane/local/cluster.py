@@ -90,27 +90,18 @@ class LocalCluster:
         self.state_dir = cfg.state_path
         self.temp_dir = ray_temp_dir(cfg)
         self.log_dir = self.state_dir / "logs"
+        self.state_file = state_file_path(cfg)
 
     # -- state file -------------------------------------------------------------------------
-    @property
-    def state_file(self) -> Path:
-        return state_file_path(self.cfg)
-
     def read_state(self) -> dict[str, Any] | None:
         return read_state(self.state_file)
-
-    def _write_state(self, state: dict[str, Any]) -> None:
-        write_state(self.state_file, state)
 
     def running_config(self) -> Config | None:
         """The config the running cluster was started with, if one runs."""
         state = self.read_state()
-        if state and self.is_running(state):
+        if state and is_running(state):
             return from_dict(state["config"])
         return None
-
-    def is_running(self, state: dict[str, Any] | None = None) -> bool:
-        return is_running(state if state is not None else self.read_state())
 
     # -- up ---------------------------------------------------------------------------------
     def up(self, echo: Echo = print) -> list[Endpoint]:
@@ -125,13 +116,13 @@ class LocalCluster:
     def _up(self, echo: Echo) -> list[Endpoint]:
         self._make_state_dir_private(echo)
         state = self.read_state()
-        if state and self.is_running(state):
+        if state and is_running(state):
             echo(f"already running (cluster {state['cluster_id']}, started {state['started_at']})")
-            self._ensure_edge(state, echo)
+            ensure_edge(self.cfg, state, self.state_file, self.log_dir, echo)
             known = [Endpoint(**e) for e in state["endpoints"]]
             for ep in known:
                 echo(f"{ep.name}: {ep.url}")
-            echo(f"ray token: {self.ray_token_file}")
+            echo(f"ray token: {ray_token_path(self.cfg)}")
             return known
         if state and self._head_lost(state):
             echo(f"the head of cluster {state['cluster_id']} is down and its workers live on")
@@ -144,8 +135,8 @@ class LocalCluster:
         check_ports_free(self.cfg)
         cluster_id = uuid.uuid4().hex[:12]
         # A new token for every new cluster; clients read it from the file (never printed).
-        write_private(self.ray_token_file, secrets.token_hex(32) + "\n")
-        env = self._env(cluster_id)
+        write_private(ray_token_path(self.cfg), secrets.token_hex(32) + "\n")
+        env = node_env(self.cfg, cluster_id)
         if self.cfg.observability.prometheus:
             # The dashboard reads it when the head starts: its Metrics tab queries this server.
             env["RAY_PROMETHEUS_HOST"] = prometheus_url(self.cfg)
@@ -160,13 +151,13 @@ class LocalCluster:
             "endpoints": [],
             "serve_proxies": serve_proxy_ports(self.cfg),
         }
-        self._write_state(state)
+        write_state(self.state_file, state)
         endpoints: list[Endpoint] = []
 
         def announce(ep: Endpoint) -> None:
             endpoints.append(ep)
             state["endpoints"] = [ep.__dict__ for ep in endpoints]
-            self._write_state(state)
+            write_state(self.state_file, state)
             echo(f"{ep.name}: {ep.url}")
 
         try:
@@ -187,7 +178,9 @@ class LocalCluster:
                 )
             )
             announce(Endpoint("ray", gcs_address(self.cfg)))
-            echo(f"ray token: {self.ray_token_file} (clients and the dashboard's login read it)")
+            echo(
+                f"ray token: {ray_token_path(self.cfg)} (clients and the dashboard's login read it)"
+            )
             connect(self.cfg)
             wait_for_cluster_pool(self.cfg)
             announce(
@@ -211,15 +204,10 @@ class LocalCluster:
             self._stop(state, echo=lambda _m: None)
             raise
         state["status"] = "running"
-        self._write_state(state)
+        write_state(self.state_file, state)
         return endpoints
 
     # -- the head coming back -------------------------------------------------------------
-    @staticmethod
-    def head_node_id(state: dict[str, Any]) -> str:
-        """The Ray node id of the cluster's head now (`state_file.head_node_id`)."""
-        return head_node_id(state)
-
     def _head_lost(self, state: dict[str, Any]) -> bool:
         """The recorded cluster runs with GCS fault tolerance, its GCS does not answer, and a
         worker node's raylet of it is still alive: the head can come back to it."""
@@ -232,7 +220,7 @@ class LocalCluster:
             with contextlib.suppress(psutil.Error):
                 if proc.name() == "raylet" and proc.environ().get(NODE_ID_ENV) not in (
                     None,
-                    self.head_node_id(state),
+                    head_node_id(state),
                 ):
                     return True
         return False
@@ -267,13 +255,13 @@ class LocalCluster:
         # A head whose GCS died is gone as a whole (KubeRay restarts its container): what is
         # left of it (its raylet waiting for the GCS, the dashboard) goes first.
         leftovers = node_processes(
-            state["cluster_id"], self.process_roots(state), self.head_node_id(state)
+            state["cluster_id"], self.process_roots(state), head_node_id(state)
         )
         if leftovers:
             echo(f"stopping what is left of the old head ({len(leftovers)} processes)")
             terminate(leftovers)
         with private_umask():
-            env = self._env(state["cluster_id"])
+            env = node_env(self.cfg, state["cluster_id"])
             if self.cfg.observability.prometheus:
                 env["RAY_PROMETHEUS_HOST"] = prometheus_url(self.cfg)
             redis = LocalRedis(self.cfg)
@@ -290,10 +278,10 @@ class LocalCluster:
             env.pop("RAY_FAKE_CLUSTER", None)
             env.update({NODE_ID_ENV: node_id, "RAY_CLOUD_INSTANCE_ID": node_id})
             state["head_node_id"] = node_id
-            self._write_state(state)
+            write_state(self.state_file, state)
             start_head(self.cfg, env, None, self.log_dir)
             echo(f"ray: {gcs_address(self.cfg)} (head restarted)")
-            self._ensure_edge(state, echo)
+            ensure_edge(self.cfg, state, self.state_file, self.log_dir, echo)
             connect(self.cfg)
             url = deploy(self.cfg)
         echo(f"api: {url}")
@@ -306,20 +294,6 @@ class LocalCluster:
         private_dir(self.state_dir)
         if narrow_private(self.state_dir.resolve()):
             echo(f"note: {self.state_dir} was readable by other users; it is now 0700")
-
-    @property
-    def ray_token_file(self) -> Path:
-        return ray_token_path(self.cfg)
-
-    def _env(self, cluster_id: str) -> dict[str, str]:
-        return node_env(self.cfg, cluster_id)
-
-    @property
-    def prometheus_url(self) -> str:
-        return prometheus_url(self.cfg)
-
-    def _ensure_edge(self, state: dict[str, Any], echo: Echo) -> None:
-        ensure_edge(self.cfg, state, self.state_file, self.log_dir, echo)
 
     # -- down -------------------------------------------------------------------------------
     def down(self, echo: Echo = print) -> int:

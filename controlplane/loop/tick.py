@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from controlplane.adapters.serve import ServePlane
 from controlplane.config import Config
@@ -201,16 +201,6 @@ class Loop:
         """The last tick's per-model load and p99 (`rcp serve status` shows them)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-
-    @property
-    def provider_rows(self) -> list[dict[str, Any]]:
-        """Each external provider as the last tick saw it (`rcp serve status`)."""
-        return self.tick_metrics.provider_rows
-
-    @property
-    def forecast_rows(self) -> dict[str, Any]:
-        """Serving's forecast as the last tick saw it (`rcp serve status`)."""
-        return self.tick_metrics.forecast_rows
 
     # -- the thread ----------------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ from controlplane.local.head import node_env
 from controlplane.local.ports import port_in_use
 from controlplane.local.processes import find_cluster_processes, kill_now, node_processes
 from controlplane.local.redis import LocalRedis
+from controlplane.local.state_file import head_node_id
 from controlplane.sdk import Client, Job
 from tests.integration.conftest import (
     HEAD_LOSS_CLUSTER,
@@ -211,7 +212,7 @@ def test_killing_the_node_whose_proxy_requests_entered_never_gives_a_wrong_answe
         n
         for n, status in proxy_nodes().items()
         if status == "HEALTHY"
-        and n != LocalCluster.head_node_id(cluster.read_state())
+        and n != head_node_id(cluster.read_state())
         and n not in replica_nodes("Backend")
     )
     state = cluster.read_state()
@@ -258,7 +259,7 @@ def test_traffic_and_running_gangs_survive_the_head_and_the_control_plane_comes_
 
     cfg, cluster, client = ha_cluster
     serve_url = next(e["url"] for e in cluster.read_state()["endpoints"] if e["name"] == "serve")
-    head_id = LocalCluster.head_node_id(cluster.read_state())
+    head_id = head_node_id(cluster.read_state())
     wait_for("proxies and an ingress off the head", lambda: serving_proxies_ready(head_id, 1), 120)
 
     release = tmp_path / "release"
@@ -275,9 +276,7 @@ def test_traffic_and_running_gangs_survive_the_head_and_the_control_plane_comes_
     assert client.status(queued).state == "QUEUED", client.status(queued).message
 
     state = cluster.read_state()
-    head = node_processes(
-        state["cluster_id"], [state["temp_dir"]], LocalCluster.head_node_id(state)
-    )
+    head = node_processes(state["cluster_id"], [state["temp_dir"]], head_node_id(state))
     assert named(head, "gcs_server") and named(head, "raylet"), head
     pids = {kind: gang_pids(log) for kind, log in logs.items()}
     assert all(len(p) == 1 for p in pids.values()), pids

@@ -17,6 +17,8 @@ import pytest
 
 from controlplane.config import ConfigError, load_config
 from controlplane.local.cluster import LocalCluster
+from controlplane.local.head import node_env
+from controlplane.local.state_file import write_state
 from controlplane.ray_connection import (
     RAY_AUTH_TOKEN_ENV,
     ClusterError,
@@ -66,7 +68,7 @@ def _api_url(state: Path) -> list[Path]:
 
 def _cluster_state(state: Path) -> list[Path]:
     cluster = LocalCluster(load_config(None, [f"state_dir={state}"]))
-    cluster._write_state({"cluster_id": "x", "status": "starting"})
+    write_state(cluster.state_file, {"cluster_id": "x", "status": "starting"})
     return [cluster.state_file]
 
 
@@ -217,7 +219,7 @@ def test_every_ray_process_runs_with_token_auth_from_the_file(
     monkeypatch.setenv(RAY_AUTH_TOKEN_ENV, "a-token-for-some-other-cluster")
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     cfg = load_config(None, [f"state_dir={tmp_path}"])
-    env = LocalCluster(cfg)._env("cid")
+    env = node_env(cfg, "cid")
     assert env["RAY_AUTH_MODE"] == "token"
     assert env["RAY_AUTH_TOKEN_PATH"] == str(ray_token_path(cfg).resolve())
     # The value would win over the file in Ray's lookup; it is never passed on.

@@ -169,7 +169,7 @@ def test_a_claim_rents_from_the_cheapest_provider_first_and_the_rest_from_the_ne
     assert g[("rcp_external_provider_gpus_live", (("provider", "dear"),))] == 2.0
     assert g[("rcp_external_provider_gpus_requested", (("provider", "cheap"),))] == 1.0
     assert g[("rcp_external_provider_out", (("provider", "cheap"),))] == 0.0
-    lines = provider_lines(w.loop.provider_rows)
+    lines = provider_lines(w.loop.tick_metrics.provider_rows)
     assert lines == [
         "provider:     dear $3/GPU-h, GPUs live 2 asked 1 of 2: delivering",
         "provider:     cheap $1/GPU-h, GPUs live 1 asked 1 of 1: delivering",

@@ -365,7 +365,7 @@ def test_on_the_loop_a_long_gang_waits_for_the_forecast_peak_and_a_short_one_bac
     assert waited.startswith("serving-forecast")
     assert w.metrics.gauges[("rcp_serving_forecast_cluster_gpus", ())] == 3.0
     assert w.metrics.gauges[("rcp_serving_forecast_peak_replicas", (("model", "sample"),))] == 5.0
-    assert forecast_lines(w.loop.forecast_rows) == [
+    assert forecast_lines(w.loop.tick_metrics.forecast_rows) == [
         "forecast:     sample peaks at 5 replica(s) in 15m (next 24 h, from its daily profile)",
         "forecast:     serving needs 3 cluster GPU(s) the providers cannot host in 15m: gangs "
         "whose run would overlap it wait (serving-forecast)",

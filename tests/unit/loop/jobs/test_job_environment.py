@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from controlplane.config import load_config
-from controlplane.local.cluster import LocalCluster
+from controlplane.local.head import node_env
 from controlplane.loop.act.jobs.runner import JobRunner
 from controlplane.storage import EMBEDDED_ACCESS_KEY, EMBEDDED_SECRET_KEY
 from controlplane.store import Store, reliability
@@ -91,14 +91,14 @@ def test_local_nodes_carry_the_embedded_keys_only_when_jobs_share_them_and_profi
     monkeypatch.setenv("PATH", "/usr/bin")
     monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
-    scoped = LocalCluster(load_config(None, [f"state_dir={tmp_path}"]))._env("cid")
+    scoped = node_env(load_config(None, [f"state_dir={tmp_path}"]), "cid")
     assert "AWS_ACCESS_KEY_ID" not in scoped and "AWS_SECRET_ACCESS_KEY" not in scoped
     shared = [f"state_dir={tmp_path}", "storage.job_credentials=shared"]
-    env = LocalCluster(load_config(None, shared))._env("cid")
+    env = node_env(load_config(None, shared), "cid")
     assert env["AWS_ACCESS_KEY_ID"] == EMBEDDED_ACCESS_KEY
     assert env["AWS_SECRET_ACCESS_KEY"] == EMBEDDED_SECRET_KEY
     assert env["RAY_DASHBOARD_ENABLE_PROFILING"] == "1"
     assert env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
     assert os.path.exists(os.path.join(os.path.dirname(sys.executable), "py-spy"))
     real = load_config(None, [*shared, "storage.embedded=false"])
-    assert "AWS_ACCESS_KEY_ID" not in LocalCluster(real)._env("cid")
+    assert "AWS_ACCESS_KEY_ID" not in node_env(real, "cid")
