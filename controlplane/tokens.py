@@ -100,12 +100,5 @@ def bearer_matches(header: str | None, expected: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(sent, expected.encode("utf-8"))
 
 
-def read_token(state_dir: Path) -> str | None:
-    try:
-        return (Path(state_dir) / TOKEN_FILE).read_text().strip() or None
-    except FileNotFoundError:
-        return None
-
-
 def write_url(state_dir: Path, url: str) -> None:
     write_private(Path(state_dir) / URL_FILE, url + "\n")

@@ -226,9 +226,6 @@ class ServingForecast:
         if self.bin_s <= 0 or not all(g >= 0 for g in self.need_gpus):
             raise ValueError("a forecast needs bin_s > 0 and no negative need")
 
-    def slot_start_s(self, k: int) -> float:
-        return self.start_s + k * self.bin_s
-
 
 def serving_forecast(
     models: Iterable[ForecastModel],

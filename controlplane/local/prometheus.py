@@ -41,7 +41,6 @@ from controlplane.observability import (
     prometheus_dir,
     ray_metrics_sd_file,
     write_file_sd,
-    write_telemetry_targets,
 )
 
 __all__ = ["LocalPrometheus", "PrometheusError", "prometheus_url", "start_for_cluster"]
@@ -173,10 +172,6 @@ class LocalPrometheus:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=timeout_s)
-
-    def refresh_telemetry_targets(self) -> list[dict[str, Any]]:
-        """Rewrite the telemetry agents' target list (needs a Ray connection)."""
-        return write_telemetry_targets(self.telemetry_sd_file)
 
     def api(self, path: str, params: Mapping[str, str] | None = None) -> Any:
         """GET ``/api/v1/<path>``; the ``data`` of a successful answer."""

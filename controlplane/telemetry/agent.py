@@ -3,7 +3,7 @@
 Owns: `TelemetryAgent` (plain class; `manager` wraps it with `ray.remote`): a background thread
 that samples every `telemetry.interval_s`, the node's Prometheus endpoint (bound to the node's
 own address on its own port), and methods the manager calls: `info`, `latest`, `recent`,
-`sample_now`, `inject_fault`, `stop`.
+`inject_fault`, `stop`.
 Must not: judge health or act; a failing read is recorded in the summary's problems and the
 loop goes on.
 """
@@ -133,10 +133,6 @@ class TelemetryAgent:
         if after_s is not None:
             summaries = [s for s in summaries if float(s["sampled_s"]) > after_s]
         return summaries
-
-    def sample_now(self) -> Summary:
-        with self._lock:
-            return self.sampler.sample()
 
     def inject_fault(self, kind: str) -> dict[str, Any]:
         """Inject a fault into the simulated source; effective from the next sample."""

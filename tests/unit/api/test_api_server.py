@@ -34,7 +34,7 @@ from controlplane.sdk import (
     SpecRejected,
 )
 from controlplane.store import JobState, Store
-from controlplane.tokens import ensure_token, read_token
+from controlplane.tokens import ensure_token
 from jobs.spec import JobSpec
 from tests.unit.moto_s3 import moto_s3
 
@@ -379,7 +379,7 @@ def test_token_file_is_created_once_with_mode_0600(tmp_path: Path) -> None:
     token = ensure_token(tmp_path)
     path = tmp_path / "api-token"
     assert path.stat().st_mode & 0o777 == 0o600
-    assert ensure_token(tmp_path) == token == read_token(tmp_path)
+    assert ensure_token(tmp_path) == token == path.read_text().strip()
 
 
 def test_client_finds_url_and_token_in_the_state_dir(
