@@ -13,23 +13,18 @@ needed in local mode (`from_config` returns None there).
 from __future__ import annotations
 
 from controlplane.kube.actuator import (
-    CordonResult,
     KubeConflictError,
     KubeNotFoundError,
     KubeRateLimitedError,
     KubeRefusedError,
     KubernetesActuator,
     KubernetesActuatorError,
-    RemoveNodeResult,
-    ScaleResult,
-    UncordonResult,
     reason_slug,
 )
 from controlplane.kube.connect import from_config
 from controlplane.kube.remote import RemoteKubernetesActuator
 
 __all__ = [
-    "CordonResult",
     "KubeConflictError",
     "KubeNotFoundError",
     "KubeRateLimitedError",
@@ -37,9 +32,6 @@ __all__ = [
     "KubernetesActuator",
     "KubernetesActuatorError",
     "RemoteKubernetesActuator",
-    "RemoveNodeResult",
-    "ScaleResult",
-    "UncordonResult",
     "from_config",
     "reason_slug",
 ]

@@ -17,6 +17,6 @@ Where each phase lives:
 The external systems are reached only through `controlplane.adapters`.
 """
 
-from controlplane.loop.tick import Adapters, Hooks, Loop, TickStats, tick_stalled
+from controlplane.loop.tick import Adapters, Hooks, Loop
 
-__all__ = ["Adapters", "Hooks", "Loop", "TickStats", "tick_stalled"]
+__all__ = ["Adapters", "Hooks", "Loop"]
