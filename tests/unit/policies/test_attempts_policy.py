@@ -1,8 +1,10 @@
 """`policies.attempts`: every transition the job runner made, as a table.
 
 Each row is one line of the module doc's table (the number in its id), with the variants the
-old runner had (`controlplane/loop/act/jobs`: `job_runner._reconcile_one`, `preemption`,
-`watchdog`, `ends`), listed before it was deleted.
+runner had before the table replaced its decisions (4a5c56f's
+`controlplane/service/runner`: `job_runner._reconcile_one`, `preemption.preempting`,
+`watchdog.watch` and `stopping`, `ends.start_failed` and `gang_failed`, `_stop_ended`),
+listed from that code before it was deleted.
 """
 
 from __future__ import annotations

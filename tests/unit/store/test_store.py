@@ -319,7 +319,7 @@ def test_tick_reads_parse_active_rows_only(store: Store, monkeypatch: pytest.Mon
         return real(row)
 
     monkeypatch.setattr(store_module, "_job", counting)
-    # What a tick reads: the observe phase and `JobRunner.reconcile`.
+    # What a tick reads: the observe phase and `JobRunner.observe` / `apply`.
     store.list_jobs(states=[S.QUEUED, S.ADMITTED, S.RUNNING])
     store.list_jobs(states=[S.ADMITTED, S.RUNNING])
     store.list_jobs(states=[S.PREEMPTED])
