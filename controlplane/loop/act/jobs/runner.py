@@ -361,13 +361,23 @@ class JobRunner:
     def _upkeep(self, seen: _Seen) -> None:
         jobs = [job for job, _ in seen.jobs.values()]
         sigs = {job_id: sig for job_id, (_, sig) in seen.jobs.items()}
-        self._credentials.refresh(jobs, sigs, seen.deadline_s)
-        self._credentials.forget_others(set(seen.jobs))
-        for job in self.store.list_jobs(states=[JobState.PREEMPTED]):
+        try:  # one failing step of the upkeep never keeps the others (or admission) back
+            self._credentials.refresh(jobs, sigs, seen.deadline_s)
+            self._credentials.forget_others(set(seen.jobs))
+        except Exception:
+            log.exception("keeping jobs' storage credentials fresh failed; tried next tick")
+        try:
+            stranded = self.store.list_jobs(states=[JobState.PREEMPTED])
+        except Exception:
+            log.exception("reading stranded preemptions failed; tried next tick")
+            stranded = []
+        for job in stranded:
             try:
                 self._preemption.requeue_stranded(job)
             except (StaleState, IllegalTransition):
                 continue
+            except Exception:
+                log.exception("re-queueing stranded job %s failed", job.job_id)
         now = self.clock()
         if self._last_sweep_s is None or now - self._last_sweep_s >= limits.ORPHAN_SWEEP_INTERVAL_S:
             self._last_sweep_s = now

@@ -778,3 +778,28 @@ def test_ray_jobs_lists_only_its_own_live_submissions(env: Any) -> None:
         ]
     )
     assert jobs.rcp_submissions() == {"j-1": RayJobStatus.RUNNING}
+
+
+def test_a_failing_upkeep_step_keeps_back_neither_the_plan_nor_the_other_steps(
+    env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The credentials refresh runs after the lifecycle plan in `apply`: when it raises, the
+    gang still goes RUNNING, stranded preemptions are still re-queued, and `apply` returns
+    (the loop's act phase goes on to admission's plan)."""
+    store, _cfg, fake, _clock, runner = env
+    job_id = submit(store)
+    admit(runner, job_id)
+    fake.start_workers(job_id, 1, 2)
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("STS is down")
+
+    monkeypatch.setattr(runner._credentials, "refresh", broken)
+    stranded: list[str] = []
+    monkeypatch.setattr(runner._preemption, "requeue_stranded", lambda j: stranded.append(j))
+    other = submit(store)
+    admit(runner, other)
+    store.transition(other, JobState.PREEMPTED, "a crash mid-preemption")
+    reconcile(runner)
+    assert store.get(job_id).state is JobState.RUNNING
+    assert len(stranded) == 1
