@@ -19,8 +19,8 @@ The snapshot's rules (`build_snapshot`, pure given its inputs, so tests can feed
 * queued jobs carry ``not_before_s`` (gang-start backoff) from the store;
 * Serve replicas come from the `ServeView` (`observe`), not from `build_snapshot`.
 
-Must not: change anything, but record in a job's info the committed steps storage showed
-(`controlplane.loop.act.jobs.checkpoint_reads`: facts read, not decisions).
+Must not: change anything (what the runner read, a gang's progress and committed steps, it
+records in the act phase: `JobRunner.apply`).
 """
 
 from __future__ import annotations

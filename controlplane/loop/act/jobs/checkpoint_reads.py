@@ -2,7 +2,8 @@
 
 Owns `CommittedReads`: which jobs' committed steps to read this tick, the reads themselves
 (`checkpoints.CheckpointReader`, on worker threads: the tick waits `limits.TICK_WAIT_S` at
-most, all jobs together), and what the job's info records of them:
+most, all jobs together), and what the job's info is to record of them (`read` returns the
+jobs as they then read, and the info updates the runner writes in the act phase):
 
 * a RUNNING job's newest committed step is read every ``jobs.checkpoint_scan_interval_s``,
   sooner when its hint (a ``checkpointed`` report, or the committed step in its progress)
@@ -12,7 +13,7 @@ most, all jobs together), and what the job's info records of them:
   job reported for it whose manifest is in storage, or any committed after the request);
 * a storage error is logged and read again later, never fails the job.
 
-Must not: move a job between states (`preemption` and `runner` act on what is recorded).
+Must not: write the store (the observe phase only reads), or move a job between states.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from controlplane.adapters.checkpoints import CheckpointReader, CommittedStep
 from controlplane.config import Config
 from controlplane.loop.act.jobs.background import _Background
-from controlplane.store import JobRecord, JobState, Store, UnknownJob
+from controlplane.store import JobRecord, JobState, Store
 from controlplane.store.job_info import (
     _finite,
     _hint_step,
@@ -72,9 +74,10 @@ class CommittedReads:
 
     def read(
         self, jobs: list[JobRecord], sigs: Mapping[str, Mapping[str, Any]], deadline_s: float
-    ) -> list[JobRecord]:
-        """Start the storage reads that are due (see `_read_wanted`), wait for them until
-        `deadline_s`, and record what came back; returns `jobs` as they are now."""
+    ) -> tuple[list[JobRecord], dict[str, dict[str, Any]]]:
+        """Start the storage reads that are due (see `_read_wanted`) and wait for them until
+        `deadline_s`; returns `jobs` with what came back in their info, and those info updates
+        by job id (for `Store.update_info`)."""
         now = self.clock()
         keys = []
         for job in jobs:
@@ -91,12 +94,15 @@ class CommittedReads:
             keys.append(key)
         self._work.wait(keys, deadline_s)
         out = []
+        updates: dict[str, dict[str, Any]] = {}
         for job in jobs:
             done, result, error = self._work.take(("scan", job.job_id))
-            if done:
-                job = self._record_read(job, result, error, self.clock())
+            found = self._what_to_record(job, result, error, self.clock()) if done else {}
+            if found:
+                updates[job.job_id] = found
+                job = replace(job, info={**job.info, **found})
             out.append(job)
-        return out
+        return out, updates
 
     def _read_wanted(
         self, job: JobRecord, sig: Mapping[str, Any], now: float
@@ -146,12 +152,13 @@ class CommittedReads:
             hinted = hinted or self.checkpoints.committed(prefix, hint)
         return newest, hinted
 
-    def _record_read(
+    def _what_to_record(
         self, job: JobRecord, result: ReadResult | None, error: BaseException | None, now: float
-    ) -> JobRecord:
-        """Record a read's newest committed step (``checkpoint``) and, while preempting, the
-        step that answers the request (``preempt_checkpoint``): one the job reported for it
-        whose manifest is in storage, or any committed after the request."""
+    ) -> dict[str, Any]:
+        """What a read tells the job's info: its newest committed step (``checkpoint``) and,
+        while preempting, the step that answers the request (``preempt_checkpoint``): one the
+        job reported for it whose manifest is in storage, or any committed after the
+        request."""
         if error is not None:
             log.warning(
                 "job %s: reading committed checkpoints from %s failed (read again later): %s",
@@ -159,7 +166,7 @@ class CommittedReads:
                 uri_of(self.cfg, job),
                 error,
             )
-            return job
+            return {}
         assert result is not None  # a read that raised nothing returned its pair
         newest, hinted = result
         found = [c for c in (newest, hinted) if c is not None]
@@ -174,9 +181,4 @@ class CommittedReads:
                 updates["preempt_checkpoint"] = hinted.step
             elif newest is not None and asked_s is not None and newest.committed_unix_s >= asked_s:
                 updates["preempt_checkpoint"] = newest.step
-        if not updates:
-            return job
-        try:
-            return self.store.update_info(job.job_id, updates)
-        except UnknownJob:
-            return job
+        return updates

@@ -97,6 +97,9 @@ class _Seen:
 
     jobs: Mapping[str, tuple[JobRecord, Mapping[str, Any]]] = field(default_factory=dict)
     deadline_s: float = 0.0
+    committed: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """What storage showed of each job's committed steps, for its info
+    (`checkpoint_reads.CommittedReads.read`)."""
 
 
 class JobRunner:
@@ -173,13 +176,15 @@ class JobRunner:
 
         Reads active jobs only (by index), never the finished jobs of the past. Waits at most
         `limits.TICK_WAIT_S` for storage reads, all jobs together; the committed steps read
-        are recorded in the jobs' info (``checkpoint``, ``preempt_checkpoint``: what storage
-        holds, `checkpoint_reads`). One job's error is logged and never stops the others.
+        (``checkpoint``, ``preempt_checkpoint``: what storage holds, `checkpoint_reads`) are
+        in the views, and `apply` records them in the jobs' info: observe writes nothing (an
+        actor that forgot the attempt is told it again). One job's error is logged and never
+        stops the others.
         """
         deadline_s = time.monotonic() + limits.TICK_WAIT_S
         jobs = self.store.list_jobs(states=[JobState.ADMITTED, JobState.RUNNING])
         sigs = {job.job_id: self._signals(job) for job in jobs}
-        jobs = self._reads.read(jobs, sigs, deadline_s)
+        jobs, committed = self._reads.read(jobs, sigs, deadline_s)
         live = {job.job_id for job in jobs}
         for work in (self._reads_work, self._stacks_work):
             work.drop(lambda key: key[1] in live)
@@ -191,7 +196,8 @@ class JobRunner:
                 gangs.append(self._gang_view(job, sigs[job.job_id], now))
             except Exception:
                 log.exception("observing job %s failed; observed again next tick", job.job_id)
-        self._seen = _Seen({job.job_id: (job, sigs[job.job_id]) for job in jobs}, deadline_s)
+        seen = {job.job_id: (job, sigs[job.job_id]) for job in jobs}
+        self._seen = _Seen(seen, deadline_s, committed)
         return JobsView(tuple(gangs), tuple(self._ended()))
 
     def _gang_view(self, job: JobRecord, sig: Mapping[str, Any], now: float) -> GangView:
@@ -277,17 +283,20 @@ class JobRunner:
     # -- act -------------------------------------------------------------------------------
 
     def apply(self, plan: Sequence[JobAction], failed: Callable[[], None]) -> None:
-        """Carry out `policies.attempts`' plan for this tick: first each gang's progress as the
-        signals actor reported it (an attempt's end records its last step), then every item,
+        """Carry out `policies.attempts`' plan for this tick: first what `observe` read (each
+        gang's progress as the signals actor reported it, its committed steps as storage
+        showed them: an attempt's end records both), then every item,
         each on its own (a failure is logged and counted by `failed`, the rest still
         applied), then the upkeep: scoped credentials kept fresh, stranded preemptions
         re-queued, the periodic sweeps."""
         seen = self._seen
         for job, sig in seen.jobs.values():
             try:
-                self._record_progress(job, sig)
+                self._record_observed(job, sig, seen.committed.get(job.job_id) or {})
+            except UnknownJob:
+                continue  # pruned meanwhile
             except Exception:
-                log.exception("recording the progress of job %s failed", job.job_id)
+                log.exception("recording what job %s reported failed", job.job_id)
         for action in plan:
             try:
                 self._apply_one(action, seen)
@@ -298,12 +307,17 @@ class JobRunner:
                 log.exception("acting on %r failed; decided again next tick", action)
         self._upkeep(seen)
 
-    def _record_progress(self, job: JobRecord, sig: Mapping[str, Any]) -> None:
+    def _record_observed(
+        self, job: JobRecord, sig: Mapping[str, Any], committed: Mapping[str, Any]
+    ) -> None:
+        updates = dict(committed)
         progress = _progress_of(sig, job.info.get("attempt"))
         if progress is not None:
             shown = {k: progress[k] for k in PROGRESS_INFO_KEYS}
             if shown != job.info.get("progress"):
-                self.store.update_info(job.job_id, {"progress": shown})
+                updates["progress"] = shown
+        if updates:
+            self.store.update_info(job.job_id, updates)
 
     def _apply_one(self, action: JobAction, seen: _Seen) -> None:
         if isinstance(action, SettleEnded):
