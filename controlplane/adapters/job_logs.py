@@ -9,7 +9,7 @@ nothing past an attempt's first `MAX_ATTEMPT_LOG_BYTES` (a marker line,
 reads. Where each attempt starts needs the sizes of those before it: an ended attempt's never
 changes and is kept once learned; the live attempt's is asked again at most once per
 `LIVE_LOG_CACHE_S`, however many clients follow it. Also the tail of a failed
-attempt's log that becomes its reason (`_tail_of`).
+attempt's log that becomes its reason (`tail_of`).
 
 Must not: call Ray but through the Ray Jobs adapter (`ray_jobs.RayJobs.log_slice`,
 `log_tail`), or write the store.
@@ -208,7 +208,7 @@ def _whole_characters(data: bytes, skip_head: bool, cut: int) -> str:
     return data[start:stop].decode("utf-8", errors="replace")
 
 
-def _tail_of(text: str, chars: int) -> str:
+def tail_of(text: str, chars: int) -> str:
     """The last `chars` of a failed attempt's log; when the launcher named what failed the
     gang (its `launcher.GANG_FAILED_PREFIX` line: the rank, its node and exit code or
     exception), that line instead: the tail is then the other ranks being stopped."""

@@ -76,7 +76,6 @@ STACK_REQUEST_TIMEOUT_S = (2.0, 15.0)
 RayJobStatus = GangStatus
 """A Ray Job's status as this adapter reports it: the vocabulary `policies.attempts` decides
 on (MISSING: no Ray Job with that submission id)."""
-_ENDED = ENDED
 
 MEMORY_TIER_NAMESPACE = DEFAULT_NAMESPACE
 """Where `jobs.checkpoint.RayMemoryTier` names a job's holder actors ``<job id>/...``: the
@@ -374,7 +373,7 @@ class RayJobs:
                 continue
             sid = getattr(details, "submission_id", None)
             status = RayJobStatus(str(getattr(details, "status", "")).split(".")[-1])
-            if sid and status not in _ENDED:
+            if sid and status not in ENDED:
                 out[str(sid)] = status
         return out
 

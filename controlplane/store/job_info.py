@@ -4,11 +4,11 @@ Owns:
 
 * the codes that start the reasons in a job's state history (`Reason`) and the kinds of an
   attempt's end (`AttemptEnd`), as `policies.attempts` decides them (re-exported here);
-* the info a job forgets when it is re-queued (`_REQUEUE_INFO`) and the one an attempt's end
+* the info a job forgets when it is re-queued (`REQUEUE_INFO`) and the one an attempt's end
   records (`attempt_end`: its entry in ``attempts``, the stall and wall totals);
 * the job's checkpoint prefix (`checkpoint_uri`, as recorded at admission: `uri_of`);
-* the runner's checked reads of info and signals values (`_info_step`, `_hint_step`,
-  `_progress_of`, `_submission_id`): the signals actor passes on what jobs report;
+* the runner's checked reads of info and signals values (`info_step`, `hint_step`,
+  `progress_of`, `submission_id`): the signals actor passes on what jobs report;
 * `job_facts`: the recovery keys read back, typed, for the API's job view
   (`api.job_views.job_to_json`) and the controller's per-job gauges (`job_metrics`):
 
@@ -24,8 +24,8 @@ Owns:
 
 Every key is optional and its type untrusted: info is JSON from the store, an older runner
 wrote other shapes, and a listing must never fail on one job. A value of the wrong type, a
-non-finite number or a negative count reads as absent (`_count`, `_finite`, `_text`,
-`_mapping`); text is cut to `MAX_TEXT_CHARS`.
+non-finite number or a negative count reads as absent (`as_count`, `as_finite`, `_text`,
+`as_mapping`); text is cut to `MAX_TEXT_CHARS`.
 
 Checkpoint overhead is training time spent stalled on checkpoints over wall time, summed over
 the ended attempts plus, while an attempt runs, the running one. Example: ended attempts
@@ -84,7 +84,7 @@ SIGNAL_TOKEN_INFO = "signal_token"
 PROGRESS_INFO_KEYS = ("step", "step_at_s", "stall_s", "wall_s")
 """What ``info["progress"]`` keeps of the signals actor's progress record."""
 
-_REQUEUE_INFO: Mapping[str, Any] = {
+REQUEUE_INFO: Mapping[str, Any] = {
     "preempting": None,
     "preempt_checkpoint": None,
     "preempt_kind": None,
@@ -96,14 +96,14 @@ _REQUEUE_INFO: Mapping[str, Any] = {
 """What a re-queued job's info forgets (its gang is gone) and records (its Ray Job ended)."""
 
 
-def _count(value: Any, most: int = MAX_STEP - 1) -> int | None:
+def as_count(value: Any, most: int = MAX_STEP - 1) -> int | None:
     """An int in [0, `most`], else None (bools, floats and strings are not counts)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
         return None
     return value
 
 
-def _finite(value: Any) -> float | None:
+def as_finite(value: Any) -> float | None:
     """A finite number >= 0, else None (bools, strings, NaN and inf are not numbers here)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -120,7 +120,7 @@ def _text(value: Any) -> str | None:
     return value if len(value) <= MAX_TEXT_CHARS else value[: MAX_TEXT_CHARS - 3] + "..."
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
+def as_mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
@@ -146,34 +146,34 @@ def attempt_end(job: JobRecord, kind: AttemptEnd, reason: str, now: float) -> di
     ``checkpoint_step``, the committed step the next attempt resumes from)
     (newest last, at most `MAX_ATTEMPTS_KEPT`), its checkpoint stall and wall seconds
     added to the totals, its ``progress`` cleared. {} once recorded (idempotent)."""
-    attempt = _count(job.info.get("attempt"))
+    attempt = as_count(job.info.get("attempt"))
     if not attempt:
         return {}
     raw = job.info.get("attempts")
     attempts = [a for a in raw if isinstance(a, Mapping)] if isinstance(raw, list) else []
     if attempts and attempts[-1].get("attempt") == attempt:
         return {}
-    progress = _mapping(job.info.get("progress"))
+    progress = as_mapping(job.info.get("progress"))
     # The step the next attempt resumes from, as storage showed it when this one ended: the
     # step that answered a preemption request, else the newest committed one.
-    committed = _count(job.info.get("preempt_checkpoint"))
+    committed = as_count(job.info.get("preempt_checkpoint"))
     if committed is None:
-        committed = _count(_mapping(job.info.get("checkpoint")).get("step"))
+        committed = as_count(as_mapping(job.info.get("checkpoint")).get("step"))
     attempts.append(
         {
             "attempt": attempt,
-            "admitted_s": _finite(job.info.get("admitted_s")),
+            "admitted_s": as_finite(job.info.get("admitted_s")),
             "ended_s": now,
             "kind": kind.value,
             "reason": reason[-ATTEMPT_REASON_CHARS:],
-            "step": _count(progress.get("step")),
+            "step": as_count(progress.get("step")),
             "checkpoint_step": committed,
         }
     )
     totals = {}
     for key in ("stall_s", "wall_s"):
-        before = _finite(job.info.get(f"{key}_total")) or 0.0
-        totals[f"{key}_total"] = before + (_finite(progress.get(key)) or 0.0)
+        before = as_finite(job.info.get(f"{key}_total")) or 0.0
+        totals[f"{key}_total"] = before + (as_finite(progress.get(key)) or 0.0)
     return {"attempts": attempts[-MAX_ATTEMPTS_KEPT:], "progress": None, **totals}
 
 
@@ -182,25 +182,25 @@ def _reported_step(value: Any) -> int | None:
     (``committed_step`` 99 arrives as 99.0); an integral finite one in range, else None."""
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
-    return _count(value)
+    return as_count(value)
 
 
-def _info_step(value: Any) -> int | None:
+def info_step(value: Any) -> int | None:
     """The step of ``info["checkpoint"]`` when it is one the controller read from storage
     (an older runner stored the loop's word there, without ``read_s``: not believed)."""
     if not isinstance(value, Mapping) or "read_s" not in value:
         return None
-    return _count(value.get("step"))
+    return as_count(value.get("step"))
 
 
-def _hint_step(value: Any, attempt: Any) -> int | None:
+def hint_step(value: Any, attempt: Any) -> int | None:
     """The step of the signals actor's checkpoint hint, when it is this attempt's."""
     if not isinstance(value, Mapping) or value.get("attempt") != attempt:
         return None
-    return _count(value.get("step"))
+    return as_count(value.get("step"))
 
 
-def _progress_of(sig: Mapping[str, Any], attempt: Any) -> dict[str, Any] | None:
+def progress_of(sig: Mapping[str, Any], attempt: Any) -> dict[str, Any] | None:
     """This attempt's progress from the signals actor, checked: ``step`` a count,
     ``step_at_s`` a finite time, ``stall_s``/``wall_s`` finite (else 0), ``committed_step`` a
     count or None. None (the watchdog stays unarmed) for anything else: another attempt's, no
@@ -208,19 +208,19 @@ def _progress_of(sig: Mapping[str, Any], attempt: Any) -> dict[str, Any] | None:
     raw = sig.get("progress") if isinstance(sig, Mapping) else None
     if sig.get("attempt") != attempt or not isinstance(raw, Mapping):
         return None
-    step, step_at_s = _count(raw.get("step")), _finite(raw.get("step_at_s"))
+    step, step_at_s = as_count(raw.get("step")), as_finite(raw.get("step_at_s"))
     if step is None or step_at_s is None:
         return None
     return {
         "step": step,
         "step_at_s": step_at_s,
-        "stall_s": _finite(raw.get("stall_s")) or 0.0,
-        "wall_s": _finite(raw.get("wall_s")) or 0.0,
+        "stall_s": as_finite(raw.get("stall_s")) or 0.0,
+        "wall_s": as_finite(raw.get("wall_s")) or 0.0,
         "committed_step": _reported_step(raw.get("committed_step")),
     }
 
 
-def _submission_id(job_id: str, info: Mapping[str, Any]) -> str | None:
+def submission_id(job_id: str, info: Mapping[str, Any]) -> str | None:
     """The current attempt's Ray submission id from a job's info, trusting no type."""
     sid = info.get("submission_id")
     if isinstance(sid, str) and sid:
@@ -303,23 +303,23 @@ class JobFacts:
 def _commit(raw: Any) -> Commit | None:
     """The committed step, when the controller read it from storage (``read_s``): an older
     runner stored the training loop's own word under the same key, which is not believed."""
-    data = _mapping(raw)
-    step = _count(data.get("step"), MAX_COUNT)
-    if step is None or _finite(data.get("read_s")) is None:
+    data = as_mapping(raw)
+    step = as_count(data.get("step"), MAX_COUNT)
+    if step is None or as_finite(data.get("read_s")) is None:
         return None
-    return Commit(step, _text(data.get("uri")), _finite(data.get("committed_unix_s")))
+    return Commit(step, _text(data.get("uri")), as_finite(data.get("committed_unix_s")))
 
 
 def _progress(raw: Any) -> Progress | None:
-    data = _mapping(raw)
-    step = _count(data.get("step"), MAX_COUNT)
+    data = as_mapping(raw)
+    step = as_count(data.get("step"), MAX_COUNT)
     if step is None:
         return None
     return Progress(
         step=step,
-        step_at_s=_finite(data.get("step_at_s")),
-        stall_s=_finite(data.get("stall_s")) or 0.0,
-        wall_s=_finite(data.get("wall_s")) or 0.0,
+        step_at_s=as_finite(data.get("step_at_s")),
+        stall_s=as_finite(data.get("stall_s")) or 0.0,
+        wall_s=as_finite(data.get("wall_s")) or 0.0,
     )
 
 
@@ -328,19 +328,19 @@ def _attempts(raw: Any) -> tuple[Attempt, ...]:
         return ()
     out = []
     for item in raw[-MAX_ATTEMPTS_KEPT:]:
-        data = _mapping(item)
+        data = as_mapping(item)
         kind = _text(data.get("kind"))
         if kind is None:
             continue
         out.append(
             Attempt(
-                attempt=_count(data.get("attempt"), MAX_COUNT),
-                admitted_s=_finite(data.get("admitted_s")),
-                ended_s=_finite(data.get("ended_s")),
+                attempt=as_count(data.get("attempt"), MAX_COUNT),
+                admitted_s=as_finite(data.get("admitted_s")),
+                ended_s=as_finite(data.get("ended_s")),
                 kind=kind,
                 reason=_text(data.get("reason")) or "",
-                step=_count(data.get("step"), MAX_COUNT),
-                checkpoint_step=_count(data.get("checkpoint_step"), MAX_COUNT),
+                step=as_count(data.get("step"), MAX_COUNT),
+                checkpoint_step=as_count(data.get("checkpoint_step"), MAX_COUNT),
             )
         )
     return tuple(out)
@@ -349,18 +349,18 @@ def _attempts(raw: Any) -> tuple[Attempt, ...]:
 def job_facts(info: Mapping[str, Any]) -> JobFacts:
     """Read the runner's recovery keys of `info` (see the module doc); never raises."""
     attempts = _attempts(info.get("attempts"))
-    restarts = _count(info.get("restarts"), MAX_COUNT)
+    restarts = as_count(info.get("restarts"), MAX_COUNT)
     if restarts is None:
         restarts = sum(1 for a in attempts if a.kind in RESTART_KINDS)
-    hangs = _count(info.get("hangs"), MAX_COUNT)
+    hangs = as_count(info.get("hangs"), MAX_COUNT)
     if hangs is None:
         hangs = sum(1 for a in attempts if a.kind == "hang")
     return JobFacts(
         checkpoint_uri=_text(info.get("checkpoint_uri")),
         commit=_commit(info.get("checkpoint")),
         progress=_progress(info.get("progress")),
-        ended_stall_s=_finite(info.get("stall_s_total")) or 0.0,
-        ended_wall_s=_finite(info.get("wall_s_total")) or 0.0,
+        ended_stall_s=as_finite(info.get("stall_s_total")) or 0.0,
+        ended_wall_s=as_finite(info.get("wall_s_total")) or 0.0,
         restarts=restarts,
         hangs=hangs,
         attempts=attempts,

@@ -456,15 +456,15 @@ def test_main_runs_the_command_and_ends_a_failed_gangs_log_with_what_failed(
 
 
 def test_the_runner_takes_the_launchers_failure_line_as_the_attempts_reason() -> None:
-    from controlplane.adapters.job_logs import _tail_of
+    from controlplane.adapters.job_logs import tail_of
 
     log = (
         "step 1\nrank 1 of 4 (node 127.0.0.1): the command exited with code 3\n"
         f"{launcher.GANG_FAILED_PREFIX}rank 1 of 4 (node 127.0.0.1): the command exited with "
         "code 3\n(RayTrainWorker pid=9) rank 0: command stopped (the gang is ending)\n"
     )
-    assert _tail_of(log, 400) == "rank 1 of 4 (node 127.0.0.1): the command exited with code 3"
-    assert _tail_of("Traceback ...\nNameError: name 'lr' is not defined\n", 20) == (
+    assert tail_of(log, 400) == "rank 1 of 4 (node 127.0.0.1): the command exited with code 3"
+    assert tail_of("Traceback ...\nNameError: name 'lr' is not defined\n", 20) == (
         " 'lr' is not defined"
     )
-    assert _tail_of("  ", 10) == "no logs"
+    assert tail_of("  ", 10) == "no logs"

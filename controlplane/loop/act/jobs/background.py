@@ -2,11 +2,11 @@
 
 Owns:
 
-* `_Submissions`: Ray Job submissions on daemon threads, so the tick waits at most
+* `Submissions`: Ray Job submissions on daemon threads, so the tick waits at most
   ``jobs.submit_timeout_s`` for one (`SubmitTimeout`); a submission abandoned that way and
   accepted by Ray later is stopped, and while one still hangs no other is tried
   (`SubmitBusy`);
-* `_Background`: checkpoint reads from storage and stack fetches through the dashboard on a
+* `Background`: checkpoint reads from storage and stack fetches through the dashboard on a
   small pool, keyed by what they are for; the tick starts them, waits a bounded time and takes
   what finished.
 
@@ -47,7 +47,7 @@ class _Outcome:
     error: BaseException | None = None
 
 
-class _Submissions:
+class Submissions:
     """Runs Ray Job submissions on daemon threads, so the tick waits at most `timeout_s`.
 
     A submission still hanging when its wait ends is abandoned: if Ray accepts it later,
@@ -109,14 +109,14 @@ class _Submissions:
 
 
 def io_pool(max_workers: int = 4) -> concurrent.futures.ThreadPoolExecutor:
-    """The worker threads every `_Background` of one runner shares."""
+    """The worker threads every `Background` of one runner shares."""
     return concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="rcp-runner-io")
 
 
-class _Background(Generic[T]):
+class Background(Generic[T]):
     """Work the tick must not wait on for long (checkpoint reads from storage, stack fetches
     through Ray's dashboard) on worker threads (`io_pool`, shared), keyed by what it is for;
-    one `_Background` per kind of result `T`. The tick starts it, waits a bounded time
+    one `Background` per kind of result `T`. The tick starts it, waits a bounded time
     (`wait`) and takes what finished (`take`); work still running is taken by a later tick
     and never started twice. Results are plain data: every decision stays on the tick
     thread."""

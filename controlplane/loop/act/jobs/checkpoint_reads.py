@@ -26,13 +26,13 @@ from typing import Any
 
 from controlplane.adapters.checkpoints import CheckpointReader, CommittedStep
 from controlplane.config import Config
-from controlplane.loop.act.jobs.background import _Background
+from controlplane.loop.act.jobs.background import Background
 from controlplane.store import JobRecord, JobState, Store
 from controlplane.store.job_info import (
-    _finite,
-    _hint_step,
-    _info_step,
-    _progress_of,
+    as_finite,
+    hint_step,
+    info_step,
+    progress_of,
     uri_of,
 )
 from jobs.signals import trust
@@ -54,7 +54,7 @@ class CommittedReads:
         cfg: Config,
         clock: Callable[[], float],
         checkpoints: CheckpointReader,
-        work: _Background[ReadResult],
+        work: Background[ReadResult],
     ) -> None:
         self.store = store
         self.cfg = cfg
@@ -112,7 +112,7 @@ class CommittedReads:
         ``jobs.checkpoint_scan_interval_s`` for a RUNNING job, and sooner when the job's hint
         (its checkpoint report or its progress' committed step) names a step newer than the
         one recorded (once per hinted step: a job that keeps lying costs one read per lie)."""
-        known = _info_step(job.info.get("checkpoint"))
+        known = info_step(job.info.get("checkpoint"))
         attempt = job.info.get("attempt")
         if job.info.get("preempting"):
             if job.info.get("stop_sent") or job.info.get("preempt_checkpoint") is not None:
@@ -122,8 +122,8 @@ class CommittedReads:
             return None
         if now >= self._next_scan_s.get(job.job_id, 0.0):
             return known, None
-        hinted = [_hint_step(sig.get("checkpoint"), attempt)]
-        progress = _progress_of(sig, attempt)
+        hinted = [hint_step(sig.get("checkpoint"), attempt)]
+        progress = progress_of(sig, attempt)
         hinted.append(progress.get("committed_step") if progress else None)
         newest = max((h for h in hinted if h is not None), default=None)
         fresh = newest is not None and (known is None or newest > known)
@@ -141,7 +141,7 @@ class CommittedReads:
         if not trust.under_prefix(str(ckpt.get("path")), uri_of(self.cfg, job)):
             log.warning("job %s: ignoring checkpoint hint outside its prefix", job.job_id)
             return None
-        return _hint_step(ckpt, job.info.get("attempt"))
+        return hint_step(ckpt, job.info.get("attempt"))
 
     def _read(self, prefix: str, after: int | None, hint: int | None) -> ReadResult:
         """(worker thread) The newest step committed after `after`, and `hint`'s commit."""
@@ -172,11 +172,11 @@ class CommittedReads:
         found = [c for c in (newest, hinted) if c is not None]
         updates: dict[str, Any] = {}
         best = max(found, key=lambda c: c.step, default=None)
-        known = _info_step(job.info.get("checkpoint"))
+        known = info_step(job.info.get("checkpoint"))
         if best is not None and (known is None or best.step > known):
             updates["checkpoint"] = best.to_info(now)
         if job.info.get("preempting") and job.info.get("preempt_checkpoint") is None:
-            asked_s = _finite(job.info.get("preempt_requested_s"))
+            asked_s = as_finite(job.info.get("preempt_requested_s"))
             if hinted is not None:
                 updates["preempt_checkpoint"] = hinted.step
             elif newest is not None and asked_s is not None and newest.committed_unix_s >= asked_s:

@@ -35,10 +35,10 @@ from typing import Any
 from controlplane.adapters.ray_jobs import RayJobsApi
 from controlplane.config import Config
 from controlplane.loop.act.jobs import limits
-from controlplane.loop.act.jobs.background import _Background
+from controlplane.loop.act.jobs.background import Background
 from controlplane.storage import JobCredentialMinter
 from controlplane.store import JobRecord
-from controlplane.store.job_info import _finite, uri_of
+from controlplane.store.job_info import as_finite, uri_of
 from jobs.storage_credentials import JobCredentialsMode, StorageCredentials
 from jobs.storage_uri import StorageUri, parse_storage_uri
 from policies.credentials import CredentialsAction, credentials_action
@@ -59,7 +59,7 @@ class JobCredentials:
         cfg: Config,
         ray_jobs: RayJobsApi,
         clock: Callable[[], float],
-        work: _Background[StorageCredentials],
+        work: Background[StorageCredentials],
         mint: Mint | None = None,
     ) -> None:
         self.cfg = cfg
@@ -116,7 +116,7 @@ class JobCredentials:
                 attempt = int(job.info["attempt"])
                 if prefix is None or sig.get("attempt") != attempt:
                     continue  # not scoped, or the actor does not hold this attempt (yet)
-                held = _finite(sig.get("credentials_expire_unix_s"))
+                held = as_finite(sig.get("credentials_expire_unix_s"))
                 cached = self._cached(job.job_id, attempt)
                 cached_s = cached["expires_unix_s"] if cached is not None else None
                 action = credentials_action(held, cached_s, now, duration_s)

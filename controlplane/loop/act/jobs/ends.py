@@ -30,7 +30,7 @@ from controlplane.adapters.ray_jobs import RayJobsApi
 from controlplane.config import Config
 from controlplane.policy_config import attempt_config
 from controlplane.store import JobRecord, JobState, Store, reliability
-from controlplane.store.job_info import _REQUEUE_INFO, Reason, attempt_end
+from controlplane.store.job_info import REQUEUE_INFO, Reason, attempt_end
 from policies.attempts import EndJob, RequeueGang, start_failure
 from policies.restarts import RestartRecord
 
@@ -103,7 +103,7 @@ class AttemptEnds:
         now = self.clock()
         if a.stop:
             self.ray.stop(job.info["submission_id"])
-        info = {**_REQUEUE_INFO, **self._info(job, a, now)}
+        info = {**REQUEUE_INFO, **self._info(job, a, now)}
         if a.not_before_s is not None:
             info["not_before_s"] = a.not_before_s
         if a.preempted:

@@ -8,7 +8,7 @@ Owns:
   token with the signals actor, hand it the attempt's scoped storage credentials
   (`credentials.JobCredentials.issue`, ``storage.job_credentials=scoped``), then submit the
   launcher;
-* `Launcher.submit`: the submission, on a worker thread (`background._Submissions`): the tick
+* `Launcher.submit`: the submission, on a worker thread (`background.Submissions`): the tick
   waits at most ``jobs.submit_timeout_s``; past that the start counts as failed, and a
   submission Ray accepts late is stopped; while an earlier one still hangs the job stays
   QUEUED (event ``job.submit_deferred``) with no start failure;
@@ -31,7 +31,7 @@ from typing import Any
 
 from controlplane.adapters.ray_jobs import RayJobsApi, RayJobStatus
 from controlplane.config import Config
-from controlplane.loop.act.jobs.background import SubmitBusy, _Submissions
+from controlplane.loop.act.jobs.background import Submissions, SubmitBusy
 from controlplane.loop.act.jobs.credentials import JobCredentials
 from controlplane.loop.act.jobs.ends import AttemptEnds
 from controlplane.ray_connection import ray_connection_env
@@ -39,8 +39,8 @@ from controlplane.store import JobRecord, JobState, Store, reliability
 from controlplane.store.job_info import (
     SIGNAL_TOKEN_INFO,
     Reason,
-    _info_step,
     checkpoint_uri,
+    info_step,
     uri_of,
 )
 from jobs import launcher
@@ -90,7 +90,7 @@ class Launcher:
         cfg: Config,
         ray_jobs: RayJobsApi,
         clock: Callable[[], float],
-        submissions: _Submissions,
+        submissions: Submissions,
         ends: AttemptEnds,
         credentials: JobCredentials,
     ) -> None:
@@ -133,7 +133,7 @@ class Launcher:
                 "placement": placement,
                 "checkpoint_uri": checkpoint_uri(self.cfg, job),
                 # The committed step this attempt starts from (progress is measured from it).
-                "start_step": _info_step(job.info.get("checkpoint")),
+                "start_step": info_step(job.info.get("checkpoint")),
                 "progress": None,
                 "preempting": None,
                 "preempt_checkpoint": None,

@@ -22,14 +22,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from controlplane.adapters.ray_jobs import _ENDED, RayJobsApi, RayJobStatus
+from controlplane.adapters.ray_jobs import RayJobsApi, RayJobStatus
 from controlplane.loop.act.jobs.ends import AttemptEnds
 from controlplane.store import JobRecord, JobState, Store
 from controlplane.store.job_info import (
-    _REQUEUE_INFO,
+    REQUEUE_INFO,
     AttemptEnd,
     Reason,
 )
+from policies.attempts import ENDED
 from policies.plan import PreemptJob
 
 __all__ = ["Preemption"]
@@ -95,7 +96,7 @@ class Preemption:
         sid = job.info.get("submission_id")
         if sid and not job.info.get("ray_done"):
             status = self.ray.status(sid)
-            if status not in _ENDED and status is not RayJobStatus.MISSING:
+            if status not in ENDED and status is not RayJobStatus.MISSING:
                 if not job.info.get("stop_sent"):
                     self.ray.stop(sid)
                     self.store.update_info(job.job_id, {"stop_sent": self.clock()})
@@ -108,6 +109,6 @@ class Preemption:
             job.job_id,
             Reason.STRANDED.value,
             Reason.STRANDED.value,
-            info=_REQUEUE_INFO,
+            info=REQUEUE_INFO,
             expected=[JobState.PREEMPTED],
         )

@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.adapters.checkpoints import CheckpointReader
-from controlplane.adapters.job_logs import AttemptLogs, _tail_of
+from controlplane.adapters.job_logs import AttemptLogs, tail_of
 from controlplane.adapters.ray_jobs import RayJobs, RayJobsApi, RayJobStatus
 from controlplane.config import Config
 from controlplane.loop.act.jobs import limits
-from controlplane.loop.act.jobs.background import _Background, _Submissions, io_pool
+from controlplane.loop.act.jobs.background import Background, Submissions, io_pool
 from controlplane.loop.act.jobs.checkpoint_reads import CommittedReads, ReadResult
 from controlplane.loop.act.jobs.credentials import JobCredentials, Mint
 from controlplane.loop.act.jobs.ends import AttemptEnds
@@ -60,14 +60,14 @@ from controlplane.store.job_info import (
     PROGRESS_INFO_KEYS,
     SIGNAL_TOKEN_INFO,
     AttemptEnd,
-    _count,
-    _finite,
-    _info_step,
-    _mapping,
-    _progress_of,
-    _submission_id,
+    as_count,
+    as_finite,
+    as_mapping,
     attempt_end,
     checkpoint_uri,
+    info_step,
+    progress_of,
+    submission_id,
 )
 from policies.attempts import (
     EndedGang,
@@ -123,12 +123,12 @@ class JobRunner:
             ray_jobs.store = store  # where the signals actor's id is pinned
         self.clock = clock
         self.checkpoints = checkpoints or CheckpointReader(cfg)
-        self._submissions = _Submissions()
+        self._submissions = Submissions()
         pool = io_pool()
-        self._stacks_work: _Background[str] = _Background(pool)
-        self._reads_work: _Background[ReadResult] = _Background(pool)
+        self._stacks_work: Background[str] = Background(pool)
+        self._reads_work: Background[ReadResult] = Background(pool)
         self._ends = AttemptEnds(store, cfg, ray_jobs, clock)
-        self._credentials = JobCredentials(cfg, ray_jobs, clock, _Background(pool), mint)
+        self._credentials = JobCredentials(cfg, ray_jobs, clock, Background(pool), mint)
         self._launcher = Launcher(
             store, cfg, ray_jobs, clock, self._submissions, self._ends, self._credentials
         )
@@ -204,16 +204,16 @@ class JobRunner:
         info, spec = job.info, job.spec
         sid = info["submission_id"]
         attempt = int(info["attempt"])
-        progress = _progress_of(sig, attempt)
+        progress = progress_of(sig, attempt)
         status = self.ray.status(sid)
         started = sig.get("started_ranks") or [] if sig.get("attempt") == attempt else []
         preempting = None
         if info.get("preempting"):
             preempting = Preempting(
-                deadline_s=_finite(info.get("preempt_deadline_s")) or 0.0,
+                deadline_s=as_finite(info.get("preempt_deadline_s")) or 0.0,
                 reason=str(info.get("preempt_reason") or "preempted"),
                 health=info.get("preempt_kind") == AttemptEnd.HEALTH.value,
-                verified_step=_count(info.get("preempt_checkpoint")),
+                verified_step=as_count(info.get("preempt_checkpoint")),
             )
         stopping = info.get("stopping")
         hang_reason = None
@@ -222,12 +222,12 @@ class JobRunner:
         message = signature = ""
         if status in (RayJobStatus.FAILED, RayJobStatus.STOPPED) and not (preempting or stopping):
             text = self._log_text(sid)
-            message = _tail_of(text, ATTEMPT_REASON_CHARS)
+            message = tail_of(text, ATTEMPT_REASON_CHARS)
             signature = failure_signature(
-                _tail_of(text, limits.SIGNATURE_TAIL_CHARS), (sid, job.job_id)
+                tail_of(text, limits.SIGNATURE_TAIL_CHARS), (sid, job.job_id)
             )
-        recorded = _mapping(info.get("progress"))
-        last = _mapping(info.get("last_failure"))
+        recorded = as_mapping(info.get("progress"))
+        last = as_mapping(info.get("last_failure"))
         signature_before = last.get("signature")
         failures = info.get("start_failures", 0)
         return GangView(
@@ -242,7 +242,7 @@ class JobRunner:
             stall_timeout_s=spec.stall_timeout_s or self.cfg.jobs.stall_timeout_s,
             # The watchdog is armed by this tick's progress only; a failure's step falls back
             # to the one recorded (the signals actor may be unavailable now).
-            step=progress["step"] if progress else _count(recorded.get("step")),
+            step=progress["step"] if progress else as_count(recorded.get("step")),
             step_at_s=progress["step_at_s"] if progress else None,
             preempting=preempting,
             hang_reason=hang_reason,
@@ -251,13 +251,13 @@ class JobRunner:
             failure_message=message,
             failure_signature=signature,
             restarts=RestartRecord(
-                restarts=_count(info.get("restarts")) or 0,
+                restarts=as_count(info.get("restarts")) or 0,
                 last_signature=signature_before if isinstance(signature_before, str) else None,
-                committed_at_last_failure=_count(last.get("committed_step")),
+                committed_at_last_failure=as_count(last.get("committed_step")),
             ),
             restart_limits=restart_limits(self.cfg, spec.max_restarts),
-            committed_step=_info_step(info.get("checkpoint")),
-            start_step=_count(info.get("start_step")),
+            committed_step=info_step(info.get("checkpoint")),
+            start_step=as_count(info.get("start_step")),
         )
 
     def _ended(self) -> list[EndedGang]:
@@ -270,7 +270,7 @@ class JobRunner:
         rows = [(j.job_id, j.info, j.state is JobState.CANCELLED, False) for j in scan.jobs]
         rows += [(b.job_id, self.store.raw_info(b.job_id), True, True) for b in scan.invalid]
         for job_id, info, cancelled, invalid in rows:
-            sid = _submission_id(job_id, info)
+            sid = submission_id(job_id, info)
             try:
                 status = RayJobStatus.MISSING if sid is None else self.ray.status(sid)
             except Exception as exc:  # one bad row must not stop the others
@@ -311,7 +311,7 @@ class JobRunner:
         self, job: JobRecord, sig: Mapping[str, Any], committed: Mapping[str, Any]
     ) -> None:
         updates = dict(committed)
-        progress = _progress_of(sig, job.info.get("attempt"))
+        progress = progress_of(sig, job.info.get("attempt"))
         if progress is not None:
             shown = {k: progress[k] for k in PROGRESS_INFO_KEYS}
             if shown != job.info.get("progress"):
@@ -353,7 +353,7 @@ class JobRunner:
         job_id = action.job_id
         info = self.store.raw_info(job_id) if action.invalid else self.store.get(job_id).info
         if action.stop:
-            sid = _submission_id(job_id, info)
+            sid = submission_id(job_id, info)
             if sid is not None:
                 self.ray.stop(sid)
             self._merge_info(action, {"stop_sent": self.clock()})
@@ -413,8 +413,8 @@ class JobRunner:
         so nothing was left to stop it. Rows that no longer validate keep their gang (their
         attempt is read from the raw info); cancel them to stop it. Returns the ids stopped."""
         scan = self.store.scan_jobs(states=[JobState.ADMITTED, JobState.RUNNING])
-        keep = {_submission_id(j.job_id, j.info) for j in scan.jobs}
-        keep |= {_submission_id(b.job_id, self.store.raw_info(b.job_id)) for b in scan.invalid}
+        keep = {submission_id(j.job_id, j.info) for j in scan.jobs}
+        keep |= {submission_id(b.job_id, self.store.raw_info(b.job_id)) for b in scan.invalid}
         stopped = []
         for sid, status in sorted(self.ray.rcp_submissions().items()):
             if sid in keep:

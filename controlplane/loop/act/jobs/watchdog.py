@@ -21,9 +21,9 @@ from typing import Any
 
 from controlplane.adapters.ray_jobs import STACK_MAX_CHARS, RayJobsApi
 from controlplane.loop.act.jobs import limits
-from controlplane.loop.act.jobs.background import _Background
+from controlplane.loop.act.jobs.background import Background
 from controlplane.store import JobRecord, Store, reliability
-from controlplane.store.job_info import AttemptEnd, _count
+from controlplane.store.job_info import AttemptEnd, as_count
 from policies.attempts import StopHungGang
 
 __all__ = ["HANG_HEADER", "Watchdog"]
@@ -36,7 +36,7 @@ HANG_HEADER = "=== attempt {attempt}: hang: stacks of the workers (py-spy via Ra
 class Watchdog:
     """Finds hung gangs and stops them (see the module doc). Every method is idempotent."""
 
-    def __init__(self, store: Store, ray_jobs: RayJobsApi, work: _Background[str]) -> None:
+    def __init__(self, store: Store, ray_jobs: RayJobsApi, work: Background[str]) -> None:
         self.store = store
         self.ray = ray_jobs
         self._work = work
@@ -116,7 +116,7 @@ class Watchdog:
         reason = action.reason
         note = HANG_HEADER.format(attempt=attempt) + "\n" + stacks
         self.store.put_attempt_note(job.job_id, attempt, note)
-        hangs = (_count(job.info.get("hangs")) or 0) + 1
+        hangs = (as_count(job.info.get("hangs")) or 0) + 1
         stopping = {"kind": AttemptEnd.HANG.value, "reason": reason, "at_s": now}
         job = self.store.update_info(job.job_id, {"stopping": stopping, "hangs": hangs})
         self.store.record_event(
