@@ -208,8 +208,12 @@ class Loop:
         self._thread = threading.Thread(target=self._run, name="rcp-tick", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Ask the thread to end and wait (up to `timeout_s`) for the tick in flight to finish."""
         self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
 
     def alive(self) -> bool:
         """Whether the loop's thread runs (False before `start` and after it ended)."""

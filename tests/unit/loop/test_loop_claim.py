@@ -121,15 +121,16 @@ def test_one_thread_decides(tmp_path: Path, tick_s: float) -> None:
     import threading
 
     w = world(tmp_path, f"policy.tick_s={tick_s}")
-    before = {t.name for t in threading.enumerate()}
+    before = set(threading.enumerate())
     assert not w.loop.alive()
     w.loop.start()
     try:
-        after = {t.name for t in threading.enumerate()}
+        new = set(threading.enumerate()) - before
         assert w.loop.alive()  # what the in-process controller (controller.in_process) watches
     finally:
         w.loop.stop()
-    assert after - before == {"rcp-tick"}
+    assert [t.name for t in new] == ["rcp-tick"]
+    assert not w.loop.alive()  # stop waits for the tick in flight
 
 
 def test_a_claim_rents_from_the_cheapest_provider_first_and_the_rest_from_the_next(
