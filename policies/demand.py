@@ -183,66 +183,34 @@ def decide_replicas(
     current = load.current_replicas
     wanted = wanted_replicas(load.ongoing_requests, config, load.p99_ms, current)
     if current < config.min_replicas:
-        return (
-            DemandDecision(
-                config.min_replicas,
-                wanted,
-                DemandReason.BELOW_MIN,
-                f"{current} replicas is below min_replicas {config.min_replicas}",
-            ),
-            DemandState(),
-        )
+        message = f"{current} replicas is below min_replicas {config.min_replicas}"
+        clamp = DemandDecision(config.min_replicas, wanted, DemandReason.BELOW_MIN, message)
+        return clamp, DemandState()
     if current > config.max_replicas:
-        return (
-            DemandDecision(
-                config.max_replicas,
-                wanted,
-                DemandReason.ABOVE_MAX,
-                f"{current} replicas is above max_replicas {config.max_replicas}",
-            ),
-            DemandState(),
-        )
+        message = f"{current} replicas is above max_replicas {config.max_replicas}"
+        clamp = DemandDecision(config.max_replicas, wanted, DemandReason.ABOVE_MAX, message)
+        return clamp, DemandState()
     seen = f"{load.ongoing_requests:g} ongoing requests"
     if config.target_p99_ms is not None and load.p99_ms is not None:
         seen += f" and p99 {load.p99_ms:g} ms (target {config.target_p99_ms:g} ms)"
     if wanted == current:
-        return (
-            DemandDecision(
-                current,
-                wanted,
-                DemandReason.STEADY,
-                f"{seen} fit {current} replicas",
-            ),
-            DemandState(),
-        )
+        message = f"{seen} fit {current} replicas"
+        return DemandDecision(current, wanted, DemandReason.STEADY, message), DemandState()
     step = delayed_step(
         current, wanted, load.now_s, state, config.upscale_delay_s, config.downscale_delay_s
     )
     up = wanted > current
     if step.taken:
         reason = DemandReason.UPSCALE if up else DemandReason.DOWNSCALE
-        return (
-            DemandDecision(
-                step.num_replicas,
-                wanted,
-                reason,
-                f"{seen}, at {config.target_ongoing_requests_per_replica:g} requests per "
-                f"replica, asked for "
-                f"{step.num_replicas} replicas for {step.waited_s:g}s (delay {step.delay_s:g}s): "
-                f"{current} -> {step.num_replicas}",
-            ),
-            step.state,
+        message = (
+            f"{seen}, at {config.target_ongoing_requests_per_replica:g} requests per replica, "
+            f"asked for {step.num_replicas} replicas for {step.waited_s:g}s "
+            f"(delay {step.delay_s:g}s): {current} -> {step.num_replicas}"
         )
-    waiting = DemandReason.WAITING_UPSCALE_DELAY if up else DemandReason.WAITING_DOWNSCALE_DELAY
-    return (
-        DemandDecision(
-            current,
-            wanted,
-            waiting,
-            f"load asks for {wanted} replicas; waited {step.waited_s:g}s of {step.delay_s:g}s",
-        ),
-        step.state,
-    )
+        return DemandDecision(step.num_replicas, wanted, reason, message), step.state
+    reason = DemandReason.WAITING_UPSCALE_DELAY if up else DemandReason.WAITING_DOWNSCALE_DELAY
+    message = f"load asks for {wanted} replicas; waited {step.waited_s:g}s of {step.delay_s:g}s"
+    return DemandDecision(current, wanted, reason, message), step.state
 
 
 @dataclass(frozen=True)

@@ -45,15 +45,14 @@ credentials or the submission); a crash's or hang's is `policies.restarts.decide
 runs, or starts). Every action is level-triggered: the actuator does nothing when its effect
 is already in the store, so a repeated tick, or a restarted controller, is harmless.
 
-Modules: `view` - what was observed (`GangView`, `EndedGang`, `JobsView`), the vocabulary
-(`GangStatus`, `Reason`, `AttemptEnd`) and the plan's items; `decision` - the table.
+`view` holds what was observed (`GangView`, `EndedGang`, `JobsView`), the vocabulary
+(`GangStatus`, `Reason`, `AttemptEnd`) and the plan's items; this module, the table.
 
 Must not: read a clock, call Ray or the store, or hold state.
 """
 
 from __future__ import annotations
 
-from policies.attempts.decision import decide, decide_all, settle, start_failure
 from policies.attempts.view import (
     ENDED,
     AttemptConfig,
@@ -74,6 +73,7 @@ from policies.attempts.view import (
     StopGang,
     StopHungGang,
 )
+from policies.restarts import AttemptFailure, FailureKind, Restart, decide_restart
 
 __all__ = [
     "ENDED",
@@ -99,3 +99,216 @@ __all__ = [
     "settle",
     "start_failure",
 ]
+
+
+def decide(gang: GangView, config: AttemptConfig) -> GangAction | None:
+    """The next action for `gang` (see the table above), or None."""
+    if gang.preempting is not None:
+        return _preempting(gang, gang.preempting)
+    if gang.hang_reason is not None:
+        return _hung_stopping(gang, gang.hang_reason)
+    status = gang.status
+    if status is GangStatus.SUCCEEDED:
+        return _succeeded(gang)
+    if status in (GangStatus.FAILED, GangStatus.STOPPED):
+        return _ended_by_itself(gang, config)
+    limit = gang.max_runtime_s
+    if limit is not None and gang.now_s - gang.admitted_s > limit:
+        reason = f"{Reason.MAX_RUNTIME.value} ({limit:g}s)"
+        return EndJob(gang.job_id, reason, False, AttemptEnd.MAX_RUNTIME, stop=True)
+    if gang.running and status is GangStatus.MISSING:
+        lost = Reason.GANG_LOST.value
+        return RequeueGang(gang.job_id, lost, AttemptEnd.LOST)
+    if not gang.running:
+        return _starting(gang, config)
+    return _watch(gang)
+
+
+def _succeeded(gang: GangView, suffix: str = "", clear_request: bool = False) -> EndJob:
+    return EndJob(
+        gang.job_id,
+        Reason.RAY_JOB_SUCCEEDED.value + suffix,
+        True,
+        AttemptEnd.SUCCEEDED,
+        mark_running=not gang.running,
+        clear_request=clear_request,
+    )
+
+
+def _preempting(gang: GangView, p: Preempting) -> GangAction | None:
+    status = gang.status
+    if status is GangStatus.SUCCEEDED:
+        return _succeeded(gang, " while preempting", clear_request=True)
+    if status in ENDED or status is GangStatus.MISSING:
+        if p.verified_step is not None:
+            why = (
+                f"{Reason.CHECKPOINTED_FOR_PREEMPTION.value} at step {p.verified_step} "
+                "(its manifest is in storage)"
+            )
+        elif gang.stop_sent:
+            why = f"{Reason.PREEMPT_DEADLINE.value}: stopped without a new committed checkpoint"
+        else:
+            why = f"{Reason.PREEMPT_ENDED.value} ({status.value}), before a new checkpoint"
+        kind = AttemptEnd.HEALTH if p.health else AttemptEnd.PREEMPTED
+        return RequeueGang(gang.job_id, f"{why}; {p.reason}", kind, preempted=True)
+    if not gang.stop_sent and (p.verified_step is not None or gang.now_s >= p.deadline_s):
+        why = "its checkpoint is in storage" if p.verified_step is not None else "its deadline"
+        return StopGang(gang.job_id, f"preempted: {why}")
+    return None
+
+
+def _hung_stopping(gang: GangView, reason: str) -> GangAction | None:
+    status = gang.status
+    if status is GangStatus.SUCCEEDED:
+        return _succeeded(gang)
+    if status in ENDED or status is GangStatus.MISSING:
+        return _failed(gang, FailureKind.HANG, reason, "hang without progress")
+    if not gang.stop_sent:
+        return StopGang(gang.job_id, f"hung: {reason}")
+    return None
+
+
+def _ended_by_itself(gang: GangView, config: AttemptConfig) -> GangAction:
+    message = gang.failure_message
+    if not gang.running:
+        why = Reason.RAY_JOB_FAILED if gang.status is GangStatus.FAILED else Reason.RAY_JOB_STOPPED
+        return _start_failed(gang, config, f"{why.value}: {message}")
+    if gang.status is GangStatus.STOPPED:
+        reason = f"{Reason.RAY_JOB_STOPPED.value}: {message}"
+        return EndJob(gang.job_id, reason, False, AttemptEnd.FAILED, message=message)
+    return _failed(gang, FailureKind.CRASH, message, gang.failure_signature)
+
+
+def _starting(gang: GangView, config: AttemptConfig) -> GangAction | None:
+    if gang.started_ranks >= gang.num_workers:
+        reason = f"{Reason.GANG_RUNNING.value}: all {gang.num_workers} workers started"
+        return MarkRunning(gang.job_id, reason)
+    if gang.status is GangStatus.MISSING:
+        return ResubmitGang(gang.job_id, "admitted, but Ray has no Ray Job for it (lost)")
+    timeout_s = config.gang_start_timeout_s
+    if gang.now_s - gang.admitted_s > timeout_s:
+        reason = (
+            f"{Reason.GANG_START_TIMEOUT.value}: {gang.started_ranks} of {gang.num_workers} "
+            f"workers running after {timeout_s:g}s"
+        )
+        return _start_failed(gang, config, reason, stop=True)
+    return None
+
+
+def _start_failed(
+    gang: GangView, config: AttemptConfig, reason: str, stop: bool = False
+) -> GangAction:
+    return start_failure(gang.job_id, gang.start_failures, gang.now_s, reason, config, stop)
+
+
+def start_failure(
+    job_id: str,
+    start_failures: int,
+    now_s: float,
+    reason: str,
+    config: AttemptConfig,
+    stop: bool = False,
+) -> EndJob | RequeueGang:
+    """A gang that never ran (its Ray Job ended while ADMITTED, it timed out starting, or
+    admitting it failed: the signals actor, credentials or the submission): back to the queue
+    with backoff, FAILED once it used up ``max_start_attempts``."""
+    failures = start_failures + 1
+    if failures >= config.max_start_attempts:
+        return EndJob(
+            job_id,
+            f"{reason}; gave up after {failures} attempts",
+            False,
+            AttemptEnd.START_FAILED,
+            attempt_reason=reason,
+            stop=stop,
+            message=reason,
+            start_failures=failures,
+        )
+    backoff_s = min(config.backoff_max_s, config.backoff_initial_s * 2 ** (failures - 1))
+    return RequeueGang(
+        job_id,
+        f"{reason}; retry in {backoff_s:g}s",
+        AttemptEnd.START_FAILED,
+        attempt_reason=reason,
+        not_before_s=now_s + backoff_s,
+        stop=stop,
+        message=reason,
+        start_failures=failures,
+    )
+
+
+def _failed(gang: GangView, kind: FailureKind, message: str, signature: str) -> GangAction:
+    """A gang that ran crashed or hung: restart it after a backoff, or FAIL the job, as
+    `policies.restarts` decides."""
+    failure = AttemptFailure(
+        kind=kind,
+        message=message,
+        signature=signature,
+        committed_step=gang.committed_step,
+        start_step=gang.start_step,
+        reported_step=gang.step,
+    )
+    decision, record = decide_restart(failure, gang.restarts, gang.restart_limits)
+    why = Reason.GANG_HUNG if kind is FailureKind.HANG else Reason.GANG_FAILED
+    reason = f"{why.value}: {decision.reason}"
+    # A script that fails before its first step is the script's fault, not the cluster's.
+    count_crash = kind is FailureKind.CRASH and gang.step is not None
+    if isinstance(decision, Restart):
+        return RequeueGang(
+            gang.job_id,
+            reason,
+            AttemptEnd.HANG if kind is FailureKind.HANG else AttemptEnd.CRASH,
+            attempt_reason=f"{kind.value}: {message}",
+            not_before_s=gang.now_s + decision.after_s,
+            message=message,
+            restarts=record,
+            count_crash=count_crash,
+        )
+    return EndJob(
+        gang.job_id,
+        reason,
+        False,
+        AttemptEnd.FAILED,
+        message=message,
+        restarts=record,
+        count_crash=count_crash,
+    )
+
+
+def _watch(gang: GangView) -> StopHungGang | None:
+    """The hang watchdog, armed once the attempt reported a step."""
+    if gang.step is None or gang.step_at_s is None:
+        return None
+    stalled_s = gang.now_s - gang.step_at_s
+    timeout_s = gang.stall_timeout_s
+    if stalled_s <= timeout_s:
+        return None
+    reason = f"no new step for {stalled_s:.0f}s at step {gang.step} (stall_timeout_s={timeout_s:g})"
+    return StopHungGang(gang.job_id, reason, gang.step, stalled_s, timeout_s)
+
+
+def settle(ended: EndedGang) -> SettleEnded | None:
+    """Settle once Ray says the gang ended (or forgot it), else stop it once; None while the
+    stop is on its way."""
+    e = ended
+    if e.status in ENDED or e.status is GangStatus.MISSING:
+        why = f"its Ray Job ended ({e.status.value})"
+        return SettleEnded(e.job_id, why, False, e.cancelled, e.invalid)
+    if e.stop_sent:
+        return None
+    return SettleEnded(e.job_id, "the job ended, its gang runs", True, e.cancelled, e.invalid)
+
+
+def decide_all(view: JobsView, config: AttemptConfig) -> tuple[JobAction, ...]:
+    """The lifecycle plan for one tick: `decide` for every gang, `settle` for every ended
+    job, in the order observed."""
+    plan: list[JobAction] = []
+    for gang in view.gangs:
+        action = decide(gang, config)
+        if action is not None:
+            plan.append(action)
+    for ended in view.ended:
+        settled = settle(ended)
+        if settled is not None:
+            plan.append(settled)
+    return tuple(plan)

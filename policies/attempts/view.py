@@ -5,7 +5,7 @@ history and info use (`GangStatus`, `Reason`, `AttemptEnd`), the start bounds
 (`AttemptConfig`) and the plan's items (`MarkRunning`, `ResubmitGang`, `StopGang`,
 `StopHungGang`, `EndJob`, `RequeueGang`, `SettleEnded`).
 
-Must not: carry behaviour (data only; `policies.attempts.decision` decides).
+Must not: carry behaviour (data only; `policies.attempts` decides).
 """
 
 from __future__ import annotations
