@@ -196,9 +196,8 @@ def caps(
 def allocate(
     providers: Sequence[Provider], room: Mapping[str, int], wanted_gpus: int
 ) -> dict[str, int]:
-    """Rule 3: `wanted_gpus` over the providers, cheapest first, each up to its `room`.
-    What no provider has room for is not asked of anyone (placement keeps it on the
-    cluster pool)."""
+    """Rule 3: `wanted_gpus` over the providers, cheapest first, each up to its `room`. What no
+    provider has room for is not asked of anyone (placement keeps it on the cluster pool)."""
     left = max(0, wanted_gpus)
     alloc = dict.fromkeys((p.name for p in providers), 0)
     for p in by_price(providers):

@@ -16,8 +16,7 @@ The rules, in order:
    means a step committed since the previous failure, or a step this attempt reported past
    the one it started from (see `AttemptFailure.progressed`).
 2. ``max_restarts`` restarts already used gives up, naming the count and the last failure.
-3. Otherwise restart after ``backoff_initial_s * 2**restarts_used``, at most
-   ``backoff_max_s``.
+3. Otherwise restart after ``backoff_initial_s * 2**restarts_used``, at most ``backoff_max_s``.
 
 Worked example (max_restarts=3, backoff 10 s doubling, at most 600 s): attempt 1 crashes at
 step 40 with "CUDA error: an illegal memory access" after committing step 30: restart 1 in

@@ -14,11 +14,10 @@ Must not: do I/O or know any one input's fields (each stack declares its checks 
 dataclasses: ``Annotated`` validators on the fields, rule functions across them).
 
 Example: the simulator's ``SCENARIO = Checked(Scenario, ScenarioError, _across_fields)``;
-``SCENARIO.load({"nodes": 0})`` raises ``ScenarioError`` with one `FieldError`,
-``nodes: must be in [1, 100000], got 0``; ``{"nodes": 8, "gpus_per_node": 4}`` passes every
-field's check, then `_across_fields` names ``training.gang_gpus.64`` (and 128, 256: bigger
-than the 8 x 4 = 32-GPU cluster) and ``serving.models[0].gpus_per_replica`` (8 GPUs: must fit
-one 4-GPU node).
+``SCENARIO.load({"nodes": 0})`` raises ``ScenarioError`` with one `FieldError`, ``nodes: must be
+in [1, 100000], got 0``; ``{"nodes": 8, "gpus_per_node": 4}`` passes every field's check, then
+`_across_fields` names ``training.gang_gpus.64`` (and 128, 256: bigger than the 8 x 4 = 32-GPU
+cluster) and ``serving.models[0].gpus_per_replica`` (8 GPUs: must fit one 4-GPU node).
 """
 
 from __future__ import annotations

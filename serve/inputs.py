@@ -172,12 +172,11 @@ def _too_deep(raw: bytes, max_depth: int) -> bool:
     """Whether arrays/objects nest deeper than `max_depth`, outside strings. Checked before
     parsing: the C parser recurses, and a deep body would end in RecursionError.
 
-    Linear in ``len(raw)`` whatever the bytes: a fixed number of whole-body passes in C
-    (count, replace, translate, split), no regex and no per-byte Python loop, so a string that
-    never closes or a run of escaped quotes costs one pass, not one pass per quote. Exact for
-    valid JSON; for invalid JSON it may say either way, and the parser then refuses the body.
-    Works on the UTF-8 bytes: no byte of a multi-byte character is a quote, bracket or
-    backslash.
+    Linear in ``len(raw)`` whatever the bytes: a fixed number of whole-body passes in C (count,
+    replace, translate, split), no regex and no per-byte Python loop, so a string that never
+    closes or a run of escaped quotes costs one pass, not one pass per quote. Exact for valid
+    JSON; for invalid JSON it may say either way, and the parser then refuses the body. Works on
+    the UTF-8 bytes: no byte of a multi-byte character is a quote, bracket or backslash.
     """
     if raw.count(b"[") + raw.count(b"{") <= max_depth:
         return False  # the common case: too few brackets to nest that deep

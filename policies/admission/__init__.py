@@ -36,14 +36,13 @@ Capacity
 Order
     Queued jobs are considered by priority class value (high first), then FIFO by
     ``submitted_s``, then ``job_id``; a job backing off (``not_before_s`` in the future) is
-    skipped. Every training job outranks serving's *placement*: GPUs held by Serve
-    replicas in the `cluster` pool count as reclaimable, and taking them produces a
-    `MoveServeReplicas` request (make-before-break, done by the placement policy and the Serve
-    actuator), never a preemption. But serving's *demand* is a guarantee (issue 28): with
-    ``external_room_gpus`` given, replicas count as reclaimable only as far as the external
-    pool can host them, in yield order (a model that is ``on_shortfall: yield`` always
-    counts); a gang that needs the rest waits with a ``serving-demand`` reason naming each
-    model and the room.
+    skipped. Every training job outranks serving's *placement*: GPUs held by Serve replicas in
+    the `cluster` pool count as reclaimable, and taking them produces a `MoveServeReplicas`
+    request (make-before-break, done by the placement policy and the Serve actuator), never a
+    preemption. But serving's *demand* is a guarantee (issue 28): with ``external_room_gpus``
+    given, replicas count as reclaimable only as far as the external pool can host them, in
+    yield order (a model that is ``on_shortfall: yield`` always counts); a gang that needs the
+    rest waits with a ``serving-demand`` reason naming each model and the room.
 Serving first
     ``serving_need_gpus``: cluster GPUs serving's demand needs that placement could place
     nowhere (the loop passes what it could not place the tick before). They are held before
@@ -98,17 +97,16 @@ Preemption
     Only for the head, only if it is entitled, and only when free and releasing GPUs are not
     enough. In-cluster Serve replicas yield first (one `MoveServeReplicas` per model), the
     lowest-priority model's first (`decide`'s ``models``: `policies.model_classes`), never a
-    model's ``min_cluster_replicas``; then
-    training victims: lower-priority gangs of the head's queue, and (reclaim) gangs of queues
-    over their share. Victims are taken in order (lowest priority value, then least work at
-    risk, i.e. most recently checkpointed, then most recently started, then job_id) until the
-    head fits; then every replica or victim that the fit does not need is spared again, most
-    expensive first, so the set is minimal (none can be dropped; not a global minimum). Caps:
-    a job preempted ``max_preemptions_per_job_per_hour`` times in the rolling hour is not a
-    candidate; if the victims would exceed ``max_preemptions_per_hour`` in the rolling hour,
-    nobody is preempted (never a partial preemption) and the head waits. A victim is asked
-    once: gangs with ``preempting`` set, or preempted (per the state) after they started, count
-    as releasing and are never chosen again.
+    model's ``min_cluster_replicas``; then training victims: lower-priority gangs of the head's
+    queue, and (reclaim) gangs of queues over their share. Victims are taken in order (lowest
+    priority value, then least work at risk, i.e. most recently checkpointed, then most recently
+    started, then job_id) until the head fits; then every replica or victim that the fit does
+    not need is spared again, most expensive first, so the set is minimal (none can be dropped;
+    not a global minimum). Caps: a job preempted ``max_preemptions_per_job_per_hour`` times in
+    the rolling hour is not a candidate; if the victims would exceed
+    ``max_preemptions_per_hour`` in the rolling hour, nobody is preempted (never a partial
+    preemption) and the head waits. A victim is asked once: gangs with ``preempting`` set, or
+    preempted (per the state) after they started, count as releasing and are never chosen again.
 Pins
     Replicas of a model an operator pinned to the `cluster` pool (``snapshot.pinned``) are
     never claimable: their GPUs count as held. When only they keep the first job that does

@@ -263,9 +263,8 @@ class _Decision(Ledger):
     def admit_or_wait(self, job: QueuedJob, within_share: bool, held: Held) -> None:
         """A gang serving's forecast held back, once every other job had its turn: if serving
         needs the GPUs later than the forecast's ``idle_hold_s`` and it still fits now (no
-        shorter work wanted them), it is admitted, and at the peak it is asked to checkpoint
-        and yield like any gang (``serving-reclaims``); otherwise it waits with `held`'s
-        reason."""
+        shorter work wanted them), it is admitted, and at the peak it is asked to checkpoint and
+        yield like any gang (``serving-reclaims``); otherwise it waits with `held`'s reason."""
         assert self.forecast is not None
         if held.needed_in_s > self.forecast.idle_hold_s and self.try_admit(
             job, within_share, forecast_note=held.peak

@@ -93,9 +93,8 @@ class ForecastRoom:
             self.room[k] -= job.gpus_total
 
     def hold(self, job: QueuedJob) -> Held | None:
-        """Why `job` is held back (a ``serving-forecast`` reason, and how soon serving needs
-        the GPUs), or None if its run fits beside serving's forecast (or could never avoid
-        it)."""
+        """Why `job` is held back (a ``serving-forecast`` reason, and how soon serving needs the
+        GPUs), or None if its run fits beside serving's forecast (or could never avoid it)."""
         need = job.gpus_total
         span = self.window(job.max_runtime_s)
         short = [k for k in range(span) if self.room[k] < need]

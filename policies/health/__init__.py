@@ -15,11 +15,10 @@ A package of pure steps, called in this order each tick:
   leaves them out; then cordon, checkpoint-and-requeue gangs, move replicas
   make-before-break, drain once empty (serving-only nodes: only their gangs go).
 
-The rooms: `thresholds` (what counts as bad, `HealthThresholds`: the ``health`` config
-section embeds it), `samples` (the input types), `verdicts` (the output types), `state`
-(the memory between ticks, `HealthState`, with `keep_nodes` and `clear_lemon`),
-`evaluation`, `breaker` and `remediation`. Every public name is re-exported here, so callers
-import from `policies.health`.
+The rooms: `thresholds` (what counts as bad, `HealthThresholds`: the ``health`` config section
+embeds it), `samples` (the input types), `verdicts` (the output types), `state` (the memory
+between ticks, `HealthState`, with `keep_nodes` and `clear_lemon`), `evaluation`, `breaker` and
+`remediation`. Every public name is re-exported here, so callers import from `policies.health`.
 
 Owns: the pure decisions above, their inputs, thresholds and memory (which the caller
 stores and hands back).

@@ -2,9 +2,8 @@
 telemetry history.
 
 Owns: the pure decision `evaluate(samples, thresholds, state, now_s) -> (verdicts, state)`.
-Must not: read telemetry, a clock or the network, or act. Time arrives as `now_s` (the
-caller's clock); sample times are only used to order samples and to skip the ones already
-seen.
+Must not: read telemetry, a clock or the network, or act. Time arrives as `now_s` (the caller's
+clock); sample times are only used to order samples and to skip the ones already seen.
 
 Rules, per node, for every sample newer than the last one seen:
 

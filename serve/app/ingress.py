@@ -302,10 +302,7 @@ def edge_table_text(table: RouteTable) -> str:
 
     >>> t = RouteTable(3, {"sample": {"cluster": 2.0, "external": 1.0}, "idle": {}})
     >>> print(edge_table_text(t), end="")
-    rcp-edge-table 1
-    generation 3
-    max_age_s 5
-    model sample 667
+    rcp-edge-table 1 generation 3 max_age_s 5 model sample 667
     """
     lines = [
         "rcp-edge-table 1",

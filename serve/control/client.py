@@ -58,17 +58,16 @@ def start_serve(host: str, port: int, proxy_location: str = "EveryNode") -> None
     """Start Serve's controller and its HTTP proxies, bound to `host` (the head's on `port`).
     No-op when Serve is up.
 
-    ``EveryNode``: Serve runs a proxy on the head and on every node that holds a replica
-    (of either pool), and stops a node's proxy once the node is draining and its requests
-    are done (Serve's own ``DRAINING`` -> ``DRAINED``), so an external node leaves no Serve
-    actor behind for the autoscaler to wait on. Every proxy routes the same way: each one
-    sends a request to an ingress replica, which picks the pool by route weight and retries.
-    `port` is the head's proxy's: a worker node's proxy binds the same port unless its node's
-    environment names another (``RAY_SERVE_WORKER_PROXY_HTTP_PORT``). Local mode gives every
-    simulated node its own (they share one host) and puts the edge in front (HAProxy,
-    ``serve.edge``); docs/serving.md, "Proxies on every node". ``HeadOnly``
-    (one proxy, on the head) is the behaviour before issue 18, kept as the head-loss
-    benchmark's baseline."""
+    ``EveryNode``: Serve runs a proxy on the head and on every node that holds a replica (of
+    either pool), and stops a node's proxy once the node is draining and its requests are done
+    (Serve's own ``DRAINING`` -> ``DRAINED``), so an external node leaves no Serve actor behind
+    for the autoscaler to wait on. Every proxy routes the same way: each one sends a request to
+    an ingress replica, which picks the pool by route weight and retries. `port` is the head's
+    proxy's: a worker node's proxy binds the same port unless its node's environment names
+    another (``RAY_SERVE_WORKER_PROXY_HTTP_PORT``). Local mode gives every simulated node its
+    own (they share one host) and puts the edge in front (HAProxy, ``serve.edge``);
+    docs/serving.md, "Proxies on every node". ``HeadOnly`` (one proxy, on the head) is the
+    behaviour before issue 18, kept as the head-loss benchmark's baseline."""
     serve.start(http_options={"host": host, "port": port}, proxy_location=proxy_location)
 
 

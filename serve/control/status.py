@@ -10,6 +10,7 @@ Must not: change anything.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any, TypedDict
 
@@ -30,8 +31,11 @@ __all__ = [
     "PoolStatus",
     "ReplicaStatus",
     "ServeStatus",
+    "deployment",
     "format_status_table",
+    "replica_states",
     "serve_status",
+    "state_of",
     "summarize",
 ]
 
@@ -85,16 +89,20 @@ class ServeStatus(_ServeStatusRequired, total=False):
     message: str
 
 
-def _deployment(details: Mapping[str, Any], app: str, name: str) -> Mapping[str, Any] | None:
-    a = (details.get("applications") or {}).get(app)
-    if not a:
-        return None
-    d: Mapping[str, Any] | None = (a.get("deployments") or {}).get(name)
-    return d
+def deployment(details: Mapping[str, Any], app: str, name: str) -> Mapping[str, Any]:
+    """Serve's details of deployment `name` of application `app` ({} when there is none)."""
+    a = (details.get("applications") or {}).get(app) or {}
+    found: Mapping[str, Any] = (a.get("deployments") or {}).get(name) or {}
+    return found
 
 
-def _state(replica: Mapping[str, Any]) -> str:
-    return str(replica.get("state", "")).rsplit(".", 1)[-1].upper()
+def state_of(value: object) -> str:
+    """A Serve state upper case without the enum's prefix (``ReplicaState.RUNNING``: ``RUNNING``)."""
+    return str(value).rsplit(".", 1)[-1].upper()
+
+
+def replica_states(dep: Mapping[str, Any]) -> list[str]:
+    return [state_of(r.get("state", "")) for r in dep.get("replicas") or []]
 
 
 def summarize(details: Mapping[str, Any], node_pools: Mapping[str, str]) -> ServeStatus:
@@ -106,14 +114,14 @@ def summarize(details: Mapping[str, Any], node_pools: Mapping[str, str]) -> Serv
     for model in state.serving.models:
         pools: dict[str, PoolStatus] = {}
         for pool in POOLS:
-            dep = _deployment(details, app_name(model.name, pool), BACKEND_DEPLOYMENT)
+            dep = deployment(details, app_name(model.name, pool), BACKEND_DEPLOYMENT)
             replicas: list[ReplicaStatus] = []
-            for r in (dep or {}).get("replicas") or []:
+            for r in dep.get("replicas") or []:
                 node_id = str(r.get("node_id") or "")
                 replicas.append(
                     {
                         "replica_id": r.get("replica_id"),
-                        "state": _state(r),
+                        "state": state_of(r.get("state", "")),
                         "node_id": node_id,
                         "node_ip": r.get("node_ip"),
                         "node_pool": node_pools.get(node_id, "unknown"),
@@ -134,22 +142,16 @@ def summarize(details: Mapping[str, Any], node_pools: Mapping[str, str]) -> Serv
             "max_replicas": model.max_replicas,
             "pools": pools,
         }
-    ing = _deployment(details, INGRESS_APP, INGRESS_DEPLOYMENT) or {}
-    ing_replicas = ing.get("replicas") or []
+    ing = deployment(details, INGRESS_APP, INGRESS_DEPLOYMENT)
     ingress: IngressStatus = {
-        "status": str(ing.get("status") or "").rsplit(".", 1)[-1].upper() or None,
+        "status": state_of(ing.get("status") or "") or None,
         "target": ing.get("target_num_replicas"),
-        "running": sum(1 for r in ing_replicas if _state(r) == "RUNNING"),
+        "running": replica_states(ing).count("RUNNING"),
         "applied_generation": ((ing.get("deployment_config") or {}).get("user_config") or {}).get(
             "generation"
         ),
     }
-    return {
-        "deployed": True,
-        "generation": state.generation,
-        "ingress": ingress,
-        "models": models,
-    }
+    return {"deployed": True, "generation": state.generation, "ingress": ingress, "models": models}
 
 
 def serve_status() -> ServeStatus:
@@ -174,23 +176,10 @@ def format_status_table(data: Mapping[str, Any]) -> str:
     rows: list[tuple[str, ...]] = [header]
     for model, m in sorted(data["models"].items()):
         for pool, p in m["pools"].items():
-            nodes: dict[str, int] = {}
-            for r in p["replicas"]:
-                key = f"{r['node_id'][:8]}({r['node_pool']})"
-                nodes[key] = nodes.get(key, 0) + 1
+            nodes = Counter(f"{r['node_id'][:8]}({r['node_pool']})" for r in p["replicas"])
             node_text = ", ".join(f"{k} x{n}" for k, n in sorted(nodes.items())) or "-"
-            rows.append(
-                (
-                    model,
-                    pool,
-                    str(p["target"]),
-                    str(p["running"]),
-                    str(p["starting"]),
-                    str(p["stopping"]),
-                    f"{p['weight']:g}",
-                    node_text,
-                )
-            )
+            counts = (str(p[k]) for k in ("target", "running", "starting", "stopping"))
+            rows.append((model, pool, *counts, f"{p['weight']:g}", node_text))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     ing = data.get("ingress") or {}

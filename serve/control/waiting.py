@@ -28,7 +28,7 @@ from typing import Any
 
 from serve.config import POOLS, IngressConfig
 from serve.control import client as control
-from serve.control.status import STARTING_STATES
+from serve.control.status import STARTING_STATES, deployment, replica_states, state_of
 from serve.spec import BACKEND_DEPLOYMENT, INGRESS_APP, INGRESS_DEPLOYMENT, app_name
 
 __all__ = [
@@ -70,18 +70,12 @@ class ServingTimeoutError(TimeoutError):
 
 
 def _backend(details: Mapping[str, Any], model: str, pool: str) -> Mapping[str, Any]:
-    app = (details.get("applications") or {}).get(app_name(model, pool)) or {}
-    dep: Mapping[str, Any] = (app.get("deployments") or {}).get(BACKEND_DEPLOYMENT) or {}
-    return dep
-
-
-def _states(dep: Mapping[str, Any]) -> list[str]:
-    return [str(r.get("state", "")).rsplit(".", 1)[-1].upper() for r in dep.get("replicas") or []]
+    return deployment(details, app_name(model, pool), BACKEND_DEPLOYMENT)
 
 
 def running_replicas(details: Mapping[str, Any], model: str) -> dict[str, int]:
     """RUNNING replicas of `model` per pool in Serve's details."""
-    return {p: _states(_backend(details, model, p)).count("RUNNING") for p in POOLS}
+    return {p: replica_states(_backend(details, model, p)).count("RUNNING") for p in POOLS}
 
 
 # --- conditions and waiting ------------------------------------------------------------
@@ -105,7 +99,7 @@ def until_pool_settled(model: str, pool: str, target: int) -> Callable[[Mapping[
 
     def done(details: Mapping[str, Any]) -> bool:
         dep = _backend(details, model, pool)
-        states = _states(dep)
+        states = replica_states(dep)
         running = states.count("RUNNING")
         if target == 0:
             return app_name(model, pool) not in (details.get("applications") or {})
@@ -124,7 +118,7 @@ def until_pool_running(model: str, pool: str, target: int) -> Callable[[Mapping[
         dep = _backend(details, model, pool)
         return (
             int(dep.get("target_num_replicas", -1)) == target
-            and _states(dep).count("RUNNING") >= target
+            and replica_states(dep).count("RUNNING") >= target
         )
 
     return done
@@ -132,8 +126,7 @@ def until_pool_running(model: str, pool: str, target: int) -> Callable[[Mapping[
 
 def _ingress(details: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
     """The ingress deployment's details and its deployed ``user_config``."""
-    app = (details.get("applications") or {}).get(INGRESS_APP) or {}
-    dep: Mapping[str, Any] = (app.get("deployments") or {}).get(INGRESS_DEPLOYMENT) or {}
+    dep = deployment(details, INGRESS_APP, INGRESS_DEPLOYMENT)
     user_config: Mapping[str, Any] = (dep.get("deployment_config") or {}).get("user_config") or {}
     return dep, user_config
 
@@ -145,9 +138,9 @@ def _ingress_applied(details: Mapping[str, Any], generation: int) -> bool:
     seen = user_config.get("generation")
     if not isinstance(seen, int) or seen < generation:
         return False
-    states = _states(dep)
+    states = replica_states(dep)
     return (
-        str(dep.get("status", "")).rsplit(".", 1)[-1].upper() == "HEALTHY"
+        state_of(dep.get("status", "")) == "HEALTHY"
         and len(states) == int(dep.get("target_num_replicas", -1))
         and all(s == "RUNNING" for s in states)
     )
@@ -191,9 +184,8 @@ def pool_settled(model: str, pool: str, target: int) -> bool:
 
 
 def route_applied(generation: int) -> bool:
-    """Whether route table `generation` settled: every ingress replica runs it (or a later
-    one), and ``serving.ingress.edge_table_max_age_s`` passed since this process first saw
-    that, so no edge still routes by an older table (see the module doc). A caller
-    polls it each tick; the first True call is at least that long after the first call that
-    saw the table applied."""
+    """Whether route table `generation` settled: every ingress replica runs it (or a later one),
+    and ``serving.ingress.edge_table_max_age_s`` passed since this process first saw that, so no
+    edge still routes by an older table (see the module doc). A caller polls it each tick; the
+    first True call is at least that long after the first call that saw the table applied."""
     return until_route_settled(generation)(control.read_details())
