@@ -1,27 +1,11 @@
 """The Kubernetes actuator: the only code that changes Kubernetes objects (production on KubeRay).
 
-Owns, through the official ``kubernetes`` client (``CoreV1Api``, ``CustomObjectsApi``):
-
-* `KubernetesActuator.remove_node`: take a Ray node's Kubernetes node out of service and
-  delete its Ray pod so KubeRay starts a replacement elsewhere: cordon
-  (``spec.unschedulable``), a ``NoSchedule`` taint ``<taint_key>=<reason slug>``, annotations
-  ``<taint_key>-reason`` / ``<taint_key>-since``, then DELETE the pod.
-* `KubernetesActuator.cordon` / `uncordon`: the node half on its own; `uncordon` is for an
-  operator's command and removes only our taint.
-* `KubernetesActuator.scale_external`: the external worker group's ``replicas`` in the
-  RayCluster, clamped to the group's bounds, unless the KubeRay autoscaler owns that group;
-  a shrink only by the pods it names in ``scaleStrategy.workersToDelete``.
-* `worker_pods_on_node` / `read_worker`: the read-only checks the ``rcp-kube-actuator``
-  service (``controlplane.kube.service``) makes before it lets a caller touch a node or pod;
-  `remove_worker` then acts on that same read of the pod (the service counts its actions
-  from it, so a pod bound to a node after the read is not cordoned outside its cap).
-
-The class is put together here from its parts: ``kube.client`` (the API client, bounded
-calls, retry pacing), ``kube.pods`` (which pods are ours; deleting one), ``kube.nodes``
-(cordon, uncordon, remove_node) and ``kube.raycluster`` (scale_external); what the calls
-report is in ``kube.results``, what they raise in ``kube.errors``.
-
-`controlplane.kube.connect.from_config` builds this class (or the service's HTTP client).
+Owns `KubernetesActuator`, put together from its parts, each calling the official
+``kubernetes`` client: ``kube.client`` (the API client, bounded calls, retry pacing),
+``kube.pods`` (which pods are ours, `read_worker`, `worker_pods_on_node`; deleting one),
+``kube.nodes`` (`cordon`, `uncordon`, `remove_node`, `remove_worker`) and ``kube.raycluster``
+(`scale_external`); what the calls report is in ``kube.results``, what they raise in
+``kube.errors``. `controlplane.kube.connect.from_config` builds it (or the service's client).
 
 How writes are made safe, each a read-modify-write with optimistic concurrency:
 

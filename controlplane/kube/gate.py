@@ -135,10 +135,6 @@ def _pod_names(value: object) -> list[str]:
     return names
 
 
-def _str_or_none(value: object) -> str | None:
-    return None if value is None else str(value)
-
-
 # --- the service ----------------------------------------------------------------------------
 
 
@@ -238,7 +234,9 @@ class ActuatorService:
             )
         names = _pod_names(b.get("workers_to_delete", []))
         with self._lock:
-            result = self.actuator.scale_external(replicas, _str_or_none(provider), names)
+            result = self.actuator.scale_external(
+                replicas, None if provider is None else str(provider), names
+            )
             return dataclasses.asdict(result)
 
     def pod_for_ip(self, body: object) -> str | None:

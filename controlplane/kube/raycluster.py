@@ -1,12 +1,9 @@
 """The Kubernetes actuator's RayCluster: the external worker group's ``replicas``.
 
-Owns: `scale_external`, clamped to the group's [minReplicas, maxReplicas] and refused while an
-autoscaler owns the group (``kubernetes.autoscaler_owns_external`` or the RayCluster's
-``enableInTreeAutoscaling``), written as a JSON patch that tests the group's name at its
-index and carries the ``resourceVersion`` read, retried on conflict. A shrink lowers
-``replicas`` only by the pods it names in the group's ``scaleStrategy.workersToDelete`` (with
-the in-tree autoscaler off, KubeRay's operator deletes those first, then the first pods of its
-list: any pod, serving or not), and names whose pods are gone are cleared from that list.
+Owns: `scale_external`, clamped to the group's bounds and refused while an autoscaler owns
+the group, written as a JSON patch that tests the group's name at its index and carries the
+``resourceVersion`` read, retried on conflict; a shrink takes only the pods it names in
+``scaleStrategy.workersToDelete`` (see its doc).
 Must not: delete pods or touch nodes (the operator deletes the named pods), write any other
 field of the RayCluster, or choose which pods go (the policy did).
 """
@@ -199,16 +196,15 @@ class RayClusterScaling(PodAccess):
             and not (pods[n].get("metadata") or {}).get("deletionTimestamp")
         )
 
+    @property
+    def _raycluster_path(self) -> tuple[str, str, str, str, str]:
+        """(group, version, namespace, plural, name) of our RayCluster, as the client takes it."""
+        return RAY_GROUP, RAY_VERSION, self.config.namespace, RAY_PLURAL, self.config.raycluster
+
     def _read_raycluster(self) -> dict[str, Any]:
-        c = self.config
         try:
             rc: dict[str, Any] = self._call(
-                self.custom.get_namespaced_custom_object,
-                RAY_GROUP,
-                RAY_VERSION,
-                c.namespace,
-                RAY_PLURAL,
-                c.raycluster,
+                self.custom.get_namespaced_custom_object, *self._raycluster_path
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -224,15 +220,10 @@ class RayClusterScaling(PodAccess):
     def _patch_raycluster(self, ops: list[dict[str, Any]], rv: str) -> bool:
         """True when written; False when the RayCluster changed since version `rv` (409, or
         a 422 failed test because the groups moved), so the caller re-reads and retries."""
-        c = self.config
         try:
             self._call(
                 self.custom.patch_namespaced_custom_object,
-                RAY_GROUP,
-                RAY_VERSION,
-                c.namespace,
-                RAY_PLURAL,
-                c.raycluster,
+                *self._raycluster_path,
                 ops,
                 _content_type=JSON_PATCH,
             )

@@ -22,17 +22,13 @@ itself may do to its own Ray nodes, and no more:
 * ``POST /v1/pod-for-ip`` ``{"pod_ip"}``: the RayCluster pod with that IP (read only).
 * ``GET /healthz``: liveness, no auth. Nothing else (404); no uncordon (an operator's command).
 
-Checks, in order: bearer token (``Authorization: Bearer``, compared in constant time with
-``kubernetes.actuator_token_file``, re-read per request so a rotated Secret takes effect), body
-at most ``kubernetes.service.max_body_bytes`` (413), JSON object with exactly the route's keys
-(400), names as DNS-1123 subdomains, a reason of printable text up to `MAX_REASON_CHARS`,
-replicas in 0..`MAX_REPLICAS`; then the ownership checks above (403) and the rate cap: at most
-``kubernetes.service.max_node_actions`` node actions per ``window_s`` (429; `NodeActionCap`),
-beside the health breaker. Every action counts (a cordon; a removal, with the cordon of its
-node, of a pod scheduled or not), and the check, the count and the action use one read of
-the pod under one lock, so nothing happens between them. Every request is logged with its
-id, caller, route (control characters escaped: a path is decoded, so ``%0A`` would otherwise
-start a forged log line) and outcome. Actions run one at a time.
+Checks, in order: the bearer token (``Authorization: Bearer``, compared in constant time with
+``kubernetes.actuator_token_file``, re-read per request so a rotated Secret takes effect), the
+body's size (``kubernetes.service.max_body_bytes``, 413), then those of
+`controlplane.kube.gate.ActuatorService`: the body (400), ownership (403) and the node-action
+cap (429), one action at a time. Every request is logged with its id, caller, route (control
+characters escaped: a path is decoded, so ``%0A`` would otherwise start a forged log line)
+and outcome.
 
 Status codes: 400 bad input, 401 token, 403 not ours, 404 not found, 409 conflicts outlasted the
 retries, 413 too large, 415 not JSON, 429 rate cap, 502 the Kubernetes API failed, 500 a bug

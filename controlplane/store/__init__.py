@@ -32,22 +32,8 @@ to share between threads (one connection behind a lock) and between processes on
 Must not: talk to Ray, decide anything, or read the wall clock directly: time comes from the
 injectable `clock` (``time.time`` unless a test passes another).
 
-Where each part lives (every name below is importable from ``controlplane.store``):
-
-* `controlplane.store.states`: `JobState`, `TERMINAL_STATES`, `ACTIVE_STATES`,
-  `ALLOWED_TRANSITIONS`;
-* `controlplane.store.records`: `JobRecord`, `JobScan`, `InvalidRow`, `SubmitResult`,
-  `Transition`, `Event`;
-* `controlplane.store.errors`: `StoreError` and its kinds;
-* `controlplane.store.schema`: the tables and indexes, `SCHEMA_VERSION`, the JSON columns;
-* `controlplane.store.database`: the connection, its lock and transactions, corruption;
-* `controlplane.store.jobs`: submission, reads, listings, info, rows that no longer validate;
-* `controlplane.store.transitions`: state changes and history;
-* `controlplane.store.events`, `notes`, `values`, `retention`: the event log, attempt notes,
-  the key-value table, pruning;
-* `controlplane.store.users`: the API's users (role, queues, token hash) and retired tokens.
-
-`Store` below is all of them on one connection.
+`Store` below is all of its tables on one connection; every name here is importable from
+``controlplane.store`` (each from the module its import names).
 
 Beside `Store`, not part of it, pure over its records and config: `reliability` (the
 fleet's MTBF), `pruning` (when the controller prunes, how much at once), `job_info` (what

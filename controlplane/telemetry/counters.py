@@ -105,17 +105,11 @@ class CounterRates:
         problems, self._problems = self._problems, []
         return problems
 
-    def update(
-        self,
-        key: str,
-        value: int,
-        t_s: float,
-        width_bits: int | None = None,
-        max_per_s: float | None = None,
-    ) -> float | None:
-        """Record `value` at `t_s`; the rate since the previous read, or None on the first
-        read, when time did not move forward, after a reset, or for a bad reading (a negative
-        value, or a rate above `max_per_s`)."""
+    def _advance(
+        self, key: str, value: int, t_s: float, width_bits: int | None
+    ) -> tuple[float, int, Delta] | None:
+        """Record `value` read at `t_s`: (time and value read before, the change), or None
+        for a bad (negative) value and for the first read of `key`."""
         previous = self._last.get(key)
         if value < 0:
             self._bad(key, CounterChange.NEGATIVE, f"negative value {value}; reading ignored")
@@ -129,6 +123,23 @@ class CounterRates:
         # Jitter keeps the higher value as the baseline, so the dip is not counted twice.
         self._last[key] = (t_s, v0 if delta.change is CounterChange.JITTER else value)
         self.changes[key] = delta.change
+        return t0, v0, delta
+
+    def update(
+        self,
+        key: str,
+        value: int,
+        t_s: float,
+        width_bits: int | None = None,
+        max_per_s: float | None = None,
+    ) -> float | None:
+        """Record `value` at `t_s`; the rate since the previous read, or None on the first
+        read, when time did not move forward, after a reset, or for a bad reading (a negative
+        value, or a rate above `max_per_s`)."""
+        step = self._advance(key, value, t_s, width_bits)
+        if step is None:
+            return None
+        t0, v0, delta = step
         if t_s <= t0 or delta.increase is None:
             return None
         rate = delta.increase / (t_s - t0)
@@ -145,19 +156,8 @@ class CounterRates:
     def increase(self, key: str, value: int, width_bits: int | None = None) -> int:
         """The plain increase since the previous `increase` call for `key` (0 the first time,
         after a reset and for a bad reading)."""
-        previous = self._last.get(key)
-        if value < 0:
-            self._bad(key, CounterChange.NEGATIVE, f"negative value {value}; reading ignored")
-            return 0
-        if previous is None:
-            self._last[key] = (0.0, value)
-            self.changes[key] = CounterChange.FIRST
-            return 0
-        delta = counter_delta(previous[1], value, width_bits)
-        keep = previous[1] if delta.change is CounterChange.JITTER else value
-        self._last[key] = (0.0, keep)
-        self.changes[key] = delta.change
-        return delta.increase or 0
+        step = self._advance(key, value, 0.0, width_bits)
+        return 0 if step is None else step[2].increase or 0
 
     def forget_except(self, keys: set[str]) -> None:
         """Drop counters not read any more (a port or GPU that went away)."""

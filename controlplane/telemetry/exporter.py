@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from controlplane.telemetry.dcgm import NVLINK_ERROR_FIELDS
+
 __all__ = ["GPU_METRICS", "SummaryCollector", "start_exporter"]
 
 GPU_METRICS: tuple[tuple[str, str, str], ...] = (
@@ -59,13 +61,6 @@ GPU_METRICS: tuple[tuple[str, str, str], ...] = (
 )
 """(metric name, summary key, help) for per-GPU values."""
 
-_NVLINK_ERROR_METRICS = {
-    "crc_flit": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-    "crc_data": "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
-    "replay": "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-    "recovery": "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
-}
-
 _PORT_METRICS: tuple[tuple[str, str, str], ...] = (
     ("rcp_ib_port_up", "up", "1 when the port is ACTIVE and LinkUp."),
     ("rcp_ib_port_rate_gbps", "rate_gbps", "Port rate (in Gb/s)."),
@@ -77,10 +72,18 @@ _PORT_METRICS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _num(value: Any) -> float | None:
-    if value is None or isinstance(value, str):
-        return None
-    return float(value)
+def _gauges(
+    metrics: tuple[tuple[str, str, str], ...], rows: list[Any], label: str, node: str, pool: str
+) -> Iterator[GaugeMetricFamily]:
+    """One family per (name, key, help) of `metrics`: each row's number under `key`, labelled
+    with the row's `label` (its ``gpu`` or ``port``); None and text are left out."""
+    for name, key, help_text in metrics:
+        family = GaugeMetricFamily(name, help_text, labels=["node", "pool", label])
+        for row in rows:
+            value = row.get(key)
+            if value is not None and not isinstance(value, str):
+                family.add_metric([node, pool, str(row[label])], float(value))
+        yield family
 
 
 class SummaryCollector(Collector):
@@ -95,14 +98,8 @@ class SummaryCollector(Collector):
             return
         node, pool = str(summary["node_id"]), str(summary["pool"])
         gpus = summary.get("gpus", [])
-        for name, key, help_text in GPU_METRICS:
-            family = GaugeMetricFamily(name, help_text, labels=["node", "pool", "gpu"])
-            for g in gpus:
-                value = _num(g.get(key))
-                if value is not None:
-                    family.add_metric([node, pool, str(g["gpu"])], value)
-            yield family
-        for counter, name in _NVLINK_ERROR_METRICS.items():
+        yield from _gauges(GPU_METRICS, gpus, "gpu", node, pool)
+        for counter, name in NVLINK_ERROR_FIELDS.items():
             family = GaugeMetricFamily(
                 name, f"NVLink {counter} errors, all links.", labels=["node", "pool", "gpu"]
             )
@@ -121,13 +118,7 @@ class SummaryCollector(Collector):
                 throttle.add_metric([node, pool, str(g["gpu"]), reason], 1.0)
         yield throttle
         ports = summary.get("ib_ports", [])
-        for name, key, help_text in _PORT_METRICS:
-            family = GaugeMetricFamily(name, help_text, labels=["node", "pool", "port"])
-            for p in ports:
-                value = _num(p.get(key))
-                if value is not None:
-                    family.add_metric([node, pool, str(p["port"])], value)
-            yield family
+        yield from _gauges(_PORT_METRICS, ports, "port", node, pool)
         for group in ("counters", "hw_counters"):
             family = GaugeMetricFamily(
                 f"rcp_ib_port_{group}",

@@ -123,13 +123,6 @@ def vet_agents(
     return ok, {n: a for n, a in found.items() if n not in ok}
 
 
-def _alive_nodes() -> list[dict[str, Any]]:
-    import ray  # deferred: ray is heavy and optional here
-
-    nodes: list[dict[str, Any]] = ray.nodes()
-    return [n for n in nodes if n.get("Alive")]
-
-
 def _named_agents() -> dict[str, tuple[str, Any]]:
     import ray  # deferred: ray is heavy and optional here
 
@@ -158,7 +151,10 @@ class RayAgentCluster:
     """`AgentCluster` through the connected driver."""
 
     def alive_nodes(self) -> list[dict[str, Any]]:
-        return _alive_nodes()
+        import ray  # deferred: ray is heavy and optional here
+
+        nodes: list[dict[str, Any]] = ray.nodes()
+        return [n for n in nodes if n.get("Alive")]
 
     def available(self) -> dict[str, dict[str, float]]:
         import ray  # deferred: ray is heavy and optional here

@@ -187,10 +187,10 @@ class NvmlSource:
 
     def _read_gpu(self, g: _Gpu, xids: list[int]) -> GpuReading:
         nv, h, call = self.nv, g.handle, self._call
-        temp = call(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
-        slowdown = call(
-            nv.nvmlDeviceGetTemperatureThreshold, h, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
-        )
+
+        def ecc(kind: Any) -> int | None:
+            return _int(call(nv.nvmlDeviceGetTotalEccErrors, h, kind, nv.NVML_VOLATILE_ECC))
+
         power_mw = call(nv.nvmlDeviceGetPowerUsage, h)
         limit_mw = call(nv.nvmlDeviceGetEnforcedPowerLimit, h)
         reasons_fn = (
@@ -209,8 +209,12 @@ class NvmlSource:
         return GpuReading(
             gpu=g.index,
             uuid=g.uuid,
-            temp_c=None if temp is None else float(temp),
-            slowdown_temp_c=None if slowdown is None else float(slowdown),
+            temp_c=_float(call(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)),
+            slowdown_temp_c=_float(
+                call(
+                    nv.nvmlDeviceGetTemperatureThreshold, h, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+                )
+            ),
             power_w=None if power_mw is None else power_mw / 1000.0,
             power_limit_w=None if limit_mw is None else limit_mw / 1000.0,
             sm_clock_mhz=_float(call(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)),
@@ -222,22 +226,8 @@ class NvmlSource:
             tensor_active_ratio=self._tensor_active(g),
             last_xid=g.last_xid,
             new_xids=tuple(xids),
-            ecc_sbe_volatile=_int(
-                call(
-                    nv.nvmlDeviceGetTotalEccErrors,
-                    h,
-                    nv.NVML_MEMORY_ERROR_TYPE_CORRECTED,
-                    nv.NVML_VOLATILE_ECC,
-                )
-            ),
-            ecc_dbe_volatile=_int(
-                call(
-                    nv.nvmlDeviceGetTotalEccErrors,
-                    h,
-                    nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                    nv.NVML_VOLATILE_ECC,
-                )
-            ),
+            ecc_sbe_volatile=ecc(nv.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+            ecc_dbe_volatile=ecc(nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
             remapped_rows_correctable=None if remap is None else int(remap[0]),
             remapped_rows_uncorrectable=None if remap is None else int(remap[1]),
             row_remap_pending=None if remap is None else bool(remap[2]),

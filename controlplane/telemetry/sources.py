@@ -32,41 +32,12 @@ class TelemetrySource(Protocol):
         ...
 
 
-def _simulated(
-    num_gpus: int,
-    num_ib_ports: int,
-    dcgm_url: str,
-    dcgm_timeout_s: float,
-    visible: VisibleGpus | None,
-) -> TelemetrySource:
-    return SimulatedSource(num_gpus, num_ib_ports)
-
-
-def _nvml(
-    num_gpus: int,
-    num_ib_ports: int,
-    dcgm_url: str,
-    dcgm_timeout_s: float,
-    visible: VisibleGpus | None,
-) -> TelemetrySource:
-    return NvmlSource()
-
-
-def _dcgm(
-    num_gpus: int,
-    num_ib_ports: int,
-    dcgm_url: str,
-    dcgm_timeout_s: float,
-    visible: VisibleGpus | None,
-) -> TelemetrySource:
-    return DcgmSource(dcgm_url, dcgm_timeout_s, visible)
-
-
 SOURCES: dict[str, Callable[[int, int, str, float, VisibleGpus | None], TelemetrySource]] = {
-    "simulated": _simulated,
-    "nvml": _nvml,
-    "dcgm": _dcgm,
+    "simulated": lambda num_gpus, num_ib_ports, *_: SimulatedSource(num_gpus, num_ib_ports),
+    "nvml": lambda *_: NvmlSource(),
+    "dcgm": lambda _gpus, _ports, url, timeout_s, visible: DcgmSource(url, timeout_s, visible),
 }
+"""Each source's factory: (num_gpus, num_ib_ports, dcgm_url, dcgm_timeout_s, visible)."""
 
 
 class RetryingSource:
