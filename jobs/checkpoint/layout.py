@@ -20,7 +20,7 @@ import base64
 import json
 import re
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 FORMAT_VERSION = 1
@@ -184,15 +184,7 @@ class Manifest:
             "created_unix_s": self.created_unix_s,
             "keep": self.keep,
             "metadata": self.metadata,
-            "ranks": [
-                {
-                    "rank": r.rank,
-                    "index_key": r.index_key,
-                    "index_checksum": r.index_checksum,
-                    "payload_bytes": r.payload_bytes,
-                }
-                for r in self.ranks
-            ],
+            "ranks": [asdict(r) for r in self.ranks],
         }
         return json.dumps(doc, indent=1, sort_keys=True).encode("utf-8")
 

@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 _STALL_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _UPLOAD_BUCKETS_S = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
+_PROMETHEUS_KINDS: dict[str, Any] = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
+
 RAY_PREFIX = "ray_"
 """Prefix Ray's metrics agent puts before every ``ray.util.metrics`` name it exports."""
 
@@ -68,16 +70,12 @@ class MirroredMetric:
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
         self.buckets = tuple(buckets) if buckets else None
-        if kind == "counter":
-            self.prometheus: Any = Counter(name, documentation, self.labelnames)
-        elif kind == "gauge":
-            self.prometheus = Gauge(name, documentation, self.labelnames)
-        elif kind == "histogram":
-            self.prometheus = Histogram(
-                name, documentation, self.labelnames, buckets=self.buckets or ()
-            )
-        else:
+        if kind not in _PROMETHEUS_KINDS:
             raise ValueError(f"metric kind must be counter, gauge or histogram, got {kind!r}")
+        extra = {"buckets": self.buckets or ()} if kind == "histogram" else {}
+        self.prometheus: Any = _PROMETHEUS_KINDS[kind](
+            name, documentation, self.labelnames, **extra
+        )
         self._ray_metric: Any = None
         self._ray_disabled = False
         self._lock = threading.Lock()
@@ -106,21 +104,13 @@ class MirroredMetric:
                 try:
                     from ray.util import metrics as ray_metrics
 
-                    if self.kind == "counter":
-                        self._ray_metric = ray_metrics.Counter(
-                            self.name, self.documentation, tag_keys=self.labelnames
-                        )
-                    elif self.kind == "gauge":
-                        self._ray_metric = ray_metrics.Gauge(
-                            self.name, self.documentation, tag_keys=self.labelnames
-                        )
-                    else:
-                        self._ray_metric = ray_metrics.Histogram(
-                            self.name,
-                            self.documentation,
-                            boundaries=list(self.buckets or ()),
-                            tag_keys=self.labelnames,
-                        )
+                    ray_kind = getattr(ray_metrics, self.kind.capitalize())
+                    extra = (
+                        {"boundaries": list(self.buckets or ())} if self.kind == "histogram" else {}
+                    )
+                    self._ray_metric = ray_kind(
+                        self.name, self.documentation, tag_keys=self.labelnames, **extra
+                    )
                 except Exception as exc:
                     self._disable(exc)
         return self._ray_metric
@@ -138,12 +128,7 @@ class MirroredMetric:
             return
         tags = dict(zip(self.labelnames, values, strict=True))
         try:
-            if op == "inc":
-                metric.inc(value, tags=tags)
-            elif op == "set":
-                metric.set(value, tags=tags)
-            else:
-                metric.observe(value, tags=tags)
+            getattr(metric, op)(value, tags=tags)  # inc, set or observe
         except Exception as exc:
             self._disable(exc)
 
@@ -220,17 +205,7 @@ SKIPPED_ON_RESTORE = MirroredMetric(
     ["run"],
 )
 
-ALL: tuple[MirroredMetric, ...] = (
-    STALL_SECONDS,
-    UPLOAD_SECONDS,
-    UPLOAD_BYTES_PER_SECOND,
-    UPLOADED_BYTES,
-    LAST_COMMIT_UNIX_SECONDS,
-    LAST_COMMITTED_STEP,
-    FAILED_UPLOADS,
-    RETRIES,
-    SKIPPED_SAVES,
-    RESTORES,
-    SKIPPED_ON_RESTORE,
+ALL: tuple[MirroredMetric, ...] = tuple(
+    m for m in list(globals().values()) if isinstance(m, MirroredMetric)
 )
 """Every checkpoint metric; ``exported_names`` of each is what Ray's agent exports."""

@@ -1,19 +1,11 @@
 """The restore path of the checkpoint engine: the newest committed step that verifies.
 
-Owns: `restore_newest`, which walks committed steps newest first (`committed_steps`) and
-skips, with a warning, a count and a `SkippedStep` naming the step and why, a step that is
-corrupt, torn or crafted (`CorruptCheckpointError`, `UnsafeCheckpointError`,
-`ObjectNotFoundError`, `ObjectSizeError`), and raises `NoVerifiedCheckpointError` naming
-every step it tried when committed steps exist but none verifies; `RestoredCheckpoint`; and
-`load_step`: read a step's manifest, check it names this step and this job's number of
-ranks, then check this rank's index before reading a payload byte (`check_index`: it names
-this step and rank, its payload is the manifest's and fits in this host's memory, its shards
-are this rank's keys and tile the payload, every tensor's dtype, shape and offset fit the
-payload, its skeleton passes `skeleton_bounds` and the restricted unpickler), then take the
-data from the memory tier when it holds exactly that step (and its index and shards match
-their checksums), else from storage (index checked against the manifest, every shard against
-the index, a shard that fails read again up to `REREAD_ATTEMPTS` times), and rebuild the
-state.
+Owns: `restore_newest`, which walks committed steps newest first (`committed_steps`),
+skips a corrupt, torn or crafted step with a warning, a count and a `SkippedStep`, and raises
+`NoVerifiedCheckpointError` when committed steps exist but none verifies; `RestoredCheckpoint`;
+and `load_step`: the manifest, then this rank's index (`check_index`) before a payload byte is
+read, then the data from the memory tier when it holds exactly that step and matches its
+checksums, else from storage (a shard that fails read again up to `REREAD_ATTEMPTS` times).
 
 Must not: write to storage, or swallow a storage outage (an unreachable store raises, so a
 job never silently restarts from scratch), or let bytes from storage reach a recursive walk,
@@ -26,7 +18,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -152,14 +144,7 @@ def restore_newest(
             skipped.append(SkippedStep(step, str(exc)))
             continue
         metrics.RESTORES.labels(run_name, restored.source).inc()
-        return RestoredCheckpoint(
-            restored.step,
-            restored.state,
-            restored.source,
-            restored.metadata,
-            skipped=tuple(skipped),
-            check_s=restored.check_s,
-        )
+        return replace(restored, skipped=tuple(skipped))
     if skipped:
         raise NoVerifiedCheckpointError(storage.uri, tuple(skipped))
     return None

@@ -55,34 +55,17 @@ StorageFactory = Callable[
 ]
 
 
-def _open_file(
-    uri: StorageUri,
-    _endpoint: str | None,
-    _region: str | None,
-    opts: StorageOptions,
-    _credentials: CredentialSource | None,
-) -> Storage:
-    return LocalStorage(Path(uri.key_prefix), opts)
-
-
-def _open_s3(
-    uri: StorageUri,
-    endpoint: str | None,
-    region: str | None,
-    opts: StorageOptions,
-    credentials: CredentialSource | None,
-) -> Storage:
-    return S3Storage(
+STORAGES: dict[str, StorageFactory] = {
+    "file": lambda uri, _endpoint, _region, opts, _creds: LocalStorage(Path(uri.key_prefix), opts),
+    "s3": lambda uri, endpoint, region, opts, creds: S3Storage(
         uri.bucket,
         uri.key_prefix,
         endpoint_url=endpoint,
         region=region,
         options=opts,
-        credentials=credentials,
-    )
-
-
-STORAGES: dict[str, StorageFactory] = {"file": _open_file, "s3": _open_s3}
+        credentials=creds,
+    ),
+}
 """Backends by URI scheme (`jobs.storage_uri.SCHEMES`). Add one here, and there, to support
 another store."""
 
