@@ -14,13 +14,9 @@ protocols it runs (the storage steps of a save are in `saving`, loading one step
   a metric.
 * Commit: rank 0 writes the step's manifest only after every rank's index (each written
   after that rank's shards were durable) is present, so a manifest implies complete data.
-* `restore()` walks committed steps newest first, verifies the index and every shard
-  checksum (from the memory tier when it holds exactly that step, else from storage), and
-  loads the first one that verifies; corrupt or torn steps, and steps whose index or
-  skeleton fails a check (`UnsafeCheckpointError` for a global the restricted unpickler
-  refuses), are skipped with a warning; if every committed step fails, it raises
-  `NoVerifiedCheckpointError` naming each. Where the state came from ("memory" or
-  "storage") is in the result, in `stats()` and in the restores metric.
+* `restore()` loads the newest committed step that verifies (`restoring`), skipping corrupt,
+  torn or crafted ones with a warning. Where the state came from ("memory" or "storage") is
+  in the result, in `stats()` and in the restores metric.
 
 Must not: decide when to checkpoint (see `policies.checkpointing`) or know Ray Train (see
 `jobs.checkpointing`).
@@ -54,6 +50,7 @@ from jobs.checkpoint.saving import (
     SaveOutcome,
     as_view,
     check_settings,
+    check_step,
     commit_step,
     upload_rank,
 )
@@ -194,8 +191,7 @@ class CheckpointEngine:
         """
         if self._closed:
             raise RuntimeError("save() on a closed CheckpointEngine")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        check_step(step)
         if self._last_step is not None and step <= self._last_step:
             raise ValueError(
                 f"step {step} is not after the last saved or restored step {self._last_step}; "

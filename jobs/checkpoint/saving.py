@@ -2,7 +2,7 @@
 
 Owns: what a save returns (`SaveHandle`, `SaveOutcome`), what happens when every host buffer
 is still in flight (`InFlightPolicy`), the checks of the engine's settings
-(`check_settings`), and the two storage steps of a save:
+(`check_settings`, `check_step`), and the two storage steps of a save:
 
 * `upload_rank`: this rank's payload goes up in shards of `shard_size_bytes`, in parallel,
   checksummed alongside the upload; this rank's index is written only after every shard is
@@ -49,6 +49,7 @@ __all__ = [
     "SaveOutcome",
     "as_view",
     "check_settings",
+    "check_step",
     "commit_step",
     "upload_rank",
 ]
@@ -138,6 +139,11 @@ def check_settings(
             f"got {in_flight_policy!r}"
         ) from exc
     return policy, copy_threads
+
+
+def check_step(step: int) -> None:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
 
 
 def upload_rank(

@@ -34,6 +34,7 @@ from jobs.checkpoint import (
     RestoredCheckpoint,
     SaveHandle,
 )
+from jobs.checkpoint.saving import check_step
 from jobs.checkpointing.agreement import (
     ASK_RAY_TRAIN,
     ASKED,
@@ -67,11 +68,6 @@ two) before it raises `PreemptedError`."""
 
 class PreemptedError(RuntimeError):
     """The loop stopped for a checkpoint-now request and the gang was not stopped for it."""
-
-
-def _check_step(step: int) -> None:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"step must be a non-negative int, got {step!r}")
 
 
 class Checkpointing:
@@ -244,13 +240,20 @@ class Checkpointing:
     def should_checkpoint(self, step: int) -> bool:
         """Whether to save after `step`; the same answer on every rank. Call it once per
         step on every rank (it is a collective). Also reports the step (`report`)."""
-        _check_step(step)
+        check_step(step)
         self._progress(step)
         if self.engine is None:
             return False
         now_s = self._clock()
+        due = is_due(
+            step,
+            now_s,
+            every_n_steps=self.every_n_steps,
+            interval_s=self.interval_s,
+            last_save_s=self._last_save_s,
+        )
         flags = (
-            (DUE if self._due(step, now_s) else 0)
+            (DUE if due else 0)
             | (ASKED if self._controller_asks(now_s) else 0)
             | (ASK_RAY_TRAIN if self._ray_train_check_due(now_s) else 0)
         )
@@ -263,15 +266,6 @@ class Checkpointing:
             self.preempted = False
         self._pending_request = asked and not self._answered
         return bool(flags & DUE) or self._pending_request or self._pending_drain
-
-    def _due(self, step: int, now_s: float) -> bool:
-        return is_due(
-            step,
-            now_s,
-            every_n_steps=self.every_n_steps,
-            interval_s=self.interval_s,
-            last_save_s=self._last_save_s,
-        )
 
     # -- save ----------------------------------------------------------------------------------
 
@@ -291,7 +285,7 @@ class Checkpointing:
         (`keep`), the call waits for the commit and rank 0 reports it; `preempted` is then
         True if the control plane asked.
         """
-        _check_step(step)
+        check_step(step)
         if self.engine is None:
             self._warn_once("save", "checkpointing is off: save() keeps nothing")
             return None
@@ -304,7 +298,15 @@ class Checkpointing:
             self._stall_total_s += handle.stall_s
             self._stalls_s.append(handle.stall_s)
             if self.every_n_steps is None and self.fixed_interval_s is None:
-                self._set_interval(self._young_daly_s())
+                upload_s = self.engine.stats()["checkpoint_upload_s"]
+                self._set_interval(
+                    young_daly_s(
+                        self._stalls_s,
+                        mtbf_s=self.mtbf_s,
+                        persist_s=upload_s,
+                        bounds=self.interval_bounds,
+                    )
+                )
         if (request or drain) and handle is not None:
             committed = self._wait_for_commit(handle)
             if committed and request:
@@ -316,15 +318,6 @@ class Checkpointing:
                 self._drain_answered = True
                 self._pending_drain = False
         return handle
-
-    def _young_daly_s(self) -> float:
-        assert self.engine is not None
-        return young_daly_s(
-            self._stalls_s,
-            mtbf_s=self.mtbf_s,
-            persist_s=self.engine.stats()["checkpoint_upload_s"],
-            bounds=self.interval_bounds,
-        )
 
     def _wait_for_commit(self, handle: SaveHandle) -> bool:
         """Wait for this save (rank 0: its manifest); True on every rank only if it
@@ -341,23 +334,20 @@ class Checkpointing:
 
     def stats(self) -> dict[str, float]:
         """The engine's numbers plus this attempt's totals (all floats)."""
-        out = dict(self.engine.stats()) if self.engine is not None else {}
-        out.update(
-            {
-                "checkpoint_stall_total_s": self._stall_total_s,
-                "checkpoint_wall_s": self._clock() - self._started_s,
-                "checkpoint_saves": float(self._saves),
-                "checkpoint_interval_s": float(self.interval_s or 0.0),
-            }
-        )
-        return out
+        return {
+            **(self.engine.stats() if self.engine is not None else {}),
+            "checkpoint_stall_total_s": self._stall_total_s,
+            "checkpoint_wall_s": self._clock() - self._started_s,
+            "checkpoint_saves": float(self._saves),
+            "checkpoint_interval_s": float(self.interval_s or 0.0),
+        }
 
     def report(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
         """Report `metrics` for `step`: the step to the control plane (rank 0, at most every
         ``RCP_STEP_REPORT_S``) and, inside Ray Train, `metrics` with `stats` through
         ``ray.train.report`` at most every `RAY_TRAIN_REPORT_INTERVAL_S` (rank 0's clock,
         agreed by every rank with one all-reduce: the call is a collective there)."""
-        _check_step(step)
+        check_step(step)
         self._progress(step)
         if not self.gang.in_ray_train:
             return

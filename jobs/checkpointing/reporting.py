@@ -14,7 +14,6 @@ swallows its failure and says so with None), log the signal token, or decide any
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -98,31 +97,25 @@ class ControlPlaneLink:
         if now_s < self._next_poll_s:
             return self._asked
         self._next_poll_s = now_s + self.poll_s
-        # A slow or restarting actor must not stop training: keep the last answer.
-        with contextlib.suppress(Exception):
-            self._asked = bool(
-                self.signals.call(
-                    "poll", self.job_id, self.attempt, self._token, timeout_s=SIGNALS_TIMEOUT_S
-                )
-            )
+        asked = self._call("poll")
+        if asked is not None:  # a slow or restarting actor: keep the last answer
+            self._asked = bool(asked)
         return self._asked
+
+    def _call(self, method: str, *args: object) -> object:
+        """``method(job_id, attempt, *args, token)`` on the signals actor; None when the call
+        fails (a slow, missing or restarting actor must not stop training)."""
+        try:
+            return self.signals.call(
+                method, self.job_id, self.attempt, *args, self._token, timeout_s=SIGNALS_TIMEOUT_S
+            )
+        except Exception:
+            return None
 
     def tell_checkpointed(self, uri: str, step: int) -> None:
         """Tell the controller `step` committed under `uri` (a hint: it reads the manifest)."""
         path = f"{uri.rstrip('/')}/{step_dir(step)}"
-        accepted: object = None
-        with contextlib.suppress(Exception):
-            accepted = self.signals.call(
-                "checkpointed",
-                self.job_id,
-                self.attempt,
-                step,
-                path,
-                time.time(),
-                self._token,
-                timeout_s=SIGNALS_TIMEOUT_S,
-            )
-        if accepted is False:
+        if self._call("checkpointed", step, path, time.time()) is False:
             log.warning(
                 "the control plane refused checkpoint %s of job %s attempt %s (wrong token, "
                 "stale attempt or a path outside the job's checkpoint prefix)",
@@ -140,17 +133,7 @@ class ControlPlaneLink:
 
     def report_progress(self, step: int, stats: Mapping[str, float]) -> None:
         """Report `step` with the attempt's `stats`; a refusal is logged once."""
-        accepted: object = None
-        with contextlib.suppress(Exception):
-            accepted = self.signals.call(
-                "progress",
-                self.job_id,
-                self.attempt,
-                step,
-                stats,
-                self._token,
-                timeout_s=SIGNALS_TIMEOUT_S,
-            )
+        accepted = self._call("progress", step, stats)
         if accepted is False and not self._progress_refused:
             self._progress_refused = True
             log.warning(
