@@ -159,10 +159,8 @@ class CommandProcess:
         """Send `sig` to the command's process group; False when the group is gone."""
         try:
             os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):  # gone, or the id is someone else's now
             return False
-        except PermissionError:
-            return False  # the id was reused by someone else's group: not ours
         return True
 
     def stop(self, grace_s: float = TERM_GRACE_S) -> int:

@@ -13,6 +13,7 @@ Must not: import `controlplane`, or import Ray at module level (see `jobs.launch
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -140,18 +141,13 @@ def _failure_line(error: BaseException) -> str:
     return last.removeprefix(_COMMAND_FAILED_PREFIX)
 
 
-_COMMAND_BACKEND_CONFIG: BackendConfig | None = None
-
-
+@functools.cache
 def command_backend_config() -> BackendConfig:
     """Ray Train's `BackendConfig` for a command gang: no process group in the workers; each
     worker sees the GPUs of every gang worker on its node (``CUDA_VISIBLE_DEVICES``, as torchrun
     gives); when the gang stops, every worker's command is stopped (`stop_running_command`)
     before Ray Train kills the workers. Built on first use: Ray Train is a heavy import the
     control plane, which reads this module's names, does without."""
-    global _COMMAND_BACKEND_CONFIG
-    if _COMMAND_BACKEND_CONFIG is not None:
-        return _COMMAND_BACKEND_CONFIG
     import ray
     from ray.train.backend import Backend, BackendConfig
 
@@ -168,5 +164,4 @@ def command_backend_config() -> BackendConfig:
         def backend_cls(self) -> type:
             return CommandBackend
 
-    _COMMAND_BACKEND_CONFIG = CommandBackendConfig()
-    return _COMMAND_BACKEND_CONFIG
+    return CommandBackendConfig()

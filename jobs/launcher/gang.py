@@ -79,11 +79,7 @@ def gang_label_selector(env: Mapping[str, str]) -> dict[str, str]:
 def gang_configs(env: Mapping[str, str]) -> tuple[ScalingConfig, RunConfig]:
     """``(ScalingConfig, RunConfig)`` of the gang the ``RCP_*`` environment describes (1 CPU
     worker outside the control plane)."""
-    from ray.train import (
-        FailureConfig,
-        RunConfig,
-        ScalingConfig,
-    )  # heavy (pandas, pyarrow): only where a gang runs
+    from ray.train import FailureConfig, RunConfig, ScalingConfig  # heavy: only where a gang runs
 
     from jobs.signals.environment import ENV_JOB_ID
 
@@ -116,10 +112,7 @@ def run_gang(train_fn: Callable[..., Any], config: dict[str, Any] | None = None)
     Outside the control plane (no ``RCP_NUM_WORKERS``) it runs 1 CPU worker, so a script can
     be tried on a laptop. Returns Ray Train's `Result`.
     """
-    from ray.train.torch import (
-        TorchConfig,
-        TorchTrainer,
-    )  # heavy (pandas, pyarrow): only where a gang runs
+    from ray.train.torch import TorchConfig, TorchTrainer  # heavy: only where a gang runs
 
     if config is None:
         config = json.loads(os.environ.get(ENV_TRAIN_CONFIG, "{}"))
