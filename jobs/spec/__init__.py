@@ -26,7 +26,6 @@ Where each part lives (every name below is importable from ``jobs.spec``):
 * `jobs.spec.limits`: every limit and allowed set, named once;
 * `jobs.spec.values`: checks of one value (entrypoint, code URIs, checkpoint.uri);
 * `jobs.spec.runtime_env`: the ``runtime_env`` rules above;
-* `jobs.spec.parsing`: YAML into plain data;
 * `jobs.spec.errors`: `SpecError` (and the shared `FieldError`: ``field.path: reason``).
 
 Example YAML::

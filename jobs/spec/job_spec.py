@@ -31,7 +31,6 @@ from jobs.spec.limits import (
     MAX_RESTARTS_LIMIT,
     NAME_RE,
 )
-from jobs.spec.parsing import load_yaml
 from jobs.spec.runtime_env import runtime_env_rules
 from jobs.spec.values import checkpoint_uri_form, entrypoint_words, remote_code
 from jobs.storage_uri import StorageUriError, parse_storage_uri
@@ -154,55 +153,45 @@ class JobSpec:
         shorter than that would declare every healthy job hung.
         """
         errors: list[FieldError] = []
+
+        def refuse(path: str, reason: str) -> None:
+            errors.append(FieldError(path, reason))
+
         if (
             step_report_interval_s is not None
             and self.stall_timeout_s is not None
             and self.stall_timeout_s < step_report_interval_s
         ):
-            errors.append(
-                FieldError(
-                    "stall_timeout_s",
-                    f"{self.stall_timeout_s:g}s is shorter than the step report interval "
-                    f"(jobs.step_report_interval_s = {step_report_interval_s:g}s): a healthy "
-                    "job would be declared hung between two reports",
-                )
+            refuse(
+                "stall_timeout_s",
+                f"{self.stall_timeout_s:g}s is shorter than the step report interval "
+                f"(jobs.step_report_interval_s = {step_report_interval_s:g}s): a healthy "
+                "job would be declared hung between two reports",
             )
         classes = list(priority_classes)
         if self.priority_class not in classes:
-            errors.append(
-                FieldError(
-                    "priority_class",
-                    f"unknown priority class {self.priority_class!r}; "
-                    f"configured: {', '.join(classes)}",
-                )
+            refuse(
+                "priority_class",
+                f"unknown priority class {self.priority_class!r}; configured: {', '.join(classes)}",
             )
-        if queues is not None:
-            known = list(queues)
-            if self.queue not in known:
-                errors.append(
-                    FieldError(
-                        "queue", f"unknown queue {self.queue!r}; configured: {', '.join(known)}"
-                    )
-                )
+        known = None if queues is None else list(queues)
+        if known is not None and self.queue not in known:
+            refuse("queue", f"unknown queue {self.queue!r}; configured: {', '.join(known)}")
         if cluster_node_gpus is not None and self.gpus_per_worker > 0:
             node_gpus = list(cluster_node_gpus)
             largest = max(node_gpus, default=0)
             slots = sum(g // self.gpus_per_worker for g in node_gpus)
             if self.gpus_per_worker > largest:
-                errors.append(
-                    FieldError(
-                        "gpus_per_worker",
-                        f"{self.gpus_per_worker} GPUs per worker, but the largest cluster node "
-                        f"has {largest}",
-                    )
+                refuse(
+                    "gpus_per_worker",
+                    f"{self.gpus_per_worker} GPUs per worker, but the largest cluster node "
+                    f"has {largest}",
                 )
             elif slots < self.num_workers:
-                errors.append(
-                    FieldError(
-                        "num_workers",
-                        f"{self.num_workers} workers x {self.gpus_per_worker} GPUs cannot fit: "
-                        f"the cluster pool holds at most {slots} such workers",
-                    )
+                refuse(
+                    "num_workers",
+                    f"{self.num_workers} workers x {self.gpus_per_worker} GPUs cannot fit: "
+                    f"the cluster pool holds at most {slots} such workers",
                 )
         if errors:
             raise SpecError(errors)
@@ -227,7 +216,15 @@ class JobSpec:
     @classmethod
     def from_yaml(cls, text: str) -> JobSpec:
         """Parse a YAML job file; malformed YAML is a SpecError with the line and column."""
-        data = load_yaml(text)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = "" if mark is None else f" at line {mark.line + 1}, column {mark.column + 1}"
+            problem = str(getattr(exc, "problem", None) or str(exc).splitlines()[0])
+            raise SpecError([FieldError("<yaml>", f"not valid YAML{where}: {problem}")]) from exc
+        if data is None:
+            raise SpecError([FieldError("<yaml>", "the file is empty")])
         return cls.from_dict(data)
 
     def to_yaml(self) -> str:

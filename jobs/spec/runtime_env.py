@@ -89,11 +89,7 @@ def _packages(path: str, value: object, dict_keys: tuple[str, ...]) -> list[Fiel
     errors: list[FieldError] = []
     where = path
     if isinstance(value, Mapping):
-        unknown = sorted(str(k) for k in value if k not in dict_keys)
-        if unknown:
-            errors.append(
-                FieldError(f"{path}.{unknown[0]}", f"unknown key; allowed: {', '.join(dict_keys)}")
-            )
+        errors += _unknown_keys(path, value, dict_keys)
         for version_key in ("pip_version", "uv_version"):
             if version_key in value and version_key in dict_keys:
                 errors += _version_spec(f"{path}.{version_key}", value[version_key])
@@ -108,6 +104,20 @@ def _packages(path: str, value: object, dict_keys: tuple[str, ...]) -> list[Fiel
     return errors
 
 
+def _unknown_keys(
+    path: str, value: Mapping[Any, Any], allowed: tuple[str, ...]
+) -> list[FieldError]:
+    """The first key of `value` (sorted) that is not `allowed`, if any."""
+    unknown = sorted(str(k) for k in value if k not in allowed)
+    if not unknown:
+        return []
+    return [FieldError(f"{path}.{unknown[0]}", f"unknown key; allowed: {', '.join(allowed)}")]
+
+
+def _has_control_chars(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
 def _requirement(path: str, req: object) -> list[FieldError]:
     """One pip/uv item: a single PEP 508 requirement; a direct URL only over https."""
     if not isinstance(req, str):
@@ -116,7 +126,7 @@ def _requirement(path: str, req: object) -> list[FieldError]:
         f"{req!r}: only one requirement specifier per item (name, extras, version, markers, "
         "or name @ https://...) is accepted; no pip options, newlines, local paths or file: URLs"
     )
-    if any(ord(c) < 32 or ord(c) == 127 for c in req) or req.strip().startswith("-"):
+    if _has_control_chars(req) or req.strip().startswith("-"):
         return [FieldError(path, refused)]
     try:
         parsed = Requirement(req)
@@ -161,14 +171,7 @@ def _conda(path: str, value: object) -> list[FieldError]:
         return []
     if not isinstance(value, Mapping):
         return [FieldError(path, f"must be a name or a mapping, got {kind(value)}")]
-    errors: list[FieldError] = []
-    unknown = sorted(str(k) for k in value if k not in CONDA_DICT_KEYS)
-    if unknown:
-        errors.append(
-            FieldError(
-                f"{path}.{unknown[0]}", f"unknown key; allowed: {', '.join(CONDA_DICT_KEYS)}"
-            )
-        )
+    errors = _unknown_keys(path, value, CONDA_DICT_KEYS)
     name = value.get("name")
     if name is not None and not (isinstance(name, str) and CONDA_NAME_RE.match(name)):
         errors.append(FieldError(f"{path}.name", f"{name!r} is not an env name"))
@@ -210,9 +213,7 @@ def _conda(path: str, value: object) -> list[FieldError]:
 
 
 def _conda_spec_ok(spec: str) -> bool:
-    if any(ord(c) < 32 or ord(c) == 127 for c in spec):
-        return False
-    if any(token.startswith("-") for token in spec.split()):
+    if _has_control_chars(spec) or any(token.startswith("-") for token in spec.split()):
         return False
     return CONDA_SPEC_RE.match(spec.strip()) is not None and "file:" not in spec
 
