@@ -3,12 +3,9 @@
 Owns: turning requests into store calls with every check a user should hear about before a job
 is queued: the spec's own validation (`JobSpec.from_dict`), the control plane's view
 (`JobSpec.check_against`: configured priority classes and queues, and whether the `cluster`
-pool as configured could ever hold the gang), who may (given the API's caller, a
-`Principal`: a queue they are bound to; a researcher cancels only jobs they own, the job's
-``owner_id`` being its submitter's user id; a researcher reads only their own audit events),
-idempotent submission (keys are per user), cancellation, listing, events and logs. Every refusal is an `ApiError` carrying the HTTP status, a message and the
-offending field, so the API answers 4xx with ``{"error": ..., "field": ...}``. The JSON views of
-jobs and events are built in `controlplane.api.job_views`.
+pool as configured could ever hold the gang), who may (the API's caller, a `Principal`),
+idempotent submission (keys are per user), cancellation, listing, events and logs. Every
+refusal is an `ApiError` carrying the HTTP status, a message and the offending field.
 
 Must not: talk to Ray (logs come through the `log_window` callable the controller passes in) or
 start jobs (the controller's tick admits them).
@@ -44,12 +41,9 @@ from controlplane.store import (
     UnknownJob,
 )
 from jobs.spec import FieldError, JobSpec, SpecError, check_checkpoint_uri
+from serve.inputs import JsonBodyError, loads_json
 
-__all__ = [
-    "ApiError",
-    "JobService",
-    "int_param",
-]
+__all__ = ["ApiError", "JobService", "body_json", "int_param"]
 
 MAX_LIST_LIMIT = 10_000
 DEFAULT_LIST_LIMIT = 1000
@@ -107,8 +101,7 @@ class JobService:
         self.store = store
         self.cfg = cfg
         self._log_window = log_window
-        self._s3: Any = None
-        """The S3 client of submit-time bucket checks (made on first use)."""
+        self._s3: Any = None  # the S3 client of submit-time bucket checks, made on first use
 
     # -- submit -----------------------------------------------------------------------------
 
@@ -219,11 +212,6 @@ class JobService:
         except UnknownJob as exc:
             raise ApiError(404, str(exc), "id") from exc
 
-    def list_jobs(
-        self, *, state: str | None = None, queue: str | None = None, limit: str | None = None
-    ) -> list[JobRecord]:
-        return self.scan_jobs(state=state, queue=queue, limit=limit).jobs
-
     def scan_jobs(
         self,
         *,
@@ -283,15 +271,11 @@ class JobService:
         stops then (the log of every attempt only grows, so offsets stay valid)."""
         job = self.get(job_id)
         start = 0 if offset is None else int_param("offset", offset, 0, 2**62)
-        n = (
-            MAX_LOG_CHUNK_BYTES
-            if limit is None
-            else int_param("limit", limit, 1, MAX_LOG_CHUNK_BYTES)
-        )
+        n = MAX_LOG_CHUNK_BYTES
+        if limit is not None:
+            n = int_param("limit", limit, 1, MAX_LOG_CHUNK_BYTES)
         chunk, size = "", 0
-        if not job.info.get("submission_id"):
-            pass
-        elif self._log_window is not None:
+        if job.info.get("submission_id") and self._log_window is not None:
             chunk, size = self._log_window(job, start, n)
         next_offset = max(start, min(size, start + n))
         return {
@@ -404,3 +388,12 @@ def int_param(name: str, raw: str, lo: int, hi: int) -> int:
     if not lo <= value <= hi:
         raise ApiError(400, f"{name} must be in {lo}..{hi}, got {value}", name)
     return value
+
+
+def body_json(raw: bytes) -> Any:
+    """A request body's JSON, read strictly (`serve.inputs.loads_json`), else 400 naming it."""
+    try:
+        return loads_json(raw)
+    except JsonBodyError as exc:
+        what = "is not valid JSON" if exc.malformed else "is refused"
+        raise ApiError(400, f"the request body {what}: {exc.message}", "<body>") from None

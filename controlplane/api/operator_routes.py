@@ -44,9 +44,8 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from controlplane.api.access import Action, add_route, principal_of
-from controlplane.api.jobs import ApiError
+from controlplane.api.jobs import ApiError, body_json
 from controlplane.api.operations import OperationRefused, Operations
-from serve.inputs import JsonBodyError, loads_json
 
 __all__ = [
     "DEFAULT_PAGE",
@@ -97,11 +96,7 @@ async def _body(request: web.Request, fields: Sequence[str]) -> dict[str, Any]:
     raw = await request.read()  # aiohttp stops at client_max_size (413 in the middleware)
     if not raw.strip():
         return {}
-    try:
-        data = loads_json(raw)
-    except JsonBodyError as exc:
-        what = "is not valid JSON" if exc.malformed else "is refused"
-        raise ApiError(400, f"the request body {what}: {exc.message}", "<body>") from None
+    data = body_json(raw)
     if not isinstance(data, Mapping):
         raise ApiError(400, "the request body must be a JSON object", "<body>")
     for key in data:
@@ -113,13 +108,9 @@ async def _body(request: web.Request, fields: Sequence[str]) -> dict[str, Any]:
 
 def _text(body: Mapping[str, Any], key: str, *, required: bool, limit: int) -> str:
     value = body.get(key)
-    if value is None or value == "":
-        if required:
-            raise ApiError(400, f"{key} is required: say why, in at most {limit} characters", key)
-        return ""
-    if not isinstance(value, str):
+    if value is not None and not isinstance(value, str):
         raise ApiError(400, f"{key} must be a string", key)
-    value = value.strip()
+    value = (value or "").strip()
     if len(value) > limit:
         raise ApiError(400, f"{key} is longer than {limit} characters", key)
     if any(ord(c) < 32 or ord(c) == 127 for c in value):

@@ -84,12 +84,12 @@ from controlplane.api.access import (
 )
 from controlplane.api.identity import Identity, user_to_json
 from controlplane.api.job_views import event_to_json, invalid_to_json, job_to_json
-from controlplane.api.jobs import ApiError, JobService
+from controlplane.api.jobs import ApiError, JobService, body_json
 from controlplane.api.operations import Operations
 from controlplane.api.operator_routes import add_operations_routes
 from controlplane.api.ratelimit import TokenBuckets
 from controlplane.background_http import BackgroundHttpServer
-from serve.inputs import JsonBodyError, loads_json, request_id
+from serve.inputs import request_id
 
 __all__ = ["ApiServer", "make_app"]
 
@@ -174,7 +174,6 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
                     403,
                     f"{principal.name} ({principal.role}) may not {action}: that needs a role "
                     f"that allows it",
-                    None,
                 )
         return await handler(request)
     except ApiError as exc:
@@ -260,11 +259,7 @@ async def _json_body(request: web.Request, *, allow_empty: bool = False) -> Any:
         return None
     if not raw:
         raise ApiError(400, "the request body is empty; send a JSON job spec", "<body>")
-    try:
-        return loads_json(raw)
-    except JsonBodyError as exc:
-        what = "is not valid JSON" if exc.malformed else "is refused"
-        raise ApiError(400, f"the request body {what}: {exc.message}", "<body>") from None
+    return body_json(raw)
 
 
 async def _submit(request: web.Request) -> web.Response:
@@ -312,13 +307,8 @@ async def _logs(request: web.Request) -> web.Response:
     offset, limit = request.query.get("offset"), request.query.get("limit")
     slots = request.app[_LOG_SLOTS]
     if slots.locked():
-        raise ApiError(
-            429,
-            f"too many log reads in flight (at most {MAX_CONCURRENT_LOG_READS}); retry in "
-            f"{LOG_RETRY_AFTER_S}s",
-            None,
-            retry_after_s=LOG_RETRY_AFTER_S,
-        )
+        in_flight = f"log reads in flight (at most {MAX_CONCURRENT_LOG_READS})"
+        raise _too_many(LOG_RETRY_AFTER_S, in_flight)
     async with slots:
         # Reading logs may call out to Ray: on the log threads, never the event loop's.
         body = await asyncio.get_running_loop().run_in_executor(
@@ -414,34 +404,22 @@ def make_app(
         app[_LOG_THREADS].shutdown(wait=False)
 
     app.on_cleanup.append(_stop_log_threads)
-    add_route(app, "POST", "/v1/jobs", _submit, name="jobs.submit", action=Action.SUBMIT)
-    add_route(app, "GET", "/v1/jobs", _list, name="jobs.list", action=Action.READ)
-    add_route(app, "GET", "/v1/jobs/{id}", _get, name="jobs.get", action=Action.READ)
-    add_route(
-        app, "POST", "/v1/jobs/{id}/cancel", _cancel, name="jobs.cancel", action=Action.CANCEL
-    )
-    add_route(app, "GET", "/v1/jobs/{id}/logs", _logs, name="jobs.logs", action=Action.READ)
-    add_route(app, "GET", "/v1/events", _events, name="events.list", action=Action.READ)
-    add_route(app, "GET", "/v1/whoami", _whoami, name="whoami", action=Action.READ)
-    add_route(app, "GET", "/v1/users", _users_list, name="users.list", action=Action.MANAGE_USERS)
-    add_route(app, "POST", "/v1/users", _users_add, name="users.add", action=Action.MANAGE_USERS)
-    add_route(
-        app,
-        "DELETE",
-        "/v1/users/{name}",
-        _users_remove,
-        name="users.remove",
-        action=Action.MANAGE_USERS,
-    )
-    add_route(
-        app,
-        "POST",
-        "/v1/users/{name}/rotate-token",
-        _users_rotate,
-        name="users.rotate-token",
-        action=Action.MANAGE_USERS,
-    )
-    add_route(app, "GET", "/healthz", _healthz, name="healthz", action=Action.PUBLIC)
+    manage = Action.MANAGE_USERS
+    for method, path, handler, name, action in (
+        ("POST", "/v1/jobs", _submit, "jobs.submit", Action.SUBMIT),
+        ("GET", "/v1/jobs", _list, "jobs.list", Action.READ),
+        ("GET", "/v1/jobs/{id}", _get, "jobs.get", Action.READ),
+        ("POST", "/v1/jobs/{id}/cancel", _cancel, "jobs.cancel", Action.CANCEL),
+        ("GET", "/v1/jobs/{id}/logs", _logs, "jobs.logs", Action.READ),
+        ("GET", "/v1/events", _events, "events.list", Action.READ),
+        ("GET", "/v1/whoami", _whoami, "whoami", Action.READ),
+        ("GET", "/v1/users", _users_list, "users.list", manage),
+        ("POST", "/v1/users", _users_add, "users.add", manage),
+        ("DELETE", "/v1/users/{name}", _users_remove, "users.remove", manage),
+        ("POST", "/v1/users/{name}/rotate-token", _users_rotate, "users.rotate-token", manage),
+        ("GET", "/healthz", _healthz, "healthz", Action.PUBLIC),
+    ):
+        add_route(app, method, path, handler, name=name, action=action)
     if operations is not None:  # the operator routes: controlplane.api.operator_routes
         add_operations_routes(app, operations)
     app.router.add_route("*", "/{tail:.*}", _not_found)

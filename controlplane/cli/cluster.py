@@ -11,7 +11,6 @@ model's replicas to a pool. Must not: hold logic of its own: `controlplane.local
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from controlplane.cli.common import (
     load_cfg,
     sdk_client,
 )
+from controlplane.cli.render import local_time
 from controlplane.config import to_dict, to_yaml
 from controlplane.inventory import NodeRow, format_table
 from controlplane.ray_connection import ClusterError
@@ -217,23 +217,19 @@ def forecast_lines(forecast: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _when(t_s: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_s))
-
-
 def guard_lines(policy: dict[str, Any]) -> list[str]:
     """The policy actor's guards as `rcp serve status` and `rcp policy status` print them."""
     pause = policy.get("pause")
     if pause:
         lines = [
-            f"policy actor: PAUSED by {pause['by']} since {_when(pause['since_s'])}: "
+            f"policy actor: PAUSED by {pause['by']} since {local_time(pause['since_s'])}: "
             f"{pause['reason']} (no new moves, admissions or removals; `rcp policy resume`)"
         ]
     else:
         lines = ["policy actor: running"]
     for model, pin in (policy.get("pins") or {}).items():
         lines.append(
-            f"pinned:       {model} -> {pin['pool']} (by {pin['by']}, {_when(pin['since_s'])})"
+            f"pinned:       {model} -> {pin['pool']} (by {pin['by']}, {local_time(pin['since_s'])})"
         )
     for node, c in (policy.get("cordons") or {}).items():
         lines.append(f"cordoned:     {node[-12:]} by {c['by']}: {c['reason']}")

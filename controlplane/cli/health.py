@@ -12,7 +12,6 @@ Must not: judge health (the controller does) or reach Ray.
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import click
@@ -25,6 +24,7 @@ from controlplane.cli.common import (
     load_cfg,
     sdk_client,
 )
+from controlplane.cli.render import local_time
 from controlplane.inventory import format_health_table
 
 __all__ = [
@@ -44,10 +44,6 @@ def client(url: str | None, state_dir: str | None) -> Any:
     count for its subcommands too."""
     meta = click.get_current_context().meta
     return sdk_client(url or meta.get("rcp.url"), state_dir or meta.get("rcp.state_dir"))
-
-
-def _when(t_s: float | None) -> str:
-    return "-" if t_s is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_s))
 
 
 @click.group("fault")
@@ -159,13 +155,6 @@ def health_group(ctx: click.Context, url: str | None, state_dir: str | None, as_
     click.echo(format_health_table(rows) if rows else "no verdicts yet (no telemetry)")
 
 
-def _clear(url: str | None, state_dir: str | None, node: str) -> None:
-    api = client(url, state_dir)
-    result = api_call(lambda: api.clear_node(node))
-    note = " (already drained: its replacement starts clean)" if result["taken_out"] else ""
-    click.echo(f"node {result['node_id']}: lemon record cleared{note}")
-
-
 CLEAR_HELP = """Let a lemon node back in: forget NODE's lemon record and held verdict (operator).
 
 NODE is a node id or a unique prefix or suffix. A node health already drained is not
@@ -177,26 +166,31 @@ brought back (Ray cannot undo a drain); on Kubernetes, let its host take pods ag
 @client_options
 @click.argument("node")
 def health_clear(url: str | None, state_dir: str | None, node: str) -> None:
-    _clear(url, state_dir, node)
+    api = client(url, state_dir)
+    result = api_call(lambda: api.clear_node(node))
+    note = " (already drained: its replacement starts clean)" if result["taken_out"] else ""
+    click.echo(f"node {result['node_id']}: lemon record cleared{note}")
 
 
-@click.command("health-clear", hidden=True, help=CLEAR_HELP)
-@client_options
-@click.argument("node")
-def health_clear_alias(url: str | None, state_dir: str | None, node: str) -> None:
-    _clear(url, state_dir, node)
+health_clear_alias = click.Command(
+    "health-clear",
+    callback=health_clear.callback,
+    params=health_clear.params,
+    help=CLEAR_HELP,
+    hidden=True,
+)
 
 
 def print_breaker(state: dict[str, Any]) -> None:
     """The breaker's window, what it let health take out in it, whether it tripped."""
-    status = f"open since {_when(state['opened_s'])}" if state["open"] else "closed"
+    status = f"open since {local_time(state['opened_s'])}" if state["open"] else "closed"
     click.echo(f"breaker:  {status}{'' if state['act'] else ' (health.act is false)'}")
     click.echo(
         f"budget:   {state['max_nodes']} node(s), {state['max_pool_fraction']:.0%} of a pool "
         f"(at least 1), per {state['window_s']:g} s window"
     )
     removals = [
-        f"{r['node_id'][-12:]} ({r['pool']}, {_when(r['at_s'])})" for r in state["removals"]
+        f"{r['node_id'][-12:]} ({r['pool']}, {local_time(r['at_s'])})" for r in state["removals"]
     ]
     click.echo(f"removals: {', '.join(removals) or 'none'} in the window")
     click.echo(f"held:     {', '.join(n[-12:] for n in state['held']) or 'none'}")
@@ -221,7 +215,7 @@ def _breaker(
         return
     was = result["was"]
     click.echo(
-        f"breaker reset: closed (it was open since {_when(was['opened_s'])})"
+        f"breaker reset: closed (it was open since {local_time(was['opened_s'])})"
         if was["open"]
         else "breaker reset: it was closed already"
     )
@@ -272,15 +266,13 @@ def health_breaker_reset(
     _breaker(url, state_dir, True, reason, as_json)
 
 
-@click.command("health-breaker", hidden=True, help=BREAKER_HELP)
-@client_options
-@_RESET
-@_REASON
-@_JSON
-def health_breaker_alias(
-    url: str | None, state_dir: str | None, reset: bool, reason: str | None, as_json: bool
-) -> None:
-    _breaker(url, state_dir, reset, reason, as_json)
+health_breaker_alias = click.Command(
+    "health-breaker",
+    callback=_breaker,
+    params=health_breaker.params,
+    help=BREAKER_HELP,
+    hidden=True,
+)
 
 
 @click.command("cordon")

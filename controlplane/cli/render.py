@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["JOB_HEADER", "job_row", "recovery_lines", "text_table"]
+__all__ = ["JOB_HEADER", "job_row", "local_time", "recovery_lines", "text_table"]
 
 
 def job_row(job: Any) -> tuple[str, ...]:
@@ -41,8 +41,9 @@ def _duration(seconds: float) -> str:
     return f"{s // 86400}d {s % 86400 // 3600}h"
 
 
-def _when(t_s: float | None) -> str:
-    return "-" if t_s is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_s))
+def local_time(t_s: float | None, none: str = "-") -> str:
+    """``2024-05-01 13:02:03`` in local time; `none` for no time."""
+    return none if t_s is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_s))
 
 
 def recovery_lines(job: Any) -> list[str]:
@@ -76,7 +77,7 @@ def recovery_lines(job: Any) -> list[str]:
         rows: list[tuple[str, ...]] = [
             (
                 "-" if a.attempt is None else str(a.attempt),
-                _when(a.ended_s),
+                local_time(a.ended_s),
                 a.kind,
                 "-" if a.step is None else str(a.step),
                 a.reason,

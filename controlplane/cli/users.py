@@ -14,14 +14,13 @@ from __future__ import annotations
 import getpass
 import json
 import socket
-import time
 from pathlib import Path
 
 import click
 
 from controlplane.api.identity import BOOTSTRAP_ADMIN, recover_admin
 from controlplane.cli.common import api_call, client_options, fail, load_cfg, sdk_client
-from controlplane.cli.render import text_table
+from controlplane.cli.render import local_time, text_table
 from controlplane.store import Store, StoreError
 
 __all__ = ["users_group", "whoami"]
@@ -45,10 +44,6 @@ def whoami(url: str | None, state_dir: str | None, as_json: bool) -> None:
 @click.group("users")
 def users_group() -> None:
     """Users of the API, their roles and tokens (admins only)."""
-
-
-def _when(t_s: float | None) -> str:
-    return "never" if t_s is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_s))
 
 
 @users_group.command("add")
@@ -89,7 +84,13 @@ def users_list(url: str | None, state_dir: str | None, as_json: bool) -> None:
         click.echo(json.dumps([_user_json(u) for u in users], indent=2))
         return
     rows: list[tuple[str, ...]] = [
-        (u.name, u.role, ",".join(u.queues) or "-", _when(u.rotated_s), _when(u.expires_s))
+        (
+            u.name,
+            u.role,
+            ",".join(u.queues) or "-",
+            local_time(u.rotated_s),
+            local_time(u.expires_s, "never"),
+        )
         for u in users
     ]
     click.echo(text_table(rows, ("NAME", "ROLE", "QUEUES", "TOKEN ISSUED", "EXPIRES")))

@@ -34,8 +34,6 @@ Where each part lives (every name below is importable from ``controlplane.config
 
 from __future__ import annotations
 
-from omegaconf import MISSING
-
 from controlplane.config.cluster import (
     ApiConfig,
     ClusterPoolConfig,
@@ -84,5 +82,3 @@ __all__ = [
     "to_yaml",
     "validate",
 ]
-
-_ = MISSING  # re-exported for schemas that need a required field later

@@ -3,7 +3,8 @@
 Owns: `Config` (which section lives under which key; ``serving`` is `serve.config`'s own
 `ServingConfig`, ``placement`` is `policies.placement.MigrateBackConfig`, ``forecast``
 `policies.forecast.ForecastConfig`) and its derived
-values (`state_path`, `storage_endpoint_url`, `jobs_db_path`, `train_storage_path`).
+values (`state_path`, `storage_endpoint_url`, `jobs_db_path`, `train_storage_path`,
+`listener_ports`).
 
 Must not: check across fields (`controlplane.config.validation`) or load
 (`controlplane.config.loading`).
@@ -92,3 +93,22 @@ class Config:
                 return self.jobs.storage_path
             return str(Path(self.jobs.storage_path).expanduser())
         return str(self.state_path / "train")
+
+    @property
+    def listener_ports(self) -> dict[str, int]:
+        """Every port the cluster listens on (on ``ray.node_ip``), by its key."""
+        r = self.ray
+        ports = {
+            "ray.gcs_port": r.gcs_port,
+            "ray.dashboard_port": r.dashboard_port,
+            "ray.client_port": r.client_port,
+            "ray.metrics_export_port": r.metrics_export_port,
+            "serve.http_port": self.serve.http_port,
+            "serve.edge_admin_port": self.serve.edge_admin_port,
+            "api.port": self.api.port,
+        }
+        if self.storage.embedded:
+            ports["storage.embedded_port"] = self.storage.embedded_port
+        if r.gcs_fault_tolerance:
+            ports["ray.redis_port"] = r.redis_port
+        return ports

@@ -150,22 +150,12 @@ def _job_credentials(cfg: Config) -> list[FieldError]:
 
 def _ports(cfg: Config) -> list[FieldError]:
     """No two listeners on one port."""
-    ports = {f"ray.{name}": getattr(cfg.ray, name) for name in _RAY_PORTS}
-    ports |= {"serve.http_port": cfg.serve.http_port}
-    ports |= {"serve.edge_admin_port": cfg.serve.edge_admin_port, "api.port": cfg.api.port}
-    if cfg.storage.embedded:
-        ports["storage.embedded_port"] = cfg.storage.embedded_port
-    if cfg.ray.gcs_fault_tolerance:
-        ports["ray.redis_port"] = cfg.ray.redis_port
     errors, seen = [], dict[int, str]()
-    for key, port in ports.items():
+    for key, port in cfg.listener_ports.items():
         if port in seen:
             errors.append(FieldError(key, f"port {port} is already used by {seen[port]}"))
         seen.setdefault(port, key)
     return errors
-
-
-_RAY_PORTS = ("gcs_port", "dashboard_port", "client_port", "metrics_export_port")
 
 
 def across_fields(cfg: Config) -> list[FieldError]:

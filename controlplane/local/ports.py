@@ -86,24 +86,11 @@ def isolated_overrides(state_dir: Path, *extra: str) -> list[str]:
 
 def check_ports_free(cfg: Config) -> None:
     """Raise ClusterError naming every listener of `cfg` whose port is taken on ray.node_ip."""
-    r = cfg.ray
-    ports = {
-        "ray.gcs_port": r.gcs_port,
-        "ray.dashboard_port": r.dashboard_port,
-        "ray.client_port": r.client_port,
-        "ray.metrics_export_port": r.metrics_export_port,
-        "serve.http_port": cfg.serve.http_port,
-        "serve.edge_admin_port": cfg.serve.edge_admin_port,
-        "api.port": cfg.api.port,
-    }
-    if cfg.storage.embedded:
-        ports["storage.embedded_port"] = cfg.storage.embedded_port
-    if r.gcs_fault_tolerance:
-        ports["ray.redis_port"] = r.redis_port
-    busy = [f"{k}={p}" for k, p in ports.items() if port_in_use(r.node_ip, p)]
+    ip = cfg.ray.node_ip
+    busy = [f"{k}={p}" for k, p in cfg.listener_ports.items() if port_in_use(ip, p)]
     if busy:
         raise ClusterError(
-            f"ports already in use on {r.node_ip}: {', '.join(busy)}; stop what uses them "
+            f"ports already in use on {ip}: {', '.join(busy)}; stop what uses them "
             "or choose other ports (e.g. `rcp up ray.gcs_port=6391`)"
         )
 

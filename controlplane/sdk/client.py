@@ -54,22 +54,11 @@ class Client(Connection):
     ) -> JobList:
         """Jobs, oldest in the queue first; `state` may list several: ``"QUEUED,RUNNING"``.
         Rows the control plane skips because they no longer validate are in ``.invalid``.
-
-        The API answers in pages (`LIST_PAGE` jobs each); this follows them until `limit` jobs
-        (all of them when None) have come."""
-        jobs: builtins.list[Job] = []
-        invalid: builtins.list[Any] = []
-        after: str | None = None
-        while limit is None or len(jobs) < limit:
-            page = LIST_PAGE if limit is None else min(LIST_PAGE, limit - len(jobs))
-            query = {"state": state, "queue": queue, "limit": page, "after": after}
-            data = self._call("GET", "/v1/jobs", query=query)
-            jobs += (Job.from_json(j) for j in data["jobs"])
-            invalid += data.get("invalid") or ()
-            after = data.get("next")
-            if not after:
-                break
-        return JobList(jobs, invalid)
+        Follows the API's pages until `limit` jobs (all of them when None) have come."""
+        query = {"state": state, "queue": queue}
+        pages = builtins.list(self._pages("/v1/jobs", "jobs", limit, LIST_PAGE, query))
+        jobs = (Job.from_json(j) for p in pages for j in p["jobs"])
+        return JobList(jobs, [r for p in pages for r in p.get("invalid") or ()])
 
     def cancel(self, job_id: str) -> Job:
         return Job.from_json(self._call("POST", f"/v1/jobs/{urllib.parse.quote(job_id)}/cancel"))
@@ -136,14 +125,8 @@ class Client(Connection):
 
     def users_list(self) -> builtins.list[User]:
         """Every user, by name (follows the API's pages). Admins only."""
-        users: builtins.list[User] = []
-        after: str | None = None
-        while True:
-            data = self._call("GET", "/v1/users", query={"limit": 1000, "after": after})
-            users += (User.from_json(u) for u in data["users"])
-            after = data.get("next")
-            if not after:
-                return users
+        pages = self._pages("/v1/users", "users", None, 1000)
+        return [User.from_json(u) for p in pages for u in p["users"]]
 
     def users_add(
         self,
@@ -172,35 +155,35 @@ class Client(Connection):
     # -- operations: nodes, health, serving, the policy actor ------------------------------
     # Reads need READ; everything that changes something needs an operator (403 otherwise).
 
-    def _pages(self, path: str, key: str, limit: int | None) -> builtins.list[dict[str, Any]]:
-        """Rows of a paged listing (``?limit=&after=`` -> ``next``), following the pages."""
-        rows: builtins.list[dict[str, Any]] = []
-        after: str | None = None
-        while limit is None or len(rows) < limit:
-            page = OPERATIONS_PAGE if limit is None else min(OPERATIONS_PAGE, limit - len(rows))
-            data = self._call("GET", path, query={"limit": page, "after": after})
-            rows += data[key]
+    def _pages(
+        self,
+        path: str,
+        key: str,
+        limit: int | None,
+        page_size: int = OPERATIONS_PAGE,
+        query: Mapping[str, Any] | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """The answers of a paged listing (``?limit=&after=`` -> ``next``), following the
+        pages until `limit` rows of `key` (all of them when None) have come."""
+        seen, after = 0, None
+        while limit is None or seen < limit:
+            page = page_size if limit is None else min(page_size, limit - seen)
+            data = self._call("GET", path, query={**(query or {}), "limit": page, "after": after})
+            seen += len(data[key])
+            yield data
             after = data.get("next")
             if not after:
-                break
-        return rows
+                return
 
     def nodes(self, limit: int | None = None) -> builtins.list[dict[str, Any]]:
         """Every node: pool, state, GPUs, labels, health, and whether an operator cordoned it
         (``cordon``) or health took it out (``taken_out_s``)."""
-        return self._pages("/v1/nodes", "nodes", limit)
+        return [row for p in self._pages("/v1/nodes", "nodes", limit) for row in p["nodes"]]
 
     def health(self) -> dict[str, Any]:
         """``{"nodes": [verdict rows], "taken_out": {...}, "replaced": {...}}``."""
-        data = dict(self._call("GET", "/v1/health", query={"limit": OPERATIONS_PAGE}))
-        rows = list(data["nodes"])
-        after = data.get("next")
-        while after:
-            more = self._call("GET", "/v1/health", query={"limit": OPERATIONS_PAGE, "after": after})
-            rows += more["nodes"]
-            after = more.get("next")
-        data["nodes"], data["next"] = rows, None
-        return data
+        pages = builtins.list(self._pages("/v1/health", "nodes", None))
+        return {**pages[0], "nodes": [row for p in pages for row in p["nodes"]], "next": None}
 
     def clear_node(self, node: str) -> dict[str, Any]:
         """Forget NODE's lemon record (id, or a unique prefix or suffix)."""

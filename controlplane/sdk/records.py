@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 __all__ = ["TERMINAL_STATES", "Attempt", "Job", "JobList", "User"]
@@ -103,28 +103,15 @@ class Job:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Job:
+        """Each field from its key (a field with a default may be absent); `raw` is `data`."""
+        plain = {
+            f.name: data[f.name] if f.default is MISSING else data.get(f.name, f.default)
+            for f in fields(cls)
+            if f.name not in ("attempts", "history", "raw")
+        }
         return cls(
-            id=data["id"],
-            state=data["state"],
-            name=data["name"],
-            queue=data["queue"],
-            priority_class=data["priority_class"],
-            num_workers=data["num_workers"],
-            gpus_per_worker=data["gpus_per_worker"],
-            submitted_s=data["submitted_s"],
-            owner=data.get("owner"),
-            num_preemptions=data.get("num_preemptions", 0),
-            attempt=data.get("attempt", 0),
-            ray_job_id=data.get("ray_job_id"),
-            last_checkpoint=data.get("last_checkpoint"),
-            checkpoint_uri=data.get("checkpoint_uri"),
-            checkpoint_overhead_pct=data.get("checkpoint_overhead_pct"),
-            restarts=data.get("restarts", 0),
-            max_restarts=data.get("max_restarts"),
-            hangs=data.get("hangs", 0),
-            progress=data.get("progress"),
+            **plain,
             attempts=tuple(Attempt.from_json(a) for a in data.get("attempts") or ()),
-            message=data.get("message"),
             history=tuple(data.get("history", ())),
             raw=dict(data),
         )
