@@ -3,44 +3,29 @@
 Owns: `decide(observation, policies, admission_state, serving_state)` -> `Decision` (and
 `policies_of(cfg)`, every policy's config built once from the control plane's `Config`):
 
-0. the jobs' lifecycle (`policies.attempts.decide_all`): for every gang observed, what comes
-   next (RUNNING, a restart, a re-queue, a stop, the job's end), and for every ended job
-   whose Ray Job may still run, its settling; decided even while the loop is paused (it
-   follows what already happened; `guards.hold` keeps nothing of it back);
-1. admission (`policies.admission.decide`): admissions, preemptions, rejections and, for the
-   head of the queue, the serve replicas it claims (`MoveServeReplicas` with the node ids),
-   in the served models' class order and never below a model's ``min_cluster_replicas``
-   (`model_classes_now`: each model's priority value and floor from its config, and whether
-   its SLO is at risk: its measured p99, the snapshot's `ServeLoad.p99_ms`, over its
-   ``slo_p99_ms``), and only as many as the external pool can still host
-   (`external_room_gpus`), unless a model is ``on_shortfall: yield``: serving's demand is a
-   guarantee, so a gang that needs the rest waits with a ``serving-demand`` reason; and
-   before any gang, the GPUs of the replicas placement could place nowhere last tick
-   (`unplaced_gpus`, kept in `ServingPolicyState`), reclaimed from the lowest-priority
-   training (checkpoint first) when no free GPU covers them; and as many free GPUs as the
-   cluster replicas it placed that hold no node yet need (`unstarted_cluster_gpus`), never
-   reclaimed;
+0. the jobs' lifecycle (`policies.attempts.decide_all`), decided even while the loop is
+   paused (it follows what already happened; `guards.hold` keeps nothing of it back);
+1. admission (`policies.admission.decide`) with each served model's class this tick
+   (`model_classes_now`), the external pool's room (`external_room_gpus`), serving's
+   forecast (`forecast_now`) and the GPUs serving holds from last tick (`unplaced_gpus`,
+   `unstarted_cluster_gpus`, kept in `ServingPolicyState`): serving's demand is a guarantee
+   unless a model is ``on_shortfall: yield``. The head of the queue may claim serve replicas
+   (`MoveServeReplicas` with the node ids);
 2. health remediation (`policies.health.remediate`) when ``health.act``;
 3. demand (`policies.demand.decide_replicas`) per served model, then placement
-   (`policies.placement.decide`) with admission's claims handed over in-process, as data:
-   placement's yield move carries the claim's node ids and job;
-4. the serving plan: placement's actions, and a `ScaleServePool` for every pool whose new
-   target differs from what Serve has once the moves are counted in; last, a `ScaleIngress`
-   when the ingress's replica count for its traffic (`policies.ingress.decide_ingress`: up at
-   once, down after ``serving.ingress.downscale_delay_s``) differs from Serve's.
-
-Placement's memory of route weights is replaced by what Serve has deployed (`ServeView`), so
-its `SetRouteWeights` is level-triggered: repeated until the deployed table matches.
-
-5. ``wanted``, every tick, a move in flight or not: per model, the replicas the load asks
-   for now (`policies.demand.wanted_replicas`, clamped to min and max). A move's operation
-   reads it before it stops any source replica, and keeps those demand still needs
-   (`controlplane.loop.act.operations`): a move never takes serving below demand.
+   (`policies.placement.decide`) with admission's claims handed over in-process, as data;
+4. the serving plan: placement's actions, a `ScaleServePool` for every pool whose new target
+   differs from Serve's once the moves are counted in, last a `ScaleIngress` when the
+   ingress's count for its traffic (`policies.ingress.decide_ingress`) differs from Serve's.
+   Placement's route weights are replaced by what Serve has deployed (`ServeView`), so its
+   `SetRouteWeights` is level-triggered: repeated until the deployed table matches;
+5. ``wanted`` (`wanted_now`), every tick, a move in flight or not: what a move's operation
+   leaves RUNNING (`controlplane.loop.act.operations`): a move never takes serving below
+   demand.
 
 Demand's decisions and placement are skipped while a move is in flight (``serving_busy``):
 the tracked operation is the single writer of the model's targets and routes until it ends.
-Placement plans moves and the external capacity over the whole fleet, and mid-move it sees
-half-moved replicas: run then, its plan flaps (tried on the unit fakes' claim and return,
+Run mid-move, placement sees half-moved replicas and its plan flaps (tried on the unit fakes,
 tests/unit/simulate/test_simulate_replay.py: the external request went 1 -> 0 -> 1 GPUs during one
 migrate-back step, which on Kubernetes resizes the external group under a live replica).
 
@@ -129,6 +114,10 @@ class Policies:
     """Serving's daily profile and how far admission looks ahead (`policies.forecast`)."""
     attempts: AttemptConfig = field(default_factory=lambda: attempt_config(Config()))
     """The bounds on starting a gang (`policies.attempts`)."""
+
+    def replica_gpus(self, model: str) -> int:
+        """Whole GPUs one replica of `model` holds (at least 1)."""
+        return max(1, math.ceil(self.gpus_per_replica.get(model, 1.0)))
 
 
 def policies_of(cfg: Config) -> Policies:
@@ -231,7 +220,7 @@ def forecast_now(
         return None
     models = []
     for name in sorted(policies.demand):
-        gpus = max(1, math.ceil(policies.gpus_per_replica.get(name, 1.0)))
+        gpus = policies.replica_gpus(name)
         cls = policies.model_classes.get(name, ModelClass())
         models.append(
             ForecastModel(
@@ -351,7 +340,7 @@ def decide_serving(
                 wanted.num_replicas,
                 policies.forecast,
             )
-        gpus = max(1, math.ceil(policies.gpus_per_replica.get(name, 1.0)))
+        gpus = policies.replica_gpus(name)
         cls = (policies.model_classes if classes is None else classes).get(name, ModelClass())
         demands.append(
             ModelDemand(
@@ -379,22 +368,16 @@ def decide_serving(
         decided, new_ingress = decide_ingress(load, policies.ingress, state.ingress)
         if decided.num_replicas != serve.ingress_target:
             plan = (*plan, ScaleIngress(decided.num_replicas, decided.message))
-    unplaced = unplaced_gpus(tuple(demands), targets, snapshot.pinned)
-    unstarted = unstarted_cluster_gpus(snapshot, tuple(demands), targets)
-    demanded = {d.model: d.num_replicas for d in demands}
-    return (
-        plan,
-        targets,
-        ServingPolicyState(
-            new_demand,
-            new_placement,
-            new_ingress,
-            unplaced,
-            new_forecast,
-            unstarted_gpus=unstarted,
-            replicas=demanded,
-        ),
+    new_state = ServingPolicyState(
+        new_demand,
+        new_placement,
+        new_ingress,
+        unplaced_gpus(tuple(demands), targets, snapshot.pinned),
+        new_forecast,
+        unstarted_gpus=unstarted_cluster_gpus(snapshot, tuple(demands), targets),
+        replicas={d.model: d.num_replicas for d in demands},
     )
+    return plan, targets, new_state
 
 
 def _with_scales(

@@ -148,6 +148,45 @@ class GpuHoursMeter:
         self.gpu_mtbf_hours = 1.0 / rate
 
 
+_JOB_GAUGES = (
+    ("restarts", "rcp_job_restarts", "Crash and hang restarts the job has used (active jobs)."),
+    ("hangs", "rcp_job_hangs", "Times the job was found hung (active jobs)."),
+    (
+        "max_restarts",
+        "rcp_job_max_restarts",
+        "The job's max_restarts (active jobs that have started).",
+    ),
+    (
+        "running_since_s",
+        "rcp_job_running_since_timestamp_seconds",
+        "Unix time the job last turned RUNNING (RUNNING jobs only).",
+    ),
+    (
+        "last_commit_s",
+        "rcp_job_checkpoint_last_commit_timestamp_seconds",
+        "Unix time the job's newest checkpoint committed, read from object storage "
+        "(RUNNING jobs with a committed checkpoint only).",
+    ),
+    (
+        "last_committed_step",
+        "rcp_job_checkpoint_last_committed_step",
+        "The job's newest committed checkpoint step (RUNNING jobs only).",
+    ),
+    (
+        "overhead_ratio",
+        "rcp_job_checkpoint_overhead_ratio",
+        "Training time stalled on checkpoints over wall time, all attempts (RUNNING jobs).",
+    ),
+    (
+        "checkpoint_interval_s",
+        "rcp_job_checkpoint_interval_seconds",
+        "The job's checkpoint.interval_s; 0 when Young/Daly picks it (RUNNING jobs that "
+        "checkpoint).",
+    ),
+)
+"""Each `JobGauges` field with a series: the gauge's name and description."""
+
+
 class JobMetrics:
     """The gauges in Ray's metrics pipeline; `export` once per tick."""
 
@@ -155,43 +194,14 @@ class JobMetrics:
         # Deferred: ray is heavy, and the pure half of this module (tests) needs none of it.
         from ray.util.metrics import Gauge
 
-        def gauge(name: str, doc: str, tags: tuple[str, ...] = _TAGS) -> Any:
-            return Gauge(name, doc, tag_keys=tags)
-
-        self.running_since = gauge(
-            "rcp_job_running_since_timestamp_seconds",
-            "Unix time the job last turned RUNNING (RUNNING jobs only).",
-        )
-        self.last_commit = gauge(
-            "rcp_job_checkpoint_last_commit_timestamp_seconds",
-            "Unix time the job's newest checkpoint committed, read from object storage "
-            "(RUNNING jobs with a committed checkpoint only).",
-        )
-        self.last_step = gauge(
-            "rcp_job_checkpoint_last_committed_step",
-            "The job's newest committed checkpoint step (RUNNING jobs only).",
-        )
-        self.overhead = gauge(
-            "rcp_job_checkpoint_overhead_ratio",
-            "Training time stalled on checkpoints over wall time, all attempts (RUNNING jobs).",
-        )
-        self.interval = gauge(
-            "rcp_job_checkpoint_interval_seconds",
-            "The job's checkpoint.interval_s; 0 when Young/Daly picks it (RUNNING jobs that "
-            "checkpoint).",
-        )
-        self.restarts = gauge(
-            "rcp_job_restarts", "Crash and hang restarts the job has used (active jobs)."
-        )
-        self.hangs = gauge("rcp_job_hangs", "Times the job was found hung (active jobs).")
-        self.max_restarts = gauge(
-            "rcp_job_max_restarts", "The job's max_restarts (active jobs that have started)."
-        )
-        self.mtbf = gauge(
+        self.gauges: dict[str, Any] = {
+            field: Gauge(name, doc, tag_keys=_TAGS) for field, name, doc in _JOB_GAUGES
+        }
+        self.mtbf = Gauge(
             "rcp_fleet_gpu_mtbf_hours",
             "Mean cluster-pool GPU-hours between failures (gang crashes, hangs, lost nodes, "
             "removals by health; decayed record plus the configured prior).",
-            tags=(),
+            tag_keys=(),
         )
 
     def export(self, jobs: Iterable[JobRecord], gpu_mtbf_hours: float | None) -> None:
@@ -201,16 +211,7 @@ class JobMetrics:
             g = job_gauges(job)
             if g is None:
                 continue
-            tags = g.tags
-            self.restarts.set(float(g.restarts), tags=tags)
-            self.hangs.set(float(g.hangs), tags=tags)
-            self.max_restarts.set(float(g.max_restarts), tags=tags)
-            for metric, value in (
-                (self.running_since, g.running_since_s),
-                (self.last_commit, g.last_commit_s),
-                (self.last_step, g.last_committed_step),
-                (self.overhead, g.overhead_ratio),
-                (self.interval, g.checkpoint_interval_s),
-            ):
+            for field, gauge in self.gauges.items():
+                value = getattr(g, field)
                 if value is not None:
-                    metric.set(float(value), tags=tags)
+                    gauge.set(float(value), tags=g.tags)

@@ -5,29 +5,22 @@ catch, log and count their own failure, so the loop never dies:
 
 0. retention - at most every ``jobs.prune_interval_s`` one bounded batch of finished jobs and
    old events leaves the store (the shell's `retention.Retention`);
-1. observe - `observe.observe` (every gang as the job runner sees it, active jobs, nodes,
-   Ray's drains, Serve,
-   each model's p99 through ``Adapters.latency``) and
-   `health.HealthKeeper.judge` (telemetry -> verdicts, breaker); unhealthy nodes leave the
-   snapshot's capacity at once (`observe.with_health`); the operators' guards are read
-   (`guards.GuardStore.load`): pins go into the snapshot, hand-cordoned nodes out of capacity;
-2. decide - `decide.decide`: the jobs' lifecycle (`policies.attempts`), admission, health
-   remediation, demand and placement in one batch,
-   the training claim handed from admission to placement as data; while an operator has
-   paused the loop, `guards.hold` keeps back everything but rejections (moves in flight
-   still advance in act);
-3. act - the lifecycle plan, then admission's, through the job runner (`act.jobs`: a gang
-   whose workers all started is RUNNING in the tick that observed it), remediation through
-   `health.HealthKeeper.act`, the serving plan through `act.serving.ServeActuator` (moves in
-   flight advanced one step first, with what demand wants now: a make-before-break move is
-   a tracked operation, never a wait), the external groups on Kubernetes (sized, and on a
-   shrink their emptied nodes named, by `policies.external_shrink` in phase 2);
+1. observe - `observe.observe`, then `health.HealthKeeper.judge` (unhealthy nodes leave the
+   snapshot's capacity at once: `observe.with_health`) and the operators' guards
+   (`guards.GuardStore.load`: pins into the snapshot, hand-cordoned nodes out of capacity);
+2. decide - `decide.decide`, every policy in one batch; while an operator has paused the
+   loop, `guards.hold` keeps back everything but rejections (moves in flight still advance);
+3. act - the lifecycle plan, then admission's, through the job runner (`act.jobs`),
+   remediation through `health.HealthKeeper.act`, the serving plan through
+   `act.serving.ServeActuator` (moves in flight advanced one step first: a make-before-break
+   move is a tracked operation, never a wait), the external groups on Kubernetes (sized by
+   `policies.external_shrink`);
 4. record - policy state to the store (``admission.state``, ``serving.state``), new plan
-   actions to the event log (`record.PlanEvents`; held ones as ``policy.held``), metrics (`record.METRICS`), local
-   Prometheus targets, per-job gauges (the shell's hook).
+   actions to the event log (`record.PlanEvents`; held ones as ``policy.held``), metrics,
+   local Prometheus targets, per-job gauges (the shell's hook).
 
-The thread is started by `start` and stopped by `stop`; tests call `tick` directly, with fake
-adapters (tests/unit/loop_fakes.py). `liveness` says when no tick has started for a while.
+Tests call `tick` directly, with fake adapters (tests/unit/loop_fakes.py). `liveness` says
+when no tick has started for a while.
 
 Must not: touch an external system except through its adapter (`Adapters`), or decide
 anything itself.

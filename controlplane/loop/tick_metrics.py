@@ -59,9 +59,6 @@ class TickMetrics:
         stats: TickStats,
         serving_plane: bool,
     ) -> None:
-        """Queue depth, GPUs by owner per pool, admission wait, phase durations and errors,
-        the serving plane per model and pool, each model's p99 and SLO, the external request
-        and the training claim."""
         m = self.metrics
         snapshot = observed.snapshot
         m.set("rcp_queue_depth", float(len(snapshot.queued)))
@@ -97,45 +94,35 @@ class TickMetrics:
         if not serving_plane or not observed.serve.deployed:
             return
         for (model, pool), v in observed.serve.pools.items():
-            for state, count in (
-                ("running", v.running),
-                ("starting", v.starting),
-                ("stopping", v.stopping),
-            ):
-                m.set(
-                    "rcp_serve_replicas",
-                    float(count),
-                    {"model": model, "pool": pool.value, "state": state},
-                )
-            m.set("rcp_serve_route_weight", v.weight, {"model": model, "pool": pool.value})
+            tags = {"model": model, "pool": pool.value}
+            counts = {"running": v.running, "starting": v.starting, "stopping": v.stopping}
+            for state, count in counts.items():
+                m.set("rcp_serve_replicas", float(count), {**tags, "state": state})
+            m.set("rcp_serve_route_weight", v.weight, tags)
         for model, demand in self.policies.demand.items():
             p99 = snapshot.load_of(model).p99_ms
             m.set("rcp_model_p99_ms", math.nan if p99 is None else p99, {"model": model})
             if demand.target_p99_ms is not None:
                 m.set("rcp_model_slo_p99_ms", demand.target_p99_ms, {"model": model})
-        per_replica = self.policies.gpus_per_replica
-        claim = sum(
-            c.num_replicas * max(1, math.ceil(per_replica.get(c.model, 1.0)))
-            for c in decided.claims
-        )
+        claim = sum(c.num_replicas * self.policies.replica_gpus(c.model) for c in decided.claims)
         m.set("rcp_training_claim_gpus", float(claim))
         if decided.serving_state is not None:
             requested = decided.serving_state.placement.requested_external_gpus
             m.set("rcp_external_gpus_requested", float(requested))
         m.set("rcp_external_gpus_max", float(self.policies.placement.external_max_gpus))
-        self._providers(snapshot, decided)
-        self._forecast(snapshot, decided)
+        # A tick whose serving policies did not run (a move in flight) keeps the last state.
+        serving_state = decided.serving_state or ServingPolicyState.from_dict(
+            self.store.get_value(SERVING_STATE_KEY, None)
+        )
+        self._providers(snapshot, serving_state)
+        self._forecast(snapshot, serving_state, decided)
 
-    def _providers(self, snapshot: ClusterSnapshot, decided: Decision) -> None:
+    def _providers(self, snapshot: ClusterSnapshot, serving: ServingPolicyState) -> None:
         """Per external provider: its price, most, live and requested GPUs, and whether it is
         out (did not deliver within its deadline)."""
         m = self.metrics
         providers = self.policies.placement.providers
         live = live_by_provider(snapshot, providers)
-        # A tick whose serving policies did not run (a move in flight) keeps the last state.
-        serving = decided.serving_state or ServingPolicyState.from_dict(
-            self.store.get_value(SERVING_STATE_KEY, None)
-        )
         states = serving.placement.providers
         rows: list[dict[str, Any]] = []
         for p in providers:
@@ -163,7 +150,9 @@ class TickMetrics:
             m.set("rcp_external_provider_out", 1.0 if out else 0.0, tags)
         self.provider_rows = rows
 
-    def _forecast(self, snapshot: ClusterSnapshot, decided: Decision) -> None:
+    def _forecast(
+        self, snapshot: ClusterSnapshot, serving: ServingPolicyState, decided: Decision
+    ) -> None:
         """Per served model, the peak its daily profile foresees over the next 24 h and when;
         and the most cluster GPUs serving's forecast needs beyond the providers (what admission
         keeps long gangs off, `policies.admission.forecast`)."""
@@ -171,9 +160,6 @@ class TickMetrics:
         if not config.enabled or not self.policies.demand:
             self.forecast_rows = {}
             return
-        serving = decided.serving_state or ServingPolicyState.from_dict(
-            self.store.get_value(SERVING_STATE_KEY, None)
-        )
         models: list[dict[str, Any]] = []
         for name in sorted(self.policies.demand):
             day = profile_ahead(serving.forecast.get(name, DailyProfile()), snapshot.now_s, config)[

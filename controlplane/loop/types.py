@@ -119,50 +119,43 @@ class ServingPolicyState:
     def from_dict(cls, data: object) -> ServingPolicyState:
         if not isinstance(data, Mapping) or not data:
             return cls()
-        demand = {str(m): _demand_state(s) for m, s in (data.get("demand") or {}).items()}
-        ingress = _demand_state(data["ingress"]) if data.get("ingress") else DemandState()
         p = data.get("placement") or {}
-        placement = PlacementState(
-            room_since_s=p.get("room_since_s"),
-            last_step_back_s=p.get("last_step_back_s"),
-            requested_external_gpus=int(p.get("requested_external_gpus", 0)),
-            draining_node=str(p["draining_node"]) if p.get("draining_node") else None,
-            last_drain_s=_float_or_none(p.get("last_drain_s")),
-            providers={
-                str(name): ProviderState(
-                    requested_gpus=int(s.get("requested_gpus") or 0),
-                    owed_since_s=_float_or_none(s.get("owed_since_s")),
-                    out_until_s=_float_or_none(s.get("out_until_s")),
-                )
-                for name, s in (p.get("providers") or {}).items()
-                if isinstance(s, Mapping)
-            },
-            route_weights={
-                str(m): tuple((Pool(pool), float(w)) for pool, w in ws)
-                for m, ws in (p.get("route_weights") or {}).items()
-            },
-        )
-        unplaced = int(data.get("unplaced_gpus") or 0)
-        unstarted = int(data.get("unstarted_gpus") or 0)
-        raw_forecast = data.get("forecast")
-        forecast = {
-            str(m): DailyProfile.from_dict(f)
-            for m, f in (raw_forecast.items() if isinstance(raw_forecast, Mapping) else ())
-        }
-        raw_replicas = data.get("replicas")
-        replicas = {
-            str(m): int(n)
-            for m, n in (raw_replicas.items() if isinstance(raw_replicas, Mapping) else ())
-            if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 1_000_000
-        }
+        forecast = data.get("forecast")
+        replicas = data.get("replicas")
         return cls(
-            demand=demand,
-            placement=placement,
-            ingress=ingress,
-            unplaced_gpus=unplaced,
-            unstarted_gpus=unstarted,
-            forecast=forecast,
-            replicas=replicas,
+            demand={str(m): _demand_state(s) for m, s in (data.get("demand") or {}).items()},
+            ingress=_demand_state(data["ingress"]) if data.get("ingress") else DemandState(),
+            placement=PlacementState(
+                room_since_s=p.get("room_since_s"),
+                last_step_back_s=p.get("last_step_back_s"),
+                requested_external_gpus=int(p.get("requested_external_gpus", 0)),
+                draining_node=str(p["draining_node"]) if p.get("draining_node") else None,
+                last_drain_s=_float_or_none(p.get("last_drain_s")),
+                providers={
+                    str(name): ProviderState(
+                        requested_gpus=int(s.get("requested_gpus") or 0),
+                        owed_since_s=_float_or_none(s.get("owed_since_s")),
+                        out_until_s=_float_or_none(s.get("out_until_s")),
+                    )
+                    for name, s in (p.get("providers") or {}).items()
+                    if isinstance(s, Mapping)
+                },
+                route_weights={
+                    str(m): tuple((Pool(pool), float(w)) for pool, w in ws)
+                    for m, ws in (p.get("route_weights") or {}).items()
+                },
+            ),
+            unplaced_gpus=int(data.get("unplaced_gpus") or 0),
+            unstarted_gpus=int(data.get("unstarted_gpus") or 0),
+            forecast={
+                str(m): DailyProfile.from_dict(f)
+                for m, f in (forecast.items() if isinstance(forecast, Mapping) else ())
+            },
+            replicas={
+                str(m): int(n)
+                for m, n in (replicas.items() if isinstance(replicas, Mapping) else ())
+                if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 1_000_000
+            },
         )
 
 

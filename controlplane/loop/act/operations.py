@@ -95,14 +95,13 @@ class MoveOperation:
     """The route table the SHIFT step waits for."""
 
     def to_dict(self) -> dict[str, JsonValue]:
-        data: dict[str, JsonValue] = {
-            k: v for k, v in asdict(self).items() if k not in ("from_pool", "to_pool", "phase")
+        return {
+            **asdict(self),
+            "node_ids": list(self.node_ids),
+            "from_pool": self.from_pool.value,
+            "to_pool": self.to_pool.value,
+            "phase": self.phase.value,
         }
-        data["node_ids"] = list(self.node_ids)
-        data["from_pool"] = self.from_pool.value
-        data["to_pool"] = self.to_pool.value
-        data["phase"] = self.phase.value
-        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> MoveOperation:
@@ -144,7 +143,7 @@ def start(action: MoveServeReplicas, view: ServeView, now_s: float) -> MoveOpera
     n = min(action.num_replicas, have)
     if n <= 0:
         return None
-    op = MoveOperation(
+    return MoveOperation(
         model=action.model,
         from_pool=action.from_pool,
         to_pool=action.to_pool,
@@ -158,7 +157,6 @@ def start(action: MoveServeReplicas, view: ServeView, now_s: float) -> MoveOpera
         started_s=now_s,
         phase_since_s=now_s,
     )
-    return op
 
 
 def kept(op: MoveOperation, view: ServeView, wanted: int | None) -> int:
@@ -192,9 +190,7 @@ def advance(
             ), MoveOutcome.STEPPED
         if timed_out:
             serve.set_pool_target(op.model, op.to_pool, op.to_target - op.num_replicas)
-            return op, MoveOutcome.UNWOUND
-        return op, MoveOutcome.WAITING
-    if op.phase is MovePhase.SHIFT:
+    elif op.phase is MovePhase.SHIFT:
         if op.generation is not None and serve.route_applied(op.generation):
             keep = kept(op, serve.view(), wanted)
             if keep != op.from_target:  # demand moved meanwhile: route for what stays first
@@ -205,12 +201,8 @@ def advance(
                 ), MoveOutcome.WAITING
             serve.set_pool_target(op.model, op.from_pool, op.from_target)
             return replace(op, phase=MovePhase.BREAK, phase_since_s=now_s), MoveOutcome.STEPPED
-        if timed_out:
-            return op, MoveOutcome.UNWOUND
-        return op, MoveOutcome.WAITING
-    serve.set_pool_target(op.model, op.from_pool, op.from_target)
-    if serve.pool_settled(op.model, op.from_pool, op.from_target):
-        return op, MoveOutcome.DONE
-    if timed_out:
-        return op, MoveOutcome.UNWOUND
-    return op, MoveOutcome.WAITING
+    else:
+        serve.set_pool_target(op.model, op.from_pool, op.from_target)
+        if serve.pool_settled(op.model, op.from_pool, op.from_target):
+            return op, MoveOutcome.DONE
+    return op, MoveOutcome.UNWOUND if timed_out else MoveOutcome.WAITING

@@ -1,43 +1,16 @@
-"""The job actuator: admission's plan through the job runner, the only code that starts and
-stops Ray Jobs.
+"""The job actuator: admission's plan and a job's life after it, the only code that starts
+and stops Ray Jobs.
 
-`apply_admission` (`admission`) applies admission's plan item by item: `PreemptJob` ->
-`JobActions.preempt` (checkpoint first, then stop and re-queue), `AdmitJob` ->
-`JobActions.admit` (the gang starts on the named nodes), `RejectJob` -> the queued job fails
-with the reason, `WaitJob` -> the queued job's message says why it waits.
-
-The runner carries out a job's life after admission, as `policies.attempts` decides it,
-idempotently and from the store alone, so a restarted controller carries on where the last
-one stopped. `JobRunner` is the entry point (the loop calls `observe` in its observe phase,
-`apply`, `admit` and `preempt` in its act phase; the API `read_logs`, retention
-`forget_many`); `RayJobs` (`controlplane.adapters.ray_jobs`) is the Ray side it
-drives. Each name is imported from its own module (this package's `__init__` re-exports
-only `apply_admission`, so importing the loop loads no Ray). The modules, one concern each:
-
-* `admission` - `apply_admission`: admission's plan item by item, each tried on its own;
-* `runner` - `JobRunner`: the entry points; every gang observed from what Ray, the signals
-  actor and storage say, the lifecycle plan applied; the sweeps of orphaned Ray Jobs and
-  memory tiers;
-* `launching` - admission and launch: QUEUED -> ADMITTED, the attempt recorded before the
-  submission, the Ray Job's entrypoint (`entrypoint_command`) and runtime env;
-* `credentials` - jobs' scoped storage credentials: minted at admission, handed to the
-  signals actor, minted again before they expire;
-* `preemption` - a preemption asked for: checkpoint first (the stop and re-queue follow as
-  `policies.attempts` decides);
-* `watchdog` - a hung gang's stacks kept with its log, and the gang stopped;
-* `ends` - how an attempt ends: the job's end or its re-queue as the policy decided, start
-  failures while admitting, what the signals actor and the memory tier are told at an end;
-* `checkpoint_reads` - committed checkpoints read from object storage, never from the loop's
-  word;
-* `background` - submissions and slow reads on threads, so the tick waits a bounded time;
-* `limits` - the runner's bounds.
-
-Beside it, below the loop: `controlplane.adapters.ray_jobs` - the Ray Jobs adapter, the only
-module that calls Ray's Job Submission API, the dashboard (stacks via py-spy) and the job
-signals actor; `controlplane.adapters.job_logs` - attempts' logs for `rcp logs`, read from
-Ray by byte range, never whole (`controlplane.adapters.driver_logs`);
-`controlplane.store.job_info` - the reason codes, attempt-end kinds and job-info keys the
-runner writes, and the checked readers of them.
+`apply_admission` (`admission`) applies admission's plan item by item; `runner.JobRunner`
+carries out a job's life after admission as `policies.attempts` decides it, idempotently and
+from the store alone, so a restarted controller carries on where the last one stopped. One
+concern per module (each says what it owns): `admission`, `runner` (the entry points),
+`launching`, `credentials`, `preemption`, `watchdog`, `ends`, `checkpoint_reads`,
+`background`, `limits`. Beside it, below the loop: `controlplane.adapters.ray_jobs` (the only
+module that calls Ray's Job Submission API, the dashboard and the job signals actor),
+`controlplane.adapters.job_logs` (attempts' logs for `rcp logs`) and
+`controlplane.store.job_info` (the reason codes, attempt-end kinds and job-info keys the
+runner writes, and their checked readers).
 
 What the job's info records (the API, CLI and metrics read exactly these keys,
 `controlplane.store.job_info`): ``checkpoint_uri`` (its prefix); ``checkpoint`` =
@@ -50,16 +23,12 @@ from the signals actor (present only while an attempt runs); ``stall_s_total``/
 ``step`` the last step the attempt reported (None: none). A give-up's attempt has kind
 ``failed``.
 
-What a gang runs (``JobSpec.entrypoint``, turned into the Ray Job's entrypoint by
-`entrypoint_command`): ``module:function`` runs ``python -m jobs.launcher module:function``
-(the function is every worker's Ray Train loop); anything else is a command, run as
-``python -m jobs.launcher --command -- CMD...`` (a leading ``python``/``python3`` becomes this
-interpreter), which starts the command on every worker of the gang with the environment
-torchrun gives (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``...),
-so the Ray Job's driver is always the launcher and a plain ``torch.distributed`` script runs
-unchanged. Either way each worker reports that it started (with its pid and node). Every
-entrypoint asks for one ``JOB_DRIVER_RESOURCE``, which the head does not offer: user drivers
-never run beside the control plane's credentials. The environment carries ``RCP_JOB_ID``,
+What a gang runs: the Ray Job's driver is always the launcher (`launching.entrypoint_command`:
+``module:function`` is every worker's Ray Train loop; a command starts on every worker with the
+environment torchrun gives, so a plain ``torch.distributed`` script runs unchanged), and each
+worker reports that it started (with its pid and node). Every entrypoint asks for one
+``JOB_DRIVER_RESOURCE``, which the head does not offer: user drivers never run beside the
+control plane's credentials. The environment carries ``RCP_JOB_ID``,
 ``RCP_ATTEMPT``, ``RCP_NUM_WORKERS``, ``RCP_GPUS_PER_WORKER``, ``RCP_CPUS_PER_WORKER``,
 ``RCP_STORAGE_PATH``, ``RCP_NODE_IDS``, the job's checkpoint settings for
 `jobs.checkpointing` (``RCP_CHECKPOINT_URI``: its prefix, ``checkpoint.uri`` or

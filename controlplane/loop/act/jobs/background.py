@@ -108,14 +108,9 @@ class Submissions:
             raise state.error
 
 
-def io_pool(max_workers: int = 4) -> concurrent.futures.ThreadPoolExecutor:
-    """The worker threads every `Background` of one runner shares."""
-    return concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="rcp-runner-io")
-
-
 class Background(Generic[T]):
     """Work the tick must not wait on for long (checkpoint reads from storage, stack fetches
-    through Ray's dashboard) on worker threads (`io_pool`, shared), keyed by what it is for;
+    through Ray's dashboard) on worker threads (one pool per runner, shared), keyed by what it is for;
     one `Background` per kind of result `T`. The tick starts it, waits a bounded time
     (`wait`) and takes what finished (`take`); work still running is taken by a later tick
     and never started twice. Results are plain data: every decision stays on the tick

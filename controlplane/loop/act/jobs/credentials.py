@@ -28,6 +28,7 @@ decide when to mint (`policies.credentials`).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -125,7 +126,7 @@ class JobCredentials:
                 elif action is CredentialsAction.MINT:
                     key: tuple[str, ...] = ("mint", job.job_id, str(attempt))
                     if self._work.pending(key) or now >= self._retry_at_s.get(job.job_id, 0.0):
-                        self._work.start(key, _bind(self._mint, job.job_id, prefix))
+                        self._work.start(key, functools.partial(self._mint, job.job_id, prefix))
                         minting[key] = (job, attempt)
             except Exception as exc:
                 log.warning("storage credentials of job %s: %s", job.job_id, exc)
@@ -164,7 +165,3 @@ class JobCredentials:
     def _put(self, job_id: str, attempt: int, credentials: StorageCredentials) -> None:
         if not self.ray.put_storage_credentials(job_id, attempt, credentials):
             log.warning("the job signals actor did not take job %s's credentials", job_id)
-
-
-def _bind(mint: Mint, job_id: str, prefix: StorageUri) -> Callable[[], StorageCredentials]:
-    return lambda: mint(job_id, prefix)

@@ -32,21 +32,10 @@ from controlplane.policy_config import attempt_config
 from controlplane.store import JobRecord, JobState, Store, reliability
 from controlplane.store.job_info import REQUEUE_INFO, Reason, attempt_end
 from policies.attempts import EndJob, RequeueGang, start_failure
-from policies.restarts import RestartRecord
 
 __all__ = ["AttemptEnds"]
 
 log = logging.getLogger(__name__)
-
-
-def _restart_info(record: RestartRecord) -> dict[str, Any]:
-    return {
-        "restarts": record.restarts,
-        "last_failure": {
-            "signature": record.last_signature,
-            "committed_step": record.committed_at_last_failure,
-        },
-    }
 
 
 class AttemptEnds:
@@ -68,7 +57,11 @@ class AttemptEnds:
         if a.start_failures is not None:
             info["start_failures"] = a.start_failures
         if a.restarts is not None:
-            info.update(_restart_info(a.restarts))
+            info["restarts"] = a.restarts.restarts
+            info["last_failure"] = {
+                "signature": a.restarts.last_signature,
+                "committed_step": a.restarts.committed_at_last_failure,
+            }
         info.update(attempt_end(job, a.kind, a.attempt_reason or a.reason, now))
         if a.count_crash:
             # Counted for the fleet's MTBF only once the gang trained (the policy says so).

@@ -26,6 +26,7 @@ a gang's observed state calls for (`policies.attempts`), or who runs (`policies.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -37,7 +38,7 @@ from controlplane.adapters.job_logs import AttemptLogs, tail_of
 from controlplane.adapters.ray_jobs import RayJobs, RayJobsApi, RayJobStatus
 from controlplane.config import Config
 from controlplane.loop.act.jobs import limits
-from controlplane.loop.act.jobs.background import Background, Submissions, io_pool
+from controlplane.loop.act.jobs.background import Background, Submissions
 from controlplane.loop.act.jobs.checkpoint_reads import CommittedReads, ReadResult
 from controlplane.loop.act.jobs.credentials import JobCredentials, Mint
 from controlplane.loop.act.jobs.ends import AttemptEnds
@@ -64,7 +65,6 @@ from controlplane.store.job_info import (
     as_finite,
     as_mapping,
     attempt_end,
-    checkpoint_uri,
     info_step,
     progress_of,
     submission_id,
@@ -124,7 +124,7 @@ class JobRunner:
         self.clock = clock
         self.checkpoints = checkpoints or CheckpointReader(cfg)
         self._submissions = Submissions()
-        pool = io_pool()
+        pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="rcp-runner-io")
         self._stacks_work: Background[str] = Background(pool)
         self._reads_work: Background[ReadResult] = Background(pool)
         self._ends = AttemptEnds(store, cfg, ray_jobs, clock)
@@ -142,45 +142,28 @@ class JobRunner:
     # -- act ---------------------------------------------------------------------------------
 
     def admit(self, action: AdmitJob) -> None:
-        """QUEUED -> ADMITTED and the gang submitted (`launching.Launcher.admit`)."""
         self._launcher.admit(action)
 
     def preempt(self, action: PreemptJob) -> None:
-        """Checkpoint first, then stop (`preemption.Preemption.preempt`)."""
         self._preemption.preempt(action)
 
-    def checkpoint_uri(self, job: JobRecord) -> str:
-        """The job's checkpoint prefix (`info.checkpoint_uri`)."""
-        return checkpoint_uri(self.cfg, job)
-
     def read_logs(self, job: JobRecord, offset: int, limit: int) -> tuple[str, int]:
-        """``(text, size)``: about `limit` bytes from byte `offset` of the driver logs of
-        every attempt, oldest first, and their length in bytes (`logs.AttemptLogs.read`,
-        which asks Ray for those bytes only). Thread-safe."""
+        """``(text, size)`` (`job_logs.AttemptLogs.read`). Thread-safe."""
         return self._logs.read(job, offset, limit)
 
     def forget(self, job_id: str) -> None:
-        """Tell the signals actor to drop the job (best effort: `ends.AttemptEnds.forget`)."""
         self._ends.forget(job_id)
 
     def forget_many(self, job_ids: Sequence[str]) -> None:
-        """`forget` for many jobs in one actor call (`ends.AttemptEnds.forget_many`)."""
         self._ends.forget_many(job_ids)
 
     # -- observe -------------------------------------------------------------------------
 
     def observe(self) -> JobsView:
-        """What Ray, the signals actor and object storage say of every job that holds a gang
-        (ADMITTED, RUNNING) and every ended job whose Ray Job may still run, for
-        `policies.attempts` to decide on.
-
-        Reads active jobs only (by index), never the finished jobs of the past. Waits at most
-        `limits.TICK_WAIT_S` for storage reads, all jobs together; the committed steps read
-        (``checkpoint``, ``preempt_checkpoint``: what storage holds, `checkpoint_reads`) are
-        in the views, and `apply` records them in the jobs' info: observe writes nothing (an
-        actor that forgot the attempt is told it again). One job's error is logged and never
-        stops the others.
-        """
+        """See the module doc. Reads active jobs only (by index); waits at most
+        `limits.TICK_WAIT_S` for storage reads, all jobs together. Writes nothing: `apply`
+        records the committed steps read in the jobs' info. One job's error is logged and
+        never stops the others."""
         deadline_s = time.monotonic() + limits.TICK_WAIT_S
         jobs = self.store.list_jobs(states=[JobState.ADMITTED, JobState.RUNNING])
         sigs = {job.job_id: self._signals(job) for job in jobs}
@@ -283,12 +266,9 @@ class JobRunner:
     # -- act -------------------------------------------------------------------------------
 
     def apply(self, plan: Sequence[JobAction], failed: Callable[[], None]) -> None:
-        """Carry out `policies.attempts`' plan for this tick: first what `observe` read (each
-        gang's progress as the signals actor reported it, its committed steps as storage
-        showed them: an attempt's end records both), then every item,
-        each on its own (a failure is logged and counted by `failed`, the rest still
-        applied), then the upkeep: scoped credentials kept fresh, stranded preemptions
-        re-queued, the periodic sweeps."""
+        """First record what `observe` read (each gang's progress, its committed steps: an
+        attempt's end records both), then every plan item, each on its own (a failure is
+        logged and counted by `failed`), then the upkeep (see the module doc)."""
         seen = self._seen
         for job, sig in seen.jobs.values():
             try:
