@@ -87,11 +87,9 @@ def _check_gpus(
             n = streaks.get(g.gpu, 0) + 1
             new_streaks[g.gpu] = n
             text = f"gpu {g.gpu} at {g.temp_c:g} C > {t.gpu_temp_c:g} C for {n} samples"
-            _add(
-                bad if n >= t.hot_samples else warn,
-                HealthReason.GPU_OVERHEATED if n >= t.hot_samples else HealthReason.GPU_TEMP_HIGH,
-                text,
-            )
+            hot = n >= t.hot_samples
+            reason = HealthReason.GPU_OVERHEATED if hot else HealthReason.GPU_TEMP_HIGH
+            _add(bad if hot else warn, reason, text)
         if g.thermal_throttle:
             _add(warn, HealthReason.GPU_THERMAL_THROTTLE, f"gpu {g.gpu} thermal slowdown")
         for xid in g.new_xids:
@@ -100,11 +98,8 @@ def _check_gpus(
             else:
                 _add(warn, HealthReason.XID_NONFATAL, f"gpu {g.gpu} XID {xid}")
         if g.ecc_uncorrectable_total:
-            _add(
-                bad,
-                HealthReason.ECC_UNCORRECTABLE,
-                f"gpu {g.gpu} {g.ecc_uncorrectable_total} uncorrectable ECC errors",
-            )
+            text = f"gpu {g.gpu} {g.ecc_uncorrectable_total} uncorrectable ECC errors"
+            _add(bad, HealthReason.ECC_UNCORRECTABLE, text)
         if g.row_remap_failure:
             _add(bad, HealthReason.ROW_REMAP_FAILURE, f"gpu {g.gpu} row remap failed")
         elif g.row_remap_pending:
@@ -114,18 +109,11 @@ def _check_gpus(
             and g.nvlink_links_up is not None
             and g.nvlink_links_up < g.nvlink_links_total
         ):
-            _add(
-                bad,
-                HealthReason.NVLINK_DOWN,
-                f"gpu {g.gpu} {g.nvlink_links_up}/{g.nvlink_links_total} NVLinks up",
-            )
+            text = f"gpu {g.gpu} {g.nvlink_links_up}/{g.nvlink_links_total} NVLinks up"
+            _add(bad, HealthReason.NVLINK_DOWN, text)
         if g.nvlink_errors_per_s is not None and g.nvlink_errors_per_s > t.nvlink_errors_per_s:
-            _add(
-                bad,
-                HealthReason.NVLINK_ERRORS,
-                f"gpu {g.gpu} {g.nvlink_errors_per_s:.3g} NVLink errors/s "
-                f"> {t.nvlink_errors_per_s:g}",
-            )
+            text = f"gpu {g.gpu} {g.nvlink_errors_per_s:.3g} NVLink errors/s > {t.nvlink_errors_per_s:g}"
+            _add(bad, HealthReason.NVLINK_ERRORS, text)
     return new_streaks
 
 
@@ -136,12 +124,8 @@ def _check_missing(
     if sample.gpus_expected is None or len(sample.gpus) >= sample.gpus_expected:
         return 0
     n = streak + 1
-    _add(
-        bad if n >= t.missing_samples else warn,
-        HealthReason.GPU_MISSING,
-        f"{len(sample.gpus)} of {sample.gpus_expected} GPUs visible "
-        f"for {n} of {t.missing_samples} samples",
-    )
+    text = f"{len(sample.gpus)} of {sample.gpus_expected} GPUs visible for {n} of {t.missing_samples} samples"
+    _add(bad if n >= t.missing_samples else warn, HealthReason.GPU_MISSING, text)
     return n
 
 
@@ -152,11 +136,8 @@ def _check_ports(sample: NodeSample, t: HealthThresholds, bad: _Causes, warn: _C
         elif p.link_downed_delta > 0:
             _add(bad, HealthReason.IB_LINK_DOWN, f"{p.port} went down {p.link_downed_delta} times")
         if p.errors_per_s is not None and p.errors_per_s > t.ib_errors_per_s:
-            _add(
-                bad,
-                HealthReason.IB_ERRORS,
-                f"{p.port} {p.errors_per_s:.3g} errors/s > {t.ib_errors_per_s:g}",
-            )
+            text = f"{p.port} {p.errors_per_s:.3g} errors/s > {t.ib_errors_per_s:g}"
+            _add(bad, HealthReason.IB_ERRORS, text)
         if not p.up:
             continue
         if t.ib_expected_width and p.width is not None and p.width < t.ib_expected_width:
@@ -166,11 +147,8 @@ def _check_ports(sample: NodeSample, t: HealthThresholds, bad: _Causes, warn: _C
                 f"{p.port} width {p.width}X < {t.ib_expected_width}X",
             )
         if t.ib_min_rate_gbps and p.rate_gbps is not None and p.rate_gbps < t.ib_min_rate_gbps:
-            _add(
-                warn,
-                HealthReason.IB_LINK_DEGRADED,
-                f"{p.port} {p.rate_gbps:g} Gb/s < {t.ib_min_rate_gbps:g} Gb/s",
-            )
+            text = f"{p.port} {p.rate_gbps:g} Gb/s < {t.ib_min_rate_gbps:g} Gb/s"
+            _add(warn, HealthReason.IB_LINK_DEGRADED, text)
 
 
 def _details(causes: _Causes) -> tuple[str, ...]:

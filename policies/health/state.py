@@ -9,7 +9,8 @@ Must not: judge samples (`policies.health.evaluation` does) or store anything it
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
+from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
@@ -59,22 +60,7 @@ class HealthState:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values, for the caller's store; `from_dict` reads them back."""
-        return {
-            node_id: {
-                "last_sampled_s": n.last_sampled_s,
-                "last_new_sample_now_s": n.last_new_sample_now_s,
-                "hot_streaks": [[g, c] for g, c in n.hot_streaks],
-                "missing_streak": n.missing_streak,
-                "unhealthy": n.unhealthy,
-                "held_reasons": [r.value for r in n.held_reasons],
-                "clean_samples": n.clean_samples,
-                "degraded_reasons": [r.value for r in n.degraded_reasons],
-                "details": list(n.details),
-                "unhealthy_turns_s": list(n.unhealthy_turns_s),
-                "lemon": n.lemon,
-            }
-            for node_id, n in self.nodes.items()
-        }
+        return {node_id: _plain(asdict(n)) for node_id, n in self.nodes.items()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> HealthState:
@@ -99,6 +85,15 @@ class HealthState:
                 for node_id, n in data.items()
             }
         )
+
+
+def _plain(value: Any) -> Any:
+    """`value` with tuples as lists and enums as their values (JSON)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value.value if isinstance(value, Enum) else value
 
 
 def keep_nodes(state: HealthState, node_ids: Iterable[str]) -> HealthState:

@@ -91,6 +91,12 @@ def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> Re
     return Response(body, status_code=status, media_type=_JSON, headers=headers)
 
 
+def _error(
+    status: int, code: ErrorCode, message: str, rid: str, headers: dict[str, str] | None = None
+) -> Response:
+    return _json(status, error_body(code, message, rid), headers)
+
+
 class IngressReplica:
     """One ingress replica (the `Ingress` deployment runs it)."""
 
@@ -138,9 +144,8 @@ class IngressReplica:
             response = await self._answer(request, rid)
         except Exception:  # a bug here must answer like any error: id, no internals
             logger.exception("request %s: the ingress failed", rid)
-            response = _json(
-                500,
-                error_body(ErrorCode.INTERNAL, "internal error in the ingress; quote the id", rid),
+            response = _error(
+                500, ErrorCode.INTERNAL, "internal error in the ingress; quote the id", rid
             )
         if given != rid:
             # The Serve proxy adds X-Request-Id to the response itself when it sent one.
@@ -156,7 +161,7 @@ class IngressReplica:
         )
         head = parse(None)
         if isinstance(head, RequestError):
-            return _json(head.status, error_body(head.code, head.message, rid))
+            return _error(head.status, head.code, head.message, rid)
         if isinstance(head, Health):
             return _json(200, json.dumps({"status": "ok", "generation": table.generation}).encode())
         if isinstance(head, ListModels):
@@ -168,17 +173,11 @@ class IngressReplica:
         else:
             body = await read_body(request, s.max_body_bytes)
         if body is None:
-            return _json(
-                413,
-                error_body(
-                    ErrorCode.BODY_TOO_LARGE,
-                    f"body exceeds the limit of {s.max_body_bytes} bytes",
-                    rid,
-                ),
-            )
+            too_large = f"body exceeds the limit of {s.max_body_bytes} bytes"
+            return _error(413, ErrorCode.BODY_TOO_LARGE, too_large, rid)
         parsed = parse(body)
         if isinstance(parsed, RequestError):
-            return _json(parsed.status, error_body(parsed.code, parsed.message, rid))
+            return _error(parsed.status, parsed.code, parsed.message, rid)
         assert isinstance(parsed, Predict)
         return await self._predict(parsed.model, parsed.payload, rid)
 
@@ -196,11 +195,7 @@ class IngressReplica:
                 # a lost head; this replica's event loop must go on answering meanwhile.
                 handle = handle or await asyncio.to_thread(board)
                 handle.report.remote(
-                    me,
-                    {},
-                    answered - last_answered,
-                    cpu_s - last_cpu_s,
-                    now_s - last_s,
+                    me, {}, answered - last_answered, cpu_s - last_cpu_s, now_s - last_s
                 )
             except Exception as exc:  # the board restarting must not hurt serving
                 logger.debug("load report failed: %r", exc)
@@ -260,15 +255,11 @@ class IngressReplica:
     @staticmethod
     def _unavailable(model: str, why: str, s: IngressConfig, rid: str) -> Response:
         logger.warning("request %s: 503 for %s: %s", rid, model, why)
-        return _json(
-            503,
-            error_body(
-                ErrorCode.NO_CAPACITY,
-                f"model {model!r} cannot be served right now ({why}); retry after "
-                f"{s.retry_after_s}s",
-                rid,
-            ),
-            {"Retry-After": str(s.retry_after_s)},
+        message = (
+            f"model {model!r} cannot be served right now ({why}); retry after {s.retry_after_s}s"
+        )
+        return _error(
+            503, ErrorCode.NO_CAPACITY, message, rid, {"Retry-After": str(s.retry_after_s)}
         )
 
 

@@ -298,14 +298,9 @@ def move(
         limit_s = _timeout(state, timeout_s)
         n = min(num_replicas, state.target(model, from_pool))
         if n <= 0:
+            why = reason or "nothing to move"
             return MoveResult(
-                model,
-                from_pool,
-                to_pool,
-                0,
-                reason or "nothing to move",
-                ("no replicas in source pool",),
-                0.0,
+                model, from_pool, to_pool, 0, why, ("no replicas in source pool",), 0.0
             )
         to_target = state.target(model, to_pool) + n
         from_target = state.target(model, from_pool) - n

@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from serve.config import IngressConfig, serving_from_dict, validate_serving
+from serve.config import IngressConfig, serving_from_dict
 from serve.edge.config import DnsProxies, EdgeSettings, render
 
 __all__ = [
@@ -81,7 +81,6 @@ def k8s_settings(
         ingress=ingress,
         threads=THREADS,
         log_target="stdout",
-        stats_socket=None,
     )
 
 
@@ -172,9 +171,6 @@ def main(argv: Sequence[str] | None = None) -> str:
         serving = serving_from_dict(_serving_section(args.rcp_configmap))
     except (TypeError, ValueError) as exc:
         raise SystemExit(f"{args.rcp_configmap}: {exc}") from exc
-    errors = validate_serving(serving)
-    if errors:
-        raise SystemExit(f"{args.rcp_configmap}: " + "; ".join(errors))
     try:
         files = render(
             k8s_settings(args.http_port, args.admin_port, serving.route_prefix, serving.ingress)
