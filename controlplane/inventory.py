@@ -141,7 +141,7 @@ def format_table(rows: list[NodeRow]) -> str:
     with_health = any(r.health is not None for r in rows)
     if with_health:
         header = header[:3] + ("HEALTH", "MAX TEMP C", "TENSOR", "IB ERR/S") + header[3:]
-    lines = [header]
+    lines: list[tuple[str, ...]] = []
     for r in rows:
         labels = ",".join(f"{k}={v}" for k, v in sorted(r.labels.items()))
         row: tuple[str, ...] = (
@@ -168,15 +168,12 @@ def format_table(rows: list[NodeRow]) -> str:
                 + row[3:]
             )
         lines.append(row)
-    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in lines
-    )
+    return text_table(lines, header)
 
 
 def format_health_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """`rcp health`'s table: node, pool, verdict, hottest GPU, reasons, details."""
-    lines = [("NODE", "POOL", "HEALTH", "MAX TEMP C", "REASONS", "DETAILS")]
+    lines: list[tuple[str, ...]] = []
     for r in rows:
         temp = "-" if r["gpu_temp_max_c"] is None else f"{r['gpu_temp_max_c']:.1f}"
         lines.append(
@@ -189,7 +186,13 @@ def format_health_table(rows: Sequence[Mapping[str, Any]]) -> str:
                 "; ".join(r["details"]),
             )
         )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    return text_table(lines, ("NODE", "POOL", "HEALTH", "MAX TEMP C", "REASONS", "DETAILS"))
+
+
+def text_table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+    """`rows` under `header`, each column as wide as its widest cell, two spaces apart."""
+    lines = [header, *rows]
+    widths = [max(len(r[i]) for r in lines) for i in range(len(header))]
     return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in lines
     )

@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from controlplane.inventory import text_table
+
 __all__ = ["JOB_HEADER", "job_row", "local_time", "recovery_lines", "text_table"]
 
 
@@ -88,14 +90,6 @@ def recovery_lines(job: Any) -> list[str]:
         table = text_table(rows, ("ATTEMPT", "ENDED", "KIND", "STEP", "REASON"))
         lines += ["  " + line for line in table.splitlines()]
     return lines
-
-
-def text_table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
-    lines = [header, *rows]
-    widths = [max(len(r[i]) for r in lines) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in lines
-    )
 
 
 JOB_HEADER = (

@@ -50,7 +50,7 @@ from controlplane.api.routes import ApiServer
 from controlplane.config import Config, from_dict, to_dict
 from controlplane.loop import Adapters, Hooks, Loop
 from controlplane.loop.act.jobs.runner import JobRunner
-from controlplane.loop.decide import Policies, policies_of
+from controlplane.loop.decide import policies_of
 from controlplane.loop.job_metrics import GpuHoursMeter, JobMetrics
 from controlplane.loop.record import EventKind, RayMetrics
 from controlplane.pools import Pool, pool_resource
@@ -62,7 +62,7 @@ from controlplane.tokens import admin_token, write_url
 from policies.snapshot import ClusterSnapshot
 from serve.control.status import serve_status
 
-__all__ = ["ACTOR_NAME", "NAMESPACE", "Controller", "deploy", "get_controller", "policies"]
+__all__ = ["ACTOR_NAME", "NAMESPACE", "Controller", "deploy", "get_controller"]
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class Controller:
             self.cfg,
             self.store,
             adapters if adapters is not None else self._ray_adapters(),
-            policies(self.cfg),
+            policies_of(self.cfg),
             hooks=Hooks(retention=self.retention.run, job_metrics=self._export_job_metrics),
         )
         self.operations = Operations(
@@ -193,8 +193,8 @@ class Controller:
         }
 
     def health(self) -> dict[str, Any]:
-        """The policy actor's view of node health: verdicts (JSON) by node id, and the nodes it
-        has cordoned (Ray drain) and replaced, with when."""
+        """The policy actor's view of node health (`controller_client.controller_health`):
+        verdicts (JSON) by node id, and the nodes it has cordoned (Ray drain) and replaced."""
         keeper = self.loop.health
         return {
             "verdicts": {n: verdict_json(v) for n, v in keeper.verdicts.items()},
@@ -219,11 +219,6 @@ class Controller:
             return  # nothing was started
         self.loop.stop()
         self.api.stop()
-
-
-def policies(cfg: Config) -> Policies:
-    """Every policy's config from `cfg` (`controlplane.loop.decide.policies_of`)."""
-    return policies_of(cfg)
 
 
 def _kube_scale_external(cfg: Config) -> Any:

@@ -197,21 +197,6 @@ class LocalPrometheus:
             result = [{"metric": {}, "value": data["result"]}]
         return result
 
-    def wait_for(
-        self, what: str, check: Callable[[], Any], timeout_s: float = 60.0, poll_s: float = 1.0
-    ) -> Any:
-        """`check()`'s first truthy answer, or PrometheusError after `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        last: Any = None
-        while time.monotonic() < deadline:
-            last = check()
-            if last:
-                return last
-            time.sleep(poll_s)
-        raise PrometheusError(
-            f"timed out after {timeout_s:.0f}s waiting for {what}; last: {last!r}"
-        )
-
     def __enter__(self) -> LocalPrometheus:
         self.start()
         return self

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from controlplane.adapters.serve import PoolView, ServeView
 from controlplane.config import Config, load_config
-from controlplane.controller.actor import policies
 from controlplane.inventory import NodeRow
 from controlplane.loop import Adapters, Loop
 from controlplane.loop.act.serving import ScaleExternal
+from controlplane.loop.decide import policies_of
 from controlplane.store import JobState, Store
 from jobs.spec import JobSpec
 from policies.attempts import GangStatus, GangView, JobAction, JobsView, MarkRunning
@@ -461,7 +461,7 @@ def build_loop(
         serve=serve,
         kube_scale_external=kube_scale_external,
     )
-    return Loop(cfg, store, adapters, policies(cfg), clock=clock)
+    return Loop(cfg, store, adapters, policies_of(cfg), clock=clock)
 
 
 def make_world(

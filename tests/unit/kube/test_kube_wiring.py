@@ -99,8 +99,8 @@ PROVIDER_GROUPS = (
 def test_the_loop_sizes_each_providers_group_only_when_it_owns_them(
     api: FakeKubeApi, tmp_path: Path, owns: bool, gpus: dict[str, int], replicas: tuple[int, int]
 ) -> None:
-    from controlplane.controller.actor import policies
     from controlplane.loop import Adapters, Loop
+    from controlplane.loop.decide import policies_of
     from tests.unit.loop_fakes import FakeCluster, FakeMetrics, FakeTelemetry
 
     add_cluster(api, *PROVIDER_GROUPS)
@@ -125,7 +125,7 @@ def test_the_loop_sizes_each_providers_group_only_when_it_owns_them(
         metrics=FakeMetrics(),
         kube_scale_external=lambda: act.scale_external,
     )
-    loop = Loop(cfg, store, adapters, policies(cfg))
+    loop = Loop(cfg, store, adapters, policies_of(cfg))
     if loop.external_group is not None:
         loop.external_group.apply(sizes(gpus, loop.external_group.gpus_per_node))
     got = (replicas_of(api, "gpu-external-rent-a"), replicas_of(api, "gpu-external-rent-b"))
