@@ -110,10 +110,8 @@ class CheckpointReader:
     def newest(self, prefix: str, after_step: int | None = None) -> CommittedStep | None:
         """The newest committed step under `prefix` (newer than `after_step` when given), or
         None. Raises on a storage error (the caller logs it and asks again later)."""
-        steps = sorted(
-            (s for s in self._list_steps(prefix, after_step) if _newer(s, after_step)),
-            reverse=True,
-        )
+        listed = self._list_steps(prefix, after_step)
+        steps = sorted((s for s in listed if after_step is None or s > after_step), reverse=True)
         for step in steps[:MAX_MANIFEST_READS]:
             found = self.committed(prefix, step)
             if found is not None:
@@ -127,7 +125,8 @@ class CheckpointReader:
         data = self._read_manifest(prefix, step)
         if data is None:
             return None
-        where = f"{_base(prefix)}/{manifest_key(step)}"
+        base = prefix.rstrip("/")
+        where = f"{base}/{manifest_key(step)}"
         if len(data) > MAX_MANIFEST_BYTES:
             log.warning("checkpoint manifest %s: over %d bytes; refused", where, MAX_MANIFEST_BYTES)
             return None
@@ -147,25 +146,23 @@ class CheckpointReader:
         if not math.isfinite(manifest.created_unix_s):
             log.warning("checkpoint manifest %s: creation time is not finite; refused", where)
             return None
-        return CommittedStep(step, f"{_base(prefix)}/{step_dir(step)}", manifest.created_unix_s)
+        return CommittedStep(step, f"{base}/{step_dir(step)}", manifest.created_unix_s)
 
     # -- storage -------------------------------------------------------------------------------
 
     def _list_steps(self, prefix: str, after_step: int | None) -> list[int]:
-        scheme = urlsplit(prefix).scheme
-        if scheme == "s3":
+        if _is_s3(prefix):
             return self._list_s3(prefix, after_step)
-        if scheme == "file":
-            return _list_file(_file_path(prefix))
-        raise ValueError(f"checkpoint prefix {prefix!r}: expected s3:// or file://")
+        try:
+            names = os.listdir(_file_path(prefix))
+        except FileNotFoundError:
+            return []
+        return [s for s in map(_step_of, names) if s is not None]
 
     def _read_manifest(self, prefix: str, step: int) -> bytes | None:
-        scheme = urlsplit(prefix).scheme
-        if scheme == "s3":
+        if _is_s3(prefix):
             return self._get_s3(prefix, step)
-        if scheme == "file":
-            return _read_file(os.path.join(_file_path(prefix), manifest_key(step)))
-        raise ValueError(f"checkpoint prefix {prefix!r}: expected s3:// or file://")
+        return _read_file(os.path.join(_file_path(prefix), manifest_key(step)))
 
     def _list_s3(self, prefix: str, after_step: int | None) -> list[int]:
         bucket, key = _s3_key(prefix)
@@ -183,10 +180,9 @@ class CheckpointReader:
         for page_number in range(MAX_LIST_PAGES):
             page = client.list_objects_v2(**kwargs)
             for common in page.get("CommonPrefixes") or []:
-                name = str(common.get("Prefix", ""))[len(key) :].rstrip("/")
-                match = _STEP_DIR.match(name)
-                if match:
-                    steps.append(int(match.group(1)))
+                step = _step_of(str(common.get("Prefix", ""))[len(key) :].rstrip("/"))
+                if step is not None:
+                    steps.append(step)
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 break
@@ -218,12 +214,18 @@ class CheckpointReader:
             body.close()
 
 
-def _newer(step: int, than: int | None) -> bool:
-    return than is None or step > than
+def _is_s3(prefix: str) -> bool:
+    """Whether `prefix` is ``s3://`` (else ``file://``; ValueError for anything else)."""
+    scheme = urlsplit(prefix).scheme
+    if scheme not in ("s3", "file"):
+        raise ValueError(f"checkpoint prefix {prefix!r}: expected s3:// or file://")
+    return scheme == "s3"
 
 
-def _base(prefix: str) -> str:
-    return prefix.rstrip("/")
+def _step_of(name: str) -> int | None:
+    """The step of a ``step-<S>`` directory name; None for any other name."""
+    match = _STEP_DIR.match(name)
+    return int(match.group(1)) if match else None
 
 
 def _s3_key(prefix: str) -> tuple[str, str]:
@@ -244,19 +246,6 @@ def _file_path(prefix: str) -> str:
     if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
         raise ValueError(f"checkpoint prefix {prefix!r}: expected file:///absolute/path")
     return parts.path
-
-
-def _list_file(path: str) -> list[int]:
-    try:
-        names = os.listdir(path)
-    except FileNotFoundError:
-        return []
-    steps = []
-    for name in names:
-        match = _STEP_DIR.match(name)
-        if match:
-            steps.append(int(match.group(1)))
-    return steps
 
 
 def _read_file(path: str) -> bytes | None:

@@ -250,11 +250,9 @@ class RayJobs:
                 auth = trust.admin_auth(self._secret, self._last_nonce, method, args)
                 ref = getattr(handle, method).remote(*args, auth=auth)
             return ray.get(ref, timeout=10)
-        except ray.exceptions.RayActorError:
-            self._signals = None  # killed: find (and check) or make it again on the next call
-            raise
-        except PermissionError:
-            # Not the actor's secret (it restarted with another's args?): check it again.
+        except (ray.exceptions.RayActorError, PermissionError):
+            # Killed, or not the actor's secret (it restarted with another's args?): find (and
+            # check) or make it again on the next call.
             self._signals = None
             raise
 
@@ -320,16 +318,14 @@ class RayJobs:
             if "does not exist" not in str(exc):
                 raise
 
-    def log_slice(self, submission_id: str, start: int, max_bytes: int) -> LogSlice:
-        """At most `max_bytes` of the job driver's log from byte `start` (`read_driver_log`),
-        with the log's size. No such job, or no driver yet: an empty slice of size 0."""
-        return self._read_log(submission_id, start, max_bytes)
-
     def log_tail(self, submission_id: str, max_bytes: int) -> LogSlice:
         """The last `max_bytes` of the job driver's log, with its size (as `log_slice`)."""
-        return self._read_log(submission_id, None, max_bytes)
+        return self.log_slice(submission_id, None, max_bytes)
 
-    def _read_log(self, submission_id: str, start: int | None, max_bytes: int) -> LogSlice:
+    def log_slice(self, submission_id: str, start: int | None, max_bytes: int) -> LogSlice:
+        """At most `max_bytes` of the job driver's log from byte `start` (None: its last
+        bytes; `read_driver_log`), with the log's size. No such job, or no driver yet: an
+        empty slice of size 0."""
         agent = self._driver_agent(submission_id)
         if agent is None:
             return LogSlice(b"", start or 0, 0)

@@ -119,7 +119,7 @@ class Database:
             # file fails here, at start, with a clear error, instead of in some later tick.
             problems = [str(r[0]) for r in self._db.execute("PRAGMA quick_check(5)")]
             if problems != ["ok"]:
-                raise CorruptStore(self._corrupt_message("; ".join(problems)))
+                raise self._corrupt("; ".join(problems))
             mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise StoreError(
@@ -160,18 +160,16 @@ class Database:
 
     # -- plumbing --------------------------------------------------------------------------
 
-    def _corrupt_message(self, detail: str) -> str:
+    def _corrupt(self, detail: object) -> CorruptStore:
+        """`CorruptStore` naming the file, what is wrong and what to do."""
         p = str(self.path)
-        return (
+        return CorruptStore(
             f"the job store at {p!r} is not a readable SQLite database ({detail}). Stop the "
             f"controller, move the file aside with its -wal and -shm files (mv {p} "
             f"{p}.corrupt), then either restore a backup to {p} or start again for an empty "
             "store (running jobs' Ray Jobs are then unknown to it: stop them with `ray job "
             "stop`); see docs/operations.md, 'The job store'"
         )
-
-    def _corrupt(self, exc: sqlite3.DatabaseError) -> CorruptStore:
-        return CorruptStore(self._corrupt_message(str(exc)))
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -224,26 +222,15 @@ class Database:
         at_s: float,
         reason: str,
     ) -> None:
+        before, after = (None if from_state is None else from_state.value), to_state.value
         db.execute(
             "INSERT INTO transitions (job_id, from_state, to_state, at_s, reason) "
             "VALUES (?, ?, ?, ?, ?)",
-            (
-                job_id,
-                None if from_state is None else from_state.value,
-                to_state.value,
-                at_s,
-                reason,
-            ),
+            (job_id, before, after, at_s, reason),
         )
-        arrow = to_state.value if from_state is None else f"{from_state.value} -> {to_state.value}"
-        self._insert_event(
-            db,
-            at_s,
-            "job.state",
-            f"job {job_id}: {arrow}: {reason}",
-            job_id,
-            {"from": None if from_state is None else from_state.value, "to": to_state.value},
-        )
+        arrow = after if before is None else f"{before} -> {after}"
+        message = f"job {job_id}: {arrow}: {reason}"
+        self._insert_event(db, at_s, "job.state", message, job_id, {"from": before, "to": after})
 
     def _insert_event(
         self,

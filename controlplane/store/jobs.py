@@ -109,10 +109,7 @@ class JobTable(Database):
                 ),
             )
             self._record_transition(db, job_id, None, JobState.QUEUED, now, reason)
-            row = db.execute(
-                f"SELECT {JOB_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)
-            ).fetchone()
-            return SubmitResult(_job(row), created=True)
+            return SubmitResult(self._row_in(db, job_id), created=True)
 
     def get(self, job_id: str) -> JobRecord:
         """The job; InvalidJob if its row no longer validates (reported, as every read does)."""

@@ -38,29 +38,16 @@ class JobState(str, Enum):
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 ACTIVE_STATES = frozenset(set(JobState) - TERMINAL_STATES)
 
+_STOPS = frozenset({JobState.FAILED, JobState.CANCELLED})
+"""Every state that is not final may fail or be cancelled."""
+
 ALLOWED_TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
-    JobState.QUEUED: frozenset({JobState.ADMITTED, JobState.CANCELLED, JobState.FAILED}),
+    JobState.QUEUED: _STOPS | {JobState.ADMITTED},
     # ADMITTED -> QUEUED: the gang did not fully start in time; released and re-queued.
-    JobState.ADMITTED: frozenset(
-        {
-            JobState.RUNNING,
-            JobState.QUEUED,
-            JobState.PREEMPTED,
-            JobState.FAILED,
-            JobState.CANCELLED,
-        }
-    ),
+    JobState.ADMITTED: _STOPS | {JobState.RUNNING, JobState.QUEUED, JobState.PREEMPTED},
     # RUNNING -> QUEUED: the gang crashed, hung or was lost; it runs again as a new attempt.
-    JobState.RUNNING: frozenset(
-        {
-            JobState.SUCCEEDED,
-            JobState.FAILED,
-            JobState.PREEMPTED,
-            JobState.CANCELLED,
-            JobState.QUEUED,
-        }
-    ),
-    JobState.PREEMPTED: frozenset({JobState.QUEUED, JobState.FAILED, JobState.CANCELLED}),
+    JobState.RUNNING: _STOPS | {JobState.SUCCEEDED, JobState.PREEMPTED, JobState.QUEUED},
+    JobState.PREEMPTED: _STOPS | {JobState.QUEUED},
     JobState.SUCCEEDED: frozenset(),
     JobState.FAILED: frozenset(),
     JobState.CANCELLED: frozenset(),

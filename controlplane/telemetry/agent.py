@@ -30,12 +30,9 @@ VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 
 
 def pod_gpus(environ: dict[str, str] | None = None) -> VisibleGpus | None:
-    """The GPUs of this pod, from ``NVIDIA_VISIBLE_DEVICES`` (None: every GPU of the host).
-
-    That variable is the source of truth: the NVIDIA device plugin sets it on the Ray container
-    to the GPUs the pod was given, and the raylet and this actor inherit it unchanged. With the
-    plugin's ``volume-mounts`` strategy it names a directory whose entries are the devices.
-    """
+    """The GPUs of this pod, from ``NVIDIA_VISIBLE_DEVICES`` (None: every GPU of the host;
+    see `VisibleGpus`). With the device plugin's ``volume-mounts`` strategy it names a
+    directory whose entries are the devices."""
     value = (os.environ if environ is None else environ).get(VISIBLE_DEVICES_ENV)
     entries: list[str] = []
     if value and value.strip().startswith("/"):

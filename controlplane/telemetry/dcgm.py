@@ -163,14 +163,10 @@ def is_blank(field_name: str, value: float) -> bool:
 
 @dataclass(frozen=True)
 class VisibleGpus:
-    """The GPUs of this pod, as ``NVIDIA_VISIBLE_DEVICES`` names them: UUIDs or host indexes.
-
-    The NVIDIA device plugin sets that variable on the Ray container to exactly the GPUs the
-    pod was given, and every process of the pod inherits it unchanged (Ray rewrites
-    ``CUDA_VISIBLE_DEVICES`` per worker, and its indexes are relative to the container's
-    devices, so it cannot say which host GPUs are ours). dcgm-exporter's ``gpu`` label is the
-    host index and its ``UUID`` label the GPU's UUID.
-    """
+    """The GPUs of this pod, as ``NVIDIA_VISIBLE_DEVICES`` names them: UUIDs or host indexes
+    (dcgm-exporter's ``UUID`` and ``gpu`` labels). The NVIDIA device plugin sets it to the
+    GPUs the pod was given (Ray's per-worker ``CUDA_VISIBLE_DEVICES`` indexes the container's
+    devices, so it cannot say which host GPUs are ours)."""
 
     uuids: frozenset[str] = frozenset()
     indexes: frozenset[int] = frozenset()
@@ -241,11 +237,9 @@ def _pods_gpus(
     problems: list[str],
 ) -> list[int]:
     """The host indexes of the scrape's GPUs that are the pod's; the pod's GPUs the scrape
-    does not show are named in `problems`. Raises `TelemetryError` when the pod lists GPUs and
-    none of them is in the scrape: the host reported GPUs, so its exporter works, but nothing
-    here says which are ours (an exporter without the ``UUID`` label while
-    ``NVIDIA_VISIBLE_DEVICES`` lists UUIDs, or a mislabelled one). Reading that as "the pod
-    has no GPUs" would mark every GPU missing; it is a source failure instead."""
+    does not show are named in `problems`. `TelemetryError` when none of the pod's GPUs is in
+    the scrape (see the module doc): reading that as "the pod has no GPUs" would mark every
+    GPU missing."""
     ours = [gpu for gpu in sorted(fields) if (gpu, uuids.get(gpu)) in visible]
     seen_uuids = {uuids[g] for g in ours if g in uuids}
     unmatched = sorted(visible.uuids - seen_uuids) + [
@@ -268,13 +262,9 @@ def _pods_gpus(
 
 
 def readings_from_scrape(text: str, visible: VisibleGpus | None = None) -> SourceReading:
-    """GPU readings from one dcgm-exporter scrape (no IB: dcgm-exporter does not export it).
-
-    Only the GPUs in `visible` (None: all of the host's); the pod's GPUs the scrape does not
-    show are named in `problems`. Raises `TelemetryError` when the scrape holds no DCGM GPU
-    sample at all (a broken exporter, not a node without GPUs), and when the pod lists GPUs
-    but none of them matches a GPU of the scrape (see `_pods_gpus`).
-    """
+    """GPU readings from one dcgm-exporter scrape (no IB: dcgm-exporter does not export it),
+    of the GPUs in `visible` (None: all of the host's). `TelemetryError` for a scrape without
+    a DCGM GPU sample and when none of the pod's GPUs matches (see the module doc)."""
     samples, problems = parse_exposition(text)
     fields, uuids = _gpu_fields(samples, problems)
     if not fields:

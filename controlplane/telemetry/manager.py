@@ -227,11 +227,10 @@ def ensure_agents(
     there. Nodes in `exclude` (ones being drained: Ray schedules nothing new there) get no new
     agent. Returns one `AgentRef` per alive node. Does not wait for new agents to start.
 
-    With `trusted` (node -> actor id of the agents the caller created), an actor under an
-    agent's name with another id is killed and reported (`AgentRef.impostor`), and new agents
-    are created without reusing an existing actor of that name; the caller records the
-    `actor_id` of every ref it gets back. Without `trusted`, no agent is started while the
-    controller runs (it starts them, and would replace any it did not create).
+    With `trusted` (see the module doc) impostors are killed and reported, and new agents are
+    created without reusing an existing actor of that name; the caller records the `actor_id`
+    of every ref it gets back. Without `trusted`, no agent is started while the controller
+    runs (it kills agents it did not create, so a second creator would only race it).
     """
     ray_agents = cluster or RayAgentCluster()
     found = ray_agents.agents()
@@ -239,10 +238,7 @@ def ensure_agents(
     sections = to_dict(cfg)
     telemetry, health = sections["telemetry"], sections["health"]
     available = ray_agents.available()
-    # Without `trusted` (the CLI, tests) agents are only started while no controller runs:
-    # the controller kills agents it did not create, so a second creator would only race it.
-    # On Kubernetes the controller runs in-process (no actor to find), so there only the
-    # controller starts agents.
+    # On Kubernetes the controller runs in-process (no actor to find): only it starts agents.
     may_create = trusted is not None or (
         not cfg.kubernetes.enabled and not ray_agents.controller_running()
     )
