@@ -5,17 +5,16 @@ in order (`policies.admission.shares.queue_order`), admits every gang that fits 
 it may use (the whole gang at once, `policies.admission.fit`), and makes the first job that
 does not fit but fits within its queue's share the head, with a reservation and, if it is
 entitled, room made now (`policies.admission.reservation`, `policies.admission.preemption`).
-Backfill: once a reservation exists, a later job may use the GPUs it protects only if it ends
-(``now_s + max_runtime_s``) by the reservation's T; any other later job only the rest.
-The rules in full, with a worked example, are in `policies.admission`'s docstring.
+The rules in full (backfill among them), with a worked example, are in `policies.admission`'s
+docstring.
 
-Must not: import Ray, read a clock, do I/O or draw random numbers. Everything it knows comes
-from the snapshot (time is ``snapshot.now_s``); everything it wants is in the returned plan.
+Must not: import Ray, read a clock, do I/O or draw random numbers (see the package doc).
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
 
 from policies.admission.config import AdmissionConfig
@@ -157,15 +156,12 @@ class _Decision(Ledger):
                     got -= live_gpus(g, self.live_ids)
         if len(victims) > self.cfg.max_preemptions_per_hour - len(self.preemptions):
             return  # over the cap: serving stays short, and says so (placement's note)
+        why = (
+            f"{Why.SERVING_RECLAIMS.value}: serving's demand needs {self.serving_need_gpus} "
+            "cluster GPU(s) that no rented GPU can host"
+        )
         for g in victims:
-            self.plan.append(
-                PreemptJob(
-                    g.job_id,
-                    f"{Why.SERVING_RECLAIMS.value}: serving's demand needs {self.serving_need_gpus} "
-                    "cluster GPU(s) that no rented GPU can host",
-                    for_serving=True,
-                )
-            )
+            self.plan.append(PreemptJob(g.job_id, why, for_serving=True))
             self.preemptions.append(PreemptionRecord(g.job_id, self.now_s))
             self.gangs.remove(g)
             self.used_by_queue[g.queue] -= live_gpus(g, self.live_ids)
@@ -194,18 +190,13 @@ class _Decision(Ledger):
                 room.add(r.node_id, r.gpus)
         if room.fits(job.gpus_per_worker, job.num_workers):
             return
-        held: dict[str, int] = {}
+        for r in (*self.pinned, *self.floors, *self.unhosted):
+            room.add(r.node_id, r.gpus)
+        held = Counter[str]()
         for r in self.pinned:
-            room.add(r.node_id, r.gpus)
-            held[r.model] = held.get(r.model, 0) + r.gpus
-        floors: dict[str, int] = {}
-        for r in self.floors:
-            room.add(r.node_id, r.gpus)
-            floors[r.model] = floors.get(r.model, 0) + 1
-        unhosted: dict[str, int] = {}
-        for r in self.unhosted:
-            room.add(r.node_id, r.gpus)
-            unhosted[r.model] = unhosted.get(r.model, 0) + 1
+            held[r.model] += r.gpus
+        floors = Counter(r.model for r in self.floors)
+        unhosted = Counter(r.model for r in self.unhosted)
         if not room.fits(job.gpus_per_worker, job.num_workers):
             return
         kept = "; ".join(
@@ -247,18 +238,12 @@ class _Decision(Ledger):
             room.add(n.node_id, n.gpus_total)
         if not room.fits(job.gpus_per_worker, job.num_workers):
             return
-        names = ", ".join(n.node_id for n in self.serving_only)
-        self.plan.append(
-            WaitJob(
-                job_id=job.job_id,
-                reason=(
-                    f"{Why.SERVING_ONLY_NODES.value}: fits only with serving-only node(s) "
-                    f"{names} (fabric faults: replicas only); waits until they are fit for "
-                    "gangs again"
-                ),
-                code=Why.SERVING_ONLY_NODES.value,
-            )
+        why = (
+            f"{Why.SERVING_ONLY_NODES.value}: fits only with serving-only node(s) "
+            f"{', '.join(n.node_id for n in self.serving_only)} (fabric faults: replicas only); "
+            "waits until they are fit for gangs again"
         )
+        self.plan.append(WaitJob(job.job_id, why, code=Why.SERVING_ONLY_NODES.value))
 
     def admit_or_wait(self, job: QueuedJob, within_share: bool, held: Held) -> None:
         """A gang serving's forecast held back, once every other job had its turn: if serving

@@ -58,24 +58,19 @@ def queue_order(
     valid: list[tuple[int, float, str, QueuedJob]] = []
     for job in queued:
         if job.queue not in queue_names:
-            rejections.append(
-                RejectJob(
-                    job.job_id,
-                    f"{Why.UNKNOWN_QUEUE.value}: queue {job.queue!r} is not configured "
-                    f"(known: {', '.join(sorted(queue_names))})",
-                )
+            why = (
+                f"{Why.UNKNOWN_QUEUE.value}: queue {job.queue!r} is not configured "
+                f"(known: {', '.join(sorted(queue_names))})"
             )
+            rejections.append(RejectJob(job.job_id, why))
             continue
         value = classes.get(job.priority_class)
         if value is None:
-            rejections.append(
-                RejectJob(
-                    job.job_id,
-                    f"{Why.UNKNOWN_PRIORITY_CLASS.value}: priority class "
-                    f"{job.priority_class!r} is not configured "
-                    f"(known: {', '.join(sorted(classes))})",
-                )
+            why = (
+                f"{Why.UNKNOWN_PRIORITY_CLASS.value}: priority class {job.priority_class!r} "
+                f"is not configured (known: {', '.join(sorted(classes))})"
             )
+            rejections.append(RejectJob(job.job_id, why))
             continue
         if job.not_before_s is not None and job.not_before_s > now_s:
             continue  # backing off after a failed start; blocks no one

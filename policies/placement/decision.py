@@ -39,9 +39,6 @@ def decide(
     `claims` are the admission policy's `MoveServeReplicas` for a waiting gang: their
     replicas' GPUs add to `training_claim_gpus`, and a model's yield move carries the node
     ids (and the job) its claim names, so the Serve actuator frees those nodes.
-
-    One call per rule of `policies.placement`'s docstring, in its order; the pins (rule 7)
-    are woven into the rules they change: 2, 3-4 and 5.
     """
     tick = _tick(snapshot, demands, training_claim_gpus, claims)
     # The providers' record advanced to now (rule 6): their room bounds rules 3 and 4.
@@ -421,19 +418,11 @@ def _come_back(
             plan_c[d.model] += n
             room_gpus -= n * d.gpus_per_replica
             step_left -= n
-            moves.append(
-                MoveServeReplicas(
-                    model=d.model,
-                    from_pool=Pool.EXTERNAL,
-                    to_pool=Pool.CLUSTER,
-                    num_replicas=n,
-                    node_ids=(),
-                    reason=(
-                        f"{PlacementReason.MIGRATE_BACK.value}: cluster pool had room for "
-                        f"{now - room_since:.0f}s with no queued training that could use it"
-                    ),
-                )
+            why = (
+                f"{PlacementReason.MIGRATE_BACK.value}: cluster pool had room for "
+                f"{now - room_since:.0f}s with no queued training that could use it"
             )
+            moves.append(MoveServeReplicas(d.model, Pool.EXTERNAL, Pool.CLUSTER, n, (), why))
             last_step = now
             if step_left == 0:
                 break
@@ -457,16 +446,11 @@ def _route_weights(
         w = _weights(running)
         if w and weights.get(d.model) != w:
             weights[d.model] = w
-            actions.append(
-                SetRouteWeights(
-                    model=d.model,
-                    weights=w,
-                    reason=(
-                        f"{PlacementReason.ROUTE_BY_READINESS.value}: running replicas "
-                        f"cluster={running[Pool.CLUSTER]} external={running[Pool.EXTERNAL]}"
-                    ),
-                )
+            why = (
+                f"{PlacementReason.ROUTE_BY_READINESS.value}: running replicas "
+                f"cluster={running[Pool.CLUSTER]} external={running[Pool.EXTERNAL]}"
             )
+            actions.append(SetRouteWeights(d.model, w, why))
     return weights, actions
 
 
