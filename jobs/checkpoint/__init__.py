@@ -13,14 +13,7 @@ endpoint_url, region) taken from the user's StorageConfig.
 
 from __future__ import annotations
 
-from jobs.checkpoint.engine import (
-    CheckpointEngine,
-    CommitTimeoutError,
-    InFlightPolicy,
-    RestoredCheckpoint,
-    SaveHandle,
-    SaveOutcome,
-)
+from jobs.checkpoint.engine import CheckpointEngine
 from jobs.checkpoint.layout import CorruptCheckpointError, UnsafeCheckpointError
 from jobs.checkpoint.memory_tiers import (
     InProcessMemoryTier,
@@ -29,8 +22,9 @@ from jobs.checkpoint.memory_tiers import (
     RayMemoryTier,
     clear_job_memory_tier,
 )
-from jobs.checkpoint.restoring import NoVerifiedCheckpointError
+from jobs.checkpoint.restoring import NoVerifiedCheckpointError, RestoredCheckpoint
 from jobs.checkpoint.retrying import RetryPolicy
+from jobs.checkpoint.saving import CommitTimeoutError, InFlightPolicy, SaveHandle, SaveOutcome
 from jobs.checkpoint.storages import LocalStorage, S3Storage, Storage, open_storage
 
 __all__ = [

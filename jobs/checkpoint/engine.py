@@ -5,13 +5,11 @@ protocols it runs (the storage steps of a save are in `saving`, loading one step
 `restoring`, which steps to delete in `retention`):
 
 * `save(state, step)` blocks only while the state's tensors are copied into a reusable host
-  buffer (one of `max_in_flight`), by the calling thread and a pool of `copy_threads - 1`
-  copy threads; a single background thread then checksums the payload, uploads its shards in
-  parallel, writes this rank's index, and only then feeds the memory tier (so the tier holds
-  this rank's newest durable snapshot) and releases the buffer. When every buffer is still
-  in flight, `in_flight_policy` decides: WAIT blocks the caller until the oldest save
-  finishes (the stall is measured and counted), SKIP drops the new save with a warning and
-  a metric.
+  buffer (one of `max_in_flight`), by the calling thread and `copy_threads - 1` pool threads;
+  one background thread then uploads it (`saving.upload_rank`), and only then feeds the memory
+  tier (so the tier holds this rank's newest durable snapshot) and releases the buffer. When
+  every buffer is still in flight, `in_flight_policy` decides: WAIT blocks the caller (the
+  stall is measured), SKIP drops the new save with a warning and a metric.
 * Commit: rank 0 writes the step's manifest only after every rank's index (each written
   after that rank's shards were durable) is present, so a manifest implies complete data.
 * `restore()` loads the newest committed step that verifies (`restoring`), skipping corrupt,
@@ -44,7 +42,6 @@ from jobs.checkpoint.retention import RetentionPlan, plan_retention, should_abor
 from jobs.checkpoint.retrying import RetryPolicy
 from jobs.checkpoint.saving import (
     DEFAULT_SHARD_SIZE_BYTES,
-    CommitTimeoutError,
     InFlightPolicy,
     SaveHandle,
     SaveOutcome,
@@ -57,15 +54,7 @@ from jobs.checkpoint.saving import (
 from jobs.checkpoint.storages import Storage, StorageOptions, open_storage
 from jobs.storage_credentials import CredentialSource
 
-__all__ = [
-    "DEFAULT_SHARD_SIZE_BYTES",
-    "CheckpointEngine",
-    "CommitTimeoutError",
-    "InFlightPolicy",
-    "RestoredCheckpoint",
-    "SaveHandle",
-    "SaveOutcome",
-]
+__all__ = ["CheckpointEngine"]
 
 logger = logging.getLogger(__name__)
 

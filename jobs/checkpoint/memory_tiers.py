@@ -1,14 +1,10 @@
 """Memory tiers: the newest snapshot of each rank, kept in host memory for a fast restore.
 
-This module owns where that copy lives: in this process (`InProcessMemoryTier`, which
-survives a restart of the training loop inside the same worker) or in a small named Ray
-actor on another node than the rank that wrote it (`RayMemoryTier`, which survives the
-death of the worker process and of its whole node). A memory tier is only a cache: restore
-uses it only when it holds exactly the step the newest committed manifest names and its
-bytes match the committed checksums; otherwise restore reads object storage.
-
-The engine hands a tier a rank's snapshot only once that rank's shards and index are
-durable in storage, so a tier never holds data storage does not have.
+Owns where that copy lives: in this process (`InProcessMemoryTier`, which survives a restart
+of the training loop inside the same worker) or in a small named Ray actor on another node than
+the rank that wrote it (`RayMemoryTier`, which survives the death of the worker and of its
+node). A tier is only a cache, fed only with snapshots already durable in storage: restore
+uses it only when it holds exactly the committed step and its bytes match the checksums.
 
 It must not decide anything about storage or restore order (see `engine`).
 """
@@ -22,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypedDict
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -183,18 +179,6 @@ def _holder_class() -> Any:
     return ray.remote(num_cpus=0, max_restarts=0)(_Holder)
 
 
-class HolderOptions(TypedDict):
-    """The Ray actor options a holder is created with (`RayMemoryTier.actor_options`)."""
-
-    name: str
-    namespace: str
-    lifetime: str
-    get_if_exists: bool
-    num_cpus: int
-    max_restarts: int
-    label_selector: dict[str, str]
-
-
 class MemoryTierUnavailableError(Exception):
     """The memory tier could not keep a snapshot; storage still has it."""
 
@@ -241,7 +225,7 @@ class RayMemoryTier:
     def _name(self, rank: int) -> str:
         return holder_name(self.name_prefix, rank)
 
-    def actor_options(self, rank: int, writer_node_id: str) -> HolderOptions:
+    def actor_options(self, rank: int, writer_node_id: str) -> dict[str, Any]:
         """The Ray options a new holder of `rank` is created with."""
         return {
             "name": self._name(rank),

@@ -27,24 +27,21 @@ from urllib3.exceptions import HTTPError as Urllib3HTTPError
 T = TypeVar("T")
 
 RETRYABLE_ERROR_CODES = frozenset(
-    {
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "RequestLimitExceeded",
-        "TooManyRequests",
-        "RequestTimeout",
-        "RequestTimeoutException",
-        "InternalError",
-        "ServiceUnavailable",
-        "BadDigest",
-        "IncompleteBody",
-    }
-)
+    {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
+     "RequestTimeout", "RequestTimeoutException", "InternalError", "ServiceUnavailable",
+     "BadDigest", "IncompleteBody"}
+)  # fmt: skip
 
 
 class TransientError(Exception):
     """A failure the caller knows to be transient (a short or mismatching read)."""
+
+
+_RETRYABLE_TYPES = (
+    TransientError, BotoConnectionError, EndpointConnectionError, ConnectionClosedError,
+    ReadTimeoutError, ResponseStreamingError, IncompleteReadError, Urllib3HTTPError,
+    ConnectionError, TimeoutError,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -75,21 +72,7 @@ def is_retryable(exc: BaseException) -> bool:
         error = exc.response.get("Error", {})
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
         return error.get("Code") in RETRYABLE_ERROR_CODES or status == 429 or status >= 500
-    return isinstance(
-        exc,
-        (
-            TransientError,
-            BotoConnectionError,
-            EndpointConnectionError,
-            ConnectionClosedError,
-            ReadTimeoutError,
-            ResponseStreamingError,
-            IncompleteReadError,
-            Urllib3HTTPError,
-            ConnectionError,
-            TimeoutError,
-        ),
-    )
+    return isinstance(exc, _RETRYABLE_TYPES)
 
 
 def call_with_retries(

@@ -1,15 +1,10 @@
 """The save path of the checkpoint engine: one rank's upload, and rank 0's commit.
 
 Owns: what a save returns (`SaveHandle`, `SaveOutcome`), what happens when every host buffer
-is still in flight (`InFlightPolicy`), the checks of the engine's settings
-(`check_settings`, `check_step`), and the two storage steps of a save:
-
-* `upload_rank`: this rank's payload goes up in shards of `shard_size_bytes`, in parallel,
-  checksummed alongside the upload; this rank's index is written only after every shard is
-  durable.
-* `commit_step`: rank 0 waits for every rank's index (at most `timeout_s`, else
-  `CommitTimeoutError`), then writes the keep marker (if asked) and the step's manifest last,
-  so a manifest implies complete data.
+is still in flight (`InFlightPolicy`), the checks of the engine's settings (`check_settings`,
+`check_step`), and the two storage steps of a save: `upload_rank` (this rank's shards in
+parallel, then its index once every shard is durable) and `commit_step` (rank 0 waits for
+every rank's index, then writes the manifest last, so a manifest implies complete data).
 
 Must not: snapshot tensors (see `snapshot`), decide retention (see `retention`), touch
 metrics or the engine's counters (the engine does), or decide when to checkpoint (see

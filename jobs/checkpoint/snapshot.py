@@ -2,20 +2,14 @@
 
 Owns: splitting a training state (nested dicts, lists and tuples of tensors and plain values)
 into a skeleton, every dense tensor replaced by a `TensorSlot`, and its tensors
-(`flatten_state`), and the way back (`unflatten_state`); and what restore trusts: the
-skeleton is loaded by `load_skeleton`, an unpickler that resolves only the globals in
-`_ALLOWED_GLOBALS` (builtin containers and scalars, `OrderedDict`, `defaultdict` with a
-builtin factory, torch dtypes, devices and sizes, and `TensorSlot`). Anything else is
-`UnsafeCheckpointError`, before it can run. Before the unpickler sees a byte,
-`skeleton_bounds.scan_skeleton` bounds the skeleton's size, nesting depth, number of values
-and dict key types without recursing. `check_skeleton` applies the same rules to a live
-skeleton at save time (`capturing.take_snapshot`), so a state restore would refuse is a
-`TypeError` naming its key at the first save.
+(`flatten_state`), and the way back (`unflatten_state`); and what restore trusts:
+`load_skeleton`, an unpickler that resolves only `_ALLOWED_GLOBALS` (anything else is
+`UnsafeCheckpointError`, before it can run), after `skeleton_bounds.scan_skeleton` bounded the
+bytes; and `check_skeleton`, the same rules on a live skeleton at save time, so a state restore
+would refuse is a `TypeError` naming its key at the first save.
 
 The module keeps the name ``snapshot``: a saved skeleton names its slots
 ``jobs.checkpoint.snapshot.TensorSlot``, so moving `TensorSlot` would change the format.
-Capturing a state into host memory is `jobs.checkpoint.capturing`; where tensors lie in the
-payload, `jobs.checkpoint.payload`.
 
 Must not: do I/O or start threads (the engine does both); resolve a global outside
 `_ALLOWED_GLOBALS` while unpickling.

@@ -2,15 +2,12 @@
 
 This package is the only code in the checkpoint engine that talks to object storage or the
 checkpoint directory: ``s3://bucket/prefix`` (AWS or any S3-compatible endpoint, through
-boto3) and ``file:///absolute/path``. Every backend writes small objects atomically, writes
-many large objects in parallel (S3: multipart uploads whose parts run concurrently, each
-with a CRC-32 the server checks), reads into caller-owned buffers, and retries transient
-failures through `retrying`. It knows nothing about steps, manifests or ranks.
+boto3) and ``file:///absolute/path``.
 
 Owns: the scheme registry (`STORAGES`, `open_storage`) and the package's public names. The
-interface and shared tuning are in `interface`, the backends in `local` (``file://``) and
-`s3` (``s3://``). URIs are parsed by `jobs.storage_uri.parse_storage_uri`, the parser the job
-spec's checks use too, so a URI names here exactly the place those checks compared.
+interface and shared tuning are in `interface`, the backends in `local` and `s3`. URIs are
+parsed by `jobs.storage_uri.parse_storage_uri`, the parser the job spec's checks use too, so a
+URI names here exactly the place those checks compared.
 
 Must not: know steps, manifests or ranks.
 """

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -105,16 +105,19 @@ class LocalStorage:
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
-    def list_keys(self, prefix: str = "") -> list[str]:
-        keys = []
+    def _files(self) -> Iterator[tuple[Path, str]]:
+        """Every file under the root, with its path relative to the root as a key."""
         for dirpath, _dirs, files in os.walk(self.root):
             for name in files:
-                if self._TMP_MARK in name:
-                    continue
-                rel = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
-                if rel.startswith(prefix):
-                    keys.append(rel)
-        return sorted(keys)
+                path = Path(dirpath) / name
+                yield path, os.path.relpath(path, self.root).replace(os.sep, "/")
+
+    def list_keys(self, prefix: str = "") -> list[str]:
+        return sorted(
+            key
+            for path, key in self._files()
+            if self._TMP_MARK not in path.name and key.startswith(prefix)
+        )
 
     def delete_keys(self, keys: Sequence[str]) -> None:
         for key in keys:
@@ -131,20 +134,16 @@ class LocalStorage:
     def abort_abandoned_uploads(self, should_abort: Callable[[str, float], bool]) -> int:
         now_s = time.time()
         count = 0
-        for dirpath, _dirs, files in os.walk(self.root):
-            for name in files:
-                if self._TMP_MARK not in name:
-                    continue
-                path = Path(dirpath) / name
-                key = os.path.relpath(path, self.root).replace(os.sep, "/")
-                key = key.split(self._TMP_MARK)[0]
-                try:
-                    age_s = now_s - path.stat().st_mtime
-                except FileNotFoundError:
-                    continue
-                if should_abort(key, age_s):
-                    path.unlink(missing_ok=True)
-                    count += 1
+        for path, key in self._files():
+            if self._TMP_MARK not in path.name:
+                continue
+            try:
+                age_s = now_s - path.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            if should_abort(key.split(self._TMP_MARK)[0], age_s):
+                path.unlink(missing_ok=True)
+                count += 1
         return count
 
     def close(self) -> None:
