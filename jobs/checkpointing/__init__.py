@@ -23,19 +23,16 @@ It works in both ways a job runs:
   and Ray Train's own preemption signal (a node being drained) triggers a checkpoint;
 * inside a plain process (``rcp submit -- python train.py``: the command runs on every rank
   with torchrun's environment): rank and world size from ``torch.distributed`` when it is
-  initialised, else ``RANK``/``WORLD_SIZE``. Under the control plane (``RCP_JOB_ID`` set) such
-  a process is not a Ray worker, so the helper connects to the node's Ray cluster with
-  ``ray.init(address="auto")`` (``RAY_ADDRESS`` when set) to reach the signals actor and the
-  memory tier. If that fails it warns and goes on without them: no step reports (the hang
-  watchdog never arms), no checkpoint-now requests, no memory tier.
+  initialised, else ``RANK``/``WORLD_SIZE``. Under the control plane (``RCP_JOB_ID`` set) the
+  helper joins the node's Ray cluster (``ray.init(address="auto")``) to reach the signals
+  actor and the memory tier; if that fails it warns and goes on without them (no step
+  reports, so the hang watchdog never arms; no checkpoint-now requests; no memory tier).
 
-Behind it is `jobs.checkpoint.CheckpointEngine`: a snapshot into host memory on the training
-thread, the upload to object storage in the background, the manifest last. The engine writes
-straight to ``RCP_CHECKPOINT_URI`` (the job's own prefix) with the credentials the control
-plane minted for that prefix, fetched from the signals actor (``RCP_STORAGE_CREDENTIALS=signals``,
-`credentials`), else boto3's usual credential chain on the node; `restore` reads only that
-prefix. When Ray is up the newest snapshot is also held
-by a `RayMemoryTier` named after the job id, which the control plane cleans up.
+Behind it is `jobs.checkpoint.CheckpointEngine` (a snapshot into host memory on the training
+thread, the upload in the background, the manifest last), writing straight to
+``RCP_CHECKPOINT_URI`` (the job's own prefix) with the credentials the control plane minted for
+it (``RCP_STORAGE_CREDENTIALS=signals``, `credentials`), else boto3's usual chain on the node.
+When Ray is up the newest snapshot is also held by a `RayMemoryTier` named after the job id.
 
 When to checkpoint (`should_checkpoint`), first match wins:
 
@@ -57,22 +54,14 @@ success. Rank 0 reports its step to the controller (``progress``) at the first s
 at most every ``RCP_STEP_REPORT_S``, with the attempt's checkpoint stall, wall time, saves
 and newest committed step: the hang watchdog and ``rcp status`` read these.
 
-Metrics (label ``run``: the job id; exported through Ray's metrics agent inside Ray, see
-`jobs.checkpoint.metrics`): the engine's ``rcp_checkpoint_*``, plus the two below:
-``rcp_checkpoint_started_unix_seconds`` (when this attempt started with checkpointing on) and
-``rcp_checkpoint_interval_seconds`` (the interval in use). After a restore rank 0 also sets
-the engine's ``rcp_checkpoint_last_commit_unix_seconds`` and ``..._last_committed_step`` from
-the restored manifest, so a restarted job's newest commit is known before it commits again.
+Metrics (label ``run``: the job id; see `jobs.checkpoint.metrics`): the engine's
+``rcp_checkpoint_*`` plus `reporting`'s started and interval gauges. After a restore rank 0
+sets the engine's newest-commit gauges from the restored manifest, so a restarted job's newest
+commit is known before it commits again.
 
-Where each part lives (every name below is importable from ``jobs.checkpointing``):
-
-* `jobs.checkpointing.helper`: the `Checkpointing` class, the helper's state and its steps;
-* `jobs.checkpointing.settings`: `Gang`/`detect_gang` and `Settings`/`settings_from_env`
-  (the ``RCP_*`` environment), joining the node's Ray cluster;
-* `jobs.checkpointing.cadence`: every-n, fixed interval and Young/Daly;
-* `jobs.checkpointing.agreement`: the gloo all-reduce every rank agrees through, and the
-  agreed restore;
-* `jobs.checkpointing.reporting`: rank 0's calls to the signals actor and the metrics.
+Its parts: `helper` (the `Checkpointing` class), `settings` (`detect_gang`,
+`settings_from_env`, joining Ray), `cadence`, `agreement` (the gloo all-reduce and the agreed
+restore) and `reporting` (rank 0's calls to the signals actor, the metrics).
 
 Must not: import `controlplane` (everything comes from ``RCP_*`` variables); log or print the
 signal token or storage credentials; let a slow or missing signals actor stop training.

@@ -2,11 +2,7 @@
 
 Owns: the helper's state across a run (the engine, the memory tier, the cadence in use, the
 open checkpoint-now or drain request, the attempt's saves and stalls) and the order of its
-steps: `restore`, `should_checkpoint` (due by `cadence`, asked by the control plane or by Ray
-Train's preemption signal, agreed by every rank through `agreement`), `save` (waiting for the
-commit on a request, then telling the control plane), `report` (`reporting`, and
-``ray.train.report`` inside Ray Train) and `finish`. The package doc (`jobs.checkpointing`)
-says what each step does.
+steps; the package doc (`jobs.checkpointing`) says what each step does.
 
 Must not: import `controlplane` (everything comes from ``RCP_*`` variables, see `settings`);
 log or print the signal token or storage credentials; let a slow or missing signals actor

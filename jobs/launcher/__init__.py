@@ -16,51 +16,33 @@ Two ways in (the runner picks one, `controlplane.loop.act.jobs.launching.entrypo
   counts as started when the loop is about to be called.
 * ``entrypoint: python train.py --lr 3e-4`` (any other command): the runner runs
   ``python -m jobs.launcher --command -- python train.py --lr 3e-4``, which starts the command
-  on every worker as a child process with the environment torchrun gives (`torchrun_env`:
-  ``MASTER_ADDR``/``MASTER_PORT`` on rank 0's node, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-  ``LOCAL_WORLD_SIZE``, ``NODE_RANK``/``GROUP_RANK``), plus the worker's own environment
-  (the ``RCP_*`` job variables, for the checkpoint helper, ``RAY_ADDRESS``: the worker's own
-  cluster, and ``CUDA_VISIBLE_DEVICES``: the
-  GPUs of the gang's workers on that node, so ``LOCAL_RANK`` indexes this rank's own GPU, as
-  under torchrun). An unmodified ``torch.distributed`` script (``init_process_group`` with the
-  default ``env://``) runs as it would under torchrun. A worker counts as started once its
-  command has been spawned. The command's output goes to the worker's stdout/stderr, which Ray
-  forwards to the job's driver log (``rcp logs``), every rank's line as written (the driver
-  turns Ray's log deduplication off: it folds lines that differ only in numbers).
+  on every worker as a child process with the environment torchrun gives (`torchrun_env`) on
+  top of the worker's own (the ``RCP_*`` job variables; ``RAY_ADDRESS``, the worker's own
+  cluster; ``CUDA_VISIBLE_DEVICES``, the GPUs of the gang's workers on that node, so
+  ``LOCAL_RANK`` indexes this rank's GPU). An unmodified ``torch.distributed`` script runs as
+  under torchrun. A worker counts as started once its command has been spawned. Every rank's
+  output reaches the job's driver log (``rcp logs``) as written (the driver turns Ray's log
+  deduplication off).
 
-The gang: ``ScalingConfig(num_workers, use_gpu, resources_per_worker={"GPU": g, "CPU": c,
-"pool_cluster": 1}, label_selector={"pool": "cluster", "ray.io/node-id": "in(<admitted nodes>)"})``;
-Ray Train reserves all workers in one placement group, so they start together or not at all,
-and only on the nodes admission placed them on. Ray Train never retries
-(``FailureConfig(max_failures=0)``): restarts are the control plane's, as new attempts. With no
-real GPU on the node (logical GPUs in local mode) a function's process group uses gloo
-(``TorchConfig(backend="gloo")``), else nccl. A command's workers set up no process group of
-their own (`DataParallelTrainer` with `command_backend_config`): the command owns the GPUs
-and makes its own.
+The gang (`jobs.launcher.gang`): one placement group on the `cluster` pool, so the workers
+start together or not at all, only on the nodes admission placed them on, never retried by Ray
+Train (restarts are the control plane's, as new attempts). A command's workers set up no
+process group of their own (`command_backend_config`): the command owns the GPUs.
 
-A command's failure semantics (`CommandProcess`, `stop_running_command`): any rank's command
-exiting non-zero or killed by a signal fails its worker with `CommandFailed`, naming the rank,
-the node and the exit code or signal; Ray Train then stops the gang, and each other rank's
-command gets SIGTERM and, `TERM_GRACE_S` later, SIGKILL (with its whole process group); the
-driver exits 1, so the Ray Job is FAILED, its log ending with one line naming the failed
-ranks (`gang_failure_summary`). A command never outlives its worker: it is started
-in a process group of its own with ``PR_SET_PDEATHSIG=SIGKILL`` (Linux), so when the worker
-process dies (the Ray Job stopped, the node lost) the kernel kills it.
+A command's failure semantics (`jobs.launcher.child_process`): any rank's command exiting
+non-zero or killed by a signal fails its worker with `CommandFailed`; Ray Train stops the gang,
+each other rank's command gets SIGTERM and, `TERM_GRACE_S` later, SIGKILL; the driver exits 1,
+its log ending with one line naming the failed ranks (`gang_failure_summary`). A command never
+outlives its worker (its own process group, ``PR_SET_PDEATHSIG=SIGKILL``).
 
 Outside the control plane (no ``RCP_NUM_WORKERS``) either way runs 1 CPU worker, so a job can
 be tried on a laptop: ``python -m jobs.launcher --command -- python train.py``.
 
-Where each part lives (this module is the public face: every name below is importable from
-``jobs.launcher``, and it owns the entry point `main`):
-
-* `jobs.launcher.gang`: the ``RCP_*`` variables, the gang's Ray Train configs, `run_gang`;
-* `jobs.launcher.command`: command mode, the driver's and each worker's side, and the
-  failed gang's last log line;
-* `jobs.launcher.child_process`: one rank's command as a child process, `torchrun_env`;
-* `jobs.launcher.worker_started`: telling the control plane a worker started;
-* `jobs.launcher.driver_node`: the driver attached to the Ray node it runs on (so the gang's
-  Ray Train controller runs there, beside it, and never on the head);
-* ``python -m jobs.launcher`` runs `jobs.launcher.__main__`, the Ray Job's driver.
+Its parts: `gang` (the ``RCP_*`` variables, Ray Train's configs, `run_gang`), `command`
+(command mode, the driver's and each worker's side), `child_process` (one rank's command,
+`torchrun_env`), `worker_started` and `driver_node` (the driver attached to the Ray node it
+runs on, never the head); this module re-exports their public names and owns `main`, which
+``python -m jobs.launcher`` (`jobs.launcher.__main__`, the Ray Job's driver) runs.
 
 Must not: import `controlplane`; everything comes from ``RCP_*`` environment variables.
 """

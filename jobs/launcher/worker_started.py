@@ -1,12 +1,9 @@
 """Telling the control plane a gang's worker started, with its pid and node.
 
-Owns: `report_started` (the call to the job's signals actor, with the attempt's
-``RCP_SIGNAL_TOKEN``, looked up by name again while the actor is being replaced, and asked
-again while it refuses (restarted with the head, it knows no attempt until the controller
-registers it again), for at most `WORKER_STARTED_DEADLINE_S`), `report_this_worker` (this Ray Train worker's pid and node id,
-only under the control plane) and `started_then` (a function gang's per-worker loop that
-reports before it calls the user's function). The controller uses the pid and node to tell a
-running gang from one stuck waiting for resources, and to ask Ray for a hung worker's stacks.
+Owns: `report_started` (the call to the job's signals actor, asked again while the actor is
+being replaced or refuses, for at most `WORKER_STARTED_DEADLINE_S`), `report_this_worker` (this
+Ray Train worker's pid and node id, only under the control plane) and `started_then` (a
+function gang's per-worker loop that reports before it calls the user's function).
 
 Must not: import `controlplane`, import Ray at module level (the Ray Job's driver sets
 ``RAY_DEDUP_LOGS`` before Ray is first imported), log the signal token, or let an
@@ -46,12 +43,9 @@ def report_started(
     node_id: str | None = None,
 ) -> bool | None:
     """Tell the signals actor this worker started: its answer, or None when there is no
-    actor under the name. `pid` and `node_id` (hex), when given, name the worker's process
-    (the controller asks Ray for its stacks, and its children's, when the job hangs). An
-    actor found dead (the controller replaces it) is looked up by name again
-    (`jobs.signals.handle.SignalsHandle`), and a refusal asked again (an actor restarted with the
-    head knows no attempt until the controller registers them again), until `deadline_s`
-    has passed; then a refusal returns False."""
+    actor under the name. `pid` and `node_id` (hex) name the worker's process, whose stacks
+    the controller asks Ray for when the job hangs. A dead actor is looked up by name again
+    (`SignalsHandle`) and a refusal asked again until `deadline_s`; then a refusal is False."""
     import ray
 
     from jobs.signals.handle import SignalsHandle
@@ -91,14 +85,8 @@ def report_this_worker(rank: int) -> None:
         return
     attempt = int(os.environ.get(ENV_ATTEMPT, "0"))
     token = os.environ.get(ENV_SIGNAL_TOKEN, "")
-    accepted = report_started(
-        job_id,
-        attempt,
-        rank,
-        token,
-        pid=os.getpid(),
-        node_id=ray.get_runtime_context().get_node_id(),
-    )
+    node_id = ray.get_runtime_context().get_node_id()
+    accepted = report_started(job_id, attempt, rank, token, pid=os.getpid(), node_id=node_id)
     if accepted is False:
         print(
             f"rcp: the control plane refused worker {rank} of job {job_id} attempt "

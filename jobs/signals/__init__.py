@@ -25,17 +25,9 @@ the controller, and no call carries a secret). A recorded call cannot be replaye
 only grow and must be recent (`ADMIN_NONCE_WINDOW_S`). The controller talks only to the
 actor whose id it pinned when it created it (`controlplane.adapters.ray_jobs.RayJobs`).
 
-The modules, one concern each:
-
-* `jobs.signals.environment`: the job environment's variable names (``RCP_*``, set by the
-  runner, read by `jobs.launcher` and `jobs.checkpointing`); imports nothing, not even Ray;
-* `jobs.signals.trust`: the token hash, the admin MAC and its nonce window, the checkpoint
-  prefix and the check that a path lies under it; pure, no Ray;
-* `jobs.signals.reports`: what the actor returns and counts (`JobStatus`, the reports,
-  `Rejection`); no Ray;
-* `jobs.signals.mailbox`: the actor itself (`JobSignals`), its name and namespace;
-* `jobs.signals.handle`: a job's handle on the actor (`SignalsHandle`), found again after the
-  controller replaced it.
+Its modules: `environment` (the ``RCP_*`` names; imports nothing, not even Ray), `trust` (token
+hash, admin MAC, checkpoint prefix; pure), `reports` (what the actor returns and counts),
+`mailbox` (the actor, `JobSignals`) and `handle` (a job's handle on it, `SignalsHandle`).
 
 Owns: nothing itself; it names the package's concern and imports nothing, so importing
 `jobs.signals.environment` does not import Ray.

@@ -19,14 +19,9 @@ security boundary for what the controller hands to Ray:
 * ``env_vars`` may not set ``RAY_*`` or ``RCP_*`` names, except `USER_ENV_VARS`;
 * every number is finite (NaN and Infinity are refused wherever they appear).
 
-Where each part lives (every name below is importable from ``jobs.spec``):
-
-* `jobs.spec.job_spec`: `JobSpec`, `CheckpointSpec` (each field's checks declared on it and
-  run by pydantic, `policies.validation`: `SPEC`), `check_checkpoint_uri`;
-* `jobs.spec.limits`: every limit and allowed set, named once;
-* `jobs.spec.values`: checks of one value (entrypoint, code URIs, checkpoint.uri);
-* `jobs.spec.runtime_env`: the ``runtime_env`` rules above;
-* `jobs.spec.errors`: `SpecError` (and the shared `FieldError`: ``field.path: reason``).
+Its parts: `job_spec` (`JobSpec`, `CheckpointSpec`, `check_checkpoint_uri`), `limits` (every
+limit and allowed set, named once), `values` (checks of one value), `runtime_env` and `errors`
+(`SpecError`, `FieldError`).
 
 Example YAML::
 
