@@ -1,11 +1,9 @@
 """The job signals actor: the per-job mailbox itself, its name and its checks on callers.
 
 Owns: `JobSignals` (the Ray actor class; `_JobSignals` is its plain class, which the tests
-and the controller's type hints use), its name and namespace (`SIGNALS_ACTOR_NAME`,
-`SIGNALS_NAMESPACE`), what it keeps per job (`_JobRecord`) and the limits on what it accepts
-(`MAX_RANKS`, finite numbers, paths under the job's prefix). Its control-plane methods check
-an admin MAC over a fresh nonce; its job-side methods check the attempt's token (see
-`jobs.signals` for the trust model, `jobs.signals.trust` for the checks themselves).
+and the controller's type hints use), its name and namespace, what it keeps per job
+(`_JobRecord`) and the limits on what it accepts (`MAX_RANKS`, finite numbers, paths under the
+job's prefix). The trust model is the package's (`jobs.signals`), the checks `trust`'s.
 
 Must not: import `controlplane`; log or print the token or a job's credentials; keep anything
 for a job the control plane did not register.
@@ -57,23 +55,16 @@ class _JobRecord(JobStatus):
 
 
 class _JobSignals:
-    """Per-job mailbox between the control plane and training loops (see the module doc).
-
-    Two kinds of callers, both checked:
+    """Per-job mailbox between the control plane and training loops. Two kinds of callers:
 
     * the control plane (`register`, `put_credentials`, `status`, `request_checkpoint`,
       `clear_request`, `forget`, `forget_many`, `rejections`) presents
       ``auth=admin_auth(secret, nonce, method, args)``; a wrong MAC, or a nonce not larger
-      than the last accepted one or outside `ADMIN_NONCE_WINDOW_S` of the actor's clock,
-      raises `PermissionError`;
+      than the last accepted one or outside `ADMIN_NONCE_WINDOW_S`, raises `PermissionError`;
     * a job (`worker_started`, `progress`, `checkpointed`, `poll`, `credentials`) presents
-      its attempt's signal token (``RCP_SIGNAL_TOKEN``); a call for a job that is not
-      registered, for another attempt, with a wrong token, or (`checkpointed`) with a path
-      outside the job's checkpoint prefix is refused: it changes nothing, returns False (or
-      None) and is counted.
-
-    Nothing is kept for a job the control plane did not register, so calls naming made-up
-    jobs cannot grow the actor.
+      its attempt's signal token; a call for an unregistered job, another attempt, with a
+      wrong token, or (`checkpointed`) a path outside the job's prefix changes nothing,
+      returns False (or None) and is counted. Nothing is kept for an unregistered job.
     """
 
     def __init__(self, admin_secret: str) -> None:

@@ -233,12 +233,8 @@ class JobSpec:
 
 def _across_fields(spec: JobSpec) -> list[FieldError]:
     if "working_dir" in spec.runtime_env and spec.working_dir is not None:
-        return [
-            FieldError(
-                "runtime_env.working_dir",
-                "set either working_dir or runtime_env.working_dir, not both",
-            )
-        ]
+        why = "set either working_dir or runtime_env.working_dir, not both"
+        return [FieldError("runtime_env.working_dir", why)]
     return []
 
 

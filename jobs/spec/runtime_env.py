@@ -78,13 +78,11 @@ def check_runtime_env(env: Mapping[Any, Any]) -> list[FieldError]:
 def _packages(path: str, value: object, dict_keys: tuple[str, ...]) -> list[FieldError]:
     """pip/uv: a list of requirement specifiers (or {packages: [...], ...}); never a file."""
     if isinstance(value, str):
-        return [
-            FieldError(
-                path,
-                "a requirements-file path is not accepted (it would be read on the controller); "
-                "list the requirements, e.g. ['torch==2.5.1', 'numpy']",
-            )
-        ]
+        why = (
+            "a requirements-file path is not accepted (it would be read on the controller); "
+            "list the requirements, e.g. ['torch==2.5.1', 'numpy']"
+        )
+        return [FieldError(path, why)]
     packages: object = value
     errors: list[FieldError] = []
     where = path
@@ -137,12 +135,8 @@ def _requirement(path: str, req: object) -> list[FieldError]:
     if parsed.url is not None:
         url = urlsplit(parsed.url)
         if url.scheme != "https" or not url.netloc:
-            return [
-                FieldError(
-                    path,
-                    f"{req!r}: a direct URL must be https:// (no file: URLs, http:, VCS or local paths)",
-                )
-            ]
+            why = "a direct URL must be https:// (no file: URLs, http:, VCS or local paths)"
+            return [FieldError(path, f"{req!r}: {why}")]
     return []
 
 
@@ -161,13 +155,11 @@ def _conda(path: str, value: object) -> list[FieldError]:
     dependencies) whose dependencies are match specs or one ``{pip: [...]}`` list."""
     if isinstance(value, str):
         if not CONDA_NAME_RE.match(value) or value.lower().endswith((".yml", ".yaml")):
-            return [
-                FieldError(
-                    path,
-                    f"{value!r}: give the name of a conda env present on the image or "
-                    "the environment as a mapping, never a file path",
-                )
-            ]
+            why = (
+                "give the name of a conda env present on the image or the environment as a "
+                "mapping, never a file path"
+            )
+            return [FieldError(path, f"{value!r}: {why}")]
         return []
     if not isinstance(value, Mapping):
         return [FieldError(path, f"must be a name or a mapping, got {kind(value)}")]

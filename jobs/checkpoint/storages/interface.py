@@ -51,31 +51,25 @@ class Storage(Protocol):
 
     def put_bytes(self, key: str, data: bytes) -> None:
         """Write one small object atomically (visible whole or not at all)."""
-        ...
 
     def put_many(self, items: Sequence[tuple[str, memoryview]]) -> None:
         """Write many (possibly large) objects in parallel; returns when all are durable."""
-        ...
 
     def get_bytes(self, key: str) -> bytes:
         """Read one object whole; raises ObjectNotFoundError."""
-        ...
 
     def get_many(self, items: Sequence[tuple[str, memoryview]]) -> None:
         """Fill each buffer with its object; raises ObjectSizeError on a size mismatch."""
-        ...
 
     def exists(self, key: str) -> bool: ...
 
     def list_keys(self, prefix: str = "") -> list[str]:
         """Every key under `prefix` (relative to the storage root), sorted."""
-        ...
 
     def delete_keys(self, keys: Sequence[str]) -> None: ...
 
     def abort_abandoned_uploads(self, should_abort: Callable[[str, float], bool]) -> int:
         """Abort unfinished writes for which should_abort(key, age_s) holds; return count."""
-        ...
 
     def close(self) -> None: ...
 
