@@ -52,13 +52,7 @@ from controlplane.policy_config import (
 from policies import admission, attempts, health, placement
 from policies.admission import AdmissionConfig, AdmissionState
 from policies.attempts import AttemptConfig
-from policies.demand import (
-    DemandConfig,
-    DemandLoad,
-    DemandState,
-    decide_replicas,
-    wanted_replicas,
-)
+from policies.demand import DemandConfig, DemandLoad, DemandState, decide_replicas, wanted_replicas
 from policies.forecast import (
     DailyProfile,
     ForecastConfig,
@@ -86,14 +80,7 @@ from policies.plan import (
 )
 from policies.snapshot import ClusterSnapshot, Pool, ReplicaState
 
-__all__ = [
-    "Policies",
-    "decide",
-    "decide_serving",
-    "model_classes_now",
-    "policies_of",
-    "wanted_now",
-]
+__all__ = ["Policies", "decide", "decide_serving", "model_classes_now", "policies_of", "wanted_now"]
 
 
 @dataclass(frozen=True)
@@ -254,9 +241,7 @@ def unstarted_cluster_gpus(
 
 
 def unplaced_gpus(
-    demands: tuple[ModelDemand, ...],
-    targets: tuple[PoolTargets, ...],
-    pinned: Mapping[str, Pool],
+    demands: tuple[ModelDemand, ...], targets: tuple[PoolTargets, ...], pinned: Mapping[str, Pool]
 ) -> int:
     """GPUs of the replicas the demand policy wants that placement could place nowhere this
     tick (its targets in both pools fall short), summed over the models whose demand is a

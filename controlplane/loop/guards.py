@@ -112,21 +112,19 @@ def _time(raw: Mapping[str, object]) -> float:
 def _parse(pause: object, pins: object, cordons: object) -> Guards:
     """Guards from the stored values; an entry that no longer reads is skipped."""
     p = _entry(pause)
-    parsed_pins: dict[str, Pin] = {}
-    for model, raw in (_entry(pins) or {}).items():
-        entry = _entry(raw)
-        if entry is None or entry.get("pool") not in {pool.value for pool in Pool}:
-            continue
-        parsed_pins[str(model)] = Pin(Pool(str(entry["pool"])), _text(entry, "by"), _time(entry))
-    parsed_cordons = {
-        str(node): Cordon(_text(entry, "by"), _text(entry, "reason"), _time(entry))
-        for node, raw in (_entry(cordons) or {}).items()
-        if (entry := _entry(raw)) is not None
-    }
+    pools = {pool.value for pool in Pool}
     return Guards(
         pause=None if p is None else Pause(_text(p, "by"), _text(p, "reason"), _time(p)),
-        pins=parsed_pins,
-        cordons=parsed_cordons,
+        pins={
+            str(model): Pin(Pool(str(entry["pool"])), _text(entry, "by"), _time(entry))
+            for model, raw in (_entry(pins) or {}).items()
+            if (entry := _entry(raw)) is not None and entry.get("pool") in pools
+        },
+        cordons={
+            str(node): Cordon(_text(entry, "by"), _text(entry, "reason"), _time(entry))
+            for node, raw in (_entry(cordons) or {}).items()
+            if (entry := _entry(raw)) is not None
+        },
     )
 
 

@@ -117,7 +117,7 @@ class HealthKeeper:
             nodes,
             drain_deadline_s=cfg.health.drain_deadline_s,
             replace_drained=cfg.health.replace_drained,
-            record=lambda kind, message: record(EventKind(kind), message),
+            record=record,
             kube_remove=kube_remove,
             count_removal=count_removal,
         )
@@ -126,7 +126,7 @@ class HealthKeeper:
         self._saved_cordons: dict[str, float] = dict(self.remediator.cordoned)
         self.breaker = Breaker(
             cfg.health.breaker,
-            record=lambda kind, message: record(EventKind(kind), message),
+            record=record,
             state=BreakerState.from_dict(store.get_value(BREAKER_KEY, {}) or {}),
         )
         self._agent_ids: dict[str, str] = dict(store.get_value(AGENTS_KEY, {}) or {})

@@ -101,9 +101,7 @@ def serve_loads(ongoing: Mapping[str, float], p99_ms: Mapping[str, float]) -> tu
 def with_health(observation: Observation, verdicts: Mapping[str, NodeVerdict]) -> Observation:
     """`observation` with its verdicts, unhealthy nodes out of the snapshot's capacity."""
     return replace(
-        observation,
-        snapshot=with_verdicts(observation.snapshot, verdicts),
-        verdicts=dict(verdicts),
+        observation, snapshot=with_verdicts(observation.snapshot, verdicts), verdicts=dict(verdicts)
     )
 
 

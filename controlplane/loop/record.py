@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import Any
 
 from policies.health import CordonNode, RemediationAction
 from policies.plan import (
@@ -32,9 +32,6 @@ from policies.plan import (
     SetRouteWeights,
     WaitJob,
 )
-
-if TYPE_CHECKING:
-    from ray.util.metrics import Counter, Gauge
 
 __all__ = [
     "METRICS",
@@ -257,23 +254,20 @@ class RayMetrics:
     """`MetricSink` through `ray.util.metrics`; each metric is made on first use."""
 
     def __init__(self) -> None:
-        self._gauges: dict[str, Gauge] = {}
-        self._counters: dict[str, Counter] = {}
+        self._made: dict[str, Any] = {}
+
+    def _metric(self, name: str) -> Any:
+        metric = self._made.get(name)
+        if metric is None:
+            from ray.util import metrics  # deferred: ray is heavy
+
+            d = METRICS[name]
+            make = metrics.Gauge if d.kind == "gauge" else metrics.Counter
+            metric = self._made[name] = make(name, d.description, tag_keys=d.tags)
+        return metric
 
     def set(self, name: str, value: float, tags: Mapping[str, str] | None = None) -> None:
-        gauge = self._gauges.get(name)
-        if gauge is None:
-            from ray.util.metrics import Gauge  # deferred: ray is heavy
-
-            d = METRICS[name]
-            gauge = self._gauges[name] = Gauge(name, d.description, tag_keys=d.tags)
-        gauge.set(value, tags=dict(tags or {}))
+        self._metric(name).set(value, tags=dict(tags or {}))
 
     def inc(self, name: str, tags: Mapping[str, str] | None = None) -> None:
-        counter = self._counters.get(name)
-        if counter is None:
-            from ray.util.metrics import Counter  # deferred: ray is heavy
-
-            d = METRICS[name]
-            counter = self._counters[name] = Counter(name, d.description, tag_keys=d.tags)
-        counter.inc(tags=dict(tags or {}))
+        self._metric(name).inc(tags=dict(tags or {}))

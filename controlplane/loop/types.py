@@ -13,7 +13,7 @@ Must not: do anything. These are values and interfaces.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, cast
 
 from controlplane.adapters.serve import ServeView
@@ -87,7 +87,6 @@ class ServingPolicyState:
     count (placement may target fewer while it can place no more)."""
 
     def to_dict(self) -> dict[str, JsonValue]:
-        p = self.placement
         return {
             "demand": {m: _demand_dict(s) for m, s in self.demand.items()},
             "forecast": {m: cast(JsonValue, f.to_dict()) for m, f in self.forecast.items()},
@@ -96,21 +95,10 @@ class ServingPolicyState:
             "unplaced_gpus": self.unplaced_gpus,
             "unstarted_gpus": self.unstarted_gpus,
             "placement": {
-                "room_since_s": p.room_since_s,
-                "last_step_back_s": p.last_step_back_s,
-                "requested_external_gpus": p.requested_external_gpus,
-                "draining_node": p.draining_node,
-                "last_drain_s": p.last_drain_s,
-                "providers": {
-                    name: {
-                        "requested_gpus": s.requested_gpus,
-                        "owed_since_s": s.owed_since_s,
-                        "out_until_s": s.out_until_s,
-                    }
-                    for name, s in p.providers.items()
-                },
+                **asdict(self.placement),
                 "route_weights": {
-                    m: [[pool.value, w] for pool, w in ws] for m, ws in p.route_weights.items()
+                    m: [[pool.value, w] for pool, w in ws]
+                    for m, ws in self.placement.route_weights.items()
                 },
             },
         }

@@ -33,13 +33,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from controlplane.loop.record import EventKind
-from policies.health import (
-    BreakerState,
-    NodeVerdict,
-    RemovalBudget,
-    limit_removals,
-    reset_breaker,
-)
+from policies.health import BreakerState, NodeVerdict, RemovalBudget, limit_removals, reset_breaker
 from policies.snapshot import ClusterSnapshot
 
 __all__ = ["Breaker", "NodeActions", "Remediator"]
@@ -52,23 +46,18 @@ class NodeActions(Protocol):
 
     def draining(self) -> Mapping[str, int]:
         """Node ids Ray drains now -> deadline (ms since the epoch, 0 for none)."""
-        ...
 
     def drain(self, node_id: str, reason: str, deadline_s: float) -> bool:
         """Ask Ray to drain `node_id`; True when accepted."""
-        ...
 
     def stop(self, node_id: str) -> bool:
         """Stop the node's raylet (local mode's way to have the node replaced)."""
-        ...
 
     def hostname(self, node_id: str) -> str | None:
         """The node's hostname (on KubeRay: its pod name), None when Ray does not know it."""
-        ...
 
     def holds_gpus(self, node_id: str) -> bool:
         """Whether anything holds a GPU of the node now, as Ray itself accounts it."""
-        ...
 
 
 @dataclass
@@ -86,7 +75,7 @@ class Remediator:
     nodes: NodeActions
     drain_deadline_s: float
     replace_drained: bool
-    record: Callable[[str, str], object]
+    record: Callable[[EventKind, str], object]
     kube_remove: Callable[[str, str], object] | None = None
     count_removal: Callable[[float], object] | None = None
     cordoned: dict[str, float] = field(default_factory=dict)
@@ -165,7 +154,7 @@ class Breaker:
     """
 
     budget: RemovalBudget
-    record: Callable[[str, str], object]
+    record: Callable[[EventKind, str], object]
     state: BreakerState = field(default_factory=BreakerState)
 
     def step(

@@ -171,11 +171,7 @@ def kept(op: MoveOperation, view: ServeView, wanted: int | None) -> int:
 
 
 def advance(
-    op: MoveOperation,
-    serve: ServePlane,
-    now_s: float,
-    timeout_s: float,
-    wanted: int | None = None,
+    op: MoveOperation, serve: ServePlane, now_s: float, timeout_s: float, wanted: int | None = None
 ) -> tuple[MoveOperation, MoveOutcome]:
     """Take `op` one step further if its current step is done (see the module doc);
     ``wanted`` is what demand wants of the model now (None: not known)."""

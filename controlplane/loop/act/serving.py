@@ -289,14 +289,6 @@ class ScaleExternal(Protocol):
     ) -> ScaleOutcome: ...
 
 
-def _no_hostname(_node_id: str) -> str | None:
-    return None
-
-
-def _nothing_busy(_node_ids: Sequence[str]) -> Collection[str]:
-    return ()
-
-
 class ExternalGroup:
     """On Kubernetes with the in-tree autoscaler off, each external provider's worker group's
     size set through the RayCluster (``request_resources`` alone would reach no autoscaler).
@@ -320,8 +312,8 @@ class ExternalGroup:
         scale: Callable[[], ScaleExternal | None],
         record: Recorder,
         *,
-        hostname: Callable[[str], str | None] = _no_hostname,
-        busy_now: Callable[[Sequence[str]], Collection[str]] = _nothing_busy,
+        hostname: Callable[[str], str | None] = lambda _node_id: None,
+        busy_now: Callable[[Sequence[str]], Collection[str]] = lambda _node_ids: (),
     ) -> None:
         self.gpus_per_node = {name: max(1, g) for name, g in gpus_per_node.items()}
         self._make = scale

@@ -28,13 +28,7 @@ from controlplane.adapters.checkpoints import CheckpointReader, CommittedStep
 from controlplane.config import Config
 from controlplane.loop.act.jobs.background import Background
 from controlplane.store import JobRecord, JobState, Store
-from controlplane.store.job_info import (
-    as_finite,
-    hint_step,
-    info_step,
-    progress_of,
-    uri_of,
-)
+from controlplane.store.job_info import as_finite, hint_step, info_step, progress_of, uri_of
 from jobs.signals import trust
 
 __all__ = ["CommittedReads", "ReadResult"]

@@ -100,10 +100,7 @@ class JobCredentials:
             raise RuntimeError("the job signals actor did not take the storage credentials")
 
     def refresh(
-        self,
-        jobs: Iterable[JobRecord],
-        sigs: Mapping[str, Mapping[str, Any]],
-        deadline_s: float,
+        self, jobs: Iterable[JobRecord], sigs: Mapping[str, Mapping[str, Any]], deadline_s: float
     ) -> None:
         """Keep every admitted job's credentials fresh at the actor (see the module doc).
         One job's failure is logged and never stops the others."""

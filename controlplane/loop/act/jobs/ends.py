@@ -9,6 +9,11 @@ it:
   are killed now;
 * `requeue` (`RequeueGang`): the job goes back to QUEUED in one transaction with its info (a
   preemption's through PREEMPTED, so the history shows both), after the policy's backoff;
+* `restarted_in_place` (`RecordInPlaceRestart`): the run restarted its workers itself; the
+  failure is recorded as an end of the attempt (its restart index) and a restart spent, and
+  the job stays RUNNING;
+* every end of a gang that ran, and every restart in place, starts timing the recovery
+  (`store.recoveries.failed`);
 * `start_failed`: admitting a gang failed (the signals actor, credentials, the submission):
   `policies.attempts.start_failure` says retry after a backoff or FAILED, applied as above;
 * a crash after the gang trained is counted in the fleet's failure record
@@ -29,13 +34,18 @@ from typing import Any
 from controlplane.adapters.ray_jobs import RayJobsApi
 from controlplane.config import Config
 from controlplane.policy_config import attempt_config
-from controlplane.store import JobRecord, JobState, Store, reliability
+from controlplane.store import JobRecord, JobState, Store, recoveries, reliability
 from controlplane.store.job_info import REQUEUE_INFO, Reason, attempt_end
-from policies.attempts import EndJob, RequeueGang, start_failure
+from policies.attempts import AttemptEnd, EndJob, RecordInPlaceRestart, RequeueGang, start_failure
 
 __all__ = ["AttemptEnds"]
 
 log = logging.getLogger(__name__)
+
+RECOVERED_ENDS = frozenset(
+    {AttemptEnd.CRASH, AttemptEnd.HANG, AttemptEnd.LOST, AttemptEnd.HEALTH, AttemptEnd.PREEMPTED}
+)
+"""Ends of a gang that ran and will run again: each starts timing a recovery."""
 
 
 class AttemptEnds:
@@ -49,20 +59,31 @@ class AttemptEnds:
         self.ray = ray_jobs
         self.clock = clock
 
-    def _info(self, job: JobRecord, a: EndJob | RequeueGang, now: float) -> dict[str, Any]:
-        """What both ends record: the policy's fields, the attempt's end, a crash counted."""
+    def _info(
+        self, job: JobRecord, a: EndJob | RequeueGang | RecordInPlaceRestart, now: float
+    ) -> dict[str, Any]:
+        """What every end records: the policy's fields, the attempt's end, a crash counted."""
         info: dict[str, Any] = {}
-        if a.message is not None:
-            info["message"] = a.message
-        if a.start_failures is not None:
-            info["start_failures"] = a.start_failures
+        if isinstance(a, RecordInPlaceRestart):
+            kind, reason, in_place = AttemptEnd.CRASH, f"crash: {a.restart.reason}", a.restart
+            info["in_place_recorded"] = a.restart.index
+        else:
+            kind, reason, in_place = a.kind, a.attempt_reason or a.reason, None
+            if a.message is not None:
+                info["message"] = a.message
+            if a.start_failures is not None:
+                info["start_failures"] = a.start_failures
         if a.restarts is not None:
             info["restarts"] = a.restarts.restarts
             info["last_failure"] = {
                 "signature": a.restarts.last_signature,
                 "committed_step": a.restarts.committed_at_last_failure,
             }
-        info.update(attempt_end(job, a.kind, a.attempt_reason or a.reason, now))
+        index = in_place.index if in_place else None
+        info.update(attempt_end(job, kind, reason, now, in_place=index))
+        if kind in RECOVERED_ENDS and isinstance(a, RecordInPlaceRestart | RequeueGang):
+            failed_s = in_place.at_s if in_place else now
+            info.update(recoveries.failed(job.info, failed_s, kind.value, in_place is not None))
         if a.count_crash:
             # Counted for the fleet's MTBF only once the gang trained (the policy says so).
             try:
@@ -106,6 +127,11 @@ class AttemptEnds:
             )
             return
         self.store.transition(job.job_id, JobState.QUEUED, a.reason, expected=job.state, info=info)
+
+    def restarted_in_place(self, job: JobRecord, a: RecordInPlaceRestart) -> None:
+        """The run restarted its workers (see the module doc); the job stays RUNNING."""
+        self.store.update_info(job.job_id, self._info(job, a, self.clock()))
+        log.info("job %s: %s", job.job_id, a.reason)
 
     def start_failed(self, job: JobRecord, reason: str) -> None:
         """Admitting the gang failed: retry after a backoff or FAILED, as the policy says."""

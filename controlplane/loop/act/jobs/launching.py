@@ -36,13 +36,7 @@ from controlplane.loop.act.jobs.credentials import JobCredentials
 from controlplane.loop.act.jobs.ends import AttemptEnds
 from controlplane.ray_connection import ray_connection_env
 from controlplane.store import JobRecord, JobState, Store, reliability
-from controlplane.store.job_info import (
-    SIGNAL_TOKEN_INFO,
-    Reason,
-    checkpoint_uri,
-    info_step,
-    uri_of,
-)
+from controlplane.store.job_info import SIGNAL_TOKEN_INFO, Reason, checkpoint_uri, info_step, uri_of
 from jobs import launcher
 from jobs.signals import environment
 from jobs.signals.trust import token_sha256

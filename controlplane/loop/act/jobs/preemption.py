@@ -19,23 +19,16 @@ checkpoint the job only reported (storage says what is committed).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 from controlplane.adapters.ray_jobs import RayJobsApi, RayJobStatus
 from controlplane.loop.act.jobs.ends import AttemptEnds
 from controlplane.store import JobRecord, JobState, Store
-from controlplane.store.job_info import (
-    REQUEUE_INFO,
-    AttemptEnd,
-    Reason,
-)
+from controlplane.store.job_info import REQUEUE_INFO, AttemptEnd, Reason
 from policies.attempts import ENDED
 from policies.plan import PreemptJob
 
 __all__ = ["Preemption"]
-
-log = logging.getLogger(__name__)
 
 
 class Preemption:
@@ -101,10 +94,7 @@ class Preemption:
                     self.ray.stop(sid)
                     self.store.update_info(job.job_id, {"stop_sent": self.clock()})
                 return  # re-queue once Ray says it ended
-        try:
-            self.ray.clear_request(job.job_id)
-        except Exception as exc:
-            log.warning("job signals: clearing %s failed: %s", job.job_id, exc)
+        self._ends.clear_request(job.job_id)
         self.store.requeue(
             job.job_id,
             Reason.STRANDED.value,

@@ -77,6 +77,7 @@ from policies.attempts import (
     JobsView,
     MarkRunning,
     Preempting,
+    RequeueGang,
     ResubmitGang,
     SettleEnded,
     StopGang,
@@ -323,8 +324,10 @@ class JobRunner:
             self._watchdog.stop_hung(job, action, workers, self.clock(), seen.deadline_s)
         elif isinstance(action, EndJob):
             self._ends.end(job, action)
-        else:
+        elif isinstance(action, RequeueGang):
             self._ends.requeue(job, action)
+        else:
+            self._ends.restarted_in_place(job, action)
 
     def _settle(self, action: SettleEnded) -> None:
         """An ended job's gang: stop it once, or, once Ray says it ended, record that (a
