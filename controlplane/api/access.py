@@ -1,16 +1,11 @@
 """Who may call which API route: roles, actions, the caller of a request.
 
 Owns: `Role` (researcher < operator < admin), `Action` (what a route does, for authorization),
-`ROLE_ACTIONS` (the table of which role may do what), `Principal` (the authenticated caller of
-one request: name, role, the queues it may submit to) and `add_route`, through which every
-API route is registered together with the action it needs, so no route can exist without one.
-
-A route's handler reads its caller with `principal_of(request)`; the auth middleware in
-`controlplane.api.routes` sets it after checking the token and refuses (403, naming what is
-missing) a caller whose role may not do the route's action before the handler runs. What an
-action allows beyond the role table (a researcher cancels only their own jobs, submits only to
-the queues they are bound to) is decided by the handler with `Principal.may_cancel` and
-`Principal.may_submit_to`.
+`ROLE_ACTIONS` (which role may do what), `Principal` (the authenticated caller of one
+request) and `add_route`, through which every API route is registered together with the
+action it needs, so no route can exist without one. What an action allows beyond the role
+table (a researcher cancels only their own jobs, submits only to their queues) the handler
+decides with `Principal.may_cancel` and `Principal.may_submit_to`.
 
 Must not: read tokens or the store (that is the API's auth), or touch Ray.
 """

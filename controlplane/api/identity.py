@@ -1,19 +1,14 @@
 """Who is calling: users, their tokens, and authenticating one request.
 
-Owns: `Identity` over the store's users table: the first admin (`bootstrap`, from the token
-`rcp up` and the KubeRay bootstrap write to ``<state_dir>/api-token``), adding, listing,
-removing users and rotating their tokens with every check a caller should hear about (an
-`ApiError` naming the field; the last admin who can sign in, or whose token never expires,
-is a 409: `controlplane.store.users`), `recover_admin` (the break-glass way back, run beside
-the store, not through the API), and `authenticate`: an ``Authorization`` header to a
-`Principal`, or a 401 naming the problem (missing, wrong, expired, rotated, removed) without
-saying whose a token might be. Each request looks the token's hash up in the store (one
-indexed read, no cache), so a rotated or removed token stops on the very next request, with
-no restart.
+Owns: `Identity` over the store's users table: the first admin (`bootstrap`), adding, listing,
+removing users and rotating their tokens (an `ApiError` naming the field; the last admin who
+can sign in, or whose token never expires, is a 409: `controlplane.store.users`),
+`recover_admin` (the break-glass way back, run beside the store, not through the API), and
+`authenticate`: an ``Authorization`` header to a `Principal`, or a 401 naming the problem
+without saying whose a token might be. Each request looks the token's hash up in the store
+(no cache), so a rotated or removed token stops on the very next request.
 
-Tokens: 32 random bytes (`tokens.new_token`), handed out once (the add and rotate answers),
-stored as their SHA-256 only; the looked-up hash is compared again with
-`hmac.compare_digest`.
+Tokens: 32 random bytes (`tokens.new_token`), handed out once, stored as their SHA-256 only.
 
 Must not: know HTTP beyond the header's text, log or return a stored hash, or touch Ray.
 """

@@ -1,9 +1,5 @@
-"""The job API's JSON views: what a job, a stored row that no longer validates, and an event
-look like to the API's clients (the SDK's `Job` reads exactly these keys).
-
-Owns: `job_to_json` (named keys of the runner's info only, never info itself: it holds the
-attempt's signal token; the recovery keys through `job_info.job_facts`), `invalid_to_json`
-and `event_to_json`.
+"""The job API's JSON views of a job, a stored row that no longer validates, and an event (the
+SDK's `Job` reads exactly these keys).
 
 Must not: read the store or check anything (`controlplane.api.jobs.JobService` does both and
 hands these the records it read).

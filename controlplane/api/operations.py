@@ -1,14 +1,10 @@
-"""The operator's side of the control plane, as the API's operations routes call it.
+"""The operator's side of the control plane, as the API's operator routes call it.
 
-Owns: `Operations`, built by the `Controller` over its loop and store and handed to the API
-(`controlplane.api.operator_routes`): the node inventory with health and cordons, node
-health (verdicts, clear a lemon record), hand cordon and uncordon, the removal breaker (show,
-reset), the serving plane's status, fault injection (simulated telemetry only), and the policy
-actor's guard rails (pause, resume, pin, unpin: `controlplane.loop.guards`). Every method
-returns JSON-able data, takes the caller's name where it changes something (it goes in the
-event it records), and raises `OperationRefused` (an HTTP status, a message naming what to
-fix, the field at fault) for anything a caller can fix. Methods that reach Ray (nodes, serve
-status, faults) are called off the API's event loop.
+Owns: `Operations`, built by the `Controller` over its loop and store: the node inventory,
+node health, hand cordons, the removal breaker, the serving plane's status, fault injection
+(simulated telemetry only), and the policy actor's guard rails (`controlplane.loop.guards`).
+Every method returns JSON-able data, takes the caller's name where it changes something (it
+goes in the event it records), and raises `OperationRefused` for anything a caller can fix.
 
 Must not: decide (the policies do), or know HTTP beyond the status a refusal carries.
 """

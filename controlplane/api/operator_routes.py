@@ -1,14 +1,11 @@
 """The API's operator routes: nodes, health, the breaker, serving, faults, the policy actor.
 
 Owns: `add_operations_routes(app, operations)`, which registers these routes (each through
-`access.add_route` with the action it needs) on the app `controlplane.api.routes.make_app`
-builds, and their request parsing. Each handler validates what it was sent (path names and
-bodies are untrusted: bounded, checked, and a bad one is a 400 naming the field that changes
-nothing), then calls `controlplane.api.operations.Operations` on a small thread pool of
-its own (the calls may wait on Ray or the store; never on the event loop). Refusals keep the
-API's JSON error shape (`jobs.ApiError`). Audit events are the auth middleware's; a
-handler's response carries what it changed (and the reason given), so the audit and the
-caller see it.
+`access.add_route` with the action it needs), and their request parsing. Path names and bodies
+are untrusted: bounded, checked, and a bad one is a 400 naming the field that changes nothing.
+Each handler then calls `controlplane.api.operations.Operations` on a small thread pool of
+its own (the calls may wait on Ray or the store; never on the event loop). A handler's
+response carries what it changed (and the reason given), so the audit and the caller see it.
 
 =======  ===================================  ===========================================
 GET      /v1/nodes                            nodes (READ); ``?limit=n&after=node_id``:
@@ -21,8 +18,7 @@ GET      /v1/health/breaker                   the removal breaker (READ)
 POST     /v1/health/breaker/reset             ``{"reason"?}``: close it (OPERATE)
 GET      /v1/serve                            serving per model and pool + guards (READ)
 POST     /v1/faults                           ``{"node", "kind"}`` (OPERATE; simulated
-                                              telemetry only, else 409 naming
-                                              ``telemetry.source``)
+                                              telemetry only, else 409)
 GET      /v1/policy                           pause, pins, hand cordons (READ)
 POST     /v1/policy/pause                     ``{"reason"}`` (OPERATE)
 POST     /v1/policy/resume                    ``{"reason"?}`` (OPERATE)

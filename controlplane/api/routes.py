@@ -1,16 +1,13 @@
 """The control plane's HTTP API (JSON, bearer-token auth), served by aiohttp.
 
-Owns: routes, authentication (each request's token looked up by its hash:
-`controlplane.api.identity`), authorization (every route registered with the action it
-needs, `access.add_route`; a role without it is 403 before the handler runs), per-user rate
-limits (429 with ``Retry-After``, `controlplane.api.ratelimit`), the audit (every
-authenticated request that is not GET/HEAD on a named route records one ``audit.<route>``
-event with the user, role, route, path parameters, what it made (a job's or user's name),
-status and request id, whatever the outcome), request parsing and the JSON error shape. Every error body is
-``{"error": "<what to fix>", "field": "<the field or header at fault, or null>",
-"request_id": "<id>"}``; every response carries the id in ``X-Request-Id`` too. A handler that
-raises anything else answers 500 with the same shape, a message of its own (never the
-exception's text: that goes to the log under the request id) and the server keeps serving.
+Owns: routes, authentication (`controlplane.api.identity`), authorization (every route
+registered with the action it needs, `access.add_route`: 403 before the handler runs), per-user
+rate limits (429 with ``Retry-After``, `controlplane.api.ratelimit`), the audit (every
+authenticated request but GET/HEAD on a named route records one ``audit.<route>`` event,
+whatever the outcome), request parsing and the JSON error shape: ``{"error": "<what to fix>",
+"field": "<the field or header at fault, or null>", "request_id": "<id>"}``, the id also in
+``X-Request-Id``. A handler that raises anything else answers 500 with the same shape and a
+message of its own (the exception goes to the log under the request id).
 
 Bodies are untrusted: larger than ``api.max_body_bytes`` is 413; they are read with the Serve
 endpoint's strict reader (`serve.inputs.loads_json`), so NaN/Infinity, nesting deeper than
@@ -55,11 +52,8 @@ GET      /healthz                     liveness, no auth: 200 ``{"ok": true}``, o
                                       callable names a problem (a stalled control loop)
 =======  ===========================  ===========================================================
 
-With `make_app(..., operations=...)` (the controller always passes them) the operator routes
-are registered too: ``/v1/nodes``, ``/v1/nodes/{node}/cordon|uncordon``, ``/v1/health``,
-``/v1/health/{node}/clear``, ``/v1/health/breaker[/reset]``, ``/v1/serve``,
-``/v1/serve/models/{model}/pin``, ``/v1/faults``, ``/v1/policy[/pause|/resume]``; their
-table, bodies and permissions are in `controlplane.api.operator_routes`.
+With `make_app(..., operations=...)` the operator routes (nodes, health, the breaker, serving,
+faults, the policy actor) are registered too: `controlplane.api.operator_routes`.
 
 Must not: hold job logic (that is `JobService`) or touch Ray.
 """
@@ -137,10 +131,8 @@ _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Auth, the rate limit and the role check first, then the handler; every failure becomes
-    a JSON error, never a crash (the auth check too: a header of any bytes is a 401, not a
-    500). Then the audit: every authenticated state-changing request on a named route is one
-    ``audit.<route>`` event, whatever its outcome (403s included)."""
+    """Auth, the rate limit and the role check, then the handler; every failure becomes a
+    JSON error, never a crash. Then the audit of a state-changing request (`_audit`)."""
     response = await _guarded(request, handler)
     if (
         request.method not in _READ_METHODS
@@ -198,10 +190,9 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
 def _authenticate(request: web.Request) -> None:
     """Set the request's Principal, or raise a 401 (`Identity.authenticate`), or a 429.
 
-    Rate limits: a request that fails authentication spends a token of its client address's
-    bucket (past it, 429 instead of 401: guessing tokens is slowed); an authenticated one
-    spends its user's (past it, 429, not audited: a flood would flood the log). Other users'
-    buckets are untouched, so they keep being served."""
+    A request that fails authentication spends a token of its client address's bucket (past
+    it, 429 instead of 401: guessing tokens is slowed); an authenticated one spends its
+    user's (past it, 429, not audited: a flood would flood the log)."""
     try:
         principal = request.app[_IDENTITY].authenticate(request.headers.get("Authorization"))
     except ApiError:
@@ -223,8 +214,7 @@ def _too_many(wait_s: int, what: str) -> ApiError:
 def _audit(request: web.Request, status: int) -> None:
     """One ``audit.<route name>`` event: who, what, on which path parameters (and what the
     handler made: `_audit_subject`), and the status; a job's id also goes in the event's
-    ``job_id``, so ``rcp events --job ID`` shows who submitted and cancelled it. A failed
-    write is logged, never the request's failure (its change is already made)."""
+    ``job_id``. A failed write is logged, never the request's failure."""
     principal = request[PRINCIPAL]
     route = str(request.match_info.route.name)
     params = {k: v[:200] for k, v in request.match_info.items()}
@@ -380,10 +370,8 @@ def make_app(
     operations: Operations | None = None,
 ) -> web.Application:
     """The aiohttp application. `token` becomes the first admin's (``admin``) when the store
-    has no user yet (`Identity.bootstrap`); after that, users' tokens authenticate.
-    `max_body_bytes` defaults to the service's ``api.max_body_bytes``. /healthz answers 503
-    while `liveness` (called on the event loop: keep it cheap) names a problem. `clock`
-    (monotonic seconds) paces the rate limits; only tests pass another."""
+    has no user yet (`Identity.bootstrap`). /healthz answers 503 while `liveness` (called
+    on the event loop: keep it cheap) names a problem. `clock` paces the rate limits."""
     if not token:
         raise ValueError("token: the API needs a non-empty token")
     limit = service.cfg.api.max_body_bytes if max_body_bytes is None else max_body_bytes

@@ -2,34 +2,22 @@
 
 Owns: the schema (dataclasses, each field documented), merging in the order
 packaged defaults -> user YAML -> ``key=value`` overrides, and validation of values that a
-type cannot express (negative GPUs, max < min, a pool with no nodes, ports out of range).
-One source for every default: a section that configures a pure policy embeds the policy's
-own dataclass instead of copying its fields (``health`` is `policies.health.HealthThresholds`
-plus the control plane's keys, ``health.breaker`` is `RemovalBudget`, ``placement`` is
-`policies.placement.MigrateBackConfig`, ``jobs`` embeds `policies.admission.PreemptionConfig`
-and `QueueShare`); those fields and defaults are defined and documented there, and
-`controlplane.policy_config` builds each policy's config from this one.
+type cannot express. One source for every default: a section that configures a pure policy
+embeds the policy's own dataclass instead of copying its fields (``health`` is
+`policies.health.HealthThresholds` plus the control plane's keys, ``health.breaker`` is
+`RemovalBudget`, ``placement`` is `policies.placement.MigrateBackConfig`, ``jobs`` embeds
+`policies.admission.PreemptionConfig` and `QueueShare`).
 
-Must not: start anything, read the environment for secrets, or log credentials. Storage
-credentials come from the usual AWS sources (environment, profile, instance role) and are
-never part of this config.
+Must not: start anything, read the environment for secrets, or log credentials (storage
+credentials come from the usual AWS sources and are never part of this config).
 
-Every error names the key's full path and the reason, e.g.::
+Every error names the key's full path and the reason, e.g.
+``pools.cluster.gpus_per_node: must be >= 0, got -1``.
 
-    pools.cluster.gpus_per_node: must be >= 0, got -1
-
-Where each part lives (every name below is importable from ``controlplane.config``):
-
-* `controlplane.config.schema`: `Config`, the whole tree, and the paths derived from it;
-* `controlplane.config.cluster`: head, pools, ray, storage, serve, api, policy sections;
-* `controlplane.config.jobs`: `JobsConfig`;
-* `controlplane.config.health`: `TelemetryConfig`, `HealthConfig`, `ObservabilityConfig`;
-* `controlplane.config.kube`: `KubernetesConfig`, `KubeActuatorServiceConfig`;
-* `controlplane.config.checks`: the upper bounds (`MAX_WAIT_S`, ...) and checks of one value,
-  which the sections declare on their fields (pydantic ``Annotated`` validators);
-* `controlplane.config.validation`: the rules across fields, `validate`, `ConfigError` (a
-  `policies.validation.InvalidInput`: one ``key.path: reason`` per problem);
-* `controlplane.config.loading`: `load_config`, `to_dict`, `from_dict`, `to_yaml`.
+Modules (every name is importable from ``controlplane.config``): `schema` (`Config` and the
+paths derived from it), the sections `cluster`, `jobs`, `health` and `kube`, `checks` (the
+bounds and checks of one value), `validation` (the rules across fields, `ConfigError`) and
+`loading` (`load_config`, `to_dict`, `from_dict`, `to_yaml`).
 """
 
 from __future__ import annotations

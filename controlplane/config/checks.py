@@ -1,10 +1,8 @@
 """Checks of one value, and the upper bounds they hold values to.
 
 Owns: the limits (`MAX_WAIT_S` and the rest: past them a wait overflows, a loop hangs or a
-field overflows), `waits` (the upper bound of a value the control plane waits on), and the
-checks of one value, each an ``Annotated`` validator of the fields it guards (`Port`,
-`ExporterPort`, `DnsLabel`, `TaintKey`, `ActuatorUrl`, `NonEmpty`), plus `is_loopback`.
-Their failures name the key's full path (`policies.validation`).
+field overflows), `waits`, the ``Annotated`` checks of one value (`Port`, `ExporterPort`,
+`DnsLabel`, `TaintKey`, `ActuatorUrl`, `NonEmpty`), and `is_loopback`.
 
 Must not: know which section a key is in (the sections declare their fields' checks).
 """

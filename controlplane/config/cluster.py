@@ -1,13 +1,6 @@
-"""The sections about the cluster itself and its endpoints.
-
-Owns: `HeadConfig`, the pools (`PoolsConfig`: `ClusterPoolConfig`, `ExternalPoolConfig` and its
-`ProviderConfig`s),
-`RayConfig` (listeners and the cluster's address), `StorageConfig` (checkpoints' object
-storage), `ServeConfig`, `ApiConfig` and `PolicyConfig` (the loop's tick), each field with
-its default and documentation.
-
-Each field carries its own checks (``Annotated``, `controlplane.config.checks`); the checks
-across fields are `controlplane.config.validation`'s.
+"""The sections about the cluster itself and its endpoints: head, pools (with their
+providers), ray, storage, serve, api and policy, each field with its default and documentation
+and its own checks (``Annotated``, `controlplane.config.checks`).
 
 Must not: load or start anything.
 """
@@ -106,11 +99,9 @@ class ClusterPoolConfig:
     """The owned GPU nodes (`pool=cluster`). A fixed-size group: it never scales."""
 
     num_nodes: Annotated[int, at_least(1, "a pool with no nodes")] = 2
-    """Number of nodes in the pool; must be at least 1."""
     gpus_per_node: Annotated[int, at_least(0)] = 4
     """GPUs per node (logical GPUs in local mode)."""
     cpus_per_node: Annotated[int, at_least(0)] = 8
-    """Logical CPUs per node."""
 
 
 @dataclass
@@ -131,7 +122,6 @@ class ProviderConfig:
     gpus_per_node: Annotated[int, at_least(0)] = 2
     """GPUs per node (logical GPUs in local mode)."""
     cpus_per_node: Annotated[int, at_least(0)] = 4
-    """Logical CPUs per node."""
     delivery_deadline_s: Annotated[float, at_least(1), waits()] = 900.0
     """Rented GPUs asked of it and not up within this long mark it out (a stock-out, a
     quota, a refusal): its request goes to the next provider, and what none can host to the
@@ -195,7 +185,6 @@ class RayConfig:
     dashboard_port: Port = 8265
     """Ray dashboard (Jobs, Serve, Actors, Metrics tabs)."""
     client_port: Port = 10001
-    """Ray Client server port on the head."""
     metrics_export_port: Port = 8090
     """Prometheus endpoint of the head node's metrics agent."""
     autoscaler_update_interval_s: Annotated[float, at_least(0.1), waits()] = 1.0
@@ -224,11 +213,9 @@ class StorageConfig:
     """S3 endpoint; None means AWS's own, or the embedded server's when `embedded` is on
     (`Config.storage_endpoint_url`)."""
     region: str = "us-east-1"
-    """S3 region name."""
     embedded: bool = True
     """Start an S3-protocol server on loopback with `rcp up` (local mode)."""
     embedded_port: Port = 9000
-    """Port of the embedded S3-protocol server."""
     job_credentials: Annotated[str, one_of(m.value for m in JobCredentialsMode)] = "scoped"
     """How a job's checkpoint code reaches S3 (`jobs.storage_credentials.JobCredentialsMode`).
     ``scoped``: per job and attempt the controller calls STS ``AssumeRole`` on `job_role_arn`

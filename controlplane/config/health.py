@@ -1,12 +1,8 @@
 """The sections that watch the nodes: telemetry, health, and local mode's Prometheus.
 
-Owns: `TelemetryConfig` (the per-node agents and where readings come from,
-`TELEMETRY_SOURCES`), `HealthConfig` (the health policy's own `HealthThresholds` and
-`RemovalBudget`, defined and defaulted there, plus what the control plane does with
-verdicts) and `ObservabilityConfig`.
-
-Each field of its own carries its checks (``Annotated``); the policy's fields and the checks
-across fields are `controlplane.config.validation`'s.
+Owns: `TelemetryConfig` (the per-node agents and where readings come from), `HealthConfig`
+(the health policy's own `HealthThresholds` and `RemovalBudget` plus what the control plane
+does with verdicts) and `ObservabilityConfig`.
 
 Must not: copy a field of the policy's dataclasses.
 """

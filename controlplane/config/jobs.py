@@ -1,12 +1,7 @@
 """The ``jobs`` section: the training queue, its store, retention, starts and restarts.
 
-Owns: `JobsConfig`, which embeds the admission policy's own `PreemptionConfig` (priority
-classes and preemption caps, defined and defaulted there) and names its `QueueShare` queues,
-and adds the control plane's keys (the job store, retention, gang starts and restarts,
-checkpoint reads), each documented.
-
-Each field of its own carries its checks (``Annotated``); the policy's fields and the checks
-across fields are `controlplane.config.validation`'s.
+Owns: `JobsConfig`, which embeds the admission policy's own `PreemptionConfig` and names its
+`QueueShare` queues, and adds the control plane's keys, each documented.
 
 Must not: copy a field of the policy's dataclasses.
 """

@@ -1,10 +1,5 @@
-"""The ``kubernetes`` section: the Kubernetes actuator and its own service.
-
-Owns: `KubernetesConfig` (the RayCluster, the taint, how the actuator authenticates, the
-``rcp-kube-actuator`` service's URL and token file) and `KubeActuatorServiceConfig` (that
-service's own limits, read by it alone).
-
-Each field carries its checks (``Annotated``, `controlplane.config.checks`).
+"""The ``kubernetes`` section: the Kubernetes actuator (`KubernetesConfig`) and its own
+service's limits, read by that service alone (`KubeActuatorServiceConfig`).
 
 Must not: talk to Kubernetes.
 """

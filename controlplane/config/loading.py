@@ -1,10 +1,8 @@
 """Loading a `Config`: packaged defaults, a user YAML file, ``key=value`` overrides; and its
-round trip through plain data.
+round trip through plain data (`to_dict` / `from_dict` / `to_yaml`).
 
-Owns: the merge order defaults -> YAML -> overrides (omegaconf: unknown keys and wrong types
-are rejected with the key's full path), checking the result (`controlplane.config.validation`:
-every error a `ConfigError` naming the key's full path), and `to_dict` / `from_dict` /
-`to_yaml` (the local cluster's state file, ``rcp config show``).
+Owns: the merge order (omegaconf: unknown keys and wrong types are rejected with the key's
+full path) and checking the result (`controlplane.config.validation`).
 
 Must not: start or write anything.
 """

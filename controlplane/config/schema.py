@@ -1,10 +1,4 @@
-"""The whole configuration: `Config`, one field per section, and the paths derived from it.
-
-Owns: `Config` (which section lives under which key; ``serving`` is `serve.config`'s own
-`ServingConfig`, ``placement`` is `policies.placement.MigrateBackConfig`, ``forecast``
-`policies.forecast.ForecastConfig`) and its derived
-values (`state_path`, `storage_endpoint_url`, `jobs_db_path`, `train_storage_path`,
-`listener_ports`).
+"""The whole configuration: `Config`, one field per section, and the values derived from it.
 
 Must not: check across fields (`controlplane.config.validation`) or load
 (`controlplane.config.loading`).

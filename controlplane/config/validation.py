@@ -2,14 +2,11 @@
 sections embed from the policies' own dataclasses.
 
 Owns: `CONFIG` (the one `policies.validation.Checked` over `Config`: each field's own checks,
-declared on it with ``Annotated``, then `across_fields`), `validate` (every problem of a
-`Config` built in code, by full key path) and the rules across fields: loopback binding,
-port clashes, a model's priority class, scoped job credentials, the queues' shares, backoffs
-that may not be below their start, and the bounds of the health, admission, placement and
-forecast policies' fields.
+then `across_fields`), `validate` (every problem of a `Config` built in code, by full key
+path) and the rules across fields.
 
-Must not: raise from `validate` (the caller decides: `load_config` raises `ConfigError` with
-every message), or change the config.
+Must not: raise from `validate` (`load_config` raises `ConfigError` with every message), or
+change the config.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The controller: the shell that runs the control loop with its store, API and adapters.
-
-Modules:
-
-* `actor` - the detached ``rcp-controller`` actor, a shell around the control loop
-  (`controlplane.loop`): store, API, the adapters, the loop, and `deploy(cfg)` which
-  `rcp up` calls (local mode).
-* `in_process` - `run_in_process(cfg)`: the same controller in the calling Ray driver, no
-  actor (Kubernetes: the head pod's ``rcp-controller`` container, via the bootstrap).
+"""The controller: the shell that runs the control loop with its store, API and adapters:
+`actor` (the detached ``rcp-controller`` actor and `deploy(cfg)`, local mode) and `in_process`
+(the same controller in the calling Ray driver: the head pod on Kubernetes).
 
 Must not: decide (the loop's policies do); it wires, starts and stops.
 """

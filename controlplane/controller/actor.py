@@ -1,25 +1,18 @@
 """The controller: the detached ``rcp-controller`` actor that makes the training queue real.
 
-Owns: the shell around the control loop: the job store (SQLite, WAL, at
-``Config.jobs_db_path``), the HTTP API (on ``ray.node_ip:api.port``), the job runner and
-retention it hands the loop, the real adapters (`controlplane.adapters`) and the
-`controlplane.loop.Loop` itself, which runs every tick, in one thread, observe -> decide ->
-act -> record (see `controlplane.loop.tick`), and the operator's side of the API
-(`controlplane.api.operations.Operations`: nodes, health, cordons, the breaker, serve
-status, faults, pause, pins), answered from the loop's state and its guards.
+Owns: the shell around the control loop: the job store (``Config.jobs_db_path``), the HTTP
+API (on ``ray.node_ip:api.port``), the job runner and retention it hands the loop, the real
+adapters (`controlplane.adapters`), the `controlplane.loop.Loop` itself (observe -> decide ->
+act -> record in one thread), and the operator's side of the API (`Operations`).
 
-The actor lives on the head (``resources={"pool_head": 1}``, ``num_cpus=0``), is detached and
-restarts forever (``max_restarts=-1``); a restarted actor reads everything from the store and
-acts idempotently (see `runner`), and resumes a move that was in flight
-(`controlplane.loop.act.serving`). `deploy(cfg)` creates it or finds the running one, waits
-for the API and returns its URL; the API token is created once at ``<state_dir>/api-token``
-(0600; the first admin's token, `controlplane.api.identity`) and the URL written to
-``<state_dir>/api-url`` for the SDK and CLI. That is local
-mode. On Kubernetes the same class runs in-process in a Ray driver instead
-(`controlplane.controller.in_process`), in a container where Ray starts no worker: no actor exists
-there, so `get_controller` is None and the actor methods below are plain methods.
+The actor lives on the head (``num_cpus=0``), is detached and restarts forever; a restarted
+actor reads everything from the store and acts idempotently. `deploy(cfg)` creates it or
+finds the running one, waits for the API and returns its URL; the API token is created once
+at ``<state_dir>/api-token`` (0600) and the URL written to ``<state_dir>/api-url`` for the
+SDK and CLI. On Kubernetes the same class runs in-process in a Ray driver instead
+(`controlplane.controller.in_process`): no actor exists there, so `get_controller` is None.
 
-At start it also puts Ray Train's autoscaling coordinator on the head, in a thread of its own
+At start it also puts Ray Train's autoscaling coordinator on the head
 (`controlplane.adapters.train_coordinator`): left to Train, it lands on a gang's node and
 keeps that node from ever finishing a drain.
 

@@ -1,31 +1,19 @@
 """The controller in this process: the Kubernetes way to run the control plane.
 
-Owns: running `actor.Controller` (the same class the ``rcp-controller`` actor runs in
-local mode) in the calling process, a connected Ray driver, until it is stopped or breaks.
-On KubeRay the head pod's ``rcp-controller`` container runs this (through
-infra/k8s/bootstrap/rcp_bootstrap.py): it holds the control plane's credentials (the API
-token and job store on PVC ``rcp-state``, the kube actuator's bearer token), and Ray never
-starts a worker process in it, so a job that lands on the head (``pool_head``, node affinity)
-runs in the ``ray-head`` container and cannot read them.
+Owns: running `actor.Controller` in the calling process, a connected Ray driver, until it is
+stopped or breaks. On KubeRay the head pod's ``rcp-controller`` container runs this (through
+infra/k8s/bootstrap/rcp_bootstrap.py): it holds the control plane's credentials, and Ray
+never starts a worker process in it, so a job that lands on the head cannot read them.
 
-`run_in_process(cfg)`:
-
-1. stops an ``rcp-controller`` actor left by an older install (one controller per store:
-   two would admit the same queue twice), and waits until it is gone;
-2. reads the first admin's API token (`tokens.admin_token`: the file ``api.admin_token_file``
-   names, on KubeRay Secret ``rcp-api-admin``; else ``<state_dir>/api-token``, created once),
-   made a user when the store has none; builds ``Controller(cfg, token)``,
-   which starts the API and the control loop (one thread) in this process;
-3. writes the API URL (`tokens.write_url`), then blocks, checking every `check_interval_s`
-   that the tick thread lives and the API answers ``/healthz`` (3 misses in a row end it).
-
-It returns an exit status for the container (`ExitCode`): a store it cannot open
-(`StoreError`, whose message names the file and the fix) or a dead loop is non-zero, so
-Kubernetes restarts the container; a stop request (SIGTERM) is 0.
+`run_in_process(cfg)` stops an ``rcp-controller`` actor left by an older install (one
+controller per store: two would admit the same queue twice), reads the first admin's token
+(`tokens.admin_token`), runs ``Controller(cfg, token)``, writes the API URL, then checks every
+`check_interval_s` that the tick thread lives and ``/healthz`` answers. It returns the
+container's exit status (`ExitCode`): non-zero for a store it cannot open or a dead loop, so
+Kubernetes restarts the container; 0 for a stop request (SIGTERM).
 
 Must not: create an actor for the controller, start or stop Ray, deploy Serve (the bootstrap
-does, first), or print credentials. Metrics (`ray.util.metrics`) need no actor: a driver is a
-core worker and exports them through its node's metrics agent like any worker.
+does, first), or print credentials.
 """
 
 from __future__ import annotations

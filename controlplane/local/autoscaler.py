@@ -1,11 +1,8 @@
 """The local cluster's autoscaler config: Ray's fake multi-node provider plays the node groups.
 
-Owns: the cluster config `rcp up` hands the autoscaler (`autoscaler_config`): its provider (Ray's
-fake multi-node provider with a Serve proxy port per node, ``controlplane.local.provider``),
-one node type per pool (the head, `cluster` with min = max = num_nodes) and one per external
-provider (``external-<name>``, from its min_nodes to max_nodes), the resources and labels each advertises, and the fake provider's
-fixed names for the head.
-Production maps each node type to a KubeRay worker group (docs/architecture.md).
+Owns: the cluster config `rcp up` hands the autoscaler (`autoscaler_config`) and the fake
+provider's fixed names for the head. Production maps each node type to a KubeRay worker group
+(docs/architecture.md).
 Must not: start anything (``controlplane.local.head_process`` writes it and starts the head
 with it) or read files.
 """

@@ -2,32 +2,23 @@
 
 Owns: the lifecycle of one cluster per state dir (`LocalCluster`): the order `up` starts its
 parts in and what it records in the state file as it goes, so that a second `up` reports what
-runs and `down` stops exactly that; cleaning up after a failed start; recognising a head that
-died while its workers live on and starting it again (`restart_head`); and `down`. The parts
-are other modules': the Ray head (no GPUs) with the fixed `cluster` pool and the autoscaled
-`external` pool, both launched by Ray's own autoscaler with its fake multi-node provider
-(``controlplane.local.head_process`` runs it; the autoscaler config is
-``controlplane.local.autoscaler``'s, the processes' environment and the head's command line
-``controlplane.local.head``'s, ports ``controlplane.local.ports``'); the GCS store
-(``controlplane.local.redis``); the S3-protocol object store on loopback
-(``controlplane.local.object_store``); Serve, its proxies and the edge in front of them on
-``serve.http_port`` (``controlplane.local.serving``); the local Prometheus
-(``controlplane.local.prometheus``); the state file's format (``controlplane.local.state_file``);
-finding and stopping the cluster's processes (``controlplane.local.processes``).
+runs and `down` stops exactly that; cleaning up after a failed start; starting again a head
+that died while its workers live on (`restart_head`); and `down`. The parts are the sibling
+modules': the Ray head and its autoscaler (`head_process`, `head`, `autoscaler`), ports
+(`ports`), the GCS store (`redis`), the object store (`object_store`), Serve and its edge
+(`serving`), Prometheus (`prometheus`), the state file (`state_file`) and the cluster's
+processes (`processes`).
 
 Must not: touch Ray processes it did not start (no ``ray stop``), bind anything but
 ``ray.node_ip`` (127.0.0.1 by default), or log storage credentials or the Ray token.
 
-Security model (docs/operations.md): every Ray process runs with token auth
-(``RAY_AUTH_MODE=token``); `up` writes a fresh random token to ``<state_dir>/ray-token``
-(0600, state dir 0700) and every Ray process and client finds it through
-``RAY_AUTH_TOKEN_PATH``, never through the token's value in an environment variable (a job's
-runtime env shows in the dashboard). Everything `up` and the cluster's processes write is
-owner-only (umask 077). Only the `cluster` pool's workers offer `JOB_DRIVER_RESOURCE`, so job
-drivers (user code) never run on the head beside the control plane's credentials.
-
-Production maps each part to KubeRay (see docs/architecture.md): the autoscaler config's node
-types are the RayCluster's worker groups; `cluster` has min = max replicas, `external` min 0.
+Security model (docs/operations.md): every Ray process runs with token auth; `up` writes a
+fresh random token to ``<state_dir>/ray-token`` (0600, state dir 0700) and every Ray process
+and client finds it through ``RAY_AUTH_TOKEN_PATH``, never through the token's value in an
+environment variable (a job's runtime env shows in the dashboard). Everything `up` and the
+cluster's processes write is owner-only (umask 077). Only the `cluster` pool's workers offer
+`JOB_DRIVER_RESOURCE`, so job drivers (user code) never run on the head beside the control
+plane's credentials.
 """
 
 from __future__ import annotations
@@ -231,16 +222,14 @@ class LocalCluster:
 
         What is left of the old head is stopped, and the new head gets a new node id (as a
         new head pod does). The new GCS reads the cluster back from Redis: the worker nodes'
-        raylets reconnect (within ``ray.gcs_reconnect_timeout_s`` of the loss), their actors
-        (Serve replicas and proxies, gang workers) were never stopped, and detached actors
-        that lived on the head (Serve's controller, the control plane's controller, which
-        resumes from its store) are restarted on the new head by Ray. Two local-mode steps that KubeRay does not need:
-        ``<temp_dir>/ray_current_cluster`` is removed first (`ray start --head` refuses to
-        start while a raylet on this host names the old GCS address and that file says it is
-        this cluster's), and the head starts without the autoscaler: Ray's fake multi-node
-        provider keeps its node table in the dead monitor's memory, so a new one would launch
-        the fixed pool a second time under the node ids of the live nodes. Until the next
-        `rcp down`/`rcp up` the external pool does not scale (docs/operations.md).
+        raylets reconnect (within ``ray.gcs_reconnect_timeout_s``), their actors were never
+        stopped, and detached actors that lived on the head (Serve's controller, the control
+        plane's) are restarted on the new head by Ray. Two local-mode steps KubeRay does not
+        need: ``<temp_dir>/ray_current_cluster`` is removed first (`ray start --head` refuses
+        to start while it names this cluster), and the head starts without the autoscaler:
+        Ray's fake provider keeps its node table in the dead monitor's memory, so a new one
+        would launch the fixed pool a second time. Until the next `rcp down`/`rcp up` the
+        external pool does not scale (docs/operations.md).
         """
         state = self.read_state()
         if state is None or state.get("status") != "running":

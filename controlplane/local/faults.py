@@ -1,13 +1,9 @@
 """Faults a rented-GPU provider causes, played on the local cluster (`rcp fault reclaim`).
 
-Owns: `reclaim_node`, the local stand-in for a spot reclaim or a termination notice: the
-provider gives notice that it takes an external node back, and takes it when the notice runs
-out. The notice is what clouds and Kubernetes turn it into for Ray: a drain of the node with
-that deadline (``DRAIN_NODE_REASON_PREEMPTION``; on KubeRay a pod's SIGTERM does the same
-through ``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S``). From then on the control plane counts the
-node out of its provider's live GPUs, so placement asks for the capacity again, and Serve
-starts the node's replicas elsewhere before it stops them. When the notice ends the node's
-processes are killed, as the provider's machine goes away.
+Owns: `reclaim_node`, the local stand-in for a spot reclaim: the provider gives notice that it
+takes an external node back (for Ray, a drain with that deadline, as clouds and KubeRay turn
+it into), and kills the node's processes when the notice runs out. Meanwhile the control plane
+counts the node out of its provider's live GPUs and Serve starts its replicas elsewhere.
 
 Must not: act on a node that is not an external (rented) node of this cluster.
 """

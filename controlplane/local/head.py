@@ -1,10 +1,5 @@
-"""How the local cluster's Ray processes start: their environment and the head's command line.
-
-Owns: the environment every process `rcp up` starts inherits (`node_env`: the Ray token's
-path, never its value; the fake provider's and autoscaler v2's switches; loopback addresses;
-dashboard profiling for the hang watchdog; with ``storage.job_credentials=shared``, the
-embedded object store's fixed keys) and the
-`ray start --head` command (`ray_head_command`: no GPUs, every listener on ``ray.node_ip``).
+"""How the local cluster's Ray processes start: their environment (`node_env`) and the head's
+command line (`ray_head_command`: no GPUs, every listener on ``ray.node_ip``).
 Must not: run anything (``controlplane.local.head_process`` does), or put a secret's value in an
 environment variable.
 """

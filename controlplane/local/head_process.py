@@ -1,9 +1,7 @@
 """Running the local cluster's Ray head: `ray start --head`, and the GCS store before it.
 
-Owns: `start_head` (the autoscaler config written first when the head runs one; then
-`ray start --head` with the GCS store's settings, its output in ``<state_dir>/logs``, a
-failure raised with the log's tail), `head_command` (``controlplane.local.head``'s command
-line with the GCS store's password when ``ray.gcs_fault_tolerance`` is on) and
+Owns: `start_head` (the autoscaler config first, then `ray start --head`, its output in
+``<state_dir>/logs``, a failure raised with the log's tail), `head_command` and
 `start_gcs_store` (the Redis the head's GCS keeps its tables in).
 Must not: stop anything, decide when the head starts again (`LocalCluster.restart_head`
 does), or put a secret's value in an environment variable.

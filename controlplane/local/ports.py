@@ -1,12 +1,6 @@
-"""Loopback ports of the local cluster: which are taken, and a set of free ones for a cluster
-of one's own.
-
-Owns: `port_in_use`, `check_ports_free` (every listener the config names, refused with the
-busy ones named before anything starts), `free_loopback_ports` and `isolated_overrides` (a
-cluster beside others on one machine: tests, benchmarks), `quiet_loopback_ports` (ports the
-kernel and Ray's workers never take by themselves) and `serve_proxy_ports` (a port for
-the head's Serve proxy and one per node slot, behind the edge on ``serve.http_port``:
-HAProxy, ``serve.edge``).
+"""Loopback ports of the local cluster: which are taken, and free ones for a cluster of one's
+own (tests, benchmarks) or for listeners that start later (`quiet_loopback_ports`,
+`serve_proxy_ports`).
 Must not: bind anything but 127.0.0.1 (and ``ray.node_ip`` to probe), or start anything.
 """
 

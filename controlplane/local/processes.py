@@ -1,20 +1,18 @@
 """Finding and stopping the processes of one embedded local cluster, and only those.
 
 Owns: the rule that decides whether a process on this machine belongs to a given local
-cluster, and the TERM-then-KILL sequence that stops them; for fault injection, which of them
-are one simulated node's Ray processes (`node_processes`) and killing them at once.
+cluster, the TERM-then-KILL sequence that stops them, and, for fault injection, which of them
+are one simulated node's Ray processes (`node_processes`).
 
-Must not: stop anything it cannot attribute to the cluster (it never runs ``ray stop``, which
-stops every Ray process on the machine).
+Must not: stop anything it cannot attribute to the cluster (it never runs ``ray stop``).
 
 A process belongs to the cluster when any of these holds:
 - its environment carries ``RCP_CLUSTER_ID=<id>`` (every process `up` starts inherits it);
-- its environment cannot be read (it reads empty) and its command line or working directory
-  or an open file lies under the cluster's own directories (Ray's temp dir, the state dir).
-  Ray's agents rename themselves with setproctitle, which overwrites their environment
-  block, but they keep their log files open under the cluster's temp dir. A process whose
-  environment reads and lacks the id is never the cluster's: a user's own Python connected
-  to it keeps its driver logs open there too, and a user's shell may sit in the state dir;
+- its environment cannot be read and its command line, working directory or an open file
+  lies under the cluster's own directories (Ray's agents overwrite their environment block
+  with setproctitle but keep their logs open there). A process whose environment reads and
+  lacks the id is never the cluster's: a user's Python connected to it keeps its driver logs
+  there too;
 - it descends from a process that belongs.
 """
 

@@ -1,21 +1,12 @@
-"""The local cluster's Prometheus server: the ``prometheus`` binary on 127.0.0.1 scraping Ray's
-per-node metrics agents, the telemetry agents' exporters and the edge (the HAProxy serve
-endpoint `rcp up` runs: its admin listener on ``serve.edge_admin_port``), with the alert rules of
-``infra/prometheus/rules.yml`` loaded. Opt-in (``observability.prometheus``), for `rcp up` users
-and tests::
-
-    from controlplane.config import load_config
-    from controlplane.local.prometheus import LocalPrometheus
-    prom = LocalPrometheus.for_cluster(load_config(), port=9090)
-    prom.start()   # then point the Ray dashboard at it (README, "Monitoring")
+"""The local cluster's Prometheus server: the ``prometheus`` binary on ``ray.node_ip`` scraping
+Ray's metrics agents, the telemetry agents' exporters and the edge, with the alert rules of
+``infra/prometheus/rules.yml`` loaded. Opt-in (``observability.prometheus``).
 
 Owns: the server process (start, readiness, stop), its config file and data dir under
 ``<state_dir>/prometheus``, a small query client for tests, and `rcp up`'s start of it
-(`start_for_cluster`: on ``observability.prometheus_port``, None with a note when it cannot
-run; `prometheus_url`, which the head's dashboard is pointed at).
+(`start_for_cluster`; `prometheus_url`, which the head's dashboard is pointed at).
 Must not: bind anything but loopback, or start unless asked. The target lists and the config
-it writes come from `controlplane.observability` (the controller rewrites the telemetry list
-there, without this module).
+it writes come from `controlplane.observability`.
 """
 
 from __future__ import annotations

@@ -2,21 +2,15 @@
 proxy port of its own.
 
 Every simulated node shares 127.0.0.1, so their Serve proxies cannot all bind
-``serve.http_port``. Ray 2.60's proxy binds ``RAY_SERVE_WORKER_PROXY_HTTP_PORT`` instead when
-that variable is in its worker's environment (``ray/serve/_private/proxy.py``,
-``apply_per_node_port_overrides``; the head is exempt and binds Serve's own port), and a
-worker process inherits its raylet's environment. The fake provider starts every node's
-raylet from the autoscaler's process with ``os.environ`` plus a fixed set of variables, so
-this provider sets the variable in that process for the moment it starts one node, to a port
-of the list `rcp up` allocated (``provider.serve_proxy_ports`` in the autoscaler config, the
-same list the state file records and the loopback balancer health-checks).
+``serve.http_port``. Ray 2.60's worker proxy binds ``RAY_SERVE_WORKER_PROXY_HTTP_PORT`` instead
+when that is in its environment, which it inherits from its raylet; the fake provider starts
+every raylet from the autoscaler's process with ``os.environ``, so this provider sets the
+variable there for the moment it starts one node, to a port of the list `rcp up` allocated
+(``provider.serve_proxy_ports``).
 
-Owns: which node gets which port (a port no live node of this provider holds, else one that
-nothing listens on: a node that died may not have been terminated here yet), and the local
-stand-in for a rented-GPU provider's stock-out: while the stock-out file
-(``provider.stockout_file``, written by `write_stockouts`, `rcp fault stockout`) names a
-node's ``provider`` label, a launch of its nodes is refused (`StockedOut`, as a cloud answers
-one it has no capacity for; the autoscaler marks it failed and asks again later).
+Owns: which node gets which port, and the local stand-in for a provider's stock-out: while the
+stock-out file (`write_stockouts`, `rcp fault stockout`) names a node's ``provider`` label, a
+launch of its nodes is refused (`StockedOut`, as a cloud without capacity answers).
 Must not: change anything else about how the fake provider starts or stops nodes.
 It runs inside Ray's autoscaler (``monitor.py``), which imports it by its dotted path.
 """

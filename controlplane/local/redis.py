@@ -1,24 +1,18 @@
 """The local cluster's Redis: the store that makes the head's GCS fault tolerant.
 
-With ``ray.gcs_fault_tolerance`` on (the default), `rcp up` starts Debian's ``redis-server``
-(installed by ``infra/local/install.sh``) on ``ray.node_ip``:``ray.redis_port`` before the
-head, and the head's GCS keeps its tables there (Ray's ``RAY_REDIS_ADDRESS``). When the head's
-processes die, the worker nodes' raylets wait for a GCS at the same address (up to
-``ray.gcs_reconnect_timeout_s``); a restarted head reads the cluster back from Redis, so
-workers, their actors (Serve replicas and proxies, gang workers) and detached actors carry on.
+With ``ray.gcs_fault_tolerance`` on (the default), `rcp up` starts ``redis-server`` on
+``ray.node_ip``:``ray.redis_port`` before the head, and the head's GCS keeps its tables there.
+When the head's processes die, the worker nodes' raylets wait for a GCS at the same address
+(up to ``ray.gcs_reconnect_timeout_s``); a restarted head reads the cluster back from Redis.
 
-Owns: the Redis config and data under ``<state_dir>/redis`` (owner-only), its password (a
-random one per state dir, in ``<state_dir>/redis-password``, 0600), starting the server and
-waiting until it answers an authenticated PING, and the head's Redis settings
-(`gcs_redis_env`: the address and the storage namespace, never the password).
+Owns: the Redis config and data under ``<state_dir>/redis`` (owner-only), its password (random
+per state dir, in ``<state_dir>/redis-password``, 0600), starting the server and waiting for
+an authenticated PING, and the head's Redis settings (`gcs_redis_env`, never the password).
 Must not: bind anything but ``ray.node_ip`` (``protected-mode yes``, a password always), put
-the password in an environment variable, or stop Redis (`rcp down` stops it with the rest of
-the cluster: it carries the cluster's id in its environment).
+the password in an environment variable, or stop Redis (`rcp down` does, with the rest).
 
-Ray 2.60 limitation, written down in docs/operations.md: the GCS gets the password on its
-command line (``gcs_server --redis_password=...``), readable from ``/proc`` by other users of
-this machine; the password keeps out remote clients and other programs, not a local user who
-reads the process table.
+Ray 2.60 limitation (docs/operations.md): the GCS gets the password on its command line,
+readable from ``/proc`` by other users of this machine.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """Serve on the local cluster: its proxies, the edge in front of them, the production app.
 
-Owns: starting Serve (`start_serve`: the head's proxy on a loopback port of its own; each
-worker node's proxy binds the port its node was given, ``controlplane.local.provider``), the
-edge on ``serve.http_port`` (HAProxy, configured by `serve.edge`, outside Ray so it outlives
-the head: `start_edge`, and `ensure_edge` for a running cluster: started again if gone,
-reloaded when its rendered configuration changed) with its files under ``<state_dir>/edge``
-and its pid in the state file, and deploying the production Serve app (`deploy_serving`).
-Must not: give the edge anything of the cluster's environment but its id and PATH (no Ray
-token path, no storage keys), or bind anything but ``ray.node_ip``.
+Owns: starting Serve (`start_serve`), the edge on ``serve.http_port`` (HAProxy, configured by
+`serve.edge`, outside Ray so it outlives the head: `start_edge`, and `ensure_edge` for a
+running cluster) with its files under ``<state_dir>/edge``, and deploying the production Serve
+app (`deploy_serving`).
+Must not: give the edge anything of the cluster's environment but its id and PATH, or bind
+anything but ``ray.node_ip``.
 """
 
 from __future__ import annotations
