@@ -29,15 +29,11 @@ from jobs import launcher
 __all__ = ["LOG_TRUNCATED_MARKER", "AttemptLogs"]
 
 MAX_ATTEMPT_LOG_BYTES = 32 << 20
-"""The most of one attempt's log the runner serves: its first bytes; a marker line
-(`LOG_TRUNCATED_MARKER`) says the rest was left in Ray. Applied at the source: nothing
-past it is ever asked of Ray (`AttemptLogs`). The head is kept, so offsets stay valid."""
+"""The most of one attempt's log the runner serves: its first bytes (so offsets stay valid)."""
 LOG_SIZE_INDEX_ENTRIES = 100_000
 """Ended attempts whose log size `JobRunner.read_logs` remembers (least recently used out)."""
 LIVE_LOG_CACHE_S = 2.0
-"""How long a live attempt's log size is used again before Ray is asked anew: reading an
-older attempt's window needs the sizes before it, and N clients following one job cost one
-size probe per this many seconds; each then reads only its own window's bytes."""
+"""How long a live attempt's log size is used again before Ray is asked anew."""
 
 LOG_TRUNCATED_MARKER = "\n[rcp: log truncated here: the control plane serves the first {n} bytes of an attempt's log; read the rest with `ray job logs {sid}`]\n"
 
@@ -118,10 +114,8 @@ class AttemptLogs:
         return None if known is None else known[0]
 
     def _part(self, job: JobRecord, attempt: int) -> _Part:
-        """One attempt's part: a header line, then the first `MAX_ATTEMPT_LOG_BYTES`
-        of its log (the marker when Ray holds more), then what the control plane kept with
-        the attempt (written before the attempt ends, so an ended attempt's part never
-        changes). Asks Ray for the log's size only."""
+        """One attempt's part (`_Part`; the note is written before the attempt ends, so an
+        ended attempt's part never changes). Asks Ray for the log's size only."""
         sid = f"{job.job_id}-{attempt}"
         ended = self._ended(job, attempt)
         with self._lock:
@@ -146,8 +140,8 @@ class AttemptLogs:
         return part
 
     def _ray_size(self, sid: str, ended: bool) -> int:
-        """The length of Ray's log of `sid`: a one-byte tail read. A live attempt's is used
-        again for `LIVE_LOG_CACHE_S` (concurrent readers wait for one probe)."""
+        """The length of Ray's log of `sid`: a one-byte tail read (a live attempt's is
+        cached; concurrent readers wait for one probe)."""
         if ended:
             return self.ray.log_tail(sid, 1).size
         with self._lock:

@@ -184,12 +184,9 @@ class RayJobs:
         return dict(rec) if isinstance(rec, Mapping) else {}
 
     def signals_actor(self) -> ActorHandle[_JobSignals]:
-        """The ``rcp-job-signals`` actor this controller created (see the class doc).
-
-        Found under the name with the pinned actor id: used as is. Any other actor under the
-        name (a user's job's, or one whose pin was lost) is killed without a single call and
-        replaced by a new actor with a fresh salt; the runner then registers every admitted
-        job again (`controlplane.loop.act.jobs.runner.JobRunner._signals`)."""
+        """The ``rcp-job-signals`` actor this controller created (see the class doc). A new
+        one has a fresh salt; the runner then registers every admitted job again
+        (`controlplane.loop.act.jobs.runner.JobRunner._signals`)."""
         if self._signals is not None:
             return self._signals
         pin = self._pinned()

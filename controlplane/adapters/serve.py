@@ -124,29 +124,23 @@ class ServePlane(Protocol):
 
     def loads(self) -> Mapping[str, float]:
         """Ongoing requests per model (the ingress's load board); {} when none reported."""
-        ...
 
     def ingress_traffic(self) -> IngressTraffic:
         """The ingress replicas' request rate and CPU per request (the load board)."""
-        ...
 
     def request_external(self, bundles: list[dict[str, float]]) -> None:
         """Ask the Ray autoscaler for these resource bundles ([] lets it scale down)."""
-        ...
 
     def scale_ingress(self, num_replicas: int) -> None:
         """Set the ingress deployment's replica count."""
-        ...
 
     def scale_pool(self, model: str, pool: Pool, num_replicas: int) -> None:
         """Set a pool's target; a scale-down first routes away from the leaving replicas."""
-        ...
 
     def set_route_weights(self, model: str, weights: Mapping[Pool, float]) -> None: ...
 
     def set_pool_target(self, model: str, pool: Pool, num_replicas: int) -> None:
         """Set a pool's target only (a move's make, break or unwind step)."""
-        ...
 
     def pool_running(self, model: str, pool: Pool, target: int) -> bool: ...
 
@@ -154,7 +148,6 @@ class ServePlane(Protocol):
 
     def route_for_targets(self, model: str, planned: Mapping[Pool, int]) -> int:
         """Route by readiness with `planned` targets; the route table's generation."""
-        ...
 
     def route_applied(self, generation: int) -> bool: ...
 

@@ -12,17 +12,17 @@ needed in local mode (`from_config` returns None there).
 
 from __future__ import annotations
 
-from controlplane.kube.actuator import (
+from controlplane.kube.actuator import KubernetesActuator
+from controlplane.kube.connect import from_config
+from controlplane.kube.errors import (
     KubeConflictError,
     KubeNotFoundError,
     KubeRateLimitedError,
     KubeRefusedError,
-    KubernetesActuator,
     KubernetesActuatorError,
-    reason_slug,
 )
-from controlplane.kube.connect import from_config
 from controlplane.kube.remote import RemoteKubernetesActuator
+from controlplane.kube.results import reason_slug
 
 __all__ = [
     "KubeConflictError",

@@ -33,41 +33,10 @@ external group's replicas while an autoscaler owns them.
 
 from __future__ import annotations
 
-from controlplane.kube.errors import (
-    KubeConflictError,
-    KubeNotFoundError,
-    KubeRateLimitedError,
-    KubeRefusedError,
-    KubernetesActuatorError,
-)
 from controlplane.kube.nodes import NodeRemoval
-from controlplane.kube.pods import CLUSTER_LABEL, NODE_TYPE_LABEL
 from controlplane.kube.raycluster import RayClusterScaling
-from controlplane.kube.results import (
-    CordonResult,
-    RemoveNodeResult,
-    ScaleResult,
-    UncordonResult,
-    WorkerPod,
-    reason_slug,
-)
 
-__all__ = [
-    "CLUSTER_LABEL",
-    "NODE_TYPE_LABEL",
-    "CordonResult",
-    "KubeConflictError",
-    "KubeNotFoundError",
-    "KubeRateLimitedError",
-    "KubeRefusedError",
-    "KubernetesActuator",
-    "KubernetesActuatorError",
-    "RemoveNodeResult",
-    "ScaleResult",
-    "UncordonResult",
-    "WorkerPod",
-    "reason_slug",
-]
+__all__ = ["KubernetesActuator"]
 
 
 class KubernetesActuator(NodeRemoval, RayClusterScaling):

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from kubernetes import client as k8s
 from kubernetes import config as kube_config
 
-from controlplane.kube.actuator import KubernetesActuator, KubernetesActuatorError
+from controlplane.kube.actuator import KubernetesActuator
+from controlplane.kube.errors import KubernetesActuatorError
 from controlplane.kube.remote import RemoteKubernetesActuator
 
 if TYPE_CHECKING:

@@ -163,8 +163,7 @@ class ActuatorService:
         return f"RayCluster {self.config.namespace}/{self.config.raycluster}"
 
     def token(self) -> str:
-        """The expected bearer token, read now from ``kubernetes.actuator_token_file``
-        (`read_actuator_token`: KubernetesActuatorError when unreadable or short)."""
+        """The expected bearer token, read now (`read_actuator_token`)."""
         return read_actuator_token(self.config.actuator_token_file)
 
     def authorized(self, header: str) -> bool:
@@ -209,15 +208,11 @@ class ActuatorService:
             return dataclasses.asdict(self.actuator.cordon(node, reason))
 
     def scale_external(self, body: object) -> dict[str, Any]:
-        """``{"replicas": N}`` sizes ``kubernetes.external_group``; with ``"provider": P`` too,
-        provider P's group (``<external_group>-<P>``), P one of the providers this service
-        was configured with; with ``"workers_to_delete": [pod, ...]`` a shrink takes those
-        pods and only those. Every name must be a worker pod of that group of the RayCluster
-        in ``kubernetes.namespace`` (the actuator lists the group, and reads any other name
-        as `remove_node` does): the head, another group's or another RayCluster's pod is 403,
-        nothing written. A name that is gone is skipped. Not counted by the node-action cap:
-        the names only choose which of the group's pods a lower ``replicas`` takes (the
-        actuator lowers it by the pods named, never by more), not how many."""
+        """``{"replicas": N}`` sizes ``kubernetes.external_group``, or with ``"provider": P``
+        (one this service was configured with) P's group; ``"workers_to_delete"`` names the
+        pods a shrink takes, each checked by the actuator (`RayClusterScaling.scale_external`:
+        403 for any pod not a worker of that group). Not counted by the node-action cap: the
+        names choose which of the group's pods a lower ``replicas`` takes, not how many."""
         optional = ("provider", "workers_to_delete")
         given = [k for k in optional if isinstance(body, dict) and k in body]
         b = _fields(body, "replicas", *given)

@@ -25,17 +25,14 @@ import urllib.request
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from controlplane.kube.actuator import (
-    CordonResult,
+from controlplane.kube.errors import (
     KubeConflictError,
     KubeNotFoundError,
     KubeRateLimitedError,
     KubeRefusedError,
     KubernetesActuatorError,
-    RemoveNodeResult,
-    ScaleResult,
-    UncordonResult,
 )
+from controlplane.kube.results import CordonResult, RemoveNodeResult, ScaleResult, UncordonResult
 
 if TYPE_CHECKING:
     from controlplane.config import KubernetesConfig

@@ -58,14 +58,14 @@ from aiohttp import web
 
 from controlplane.background_http import BackgroundHttpServer
 from controlplane.config import ConfigError, load_config
-from controlplane.kube.actuator import (
+from controlplane.kube.actuator import KubernetesActuator
+from controlplane.kube.connect import from_config
+from controlplane.kube.errors import (
     KubeConflictError,
     KubeNotFoundError,
     KubeRefusedError,
-    KubernetesActuator,
     KubernetesActuatorError,
 )
-from controlplane.kube.connect import from_config
 from controlplane.kube.gate import ActuatorService, Refusal
 from serve.inputs import JsonBodyError, loads_json, request_id
 

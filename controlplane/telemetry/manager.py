@@ -89,23 +89,19 @@ class AgentCluster(Protocol):
 
     def available(self) -> dict[str, dict[str, float]]:
         """Available resources by node id."""
-        ...
 
     def agents(self) -> dict[str, tuple[str, Any]]:
         """Node id -> (actor id hex, handle) of every actor named like an agent."""
-        ...
 
     def create(self, node_id: str, args: tuple[Any, ...], reuse: bool) -> str | None:
         """Start the agent of `node_id`; its actor id, or None when the name is taken (with
         `reuse`, the existing actor's id is returned instead)."""
-        ...
 
     def kill(self, handle: Any) -> None: ...
 
     def controller_running(self) -> bool:
         """Whether the control plane's controller actor exists (it starts the agents then).
         Local mode only: on Kubernetes the controller runs in-process and no actor exists."""
-        ...
 
 
 CONTROLLER_ACTOR = "rcp-controller"

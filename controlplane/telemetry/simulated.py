@@ -30,6 +30,14 @@ HOT_GPU_TEMP_C = 91.5
 INJECTED_XID = 79
 _NVLINKS_PER_GPU = 4
 _WORDS_PER_READ = 250_000_000  # 1 GB per read each way
+_IB_COUNTERS = (
+    "port_xmit_data",
+    "port_rcv_data",
+    "symbol_error",
+    "port_rcv_errors",
+    "link_downed",
+    "port_xmit_wait",
+)
 
 
 class SimulatedSource:
@@ -44,17 +52,7 @@ class SimulatedSource:
         self._pending_xid = False
         self._step = 0
         self._nvlink_crc_flit = [0] * num_gpus
-        self._ib: list[dict[str, int]] = [
-            {
-                "port_xmit_data": 0,
-                "port_rcv_data": 0,
-                "symbol_error": 0,
-                "port_rcv_errors": 0,
-                "link_downed": 0,
-                "port_xmit_wait": 0,
-            }
-            for _ in range(self.num_ib_ports)
-        ]
+        self._ib = [dict.fromkeys(_IB_COUNTERS, 0) for _ in range(self.num_ib_ports)]
         self._last_xid = [0] * num_gpus
 
     def inject_fault(self, kind: str) -> None:

@@ -25,11 +25,9 @@ class TelemetrySource(Protocol):
 
     def read(self) -> SourceReading:
         """One reading of every GPU (and, for the simulated source, IB port)."""
-        ...
 
     def inject_fault(self, kind: str) -> None:
         """Simulated only; the others raise TelemetryError."""
-        ...
 
 
 SOURCES: dict[str, Callable[[int, int, str, float, VisibleGpus | None], TelemetrySource]] = {
