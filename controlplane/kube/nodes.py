@@ -3,11 +3,10 @@
 Owns: `cordon` (``spec.unschedulable``, a ``NoSchedule`` taint ``<taint_key>=<reason slug>``,
 annotations ``<taint_key>-reason`` / ``<taint_key>-since``), `uncordon` (our taint and
 annotations only) and `remove_node` / `remove_worker` (cordon the pod's node, then delete the
-pod so KubeRay starts a replacement elsewhere, both as one read of the pod saw them). Each
-node write is a strategic-merge patch carrying ``metadata.resourceVersion`` and the whole
-taint list, retried on 409 Conflict (see
-``controlplane.kube.actuator``). Must not: touch the RayCluster (``controlplane.kube.raycluster``),
-or remove a taint that is not ours.
+pod so KubeRay starts a replacement elsewhere, both as one read of the pod saw them), each
+node write safe against other writers as ``controlplane.kube.actuator`` says.
+Must not: touch the RayCluster (``controlplane.kube.raycluster``), or remove a taint that is
+not ours.
 """
 
 from __future__ import annotations

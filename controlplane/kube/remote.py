@@ -8,10 +8,8 @@ so `Remediator` and the control loop do not know which one they hold. Each call 
 with ``Authorization: Bearer <token>``; the token is re-read from
 ``kubernetes.actuator_token_file`` on every call, so a rotated Secret is picked up.
 
-The service answers errors with a status the caller can act on; this client maps them back:
-404 -> KubeNotFoundError, 409 -> KubeConflictError, 403 -> KubeRefusedError, 429 ->
-KubeRateLimitedError, anything else (and an unreachable service) -> KubernetesActuatorError
-with the service's message.
+The service's error statuses map back to the actuator's errors (`_ERRORS`; anything else,
+and an unreachable service, is KubernetesActuatorError with the service's message).
 
 Must not: hold or load a Kubernetes credential, or decide anything. `uncordon` is an
 operator's command and the service does not offer it to the head (see its error).

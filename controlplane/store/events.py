@@ -21,8 +21,6 @@ __all__ = ["EventLog"]
 
 
 class EventLog(Database):
-    """The event log ``rcp events`` shows."""
-
     def record_event(
         self,
         kind: str,

@@ -4,9 +4,8 @@ Owns: `JobTable`: `submit`, `get`, `list_jobs` and `scan_jobs` (active reads thr
 indexes, never parsing a finished job; paging by `JobScan.next_after`), `update_info`; rows
 that no longer validate: every read skips them, logs them and records a ``job.invalid``
 event once, and `cancel_invalid`, `owner_of`, `raw_info` and `merge_raw_info` manage them by
-id without parsing their spec. A job's ``owner`` is the name of the user who submitted it,
-its ``owner_id`` that user's id: ownership follows the id, so a user removed and added again
-under the same name does not get the old user's jobs (nor their idempotency keys).
+id without parsing their spec. Ownership (and an idempotency key) follows ``owner_id``, not
+the name (`JobRecord.owner_id`).
 
 Must not: change a job's state except through `cancel_invalid` (the rest is
 `controlplane.store.transitions`).
@@ -47,8 +46,6 @@ log = logging.getLogger(__name__)
 
 
 class JobTable(Database):
-    """Job rows: submit, read, list and page, merge info; rows that no longer validate."""
-
     def submit(
         self,
         spec: JobSpec,

@@ -15,8 +15,6 @@ __all__ = ["AttemptNotes"]
 
 
 class AttemptNotes(Database):
-    """What the control plane adds to an attempt's log."""
-
     def put_attempt_note(self, job_id: str, attempt: int, text: str) -> None:
         """Keep `text` with `attempt` of `job_id` (replacing an earlier note of that attempt),
         e.g. the workers' stacks of a hung gang, which its log shows after the attempt's own

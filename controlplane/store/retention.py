@@ -17,8 +17,6 @@ __all__ = ["Retention"]
 
 
 class Retention(Database):
-    """Deleting what retention no longer keeps, in bounded batches."""
-
     def prune_jobs(self, before_s: float, limit: int = 1000) -> list[str]:
         """Delete up to `limit` finished jobs last changed before `before_s`, oldest first,
         with their history and events; never one whose Ray Job may still run. Returns their

@@ -17,8 +17,6 @@ __all__ = ["Values"]
 
 
 class Values(Database):
-    """Key-value: the policy actor's desired state and policy state (JSON values)."""
-
     def put(self, key: str, value: Any) -> None:
         """Store a JSON-serialisable value under `key` (replacing any previous one)."""
         encoded = dumps(value, f"value for key {key!r}")

@@ -6,13 +6,10 @@ package or the driver is missing. Tests pass a fake module.
 Must not: change any GPU setting (no clocks, no persistence mode, no GPM streaming), compute
 rates or judge health.
 
-Per GPU and read: temperature and slowdown threshold, power and its enforced limit, SM and
-memory clocks, clock-throttle (event) reasons, framebuffer memory, utilization, XIDs (critical
-XID events registered once and drained without waiting on every read), volatile ECC counts,
-row remapping, NVLink link state and error counters (replay, recovery, CRC flit, CRC data,
-summed over links), and on Hopper and newer with GPM support the tensor-pipe activity
-(``NVML_GPM_METRIC_ANY_TENSOR_UTIL`` between this read's GPM sample and the previous one).
-Every query that is not supported or fails yields None for its field only.
+XIDs come from critical-XID events, registered once and drained without waiting on every
+read; tensor-pipe activity needs Hopper or newer with GPM support (the metric between this
+read's GPM sample and the previous one). A query that is not supported or fails yields None
+for its field only.
 """
 
 from __future__ import annotations
