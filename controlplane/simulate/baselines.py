@@ -62,6 +62,11 @@ __all__ = [
 PRIORITY = {"low": 0, "medium": 50, "high": 100}
 
 
+def fifo(run: JobRun) -> tuple[int, float, str]:
+    """The baselines' queue order: priority, then arrival."""
+    return -PRIORITY.get(run.spec.priority, 0), run.queued_s, run.spec.job_id
+
+
 def need_gpus(models: list[ModelSpec], rps: Callable[[ModelSpec], float]) -> int:
     """GPUs the models need at `rps`, sized at their target utilisation."""
     return sum(
@@ -87,11 +92,6 @@ def cheapest_first(providers: tuple[ProviderSpec, ...], gpus: int) -> dict[str, 
     return out
 
 
-def _curve(m: ModelSpec, hour: float) -> float:
-    shape = (1 + math.cos(2 * math.pi * (hour - m.peak_hour) / 24.0)) / 2
-    return m.peak_rps * (m.trough_fraction + (1 - m.trough_fraction) * shape)
-
-
 def serving_nodes(s: Scenario, night: bool) -> int:
     """Nodes a partition gives serving: the peak need (or the night's highest) plus 10 %."""
     sc = s.schemes
@@ -103,7 +103,10 @@ def serving_nodes(s: Scenario, night: bool) -> int:
         hours = [
             h / 4 for h in range(96) if _is_night(h / 4, sc.night_start_hour, sc.night_end_hour)
         ]
-        gpus = max((need_gpus(models, functools.partial(_curve, hour=h)) for h in hours), default=0)
+        gpus = max(
+            (need_gpus(models, functools.partial(ModelSpec.curve_rps, hour=h)) for h in hours),
+            default=0,
+        )
     else:
         gpus = need_gpus(models, lambda m: m.peak_rps)
     return min(s.nodes, math.ceil(gpus * 1.1 / s.gpus_per_node))
@@ -115,7 +118,6 @@ def _is_night(hour: float, start: float, end: float) -> bool:
 
 class BaseScheme:
     name = "base"
-    external = False
 
     def __init__(self, s: Scenario, world: World, serve: SimServe, queue: EventQueue) -> None:
         self.s = s
@@ -125,15 +127,12 @@ class BaseScheme:
         self.models = {m.name: m for m in s.serving.models}
         self.training_nodes: list[str] = list(world.cluster_ids)
 
-    def on_failure(self, node_id: str) -> None:
-        return None
+    # The world's hooks: the baselines watch no telemetry and ignore reclaim notices.
+    def on_failure(self, node_id: str) -> None: ...
 
-    def on_fault(self, node_id: str, kind: str | None) -> None:
-        return None
+    def on_fault(self, node_id: str, kind: str | None) -> None: ...
 
-    def on_reclaim(self, node_id: str) -> None:
-        """A spot reclaim's notice: ignored (see the module doc)."""
-        return None
+    def on_reclaim(self, node_id: str) -> None: ...
 
     def wanted(self, model: str) -> int:
         m = self.models[model]
@@ -152,12 +151,8 @@ class BaseScheme:
         whole = [n for n in nodes if n.free == n.gpus]
         partial = sorted((n for n in nodes if 0 < n.free < n.gpus), key=lambda n: n.free)
         free_total = sum(n.free for n in nodes)
-        order = sorted(
-            w.queued.values(),
-            key=lambda r: (-PRIORITY.get(r.spec.priority, 0), r.queued_s, r.spec.job_id),
-        )
         now = w.now_s
-        for run in order:
+        for run in sorted(w.queued.values(), key=fifo):
             if free_total <= 0:
                 break
             if run.not_before_s is not None and run.not_before_s > now:
@@ -213,7 +208,6 @@ class StaticSplit(BaseScheme):
 
 class EvictFirst(BaseScheme):
     name = "evict-first"
-    external = True
 
     def step(self, now: float) -> None:
         self._scale()
@@ -249,7 +243,7 @@ class EvictFirst(BaseScheme):
         now = w.now_s
         heads = sorted(
             (r for r in w.queued.values() if r.not_before_s is None or r.not_before_s <= now),
-            key=lambda r: (-PRIORITY.get(r.spec.priority, 0), r.queued_s, r.spec.job_id),
+            key=fifo,
         )
         if not heads:
             return
@@ -327,13 +321,10 @@ class TimeOfDay(BaseScheme):
                     queue.push(day + hour * 3600.0, EventKind.WAKE, "schedule")
             day += 86400.0
 
-    def _serving_count(self, now: float) -> int:
+    def step(self, now: float) -> None:
         sc = self.s.schemes
         night = _is_night((now / 3600.0) % 24.0, sc.night_start_hour, sc.night_end_hour)
-        return self.night_nodes if night else self.day_nodes
-
-    def step(self, now: float) -> None:
-        k = self._serving_count(now)
+        k = self.night_nodes if night else self.day_nodes
         ids = self.world.cluster_ids
         if k != self.current:
             mine = set(ids[:k])
@@ -363,9 +354,5 @@ class TimeOfDay(BaseScheme):
         return out
 
 
-SCHEMES: dict[str, type[BaseScheme]] = {
-    StaticSplit.name: StaticSplit,
-    EvictFirst.name: EvictFirst,
-    TimeOfDay.name: TimeOfDay,
-}
+SCHEMES: dict[str, type[BaseScheme]] = {c.name: c for c in (StaticSplit, EvictFirst, TimeOfDay)}
 """The baselines by name (our scheme is `controlplane.simulate.ours.OurScheme`)."""

@@ -45,7 +45,6 @@ Must not: decide anything itself.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controlplane.config import Config
@@ -88,7 +87,6 @@ __all__ = ["OurScheme"]
 
 @dataclass
 class DecideCost:
-    calls: int = 0
     decide_s: list[float] = field(default_factory=list)
     decide_cpu_s: list[float] = field(default_factory=list)
     """The same calls in this process's CPU time (what a shared machine's neighbours do not
@@ -106,7 +104,7 @@ class OurScheme:
         serve: SimServe,
         queue: EventQueue,
         repair_s: float,
-        record: Callable[[str, str], None] | None = None,
+        persist_s: float = 60.0,
     ) -> None:
         self.cfg = cfg
         self.policies = policies_of(cfg)
@@ -115,6 +113,8 @@ class OurScheme:
         self.events = queue
         self.targets_ongoing = {m.name: m.target_ongoing_requests for m in cfg.serving.models}
         self.repair_s = repair_s
+        self.persist_s = persist_s
+        """A checkpoint's background upload (`policies.checkpointing`'s ``persist_s``)."""
         self.admission = AdmissionState()
         self.serving = ServingPolicyState()
         self.health = HealthState()
@@ -123,7 +123,6 @@ class OurScheme:
         self.timeout_s = float(cfg.serving.ready_timeout_s)
         self.cost = DecideCost()
         self.recorded: list[tuple[str, str]] = []
-        self._record_hook = record
         self.plan_events = PlanEvents(self._record)
         self._queued_views: dict[str, tuple[int, QueuedJob]] = {}
         self._gang_views: dict[str, tuple[int, float | None, RunningGang]] = {}
@@ -132,25 +131,24 @@ class OurScheme:
         """Moves whose BREAK step stopped replicas and left their model short of demand."""
         self._nodes: tuple[NodeView, ...] = ()
         self._nodes_at = -1
+        self._wake_at = -1.0
 
     def _record(self, kind: LoopEvent, message: str, job_id: str | None) -> None:
         self.recorded.append((kind.value, message))
-        if self._record_hook is not None:
-            self._record_hook(kind.value, message)
 
     # -- the world's hooks ---------------------------------------------------------------------
 
-    def checkpoint_interval_s(self, run: JobRun, stall_s: float, persist_s: float) -> float:
+    def checkpoint_interval_s(self, run: JobRun) -> float:
         """`policies.checkpointing` with the fleet's MTBF as the controller estimates it."""
-        prior_s = self.cfg.jobs.gpu_mtbf_prior_hours * 3600.0
-        observed_gpu_s = self.world.tally.owned_gpu_s
         gpu_mtbf = checkpointing.estimate_mtbf_s(
-            self.failures_seen, observed_gpu_s, prior_mtbf_s=prior_s
+            self.failures_seen,
+            self.world.tally.owned_gpu_s,
+            prior_mtbf_s=self.cfg.jobs.gpu_mtbf_prior_hours * 3600.0,
         )
         inputs = checkpointing.IntervalInputs(
-            stall_s=stall_s,
+            stall_s=run.stall_s,
             mtbf_s=checkpointing.job_mtbf_s(gpu_mtbf, max(1, run.gpus)),
-            persist_s=persist_s,
+            persist_s=self.persist_s,
             restart_s=run.restore_s,
         )
         return checkpointing.checkpoint_interval(inputs, checkpointing.IntervalConfig()).interval_s
@@ -203,27 +201,22 @@ class OurScheme:
         for run in w.queued.values():
             cached = self._queued_views.get(run.spec.job_id)
             if cached is None or cached[0] != run.version:
-                limit = run.spec.work_s * 1.5
-                queued_view = QueuedJob(
+                cached = self._queued_views[run.spec.job_id] = (run.version, QueuedJob(
                     run.spec.job_id, "default", run.spec.priority, run.spec.num_workers,
-                    run.spec.gpus_per_worker, run.queued_s, limit, run.not_before_s,
-                )  # fmt: skip
-                cached = (run.version, queued_view)
-                self._queued_views[run.spec.job_id] = cached
+                    run.spec.gpus_per_worker, run.queued_s, run.spec.work_s * 1.5,
+                    run.not_before_s,
+                ))  # fmt: skip
             queued.append(cached[1])
         running = []
         for run in w.running.values():
             last = run.last_commit_s(now)
             cached_g = self._gang_views.get(run.spec.job_id)
             if cached_g is None or cached_g[0] != run.version or cached_g[1] != last:
-                gang = RunningGang(
+                cached_g = self._gang_views[run.spec.job_id] = (run.version, last, RunningGang(
                     run.spec.job_id, "default", run.spec.priority, run.spec.num_workers,
                     run.spec.gpus_per_worker, run.placement, run.admitted_s,
-                    run.spec.work_s * 1.5, last,
-                    run.phase is JobPhase.CHECKPOINTING_OUT,
-                )  # fmt: skip
-                cached_g = (run.version, last, gang)
-                self._gang_views[run.spec.job_id] = cached_g
+                    run.spec.work_s * 1.5, last, run.phase is JobPhase.CHECKPOINTING_OUT,
+                ))  # fmt: skip
             running.append(cached_g[2])
         view = self.serve.view()
         snapshot = ClusterSnapshot(
@@ -251,7 +244,6 @@ class OurScheme:
         )
         t2 = time.perf_counter()
         self.cost.decide_cpu_s.append(time.process_time() - c1)
-        self.cost.calls += 1
         self.cost.observe_s += t1 - t0
         self.cost.decide_s.append(t2 - t1)
         self.admission = decided.admission_state
@@ -270,18 +262,15 @@ class OurScheme:
             if isinstance(a, AdmitJob):
                 placement: dict[str, int] = {}
                 for p in a.placement:
-                    placement[p.node_id] = (
-                        placement.get(p.node_id, 0) + p.num_workers * a.gpus_per_worker
-                    )
+                    gpus = p.num_workers * a.gpus_per_worker
+                    placement[p.node_id] = placement.get(p.node_id, 0) + gpus
                 run = w.queued[a.job_id]
-                run.interval_s = self.checkpoint_interval_s(run, run.stall_s, self._persist_s)
+                run.interval_s = self.checkpoint_interval_s(run)
                 w.admit(a.job_id, placement)
             elif isinstance(a, PreemptJob):
                 w.preempt(a.job_id, checkpoint_first=a.checkpoint_first)
             elif isinstance(a, RejectJob):
                 w.reject(a.job_id)
-
-    _persist_s = 60.0
 
     def _act_health(self, plan: tuple[object, ...]) -> None:
         w = self.world
@@ -346,7 +335,6 @@ class OurScheme:
         now: float,
     ) -> None:
         view = observed.serve
-        started: set[str] = set()
         moving = {op.model for op in self.ops}
         drains: list[DrainNode] = []
         for a in plan:
@@ -370,10 +358,9 @@ class OurScheme:
                 self.serve.prefer_stop |= set(op.node_ids)
                 op, _ = operations.advance(op, self.serve, now, self.timeout_s)
                 self.ops.append(op)
-                started.add(a.model)
                 moving.add(a.model)
             elif isinstance(a, ScaleServePool):
-                if a.model in started or a.model in moving:
+                if a.model in moving:
                     continue
                 have = view.target(a.model, a.pool)
                 if a.num_replicas < have and not view.others_ready(a.model, a.pool):
@@ -385,11 +372,12 @@ class OurScheme:
                     self.serve.scale_pool(a.model, a.pool, a.num_replicas)
                 finally:
                     self.serve.writer = "moves"
-            elif isinstance(a, SetRouteWeights):
-                if a.model in started or a.model in moving:
-                    continue
-                if a.weights != view.weights(a.model):
-                    self.serve.set_route_weights(a.model, dict(a.weights))
+            elif (
+                isinstance(a, SetRouteWeights)
+                and a.model not in moving
+                and a.weights != view.weights(a.model)
+            ):
+                self.serve.set_route_weights(a.model, dict(a.weights))
         for d in drains:  # placement's way back to a cheaper provider, after the rest
             self._drain_external(d.node_id)
             self._record(LoopEvent.SERVE_PROVIDER_DRAIN, f"{d.node_id}: {d.reason}", None)
@@ -424,5 +412,3 @@ class OurScheme:
             if not self._wake_at > now or at < self._wake_at:
                 self._wake_at = at
                 self.events.push(at, EventKind.WAKE)
-
-    _wake_at = -1.0

@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from controlplane.simulate.run import SCHEME_NAMES, SchemeResult, run_all
+from controlplane.simulate.run import SCHEME_NAMES, SchemeResult, percentile, run_all
 from controlplane.simulate.scenario import Scenario, control_config
+from controlplane.simulate.serving import CAUSES
 from controlplane.simulate.trace import Trace
 
 __all__ = [
@@ -97,13 +98,6 @@ def _provider_rows(
     return lines
 
 
-def _ms(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return 1000.0 * ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
 def decision_cost(result: SchemeResult) -> dict[str, float]:
     """The real policies' cost per decision (decide phase; observe built separately)."""
     d = result.decide_s
@@ -111,12 +105,12 @@ def decision_cost(result: SchemeResult) -> dict[str, float]:
     return {
         "decisions": float(n),
         "decide_mean_ms": 1000.0 * sum(d) / n if n else 0.0,
-        "decide_p95_ms": _ms(d, 0.95),
-        "decide_max_ms": _ms(d, 1.0),
+        "decide_p95_ms": 1000.0 * percentile(d, 0.95),
+        "decide_max_ms": 1000.0 * percentile(d, 1.0),
         "observe_mean_ms": 1000.0 * result.observe_s / n if n else 0.0,
         "decide_cpu_mean_ms": 1000.0 * sum(result.decide_cpu_s) / n if n else 0.0,
-        "decide_cpu_p95_ms": _ms(result.decide_cpu_s, 0.95),
-        "decide_cpu_max_ms": _ms(result.decide_cpu_s, 1.0),
+        "decide_cpu_p95_ms": 1000.0 * percentile(result.decide_cpu_s, 0.95),
+        "decide_cpu_max_ms": 1000.0 * percentile(result.decide_cpu_s, 1.0),
     }
 
 
@@ -147,24 +141,21 @@ def _fault(
     ours: dict[str, float], other: dict[str, float], name: str, max_share: float | None = None
 ) -> str:
     """Which policy the goodput gap against `name` points at, from where GPU-hours went."""
+
+    def lost(f: dict[str, float]) -> float:
+        return f["lost_to_failures_gpu_h"] + f["checkpoint_stall_gpu_h"] + f["restore_gpu_h"]
+
+    def serving(f: dict[str, float]) -> float:
+        return f["utilisation"] - f["training_share"]
+
+    idle = ours["idle_while_queued_gpu_h"] - other["idle_while_queued_gpu_h"]
+    kept = (serving(ours) - serving(other)) * ours["owned_gpu_h"]
     gap = {
-        "admission (policies/admission: reservation and backfill left GPUs idle while jobs queued)": ours[
-            "idle_while_queued_gpu_h"
-        ]
-        - other["idle_while_queued_gpu_h"],
-        "health and checkpointing (policies/health, policies/checkpointing: lost work, stalls, restores)": (
-            ours["lost_to_failures_gpu_h"] + ours["checkpoint_stall_gpu_h"] + ours["restore_gpu_h"]
-        )
-        - (
-            other["lost_to_failures_gpu_h"]
-            + other["checkpoint_stall_gpu_h"]
-            + other["restore_gpu_h"]
-        ),
-        "placement (policies/placement: serving kept cluster GPUs)": (
-            (ours["utilisation"] - ours["training_share"])
-            - (other["utilisation"] - other["training_share"])
-        )
-        * ours["owned_gpu_h"],
+        "admission (policies/admission: reservation and backfill left GPUs idle while jobs "
+        "queued)": idle,
+        "health and checkpointing (policies/health, policies/checkpointing: lost work, stalls, "
+        "restores)": lost(ours) - lost(other),
+        "placement (policies/placement: serving kept cluster GPUs)": kept,
     }
     worst, hours = max(gap.items(), key=lambda kv: kv[1])
     bound = ""
@@ -242,21 +233,16 @@ def summarise(
             entry["at_equal_service"] = equal
         goals.append(entry)
     served = ours.get("served_fraction", 1.0)
+    short = {c: ours.get(f"shortfall_{c}_min", 0.0) for c in CAUSES}
     causes = {
         "placement and admission (policies/placement rule 3, policies/admission claims): "
-        "serving yielded to training": ours.get("shortfall_policy_min", 0.0),
-        "health (policies/health): node failures took replicas": ours.get(
-            "shortfall_failures_min", 0.0
-        ),
+        "serving yielded to training": short["policy"],
+        "health (policies/health): node failures took replicas": short["failures"],
         "admission's serving-first reclaim (policies/admission, jobs.preemption caps) and the "
-        "external pool's size: demand nobody hosted in time": ours.get(
-            "shortfall_scaling_min", 0.0
-        ),
-        "the move operations (controlplane/loop/act/operations.py)": ours.get(
-            "shortfall_moves_min", 0.0
-        ),
+        "external pool's size: demand nobody hosted in time": short["scaling"],
+        "the move operations (controlplane/loop/act/operations.py)": short["moves"],
         "spot reclaims (external.reclaim_notice_s): replicas not moved off a reclaimed node "
-        "before it went": ours.get("shortfall_reclaims_min", 0.0),
+        "before it went": short["reclaims"],
     }
     goals.append(
         {
@@ -276,10 +262,10 @@ def summarise(
         f"replicas demand still needed ({breaks} moves whose BREAK left a model short)"
     )
     beside = {
-        "yielded_to_training_by_policy": round(ours.get("shortfall_policy_min", 0.0), 2),
-        "node_failures": round(ours.get("shortfall_failures_min", 0.0), 2),
-        "external_pool_lacks_capacity": round(ours.get("shortfall_scaling_min", 0.0), 2),
-        "spot_reclaims": round(ours.get("shortfall_reclaims_min", 0.0), 2),
+        "yielded_to_training_by_policy": round(short["policy"], 2),
+        "node_failures": round(short["failures"], 2),
+        "external_pool_lacks_capacity": round(short["scaling"], 2),
+        "spot_reclaims": round(short["reclaims"], 2),
     }
     goals.append(
         {

@@ -38,7 +38,7 @@ from controlplane.simulate.training import JobPhase, JobRun
 from controlplane.simulate.world import World
 from policies.snapshot import Pool
 
-__all__ = ["SCHEME_NAMES", "SchemeResult", "providers", "run_all", "simulate"]
+__all__ = ["SCHEME_NAMES", "SchemeResult", "percentile", "providers", "run_all", "simulate"]
 
 SCHEME_NAMES = ("ours", *SCHEMES)
 SAMPLE_S = 3600.0
@@ -47,10 +47,8 @@ QUIET = frozenset({EventKind.SAMPLE, EventKind.EXTERNAL_IDLE, EventKind.REPLICA_
 node going, and a replica turning RUNNING (which changes only route weights, unless a
 make-before-break move waits for it: then the loop's next tick advances the move). A spot
 reclaim's notice asks for a decision only if it hits a node."""
-
-
-def moving(scheme: object) -> bool:
-    return bool(getattr(scheme, "ops", ()))
+SERIES = ("t_h", "util", "training", "demand_rps", "capacity_rps", "external_gpus", "queued")
+"""The report's time series, sampled every `SAMPLE_S`."""
 
 
 @dataclass
@@ -93,7 +91,8 @@ def providers(s: Scenario, cfg: Config) -> tuple[ProviderSpec, ...]:
     )
 
 
-def _pct(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank `q` quantile of `values` (0 when there are none)."""
     if not values:
         return 0.0
     ordered = sorted(values)
@@ -124,12 +123,13 @@ def simulate(
     repair_s = s.failures.repair_hours * 3600.0
     scheme: Any
     if name == "ours":
-        scheme = OurScheme(cfg, world, serve, q, repair_s)
-        scheme._persist_s = s.training.checkpoint_persist_s
+        scheme = OurScheme(cfg, world, serve, q, repair_s, s.training.checkpoint_persist_s)
     else:
         scheme = SCHEMES[name](s, world, serve, q)
     backoff_s = cfg.jobs.restart_backoff_initial_s
     jobs = {j.job_id: j for j in trace.jobs}
+    t = s.training
+    job_terms = (t.baseline_checkpoint_interval_s, t.checkpoint_stall_s, t.restore_s)
     for j in trace.jobs:
         q.push(j.submit_s, EventKind.JOB_ARRIVAL, j.job_id)
     for at, idx in trace.failures:
@@ -154,18 +154,7 @@ def simulate(
         r.version += 1
     for m in models:
         serve.route_for_targets(m.name, {Pool.CLUSTER: serve.running(m.name), Pool.EXTERNAL: 0})
-    series: dict[str, list[float]] = {
-        k: []
-        for k in (
-            "t_h",
-            "util",
-            "training",
-            "demand_rps",
-            "capacity_rps",
-            "external_gpus",
-            "queued",
-        )
-    }
+    series: dict[str, list[float]] = {k: [] for k in SERIES}
     last = 0.0
     horizon = s.horizon_s
     while len(q) and (q.peek_time() or 0.0) <= horizon:
@@ -180,16 +169,10 @@ def simulate(
             decide = (
                 decide
                 or (kind not in QUIET and kind is not EventKind.RECLAIM_NOTICE)
-                or (kind is EventKind.REPLICA_READY and moving(scheme))
+                or (kind is EventKind.REPLICA_READY and bool(getattr(scheme, "ops", ())))
             )
             if kind is EventKind.JOB_ARRIVAL:
-                spec = jobs[ev.subject]
-                t = s.training
-                world.submit(
-                    JobRun(
-                        spec, t.baseline_checkpoint_interval_s, t.checkpoint_stall_s, t.restore_s
-                    )
-                )
+                world.submit(JobRun(jobs[ev.subject], *job_terms))
             elif kind is EventKind.JOB_END:
                 world.finish(ev.subject, ev.version)
             elif kind is EventKind.JOB_RELEASED:
@@ -305,9 +288,9 @@ def _figures(s: Scenario, world: World, serve: SimServe, trace: Trace) -> dict[s
         "jobs_running_at_end": float(len(world.running)),
         "jobs_rejected": float(sum(1 for r in runs if r.phase is JobPhase.REJECTED)),
         "jct_mean_h": sum(jct_h) / len(jct_h) if jct_h else 0.0,
-        "jct_p95_h": _pct(jct_h, 0.95),
+        "jct_p95_h": percentile(jct_h, 0.95),
         "queue_delay_mean_h": sum(waits_h) / len(waits_h) if waits_h else 0.0,
-        "queue_delay_p95_h": _pct(waits_h, 0.95),
+        "queue_delay_p95_h": percentile(waits_h, 0.95),
         "preemptions": float(sum(r.preemptions for r in runs)),
         "job_failures": float(sum(r.failures for r in runs)),
         "lost_to_failures_gpu_h": sum(r.lost_failure_s * r.gpus for r in runs) * gpu_h,

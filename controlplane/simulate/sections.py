@@ -10,6 +10,7 @@ Must not: check across fields or read files (`controlplane.simulate.scenario` do
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -153,6 +154,11 @@ class ModelSpec:
     """Every scheme sizes the model for demand / (replica_rps x this): the headroom that
     absorbs demand rising faster than a replica starts. Shortfall is counted against
     demand / replica_rps (full capacity)."""
+
+    def curve_rps(self, hour: float) -> float:
+        """The daily curve's demand at `hour` (0-24): a cosine from the trough to the peak."""
+        shape = (1 + math.cos(2 * math.pi * (hour - self.peak_hour) / 24.0)) / 2
+        return self.peak_rps * (self.trough_fraction + (1 - self.trough_fraction) * shape)
 
 
 def _default_models() -> list[ModelSpec]:

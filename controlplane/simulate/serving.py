@@ -56,7 +56,6 @@ __all__ = ["SimServe", "SimReplica"]
 
 POOLS = (Pool.CLUSTER, Pool.EXTERNAL)
 CAUSES = ("moves", "policy", "failures", "reclaims", "scaling")
-WRITERS = ("moves", "policy")
 
 
 @dataclass
@@ -111,8 +110,8 @@ class SimServe:
         self.generation = 0
         self.prefer_stop: set[str] = set()
         self.writer = "moves"
-        """Who the target writes now come from (one of `WRITERS`): a replica they stop while
-        demand needs it is blamed on it."""
+        """Who the target writes now come from (``moves`` or ``policy``): a replica they stop
+        while demand needs it is blamed on it."""
         self.cluster_ok: Callable[[Node], bool] = lambda n: True
         """Which cluster nodes serving may use (a static split's partition)."""
         self._seq = 0
@@ -288,9 +287,7 @@ class SimServe:
         self._changes += 1
         del self.replicas[r.replica_id]
         self.by_model[r.model].remove(r)
-        node = self.world.node(r.node_id)
-        self.world.give(r.node_id, r.gpus, training=False)
-        del node  # the node may be down; its GPUs are accounted for either way
+        self.world.give(r.node_id, r.gpus, training=False)  # the node may be down
 
     def node_lost(self, node_id: str, cause: str = "failures") -> int:
         """A node failed (or its provider took it back: `cause` ``reclaims``): its replicas
@@ -335,24 +332,18 @@ class SimServe:
         pools: dict[tuple[str, Pool], PoolView] = {}
         rows: list[ServeReplica] = []
         for model in sorted(self.by_model):
-            counts = {p: [0, 0, 0] for p in POOLS}
+            counts = {p: dict.fromkeys(ReplicaState, 0) for p in POOLS}
             for r in self.by_model[model]:
-                c = counts[r.pool]
-                c[
-                    0
-                    if r.state is ReplicaState.RUNNING
-                    else 1
-                    if r.state is ReplicaState.STARTING
-                    else 2
-                ] += 1
+                counts[r.pool][r.state] += 1
                 rows.append(ServeReplica(r.replica_id, model, r.pool, r.node_id, r.gpus, r.state))
             for p in POOLS:
-                if (model, p) in self.targets or any(counts[p]):
+                c = counts[p]
+                if (model, p) in self.targets or any(c.values()):
                     pools[(model, p)] = PoolView(
                         target=self.targets.get((model, p), 0),
-                        running=counts[p][0],
-                        starting=counts[p][1],
-                        stopping=counts[p][2],
+                        running=c[ReplicaState.RUNNING],
+                        starting=c[ReplicaState.STARTING],
+                        stopping=c[ReplicaState.STOPPING],
                         weight=self.weights.get(model, {}).get(p, 0.0),
                     )
         return ServeView(deployed=True, pools=pools, replicas=tuple(rows))

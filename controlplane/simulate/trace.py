@@ -190,19 +190,18 @@ def _demand(s: Scenario, rng: random.Random) -> dict[str, tuple[float, ...]]:
     for m in s.serving.models:
         values = []
         for k in range(steps):
-            hour = (k * step_s / 3600.0) % 24.0
-            shape = (1 + math.cos(2 * math.pi * (hour - m.peak_hour) / 24.0)) / 2
-            base = m.peak_rps * (m.trough_fraction + (1 - m.trough_fraction) * shape)
+            base = m.curve_rps((k * step_s / 3600.0) % 24.0)
             noise = max(0.0, 1 + rng.gauss(0.0, s.serving.noise)) if s.serving.noise else 1.0
             values.append(base * noise)
         out[m.name] = tuple(values)
     return out
 
 
-def _reclaims(s: Scenario, cfg: Config, rng: random.Random) -> tuple[Reclaim, ...]:
+def _reclaims(s: Scenario, cfg: Config | None, rng: random.Random) -> tuple[Reclaim, ...]:
     rate = s.external.spot_reclaims_per_node_day
     if rate <= 0:
         return ()
+    cfg = cfg if cfg is not None else control_config(s)
     spot = spot_providers(s, cfg)
     out: list[Reclaim] = []
     for p in cfg.pools.external.providers:
@@ -244,9 +243,5 @@ def make_trace(s: Scenario, cfg: Config | None = None) -> Trace:
             )
     faults.sort(key=lambda x: (x.at_s, x.node, x.kind))
     demand = _demand(s, random.Random(rng.random()))
-    reclaim_rng = random.Random(rng.random())
-    if s.external.spot_reclaims_per_node_day <= 0:
-        reclaims: tuple[Reclaim, ...] = ()
-    else:
-        reclaims = _reclaims(s, cfg if cfg is not None else control_config(s), reclaim_rng)
+    reclaims = _reclaims(s, cfg, random.Random(rng.random()))
     return Trace(tuple(jobs), failures, tuple(faults), demand, reclaims)

@@ -104,6 +104,8 @@ class World:
         self.training_used = 0
         self.tally = Tally()
         self.now_s = 0.0
+        self.node_generation = 0
+        """Bumped whenever any node changes (what the observe stand-in caches by)."""
 
     # -- GPUs ----------------------------------------------------------------------------------
 
@@ -111,9 +113,6 @@ class World:
         """`n` changed: its snapshot row, and the world's node generation, are new."""
         n.touch()
         self.node_generation += 1
-
-    node_generation = 0
-    """Bumped whenever any node changes (what the observe stand-in caches by)."""
 
     def node(self, node_id: str) -> Node:
         return self.nodes.get(node_id) or self.external[node_id]
@@ -125,28 +124,24 @@ class World:
                 f"double-booked: {gpus} GPU(s) asked of {node_id}, {n.free} free "
                 f"(up={n.up}, out={n.out}, used={n.used}/{n.gpus})"
             )
-        n.used += gpus
-        self.touch(n)
-        if n.pool is Pool.CLUSTER:
-            self.cluster_used += gpus
-            if training:
-                self.training_used += gpus
-        else:
-            self.external_used += gpus
+        self._book(n, gpus, training)
 
     def give(self, node_id: str, gpus: int, training: bool) -> None:
         n = self.node(node_id)
         assert 0 <= gpus <= n.used, f"{node_id}: giving back {gpus} of {n.used}"
-        n.used -= gpus
+        self._book(n, -gpus, training)
+        if n.pool is Pool.EXTERNAL and n.used == 0:
+            self.events.push(self.now_s + self.idle_timeout_s, EventKind.EXTERNAL_IDLE)
+
+    def _book(self, n: Node, gpus: int, training: bool) -> None:
+        """`gpus` more (fewer, if negative) held on `n`, in the node's and the world's counts."""
+        n.used += gpus
         self.touch(n)
-        if n.pool is Pool.CLUSTER:
-            self.cluster_used -= gpus
-            if training:
-                self.training_used -= gpus
+        if n.pool is Pool.EXTERNAL:
+            self.external_used += gpus
         else:
-            self.external_used -= gpus
-            if n.used == 0:
-                self.events.push(self.now_s + self.idle_timeout_s, EventKind.EXTERNAL_IDLE)
+            self.cluster_used += gpus
+            self.training_used += gpus if training else 0
 
     # -- time ----------------------------------------------------------------------------------
 
@@ -203,16 +198,15 @@ class World:
         self.running[job_id] = run
         self.events.push(run.end_s(), EventKind.JOB_END, job_id, run.version)
 
-    def _settle(self, run: JobRun, keep_all: bool) -> None:
-        """Close the current run at now: bank stalls, commit (all of it when `keep_all`)."""
+    def _settle(self, run: JobRun, keep_all: bool) -> float:
+        """Close the current run at now: bank stalls, commit (all of it when `keep_all`);
+        returns the work lost (what was done since the last commit, unless `keep_all`)."""
         done, committed, stalls = run.at(self.now_s)
         run.stall_total_s += stalls
-        lost = 0.0 if keep_all else done - committed
         run.committed_s = done if keep_all else committed
-        if not keep_all:
-            run.lost_failure_s += lost
+        return 0.0 if keep_all else done - committed
 
-    def preempt(self, job_id: str, checkpoint_first: bool, requeue_after_s: float = 0.0) -> None:
+    def preempt(self, job_id: str, checkpoint_first: bool) -> None:
         """Stop a running gang: checkpoint first (its GPUs free after one stall, nothing
         lost) or kill it (work since the last commit lost, counted as lost to preemption)."""
         run = self.running.get(job_id)
@@ -226,26 +220,27 @@ class World:
             run.phase = JobPhase.CHECKPOINTING_OUT
             self.events.push(self.now_s + run.stall_s, EventKind.JOB_RELEASED, job_id, run.version)
             return
-        done, committed, _ = run.at(self.now_s)
-        self._settle(run, keep_all=False)
-        run.lost_failure_s -= done - committed
-        run.lost_preempt_s += done - committed
-        self._requeue(run, requeue_after_s)
+        run.lost_preempt_s += self._settle(run, keep_all=False)
+        self._requeue(run, 0.0)
 
     def released(self, job_id: str, version: int) -> None:
         run = self.running.get(job_id)
         if run is not None and run.version == version and run.phase is JobPhase.CHECKPOINTING_OUT:
             self._requeue(run, 0.0)
 
-    def _requeue(self, run: JobRun, backoff_s: float) -> None:
+    def _free(self, run: JobRun) -> None:
+        """The run stops holding GPUs: they are given back and it is no longer running."""
         for node_id, gpus in run.placement.items():
             self.give(node_id, gpus, training=True)
         run.placement = {}
         del self.running[run.spec.job_id]
+        run.version += 1
+
+    def _requeue(self, run: JobRun, backoff_s: float) -> None:
+        self._free(run)
         run.phase = JobPhase.QUEUED
         run.queued_s = self.now_s
         run.not_before_s = self.now_s + backoff_s if backoff_s > 0 else None
-        run.version += 1
         self.queued[run.spec.job_id] = run
 
     def finish(self, job_id: str, version: int) -> bool:
@@ -254,13 +249,9 @@ class World:
             return False
         self._settle(run, keep_all=True)
         run.committed_s = run.spec.work_s
-        for node_id, gpus in run.placement.items():
-            self.give(node_id, gpus, training=True)
-        run.placement = {}
-        del self.running[job_id]
+        self._free(run)
         run.phase = JobPhase.DONE
         run.finish_s = self.now_s
-        run.version += 1
         return True
 
     def reject(self, job_id: str) -> None:
@@ -290,7 +281,7 @@ class World:
             run.failures += 1
             run.version += 1
             if run.phase is JobPhase.RUNNING:
-                self._settle(run, keep_all=False)
+                run.lost_failure_s += self._settle(run, keep_all=False)
             self._requeue(run, backoff_s)
         n.up = False
         self.touch(n)
