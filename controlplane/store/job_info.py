@@ -141,17 +141,26 @@ def uri_of(cfg: Config, job: JobRecord) -> str:
     return uri if isinstance(uri, str) and uri else checkpoint_uri(cfg, job)
 
 
-def attempt_end(job: JobRecord, kind: AttemptEnd, reason: str, now: float) -> dict[str, Any]:
+def attempt_end(
+    job: JobRecord, kind: AttemptEnd, reason: str, now: float, in_place: int | None = None
+) -> dict[str, Any]:
     """The info that records how the current attempt ended: its entry in ``attempts`` (with
     ``checkpoint_step``, the committed step the next attempt resumes from)
     (newest last, at most `MAX_ATTEMPTS_KEPT`), its checkpoint stall and wall seconds
-    added to the totals, its ``progress`` cleared. {} once recorded (idempotent)."""
+    added to the totals, its ``progress`` cleared. `in_place`: the run restarted its workers
+    itself (that restart's index, in the entry as ``in_place``); the attempt goes on. {} once
+    recorded (idempotent)."""
     attempt = as_count(job.info.get("attempt"))
     if not attempt:
         return {}
     raw = job.info.get("attempts")
     attempts = [a for a in raw if isinstance(a, Mapping)] if isinstance(raw, list) else []
-    if attempts and attempts[-1].get("attempt") == attempt:
+    if in_place is None and attempts and attempts[-1].get("attempt") == attempt:
+        if attempts[-1].get("in_place") is None:
+            return {}
+    if in_place is not None and any(
+        (a.get("attempt"), a.get("in_place")) == (attempt, in_place) for a in attempts
+    ):
         return {}
     progress = as_mapping(job.info.get("progress"))
     # The step the next attempt resumes from, as storage showed it when this one ended: the
@@ -168,6 +177,7 @@ def attempt_end(job: JobRecord, kind: AttemptEnd, reason: str, now: float) -> di
             "reason": reason[-ATTEMPT_REASON_CHARS:],
             "step": as_count(progress.get("step")),
             "checkpoint_step": committed,
+            **({"in_place": in_place} if in_place is not None else {}),
         }
     )
     totals = {}

@@ -198,6 +198,7 @@ class Checkpointing:
         above the smallest try again at most that step, until all hold the same one."""
         if self.engine is None:
             return None
+        started_s = time.monotonic()
         restored = agree_on_restore(self.engine, self._agreement, map_location)
         if restored is None:
             self.engine.reset_step_order(None)
@@ -210,6 +211,9 @@ class Checkpointing:
             )
             if self.rank == 0:
                 publish_restored_commit(self.engine, self.run_name, restored.step)
+                if self._link is not None:
+                    elapsed_s = time.monotonic() - started_s
+                    self._link.tell_restored(restored.step, restored.source, elapsed_s)
         self.restored = restored
         self._last_save_s = self._clock()
         return restored

@@ -124,6 +124,11 @@ class ControlPlaneLink:
                 self.attempt,
             )
 
+    def tell_restored(self, step: int, source: str, restore_s: float) -> None:
+        """Tell the controller this run restored `step` from `source` (how it times and
+        shows the job's recovery)."""
+        self._call("restored", step, source, restore_s)
+
     def progress_due(self, now_s: float, *, force: bool = False) -> bool:
         """Whether a step report goes out now (`force`: regardless of the last one)."""
         if not force and self._next_progress_s is not None and now_s < self._next_progress_s:

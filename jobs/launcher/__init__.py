@@ -25,8 +25,10 @@ Two ways in (the runner picks one, `controlplane.loop.act.jobs.launching.entrypo
   deduplication off).
 
 The gang (`jobs.launcher.gang`): one placement group on the `cluster` pool, so the workers
-start together or not at all, only on the nodes admission placed them on, never retried by Ray
-Train (restarts are the control plane's, as new attempts). A command's workers set up no
+start together or not at all, only on the nodes admission placed them on. A failed worker
+restarts the gang inside the run up to ``RCP_RESTARTS_IN_PLACE`` times (`jobs.launcher.in_place`:
+Ray Train starts a new worker group on the same nodes and the control plane is told); past
+that the run fails and the control plane restarts the job as a new attempt. A command's workers set up no
 process group of their own (`command_backend_config`): the command owns the GPUs.
 
 A command's failure semantics (`jobs.launcher.child_process`): any rank's command exiting

@@ -3,8 +3,8 @@
 Owns: the ``RCP_*`` variables that describe the gang (workers, GPUs and CPUs per worker, the
 admitted nodes, the run's storage; the run's name is the job id, so a restarted run finds its
 checkpoints there), the gang's `ScalingConfig` and `RunConfig` (`gang_configs`: one
-placement group on the `cluster` pool, pinned to the nodes admission chose, never retried by
-Ray Train), and running a ``module:function`` job on every worker under ``TorchTrainer``
+placement group on the `cluster` pool, pinned to the nodes admission chose, restarted in place
+by Ray Train at most ``RCP_RESTARTS_IN_PLACE`` times: `jobs.launcher.in_place`), and running a ``module:function`` job on every worker under ``TorchTrainer``
 (`run_gang`: gloo without a real GPU, else nccl, unless ``RCP_TORCH_BACKEND`` says).
 
 Must not: import `controlplane`, or import Ray at module level (the control plane reads the
@@ -98,10 +98,14 @@ def gang_configs(env: Mapping[str, str]) -> tuple[ScalingConfig, RunConfig]:
         resources_per_worker=resources,
         label_selector=gang_label_selector(env) if in_control_plane else None,
     )  # type: ignore[call-arg]  # Train v2's ScalingConfig; type stubs show v1's
+    from jobs.launcher import in_place  # imports Ray Train: only where a gang runs
+
+    restarts = in_place.restarts_in_place(env) if in_control_plane else 0
     run_config = RunConfig(
         name=env.get(ENV_JOB_ID) or "rcp-local-run",
         storage_path=env.get(ENV_STORAGE_PATH) or None,
-        failure_config=FailureConfig(max_failures=0),
+        failure_config=FailureConfig(max_failures=restarts),
+        callbacks=[in_place.InPlaceReporter(env)] if restarts else None,
     )
     return scaling, run_config
 

@@ -20,12 +20,16 @@ from typing import TypeGuard
 import ray
 
 from jobs.signals.reports import (
+    MAX_REASON_CHARS,
     PROGRESS_KEYS,
+    RESTORE_SOURCES,
     CheckpointReport,
+    InPlaceReport,
     JobStatus,
     NotRegistered,
     ProgressReport,
     Rejection,
+    RestoreReport,
     WorkerReport,
 )
 from jobs.signals.trust import (
@@ -37,13 +41,21 @@ from jobs.signals.trust import (
 )
 from jobs.storage_credentials import StorageCredentials, check_credentials
 
-__all__ = ["MAX_RANKS", "SIGNALS_ACTOR_NAME", "SIGNALS_NAMESPACE", "JobSignals"]
+__all__ = [
+    "MAX_IN_PLACE_KEPT",
+    "MAX_RANKS",
+    "SIGNALS_ACTOR_NAME",
+    "SIGNALS_NAMESPACE",
+    "JobSignals",
+]
 
 
 SIGNALS_ACTOR_NAME = "rcp-job-signals"
 SIGNALS_NAMESPACE = "rcp"
 MAX_RANKS = 65536
 """Ranks the actor records per attempt (`worker_started`); a larger rank is refused."""
+MAX_IN_PLACE_KEPT = 64
+"""Restarts in place the actor keeps per attempt (`restarting_in_place`), the newest."""
 
 
 class _JobRecord(JobStatus):
@@ -137,6 +149,8 @@ class _JobSignals:
             rejected_calls=old["rejected_calls"] if old else 0,
             credentials=None,
             credentials_expire_unix_s=None,
+            in_place=[],
+            restore=None,
         )
 
     def put_credentials(
@@ -187,6 +201,8 @@ class _JobSignals:
             requested_at_s=job["requested_at_s"],
             rejected_calls=job["rejected_calls"],
             credentials_expire_unix_s=job["credentials_expire_unix_s"],
+            in_place=[r.copy() for r in job["in_place"]],
+            restore=job["restore"].copy() if job["restore"] else None,
         )
 
     def rejections(self, *, auth: AdminAuth) -> dict[str, int]:
@@ -269,6 +285,48 @@ class _JobSignals:
             path=path,
             at_s=float(at_s),
             answers_request=job["requested_at_s"] is not None,
+        )
+        return True
+
+    def restarting_in_place(
+        self, job_id: str, attempt: int, index: int, reason: str, token: str
+    ) -> bool:
+        """The run is restarting its workers (`jobs.launcher.in_place`), the `index`-th time:
+        kept (once per index, the newest `MAX_IN_PLACE_KEPT`, `reason` cut to
+        `MAX_REASON_CHARS`) for the controller to record; the old workers, their progress and
+        restore are forgotten (the new worker group reports afresh, so the hang watchdog
+        re-arms on its first step)."""
+        job, ok = self._caller(job_id, attempt, token)
+        if not ok or job is None:
+            return False
+        if not _is_int(index) or index < 1 or not isinstance(reason, str):
+            return self._reject(job, Rejection.BAD_VALUE)
+        if any(r["index"] == index for r in job["in_place"]):
+            return True
+        report = InPlaceReport(index=index, at_s=time.time(), reason=reason[:MAX_REASON_CHARS])
+        job["in_place"] = [*job["in_place"], report][-MAX_IN_PLACE_KEPT:]
+        job["started_ranks"], job["workers"] = [], {}
+        job["progress"], job["restore"] = None, None
+        return True
+
+    def restored(
+        self, job_id: str, attempt: int, step: int, source: str, restore_s: float, token: str
+    ) -> bool:
+        """Rank 0 restored `step` from `source` (``memory`` or ``storage``) in `restore_s`."""
+        job, ok = self._caller(job_id, attempt, token)
+        if not ok or job is None:
+            return False
+        if (
+            not _is_int(step)
+            or step < 0
+            or source not in RESTORE_SOURCES
+            or not _is_number(restore_s)
+            or not math.isfinite(restore_s)
+            or restore_s < 0
+        ):
+            return self._reject(job, Rejection.BAD_VALUE)
+        job["restore"] = RestoreReport(
+            step=step, source=source, restore_s=float(restore_s), at_s=time.time()
         )
         return True
 

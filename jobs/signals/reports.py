@@ -13,13 +13,17 @@ from enum import Enum
 from typing import Literal, TypedDict
 
 __all__ = [
+    "MAX_REASON_CHARS",
     "PROGRESS_KEYS",
+    "RESTORE_SOURCES",
     "CheckpointReport",
+    "InPlaceReport",
     "JobStatus",
     "NotRegistered",
     "ProgressKey",
     "ProgressReport",
     "Rejection",
+    "RestoreReport",
     "WorkerReport",
 ]
 
@@ -78,6 +82,30 @@ class CheckpointReport(TypedDict):
     """Taken while a checkpoint-now request was pending."""
 
 
+MAX_REASON_CHARS = 500
+"""The longest restart-in-place reason the actor keeps."""
+RESTORE_SOURCES = frozenset({"memory", "storage"})
+"""Where a restore may say it read the checkpoint from (`_JobSignals.restored`)."""
+
+
+class InPlaceReport(TypedDict):
+    """A restart of the run's workers inside the run (`_JobSignals.restarting_in_place`)."""
+
+    index: int
+    at_s: float
+    """When the actor took the report (its clock)."""
+    reason: str
+
+
+class RestoreReport(TypedDict):
+    """What rank 0 restored in this run (`_JobSignals.restored`)."""
+
+    step: int
+    source: str
+    restore_s: float
+    at_s: float
+
+
 class JobStatus(TypedDict):
     """What `_JobSignals.status` returns for a registered job."""
 
@@ -91,6 +119,10 @@ class JobStatus(TypedDict):
     rejected_calls: int
     credentials_expire_unix_s: float | None
     """When the storage credentials the actor holds for this attempt expire (None: none)."""
+    in_place: list[InPlaceReport]
+    """This attempt's restarts in place, oldest first."""
+    restore: RestoreReport | None
+    """What this run (since the last restart in place) restored, if anything."""
 
 
 class NotRegistered(TypedDict):

@@ -119,6 +119,11 @@ class JobSpec:
     """Times a gang that failed (a worker raised or was killed, a node was lost) or hung is
     restarted from its last committed checkpoint before the job is FAILED. Preemptions and
     moves by node health do not count."""
+    restart_in_place: StrictBool = True
+    """A crashed worker restarts the gang inside the same run (Ray Train starts a new worker
+    group on the same nodes, in seconds) rather than as a new attempt through the queue. Each
+    counts against ``max_restarts``; once the run has used its share, or a node is lost, the
+    job restarts through the queue as before."""
     stall_timeout_s: Seconds = None
     """A running job that reports no new step for this long is declared hung: its workers'
     stacks go to its logs and it restarts from its last checkpoint (a restart). None: the

@@ -21,19 +21,22 @@ STOPPED, SUCCEEDED or FAILED; ``gone``: ended, or MISSING):
  4  hung gang stopping, SUCCEEDED                         `EndJob` SUCCEEDED
  5  hung gang stopping, gone                              restart or FAILED (`policies.restarts`)
  6  hung gang stopping                                    `StopGang` (once)
- 7  SUCCEEDED                                             `EndJob` SUCCEEDED (marked RUNNING first
+ 7  a restart in place not recorded yet (the oldest)      `RecordInPlaceRestart`, or `EndJob` FAILED
+                                                          (the gang stopped) when
+                                                          `policies.restarts` gives up
+ 8  SUCCEEDED                                             `EndJob` SUCCEEDED (marked RUNNING first
                                                           when still ADMITTED)
- 8  FAILED or STOPPED, ADMITTED                           a start failure: `RequeueGang` after a
+ 9  FAILED or STOPPED, ADMITTED                           a start failure: `RequeueGang` after a
                                                           backoff, FAILED after
                                                           ``max_start_attempts``
- 9  STOPPED, RUNNING (stopped outside the control plane)  `EndJob` FAILED
-10  FAILED, RUNNING (a crash)                             restart or FAILED (`policies.restarts`)
-11  past ``max_runtime_s`` since admission                `EndJob` FAILED, the gang stopped
-12  MISSING, RUNNING (the cluster lost it)                `RequeueGang` lost, no restart spent
-13  ADMITTED, every worker of this attempt started        `MarkRunning`
-14  ADMITTED, MISSING (the submission was lost)           `ResubmitGang`
-15  ADMITTED past ``gang_start_timeout_s``                 a start failure (row 8), the gang stopped
-16  RUNNING, no new step for its stall timeout            `StopHungGang` (stacks kept, then row 6)
+10  STOPPED, RUNNING (stopped outside the control plane)  `EndJob` FAILED
+11  FAILED, RUNNING (a crash)                             restart or FAILED (`policies.restarts`)
+12  past ``max_runtime_s`` since admission                `EndJob` FAILED, the gang stopped
+13  MISSING, RUNNING (the cluster lost it)                `RequeueGang` lost, no restart spent
+14  ADMITTED, every worker of this attempt started        `MarkRunning`
+15  ADMITTED, MISSING (the submission was lost)           `ResubmitGang`
+16  ADMITTED past ``gang_start_timeout_s``                 a start failure (row 9), the gang stopped
+17  RUNNING, no new step for its stall timeout            `StopHungGang` (stacks kept, then row 6)
 ==  ===================================================  ===========================================
 
 An ended job (`EndedGang`): `settle` says `SettleEnded` to record that its Ray Job ended (a
@@ -62,11 +65,13 @@ from policies.attempts.view import (
     GangAction,
     GangStatus,
     GangView,
+    InPlaceRestart,
     JobAction,
     JobsView,
     MarkRunning,
     Preempting,
     Reason,
+    RecordInPlaceRestart,
     RequeueGang,
     ResubmitGang,
     SettleEnded,
@@ -84,11 +89,13 @@ __all__ = [
     "GangAction",
     "GangStatus",
     "GangView",
+    "InPlaceRestart",
     "JobAction",
     "JobsView",
     "MarkRunning",
     "Preempting",
     "Reason",
+    "RecordInPlaceRestart",
     "RequeueGang",
     "ResubmitGang",
     "SettleEnded",
@@ -107,6 +114,8 @@ def decide(gang: GangView, config: AttemptConfig) -> GangAction | None:
         return _preempting(gang, gang.preempting)
     if gang.hang_reason is not None:
         return _hung_stopping(gang, gang.hang_reason)
+    if gang.in_place is not None:
+        return _restarted_in_place(gang, gang.in_place)
     status = gang.status
     if status is GangStatus.SUCCEEDED:
         return _succeeded(gang)
@@ -270,6 +279,35 @@ def _failed(gang: GangView, kind: FailureKind, message: str, signature: str) -> 
         False,
         AttemptEnd.FAILED,
         message=message,
+        restarts=record,
+        count_crash=count_crash,
+    )
+
+
+def _restarted_in_place(gang: GangView, r: InPlaceRestart) -> EndJob | RecordInPlaceRestart:
+    """The run restarted its workers itself: spend a restart as `policies.restarts` says (the
+    same failure twice before any progress gives up, and the gang is stopped)."""
+    failure = AttemptFailure(
+        kind=FailureKind.CRASH,
+        message=r.reason,
+        signature=r.signature,
+        committed_step=gang.committed_step,
+        start_step=gang.start_step,
+        reported_step=gang.step,
+    )
+    decision, record = decide_restart(failure, gang.restarts, gang.restart_limits)
+    count_crash = gang.step is not None
+    if isinstance(decision, Restart):
+        reason = f"{Reason.RESTARTED_IN_PLACE.value}: {r.reason}"
+        return RecordInPlaceRestart(gang.job_id, reason, r, record, count_crash)
+    return EndJob(
+        gang.job_id,
+        f"{Reason.GANG_FAILED.value}: {decision.reason}",
+        False,
+        AttemptEnd.FAILED,
+        attempt_reason=f"crash: {r.reason}",
+        stop=True,
+        message=r.reason,
         restarts=record,
         count_crash=count_crash,
     )

@@ -50,6 +50,7 @@ class Reason(str, Enum):
     GANG_FAILED = "gang-failed"
     GANG_HUNG = "gang-hung"
     PREEMPT_ENDED = "gang-ended-while-preempting"
+    RESTARTED_IN_PLACE = "restarted-in-place"
 
 
 class AttemptEnd(str, Enum):
@@ -91,6 +92,21 @@ class Preempting:
 
 
 @dataclass(frozen=True)
+class InPlaceRestart:
+    """A restart of the gang's workers inside its run (`jobs.launcher.in_place`) that the job
+    reported and the control plane has not recorded yet."""
+
+    index: int
+    """Which restart of this attempt's run it is (1, 2, ...)."""
+    at_s: float
+    """When the run reported it (the failure, within Ray Train's poll)."""
+    reason: str
+    """The failed rank's error as one line (``rank 1: ValueError: bad shape``)."""
+    signature: str
+    """`policies.restarts.failure_signature` of `reason`."""
+
+
+@dataclass(frozen=True)
 class GangView:
     """One admitted or running gang, as observed this tick."""
 
@@ -122,6 +138,8 @@ class GangView:
     """The newest step storage holds (what a restart resumes from)."""
     start_step: int | None = None
     """The committed step this attempt started from."""
+    in_place: InPlaceRestart | None = None
+    """The oldest restart in place not recorded yet."""
 
 
 @dataclass(frozen=True)
@@ -203,7 +221,28 @@ class RequeueGang:
     """A crash after the gang trained: counted in the fleet's failure record (its MTBF)."""
 
 
-GangAction = MarkRunning | ResubmitGang | StopGang | StopHungGang | EndJob | RequeueGang
+@dataclass(frozen=True)
+class RecordInPlaceRestart:
+    """The gang restarted inside its run: record the failure as an end of the attempt (kind
+    ``crash``, its restart index), spend a restart, and time the recovery."""
+
+    job_id: str
+    reason: str
+    restart: InPlaceRestart
+    restarts: RestartRecord
+    count_crash: bool = False
+    """A crash after the gang trained: counted in the fleet's failure record (its MTBF)."""
+
+
+GangAction = (
+    MarkRunning
+    | ResubmitGang
+    | StopGang
+    | StopHungGang
+    | EndJob
+    | RequeueGang
+    | RecordInPlaceRestart
+)
 """What `decide` returns for a gang; with `SettleEnded`, every item of the jobs' lifecycle plan."""
 
 

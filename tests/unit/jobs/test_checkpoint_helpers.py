@@ -472,6 +472,21 @@ def test_restore_is_bit_exact_and_resumes_saving_after_it(tmp_path: Path) -> Non
     second.finish()
 
 
+def test_rank_0_tells_the_control_plane_what_it_restored_and_from_where(tmp_path: Path) -> None:
+    uri = tmp_path.as_uri()
+    actor = registered(uri)
+    first, _ = helper(job_env(uri), actor=actor, every_n_steps=1)
+    first.save(6, make_state(6))
+    first.finish()
+    assert status(actor)["restore"] is None  # a fresh start restored nothing
+    second, handle = helper(job_env(uri), actor=actor, every_n_steps=1)
+    assert second.restore() is not None
+    assert handle is not None and len(handle.named("restored")) == 1
+    report = status(actor)["restore"]
+    assert (report["step"], report["source"]) == (6, "storage") and report["restore_s"] >= 0
+    second.finish()
+
+
 def test_restore_reads_only_the_jobs_own_prefix(tmp_path: Path) -> None:
     other, _ = helper({"RCP_CHECKPOINT_URI": (tmp_path / "job-b").as_uri()})
     other.save(9, make_state(9))

@@ -400,7 +400,7 @@ def test_report_started_without_a_pid_calls_as_before() -> None:
 # -- the gang and the entry point ------------------------------------------------------------------
 
 
-def test_the_gang_under_the_control_plane_is_pinned_and_never_retried_by_ray_train() -> None:
+def test_the_gang_under_the_control_plane_is_pinned_and_not_retried_without_restarts() -> None:
     env = {
         launcher.ENV_NUM_WORKERS: "4",
         launcher.ENV_GPUS_PER_WORKER: "2",
@@ -414,7 +414,20 @@ def test_the_gang_under_the_control_plane_is_pinned_and_never_retried_by_ray_tra
     assert scaling.resources_per_worker == {"CPU": 1.5, "GPU": 2, launcher.POOL_RESOURCE: 1}
     assert scaling.label_selector == {"pool": "cluster", launcher.NODE_ID_LABEL: "in(n1,n2)"}
     assert run.name == "j-7" and run.storage_path == "/tmp/train"
-    assert run.failure_config.max_failures == 0
+    assert run.failure_config.max_failures == 0 and not run.callbacks
+
+
+def test_the_gang_restarts_in_place_as_often_as_the_runner_says_and_reports_it() -> None:
+    from jobs.launcher.in_place import ENV_RESTARTS_IN_PLACE, InPlaceReporter
+
+    env = {launcher.ENV_NUM_WORKERS: "2", "RCP_JOB_ID": "j-7", ENV_RESTARTS_IN_PLACE: "2"}
+    _, run = gang_configs(env)
+    assert run.failure_config.max_failures == 2
+    [reporter] = run.callbacks
+    assert isinstance(reporter, InPlaceReporter) and reporter.max_restarts == 2
+    # Outside the control plane a stray variable restarts nothing.
+    _, local = gang_configs({ENV_RESTARTS_IN_PLACE: "2"})
+    assert local.failure_config.max_failures == 0
 
 
 def test_the_gang_outside_the_control_plane_is_one_cpu_worker() -> None:

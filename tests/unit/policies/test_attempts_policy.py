@@ -20,8 +20,10 @@ from policies.attempts import (
     EndJob,
     GangStatus,
     GangView,
+    InPlaceRestart,
     MarkRunning,
     Preempting,
+    RecordInPlaceRestart,
     RequeueGang,
     ResubmitGang,
     StopGang,
@@ -54,6 +56,7 @@ def gang(**kw: object) -> GangView:
 
 
 PREEMPT = Preempting(deadline_s=NOW + 30.0, reason="for job k")
+IN_PLACE = InPlaceRestart(1, NOW - 5.0, "rank 1: its worker process died", "died")
 
 ROWS = [
     # 1: preempting, SUCCEEDED
@@ -172,20 +175,89 @@ ROWS = [
     ),
     ("6-hung-stop", gang(hang_reason="no new step"), StopGang("j", "hung: no new step")),
     ("6-hung-stop-sent", gang(hang_reason="no new step", stop_sent=True), None),
-    # 7: SUCCEEDED
+    # 7: a restart in place, recorded as a restart spent, or the job given up
     (
-        "7-succeeded",
+        "7-in-place-restart-recorded",
+        gang(in_place=IN_PLACE, step=40, committed_step=30),
+        RecordInPlaceRestart(
+            "j",
+            "restarted-in-place: rank 1: its worker process died",
+            IN_PLACE,
+            RestartRecord(1, "died", 30),
+            count_crash=True,
+        ),
+    ),
+    (
+        "7-in-place-before-its-first-step-not-counted-for-the-fleet",
+        gang(in_place=IN_PLACE),
+        RecordInPlaceRestart(
+            "j",
+            "restarted-in-place: rank 1: its worker process died",
+            IN_PLACE,
+            RestartRecord(1, "died", None),
+        ),
+    ),
+    (
+        "7-in-place-even-while-ray-says-failed",  # record it before the attempt's end
+        gang(in_place=IN_PLACE, status=S.FAILED, step=40),
+        RecordInPlaceRestart(
+            "j",
+            "restarted-in-place: rank 1: its worker process died",
+            IN_PLACE,
+            RestartRecord(1, "died", None),
+            count_crash=True,
+        ),
+    ),
+    (
+        "7-in-place-same-failure-twice-gives-up-and-stops",
+        gang(in_place=IN_PLACE, restarts=RestartRecord(1, "died", 30), committed_step=30),
+        EndJob(
+            "j",
+            "gang-failed: same failure twice before any progress: crash: rank 1: its worker "
+            "process died",
+            False,
+            AttemptEnd.FAILED,
+            attempt_reason="crash: rank 1: its worker process died",
+            stop=True,
+            message="rank 1: its worker process died",
+            restarts=RestartRecord(1, "died", 30),
+        ),
+    ),
+    (
+        "7-in-place-past-max-restarts-gives-up",
+        gang(in_place=IN_PLACE, restarts=RestartRecord(2, "other", None), step=3),
+        EndJob(
+            "j",
+            "gang-failed: gave up after 2 restart(s) (max_restarts=2); last failure: crash: "
+            "rank 1: its worker process died",
+            False,
+            AttemptEnd.FAILED,
+            attempt_reason="crash: rank 1: its worker process died",
+            stop=True,
+            message="rank 1: its worker process died",
+            restarts=RestartRecord(2, "died", None),
+            count_crash=True,
+        ),
+    ),
+    (
+        "7-preempting-wins-over-in-place",
+        gang(in_place=IN_PLACE, preempting=PREEMPT),
+        None,
+    ),
+    # 8: SUCCEEDED
+    (
+        "8-succeeded",
         gang(status=S.SUCCEEDED),
         EndJob("j", "ray-job-succeeded", True, AttemptEnd.SUCCEEDED),
     ),
     (
-        "7-succeeded-before-marked-running",
+        "8-succeeded-before-marked-running",
         gang(status=S.SUCCEEDED, running=False),
         EndJob("j", "ray-job-succeeded", True, AttemptEnd.SUCCEEDED, mark_running=True),
     ),
-    # 8: a start failure (ADMITTED, Ray Job FAILED or STOPPED): backoff, then give up
+    # 9: a start failure (ADMITTED, Ray Job FAILED or STOPPED): backoff, then give up
     (
-        "8-start-failed-backoff",
+        "9-start-failed-backoff",
         gang(running=False, status=S.FAILED, failure_message="ImportError", start_failures=1),
         RequeueGang(
             "j",
@@ -198,7 +270,7 @@ ROWS = [
         ),
     ),
     (
-        "8-start-stopped-give-up",
+        "9-start-stopped-give-up",
         gang(running=False, status=S.STOPPED, failure_message="no logs", start_failures=2),
         EndJob(
             "j",
@@ -210,9 +282,9 @@ ROWS = [
             start_failures=3,
         ),
     ),
-    # 9: RUNNING, stopped outside the control plane
+    # 10: RUNNING, stopped outside the control plane
     (
-        "9-stopped-outside",
+        "10-stopped-outside",
         gang(status=S.STOPPED, failure_message="killed"),
         EndJob(
             "j",
@@ -222,9 +294,9 @@ ROWS = [
             message="killed",
         ),
     ),
-    # 10: a crash: restart (counted in the fleet's record once it trained) or give up
+    # 11: a crash: restart (counted in the fleet's record once it trained) or give up
     (
-        "10-crash-restart-after-training",
+        "11-crash-restart-after-training",
         gang(status=S.FAILED, failure_message="rank 1 exit 1", failure_signature="sig", step=5),
         RequeueGang(
             "j",
@@ -238,7 +310,7 @@ ROWS = [
         ),
     ),
     (
-        "10-crash-same-twice-no-progress",
+        "11-crash-same-twice-no-progress",
         gang(
             status=S.FAILED,
             failure_message="boom",
@@ -254,21 +326,21 @@ ROWS = [
             restarts=RestartRecord(1, "sig", None),
         ),
     ),
-    # 11: over max_runtime_s: FAILED, the gang stopped (settled once Ray says it ended)
+    # 12: over max_runtime_s: FAILED, the gang stopped (settled once Ray says it ended)
     (
-        "11-max-runtime",
+        "12-max-runtime",
         gang(max_runtime_s=30.0),
         EndJob("j", "max-runtime-exceeded (30s)", False, AttemptEnd.MAX_RUNTIME, stop=True),
     ),
-    ("11-within-max-runtime", gang(max_runtime_s=61.0), None),
+    ("12-within-max-runtime", gang(max_runtime_s=61.0), None),
     (
-        "11-max-runtime-while-admitted",
+        "12-max-runtime-while-admitted",
         gang(max_runtime_s=30.0, running=False, status=S.PENDING),
         EndJob("j", "max-runtime-exceeded (30s)", False, AttemptEnd.MAX_RUNTIME, stop=True),
     ),
-    # 12: RUNNING, the cluster lost the Ray Job: re-queued, no restart spent
+    # 13: RUNNING, the cluster lost the Ray Job: re-queued, no restart spent
     (
-        "12-lost",
+        "13-lost",
         gang(status=S.MISSING),
         RequeueGang(
             "j", "gang-lost: Ray no longer knows its job (cluster restarted?)", AttemptEnd.LOST
@@ -276,19 +348,19 @@ ROWS = [
     ),
     # 13-15: ADMITTED
     (
-        "13-all-started",
+        "14-all-started",
         gang(running=False, status=S.RUNNING, started_ranks=2),
         MarkRunning("j", "gang-running: all 2 workers started"),
     ),
-    ("13-some-started", gang(running=False, status=S.RUNNING, started_ranks=1), None),
-    ("13-pending", gang(running=False, status=S.PENDING), None),
+    ("14-some-started", gang(running=False, status=S.RUNNING, started_ranks=1), None),
+    ("14-pending", gang(running=False, status=S.PENDING), None),
     (
-        "14-submission-lost",
+        "15-submission-lost",
         gang(running=False, status=S.MISSING),
         ResubmitGang("j", "admitted, but Ray has no Ray Job for it (lost)"),
     ),
     (
-        "15-start-timeout",
+        "16-start-timeout",
         gang(running=False, status=S.PENDING, admitted_s=NOW - 121.0, started_ranks=1),
         RequeueGang(
             "j",
@@ -302,20 +374,20 @@ ROWS = [
         ),
     ),
     (
-        "15-within-start-timeout",
+        "16-within-start-timeout",
         gang(running=False, status=S.PENDING, admitted_s=NOW - 120.0),
         None,
     ),
-    # 16: the hang watchdog, armed once a step was reported
-    ("16-unarmed", gang(), None),
-    ("16-stepping", gang(step=3, step_at_s=NOW - 600.0), None),
+    # 17: the hang watchdog, armed once a step was reported
+    ("17-unarmed", gang(), None),
+    ("17-stepping", gang(step=3, step_at_s=NOW - 600.0), None),
     (
-        "16-hung",
+        "17-hung",
         gang(step=3, step_at_s=NOW - 601.0),
         StopHungGang("j", "no new step for 601s at step 3 (stall_timeout_s=600)", 3, 601.0, 600.0),
     ),
     (
-        "16-hung-job-timeout",
+        "17-hung-job-timeout",
         gang(step=3, step_at_s=NOW - 61.0, stall_timeout_s=60.0),
         StopHungGang("j", "no new step for 61s at step 3 (stall_timeout_s=60)", 3, 61.0, 60.0),
     ),
@@ -328,7 +400,12 @@ def test_decide(observed: GangView, expected: object) -> None:
 
 
 def test_rows_cover_every_line_of_the_table() -> None:
-    assert {int(r[0].split("-")[0]) for r in ROWS} == set(range(1, 17))
+    import re
+
+    import policies.attempts
+
+    table = re.findall(r"^ ?(\d+)  ", policies.attempts.__doc__ or "", re.MULTILINE)
+    assert {int(r[0].split("-")[0]) for r in ROWS} == {int(n) for n in table} == set(range(1, 18))
 
 
 def test_preemption_comes_before_everything_else() -> None:

@@ -1,0 +1,164 @@
+"""A job's recoveries and its effective training time (ETTR), kept in its info.
+
+Owns the info keys that time each recovery, and the pure functions that write and read them:
+
+* ``recovering``: a failure the gang has not recovered from yet, ``{"failed_s", "kind",
+  "in_place", "step"}`` (``step``: the last step reported before it), written by `failed` when
+  an attempt ends badly or the run restarts its workers in place;
+* ``recoveries``: each recovery, newest last (at most `MAX_RECOVERIES_KEPT`), ``{"failed_s",
+  "resumed_s", "seconds", "kind", "in_place", "step", "restored_step", "source",
+  "caught_up_s"}``: ``seconds`` from the failure to the first new step, ``source`` the tier
+  the restore read (``memory`` or ``storage``, as the job reported it; None when it started
+  fresh or did not say), ``caught_up_s`` when the job passed the step it had reached before
+  the failure (`observed` writes both as the job reports progress);
+* ``first_admitted_s``: when the job's gang was first admitted (`admitted`).
+
+ETTR (`ettr`) is productive training time over wall time since the first admission:
+``(wall - lost - stall) / wall``, where ``lost`` sums each failure's time until the job caught
+up with the step it had reached (the restart, the restore and the steps done again; an open
+one counts until now) and ``stall`` is the checkpoint stall. Example: admitted 1,000 s ago,
+one crash that took 20 s to the first new step and 30 s more to catch up, 5 s of checkpoint
+stall: (1000 - 50 - 5) / 1000 = 0.945.
+
+Must not: read or write the store, or call Ray (pure functions of info and what was read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from controlplane.store.job_info import as_count, as_finite, as_mapping
+
+__all__ = [
+    "MAX_RECOVERIES_KEPT",
+    "RESTORE_SOURCES",
+    "Recovery",
+    "admitted",
+    "ettr",
+    "failed",
+    "observed",
+    "recoveries",
+]
+
+MAX_RECOVERIES_KEPT = 100
+RESTORE_SOURCES = frozenset({"memory", "storage"})
+
+
+def admitted(info: Mapping[str, Any], now_s: float) -> dict[str, Any]:
+    """``first_admitted_s`` at the job's first admission ({} after)."""
+    return (
+        {} if as_finite(info.get("first_admitted_s")) is not None else {"first_admitted_s": now_s}
+    )
+
+
+def failed(info: Mapping[str, Any], failed_s: float, kind: str, in_place: bool) -> dict[str, Any]:
+    """Start timing a recovery (an open one is replaced: the newer failure is the one the
+    gang must recover from)."""
+    step = as_count(as_mapping(info.get("progress")).get("step"))
+    return {"recovering": {"failed_s": failed_s, "kind": kind, "in_place": in_place, "step": step}}
+
+
+def observed(
+    info: Mapping[str, Any], progress: Mapping[str, Any] | None, restore: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """What the gang's progress says about its recoveries: the first step after the open
+    failure closes it (with where the restore came from, `restore`: the signals actor's
+    ``{"step", "source"}`` of this run), a step past the one reached before a failure marks
+    it caught up. {} when nothing changed."""
+    if progress is None:
+        return {}
+    step, step_at_s = as_count(progress.get("step")), as_finite(progress.get("step_at_s"))
+    if step is None or step_at_s is None:
+        return {}
+    kept = _entries(info.get("recoveries"))
+    changed = False
+    open_ = as_mapping(info.get("recovering"))
+    failed_s = as_finite(open_.get("failed_s"))
+    updates: dict[str, Any] = {}
+    if failed_s is not None and step_at_s >= failed_s:
+        restore = as_mapping(restore)
+        source = restore.get("source")
+        kept.append(
+            {
+                "failed_s": failed_s,
+                "resumed_s": step_at_s,
+                "seconds": step_at_s - failed_s,
+                "kind": str(open_.get("kind") or "crash"),
+                "in_place": bool(open_.get("in_place")),
+                "step": as_count(open_.get("step")),
+                "restored_step": as_count(restore.get("step")),
+                "source": source if source in RESTORE_SOURCES else None,
+                "caught_up_s": None,
+            }
+        )
+        updates["recovering"] = None
+        changed = True
+    last = kept[-1] if kept else None
+    if last is not None and last.get("caught_up_s") is None:
+        before = as_count(last.get("step"))
+        if before is None or step > before:
+            last["caught_up_s"] = step_at_s
+            changed = True
+    if changed:
+        updates["recoveries"] = kept[-MAX_RECOVERIES_KEPT:]
+    return updates
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """One recovery, read back typed (`recoveries`)."""
+
+    failed_s: float
+    kind: str
+    in_place: bool
+    seconds: float | None
+    """Failure to the first new step (None: not resumed yet)."""
+    source: str | None
+    restored_step: int | None
+    caught_up_s: float | None
+
+
+def recoveries(info: Mapping[str, Any]) -> tuple[Recovery, ...]:
+    """Every recovery, oldest first, the open one last (never raises on a malformed entry)."""
+    out = []
+    entries = _entries(info.get("recoveries"))
+    open_ = as_mapping(info.get("recovering"))
+    if as_finite(open_.get("failed_s")) is not None:
+        entries.append({**open_, "seconds": None})
+    for e in entries:
+        failed_s = as_finite(e.get("failed_s"))
+        if failed_s is None:
+            continue
+        source = e.get("source")
+        out.append(
+            Recovery(
+                failed_s=failed_s,
+                kind=str(e.get("kind") or "crash")[:40],
+                in_place=bool(e.get("in_place")),
+                seconds=as_finite(e.get("seconds")),
+                source=source if source in RESTORE_SOURCES else None,
+                restored_step=as_count(e.get("restored_step")),
+                caught_up_s=as_finite(e.get("caught_up_s")),
+            )
+        )
+    return tuple(out)
+
+
+def ettr(info: Mapping[str, Any], now_s: float, stall_s: float = 0.0) -> float | None:
+    """Effective training time ratio at `now_s` (the job's end, once it ended) with `stall_s`
+    seconds of checkpoint stall (see the module doc); None before the first admission."""
+    start = as_finite(info.get("first_admitted_s"))
+    if start is None or now_s <= start:
+        return None
+    wall = now_s - start
+    lost = sum(
+        max(0.0, min(now_s, r.caught_up_s if r.caught_up_s is not None else now_s) - r.failed_s)
+        for r in recoveries(info)
+    )
+    return max(0.0, min(1.0, (wall - lost - max(0.0, stall_s)) / wall))
+
+
+def _entries(raw: Any) -> list[dict[str, Any]]:
+    return [dict(e) for e in raw if isinstance(e, Mapping)] if isinstance(raw, list) else []
