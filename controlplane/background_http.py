@@ -1,9 +1,6 @@
-"""Serving an aiohttp application from a daemon thread with its own event loop.
-
-Owns: `BackgroundHttpServer`, the one way the control plane serves HTTP beside other work in
-the same process: the controller's API (`api.routes.ApiServer`) and, in tests, the
-Kubernetes actuator service (`kube.service.ActuatorServer`). Port 0 binds a free port, which
-`url` then names.
+"""Serving an aiohttp application from a daemon thread with its own event loop
+(`BackgroundHttpServer`: the controller's API and, in tests, the Kubernetes actuator
+service). Port 0 binds a free port, which `url` then names.
 
 Must not: hold routes or request handling (those are the applications' own).
 """

@@ -1,24 +1,16 @@
 """`rcp demo`: the product's main job on the embedded default, end to end.
 
 Owns: the sequence of steps and what it prints. Every step calls the same functions the
-individual commands call (`rcp up`, `rcp nodes`, `rcp serve status`, `rcp submit`,
-`rcp events`, `rcp down`); nothing here is demo-only logic.
+individual commands call; nothing here is demo-only logic.
 
 The story: the cluster comes up serving the sample model on the owned `cluster` pool; steady
 HTTP traffic starts; a training job that needs every cluster GPU is submitted; the policy
-actor moves the serving replicas to the rented `external` pool make-before-break (the
-autoscaler adds a node for them) and admits the gang; the job trains and finishes; the
-replicas come back a step at a time and the external pool scales to zero. The demo lists the
-checkpoint objects the job wrote to the embedded object store (its prefix
-``<storage.uri>/jobs/<job id>/``), grouped by step with each step's manifest marked. At the
-end it prints how many requests were served and how many failed (the bar is zero), and draws
-the run's timeline (`controlplane.timeline`: replicas per pool, GPUs by owner, traffic and
-every decision) to a PNG, by default ``rcp-demo-timeline.png`` in the current directory, and
-says where.
-
-The outcome is a `DemoResult`; `failures()` names what missed the bar (a failed request, a
-job that did not succeed or committed no checkpoint), and `rcp demo` exits non-zero when it
-names anything.
+actor moves the serving replicas to the rented `external` pool make-before-break and admits
+the gang; the job trains and finishes; the replicas come back a step at a time and the
+external pool scales to zero. The demo lists the checkpoint objects the job wrote, prints how
+many requests were served and failed (the bar is zero), and draws the run's timeline
+(`controlplane.timeline`) to a PNG. `DemoResult.failures()` names what missed the bar, and
+`rcp demo` exits non-zero when it names anything.
 """
 
 from __future__ import annotations

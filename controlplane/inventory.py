@@ -1,13 +1,9 @@
 """What nodes the cluster has now: pool, GPUs total/free, labels, state.
 
-Owns: reading node inventory from Ray (the caller is connected as a driver) and turning it
-into plain rows for the CLI, the API and the policy actor's snapshot. When telemetry agents
-run, rows also carry health (verdict, reasons), the hottest GPU, mean tensor-core activity and
-the IB error rate (`attach_telemetry`); without agents those fields stay None. The tables
-`rcp nodes` and `rcp health` print (`format_table`, `format_health_table`) live here too:
-the CLI reads the rows over the API and must not load Ray to print them. Verdicts are the
-controller's (what it acts on, with lemon records and cordons) when it runs, else judged here
-from the agents' recent samples.
+Owns: reading node inventory from Ray (the caller is connected as a driver) as plain rows for
+the CLI, the API and the policy actor's snapshot, with the health columns when telemetry
+agents run (`attach_telemetry`), and the tables `rcp nodes` and `rcp health` print (the CLI
+reads the rows over the API and must not load Ray to print them).
 Must not: change anything (it never starts agents).
 """
 

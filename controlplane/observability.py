@@ -1,25 +1,13 @@
 """Monitoring glue: the metric names the dashboards may use and Prometheus target files.
 
-Owns:
-
-* `KNOWN_METRICS`: every metric name, as Prometheus stores it, that the Grafana dashboards
-  in ``infra/grafana``, the alert rules and `rcp timeline`'s queries may reference, with where
-  it comes from (the unit test checks every panel, rule and query against it; the integration
-  test proves each panel returns data on a live cluster);
-* PromQL helpers for dashboards: `panel_expressions`, `for_query` (Grafana's ``$__`` variables
-  replaced so Prometheus can run the expression), `metric_names`;
-* file_sd target lists: Ray writes its own (`ray_metrics_sd_file`: every node's metrics
-  agent); `write_telemetry_targets` writes the telemetry agents' exporters (the controller
-  keeps `telemetry_targets_file` current);
-* `local_prometheus_config`: the scrape config of the local cluster's Prometheus (Ray's
-  metrics agents, the telemetry agents, the edge's admin listener: jobs ``ray``,
-  ``rcp-telemetry`` and ``rcp-edge``, named as in ``infra/prometheus/prometheus.yml``), whose
-  process `controlplane.local.prometheus.LocalPrometheus` manages;
-* where the files it reads at run time are (`PROMETHEUS_DIR`, `GRAFANA_DIR`): package data
-  of ``controlplane`` (``controlplane/monitoring``), found with `importlib.resources`, so an
-  installed wheel has them. In the source tree ``controlplane/monitoring/prometheus`` and
-  ``grafana`` are links to ``infra/prometheus`` and ``infra/grafana``, the one copy users
-  edit (and ``kubectl apply -k`` reads); the wheel build copies the files they point at.
+Owns: `KNOWN_METRICS` (every metric name, as Prometheus stores it, that the Grafana dashboards
+in ``infra/grafana``, the alert rules and `rcp timeline`'s queries may reference; the unit
+test checks every panel, rule and query against it), PromQL helpers for dashboards, the
+file_sd target lists (Ray's own, `ray_metrics_sd_file`, and the telemetry agents',
+`write_telemetry_targets`), the local Prometheus's scrape config (`local_prometheus_config`),
+and where the monitoring files are (`PROMETHEUS_DIR`, `GRAFANA_DIR`: package data of
+``controlplane/monitoring``, in the source tree links to ``infra/prometheus`` and
+``infra/grafana``, the one copy users edit).
 
 Must not: change the cluster (it only reads what Ray and the agents publish) or start a process.
 """
@@ -314,25 +302,15 @@ def local_prometheus_config(
     edge_target: str | None = None,
 ) -> dict[str, Any]:
     """Prometheus config for the local cluster: Ray's metrics agents, the telemetry agents and,
-    given `edge_target` (``host:port`` of the edge's admin listener, ``serve.edge_admin_port``;
-    never the public port), the edge's metrics: job `EDGE_JOB` scrapes that one address twice,
-    at ``HAPROXY_METRICS_PATH`` (HAProxy's exporter) and at ``EDGE_METRICS_PATH`` (the
-    route-table gauges), each scrape's path copied into the label `EDGE_PATH_LABEL`.
-
-    The job names and labels match ``infra/prometheus/prometheus.yml`` (``ray``,
-    ``rcp-telemetry``, ``rcp-edge``), so the same dashboards and rules work locally and on
-    Kubernetes.
+    given `edge_target` (``host:port`` of the edge's admin listener), the edge's metrics: job
+    `EDGE_JOB` scrapes that address at ``HAPROXY_METRICS_PATH`` and ``EDGE_METRICS_PATH``,
+    each scrape's path in the label `EDGE_PATH_LABEL`. The job names and labels match
+    ``infra/prometheus/prometheus.yml``, so the same dashboards and rules work on Kubernetes.
     """
     interval = f"{scrape_interval_s:g}s"
     jobs: list[dict[str, Any]] = [
-        {
-            "job_name": "ray",
-            "file_sd_configs": [{"files": [str(ray_sd_file)], "refresh_interval": "5s"}],
-        },
-        {
-            "job_name": "rcp-telemetry",
-            "file_sd_configs": [{"files": [str(telemetry_sd_file)], "refresh_interval": "5s"}],
-        },
+        {"job_name": name, "file_sd_configs": [{"files": [str(f)], "refresh_interval": "5s"}]}
+        for name, f in (("ray", ray_sd_file), ("rcp-telemetry", telemetry_sd_file))
     ]
     if edge_target is not None:
         jobs.append(

@@ -1,25 +1,9 @@
 """The policies' configs as the control plane builds them from its own `Config`.
 
 Owns: every adapter from a config section to a pure policy's config, in one place. Most
-sections need none: a section embeds its policy's dataclass (``health`` is a
-`policies.health.HealthThresholds`, ``health.breaker`` a `RemovalBudget`, ``placement`` a
-`policies.placement.MigrateBackConfig`, ``jobs`` a `policies.admission.PreemptionConfig`),
-so every field and default is defined once, in the policy. What is left here is what a
-section cannot hold as is:
-
-- `admission_config`: ``jobs``' preemption fields plus its queues (a mapping by name in the
-  YAML, a tuple of named `QueueConfig` for the policy);
-- `placement_config`: ``placement`` plus ``external_max_gpus``, derived from the external
-  pool (``max_nodes x gpus_per_node``);
-- `demand_config`: one ``serving.models[]`` entry, whose keys are the serving plane's
-  (``target_ongoing_requests``, ``slo_p99_ms``), as the demand policy's `DemandConfig`;
-- `model_class`: one ``serving.models[]`` entry's ``priority`` (a ``jobs`` priority class
-  name, null: the lowest) and ``min_cluster_replicas`` as a `policies.model_classes.ModelClass`;
-- `ingress_scaling`: ``serving.ingress``'s count and scaling keys (``num_replicas`` is the
-  floor) as the ingress policy's `IngressScaling`;
-- `attempt_config`: the ``jobs`` section's start bounds as `policies.attempts`' config;
-- `restart_limits`: a job's ``max_restarts`` (its spec) with the ``jobs`` section's restart
-  backoff, as the restart policy's `RestartLimits`.
+sections need none: a section embeds its policy's dataclass, so every field and default is
+defined once, in the policy. What is left here is what a section cannot hold as is (the
+queues by name, the external pool's size and providers, a served model's keys, ...).
 
 Must not: hold a default of its own, validate (``controlplane.config.validate`` names the
 key), or do I/O.

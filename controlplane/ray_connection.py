@@ -2,15 +2,9 @@
 token, and the environment a process (the controller actor, a job) needs to reach it the same
 way.
 
-Owns: `connect` (this process as a Ray driver, token auth), `use_ray_token`, the token file's
-place (`ray_token_path`) and the environment that names it (`ray_auth_env`,
-`ray_connection_env`), `gcs_address` and `ray_temp_dir` for a config.
 Must not: start or stop anything (`controlplane.local.cluster` starts the cluster), or put the
 token's value in an environment variable: it travels as its file's path, because a job's
-runtime env shows in the dashboard's Jobs tab.
-
-Every layer above the foundation may use it (the local cluster manager, the controller's
-`deploy`, the job runner, the CLI and the demo); it imports nothing of the control plane but
+runtime env shows in the dashboard's Jobs tab. It imports nothing of the control plane but
 `controlplane.config`.
 """
 

@@ -1,13 +1,10 @@
 """Owner-only files and directories under the state dir.
 
-Owns: how the control plane creates what it keeps under ``state_dir`` (the job database, the
-API and Ray tokens, the API URL, the local cluster's state and configs): directories 0700 and
+Owns: how the control plane creates what it keeps under ``state_dir``: directories 0700 and
 files 0600 from the moment they exist, never created wider and narrowed afterwards. A file is
-written to a fresh temporary name (created exclusively, 0600) and renamed over the old one, so
-a reader never sees half a file and an old, wider file's mode is not inherited. A state file
-or directory an older version left wider (a 0644 database, a 0755 state dir) is narrowed to
-0600/0700 when the control plane opens it (`narrow_private`), with a log line; only a regular
-file or directory this user owns, never through a symlink.
+written to a fresh temporary name (created exclusively, 0600) and renamed over the old one. A
+file or directory an older version left wider is narrowed when the control plane opens it
+(`narrow_private`), with a log line.
 
 Must not: log or return what it writes, or change the mode of anything this user does not own.
 """

@@ -1,10 +1,8 @@
 """Object storage access for the control plane (the only module here that talks to S3 or STS).
 
 Owns: building a boto3 client from config, creating the bucket of `storage.uri`, and minting a
-job's scoped credentials (`JobCredentialMinter`: STS ``AssumeRole`` on ``storage.job_role_arn``
-with the session policy `jobs.storage_uri.job_storage_policy` builds for the job's prefix).
-Credentials come from boto3's usual chain (environment, profile, instance role) and are never
-logged; only the embedded loopback store gets fixed local keys, since it accepts any.
+job's scoped credentials (`JobCredentialMinter`). Credentials come from boto3's usual chain and
+are never logged; only the embedded loopback store gets fixed local keys, since it accepts any.
 """
 
 from __future__ import annotations

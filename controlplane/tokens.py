@@ -1,12 +1,10 @@
 """The API's token and URL files under the state dir, and what a token is.
 
-Owns: ``<state_dir>/api-token`` (created once, mode 0600, never logged: the first admin's
-token, see `controlplane.api.identity`; `admin_token` reads ``api.admin_token_file``
-instead where that is set, a mounted Secret on KubeRay) and ``<state_dir>/api-url`` (where the API
-listens), which the SDK and CLI read when no ``RCP_API_TOKEN``/``RCP_API_URL`` is set; making
-a token (`new_token`: 32 random bytes) and the hash the store keeps instead of it
-(`token_hash`: SHA-256, a sound lookup key for 32 random bytes); `bearer_matches`, the
-single-token check that the users lookup replaced (kept for `bench/bench_api_auth.py`).
+Owns: ``<state_dir>/api-token`` (the first admin's token, created once, 0600, never logged;
+`admin_token` reads ``api.admin_token_file`` instead where that is set) and
+``<state_dir>/api-url``, which the SDK and CLI read; making a token (`new_token`) and the hash
+the store keeps instead of it (`token_hash`); `bearer_matches`, the single-token check the
+users lookup replaced (kept for `bench/bench_api_auth.py`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""What the CLI and the demo print about nodes and their health: the rows and the tables.
-
-Owns: joining Ray's node rows (`controlplane.inventory`) with the telemetry agents' newest
-summaries and the verdicts the controller acts on (`controller_verdicts`; judged here from the
-agents' samples when no controller runs), for the demo, which runs where `rcp up` did (the
-CLI reads nodes and health over the API; both print with `controlplane.inventory`'s tables).
-Must not: change anything (it never starts agents), or be imported by the control plane
-below the CLI: the controller's own snapshot reads `controlplane.inventory` directly.
+"""What the demo prints about nodes: Ray's node rows (`controlplane.inventory`) joined with the
+telemetry agents' newest summaries and the verdicts the controller acts on (judged here from
+the agents' samples when no controller runs). The CLI reads nodes and health over the API.
+Must not: change anything, or be imported by the control plane below the CLI.
 """
 
 from __future__ import annotations

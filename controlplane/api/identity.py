@@ -19,7 +19,7 @@ import hmac
 import math
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from controlplane.api.access import ALL_QUEUES, Principal, Role
@@ -128,13 +128,7 @@ class Identity:
         """A new user from ``{name, role, queues, expires_in_s?}``; (user, their token)."""
         if not isinstance(payload, Mapping):
             raise ApiError(400, "the request body must be a JSON object", "<body>")
-        unknown = sorted(str(k)[:40] for k in payload if k not in _USER_KEYS)
-        if unknown:
-            raise ApiError(
-                400,
-                f"unknown field {unknown[0]!r}; known: {', '.join(sorted(_USER_KEYS))}",
-                unknown[0],
-            )
+        _known_only(payload, _USER_KEYS)
         name = _name(payload.get("name"))
         role = _role(payload.get("role"))
         queues = self._queue_list(payload.get("queues", []))
@@ -171,9 +165,7 @@ class Identity:
             payload = {}
         if not isinstance(payload, Mapping):
             raise ApiError(400, "the request body must be a JSON object or empty", "<body>")
-        unknown = sorted(str(k)[:40] for k in payload if k != "expires_in_s")
-        if unknown:
-            raise ApiError(400, f"unknown field {unknown[0]!r}; known: expires_in_s", unknown[0])
+        _known_only(payload, {"expires_in_s"})
         expires_s = self._expires(payload.get("expires_in_s"))
         token = new_token()
         try:
@@ -236,6 +228,13 @@ def recover_admin(store: Store, name: str, actor: str) -> tuple[UserRecord, str,
     except UserExists as exc:
         raise ValueError(str(exc)) from exc
     return user, token, created
+
+
+def _known_only(payload: Mapping[Any, Any], keys: Collection[str]) -> None:
+    unknown = sorted(str(k)[:40] for k in payload if k not in keys)
+    if unknown:
+        known = ", ".join(sorted(keys))
+        raise ApiError(400, f"unknown field {unknown[0]!r}; known: {known}", unknown[0])
 
 
 def _name(value: Any) -> str:

@@ -1,15 +1,8 @@
 """`rcp`: the command line of the control plane (also `python -m controlplane`).
 
-Owns: parsing arguments, loading config, printing tables or JSON, and exit codes. This module
-holds the `rcp` group and names its commands; they live by concern: ``cli.cluster`` (config,
-up, down, demo locally; nodes, serve status/pin/unpin over the API), ``cli.health`` (health,
-health clear, health breaker [reset], cordon, uncordon, fault inject), ``cli.policy``
-(policy pause/resume/status), ``cli.jobs`` (submit, status, queue, cancel, logs, events),
-``cli.users`` (whoami, users add/list/remove/rotate-token over the API, users
-recover-admin beside the store),
-``cli.timeline`` (timeline: a PNG of events and metrics), ``cli.simulate``
-(simulate: the fleet simulator), with the shared options and exits in ``cli.common`` and the
-job tables in ``cli.render``.
+Owns: the `rcp` group and its commands' names (`COMMANDS`); the commands live by concern in
+the sibling modules, with the shared options and exits in ``cli.common`` and the job tables in
+``cli.render``.
 Must not: hold logic of its own; every command calls a function that tests can call too.
 Errors a user can fix print one clear message to stderr and exit 2 (bad input) or 1 (the
 cluster is not in a state to do it).

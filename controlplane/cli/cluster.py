@@ -1,11 +1,7 @@
 """`rcp config show | up | down | demo` (local) and `rcp nodes | serve status|pin|unpin` (API).
 
-Owns: printing the merged config, starting and stopping the embedded local cluster and the
-end-to-end demo (these run where the cluster is: they need Ray and the state dir), and, over
-the control plane's API through the SDK (any cluster, given its URL and a token), the node
-inventory, the Serve application's status with the policy actor's guards, and pinning a
-model's replicas to a pool. Must not: hold logic of its own: `controlplane.local.cluster`,
-`controlplane.demo` and the API do the work.
+Must not: hold logic of its own: `controlplane.local.cluster`, `controlplane.demo` and the
+API do the work.
 """
 
 from __future__ import annotations

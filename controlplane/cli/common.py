@@ -1,10 +1,7 @@
 """What every `rcp` command shares: its options, loading config, exits, and reaching a cluster.
 
-Owns: the `--config FILE KEY=VALUE...` options of commands that read config (`config_options`,
-`load_cfg`), the `--url/--state-dir/--config` options of commands that talk to the API
-(`client_options`, `sdk_client`, `api_call`), and `fail`: one clear message on stderr, exit
-2 (bad input) or 1 (the cluster is not in a state to do it). Must not: define a command (the
-command modules do) or load Ray: every command but `up`, `down` and `demo` talks to the API.
+Must not: define a command (the command modules do) or load Ray: every command but `up`,
+`down` and `demo` talks to the API.
 """
 
 from __future__ import annotations

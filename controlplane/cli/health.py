@@ -1,11 +1,9 @@
 """`rcp health [clear | breaker] | cordon | uncordon | fault inject`: nodes, by hand.
 
-Owns: printing node health (the verdicts the policy actor acts on), the operator's commands
-on nodes (forget a lemon record, cordon and uncordon, the removal breaker) and simulated fault
-injection, each one SDK call to the control plane's API: they work against any cluster given
-its URL and a token (`--url`/``RCP_API_URL``, ``RCP_API_TOKEN``), no Ray and no state dir
-needed. Changing anything needs an operator's token (the API answers 403 otherwise).
-``rcp health-clear`` and ``rcp health-breaker`` are the older spellings, kept hidden.
+Each is one SDK call to the API (any cluster, given its URL and a token; changing anything
+needs an operator's token). ``rcp health-clear`` and ``rcp health-breaker`` are the older
+spellings, kept hidden. `fault stockout` and `fault reclaim` play a provider's faults on the
+local cluster.
 Must not: judge health (the controller does) or reach Ray.
 """
 

@@ -82,8 +82,6 @@ def submit(
             payload = JobSpec.from_yaml(path.read_text()).to_dict()
         except SpecError as exc:
             fail(f"{path}: {exc}", 2)
-        if priority_class:
-            payload["priority_class"] = priority_class
     else:
         if not args:
             fail(
@@ -105,8 +103,8 @@ def submit(
             "queue": queue,
             "max_runtime_s": max_runtime_s,
         }
-        if priority_class:
-            payload["priority_class"] = priority_class
+    if priority_class:
+        payload["priority_class"] = priority_class
     if name:
         payload["name"] = name
     if max_restarts is not None:

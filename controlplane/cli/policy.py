@@ -1,12 +1,8 @@
 """`rcp policy pause | resume | status`: the on-call engineer's brake on the policy actor.
 
-Owns: pausing and resuming the policy actor and showing its guards (the pause, pinned models,
-nodes cordoned by hand), each one SDK call to the API. Paused, the actor still decides every
-tick but applies no new serving move, admission, preemption or health removal (what it would
-have done shows as ``policy.held`` events: `rcp events`); moves already in flight finish. The
-pause lives in the control plane's store: it survives a controller restart. Pausing and
-resuming need an operator's token.
-Must not: hold logic of its own (the API and `controlplane.loop.guards` do).
+Paused, the actor still decides every tick but applies no new serving move, admission,
+preemption or health removal (``policy.held`` events say what it would have done); the pause
+survives a controller restart. Must not: hold logic of its own.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """How `rcp status` and `rcp queue` print jobs: the job table and one job's recovery block.
 
-Owns: a job's row (`job_row`, `JOB_HEADER`: its owner, the user who submitted it, included), plain-text tables (`text_table`), durations and
-times a person reads at a glance, and the checkpoint/restart block of `rcp status ID`
-(`recovery_lines`). Must not: call the API or print (the job commands do).
+Must not: call the API or print (the job commands do).
 """
 
 from __future__ import annotations

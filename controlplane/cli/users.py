@@ -1,12 +1,10 @@
 """`rcp whoami` and `rcp users add | list | remove | rotate-token | recover-admin`: who may
 use the API.
 
-Owns: printing what the API's user routes answer (through the SDK), and `recover-admin`, the
-break-glass way back when no admin can sign in: it runs on the controller's host, opens the
-job store under the state dir itself (`controlplane.api.identity.recover_admin`) and needs
-no API and no token. A new or rotated token is printed once, to stdout, and nowhere else
-(give it to its user; the control plane keeps only its hash). Must not: reach the store
-directly in any other command; each of those is one SDK call.
+Owns: printing what the API's user routes answer, and `recover-admin`, the break-glass way
+back when no admin can sign in: it opens the job store itself
+(`controlplane.api.identity.recover_admin`) and needs no API and no token. A new token is
+printed once, to stdout, and nowhere else. Must not: reach the store in any other command.
 """
 
 from __future__ import annotations

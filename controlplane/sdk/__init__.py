@@ -1,7 +1,4 @@
-"""The researcher's SDK: submit, watch and cancel training jobs through the control plane's API.
-
-``controlplane.sdk`` is the SDK's public import path: it names the client, the records it
-returns and the errors it raises, each owned by one module of the package::
+"""The researcher's SDK: submit, watch and cancel training jobs through the control plane's API::
 
     from controlplane import Client, JobSpec
 
@@ -10,16 +7,10 @@ returns and the errors it raises, each owned by one module of the package::
     job = client.wait(job.id, timeout_s=3600)
     print(job.state, client.logs(job.id))
 
-* `controlplane.sdk.connection`: finding the API and its token, the HTTP calls and their
-  retries;
-* `controlplane.sdk.client`: `Client`, the API's routes as methods (jobs, users, operations);
-* `controlplane.sdk.records`: what the API answers, as frozen records (`Job`, `Attempt`,
-  `User`, `JobList`);
-* `controlplane.sdk.errors`: typed errors carrying the server's message (`ApiError` and its
-  kinds, by HTTP status).
+Modules: `connection` (finding the API and its token, the HTTP calls), `client` (`Client`),
+`records` (what the API answers, as frozen records) and `errors` (typed errors by status).
 
-Owns: the SDK's public names, nothing else. Must not: import Ray or the store (nothing in
-the package does: it talks HTTP only).
+Owns: the SDK's public names. Must not: import Ray or the store (it talks HTTP only).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The SDK's client: the control plane's API routes as methods.
-
-Owns: `Client`, one method per route (jobs: submit, status, list, cancel, wait, logs,
-events; users; operations: nodes, health, cordons, the breaker, serving, the policy actor),
-following the API's pages (`LIST_PAGE`, `OPERATIONS_PAGE`) and quoting names into one path
-segment each. Where the API is and how a request goes is `controlplane.sdk.connection`.
+"""The SDK's client: the control plane's API routes as methods, following the API's pages and
+quoting names into one path segment each.
 
 Must not: import Ray or the store; send a request but through `Connection._call`/`_once`.
 """

@@ -1,14 +1,11 @@
 """The SDK's connection to the control plane's API: where it is, and the HTTP calls.
 
-Owns: finding the API's URL and token (first found wins: the arguments; ``RCP_API_URL`` and
-``RCP_API_TOKEN``; the files ``api-url`` and ``api-token`` in the state dir
-(``RCP_STATE_DIR``, default ``~/.rcp``), which `rcp up` writes), one JSON request with the
-token (`Connection._once`) and its retries (`Connection._call`: a 429 after its
-Retry-After, an unreachable server only for a request that is safe to repeat), and turning
-a refusal into the typed error of `controlplane.sdk.errors`.
+Owns: finding the API's URL and token (the arguments; ``RCP_API_URL`` and ``RCP_API_TOKEN``;
+the files ``api-url`` and ``api-token`` in the state dir, ``RCP_STATE_DIR`` or ``~/.rcp``),
+one JSON request with the token (`Connection._once`) and its retries (`Connection._call`),
+and turning a refusal into the typed error of `controlplane.sdk.errors`.
 
-Must not: know the API's routes (`controlplane.sdk.client` does); show the token (not in
-`repr`, not in an error).
+Must not: know the API's routes; show the token (not in `repr`, not in an error).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""The SDK's errors: what the API refused, or that it could not be reached.
+"""The SDK's errors: what the API refused (`ApiError`, its kinds by HTTP status), or that it
+could not be reached; and the client-side ones (`NotConfigured`, `WaitTimeout`).
 
-Owns: `ApiError` (status, the server's message, the field it names, a 429's Retry-After),
-its kinds by HTTP status (`ERROR_BY_STATUS`) and the client-side ones (`NotConfigured`,
-`WaitTimeout`).
-
-Must not: do I/O or read the environment (`controlplane.sdk.connection` raises these).
+Must not: do I/O or read the environment.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""What the API answers, as the SDK hands it back: jobs, their attempts, users.
+"""What the API answers, as the SDK hands it back: frozen records (`Job`, `Attempt`, `User`),
+a listing with the rows the control plane skipped (`JobList`), and the final job states.
 
-Owns: the frozen records built from the API's JSON (`Job`, `Attempt`, `User`), a listing
-with the rows the control plane skipped (`JobList`) and which job states are final
-(`TERMINAL_STATES`).
-
-Must not: do I/O (the client fetches, these only read what it fetched).
+Must not: do I/O.
 """
 
 from __future__ import annotations
