@@ -2,12 +2,9 @@
 
 Owns: `ServeView` (what Serve runs, read once per tick: targets, RUNNING/STARTING/STOPPING
 counts and route weights per model and pool, the ingress's replica target, and the replica
-rows of the snapshot), the load board reads (ongoing requests per model; the ingress's request
-rate and CPU per request), the Ray autoscaler's `request_resources` for the external pool, and
-the writes the act phase makes: a pool's target, its route weights, the ingress's replica
-count (`serve.control.operations.scale_ingress`), and the non-blocking steps of a make-before-break
-move (`serve.control.operations.set_pool_target`, `route_for_targets`; the checks
-`serve.control.waiting.pool_running`, `route_applied`, `pool_settled`).
+rows of the snapshot), the load board reads, the Ray autoscaler's `request_resources` for the
+external pool, and the writes the act phase makes (`ServePlane`), including the non-blocking
+steps and checks of a make-before-break move (`serve.control.operations`, `.waiting`).
 
 Must not: decide (the policies do), or wait for a replica: every method here returns at once
 (a scale-down's re-route waits only for the ingress to apply its route table).
