@@ -134,12 +134,6 @@ class BaseScheme:
 
     def on_reclaim(self, node_id: str) -> None: ...
 
-    def wanted(self, model: str) -> int:
-        m = self.models[model]
-        return max(
-            m.min_replicas, min(m.max_replicas, math.ceil(round(self.serve.sized(model), 9)))
-        )
-
     # -- training: best-effort FIFO gangs, first fit -------------------------------------------
 
     def admit_fitting(self) -> None:
@@ -184,7 +178,7 @@ class BaseScheme:
 
     def scale_serving(self, pool: Pool = Pool.CLUSTER) -> None:
         for model in sorted(self.models):
-            self.serve.targets[(model, pool)] = self.wanted(model)
+            self.serve.targets[(model, pool)] = self.serve.wanted(model)
         self.serve.reconcile()
 
     def step(self, now: float) -> None:
@@ -221,7 +215,7 @@ class EvictFirst(BaseScheme):
             g = self.models[model].gpus_per_replica
             c = sv.targets.get((model, Pool.CLUSTER), 0)
             e = sv.targets.get((model, Pool.EXTERNAL), 0)
-            want = self.wanted(model)
+            want = sv.wanted(model)
             if want > c + e:
                 room = (
                     sum(n.free // g for n in self.world.nodes.values())
@@ -348,7 +342,7 @@ class TimeOfDay(BaseScheme):
         out: dict[str, int] = {}
         for model in sorted(self.models, key=lambda m: -self.models[m].gpus_per_replica):
             g = self.models[model].gpus_per_replica
-            n = min(self.wanted(model), budget // g)
+            n = min(self.serve.wanted(model), budget // g)
             out[model] = n
             budget -= n * g
         return out

@@ -168,19 +168,15 @@ class OurScheme:
         now = self.world.now_s
         n = self.world.node(node_id)
         count = t.hot_samples if kind else t.recover_after_samples
-        samples = []
-        for i in range(max(1, count)):
-            at = now + i * 1e-3
-            gpus = tuple(
-                GpuSample(g, temp_c=(t.gpu_temp_c + 12 if kind == "hot" and g == 0 else 60.0))
-                for g in range(n.gpus)
-            )
-            ports = (
-                PortSample(
-                    "mlx5_0/1", errors_per_s=(t.ib_errors_per_s * 100 if kind == "fabric" else 0.0)
-                ),
-            )
-            samples.append(NodeSample(node_id, at, gpus, ports, n.gpus))
+        gpus = tuple(
+            GpuSample(g, temp_c=(t.gpu_temp_c + 12 if kind == "hot" and g == 0 else 60.0))
+            for g in range(n.gpus)
+        )
+        ib_errors_per_s = t.ib_errors_per_s * 100 if kind == "fabric" else 0.0
+        ports = (PortSample("mlx5_0/1", errors_per_s=ib_errors_per_s),)
+        samples = [
+            NodeSample(node_id, now + i * 1e-3, gpus, ports, n.gpus) for i in range(max(1, count))
+        ]
         verdicts, self.health = evaluate({node_id: samples}, t, self.health, now)
         v = verdicts[node_id]
         if v.verdict.value == "healthy":

@@ -225,22 +225,17 @@ def _spot_max_nodes(s: Scenario) -> float:
         return float(raw) if ok else default
 
     raw = s.config.get("pools.external.providers")
-    rows = (
-        [
-            (
-                str(p.get("name", d.name)),
-                number(p.get("price_per_gpu_hour"), d.price_per_gpu_hour),
-                max(0.0, number(p.get("max_nodes"), d.max_nodes)),
-            )
-            for p in raw
-            if isinstance(p, dict)
-        ]
-        if isinstance(raw, list)
-        else [
-            (p.name, p.price_per_gpu_hour, float(p.max_nodes))
-            for p in ExternalPoolConfig().providers
-        ]
-    )
+    if not isinstance(raw, list):
+        raw = [dataclasses.asdict(p) for p in ExternalPoolConfig().providers]
+    rows = [
+        (
+            str(p.get("name", d.name)),
+            number(p.get("price_per_gpu_hour"), d.price_per_gpu_hour),
+            max(0.0, number(p.get("max_nodes"), d.max_nodes)),
+        )
+        for p in raw
+        if isinstance(p, dict)
+    ]
     names = s.external.spot_providers
     if names is None:
         return min(rows, key=lambda r: r[1])[2] if rows else 0.0
@@ -401,7 +396,7 @@ def stockout_provider(s: Scenario, cfg: Config) -> str:
     providers = cfg.pools.external.providers
     name = s.external.stockout_provider
     if name is None:
-        return min(providers, key=lambda p: p.price_per_gpu_hour).name if providers else ""
+        return next(iter(_cheapest(cfg)), "")
     if name not in {p.name for p in providers}:
         raise ScenarioError(
             f"external.stockout_provider: {name!r} is not one of pools.external.providers "
@@ -414,11 +409,10 @@ def spot_providers(s: Scenario, cfg: Config) -> tuple[str, ...]:
     """The providers `s`'s spot reclaims hit, in the config's order:
     ``external.spot_providers``, else the cheapest of ``pools.external.providers`` (ties: the
     config's order). ScenarioError naming the entry if one is none of them."""
-    providers = cfg.pools.external.providers
     names = s.external.spot_providers
     if names is None:
-        return (min(providers, key=lambda p: p.price_per_gpu_hour).name,) if providers else ()
-    known = [p.name for p in providers]
+        return _cheapest(cfg)
+    known = [p.name for p in cfg.pools.external.providers]
     bad = [
         f"external.spot_providers[{i}]: {name!r} is not one of pools.external.providers "
         f"({', '.join(known)})"
@@ -428,6 +422,12 @@ def spot_providers(s: Scenario, cfg: Config) -> tuple[str, ...]:
     if bad:
         raise ScenarioError("; ".join(bad))
     return tuple(name for name in known if name in names)
+
+
+def _cheapest(cfg: Config) -> tuple[str, ...]:
+    """The cheapest of ``pools.external.providers`` (ties: the config's order), if any."""
+    providers = cfg.pools.external.providers
+    return (min(providers, key=lambda p: p.price_per_gpu_hour).name,) if providers else ()
 
 
 def control_config(scenario: Scenario) -> Config:

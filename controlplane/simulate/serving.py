@@ -135,15 +135,17 @@ class SimServe:
         """Replicas demand asks for at the model's target utilisation (what schemes size by)."""
         return self.rps[model] / (self.replica_rps[model] * self.utilisation[model])
 
+    def wanted(self, model: str) -> int:
+        """The sized count (`sized`), rounded up and clamped to the model's bounds."""
+        low, high = self.bounds.get(model, (0, 10**9))
+        return max(low, min(high, math.ceil(round(self.sized(model), 9))))
+
     def short(self, model: str) -> bool:
         return self.running(model) < self.needed(model)
 
     def taken_gpus(self) -> int:
         """GPUs of serving's sized demand training holds now (see the module doc)."""
-        wanted = 0
-        for m, g in self.gpus.items():
-            low, high = self.bounds.get(m, (0, 10**9))
-            wanted += max(low, min(high, math.ceil(round(self.sized(m), 9)))) * g
+        wanted = sum(self.wanted(m) * g for m, g in self.gpus.items())
         held = sum(
             r.gpus
             for r in self.replicas.values()

@@ -29,6 +29,7 @@ for a job's state change, the ``to`` state its data carries.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -156,16 +157,13 @@ class Timeline:
         def panel(series: tuple[Series, ...]) -> dict[str, int]:
             return {s.label: len(s.points) for s in series}
 
-        rows: dict[str, int] = {}
-        for m in self.markers:
-            rows[m.row] = rows.get(m.row, 0) + 1
         return {
             "start_s": self.start_s,
             "end_s": self.end_s,
             "replicas": panel(self.replicas),
             "gpus": panel(self.gpus),
             "requests": panel(self.requests),
-            "markers": rows,
+            "markers": dict(Counter(m.row for m in self.markers)),
             "marker_kinds": sorted({m.kind for m in self.markers}),
             "notes": list(self.notes),
         }
@@ -225,17 +223,10 @@ def _marker(event: Mapping[str, Any], start_s: float) -> Marker | None:
     if row is None:
         return None
     if kind == "job.state":
-        data = event.get("data") or {}
-        label = str(data.get("to") or "state")
+        label = str((event.get("data") or {}).get("to") or "state")
     else:
         label = kind.split(".", 1)[-1]
-    return Marker(
-        at_s=float(event["at_s"]) - start_s,
-        row=row,
-        kind=kind,
-        label=label,
-        message=str(event.get("message", "")),
-    )
+    return Marker(float(event["at_s"]) - start_s, row, kind, label, str(event.get("message", "")))
 
 
 def build_timeline(
