@@ -258,10 +258,7 @@ def metric_names(expr: str) -> set[str]:
 
 
 def ray_metrics_sd_file(cfg: Config) -> Path:
-    """Ray's file_sd list of every node's metrics agent (the head rewrites it as nodes change).
-
-    Prometheus can watch it directly: ``file_sd_configs: [{files: [<this path>]}]``.
-    """
+    """Ray's file_sd list of every node's metrics agent (the head rewrites it as nodes change)."""
     return ray_temp_dir(cfg) / RAY_SD_FILE
 
 
@@ -284,10 +281,8 @@ def write_file_sd(path: Path, groups: list[dict[str, Any]]) -> None:
 
 
 def write_telemetry_targets(path: Path, timeout_s: float = 10.0) -> list[dict[str, Any]]:
-    """Write the telemetry agents' exporters as a file_sd list; call again as agents change.
-
-    Needs a Ray connection (`controlplane.ray_connection.connect`). Returns what it wrote.
-    """
+    """Write the telemetry agents' exporters as a file_sd list and return it; needs a Ray
+    connection."""
     groups = manager.prometheus_file_sd(manager.agent_endpoints(timeout_s=timeout_s))
     write_file_sd(path, groups)
     return groups

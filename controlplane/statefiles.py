@@ -90,11 +90,8 @@ def write_private(path: Path, text: str) -> None:
 
 @contextmanager
 def private_umask() -> Iterator[None]:
-    """Run the body (and every process it starts) with umask 077, then restore the old one.
-
-    The umask is per process: a thread that creates files meanwhile gets owner-only ones too,
-    which is only ever narrower.
-    """
+    """Run the body (and every process it starts) with umask 077, then restore the old one
+    (per process: other threads' files are only ever narrower meanwhile)."""
     old = os.umask(PRIVATE_UMASK)
     try:
         yield

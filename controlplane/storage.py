@@ -73,12 +73,9 @@ def job_role_arn(cfg: Config) -> str:
 
 
 class JobCredentialMinter:
-    """Mints one job's credentials for its prefix: STS ``AssumeRole`` on `job_role_arn` with
-    ``RoleSessionName=rcp-<job id>``, ``DurationSeconds=storage.job_credentials_duration_s``
-    and the session policy `job_storage_policy(prefix)` as ``Policy``; what S3 then allows is
-    the role's rights intersected with that policy (STS enforces it, the embedded store does
-    not). Thread-safe: the runner mints on worker threads. The client is built on first use;
-    `client` replaces it (tests)."""
+    """Mints one job's credentials for its prefix: STS ``AssumeRole`` on `job_role_arn`
+    with the session policy `job_storage_policy(prefix)`: S3 then allows the role's rights
+    intersected with that policy. Thread-safe; the client is built on first use."""
 
     def __init__(self, cfg: Config, client: Any | None = None) -> None:
         self.cfg = cfg

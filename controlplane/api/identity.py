@@ -214,10 +214,8 @@ class Identity:
 def recover_admin(store: Store, name: str, actor: str) -> tuple[UserRecord, str, bool]:
     """The break-glass way back when no admin can sign in: admin `name` (created if no user
     has it) gets a fresh token that never expires; (the admin, the token, whether it was
-    created). Run on the host that holds the store (`rcp users recover-admin`), never through
-    the API; `actor` (who ran it, and where) goes into the one audit event it records. A
-    running controller honours the new token on its next request (tokens are looked up per
-    request). ValueError for a name that is not a user name or names a non-admin user."""
+    created). Run beside the store, never through the API; `actor` (who ran it, and where)
+    goes into its audit event. ValueError for a bad name or a non-admin user."""
     try:
         checked = _name(name)
     except ApiError as exc:

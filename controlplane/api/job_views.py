@@ -19,14 +19,10 @@ __all__ = ["event_to_json", "invalid_to_json", "job_to_json"]
 def job_to_json(
     job: JobRecord, history: list[Transition] | None = None, *, now_s: float | None = None
 ) -> dict[str, Any]:
-    """The API's view of a job (the SDK's `Job` reads exactly these keys).
-
-    Named keys of the runner's info only, never info itself (it holds the attempt's signal
-    token). The recovery keys come through `job_info.job_facts` (typed, bounded): the last
-    committed step and its age at `now_s` (default: now), the checkpoint overhead (stall
-    over wall seconds, as a percentage), restarts used of ``max_restarts``, hangs and the
-    current attempt's progress. The one-job view (`history` given) adds every attempt's end
-    (``attempts``); a listing leaves them out, so a page stays small."""
+    """The API's view of a job: named keys of the runner's info only, never info itself (it
+    holds the attempt's signal token); the recovery keys through `job_info.job_facts`, ages
+    as of `now_s` (default: now). The one-job view (`history` given) adds every attempt's
+    end (``attempts``); a listing leaves them out, so a page stays small."""
     info = dict(job.info)
     now = time.time() if now_s is None else now_s
     out: dict[str, Any] = {

@@ -291,12 +291,9 @@ class JobService:
     # -- cancel -----------------------------------------------------------------------------
 
     def cancel(self, job_id: str, principal: Principal | None = None) -> dict[str, Any]:
-        """Cancel a job in any non-final state; the runner stops its gang if one runs. A job
-        whose stored row no longer validates is cancelled by id (`Store.cancel_invalid`):
-        the runner stops its Ray Job from the info. Returns the API's view of the job.
-
-        With a `principal`, one who may not cancel this job (a researcher, another's job)
-        gets a 403 naming the owner, and nothing changes."""
+        """Cancel a job in any non-final state (one whose stored row no longer validates: by
+        id, `Store.cancel_invalid`). Returns the API's view of the job. A `principal` who may
+        not cancel this job gets a 403 naming the owner, and nothing changes."""
         if principal is not None:
             try:
                 owner, owner_id = self.store.owner_of(job_id)

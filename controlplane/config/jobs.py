@@ -32,12 +32,8 @@ def _default_queues() -> dict[str, QueueShare]:
 
 @dataclass
 class JobsConfig(PreemptionConfig):
-    """The training queue: priority classes, team queues, preemption caps, the job store.
-
-    Priority classes and preemption caps are the admission policy's own fields
-    (`policies.admission.PreemptionConfig`, defined and defaulted there); the queues are its
-    `QueueShare` by name. `controlplane.policy_config.admission_config` builds the policy's
-    config from this section."""
+    """The training queue: priority classes, team queues, preemption caps, the job store
+    (`controlplane.policy_config.admission_config` builds the policy's config from it)."""
 
     db_path: str | None = None
     """The job store (SQLite, WAL); null means ``<state_dir>/controlplane.db``."""

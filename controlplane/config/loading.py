@@ -80,9 +80,7 @@ def load_config(
     path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> Config:
     """Merge packaged defaults, the YAML file at `path` (if any) and `overrides`; validate.
-
-    Raises ConfigError naming every offending key. Nothing is started or written.
-    """
+    Raises ConfigError naming every offending key."""
     schema = OmegaConf.structured(Config)
     layers: list[Any] = [schema]
     if path is not None:

@@ -64,10 +64,8 @@ NAMESPACE = "rcp"
 
 
 class Controller:
-    """The actor's body: the job store, the API server and the control `Loop`.
-
-    Tests build it with ``start=False`` (nothing starts; the real adapters are made but not
-    called) or with `adapters` (fakes: tests/unit/loop_fakes.py) and drive `loop.tick`."""
+    """The actor's body: the job store, the API server and the control `Loop`. Tests build
+    it with ``start=False`` (nothing starts) or with fake `adapters` and drive `loop.tick`."""
 
     def __init__(
         self,
@@ -290,10 +288,8 @@ def _healthy(url: str) -> bool:
 def deploy(cfg: Config, timeout_s: float = 120.0) -> str:
     """Create (or find) the controller actor, wait until its API answers, return the API URL.
 
-    The caller is a connected Ray driver (`controlplane.ray_connection.connect`). StoreError
-    (its message names the file and what to do) when the actor cannot open the job store; the
-    actor is then removed, so the next deploy, once the file is fixed, opens it again.
-    """
+    The caller is a connected Ray driver. StoreError when the actor cannot open the job
+    store; the actor is then removed, so the next deploy opens it again."""
     import ray
 
     if not ray.is_initialized():

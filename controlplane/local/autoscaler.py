@@ -49,15 +49,11 @@ def external_node_type(provider: str) -> str:
 
 
 def autoscaler_config(cfg: Config, serve_proxy_ports: Sequence[int] = ()) -> dict[str, Any]:
-    """The Ray cluster config that the autoscaler (fake multi-node provider) runs.
-
-    Node types: the head, `cluster` (min = max = num_nodes: a fixed group that the autoscaler
-    only replaces when a node dies) and one per external provider (``external-<name>``,
-    min_nodes..max_nodes, scaled on demand; labelled with its provider and advertising
-    ``provider_<name>``, so a capacity request names the provider that rents).
-    `serve_proxy_ports`: the ports the provider gives the worker nodes' Serve proxies, one
-    each (``controlplane.local.provider``).
-    """
+    """The Ray cluster config the autoscaler (fake multi-node provider) runs: the head,
+    `cluster` (min = max = num_nodes: replaced only when a node dies) and one node type per
+    external provider (``external-<name>``, min_nodes..max_nodes, advertising
+    ``provider_<name>`` so a capacity request names the provider that rents). Each worker
+    node's Serve proxy gets one of `serve_proxy_ports` (``controlplane.local.provider``)."""
     c, e = cfg.pools.cluster, cfg.pools.external
     return {
         "cluster_name": "rcp-local",

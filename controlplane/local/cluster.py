@@ -96,11 +96,8 @@ class LocalCluster:
 
     # -- up ---------------------------------------------------------------------------------
     def up(self, echo: Echo = print) -> list[Endpoint]:
-        """Start everything and return the endpoints; if already running, report them.
-
-        Runs with umask 077, which every process it starts inherits: the files they write
-        (logs, configs, the job store, checkpoints under the state dir) are owner-only.
-        """
+        """Start everything and return the endpoints; if already running, report them. Runs with
+        umask 077, which every process it starts inherits."""
         with private_umask():
             return self._up(echo)
 
@@ -163,26 +160,19 @@ class LocalCluster:
                 self.log_dir,
                 state["serve_proxies"]["nodes"],
             )
-            announce(
-                Endpoint(
-                    "dashboard", f"http://{self.cfg.ray.node_ip}:{self.cfg.ray.dashboard_port}"
-                )
-            )
+            ip = self.cfg.ray.node_ip
+            announce(Endpoint("dashboard", f"http://{ip}:{self.cfg.ray.dashboard_port}"))
             announce(Endpoint("ray", gcs_address(self.cfg)))
             echo(
                 f"ray token: {ray_token_path(self.cfg)} (clients and the dashboard's login read it)"
             )
             connect(self.cfg)
             wait_for_cluster_pool(self.cfg)
-            announce(
-                Endpoint(
-                    "metrics",
-                    f"http://{self.cfg.ray.node_ip}:{self.cfg.ray.metrics_export_port}/metrics",
-                )
-            )
+            metrics_port = self.cfg.ray.metrics_export_port
+            announce(Endpoint("metrics", f"http://{ip}:{metrics_port}/metrics"))
             start_serve(self.cfg, state["serve_proxies"]["head"])
             start_edge(self.cfg, state, self.state_file, self.log_dir)
-            announce(Endpoint("serve", f"http://{self.cfg.ray.node_ip}:{self.cfg.serve.http_port}"))
+            announce(Endpoint("serve", f"http://{ip}:{self.cfg.serve.http_port}"))
             if self.cfg.serve.deploy_app:
                 deploy_serving(self.cfg, echo)
             announce(Endpoint("api", deploy(self.cfg)))

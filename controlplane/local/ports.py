@@ -145,12 +145,9 @@ def quiet_loopback_ports(n: int, rng: random.Random | None = None) -> list[int]:
 
 def serve_proxy_ports(cfg: Config) -> dict[str, object]:
     """Free loopback ports for the cluster's Serve proxies, as the state file records them:
-    ``{"head": port, "nodes": [port, ...]}``. The head's proxy binds the first (Serve is
-    started on it); every worker node gets one of ``nodes`` (``controlplane.local.provider``),
-    twice as many as the pools can hold at once, so a replacement node finds one free while
-    the node it replaces is not yet gone. Chosen when `rcp up` starts, never from the config:
-    nobody but the balancer connects to them. From `quiet_loopback_ports`: a node slot's port
-    sits unused until a node takes it."""
+    ``{"head": port, "nodes": [port, ...]}``, twice as many node ports as the pools can hold
+    at once, so a replacement node finds one free while the node it replaces is not yet
+    gone (``controlplane.local.provider``)."""
     slots = 2 * (cfg.pools.cluster.num_nodes + cfg.pools.external.max_nodes)
     head, *nodes = quiet_loopback_ports(1 + max(slots, 2))
     return {"head": head, "nodes": nodes}

@@ -138,12 +138,9 @@ def terminate(procs: list[psutil.Process], grace_s: float = 5.0) -> None:
 def stop_cluster_processes(
     cluster_id: str, roots: Iterable[str], first: Iterable[str] = (), rounds: int = 4
 ) -> int:
-    """Stop every process of the cluster; returns how many were stopped.
-
-    Processes whose command line contains any string in `first` are stopped before the rest
-    (the autoscaler, so it does not relaunch nodes while they are being stopped). Several
-    rounds catch processes spawned while the others were going down.
-    """
+    """Stop every process of the cluster; returns how many. Those whose command line contains
+    a string of `first` go first (the autoscaler, so it relaunches no node meanwhile); several
+    rounds catch processes spawned while the others went down."""
     roots = list(roots)
     stopped = 0
     first = tuple(first)

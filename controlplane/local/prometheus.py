@@ -205,12 +205,7 @@ def start_for_cluster(
     cfg: Config, env: Mapping[str, str], echo: Callable[[str], None]
 ) -> str | None:
     """The local Prometheus (observability.prometheus): its URL; None, with a note, if it
-    cannot run.
-
-    It scrapes Ray's per-node metrics agents (Ray keeps their target list in its temp
-    dir), the telemetry agents (the controller rewrites their target list as agents come
-    and go) and loads the alert rules.
-    """
+    cannot run."""
     host, port = cfg.ray.node_ip, cfg.observability.prometheus_port
     if port_in_use(host, port):
         echo(

@@ -48,16 +48,12 @@ class Attempt:
 
 @dataclass(frozen=True)
 class Job:
-    """A job as the API reports it.
-
-    Checkpoints and restarts: `last_checkpoint` is the newest committed step as the control
-    plane read it from object storage (``{"step", "uri", "committed_unix_s", "age_s"}``, the
-    age as of the request; None: no checkpoint committed yet). `checkpoint_overhead_pct` is the
-    training time spent stalled on checkpoints over wall time, in percent (None before any
-    wall time). `restarts` of `max_restarts` have been used (crashes and hangs; a preemption
-    or a move by node health spends none). `attempts` (only from `Client.status`) say how each
-    attempt ended. `progress` is the running attempt's ``{"step", "step_at_s", "step_age_s",
-    "stall_s", "wall_s"}``: its step and when the step last grew."""
+    """A job as the API reports it. `last_checkpoint` is the newest committed step
+    (``{"step", "uri", "committed_unix_s", "age_s"}``; None: none yet);
+    `checkpoint_overhead_pct` the training time stalled on checkpoints over wall time, in
+    percent; `restarts` of `max_restarts` are spent by crashes and hangs only; `attempts`
+    (only from `Client.status`) say how each attempt ended; `progress` is the running
+    attempt's step and when it last grew."""
 
     id: str
     state: str
