@@ -1,31 +1,24 @@
 """Node health in the loop: verdicts (observe) and taking bad nodes out (act).
 
-Owns: the health half of a tick and its memory, `HealthKeeper`:
+Owns: the health half of a tick and its memory, `HealthKeeper`, kept in the store under the
+``health.*`` keys below so a restarted controller carries on:
 
-* observe (`verdicts`): a telemetry agent on every node (`Telemetry.ensure_agents`, trusting
-  only the actor ids this controller recorded, kept in the store under ``health.agents``),
-  their recent samples, one verdict per node (`controlplane.telemetry.verdicts.judge`; the
-  policy's memory, lemon records included, lives under ``health.state``), the verdicts to act
-  on (`policies.health.acting_verdicts`) and the breaker (`remediation.Breaker`, stored under
-  ``health.breaker``). Our agent leaves a node Ray drains for someone else once it is empty;
+* observe (`judge`): a telemetry agent on every node (trusting only the actor ids this
+  controller recorded), their recent samples, one verdict per node
+  (`controlplane.telemetry.verdicts.judge`), the verdicts to act on
+  (`policies.health.acting_verdicts`) and the breaker (`act.nodes.Breaker`). Our agent leaves
+  a node Ray drains for someone else once it is empty;
 * act (`act`): `CordonNode` -> Ray drain, `PreemptJob` -> the job runner (checkpoint first,
-  re-queue), `DrainNode` -> the node is replaced (`remediation.Remediator`); the drains this
-  controller asked for are stored under ``health.cordoned`` (Ray does not say who asked);
+  re-queue), `DrainNode` -> the node is replaced (`act.nodes.Remediator`);
 * serving-only nodes (`note_serving_only`): a node whose verdict is SERVING_ONLY (fabric
-  faults, GPUs fine) is not drained: admission leaves it out of every gang (its gangs are
-  preempted with a checkpoint) while Serve replicas keep running and starting there. Which
-  nodes are serving-only, since when and why, is kept under ``health.serving_only``, so a
-  restarted controller neither forgets them nor says it twice; events
-  ``health.serving_only`` and ``health.serving_only_end`` name the node and the fault, and
-  the gauge ``rcp_node_serving_only{node,pool}`` shows it;
-* the operator's requests (`clear_node`, `breaker_status`, `reset_breaker`), which may come
+  faults, GPUs fine) is not drained: admission leaves it out of every gang while Serve
+  replicas keep running and starting there (gauge ``rcp_node_serving_only{node,pool}``);
+* the operator's requests (`clear_node`, `breaker_state`, `reset_breaker`), which may come
   from the API thread while a tick runs: each holds its lock.
 
 Replicas on a bad node are not health's to move: the cordon (a Ray drain) makes Serve start
-replacements elsewhere before it stops the replicas there, and the node, marked unhealthy in
-the snapshot, leaves placement's cluster budget, so the placement policy moves them in the
-same decide phase, in a move that names the node (`policies.placement`,
-``leave_unhealthy_node``), applied by the serving actuator.
+replacements elsewhere first, and the node, unhealthy in the snapshot, leaves placement's
+cluster budget, so placement moves them in a move that names the node (``leave_unhealthy_node``).
 
 Must not: decide (the health policy does) or touch Ray except through the adapters.
 """
@@ -69,7 +62,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 HEALTH_STATE_KEY = "health.state"
+"""The health policy's memory, lemon records included."""
 CORDONED_KEY = "health.cordoned"
+"""Node id -> when this controller asked Ray to drain it (Ray does not say who asked)."""
 SERVING_ONLY_KEY = "health.serving_only"
 """Node id -> ``{"since_s", "reason"}`` of every node kept for serving only."""
 BREAKER_KEY = "health.breaker"

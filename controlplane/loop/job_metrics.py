@@ -1,25 +1,16 @@
 """The controller's recovery gauges: each active job's checkpoints and restarts, and the fleet's
 GPU MTBF, exported through Ray's metrics pipeline (Prometheus sees them with a ``ray_`` prefix).
 
-Owns:
-
-* `job_gauges` (pure): the gauge values of one job from its record, read through
-  `job_info.job_facts`, so they come from what the control plane itself recorded (the
-  committed step as read from object storage), whatever the job's own code does;
-* `GpuHoursMeter`: the cluster-pool GPU-seconds the controller watched, summed in memory
-  every tick and written to the fleet's failure record (`reliability.accrue_gpu_hours`) at
-  most every `flush_interval_s`, not once a tick; it also holds the fleet's GPU MTBF,
-  re-read at each flush;
-* `JobMetrics`: sets the gauges (`ray.util.metrics`), once per tick.
+Owns: `job_gauges` (pure: one job's gauge values from what the control plane itself recorded,
+`job_info.job_facts`, whatever the job's own code does), `GpuHoursMeter` (the cluster-pool
+GPU-seconds watched, written to the fleet's failure record at most every `flush_interval_s`,
+and the fleet's GPU MTBF) and `JobMetrics` (sets the gauges once per tick).
 
 Series and cardinality: labels ``job_id``, ``name`` and ``queue`` only. A job has series
 while the controller's tick lists it (QUEUED, ADMITTED, RUNNING) and once it has started at
-least once; the running-only gauges (running since, last commit, overhead, interval) only
-while it is RUNNING. Ray 2.60's metrics agent drops a gauge series nobody sets for two
-report intervals (20 s by default), so an ended job's series go on their own.
-
-The alert rules in ``infra/prometheus/rules.yml`` read these: a checkpoint too old, a running
-job that never committed one, a hang, restarts exhausted.
+least once; the running-only gauges only while it is RUNNING. Ray's metrics agent drops a
+gauge series nobody sets for two report intervals (20 s by default), so an ended job's
+series go on their own. The alert rules in ``infra/prometheus/rules.yml`` read these.
 
 Must not: read or write the store beyond the fleet record, or decide anything.
 """

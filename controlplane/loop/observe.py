@@ -1,13 +1,10 @@
 """The observe phase: one frozen snapshot of nodes, jobs and Serve replicas per tick.
 
-Owns: `observe`, which reads what the job runner sees of every gang first
-(`JobActions.observe`: Ray Job states, the job signals, committed checkpoints, for
-`policies.attempts` to decide on in the decide phase), then reads the active jobs from the
-store (by index: never the finished jobs of the past), the node inventory, the nodes Ray
-drains (they count as capacity no more: ``healthy=False``) and the serving plane (`ServeView`,
-the load board, and each model's p99 from the latency reader: the snapshot's `ServeLoad`
-rows, `serve_loads`), into one `Observation`. Node health (telemetry verdicts) is applied on
-top by `controlplane.loop.health` in the same phase (`with_health`).
+Owns: `observe`, which reads what the job runner sees of every gang (`JobActions.observe`),
+the active jobs from the store (by index: never the finished jobs of the past), the node
+inventory, the nodes Ray drains (no capacity any more: ``healthy=False``) and the serving
+plane (`ServeView`, the load board, each model's p99: `serve_loads`) into one `Observation`.
+Node health is applied on top in the same phase (`with_health`).
 
 The snapshot's rules (`build_snapshot`, pure given its inputs, so tests can feed rows):
 
@@ -19,8 +16,8 @@ The snapshot's rules (`build_snapshot`, pure given its inputs, so tests can feed
 * queued jobs carry ``not_before_s`` (gang-start backoff) from the store;
 * Serve replicas come from the `ServeView` (`observe`), not from `build_snapshot`.
 
-Must not: change anything (what the runner read, a gang's progress and committed steps, it
-records in the act phase: `JobRunner.apply`).
+Must not: change anything (the runner records what it read in the act phase:
+`JobRunner.apply`).
 """
 
 from __future__ import annotations
@@ -37,16 +34,7 @@ from policies.health import NodeVerdict, with_verdicts
 from policies.ingress import IngressTraffic
 from policies.snapshot import ClusterSnapshot, NodeView, Pool, QueuedJob, RunningGang, ServeLoad
 
-__all__ = [
-    "ACTIVE_STATES",
-    "HOLDING_STATES",
-    "build_snapshot",
-    "observe",
-    "serve_loads",
-    "with_health",
-]
-
-ACTIVE_STATES = (JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING)
+__all__ = ["build_snapshot", "observe", "serve_loads", "with_health"]
 
 
 def observe(
@@ -59,7 +47,7 @@ def observe(
     latency: Callable[[], Mapping[str, float]] | None = None,
 ) -> Observation:
     jobs_view = jobs.observe()
-    records = tuple(store.list_jobs(states=list(ACTIVE_STATES)))
+    records = tuple(store.list_jobs(states=[JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING]))
     snapshot = build_snapshot(now_s, nodes.list_nodes(), records)
     view = serve.view() if serve is not None else ServeView()
     loads: Mapping[str, float] = dict(serve.loads()) if serve is not None and view.deployed else {}
@@ -105,19 +93,11 @@ def with_health(observation: Observation, verdicts: Mapping[str, NodeVerdict]) -
     )
 
 
-HOLDING_STATES = (JobState.ADMITTED, JobState.RUNNING)
-
-
 def _pool(name: str) -> Pool | None:
     try:
         return Pool(name)
     except ValueError:
         return None
-
-
-def _placement(job: JobRecord) -> Mapping[str, int]:
-    raw = job.info.get("placement") or {}
-    return {str(k): int(v) for k, v in raw.items()}
 
 
 def build_snapshot(
@@ -130,8 +110,8 @@ def build_snapshot(
     queued: list[QueuedJob] = []
     for job in jobs:
         s = job.spec
-        if job.state in HOLDING_STATES:
-            placement = _placement(job)
+        if job.state in (JobState.ADMITTED, JobState.RUNNING):
+            placement = {str(k): int(v) for k, v in (job.info.get("placement") or {}).items()}
             for node_id, gpus in placement.items():
                 held[node_id] = held.get(node_id, 0) + gpus
             ckpt = job.info.get("checkpoint") or {}

@@ -5,32 +5,27 @@ another, as a record (persisted in the store under ``serving.operations`` after 
 so a restarted controller resumes it) and `advance`, which takes it one step further without
 waiting for anything:
 
-1. MAKE: the target pool's target is ``to_target`` (raised by n when the move started); the
-   step is done once that many replicas there are RUNNING. Then the route table is set by
-   readiness with the source's planned target (``from_target``), and
-2. SHIFT: done once every ingress replica applied that route table and the edges'
-   table age passed (`serve.control.waiting.route_applied`; no new request goes to a replica
-   about to stop, through the ingress or an edge). Then what the source keeps is worked out again, now (`kept`): the
-   source's target at this time less the moved count, but never below what demand wants
-   now less what RUNS in the target pool (``wanted``: the decide phase reads the load every
-   tick, a move in flight or not, so demand that rose while the replacements started is
-   known). If that differs
-   from ``from_target``, the route table is set again by readiness with it and the step
-   waits for that one; else the source pool's target is lowered to ``from_target``, and
+1. MAKE: the target pool's target is ``to_target`` (raised by n when the move started); done
+   once that many replicas there are RUNNING. Then the route table is set by readiness with
+   the source's planned target (``from_target``), and
+2. SHIFT: done once every ingress replica applied that route table and the edges' table age
+   passed (`serve.control.waiting.route_applied`: no new request goes to a replica about to
+   stop). Then what the source keeps is worked out again (`kept`): its target now less the
+   moved count, never below what demand wants now (``wanted``, read every tick) less what
+   RUNS in the target pool. If that differs from ``from_target``, the route table is set
+   again with it and the step waits for that one; else the source pool's target is lowered
+   to ``from_target``, and
 3. BREAK: done once the source pool settled there (Serve drained the stopping replicas,
    finishing their in-flight requests). The operation ends (`MoveOutcome.DONE`).
 
-So a move never takes serving capacity below what demand needs: a replica stops only after
-its replacement is RUNNING and routed to, and only while the replicas left RUNNING cover
-demand. The source keeps the rest; the policies move or scale them after the move ends (a
-claim that was not fully freed is claimed again next tick). The operation stays the only
-writer of the model's pool targets and routes while it runs (`act.serving`).
+So a replica stops only after its replacement is RUNNING and routed to, and only while the
+replicas left RUNNING cover demand; the policies move or scale the rest after the move ends.
+The operation is the only writer of the model's pool targets and routes while it runs.
 
 Each step re-asserts its own write (level-triggered), so a controller that died between a
 write and the record of it repeats the write harmlessly. A step that does not finish within
 ``timeout_s`` unwinds: in MAKE the target pool goes back to its old target (the source was
-not touched); later the move is finished as far as it got and the policies settle the rest
-next tick (a plain scale change, which re-routes before it stops anything).
+not touched); later the move is finished as far as it got and the policies settle the rest.
 
 Worked example: 2 replicas of ``m`` on cluster, 0 external, move 2 cluster -> external.
 Tick 1: external target 0 -> 2 (MAKE). Ticks 2-5: external replicas start. Tick 6: both

@@ -2,30 +2,22 @@
 
 Owns: carrying out, item by item, what the serving policies returned:
 
-* `RequestExternalCapacity` -> the Ray autoscaler's ``request_resources`` with one bundle per
-  external replica wanted (event ``serve.external_capacity``);
-* `MoveServeReplicas` -> a tracked `operations.MoveOperation`, persisted in the store
-  (``serving.operations``) before its first write, advanced one step per tick (`advance`),
-  events ``serve.move.start`` / ``serve.move.done`` / ``serve.move.unwound``;
-* `ScaleServePool` -> the pool's target (``serve.scale``): a scale-up returns at once (the
-  replicas are routed to once RUNNING, by a later `SetRouteWeights`); a scale-down waits
+* `RequestExternalCapacity` -> the Ray autoscaler's ``request_resources``, one bundle per
+  external replica wanted (`ServeActuator.external_bundles`);
+* `MoveServeReplicas` -> a tracked `operations.MoveOperation`, stored (``serving.operations``)
+  before its first write and advanced one step per tick (`advance`);
+* `ScaleServePool` -> the pool's target: a scale-up at once; a scale-down waits
   (``serve.scale.wait``, retried next tick) until every other pool of the model runs all of
   its target, then routes away from the leaving replicas before it lowers the target;
 * `SetRouteWeights` -> the route table, when it differs from what is deployed;
-* `ScaleIngress` -> the ingress deployment's replica count (``serve.app.ingress.scale``), at
-  once: a starting ingress replica serves with the deployed route table, and Serve drains a
-  stopping one (a move's route step waits until the count settled);
+* `ScaleIngress` -> the ingress deployment's replica count, at once (Serve drains a stopping
+  one; a move's route step waits until the count settled);
 * on Kubernetes with the in-tree autoscaler off, each external worker group's size
-  (`ExternalGroup`: `policies.external_shrink`'s sizes, a shrink only by the emptied nodes
-  it names; level-triggered, re-asserted every `EXTERNAL_GROUP_RECHECK_S`).
+  (`ExternalGroup`).
 
-While a model has a move in flight, the operation owns its replicas and routes: scale and
-route items for it are left for the policies to decide again once the move ends (the single
-writer). The operation gets what the load asks of its model each tick (`advance`'s
-``wanted``, `Decision.wanted`), so its break step keeps the source replicas demand still
-needs.
-
-A restarted controller reads the operations back (`load`), says so once
+While a model has a move in flight, the operation owns its replicas and routes (the single
+writer): scale and route items for it are left for the policies to decide again once the move
+ends. A restarted controller reads the operations back (`load`), says so once
 (``serve.resume``) and resumes them where they were.
 
 Must not: decide, or wait for a replica to start or stop.

@@ -1,14 +1,7 @@
 """Work the runner's tick must not wait on for long, on threads of its own.
 
-Owns:
-
-* `Submissions`: Ray Job submissions on daemon threads, so the tick waits at most
-  ``jobs.submit_timeout_s`` for one (`SubmitTimeout`); a submission abandoned that way and
-  accepted by Ray later is stopped, and while one still hangs no other is tried
-  (`SubmitBusy`);
-* `Background`: checkpoint reads from storage and stack fetches through the dashboard on a
-  small pool, keyed by what they are for; the tick starts them, waits a bounded time and takes
-  what finished.
+Owns `Submissions` (Ray Job submissions, waited for at most ``jobs.submit_timeout_s``) and
+`Background` (checkpoint reads and stack fetches on a small pool, keyed by what they are for).
 
 Must not: decide anything about a job: results are plain data handed back to the tick thread.
 """

@@ -1,17 +1,11 @@
 """Committed checkpoints, read from object storage, never from the loop's word.
 
-Owns `CommittedReads`: which jobs' committed steps to read this tick, the reads themselves
-(`checkpoints.CheckpointReader`, on worker threads: the tick waits `limits.TICK_WAIT_S` at
-most, all jobs together), and what the job's info is to record of them (`read` returns the
-jobs as they then read, and the info updates the runner writes in the act phase):
-
-* a RUNNING job's newest committed step is read every ``jobs.checkpoint_scan_interval_s``,
-  sooner when its hint (a ``checkpointed`` report, or the committed step in its progress)
-  names a newer one (once per hinted step), and every tick while it is preempted;
-* ``checkpoint`` = ``{"step", "uri", "committed_unix_s", "read_s"}``, the newest committed
-  step; while preempting, ``preempt_checkpoint``: the step that answers the request (one the
-  job reported for it whose manifest is in storage, or any committed after the request);
-* a storage error is logged and read again later, never fails the job.
+Owns `CommittedReads`: which jobs' committed steps to read this tick (`_read_wanted`), the
+reads themselves (`checkpoints.CheckpointReader`, on worker threads: the tick waits
+`limits.TICK_WAIT_S` at most, all jobs together) and what the job's info is to record of them
+(`_what_to_record`: ``checkpoint`` = ``{"step", "uri", "committed_unix_s", "read_s"}``, and
+while preempting ``preempt_checkpoint``), written by the runner in the act phase. A storage
+error is logged and read again later, never fails the job.
 
 Must not: write the store (the observe phase only reads), or move a job between states.
 """

@@ -5,19 +5,12 @@ only with credentials minted for it (`controlplane.storage.JobCredentialMinter`:
 ``AssumeRole`` with the session policy of its prefix), which its code fetches from the
 signals actor with its attempt's token (`jobs.signals`, ``RCP_STORAGE_CREDENTIALS``).
 
-Owns `JobCredentials`:
-
-* `prefix` / `wanted`: which jobs get them (scoped mode and an ``s3://`` prefix);
-* `issue`, at admission, after the attempt is registered with the signals actor and before
-  the gang is submitted: mint and put, on the calling thread; it raises when either fails
-  (the launcher counts a start failure: a scoped job never starts without credentials);
-* `refresh`, every tick, for every ADMITTED or RUNNING job that has them: what
-  `policies.credentials.credentials_action` says from the expiry the actor reports
-  (``credentials_expire_unix_s`` in its status) and the newest ones minted here. ``PUT``
-  hands the actor the cached ones again (it restarted or was replaced); ``MINT`` mints on a
-  worker thread (the tick waits until its deadline at most; a mint still running is taken
-  by a later tick) and puts what came back. A failed mint is logged and tried again after
-  `limits.CREDENTIALS_MINT_RETRY_S`.
+Owns `JobCredentials`: `prefix` / `wanted` (which jobs get them), `issue` (at admission,
+before the gang is submitted; it raises when minting or handing over fails, so a scoped job
+never starts without credentials) and `refresh` (every tick, for every admitted job, what
+`policies.credentials.credentials_action` says from the expiry the actor reports and the
+newest ones minted here: put the cached ones again, or mint on a worker thread; a failed
+mint is tried again after `limits.CREDENTIALS_MINT_RETRY_S`).
 
 The credentials live in this process's memory only: never in the store, events, logs or the
 job's runtime env. A restarted controller mints anew when the actor's are due.
@@ -72,13 +65,9 @@ class JobCredentials:
         """Per job: the attempt and the newest credentials minted for it."""
         self._retry_at_s: dict[str, float] = {}
 
-    @property
-    def scoped(self) -> bool:
-        return self.cfg.storage.job_credentials == JobCredentialsMode.SCOPED.value
-
     def prefix(self, job: JobRecord) -> StorageUri | None:
         """The S3 prefix `job` gets credentials for, or None (shared mode, or not on S3)."""
-        if not self.scoped:
+        if self.cfg.storage.job_credentials != JobCredentialsMode.SCOPED.value:
             return None
         uri = parse_storage_uri(uri_of(self.cfg, job))
         return uri if uri.scheme == "s3" else None

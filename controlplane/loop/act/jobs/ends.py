@@ -1,25 +1,12 @@
 """How an attempt ends: a job's gang is done with, and the job settles or goes back to wait.
 
 Owns `AttemptEnds`, the writes every end of an attempt shares, as `policies.attempts` decided
-it:
-
-* `end` (`EndJob`): the job ends, SUCCEEDED or FAILED, with its attempt's end recorded; when
-  the gang still runs it is stopped and the job settled once Ray says it ended (the runner's
-  `SettleEnded`), else the signals actor is told to forget the job and its memory-tier actors
-  are killed now;
-* `requeue` (`RequeueGang`): the job goes back to QUEUED in one transaction with its info (a
-  preemption's through PREEMPTED, so the history shows both), after the policy's backoff;
-* `restarted_in_place` (`RecordInPlaceRestart`): the run restarted its workers itself; the
-  failure is recorded as an end of the attempt (its restart index) and a restart spent, and
-  the job stays RUNNING;
-* every end of a gang that ran, and every restart in place, starts timing the recovery
-  (`store.recoveries.failed`);
-* `start_failed`: admitting a gang failed (the signals actor, credentials, the submission):
-  `policies.attempts.start_failure` says retry after a backoff or FAILED, applied as above;
-* a crash after the gang trained is counted in the fleet's failure record
-  (`reliability.record_failure`);
-* the best-effort calls to the signals actor and the memory tier at an end (`forget`,
-  `forget_many`, `clear_request`, `clear_memory_tier`): a failure is logged, never raised.
+it: `end` (`EndJob`: SUCCEEDED or FAILED; a gang that still runs is stopped and the job settled
+once Ray says it ended, the runner's `SettleEnded`), `requeue` (`RequeueGang`: back to QUEUED
+in one transaction with its info, a preemption's through PREEMPTED so the history shows
+both), `start_failed` (admitting a gang failed: `policies.attempts.start_failure`), a crash
+after the gang trained counted in the fleet's failure record, and the best-effort calls to
+the signals actor and the memory tier at an end (a failure is logged, never raised).
 
 Must not: call Ray but through the Ray Jobs adapter (`ray_jobs.RayJobs`), or decide how an
 attempt ends (`policies.attempts` does).

@@ -1,24 +1,17 @@
-"""`JobRunner`: the job actuator: what Ray, the signals actor and storage say, and their hands.
+"""`JobRunner`: the job actuator's entry points, what Ray, the signals actor and storage say.
 
-Owns the runner's entry points, idempotent and working from the store alone, so a restarted
+Owns the entry points, idempotent and working from the store alone, so a restarted
 controller carries on where the last one stopped:
 
-* `observe` (the loop's observe phase): every job that holds a gang (ADMITTED, RUNNING) as a
-  `policies.attempts.GangView`: Ray's status of its Ray Job, the signals actor's word (started
-  ranks, progress; an actor that forgot the attempt is told it again), the end of its log when
-  Ray says it failed; the committed steps read from storage (`checkpoint_reads`); and every
+* `observe` (the observe phase): every job that holds a gang (ADMITTED, RUNNING) as a
+  `policies.attempts.GangView` (Ray's status of its Ray Job, the signals actor's word, the
+  end of its log when Ray says it failed, the committed steps read from storage), and every
   ended job whose Ray Job may still run (cancelled, over its runtime) as an `EndedGang`;
-* `apply` (the act phase): `policies.attempts`' plan: ADMITTED -> RUNNING, a resubmission, a
-  stop, a hung gang's stacks and stop (`watchdog`), the job's end or its re-queue (`ends`), an
-  ended job settled; then the upkeep: scoped storage credentials kept fresh
-  (`credentials.JobCredentials`), stranded preemptions re-queued, and every
-  `limits.ORPHAN_SWEEP_INTERVAL_S` the sweeps: live Ray Jobs of ours that are no job's
-  current attempt stopped (`sweep_orphans`), memory-tier actors of ended or pruned jobs
-  killed (`sweep_memory_tiers`);
-* `admit` and `preempt`: admission's plan items (`launching.Launcher`,
-  `preemption.Preemption`);
-* `read_logs` (`adapters.job_logs.AttemptLogs`), `forget` and `forget_many` for the API and
-  retention.
+* `apply` (the act phase): `policies.attempts`' plan, then the upkeep: scoped storage
+  credentials kept fresh, stranded preemptions re-queued, and every
+  `limits.ORPHAN_SWEEP_INTERVAL_S` the sweeps (`sweep_orphans`, `sweep_memory_tiers`);
+* `admit` and `preempt`: admission's plan items (`launching`, `preemption`);
+* `read_logs`, `forget` and `forget_many` for the API and retention.
 
 Must not: call Ray but through the Ray Jobs adapter (`adapters.ray_jobs.RayJobs`), decide what
 a gang's observed state calls for (`policies.attempts`), or who runs (`policies.admission`).
