@@ -155,12 +155,11 @@ def attempt_end(
         return {}
     raw = job.info.get("attempts")
     attempts = [a for a in raw if isinstance(a, Mapping)] if isinstance(raw, list) else []
-    if in_place is None and attempts and attempts[-1].get("attempt") == attempt:
-        if attempts[-1].get("in_place") is None:
+    if in_place is None:
+        recorded = bool(attempts) and attempts[-1].get("attempt") == attempt
+        if recorded and attempts[-1].get("in_place") is None:
             return {}
-    if in_place is not None and any(
-        (a.get("attempt"), a.get("in_place")) == (attempt, in_place) for a in attempts
-    ):
+    elif any((a.get("attempt"), a.get("in_place")) == (attempt, in_place) for a in attempts):
         return {}
     progress = as_mapping(job.info.get("progress"))
     # The step the next attempt resumes from, as storage showed it when this one ended: the
