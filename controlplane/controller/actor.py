@@ -128,11 +128,9 @@ class Controller:
     def _ray_adapters(self) -> Adapters:
         cfg = self.cfg
         nodes = RayNodes()
-        serve = (
-            RayServe({m.name: m.num_gpus for m in cfg.serving.models})
-            if cfg.serve.deploy_app
-            else None
-        )
+        serve = None
+        if cfg.serve.deploy_app:
+            serve = RayServe({m.name: m.num_gpus for m in cfg.serving.models})
         prometheus = PrometheusTargets(cfg)
         latency_url = latency_source_url(cfg, os.environ) if serve is not None else None
         if serve is not None and latency_url is None:

@@ -123,6 +123,13 @@ def kill_now(procs: list[psutil.Process]) -> int:
     return killed
 
 
+def _cmdline(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def terminate(procs: list[psutil.Process], grace_s: float = 5.0) -> None:
     """SIGTERM each process, wait up to `grace_s`, then SIGKILL what is left."""
     for proc in procs:
@@ -148,16 +155,9 @@ def stop_cluster_processes(
         procs = find_cluster_processes(cluster_id, roots)
         if not procs:
             break
-        if first:
-            leaders = []
-            for p in procs:
-                try:
-                    if any(tok in " ".join(p.cmdline()) for tok in first):
-                        leaders.append(p)
-                except psutil.Error:
-                    pass
-            if leaders:
-                terminate(leaders)
+        leaders = [p for p in procs if first and any(tok in _cmdline(p) for tok in first)]
+        if leaders:
+            terminate(leaders)
         terminate(procs)
         stopped += len(procs)
         time.sleep(0.2)
