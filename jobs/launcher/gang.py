@@ -105,7 +105,7 @@ def gang_configs(env: Mapping[str, str]) -> tuple[ScalingConfig, RunConfig]:
         name=env.get(ENV_JOB_ID) or "rcp-local-run",
         storage_path=env.get(ENV_STORAGE_PATH) or None,
         failure_config=FailureConfig(max_failures=restarts),
-        callbacks=[in_place.InPlaceReporter(env)] if restarts else None,
+        callbacks=[in_place.InPlaceReporter(env)] if restarts else None,  # type: ignore[list-item]  # Train v2's callbacks; the stubs show v1's
     )
     return scaling, run_config
 
