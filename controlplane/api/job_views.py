@@ -10,7 +10,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from controlplane.store import Event, InvalidRow, JobRecord, JobState, Transition
+from controlplane.store import (
+    TERMINAL_STATES,
+    Event,
+    InvalidRow,
+    JobRecord,
+    JobState,
+    Transition,
+    recoveries,
+)
 from controlplane.store.job_info import job_facts
 
 __all__ = ["event_to_json", "invalid_to_json", "job_to_json"]
@@ -22,7 +30,8 @@ def job_to_json(
     """The API's view of a job: named keys of the runner's info only, never info itself (it
     holds the attempt's signal token); the recovery keys through `job_info.job_facts`, ages
     as of `now_s` (default: now). The one-job view (`history` given) adds every attempt's
-    end (``attempts``); a listing leaves them out, so a page stays small."""
+    end (``attempts``) and every recovery (``recoveries``, `store.recoveries`); a listing
+    leaves them out, so a page stays small."""
     info = dict(job.info)
     now = time.time() if now_s is None else now_s
     out: dict[str, Any] = {
@@ -55,8 +64,20 @@ def job_to_json(
                 "reason": a.reason,
                 "step": a.step,
                 "checkpoint_step": a.checkpoint_step,
+                "in_place": a.in_place,
             }
             for a in job_facts(job.info).attempts
+        ]
+        out["recoveries"] = [
+            {
+                "failed_s": r.failed_s,
+                "kind": r.kind,
+                "in_place": r.in_place,
+                "seconds": r.seconds,
+                "source": r.source,
+                "restored_step": r.restored_step,
+            }
+            for r in recoveries.recoveries(job.info)
         ]
         out["history"] = [
             {
@@ -77,6 +98,8 @@ def _recovery_json(job: JobRecord, now_s: float) -> dict[str, Any]:
     stall_s, wall_s = facts.stall_wall_s(running)
     ratio = facts.overhead_ratio(running)
     commit, progress = facts.commit, facts.progress
+    # ETTR to now while the job runs or waits, to its last change once it ended.
+    ettr_at_s = job.updated_s if job.state in TERMINAL_STATES else now_s
     return {
         "checkpoint_uri": facts.checkpoint_uri,
         "last_checkpoint": None
@@ -93,6 +116,7 @@ def _recovery_json(job: JobRecord, now_s: float) -> dict[str, Any]:
         "restarts": facts.restarts,
         "max_restarts": job.spec.max_restarts,
         "hangs": facts.hangs,
+        "ettr": recoveries.ettr(job.info, ettr_at_s, stall_s),
         "progress": None
         if progress is None or not running
         else {

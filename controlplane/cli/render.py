@@ -68,6 +68,10 @@ def recovery_lines(job: Any) -> list[str]:
     limit = "-" if job.max_restarts is None else str(job.max_restarts)
     hangs = f" ({job.hangs} after a hang)" if job.hangs else ""
     lines.append(f"restarts:    {job.restarts} of {limit} used{hangs}")
+    if job.ettr is not None:
+        lines.append(
+            f"ettr:        {100 * job.ettr:.1f}% of wall time since admission spent training"
+        )
     progress = job.progress
     if progress:
         age = progress.get("step_age_s")
@@ -76,7 +80,8 @@ def recovery_lines(job: Any) -> list[str]:
     if job.attempts:
         rows: list[tuple[str, ...]] = [
             (
-                "-" if a.attempt is None else str(a.attempt),
+                ("-" if a.attempt is None else str(a.attempt))
+                + ("" if a.in_place is None else f" (in place {a.in_place})"),
                 local_time(a.ended_s),
                 a.kind,
                 "-" if a.step is None else str(a.step),
@@ -87,6 +92,21 @@ def recovery_lines(job: Any) -> list[str]:
         lines.append("attempts:")
         table = text_table(rows, ("ATTEMPT", "ENDED", "KIND", "STEP", "REASON"))
         lines += ["  " + line for line in table.splitlines()]
+    if job.recoveries:
+        recovered = [
+            (
+                local_time(r.get("failed_s")),
+                str(r.get("kind") or "-"),
+                "in place" if r.get("in_place") else "re-queued",
+                "recovering" if r.get("seconds") is None else f"{r['seconds']:.1f}s",
+                str(r.get("source") or "-"),
+                "-" if r.get("restored_step") is None else str(r["restored_step"]),
+            )
+            for r in job.recoveries
+        ]
+        lines.append("recoveries (failure -> first new step):")
+        header = ("FAILED", "KIND", "HOW", "TOOK", "RESTORED FROM", "STEP")
+        lines += ["  " + line for line in text_table(recovered, header).splitlines()]
     return lines
 
 

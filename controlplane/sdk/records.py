@@ -32,6 +32,9 @@ class Attempt:
     checkpoint_step: int | None = None
     """The committed step the next attempt resumes from, as the control plane read it from
     object storage when this attempt ended (for a preemption: the step that answered it)."""
+    in_place: int | None = None
+    """The run restarted its workers itself, the n-th time (the attempt went on); None: the
+    attempt ended."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Attempt:
@@ -43,6 +46,7 @@ class Attempt:
             admitted_s=data.get("admitted_s"),
             step=data.get("step"),
             checkpoint_step=data.get("checkpoint_step"),
+            in_place=data.get("in_place"),
         )
 
 
@@ -53,7 +57,11 @@ class Job:
     `checkpoint_overhead_pct` the training time stalled on checkpoints over wall time, in
     percent; `restarts` of `max_restarts` are spent by crashes and hangs only; `attempts`
     (only from `Client.status`) say how each attempt ended; `progress` is the running
-    attempt's step and when it last grew."""
+    attempt's step and when it last grew; `ettr` the effective training time ratio since
+    the first admission (productive training over wall time); `recoveries` (only from
+    `Client.status`) each failure's ``{"failed_s", "kind", "in_place", "seconds", "source",
+    "restored_step"}``: ``seconds`` to the first new step (None: not resumed yet), ``source``
+    where the restore read the checkpoint (``memory``, ``storage``)."""
 
     id: str
     state: str
@@ -76,6 +84,8 @@ class Job:
     hangs: int = 0
     progress: Mapping[str, Any] | None = None
     attempts: tuple[Attempt, ...] = ()
+    ettr: float | None = None
+    recoveries: tuple[Mapping[str, Any], ...] = ()
     message: str | None = None
     history: tuple[Mapping[str, Any], ...] = ()
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
@@ -100,11 +110,12 @@ class Job:
         plain = {
             f.name: data[f.name] if f.default is MISSING else data.get(f.name, f.default)
             for f in fields(cls)
-            if f.name not in ("attempts", "history", "raw")
+            if f.name not in ("attempts", "recoveries", "history", "raw")
         }
         return cls(
             **plain,
             attempts=tuple(Attempt.from_json(a) for a in data.get("attempts") or ()),
+            recoveries=tuple(data.get("recoveries") or ()),
             history=tuple(data.get("history", ())),
             raw=dict(data),
         )

@@ -20,7 +20,8 @@ Owns:
   * ``stall_s_total``, ``wall_s_total``: checkpoint stall and wall seconds of ended attempts;
   * ``restarts`` (crash and hang restarts used) and ``hangs``;
   * ``attempts``: each attempt's end, newest last,
-    ``{"attempt", "admitted_s", "ended_s", "kind", "reason", "step", "checkpoint_step"}``.
+    ``{"attempt", "admitted_s", "ended_s", "kind", "reason", "step", "checkpoint_step"}``,
+    and ``"in_place"`` (the restart's index) for a restart of the run's workers in place.
 
 Every key is optional and its type untrusted: info is JSON from the store, an older runner
 wrote other shapes, and a listing must never fail on one job. A value of the wrong type, a
@@ -279,6 +280,8 @@ class Attempt:
     """The last step the attempt reported (None: none, or not said)."""
     checkpoint_step: int | None = None
     """The committed step (as storage showed it) the next attempt resumes from (None: none)."""
+    in_place: int | None = None
+    """The run restarted its workers itself, this many times so far (the attempt went on)."""
 
 
 @dataclass(frozen=True)
@@ -350,6 +353,7 @@ def _attempts(raw: Any) -> tuple[Attempt, ...]:
                 reason=_text(data.get("reason")) or "",
                 step=as_count(data.get("step"), MAX_COUNT),
                 checkpoint_step=as_count(data.get("checkpoint_step"), MAX_COUNT),
+                in_place=as_count(data.get("in_place"), MAX_COUNT),
             )
         )
     return tuple(out)

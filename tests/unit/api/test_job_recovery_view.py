@@ -400,3 +400,87 @@ def test_a_failing_failure_record_never_stops_a_cordon() -> None:
     r = Remediator(nodes, 600.0, True, record=lambda k, m: None, count_removal=broken)
     assert r.cordon("a", "unhealthy", now_s=1.0)
     assert nodes.calls == [("drain", "a", "600")] and "a" in r.cordoned
+
+
+# -- recoveries and ETTR (issue 30) -------------------------------------------------------------
+
+
+def recovered_info(now: float) -> dict[str, Any]:
+    """Admitted 1,000 s ago; a worker crashed at -600 and the run restarted in place (4.5 s
+    to the first new step from the memory tier, caught up 10.5 s after the failure); a hang
+    at -100 re-queued the job, still recovering."""
+    return info(
+        first_admitted_s=now - 1000.0,
+        stall_s_total=0.0,
+        progress=None,
+        attempts=[
+            {
+                "attempt": 1,
+                "ended_s": now - 600.0,
+                "kind": "crash",
+                "reason": "crash: rank 1: its worker process died",
+                "step": 40,
+                "in_place": 1,
+            },
+            {"attempt": 1, "ended_s": now - 100.0, "kind": "hang", "reason": "no step", "step": 80},
+        ],
+        recoveries=[
+            {
+                "failed_s": now - 600.0,
+                "resumed_s": now - 595.5,
+                "seconds": 4.5,
+                "kind": "crash",
+                "in_place": True,
+                "step": 40,
+                "restored_step": 35,
+                "source": "memory",
+                "caught_up_s": now - 589.5,
+            }
+        ],
+        recovering={"failed_s": now - 100.0, "kind": "hang", "in_place": False, "step": 80},
+    )
+
+
+def test_the_view_has_each_recovery_and_the_ettr() -> None:
+    now = 10_000.0
+    view = job_to_json(record(job_info=recovered_info(now)), history=[], now_s=now)
+    assert view["recoveries"] == [
+        {
+            "failed_s": now - 600.0,
+            "kind": "crash",
+            "in_place": True,
+            "seconds": 4.5,
+            "source": "memory",
+            "restored_step": 35,
+        },
+        {
+            "failed_s": now - 100.0,
+            "kind": "hang",
+            "in_place": False,
+            "seconds": None,
+            "source": None,
+            "restored_step": None,
+        },
+    ]
+    assert [a["in_place"] for a in view["attempts"]] == [1, None]
+    # 1000 s of wall time, 10.5 s lost to the crash, 100 s (so far) to the hang.
+    assert view["ettr"] == pytest.approx((1000 - 10.5 - 100) / 1000)
+    listed = job_to_json(record(job_info=recovered_info(now)), now_s=now)
+    assert "recoveries" not in listed and listed["ettr"] == view["ettr"]
+
+
+def test_rcp_status_shows_each_recovery_where_it_restored_from_and_the_ettr(srv: Server) -> None:
+    job_id = running_job(srv, recovered_info(time.time()))
+    job = srv.client.status(job_id)
+    assert job.ettr is not None and 0.88 < job.ettr < 0.9
+    assert [r["source"] for r in job.recoveries] == ["memory", None]
+    assert job.attempts[0].in_place == 1
+    code, out = rcp(srv, "status", job_id)
+    assert code == 0, out
+    assert re.search(r"ettr:        8\d\.\d% of wall time since admission spent training", out)
+    rows = out[out.index("attempts:") :].splitlines()
+    assert rows[2].startswith("  1 (in place 1)"), rows
+    rows = out[out.index("recoveries (failure -> first new step):") :].splitlines()
+    assert rows[1].split() == ["FAILED", "KIND", "HOW", "TOOK", "RESTORED", "FROM", "STEP"]
+    assert rows[2].split()[2:] == ["crash", "in", "place", "4.5s", "memory", "35"], rows
+    assert rows[3].split()[2:] == ["hang", "re-queued", "recovering", "-", "-"], rows
