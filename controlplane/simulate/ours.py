@@ -3,41 +3,31 @@
 Owns: `OurScheme`. At every instant something changed it does what one tick of
 `controlplane.loop.tick.Loop` does, with the simulated world in place of the adapters:
 
-1. observe: a `ClusterSnapshot` at the simulated ``now_s`` built by the observe phase's rules
-   (`controlplane.loop.observe`): nodes with what no one holds free (down nodes not
-   healthy), every holding gang a `RunningGang` (``preempting`` while it checkpoints out),
-   queued jobs with their backoff, Serve's replicas from the `ServeView`; the load board is
-   ongoing requests (demand / per-replica rate x the model's ``target_ongoing_requests``);
-   health verdicts from `policies.health.evaluate` on telemetry-like samples of the faults,
-   applied with `with_health` as the loop does;
-2. decide: `controlplane.loop.decide.decide` itself (admission, health remediation, demand,
-   placement), with the policies' configs built from the control plane's `Config` by
-   `controlplane.policy_config`, and the policies' state handed back each time;
-3. act: admission's plan on the world's jobs (`AdmitJob` takes the named GPUs, `PreemptJob`
-   checkpoints out, `RejectJob`), remediation (cordon: the node takes nothing new; preempt
-   checkpoint-first; drain: the node leaves for repair), the serving plan as the Serve
-   actuator does (`controlplane.loop.act.serving.ServeActuator.apply`): the real
-   make-before-break operations (`controlplane.loop.act.operations`) advanced on `SimServe`,
-   scale-downs that wait for the other pool, route weights, external capacity (each
-   provider asked for its share, `RequestExternalCapacity.by_provider`; none given: all of
-   it from the first provider), and a `DrainNode` of an external node (Serve moves its
-   replicas off make-before-break, then the node goes: `World.drain_external`);
-4. record: admission's and remediation's new plan items once each, as
-   `controlplane.loop.record.PlanEvents` logs them, and the Serve actuator's events
-   (``serve.external_capacity``, ``serve.move.start``/``done``/``unwound``, ``serve.scale``,
-   ``serve.scale.wait``, ``serve.provider_drain``), in the order the real loop writes them.
+1. observe: a `ClusterSnapshot` at the simulated ``now_s`` by the observe phase's rules
+   (`controlplane.loop.observe`): down nodes not healthy, every holding gang a `RunningGang`
+   (``preempting`` while it checkpoints out), queued jobs with their backoff, Serve's
+   replicas; the load board is ongoing requests (sized replicas x the model's
+   ``target_ongoing_requests``); health verdicts from `policies.health.evaluate` on
+   telemetry-like samples of the faults, applied with `with_health`;
+2. decide: `controlplane.loop.decide.decide` itself, with the policies' configs built from
+   the control plane's `Config` and their state handed back each time;
+3. act: admission's plan on the world's jobs, remediation (cordon; preempt checkpoint-first;
+   drain: the node leaves for repair), and the serving plan as the Serve actuator
+   (`controlplane.loop.act.serving.ServeActuator.apply`) applies it: the real
+   make-before-break operations advanced on `SimServe`, scale-downs that wait for the other
+   pool, route weights, external capacity per provider (none named: all of it from the
+   first), and a `DrainNode` of an external node (`World.drain_external`);
+4. record: the plan items and the Serve actuator's events, in the order the real loop
+   writes them (`controlplane.loop.record.PlanEvents`).
 
 A spot reclaim's notice (`on_reclaim`) is what Ray's drain of the node is to the real loop:
-the node is out of service from then on (not healthy in the snapshot, as the observe phase
-marks the nodes Ray drains, so placement counts its provider's live GPUs without it and asks
-for the capacity again), and Serve starts the node's replicas elsewhere before it stops them
-there (`World.drain_external`, Serve's draining-node migration); what has not moved when the
-notice runs out is lost with the node.
+the node is out of service from then on (not healthy in the snapshot, so placement asks for
+its provider's capacity again), and Serve starts the node's replicas elsewhere before it
+stops them there; what has not moved when the notice runs out is lost with the node.
 
 It asks to be woken at the policies' own timers (demand delays, placement's migrate-back
-idle and interval, backoffs, a move's next step or timeout). The checkpoint interval of each
-run is `policies.checkpointing.checkpoint_interval` with the fleet MTBF estimated the way the
-controller does (`estimate_mtbf_s` over failures seen, with the config's prior).
+idle and interval, backoffs, a move's next step or timeout). A run's checkpoint interval is
+`policies.checkpointing`'s, with the fleet MTBF estimated as the controller does.
 
 Must not: decide anything itself.
 """

@@ -217,21 +217,20 @@ def summarise(
         if name != "ours"
     }
     goals: list[dict[str, Any]] = []
-    for name, goal in GOODPUT_GOALS.items():
+
+    def goal(text: str, value: float, met: bool, at_fault: str | None, **more: Any) -> None:
+        at_fault = None if met else at_fault
+        goals.append({"goal": text, "value": value, "met": met, "at_fault": at_fault, **more})
+
+    for name, want in GOODPUT_GOALS.items():
         if name not in results:
             continue
         ratio = ratios[f"goodput_vs_{name}"]
-        met = ratio >= goal
-        entry: dict[str, Any] = {
-            "goal": f"training goodput >= {goal}x {name}",
-            "value": round(ratio, 4),
-            "met": met,
-            "at_fault": None if met else _fault(ours, results[name].figures, name, max_share),
-        }
+        met = ratio >= want
+        fault = None if met else _fault(ours, results[name].figures, name, max_share)
         equal = at_equal_service(ours, results[name].figures)
-        if equal is not None:
-            entry["at_equal_service"] = equal
-        goals.append(entry)
+        more = {} if equal is None else {"at_equal_service": equal}
+        goal(f"training goodput >= {want}x {name}", round(ratio, 4), met, fault, **more)
     served = ours.get("served_fraction", 1.0)
     short = {c: ours.get(f"shortfall_{c}_min", 0.0) for c in CAUSES}
     causes = {
@@ -244,16 +243,12 @@ def summarise(
         "spot reclaims (external.reclaim_notice_s): replicas not moved off a reclaimed node "
         "before it went": short["reclaims"],
     }
-    goals.append(
-        {
-            "goal": f"requests served >= {SERVED_GOAL:.1%} (ours)",
-            "value": round(served, 5),
-            "met": served >= SERVED_GOAL,
-            "at_fault": None
-            if served >= SERVED_GOAL
-            else max(causes.items(), key=lambda kv: kv[1])[0],
-            "serving_floor_gpu_h": None if floor_gpu_h is None else round(floor_gpu_h, 1),
-        }
+    goal(
+        f"requests served >= {SERVED_GOAL:.1%} (ours)",
+        round(served, 5),
+        served >= SERVED_GOAL,
+        max(causes.items(), key=lambda kv: kv[1])[0],
+        serving_floor_gpu_h=None if floor_gpu_h is None else round(floor_gpu_h, 1),
     )
     moves = ours["shortfall_moves_min"]
     breaks = int(ours.get("moves_leaving_serving_short", 0))
@@ -267,22 +262,16 @@ def summarise(
         "external_pool_lacks_capacity": round(short["scaling"], 2),
         "spot_reclaims": round(short["reclaims"], 2),
     }
-    goals.append(
-        {
-            "goal": "zero minutes of serving shortfall caused by moves (ours)",
-            "value": round(moves, 2),
-            "met": moves == 0,
-            "at_fault": None if moves == 0 else why,
-            "beside": beside,
-        }
+    goal(
+        "zero minutes of serving shortfall caused by moves (ours)",
+        round(moves, 2),
+        moves == 0,
+        why,
+        beside=beside,
     )
-    goals.append(
-        {
-            "goal": "external GPU-hours reported (ours)",
-            "value": round(ours["external_gpu_h"], 1),
-            "met": math.isfinite(ours["external_gpu_h"]),
-            "at_fault": None,
-        }
+    external_h = ours["external_gpu_h"]
+    goal(
+        "external GPU-hours reported (ours)", round(external_h, 1), math.isfinite(external_h), None
     )
     findings: list[str] = []
     if floor_gpu_h is not None:

@@ -1,21 +1,15 @@
 """What the fleet simulator simulates: the scenario, its defaults, and reading one from a file.
 
-Owns: `Scenario` (every field documented, every default the default scenario's; its sections
-are `controlplane.simulate.sections`'s, named here too), `SCENARIO` (pydantic's check of a
-scenario: each field's own, declared on it, then the checks across fields here),
-`load_scenario` (a YAML or JSON file, at most `MAX_SCENARIO_BYTES`) and `scenario_from_dict`,
-which reject unknown keys, wrong types, non-finite numbers and impossible values with one
-message per problem naming the field's full path (`ScenarioError`), the bound on
-the work a scenario implies (`implied_events` against `MAX_SIM_EVENTS`: each field can be
-within its limit while their product is billions of events), `resized` (the CLI's
---days/--nodes/--seed), `with_stockouts` and `stockout_provider` (the stock-out scenario and
-the provider it hits), `spot_providers` (the providers whose nodes spot reclaims take back),
-and `control_config`, the control plane's own `Config` (packaged defaults, then the
-scenario's ``config`` overrides, a list such as ``pools.external.providers`` given whole,
-validated by `controlplane.config.load_config`) whose policy configs the simulator hands to
-the real policies.
-
-Where the defaults come from is in docs/simulator.md.
+Owns: `Scenario` (every default the default scenario's; its sections are
+`controlplane.simulate.sections`'s), `SCENARIO` (pydantic's check: each field's own, then the
+checks across fields here), `load_scenario` and `scenario_from_dict` (unknown keys, wrong
+types, non-finite numbers and impossible values refused with one message per problem naming
+the field's full path, `ScenarioError`), the bound on the work a scenario implies
+(`implied_events` against `MAX_SIM_EVENTS`), `resized` (the CLI's --days/--nodes/--seed), the
+providers stock-outs and spot reclaims hit, and `control_config`, the control plane's own
+`Config` (packaged defaults, then the scenario's ``config`` overrides) whose policy configs
+the simulator hands to the real policies. Where the defaults come from is in
+docs/simulator.md.
 
 Must not: simulate, or read any file but the scenario (and a trace it names, `trace`).
 """
@@ -136,22 +130,15 @@ class Scenario:
         ``config["pools.external.providers"]``) scale too."""
         raw_days = self.days if days is None else days
         raw_nodes = self.nodes if nodes is None else nodes
-        options = {
-            "days": raw_days,
-            "nodes": raw_nodes,
-            "seed": self.seed if seed is None else seed,
-        }
+        raw_seed = self.seed if seed is None else seed
+        options = {"days": raw_days, "nodes": raw_nodes, "seed": raw_seed}
         errors = [e for e in SCENARIO.problems(options) if e.field in options]
         if errors:
             raise ScenarioError("invalid option: " + "; ".join(map(str, errors)))
-        out = dataclasses.replace(self, days=float(raw_days), nodes=int(raw_nodes))
-        out.training = dataclasses.replace(
-            self.training,
-            jobs=max(
-                1, round(self.training.jobs * (raw_days / self.days) * (raw_nodes / self.nodes))
-            ),
-        )
+        out = dataclasses.replace(self, days=float(raw_days), nodes=int(raw_nodes), seed=raw_seed)
         factor = raw_nodes / self.nodes
+        jobs = self.training.jobs * (raw_days / self.days) * factor
+        out.training = dataclasses.replace(self.training, jobs=max(1, round(jobs)))
         if factor != 1:
             out.serving = dataclasses.replace(
                 self.serving,
@@ -177,8 +164,6 @@ class Scenario:
                         for p in providers
                     ],
                 }
-        if seed is not None:
-            out.seed = seed
         check_events(out)
         return out
 
@@ -297,13 +282,10 @@ def _across_fields(s: Scenario) -> list[FieldError]:
         elif int(key) > s.nodes * s.gpus_per_node and not t.trace:
             errors.append(FieldError(where, "bigger than the cluster"))
         elif int(key) > s.gpus_per_node and int(key) % s.gpus_per_node and not t.trace:
-            errors.append(
-                FieldError(
-                    where,
-                    f"a gang bigger than a node must be a multiple of gpus_per_node "
-                    f"({s.gpus_per_node})",
-                )
+            why = (
+                f"a gang bigger than a node must be a multiple of gpus_per_node ({s.gpus_per_node})"
             )
+            errors.append(FieldError(where, why))
     e = s.external
     if len(e.stockout_start_hours) > 1000:
         errors.append(FieldError("external.stockout_start_hours", "at most 1000 stock-outs"))
@@ -318,25 +300,21 @@ def _across_fields(s: Scenario) -> list[FieldError]:
         if name in (e.spot_providers or [])[:i]
     ]
     if t.max_hours < t.median_hours:
-        errors.append(
-            FieldError("training.max_hours", f"must be >= median_hours ({t.median_hours:g})")
-        )
+        why = f"must be >= median_hours ({t.median_hours:g})"
+        errors.append(FieldError("training.max_hours", why))
     seen: set[str] = set()
     for i, m in enumerate(s.serving.models):  # none: training only, allowed
         where = f"serving.models[{i}]"
         if not m.name or m.name in seen:
-            errors.append(
-                FieldError(f"{where}.name", f"must be a unique, non-empty name, got {m.name!r}")
-            )
+            why = f"must be a unique, non-empty name, got {m.name!r}"
+            errors.append(FieldError(f"{where}.name", why))
         seen.add(m.name)
         if m.max_replicas < m.min_replicas:
-            errors.append(
-                FieldError(f"{where}.max_replicas", f"must be >= min_replicas ({m.min_replicas})")
-            )
+            why = f"must be >= min_replicas ({m.min_replicas})"
+            errors.append(FieldError(f"{where}.max_replicas", why))
         if m.gpus_per_replica > s.gpus_per_node:
-            errors.append(
-                FieldError(f"{where}.gpus_per_replica", f"must fit one node ({s.gpus_per_node})")
-            )
+            why = f"must fit one node ({s.gpus_per_node})"
+            errors.append(FieldError(f"{where}.gpus_per_replica", why))
     return errors
 
 

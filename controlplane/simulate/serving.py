@@ -6,34 +6,28 @@ operations (`controlplane.loop.act.operations`) run on it unchanged. Per (model,
 keeps a target and starts or stops replicas toward it (`reconcile`): a new replica takes its
 GPUs on a node with room (cluster nodes the scheme lets serving use, most-used first; an
 external node that is up, the cheapest provider's first) and is RUNNING ``replica_start_s``
-later; a stopping replica drains for ``replica_stop_s`` before its GPUs are free. Serve picks
-which replica stops: STARTING ones first, then ones on nodes a move in flight names
-(`prefer_stop`), then the newest. A replica on a node that fails is gone at once, and Serve
-starts a replacement. A replica on a drained external node (`World.drain_external`) does not
-count toward its pool's target: Serve starts its replacement elsewhere and stops it once the
-replacements RUNNING cover the target (make-before-break; with no room elsewhere it keeps
-serving where it is).
+later; a stopping replica drains for ``replica_stop_s`` before its GPUs are free. Serve stops
+STARTING replicas first, then ones on nodes a move in flight names (`prefer_stop`), then the
+newest. A replica on a failed node is gone at once. One on a drained external node does not
+count toward its pool's target: its replacement starts elsewhere, and it stops once the
+replacements RUNNING cover the target (with no room elsewhere it keeps serving).
 
-It also keeps the serving figures: per model, seconds in which the RUNNING replicas' capacity
-is below the demand, split by the cause of the replica stop that left the model short, read
-from the write that stopped it (`writer`, which the scheme sets before each target write):
-``moves`` (a move's BREAK step, make-before-break; also the default for a scheme's untagged
-write, the baselines' moves and evictions), ``policy`` (a placement or demand scale-down, e.g.
-a training claim shrinking serving toward its floor while the external pool is full: serving
-yielded to training by policy), ``failures`` (a node failure took one), ``reclaims`` (a spot
-reclaim's notice ran out with it still on the node), ``scaling`` (no stop made it short: the
-external pool lacks the capacity, or demand rose faster than replicas start). The cause holds until capacity is back; a move's stop overrides an earlier cause.
+The serving figures: per model, seconds in which the RUNNING replicas' capacity is below the
+demand, by `CAUSES`, the cause of the stop that left the model short (held until capacity is
+back; a move's stop overrides an earlier cause): ``moves`` (a move's BREAK step; also a
+scheme's untagged write: the baselines' moves and evictions), ``policy`` (a placement or
+demand scale-down: serving yielded to training by policy), ``failures`` (a node failure),
+``reclaims`` (a spot reclaim's notice ran out with it on the node), ``scaling`` (no stop: the
+external pool lacks the capacity, or demand rose faster than replicas start). The write's
+cause is `writer`, which the scheme sets before each target write.
 
 Beside them, `taken_gpu_s`: GPU-seconds serving's demand needed that the scheme gave to
-training instead. Per instant: the GPUs of the replicas demand asks for (each model's sized
-count at its target utilisation, clamped to its min and max: what every scheme sizes by),
-less the GPUs of the replicas RUNNING in either pool and of those starting on the cluster
-pool, less the cluster's free GPUs, at most what training holds there. The providers could
-not host the rest then (full, out of stock, or their nodes not yet up) and no cluster GPU
-was free, so only training's GPUs could have served it: a scheme that serves that demand
-trains that much less. The report takes it off a baseline's goodput: evict-first at equal
-service (`controlplane.simulate.report`). A failed node's GPUs count as free, so the figure
-errs low.
+training instead. Per instant: the GPUs of the replicas demand asks for (`wanted`, what every
+scheme sizes by), less those of the replicas RUNNING in either pool or starting on the
+cluster pool, less the cluster's free GPUs, at most what training holds there. The providers
+could not host the rest then and no cluster GPU was free, so a scheme that serves that demand
+trains that much less (the report's evict-first at equal service). A failed node's GPUs
+count as free, so the figure errs low.
 
 Must not: decide how many replicas a model runs or where (schemes do).
 """

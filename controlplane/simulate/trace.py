@@ -13,15 +13,12 @@ still in service then) with ``fault_escalation_probability``. Demand: per model,
 cosine between ``trough_fraction x peak`` and the peak, stepping every ``demand_step_s``,
 with multiplicative noise.
 
-Spot reclaims (`Reclaim`): per spot provider (`spot_providers`) a Poisson process at
-``spot_reclaims_per_node_day`` x its ``max_nodes`` a day, each reclaim naming a slot drawn
-uniformly from ``0 .. max_nodes - 1``. A rented node can only be named once it exists, and
-which nodes exist depends on the scheme, so the slot is what the trace fixes: the world maps
-it to the provider's node of that rank among those up and not given notice yet
-(`World.reclaim_target`); a slot beyond the nodes a scheme rents hits nothing. Each rented
-node thus meets reclaims at the scenario's rate, and every scheme meets the same instants and
-slots. They are drawn last, from their own generator, so the rest of the trace is the same
-whatever the reclaim fields say.
+Spot reclaims (`Reclaim`): per spot provider a Poisson process at
+``spot_reclaims_per_node_day`` x its ``max_nodes`` a day, each naming a slot drawn uniformly
+from ``0 .. max_nodes - 1``: which nodes exist depends on the scheme, so the trace fixes the
+slot and the world maps it to a node (`World.reclaim_target`; a slot beyond what a scheme
+rents hits nothing). They are drawn last, from their own generator, so the rest of the trace
+is the same whatever the reclaim fields say.
 
 Must not: decide or simulate anything.
 """

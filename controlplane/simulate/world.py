@@ -1,22 +1,12 @@
 """The simulated fleet: nodes, training jobs and the external pool, with GPU bookkeeping.
 
-Owns: `World` (every node's GPUs and who holds them, every job's life: queued, running,
-checkpointing out, done; a failure loses the work since the last commit, a checkpoint-first
-preemption loses none but costs a stall), the external pool (one node group per provider, each
-on its `ProviderSpec`'s terms; nodes asked of a provider, billed from when it starts
-provisioning them, up after ``provision_s``; a node due in a stock-out comes up ``provision_s``
-after the window ends and is not billed before; the ask stands, so a drained node is replaced
-while its provider is still asked for it; an idle node beyond what its provider is asked for,
-or a drained one, released after the control plane's ``pools.external.idle_timeout_s``; every
-external node carries its provider's name in the ``provider`` label of its snapshot row), spot
-reclaims of rented nodes (`reclaim_target` maps a trace's reclaim to the provider's node of
-that rank, `reclaim_notice` starts the notice, `reclaimed` takes the node at its end: the
-provider's live count drops and, the ask standing, a replacement is rented as for any node that
-goes; what a scheme does during the notice is the scheme's), and the accounting of GPU-seconds
-the report turns into figures (`Tally`, external GPU-seconds per provider, reclaims). A node
-itself (`Node`, `ProviderSpec`) lives in `controlplane.simulate.nodes`, a job's work and
-checkpoint arithmetic (`JobRun`) in `controlplane.simulate.training`, and the serving plane in
-`controlplane.simulate.serving`, over the same nodes.
+Owns: `World` (every node's GPUs and who holds them; every job's life: queued, running,
+checkpointing out, done, where a failure loses the work since the last commit and a
+checkpoint-first preemption loses none but costs a stall; the external pool, one node group
+per provider on its `ProviderSpec`'s terms, and the spot reclaims of its nodes, each method
+saying how) and the accounting of GPU-seconds the report turns into figures (`Tally`). A node
+itself lives in `controlplane.simulate.nodes`, a job's work and checkpoint arithmetic in
+`controlplane.simulate.training`, and the serving plane in `controlplane.simulate.serving`.
 
 GPUs are never double-booked: every grab goes through `World.take`, which raises if a node
 has fewer free GPUs than asked (a scheme bug, never a silent overlap).
