@@ -39,6 +39,12 @@ __all__ = ["cancel", "events", "logs", "queue_cmd", "status", "submit"]
     help="Restarts from the last checkpoint after a crash or hang before FAILED (default 3).",
 )
 @click.option(
+    "--restart-in-place/--no-restart-in-place",
+    default=None,
+    help="A crashed worker restarts the gang inside its run, in seconds (default), or as a "
+    "new attempt through the queue.",
+)
+@click.option(
     "--stall-timeout-s",
     type=float,
     help="No new step for this long: hung, restarted (default: the cluster's jobs.stall_timeout_s).",
@@ -57,6 +63,7 @@ def submit(
     name: str | None,
     max_runtime_s: float | None,
     max_restarts: int | None,
+    restart_in_place: bool | None,
     stall_timeout_s: float | None,
     idempotency_key: str | None,
     as_json: bool,
@@ -70,8 +77,8 @@ def submit(
     A module:function command (e.g. jobs.examples.train_mnistlike:train_loop) runs as the Ray
     Train loop of every worker; any other command runs on every worker of the gang with the
     environment torchrun gives (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK), so a
-    torch.distributed script runs unchanged. --max-restarts and --stall-timeout-s override a
-    JOB.yaml's values too.
+    torch.distributed script runs unchanged. --max-restarts, --[no-]restart-in-place and
+    --stall-timeout-s override a JOB.yaml's values too.
     """
     payload: dict[str, Any]
     if len(args) == 1 and workers is None and args[0].endswith((".yaml", ".yml")):
@@ -109,6 +116,8 @@ def submit(
         payload["name"] = name
     if max_restarts is not None:
         payload["max_restarts"] = max_restarts
+    if restart_in_place is not None:
+        payload["restart_in_place"] = restart_in_place
     if stall_timeout_s is not None:
         payload["stall_timeout_s"] = stall_timeout_s
     client = sdk_client(url, state_dir)

@@ -45,6 +45,10 @@ def test_submit_a_yaml_file(srv: Server, tmp_path: Path) -> None:
     code, out = rcp(srv, "submit", str(path))
     assert code == 0, out
     assert srv.store.get(out.strip()).spec.name == "y"
+    assert srv.store.get(out.strip()).spec.restart_in_place  # the default
+    code, out = rcp(srv, "submit", "--no-restart-in-place", str(path))
+    assert code == 0, out
+    assert not srv.store.get(out.strip()).spec.restart_in_place
 
 
 @pytest.mark.parametrize(
