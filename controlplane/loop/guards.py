@@ -3,12 +3,10 @@
 Owns: `Guards`, what an operator has set and what every tick obeys, kept in the store's kv so
 a restarted controller finds it:
 
-* the pause (``policy.pause``: who, why, since when). While paused, the loop makes no new
-  move: `hold` takes admissions, preemptions, the training claim, health remediation and the
-  serving plan out of the tick's decision (rejections of jobs that can never run still
-  apply), and the record phase writes what waits as ``policy.held`` events. Moves already in
-  flight (`controlplane.loop.act.operations`) still advance to their end: stopping one
-  halfway would leave traffic on a pool about to lose its replicas;
+* the pause (``policy.pause``: who, why, since when): while paused, `hold` keeps every new
+  move out of the tick's decision and the record phase writes what waits as ``policy.held``
+  events. Moves already in flight still advance to their end: stopping one halfway would
+  leave traffic on a pool about to lose its replicas;
 * pins (``serving.pins``: model -> pool, who, when), handed to the policies in the snapshot
   (`ClusterSnapshot.pinned`);
 * nodes cordoned by hand (``nodes.cordoned``: node id -> who, why, when): such a node counts

@@ -116,7 +116,6 @@ class HealthKeeper:
             kube_remove=kube_remove,
             count_removal=count_removal,
         )
-        # The drains this controller asked for survive a restart (Ray does not say who asked).
         self.remediator.cordoned.update(store.get_value(CORDONED_KEY, {}) or {})
         self._saved_cordons: dict[str, float] = dict(self.remediator.cordoned)
         self.breaker = Breaker(

@@ -142,111 +142,94 @@ class PlanEvents:
 
 @dataclass(frozen=True)
 class MetricDef:
-    kind: str
-    """``gauge`` or ``counter``."""
     description: str
     tags: tuple[str, ...] = ()
+    kind: str = "gauge"
+    """``gauge`` or ``counter``."""
 
 
 METRICS: dict[str, MetricDef] = {
-    "rcp_queue_depth": MetricDef("gauge", "Training jobs waiting in the queue."),
-    "rcp_gpus": MetricDef(
-        "gauge", "GPUs per pool by owner (training, serving, idle).", ("pool", "owner")
-    ),
+    "rcp_queue_depth": MetricDef("Training jobs waiting in the queue."),
+    "rcp_gpus": MetricDef("GPUs per pool by owner (training, serving, idle).", ("pool", "owner")),
     "rcp_admission_wait_seconds": MetricDef(
-        "gauge", "Submission (or re-queue) to admission of the last admitted job."
+        "Submission (or re-queue) to admission of the last admitted job."
     ),
-    "rcp_tick_phase_seconds": MetricDef(
-        "gauge", "Duration of the last control-loop phase.", ("phase",)
-    ),
-    "rcp_tick_phase_errors": MetricDef(
-        "gauge", "Failed control-loop phases since start.", ("phase",)
-    ),
+    "rcp_tick_phase_seconds": MetricDef("Duration of the last control-loop phase.", ("phase",)),
+    "rcp_tick_phase_errors": MetricDef("Failed control-loop phases since start.", ("phase",)),
     "rcp_node_verdict": MetricDef(
-        "gauge",
         "1 for the node's current health verdict (healthy, degraded, serving_only, unhealthy).",
         ("node", "pool", "verdict"),
     ),
-    "rcp_nodes_cordoned": MetricDef("gauge", "Nodes this controller has taken out of service."),
+    "rcp_nodes_cordoned": MetricDef("Nodes this controller has taken out of service."),
     "rcp_node_serving_only": MetricDef(
-        "gauge",
         "1 while health keeps the node for serving only (fabric faults: no gang, replicas yes).",
         ("node", "pool"),
     ),
     "rcp_health_breaker_open": MetricDef(
-        "gauge", "1 while the health breaker holds removals (health.breaker budget spent)."
+        "1 while the health breaker holds removals (health.breaker budget spent)."
     ),
     "rcp_health_removals_held": MetricDef(
-        "gauge", "Unhealthy nodes the health breaker keeps from being taken out."
+        "Unhealthy nodes the health breaker keeps from being taken out."
     ),
     "rcp_health_actions_total": MetricDef(
-        "counter", "Remediation steps taken: cordon (Ray drain), preempt, replace.", ("action",)
+        "Remediation steps taken: cordon (Ray drain), preempt, replace.", ("action",), "counter"
     ),
     "rcp_serve_replicas": MetricDef(
-        "gauge", "Serve replicas per model, pool and state.", ("model", "pool", "state")
+        "Serve replicas per model, pool and state.", ("model", "pool", "state")
     ),
-    "rcp_serve_route_weight": MetricDef(
-        "gauge", "Route weight per model and pool.", ("model", "pool")
-    ),
+    "rcp_serve_route_weight": MetricDef("Route weight per model and pool.", ("model", "pool")),
     "rcp_model_p99_ms": MetricDef(
-        "gauge",
         "Each served model's p99 latency (ms) over serving.latency_window_s, both pools' "
         "backends (NaN: no reading).",
         ("model",),
     ),
     "rcp_model_slo_p99_ms": MetricDef(
-        "gauge", "Each served model's latency goal, slo_p99_ms (models with one).", ("model",)
+        "Each served model's latency goal, slo_p99_ms (models with one).", ("model",)
     ),
-    "rcp_external_gpus_requested": MetricDef("gauge", "GPUs requested from the external pool."),
+    "rcp_external_gpus_requested": MetricDef("GPUs requested from the external pool."),
     "rcp_external_gpus_max": MetricDef(
-        "gauge", "Most GPUs the external pool may have (max_nodes x gpus_per_node)."
+        "Most GPUs the external pool may have (max_nodes x gpus_per_node)."
     ),
     "rcp_external_provider_price_per_gpu_hour": MetricDef(
-        "gauge", "What one GPU-hour of each external provider costs.", ("provider",)
+        "What one GPU-hour of each external provider costs.", ("provider",)
     ),
     "rcp_external_provider_gpus_max": MetricDef(
-        "gauge",
-        "Most GPUs each external provider may have (max_nodes x gpus_per_node).",
-        ("provider",),
+        "Most GPUs each external provider may have (max_nodes x gpus_per_node).", ("provider",)
     ),
     "rcp_external_provider_gpus_live": MetricDef(
-        "gauge", "GPUs of each external provider's live nodes.", ("provider",)
+        "GPUs of each external provider's live nodes.", ("provider",)
     ),
     "rcp_external_provider_gpus_requested": MetricDef(
-        "gauge", "GPUs placement asks of each external provider (cheapest first).", ("provider",)
+        "GPUs placement asks of each external provider (cheapest first).", ("provider",)
     ),
     "rcp_external_provider_out": MetricDef(
-        "gauge",
         "1 while an external provider is out: it did not deliver what it was asked within its "
         "delivery deadline, so it gets no more requests until its back-off ends.",
         ("provider",),
     ),
     "rcp_serving_forecast_peak_replicas": MetricDef(
-        "gauge",
-        "The most replicas a model's daily profile foresees over the next 24 hours.",
-        ("model",),
+        "The most replicas a model's daily profile foresees over the next 24 hours.", ("model",)
     ),
     "rcp_serving_forecast_cluster_gpus": MetricDef(
-        "gauge",
         "The most cluster GPUs serving's forecast needs over the horizon that the providers "
-        "cannot host: admission keeps long gangs off them.",
+        "cannot host: admission keeps long gangs off them."
     ),
-    "rcp_training_claim_gpus": MetricDef("gauge", "GPUs training asked serving to give back."),
+    "rcp_training_claim_gpus": MetricDef("GPUs training asked serving to give back."),
     "rcp_serving_phase_seconds": MetricDef(
-        "gauge", "Duration of the last serving phase of the control loop.", ("phase",)
+        "Duration of the last serving phase of the control loop.", ("phase",)
     ),
     "rcp_serving_errors_total": MetricDef(
-        "counter", "Failed serving phases of the control loop.", ("phase",)
+        "Failed serving phases of the control loop.", ("phase",), "counter"
     ),
-    "rcp_serve_moves_total": MetricDef("counter", "Make-before-break moves done.", ("model",)),
+    "rcp_serve_moves_total": MetricDef("Make-before-break moves done.", ("model",), "counter"),
     "rcp_policy_paused": MetricDef(
-        "gauge", "1 while an operator has paused the policy actor (no new moves or admissions)."
+        "1 while an operator has paused the policy actor (no new moves or admissions)."
     ),
     "rcp_policy_held_actions": MetricDef(
-        "gauge", "Actions the policies wanted in the last tick but the pause held back."
+        "Actions the policies wanted in the last tick but the pause held back."
     ),
-    "rcp_serve_pinned_models": MetricDef("gauge", "Models an operator pinned to a pool."),
-    "rcp_nodes_cordoned_by_hand": MetricDef("gauge", "Nodes an operator cordoned by hand."),
+    "rcp_serve_pinned_models": MetricDef("Models an operator pinned to a pool."),
+    "rcp_nodes_cordoned_by_hand": MetricDef("Nodes an operator cordoned by hand."),
 }
 
 

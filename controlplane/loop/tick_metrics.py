@@ -1,11 +1,9 @@
 """The record phase's metrics: what one tick exports, and what `rcp serve status` shows of it.
 
-Owns `TickMetrics.export` (phase 4, `controlplane.loop.tick`): queue depth, GPUs by owner per
-pool, admission wait, phase durations and errors, the operators' guards, the serving plane per
-model and pool, each model's p99 and SLO, the training claim, the external request, each
-external provider (its price, most, live and requested GPUs, whether it is out) and serving's
-forecast; the loop's counters (`TickStats`); and the last tick's provider and forecast rows (`provider_rows`, `forecast_rows`)
-the API's serve status returns.
+Owns `TickMetrics.export` (phase 4: the jobs' queue and GPUs, the phases, the operators'
+guards, the serving plane, its providers and forecast, every name in `record.METRICS`), the
+loop's counters (`TickStats`) and the last tick's rows the API's serve status returns
+(`provider_rows`, `forecast_rows`).
 
 Must not: decide or act (it reads the tick's observation and decision).
 """

@@ -1,11 +1,9 @@
 """The loop's data: what a tick observed, what it decided, and the policies' memory.
 
-Owns: `Observation` (observe's output: the frozen `ClusterSnapshot` with health applied, the
-job records it was built from, the nodes Ray drains, the Serve view, its load and the
-ingress's traffic), `Decision`
-(decide's output: each policy's plan and new state, one batch), `ServingPolicyState` (the
-serving policies' memory, stored as ``serving.state``) and the adapters' protocols the loop
-is built from (`JobActions`, `NodeInventory`, `Telemetry`, `MetricSink`). No field is `Any`.
+Owns: `Observation` (observe's output), `Decision` (decide's output: each policy's plan and
+new state, one batch), `ServingPolicyState` (the serving policies' memory, stored as
+``serving.state``) and the adapters' protocols the loop is built from (`JobActions`,
+`NodeInventory`, `Telemetry`, `MetricSink`). No field is `Any`.
 
 Must not: do anything. These are values and interfaces.
 """
@@ -72,16 +70,13 @@ class ServingPolicyState:
     ingress: DemandState = field(default_factory=DemandState)
     """The ingress scaling policy's downscale timer (`policies.ingress`)."""
     unplaced_gpus: int = 0
-    """GPUs of the replicas demand wanted that placement could place nowhere
-    (`controlplane.loop.decide.unplaced_gpus`): the next tick's admission holds them, and
-    reclaims them from training if it must."""
+    """GPUs placement could place nowhere, held by the next tick's admission
+    (`controlplane.loop.decide.unplaced_gpus`)."""
     forecast: Mapping[str, DailyProfile] = field(default_factory=dict)
     """Per served model, its daily demand profile (`policies.forecast`)."""
     unstarted_gpus: int = 0
-    """GPUs of the cluster replicas placement targeted that hold no node yet
-    (`controlplane.loop.decide.unstarted_cluster_gpus`): the next tick's admission keeps
-    that many free GPUs from gangs, and never preempts for them (their GPUs may be taken
-    already by a replica Serve has not yet said is on a node)."""
+    """GPUs of cluster replicas that hold no node yet, kept free by the next tick's admission
+    (`controlplane.loop.decide.unstarted_cluster_gpus`)."""
     replicas: Mapping[str, int] = field(default_factory=dict)
     """Per served model, the replicas demand decided last tick: the next decision's current
     count (placement may target fewer while it can place no more)."""
@@ -185,9 +180,8 @@ class Decision:
     serving_state: ServingPolicyState | None = None
     targets: tuple[PoolTargets, ...] = ()
     wanted: tuple[tuple[str, int], ...] = ()
-    """Per served model, the replicas the load asks for this tick, clamped to the model's
-    min and max (`policies.demand.wanted_replicas`, no delays): what a move must leave
-    RUNNING. Set whenever a serving plane is deployed, a move in flight or not."""
+    """Per served model, the replicas the load asks for now (`controlplane.loop.decide.
+    wanted_now`); set whenever a serving plane is deployed, a move in flight or not."""
     held: tuple[Action | RemediationAction, ...] = ()
     """What the policies wanted but the loop held back while paused (`guards.hold`)."""
     forecast: ServingForecast | None = None

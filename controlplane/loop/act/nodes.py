@@ -3,23 +3,17 @@
 Owns: applying `policies.health`'s `CordonNode` and `DrainNode` actions, idempotently.
 
 * `CordonNode` -> a Ray drain request (``DRAIN_NODE_REASON_PREEMPTION`` with a deadline of
-  ``health.drain_deadline_s``). From then on Ray schedules no new task, actor or placement
-  group on the node, and Ray Serve starts a replacement for every replica there before it
-  stops the old one (make-before-break, Serve's own draining-node migration). Work already on
-  the node keeps running until the policy has moved it (gangs are preempted with a checkpoint
-  first, by the runner). A drain is asked once per node; a node Ray already drains is left be.
+  ``health.drain_deadline_s``): Ray schedules nothing new there, and Ray Serve starts a
+  replacement for every replica there before it stops the old one. Work already on the node
+  keeps running until the policy has moved it (gangs are preempted with a checkpoint first).
   A drained raylet shuts itself down as soon as nothing runs on it (seen in Ray 2.60's raylet
   log: "The node is drained, continue to shut down raylet"), so an idle node goes at once.
 * `DrainNode` (the node holds nothing of ours any more) -> with ``health.replace_drained``, the
   node is replaced: on Kubernetes through the Kubernetes actuator (cordon and taint the
   Kubernetes node, delete the Ray pod, KubeRay creates a new one elsewhere); in local mode the
-  node's raylet is stopped through the GCS, and Ray's autoscaler launches a replacement to keep
-  the pool at its size. Done once per node.
+  node's raylet is stopped through the GCS, and Ray's autoscaler launches a replacement.
 
-The breaker's bookkeeping lives here too (`Breaker`): the pure `policies.health.limit_removals`
-decides which removals are held; `Breaker.step` threads its stored state and says once, in the
-event log, when it opens (it then stays open) and when it holds nothing any more; `Breaker.reset`
-is the operator's reset, logged too.
+And the breaker's bookkeeping (`Breaker`) around the pure `policies.health.limit_removals`.
 
 Must not: decide (the health policy does), or act on the head node.
 """
@@ -62,14 +56,11 @@ class NodeActions(Protocol):
 
 @dataclass
 class Remediator:
-    """Applies cordon and drain actions once per node; remembers what it did in `done`.
+    """Applies cordon and drain actions once per node (`cordoned`, `replaced`).
 
-    `kube_remove(pod_name, reason)` is the Kubernetes actuator's node removal when one is
-    configured. `record(kind, message)` writes the event log. `count_removal(now_s)` counts
-    a node health takes out in the fleet's failure record (the controller passes
-    `reliability.record_failure` with ``node-removed-by-health``): once per node, at its
-    cordon, since a drain cannot be undone and the node leaves service then, whether or not
-    it is replaced later (``health.replace_drained``).
+    `kube_remove(pod_name, reason)` is the Kubernetes actuator's node removal, if any.
+    `count_removal(now_s)` counts a node health takes out in the fleet's failure record once,
+    at its cordon: a drain cannot be undone, so the node leaves service then.
     """
 
     nodes: NodeActions
@@ -147,11 +138,8 @@ def _utc(t_s: float | None) -> str:
 
 @dataclass
 class Breaker:
-    """Threads the breaker's state through ticks; `record(kind, message)` writes the event log.
-
-    The caller stores `state` (``BreakerState.to_dict``) and builds a new `Breaker` from it
-    after a restart, so removals earlier in the window still count.
-    """
+    """Threads the breaker's state through ticks; the caller stores `state`, so removals
+    earlier in the window still count after a restart."""
 
     budget: RemovalBudget
     record: Callable[[EventKind, str], object]

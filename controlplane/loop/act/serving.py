@@ -282,21 +282,17 @@ class ScaleExternal(Protocol):
 
 
 class ExternalGroup:
-    """On Kubernetes with the in-tree autoscaler off, each external provider's worker group's
-    size set through the RayCluster (``request_resources`` alone would reach no autoscaler).
+    """Each external provider's worker group, sized through the RayCluster on Kubernetes with
+    the in-tree autoscaler off (``request_resources`` alone would reach no autoscaler).
 
-    Applies `policies.external_shrink.decide`'s sizes: a group grows to what the policy wants;
-    it shrinks only by the emptied nodes the policy named, each written as its pod's name
-    (`hostname`: a Ray node's hostname is its pod name on KubeRay; a node without one is not
-    named). Just before the write it re-reads what holds the named nodes (`busy_now`: a fresh
-    Serve view and Ray's GPU accounting) and drops any that gained work since the decision
-    (`policies.external_shrink.recheck`).
-
-    Level-triggered: a group is set whenever the policy's size differs from what was last
-    applied or it names nodes to take, and every group is re-asserted every
+    A group grows to what `policies.external_shrink.decide` wants; it shrinks only by the
+    emptied nodes the policy named, as their pods' names (`hostname`; a node without one is
+    not named), less any that gained work since the decision (`busy_now`, read afresh just
+    before the write: `policies.external_shrink.recheck`). Level-triggered: a group is set
+    when its size changed or it names nodes, and every group is re-asserted every
     `EXTERNAL_GROUP_RECHECK_S` (a failed or overwritten scale is repaired, names of pods that
-    are gone are cleared; an unchanged one costs one read). `scale` makes the Kubernetes
-    adapter's ``scale_external`` on first use."""
+    are gone are cleared). `scale` makes the Kubernetes adapter's ``scale_external`` on first
+    use."""
 
     def __init__(
         self,

@@ -12,8 +12,7 @@ Owns:
   waits at most ``jobs.submit_timeout_s``; past that the start counts as failed, and a
   submission Ray accepts late is stopped; while an earlier one still hangs the job stays
   QUEUED (event ``job.submit_deferred``) with no start failure;
-* what a gang runs: the Ray Job's entrypoint (`entrypoint_command`) and its runtime env (the
-  ``RCP_*`` variables the launcher and `jobs.checkpointing` read; see the package doc).
+* what a gang runs (see the package doc): the Ray Job's entrypoint and its runtime env.
 
 Must not: call Ray but through the Ray Jobs adapter (`ray_jobs.RayJobs`), or decide who runs
 (that is `policies.admission`).

@@ -3,8 +3,7 @@
 Owns:
 
 * `Preemption.preempt` (PreemptJob): ask the gang to checkpoint now (signals actor), mark it
-  ``preempting`` with a deadline (``checkpoint.preempt_deadline_s``); a preemption with no
-  job to make room for is the health remediation moving the gang off a bad node;
+  ``preempting`` with a deadline (``checkpoint.preempt_deadline_s``);
 * what follows is `policies.attempts`' (rows 1-3): the gang is stopped once the manifest of a
   step taken for the request is in storage (``preempt_checkpoint``, recorded by
   `checkpoint_reads`: the step the job reported for it, verified there, or any step
