@@ -20,7 +20,6 @@ import yaml
 from pydantic import AfterValidator, BeforeValidator, StrictFloat, StrictInt
 
 from policies.validation import FieldError, InvalidInput, bound, finite_everywhere, raise_problems
-from policies.validation import shown as shown
 from serve.inputs import JsonBodyError, loads_json
 
 __all__ = [
@@ -31,7 +30,6 @@ __all__ = [
     "ScenarioError",
     "Whole",
     "read_bounded",
-    "shown",
     "within",
 ]
 

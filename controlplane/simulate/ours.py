@@ -37,6 +37,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from controlplane.adapters.serve import ServeView
 from controlplane.config import Config
 from controlplane.loop.act import operations
 from controlplane.loop.act.operations import MoveOperation, MoveOutcome, MovePhase
@@ -238,7 +239,7 @@ class OurScheme:
         self._advance_moves(now, dict(decided.wanted))
         if decided.serving is not None and decided.serving_state is not None:
             self.serving = decided.serving_state
-            self._act_serve(decided.serving, decided.targets, observed, now)
+            self._act_serve(decided.serving, observed.serve, now)
         self.plan_events.record(decided.admission + decided.remediation)
         self._wake(now)
 
@@ -303,7 +304,7 @@ class OurScheme:
             ):
                 self.breaks_short += 1  # the BREAK stopped replicas and left serving short
             if outcome is MoveOutcome.DONE:
-                self._record(LoopEvent.SERVE_MOVE_DONE, f"{op.describe()}", op.for_job_id)
+                self._record(LoopEvent.SERVE_MOVE_DONE, op.describe(), op.for_job_id)
             elif outcome is MoveOutcome.UNWOUND:
                 self._record(
                     LoopEvent.SERVE_MOVE_UNWOUND, f"{op.describe()} ({op.phase.value})", None
@@ -313,14 +314,7 @@ class OurScheme:
         self.ops = left
         self.serve.prefer_stop = {n for op in self.ops for n in op.node_ids}
 
-    def _act_serve(
-        self,
-        plan: tuple[object, ...],
-        targets: tuple[object, ...],
-        observed: Observation,
-        now: float,
-    ) -> None:
-        view = observed.serve
+    def _act_serve(self, plan: tuple[object, ...], view: ServeView, now: float) -> None:
         moving = {op.model for op in self.ops}
         drains: list[DrainNode] = []
         for a in plan:

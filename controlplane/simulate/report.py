@@ -181,10 +181,8 @@ def _fault(
 
 def at_equal_service(ours: dict[str, float], other: dict[str, float]) -> dict[str, float] | None:
     """`other`'s goodput had it served the demand ours serves, at most: less the GPU-hours it
-    trained on that serving's demand needed, beyond what ours took (`serving_taken_gpu_h`:
-    no replica ran for that demand in either pool and no cluster GPU was free, so only
-    training's GPUs could have served it; `controlplane.simulate.serving`). A scheme that
-    serves that demand cannot train on them; None when `other` took no more than ours."""
+    trained on that serving's demand needed beyond what ours took (`serving_taken_gpu_h`,
+    `controlplane.simulate.serving`); None when `other` took no more than ours."""
     taken = other.get("serving_taken_gpu_h", 0.0) - ours.get("serving_taken_gpu_h", 0.0)
     if taken <= 0 or "goodput_gpu_h" not in other:
         return None

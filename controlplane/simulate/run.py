@@ -10,10 +10,9 @@ time) and `run_all`, every scheme on the same trace and seed. What an event does
 - a fault starts (our scheme's health policy sees telemetry samples; the node fails after
   ``fault_escalation_s`` if it escalates and is still in service) or clears;
 - a replica turns RUNNING or finishes stopping; an external node comes up or idles out;
-- a spot provider gives notice on the rented node a trace's reclaim hits (if the scheme
-  rents one there: `World.reclaim_target`; the scheme hears of it, `on_reclaim`), and takes
-  it when the notice runs out (replicas still on it are gone, blamed on ``reclaims``; the
-  provider may be asked for a node again at once);
+- a spot provider gives notice on the rented node a trace's reclaim hits, if any
+  (`World.reclaim_target`; the scheme hears of it, `on_reclaim`), and takes it when the
+  notice runs out (replicas still on it are gone, blamed on ``reclaims``);
 - demand steps; a scheme's timer fires; the report samples its time series.
 
 Must not: decide (schemes do), or draw random numbers (the trace holds them).
