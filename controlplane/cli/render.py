@@ -93,7 +93,7 @@ def recovery_lines(job: Any) -> list[str]:
         table = text_table(rows, ("ATTEMPT", "ENDED", "KIND", "STEP", "REASON"))
         lines += ["  " + line for line in table.splitlines()]
     if job.recoveries:
-        recovered = [
+        recovered: list[tuple[str, ...]] = [
             (
                 local_time(r.get("failed_s")),
                 str(r.get("kind") or "-"),
