@@ -28,12 +28,15 @@ from typing import Any
 
 from ray.train.v2.api.callback import UserCallback
 
-from jobs.signals.environment import ENV_ATTEMPT, ENV_JOB_ID, ENV_SIGNAL_TOKEN
+from jobs.signals.environment import (
+    ENV_ATTEMPT,
+    ENV_JOB_ID,
+    ENV_RESTARTS_IN_PLACE,
+    ENV_SIGNAL_TOKEN,
+)
 from jobs.signals.reports import MAX_REASON_CHARS
 
 __all__ = ["ENV_RESTARTS_IN_PLACE", "MAX_REASON_CHARS", "InPlaceReporter", "failure_reason"]
-
-ENV_RESTARTS_IN_PLACE = "RCP_RESTARTS_IN_PLACE"
 
 
 def failure_reason(worker_exceptions: Mapping[int, BaseException]) -> str:

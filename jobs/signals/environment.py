@@ -18,6 +18,7 @@ __all__ = [
     "ENV_CHECKPOINT_URI",
     "ENV_JOB_ID",
     "ENV_MTBF_S",
+    "ENV_RESTARTS_IN_PLACE",
     "ENV_SIGNAL_POLL_S",
     "ENV_SIGNAL_TOKEN",
     "ENV_STEP_REPORT_S",
@@ -48,5 +49,8 @@ ENV_CHECKPOINT_INTERVAL_S = "RCP_CHECKPOINT_INTERVAL_S"
 ENV_CHECKPOINT_KEEP_LAST = "RCP_CHECKPOINT_KEEP_LAST"
 ENV_MTBF_S = "RCP_MTBF_S"
 """The gang's mean time between failures the controller computed from the fleet's record."""
+ENV_RESTARTS_IN_PLACE = "RCP_RESTARTS_IN_PLACE"
+"""How many times Ray Train may restart the gang's workers inside the run (the restarts the job
+has left; unset or 0: none, a failure ends the run): `jobs.launcher.in_place`."""
 ENV_STEP_REPORT_S = "RCP_STEP_REPORT_S"
 """How often rank 0 reports the step (`_JobSignals.progress`): jobs.step_report_interval_s."""

@@ -34,8 +34,15 @@ from controlplane.loop.act.jobs.background import Submissions, SubmitBusy
 from controlplane.loop.act.jobs.credentials import JobCredentials
 from controlplane.loop.act.jobs.ends import AttemptEnds
 from controlplane.ray_connection import ray_connection_env
-from controlplane.store import JobRecord, JobState, Store, reliability
-from controlplane.store.job_info import SIGNAL_TOKEN_INFO, Reason, checkpoint_uri, info_step, uri_of
+from controlplane.store import JobRecord, JobState, Store, recoveries, reliability
+from controlplane.store.job_info import (
+    SIGNAL_TOKEN_INFO,
+    Reason,
+    as_count,
+    checkpoint_uri,
+    info_step,
+    uri_of,
+)
 from jobs import launcher
 from jobs.signals import environment
 from jobs.signals.trust import token_sha256
@@ -135,6 +142,8 @@ class Launcher:
                 "stop_sent": None,
                 "ray_done": None,
                 "not_before_s": None,
+                "in_place_recorded": None,
+                **recoveries.admitted(job.info, now),
                 # This attempt's secret for the signals actor (RCP_SIGNAL_TOKEN). Kept only
                 # here: never in events, logs or the API's job view (`job_to_json`).
                 SIGNAL_TOKEN_INFO: secrets.token_urlsafe(32),
@@ -256,6 +265,9 @@ class Launcher:
             env[environment.ENV_STORAGE_CREDENTIALS] = environment.STORAGE_CREDENTIALS_FROM_SIGNALS
         if job.info.get(SIGNAL_TOKEN_INFO):
             env[environment.ENV_SIGNAL_TOKEN] = str(job.info[SIGNAL_TOKEN_INFO])
+        if s.restart_in_place:  # the restarts the job has left, each one spent when recorded
+            left = s.max_restarts - (as_count(job.info.get("restarts")) or 0)
+            env[environment.ENV_RESTARTS_IN_PLACE] = str(max(0, left))
         runtime_env = {k: v for k, v in s.runtime_env.items() if k != "env_vars"}
         runtime_env["env_vars"] = env
         if s.working_dir:

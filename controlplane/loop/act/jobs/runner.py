@@ -4,8 +4,9 @@ Owns the entry points, idempotent and working from the store alone, so a restart
 controller carries on where the last one stopped:
 
 * `observe` (the observe phase): every job that holds a gang (ADMITTED, RUNNING) as a
-  `policies.attempts.GangView` (Ray's status of its Ray Job, the signals actor's word, the
-  end of its log when Ray says it failed, the committed steps read from storage), and every
+  `policies.attempts.GangView` (Ray's status of its Ray Job, the signals actor's word with
+  any restart in place the run reported, the end of its log when Ray says it failed, the
+  committed steps read from storage), and every
   ended job whose Ray Job may still run (cancelled, over its runtime) as an `EndedGang`;
 * `apply` (the act phase): `policies.attempts`' plan, then the upkeep: scoped storage
   credentials kept fresh, stranded preemptions re-queued, and every
@@ -48,6 +49,7 @@ from controlplane.store import (
     StaleState,
     Store,
     UnknownJob,
+    recoveries,
 )
 from controlplane.store.job_info import (
     ATTEMPT_REASON_CHARS,
@@ -66,6 +68,7 @@ from policies.attempts import (
     EndedGang,
     EndJob,
     GangView,
+    InPlaceRestart,
     JobAction,
     JobsView,
     MarkRunning,
@@ -203,6 +206,7 @@ class JobRunner:
             signature = failure_signature(
                 tail_of(text, limits.SIGNATURE_TAIL_CHARS), (sid, job.job_id)
             )
+        in_place = self._in_place(job, sig, attempt, (sid, job.job_id))
         recorded = as_mapping(info.get("progress"))
         last = as_mapping(info.get("last_failure"))
         signature_before = last.get("signature")
@@ -235,7 +239,27 @@ class JobRunner:
             restart_limits=restart_limits(self.cfg, spec.max_restarts),
             committed_step=info_step(info.get("checkpoint")),
             start_step=as_count(info.get("start_step")),
+            in_place=in_place,
         )
+
+    @staticmethod
+    def _in_place(
+        job: JobRecord, sig: Mapping[str, Any], attempt: int, literals: tuple[str, ...]
+    ) -> InPlaceRestart | None:
+        """The oldest restart in place this attempt's run reported that is not recorded yet."""
+        if sig.get("attempt") != attempt or not isinstance(sig.get("in_place"), list):
+            return None
+        recorded = as_count(job.info.get("in_place_recorded")) or 0
+        for r in sig["in_place"]:
+            r = as_mapping(r)
+            index, at_s, reason = (
+                as_count(r.get("index")),
+                as_finite(r.get("at_s")),
+                r.get("reason"),
+            )
+            if index and index > recorded and at_s is not None and isinstance(reason, str):
+                return InPlaceRestart(index, at_s, reason, failure_signature(reason, literals))
+        return None
 
     def _ended(self) -> list[EndedGang]:
         """Ended jobs whose Ray Job may still run (cancelled, over their runtime), and rows
@@ -290,6 +314,8 @@ class JobRunner:
             shown = {k: progress[k] for k in PROGRESS_INFO_KEYS}
             if shown != job.info.get("progress"):
                 updates["progress"] = shown
+            restore = sig.get("restore") if isinstance(sig.get("restore"), Mapping) else None
+            updates.update(recoveries.observed(job.info, progress, restore))
         if updates:
             self.store.update_info(job.job_id, updates)
 

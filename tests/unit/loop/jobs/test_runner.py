@@ -57,8 +57,8 @@ class FakeRay(LogsFromText):
         self.calls.append(f"register {job_id}-{attempt}")
         self.registered.append((job_id, attempt, token_hash, prefix))
         sig = self.signals.setdefault(job_id, {})
-        if sig.get("attempt") != attempt:
-            sig.update({"attempt": attempt, "started_ranks": []})
+        if sig.get("attempt") != attempt:  # the actor starts the attempt's record afresh
+            sig.update({"attempt": attempt, "started_ranks": [], "in_place": []})
             sig.pop("credentials_expire_unix_s", None)
             self.credentials.pop(job_id, None)
 
