@@ -8,20 +8,16 @@ Owns: `decide(observation, policies, admission_state, serving_state)` -> `Decisi
 1. admission (`policies.admission.decide`) with each served model's class this tick
    (`model_classes_now`), the external pool's room (`external_room_gpus`), serving's
    forecast (`forecast_now`) and the GPUs serving holds from last tick (`unplaced_gpus`,
-   `unstarted_cluster_gpus`, kept in `ServingPolicyState`): serving's demand is a guarantee
-   unless a model is ``on_shortfall: yield``. The head of the queue may claim serve replicas
-   (`MoveServeReplicas` with the node ids);
+   `unstarted_cluster_gpus`): serving's demand is a guarantee unless a model is
+   ``on_shortfall: yield``. The head of the queue may claim serve replicas;
 2. health remediation (`policies.health.remediate`) when ``health.act``;
 3. demand (`policies.demand.decide_replicas`) per served model, then placement
    (`policies.placement.decide`) with admission's claims handed over in-process, as data;
-4. the serving plan: placement's actions, a `ScaleServePool` for every pool whose new target
-   differs from Serve's once the moves are counted in, last a `ScaleIngress` when the
-   ingress's count for its traffic (`policies.ingress.decide_ingress`) differs from Serve's.
-   Placement's route weights are replaced by what Serve has deployed (`ServeView`), so its
-   `SetRouteWeights` is level-triggered: repeated until the deployed table matches;
-5. ``wanted`` (`wanted_now`), every tick, a move in flight or not: what a move's operation
-   leaves RUNNING (`controlplane.loop.act.operations`): a move never takes serving below
-   demand.
+4. the serving plan (`_with_scales`), last a `ScaleIngress` when the ingress's count for its
+   traffic (`policies.ingress.decide_ingress`) differs from Serve's. Placement's route
+   weights are replaced by what Serve has deployed, so its `SetRouteWeights` is
+   level-triggered: repeated until the deployed table matches;
+5. ``wanted`` (`wanted_now`), every tick, a move in flight or not.
 
 Demand's decisions and placement are skipped while a move is in flight (``serving_busy``):
 the tracked operation is the single writer of the model's targets and routes until it ends.
@@ -181,11 +177,9 @@ def decide(
 def external_room_gpus(
     snapshot: ClusterSnapshot, policies: Policies, state: PlacementState | None = None
 ) -> int:
-    """GPUs the external pool can still host: what it can have now (its most, ``pools.
-    external``, or while it is out for not delivering only its live GPUs: `policies.placement.
-    external_cap_gpus`) less what the external replicas there hold or are starting on. A
-    training claim moves a model's cluster replicas only as far as this holds them
-    (`policies.admission.decide`)."""
+    """GPUs the external pool can still host: what it can have now
+    (`policies.placement.external_cap_gpus`) less what the external replicas there hold or are
+    starting on. A training claim moves cluster replicas only as far as this holds them."""
     held = sum(
         r.gpus
         for r in snapshot.serve_replicas
@@ -226,12 +220,11 @@ def forecast_now(
 def unstarted_cluster_gpus(
     snapshot: ClusterSnapshot, demands: tuple[ModelDemand, ...], targets: tuple[PoolTargets, ...]
 ) -> int:
-    """GPUs of the cluster replicas placement targets that hold no node yet (Serve has not
-    placed them): the next tick's admission keeps that many free GPUs from gangs (never
-    preempting for them), so a gang is not admitted onto the free GPU a replica was just
-    placed on (seen on a real cluster: a
-    preempted gang, re-queued, took back the GPU serving had reclaimed from it before the
-    new replica reached it, and was preempted again)."""
+    """GPUs of the cluster replicas placement targets that hold no node yet: the next tick's
+    admission keeps that many free GPUs from gangs (never preempting for them), so a gang is
+    not admitted onto the free GPU a replica was just placed on (seen on a real cluster: a
+    preempted gang, re-queued, took back the GPU serving had reclaimed from it before the new
+    replica reached it, and was preempted again)."""
     gpus = {d.model: d.gpus_per_replica for d in demands}
     on_node: dict[str, int] = {}
     for r in snapshot.serve_replicas:
@@ -243,12 +236,10 @@ def unstarted_cluster_gpus(
 def unplaced_gpus(
     demands: tuple[ModelDemand, ...], targets: tuple[PoolTargets, ...], pinned: Mapping[str, Pool]
 ) -> int:
-    """GPUs of the replicas the demand policy wants that placement could place nowhere this
-    tick (its targets in both pools fall short), summed over the models whose demand is a
-    guarantee (not ``on_shortfall: yield``, not pinned to ``external``). The next tick's
-    admission holds that many cluster GPUs for serving before any gang and reclaims them from
-    training if it must (`ServingPolicyState.unplaced_gpus`). The demand policy's delays
-    stand between one load reading and this figure."""
+    """GPUs of the replicas demand wants that placement could place nowhere this tick, over
+    the models whose demand is a guarantee (not ``on_shortfall: yield``, not pinned to
+    ``external``): the next tick's admission holds them for serving before any gang, and
+    reclaims them from training if it must."""
     placed = {t.model: t.cluster + t.external for t in targets}
     return sum(
         max(0, max(d.num_replicas, d.min_replicas) - placed.get(d.model, 0)) * d.gpus_per_replica

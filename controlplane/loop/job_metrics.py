@@ -100,10 +100,8 @@ def job_gauges(job: JobRecord) -> JobGauges | None:
 
 
 class GpuHoursMeter:
-    """Cluster-pool GPU-seconds watched, flushed to the fleet record every `flush_interval_s`.
-
-    `tick(gpus, now_s)` once per tick with the live cluster-pool GPUs. A controller that
-    restarts loses at most one interval's unflushed seconds (the record counts a little less
+    """Cluster-pool GPU-seconds watched (`tick`, once per tick), flushed to the fleet record
+    every `flush_interval_s`: a restart loses at most one interval's seconds (less
     failure-free time: the safe side for the checkpoint interval)."""
 
     def __init__(

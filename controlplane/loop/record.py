@@ -1,11 +1,9 @@
 """The record phase: events, metrics and the vocabulary both use.
 
-Owns: `EventKind` (every kind of event the loop writes to the store's event log, a str enum
-whose values are the kinds the log has always shown), `policy_event_kind` (one kind per plan
-action), `PlanEvents` (writes each plan action once, when it first appears: level-triggered
-actions repeat every tick), and the metrics: `METRICS` (every gauge and counter the loop
-exports, by name) and `RayMetrics`, the `MetricSink` through Ray's metrics pipeline (the
-head's Prometheus endpoint, the dashboard's Metrics tab).
+Owns: `EventKind` (every kind of event the loop writes to the store's event log),
+`PlanEvents` (writes each plan action once, when it first appears: level-triggered actions
+repeat every tick), `METRICS` (every gauge and counter the loop exports, by name) and
+`RayMetrics`, the `MetricSink` through Ray's metrics pipeline.
 
 Must not: decide or act; event messages are for people, never parsed back (what code needs
 travels as data in the plan and the operation records).

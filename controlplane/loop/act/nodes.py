@@ -75,12 +75,8 @@ class Remediator:
     """Node id -> when this controller had it stopped or its pod deleted."""
 
     def cordon(self, node_id: str, reason: str, now_s: float) -> bool:
-        """Drain request for `node_id` unless one was made or Ray drains it already.
-
-        A node Ray drains for someone else (the autoscaler, Kubernetes, an operator) is not
-        recorded as ours: it is that someone's to remove. The controller keeps `cordoned` in
-        its store, so a restarted controller still knows which drains were its own.
-        """
+        """Drain request for `node_id` unless one was made or Ray drains it already (for
+        someone else, whose node it then is to remove: not recorded as ours)."""
         if node_id in self.cordoned or node_id in self.nodes.draining():
             return False
         if self.nodes.drain(node_id, reason, self.drain_deadline_s):
@@ -98,10 +94,7 @@ class Remediator:
 
     def replace(self, node_id: str, reason: str, now_s: float, cause: str = "") -> bool:
         """Have the empty node replaced (once); False when it was already or is not wanted.
-
-        `cause` is the short form of `reason` (e.g. ``gpu_overheated``) for the Kubernetes
-        taint's value; the event log gets the whole `reason`.
-        """
+        `cause` (e.g. ``gpu_overheated``) is the Kubernetes taint's value."""
         if not self.replace_drained or node_id in self.replaced:
             return False
         # The policy saw the node empty in its snapshot, whose replica list can lag (a

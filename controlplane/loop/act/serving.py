@@ -241,11 +241,9 @@ class ServeActuator:
     def external_bundles(
         self, targets: tuple[PoolTargets, ...], by_provider: tuple[tuple[str, int], ...] = ()
     ) -> list[dict[str, float]]:
-        """One resource bundle per external replica wanted, for ``request_resources``; each
-        carries the resource of the provider placement rents its GPUs from (`by_provider`:
-        GPUs per provider, cheapest first in the order given), so the autoscaler launches
-        that provider's nodes. A replica a provider's share cannot hold whole goes to the
-        next; with no split (or past it) the bundle names no provider."""
+        """One resource bundle per external replica wanted, for ``request_resources``, each
+        naming the provider whose share (`by_provider`: GPUs per provider, in order) holds it
+        whole, so the autoscaler launches that provider's nodes; past the split, none."""
         left: dict[str, float] = {name: float(g) for name, g in by_provider if g > 0}
         bundles: list[dict[str, float]] = []
         for t in targets:

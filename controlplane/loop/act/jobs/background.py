@@ -43,11 +43,9 @@ class _Outcome:
 class Submissions:
     """Runs Ray Job submissions on daemon threads, so the tick waits at most `timeout_s`.
 
-    A submission still hanging when its wait ends is abandoned: if Ray accepts it later,
-    `on_late_accept` runs on its thread (the runner stops that Ray Job). While an abandoned
-    submission hangs, new ones fail at once instead of waiting too: Ray is not answering, and
-    one tick must not wait once per admitted job.
-    """
+    A submission still hanging then is abandoned: if Ray accepts it later, `on_late_accept`
+    runs (the runner stops that Ray Job). While one hangs, new ones fail at once (`SubmitBusy`):
+    Ray is not answering, and one tick must not wait once per admitted job."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -66,13 +64,12 @@ class Submissions:
         on_late_accept: Callable[[], None],
         timeout_s: float,
     ) -> None:
-        with self._lock:
-            self._hanging = {k: t for k, t in self._hanging.items() if t.is_alive()}
-            if self._hanging:
-                raise SubmitBusy(
-                    f"Ray has not answered the submission of {min(self._hanging)} yet; "
-                    "not submitting more until it does"
-                )
+        hanging = self.hanging()
+        if hanging is not None:
+            raise SubmitBusy(
+                f"Ray has not answered the submission of {hanging} yet; "
+                "not submitting more until it does"
+            )
         state = _Outcome()
 
         def work() -> None:
@@ -102,12 +99,9 @@ class Submissions:
 
 
 class Background(Generic[T]):
-    """Work the tick must not wait on for long (checkpoint reads from storage, stack fetches
-    through Ray's dashboard) on worker threads (one pool per runner, shared), keyed by what it is for;
-    one `Background` per kind of result `T`. The tick starts it, waits a bounded time
-    (`wait`) and takes what finished (`take`); work still running is taken by a later tick
-    and never started twice. Results are plain data: every decision stays on the tick
-    thread."""
+    """Work of one kind of result `T` on worker threads (one pool per runner), keyed by what
+    it is for: the tick starts it, waits a bounded time (`wait`) and takes what finished
+    (`take`); work still running is taken by a later tick and never started twice."""
 
     def __init__(self, pool: concurrent.futures.ThreadPoolExecutor) -> None:
         self._pool = pool

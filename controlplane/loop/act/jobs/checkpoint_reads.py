@@ -63,9 +63,8 @@ class CommittedReads:
     def read(
         self, jobs: list[JobRecord], sigs: Mapping[str, Mapping[str, Any]], deadline_s: float
     ) -> tuple[list[JobRecord], dict[str, dict[str, Any]]]:
-        """Start the storage reads that are due (see `_read_wanted`) and wait for them until
-        `deadline_s`; returns `jobs` with what came back in their info, and those info updates
-        by job id (for `Store.update_info`)."""
+        """Start the reads that are due and wait for them until `deadline_s`; `jobs` with what
+        came back in their info, and those info updates by job id."""
         now = self.clock()
         keys = []
         for job in jobs:
@@ -143,10 +142,8 @@ class CommittedReads:
     def _what_to_record(
         self, job: JobRecord, result: ReadResult | None, error: BaseException | None, now: float
     ) -> dict[str, Any]:
-        """What a read tells the job's info: its newest committed step (``checkpoint``) and,
-        while preempting, the step that answers the request (``preempt_checkpoint``): one the
-        job reported for it whose manifest is in storage, or any committed after the
-        request."""
+        """What a read tells the job's info; ``preempt_checkpoint`` is a step the job reported
+        for the request whose manifest is in storage, or any committed after the request."""
         if error is not None:
             log.warning(
                 "job %s: reading committed checkpoints from %s failed (read again later): %s",

@@ -4,9 +4,12 @@ Owns `AttemptEnds`, the writes every end of an attempt shares, as `policies.atte
 it: `end` (`EndJob`: SUCCEEDED or FAILED; a gang that still runs is stopped and the job settled
 once Ray says it ended, the runner's `SettleEnded`), `requeue` (`RequeueGang`: back to QUEUED
 in one transaction with its info, a preemption's through PREEMPTED so the history shows
-both), `start_failed` (admitting a gang failed: `policies.attempts.start_failure`), a crash
-after the gang trained counted in the fleet's failure record, and the best-effort calls to
-the signals actor and the memory tier at an end (a failure is logged, never raised).
+both), `restarted_in_place` (`RecordInPlaceRestart`: the run restarted its workers itself;
+recorded as an end of the attempt and a restart spent, the job stays RUNNING), `start_failed`
+(admitting a gang failed: `policies.attempts.start_failure`), the recovery timed from every
+end of a gang that ran and every restart in place (`store.recoveries.failed`), a crash after
+the gang trained counted in the fleet's failure record, and the best-effort calls to the
+signals actor and the memory tier at an end (a failure is logged, never raised).
 
 Must not: call Ray but through the Ray Jobs adapter (`ray_jobs.RayJobs`), or decide how an
 attempt ends (`policies.attempts` does).
@@ -143,9 +146,7 @@ class AttemptEnds:
             log.warning("job signals: forgetting %s failed: %s", job_id, exc)
 
     def forget_many(self, job_ids: Sequence[str]) -> None:
-        """`forget` for many jobs in one actor call, e.g. every job retention pruned (most
-        were forgotten when they ended already; one call bounds what the rest costs). Best
-        effort: a failure is logged, never raised."""
+        """`forget` for many jobs in one actor call (e.g. every job retention pruned)."""
         if not job_ids:
             return
         try:

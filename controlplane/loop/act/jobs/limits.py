@@ -1,9 +1,7 @@
 """The runner's bounds: how long it waits, how much it keeps, how often it sweeps.
 
-Owns: every number that caps the runner's waits (the tick's, a submission's, a stack fetch's),
-what it keeps (log characters, attempt ends, stacks) and how often it sweeps. The other runner
-modules read them as ``limits.NAME`` when they run, so one place sets them (tests patch them
-here).
+Owns: every such number. The other runner modules read them as ``limits.NAME`` when they
+run, so one place sets them (tests patch them here).
 
 Must not: hold anything but constants.
 """

@@ -49,10 +49,8 @@ class Watchdog:
         now: float,
         deadline_s: float,
     ) -> None:
-        """`policies.attempts` found the gang hung: fetch every rank's stacks (worker threads,
-        `limits.STACKS_DEADLINE_S` in all; the tick waits for them at most until `deadline_s`
-        and takes them on a later tick otherwise: the policy repeats the action), then
-        `hung`."""
+        """Fetch every rank's stacks (waiting at most until `deadline_s`; else a later tick
+        takes them: the policy repeats the action), then `hung`."""
         key = ("stacks", job.job_id, str(job.info["attempt"]))
         if not self._work.pending(key):
             log.warning("job %s: %s; fetching its stacks", job.job_id, action.reason)
