@@ -115,6 +115,8 @@ KNOWN_METRICS: dict[str, str] = {
     "ray_rcp_job_checkpoint_last_committed_step": _CONTROLLER,
     "ray_rcp_job_checkpoint_overhead_ratio": _CONTROLLER,
     "ray_rcp_job_checkpoint_interval_seconds": _CONTROLLER,
+    "ray_rcp_job_ettr_ratio": _CONTROLLER,
+    "ray_rcp_job_last_recovery_seconds": _CONTROLLER,
     "ray_rcp_job_restarts": _CONTROLLER,
     "ray_rcp_job_hangs": _CONTROLLER,
     "ray_rcp_job_max_restarts": _CONTROLLER,

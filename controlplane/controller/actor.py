@@ -201,7 +201,7 @@ class Controller:
         self.gpu_hours.tick(snapshot.live_gpus_total(Pool.CLUSTER), snapshot.now_s)
         if self._job_metrics is None:
             self._job_metrics = JobMetrics()
-        self._job_metrics.export(list(jobs), self.gpu_hours.gpu_mtbf_hours)
+        self._job_metrics.export(list(jobs), self.gpu_hours.gpu_mtbf_hours, snapshot.now_s)
 
     def shutdown(self) -> None:
         if self.store_problem is not None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane.config import Config
-from controlplane.store import JobRecord, JobState, Store, reliability
+from controlplane.store import JobRecord, JobState, Store, recoveries, reliability
 from controlplane.store.job_info import job_facts
 
 __all__ = ["GpuHoursMeter", "JobGauges", "JobMetrics", "job_gauges"]
@@ -56,14 +56,20 @@ class JobGauges:
     checkpoint_interval_s: float | None = None
     """The spec's checkpoint.interval_s; 0 when its Young/Daly policy picks it; None when the
     job does not checkpoint (or is not RUNNING)."""
+    ettr: float | None = None
+    """Productive training time over wall time since the first admission (`store.recoveries`;
+    None without `now_s` or before the first admission)."""
+    last_recovery_s: float | None = None
+    """The newest finished recovery's failure to first new step (None: none yet)."""
 
     @property
     def tags(self) -> dict[str, str]:
         return {"job_id": self.job_id, "name": self.name, "queue": self.queue}
 
 
-def job_gauges(job: JobRecord) -> JobGauges | None:
-    """The gauges of `job`, or None when it should have no series (it never started).
+def job_gauges(job: JobRecord, now_s: float | None = None) -> JobGauges | None:
+    """The gauges of `job` at `now_s`, or None when it should have no series (it never
+    started).
 
     Example: a RUNNING job since t=1000 whose step 40 committed at t=1900, that stalled 6 s
     of 1200 s and restarted once after a hang -> running_since_s=1000, last_commit_s=1900,
@@ -74,6 +80,8 @@ def job_gauges(job: JobRecord) -> JobGauges | None:
     started = job.state is not JobState.QUEUED or bool(job.info.get("attempt") or facts.attempts)
     if not started:
         return None
+    done = [r.seconds for r in recoveries.recoveries(job.info) if r.seconds is not None]
+    running = job.state in (JobState.ADMITTED, JobState.RUNNING)
     base = JobGauges(
         job_id=job.job_id,
         name=job.spec.name,
@@ -81,6 +89,10 @@ def job_gauges(job: JobRecord) -> JobGauges | None:
         restarts=facts.restarts,
         hangs=facts.hangs,
         max_restarts=job.spec.max_restarts,
+        ettr=None
+        if now_s is None
+        else recoveries.ettr(job.info, now_s, facts.stall_wall_s(running)[0]),
+        last_recovery_s=done[-1] if done else None,
     )
     if job.state is not JobState.RUNNING:
         return base
@@ -167,6 +179,17 @@ _JOB_GAUGES = (
         "Training time stalled on checkpoints over wall time, all attempts (RUNNING jobs).",
     ),
     (
+        "ettr",
+        "rcp_job_ettr_ratio",
+        "Effective training time: productive training over wall time since the job's first "
+        "admission (failures until caught up, and checkpoint stall, are not productive).",
+    ),
+    (
+        "last_recovery_s",
+        "rcp_job_last_recovery_seconds",
+        "The job's newest recovery, failure to first new step (in place or re-queued).",
+    ),
+    (
         "checkpoint_interval_s",
         "rcp_job_checkpoint_interval_seconds",
         "The job's checkpoint.interval_s; 0 when Young/Daly picks it (RUNNING jobs that "
@@ -193,11 +216,13 @@ class JobMetrics:
             tag_keys=(),
         )
 
-    def export(self, jobs: Iterable[JobRecord], gpu_mtbf_hours: float | None) -> None:
+    def export(
+        self, jobs: Iterable[JobRecord], gpu_mtbf_hours: float | None, now_s: float | None = None
+    ) -> None:
         if gpu_mtbf_hours is not None and math.isfinite(gpu_mtbf_hours):
             self.mtbf.set(gpu_mtbf_hours)
         for job in jobs:
-            g = job_gauges(job)
+            g = job_gauges(job, now_s)
             if g is None:
                 continue
             for field, gauge in self.gauges.items():

@@ -41,7 +41,7 @@ from serve.edge.config import (
     StaticProxies,
     render,
 )
-from tests.unit.api.test_job_recovery_view import record
+from tests.unit.api.test_job_recovery_view import info, record
 
 REPO = Path(__file__).resolve().parents[3]
 PROM = REPO / "infra" / "prometheus"
@@ -637,9 +637,12 @@ def test_checkpoint_metrics_do_not_import_ray_outside_ray() -> None:
 def test_the_controller_exports_recovery_gauges_per_active_job(
     fake_ray: list[tuple[str, str, float, dict[str, str]]],
 ) -> None:
-    running = record(checkpoint={"interval_s": 600})
+    recovered = {"failed_s": 500.0, "seconds": 4.5, "caught_up_s": 510.0, "kind": "crash"}
+    running = record(
+        job_info=info(first_admitted_s=0.0, recoveries=[recovered]), checkpoint={"interval_s": 600}
+    )
     never_started = dataclasses.replace(record(JobState.QUEUED, {}), job_id="j-2")
-    JobMetrics().export([running, never_started], gpu_mtbf_hours=5000.0)
+    JobMetrics().export([running, never_started], gpu_mtbf_hours=5000.0, now_s=2000.0)
     tags = {"job_id": "j-1", "name": "llama", "queue": "default"}
     assert {(name, value) for op, name, value, t in fake_ray if t == tags} == {
         ("rcp_job_restarts", 2.0),
@@ -650,6 +653,9 @@ def test_the_controller_exports_recovery_gauges_per_active_job(
         ("rcp_job_checkpoint_last_committed_step", 120.0),
         ("rcp_job_checkpoint_overhead_ratio", 4 / 1600),
         ("rcp_job_checkpoint_interval_seconds", 600.0),
+        # 2000 s since admission, 10 s lost to the crash, 4 s stalled on checkpoints.
+        ("rcp_job_ettr_ratio", (2000 - 10 - 4) / 2000),
+        ("rcp_job_last_recovery_seconds", 4.5),
     }
     assert ("set", "rcp_fleet_gpu_mtbf_hours", 5000.0, {}) in fake_ray
     assert not [c for c in fake_ray if c[3].get("job_id") == "j-2"]  # no series: never ran
