@@ -193,10 +193,9 @@ def forecast_now(
     snapshot: ClusterSnapshot, policies: Policies, state: ServingPolicyState
 ) -> ServingForecast | None:
     """Serving's forecast for admission (`policies.forecast.serving_forecast`): each served
-    model's daily profile (kept in `state`), its GPUs per replica and cluster floor, against
-    what the providers can host now (`policies.placement.external_cap_gpus`, a provider out
-    for not delivering counting only its live GPUs). A model that is ``on_shortfall: yield``
-    or pinned to ``external`` holds nothing back."""
+    model's daily profile, GPUs per replica and cluster floor, against what the providers can
+    host now. A model that is ``on_shortfall: yield`` or pinned to ``external`` holds nothing
+    back."""
     if not policies.forecast.enabled:
         return None
     models = []
@@ -250,8 +249,7 @@ def unplaced_gpus(
 
 def model_classes_now(policies: Policies, p99_ms: Mapping[str, float]) -> dict[str, ModelClass]:
     """Each served model's class this tick: its configured priority and floor, at risk when
-    its measured p99 (`p99_ms`, by model) is over its SLO (the demand policy's
-    ``target_p99_ms``, from ``serving.models[].slo_p99_ms``)."""
+    its measured p99 (`p99_ms`, by model) is over its SLO (``target_p99_ms``)."""
     out: dict[str, ModelClass] = {}
     for name, cls in policies.model_classes.items():
         target = policies.demand[name].target_p99_ms if name in policies.demand else None

@@ -10,15 +10,13 @@ Owns: the health half of a tick and its memory, `HealthKeeper`, kept in the stor
   a node Ray drains for someone else once it is empty;
 * act (`act`): `CordonNode` -> Ray drain, `PreemptJob` -> the job runner (checkpoint first,
   re-queue), `DrainNode` -> the node is replaced (`act.nodes.Remediator`);
-* serving-only nodes (`note_serving_only`): a node whose verdict is SERVING_ONLY (fabric
-  faults, GPUs fine) is not drained: admission leaves it out of every gang while Serve
-  replicas keep running and starting there (gauge ``rcp_node_serving_only{node,pool}``);
+* serving-only nodes (`note_serving_only`: fabric faults, GPUs fine): not drained; admission
+  leaves them out of every gang while Serve replicas keep running and starting there;
 * the operator's requests (`clear_node`, `breaker_state`, `reset_breaker`), which may come
   from the API thread while a tick runs: each holds its lock.
 
-Replicas on a bad node are not health's to move: the cordon (a Ray drain) makes Serve start
-replacements elsewhere first, and the node, unhealthy in the snapshot, leaves placement's
-cluster budget, so placement moves them in a move that names the node (``leave_unhealthy_node``).
+Replicas on a bad node are not health's to move: Serve replaces them elsewhere on the cordon
+(a Ray drain), and placement moves them off the unhealthy node (``leave_unhealthy_node``).
 
 Must not: decide (the health policy does) or touch Ray except through the adapters.
 """
@@ -178,12 +176,8 @@ class HealthKeeper:
     def note_serving_only(
         self, verdicts: Mapping[str, NodeVerdict], snapshot: ClusterSnapshot
     ) -> None:
-        """Keep ``health.serving_only`` in step with the verdicts, and say each change once.
-
-        A node stops being serving-only when its verdict says otherwise (it recovered, or a
-        GPU fault took it out of everything) or it is gone; a node with no verdict this tick
-        (its agent did not answer) keeps its record.
-        """
+        """Keep ``health.serving_only`` in step with the verdicts, and say each change once; a
+        node with no verdict this tick (its agent did not answer) keeps its record."""
         now = {
             n: v for n, v in verdicts.items() if v.verdict is Verdict.SERVING_ONLY and not v.held
         }
@@ -237,11 +231,9 @@ class HealthKeeper:
             self.store.put(AGENTS_KEY, dict(ids))
 
     def _release_drained_by_others(self, snapshot: ClusterSnapshot) -> None:
-        """Stop our agent on a node Ray drains for someone else once nothing else runs there.
-
-        A drained raylet exits when its node is idle, and Ray counts our agent as work: left
-        running, it would keep an operator's ``ray drain-node`` from ever finishing. (Our own
-        cordons are removed by `Remediator.replace`.)"""
+        """Stop our agent on a node Ray drains for someone else once nothing else runs there:
+        Ray counts our agent as work, so it would keep an operator's ``ray drain-node`` (a
+        drained raylet exits when idle) from ever finishing."""
         for node_id in sorted(self.draining - set(self.remediator.cordoned)):
             if node_id in self._released:
                 continue

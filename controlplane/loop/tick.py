@@ -3,24 +3,19 @@
 Owns: `Loop`, the only decider in the control plane. Each tick, in numbered phases that each
 catch, log and count their own failure, so the loop never dies:
 
-0. retention - at most every ``jobs.prune_interval_s`` one bounded batch of finished jobs and
-   old events leaves the store (the shell's `retention.Retention`);
-1. observe - `observe.observe`, then `health.HealthKeeper.judge` (unhealthy nodes leave the
-   snapshot's capacity at once: `observe.with_health`) and the operators' guards
-   (`guards.GuardStore.load`: pins into the snapshot, hand-cordoned nodes out of capacity);
-2. decide - `decide.decide`, every policy in one batch; while an operator has paused the
-   loop, `guards.hold` keeps back everything but rejections (moves in flight still advance);
-3. act - the lifecycle plan, then admission's, through the job runner (`act.jobs`),
-   remediation through `health.HealthKeeper.act`, the serving plan through
-   `act.serving.ServeActuator` (moves in flight advanced one step first: a make-before-break
-   move is a tracked operation, never a wait), the external groups on Kubernetes (sized by
-   `policies.external_shrink`);
-4. record - policy state to the store (``admission.state``, ``serving.state``), new plan
-   actions to the event log (`record.PlanEvents`; held ones as ``policy.held``), metrics,
-   local Prometheus targets, per-job gauges (the shell's hook).
+0. retention - one bounded batch of finished jobs and old events leaves the store (the
+   shell's hook, at most every ``jobs.prune_interval_s``);
+1. observe - `observe.observe`, health's verdicts (`health.HealthKeeper.judge`: unhealthy
+   nodes leave the snapshot's capacity at once) and the operators' guards (`guards`);
+2. decide - `decide.decide`, every policy in one batch (held back while paused: `guards.hold`);
+3. act - the jobs' plans through the job runner (`act.jobs`), remediation through
+   `health.HealthKeeper.act`, the serving plan through `act.serving.ServeActuator` (moves in
+   flight advanced one step first: a move is a tracked operation, never a wait), the
+   external groups on Kubernetes (`policies.external_shrink`);
+4. record - policy state to the store, new plan actions to the event log (held ones as
+   ``policy.held``), metrics, local Prometheus targets, per-job gauges (the shell's hook).
 
-Tests call `tick` directly, with fake adapters (tests/unit/loop_fakes.py). `liveness` says
-when no tick has started for a while.
+Tests call `tick` directly, with fake adapters (tests/unit/loop_fakes.py).
 
 Must not: touch an external system except through its adapter (`Adapters`), or decide
 anything itself.

@@ -116,8 +116,7 @@ class TickMetrics:
         self._forecast(snapshot, serving_state, decided)
 
     def _providers(self, snapshot: ClusterSnapshot, serving: ServingPolicyState) -> None:
-        """Per external provider: its price, most, live and requested GPUs, and whether it is
-        out (did not deliver within its deadline)."""
+        """Per external provider: its price, most, live and requested GPUs, whether it is out."""
         m = self.metrics
         providers = self.policies.placement.providers
         live = live_by_provider(snapshot, providers)
@@ -151,9 +150,8 @@ class TickMetrics:
     def _forecast(
         self, snapshot: ClusterSnapshot, serving: ServingPolicyState, decided: Decision
     ) -> None:
-        """Per served model, the peak its daily profile foresees over the next 24 h and when;
-        and the most cluster GPUs serving's forecast needs beyond the providers (what admission
-        keeps long gangs off, `policies.admission.forecast`)."""
+        """Per served model, its forecast's peak over the next 24 h and when; and the most
+        cluster GPUs serving's forecast needs beyond the providers."""
         config = self.policies.forecast
         if not config.enabled or not self.policies.demand:
             self.forecast_rows = {}

@@ -162,13 +162,10 @@ def _demand_state(s: Mapping[str, Any]) -> DemandState:
 class Decision:
     """Every policy's plan for one tick, decided in one batch.
 
-    ``claims`` are admission's `MoveServeReplicas` (the training claim), handed in-process to
-    placement in the same decide phase; ``serving`` is placement's and demand's plan
-    (`RequestExternalCapacity`, `MoveServeReplicas`, `ScaleServePool`, `SetRouteWeights`),
-    None when the serving policies did not run this tick (no serving plane, or a move is
-    still in flight: the operation owns the model's replicas and routes until it ends, and
-    reads ``wanted`` before it stops any replica).
-    """
+    ``claims`` are admission's `MoveServeReplicas` (the training claim), handed to placement;
+    ``serving`` is placement's and demand's plan, None when the serving policies did not run
+    this tick (no serving plane, or a move in flight: the operation owns the model's replicas
+    and routes until it ends)."""
 
     admission: Plan
     admission_state: AdmissionState

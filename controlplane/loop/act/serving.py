@@ -10,10 +10,8 @@ Owns: carrying out, item by item, what the serving policies returned:
   (``serve.scale.wait``, retried next tick) until every other pool of the model runs all of
   its target, then routes away from the leaving replicas before it lowers the target;
 * `SetRouteWeights` -> the route table, when it differs from what is deployed;
-* `ScaleIngress` -> the ingress deployment's replica count, at once (Serve drains a stopping
-  one; a move's route step waits until the count settled);
-* on Kubernetes with the in-tree autoscaler off, each external worker group's size
-  (`ExternalGroup`).
+* `ScaleIngress` -> the ingress deployment's replica count, at once;
+* on Kubernetes with the in-tree autoscaler off, each external group's size (`ExternalGroup`).
 
 While a model has a move in flight, the operation owns its replicas and routes (the single
 writer): scale and route items for it are left for the policies to decide again once the move

@@ -5,12 +5,11 @@ only with credentials minted for it (`controlplane.storage.JobCredentialMinter`:
 ``AssumeRole`` with the session policy of its prefix), which its code fetches from the
 signals actor with its attempt's token (`jobs.signals`, ``RCP_STORAGE_CREDENTIALS``).
 
-Owns `JobCredentials`: `prefix` / `wanted` (which jobs get them), `issue` (at admission,
-before the gang is submitted; it raises when minting or handing over fails, so a scoped job
-never starts without credentials) and `refresh` (every tick, for every admitted job, what
-`policies.credentials.credentials_action` says from the expiry the actor reports and the
-newest ones minted here: put the cached ones again, or mint on a worker thread; a failed
-mint is tried again after `limits.CREDENTIALS_MINT_RETRY_S`).
+Owns `JobCredentials`: `prefix` / `wanted` (which jobs get them), `issue` (at admission; it
+raises when minting or handing over fails, so a scoped job never starts without them) and
+`refresh` (every tick: put the cached ones again, or mint on a worker thread, as
+`policies.credentials.credentials_action` says; a failed mint is tried again after
+`limits.CREDENTIALS_MINT_RETRY_S`).
 
 The credentials live in this process's memory only: never in the store, events, logs or the
 job's runtime env. A restarted controller mints anew when the actor's are due.

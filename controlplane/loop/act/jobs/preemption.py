@@ -4,11 +4,10 @@ Owns:
 
 * `Preemption.preempt` (PreemptJob): ask the gang to checkpoint now (signals actor), mark it
   ``preempting`` with a deadline (``checkpoint.preempt_deadline_s``);
-* what follows is `policies.attempts`' (rows 1-3): the gang is stopped once the manifest of a
-  step taken for the request is in storage (``preempt_checkpoint``, recorded by
-  `checkpoint_reads`: the step the job reported for it, verified there, or any step
-  committed after the request), or at the deadline; then PREEMPTED -> QUEUED in one store
-  transaction (`ends.AttemptEnds.requeue`); no restart is spent, even when it failed meanwhile;
+* what follows is `policies.attempts`' (rows 1-3): the gang is stopped once storage holds a
+  step that answers the request (``preempt_checkpoint``, `checkpoint_reads`), or at the
+  deadline; then PREEMPTED -> QUEUED in one store transaction (`ends.AttemptEnds.requeue`);
+  no restart is spent, even when it failed meanwhile;
 * `Preemption.requeue_stranded`: a job found PREEMPTED (a crash of an older version
   mid-preemption) is re-queued once its Ray Job has ended.
 

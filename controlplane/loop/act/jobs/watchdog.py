@@ -1,11 +1,10 @@
 """The hang watchdog's hands: a gang `policies.attempts` found hung is stopped, its stacks kept.
 
-Owns `Watchdog.stop_hung` (`StopHungGang`: a RUNNING gang whose step has not grown for its
-``stall_timeout_s``): every rank's Python stacks are fetched through Ray's dashboard
-(`ray_jobs.RayJobs.worker_stack`, on worker threads, `limits.STACKS_DEADLINE_S` in all) into
-the attempt's log (`Store.put_attempt_note`, shown by `JobRunner.read_logs`), event
-``job.hung``, the hang counted in the job's info and in the fleet's failure record, and the
-gang stopped. Once Ray says it ended, the policy restarts it after a backoff or FAILS the job.
+Owns `Watchdog.stop_hung` (`StopHungGang`): every rank's Python stacks are fetched through
+Ray's dashboard into the attempt's log (`Store.put_attempt_note`, shown by
+`JobRunner.read_logs`), event ``job.hung``, the hang counted in the job's info and in the
+fleet's failure record, and the gang stopped. Once Ray says it ended, the policy restarts it
+after a backoff or FAILS the job.
 
 Must not: call Ray but through the Ray Jobs adapter (`ray_jobs.RayJobs`), or wait on the
 stacks past the tick's deadline (a later tick takes them).
