@@ -128,7 +128,6 @@ def decide(
     *,
     serving_busy: bool = False,
 ) -> Decision:
-    """One tick's plans (see the module doc)."""
     snapshot = observation.snapshot
     measured = {m.model: m.p99_ms for m in snapshot.serve_load if m.p99_ms is not None}
     classes = model_classes_now(policies, measured)

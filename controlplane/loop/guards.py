@@ -9,13 +9,11 @@ a restarted controller finds it:
   leave traffic on a pool about to lose its replicas;
 * pins (``serving.pins``: model -> pool, who, when), handed to the policies in the snapshot
   (`ClusterSnapshot.pinned`);
-* nodes cordoned by hand (``nodes.cordoned``: node id -> who, why, when): such a node counts
-  as capacity no more (``healthy=False`` in the snapshot), so nothing new lands there and
-  placement moves serving replicas off it make-before-break; gangs on it keep running.
-  Uncordon gives it back. Nothing is drained: undoing a Ray drain is not possible.
+* nodes cordoned by hand (``nodes.cordoned``: node id -> who, why, when): no capacity any
+  more (``healthy=False`` in the snapshot), so placement moves serving replicas off it; gangs
+  there keep running. Nothing is drained: undoing a Ray drain is not possible.
 
-`GuardStore` reads them (once per tick, and for the API) and writes them (the API's thread,
-under one lock: each change is one read-modify-write of one key).
+`GuardStore` reads them (once per tick, and for the API) and writes them (under one lock).
 
 Must not: decide (the policies do, from the snapshot) or touch Ray.
 """
@@ -127,8 +125,6 @@ def _parse(pause: object, pins: object, cordons: object) -> Guards:
 
 
 class GuardStore:
-    """Reads and writes the guards in the store's kv (see the module doc)."""
-
     def __init__(self, store: Store, clock: Callable[[], float]) -> None:
         self.store = store
         self.clock = clock
@@ -203,10 +199,9 @@ def with_guards(observation: Observation, guards: Guards) -> Observation:
 
 
 def hold(decision: Decision, previous: AdmissionState) -> Decision:
-    """While paused: the decision to apply (rejections only; the admission state as it was,
-    so no preemption is counted that was not made), the actions held back in ``held``. A
-    `WaitJob` still applies: it only says why a job waits; so does the jobs' lifecycle plan
-    (it follows what already happened to the gangs: one ended, started, hung)."""
+    """While paused: the decision to apply (rejections, `WaitJob`s and the jobs' lifecycle
+    plan, which follows what already happened; the admission state as it was, so no preemption
+    is counted that was not made) and the actions held back in ``held``."""
     applies = RejectJob | WaitJob
     held: Iterable[Action | RemediationAction] = (
         *(a for a in decision.admission if not isinstance(a, applies)),

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from controlplane.config import Config
 from controlplane.loop.act.nodes import Breaker, NodeActions, Remediator
-from controlplane.loop.record import EventKind
+from controlplane.loop.record import EventKind, Recorder
 from controlplane.loop.types import AgentRefLike, JobActions, MetricSink, Telemetry
 from controlplane.store import Store
 from controlplane.telemetry.verdicts import judge
@@ -70,8 +70,6 @@ AGENTS_KEY = "health.agents"
 """Node id -> actor id of the telemetry agent this controller created (the only ones trusted)."""
 HEALTH_SAMPLES = 16
 """Newest samples read from each agent per tick; the policy skips those it has seen."""
-
-Recorder = Callable[[EventKind, str], None]
 
 
 class HealthKeeper:

@@ -1,10 +1,9 @@
 """The observe phase: one frozen snapshot of nodes, jobs and Serve replicas per tick.
 
-Owns: `observe`, which reads what the job runner sees of every gang (`JobActions.observe`),
-the active jobs from the store (by index: never the finished jobs of the past), the node
-inventory, the nodes Ray drains (no capacity any more: ``healthy=False``) and the serving
-plane (`ServeView`, the load board, each model's p99: `serve_loads`) into one `Observation`.
-Node health is applied on top in the same phase (`with_health`).
+Owns: `observe`, which reads what the job runner sees of every gang, the active jobs from the
+store (by index), the node inventory, the nodes Ray drains (no capacity: ``healthy=False``)
+and the serving plane (`ServeView`, the load board, each model's p99: `serve_loads`) into one
+`Observation`; node health is applied on top in the same phase (`with_health`).
 
 The snapshot's rules (`build_snapshot`, pure given its inputs, so tests can feed rows):
 

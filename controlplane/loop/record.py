@@ -36,6 +36,7 @@ __all__ = [
     "EventKind",
     "MetricDef",
     "PlanEvents",
+    "Recorder",
     "event_key",
     "RayMetrics",
     "policy_event_kind",
@@ -85,6 +86,9 @@ class EventKind(str, Enum):
     FAULT_INJECT = "fault.inject"
 
 
+Recorder = Callable[[EventKind, str], None]
+
+
 _POLICY_KINDS: dict[type, EventKind] = {
     AdmitJob: EventKind.POLICY_ADMIT,
     PreemptJob: EventKind.POLICY_PREEMPT,
@@ -106,15 +110,14 @@ def policy_event_kind(action: Action | RemediationAction) -> EventKind:
 
 def event_key(action: Action | RemediationAction) -> tuple[str, ...]:
     """What makes an action new for the event log. Health actions are keyed by their node (and
-    model, for moves), a job's wait by its code (`WaitJob.code`): their reasons carry live figures
-    ("for 12 samples", "in about 2h15m") that change while the action itself does not (the
-    job's message, `rcp queue`, always has the latest)."""
+    model, for moves), a job's wait by its code: their reasons carry live figures ("for 12
+    samples", "in about 2h15m") that change while the action itself does not."""
     kind = type(action).__name__
     if isinstance(action, MoveServeReplicas) and action.node_ids:
         return (kind, action.model, *action.node_ids)
     if isinstance(action, CordonNode | DrainNode):
         return (kind, action.node_id)
-    if isinstance(action, WaitJob):  # its figures ("in about 2h15m") change while it waits
+    if isinstance(action, WaitJob):
         return (kind, action.job_id, action.code or action.reason)
     job_id = getattr(action, "job_id", "")
     return (kind, str(job_id), action.reason)

@@ -307,9 +307,8 @@ class Loop:
     def _decide_external_group(
         self, decided: Decision, observed: Observation
     ) -> tuple[ExternalGroupSize, ...]:
-        """Each provider's group size, and on a shrink which emptied nodes go
-        (`policies.external_shrink`). A move in flight holds the nodes it names, and one into
-        the external pool every external node (Serve picks where its replicas start)."""
+        """Each provider's group size (`policies.external_shrink`); a move in flight holds the
+        nodes it names, and one into the external pool every external node."""
         assert self.external_group is not None and decided.serving_state is not None
         snapshot = observed.snapshot
         reserved: set[str] = set()

@@ -38,8 +38,6 @@ class TickStats:
 
 
 class TickMetrics:
-    """Exports one tick's metrics (see the module doc)."""
-
     def __init__(self, metrics: MetricSink, policies: Policies, store: Store) -> None:
         self.metrics = metrics
         self.policies = policies

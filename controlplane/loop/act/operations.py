@@ -19,13 +19,10 @@ waiting for anything:
    finishing their in-flight requests). The operation ends (`MoveOutcome.DONE`).
 
 So a replica stops only after its replacement is RUNNING and routed to, and only while the
-replicas left RUNNING cover demand; the policies move or scale the rest after the move ends.
-The operation is the only writer of the model's pool targets and routes while it runs.
-
-Each step re-asserts its own write (level-triggered), so a controller that died between a
-write and the record of it repeats the write harmlessly. A step that does not finish within
-``timeout_s`` unwinds: in MAKE the target pool goes back to its old target (the source was
-not touched); later the move is finished as far as it got and the policies settle the rest.
+replicas left RUNNING cover demand. Each step re-asserts its own write (level-triggered), so
+a controller that died between a write and the record of it repeats the write harmlessly. A
+step that does not finish within ``timeout_s`` unwinds: in MAKE the target pool goes back to
+its old target; later the move is finished as far as it got and the policies settle the rest.
 
 Worked example: 2 replicas of ``m`` on cluster, 0 external, move 2 cluster -> external.
 Tick 1: external target 0 -> 2 (MAKE). Ticks 2-5: external replicas start. Tick 6: both

@@ -31,7 +31,7 @@ from typing import Protocol
 from controlplane.adapters.serve import ServePlane, ServeView
 from controlplane.loop.act import operations
 from controlplane.loop.act.operations import MoveOperation, MoveOutcome
-from controlplane.loop.record import EventKind
+from controlplane.loop.record import EventKind, Recorder
 from controlplane.loop.types import MetricSink
 from controlplane.store import Store
 from policies import external_shrink
@@ -64,8 +64,6 @@ OPERATIONS_KEY = "serving.operations"
 LEGACY_INFLIGHT_KEY = "serving.inflight"
 """Where a controller before the single loop kept the plan it was applying."""
 EXTERNAL_GROUP_RECHECK_S = 30.0
-
-Recorder = Callable[[EventKind, str], None]
 
 
 class ServeActuator:
@@ -162,9 +160,8 @@ class ServeActuator:
             self._save()
 
     def _freed(self, op: MoveOperation) -> str:
-        """Whether the nodes the move named are free of the model's source replicas now.
-        Serve picks which replica of a pool stops on a scale-down, so this is checked, and
-        said, not assumed."""
+        """Whether the nodes the move named are free of its source replicas now (Serve picks
+        which replica stops, so this is checked, not assumed)."""
         if not op.node_ids:
             return ""
         named = set(op.node_ids)

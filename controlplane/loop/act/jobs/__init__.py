@@ -6,10 +6,8 @@ carries out a job's life after admission as `policies.attempts` decides it, idem
 from the store alone, so a restarted controller carries on where the last one stopped. One
 concern per module (each says what it owns): `admission`, `runner` (the entry points),
 `launching`, `credentials`, `preemption`, `watchdog`, `ends`, `checkpoint_reads`,
-`background`, `limits`. Beside it, below the loop: `controlplane.adapters.ray_jobs` (the only
-module that calls Ray's Job Submission API, the dashboard and the job signals actor),
-`controlplane.adapters.job_logs` (attempts' logs for `rcp logs`) and
-`controlplane.store.job_info` (the job-info keys the runner writes, and their checked readers).
+`background`, `limits`. Beside it: `controlplane.adapters.ray_jobs` (the Ray side),
+`controlplane.adapters.job_logs` and `controlplane.store.job_info` (the job-info keys).
 
 What a gang runs: the Ray Job's driver is always the launcher (`launching.entrypoint_command`:
 ``module:function`` is every worker's Ray Train loop; a command starts on every worker with the

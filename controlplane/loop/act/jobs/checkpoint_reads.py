@@ -34,8 +34,6 @@ ReadResult = tuple[CommittedStep | None, CommittedStep | None]
 
 
 class CommittedReads:
-    """Reads jobs' committed steps from storage (see the module doc)."""
-
     def __init__(
         self,
         store: Store,
@@ -95,10 +93,8 @@ class CommittedReads:
         self, job: JobRecord, sig: Mapping[str, Any], now: float
     ) -> tuple[int | None, int | None] | None:
         """``(known step, hinted step to check)`` when a read is due, else None: every tick
-        while preempting (until a committed answer is found), every
-        ``jobs.checkpoint_scan_interval_s`` for a RUNNING job, and sooner when the job's hint
-        (its checkpoint report or its progress' committed step) names a step newer than the
-        one recorded (once per hinted step: a job that keeps lying costs one read per lie)."""
+        while preempting, every ``jobs.checkpoint_scan_interval_s`` for a RUNNING job, and
+        sooner once per newer step its hint names (a job that keeps lying costs one read per lie)."""
         known = info_step(job.info.get("checkpoint"))
         attempt = job.info.get("attempt")
         if job.info.get("preempting"):

@@ -45,8 +45,6 @@ Mint = Callable[[str, StorageUri], StorageCredentials]
 
 
 class JobCredentials:
-    """Scoped storage credentials of admitted jobs (see the module doc)."""
-
     def __init__(
         self,
         cfg: Config,
@@ -90,8 +88,7 @@ class JobCredentials:
     def refresh(
         self, jobs: Iterable[JobRecord], sigs: Mapping[str, Mapping[str, Any]], deadline_s: float
     ) -> None:
-        """Keep every admitted job's credentials fresh at the actor (see the module doc).
-        One job's failure is logged and never stops the others."""
+        """Keep every admitted job's credentials fresh; one job's failure never stops the others."""
         now = self.clock()
         duration_s = float(self.cfg.storage.job_credentials_duration_s)
         minting: dict[tuple[str, ...], tuple[JobRecord, int]] = {}
