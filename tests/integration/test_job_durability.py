@@ -284,20 +284,23 @@ def test_a_cancelled_command_job_leaves_no_process_even_one_ignoring_sigterm(
 # -- crashes, preemption and hangs: the runner restarts from the last committed checkpoint ------
 
 RECOVERY_SCRIPT = """\
-import hashlib, json, os, sys, time
+import glob, hashlib, json, os, sys, time
 import torch
 import torch.distributed as dist
 from jobs.checkpointing import Checkpointing
 
 out_dir, num_steps, every, sleep_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-# argv[5:7]: the rank world-1 of attempt <hang_attempt> stops making progress <hang_after>
-# steps after the step it started from.
+# argv[5:7]: the rank world-1 of run <hang_run> stops making progress <hang_after> steps
+# after the step it started from.
 hang_after = int(sys.argv[5]) if len(sys.argv) > 5 else -1
-hang_attempt = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+hang_run = int(sys.argv[6]) if len(sys.argv) > 6 else 1
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 attempt = int(os.environ["RCP_ATTEMPT"])
-if attempt > 1:
-    sleep_s = min(sleep_s, 0.02)  # a resumed attempt only has to finish
+# The run: how many times this rank's script started for the job (a restart in place starts
+# it again within the same attempt; a re-queue in a new attempt).
+run = 1 + len(glob.glob(os.path.join(out_dir, f"pid-*-{rank}.json")))
+if run > 1:
+    sleep_s = min(sleep_s, 0.02)  # a resumed run only has to finish
 
 
 def note(name, record):
@@ -308,7 +311,7 @@ def note(name, record):
 if world > 1:
     dist.init_process_group("gloo")
 ckpt = Checkpointing(every_n_steps=every)
-note(f"pid-{attempt}-{rank}.json", {"pid": os.getpid()})
+note(f"pid-{run}-{rank}.json", {"pid": os.getpid()})
 
 
 def digests(state):
@@ -323,11 +326,11 @@ start, restored = 0, ckpt.restore()
 if restored is not None:
     state = {k: v.clone() for k, v in restored.state.items()}
     start = restored.step + 1
-    note(f"restored-{attempt}-{rank}.json",
+    note(f"restored-{run}-{rank}.json",
          {"step": restored.step, "source": restored.source, "digests": digests(state)})
 for step in range(start, num_steps):
-    if attempt == hang_attempt and step == start + hang_after and rank == world - 1:
-        note(f"hang-{attempt}.json", {"step": step})
+    if run == hang_run and step == start + hang_after and rank == world - 1:
+        note(f"hang-{run}.json", {"step": step})
         print(f"rank {rank} stops making progress at step {step}", flush=True)
         time.sleep(3600)
     t = torch.tensor([float(step + rank)])
@@ -337,7 +340,7 @@ for step in range(start, num_steps):
     state["steps_seen"] += 1
     if rank == 0:
         with open(os.path.join(out_dir, "steps.jsonl"), "a") as f:
-            line = {"attempt": attempt, "step": step, "start": start, "at_s": time.time()}
+            line = {"attempt": attempt, "run": run, "step": step, "start": start, "at_s": time.time()}
             f.write(json.dumps(line) + "\\n")
     if ckpt.should_checkpoint(step) or step == num_steps - 1:
         note(f"saved-{rank}-{step}.json", digests(state))
@@ -429,11 +432,12 @@ def manifest_in_storage(cfg: Config, step_uri: str) -> dict[str, object]:
     return dict(json.loads(body))
 
 
-def assert_restored_bit_exact(out: Path, attempt: int, world: int) -> int:
-    """Every rank of `attempt` restored what it saved at the restored step; returns it."""
+def assert_restored_bit_exact(out: Path, run: int, world: int) -> int:
+    """Every rank of `run` (the script's n-th start: the attempt, unless a run restarted in
+    place) restored what it saved at the restored step; returns it."""
     steps = set()
     for rank in range(world):
-        restored = json.loads((out / f"restored-{attempt}-{rank}.json").read_text())
+        restored = json.loads((out / f"restored-{run}-{rank}.json").read_text())
         saved = json.loads((out / f"saved-{rank}-{restored['step']}.json").read_text())
         assert restored["digests"] == saved, f"rank {rank} restored other bytes than it saved"
         steps.add(restored["step"])
@@ -441,13 +445,15 @@ def assert_restored_bit_exact(out: Path, attempt: int, world: int) -> int:
     return steps.pop()
 
 
-def test_a_killed_worker_and_then_a_hung_one_each_resume_at_the_last_committed_step_bit_exact(
+def test_a_killed_worker_restarts_in_place_and_a_hung_one_re_queues_each_resuming_bit_exact(
     durability_cluster: tuple[Config, LocalCluster, Client], tmp_path: Path
 ) -> None:
-    """One 2-rank gang meets both faults, one per attempt (one gang start less than a test
-    each): attempt 1 loses a worker to SIGKILL mid-run, attempt 2 restores and then one of
-    its ranks stops making progress; the watchdog finds the hang, logs every rank's stack,
-    and attempt 3 restores and finishes. Each restore is the last committed step, bit-exact."""
+    """One 2-rank gang meets both faults (one gang start less than a test each): run 1 loses
+    a worker to SIGKILL mid-run and the gang restarts in place (issue 30: the same attempt,
+    a new worker group, a restart spent, the recovery timed); run 2 restores and then one of
+    its ranks stops making progress; the watchdog finds the hang, logs every rank's stack
+    and re-queues the job; attempt 2 (run 3) restores and finishes. Each restore is the last
+    committed step, bit-exact."""
     cfg, _cluster, client = durability_cluster
     script, out = recovery_script(tmp_path)
     stall_s = 8.0
@@ -458,7 +464,7 @@ def test_a_killed_worker_and_then_a_hung_one_each_resume_at_the_last_committed_s
         "--max-restarts=2",
         f"--stall-timeout-s={stall_s:g}",
         "--name=crash-then-hang",
-        # 120 steps, a commit every 5, 0.25 s a step; attempt 2 hangs 12 steps after its start
+        # 120 steps, a commit every 5, 0.25 s a step; run 2 hangs 12 steps after its start
         command=["python", str(script), str(out), "120", "5", "0.25", "12", "2"],
     )
     wait_state(client, job_id, {"RUNNING"})
@@ -472,9 +478,11 @@ def test_a_killed_worker_and_then_a_hung_one_each_resume_at_the_last_committed_s
     os.kill(victim, 9)  # SIGKILL one worker process mid-run
 
     hung = wait_job(cfg, client, job_id, "the hang to be detected", lambda j: j.hangs >= 1, 300)
-    assert hung.attempt == 2 and hung.attempts[0].kind == "crash", hung.attempts
+    assert hung.attempt == 1, hung.attempts  # the kill did not end the attempt
+    assert [(a.kind, a.in_place) for a in hung.attempts][:1] == [("crash", 1)], hung.attempts
+    assert "killed by signal 9 (SIGKILL)" in hung.attempts[0].reason, hung.attempts[0].reason
     (event,) = [e for e in client.events(job_id=job_id) if e["kind"] == "job.hung"]
-    last_step = max(float(s["at_s"]) for s in steps_of(out) if s["attempt"] == 2)
+    last_step = max(float(s["at_s"]) for s in steps_of(out) if s["run"] == 2)
     # How soon after the stall it was found is the watchdog's unit tests' (a fake clock);
     # here it is printed, not bounded against this machine's load.
     print(
@@ -484,29 +492,44 @@ def test_a_killed_worker_and_then_a_hung_one_each_resume_at_the_last_committed_s
     )
     assert event["data"]["stalled_s"] > stall_s
     logs = rcp(cfg, "logs", job_id).stdout
-    header = "=== attempt 2: hang: stacks of the workers (py-spy via Ray) ==="
+    header = "=== attempt 1: hang: stacks of the workers (py-spy via Ray) ==="
     assert header in logs, logs[-3000:]
     stacks = logs.split(header, 1)[1]
     assert "--- rank 0 (pid" in stacks and "--- rank 1 (pid" in stacks
     assert "recovering.py" in stacks, stacks[:3000]  # the user's own frames
 
     done = wait_state(client, job_id, {"SUCCEEDED"}, timeout_s=600)
-    assert done.attempt == 3 and done.restarts == 2 and done.hangs == 1, done.attempts
-    assert [a.kind for a in done.attempts] == ["crash", "hang", "succeeded"], done.attempts
+    assert done.attempt == 2 and done.restarts == 2 and done.hangs == 1, done.attempts
+    assert [(a.kind, a.in_place) for a in done.attempts] == [
+        ("crash", 1),
+        ("hang", None),
+        ("succeeded", None),
+    ], done.attempts
     steps = steps_of(out)
-    # Attempt 2: from the commit at or after the kill's, which attempt 1 had trained past.
+    # Run 2 (in place): from the commit at or after the kill's, which run 1 had trained past.
     after_crash = assert_restored_bit_exact(out, 2, 2)
     assert after_crash >= committed_at_kill
-    first = [s["step"] for s in steps if s["attempt"] == 1]
+    first = [s["step"] for s in steps if s["run"] == 1]
     assert max(first) >= after_crash
-    second = [s for s in steps if s["attempt"] == 2]
+    second = [s for s in steps if s["run"] == 2]
+    assert {s["attempt"] for s in second} == {1}
     assert second[0]["step"] == after_crash + 1 and second[0]["start"] == after_crash + 1
-    # Attempt 3: from a commit attempt 2 made before it hung (12 steps, a commit every 5).
+    # Run 3 (attempt 2): from a commit run 2 made before it hung (12 steps, a commit every 5).
     hang_step = json.loads((out / "hang-2.json").read_text())["step"]
     after_hang = assert_restored_bit_exact(out, 3, 2)
     assert after_crash < after_hang < hang_step, (after_crash, after_hang, hang_step)
-    third = [s for s in steps if s["attempt"] == 3]
+    third = [s for s in steps if s["run"] == 3]
+    assert {s["attempt"] for s in third} == {2}
     assert third[0]["step"] == after_hang + 1 and third[-1]["step"] == 119
+    # Each recovery timed, failure to first new step, with where its restore read from.
+    in_place, requeued = done.recoveries
+    assert in_place["in_place"] and in_place["kind"] == "crash", done.recoveries
+    assert in_place["restored_step"] == after_crash and in_place["source"] in ("memory", "storage")
+    assert not requeued["in_place"] and requeued["kind"] == "hang", done.recoveries
+    assert requeued["restored_step"] == after_hang
+    assert all(r["seconds"] is not None and r["seconds"] > 0 for r in done.recoveries)
+    assert done.ettr is not None and 0 < done.ettr < 1
+    print(f"recoveries: {done.recoveries}; ettr {done.ettr:.3f}")
 
 
 def test_a_preempted_job_commits_before_its_gang_stops_and_resumes_on_another_node(
