@@ -2,18 +2,20 @@
 
 Owns: `deploy` (first deploy or config update, keeping the targets, weights and ingress
 replica count already deployed), `scale_pool`, `scale_ingress`, `set_route_weights`,
-`set_route_weights_from_readiness` and the make-before-break `move`, and the writes of a move
-advanced one step per tick (`set_pool_target`, `route_for_targets`). Each reads the desired
+`set_route_weights_from_readiness`, and the writes of a make-before-break move the control
+loop advances one step per tick (`set_pool_target`, `route_for_targets`; the move itself is
+`controlplane.loop.act.operations`). Each reads the desired
 state from Serve (where it is stored, see `serve.spec`), changes it, writes it back with one declarative apply, and optionally waits
 until Serve shows the effect. Writes inside one process are serialized by a lock; the
 policy actor is meant to be the only writer.
 
-Make-before-break, as `move` does it: (1) raise the target pool by n and wait until its
-replicas are RUNNING; (2) set route weights from readiness with the source's planned
-target, and wait until every ingress replica applied that route table and then another
-``serving.ingress.edge_table_max_age_s`` (the settle wait); (3) lower the source pool by n;
-Serve stops those replicas gracefully, finishing in-flight requests, and a request that still
-lands on a stopping replica is retried (by the ingress, or by the edge) elsewhere.
+Make-before-break, in the writes here: (1) raise the target pool by n (`set_pool_target`);
+once its replicas are RUNNING, (2) route by readiness with the source's planned target
+(`route_for_targets`); once every ingress replica applied that route table and another
+``serving.ingress.edge_table_max_age_s`` passed (the settle wait,
+`serve.control.waiting.route_applied`), (3) lower the source pool by n; Serve stops those
+replicas gracefully, finishing in-flight requests, and a request that still lands on a
+stopping replica is retried (by the ingress, or by the edge) elsewhere.
 
 Why the settle wait, and what Serve shows that each wait reads: `serve.control.waiting`
 (``ServingTimeoutError`` when it does not show in time).
@@ -28,10 +30,8 @@ actor); it only carries out what it is told.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from serve.config import POOLS, ServingConfig, validate_serving
 from serve.control import client as control
@@ -46,10 +46,8 @@ from serve.spec import (
 )
 
 __all__ = [
-    "MoveResult",
     "ServingNotDeployedError",
     "deploy",
-    "move",
     "read_state",
     "route_for_targets",
     "scale_ingress",
@@ -64,19 +62,6 @@ _lock = threading.RLock()
 
 class ServingNotDeployedError(RuntimeError):
     """The serving plane's ingress app is not deployed on this cluster."""
-
-
-@dataclass(frozen=True)
-class MoveResult:
-    """What a `move` did, step by step, for the event log."""
-
-    model: str
-    from_pool: str
-    to_pool: str
-    num_replicas: int
-    reason: str
-    steps: tuple[str, ...]
-    duration_s: float
 
 
 # --- reading and writing ---------------------------------------------------------------
@@ -270,90 +255,11 @@ def set_route_weights_from_readiness(
         return _route(state, model, weights, _timeout(state, timeout_s), wait)
 
 
-def move(
-    model: str,
-    from_pool: str,
-    to_pool: str,
-    num_replicas: int,
-    *,
-    timeout_s: float | None = None,
-    reason: str = "",
-) -> MoveResult:
-    """Move `num_replicas` replicas of `model` from `from_pool` to `to_pool`, make-before-break
-    (see the module docstring). Moves at most what `from_pool` has. If the new replicas do
-    not become RUNNING in time, the target pool is put back and ServingTimeoutError raised;
-    the source pool was not touched."""
-    for pool in (from_pool, to_pool):
-        if pool not in POOLS:
-            raise ValueError(f"unknown pool {pool!r}; pools are {list(POOLS)}")
-    if from_pool == to_pool:
-        raise ValueError(f"from_pool and to_pool are both {from_pool!r}")
-    if num_replicas < 0:
-        raise ValueError(f"num_replicas must be >= 0, got {num_replicas}")
-    started = waiting.now_s()
-    steps: list[str] = []
-    with _lock:
-        state = _require_state()
-        state.model(model)  # unknown model -> KeyError naming the declared ones
-        limit_s = _timeout(state, timeout_s)
-        n = min(num_replicas, state.target(model, from_pool))
-        if n <= 0:
-            why = reason or "nothing to move"
-            return MoveResult(
-                model, from_pool, to_pool, 0, why, ("no replicas in source pool",), 0.0
-            )
-        to_target = state.target(model, to_pool) + n
-        from_target = state.target(model, from_pool) - n
-
-        # 1. make: start n replicas in the target pool and wait until they are RUNNING.
-        grown = state.with_target(model, to_pool, to_target)
-        _apply(grown)
-        try:
-            waiting.wait(
-                f"{to_target} RUNNING replica(s) of {model} in {to_pool}",
-                waiting.until_pool_running(model, to_pool, to_target),
-                limit_s,
-            )
-        except waiting.ServingTimeoutError:
-            _apply(dataclasses.replace(grown, targets=dict(state.targets)))
-            raise
-        steps.append(f"{to_pool}: target {to_target}, all RUNNING")
-
-        # 2. shift: route by readiness with the source's planned target; wait for every
-        # ingress replica to apply it, so no new request goes to a replica about to stop.
-        planned = {p: grown.target(model, p) for p in POOLS}
-        planned[from_pool] = from_target
-        running = waiting.running_replicas(control.read_details(), model)
-        weights = weights_from_readiness(running, planned)
-        routed = _route(grown, model, weights, limit_s, wait=True)
-        steps.append(f"route weights {weights} applied (generation {routed.generation})")
-
-        # 3. break: stop n replicas in the source pool; Serve drains them gracefully.
-        shrunk = routed.with_target(model, from_pool, from_target)
-        _apply(shrunk)
-        waiting.wait(
-            f"{model} in {from_pool} to settle at {from_target} replica(s)",
-            waiting.until_pool_settled(model, from_pool, from_target),
-            limit_s,
-        )
-        steps.append(f"{from_pool}: target {from_target}, drained")
-    return MoveResult(
-        model=model,
-        from_pool=from_pool,
-        to_pool=to_pool,
-        num_replicas=n,
-        reason=reason or f"move {n} replica(s) of {model} from {from_pool} to {to_pool}",
-        steps=tuple(steps),
-        duration_s=waiting.now_s() - started,
-    )
-
-
 # --- one step at a time (for a caller that advances a move across ticks) -------------------
 #
-# `move` above blocks until each step shows. The control loop instead keeps a move as a
-# tracked operation and advances it one step per tick with these (each writes at most once
-# and returns at once) and `serve.control.waiting`'s checks (`pool_running`, `pool_settled`,
-# `route_applied`: each reads Serve's details once).
+# The control loop keeps a move as a tracked operation and advances it one step per tick
+# with these (each writes at most once and returns at once) and `serve.control.waiting`'s
+# checks (`pool_running`, `pool_settled`, `route_applied`: each reads Serve's details once).
 
 
 def set_pool_target(model: str, pool: str, num_replicas: int) -> DesiredState:

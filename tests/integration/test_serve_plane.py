@@ -44,11 +44,14 @@ from controlplane.adapters.nodes import RayNodes  # noqa: E402
 from controlplane.adapters.serve import RayServe  # noqa: E402
 from controlplane.config import load_config  # noqa: E402
 from controlplane.local.prometheus import LocalPrometheus  # noqa: E402
+from controlplane.loop.act.operations import MoveOutcome, advance, start  # noqa: E402
 from controlplane.loop.decide import policies_of  # noqa: E402
 from controlplane.loop.tick import Adapters, Loop  # noqa: E402
 from controlplane.observability import write_file_sd  # noqa: E402
 from controlplane.store import Store  # noqa: E402
 from policies.attempts import JobsView  # noqa: E402
+from policies.plan import MoveServeReplicas  # noqa: E402
+from policies.snapshot import Pool  # noqa: E402
 from serve.app.load import read_ingress_traffic, read_load  # noqa: E402
 from serve.config import IngressConfig, ModelConfig, ServingConfig  # noqa: E402
 from serve.control import operations as ops  # noqa: E402
@@ -280,18 +283,33 @@ def test_the_backend_route_answers_as_the_ingress_with_its_pool(url: str) -> Non
     assert load.errors == [] and set(load.pools) == {"cluster"}
 
 
+def move(model: str, from_pool: str, to_pool: str, n: int, timeout_s: float = 120.0) -> int:
+    """The control loop's make-before-break move (`controlplane.loop.act.operations`), a tick
+    every 0.5 s through the Serve adapter, to its end: the replicas moved."""
+    plane = RayServe({model: 1.0})
+    action = MoveServeReplicas(model, Pool(from_pool), Pool(to_pool), n, (), reason="test")
+    op = start(action, plane.view(), time.time())
+    assert op is not None, f"nothing to move from {from_pool}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        op, outcome = advance(op, plane, time.time(), timeout_s)
+        if outcome is MoveOutcome.DONE:
+            return op.num_replicas
+        assert outcome is not MoveOutcome.UNWOUND, op
+        time.sleep(0.5)
+    raise AssertionError(f"the move did not finish in {timeout_s:g}s: {op}")
+
+
 def test_move_all_to_external_and_back_under_load(url: str) -> None:
     with Timeline() as timeline, Load(url) as load:
         load.wait_for(20)
-        out = ops.move(MODEL, "cluster", "external", TARGET)
-        assert out.num_replicas == TARGET
+        assert move(MODEL, "cluster", "external", TARGET) == TARGET
         mid = serve_status()["models"][MODEL]["pools"]
         assert (mid["external"]["running"], mid["cluster"]["target"]) == (TARGET, 0)
         assert {r["node_pool"] for r in mid["external"]["replicas"]} == {"external"}
         seen = load.total
         load.wait_for(seen + 20)
-        back = ops.move(MODEL, "external", "cluster", TARGET)
-        assert back.num_replicas == TARGET
+        assert move(MODEL, "external", "cluster", TARGET) == TARGET
         seen = load.total
         load.wait_for(seen + 20)
     assert load.errors == []

@@ -1,5 +1,7 @@
 """The primitives' order of writes (make-before-break) and their waits (`serve.control.waiting`),
-against a fake of Serve's controller.
+against a fake of Serve's controller. A move is the control loop's own
+(`controlplane.loop.act.operations`: `start`, then `advance` once a tick) through the Serve
+adapter (`controlplane.adapters.serve.RayServe`), as the policy actor runs it.
 
 `FakeServe` stands in for `serve.control.client`: it keeps the applied application configs and
 reports every replica RUNNING at once (or STARTING for apps listed in `stuck`), and every
@@ -15,6 +17,10 @@ from typing import Any
 
 import pytest
 
+from controlplane.adapters.serve import RayServe
+from controlplane.loop.act.operations import MoveOutcome, advance, start
+from policies.plan import MoveServeReplicas
+from policies.snapshot import Pool
 from serve.config import IngressConfig, ModelConfig, ServingConfig
 from serve.control import operations as ops
 from serve.control import waiting
@@ -86,6 +92,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeServe:
     f = FakeServe()
     monkeypatch.setattr(ops.control, "apply_app_configs", f.apply_app_configs)
     monkeypatch.setattr(ops.control, "read_details", f.read_details)
+    monkeypatch.setattr(ops.control, "node_pools", lambda: {})  # the status reads no Ray nodes
     monkeypatch.setattr(waiting, "_POLL_S", 0.01)
     monkeypatch.setattr(waiting, "now_s", lambda: f.clock.now_s)
     monkeypatch.setattr(waiting, "_sleep", f.clock.sleep)
@@ -101,26 +108,48 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeServe:
     return f
 
 
+def move(
+    fake: FakeServe,
+    n: int,
+    from_pool: str = "cluster",
+    to_pool: str = "external",
+    *,
+    timeout_s: float = 30.0,
+) -> tuple[int, MoveOutcome]:
+    """Run the control loop's move of `n` replicas of ``sample`` to its end, a tick every
+    0.5 s of the fake clock: (replicas moved, how it ended)."""
+    plane = RayServe({"sample": 1.0})
+    action = MoveServeReplicas("sample", Pool(from_pool), Pool(to_pool), n, (), reason="test")
+    op = start(action, plane.view(), fake.clock.now_s)
+    if op is None:
+        return 0, MoveOutcome.DONE
+    for _ in range(200):
+        op, outcome = advance(op, plane, fake.clock.now_s, timeout_s)
+        if outcome in (MoveOutcome.DONE, MoveOutcome.UNWOUND):
+            return op.num_replicas, outcome
+        fake.clock.sleep(0.5)
+    raise AssertionError(f"the move did not end: {op}")
+
+
 def test_deploy_routes_to_the_ready_initial_pool(fake: FakeServe) -> None:
     assert targets(fake.apps) == {"cluster": 2}
     assert weights(fake.apps) == {"cluster": 2.0, "external": 0.0}
 
 
 def test_move_is_make_before_break(fake: FakeServe) -> None:
-    result = ops.move("sample", "cluster", "external", 2)
+    assert move(fake, 2) == (2, MoveOutcome.DONE)
     steps = [(targets(a), weights(a)) for a in fake.applied]
     assert steps == [
         ({"cluster": 2, "external": 2}, {"cluster": 2.0, "external": 0.0}),  # make
         ({"cluster": 2, "external": 2}, {"cluster": 0.0, "external": 2.0}),  # shift
         ({"external": 2}, {"cluster": 0.0, "external": 2.0}),  # break: pool at zero, no app
     ]
-    assert result.num_replicas == 2 and len(result.steps) == 3 and result.reason
 
 
 def test_move_lowers_the_source_only_after_the_edges_table_age(fake: FakeServe) -> None:
     """An edge router may route by a table up to ``edge_table_max_age_s`` old: the break
     comes at least that long after the shift was applied (the fake applies it at once)."""
-    ops.move("sample", "cluster", "external", 2)
+    move(fake, 2)
     _make_s, shift_s, break_s = fake.applied_at_s
     assert break_s - shift_s >= IngressConfig().edge_table_max_age_s == 5.0
 
@@ -173,22 +202,21 @@ def test_the_first_seen_times_are_bounded(fake: FakeServe) -> None:
 
 
 def test_partial_move_splits_weights_by_ready_replicas(fake: FakeServe) -> None:
-    ops.move("sample", "cluster", "external", 1)
+    move(fake, 1)
     assert targets(fake.apps) == {"cluster": 1, "external": 1}
     assert weights(fake.apps) == {"cluster": 1.0, "external": 1.0}
 
 
 def test_move_that_cannot_start_puts_target_back_and_leaves_source(fake: FakeServe) -> None:
     fake.stuck.add(app_name("sample", "external"))
-    with pytest.raises(waiting.ServingTimeoutError, match="RUNNING replica"):
-        ops.move("sample", "cluster", "external", 2, timeout_s=0.2)
+    assert move(fake, 2, timeout_s=2.0)[1] is MoveOutcome.UNWOUND
     assert targets(fake.apps) == {"cluster": 2}
     assert weights(fake.apps) == {"cluster": 2.0, "external": 0.0}
 
 
 def test_move_more_than_source_has_moves_what_is_there(fake: FakeServe) -> None:
-    assert ops.move("sample", "cluster", "external", 5).num_replicas == 2
-    assert ops.move("sample", "cluster", "external", 1).num_replicas == 0
+    assert move(fake, 5) == (2, MoveOutcome.DONE)
+    assert move(fake, 1) == (0, MoveOutcome.DONE)
 
 
 def test_scale_down_takes_replicas_out_of_routing_first(fake: FakeServe) -> None:
@@ -212,7 +240,7 @@ def test_scale_up_routes_after_running(fake: FakeServe) -> None:
 
 
 def test_redeploy_keeps_targets_and_weights(fake: FakeServe) -> None:
-    ops.move("sample", "cluster", "external", 1)
+    move(fake, 1)
     before = ops.read_state()
     ops.deploy(
         ServingConfig(ready_timeout_s=5, models=[ModelConfig(name="sample", min_replicas=2)])
@@ -249,13 +277,12 @@ def test_scale_ingress_changes_only_its_count_and_a_redeploy_keeps_it(fake: Fake
     ("call", "error"),
     [
         pytest.param(
-            lambda: ops.move("sample", "cluster", "gpu", 1), "unknown pool", id="move-bad-pool"
+            lambda: ops.set_pool_target("sample", "gpu", 1), "unknown pool", id="target-bad-pool"
         ),
         pytest.param(
-            lambda: ops.move("sample", "cluster", "cluster", 1), "both", id="move-same-pool"
-        ),
-        pytest.param(
-            lambda: ops.move("nope", "cluster", "external", 1), "unknown model", id="move-bad-model"
+            lambda: ops.set_pool_target("nope", "cluster", 1),
+            "unknown model",
+            id="target-bad-model",
         ),
         pytest.param(lambda: ops.scale_pool("sample", "cluster", -1), ">= 0", id="scale-negative"),
         pytest.param(
