@@ -54,8 +54,12 @@ def admitted(info: Mapping[str, Any], now_s: float) -> dict[str, Any]:
 
 
 def failed(info: Mapping[str, Any], failed_s: float, kind: str, in_place: bool) -> dict[str, Any]:
-    """Start timing a recovery (an open one is replaced: the newer failure is the one the
-    gang must recover from)."""
+    """Start timing a recovery. A failure while the gang is still recovering from an earlier
+    one (a restart in place that never trained, say) goes on timing that one, from its
+    failure and its step, as this failure's kind."""
+    open_ = as_mapping(info.get("recovering"))
+    if as_finite(open_.get("failed_s")) is not None:
+        return {"recovering": {**open_, "kind": kind, "in_place": in_place}}
     step = as_count(as_mapping(info.get("progress")).get("step"))
     return {"recovering": {"failed_s": failed_s, "kind": kind, "in_place": in_place, "step": step}}
 

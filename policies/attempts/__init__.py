@@ -33,10 +33,12 @@ STOPPED, SUCCEEDED or FAILED; ``gone``: ended, or MISSING):
 11  FAILED, RUNNING (a crash)                             restart or FAILED (`policies.restarts`)
 12  past ``max_runtime_s`` since admission                `EndJob` FAILED, the gang stopped
 13  MISSING, RUNNING (the cluster lost it)                `RequeueGang` lost, no restart spent
-14  ADMITTED, every worker of this attempt started        `MarkRunning`
-15  ADMITTED, MISSING (the submission was lost)           `ResubmitGang`
-16  ADMITTED past ``gang_start_timeout_s``                 a start failure (row 9), the gang stopped
-17  RUNNING, no new step for its stall timeout            `StopHungGang` (stacks kept, then row 6)
+14  RUNNING, restarted in place, no step for              `RequeueGang` lost, the gang stopped, no
+    ``gang_start_timeout_s`` since (its node gone?)       restart spent again
+15  ADMITTED, every worker of this attempt started        `MarkRunning`
+16  ADMITTED, MISSING (the submission was lost)           `ResubmitGang`
+17  ADMITTED past ``gang_start_timeout_s``                 a start failure (row 9), the gang stopped
+18  RUNNING, no new step for its stall timeout            `StopHungGang` (stacks kept, then row 6)
 ==  ===================================================  ===========================================
 
 An ended job (`EndedGang`): `settle` says `SettleEnded` to record that its Ray Job ended (a
@@ -128,6 +130,15 @@ def decide(gang: GangView, config: AttemptConfig) -> GangAction | None:
     if gang.running and status is GangStatus.MISSING:
         lost = Reason.GANG_LOST.value
         return RequeueGang(gang.job_id, lost, AttemptEnd.LOST)
+    since_s = gang.restarted_in_place_s
+    if gang.running and since_s is not None and gang.step_at_s is None:
+        timeout_s = config.gang_start_timeout_s
+        if gang.now_s - since_s > timeout_s:
+            reason = (
+                f"{Reason.IN_PLACE_STUCK.value}: no step {gang.now_s - since_s:.0f}s after "
+                f"restarting in place (gang_start_timeout_s={timeout_s:g})"
+            )
+            return RequeueGang(gang.job_id, reason, AttemptEnd.LOST, stop=True)
     if not gang.running:
         return _starting(gang, config)
     return _watch(gang)

@@ -51,6 +51,7 @@ class Reason(str, Enum):
     GANG_HUNG = "gang-hung"
     PREEMPT_ENDED = "gang-ended-while-preempting"
     RESTARTED_IN_PLACE = "restarted-in-place"
+    IN_PLACE_STUCK = "restart-in-place-stuck"
 
 
 class AttemptEnd(str, Enum):
@@ -140,6 +141,9 @@ class GangView:
     """The committed step this attempt started from."""
     in_place: InPlaceRestart | None = None
     """The oldest restart in place not recorded yet."""
+    restarted_in_place_s: float | None = None
+    """When the run last restarted in place, while the new worker group has reported no
+    step since (None: it has, or the run never restarted in place)."""
 
 
 @dataclass(frozen=True)

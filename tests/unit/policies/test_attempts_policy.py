@@ -346,21 +346,39 @@ ROWS = [
             "j", "gang-lost: Ray no longer knows its job (cluster restarted?)", AttemptEnd.LOST
         ),
     ),
+    # 14: a restart in place that never trained again (its node gone, say)
+    (
+        "14-in-place-restart-stuck-requeues-and-stops",
+        gang(restarted_in_place_s=NOW - 121.0),
+        RequeueGang(
+            "j",
+            "restart-in-place-stuck: no step 121s after restarting in place "
+            "(gang_start_timeout_s=120)",
+            AttemptEnd.LOST,
+            stop=True,
+        ),
+    ),
+    ("14-in-place-restart-still-starting", gang(restarted_in_place_s=NOW - 60.0), None),
+    (
+        "14-in-place-restart-trained-again",
+        gang(restarted_in_place_s=NOW - 500.0, step=3, step_at_s=NOW - 1.0),
+        None,
+    ),
     # 13-15: ADMITTED
     (
-        "14-all-started",
+        "15-all-started",
         gang(running=False, status=S.RUNNING, started_ranks=2),
         MarkRunning("j", "gang-running: all 2 workers started"),
     ),
-    ("14-some-started", gang(running=False, status=S.RUNNING, started_ranks=1), None),
-    ("14-pending", gang(running=False, status=S.PENDING), None),
+    ("15-some-started", gang(running=False, status=S.RUNNING, started_ranks=1), None),
+    ("15-pending", gang(running=False, status=S.PENDING), None),
     (
-        "15-submission-lost",
+        "16-submission-lost",
         gang(running=False, status=S.MISSING),
         ResubmitGang("j", "admitted, but Ray has no Ray Job for it (lost)"),
     ),
     (
-        "16-start-timeout",
+        "17-start-timeout",
         gang(running=False, status=S.PENDING, admitted_s=NOW - 121.0, started_ranks=1),
         RequeueGang(
             "j",
@@ -374,20 +392,20 @@ ROWS = [
         ),
     ),
     (
-        "16-within-start-timeout",
+        "17-within-start-timeout",
         gang(running=False, status=S.PENDING, admitted_s=NOW - 120.0),
         None,
     ),
-    # 17: the hang watchdog, armed once a step was reported
-    ("17-unarmed", gang(), None),
-    ("17-stepping", gang(step=3, step_at_s=NOW - 600.0), None),
+    # 18: the hang watchdog, armed once a step was reported
+    ("18-unarmed", gang(), None),
+    ("18-stepping", gang(step=3, step_at_s=NOW - 600.0), None),
     (
-        "17-hung",
+        "18-hung",
         gang(step=3, step_at_s=NOW - 601.0),
         StopHungGang("j", "no new step for 601s at step 3 (stall_timeout_s=600)", 3, 601.0, 600.0),
     ),
     (
-        "17-hung-job-timeout",
+        "18-hung-job-timeout",
         gang(step=3, step_at_s=NOW - 61.0, stall_timeout_s=60.0),
         StopHungGang("j", "no new step for 61s at step 3 (stall_timeout_s=60)", 3, 61.0, 60.0),
     ),
@@ -405,7 +423,7 @@ def test_rows_cover_every_line_of_the_table() -> None:
     import policies.attempts
 
     table = re.findall(r"^ ?(\d+)  ", policies.attempts.__doc__ or "", re.MULTILINE)
-    assert {int(r[0].split("-")[0]) for r in ROWS} == {int(n) for n in table} == set(range(1, 18))
+    assert {int(r[0].split("-")[0]) for r in ROWS} == {int(n) for n in table} == set(range(1, 19))
 
 
 def test_preemption_comes_before_everything_else() -> None:

@@ -38,13 +38,19 @@ def test_a_crash_in_place_is_timed_to_the_first_new_step_and_caught_up_past_the_
     assert ettr(info, 200.0, stall_s=2.0) == pytest.approx((200 - 11 - 2) / 200)
 
 
-def test_an_open_failure_counts_until_now_and_a_newer_one_replaces_it() -> None:
+def test_an_open_failure_counts_until_now_and_a_second_one_extends_it() -> None:
     info: dict[str, Any] = {"first_admitted_s": 0.0}
-    info = apply(info, failed(info, 50.0, "crash", in_place=False))
+    info = apply(info, failed(info, 50.0, "crash", in_place=True))
     assert ettr(info, 100.0) == pytest.approx(0.5)
-    info = apply(info, failed(info, 60.0, "hang", in_place=False))
+    # The restart in place never trained: the gang is re-queued, still the same recovery.
+    info = apply(info, failed(info, 60.0, "lost", in_place=False))
     [open_] = recoveries.recoveries(info)
-    assert (open_.failed_s, open_.kind, open_.seconds) == (60.0, "hang", None)
+    assert (open_.failed_s, open_.kind, open_.in_place, open_.seconds) == (
+        50.0,
+        "lost",
+        False,
+        None,
+    )
 
 
 def test_a_restore_source_the_job_made_up_is_not_shown() -> None:

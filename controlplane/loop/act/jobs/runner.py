@@ -207,6 +207,10 @@ class JobRunner:
                 tail_of(text, limits.SIGNATURE_TAIL_CHARS), (sid, job.job_id)
             )
         in_place = self._in_place(job, sig, attempt, (sid, job.job_id))
+        recovering = as_mapping(info.get("recovering"))
+        restarted_s = None
+        if recovering.get("in_place") is True and progress is None:
+            restarted_s = as_finite(recovering.get("failed_s"))
         recorded = as_mapping(info.get("progress"))
         last = as_mapping(info.get("last_failure"))
         signature_before = last.get("signature")
@@ -240,6 +244,7 @@ class JobRunner:
             committed_step=info_step(info.get("checkpoint")),
             start_step=as_count(info.get("start_step")),
             in_place=in_place,
+            restarted_in_place_s=restarted_s,
         )
 
     @staticmethod

@@ -134,3 +134,31 @@ def test_a_report_from_another_attempt_or_malformed_is_not_recorded(world: Any) 
     fake.signals[job_id]["in_place"] = [{"index": 1, "at_s": clock.now, "reason": "x"}]
     reconcile(runner)
     assert "restarts" not in store.get(job_id).info  # the actor forgot the other attempt
+
+
+def test_a_restart_in_place_that_never_trains_again_re_queues_the_job(world: Any) -> None:
+    """Ray Train retries a worker group on a node that is gone for as long as it likes; the
+    control plane gives the restart ``jobs.gang_start_timeout_s`` (120 s) to train again."""
+    store, _cfg, fake, clock, runner = world
+    job_id = running(store, fake, runner)
+    fake.report_progress(job_id, 40, clock.now)
+    reconcile(runner)
+    failed_s = clock.now + 1
+    restarted_in_place(fake, job_id, 1, failed_s, "rank 1: its worker process died")
+    clock.now += 2
+    reconcile(runner)
+    clock.now = failed_s + 100
+    reconcile(runner)
+    assert store.get(job_id).state is S.RUNNING and fake.stopped == []
+    clock.now = failed_s + 121
+    reconcile(runner)
+    job = store.get(job_id)
+    assert job.state is S.QUEUED and fake.stopped == [f"{job_id}-1"]
+    assert "restart-in-place-stuck" in store.history(job_id)[-1].reason
+    assert job.info["restarts"] == 1  # the crash spent one; the re-queue spends none
+    assert [(a["kind"], a.get("in_place")) for a in job.info["attempts"]] == [
+        ("crash", 1),
+        ("lost", None),
+    ]
+    [open_] = recoveries.recoveries(job.info)  # still the crash's recovery, from its failure
+    assert (open_.failed_s, open_.seconds, open_.in_place) == (failed_s, None, False)
