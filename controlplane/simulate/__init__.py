@@ -7,7 +7,7 @@ random, drawn once from the seed), `engine` (the event queue), `nodes` (a node a
 terms), `training` (a job's work, restore and checkpoint arithmetic), `world` (nodes, jobs, the
 external pool's providers and their spot reclaims, GPU bookkeeping), `serving` (Serve's
 replicas and the loop's `ServePlane` on them), `ours` (our scheme: the loop's decide phase and
-its act stand-in), `baselines` (static split, evict-first, time-of-day lending), `run` (one run
+its act stand-in), `recovery` (our scheme's restart in place and spare nodes after failures), `baselines` (static split, evict-first, time-of-day lending), `run` (one run
 per scheme), `report` (table, JSON, goals, markdown, PNG). docs/simulator.md says what is
 modelled and what is not.
 

@@ -11,6 +11,8 @@ and `SimServe` as our scheme, and `SCHEMES`, the registry by name. What they sha
 - serving: each model runs ``ceil(demand / per-replica rate)`` replicas (within its
   min/max) as soon as demand changes, where the scheme lets it;
 - health: none (telemetry is not watched; a fault that escalates fails the node);
+- failures: every failed gang is re-queued (a worker crash leaves its node up, a node loss
+  takes it down), as our scheme did before issue 30;
 - spot reclaims: no notice handling (`on_reclaim` does nothing): the rented node serves on
   until its notice runs out, its replicas die with it, and the world rents its replacement
   then (the ask stands); Serve starts theirs where the pool has room. Only evict-first rents,
@@ -46,7 +48,7 @@ from controlplane.simulate.nodes import Node, ProviderSpec
 from controlplane.simulate.scenario import ModelSpec, Scenario
 from controlplane.simulate.serving import SimServe
 from controlplane.simulate.training import JobRun
-from controlplane.simulate.world import World
+from controlplane.simulate.world import Replace, World
 from policies.snapshot import Pool
 
 __all__ = [
@@ -127,7 +129,13 @@ class BaseScheme:
         self.models = {m.name: m for m in s.serving.models}
         self.training_nodes: list[str] = list(world.cluster_ids)
 
-    # The world's hooks: the baselines watch no telemetry and ignore reclaim notices.
+    # The world's hooks: the baselines watch no telemetry, ignore reclaim notices and
+    # re-queue every failed gang.
+    in_place_s: float | None = None
+    replace: Replace | None = None
+
+    def node_back(self, node_id: str) -> None: ...
+
     def on_failure(self, node_id: str) -> None: ...
 
     def on_fault(self, node_id: str, kind: str | None) -> None: ...

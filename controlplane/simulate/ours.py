@@ -20,6 +20,11 @@ Owns: `OurScheme`. At every instant something changed it does what one tick of
 4. record: the plan items and the Serve actuator's events, in the order the real loop
    writes them (`controlplane.loop.record.PlanEvents`).
 
+A failure under a gang is recovered as the scheme's `Recovery` says
+(`controlplane.simulate.recovery`: restart in place after a crash, a free or borrowed node
+after a node loss); without one (``ours-requeue``, our scheme before issue 30) every failed
+gang is re-queued.
+
 A spot reclaim's notice (`on_reclaim`) is what Ray's drain of the node is to the real loop:
 the node is out of service from then on (not healthy in the snapshot, so placement asks for
 its provider's capacity again), and Serve starts the node's replicas elsewhere before it
@@ -47,9 +52,10 @@ from controlplane.loop.record import EventKind as LoopEvent
 from controlplane.loop.record import PlanEvents
 from controlplane.loop.types import Observation, ServingPolicyState
 from controlplane.simulate.engine import EventKind, EventQueue
+from controlplane.simulate.recovery import Recovery
 from controlplane.simulate.serving import SimServe
 from controlplane.simulate.training import JobPhase, JobRun
-from controlplane.simulate.world import World
+from controlplane.simulate.world import Replace, World
 from policies import checkpointing
 from policies.admission import AdmissionState
 from policies.health import (
@@ -96,7 +102,9 @@ class OurScheme:
         queue: EventQueue,
         repair_s: float,
         persist_s: float = 60.0,
+        recovery: Recovery | None = None,
     ) -> None:
+        self.recovery = recovery
         self.cfg = cfg
         self.policies = policies_of(cfg)
         self.world = world
@@ -146,6 +154,20 @@ class OurScheme:
 
     def on_failure(self, node_id: str) -> None:
         self.failures_seen += 1
+
+    @property
+    def in_place_s(self) -> float | None:
+        """A crashed gang restarts in place after this long (None: it is re-queued)."""
+        return self.recovery.in_place_s if self.recovery else None
+
+    @property
+    def replace(self) -> Replace | None:
+        """Where a gang restarts after a node loss (`World.fail_node`; None: re-queued)."""
+        return self.recovery.replace if self.recovery else None
+
+    def node_back(self, node_id: str) -> None:
+        if self.recovery is not None:
+            self.recovery.node_back(node_id)
 
     def on_reclaim(self, node_id: str) -> None:
         """A spot reclaim's notice on external node `node_id`: Ray drains it (see the module

@@ -5,8 +5,11 @@ instant's events applied to the world, then one decision by the scheme at that s
 time) and `run_all`, every scheme on the same trace and seed. What an event does:
 
 - a job arrives (queued) or ends (its GPUs free), or finishes checkpointing out (re-queued);
-- a node fails (its gangs lose the work since their last commit and are re-queued after the
-  restart backoff, its replicas are gone; back after ``repair_hours``), or comes back;
+- a node is lost (its gangs lose the work since their last commit and are re-queued after
+  the restart backoff, or restart where the scheme's `Recovery` puts them; its replicas are
+  gone; back after ``repair_hours``, when a node borrowed for it goes back to serving), or a
+  worker crashes on one (the trace's `crashes`: the node stays up, its gangs lose the same
+  work and are re-queued, or restart in place);
 - a fault starts (our scheme's health policy sees telemetry samples; the node fails after
   ``fault_escalation_s`` if it escalates and is still in service) or clears;
 - a replica turns RUNNING or finishes stopping; an external node comes up or idles out;
@@ -30,6 +33,7 @@ from controlplane.simulate.baselines import SCHEMES
 from controlplane.simulate.engine import EventKind, EventQueue
 from controlplane.simulate.nodes import ProviderSpec
 from controlplane.simulate.ours import OurScheme
+from controlplane.simulate.recovery import Recovery
 from controlplane.simulate.scenario import Scenario, control_config, stockout_provider
 from controlplane.simulate.serving import CAUSES, SimServe
 from controlplane.simulate.trace import Trace, make_trace
@@ -39,7 +43,9 @@ from policies.snapshot import Pool
 
 __all__ = ["SCHEME_NAMES", "SchemeResult", "percentile", "providers", "run_all", "simulate"]
 
-SCHEME_NAMES = ("ours", *SCHEMES)
+SCHEME_NAMES = ("ours", "ours-requeue", *SCHEMES)
+"""``ours-requeue``: our scheme as before issue 30 (every failed gang re-queued), the
+baseline of the recovery goal."""
 SAMPLE_S = 3600.0
 QUIET = frozenset({EventKind.SAMPLE, EventKind.EXTERNAL_IDLE, EventKind.REPLICA_READY})
 """Events after which no scheme decides anything new: the report's sample, an idle external
@@ -62,6 +68,8 @@ class SchemeResult:
     wall_s: float = 0.0
     events: int = 0
     plan_events: list[tuple[str, str]] = field(default_factory=list)
+    failures_met: list[tuple[float, str, str]] = field(default_factory=list)
+    """Every hard failure of the trace the run met: (time, node, ``crash`` or ``node``)."""
     jobs: dict[str, JobRun] = field(default_factory=dict)
     check: dict[str, Any] = field(default_factory=dict)
     providers: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -121,8 +129,18 @@ def simulate(
     )  # fmt: skip
     repair_s = s.failures.repair_hours * 3600.0
     scheme: Any
-    if name == "ours":
-        scheme = OurScheme(cfg, world, serve, q, repair_s, s.training.checkpoint_persist_s)
+    if name in ("ours", "ours-requeue"):
+        rs = s.recovery
+        recovery = Recovery(
+            world,
+            serve,
+            rs.in_place_restart_s if rs.restart_in_place else None,
+            rs.replacement_restart_s if rs.replace_lost_node else None,
+        )
+        persist_s = s.training.checkpoint_persist_s
+        scheme = OurScheme(
+            cfg, world, serve, q, repair_s, persist_s, recovery if name == "ours" else None
+        )
     else:
         scheme = SCHEMES[name](s, world, serve, q)
     backoff_s = cfg.jobs.restart_backoff_initial_s
@@ -131,8 +149,9 @@ def simulate(
     job_terms = (t.baseline_checkpoint_interval_s, t.checkpoint_stall_s, t.restore_s)
     for j in trace.jobs:
         q.push(j.submit_s, EventKind.JOB_ARRIVAL, j.job_id)
-    for at, idx in trace.failures:
-        q.push(at, EventKind.NODE_FAIL, world.cluster_ids[idx])
+    for i, (at, idx) in enumerate(trace.failures):
+        crash = "|crash" if i in trace.crashes else ""
+        q.push(at, EventKind.NODE_FAIL, world.cluster_ids[idx] + crash)
     for i, f in enumerate(trace.faults):
         q.push(f.at_s, EventKind.FAULT_START, str(i))
     for i, rc in enumerate(trace.reclaims):
@@ -154,6 +173,7 @@ def simulate(
     for m in models:
         serve.route_for_targets(m.name, {Pool.CLUSTER: serve.running(m.name), Pool.EXTERNAL: 0})
     series: dict[str, list[float]] = {k: [] for k in SERIES}
+    failures_met: list[tuple[float, str, str]] = []
     last = 0.0
     horizon = s.horizon_s
     while len(q) and (q.peek_time() or 0.0) <= horizon:
@@ -179,17 +199,23 @@ def simulate(
             elif kind is EventKind.NODE_FAIL:
                 node_id, _, why = ev.subject.partition("|")
                 n = world.nodes[node_id]
+                if why != "fault":
+                    failures_met.append((now, node_id, why or "node"))
                 if not n.up or (why == "fault" and (n.fault is None or n.out)):
                     continue
-                serve.node_lost(node_id)
-                world.fail_node(node_id, backoff_s)
                 scheme.on_failure(node_id)
+                if why == "crash":
+                    world.crash(node_id, backoff_s, scheme.in_place_s)
+                    continue
+                serve.node_lost(node_id)
+                world.fail_node(node_id, backoff_s, scheme.replace)
                 q.push(now + repair_s, EventKind.NODE_BACK, node_id)
             elif kind is EventKind.NODE_BACK:
                 n = world.nodes[ev.subject]
                 if not n.up:
                     world.node_back(ev.subject)
                     scheme.on_fault(ev.subject, None)
+                    scheme.node_back(ev.subject)
             elif kind is EventKind.FAULT_START:
                 f = trace.faults[int(ev.subject)]
                 node_id = world.cluster_ids[f.node]
@@ -255,12 +281,16 @@ def simulate(
     result.cpu_s = time.process_time() - started_cpu
     result.events = q.handled
     result.jobs = world.jobs
+    result.failures_met = failures_met
     if isinstance(scheme, OurScheme):
         result.decide_s = scheme.cost.decide_s
         result.decide_cpu_s = scheme.cost.decide_cpu_s
         result.observe_s = scheme.cost.observe_s
         result.plan_events = scheme.recorded
         result.figures["moves_leaving_serving_short"] = float(scheme.breaks_short)
+        rec = scheme.recovery
+        result.figures["serving_nodes_borrowed"] = float(rec.borrowed if rec else 0)
+        result.figures["borrowed_nodes_returned"] = float(rec.returned if rec else 0)
     return result
 
 
@@ -293,6 +323,7 @@ def _figures(s: Scenario, world: World, serve: SimServe, trace: Trace) -> dict[s
         "preemptions": float(sum(r.preemptions for r in runs)),
         "job_failures": float(sum(r.failures for r in runs)),
         "lost_to_failures_gpu_h": sum(r.lost_failure_s * r.gpus for r in runs) * gpu_h,
+        **_recovery_figures(s, runs),
         "lost_to_preemptions_gpu_h": sum(r.lost_preempt_s * r.gpus for r in runs) * gpu_h,
         "checkpoint_stall_gpu_h": sum(r.stall_total_s * r.gpus for r in runs) * gpu_h,
         "restore_gpu_h": sum(r.restore_total_s * r.gpus for r in runs) * gpu_h,
@@ -312,6 +343,27 @@ def _figures(s: Scenario, world: World, serve: SimServe, trace: Trace) -> dict[s
         "training_share": t.training_gpu_s / t.owned_gpu_s if t.owned_gpu_s else 0.0,
         "idle_while_queued_gpu_h": t.idle_with_queue_gpu_s * gpu_h,
         "serving_taken_gpu_h": serve.taken_gpu_s * gpu_h,
+    }
+
+
+def _recovery_figures(s: Scenario, runs: list[JobRun]) -> dict[str, float]:
+    """What failures cost the jobs (docs/simulator.md, "Recovery from failures"):
+    ``failure_behind_gpu_h`` the gang's GPUs x the seconds from each failure until the job's
+    done work is back where it was (ETTR's lost time: the wait, the restart, the restore, the
+    work done again; open at the horizon: until then), ``failure_restart_gpu_h`` the GPUs held
+    restarting after failures, and ``ettr``: the work kept over the wall time since the first
+    admission (to the end, or the horizon), summed over the jobs admitted."""
+    end = s.horizon_s
+    admitted = [r for r in runs if r.first_admit_s is not None]
+    wall = sum((r.finish_s if r.finish_s is not None else end) - (r.first_admit_s or 0.0)
+               for r in admitted)  # fmt: skip
+    kept = sum(r.at(end)[0] if r.phase is JobPhase.RUNNING else r.committed_s for r in admitted)
+    return {
+        "failure_behind_gpu_h": sum(r.behind_s(end) * r.gpus for r in runs) / 3600.0,
+        "failure_restart_gpu_h": sum(r.failure_restart_s * r.gpus for r in runs) / 3600.0,
+        "restarts_in_place": float(sum(r.restarts_in_place for r in runs)),
+        "restarts_on_another_node": float(sum(r.replacements for r in runs)),
+        "ettr": kept / wall if wall > 0 else 1.0,
     }
 
 

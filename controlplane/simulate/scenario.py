@@ -39,6 +39,7 @@ from controlplane.simulate.sections import (
     ExternalSpec,
     FailureSpec,
     ModelSpec,
+    RecoverySpec,
     SchemeSpec,
     ServingSpec,
     TrainingSpec,
@@ -53,6 +54,7 @@ __all__ = [
     "ExternalSpec",
     "FailureSpec",
     "ModelSpec",
+    "RecoverySpec",
     "Scenario",
     "ScenarioError",
     "SchemeSpec",
@@ -102,6 +104,7 @@ class Scenario:
     training: TrainingSpec = field(default_factory=TrainingSpec)
     serving: ServingSpec = field(default_factory=ServingSpec)
     schemes: SchemeSpec = field(default_factory=SchemeSpec)
+    recovery: RecoverySpec = field(default_factory=RecoverySpec)
     config: Overrides = field(
         default_factory=lambda: {
             "pools.external.providers": _default_providers(),

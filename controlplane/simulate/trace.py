@@ -17,8 +17,12 @@ Spot reclaims (`Reclaim`): per spot provider a Poisson process at
 ``spot_reclaims_per_node_day`` x its ``max_nodes`` a day, each naming a slot drawn uniformly
 from ``0 .. max_nodes - 1``: which nodes exist depends on the scheme, so the trace fixes the
 slot and the world maps it to a node (`World.reclaim_target`; a slot beyond what a scheme
-rents hits nothing). They are drawn last, from their own generator, so the rest of the trace
-is the same whatever the reclaim fields say.
+rents hits nothing). They are drawn from their own generator, so the rest of the trace is
+the same whatever the reclaim fields say.
+
+Which hard failures are worker crashes (the node survives) rather than node losses
+(`Trace.crashes`, each with ``crash_share``) is drawn last, from its own generator: the
+failures' instants and nodes, and everything else, are the same whatever it says.
 
 Must not: decide or simulate anything.
 """
@@ -85,6 +89,9 @@ class Trace:
     """Per model, requests per second for each demand step."""
     reclaims: tuple[Reclaim, ...] = ()
     """Spot reclaims, in time order."""
+    crashes: frozenset[int] = frozenset()
+    """Indices into `failures` of the worker crashes (the node survives); the rest are node
+    losses."""
 
     def rps(self, model: str, step: int) -> float:
         steps = self.demand_rps[model]
@@ -241,4 +248,6 @@ def make_trace(s: Scenario, cfg: Config | None = None) -> Trace:
     faults.sort(key=lambda x: (x.at_s, x.node, x.kind))
     demand = _demand(s, random.Random(rng.random()))
     reclaims = _reclaims(s, cfg, random.Random(rng.random()))
-    return Trace(tuple(jobs), failures, tuple(faults), demand, reclaims)
+    crash_rng = random.Random(rng.random())
+    crashes = frozenset(i for i in range(len(failures)) if crash_rng.random() < f.crash_share)
+    return Trace(tuple(jobs), failures, tuple(faults), demand, reclaims, crashes)

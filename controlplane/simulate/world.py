@@ -2,9 +2,10 @@
 
 Owns: `World` (every node's GPUs and who holds them; every job's life: queued, running,
 checkpointing out, done, where a failure loses the work since the last commit and a
-checkpoint-first preemption loses none but costs a stall; the external pool, one node group
-per provider on its `ProviderSpec`'s terms, and the spot reclaims of its nodes, each method
-saying how) and the accounting of GPU-seconds the report turns into figures (`Tally`). A node
+checkpoint-first preemption loses none but costs a stall; a failed gang re-queued, restarted
+in place after a worker crash, or restarted on a node its scheme names after a node loss; the
+external pool, one node group per provider on its `ProviderSpec`'s terms, and the spot
+reclaims of its nodes, each method saying how) and the accounting of GPU-seconds the report turns into figures (`Tally`). A node
 itself lives in `controlplane.simulate.nodes`, a job's work and checkpoint arithmetic in
 `controlplane.simulate.training`, and the serving plane in `controlplane.simulate.serving`.
 
@@ -16,7 +17,7 @@ Must not: decide (schemes do), or draw random numbers (the trace holds them).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from controlplane.simulate.engine import EventKind, EventQueue
@@ -24,7 +25,12 @@ from controlplane.simulate.nodes import Node, ProviderSpec
 from controlplane.simulate.training import JobPhase, JobRun
 from policies.snapshot import Pool
 
-__all__ = ["Tally", "World"]
+__all__ = ["Replace", "Tally", "World"]
+
+Replace = Callable[[JobRun, str, int], tuple[str, float] | None]
+"""A scheme's choice after a node loss under a gang: (the gang, the lost node, its GPUs
+there) -> (the node to restart that share on, seconds to the first resumed step), or None
+(re-queue)."""
 
 
 @dataclass
@@ -181,6 +187,9 @@ class World:
         run.base_s = run.committed_s
         restore = run.restore_s if run.committed_s > 0 else 0.0
         run.restore_total_s += restore
+        if run.restore_is_failure:
+            run.failure_restart_s += restore
+            run.restore_is_failure = False
         run.compute_start_s = now + restore
         if run.first_admit_s is None:
             run.first_admit_s = now
@@ -191,6 +200,7 @@ class World:
     def _settle(self, run: JobRun, keep_all: bool) -> float:
         """Close the current run at now: bank stalls, commit (all of it when `keep_all`);
         returns the work lost (what was done since the last commit, unless `keep_all`)."""
+        run.caught_up(self.now_s)
         done, committed, stalls = run.at(self.now_s)
         run.stall_total_s += stalls
         run.committed_s = done if keep_all else committed
@@ -238,6 +248,9 @@ class World:
         if run is None or run.version != version or run.phase is not JobPhase.RUNNING:
             return False
         self._settle(run, keep_all=True)
+        if run.behind_since_s is not None:  # it caught up by its end, at the latest
+            run.behind_total_s += self.now_s - run.behind_since_s
+            run.behind_since_s = None
         run.committed_s = run.spec.work_s
         self._free(run)
         run.phase = JobPhase.DONE
@@ -263,18 +276,76 @@ class World:
             key=lambda r: r.spec.job_id,
         )
 
-    def fail_node(self, node_id: str, backoff_s: float) -> None:
-        """A hard failure: every gang there loses its work since the last commit and is
-        re-queued (after the restart backoff); the node is down until `node_back`."""
+    def fail_node(self, node_id: str, backoff_s: float, replace: Replace | None = None) -> None:
+        """A node loss: every gang there loses its work since the last commit and restarts
+        where `replace` says (the lost node's share moved there), else is re-queued (after
+        the restart backoff); the node is down until `node_back`."""
         n = self.nodes[node_id]
-        for run in self.gangs_on(node_id):
-            run.failures += 1
-            run.version += 1
-            if run.phase is JobPhase.RUNNING:
-                run.lost_failure_s += self._settle(run, keep_all=False)
-            self._requeue(run, backoff_s)
         n.up = False
         self.touch(n)
+        for run in self.gangs_on(node_id):
+            running = self._failed(run)
+            spot = replace(run, node_id, run.placement[node_id]) if replace and running else None
+            if spot is None:
+                self._requeue(run, backoff_s)
+                run.restore_is_failure = True
+                continue
+            self.move_share(run, node_id, spot[0])
+            run.replacements += 1
+            self._restart(run, spot[1])
+
+    def crash(self, node_id: str, backoff_s: float, in_place_s: float | None) -> None:
+        """A worker crash on `node_id` (the node survives): every gang there loses its work
+        since the last commit and restarts in place after `in_place_s` (None: is re-queued
+        after the restart backoff)."""
+        for run in self.gangs_on(node_id):
+            if self._failed(run) and in_place_s is not None:
+                run.restarts_in_place += 1
+                self._restart(run, in_place_s)
+            else:
+                self._requeue(run, backoff_s)
+                run.restore_is_failure = True
+
+    def _failed(self, run: JobRun) -> bool:
+        """A failure under `run`: its work since the last commit is lost, and it is behind
+        until it is back there. True if it was running (not checkpointing out)."""
+        run.failures += 1
+        run.version += 1
+        if run.phase is not JobPhase.RUNNING:
+            return False
+        done = run.at(self.now_s)[0]
+        run.lost_failure_s += self._settle(run, keep_all=False)
+        run.fell_behind(self.now_s, done)
+        return True
+
+    def move_share(self, run: JobRun, from_id: str, to_id: str) -> None:
+        """The gang's GPUs on `from_id` move to `to_id` (the caller restarts the run)."""
+        gpus = run.placement.pop(from_id)
+        self.give(from_id, gpus, training=True)
+        self.take(to_id, gpus, training=True)
+        run.placement[to_id] = run.placement.get(to_id, 0) + gpus
+
+    def return_share(self, run: JobRun, from_id: str, to_id: str, restart_s: float) -> bool:
+        """A borrowed node goes back: the running gang checkpoints (one stall, nothing lost)
+        and restarts with its share on `from_id` moved to `to_id`. False if it does not run
+        there any more."""
+        gpus = run.placement.get(from_id, 0)
+        if run.phase is not JobPhase.RUNNING or not gpus or self.node(to_id).free < gpus:
+            return False
+        self._settle(run, keep_all=True)
+        run.stall_total_s += run.stall_s
+        self.move_share(run, from_id, to_id)
+        self._restart(run, run.stall_s + restart_s, restart_s)
+        return True
+
+    def _restart(self, run: JobRun, delay_s: float, recovery_s: float | None = None) -> None:
+        """The (settled) run restarts from its last commit on its placement, training again
+        after `delay_s` held on its GPUs (`recovery_s` of them a failure's: all if None)."""
+        run.version += 1
+        run.base_s = run.committed_s
+        run.compute_start_s = self.now_s + delay_s
+        run.failure_restart_s += delay_s if recovery_s is None else recovery_s
+        self.events.push(run.end_s(), EventKind.JOB_END, run.spec.job_id, run.version)
 
     def node_back(self, node_id: str) -> None:
         n = self.nodes[node_id]

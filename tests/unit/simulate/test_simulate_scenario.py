@@ -243,7 +243,13 @@ def test_rcp_simulate_prints_the_table_and_one_json_object(tmp_path: Path) -> No
     )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert set(summary["schemes"]) == {"ours", "static-split", "evict-first", "time-of-day"}
+    assert set(summary["schemes"]) == {
+        "ours",
+        "ours-requeue",
+        "static-split",
+        "evict-first",
+        "time-of-day",
+    }
     assert {g["goal"].split(" ")[0] for g in summary["goals"]} >= {"training", "zero", "external"}
     assert summary["decision_cost"]["decisions"] > 0
     assert set(summary["external_by_provider"]["ours"]) == {"a", "b"}
