@@ -3,7 +3,9 @@
 Owns: `observe`, which reads what the job runner sees of every gang, the active jobs from the
 store (by index), the node inventory, the nodes Ray drains (no capacity: ``healthy=False``)
 and the serving plane (`ServeView`, the load board, each model's p99: `serve_loads`) into one
-`Observation`; node health is applied on top in the same phase (`with_health`).
+`Observation`; node health is applied on top in the same phase (`with_health`), and each
+gang learns which of its nodes the cluster no longer has alive (`with_lost_nodes`:
+`policies.attempts` re-queues it at once).
 
 The snapshot's rules (`build_snapshot`, pure given its inputs, so tests can feed rows):
 
@@ -22,18 +24,20 @@ Must not: change anything (the runner records what it read in the act phase:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 
 from controlplane.adapters.serve import ServePlane, ServeView
 from controlplane.inventory import NodeRow
 from controlplane.loop.types import JobActions, NodeInventory, Observation
 from controlplane.store import JobRecord, JobState, Store
+from controlplane.store.job_info import as_mapping
+from policies.attempts import JobsView
 from policies.health import NodeVerdict, with_verdicts
 from policies.ingress import IngressTraffic
 from policies.snapshot import ClusterSnapshot, NodeView, Pool, QueuedJob, RunningGang, ServeLoad
 
-__all__ = ["build_snapshot", "observe", "serve_loads", "with_health"]
+__all__ = ["build_snapshot", "observe", "serve_loads", "with_health", "with_lost_nodes"]
 
 
 def observe(
@@ -47,7 +51,9 @@ def observe(
 ) -> Observation:
     jobs_view = jobs.observe()
     records = tuple(store.list_jobs(states=[JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING]))
-    snapshot = build_snapshot(now_s, nodes.list_nodes(), records)
+    rows = nodes.list_nodes()
+    jobs_view = with_lost_nodes(jobs_view, records, {r.node_id for r in rows if r.state == "ALIVE"})
+    snapshot = build_snapshot(now_s, rows, records)
     view = serve.view() if serve is not None else ServeView()
     loads: Mapping[str, float] = dict(serve.loads()) if serve is not None and view.deployed else {}
     ingress = (
@@ -97,6 +103,19 @@ def _pool(name: str) -> Pool | None:
         return Pool(name)
     except ValueError:
         return None
+
+
+def with_lost_nodes(
+    view: JobsView, records: Iterable[JobRecord], alive: Collection[str]
+) -> JobsView:
+    """`view` with each gang's nodes that are not in `alive` (Ray's list of live nodes, read
+    this tick: a node it reports dead, or no longer reports) as its ``lost_nodes``."""
+    placed = {r.job_id: as_mapping(r.info.get("placement")) for r in records}
+    gangs = []
+    for g in view.gangs:
+        lost = tuple(sorted(n for n in placed.get(g.job_id, {}) if n not in alive))
+        gangs.append(replace(g, lost_nodes=lost) if lost else g)
+    return replace(view, gangs=tuple(gangs))
 
 
 def build_snapshot(

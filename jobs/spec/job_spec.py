@@ -116,9 +116,9 @@ class JobSpec:
     max_restarts: Annotated[
         StrictInt, at_least(0), at_most(MAX_RESTARTS_LIMIT, "restarts of one job")
     ] = 3
-    """Times a gang that failed (a worker raised or was killed, a node was lost) or hung is
-    restarted from its last committed checkpoint before the job is FAILED. Preemptions and
-    moves by node health do not count."""
+    """Times a gang that failed (a worker raised or was killed) or hung is restarted from its
+    last committed checkpoint before the job is FAILED. Preemptions, moves by node health and
+    a node lost under the gang do not count."""
     restart_in_place: StrictBool = True
     """A crashed worker restarts the gang inside the same run (Ray Train starts a new worker
     group on the same nodes, in seconds) rather than as a new attempt through the queue. Each

@@ -21,24 +21,26 @@ STOPPED, SUCCEEDED or FAILED; ``gone``: ended, or MISSING):
  4  hung gang stopping, SUCCEEDED                         `EndJob` SUCCEEDED
  5  hung gang stopping, gone                              restart or FAILED (`policies.restarts`)
  6  hung gang stopping                                    `StopGang` (once)
- 7  a restart in place not recorded yet (the oldest)      `RecordInPlaceRestart`, or `EndJob` FAILED
+ 7  a node the gang was placed on is gone (not ALIVE     `RequeueGang` lost, the gang stopped, no
+    in Ray's list), its Ray Job not ended                 restart spent
+ 8  a restart in place not recorded yet (the oldest)      `RecordInPlaceRestart`, or `EndJob` FAILED
                                                           (the gang stopped) when
                                                           `policies.restarts` gives up
- 8  SUCCEEDED                                             `EndJob` SUCCEEDED (marked RUNNING first
+ 9  SUCCEEDED                                             `EndJob` SUCCEEDED (marked RUNNING first
                                                           when still ADMITTED)
- 9  FAILED or STOPPED, ADMITTED                           a start failure: `RequeueGang` after a
+10  FAILED or STOPPED, ADMITTED                           a start failure: `RequeueGang` after a
                                                           backoff, FAILED after
                                                           ``max_start_attempts``
-10  STOPPED, RUNNING (stopped outside the control plane)  `EndJob` FAILED
-11  FAILED, RUNNING (a crash)                             restart or FAILED (`policies.restarts`)
-12  past ``max_runtime_s`` since admission                `EndJob` FAILED, the gang stopped
-13  MISSING, RUNNING (the cluster lost it)                `RequeueGang` lost, no restart spent
-14  RUNNING, restarted in place, no step for              `RequeueGang` lost, the gang stopped, no
+11  STOPPED, RUNNING (stopped outside the control plane)  `EndJob` FAILED
+12  FAILED, RUNNING (a crash)                             restart or FAILED (`policies.restarts`)
+13  past ``max_runtime_s`` since admission                `EndJob` FAILED, the gang stopped
+14  MISSING, RUNNING (the cluster lost it)                `RequeueGang` lost, no restart spent
+15  RUNNING, restarted in place, no step for              `RequeueGang` lost, the gang stopped, no
     ``gang_start_timeout_s`` since (its node gone?)       restart spent again
-15  ADMITTED, every worker of this attempt started        `MarkRunning`
-16  ADMITTED, MISSING (the submission was lost)           `ResubmitGang`
-17  ADMITTED past ``gang_start_timeout_s``                 a start failure (row 9), the gang stopped
-18  RUNNING, no new step for its stall timeout            `StopHungGang` (stacks kept, then row 6)
+16  ADMITTED, every worker of this attempt started        `MarkRunning`
+17  ADMITTED, MISSING (the submission was lost)           `ResubmitGang`
+18  ADMITTED past ``gang_start_timeout_s``                 a start failure (row 10), the gang stopped
+19  RUNNING, no new step for its stall timeout            `StopHungGang` (stacks kept, then row 6)
 ==  ===================================================  ===========================================
 
 An ended job (`EndedGang`): `settle` says `SettleEnded` to record that its Ray Job ended (a
@@ -116,6 +118,9 @@ def decide(gang: GangView, config: AttemptConfig) -> GangAction | None:
         return _preempting(gang, gang.preempting)
     if gang.hang_reason is not None:
         return _hung_stopping(gang, gang.hang_reason)
+    if gang.lost_nodes and gang.status not in ENDED:
+        reason = f"{Reason.NODE_LOST.value}: {', '.join(n[:12] for n in gang.lost_nodes)}"
+        return RequeueGang(gang.job_id, reason, AttemptEnd.LOST, stop=True)
     if gang.in_place is not None:
         return _restarted_in_place(gang, gang.in_place)
     status = gang.status

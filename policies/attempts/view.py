@@ -52,6 +52,7 @@ class Reason(str, Enum):
     PREEMPT_ENDED = "gang-ended-while-preempting"
     RESTARTED_IN_PLACE = "restarted-in-place"
     IN_PLACE_STUCK = "restart-in-place-stuck"
+    NODE_LOST = "node-lost: the gang's node is gone"
 
 
 class AttemptEnd(str, Enum):
@@ -141,6 +142,8 @@ class GangView:
     """The committed step this attempt started from."""
     in_place: InPlaceRestart | None = None
     """The oldest restart in place not recorded yet."""
+    lost_nodes: tuple[str, ...] = ()
+    """Nodes the gang was placed on that the cluster no longer has alive."""
     restarted_in_place_s: float | None = None
     """When the run last restarted in place, while the new worker group has reported no
     step since (None: it has, or the run never restarted in place)."""

@@ -175,9 +175,32 @@ ROWS = [
     ),
     ("6-hung-stop", gang(hang_reason="no new step"), StopGang("j", "hung: no new step")),
     ("6-hung-stop-sent", gang(hang_reason="no new step", stop_sent=True), None),
-    # 7: a restart in place, recorded as a restart spent, or the job given up
+    # 7: a node the gang was placed on is gone
     (
-        "7-in-place-restart-recorded",
+        "7-node-lost-requeues-and-stops-without-a-restart",
+        gang(lost_nodes=("0123456789abcdef",), in_place=IN_PLACE),
+        RequeueGang(
+            "j", "node-lost: the gang's node is gone: 0123456789ab", AttemptEnd.LOST, stop=True
+        ),
+    ),
+    (
+        "7-node-lost-while-starting",
+        gang(running=False, status=S.PENDING, lost_nodes=("n1", "n2")),
+        RequeueGang("j", "node-lost: the gang's node is gone: n1, n2", AttemptEnd.LOST, stop=True),
+    ),
+    (
+        "7-a-gang-that-succeeded-before-its-node-went-succeeded",
+        gang(status=S.SUCCEEDED, lost_nodes=("n1",)),
+        EndJob("j", "ray-job-succeeded", True, AttemptEnd.SUCCEEDED),
+    ),
+    (
+        "7-preempting-wins-over-a-lost-node",
+        gang(preempting=PREEMPT, lost_nodes=("n1",)),
+        None,
+    ),
+    # 8: a restart in place, recorded as a restart spent, or the job given up
+    (
+        "8-in-place-restart-recorded",
         gang(in_place=IN_PLACE, step=40, committed_step=30),
         RecordInPlaceRestart(
             "j",
@@ -188,7 +211,7 @@ ROWS = [
         ),
     ),
     (
-        "7-in-place-before-its-first-step-not-counted-for-the-fleet",
+        "8-in-place-before-its-first-step-not-counted-for-the-fleet",
         gang(in_place=IN_PLACE),
         RecordInPlaceRestart(
             "j",
@@ -198,7 +221,7 @@ ROWS = [
         ),
     ),
     (
-        "7-in-place-even-while-ray-says-failed",  # record it before the attempt's end
+        "8-in-place-even-while-ray-says-failed",  # record it before the attempt's end
         gang(in_place=IN_PLACE, status=S.FAILED, step=40),
         RecordInPlaceRestart(
             "j",
@@ -209,7 +232,7 @@ ROWS = [
         ),
     ),
     (
-        "7-in-place-same-failure-twice-gives-up-and-stops",
+        "8-in-place-same-failure-twice-gives-up-and-stops",
         gang(in_place=IN_PLACE, restarts=RestartRecord(1, "died", 30), committed_step=30),
         EndJob(
             "j",
@@ -224,7 +247,7 @@ ROWS = [
         ),
     ),
     (
-        "7-in-place-past-max-restarts-gives-up",
+        "8-in-place-past-max-restarts-gives-up",
         gang(in_place=IN_PLACE, restarts=RestartRecord(2, "other", None), step=3),
         EndJob(
             "j",
@@ -240,24 +263,24 @@ ROWS = [
         ),
     ),
     (
-        "7-preempting-wins-over-in-place",
+        "8-preempting-wins-over-in-place",
         gang(in_place=IN_PLACE, preempting=PREEMPT),
         None,
     ),
-    # 8: SUCCEEDED
+    # 9: SUCCEEDED
     (
-        "8-succeeded",
+        "9-succeeded",
         gang(status=S.SUCCEEDED),
         EndJob("j", "ray-job-succeeded", True, AttemptEnd.SUCCEEDED),
     ),
     (
-        "8-succeeded-before-marked-running",
+        "9-succeeded-before-marked-running",
         gang(status=S.SUCCEEDED, running=False),
         EndJob("j", "ray-job-succeeded", True, AttemptEnd.SUCCEEDED, mark_running=True),
     ),
-    # 9: a start failure (ADMITTED, Ray Job FAILED or STOPPED): backoff, then give up
+    # 10: a start failure (ADMITTED, Ray Job FAILED or STOPPED): backoff, then give up
     (
-        "9-start-failed-backoff",
+        "10-start-failed-backoff",
         gang(running=False, status=S.FAILED, failure_message="ImportError", start_failures=1),
         RequeueGang(
             "j",
@@ -270,7 +293,7 @@ ROWS = [
         ),
     ),
     (
-        "9-start-stopped-give-up",
+        "10-start-stopped-give-up",
         gang(running=False, status=S.STOPPED, failure_message="no logs", start_failures=2),
         EndJob(
             "j",
@@ -282,9 +305,9 @@ ROWS = [
             start_failures=3,
         ),
     ),
-    # 10: RUNNING, stopped outside the control plane
+    # 11: RUNNING, stopped outside the control plane
     (
-        "10-stopped-outside",
+        "11-stopped-outside",
         gang(status=S.STOPPED, failure_message="killed"),
         EndJob(
             "j",
@@ -294,9 +317,9 @@ ROWS = [
             message="killed",
         ),
     ),
-    # 11: a crash: restart (counted in the fleet's record once it trained) or give up
+    # 12: a crash: restart (counted in the fleet's record once it trained) or give up
     (
-        "11-crash-restart-after-training",
+        "12-crash-restart-after-training",
         gang(status=S.FAILED, failure_message="rank 1 exit 1", failure_signature="sig", step=5),
         RequeueGang(
             "j",
@@ -310,7 +333,7 @@ ROWS = [
         ),
     ),
     (
-        "11-crash-same-twice-no-progress",
+        "12-crash-same-twice-no-progress",
         gang(
             status=S.FAILED,
             failure_message="boom",
@@ -326,29 +349,29 @@ ROWS = [
             restarts=RestartRecord(1, "sig", None),
         ),
     ),
-    # 12: over max_runtime_s: FAILED, the gang stopped (settled once Ray says it ended)
+    # 13: over max_runtime_s: FAILED, the gang stopped (settled once Ray says it ended)
     (
-        "12-max-runtime",
+        "13-max-runtime",
         gang(max_runtime_s=30.0),
         EndJob("j", "max-runtime-exceeded (30s)", False, AttemptEnd.MAX_RUNTIME, stop=True),
     ),
-    ("12-within-max-runtime", gang(max_runtime_s=61.0), None),
+    ("13-within-max-runtime", gang(max_runtime_s=61.0), None),
     (
-        "12-max-runtime-while-admitted",
+        "13-max-runtime-while-admitted",
         gang(max_runtime_s=30.0, running=False, status=S.PENDING),
         EndJob("j", "max-runtime-exceeded (30s)", False, AttemptEnd.MAX_RUNTIME, stop=True),
     ),
-    # 13: RUNNING, the cluster lost the Ray Job: re-queued, no restart spent
+    # 14: RUNNING, the cluster lost the Ray Job: re-queued, no restart spent
     (
-        "13-lost",
+        "14-lost",
         gang(status=S.MISSING),
         RequeueGang(
             "j", "gang-lost: Ray no longer knows its job (cluster restarted?)", AttemptEnd.LOST
         ),
     ),
-    # 14: a restart in place that never trained again (its node gone, say)
+    # 15: a restart in place that never trained again (its node gone, say)
     (
-        "14-in-place-restart-stuck-requeues-and-stops",
+        "15-in-place-restart-stuck-requeues-and-stops",
         gang(restarted_in_place_s=NOW - 121.0),
         RequeueGang(
             "j",
@@ -358,27 +381,27 @@ ROWS = [
             stop=True,
         ),
     ),
-    ("14-in-place-restart-still-starting", gang(restarted_in_place_s=NOW - 60.0), None),
+    ("15-in-place-restart-still-starting", gang(restarted_in_place_s=NOW - 60.0), None),
     (
-        "14-in-place-restart-trained-again",
+        "15-in-place-restart-trained-again",
         gang(restarted_in_place_s=NOW - 500.0, step=3, step_at_s=NOW - 1.0),
         None,
     ),
     # 13-15: ADMITTED
     (
-        "15-all-started",
+        "16-all-started",
         gang(running=False, status=S.RUNNING, started_ranks=2),
         MarkRunning("j", "gang-running: all 2 workers started"),
     ),
-    ("15-some-started", gang(running=False, status=S.RUNNING, started_ranks=1), None),
-    ("15-pending", gang(running=False, status=S.PENDING), None),
+    ("16-some-started", gang(running=False, status=S.RUNNING, started_ranks=1), None),
+    ("16-pending", gang(running=False, status=S.PENDING), None),
     (
-        "16-submission-lost",
+        "17-submission-lost",
         gang(running=False, status=S.MISSING),
         ResubmitGang("j", "admitted, but Ray has no Ray Job for it (lost)"),
     ),
     (
-        "17-start-timeout",
+        "18-start-timeout",
         gang(running=False, status=S.PENDING, admitted_s=NOW - 121.0, started_ranks=1),
         RequeueGang(
             "j",
@@ -392,20 +415,20 @@ ROWS = [
         ),
     ),
     (
-        "17-within-start-timeout",
+        "18-within-start-timeout",
         gang(running=False, status=S.PENDING, admitted_s=NOW - 120.0),
         None,
     ),
-    # 18: the hang watchdog, armed once a step was reported
-    ("18-unarmed", gang(), None),
-    ("18-stepping", gang(step=3, step_at_s=NOW - 600.0), None),
+    # 19: the hang watchdog, armed once a step was reported
+    ("19-unarmed", gang(), None),
+    ("19-stepping", gang(step=3, step_at_s=NOW - 600.0), None),
     (
-        "18-hung",
+        "19-hung",
         gang(step=3, step_at_s=NOW - 601.0),
         StopHungGang("j", "no new step for 601s at step 3 (stall_timeout_s=600)", 3, 601.0, 600.0),
     ),
     (
-        "18-hung-job-timeout",
+        "19-hung-job-timeout",
         gang(step=3, step_at_s=NOW - 61.0, stall_timeout_s=60.0),
         StopHungGang("j", "no new step for 61s at step 3 (stall_timeout_s=60)", 3, 61.0, 60.0),
     ),
@@ -423,7 +446,7 @@ def test_rows_cover_every_line_of_the_table() -> None:
     import policies.attempts
 
     table = re.findall(r"^ ?(\d+)  ", policies.attempts.__doc__ or "", re.MULTILINE)
-    assert {int(r[0].split("-")[0]) for r in ROWS} == {int(n) for n in table} == set(range(1, 19))
+    assert {int(r[0].split("-")[0]) for r in ROWS} == {int(n) for n in table} == set(range(1, 20))
 
 
 def test_preemption_comes_before_everything_else() -> None:

@@ -162,3 +162,34 @@ def test_a_restart_in_place_that_never_trains_again_re_queues_the_job(world: Any
     ]
     [open_] = recoveries.recoveries(job.info)  # still the crash's recovery, from its failure
     assert (open_.failed_s, open_.seconds, open_.in_place) == (failed_s, None, False)
+
+
+# -- a node the gang was placed on is gone -------------------------------------------------------
+
+
+def test_a_gang_whose_node_is_gone_is_re_queued_at_once_without_a_restart(world: Any) -> None:
+    """The observe phase marks a gang's nodes that Ray no longer lists alive
+    (`with_lost_nodes`); `policies.attempts` re-queues it, its gang stopped, no restart spent
+    (Ray Train would otherwise retry the worker group on the dead node)."""
+    from controlplane.loop.observe import with_lost_nodes
+    from policies.attempts import decide_all
+
+    store, _cfg, fake, clock, runner = world
+    job_id = running(store, fake, runner)  # placed on n1
+    records = store.list_jobs(states=[S.RUNNING])
+    view = with_lost_nodes(runner.observe(), records, alive={"n1", "n2"})
+    assert [g.lost_nodes for g in view.gangs] == [()]
+    runner.apply(decide_all(view, runner_config(runner)), lambda: None)
+    assert store.get(job_id).state is S.RUNNING
+    view = with_lost_nodes(runner.observe(), records, alive={"n2"})
+    assert [g.lost_nodes for g in view.gangs] == [("n1",)]
+    runner.apply(decide_all(view, runner_config(runner)), lambda: None)
+    job = store.get(job_id)
+    assert job.state is S.QUEUED and fake.stopped == [f"{job_id}-1"]
+    assert "node-lost" in store.history(job_id)[-1].reason and "restarts" not in job.info
+
+
+def runner_config(runner: Any) -> Any:
+    from controlplane.policy_config import attempt_config
+
+    return attempt_config(runner.cfg)
