@@ -143,14 +143,20 @@ def uri_of(cfg: Config, job: JobRecord) -> str:
 
 
 def attempt_end(
-    job: JobRecord, kind: AttemptEnd, reason: str, now: float, in_place: int | None = None
+    job: JobRecord,
+    kind: AttemptEnd,
+    reason: str,
+    now: float,
+    in_place: int | None = None,
+    step: int | None = None,
 ) -> dict[str, Any]:
     """The info that records how the current attempt ended: its entry in ``attempts`` (with
     ``checkpoint_step``, the committed step the next attempt resumes from)
     (newest last, at most `MAX_ATTEMPTS_KEPT`), its checkpoint stall and wall seconds
     added to the totals, its ``progress`` cleared. `in_place`: the run restarted its workers
-    itself (that restart's index, in the entry as ``in_place``); the attempt goes on. {} once
-    recorded (idempotent)."""
+    itself (that restart's index, in the entry as ``in_place``); the attempt goes on. `step`:
+    the last step the failed run reported, when known better than the recorded progress. {}
+    once recorded (idempotent)."""
     attempt = as_count(job.info.get("attempt"))
     if not attempt:
         return {}
@@ -175,7 +181,7 @@ def attempt_end(
             "ended_s": now,
             "kind": kind.value,
             "reason": reason[-ATTEMPT_REASON_CHARS:],
-            "step": as_count(progress.get("step")),
+            "step": step if step is not None else as_count(progress.get("step")),
             "checkpoint_step": committed,
             **({"in_place": in_place} if in_place is not None else {}),
         }

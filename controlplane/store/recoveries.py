@@ -11,12 +11,13 @@ Owns the info keys that time each recovery, and the pure functions that write an
   the restore read (``memory`` or ``storage``, as the job reported it; None when it started
   fresh or did not say), ``caught_up_s`` when the job passed the step it had reached before
   the failure (`observed` writes both as the job reports progress);
-* ``first_admitted_s``: when the job's gang was first admitted (`admitted`).
+* ``first_admitted_s``: when the job's gang was first admitted (`admitted`);
+* a job that ended well caught up with every failure by its end (`finished`).
 
 ETTR (`ettr`) is productive training time over wall time since the first admission:
-``(wall - lost - stall) / wall``, where ``lost`` sums each failure's time until the job caught
-up with the step it had reached (the restart, the restore and the steps done again; an open
-one counts until now) and ``stall`` is the checkpoint stall. Example: admitted 1,000 s ago,
+``(wall - lost - stall) / wall``, where ``lost`` is the time from each failure until the job
+caught up with the step it had reached (the restart, the restore and the steps done again; an
+open one counts until now; overlapping ones once) and ``stall`` is the checkpoint stall. Example: admitted 1,000 s ago,
 one crash that took 20 s to the first new step and 30 s more to catch up, 5 s of checkpoint
 stall: (1000 - 50 - 5) / 1000 = 0.945.
 
@@ -38,6 +39,7 @@ __all__ = [
     "admitted",
     "ettr",
     "failed",
+    "finished",
     "observed",
     "recoveries",
 ]
@@ -53,15 +55,35 @@ def admitted(info: Mapping[str, Any], now_s: float) -> dict[str, Any]:
     )
 
 
-def failed(info: Mapping[str, Any], failed_s: float, kind: str, in_place: bool) -> dict[str, Any]:
-    """Start timing a recovery. A failure while the gang is still recovering from an earlier
-    one (a restart in place that never trained, say) goes on timing that one, from its
-    failure and its step, as this failure's kind."""
+def failed(
+    info: Mapping[str, Any],
+    failed_s: float,
+    kind: str,
+    in_place: bool,
+    step: int | None = None,
+) -> dict[str, Any]:
+    """Start timing a recovery; `step` is the last step the failed run reported (default: the
+    recorded progress's). A failure while the gang is still recovering from an earlier one (a
+    restart in place that never trained, say) goes on timing that one, from its failure and
+    its step, as this failure's kind."""
     open_ = as_mapping(info.get("recovering"))
     if as_finite(open_.get("failed_s")) is not None:
         return {"recovering": {**open_, "kind": kind, "in_place": in_place}}
-    step = as_count(as_mapping(info.get("progress")).get("step"))
+    if step is None:
+        step = as_count(as_mapping(info.get("progress")).get("step"))
     return {"recovering": {"failed_s": failed_s, "kind": kind, "in_place": in_place, "step": step}}
+
+
+def finished(info: Mapping[str, Any], end_s: float) -> dict[str, Any]:
+    """The job ended well: a recovery not yet marked caught up was by `end_s` at the latest
+    (the steps after it may have run between two reads of the job's progress). {} when none."""
+    kept = _entries(info.get("recoveries"))
+    if not any(e.get("caught_up_s") is None for e in kept):
+        return {}
+    for e in kept:
+        if e.get("caught_up_s") is None:
+            e["caught_up_s"] = end_s
+    return {"recoveries": kept}
 
 
 def observed(
@@ -152,15 +174,22 @@ def recoveries(info: Mapping[str, Any]) -> tuple[Recovery, ...]:
 
 def ettr(info: Mapping[str, Any], now_s: float, stall_s: float = 0.0) -> float | None:
     """Effective training time ratio at `now_s` (the job's end, once it ended) with `stall_s`
-    seconds of checkpoint stall (see the module doc); None before the first admission."""
+    seconds of checkpoint stall (see the module doc); None before the first admission. Lost
+    time is the union of the recoveries' spans (a failure while catching up counts once)."""
     start = as_finite(info.get("first_admitted_s"))
     if start is None or now_s <= start:
         return None
     wall = now_s - start
-    lost = sum(
-        max(0.0, min(now_s, r.caught_up_s if r.caught_up_s is not None else now_s) - r.failed_s)
+    spans = sorted(
+        (r.failed_s, min(now_s, r.caught_up_s if r.caught_up_s is not None else now_s))
         for r in recoveries(info)
     )
+    lost, reached = 0.0, start
+    for begin, end in spans:
+        begin = max(begin, reached)
+        if end > begin:
+            lost += end - begin
+            reached = end
     return max(0.0, min(1.0, (wall - lost - max(0.0, stall_s)) / wall))
 
 

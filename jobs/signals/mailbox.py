@@ -303,7 +303,10 @@ class _JobSignals:
             return self._reject(job, Rejection.BAD_VALUE)
         if any(r["index"] == index for r in job["in_place"]):
             return True
-        report = InPlaceReport(index=index, at_s=time.time(), reason=reason[:MAX_REASON_CHARS])
+        last = job["progress"]["step"] if job["progress"] else None
+        report = InPlaceReport(
+            index=index, at_s=time.time(), reason=reason[:MAX_REASON_CHARS], step=last
+        )
         job["in_place"] = [*job["in_place"], report][-MAX_IN_PLACE_KEPT:]
         job["started_ranks"], job["workers"] = [], {}
         job["progress"], job["restore"] = None, None

@@ -95,6 +95,8 @@ class InPlaceReport(TypedDict):
     at_s: float
     """When the actor took the report (its clock)."""
     reason: str
+    step: int | None
+    """The last step the failed workers reported (None: none)."""
 
 
 class RestoreReport(TypedDict):

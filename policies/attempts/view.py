@@ -106,6 +106,8 @@ class InPlaceRestart:
     """The failed rank's error as one line (``rank 1: ValueError: bad shape``)."""
     signature: str
     """`policies.restarts.failure_signature` of `reason`."""
+    step: int | None = None
+    """The last step the failed workers reported (None: none)."""
 
 
 @dataclass(frozen=True)

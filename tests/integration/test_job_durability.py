@@ -423,6 +423,16 @@ def placement(cfg: Config, job_id: str) -> set[str]:
         return set(store.get(job_id).info.get("placement") or {})
 
 
+def recovery_info(cfg: Config, job_id: str, job: Job) -> dict[str, object]:
+    """What ETTR is computed from, for a failure message."""
+    from controlplane.store import Store
+
+    with Store(cfg.jobs_db_path) as store:
+        info = store.get(job_id).info
+    keys = ("first_admitted_s", "recovering", "recoveries", "stall_s_total", "progress")
+    return {"updated_s": job.raw.get("updated_s"), **{k: info.get(k) for k in keys}}
+
+
 def manifest_in_storage(cfg: Config, step_uri: str) -> dict[str, object]:
     """The committed manifest of a step (``s3://bucket/.../step-<S>``), read from the store."""
     from controlplane.storage import bucket_of, s3_client
@@ -528,7 +538,7 @@ def test_a_killed_worker_restarts_in_place_and_a_hung_one_re_queues_each_resumin
     assert not requeued["in_place"] and requeued["kind"] == "hang", done.recoveries
     assert requeued["restored_step"] == after_hang
     assert all(r["seconds"] is not None and r["seconds"] > 0 for r in done.recoveries)
-    assert done.ettr is not None and 0 < done.ettr < 1
+    assert done.ettr is not None and 0 < done.ettr < 1, recovery_info(cfg, job_id, done)
     print(f"recoveries: {done.recoveries}; ettr {done.ettr:.3f}")
 
 

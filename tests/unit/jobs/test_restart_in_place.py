@@ -132,6 +132,7 @@ def test_the_actor_records_each_restart_once_and_forgets_the_old_workers_and_pro
         (1, "rank 0: its worker process died")
     ]
     assert st["in_place"][0]["at_s"] > 0
+    assert st["in_place"][0]["step"] == 40  # the failed workers' last step
     # The new worker group reports afresh: the hang watchdog re-arms on its first step.
     assert st["started_ranks"] == [] and st["workers"] == {} and st["progress"] is None
     assert s.progress("job-a", 1, 31, {}, TOKEN)

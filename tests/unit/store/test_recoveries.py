@@ -100,3 +100,33 @@ def test_the_list_is_bounded() -> None:
     updates = observed(info, progress(1, 501.0), None)
     kept = updates["recoveries"]
     assert len(kept) == recoveries.MAX_RECOVERIES_KEPT and kept[-1]["failed_s"] == 500.0
+
+
+def test_overlapping_failures_count_once_and_a_late_record_keeps_the_failed_runs_step() -> None:
+    """A restart in place recorded only after the new run reported step 27 still times the
+    catch-up from the failed run's step (15, as the run reported it); a hang at step 27 before
+    that catch-up overlaps it, and the lost time is the union of the two spans."""
+    info: dict[str, Any] = {"first_admitted_s": 0.0, "progress": progress(27, 60.0)}
+    info = apply(info, failed(info, 40.0, "crash", in_place=True, step=15))
+    assert info["recovering"]["step"] == 15
+    info = apply(info, observed(info, progress(27, 61.0), None))  # resumed, and past 15
+    assert info["recoveries"][0]["caught_up_s"] == 61.0
+    info = apply(info, failed(info, 70.0, "hang", in_place=False))
+    info = apply(info, observed(info, progress(25, 90.0), None))  # resumed, not past 27 yet
+    # Ended well at 100 without a read past step 27: caught up by then at the latest.
+    info = apply(info, recoveries.finished(info, 100.0))
+    assert [r.caught_up_s for r in recoveries.recoveries(info)] == [61.0, 100.0]
+    assert ettr(info, 100.0) == pytest.approx((100 - 21 - 30) / 100)
+    assert recoveries.finished(info, 120.0) == {}  # nothing left open
+
+
+def test_spans_that_overlap_are_counted_once() -> None:
+    info = {
+        "first_admitted_s": 0.0,
+        "recoveries": [
+            {"failed_s": 10.0, "caught_up_s": 50.0},
+            {"failed_s": 20.0, "caught_up_s": 40.0},
+            {"failed_s": 45.0, "caught_up_s": 60.0},
+        ],
+    }
+    assert ettr(info, 100.0) == pytest.approx((100 - 50) / 100)  # lost 10..60

@@ -69,11 +69,12 @@ class AttemptEnds:
                 "signature": a.restarts.last_signature,
                 "committed_step": a.restarts.committed_at_last_failure,
             }
-        index = in_place.index if in_place else None
-        info.update(attempt_end(job, kind, reason, now, in_place=index))
+        index, step = (in_place.index, in_place.step) if in_place else (None, None)
+        info.update(attempt_end(job, kind, reason, now, in_place=index, step=step))
         if kind in RECOVERED_ENDS and isinstance(a, RecordInPlaceRestart | RequeueGang):
             failed_s = in_place.at_s if in_place else now
-            info.update(recoveries.failed(job.info, failed_s, kind.value, in_place is not None))
+            failure = recoveries.failed(job.info, failed_s, kind.value, index is not None, step)
+            info.update(failure)
         if a.count_crash:
             # Counted for the fleet's MTBF only once the gang trained (the policy says so).
             try:
@@ -91,6 +92,8 @@ class AttemptEnds:
             self.clear_request(job.job_id)
         info = self._info(job, a, now)
         info["placement"] = None
+        if a.succeeded:
+            info.update(recoveries.finished(job.info, now))
         state = JobState.SUCCEEDED if a.succeeded else JobState.FAILED
         if a.stop:
             self.ray.stop(job.info["submission_id"])

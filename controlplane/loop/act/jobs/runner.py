@@ -263,7 +263,8 @@ class JobRunner:
                 r.get("reason"),
             )
             if index and index > recorded and at_s is not None and isinstance(reason, str):
-                return InPlaceRestart(index, at_s, reason, failure_signature(reason, literals))
+                signature = failure_signature(reason, literals)
+                return InPlaceRestart(index, at_s, reason, signature, as_count(r.get("step")))
         return None
 
     def _ended(self) -> list[EndedGang]:

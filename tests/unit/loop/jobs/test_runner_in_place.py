@@ -35,7 +35,9 @@ def world(tmp_path: Path) -> tuple[Store, Any, FakeRay, Clock, JobRunner]:
 def restarted_in_place(fake: Any, job_id: str, index: int, at_s: float, reason: str) -> None:
     """What the signals actor holds after the run reported a restart in place."""
     sig = fake.signals[job_id]
-    sig.setdefault("in_place", []).append({"index": index, "at_s": at_s, "reason": reason})
+    step = (sig.get("progress") or {}).get("step")
+    report = {"index": index, "at_s": at_s, "reason": reason, "step": step}
+    sig.setdefault("in_place", []).append(report)
     sig.update(started_ranks=[], workers={}, progress=None, restore=None)
 
 
