@@ -82,7 +82,14 @@ from policies.attempts.view import (
     StopGang,
     StopHungGang,
 )
-from policies.restarts import AttemptFailure, FailureKind, Restart, decide_restart
+from policies.restarts import (
+    AttemptFailure,
+    FailureKind,
+    GiveUp,
+    Restart,
+    RestartRecord,
+    decide_restart,
+)
 
 __all__ = [
     "ENDED",
@@ -262,22 +269,47 @@ def start_failure(
     )
 
 
+def _restart(
+    gang: GangView, kind: FailureKind, message: str, signature: str, step: int | None
+) -> tuple[Restart | GiveUp, RestartRecord, bool]:
+    """`policies.restarts`' word on a failure of a gang that ran whose run reached `step`, the
+    restart record to store, and whether the fleet's failure record counts it (a script that
+    fails before its first step is the script's fault, not the cluster's)."""
+    failure = AttemptFailure(kind, message, signature, gang.committed_step, gang.start_step, step)
+    decision, record = decide_restart(failure, gang.restarts, gang.restart_limits)
+    return decision, record, kind is FailureKind.CRASH and step is not None
+
+
+def _gave_up(
+    gang: GangView,
+    reason: str,
+    message: str,
+    record: RestartRecord,
+    count_crash: bool,
+    *,
+    attempt_reason: str = "",
+    stop: bool = False,
+) -> EndJob:
+    """The job FAILS: `policies.restarts` gave up (`reason`); `stop` the gang if it runs."""
+    return EndJob(
+        gang.job_id,
+        reason,
+        False,
+        AttemptEnd.FAILED,
+        attempt_reason=attempt_reason,
+        stop=stop,
+        message=message,
+        restarts=record,
+        count_crash=count_crash,
+    )
+
+
 def _failed(gang: GangView, kind: FailureKind, message: str, signature: str) -> GangAction:
     """A gang that ran crashed or hung: restart it after a backoff, or FAIL the job, as
     `policies.restarts` decides."""
-    failure = AttemptFailure(
-        kind=kind,
-        message=message,
-        signature=signature,
-        committed_step=gang.committed_step,
-        start_step=gang.start_step,
-        reported_step=gang.step,
-    )
-    decision, record = decide_restart(failure, gang.restarts, gang.restart_limits)
+    decision, record, count_crash = _restart(gang, kind, message, signature, gang.step)
     why = Reason.GANG_HUNG if kind is FailureKind.HANG else Reason.GANG_FAILED
     reason = f"{why.value}: {decision.reason}"
-    # A script that fails before its first step is the script's fault, not the cluster's.
-    count_crash = kind is FailureKind.CRASH and gang.step is not None
     if isinstance(decision, Restart):
         return RequeueGang(
             gang.job_id,
@@ -289,43 +321,20 @@ def _failed(gang: GangView, kind: FailureKind, message: str, signature: str) -> 
             restarts=record,
             count_crash=count_crash,
         )
-    return EndJob(
-        gang.job_id,
-        reason,
-        False,
-        AttemptEnd.FAILED,
-        message=message,
-        restarts=record,
-        count_crash=count_crash,
-    )
+    return _gave_up(gang, reason, message, record, count_crash)
 
 
 def _restarted_in_place(gang: GangView, r: InPlaceRestart) -> EndJob | RecordInPlaceRestart:
     """The run restarted its workers itself: spend a restart as `policies.restarts` says (the
     same failure twice before any progress gives up, and the gang is stopped)."""
-    failure = AttemptFailure(
-        kind=FailureKind.CRASH,
-        message=r.reason,
-        signature=r.signature,
-        committed_step=gang.committed_step,
-        start_step=gang.start_step,
-        reported_step=gang.step,
-    )
-    decision, record = decide_restart(failure, gang.restarts, gang.restart_limits)
-    count_crash = gang.step is not None
+    step = r.step if r.step is not None else gang.step
+    decision, record, count_crash = _restart(gang, FailureKind.CRASH, r.reason, r.signature, step)
     if isinstance(decision, Restart):
         reason = f"{Reason.RESTARTED_IN_PLACE.value}: {r.reason}"
         return RecordInPlaceRestart(gang.job_id, reason, r, record, count_crash)
-    return EndJob(
-        gang.job_id,
-        f"{Reason.GANG_FAILED.value}: {decision.reason}",
-        False,
-        AttemptEnd.FAILED,
-        attempt_reason=f"crash: {r.reason}",
-        stop=True,
-        message=r.reason,
-        restarts=record,
-        count_crash=count_crash,
+    reason = f"{Reason.GANG_FAILED.value}: {decision.reason}"
+    return _gave_up(
+        gang, reason, r.reason, record, count_crash, attempt_reason=f"crash: {r.reason}", stop=True
     )
 
 

@@ -211,6 +211,17 @@ ROWS = [
         ),
     ),
     (
+        "8-in-place-the-failed-runs-step-counts-not-the-new-runs-silence",
+        gang(in_place=replace(IN_PLACE, step=40)),
+        RecordInPlaceRestart(
+            "j",
+            "restarted-in-place: rank 1: its worker process died",
+            replace(IN_PLACE, step=40),
+            RestartRecord(1, "died", None),
+            count_crash=True,
+        ),
+    ),
+    (
         "8-in-place-before-its-first-step-not-counted-for-the-fleet",
         gang(in_place=IN_PLACE),
         RecordInPlaceRestart(
