@@ -4,7 +4,9 @@ Owns the info keys that time each recovery, and the pure functions that write an
 
 * ``recovering``: a failure the gang has not recovered from yet, ``{"failed_s", "kind",
   "in_place", "step"}`` (``step``: the last step reported before it), written by `failed` when
-  an attempt ends badly or the run restarts its workers in place;
+  a gang that ran is stopped and will run again (a crash, a hang, a lost node, a preemption
+  or a move by node health: each one's wait counts against ETTR) or the run restarts its
+  workers in place;
 * ``recoveries``: each recovery, newest last (at most `MAX_RECOVERIES_KEPT`), ``{"failed_s",
   "resumed_s", "seconds", "kind", "in_place", "step", "restored_step", "source",
   "caught_up_s"}``: ``seconds`` from the failure to the first new step, ``source`` the tier
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane.store.job_info import as_count, as_finite, as_mapping
+from jobs.signals.reports import RESTORE_SOURCES
 
 __all__ = [
     "MAX_RECOVERIES_KEPT",
@@ -45,7 +48,6 @@ __all__ = [
 ]
 
 MAX_RECOVERIES_KEPT = 100
-RESTORE_SOURCES = frozenset({"memory", "storage"})
 
 
 def admitted(info: Mapping[str, Any], now_s: float) -> dict[str, Any]:
@@ -98,7 +100,11 @@ def observed(
     step, step_at_s = as_count(progress.get("step")), as_finite(progress.get("step_at_s"))
     if step is None or step_at_s is None:
         return {}
-    kept = _entries(info.get("recoveries"))
+    raw = info.get("recoveries")
+    newest = as_mapping(raw[-1]) if isinstance(raw, list) and raw else {}
+    if info.get("recovering") is None and (not newest or newest.get("caught_up_s") is not None):
+        return {}  # the common tick: nothing to time, nothing copied
+    kept = _entries(raw)
     changed = False
     open_ = as_mapping(info.get("recovering"))
     failed_s = as_finite(open_.get("failed_s"))
