@@ -34,6 +34,7 @@ from jobs.signals.environment import (
     ENV_RESTARTS_IN_PLACE,
     ENV_SIGNAL_TOKEN,
 )
+from jobs.signals.handle import SignalsHandle
 from jobs.signals.reports import MAX_REASON_CHARS
 
 __all__ = ["ENV_RESTARTS_IN_PLACE", "MAX_REASON_CHARS", "InPlaceReporter", "failure_reason"]
@@ -80,8 +81,6 @@ class InPlaceReporter(UserCallback):
             return
         reason = failure_reason(worker_exceptions)
         try:
-            from jobs.signals.handle import SignalsHandle
-
             SignalsHandle().call(
                 "restarting_in_place",
                 self.job_id,

@@ -77,10 +77,8 @@ class FakeHandle:
 
 @pytest.fixture
 def handle(monkeypatch: pytest.MonkeyPatch) -> type[FakeHandle]:
-    import jobs.signals.handle
-
     FakeHandle.calls, FakeHandle.fail = [], False
-    monkeypatch.setattr(jobs.signals.handle, "SignalsHandle", FakeHandle)
+    monkeypatch.setattr(in_place, "SignalsHandle", FakeHandle)
     return FakeHandle
 
 
