@@ -109,7 +109,10 @@ def with_lost_nodes(
     view: JobsView, records: Iterable[JobRecord], alive: Collection[str]
 ) -> JobsView:
     """`view` with each gang's nodes that are not in `alive` (Ray's list of live nodes, read
-    this tick: a node it reports dead, or no longer reports) as its ``lost_nodes``."""
+    this tick: a node it reports dead, or no longer reports) as its ``lost_nodes``. A read
+    with no node alive at all says nothing about any gang (Ray between heads, say): `view`."""
+    if not alive:
+        return view
     placed = {r.job_id: as_mapping(r.info.get("placement")) for r in records}
     gangs = []
     for g in view.gangs:

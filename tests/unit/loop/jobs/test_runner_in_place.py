@@ -181,6 +181,8 @@ def test_a_gang_whose_node_is_gone_is_re_queued_at_once_without_a_restart(world:
     records = store.list_jobs(states=[S.RUNNING])
     view = with_lost_nodes(runner.observe(), records, alive={"n1", "n2"})
     assert [g.lost_nodes for g in view.gangs] == [()]
+    # A read with no node alive at all says nothing: no gang is re-queued on it.
+    assert [g.lost_nodes for g in with_lost_nodes(view, records, alive=set()).gangs] == [()]
     runner.apply(decide_all(view, runner_config(runner)), lambda: None)
     assert store.get(job_id).state is S.RUNNING
     view = with_lost_nodes(runner.observe(), records, alive={"n2"})
