@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from controlplane.config import Config
-from policies.admission import AdmissionConfig, PreemptionConfig, QueueConfig
+from policies.admission import AdmissionConfig, BorrowConfig, PreemptionConfig, QueueConfig
 from policies.attempts import AttemptConfig
 from policies.demand import DemandConfig
 from policies.ingress import IngressScaling
@@ -42,11 +42,14 @@ def _fields_of(section: Any, policy_class: type[Any]) -> dict[str, Any]:
 
 
 def admission_config(cfg: Config) -> AdmissionConfig:
-    """The admission policy's config from the ``jobs`` section."""
+    """The admission policy's config from the ``jobs`` section and the cluster pool's size
+    and replacement time."""
     j = cfg.jobs
     return AdmissionConfig(
         **_fields_of(j, PreemptionConfig),
         queues=tuple(QueueConfig(name, q.share, q.borrowing_limit) for name, q in j.queues.items()),
+        cluster_nodes=cfg.pools.cluster.num_nodes,
+        borrow=BorrowConfig(**_fields_of(cfg.pools.cluster, BorrowConfig)),
     )
 
 

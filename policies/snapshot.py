@@ -155,6 +155,10 @@ class QueuedJob:
     """Upper bound on run time; None means unbounded (such a job never backfills)."""
     not_before_s: float | None = None
     """Backoff after a failed gang start: not admitted (nor reserved for) before this time."""
+    lost_s: float | None = None
+    """When its last attempt lost a node (it died, or health took it out); None otherwise.
+    Admission then weighs borrowing a node from serving against waiting for the replacement
+    (`policies.admission.borrow`)."""
 
     @property
     def gpus_total(self) -> int:

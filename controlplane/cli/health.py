@@ -24,6 +24,7 @@ from controlplane.cli.common import (
 )
 from controlplane.cli.render import local_time
 from controlplane.inventory import format_health_table
+from controlplane.pools import Pool
 
 __all__ = [
     "cordon",
@@ -74,7 +75,9 @@ def fault_stockout(
 ) -> None:
     """Make external PROVIDER deliver no node from now on, as a provider out of stock does
     (the local cluster's fake provider only; nodes already up stay). Placement marks it out
-    once its delivery deadline passes and rents from the next provider. `--end` ends it."""
+    once its delivery deadline passes and rents from the next provider. PROVIDER `cluster`:
+    the owned pool gets no replacement for a node that dies (a gang that lost one borrows a
+    node from serving). `--end` ends it."""
     from controlplane.local.autoscaler import stockout_file  # deferred: imports Ray
     from controlplane.local.cluster import LocalCluster
     from controlplane.local.provider import read_stockouts, write_stockouts
@@ -82,8 +85,11 @@ def fault_stockout(
     given = load_cfg(config_file, overrides)
     cfg = LocalCluster(given).running_config() or given  # the providers `rcp up` started
     names = [p.name for p in cfg.pools.external.providers]
-    if provider not in names:
-        fail(f"no external provider {provider!r}; pools.external.providers: {', '.join(names)}")
+    if provider not in [*names, Pool.CLUSTER.value]:
+        fail(
+            f"no external provider {provider!r}; pools.external.providers: {', '.join(names)} "
+            f"(or {Pool.CLUSTER.value!r}: the cluster pool's replacements)"
+        )
     path = stockout_file(cfg)
     if not path.parent.is_dir():
         fail(f"no local cluster state in {path.parent} (run `rcp up` first)")

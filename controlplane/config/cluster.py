@@ -16,6 +16,7 @@ from pydantic import AfterValidator
 from controlplane.config.checks import MAX_BATCH, MAX_BODY_BYTES, Port, waits
 from jobs.storage_credentials import JobCredentialsMode
 from jobs.storage_uri import StorageUriError, parse_storage_uri
+from policies.admission.borrow import BorrowConfig
 from policies.providers import PROVIDER_NAME_RE
 from policies.validation import FieldError, Problems, at_least, at_most, one_of
 
@@ -95,8 +96,10 @@ class HeadConfig:
 
 
 @dataclass
-class ClusterPoolConfig:
-    """The owned GPU nodes (`pool=cluster`). A fixed-size group: it never scales."""
+class ClusterPoolConfig(BorrowConfig):
+    """The owned GPU nodes (`pool=cluster`). A fixed-size group: it never scales, and a node
+    that dies is replaced. It embeds `policies.admission.borrow.BorrowConfig` (how long a
+    replacement takes, against borrowing a node from serving)."""
 
     num_nodes: Annotated[int, at_least(1, "a pool with no nodes")] = 2
     gpus_per_node: Annotated[int, at_least(0)] = 4

@@ -9,8 +9,9 @@ variable there for the moment it starts one node, to a port of the list `rcp up`
 (``provider.serve_proxy_ports``).
 
 Owns: which node gets which port, and the local stand-in for a provider's stock-out: while the
-stock-out file (`write_stockouts`, `rcp fault stockout`) names a node's ``provider`` label, a
-launch of its nodes is refused (`StockedOut`, as a cloud without capacity answers).
+stock-out file (`write_stockouts`, `rcp fault stockout`) names a node's ``provider`` label (or,
+for the cluster pool's nodes, ``cluster``: no replacement for a node that died), a launch of
+its nodes is refused (`StockedOut`, as a cloud without capacity answers).
 Must not: change anything else about how the fake provider starts or stops nodes.
 It runs inside Ray's autoscaler (``monitor.py``), which imports it by its dotted path.
 """
@@ -29,6 +30,7 @@ from typing import Any
 from ray.autoscaler._private.fake_multi_node.node_provider import FakeMultiNodeProvider
 
 from controlplane.local.ports import pick_proxy_port, port_in_use
+from controlplane.pools import POOL_LABEL, Pool
 from policies.providers import PROVIDER_LABEL
 
 __all__ = [
@@ -115,6 +117,8 @@ class ProxyPortNodeProvider(FakeMultiNodeProvider):
         labels: dict[str, str],
     ) -> None:
         provider = labels.get(PROVIDER_LABEL)
+        if provider is None and labels.get(POOL_LABEL) == Pool.CLUSTER.value:
+            provider = Pool.CLUSTER.value  # the owned pool's replacements
         if provider is not None and provider in read_stockouts(self._stockout_file):
             # Refused, as a cloud answers a launch it has no capacity for: the autoscaler
             # marks the request failed and asks again later (a request dropped in silence

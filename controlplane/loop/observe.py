@@ -31,8 +31,8 @@ from controlplane.adapters.serve import ServePlane, ServeView
 from controlplane.inventory import NodeRow
 from controlplane.loop.types import JobActions, NodeInventory, Observation
 from controlplane.store import JobRecord, JobState, Store
-from controlplane.store.job_info import as_mapping
-from policies.attempts import JobsView
+from controlplane.store.job_info import as_finite, as_mapping
+from policies.attempts import AttemptEnd, JobsView
 from policies.health import NodeVerdict, with_verdicts
 from policies.ingress import IngressTraffic
 from policies.snapshot import ClusterSnapshot, NodeView, Pool, QueuedJob, RunningGang, ServeLoad
@@ -121,6 +121,18 @@ def with_lost_nodes(
     return replace(view, gangs=tuple(gangs))
 
 
+_LOST_NODE_ENDS = frozenset({AttemptEnd.LOST.value, AttemptEnd.HEALTH.value})
+
+
+def _lost_s(job: JobRecord) -> float | None:
+    """When the queued job's last attempt lost its node (died, or health took it out)."""
+    attempts = job.info.get("attempts")
+    if not isinstance(attempts, list) or not attempts:
+        return None
+    last = as_mapping(attempts[-1])
+    return as_finite(last.get("ended_s")) if last.get("kind") in _LOST_NODE_ENDS else None
+
+
 def build_snapshot(
     now_s: float, nodes: Iterable[NodeRow], jobs: Iterable[JobRecord]
 ) -> ClusterSnapshot:
@@ -162,6 +174,7 @@ def build_snapshot(
                     submitted_s=job.queued_s,
                     max_runtime_s=s.max_runtime_s,
                     not_before_s=None if nb is None else float(nb),
+                    lost_s=_lost_s(job),
                 )
             )
     views: list[NodeView] = []

@@ -12,6 +12,8 @@ for display). The rooms, by concern:
 - `fit`: gang fit (`gang_fits`, the free-GPU index);
 - `preemption`: the minimal set that makes room for the head, and the plan that asks it;
 - `reservation`: the head's reservation and what it protects from backfill;
+- `borrow`: whether a gang that lost a node borrows one from serving or waits for the
+  replacement (`BorrowConfig`, embedded by the ``pools.cluster`` config section);
 - `forecast`: what serving's forecast leaves training, slot by slot (`ForecastRoom`);
 - `decision`: `decide`, the batch over the queue;
 - `reasons`: `Why`, the code at the start of every reason.
@@ -107,6 +109,13 @@ Preemption
     ``max_preemptions_per_hour`` in the rolling hour, nobody is preempted (never a partial
     preemption) and the head waits. A victim is asked once: gangs with ``preempting`` set, or
     preempted (per the state) after they started, count as releasing and are never chosen again.
+Serving as the spare pool
+    A head that lost a node (``QueuedJob.lost_s``: it died, or health took it out) and fits
+    only once Serve replicas move borrows them (``serving-lends-a-node``) unless the cluster
+    pool's replacement node is due soon enough that waiting costs fewer GPU-seconds
+    (`policies.admission.borrow`); then it waits (``waits-for-replacement-node``) with T the
+    replacement's due time and every GPU free now protected. The replicas come back to the
+    cluster pool by placement's way back once nothing waits for the room.
 Pins
     Replicas of a model an operator pinned to the `cluster` pool (``snapshot.pinned``) are
     never claimable: their GPUs count as held. When only they keep the first job that does
@@ -142,6 +151,7 @@ Next tick ``old`` is releasing; once its GPUs are free ``h`` is admitted on ``a`
 
 from __future__ import annotations
 
+from policies.admission.borrow import BorrowConfig
 from policies.admission.config import (
     DEFAULT_PRIORITY_CLASSES,
     DEFAULT_QUEUE,
@@ -166,6 +176,7 @@ __all__ = [
     "PREEMPTION_WINDOW_S",
     "AdmissionConfig",
     "AdmissionState",
+    "BorrowConfig",
     "PreemptionConfig",
     "PreemptionRecord",
     "QueueConfig",

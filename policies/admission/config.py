@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from policies.admission.borrow import BorrowConfig
+
 __all__ = [
     "DEFAULT_PRIORITY_CLASSES",
     "DEFAULT_QUEUE",
@@ -85,6 +87,11 @@ class AdmissionConfig(PreemptionConfig):
     """Team queues with their shares of live capacity."""
     move_serve_replicas: bool = True
     """Count in-cluster Serve GPUs as reclaimable and ask for replicas to move."""
+    cluster_nodes: int | None = None
+    """The nodes the cluster pool should have (``pools.cluster.num_nodes``): fewer seen means a
+    replacement is on its way. None: unknown, and a gang that lost a node never waits for one."""
+    borrow: BorrowConfig = field(default_factory=BorrowConfig)
+    """What a replacement node and a replica's move take (`policies.admission.borrow`)."""
 
     def __post_init__(self) -> None:
         errors: list[str] = []
@@ -113,6 +120,8 @@ class AdmissionConfig(PreemptionConfig):
         for name in ("max_preemptions_per_hour", "max_preemptions_per_job_per_hour"):
             if getattr(self, name) < 0:
                 errors.append(f"{name}: must be >= 0, got {getattr(self, name)!r}")
+        if self.cluster_nodes is not None and self.cluster_nodes < 0:
+            errors.append(f"cluster_nodes: must be >= 0 or None, got {self.cluster_nodes!r}")
         if errors:
             raise ValueError("invalid admission config: " + "; ".join(errors))
         self.priority_classes = dict(self.priority_classes)

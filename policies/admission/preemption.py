@@ -154,6 +154,15 @@ def room_actions(ledger: Ledger, head: QueuedJob, chosen: list[Candidate]) -> li
     for cand in chosen:
         if cand.replica is not None:
             moves.setdefault(cand.replica.model, []).append(cand.replica.node_id)
+    why = (
+        f"{Why.SERVE_YIELDS.value}: training job {head.job_id} needs "
+        f"{head.num_workers} x {head.gpus_per_worker} GPUs"
+    )
+    if head.lost_s is not None:  # policies.admission.borrow weighed it
+        why = (
+            f"{Why.SERVING_LENDS.value}: training job {head.job_id} lost a node and needs "
+            f"{head.num_workers} x {head.gpus_per_worker} GPUs back now"
+        )
     for model, node_ids in moves.items():
         actions.append(
             MoveServeReplicas(
@@ -162,10 +171,7 @@ def room_actions(ledger: Ledger, head: QueuedJob, chosen: list[Candidate]) -> li
                 to_pool=Pool.EXTERNAL,
                 num_replicas=len(node_ids),
                 node_ids=tuple(sorted(node_ids)),
-                reason=(
-                    f"{Why.SERVE_YIELDS.value}: training job {head.job_id} needs "
-                    f"{head.num_workers} x {head.gpus_per_worker} GPUs"
-                ),
+                reason=why,
                 for_job_id=head.job_id,
             )
         )

@@ -18,6 +18,8 @@ class Why(str, Enum):
     PREEMPT_PRIORITY = "preempt-for-priority"
     RECLAIM_SHARE = "reclaim-share"
     SERVE_YIELDS = "serve-yields-to-training"
+    SERVING_LENDS = "serving-lends-a-node"
+    REPLACEMENT_NODE = "waits-for-replacement-node"
     PINNED_SERVING = "pinned-serving"
     SERVING_FLOOR = "serving-floor"
     SERVING_DEMAND = "serving-demand"

@@ -6,6 +6,10 @@ will be free at time T, and which of the GPUs free now it protects (the `Hold`).
 - T = ``now_s`` if the head is entitled and releasing GPUs (gangs being preempted, replicas
   stopping) suffice, or if moving Serve replicas and preempting victims makes it fit
   (`policies.admission.preemption.choose_room`; the hold then carries those plan items);
+- a head that lost a node (``QueuedJob.lost_s``) and needs Serve replicas moved asks
+  `policies.admission.borrow.weigh_borrow` first: borrowing goes on as above (the moves'
+  reason says ``serving-lends-a-node``); waiting makes T the replacement node's due time, every GPU free now
+  protected (only work that ends by T backfills), and the hold carries a `WaitJob` saying so;
 - otherwise T is the earliest time by which enough holders must have ended, holders taken by
   ``started_s + max_runtime_s`` (jobs admitted this tick included, Serve GPUs counted as
   movable), such that the gang fits on the nodes *and* within its queue's share. If that
@@ -30,11 +34,13 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from policies.admission.borrow import replacement_eta_left_s, weigh_borrow
 from policies.admission.fit import FreeGpus
-from policies.admission.preemption import choose_room, room_actions
+from policies.admission.preemption import Candidate, choose_room, room_actions
+from policies.admission.reasons import Why
 from policies.admission.shares import EPS, Ledger
 from policies.admission.state import Reservation
-from policies.plan import Action
+from policies.plan import Action, WaitJob
 from policies.snapshot import QueuedJob
 
 __all__ = ["Hold", "try_reserve"]
@@ -70,6 +76,9 @@ def try_reserve(ledger: Ledger, head: QueuedJob, head_value: int) -> Hold | None
     if entitled:
         chosen = choose_room(ledger, head, head_value, future, give)
         if chosen is not None:
+            waits = _waits_for_replacement(ledger, head, chosen)
+            if waits is not None:
+                return waits
             actions = room_actions(ledger, head, chosen)
             return _hold(ledger, head, future, extra, ledger.now_s, actions)
     future = ledger.free.copy()
@@ -94,6 +103,32 @@ def try_reserve(ledger: Ledger, head: QueuedJob, head_value: int) -> Hold | None
         if queue_held + head.gpus_total <= nominal and future.fits(g, w):
             return _hold(ledger, head, future, extra, end_s, [])
     return None  # cannot fit even on an empty pool: no reservation, blocks no one
+
+
+def _waits_for_replacement(ledger: Ledger, head: QueuedJob, chosen: list[Candidate]) -> Hold | None:
+    """For a head that lost a node and needs Serve replicas moved: a hold until the
+    replacement node is due when waiting for it costs less than borrowing (None: borrow, or
+    nothing to weigh). Every GPU free now is protected."""
+    moved = sum(k for c in chosen if c.replica is not None for k in c.gpus_by_node.values())
+    if head.lost_s is None or moved == 0:
+        return None
+    cfg = ledger.cfg
+    seen = ledger.cluster_nodes_seen
+    expected = seen if cfg.cluster_nodes is None else cfg.cluster_nodes
+    eta_left = replacement_eta_left_s(head.lost_s, ledger.now_s, seen, expected, cfg.borrow)
+    weighed = weigh_borrow(head.gpus_total, moved, eta_left, cfg.borrow)
+    if weighed.borrow:
+        return None
+    assert eta_left is not None
+    start_by = ledger.now_s + eta_left
+    wait = WaitJob(
+        head.job_id,
+        f"{Why.REPLACEMENT_NODE.value}: {weighed.reason}",
+        code=Why.REPLACEMENT_NODE.value,
+    )
+    return Hold(
+        Reservation(head.job_id, start_by, ()), FreeGpus(dict.fromkeys(ledger.free.free, 0)), [wait]
+    )
 
 
 def _hold(

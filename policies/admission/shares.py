@@ -112,6 +112,9 @@ class Ledger:
 
         # Serving-only nodes (fabric faults) are no gang's: their GPUs are not capacity here.
         live = snapshot.gang_nodes(Pool.CLUSTER)
+        self.cluster_nodes_seen = sum(1 for n in snapshot.nodes if n.pool is Pool.CLUSTER)
+        """Cluster nodes Ray still lists, healthy or not (fewer than the pool should have: a
+        replacement is on its way, `policies.admission.borrow`)."""
         self.live_ids = {n.node_id for n in live}
         self.capacity = sum(n.gpus_total for n in live)
         self.free = FreeGpus({n.node_id: n.gpus_free for n in live})

@@ -50,6 +50,7 @@ def job(
     submitted_s: float = 0.0,
     max_runtime_s: float | None = None,
     not_before_s: float | None = None,
+    lost_s: float | None = None,
 ) -> QueuedJob:
     """A queued gang of `workers` workers with `gpus` GPUs each."""
     return QueuedJob(
@@ -61,6 +62,7 @@ def job(
         submitted_s=submitted_s,
         max_runtime_s=max_runtime_s,
         not_before_s=not_before_s,
+        lost_s=lost_s,
     )
 
 

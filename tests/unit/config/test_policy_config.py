@@ -126,7 +126,8 @@ def test_no_section_of_the_config_writes_a_policy_field_twice() -> None:
 
 def test_the_adapters_rebuild_the_policy_defaults_unchanged() -> None:
     cfg = Config()
-    assert admission_config(cfg) == AdmissionConfig()
+    # The pool's size is the one thing the section adds: a lost node's replacement is due.
+    assert admission_config(cfg) == AdmissionConfig(cluster_nodes=cfg.pools.cluster.num_nodes)
     assert placement_config(cfg) == PlacementConfig(
         8,
         providers=(

@@ -66,9 +66,14 @@ def test_a_stocked_out_providers_node_is_not_launched(
     create("external-rent-b")
     create("cluster")
     assert launched == ["rent-b", "-"]
-    write_stockouts(stockout_file(cfg), frozenset())
+    # `cluster`: the owned pool's replacement for a node that died is refused too.
+    write_stockouts(stockout_file(cfg), frozenset({"cluster"}))
+    with pytest.raises(StockedOut, match="provider cluster is out of stock"):
+        create("cluster")
     create("external-rent-a")
-    assert launched == ["rent-b", "-", "rent-a"]
+    write_stockouts(stockout_file(cfg), frozenset())
+    create("cluster")
+    assert launched == ["rent-b", "-", "rent-a", "-"]
 
 
 def test_rcp_fault_stockout_names_the_provider_and_ends_it(tmp_path: Path) -> None:
@@ -80,6 +85,8 @@ def test_rcp_fault_stockout_names_the_provider_and_ends_it(tmp_path: Path) -> No
     assert read_stockouts(tmp_path / "stockouts.json") == {"rent-a"}
     got = runner.invoke(cli, [*base[:2], "rent-a", "--end", base[2]])
     assert got.exit_code == 0 and "stock-out ended; stocked out: none" in got.output
+    got = runner.invoke(cli, [*base[:2], "cluster", base[2]])
+    assert got.exit_code == 0 and "stocked out: cluster" in got.output, got.output
     got = runner.invoke(cli, [*base[:2], "rent-z", base[2]])
     assert got.exit_code != 0 and "no external provider 'rent-z'" in got.output
     assert "rent-a, rent-b" in got.output

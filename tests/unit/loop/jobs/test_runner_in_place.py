@@ -12,6 +12,7 @@ import pytest
 from controlplane.adapters.ray_jobs import RayJobStatus
 from controlplane.config import load_config
 from controlplane.loop.act.jobs.runner import JobRunner
+from controlplane.loop.observe import build_snapshot
 from controlplane.store import JobState, Store, recoveries
 from controlplane.store.reliability import fleet_record
 from tests.unit.loop.jobs.test_runner import Clock, FakeRay, admit, commit, running, submit
@@ -191,6 +192,21 @@ def test_a_gang_whose_node_is_gone_is_re_queued_at_once_without_a_restart(world:
     job = store.get(job_id)
     assert job.state is S.QUEUED and fake.stopped == [f"{job_id}-1"]
     assert "node-lost" in store.history(job_id)[-1].reason and "restarts" not in job.info
+    # Queued again, it carries when it lost the node: admission weighs borrowing a node from
+    # serving against waiting for the replacement (policies.admission.borrow).
+    [queued] = build_snapshot(clock(), [], store.list_jobs()).queued
+    assert queued.lost_s == job.info["attempts"][-1]["ended_s"] and queued.lost_s is not None
+
+
+def test_only_a_lost_node_or_health_end_marks_a_queued_job_lost(world: Any) -> None:
+    store, _cfg, _fake, _clock, _runner = world
+    job_id = submit(store)
+    for kind, lost in [("crash", False), ("preempted", False), ("health", True), ("lost", True)]:
+        store.update_info(job_id, {"attempts": [{"attempt": 1, "kind": kind, "ended_s": 5.0}]})
+        [queued] = build_snapshot(10.0, [], store.list_jobs()).queued
+        assert queued.lost_s == (5.0 if lost else None), kind
+    store.update_info(job_id, {"attempts": [{"kind": "lost", "ended_s": "soon"}]})
+    assert build_snapshot(10.0, [], store.list_jobs()).queued[0].lost_s is None
 
 
 def runner_config(runner: Any) -> Any:
