@@ -11,7 +11,10 @@ as its hooks (`World.crash`, `World.fail_node`), from the scenario's `RecoverySp
 2. a node loss: the gang restarts at full size at once (`replace`), its share of the lost
    node moved to a healthy cluster node with room for it (the one with the least room
    that fits), else to a cluster node freed from serving (`borrow`), after
-   ``replacement_restart_s``; else it is re-queued as before. Borrowing stops the node's
+   ``replacement_restart_s``; else it is re-queued as before. Whether to borrow is the control
+   plane's own choice (`policies.admission.borrow.weigh_borrow`: the gang's GPUs idle until
+   the lost node is repaired against the rented GPUs the moved replicas hold until then, a
+   move taking ``replica_start_s + replica_stop_s``). Borrowing stops the node's
    replicas at once (they count as stopped by a move; Serve starts each again elsewhere:
    the targets are unchanged) and is allowed only where every model keeps its
    ``min_replicas`` and the replicas its demand needs RUNNING without them (the never-short
@@ -26,8 +29,9 @@ so n7 is borrowed, the replica stops, the gang holds n1 and n7 and trains again 
 20 + 120 s from its last commit. Four hours later n2 is back: the gang checkpoints and moves
 to n1 and n2, and n7 can serve again.
 
-Must not: call a policy or draw random numbers. No policy of the control plane picks a spare
-node yet; this is the rule the simulator evaluates (when one does, our scheme calls it).
+Must not: draw random numbers. Which node is the simulator's rule (admission's claim picks
+replicas in yield order instead, `policies.admission.preemption.choose_room`); whether is the
+policy's.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from __future__ import annotations
 from controlplane.simulate.serving import SimServe
 from controlplane.simulate.training import JobRun
 from controlplane.simulate.world import World
+from policies.admission.borrow import BorrowConfig, weigh_borrow
 from policies.snapshot import Pool, ReplicaState
 
 __all__ = ["Recovery"]
@@ -47,6 +52,7 @@ class Recovery:
         serve: SimServe,
         in_place_s: float | None,
         replacement_s: float | None,
+        repair_s: float | None = None,
     ) -> None:
         self.world = world
         self.serve = serve
@@ -54,6 +60,11 @@ class Recovery:
         """A crash to training again in place; None: crashes re-queue."""
         self.replacement_s = replacement_s
         """A node loss to training again on another node; None: node losses re-queue."""
+        self.costs = BorrowConfig(
+            replacement_eta_s=repair_s or 0.0, replica_move_s=serve.start_s + serve.stop_s
+        )
+        self.repair_s = repair_s
+        """How long a lost node takes to come back (the replacement's ETA); None: never."""
         self.lent: dict[str, list[tuple[str, str]]] = {}
         """Per lost node, the (job id, borrowed node) of each gang that borrowed for it."""
         self.borrowed = 0
@@ -74,15 +85,16 @@ class Recovery:
         if fits:
             best = min(fits, key=lambda n: (n.free, n.node_id))
             return best.node_id, self.replacement_s
-        node_id = self.borrow(lost_id, gpus)
+        node_id = self.borrow(lost_id, gpus, run.gpus)
         if node_id is None:
             return None
         self.lent.setdefault(lost_id, []).append((run.spec.job_id, node_id))
         return node_id, self.serve.stop_s + self.replacement_s
 
-    def borrow(self, lost_id: str, gpus: int) -> str | None:
-        """A cluster node freed from serving for `gpus` (its replicas stopped), or None where
-        none can be without a model going below its floor (see the module doc)."""
+    def borrow(self, lost_id: str, gpus: int, gang_gpus: int | None = None) -> str | None:
+        """A cluster node freed from serving for `gpus` of a gang of `gang_gpus` (its replicas
+        stopped), or None where none can be without a model going below its floor, or where
+        waiting for the repair costs less (see the module doc)."""
         w, sv = self.world, self.serve
         on: dict[str, list[tuple[str, int, bool]]] = {}
         for r in sv.replicas.values():
@@ -105,6 +117,9 @@ class Recovery:
             if best is None or (serving, node_id) < best:
                 best = (serving, node_id)
         if best is None:
+            return None
+        weighed = weigh_borrow(gang_gpus or gpus, best[0], self.repair_s, self.costs)
+        if not weighed.borrow:
             return None
         sv.node_lost(best[1], cause="moves")
         self.borrowed += 1

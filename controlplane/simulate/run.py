@@ -136,6 +136,7 @@ def simulate(
             serve,
             rs.in_place_restart_s if rs.restart_in_place else None,
             rs.replacement_restart_s if rs.replace_lost_node else None,
+            repair_s,
         )
         persist_s = s.training.checkpoint_persist_s
         scheme = OurScheme(

@@ -13,19 +13,23 @@ them, floors, pins and the external room already respected), admission asks `wei
 - no replacement is coming (every cluster node the pool should have is still there: health
   took it out, the node lives on), so borrowing is the only way back: borrow;
 - else waiting costs the gang's GPUs idle until the replacement is due,
-  ``gang_gpus x eta_left``; borrowing costs the gang's GPUs idle during the move,
-  ``gang_gpus x move_s``, plus the moved replicas' rented GPUs until they come back to the
-  replacement, ``moved_gpus x (eta_left + 2 x move_s)`` (the move out runs both copies, make
-  before break, and so does the way back). It borrows when that is less. A rented GPU-second
-  counts as much as an idle training one: training is worth at least what a rented GPU costs.
+  ``gang_gpus x eta_left``, each idle training GPU-second weighing ``idle_training_weight``
+  rented ones (training is worth the most); borrowing costs the gang's GPUs idle during the
+  move, ``gang_gpus x move_s`` (weighed the same), plus the moved replicas' rented GPUs until
+  they come back to the replacement, ``moved_gpus x (eta_left + 2 x move_s)`` (the move out
+  runs both copies, make before break, and so does the way back). It borrows when that is
+  less.
 
 A replacement that is overdue (it was due ``replacement_eta_s`` after the loss and has not
 come: a stock-out, a quota) is expected as long again, so a gang never waits forever on one.
 
-Worked example: a 2 x 2 gang lost one 2-GPU node 30 s ago; the pool replaces a node in 600 s
-and a move takes 60 s. Borrowing one 2-GPU replica: 4 x 60 + 2 x (570 + 120) = 1,620
-GPU-s against waiting 4 x 570 = 2,280: it borrows. Had the loss been 500 s ago (100 s left),
-borrowing costs 4 x 60 + 2 x 220 = 680 against 400: it waits for the replacement.
+Worked example: a 2 x 2 gang lost one 2-GPU node 30 s ago; the pool replaces a node in 600 s,
+a move takes 60 s, the weight is 2. Borrowing 2 GPUs of replicas: 2 x 4 x 60 + 2 x (570 +
+120) = 1,860 GPU-s against waiting 2 x 4 x 570 = 4,560: it borrows. Had the loss been 500 s
+ago (100 s left), borrowing costs 480 + 2 x 220 = 920 against 800: it waits for the
+replacement. A gang on one node that lost it all borrows as many GPUs as it idles: that pays
+only when the replacement is more than ``move_s x (w + 2) / (w - 1)`` away (w the weight:
+4 moves, 240 s, at w = 2).
 
 Must not: choose which replicas move (`choose_room` does), read a clock or do I/O.
 """
@@ -50,9 +54,12 @@ class BorrowConfig:
     against borrowing a node from serving."""
     replica_move_s: float = 60.0
     """How long one replica's make-before-break move takes (a rented node's start included)."""
+    idle_training_weight: float = 2.0
+    """What an idle training GPU-second costs, in rented GPU-seconds: above 1, since training
+    is worth the most (2: an hour of a training GPU is worth two of a rented one)."""
 
     def __post_init__(self) -> None:
-        for name in ("replacement_eta_s", "replica_move_s"):
+        for name in ("replacement_eta_s", "replica_move_s", "idle_training_weight"):
             value = getattr(self, name)
             if isinstance(value, bool) or not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
@@ -65,9 +72,10 @@ class Borrow:
     borrow: bool
     reason: str
     wait_gpu_s: float
-    """GPU-seconds lost waiting for the replacement (inf when none is coming)."""
+    """Weighed GPU-seconds lost waiting for the replacement (inf when none is coming)."""
     borrow_gpu_s: float
-    """GPU-seconds borrowing costs: the gang's move, the rented GPUs until the way back."""
+    """Weighed GPU-seconds borrowing costs: the gang's move, the rented GPUs until the way
+    back."""
 
 
 def replacement_eta_left_s(
@@ -87,12 +95,12 @@ def weigh_borrow(
 ) -> Borrow:
     """Borrow `moved_gpus` of serving's cluster GPUs for a gang of `gang_gpus` now, or wait
     `eta_left_s` for the replacement (None: none is coming)? See the module doc."""
-    move = cfg.replica_move_s
+    move, weight = cfg.replica_move_s, cfg.idle_training_weight
     if eta_left_s is None:
-        cost = gang_gpus * move + moved_gpus * 2 * move
+        cost = weight * gang_gpus * move + moved_gpus * 2 * move
         return Borrow(True, "no replacement node is coming: serving lends one", math.inf, cost)
-    wait = gang_gpus * eta_left_s
-    cost = gang_gpus * move + moved_gpus * (eta_left_s + 2 * move)
+    wait = weight * gang_gpus * eta_left_s
+    cost = weight * gang_gpus * move + moved_gpus * (eta_left_s + 2 * move)
     if cost < wait:
         reason = (
             f"borrowing {moved_gpus} serving GPU(s) costs {cost:,.0f} GPU-s, less than "

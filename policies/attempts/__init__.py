@@ -22,7 +22,9 @@ STOPPED, SUCCEEDED or FAILED; ``gone``: ended, or MISSING):
  5  hung gang stopping, gone                              restart or FAILED (`policies.restarts`)
  6  hung gang stopping                                    `StopGang` (once)
  7  a node the gang was placed on is gone (not ALIVE     `RequeueGang` lost, the gang stopped, no
-    in Ray's list), its Ray Job not ended                 restart spent
+    in Ray's list), its Ray Job not ended                 restart spent (a restart in place the
+                                                          loss caused, with no step since, is
+                                                          given back)
  8  a restart in place not recorded yet (the oldest)      `RecordInPlaceRestart`, or `EndJob` FAILED
                                                           (the gang stopped) when
                                                           `policies.restarts` gives up
@@ -126,8 +128,7 @@ def decide(gang: GangView, config: AttemptConfig) -> GangAction | None:
     if gang.hang_reason is not None:
         return _hung_stopping(gang, gang.hang_reason)
     if gang.lost_nodes and gang.status not in ENDED:
-        reason = f"{Reason.NODE_LOST.value}: {', '.join(n[:12] for n in gang.lost_nodes)}"
-        return RequeueGang(gang.job_id, reason, AttemptEnd.LOST, stop=True)
+        return _lost_nodes(gang)
     if gang.in_place is not None:
         return _restarted_in_place(gang, gang.in_place)
     status = gang.status
@@ -154,6 +155,21 @@ def decide(gang: GangView, config: AttemptConfig) -> GangAction | None:
     if not gang.running:
         return _starting(gang, config)
     return _watch(gang)
+
+
+def _lost_nodes(gang: GangView) -> RequeueGang:
+    """Row 7. The workers on the dead node die first, and their peers' errors may restart the
+    run in place before Ray marks the node dead: that restart (recorded, spent, and no step
+    since) was the node's loss, so it is given back."""
+    reason = f"{Reason.NODE_LOST.value}: {', '.join(n[:12] for n in gang.lost_nodes)}"
+    spent = gang.restarts
+    if gang.restarted_in_place_s is None or gang.step_at_s is not None or spent.restarts < 1:
+        return RequeueGang(gang.job_id, reason, AttemptEnd.LOST, stop=True)
+    refund = RestartRecord(
+        spent.restarts - 1, spent.last_signature, spent.committed_at_last_failure
+    )
+    reason += "; the restart in place its loss caused is given back"
+    return RequeueGang(gang.job_id, reason, AttemptEnd.LOST, stop=True, restarts=refund)
 
 
 def _succeeded(gang: GangView, suffix: str = "", clear_request: bool = False) -> EndJob:

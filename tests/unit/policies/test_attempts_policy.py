@@ -184,6 +184,30 @@ ROWS = [
         ),
     ),
     (
+        # Its peers saw the dead node's workers die first: the run restarted in place (a
+        # restart spent) and never stepped again; that restart is given back.
+        "7-node-lost-after-the-restart-in-place-it-caused",
+        gang(lost_nodes=("n1",), restarted_in_place_s=NOW - 3.0, restarts=RestartRecord(2, "x", 7)),
+        RequeueGang(
+            "j",
+            "node-lost: the gang's node is gone: n1; the restart in place its loss caused is "
+            "given back",
+            AttemptEnd.LOST,
+            stop=True,
+            restarts=RestartRecord(1, "x", 7),
+        ),
+    ),
+    (
+        "7-node-lost-after-a-restart-in-place-that-trained-spends-nothing-back",
+        gang(
+            lost_nodes=("n1",),
+            restarted_in_place_s=None,
+            step_at_s=NOW - 1.0,
+            restarts=RestartRecord(2, "x", 7),
+        ),
+        RequeueGang("j", "node-lost: the gang's node is gone: n1", AttemptEnd.LOST, stop=True),
+    ),
+    (
         "7-node-lost-while-starting",
         gang(running=False, status=S.PENDING, lost_nodes=("n1", "n2")),
         RequeueGang("j", "node-lost: the gang's node is gone: n1, n2", AttemptEnd.LOST, stop=True),

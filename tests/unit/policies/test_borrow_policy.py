@@ -41,16 +41,18 @@ def test_when_the_replacement_is_due(
 @pytest.mark.parametrize(
     ("gang_gpus", "moved", "eta_left", "borrow", "wait_gpu_s", "borrow_gpu_s"),
     [
-        # The module doc's worked example: 4 x 60 + 2 x (570 + 120) < 4 x 570.
-        (4, 2, 570.0, True, 2280.0, 1620.0),
-        (4, 2, 100.0, False, 400.0, 680.0),  # due soon: waits
-        # Break-even for 4 GPUs lending 2: 4e = 240 + 2(e + 120) -> e = 240.
-        (4, 2, 240.0, False, 960.0, 960.0),  # a tie waits (no move for nothing)
-        (4, 2, 241.0, True, 964.0, 962.0),
-        (2, 2, 600.0, False, 1200.0, 1560.0),  # moving as much as it gets back never pays
-        (16, 2, 120.0, True, 1920.0, 1440.0),  # a big gang for a small replica: borrow soon
-        (4, 2, None, True, math.inf, 480.0),  # no replacement coming: always
-        (4, 0, None, True, math.inf, 240.0),
+        # The module doc's worked example (weight 2): 2 x 4 x 60 + 2 x (570 + 120) < 2 x 4 x 570.
+        (4, 2, 570.0, True, 4560.0, 1860.0),
+        (4, 2, 100.0, False, 800.0, 920.0),  # due soon: waits
+        # Break-even for 4 GPUs lending 2: 8e = 480 + 2(e + 120) -> e = 120.
+        (4, 2, 120.0, False, 960.0, 960.0),  # a tie waits (no move for nothing)
+        (4, 2, 121.0, True, 968.0, 962.0),
+        # A one-node gang lending as many GPUs as it idles: 4e = 240 + 2(e + 120) -> e = 240.
+        (2, 2, 240.0, False, 960.0, 960.0),
+        (2, 2, 600.0, True, 2400.0, 1680.0),
+        (16, 2, 120.0, True, 3840.0, 2400.0),  # a big gang for a small replica: borrow soon
+        (4, 2, None, True, math.inf, 720.0),  # no replacement coming: always
+        (4, 0, None, True, math.inf, 480.0),
     ],
 )
 def test_borrow_or_wait(
@@ -119,7 +121,7 @@ def test_a_lost_gang_borrows_serving_or_waits_for_the_replacement(
     if outcome == "waits":
         assert moves == []
         assert [w.code for w in waits] == [Why.REPLACEMENT_NODE.value]
-        assert "waits 100s for the replacement node" in waits[0].reason
+        assert "waits 100s for the replacement node: 800 GPU-s" in waits[0].reason
         assert state.reservation is not None
         assert (state.reservation.job_id, state.reservation.start_by_s) == ("g", 600.0)
         # The free node is the gang's once the replacement comes: only work that ends by

@@ -114,6 +114,19 @@ def test_borrowing_never_takes_serving_below_its_floor(
     assert not serve.short("a")
 
 
+@pytest.mark.parametrize("repair_s, borrows", [(300.0, False), (3600.0, True)])
+def test_borrowing_is_the_admission_policys_call(repair_s: float, borrows: bool) -> None:
+    """`policies.admission.borrow.weigh_borrow` decides: a one-node gang borrows as many GPUs
+    as it idles, which pays only when the repair is more than 4 moves away (a move here:
+    the replica's 120 s start and 20 s drain, so 560 s)."""
+    world, run = world_with_gang(nodes=3)
+    serve = serve_on(world, 16, 60.0, 2)
+    rec = Recovery(world, serve, 60.0, 120.0, repair_s)
+    world.fail_node(GANG_NODE, 10.0, rec.replace)
+    assert (run.phase is JobPhase.RUNNING) is borrows
+    assert rec.borrowed == int(borrows)
+
+
 def test_a_free_node_is_taken_before_serving_is_borrowed() -> None:
     world, run = world_with_gang(nodes=3)
     serve = serve_on(world, 8, 60.0, 2)  # n1 full of replicas, n2 free

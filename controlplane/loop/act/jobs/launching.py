@@ -56,6 +56,10 @@ TRAIN_HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 TRAIN_HEALTH_CHECK_S = 0.5
 """How often Ray Train's controller polls a gang's workers when it may restart them in place
 (measured here: a SIGKILLed worker found 0.42-0.47 s later at 0.5 s, 0.96 s at Ray's 2 s)."""
+TRAIN_PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+"""Off for every gang (a job may set it): Ray Train's watcher is one more actor started with each
+worker group, and only logs node drains, which the control plane acts on itself (it asks a
+gang to checkpoint before any drain it makes, `policies.health`)."""
 
 _FUNCTION_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -276,6 +280,7 @@ class Launcher:
             # Ray Train's controller looks at its workers every 2 s by default: a dead one
             # is found half of that later on average. The job's own setting wins.
             env.setdefault(TRAIN_HEALTH_CHECK_ENV, f"{TRAIN_HEALTH_CHECK_S:g}")
+        env.setdefault(TRAIN_PREEMPTION_WATCHER_ENV, "0")
         runtime_env = {k: v for k, v in s.runtime_env.items() if k != "env_vars"}
         runtime_env["env_vars"] = env
         if s.working_dir:

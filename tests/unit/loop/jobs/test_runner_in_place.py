@@ -50,6 +50,7 @@ def test_the_launcher_is_told_how_many_restarts_in_place_the_job_has_left(world:
     envv = fake.submitted[-1][2]["env_vars"]
     assert envv["RCP_RESTARTS_IN_PLACE"] == "2"
     assert envv["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.5"  # a dead worker found sooner
+    assert envv["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"  # one actor fewer per start
     assert store.get(job_id).info["first_admitted_s"] == 1000.0
     off = submit(store, restart_in_place=False)
     admit(runner, off)
