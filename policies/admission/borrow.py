@@ -20,6 +20,11 @@ them, floors, pins and the external room already respected), admission asks `wei
   runs both copies, make before break, and so does the way back). It borrows when that is
   less.
 
+The borrowed node goes back to serving by placement's way back (rule 5): once the replacement
+has joined (or the gang ended) and no training waits for the room. It is not held for serving
+while training waits: a waiting gang that fits there would claim those replicas again at once,
+as it would have claimed them before the loss (a flap, two moves for nothing).
+
 A replacement that is overdue (it was due ``replacement_eta_s`` after the loss and has not
 come: a stock-out, a quota) is expected as long again, so a gang never waits forever on one.
 
