@@ -44,6 +44,7 @@ __all__ = [
     "RestartLimits",
     "RestartRecord",
     "decide_restart",
+    "exception_line",
     "failure_signature",
 ]
 
@@ -176,6 +177,13 @@ SIGNATURE_LINES = 3
 MAX_SIGNATURE_CHARS = 300
 
 
+def exception_line(text: str) -> str | None:
+    """The last line of `text` that names an exception or an exit (a traceback's own last
+    line: its type and message), stripped; None when none does."""
+    picked = [ln.strip() for ln in text.splitlines() if _EXCEPTION_LINE.search(ln.strip())]
+    return picked[-1] if picked else None
+
+
 def failure_signature(text: str, literals: Sequence[str] = ()) -> str:
     """The normalised line that identifies a failure (see the module doc).
 
@@ -185,10 +193,9 @@ def failure_signature(text: str, literals: Sequence[str] = ()) -> str:
     (1 against 137) is kept: a SIGKILL is not the same failure as an exception."""
     for literal in sorted((lit for lit in literals if lit), key=len, reverse=True):
         text = text.replace(literal, "<job>")
+    line = exception_line(text)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    picked = [line for line in lines if _EXCEPTION_LINE.search(line)]
-    chosen = picked[-1:] if picked else lines[-SIGNATURE_LINES:]
-    out = "\n".join(chosen)
+    out = line if line is not None else "\n".join(lines[-SIGNATURE_LINES:])
     for pattern, replacement in _VOLATILE:
         out = pattern.sub(replacement, out)
     return out[-MAX_SIGNATURE_CHARS:]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from controlplane.adapters.ray_jobs import RayJobsApi
 from controlplane.store import JobRecord, Store
 from jobs import launcher
+from policies.restarts import exception_line
 
 __all__ = ["LOG_TRUNCATED_MARKER", "AttemptLogs"]
 
@@ -203,9 +204,11 @@ def _whole_characters(data: bytes, skip_head: bool, cut: int) -> str:
 
 
 def tail_of(text: str, chars: int) -> str:
-    """The last `chars` of a failed attempt's log; when the launcher named what failed the
-    gang (its `launcher.GANG_FAILED_PREFIX` line: the rank, its node and exit code or
-    exception), that line instead: the tail is then the other ranks being stopped."""
+    """What failed an attempt, from the end of its log, at most `chars`: the launcher's word
+    when it named it (its `launcher.GANG_FAILED_PREFIX` line: the rank, its node and exit code
+    or exception; the tail is then the other ranks being stopped), else the last line that
+    names an exception or an exit (a traceback's own last line: its type and message), else
+    the last `chars` of the log."""
     text = text.strip()
     if not text:
         return "no logs"
@@ -214,4 +217,5 @@ def tail_of(text: str, chars: int) -> str:
         line = text[at + len(launcher.GANG_FAILED_PREFIX) :].split("\n", 1)[0].strip()
         if line:
             return line[-chars:]
-    return text[-chars:]
+    named = exception_line(text)
+    return named[:chars] if named else text[-chars:]

@@ -93,8 +93,9 @@ def observed(
 ) -> dict[str, Any]:
     """What the gang's progress says about its recoveries: the first step after the open
     failure closes it (with where the restore came from, `restore`: the signals actor's
-    ``{"step", "source"}`` of this run), a step past the one reached before a failure marks
-    it caught up. {} when nothing changed."""
+    ``{"step", "source"}`` of this run, and the failed attempt's ``checkpoint_step`` made the
+    step it restored), a step past the one reached before a failure marks it caught up. {}
+    when nothing changed."""
     if progress is None:
         return {}
     step, step_at_s = as_count(progress.get("step")), as_finite(progress.get("step_at_s"))
@@ -126,6 +127,7 @@ def observed(
             }
         )
         updates["recovering"] = None
+        updates.update(_resumed_from(info, as_count(restore.get("step"))))
         changed = True
     last = kept[-1] if kept else None
     if last is not None and last.get("caught_up_s") is None:
@@ -136,6 +138,17 @@ def observed(
     if changed:
         updates["recoveries"] = kept[-MAX_RECOVERIES_KEPT:]
     return updates
+
+
+def _resumed_from(info: Mapping[str, Any], step: int | None) -> dict[str, Any]:
+    """The newest attempt end's ``checkpoint_step`` set to `step`, the step the run after it
+    restored (what storage showed when it ended may lag the commit the next run found)."""
+    raw = info.get("attempts")
+    if step is None or not isinstance(raw, list) or not raw or not isinstance(raw[-1], Mapping):
+        return {}
+    if as_count(raw[-1].get("checkpoint_step")) == step:
+        return {}
+    return {"attempts": [*raw[:-1], {**raw[-1], "checkpoint_step": step}]}
 
 
 @dataclass(frozen=True)

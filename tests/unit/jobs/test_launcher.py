@@ -477,7 +477,15 @@ def test_the_runner_takes_the_launchers_failure_line_as_the_attempts_reason() ->
         "code 3\n(RayTrainWorker pid=9) rank 0: command stopped (the gang is ending)\n"
     )
     assert tail_of(log, 400) == "rank 1 of 4 (node 127.0.0.1): the command exited with code 3"
+    # Else the exception's own line (its type and message), never a cut of the traceback.
     assert tail_of("Traceback ...\nNameError: name 'lr' is not defined\n", 20) == (
-        " 'lr' is not defined"
+        "NameError: name 'lr'"
     )
+    crash = (
+        'Traceback (most recent call last):\n  File "t.py", line 3, in <module>\n'
+        "    x = lr\n        ^^\nNameError: name 'lr' is not defined\n"
+        "(raylet) the worker exited; its resources are released\n"
+    )
+    assert tail_of(crash, 400) == "NameError: name 'lr' is not defined"
+    assert tail_of("step 1\nstep 2\nall done, oddly\n", 11) == "done, oddly"
     assert tail_of("  ", 10) == "no logs"

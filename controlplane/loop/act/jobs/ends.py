@@ -18,7 +18,7 @@ attempt ends (`policies.attempts` does).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from controlplane.adapters.ray_jobs import RayJobsApi
@@ -94,6 +94,7 @@ class AttemptEnds:
         info["placement"] = None
         if a.succeeded:
             info.update(recoveries.finished(job.info, now))
+            info["message"] = _succeeded_message(info.get("attempts", job.info.get("attempts")))
         state = JobState.SUCCEEDED if a.succeeded else JobState.FAILED
         if a.stop:
             self.ray.stop(job.info["submission_id"])
@@ -173,3 +174,13 @@ class AttemptEnds:
             self.ray.clear_request(job_id)
         except Exception as exc:
             log.warning("job signals: clearing the request of %s failed: %s", job_id, exc)
+
+
+def _succeeded_message(attempts: Any) -> str:
+    """A succeeded job's message: it says so, and how many failures it came through (their
+    reasons stay in the attempts, not in the message)."""
+    ends = [a for a in attempts if isinstance(a, Mapping)] if isinstance(attempts, list) else []
+    failed = sum(1 for a in ends if a.get("kind") not in (AttemptEnd.SUCCEEDED.value, None))
+    if not failed:
+        return "succeeded"
+    return f"succeeded after {failed} failed or interrupted attempt end(s); see its attempts"

@@ -333,8 +333,13 @@ class JobRunner:
         if job.state not in (JobState.ADMITTED, JobState.RUNNING):
             return  # it moved on since observed (cancelled, say)
         if isinstance(action, MarkRunning):
+            # The message was about the wait or the last failure; the job runs now.
             self.store.transition(
-                job.job_id, JobState.RUNNING, action.reason, expected=JobState.ADMITTED
+                job.job_id,
+                JobState.RUNNING,
+                action.reason,
+                expected=JobState.ADMITTED,
+                info={"message": None},
             )
         elif isinstance(action, ResubmitGang):
             self._launcher.submit(job)

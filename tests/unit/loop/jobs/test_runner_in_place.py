@@ -88,9 +88,13 @@ def test_a_restart_in_place_is_recorded_once_spends_a_restart_and_is_timed(world
     fake.signals[job_id]["restore"] = {"step": 35, "source": "memory", "restore_s": 0.5}
     fake.report_progress(job_id, 36, failed_s + 4.5)
     reconcile(runner)
-    [r] = recoveries.recoveries(store.get(job_id).info)
+    info = store.get(job_id).info
+    [r] = recoveries.recoveries(info)
     assert (r.seconds, r.source, r.restored_step, r.in_place) == (4.5, "memory", 35, True)
     assert r.caught_up_s is None
+    # The failed run's end records the step the run after it resumed from (storage's scan
+    # may not have seen that commit when the failure was recorded).
+    assert info["attempts"][-1]["checkpoint_step"] == 35
     fake.report_progress(job_id, 41, failed_s + 9.0)
     reconcile(runner)
     [r] = recoveries.recoveries(store.get(job_id).info)
@@ -104,6 +108,10 @@ def test_a_restart_in_place_is_recorded_once_spends_a_restart_and_is_timed(world
         ("crash", 1),
         ("succeeded", None),
     ]
+    # Its message is about now: it succeeded; the crash's reason stays in the attempts.
+    assert job.info["message"] == (
+        "succeeded after 1 failed or interrupted attempt end(s); see its attempts"
+    )
 
 
 def test_the_same_failure_twice_in_place_before_any_progress_fails_the_job(world: Any) -> None:

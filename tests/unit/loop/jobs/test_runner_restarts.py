@@ -116,6 +116,10 @@ def test_a_crashed_gang_restarts_after_a_backoff_with_its_attempts_recorded(env:
     assert entry["checkpoint_step"] == 4  # the committed step attempt 2 resumes from
     assert entry["ended_s"] == clock.now and entry["admitted_s"] == 1000.0
     assert "illegal memory access" in entry["reason"]
+    # The message while it waits is the crash: the exception's own line, not a cut.
+    assert job.info["message"] == (
+        "(RayTrainWorker pid=4242, ip=10.0.0.7) RuntimeError: CUDA error: an illegal memory access"
+    )
     last = store.history(job_id)[-1]
     assert (last.from_state, last.to_state) == (S.RUNNING, S.QUEUED)
     assert last.reason.startswith("gang-failed: restart 1 of 3 in 10s after crash:")
@@ -123,6 +127,7 @@ def test_a_crashed_gang_restarts_after_a_backoff_with_its_attempts_recorded(env:
     # Attempt 2 resumes from the committed step and crashes after training further.
     assert next_attempt(store, fake, runner, clock) == 2
     assert store.get(job_id).info["start_step"] == 4
+    assert store.get(job_id).info.get("message") is None  # running again: the crash is history
     fake.report_progress(job_id, 9, clock.now, stall_s=0.25, wall_s=10.0)
     reconcile(runner)
     fake.crash(f"{job_id}-2", traceback("RuntimeError: CUDA error: an illegal memory access"))
