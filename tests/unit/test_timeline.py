@@ -460,3 +460,50 @@ def test_a_file_that_is_not_saved_inputs_is_refused(srv: Server, tmp_path: Path)
 )
 def test_since_durations(text: str, seconds: float) -> None:
     assert parse_since(text) == seconds
+
+
+# -- the picture: from its first data, labels that never overlap -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("starts", "widths", "levels"),
+    [
+        ([0.0, 1.0, 2.0], [0.5, 0.5, 0.5], [0, 0, 0]),  # apart: one line
+        ([0.0, 0.1, 0.2], [1.0, 1.0, 1.0], [0, 1, 2]),  # close: stacked
+        ([0.0, 0.1, 0.2, 0.3], [1.0, 1.0, 1.0, 1.0], [0, 1, 2, None]),  # no line left: out
+        ([0.0, 0.1, 1.0], [1.0, 1.0, 1.0], [0, 1, 0]),  # the first line is clear again
+        ([], [], []),
+    ],
+)
+def test_each_label_takes_the_lowest_line_it_clears(
+    starts: list[float], widths: list[float], levels: list[int | None]
+) -> None:
+    from controlplane.timeline.draw import label_levels
+
+    assert label_levels(starts, widths) == levels
+
+
+def test_the_picture_starts_at_its_first_data_and_no_two_labels_overlap() -> None:
+    from controlplane.timeline.draw import draw_figure
+    from controlplane.timeline.series import Marker, Timeline
+
+    # A 30-minute window whose data starts 12 minutes in, with a burst of decisions.
+    markers = tuple(
+        Marker(720.0 + 3.0 * i, "serving", "serve.move.start", f"move.start {i}", "")
+        for i in range(12)
+    ) + tuple(Marker(725.0 + 2.0 * i, "job", "job.state", "RUNNING", "") for i in range(4))
+    replicas = (Series("sample/cluster", ((730.0, 2.0), (1500.0, 1.0))),)
+    fig = draw_figure(Timeline(1000.0, 2800.0, replicas=replicas, markers=markers))
+    decisions = fig.axes[3]
+    assert decisions.get_xlim()[0] == pytest.approx(12.0)  # minutes: the first marker's
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    labels = [t for t in decisions.texts if t.get_text() and "left out" not in t.get_text()]
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    assert len(boxes) >= 3  # stacked, not all left out
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            assert not a.overlaps(b), (a, b)
+    # Those that fit nowhere are counted, not drawn over each other.
+    notes = [t.get_text() for t in decisions.texts if "left out" in t.get_text()]
+    assert len(labels) + sum(int(n.split()[0]) for n in notes) == len(markers)
