@@ -149,6 +149,25 @@ def pools_of(model: str = MODEL) -> dict[str, dict[str, Any]]:
     return dict(serve_status()["models"][model]["pools"])
 
 
+def alive_cluster_nodes() -> set[str]:
+    """Node ids of the cluster pool's nodes Ray lists alive (a connected driver)."""
+    import ray
+
+    return {
+        n["NodeID"]
+        for n in ray.nodes()
+        if n["Alive"] and (n.get("Labels") or {}).get("pool") == "cluster"
+    }
+
+
+def replica_nodes(model: str = MODEL) -> dict[str, set[str]]:
+    """Node ids of the model's RUNNING replicas, by pool."""
+    return {
+        pool: {r["node_id"] for r in p["replicas"] if r["state"] == "RUNNING"}
+        for pool, p in pools_of(model).items()
+    }
+
+
 def predict_url(url: str, model: str = MODEL) -> str:
     return f"{url}/v1/models/{model}/predict"
 

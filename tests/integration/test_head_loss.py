@@ -47,6 +47,7 @@ from controlplane.sdk import Client, Job
 from tests.integration.conftest import (
     HEAD_LOSS_CLUSTER,
     RetryOnceLoad,
+    alive_cluster_nodes,
     mnistlike_job,
     node_proxy_port,
     start_local_cluster,
@@ -99,17 +100,6 @@ def replica_nodes(deployment: str) -> set[str]:
         if d["name"] == deployment
         for r in d["replicas"]
         if _value(r["state"]) == "RUNNING"
-    }
-
-
-def alive_cluster_nodes() -> set[str]:
-    """Node ids of the cluster pool's nodes that Ray counts as alive."""
-    import ray  # deferred: ray is heavy
-
-    return {
-        n["NodeID"]
-        for n in ray.nodes()
-        if n["Alive"] and n.get("Labels", {}).get("pool") == "cluster"
     }
 
 

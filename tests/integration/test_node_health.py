@@ -50,8 +50,10 @@ from controlplane.store import Store
 from controlplane.telemetry import manager
 from tests.integration.conftest import (
     Load,
+    alive_cluster_nodes,
     node_proxy_port,
     pools_of,
+    replica_nodes,
     start_local_cluster,
     two_replica_sample_config,
     wait_for,
@@ -87,24 +89,6 @@ def health_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[C
         yield cfg, Client(state_dir=cfg.state_path)
     finally:
         cluster.down(echo=lambda _line: None)
-
-
-def alive_cluster_nodes() -> set[str]:
-    import ray
-
-    return {
-        n["NodeID"]
-        for n in ray.nodes()
-        if n["Alive"] and (n.get("Labels") or {}).get("pool") == "cluster"
-    }
-
-
-def replica_nodes(model: str = "sample") -> dict[str, set[str]]:
-    """Node ids of the model's RUNNING replicas, by pool."""
-    return {
-        pool: {r["node_id"] for r in p["replicas"] if r["state"] == "RUNNING"}
-        for pool, p in pools_of(model).items()
-    }
 
 
 def train_coordinator_node() -> str | None:

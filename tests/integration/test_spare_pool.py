@@ -40,7 +40,9 @@ from controlplane.sdk import Client
 from controlplane.store import Store
 from tests.integration.conftest import (
     Load,
+    alive_cluster_nodes,
     pools_of,
+    replica_nodes,
     start_local_cluster,
     two_replica_sample_config,
     wait_for,
@@ -73,24 +75,6 @@ def spare_cluster(
         yield cfg, cluster, Client(state_dir=cfg.state_path)
     finally:
         cluster.down(echo=lambda _line: None)
-
-
-def alive_cluster_nodes() -> set[str]:
-    import ray
-
-    return {
-        n["NodeID"]
-        for n in ray.nodes()
-        if n["Alive"] and (n.get("Labels") or {}).get("pool") == "cluster"
-    }
-
-
-def replica_nodes() -> dict[str, set[str]]:
-    """Node ids of the sample model's RUNNING replicas, by pool."""
-    return {
-        pool: {r["node_id"] for r in p["replicas"] if r["state"] == "RUNNING"}
-        for pool, p in pools_of().items()
-    }
 
 
 def steps(log: Path) -> list[dict[str, Any]]:
