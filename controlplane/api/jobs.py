@@ -26,6 +26,7 @@ from controlplane.api.job_views import job_to_json
 from controlplane.config import Config
 from controlplane.storage import bucket_of, check_bucket, s3_client
 from controlplane.store import (
+    ACTIVE_STATES,
     TERMINAL_STATES,
     CheckpointClaimConflict,
     Event,
@@ -287,6 +288,38 @@ class JobService:
             "logs": chunk,
             "done": job.state in TERMINAL_STATES and next_offset >= size,
         }
+
+    def queue_usage(self, principal: Principal) -> list[dict[str, Any]]:
+        """Each queue `principal` may submit to, with its share of the configured cluster pool
+        (``share``, ``borrowing_limit``, ``nominal_gpus``: the share x the pool's GPUs;
+        admission counts live ones), the GPUs its gangs hold and its running and queued jobs,
+        all and the caller's own (``mine``)."""
+        configured = self.cfg.jobs.queues
+        names = sorted(q for q in configured if principal.may_submit_to(q))
+        pool_gpus = sum(self.cluster_node_gpus())
+        counts = {(q, who): dict.fromkeys(("used_gpus", "running", "queued"), 0)
+                  for q in names for who in ("all", "mine")}  # fmt: skip
+        for job in self.store.list_jobs(states=ACTIVE_STATES):
+            if job.spec.queue not in configured or not principal.may_submit_to(job.spec.queue):
+                continue
+            holds = job.state in (JobState.ADMITTED, JobState.RUNNING)
+            gpus = sum((job.info.get("placement") or {}).values()) if holds else 0
+            mine = job.owner_id is not None and job.owner_id == principal.user_id
+            for who in ("all", "mine") if mine else ("all",):
+                c = counts[(job.spec.queue, who)]
+                c["used_gpus"] += int(gpus)
+                c["running" if holds else "queued"] += 1
+        return [
+            {
+                "queue": q,
+                "share": configured[q].share,
+                "borrowing_limit": configured[q].borrowing_limit,
+                "nominal_gpus": configured[q].share * pool_gpus,
+                **counts[(q, "all")],
+                "mine": counts[(q, "mine")],
+            }
+            for q in names
+        ]
 
     # -- cancel -----------------------------------------------------------------------------
 

@@ -33,7 +33,10 @@ GET      /v1/jobs/{id}/logs           [read] driver logs: ``?offset=n&limit=m`` 
                                       threads; past that 429 with ``Retry-After``.
 GET      /v1/events                   [read] events; ``?after=seq&job_id=id&limit=n``; of
                                       the ``audit.*`` events a researcher gets only their own
-GET      /v1/whoami                   [read] ``{"name", "role", "queues"}`` of the caller
+GET      /v1/whoami                   [read] ``{"name", "role", "queues", "shares"}`` of the
+                                      caller: ``shares`` per queue it may submit to, the
+                                      share, nominal GPUs, GPUs held, jobs running and
+                                      queued, all and the caller's own (``mine``)
 GET      /v1/users                    [manage-users] ``?limit=n&after=name``: a page of users
                                       by name (default 100), ``next``; never a token or hash
 POST     /v1/users                    [manage-users] ``{"name", "role", "queues",
@@ -320,7 +323,10 @@ async def _events(request: web.Request) -> web.Response:
 
 async def _whoami(request: web.Request) -> web.Response:
     p = principal_of(request)
-    return web.json_response({"name": p.name, "role": p.role.value, "queues": sorted(p.queues)})
+    shares = request.app[_SERVICE].queue_usage(p)
+    return web.json_response(
+        {"name": p.name, "role": p.role.value, "queues": sorted(p.queues), "shares": shares}
+    )
 
 
 async def _users_list(request: web.Request) -> web.Response:

@@ -30,13 +30,31 @@ ROLES = ("researcher", "operator", "admin")
 @client_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def whoami(url: str | None, state_dir: str | None, as_json: bool) -> None:
-    """The user, role and queues of the token in use."""
+    """The user, role and queues of the token in use; per queue its share of the cluster pool,
+    the GPUs its gangs hold, its jobs running and queued, and the caller's own part."""
     client = sdk_client(url, state_dir)
     me = api_call(lambda: client.whoami())
     if as_json:
         click.echo(json.dumps(me))
-    else:
-        click.echo(f"{me['name']} ({me['role']}), queues: {', '.join(me['queues']) or '-'}")
+        return
+    click.echo(f"{me['name']} ({me['role']}), queues: {', '.join(me['queues']) or '-'}")
+    shares = me.get("shares") or []
+    if shares:
+        header = ("QUEUE", "SHARE", "NOMINAL GPUS", "GPUS HELD", "RUNNING", "QUEUED", "YOURS")
+        rows: list[tuple[str, ...]] = [
+            (
+                str(q["queue"]),
+                f"{100 * q['share']:g}%",
+                f"{q['nominal_gpus']:g}",
+                str(q["used_gpus"]),
+                str(q["running"]),
+                str(q["queued"]),
+                f"{q['mine']['used_gpus']} GPUs, {q['mine']['running']} running, "
+                f"{q['mine']['queued']} queued",
+            )
+            for q in shares
+        ]
+        click.echo(text_table(rows, header))
 
 
 @click.group("users")

@@ -300,7 +300,41 @@ def test_owner_shows_in_listings_and_the_cli_tables(api: Api) -> None:
 
 def test_whoami_and_the_bootstrap_admin(api: Api) -> None:
     me = Client(api.url, ADMIN_TOKEN).whoami()
-    assert me == {"name": "admin", "role": "admin", "queues": ["*"]}
+    assert (me["name"], me["role"], me["queues"]) == ("admin", "admin", ["*"])
+    assert [s["queue"] for s in me["shares"]] == sorted(QUEUES)  # "*": every queue
+
+
+def test_whoami_shows_each_of_the_callers_queues_with_its_share_and_use(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from controlplane.cli import cli
+
+    a = Api(tmp_path, "api.rate_burst=100000")
+    try:
+        token = a.add_user("ivy", "researcher", ["team-a"])
+        admin = Client(a.url, ADMIN_TOKEN)
+        mine = Client(a.url, token).submit(job("team-a"))
+        other = admin.submit(job("team-a"))
+        admin.submit(job("default"))  # not ivy's queue: not shown to her
+        a.store.transition(other.id, JobState.ADMITTED, "test", info={"placement": {"n1": 1}})
+        me = Client(a.url, token).whoami()
+        [row] = me["shares"]
+        pool_gpus = a.cfg.pools.cluster.num_nodes * a.cfg.pools.cluster.gpus_per_node
+        assert (row["queue"], row["share"], row["borrowing_limit"]) == ("team-a", 0.3, None)
+        assert row["nominal_gpus"] == pytest.approx(0.3 * pool_gpus)
+        assert (row["used_gpus"], row["running"], row["queued"]) == (1, 1, 1)
+        assert row["mine"] == {"used_gpus": 0, "running": 0, "queued": 1}
+        assert mine.state == "QUEUED"
+        env = {"RCP_API_URL": a.url, "RCP_API_TOKEN": token}
+        out = CliRunner().invoke(cli, ["whoami"], env=env)
+        assert out.exit_code == 0, out.output
+        lines = out.output.splitlines()
+        assert lines[0] == "ivy (researcher), queues: team-a"
+        assert lines[1].split()[:3] == ["QUEUE", "SHARE", "NOMINAL"]
+        assert lines[2].split()[:6] == ["team-a", "30%", f"{0.3 * pool_gpus:g}", "1", "1", "1"]
+        assert lines[2].endswith("0 GPUs, 0 running, 1 queued")
+    finally:
+        a.close()
 
 
 def test_rotation_stops_the_old_token_on_the_next_request(api: Api) -> None:
@@ -757,7 +791,8 @@ def test_rcp_users_and_whoami_over_the_url(api: Api) -> None:
     assert added.exit_code == 0, added.output
     token = json.loads(added.stdout)["token"]
     mine = {"RCP_API_URL": api.url, "RCP_API_TOKEN": token}
-    assert runner.invoke(whoami, [], env=mine).stdout == "olga (operator), queues: team-a\n"
+    said = runner.invoke(whoami, [], env=mine).stdout.splitlines()
+    assert said[0] == "olga (operator), queues: team-a" and said[2].startswith("team-a  30%")
     listed = runner.invoke(users_group, ["list", "--json"], env=admin)
     olga = next(u for u in json.loads(listed.stdout) if u["name"] == "olga")
     assert olga["role"] == "operator" and "token" not in olga
