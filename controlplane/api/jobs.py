@@ -24,6 +24,7 @@ from typing import Any
 from controlplane.api.access import Principal
 from controlplane.api.job_views import job_to_json
 from controlplane.config import Config
+from controlplane.loop.what_if import WhatIf
 from controlplane.storage import bucket_of, check_bucket, s3_client
 from controlplane.store import (
     ACTIVE_STATES,
@@ -42,6 +43,7 @@ from controlplane.store import (
     UnknownJob,
 )
 from jobs.spec import FieldError, JobSpec, SpecError, check_checkpoint_uri
+from policies.snapshot import QueuedJob
 from serve.inputs import JsonBodyError, loads_json
 
 __all__ = ["ApiError", "JobService", "body_json", "int_param"]
@@ -96,12 +98,15 @@ class JobService:
         cfg: Config,
         *,
         log_window: Callable[[JobRecord, int, int], tuple[str, int]] | None = None,
+        what_if: Callable[[QueuedJob], WhatIf | None] | None = None,
     ) -> None:
         """`log_window(job, offset, limit) -> (text, size)` reads one window of a job's log
-        (`JobRunner.read_logs`); without it a job has no logs."""
+        (`JobRunner.read_logs`); without it a job has no logs. `what_if(job)` is the control
+        loop's dry run (`Loop.what_if`); without it there is none."""
         self.store = store
         self.cfg = cfg
         self._log_window = log_window
+        self._what_if = what_if
         self._s3: Any = None  # the S3 client of submit-time bucket checks, made on first use
 
     # -- submit -----------------------------------------------------------------------------
@@ -109,6 +114,43 @@ class JobService:
     def cluster_node_gpus(self) -> list[int]:
         c = self.cfg.pools.cluster
         return [c.gpus_per_node] * c.num_nodes
+
+    def submittable(self, payload: Any, principal: Principal | None) -> JobSpec:
+        """The spec, valid, to a queue `principal` may submit to (else a 403 naming the queue
+        and theirs)."""
+        spec = self.parse_spec(payload)
+        if principal is not None and not principal.may_submit_to(spec.queue):
+            mine = ", ".join(sorted(principal.queues)) or "none"
+            raise ApiError(
+                403,
+                f"{principal.name} may not submit to queue {spec.queue!r}; their queues: "
+                f"{mine} (an admin binds users to queues: rcp users add --queue)",
+                "queue",
+            )
+        return spec
+
+    def dry_run(self, payload: Any, principal: Principal | None) -> dict[str, Any]:
+        """What the control loop would do with the job were it submitted now
+        (`controlplane.loop.what_if`): admitted or not, why, the estimated start, what would
+        make room for it. Nothing is stored. 503 when no loop can answer yet."""
+        spec = self.submittable(payload, principal)
+        answer = None
+        if self._what_if is not None:
+            job = QueuedJob(
+                job_id="dry-run",
+                queue=spec.queue,
+                priority_class=spec.priority_class,
+                num_workers=spec.num_workers,
+                gpus_per_worker=spec.gpus_per_worker,
+                submitted_s=0.0,
+                max_runtime_s=spec.max_runtime_s,
+            )
+            answer = self._what_if(job)
+        if answer is None:
+            raise ApiError(
+                503, "the control loop has not observed the cluster yet; try again shortly"
+            )
+        return {"queue": spec.queue, "priority_class": spec.priority_class, **answer.to_json()}
 
     def parse_spec(self, payload: Any) -> JobSpec:
         """Validate a submitted spec against itself and the configured cluster."""
@@ -176,15 +218,7 @@ class JobService:
                 "Idempotency-Key must be 1-256 non-blank printable UTF-8 characters",
                 "Idempotency-Key",
             )
-        spec = self.parse_spec(payload)
-        if principal is not None and not principal.may_submit_to(spec.queue):
-            mine = ", ".join(sorted(principal.queues)) or "none"
-            raise ApiError(
-                403,
-                f"{principal.name} may not submit to queue {spec.queue!r}; their queues: "
-                f"{mine} (an admin binds users to queues: rcp users add --queue)",
-                "queue",
-            )
+        spec = self.submittable(payload, principal)
         owner = None if principal is None else principal.name
         owner_id = None if principal is None else principal.user_id
         try:

@@ -21,6 +21,9 @@ POST     /v1/jobs                     [submit] a job spec (JSON), owned by the c
                                       they are bound to (else 403); ``Idempotency-Key`` header
                                       optional, one caller's own. 201 new, 200 when the key
                                       matched an earlier job of the caller's.
+POST     /v1/jobs/dry-run             [submit] a job spec: what admission would do with it now
+                                      (``admitted``, ``code``, ``reason``, ``start_by_s``,
+                                      ``ahead``, ``makes_room``); nothing is stored
 GET      /v1/jobs                     [read] list; ``?state=QUEUED,RUNNING&queue=q&limit=n&after=c``:
                                       a page of at most n (default 1000) jobs, ``next`` the
                                       cursor of the next page (``after``), null at the end
@@ -255,6 +258,11 @@ async def _json_body(request: web.Request, *, allow_empty: bool = False) -> Any:
     return body_json(raw)
 
 
+async def _dry_run(request: web.Request) -> web.Response:
+    payload = await _json_body(request)
+    return web.json_response(request.app[_SERVICE].dry_run(payload, principal_of(request)))
+
+
 async def _submit(request: web.Request) -> web.Response:
     payload = await _json_body(request)
     key = request.headers.get("Idempotency-Key")
@@ -401,6 +409,7 @@ def make_app(
     manage = Action.MANAGE_USERS
     for method, path, handler, name, action in (
         ("POST", "/v1/jobs", _submit, "jobs.submit", Action.SUBMIT),
+        ("POST", "/v1/jobs/dry-run", _dry_run, "jobs.dry-run", Action.SUBMIT),
         ("GET", "/v1/jobs", _list, "jobs.list", Action.READ),
         ("GET", "/v1/jobs/{id}", _get, "jobs.get", Action.READ),
         ("POST", "/v1/jobs/{id}/cancel", _cancel, "jobs.cancel", Action.CANCEL),

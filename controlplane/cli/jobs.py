@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from controlplane.cli.common import api_call, client_options, fail, sdk_client
-from controlplane.cli.render import JOB_HEADER, job_row, recovery_lines, text_table
+from controlplane.cli.render import JOB_HEADER, job_row, local_time, recovery_lines, text_table
 from jobs.spec import JobSpec, SpecError
 
 __all__ = ["cancel", "events", "logs", "queue_cmd", "status", "submit"]
@@ -50,6 +50,11 @@ __all__ = ["cancel", "events", "logs", "queue_cmd", "status", "submit"]
     help="No new step for this long: hung, restarted (default: the cluster's jobs.stall_timeout_s).",
 )
 @click.option("--idempotency-key", help="Retrying with the same key returns the same job.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Queue nothing: say whether it would be admitted now, why not, and when it may start.",
+)
 @click.option("--json", "as_json", is_flag=True, help='Print {"id": ..., "state": ...}.')
 def submit(
     url: str | None,
@@ -66,9 +71,10 @@ def submit(
     restart_in_place: bool | None,
     stall_timeout_s: float | None,
     idempotency_key: str | None,
+    dry_run: bool,
     as_json: bool,
 ) -> None:
-    """Queue a training job; prints its id.
+    """Queue a training job; prints its id (with --dry-run: what admission would do now).
 
     \b
     rcp submit job.yaml
@@ -121,8 +127,29 @@ def submit(
     if stall_timeout_s is not None:
         payload["stall_timeout_s"] = stall_timeout_s
     client = sdk_client(url, state_dir)
+    if dry_run:
+        answer = api_call(lambda: client.dry_run(payload))
+        click.echo(json.dumps(answer) if as_json else dry_run_text(answer))
+        return
     job = api_call(lambda: client.submit(payload, idempotency_key=idempotency_key))
     click.echo(json.dumps({"id": job.id, "state": job.state}) if as_json else job.id)
+
+
+def dry_run_text(answer: dict[str, Any]) -> str:
+    """A dry run's answer for people: admitted or not, why, the estimate, what makes room."""
+    verdict = "would be admitted now" if answer["admitted"] else "would wait"
+    lines = [f"{verdict} ({answer['code']}): {answer['reason']}"]
+    start = answer.get("start_by_s")
+    if not answer["admitted"]:
+        lines.append(
+            f"estimated start: {local_time(start)}"
+            if start is not None
+            else "estimated start: unknown (it is not the head of the queue, or a job it waits "
+            "for has no max runtime)"
+        )
+    lines.append(f"jobs ahead of it in queue order: {answer['ahead']}")
+    lines += [f"makes room: {r}" for r in answer.get("makes_room") or ()]
+    return "\n".join(lines)
 
 
 @click.command()

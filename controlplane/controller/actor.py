@@ -88,7 +88,12 @@ class Controller:
             return
         self.runner = JobRunner(self.store, self.cfg, RayJobs(self.cfg))
         self.retention = Retention(self.store, self.cfg.jobs, forget_many=self.runner.forget_many)
-        self.service = JobService(self.store, self.cfg, log_window=self.runner.read_logs)
+        self.service = JobService(
+            self.store,
+            self.cfg,
+            log_window=self.runner.read_logs,
+            what_if=lambda job: self.loop.what_if(job),
+        )
         self.gpu_hours = GpuHoursMeter(self.store, self.cfg)
         """Cluster-pool GPU-hours watched, for the fleet's failure record (MTBF)."""
         self._job_metrics: JobMetrics | None = None

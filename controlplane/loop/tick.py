@@ -51,12 +51,13 @@ from controlplane.loop.types import (
     ServingPolicyState,
     Telemetry,
 )
+from controlplane.loop.what_if import WhatIf, what_if
 from controlplane.store import JobRecord, Store
 from policies import external_shrink
 from policies.admission import AdmissionState
 from policies.external_shrink import ExternalGroupSize
 from policies.plan import DrainNode
-from policies.snapshot import ClusterSnapshot, Pool, ServeLoad
+from policies.snapshot import ClusterSnapshot, Pool, QueuedJob, ServeLoad
 
 __all__ = [
     "ADMISSION_STATE_KEY",
@@ -184,6 +185,8 @@ class Loop:
         """The guards the last tick obeyed (kept when a read fails)."""
         self.last: Decision | None = None
         """The last tick's decision (tests and debugging)."""
+        self.last_observed: Observation | None = None
+        """The last tick's observation, guards applied (dry runs decide on it: `what_if`)."""
         self.tick_metrics = TickMetrics(self.metrics, policies, store)
         self.serve_load: tuple[ServeLoad, ...] = ()
         """The last tick's per-model load and p99 (`rcp serve status` shows them)."""
@@ -262,6 +265,7 @@ class Loop:
         if guards is not None:  # a failed read keeps the last guards: never unpause by error
             self.guards = guards
         observed = with_guards(observed, self.guards)
+        self.last_observed = observed
         decided = self._phase("2-decide", self._decide, observed)
         if decided is None:
             return
@@ -297,9 +301,22 @@ class Loop:
         a = self.adapters
         return observe(now_s, a.jobs, self.store, a.nodes, draining, a.serve, a.latency)
 
-    def _decide(self, observed: Observation) -> Decision:
+    def _states(self) -> tuple[AdmissionState, ServingPolicyState]:
         admission = AdmissionState.from_dict(self.store.get_value(ADMISSION_STATE_KEY, {}) or {})
         serving = ServingPolicyState.from_dict(self.store.get_value(SERVING_STATE_KEY, None))
+        return admission, serving
+
+    def what_if(self, job: QueuedJob) -> WhatIf | None:
+        """A dry run: what this tick's decision would be for `job` were it queued
+        (`controlplane.loop.what_if`); None before the first observation."""
+        observed = self.last_observed
+        if observed is None:
+            return None
+        admission, serving = self._states()
+        return what_if(observed, self.policies, admission, serving, job)
+
+    def _decide(self, observed: Observation) -> Decision:
+        admission, serving = self._states()
         busy = self.serve is not None and self.serve.busy
         decided = decide(observed, self.policies, admission, serving, serving_busy=busy)
         return hold(decided, admission) if self.guards.paused else decided

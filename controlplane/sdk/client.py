@@ -42,6 +42,14 @@ class Client(Connection):
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         return Job.from_json(self._call("POST", "/v1/jobs", body=payload, headers=headers))
 
+    def dry_run(self, spec: JobSpec | Mapping[str, Any]) -> dict[str, Any]:
+        """What the control loop would do with the job were it submitted now: ``admitted``,
+        ``code``, ``reason``, ``start_by_s`` (estimated start, or None), ``ahead`` (jobs before
+        it in queue order), ``makes_room`` (moves and preemptions it would cause). Nothing is
+        queued."""
+        payload = spec.to_dict() if isinstance(spec, JobSpec) else dict(spec)
+        return dict(self._call("POST", "/v1/jobs/dry-run", body=payload))
+
     def status(self, job_id: str) -> Job:
         return Job.from_json(self._call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}"))
 

@@ -41,6 +41,7 @@ QUEUES = ("default", "team-a", "team-b")
 
 EXPECTED_ACTIONS: dict[str, Action] = {
     "jobs.submit": Action.SUBMIT,
+    "jobs.dry-run": Action.SUBMIT,
     "jobs.list": Action.READ,
     "jobs.get": Action.READ,
     "jobs.cancel": Action.CANCEL,
@@ -76,7 +77,7 @@ class Api:
         self.world = world(tmp, *queues, *overrides)
         self.cfg: Config = self.world.cfg
         self.store: Store = self.world.store
-        self.service = JobService(self.store, self.cfg)
+        self.service = JobService(self.store, self.cfg, what_if=self.world.loop.what_if)
         operations = Operations(
             self.cfg,
             self.world.loop,
@@ -193,7 +194,7 @@ def test_role_matrix_over_every_route(api: Api, role: Role) -> None:
         path = canonical.replace("{id}", own).replace("{name}", victim)
         path = re.sub(r"\{[a-z_]+\}", "x", path)  # parameters of routes added later
         body = {"users.add": {"name": victim + "-new", "role": "researcher", "queues": []}}.get(
-            name, job() if name == "jobs.submit" else None
+            name, job() if name in ("jobs.submit", "jobs.dry-run") else None
         )
         status, answer, _ = api.call(method, path, token, body)
         allowed = action in ROLE_ACTIONS[role]
