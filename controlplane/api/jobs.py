@@ -24,6 +24,7 @@ from typing import Any
 from controlplane.api.access import Principal
 from controlplane.api.job_views import job_to_json
 from controlplane.config import Config
+from controlplane.loop.tick import ADMISSION_STATE_KEY
 from controlplane.loop.what_if import WhatIf
 from controlplane.storage import bucket_of, check_bucket, s3_client
 from controlplane.store import (
@@ -43,6 +44,7 @@ from controlplane.store import (
     UnknownJob,
 )
 from jobs.spec import FieldError, JobSpec, SpecError, check_checkpoint_uri
+from policies.admission import AdmissionState
 from policies.snapshot import QueuedJob
 from serve.inputs import JsonBodyError, loads_json
 
@@ -128,6 +130,13 @@ class JobService:
                 "queue",
             )
         return spec
+
+    def estimated_starts(self) -> dict[str, float | None]:
+        """The head of the queue's estimated start (its reservation's time, the last tick's
+        admission state; None: unknown), by job id; {} when nothing is reserved."""
+        state = AdmissionState.from_dict(self.store.get_value(ADMISSION_STATE_KEY, {}) or {})
+        r = state.reservation
+        return {} if r is None else {r.job_id: r.start_by_s}
 
     def dry_run(self, payload: Any, principal: Principal | None) -> dict[str, Any]:
         """What the control loop would do with the job were it submitted now

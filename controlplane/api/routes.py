@@ -69,7 +69,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -283,10 +283,11 @@ async def _list(request: web.Request) -> web.Response:
     scan = request.app[_SERVICE].scan_jobs(
         state=q.get("state"), queue=q.get("queue"), limit=q.get("limit"), after=q.get("after")
     )
+    estimates = request.app[_SERVICE].estimated_starts()
     # Rows that no longer validate are listed apart, never fatal to the listing.
     return web.json_response(
         {
-            "jobs": [job_to_json(j) for j in scan.jobs],
+            "jobs": [_with_estimate(job_to_json(j), estimates) for j in scan.jobs],
             "invalid": [invalid_to_json(r) for r in scan.invalid],
             "next": scan.next_after,
         }
@@ -297,7 +298,15 @@ async def _get(request: web.Request) -> web.Response:
     service = request.app[_SERVICE]
     job_id = request.match_info["id"]
     job = service.get(job_id)
-    return web.json_response(job_to_json(job, service.history(job_id)))
+    view = job_to_json(job, service.history(job_id))
+    return web.json_response(_with_estimate(view, service.estimated_starts()))
+
+
+def _with_estimate(view: dict[str, Any], estimates: Mapping[str, float | None]) -> dict[str, Any]:
+    """A queued job's ``estimated_start_s``: its reservation's time when it heads the queue."""
+    if view["state"] == "QUEUED":
+        view["estimated_start_s"] = estimates.get(view["id"])
+    return view
 
 
 async def _cancel(request: web.Request) -> web.Response:

@@ -198,7 +198,8 @@ def status(url: str | None, state_dir: str | None, job_id: str | None, as_json: 
 @click.option("--all", "show_all", is_flag=True, help="Include finished jobs.")
 def queue_cmd(url: str | None, state_dir: str | None, as_json: bool, show_all: bool) -> None:
     """Jobs waiting or holding GPUs (QUEUED, ADMITTED, RUNNING), oldest in the queue first;
-    then why each waiting job that has a reason waits (e.g. a pinned model holds its GPUs)."""
+    then why each waiting job that has a reason waits (e.g. a pinned model holds its GPUs),
+    with the head of the queue's estimated start (its reservation's time) when it has one."""
     client = sdk_client(url, state_dir)
     state = None if show_all else "QUEUED,ADMITTED,RUNNING,PREEMPTED"
     jobs = api_call(lambda: client.list(state=state))
@@ -206,11 +207,13 @@ def queue_cmd(url: str | None, state_dir: str | None, as_json: bool, show_all: b
         click.echo(json.dumps([dict(j.raw) for j in jobs], indent=2))
         return
     click.echo(text_table([job_row(j) for j in jobs], JOB_HEADER))
-    waiting = [j for j in jobs if j.state == "QUEUED" and j.message]
+    waiting = [j for j in jobs if j.state == "QUEUED" and (j.message or j.estimated_start_s)]
     if waiting:
         click.echo("waiting:")
     for j in waiting:
-        click.echo(f"  {j.id}  {j.message}")
+        start = j.estimated_start_s
+        by = f"starts by {local_time(start)}" if start else ""
+        click.echo(f"  {j.id}  {'; '.join(t for t in (j.message, by) if t)}")
 
 
 @click.command()

@@ -85,6 +85,9 @@ class Job:
     progress: Mapping[str, Any] | None = None
     attempts: tuple[Attempt, ...] = ()
     ettr: float | None = None
+    estimated_start_s: float | None = None
+    """A queued job's estimated start: its reservation's time when it heads the queue (as of
+    the last tick), else None (unknown)."""
     recoveries: tuple[Mapping[str, Any], ...] = ()
     message: str | None = None
     history: tuple[Mapping[str, Any], ...] = ()

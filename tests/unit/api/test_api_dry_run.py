@@ -49,8 +49,14 @@ def test_a_dry_run_says_what_admission_would_do_and_stores_nothing(tmp_path: Pat
         assert answer["ahead"] == 0
         assert [r.split(":")[0] for r in answer["makes_room"]] == ["serve-yields-to-training"]
         # A queued job of higher priority comes first: this one waits behind it.
-        client.submit({**spec(), "priority_class": "high", "name": "first"})
+        first = client.submit({**spec(), "priority_class": "high", "name": "first"})
         w.tick()
+        # The real head's estimate is in its view and in `rcp queue` (the claim: now).
+        head = client.status(first.id)
+        assert head.state == "QUEUED" and head.estimated_start_s is not None
+        env = {"RCP_API_URL": server.url, "RCP_API_TOKEN": ADMIN_TOKEN}
+        listed = CliRunner().invoke(cli, ["queue"], env=env)
+        assert f"  {first.id}  " in listed.output and "starts by " in listed.output
         behind = client.dry_run({**spec(), "priority_class": "low"})
         assert (behind["admitted"], behind["code"], behind["ahead"]) == (False, "queued-behind", 1)
         assert behind["start_by_s"] is None
@@ -60,7 +66,6 @@ def test_a_dry_run_says_what_admission_would_do_and_stores_nothing(tmp_path: Pat
             client.dry_run(spec(workers=0))
         assert bad.value.status == 400
         # The CLI says it in words.
-        env = {"RCP_API_URL": server.url, "RCP_API_TOKEN": ADMIN_TOKEN}
         command = ["submit", "--dry-run", "--priority", "low", "--", "python", "t.py"]
         out = CliRunner().invoke(cli, command, env=env)
         assert out.exit_code == 0, out.output
