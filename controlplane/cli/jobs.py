@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from controlplane.cli.common import api_call, client_options, fail, sdk_client
+from controlplane.cli.log_view import RankLines
 from controlplane.cli.render import JOB_HEADER, job_row, local_time, recovery_lines, text_table
 from jobs.spec import JobSpec, SpecError
 
@@ -230,14 +231,29 @@ def cancel(url: str | None, state_dir: str | None, job_id: str) -> None:
 @client_options
 @click.argument("job_id", metavar="ID")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends.")
-def logs(url: str | None, state_dir: str | None, job_id: str, follow: bool) -> None:
-    """The job's driver logs (every attempt)."""
+@click.option(
+    "--system", is_flag=True, help="The whole driver log: Ray's and the driver's lines too."
+)
+def logs(url: str | None, state_dir: str | None, job_id: str, follow: bool, system: bool) -> None:
+    """The job's output, every attempt: each rank's own lines once, as [rank R] (a failed
+    rank's traceback whole, once), and the launcher's word on the gang; --system prints the
+    driver's log as it is, Ray's lines and all."""
     client = sdk_client(url, state_dir)
-    if follow:
-        for chunk in api_call(lambda: client.logs(job_id, follow=True)):
-            click.echo(chunk, nl=False)
-    else:
-        click.echo(api_call(lambda: client.logs(job_id)), nl=False)
+    pieces = (
+        api_call(lambda: client.logs(job_id, follow=True))
+        if follow
+        else [api_call(lambda: client.logs(job_id))]
+    )
+    if system:
+        for piece in pieces:
+            click.echo(piece, nl=False)
+        return
+    ranks = RankLines()
+    for piece in pieces:
+        for line in ranks.feed(piece):
+            click.echo(line)
+    for line in ranks.flush():
+        click.echo(line)
 
 
 @click.command()

@@ -30,7 +30,7 @@ from jobs.launcher.child_process import (
     torchrun_env,
 )
 from jobs.launcher.gang import gang_configs
-from jobs.launcher.worker_started import report_this_worker
+from jobs.launcher.worker_started import rank_output, report_this_worker
 
 if TYPE_CHECKING:
     from ray.train import Result
@@ -91,19 +91,20 @@ def command_worker(config: dict[str, Any]) -> None:
     # The command joins this worker's own cluster (the checkpoint helper's ray.init), never
     # whichever cluster last started on the machine, which "auto" would pick.
     env.setdefault("RAY_ADDRESS", str(ray.get_runtime_context().gcs_address))
-    try:
-        child = CommandProcess(argv, env)
-    except OSError as exc:
-        raise CommandFailed(
-            f"rank {rank} of {world_size} (node {node_ip}): cannot start "
-            f"{os.path.basename(argv[0])!r}: {exc.strerror or exc}"
-        ) from None
-    with registered(child):
+    with rank_output(rank):  # the command's output, marked as this rank's (rcp logs)
         try:
-            report_this_worker(rank)
-            returncode = child.wait()
-        finally:
-            returncode = child.stop()
+            child = CommandProcess(argv, env)
+        except OSError as exc:
+            raise CommandFailed(
+                f"rank {rank} of {world_size} (node {node_ip}): cannot start "
+                f"{os.path.basename(argv[0])!r}: {exc.strerror or exc}"
+            ) from None
+        with registered(child):
+            try:
+                report_this_worker(rank)
+                returncode = child.wait()
+            finally:
+                returncode = child.stop()
     if child.stop_requested:
         print(f"rcp: rank {rank}: command stopped (the gang is ending)", file=sys.stderr)
         return

@@ -2,8 +2,10 @@
 
 Owns: `report_started` (the call to the job's signals actor, asked again while the actor is
 being replaced or refuses, for at most `WORKER_STARTED_DEADLINE_S`), `report_this_worker` (this
-Ray Train worker's pid and node id, only under the control plane) and `started_then` (a
-function gang's per-worker loop that reports before it calls the user's function).
+Ray Train worker's pid and node id, only under the control plane), `started_then` (a
+function gang's per-worker loop that reports before it calls the user's function, its output
+marked as the rank's and a failure's traceback printed once: `jobs.launcher.rank_output`) and
+`rank_output`.
 
 Must not: import `controlplane`, import Ray at module level (the Ray Job's driver sets
 ``RAY_DEDUP_LOGS`` before Ray is first imported), log the signal token, or let an
@@ -16,12 +18,22 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
+
+from jobs.launcher.rank_output import marked_output, print_failure
+from jobs.signals.environment import ENV_ATTEMPT, ENV_JOB_ID, ENV_SIGNAL_TOKEN
 
 if TYPE_CHECKING:
     from jobs.signals.handle import SignalsHandle
 
-__all__ = ["WORKER_STARTED_DEADLINE_S", "report_started", "report_this_worker", "started_then"]
+__all__ = [
+    "WORKER_STARTED_DEADLINE_S",
+    "rank_output",
+    "report_started",
+    "report_this_worker",
+    "started_then",
+]
 
 
 WORKER_STARTED_DEADLINE_S = 60.0
@@ -78,8 +90,6 @@ def report_this_worker(rank: int) -> None:
     """`report_started` for this Ray Train worker (its pid and node), under the control plane."""
     import ray
 
-    from jobs.signals.environment import ENV_ATTEMPT, ENV_JOB_ID, ENV_SIGNAL_TOKEN
-
     job_id = os.environ.get(ENV_JOB_ID)
     if not job_id:
         return
@@ -100,7 +110,19 @@ def started_then(train_fn: Callable[..., Any]) -> Callable[[dict[str, Any]], Any
     def worker_loop(config: dict[str, Any]) -> Any:
         import ray.train  # heavy (pandas, pyarrow): only where a gang runs
 
-        report_this_worker(ray.train.get_context().get_world_rank())
-        return train_fn(config)
+        rank = ray.train.get_context().get_world_rank()
+        with rank_output(rank):
+            report_this_worker(rank)
+            try:
+                return train_fn(config)
+            except BaseException as exc:
+                print_failure(rank, exc)
+                raise
 
     return worker_loop
+
+
+def rank_output(rank: int) -> AbstractContextManager[None]:
+    """Under the control plane (``RCP_JOB_ID`` set), the rank's output marked for `rcp logs`
+    (`jobs.launcher.rank_output`); elsewhere (a laptop run) left as it is."""
+    return marked_output(rank) if ENV_JOB_ID in os.environ else nullcontext()

@@ -190,8 +190,14 @@ def test_an_unmodified_torch_distributed_script_runs_on_every_rank(
 
     logs = rcp(cfg, "logs", job_id)
     assert logs.returncode == 0, logs.stderr
+    # Issue 31: each rank's own line once, by rank (the local nodes share a log directory,
+    # and each forwards every worker's lines), and no line of Ray's without --system.
     for rank in range(4):
-        assert f"allreduce-ok rank={rank} world=4 sum=6" in logs.stdout
+        line = f"[rank {rank}] allreduce-ok rank={rank} world=4 sum=6"
+        assert logs.stdout.splitlines().count(line) == 1, logs.stdout[-3000:]
+    assert "(RayTrainWorker" not in logs.stdout and "TrainController" not in logs.stdout
+    system = rcp(cfg, "logs", job_id, "--system").stdout
+    assert "(RayTrainWorker" in system and "allreduce-ok rank=0 world=4 sum=6" in system
 
 
 FAILING_SCRIPT = """\
@@ -210,7 +216,7 @@ if rank == 1:
     while len([n for n in os.listdir(out_dir) if n.startswith("started-")]) < 4:
         time.sleep(0.2)
     print("rank 1 gives up", flush=True)
-    sys.exit(3)
+    raise RuntimeError("rank 1 cannot go on")
 time.sleep(600)
 """
 
@@ -255,8 +261,13 @@ def test_a_rank_that_exits_non_zero_fails_the_gang_and_leaves_no_process(
     logs = rcp(cfg, "logs", job_id).stdout
     # The driver's log ends with what failed.
     assert "rcp: the gang failed: rank 1 of 4 (node " in logs, logs[-4000:]
-    assert "the command exited with code 3" in logs
-    assert "rank 1 gives up" in logs
+    assert "the command exited with code 1" in logs
+    # Issue 31: rank 1's own lines, its traceback whole and once; no line of Ray's.
+    lines = logs.splitlines()
+    assert lines.count("[rank 1] rank 1 gives up") == 1, logs[-4000:]
+    assert lines.count("[rank 1] Traceback (most recent call last):") == 1
+    assert lines.count("[rank 1] RuntimeError: rank 1 cannot go on") == 1
+    assert "(RayTrainWorker" not in logs and "TrainController" not in logs
 
 
 @pytest.mark.full
@@ -399,7 +410,7 @@ def wait_job(
         return wait_for(what, check, timeout_s)
     except AssertionError as exc:
         job = client.status(job_id)
-        logs = rcp(cfg, "logs", job_id).stdout[-6000:]
+        logs = rcp(cfg, "logs", job_id, "--system").stdout[-6000:]
         raise AssertionError(f"{exc}\njob: {job.raw}\nlog tail:\n{logs}") from None
 
 
@@ -636,7 +647,7 @@ def test_a_job_on_a_node_removed_by_health_restores_from_the_peer_memory_copy(
             events = "\n".join(
                 f"  {e['kind']}: {e['message']}" for e in client.events(job_id=job_id)
             )
-            logs = rcp(cfg, "logs", job_id).stdout[-8000:]
+            logs = rcp(cfg, "logs", job_id, "--system").stdout[-8000:]
             raise AssertionError(
                 f"attempt 2 restored nothing\nhistory:\n{history}\nevents:\n{events}\n"
                 f"log tail:\n{logs}"
