@@ -35,6 +35,7 @@ is test_api_operations').
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -348,7 +349,6 @@ def test_a_node_ray_drains_for_someone_else_has_its_gang_checkpointed_and_is_lef
     assert state is not None
     port = node_proxy_port(state, node_b)
     edge_log = cfg.state_path / "logs" / "serve-edge.log"
-    seen = len(edge_log.read_text())
     server = f"node{state['serve_proxies']['nodes'].index(port)}"
 
     # Keep-alive clients: the edge picks a proxy per request, so a client's connection does
@@ -358,13 +358,17 @@ def test_a_node_ray_drains_for_someone_else_has_its_gang_checkpointed_and_is_lef
         load.wait_for(20)
         assert RayNodeControl().drain(node_b, "operator maintenance", 600)
         wait_for("the drained node to go", lambda: node_b not in alive_cluster_nodes(), 300)
-        # Its proxy answered 503 while the node drained, or it is gone: the edge takes it out
-        # (its check's next round may come a moment after Ray lists the node gone; no request
-        # failed either way, below).
+
+        # Its proxy answered 503 while the node drained, or it is gone: the edge has it out.
+        # Its checks may have marked it DOWN before the drain began (a proxy with nothing to
+        # serve can fail the check), so what counts is its last state, which the check's next
+        # round may set a moment after Ray lists the node gone; no request failed (below).
+        def last_state() -> str | None:
+            said = re.findall(rf"Server routed/{server} is (UP|DOWN)", edge_log.read_text())
+            return said[-1] if said else None
+
         wait_for(
-            "the edge to take the drained node's proxy out",
-            lambda: f"Server routed/{server} is DOWN" in edge_log.read_text()[seen:],
-            30,
+            "the edge to have the drained node's proxy out", lambda: last_state() == "DOWN", 30
         )
         wait_for("a replacement cluster node", lambda: len(alive_cluster_nodes()) == 1, 120)
         final = client.wait(job.id, timeout_s=400, poll_s=1.0)
