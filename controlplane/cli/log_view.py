@@ -8,8 +8,10 @@ gang's stacks), the launcher's and the control plane's own word (lines that star
 wrote (marked by `jobs.launcher.rank_output`), once, as ``[rank R] text`` (``[rank R @ip]``
 once the log has shown more than one node), in the order they came. A line seen again (the
 same worker process and line number: the local cluster's nodes share a log directory and each
-forwards every worker's lines) is dropped. Everything else (Ray's lines, the driver's) is left
-to ``rcp logs --system``, which prints the log as it is.
+forwards every worker's lines) is dropped; per worker process only the newest `SEEN_WINDOW`
+line numbers are remembered (a copy arrives soon after its original; a line older than that
+counts as seen), so a long log costs a bounded memory. Everything else (Ray's lines, the
+driver's) is left to ``rcp logs --system``, which prints the log as it is.
 
 Must not: call the API or print.
 """
@@ -20,7 +22,10 @@ import re
 
 from jobs.launcher.rank_output import MARK_RE
 
-__all__ = ["RankLines"]
+__all__ = ["SEEN_WINDOW", "RankLines"]
+
+SEEN_WINDOW = 10_000
+"""Line numbers remembered per worker process for dropping copies."""
 
 _RAY_PREFIX_IP = re.compile(r"\([^()]*\bip=([0-9a-fA-F.:]+)\)")
 _OURS = ("rcp: ", "[rcp: ")
@@ -34,7 +39,9 @@ class RankLines:
 
     def __init__(self) -> None:
         self._partial = ""
-        self._seen: set[tuple[str, str]] = set()
+        self._seen: dict[str, set[int]] = {}
+        """Per worker pid, the line numbers shown (the newest `SEEN_WINDOW` of them)."""
+        self._newest: dict[str, int] = {}
         self._ips: set[str] = set()
         self._in_note = False
 
@@ -60,12 +67,22 @@ class RankLines:
         found = MARK_RE.search(line)
         if found is None:
             return None
-        rank, pid, n = found.groups()
-        if (pid, n) in self._seen:
+        rank, pid, number = found.groups()
+        if not self._first_time(pid, int(number)):
             return None
-        self._seen.add((pid, n))
         ip = _RAY_PREFIX_IP.search(line[: found.start()])
         if ip is not None:
             self._ips.add(ip.group(1))
         where = f" @{ip.group(1)}" if ip is not None and len(self._ips) > 1 else ""
         return f"[rank {rank}{where}] {line[found.end() :]}"
+
+    def _first_time(self, pid: str, n: int) -> bool:
+        seen = self._seen.setdefault(pid, set())
+        newest = max(n, self._newest.get(pid, n))
+        if n in seen or n <= newest - SEEN_WINDOW:
+            return False
+        seen.add(n)
+        self._newest[pid] = newest
+        if len(seen) > 2 * SEEN_WINDOW:  # forget what no copy can still bring
+            self._seen[pid] = {k for k in seen if k > newest - SEEN_WINDOW}
+        return True

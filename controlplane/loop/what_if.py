@@ -19,7 +19,7 @@ Must not: act, write the store, or read a clock (the observation's ``now_s`` is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from controlplane.loop.decide import Policies, decide
@@ -50,14 +50,7 @@ class WhatIf:
     """What would move or be preempted for it now (each action's reason)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "admitted": self.admitted,
-            "code": self.code,
-            "reason": self.reason,
-            "start_by_s": self.start_by_s,
-            "ahead": self.ahead,
-            "makes_room": list(self.makes_room),
-        }
+        return asdict(self)
 
 
 def what_if(

@@ -59,3 +59,18 @@ def test_the_same_lines_whatever_pieces_the_log_comes_in(size: int) -> None:
     view = RankLines()
     shown = [line for i in range(0, len(LOG), size) for line in view.feed(LOG[i : i + size])]
     assert shown + view.flush() == SHOWN
+
+
+def test_a_long_log_costs_bounded_memory_and_copies_still_drop() -> None:
+    """Only the newest `SEEN_WINDOW` line numbers of a worker are kept; a copy comes soon
+    after its original, so it is still dropped, and one older than the window counts as seen."""
+    from controlplane.cli.log_view import SEEN_WINDOW
+
+    view = RankLines()
+    n = 3 * SEEN_WINDOW
+    lines = [W0 + mark(0, 101, i) + f"step {i}" for i in range(n)]
+    shown = view.feed("\n".join(lines) + "\n")
+    assert len(shown) == n
+    assert sum(len(s) for s in view._seen.values()) <= 2 * SEEN_WINDOW
+    copies = lines[-5:] + lines[:5]  # a late monitor's copies: recent ones, and very old ones
+    assert view.feed("\n".join(copies) + "\n") == []
