@@ -33,6 +33,8 @@ MARK_RE = re.compile(r"\[rcp r(\d+) p(\d+) #(\d+)\] ")
 _DRAIN_S = 5.0
 """How long the end of a rank waits for its relays to write what is left in the pipes."""
 _CHUNK = 65536
+_MAX_LINE = 1 << 20
+"""Bytes of an unended line held before they are written as a line of their own."""
 
 
 def mark(rank: int, pid: int, n: int) -> str:
@@ -49,6 +51,9 @@ def _relay(
         while chunk := os.read(read_fd, _CHUNK):
             pending += chunk
             *lines, pending = pending.split(b"\n")
+            if len(pending) > _MAX_LINE:  # a line that never ends goes out in pieces
+                lines.append(pending)
+                pending = b""
             for line in lines:
                 _write(out_fd, rank, pid, counter, lock, line)
         if pending:

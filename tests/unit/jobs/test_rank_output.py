@@ -63,3 +63,17 @@ def test_every_line_of_the_rank_and_its_child_is_marked_once_with_one_count() ->
         "Traceback (most recent call last):",
         "RuntimeError: rank 3 gives up",
     ]
+
+
+def test_a_line_that_never_ends_goes_out_in_bounded_pieces() -> None:
+    script = (
+        "import os\nfrom jobs.launcher.rank_output import marked_output\n"
+        "with marked_output(0):\n    os.write(1, b'x' * (3 << 20))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, timeout=60, check=True
+    )
+    pieces = done.stdout.splitlines()
+    assert len(pieces) >= 3 and all(MARK_RE.match(p.decode()[:40]) for p in pieces)
+    assert all(len(p) <= (1 << 20) + (1 << 16) + 40 for p in pieces)  # a line, one read, a mark
+    assert sum(p.count(b"x") for p in pieces) == 3 << 20
