@@ -41,6 +41,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controlplane.config import load_config  # noqa: E402
+from controlplane.inventory import list_nodes  # noqa: E402
 from controlplane.local.autoscaler import stockout_file  # noqa: E402
 from controlplane.local.cluster import LocalCluster  # noqa: E402
 from controlplane.local.ports import isolated_overrides  # noqa: E402
@@ -73,13 +74,7 @@ def until(what: str, check: Callable[[], T | None], timeout_s: float, poll_s: fl
 
 
 def alive_cluster_nodes() -> set[str]:
-    import ray
-
-    return {
-        n["NodeID"]
-        for n in ray.nodes()
-        if n["Alive"] and (n.get("Labels") or {}).get("pool") == "cluster"
-    }
+    return {r.node_id for r in list_nodes() if r.pool == "cluster"}  # alive ones only
 
 
 def replicas_on(client: Client, pool: str) -> set[str]:

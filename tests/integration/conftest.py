@@ -151,13 +151,9 @@ def pools_of(model: str = MODEL) -> dict[str, dict[str, Any]]:
 
 def alive_cluster_nodes() -> set[str]:
     """Node ids of the cluster pool's nodes Ray lists alive (a connected driver)."""
-    import ray
+    from controlplane.inventory import list_nodes
 
-    return {
-        n["NodeID"]
-        for n in ray.nodes()
-        if n["Alive"] and (n.get("Labels") or {}).get("pool") == "cluster"
-    }
+    return {r.node_id for r in list_nodes() if r.pool == "cluster"}
 
 
 def replica_nodes(model: str = MODEL) -> dict[str, set[str]]:
