@@ -131,7 +131,10 @@ def run(tmp: Path) -> dict[str, Any]:
             "pools.external.providers=[{name: rent-a, max_nodes: 2}]",
             "pools.external.idle_timeout_s=8",
             "serve.deploy_app=true",
-            "placement.migrate_back_idle_s=2",
+            # Not 2 s: a replica coming back moments after the gang's admission can take a GPU
+            # of the gang's nodes before Ray Train's placement group holds them (Serve places
+            # a returning replica anywhere), and the gang never starts (seen once in CI).
+            "placement.migrate_back_idle_s=20",
             "placement.migrate_back_step=2",
             "policy.tick_s=0.5",
             "jobs.job_signal_poll_s=0.2",

@@ -65,7 +65,10 @@ def spare_cluster(
         "pools.external.providers=[{name: rent-a, max_nodes: 2}]",
         "pools.external.idle_timeout_s=8",
         "serve.deploy_app=true",
-        "placement.migrate_back_idle_s=2",
+        # Not 2 s: a replica coming back moments after the gang's admission can take a GPU
+        # of the gang's nodes before Ray Train's placement group holds them (Serve places
+        # a returning replica anywhere), and the gang never starts (seen once in CI).
+        "placement.migrate_back_idle_s=20",
         "placement.migrate_back_step=2",
         "placement.migrate_back_interval_s=3",
         "jobs.gang_start_timeout_s=300",
